@@ -1,0 +1,182 @@
+//! # fspace-testutil
+//!
+//! Helpers shared by the test suites of every fspace crate, so that no test file re-implements
+//! them: seeded random numbers, central finite differences, SPD/PSD matrices with a *known*
+//! spectrum (Q diag(λ) Qᵀ with Haar-random Q), and approximate-equality assertions that report
+//! where and by how much two values differ.
+//!
+//! This crate is a dev-dependency only; library crates never depend on it.
+
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+/// A deterministic RNG for tests.
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+/// An `r × c` matrix of i.i.d. standard normal entries.
+pub fn randn(r: usize, c: usize, rng: &mut impl Rng) -> DMatrix<f64> {
+    DMatrix::from_fn(r, c, |_, _| rng.sample(StandardNormal))
+}
+
+/// A vector of i.i.d. standard normal entries.
+pub fn randn_vec(n: usize, rng: &mut impl Rng) -> DVector<f64> {
+    DVector::from_fn(n, |_, _| rng.sample(StandardNormal))
+}
+
+/// An `r × c` matrix of i.i.d. uniform entries in `[lo, hi)`.
+pub fn rand_uniform(r: usize, c: usize, lo: f64, hi: f64, rng: &mut impl Rng) -> DMatrix<f64> {
+    DMatrix::from_fn(r, c, |_, _| rng.gen_range(lo..hi))
+}
+
+/// A Haar-distributed random orthogonal `n × n` matrix (QR of a Gaussian matrix with the sign
+/// of R's diagonal fixed).
+pub fn random_orthogonal(n: usize, rng: &mut impl Rng) -> DMatrix<f64> {
+    let g = randn(n, n, rng);
+    let qr = g.qr();
+    let mut q = qr.q();
+    let r = qr.r();
+    for j in 0..n {
+        if r[(j, j)] < 0.0 {
+            q.column_mut(j).neg_mut();
+        }
+    }
+    q
+}
+
+/// A symmetric matrix `Q diag(eigenvalues) Qᵀ` with a Haar-random `Q`; returns the matrix and
+/// `Q` (whose columns are the eigenvectors, in the order of `eigenvalues`).
+pub fn with_spectrum(eigenvalues: &[f64], rng: &mut impl Rng) -> (DMatrix<f64>, DMatrix<f64>) {
+    let n = eigenvalues.len();
+    let q = random_orthogonal(n, rng);
+    let d = DMatrix::from_diagonal(&DVector::from_column_slice(eigenvalues));
+    let a = &q * d * q.transpose();
+    let a = (&a + a.transpose()) * 0.5;
+    (a, q)
+}
+
+/// Geometrically spaced eigenvalues from `max` down to `min` (n values, n ≥ 1).
+pub fn geometric_spectrum(n: usize, max: f64, min: f64) -> Vec<f64> {
+    if n == 1 {
+        return vec![max];
+    }
+    (0..n)
+        .map(|i| max * (min / max).powf(i as f64 / (n - 1) as f64))
+        .collect()
+}
+
+/// A random SPD matrix with geometric spectrum in `[min_eig, max_eig]`.
+pub fn spd(n: usize, max_eig: f64, min_eig: f64, rng: &mut impl Rng) -> DMatrix<f64> {
+    with_spectrum(&geometric_spectrum(n, max_eig, min_eig), rng).0
+}
+
+/// Dense Moore–Penrose pseudo-inverse of a symmetric PSD matrix, treating eigenvalues below
+/// `rtol · λ_max` as zero (the independent reference for Lanczos-based factors).
+pub fn psd_pinv(a: &DMatrix<f64>, rtol: f64) -> DMatrix<f64> {
+    let eig = a.clone().symmetric_eigen();
+    let lmax = eig.eigenvalues.iter().cloned().fold(0.0_f64, f64::max);
+    let n = a.nrows();
+    let mut out = DMatrix::zeros(n, n);
+    for (i, &l) in eig.eigenvalues.iter().enumerate() {
+        if l > rtol * lmax {
+            let v = eig.eigenvectors.column(i);
+            out += (v * v.transpose()) / l;
+        }
+    }
+    out
+}
+
+/// Central finite-difference gradient of a scalar function at `x` with step `h`.
+pub fn fd_gradient(f: impl Fn(&[f64]) -> f64, x: &[f64], h: f64) -> Vec<f64> {
+    let mut xp = x.to_vec();
+    (0..x.len())
+        .map(|i| {
+            xp[i] = x[i] + h;
+            let fp = f(&xp);
+            xp[i] = x[i] - h;
+            let fm = f(&xp);
+            xp[i] = x[i];
+            (fp - fm) / (2.0 * h)
+        })
+        .collect()
+}
+
+/// Central finite-difference Jacobian (rows: outputs, columns: inputs) of a vector function.
+pub fn fd_jacobian(f: impl Fn(&[f64]) -> Vec<f64>, x: &[f64], h: f64) -> DMatrix<f64> {
+    let m = f(x).len();
+    let mut jac = DMatrix::zeros(m, x.len());
+    let mut xp = x.to_vec();
+    for i in 0..x.len() {
+        xp[i] = x[i] + h;
+        let fp = f(&xp);
+        xp[i] = x[i] - h;
+        let fm = f(&xp);
+        xp[i] = x[i];
+        for r in 0..m {
+            jac[(r, i)] = (fp[r] - fm[r]) / (2.0 * h);
+        }
+    }
+    jac
+}
+
+/// Relative error `|a − b| / max(|b|, floor)`.
+pub fn rel_err(a: f64, b: f64, floor: f64) -> f64 {
+    (a - b).abs() / b.abs().max(floor)
+}
+
+/// Asserts `|actual − expected| ≤ atol + rtol·|expected|` for every pair, naming the first
+/// failing index.
+#[track_caller]
+pub fn assert_all_close(actual: &[f64], expected: &[f64], rtol: f64, atol: f64) {
+    assert_eq!(actual.len(), expected.len(), "length mismatch");
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        let tol = atol + rtol * e.abs();
+        assert!(
+            (a - e).abs() <= tol,
+            "index {i}: actual {a:.12e}, expected {e:.12e}, |diff| {:.3e} > tol {tol:.3e}",
+            (a - e).abs()
+        );
+    }
+}
+
+/// Asserts two matrices agree in relative Frobenius norm: ‖A − B‖_F ≤ rtol·‖B‖_F + atol.
+#[track_caller]
+pub fn assert_mat_close(actual: &DMatrix<f64>, expected: &DMatrix<f64>, rtol: f64, atol: f64) {
+    assert_eq!(actual.shape(), expected.shape(), "shape mismatch");
+    let diff = (actual - expected).norm();
+    let tol = rtol * expected.norm() + atol;
+    assert!(
+        diff <= tol,
+        "‖A − B‖_F = {diff:.3e} > {tol:.3e} (‖B‖_F = {:.3e})",
+        expected.norm()
+    );
+}
+
+/// Relative Frobenius error ‖A − B‖_F / ‖B‖_F.
+pub fn rel_frob(actual: &DMatrix<f64>, expected: &DMatrix<f64>) -> f64 {
+    (actual - expected).norm() / expected.norm().max(f64::MIN_POSITIVE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_spectrum_is_recovered() {
+        let mut r = rng(1);
+        let eigs = [5.0, 2.0, 1.0, 0.0];
+        let (a, _) = with_spectrum(&eigs, &mut r);
+        let mut got: Vec<f64> = a.symmetric_eigen().eigenvalues.iter().cloned().collect();
+        got.sort_by(|x, y| y.partial_cmp(x).unwrap());
+        assert_all_close(&got, &eigs, 0.0, 1e-12);
+    }
+
+    #[test]
+    fn finite_differences_of_a_cubic() {
+        let g = fd_gradient(|x| x[0].powi(3) + 2.0 * x[1], &[2.0, 1.0], 1e-5);
+        assert_all_close(&g, &[12.0, 2.0], 1e-9, 1e-8);
+    }
+}

@@ -1,0 +1,94 @@
+//! `cargo xtask` — the fspace task runner (alias in `.cargo/config.toml`).
+//!
+//! * `cargo xtask list` — the experiments this checkout can run.
+//! * `cargo xtask reproduce [NAME…] [--quick] [--seed N] [--out DIR]` — runs the named
+//!   experiments (no name: the quick default suite) and writes `results/NAME/`.
+
+use anyhow::{bail, Result};
+
+/// An experiment the harness can run.
+struct Experiment {
+    name: &'static str,
+    paper: &'static str,
+    in_default_suite: bool,
+    run: fn(&Options) -> Result<()>,
+}
+
+/// The registry of experiments. Experiments arrive with the method crates (FSP-Laplace first,
+/// issue "FSP-Laplace end to end"); until then the registry is empty and `reproduce` says so.
+const EXPERIMENTS: &[Experiment] = &[];
+
+struct Options {
+    names: Vec<String>,
+    quick: bool,
+    seed: u64,
+    out: String,
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut opts = Options { names: vec![], quick: false, seed: 0, out: "results".into() };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => opts.quick = true,
+            "--seed" => opts.seed = it.next().ok_or_else(|| anyhow::anyhow!("--seed needs a value"))?.parse()?,
+            "--out" => opts.out = it.next().ok_or_else(|| anyhow::anyhow!("--out needs a value"))?.clone(),
+            flag if flag.starts_with("--") => bail!("unknown option {flag}"),
+            name => opts.names.push(name.to_string()),
+        }
+    }
+    Ok(opts)
+}
+
+fn list() {
+    if EXPERIMENTS.is_empty() {
+        println!("No experiments are registered yet: the method crates that provide them");
+        println!("(FSP-Laplace, GFSVI, VaLLA, generalised Laplace) have not landed.");
+        println!("What this checkout provides today is library code and its tests:");
+        println!("  cargo test --workspace --release");
+        return;
+    }
+    println!("{:<28} {:<8} paper", "name", "default");
+    for e in EXPERIMENTS {
+        println!("{:<28} {:<8} {}", e.name, if e.in_default_suite { "yes" } else { "" }, e.paper);
+    }
+}
+
+fn reproduce(opts: &Options) -> Result<()> {
+    for name in &opts.names {
+        if !EXPERIMENTS.iter().any(|e| e.name == name) {
+            bail!("unknown experiment {name:?}; `cargo xtask list` shows the available ones");
+        }
+    }
+    if EXPERIMENTS.is_empty() {
+        println!("Nothing to reproduce yet: no experiment is registered (see `cargo xtask list`).");
+        println!("(options: quick={}, seed={}, out={})", opts.quick, opts.seed, opts.out);
+        return Ok(());
+    }
+    let selected: Vec<&Experiment> = if opts.names.is_empty() {
+        EXPERIMENTS.iter().filter(|e| e.in_default_suite).collect()
+    } else {
+        EXPERIMENTS.iter().filter(|e| opts.names.iter().any(|n| n == e.name)).collect()
+    };
+    for e in selected {
+        println!("== {} ({})", e.name, e.paper);
+        (e.run)(opts)?;
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("list") => {
+            list();
+            Ok(())
+        }
+        Some("reproduce") => reproduce(&parse(&args[1..])?),
+        Some(other) => bail!("unknown task {other:?}; tasks: list, reproduce"),
+        None => {
+            println!("usage: cargo xtask <list | reproduce [NAME…] [--quick] [--seed N] [--out DIR]>");
+            Ok(())
+        }
+    }
+}
