@@ -284,3 +284,17 @@ impl<K: MatrixKernel> LinearOperator for GramOperator<K> {
         out
     }
 }
+
+/// Entries of `K + σ²I` for the pivoted-Cholesky preconditioner (`O(n)` kernel evaluations per
+/// column; the matrix is never formed).
+impl<K: MatrixKernel> fspace_linalg::SymmetricEntries for GramOperator<K> {
+    fn entries_dim(&self) -> usize {
+        self.dim()
+    }
+    fn diagonal_entries(&self) -> DVector<f64> {
+        self.diagonal()
+    }
+    fn column_entries(&self, j: usize) -> DVector<f64> {
+        self.column(j)
+    }
+}

@@ -1,18 +1,50 @@
 //! # fspace-linalg
 //!
-//! Matrix-free linear algebra for function-space inference. Everything here works on a square
-//! [`LinearOperator`] `A` known only through products `A v`, so kernel Gram matrices with
-//! `n = 10⁴` context points or Gauss–Newton matrices of networks with `p = 10⁵` weights are never
-//! formed.
+//! Matrix-free linear algebra for function-space inference. Everything iterative here works on
+//! a square [`LinearOperator`] `A` known only through products `A v`, so kernel Gram matrices
+//! with `n = 10⁴` context points or Gauss–Newton matrices of networks with `p = 10⁵` weights
+//! are never formed.
 //!
-//! This crate is the bottom of the workspace: it depends on nalgebra only.
+//! * Operators: [`DenseOperator`], [`FnOperator`], [`SumOperator`], [`ScaledOperator`],
+//!   [`DiagonalOperator`], [`LowRankPlusDiagonal`] (and the kernel Gram operator in
+//!   `fspace-kernels`).
+//! * [`lanczos`] with full reorthogonalisation and embedded LDLᵀ; [`pinv_factor`] gives
+//!   `F Fᵀ ≈ A†` (FSP-Laplace Alg. 2); Ritz pairs for truncated eigendecompositions.
+//! * [`cg`] with [`DiagonalPreconditioner`] or [`PivotedCholeskyPreconditioner`].
+//! * [`cholesky_jitter`] (reports its jitter), triangular solves, exact log-determinants,
+//!   [`slq_logdet`] for operators, rank-k Cholesky [`cholesky_rank_update`]s and downdates.
+//! * Small dense helpers: [`thin_svd`] of tall matrices in `O(p r²)`, [`sym_eigh`],
+//!   [`psd_pinv_sqrt`].
+//!
+//! Every failure is a [`LinalgError`] naming what was wrong — iteration breakdown is reported
+//! as an outcome in the info structs, never as a panic or a silent NaN.
+//!
+//! This crate is the bottom of the workspace: it depends on nalgebra, rand and rayon only.
 #![doc = include_str!("../README.md")]
 
+pub mod cg;
+pub mod cholesky;
+pub mod dense;
 pub mod error;
+pub mod lanczos;
+pub mod logdet;
+pub mod lowrank;
 pub mod operator;
 
+pub use cg::{
+    cg, pivoted_cholesky, CgConfig, CgInfo, DiagonalPreconditioner, PivotedCholeskyPreconditioner, Preconditioner,
+    SymmetricEntries,
+};
+pub use cholesky::{cholesky_jitter, cholesky_rank_update, JitterConfig, JitteredCholesky, UpdateSign};
+pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, ThinSvd};
 pub use error::{LinalgError, Result};
+pub use lanczos::{
+    lanczos, pinv_factor, pinv_factor_from, probe_symmetry, LanczosConfig, LanczosDecomposition, LanczosInfo,
+    PinvInfo, PinvMethod, StartVector, StopReason, TridiagonalLdlt,
+};
+pub use logdet::{slq_logdet, SlqConfig, SlqEstimate};
+pub use lowrank::LowRankPlusDiagonal;
 pub use operator::{
-    to_dense, DenseOperator, DiagonalOperator, FnOperator, LinearOperator, ScaledOperator,
-    SumOperator,
+    ensure_symmetric, relative_asymmetry, to_dense, DenseOperator, DiagonalOperator, FnOperator, LinearOperator,
+    ScaledOperator, SumOperator,
 };

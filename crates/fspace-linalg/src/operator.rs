@@ -238,3 +238,15 @@ pub fn ensure_symmetric(what: &'static str, a: &DMatrix<f64>, tol: f64) -> Resul
         Err(LinalgError::NotSymmetric { what, asymmetry })
     }
 }
+
+impl crate::cg::SymmetricEntries for DenseOperator {
+    fn entries_dim(&self) -> usize {
+        self.matrix.nrows()
+    }
+    fn diagonal_entries(&self) -> DVector<f64> {
+        self.matrix.diagonal()
+    }
+    fn column_entries(&self, j: usize) -> DVector<f64> {
+        self.matrix.column(j).into_owned()
+    }
+}

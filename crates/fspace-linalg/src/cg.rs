@@ -1,0 +1,210 @@
+//! Conjugate gradients and preconditioned CG for symmetric positive-definite systems
+//! `A x = b` — typically `(K + σ²I) x = y` with a matrix-free kernel operator — with Jacobi
+//! (diagonal) and partial pivoted-Cholesky preconditioners (Harbrecht et al. 2012; Gardner et
+//! al. 2018).
+
+use nalgebra::{DMatrix, DVector};
+
+use crate::error::{ensure_dim, ensure_finite, LinalgError, Result};
+use crate::operator::LinearOperator;
+
+/// Access to the diagonal and single columns of a symmetric matrix, without forming it (what a
+/// pivoted Cholesky needs). The kernel Gram operator implements it.
+pub trait SymmetricEntries {
+    /// The size `n`.
+    fn entries_dim(&self) -> usize;
+    /// The diagonal.
+    fn diagonal_entries(&self) -> DVector<f64>;
+    /// Column `j`.
+    fn column_entries(&self, j: usize) -> DVector<f64>;
+}
+
+impl SymmetricEntries for DMatrix<f64> {
+    fn entries_dim(&self) -> usize {
+        self.nrows()
+    }
+    fn diagonal_entries(&self) -> DVector<f64> {
+        self.diagonal()
+    }
+    fn column_entries(&self, j: usize) -> DVector<f64> {
+        self.column(j).into_owned()
+    }
+}
+
+/// Applies `M⁻¹ r` for a preconditioner `M ≈ A`.
+pub trait Preconditioner: Send + Sync {
+    /// `M⁻¹ r`.
+    fn precondition(&self, r: &DVector<f64>) -> DVector<f64>;
+}
+
+/// Jacobi preconditioner `M = diag(A)`.
+#[derive(Debug, Clone)]
+pub struct DiagonalPreconditioner {
+    inv_diag: DVector<f64>,
+}
+
+impl DiagonalPreconditioner {
+    /// From the (strictly positive) diagonal of `A`.
+    pub fn new(diag: &DVector<f64>) -> Result<Self> {
+        ensure_finite("preconditioner diagonal", diag.iter())?;
+        if let Some(&bad) = diag.iter().find(|&&d| d <= 0.0) {
+            return Err(LinalgError::NotPositiveDefinite { what: "Jacobi preconditioner diagonal", value: bad });
+        }
+        Ok(Self { inv_diag: diag.map(|d| 1.0 / d) })
+    }
+}
+
+impl Preconditioner for DiagonalPreconditioner {
+    fn precondition(&self, r: &DVector<f64>) -> DVector<f64> {
+        r.component_mul(&self.inv_diag)
+    }
+}
+
+/// A partial pivoted Cholesky factor `L` (`n × k`) with `L Lᵀ ≈ K`, greedy on the largest
+/// remaining diagonal; stops at rank `k` or when the trace of the remainder falls below
+/// `tol · trace(K)`. Costs `k` columns of `K` and `O(n·k²)`.
+pub fn pivoted_cholesky(k: &dyn SymmetricEntries, max_rank: usize, tol: f64) -> Result<DMatrix<f64>> {
+    let n = k.entries_dim();
+    if max_rank == 0 || n == 0 {
+        return Err(LinalgError::InvalidArgument { what: "pivoted Cholesky rank", reason: "must be ≥ 1 on a non-empty matrix".into() });
+    }
+    let mut diag = k.diagonal_entries();
+    ensure_finite("pivoted Cholesky diagonal", diag.iter())?;
+    let trace = diag.sum();
+    let rank = max_rank.min(n);
+    let mut l = DMatrix::zeros(n, rank);
+    let mut used = 0;
+    for m in 0..rank {
+        let (piv, &dmax) = diag.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).expect("n ≥ 1");
+        if diag.iter().sum::<f64>() <= tol * trace || dmax <= 0.0 {
+            break;
+        }
+        let col = k.column_entries(piv);
+        ensure_finite("pivoted Cholesky column", col.iter())?;
+        let mut new: DVector<f64> = col - l.columns(0, m) * l.row(piv).columns(0, m).transpose();
+        new /= dmax.sqrt();
+        for i in 0..n {
+            diag[i] -= new[i] * new[i];
+        }
+        diag[piv] = 0.0;
+        l.set_column(m, &new);
+        used = m + 1;
+    }
+    Ok(l.columns(0, used).into_owned())
+}
+
+/// `M = L Lᵀ + σ² I` from a pivoted Cholesky factor, applied by Woodbury:
+/// `M⁻¹ = σ⁻² (I − L (σ² I + LᵀL)⁻¹ Lᵀ)`.
+#[derive(Debug, Clone)]
+pub struct PivotedCholeskyPreconditioner {
+    l: DMatrix<f64>,
+    sigma2: f64,
+    inner: nalgebra::Cholesky<f64, nalgebra::Dyn>,
+}
+
+impl PivotedCholeskyPreconditioner {
+    /// For `A = K + σ² I`: a rank-`max_rank` pivoted Cholesky of `K` (its entries, without σ²).
+    pub fn new(k: &dyn SymmetricEntries, sigma2: f64, max_rank: usize) -> Result<Self> {
+        if !(sigma2.is_finite() && sigma2 > 0.0) {
+            return Err(LinalgError::InvalidArgument { what: "sigma2", reason: format!("{sigma2} must be > 0") });
+        }
+        let l = pivoted_cholesky(k, max_rank, 1e-12)?;
+        let small = l.tr_mul(&l) + DMatrix::identity(l.ncols(), l.ncols()) * sigma2;
+        let inner = nalgebra::Cholesky::new(small)
+            .ok_or(LinalgError::NotPositiveDefinite { what: "σ²I + LᵀL", value: sigma2 })?;
+        Ok(Self { l, sigma2, inner })
+    }
+    /// The rank of the factor.
+    pub fn rank(&self) -> usize {
+        self.l.ncols()
+    }
+}
+
+impl Preconditioner for PivotedCholeskyPreconditioner {
+    fn precondition(&self, r: &DVector<f64>) -> DVector<f64> {
+        let t = self.inner.solve(&self.l.tr_mul(r));
+        (r - &self.l * t) / self.sigma2
+    }
+}
+
+/// Options of (P)CG.
+///
+/// | name | default | purpose |
+/// |---|---|---|
+/// | `tol` | 1e-10 | stop when `‖b − A x‖ ≤ tol·‖b‖` |
+/// | `max_iter` | `None` (= 10·n) | iteration limit |
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CgConfig {
+    /// Relative residual tolerance.
+    pub tol: f64,
+    /// Iteration limit (`None`: `10·n`).
+    pub max_iter: Option<usize>,
+}
+
+impl Default for CgConfig {
+    fn default() -> Self {
+        Self { tol: 1e-10, max_iter: None }
+    }
+}
+
+/// Diagnostics of a converged (P)CG solve.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CgInfo {
+    /// Iterations done.
+    pub iterations: usize,
+    /// Final relative residual `‖b − A x‖ / ‖b‖` (recomputed, not the recurrence's).
+    pub residual: f64,
+}
+
+/// Solves `A x = b` for SPD `A` by (preconditioned) conjugate gradients from `x₀ = 0`.
+///
+/// Errors: dimension mismatch or non-finite `b`; `NotPositiveDefinite` if a search direction has
+/// `pᵀAp ≤ 0`; `NoConvergence { residual }` after `max_iter` iterations.
+pub fn cg(
+    op: &dyn LinearOperator,
+    b: &DVector<f64>,
+    preconditioner: Option<&dyn Preconditioner>,
+    config: &CgConfig,
+) -> Result<(DVector<f64>, CgInfo)> {
+    let n = op.dim();
+    ensure_dim("cg right-hand side", n, b.len())?;
+    ensure_finite("cg right-hand side", b.iter())?;
+    if !(config.tol.is_finite() && config.tol > 0.0) {
+        return Err(LinalgError::InvalidArgument { what: "cg tol", reason: format!("{} must be > 0", config.tol) });
+    }
+    let b_norm = b.norm();
+    let mut x = DVector::zeros(n);
+    if b_norm == 0.0 {
+        return Ok((x, CgInfo { iterations: 0, residual: 0.0 }));
+    }
+    let max_iter = config.max_iter.unwrap_or(10 * n);
+    let apply_m = |r: &DVector<f64>| preconditioner.map_or_else(|| r.clone(), |m| m.precondition(r));
+    let mut r = b.clone();
+    let mut z = apply_m(&r);
+    let mut p = z.clone();
+    let mut rz = r.dot(&z);
+    for it in 1..=max_iter {
+        let ap = op.apply(&p)?;
+        let pap = p.dot(&ap);
+        if !(pap > 0.0) {
+            return Err(LinalgError::NotPositiveDefinite { what: "cg operator (pᵀAp)", value: pap });
+        }
+        let alpha = rz / pap;
+        x.axpy(alpha, &p, 1.0);
+        r.axpy(-alpha, &ap, 1.0);
+        if r.norm() <= config.tol * b_norm {
+            // Confirm with the true residual (the recurrence can drift).
+            let true_res = (b - op.apply(&x)?).norm() / b_norm;
+            if true_res <= config.tol {
+                return Ok((x, CgInfo { iterations: it, residual: true_res }));
+            }
+            r = b - op.apply(&x)?;
+        }
+        z = apply_m(&r);
+        let rz_new = r.dot(&z);
+        p = &z + &p * (rz_new / rz);
+        rz = rz_new;
+    }
+    let residual = (b - op.apply(&x)?).norm() / b_norm;
+    Err(LinalgError::NoConvergence { method: "cg", iterations: max_iter, residual })
+}

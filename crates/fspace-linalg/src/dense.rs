@@ -1,0 +1,76 @@
+//! Small dense factorizations: symmetric eigendecomposition, thin SVD of tall matrices, and
+//! pseudo-inverse square roots.
+
+use nalgebra::{DMatrix, DVector};
+
+use crate::error::{ensure_finite, LinalgError, Result};
+use crate::operator::ensure_symmetric;
+
+/// Eigendecomposition of a symmetric matrix, eigenvalues **descending**, eigenvectors as columns
+/// (no checks: for internal use on matrices known to be symmetric).
+pub(crate) fn sym_eigh_desc(a: &DMatrix<f64>) -> (DVector<f64>, DMatrix<f64>) {
+    let eig = a.clone().symmetric_eigen();
+    let mut order: Vec<usize> = (0..a.nrows()).collect();
+    order.sort_by(|&i, &j| eig.eigenvalues[j].total_cmp(&eig.eigenvalues[i]));
+    let values = DVector::from_iterator(order.len(), order.iter().map(|&i| eig.eigenvalues[i]));
+    let vectors = eig.eigenvectors.select_columns(&order);
+    (values, vectors)
+}
+
+/// Symmetric eigendecomposition `A = V Λ Vᵀ` with eigenvalues descending. Errors on non-square,
+/// non-finite or asymmetric (relative asymmetry > 1e-10) input.
+pub fn sym_eigh(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f64>)> {
+    if a.nrows() != a.ncols() {
+        return Err(LinalgError::DimensionMismatch { what: "eigh: columns of a square matrix", expected: a.nrows(), found: a.ncols() });
+    }
+    ensure_finite("eigh input", a.iter())?;
+    ensure_symmetric("eigh input", a, 1e-10)?;
+    Ok(sym_eigh_desc(&((a + a.transpose()) * 0.5)))
+}
+
+/// The thin SVD `M = U diag(s) Vᵀ` of a tall `p × r` matrix (`p ≥ r`), singular values
+/// descending, in `O(p·r²)`: Householder QR `M = Q R`, then the SVD of the small `R`.
+pub struct ThinSvd {
+    /// Left singular vectors (`p × r`, orthonormal columns).
+    pub u: DMatrix<f64>,
+    /// Singular values, descending.
+    pub s: DVector<f64>,
+    /// Right singular vectors (`r × r`, orthogonal).
+    pub v: DMatrix<f64>,
+}
+
+/// See [`ThinSvd`]. Errors on wide or non-finite input.
+pub fn thin_svd(m: &DMatrix<f64>) -> Result<ThinSvd> {
+    let (p, r) = m.shape();
+    if r == 0 || p < r {
+        return Err(LinalgError::InvalidArgument { what: "thin_svd input", reason: format!("needs p ≥ r ≥ 1, got {p} × {r}") });
+    }
+    ensure_finite("thin_svd input", m.iter())?;
+    let qr = m.clone().qr();
+    let (q, rr) = (qr.q(), qr.r());
+    let svd = rr.svd(true, true);
+    let (ur, vt) = (svd.u.expect("requested"), svd.v_t.expect("requested"));
+    let mut order: Vec<usize> = (0..r).collect();
+    order.sort_by(|&i, &j| svd.singular_values[j].total_cmp(&svd.singular_values[i]));
+    let s = DVector::from_iterator(r, order.iter().map(|&i| svd.singular_values[i]));
+    let u = &q * ur.select_columns(&order);
+    let v = vt.transpose().select_columns(&order);
+    Ok(ThinSvd { u, s, v })
+}
+
+/// A square root of the pseudo-inverse of a symmetric PSD matrix: `F` (`n × k`) with
+/// `F Fᵀ = A†`, keeping eigenvalues above `rtol · λ_max` (`F = V₊ Λ₊^{-1/2}`). Errors if `A`
+/// has an eigenvalue below `−rtol·λ_max` (not PSD).
+pub fn psd_pinv_sqrt(a: &DMatrix<f64>, rtol: f64) -> Result<DMatrix<f64>> {
+    let (values, vectors) = sym_eigh(a)?;
+    let lmax = values.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if let Some(&neg) = values.iter().find(|&&v| v < -rtol * lmax) {
+        return Err(LinalgError::NotPositiveDefinite { what: "psd_pinv_sqrt input", value: neg });
+    }
+    let keep: Vec<usize> = (0..values.len()).filter(|&i| values[i] > rtol * lmax).collect();
+    let mut f = vectors.select_columns(&keep);
+    for (c, &i) in keep.iter().enumerate() {
+        f.column_mut(c).scale_mut(1.0 / values[i].sqrt());
+    }
+    Ok(f)
+}

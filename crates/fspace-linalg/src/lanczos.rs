@@ -1,0 +1,395 @@
+//! Lanczos tridiagonalisation with full reorthogonalisation and an embedded LDLᵀ factorisation
+//! of the tridiagonal (Golub & Van Loan §10.1, §11.3.5), for symmetric PSD operators.
+//!
+//! After `k` steps, `A Q = Q T + β_k q_{k+1} e_kᵀ` with orthonormal `Q` (`n × k`) and tridiagonal
+//! `T = QᵀAQ` (diagonal `α`, off-diagonal `β`). The factorisation `T = L D Lᵀ` (unit lower
+//! bidiagonal `L`, pivots `D`) is updated as the iteration runs: `d₁ = α₁`,
+//! `lⱼ = βⱼ/dⱼ`, `d_{j+1} = α_{j+1} − βⱼ lⱼ`. A pivot that is ≤ `pivot_tol·‖T‖` stops the
+//! iteration: the Krylov space has reached the operator's (numerical) null space — or the
+//! operator is indefinite.
+//!
+//! Why the pivots are not the final word: once `T` is numerically singular, its later pivots
+//! carry errors of order `ε·κ(T)` and their sign is meaningless. Definiteness and regularity are
+//! therefore decided on the Ritz values of `T` (accurate to `O(ε‖A‖)` under full
+//! reorthogonalisation), computed once at the end in `O(k³)`: a Ritz value below
+//! `−max(pivot_tol, 1e-12)·‖T‖` proves the operator indefinite (typed error).
+//!
+//! [`pinv_factor`] turns this into `F` (`n × r`) with `F Fᵀ ≈ A†`, the factor FSP-Laplace's
+//! Algorithm 2 needs (`L Lᵀ ≈ Σ(C, C)†`):
+//! * regular case: `F = Q L⁻ᵀ D^{-1/2}`, so `F Fᵀ = Q T⁻¹ Qᵀ`, in `O(n·k)` from the pivots;
+//! * singular `T` (the start vector had a component in the null space): the pseudo-inverse of
+//!   `T` by its eigendecomposition, `F = Q W₊ Θ₊^{-1/2}` over eigenvalues above the cut-off.
+//!
+//! When the Krylov space contains the range of `A` (rank reached), `Q T† Qᵀ = A†` exactly.
+//! Memory is `O(n·k)`: the `n × n` matrix is never formed.
+
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+use crate::error::{LinalgError, Result};
+use crate::operator::LinearOperator;
+
+/// Where the Lanczos iteration starts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartVector {
+    /// A given vector (normalised internally; must be non-zero and finite).
+    Given(DVector<f64>),
+    /// A standard-normal vector drawn from this seed.
+    Random(u64),
+    /// The all-ones vector.
+    Ones,
+}
+
+/// Options of the Lanczos iteration.
+///
+/// | name | default | purpose |
+/// |---|---|---|
+/// | `max_rank` | 500 | most iterations (FSP-Laplace: "at most 500 Lanczos iterations") |
+/// | `breakdown_tol` | 1e-12 | stop when `β_k ≤ tol·‖T‖` (invariant subspace) |
+/// | `pivot_tol` | 1e-10 | pivots / eigenvalues below `tol·‖T‖` count as zero |
+/// | `start` | `Random(0)` | start vector |
+/// | `check_symmetry` | true | one probe `⟨Au, v⟩ = ⟨u, Av⟩` before iterating (2 extra products) |
+/// | `project_start` | true | start from `A v₀` instead of `v₀` (1 extra product), see below |
+///
+/// `project_start`: a start vector with a component in `null(A)` puts that direction into the
+/// Krylov space, and `T` then drifts towards singularity before the range of `A` is captured.
+/// Starting from `A v₀ ∈ range(A)` keeps the whole iteration inside the range, so a vanishing
+/// pivot or `β` really means that the numerical rank has been reached. (FSP-Laplace Alg. 2
+/// starts from `J(C)·1`; with this option the first Lanczos vector is `Σ(C,C)·J(C)·1`.)
+#[derive(Debug, Clone, PartialEq)]
+pub struct LanczosConfig {
+    /// Maximum number of iterations (= maximum rank), ≥ 1.
+    pub max_rank: usize,
+    /// Relative breakdown tolerance on `β`.
+    pub breakdown_tol: f64,
+    /// Relative tolerance below which pivots / eigenvalues are treated as zero.
+    pub pivot_tol: f64,
+    /// Start vector.
+    pub start: StartVector,
+    /// Probe the operator for symmetry first.
+    pub check_symmetry: bool,
+    /// Start from `A v₀` (projects the start vector onto the range of `A`).
+    pub project_start: bool,
+}
+
+impl Default for LanczosConfig {
+    fn default() -> Self {
+        Self { max_rank: 500, breakdown_tol: 1e-12, pivot_tol: 1e-10, start: StartVector::Random(0), check_symmetry: true, project_start: true }
+    }
+}
+
+/// Why the iteration stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// `max_rank` iterations were done.
+    MaxRank,
+    /// `β` vanished: `Q` spans an invariant subspace (for a random start, the whole range).
+    InvariantSubspace,
+    /// A pivot of `T`'s LDLᵀ vanished (checked only with `project_start`): the Krylov space
+    /// has exhausted the numerical range of `A`.
+    SingularPivot,
+    /// Every direction of ℝⁿ is spanned (`k = n`).
+    FullDimension,
+}
+
+/// Diagnostics of a Lanczos run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LanczosInfo {
+    /// Iterations done (columns of `Q`).
+    pub iterations: usize,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// `β_k / ‖T‖`: the relative residual of the Krylov relation (0 at an invariant subspace).
+    pub residual: f64,
+}
+
+/// The result of a Lanczos run: `Q`, `T` (as `α`, `β`) and the LDLᵀ pivots of `T`.
+#[derive(Debug, Clone)]
+pub struct LanczosDecomposition {
+    q: DMatrix<f64>,
+    alpha: Vec<f64>,
+    beta: Vec<f64>,
+    pivots: Vec<f64>,
+    /// Ritz values (descending) and eigenvectors of `T`.
+    theta: DVector<f64>,
+    w: DMatrix<f64>,
+    pivot_tol: f64,
+    info: LanczosInfo,
+}
+
+/// The LDLᵀ factorisation of a symmetric tridiagonal matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TridiagonalLdlt {
+    /// Sub-diagonal of the unit lower bidiagonal `L` (`k − 1` entries).
+    pub l: Vec<f64>,
+    /// Pivots `D` (`k` entries).
+    pub d: Vec<f64>,
+}
+
+impl TridiagonalLdlt {
+    /// `L D Lᵀ` as a dense matrix (for tests).
+    pub fn reconstruct(&self) -> DMatrix<f64> {
+        let k = self.d.len();
+        let mut l = DMatrix::identity(k, k);
+        for (j, &v) in self.l.iter().enumerate() {
+            l[(j + 1, j)] = v;
+        }
+        &l * DMatrix::from_diagonal(&DVector::from_column_slice(&self.d)) * l.transpose()
+    }
+}
+
+fn start_vector(start: &StartVector, n: usize) -> Result<DVector<f64>> {
+    let v = match start {
+        StartVector::Given(v) => {
+            if v.len() != n {
+                return Err(LinalgError::DimensionMismatch { what: "Lanczos start vector", expected: n, found: v.len() });
+            }
+            v.clone()
+        }
+        StartVector::Random(seed) => {
+            let mut rng = StdRng::seed_from_u64(*seed);
+            DVector::from_fn(n, |_, _| rng.sample(StandardNormal))
+        }
+        StartVector::Ones => DVector::from_element(n, 1.0),
+    };
+    if v.iter().any(|x| !x.is_finite()) {
+        return Err(LinalgError::NonFinite { what: "Lanczos start vector" });
+    }
+    let norm = v.norm();
+    if norm == 0.0 {
+        return Err(LinalgError::InvalidArgument { what: "Lanczos start vector", reason: "is zero".into() });
+    }
+    Ok(v / norm)
+}
+
+/// Checks `⟨A u, v⟩ = ⟨u, A v⟩` for random `u`, `v` (relative to ‖A u‖‖v‖).
+pub fn probe_symmetry(op: &dyn LinearOperator, seed: u64) -> Result<f64> {
+    let n = op.dim();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let u: DVector<f64> = DVector::from_fn(n, |_, _| rng.sample(StandardNormal));
+    let v: DVector<f64> = DVector::from_fn(n, |_, _| rng.sample(StandardNormal));
+    let (au, av) = (op.apply(&u)?, op.apply(&v)?);
+    let scale = (au.norm() * v.norm()).max(av.norm() * u.norm());
+    let asym = if scale == 0.0 { 0.0 } else { (au.dot(&v) - u.dot(&av)).abs() / scale };
+    if asym > 1e-8 {
+        return Err(LinalgError::NotSymmetric { what: "Lanczos operator (random probe)", asymmetry: asym });
+    }
+    Ok(asym)
+}
+
+/// Runs Lanczos on a symmetric PSD operator.
+///
+/// Errors: `max_rank = 0` or invalid tolerances (`InvalidArgument`), a bad start vector,
+/// an asymmetric operator (`NotSymmetric`, when probed), non-finite products (`NonFinite`), and
+/// a negative Ritz value beyond the tolerance (`NotPositiveDefinite`).
+pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<LanczosDecomposition> {
+    let n = op.dim();
+    if n == 0 {
+        return Err(LinalgError::InvalidArgument { what: "operator", reason: "has dimension 0".into() });
+    }
+    if config.max_rank == 0 {
+        return Err(LinalgError::InvalidArgument { what: "max_rank", reason: "must be ≥ 1".into() });
+    }
+    for (what, tol) in [("breakdown_tol", config.breakdown_tol), ("pivot_tol", config.pivot_tol)] {
+        if !(tol.is_finite() && tol >= 0.0) {
+            return Err(LinalgError::InvalidArgument { what, reason: format!("{tol} must be finite and ≥ 0") });
+        }
+    }
+    if config.check_symmetry {
+        probe_symmetry(op, 0x5eed)?;
+    }
+    let max_k = config.max_rank.min(n);
+    let mut q = DMatrix::zeros(n, max_k);
+    let mut v0 = start_vector(&config.start, n)?;
+    if config.project_start {
+        v0 = op.apply(&v0)?;
+        let norm = v0.norm();
+        if norm == 0.0 {
+            return Err(LinalgError::InvalidArgument {
+                what: "Lanczos start vector",
+                reason: "A·v₀ = 0 (the start vector lies in the null space, or A = 0)".into(),
+            });
+        }
+        v0 /= norm;
+    }
+    q.set_column(0, &v0);
+    let (mut alpha, mut beta, mut pivots) = (Vec::new(), Vec::new(), Vec::new());
+    let mut t_norm = 0.0f64;
+    let mut k = 0;
+    let stop = loop {
+        let qk = q.column(k).into_owned();
+        let mut w = op.apply(&qk)?;
+        let a = qk.dot(&w);
+        alpha.push(a);
+        // Embedded LDLᵀ pivot of T_{k+1}.
+        let d = match k {
+            0 => a,
+            _ => a - beta[k - 1] * beta[k - 1] / pivots[k - 1],
+        };
+        pivots.push(d);
+        t_norm = t_norm.max(a.abs() + beta.last().copied().unwrap_or(0.0));
+        k += 1;
+        // Rank detection by a vanishing pivot is valid only inside range(A); an unprojected
+        // start makes T drift towards singularity earlier (see `project_start`).
+        if config.project_start && d <= config.pivot_tol * t_norm {
+            break StopReason::SingularPivot;
+        }
+        // Full reorthogonalisation, twice (Kahan–Parlett "twice is enough").
+        for _ in 0..2 {
+            let qk_block = q.columns(0, k);
+            let coeffs = qk_block.tr_mul(&w);
+            w -= qk_block * coeffs;
+        }
+        let b = w.norm();
+        if k == n {
+            break StopReason::FullDimension;
+        }
+        if b <= config.breakdown_tol * t_norm {
+            beta.push(b);
+            break StopReason::InvariantSubspace;
+        }
+        if k == max_k {
+            beta.push(b);
+            break StopReason::MaxRank;
+        }
+        beta.push(b);
+        t_norm = t_norm.max(a.abs() + b);
+        q.set_column(k, &(w / b));
+    };
+    // β has one entry per step that produced a next vector; the last one (if any) couples T
+    // to the unused q_{k+1} and is the Krylov residual.
+    let residual = if beta.len() == k { beta.pop().unwrap_or(0.0) / t_norm.max(f64::MIN_POSITIVE) } else { 0.0 };
+    let q = q.columns(0, k).into_owned();
+    let t = tridiagonal(&alpha, &beta);
+    let (theta, w) = crate::dense::sym_eigh_desc(&t);
+    let scale = theta.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let lowest = theta[k - 1];
+    if lowest < -config.pivot_tol.max(1e-12) * scale {
+        return Err(LinalgError::NotPositiveDefinite { what: "Lanczos operator (Ritz value of T)", value: lowest });
+    }
+    Ok(LanczosDecomposition {
+        q,
+        alpha,
+        beta,
+        pivots,
+        theta,
+        w,
+        pivot_tol: config.pivot_tol,
+        info: LanczosInfo { iterations: k, stop, residual },
+    })
+}
+
+fn tridiagonal(alpha: &[f64], beta: &[f64]) -> DMatrix<f64> {
+    let mut t = DMatrix::from_diagonal(&DVector::from_column_slice(alpha));
+    for (j, &b) in beta.iter().enumerate() {
+        t[(j, j + 1)] = b;
+        t[(j + 1, j)] = b;
+    }
+    t
+}
+
+impl LanczosDecomposition {
+    /// The orthonormal Lanczos basis `Q` (`n × k`).
+    pub fn basis(&self) -> &DMatrix<f64> {
+        &self.q
+    }
+    /// Diagonal `α` of `T`.
+    pub fn alpha(&self) -> &[f64] {
+        &self.alpha
+    }
+    /// Off-diagonal `β` of `T` (`k − 1` entries).
+    pub fn beta(&self) -> &[f64] {
+        &self.beta
+    }
+    /// Diagnostics.
+    pub fn info(&self) -> &LanczosInfo {
+        &self.info
+    }
+    /// `T` as a dense `k × k` matrix.
+    pub fn tridiagonal(&self) -> DMatrix<f64> {
+        tridiagonal(&self.alpha, &self.beta)
+    }
+    /// The LDLᵀ factorisation of `T` computed during the iteration (meaningful when
+    /// [`is_regular`](Self::is_regular); pivots after a vanishing one are not).
+    pub fn ldlt(&self) -> TridiagonalLdlt {
+        let l = self.beta.iter().zip(&self.pivots).map(|(b, d)| b / d).collect();
+        TridiagonalLdlt { l, d: self.pivots.clone() }
+    }
+    /// Ritz values (descending) and Ritz vectors `Q W` (`n × k`): a truncated
+    /// eigendecomposition of `A`.
+    pub fn ritz(&self) -> (DVector<f64>, DMatrix<f64>) {
+        (self.theta.clone(), &self.q * &self.w)
+    }
+    /// Ritz values only (eigenvalues of `T`, descending).
+    pub fn ritz_values(&self) -> &DVector<f64> {
+        &self.theta
+    }
+    /// Whether `T` is safely invertible: the iteration did not stop on a vanishing pivot and
+    /// the smallest Ritz value exceeds `pivot_tol` times the largest.
+    pub fn is_regular(&self) -> bool {
+        let k = self.theta.len();
+        self.info.stop != StopReason::SingularPivot && self.theta[k - 1] > self.cutoff()
+    }
+    /// Ritz values at or below this count as zero: `max(pivot_tol, k·ε)·θ_max` (the floor keeps
+    /// `pivot_tol = 0` from inverting rounding noise).
+    fn cutoff(&self) -> f64 {
+        self.pivot_tol.max(f64::EPSILON * self.theta.len() as f64) * self.theta[0].abs()
+    }
+}
+
+/// How a pseudo-inverse factor was formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinvMethod {
+    /// `F = Q L⁻ᵀ D^{-1/2}` from the embedded LDLᵀ.
+    Ldlt,
+    /// `F = Q W₊ Θ₊^{-1/2}` from the eigendecomposition of a singular `T`.
+    Eigen,
+}
+
+/// Diagnostics of [`pinv_factor`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PinvInfo {
+    /// The Lanczos diagnostics.
+    pub lanczos: LanczosInfo,
+    /// Columns of the factor (the rank of the approximation).
+    pub rank: usize,
+    /// Which formula produced the factor.
+    pub method: PinvMethod,
+}
+
+/// `F` (`n × r`) with `F Fᵀ ≈ A†` for a symmetric PSD operator, by Lanczos with embedded LDLᵀ
+/// (see the module docs). `r ≤ max_rank`; the approximation is exact once the Krylov space
+/// contains `range(A)`.
+pub fn pinv_factor(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<(DMatrix<f64>, PinvInfo)> {
+    let dec = lanczos(op, config)?;
+    pinv_factor_from(&dec)
+}
+
+/// [`pinv_factor`] from an existing decomposition.
+pub fn pinv_factor_from(dec: &LanczosDecomposition) -> Result<(DMatrix<f64>, PinvInfo)> {
+    let (n, k) = dec.q.shape();
+    if dec.is_regular() {
+        // Z Lᵀ = Q column by column: z₁ = q₁, z_{j+1} = q_{j+1} − lⱼ zⱼ; then F = Z D^{-1/2}.
+        let ldlt = dec.ldlt();
+        let mut f = DMatrix::zeros(n, k);
+        let mut z = dec.q.column(0).into_owned();
+        for j in 0..k {
+            if j > 0 {
+                z = dec.q.column(j) - &z * ldlt.l[j - 1];
+            }
+            f.set_column(j, &(&z / ldlt.d[j].sqrt()));
+        }
+        return Ok((f, PinvInfo { lanczos: dec.info.clone(), rank: k, method: PinvMethod::Ldlt }));
+    }
+    let (theta, w) = (&dec.theta, &dec.w);
+    let cutoff = dec.cutoff();
+    let keep: Vec<usize> = (0..k).filter(|&i| theta[i] > cutoff).collect();
+    let mut f = DMatrix::zeros(n, keep.len());
+    for (c, &i) in keep.iter().enumerate() {
+        f.set_column(c, &(&dec.q * w.column(i) / theta[i].sqrt()));
+    }
+    let rank = keep.len();
+    Ok((f, PinvInfo { lanczos: dec.info.clone(), rank, method: PinvMethod::Eigen }))
+}

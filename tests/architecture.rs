@@ -1,0 +1,53 @@
+//! Enforces the dependency invariants of `docs/ARCHITECTURE.md` by reading `cargo metadata`:
+//! dependencies point downwards only, a method crate never depends on another method crate,
+//! only `fspace-nn` imports dfdx, and `fspace-testutil` is a dev-dependency only.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+/// Which workspace crates each crate may depend on (normal or build dependencies).
+/// A new crate must be added here, and to the code map in docs/ARCHITECTURE.md.
+fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
+    BTreeMap::from([
+        ("fspace-linalg", vec![]),
+        ("fspace-context", vec![]),
+        ("fspace-testutil", vec![]),
+        ("fspace-kernels", vec!["fspace-linalg"]),
+        ("fspace", vec!["fspace-linalg", "fspace-kernels", "fspace-context"]),
+        ("xtask", vec!["fspace", "fspace-linalg", "fspace-kernels", "fspace-context"]),
+    ])
+}
+
+#[test]
+fn workspace_dependencies_follow_the_layering() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rules = allowed();
+    let members: Vec<&str> = meta["packages"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    for pkg in meta["packages"].as_array().unwrap() {
+        let name = pkg["name"].as_str().unwrap();
+        let allowed = rules
+            .get(name)
+            .unwrap_or_else(|| panic!("crate {name} is not in the layering table; add it here and to docs/ARCHITECTURE.md"));
+        for dep in pkg["dependencies"].as_array().unwrap() {
+            let dep_name = dep["name"].as_str().unwrap();
+            let is_dev = dep["kind"].as_str() == Some("dev");
+            if dep_name == "dfdx" {
+                assert!(name == "fspace-nn" || is_dev, "{name} depends on dfdx: only fspace-nn may");
+            }
+            if dep_name == "fspace-testutil" {
+                assert!(is_dev, "{name} depends on fspace-testutil outside dev-dependencies");
+                continue;
+            }
+            if members.contains(&dep_name) && !is_dev {
+                assert!(allowed.contains(&dep_name), "{name} may not depend on {dep_name} (allowed: {allowed:?})");
+            }
+        }
+    }
+}
