@@ -7,10 +7,20 @@
 //!
 //! | module | crate | contents |
 //! |---|---|---|
-//! | [`linalg`] | `fspace-linalg` | `LinearOperator`, dense/closure/sum/diagonal operators |
+//! | [`linalg`] | `fspace-linalg` | `LinearOperator`, Lanczos (+LDLᵀ), CG, Cholesky, SLQ, low-rank updates |
 //! | [`kernels`] | `fspace-kernels` | covariance functions, Gram matrices and operators, prior means |
 //! | [`context`] | `fspace-context` | context-point samplers and boxes |
+//! | [`core`] | `fspace-core` | likelihoods, the `Posterior` contract, minibatches, early stopping |
+//! | [`metrics`] | `fspace-metrics` | ELL, NLL, RMSE, CRPS, CQM, accuracy, ECE, Brier, OOD AUC, W2, mean rank |
+//! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
 
 pub use fspace_context as context;
+pub use fspace_core as core;
+pub use fspace_data as data;
 pub use fspace_kernels as kernels;
 pub use fspace_linalg as linalg;
+pub use fspace_metrics as metrics;
+
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

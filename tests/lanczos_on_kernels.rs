@@ -1,7 +1,7 @@
 //! Matrix-free linear algebra on kernel Gram operators, against dense references.
 
 use fspace::context::{BoundingBox, GridSampler, Sampler};
-use fspace::kernels::{gram, GramOperator, Matern12, Rbf};
+use fspace::kernels::{gram, GramOperator, Kernel, Matern12, Rbf};
 use fspace::linalg::*;
 use fspace_testutil::{psd_pinv, rand_uniform, randn_vec, rel_frob, rng};
 use nalgebra::DMatrix;
@@ -14,24 +14,14 @@ fn pinv_error(k: &DMatrix<f64>, f: &DMatrix<f64>, rtol: f64) -> f64 {
 fn lanczos_ldlt_inverts_full_rank_gram_operators() {
     let x = rand_uniform(150, 2, -3.0, 3.0, &mut rng(1));
     // RBF with a short lengthscale (well-conditioned) and Matérn-1/2 (always well-conditioned).
-    let cases: Vec<(&str, DMatrix<f64>, Box<dyn Fn() -> (DMatrix<f64>, PinvInfo)>)> = vec![
-        ("rbf", gram(&Rbf::new(1.0, 0.15).unwrap(), &x, &x).unwrap(), {
-            let x = x.clone();
-            Box::new(move || {
-                let op = GramOperator::new(Rbf::new(1.0, 0.15).unwrap(), &x).unwrap();
-                pinv_factor(&op, &LanczosConfig { max_rank: 150, ..Default::default() }).unwrap()
-            })
-        }),
-        ("matern12", gram(&Matern12::new(1.0, 1.0).unwrap(), &x, &x).unwrap(), {
-            let x = x.clone();
-            Box::new(move || {
-                let op = GramOperator::new(Matern12::new(1.0, 1.0).unwrap(), &x).unwrap();
-                pinv_factor(&op, &LanczosConfig { max_rank: 150, ..Default::default() }).unwrap()
-            })
-        }),
+    let kernels: Vec<(&str, Box<dyn Kernel>)> = vec![
+        ("rbf", Rbf::new(1.0, 0.15).unwrap().boxed()),
+        ("matern12", Matern12::new(1.0, 1.0).unwrap().boxed()),
     ];
-    for (name, dense, run) in cases {
-        let (f, info) = run();
+    for (name, kernel) in kernels {
+        let dense = gram(&kernel, &x, &x).unwrap();
+        let op = GramOperator::new(&kernel, &x).unwrap();
+        let (f, info) = pinv_factor(&op, &LanczosConfig { max_rank: 150, ..Default::default() }).unwrap();
         assert_eq!(info.rank, 150, "{name}: {info:?}");
         let err = pinv_error(&dense, &f, 1e-12);
         assert!(err < 1e-8, "{name}: ‖FFᵀ − K⁻¹‖/‖K⁻¹‖ = {err:.3e}");

@@ -31,7 +31,9 @@ fn parse(args: &[String]) -> Result<Options> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--quick" => opts.quick = true,
-            "--seed" => opts.seed = it.next().ok_or_else(|| anyhow::anyhow!("--seed needs a value"))?.parse()?,
+            "--seed" => {
+                opts.seed = it.next().ok_or_else(|| anyhow::anyhow!("--seed needs a value"))?.parse()?
+            }
             "--out" => opts.out = it.next().ok_or_else(|| anyhow::anyhow!("--out needs a value"))?.clone(),
             flag if flag.starts_with("--") => bail!("unknown option {flag}"),
             name => opts.names.push(name.to_string()),

@@ -52,7 +52,10 @@ impl BoundingBox {
             return Err(ContextError::NonFinite { what: "data for the context box" });
         }
         if !(widen.is_finite() && widen >= 0.0) {
-            return Err(ContextError::InvalidArgument { what: "widen", reason: format!("{widen} must be finite and ≥ 0") });
+            return Err(ContextError::InvalidArgument {
+                what: "widen",
+                reason: format!("{widen} must be finite and ≥ 0"),
+            });
         }
         let (mut lower, mut upper) = (Vec::new(), Vec::new());
         for col in x.column_iter() {

@@ -23,5 +23,7 @@ pub mod sampler;
 
 pub use bbox::BoundingBox;
 pub use error::{ContextError, Result};
-pub use lowdisc::{centered_l2_discrepancy, first_primes, radical_inverse, HaltonSampler, SobolSampler, SOBOL_MAX_DIM};
+pub use lowdisc::{
+    centered_l2_discrepancy, first_primes, radical_inverse, HaltonSampler, SobolSampler, SOBOL_MAX_DIM,
+};
 pub use sampler::{DatasetSampler, GridSampler, LatinHypercube, MixtureSampler, Sampler, UniformSampler};

@@ -211,7 +211,12 @@ impl DatasetSampler {
     }
 }
 
-pub(crate) fn take_rows(data: &DMatrix<f64>, n: usize, replace: bool, rng: &mut dyn RngCore) -> Result<DMatrix<f64>> {
+pub(crate) fn take_rows(
+    data: &DMatrix<f64>,
+    n: usize,
+    replace: bool,
+    rng: &mut dyn RngCore,
+) -> Result<DMatrix<f64>> {
     let rows = data.nrows();
     let idx: Vec<usize> = if replace {
         (0..n).map(|_| rng.gen_range(0..rows)).collect()

@@ -108,15 +108,18 @@ fn halton_matches_the_halton_crate_and_the_radical_inverse_definition() {
     }
     assert_eq!(radical_inverse(2, 6), 0.375); // 110₂ → 0.011₂
     assert!((radical_inverse(3, 5) - 7.0 / 9.0).abs() < 1e-15); // 12₃ → 0.21₃
-    // Beyond the halton crate's u8 bases: 784 dimensions (MNIST-sized context points).
-    let big = HaltonSampler::new(BoundingBox::cube(784, 0.0, 1.0).unwrap()).scrambled(1).unit_points(4).unwrap();
+                                                                // Beyond the halton crate's u8 bases: 784 dimensions (MNIST-sized context points).
+    let big =
+        HaltonSampler::new(BoundingBox::cube(784, 0.0, 1.0).unwrap()).scrambled(1).unit_points(4).unwrap();
     assert_eq!(big.shape(), (4, 784));
     assert!(big.iter().all(|v| (0.0..1.0).contains(v)));
 }
 
 fn mean_uniform_discrepancy(n: usize, d: usize, seeds: u64) -> f64 {
     let sampler = UniformSampler::new(BoundingBox::cube(d, 0.0, 1.0).unwrap());
-    (0..seeds).map(|s| centered_l2_discrepancy(&sampler.sample(n, &mut rng(100 + s)).unwrap()).unwrap()).sum::<f64>()
+    (0..seeds)
+        .map(|s| centered_l2_discrepancy(&sampler.sample(n, &mut rng(100 + s)).unwrap()).unwrap())
+        .sum::<f64>()
         / seeds as f64
 }
 
@@ -130,7 +133,10 @@ fn low_discrepancy_sequences_beat_uniform_points() {
                 ("halton", HaltonSampler::new(unit.clone()).unit_points(n).unwrap()),
                 ("halton_scrambled", HaltonSampler::new(unit.clone()).scrambled(3).unit_points(n).unwrap()),
                 ("sobol", SobolSampler::new(unit.clone()).unwrap().unit_points(n).unwrap()),
-                ("sobol_scrambled", SobolSampler::new(unit.clone()).unwrap().scrambled(3).unit_points(n).unwrap()),
+                (
+                    "sobol_scrambled",
+                    SobolSampler::new(unit.clone()).unwrap().scrambled(3).unit_points(n).unwrap(),
+                ),
             ];
             for (name, pts) in cases {
                 let cd = centered_l2_discrepancy(&pts).unwrap();
@@ -183,25 +189,41 @@ fn dataset_and_mixture_samplers_draw_rows() {
     let pts = s.sample(20, &mut rng(1)).unwrap();
     let mut firsts: Vec<f64> = pts.column(0).iter().cloned().collect();
     firsts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    assert_eq!(firsts, (0..20).map(|i| (i * 10) as f64).collect::<Vec<_>>(), "without replacement: a permutation");
+    assert_eq!(
+        firsts,
+        (0..20).map(|i| (i * 10) as f64).collect::<Vec<_>>(),
+        "without replacement: a permutation"
+    );
     assert!(s.sample(21, &mut rng(1)).is_err());
-    assert_eq!(DatasetSampler::with_replacement(data.clone()).unwrap().sample(50, &mut rng(1)).unwrap().nrows(), 50);
+    assert_eq!(
+        DatasetSampler::with_replacement(data.clone()).unwrap().sample(50, &mut rng(1)).unwrap().nrows(),
+        50
+    );
 
     let mut m = MixtureSampler::new(BoundingBox::cube(2, 500.0, 600.0).unwrap(), 4);
     assert!(m.sample(10, &mut rng(2)).is_err(), "no batch set yet");
     m.set_batch(data.clone()).unwrap();
     let pts = m.sample(10, &mut rng(2)).unwrap();
     assert!((0..6).all(|i| pts[(i, 0)] >= 500.0), "first n − b rows are uniform in the box");
-    assert!((6..10).all(|i| pts[(i, 0)] < 200.0 && pts[(i, 0)] % 10.0 == 0.0), "last b rows come from the batch");
+    assert!(
+        (6..10).all(|i| pts[(i, 0)] < 200.0 && pts[(i, 0)] % 10.0 == 0.0),
+        "last b rows come from the batch"
+    );
     assert!(m.set_batch(DMatrix::zeros(3, 5)).is_err());
 }
 
 #[test]
 fn bad_input_is_a_typed_error() {
     assert!(matches!(BoundingBox::new(vec![1.0], vec![0.0]), Err(ContextError::InvertedBox { dim: 0, .. })));
-    assert!(matches!(BoundingBox::new(vec![0.0, f64::NAN], vec![1.0, 1.0]), Err(ContextError::NonFinite { .. })));
+    assert!(matches!(
+        BoundingBox::new(vec![0.0, f64::NAN], vec![1.0, 1.0]),
+        Err(ContextError::NonFinite { .. })
+    ));
     assert!(matches!(BoundingBox::new(vec![], vec![]), Err(ContextError::Empty { .. })));
-    assert!(matches!(BoundingBox::new(vec![0.0], vec![1.0, 2.0]), Err(ContextError::DimensionMismatch { .. })));
+    assert!(matches!(
+        BoundingBox::new(vec![0.0], vec![1.0, 2.0]),
+        Err(ContextError::DimensionMismatch { .. })
+    ));
     assert!(matches!(BoundingBox::from_data(&DMatrix::zeros(0, 3), 0.5), Err(ContextError::Empty { .. })));
     assert!(BoundingBox::from_data(&DMatrix::from_element(2, 2, f64::INFINITY), 0.5).is_err());
     assert!(BoundingBox::from_data(&DMatrix::from_element(2, 2, 1.0), -1.0).is_err());

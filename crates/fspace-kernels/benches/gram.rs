@@ -22,7 +22,9 @@ fn bench_gram(c: &mut Criterion) {
     for n in SIZES {
         let x = points(n);
         group.throughput(Throughput::Elements((n * n) as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(n), &x, |b, x| b.iter(|| gram(&kernel, x, x).unwrap()));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &x, |b, x| {
+            b.iter(|| gram(&kernel, x, x).unwrap())
+        });
     }
     group.finish();
 

@@ -54,11 +54,7 @@ pub fn positive(name: impl Into<String>, value: f64) -> Result<f64> {
     if value.is_finite() && value > 0.0 {
         Ok(value)
     } else {
-        Err(KernelError::InvalidHyperparameter {
-            name: name.into(),
-            value,
-            reason: "must be finite and > 0",
-        })
+        Err(KernelError::InvalidHyperparameter { name: name.into(), value, reason: "must be finite and > 0" })
     }
 }
 
@@ -81,10 +77,6 @@ pub fn check_param_len(expected: usize, found: usize) -> Result<()> {
     if expected == found {
         Ok(())
     } else {
-        Err(KernelError::DimensionMismatch {
-            what: "log-hyperparameter vector",
-            expected,
-            found,
-        })
+        Err(KernelError::DimensionMismatch { what: "log-hyperparameter vector", expected, found })
     }
 }

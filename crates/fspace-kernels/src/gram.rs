@@ -72,7 +72,11 @@ fn check_same_dim(x: &PointSet, y: &PointSet) -> Result<()> {
     if x.dim() == y.dim() {
         Ok(())
     } else {
-        Err(KernelError::DimensionMismatch { what: "columns of Y vs. columns of X", expected: x.dim(), found: y.dim() })
+        Err(KernelError::DimensionMismatch {
+            what: "columns of Y vs. columns of X",
+            expected: x.dim(),
+            found: y.dim(),
+        })
     }
 }
 
@@ -129,7 +133,11 @@ pub fn gram_diag<K: MatrixKernel + ?Sized>(k: &K, x: &DMatrix<f64>) -> Result<DV
 
 /// `∂K(X, Y)/∂θⱼ` for every log-hyperparameter `θⱼ` (one matrix per hyperparameter, in the
 /// order of [`KernelBase::params`](crate::KernelBase::params)).
-pub fn gram_grad<K: MatrixKernel + ?Sized>(k: &K, x: &DMatrix<f64>, y: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
+pub fn gram_grad<K: MatrixKernel + ?Sized>(
+    k: &K,
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+) -> Result<Vec<DMatrix<f64>>> {
     let xs = validated(k, "points X", x)?;
     let ys = validated(k, "points Y", y)?;
     check_same_dim(&xs, &ys)?;

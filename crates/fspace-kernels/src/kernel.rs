@@ -193,9 +193,7 @@ impl<K: KernelBase + ?Sized> KernelBase for &K {
         (**self).param_names()
     }
     fn set_params(&mut self, _p: &[f64]) -> Result<()> {
-        Err(crate::KernelError::Unsupported(
-            "cannot set hyperparameters through a shared reference".into(),
-        ))
+        Err(crate::KernelError::Unsupported("cannot set hyperparameters through a shared reference".into()))
     }
     fn check_input_dim(&self, d: usize) -> Result<()> {
         (**self).check_input_dim(d)

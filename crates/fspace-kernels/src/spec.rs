@@ -104,9 +104,15 @@ impl KernelSpec {
     pub fn build(&self) -> Result<Box<dyn Kernel>> {
         Ok(match self {
             Self::Rbf { variance, lengthscales } => Rbf::ard(*variance, lengthscales.clone())?.boxed(),
-            Self::Matern12 { variance, lengthscales } => Matern12::ard(*variance, lengthscales.clone())?.boxed(),
-            Self::Matern32 { variance, lengthscales } => Matern32::ard(*variance, lengthscales.clone())?.boxed(),
-            Self::Matern52 { variance, lengthscales } => Matern52::ard(*variance, lengthscales.clone())?.boxed(),
+            Self::Matern12 { variance, lengthscales } => {
+                Matern12::ard(*variance, lengthscales.clone())?.boxed()
+            }
+            Self::Matern32 { variance, lengthscales } => {
+                Matern32::ard(*variance, lengthscales.clone())?.boxed()
+            }
+            Self::Matern52 { variance, lengthscales } => {
+                Matern52::ard(*variance, lengthscales.clone())?.boxed()
+            }
             Self::RationalQuadratic { variance, lengthscales, alpha } => {
                 RationalQuadratic::ard(*variance, lengthscales.clone(), *alpha)?.boxed()
             }

@@ -290,11 +290,7 @@ impl<P: RadialProfile> Stationary<P> {
             let inv = 1.0 / self.lengthscales[0];
             x.iter().zip(y).map(|(a, b)| ((a - b) * inv).powi(2)).sum()
         } else {
-            x.iter()
-                .zip(y)
-                .zip(&self.lengthscales)
-                .map(|((a, b), l)| ((a - b) / l).powi(2))
-                .sum()
+            x.iter().zip(y).zip(&self.lengthscales).map(|((a, b), l)| ((a - b) / l).powi(2)).sum()
         }
     }
     #[inline]
@@ -458,10 +454,7 @@ impl<P: SmoothProfile> SecondOrderKernel for Stationary<P> {
             let block = &mut out[(1 + k) * dd..(2 + k) * dd];
             let owns = |i: usize| self.iso() || i == k;
             // ∂s/∂log ℓₖ
-            let ds: f64 = (0..d)
-                .filter(|&i| owns(i))
-                .map(|i| -2.0 * (x[i] - y[i]).powi(2) * inv_l2[i])
-                .sum();
+            let ds: f64 = (0..d).filter(|&i| owns(i)).map(|i| -2.0 * (x[i] - y[i]).powi(2) * inv_l2[i]).sum();
             for i in 0..d {
                 for j in 0..d {
                     // ∂(aᵢaⱼ)/∂log ℓₖ = −2 aᵢaⱼ ([i owned] + [j owned])

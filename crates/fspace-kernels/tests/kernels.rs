@@ -142,7 +142,8 @@ fn fd_cross_hessian(k: &dyn Kernel, x: &[f64], y: &[f64], h: f64) -> Vec<f64> {
                 yp[j] += sj * h;
                 k.eval(&xp, &yp)
             };
-            out[i * d + j] = (eval(1.0, 1.0) - eval(1.0, -1.0) - eval(-1.0, 1.0) + eval(-1.0, -1.0)) / (4.0 * h * h);
+            out[i * d + j] =
+                (eval(1.0, 1.0) - eval(1.0, -1.0) - eval(-1.0, 1.0) + eval(-1.0, -1.0)) / (4.0 * h * h);
         }
     }
     out
@@ -170,13 +171,19 @@ fn cross_hessians_match_finite_differences() {
             let numeric = fd_cross_hessian(k.as_ref(), &x, &y, 1e-4);
             let scale = analytic.iter().fold(0.0f64, |m, v| m.max(v.abs()));
             for i in 0..4 {
-                assert!((analytic[i] - numeric[i]).abs() <= 1e-6 * scale.max(1e-3), "{name}: {analytic:?} vs {numeric:?}");
+                assert!(
+                    (analytic[i] - numeric[i]).abs() <= 1e-6 * scale.max(1e-3),
+                    "{name}: {analytic:?} vs {numeric:?}"
+                );
             }
         }
         // At coincident points H = −∂²κ(0) = (σ²/ℓ²)·c·I with a finite c for smooth kernels.
         let mut at_zero = [0.0; 4];
         k.cross_hessian(&[0.3, -0.2], &[0.3, -0.2], &mut at_zero);
-        assert!(at_zero.iter().all(|v| v.is_finite()) && at_zero[0] > 0.0 && at_zero[1] == 0.0, "{name}: {at_zero:?}");
+        assert!(
+            at_zero.iter().all(|v| v.is_finite()) && at_zero[0] > 0.0 && at_zero[1] == 0.0,
+            "{name}: {at_zero:?}"
+        );
     }
 }
 
@@ -193,17 +200,24 @@ fn cross_hessian_hyperparameter_gradients_match_finite_differences() {
             k.cross_hessian_grad(&x, &y, &mut analytic);
             let theta = k.params();
             for e in 0..4 {
-                let numeric = fd_gradient(|t| {
-                    let mut kk = k.clone();
-                    kk.set_params(t).unwrap();
-                    let mut hb = [0.0; 4];
-                    kk.cross_hessian(&x, &y, &mut hb);
-                    hb[e]
-                }, &theta, 1e-5);
+                let numeric = fd_gradient(
+                    |t| {
+                        let mut kk = k.clone();
+                        kk.set_params(t).unwrap();
+                        let mut hb = [0.0; 4];
+                        kk.cross_hessian(&x, &y, &mut hb);
+                        hb[e]
+                    },
+                    &theta,
+                    1e-5,
+                );
                 for j in 0..np {
                     let a = analytic[j * 4 + e];
-                    assert!((a - numeric[j]).abs() <= 1e-6 * numeric[j].abs().max(1e-2),
-                        "{name} entry {e} param {j}: {a} vs {}", numeric[j]);
+                    assert!(
+                        (a - numeric[j]).abs() <= 1e-6 * numeric[j].abs().max(1e-2),
+                        "{name} entry {e} param {j}: {a} vs {}",
+                        numeric[j]
+                    );
                 }
             }
         }
@@ -241,13 +255,17 @@ fn helmholtz_hyperparameter_gradients_match_finite_differences() {
     let mut analytic = vec![0.0; 4 * np];
     hk.eval_block_grad(&x, &y, &mut analytic);
     for e in 0..4 {
-        let numeric = fd_gradient(|t| {
-            let mut kk = hk.clone();
-            kk.set_params(t).unwrap();
-            let mut b = [0.0; 4];
-            kk.eval_block(&x, &y, &mut b);
-            b[e]
-        }, &hk.params(), 1e-5);
+        let numeric = fd_gradient(
+            |t| {
+                let mut kk = hk.clone();
+                kk.set_params(t).unwrap();
+                let mut b = [0.0; 4];
+                kk.eval_block(&x, &y, &mut b);
+                b[e]
+            },
+            &hk.params(),
+            1e-5,
+        );
         for j in 0..np {
             assert!((analytic[j * 4 + e] - numeric[j]).abs() <= 1e-6 * numeric[j].abs().max(1e-3));
         }
@@ -266,14 +284,19 @@ fn gram_operator_equals_dense_gram_times_vectors() {
     let v = randn(700, 3, &mut r);
     assert_mat_close(&op.apply_block(&v).unwrap(), &(&shifted * &v), 1e-12, 0.0);
     let v1 = DVector::from_column_slice(v.column(0).as_slice());
-    assert_mat_close(&DMatrix::from_column_slice(700, 1, op.apply(&v1).unwrap().as_slice()),
-        &DMatrix::from_column_slice(700, 1, (&shifted * &v1).as_slice()), 1e-12, 0.0);
+    assert_mat_close(
+        &DMatrix::from_column_slice(700, 1, op.apply(&v1).unwrap().as_slice()),
+        &DMatrix::from_column_slice(700, 1, (&shifted * &v1).as_slice()),
+        1e-12,
+        0.0,
+    );
     assert_all_close(op.diagonal().as_slice(), shifted.diagonal().as_slice(), 1e-14, 0.0);
     assert_all_close(op.column(123).as_slice(), shifted.column(123).clone_owned().as_slice(), 1e-14, 0.0);
 
     // Matrix-valued: Helmholtz, point-major ordering.
     let x2 = rand_uniform(90, 2, -1.0, 1.0, &mut r);
-    let hk = Helmholtz::new(Box::new(Rbf::new(1.0, 0.5).unwrap()), Box::new(Rbf::new(0.5, 0.7).unwrap())).unwrap();
+    let hk =
+        Helmholtz::new(Box::new(Rbf::new(1.0, 0.5).unwrap()), Box::new(Rbf::new(0.5, 0.7).unwrap())).unwrap();
     let dense = gram(&hk, &x2, &x2).unwrap();
     let mut block = [0.0; 4];
     hk.eval_block(&[x2[(3, 0)], x2[(3, 1)]], &[x2[(7, 0)], x2[(7, 1)]], &mut block);
@@ -332,7 +355,9 @@ fn specs_round_trip_through_json() {
     assert_mat_close(&gram(&rebuilt, &x, &x).unwrap(), &gram(&k, &x, &x).unwrap(), 1e-15, 0.0);
     assert_eq!(rebuilt.param_names(), k.param_names());
 
-    let hk = Helmholtz::new(Box::new(Rbf::new(1.0, 0.5).unwrap()), Box::new(Matern52::new(0.5, 0.7).unwrap())).unwrap();
+    let hk =
+        Helmholtz::new(Box::new(Rbf::new(1.0, 0.5).unwrap()), Box::new(Matern52::new(0.5, 0.7).unwrap()))
+            .unwrap();
     let spec = hk.matrix_spec().unwrap();
     let back: MatrixKernelSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
     assert_eq!(back, spec);
@@ -390,9 +415,13 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(gram(&k, &empty, &empty), Err(KernelError::EmptyPoints { .. })));
     assert!(matches!(GramOperator::new(&k, &empty), Err(KernelError::EmptyPoints { .. })));
     let x2 = DMatrix::from_element(4, 2, 0.5);
-    assert!(matches!(gram(&k, &x2, &DMatrix::from_element(4, 1, 0.5)), Err(KernelError::DimensionMismatch { .. })));
+    assert!(matches!(
+        gram(&k, &x2, &DMatrix::from_element(4, 1, 0.5)),
+        Err(KernelError::DimensionMismatch { .. })
+    ));
     // Conflicting ARD dimensions inside a composite are reported, not indexed out of bounds.
-    let conflict = Rbf::ard(1.0, vec![1.0, 2.0]).unwrap().boxed() + Rbf::ard(1.0, vec![1.0; 3]).unwrap().boxed();
+    let conflict =
+        Rbf::ard(1.0, vec![1.0, 2.0]).unwrap().boxed() + Rbf::ard(1.0, vec![1.0; 3]).unwrap().boxed();
     assert!(matches!(gram(&conflict, &x2, &x2), Err(KernelError::DimensionMismatch { .. })));
     // set_params: wrong length, and values whose exponential overflows; the kernel is unchanged.
     let mut k2 = mauna_loa();
@@ -403,7 +432,11 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(k2.set_params(&huge), Err(KernelError::InvalidHyperparameter { .. })));
     assert_eq!(k2.params(), before);
     assert!(GramOperator::new(&k, &x2).unwrap().with_shift(-1.0).is_err());
-    assert!(Helmholtz::new(Box::new(Rbf::ard(1.0, vec![1.0; 3]).unwrap()), Box::new(Rbf::new(1.0, 1.0).unwrap())).is_err());
+    assert!(Helmholtz::new(
+        Box::new(Rbf::ard(1.0, vec![1.0; 3]).unwrap()),
+        Box::new(Rbf::new(1.0, 1.0).unwrap())
+    )
+    .is_err());
     assert!(Independent::new(Rbf::new(1.0, 1.0).unwrap(), 0).is_err());
     // Operator products with a wrong-sized vector are errors.
     let op = GramOperator::new(&k, &x2).unwrap();
@@ -418,7 +451,9 @@ fn matern_kernels_are_ordered_by_smoothness_near_zero() {
     let s3 = 3.0f64.sqrt();
     assert!((Matern32::new(1.0, 1.0).unwrap().eval(&x, &y) - (1.0 + s3) * (-s3).exp()).abs() < 1e-15);
     let s5 = 5.0f64.sqrt();
-    assert!((Matern52::new(1.0, 1.0).unwrap().eval(&x, &y) - (1.0 + s5 + 5.0 / 3.0) * (-s5).exp()).abs() < 1e-15);
+    assert!(
+        (Matern52::new(1.0, 1.0).unwrap().eval(&x, &y) - (1.0 + s5 + 5.0 / 3.0) * (-s5).exp()).abs() < 1e-15
+    );
     assert!((Rbf::new(1.0, 1.0).unwrap().eval(&x, &y) - (-0.5f64).exp()).abs() < 1e-15);
     assert!((RationalQuadratic::new(1.0, 1.0, 2.0).unwrap().eval(&x, &y) - 1.25f64.powf(-2.0)).abs() < 1e-15);
 }

@@ -48,7 +48,10 @@ impl DiagonalPreconditioner {
     pub fn new(diag: &DVector<f64>) -> Result<Self> {
         ensure_finite("preconditioner diagonal", diag.iter())?;
         if let Some(&bad) = diag.iter().find(|&&d| d <= 0.0) {
-            return Err(LinalgError::NotPositiveDefinite { what: "Jacobi preconditioner diagonal", value: bad });
+            return Err(LinalgError::NotPositiveDefinite {
+                what: "Jacobi preconditioner diagonal",
+                value: bad,
+            });
         }
         Ok(Self { inv_diag: diag.map(|d| 1.0 / d) })
     }
@@ -66,7 +69,10 @@ impl Preconditioner for DiagonalPreconditioner {
 pub fn pivoted_cholesky(k: &dyn SymmetricEntries, max_rank: usize, tol: f64) -> Result<DMatrix<f64>> {
     let n = k.entries_dim();
     if max_rank == 0 || n == 0 {
-        return Err(LinalgError::InvalidArgument { what: "pivoted Cholesky rank", reason: "must be ≥ 1 on a non-empty matrix".into() });
+        return Err(LinalgError::InvalidArgument {
+            what: "pivoted Cholesky rank",
+            reason: "must be ≥ 1 on a non-empty matrix".into(),
+        });
     }
     let mut diag = k.diagonal_entries();
     ensure_finite("pivoted Cholesky diagonal", diag.iter())?;
@@ -106,7 +112,10 @@ impl PivotedCholeskyPreconditioner {
     /// For `A = K + σ² I`: a rank-`max_rank` pivoted Cholesky of `K` (its entries, without σ²).
     pub fn new(k: &dyn SymmetricEntries, sigma2: f64, max_rank: usize) -> Result<Self> {
         if !(sigma2.is_finite() && sigma2 > 0.0) {
-            return Err(LinalgError::InvalidArgument { what: "sigma2", reason: format!("{sigma2} must be > 0") });
+            return Err(LinalgError::InvalidArgument {
+                what: "sigma2",
+                reason: format!("{sigma2} must be > 0"),
+            });
         }
         let l = pivoted_cholesky(k, max_rank, 1e-12)?;
         let small = l.tr_mul(&l) + DMatrix::identity(l.ncols(), l.ncols()) * sigma2;
@@ -170,7 +179,10 @@ pub fn cg(
     ensure_dim("cg right-hand side", n, b.len())?;
     ensure_finite("cg right-hand side", b.iter())?;
     if !(config.tol.is_finite() && config.tol > 0.0) {
-        return Err(LinalgError::InvalidArgument { what: "cg tol", reason: format!("{} must be > 0", config.tol) });
+        return Err(LinalgError::InvalidArgument {
+            what: "cg tol",
+            reason: format!("{} must be > 0", config.tol),
+        });
     }
     let b_norm = b.norm();
     let mut x = DVector::zeros(n);
@@ -186,7 +198,7 @@ pub fn cg(
     for it in 1..=max_iter {
         let ap = op.apply(&p)?;
         let pap = p.dot(&ap);
-        if !(pap > 0.0) {
+        if pap.is_nan() || pap <= 0.0 {
             return Err(LinalgError::NotPositiveDefinite { what: "cg operator (pᵀAp)", value: pap });
         }
         let alpha = rz / pap;

@@ -126,8 +126,11 @@ pub fn cholesky_rank_update(l: &mut DMatrix<f64>, v: &DMatrix<f64>, sign: Update
         for k in 0..n {
             let lkk = work[(k, k)];
             let r2 = lkk * lkk + s * x[k] * x[k];
-            if !(r2 > 0.0) || lkk <= 0.0 {
-                return Err(LinalgError::NotPositiveDefinite { what: "matrix after Cholesky downdate", value: r2 });
+            if r2.is_nan() || r2 <= 0.0 || lkk <= 0.0 {
+                return Err(LinalgError::NotPositiveDefinite {
+                    what: "matrix after Cholesky downdate",
+                    value: r2,
+                });
             }
             let r = r2.sqrt();
             let (c, sn) = (r / lkk, x[k] / lkk);

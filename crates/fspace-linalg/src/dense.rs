@@ -21,7 +21,11 @@ pub(crate) fn sym_eigh_desc(a: &DMatrix<f64>) -> (DVector<f64>, DMatrix<f64>) {
 /// non-finite or asymmetric (relative asymmetry > 1e-10) input.
 pub fn sym_eigh(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f64>)> {
     if a.nrows() != a.ncols() {
-        return Err(LinalgError::DimensionMismatch { what: "eigh: columns of a square matrix", expected: a.nrows(), found: a.ncols() });
+        return Err(LinalgError::DimensionMismatch {
+            what: "eigh: columns of a square matrix",
+            expected: a.nrows(),
+            found: a.ncols(),
+        });
     }
     ensure_finite("eigh input", a.iter())?;
     ensure_symmetric("eigh input", a, 1e-10)?;
@@ -43,7 +47,10 @@ pub struct ThinSvd {
 pub fn thin_svd(m: &DMatrix<f64>) -> Result<ThinSvd> {
     let (p, r) = m.shape();
     if r == 0 || p < r {
-        return Err(LinalgError::InvalidArgument { what: "thin_svd input", reason: format!("needs p ≥ r ≥ 1, got {p} × {r}") });
+        return Err(LinalgError::InvalidArgument {
+            what: "thin_svd input",
+            reason: format!("needs p ≥ r ≥ 1, got {p} × {r}"),
+        });
     }
     ensure_finite("thin_svd input", m.iter())?;
     let qr = m.clone().qr();

@@ -76,7 +76,14 @@ pub struct LanczosConfig {
 
 impl Default for LanczosConfig {
     fn default() -> Self {
-        Self { max_rank: 500, breakdown_tol: 1e-12, pivot_tol: 1e-10, start: StartVector::Random(0), check_symmetry: true, project_start: true }
+        Self {
+            max_rank: 500,
+            breakdown_tol: 1e-12,
+            pivot_tol: 1e-10,
+            start: StartVector::Random(0),
+            check_symmetry: true,
+            project_start: true,
+        }
     }
 }
 
@@ -144,7 +151,11 @@ fn start_vector(start: &StartVector, n: usize) -> Result<DVector<f64>> {
     let v = match start {
         StartVector::Given(v) => {
             if v.len() != n {
-                return Err(LinalgError::DimensionMismatch { what: "Lanczos start vector", expected: n, found: v.len() });
+                return Err(LinalgError::DimensionMismatch {
+                    what: "Lanczos start vector",
+                    expected: n,
+                    found: v.len(),
+                });
             }
             v.clone()
         }
@@ -194,7 +205,10 @@ pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Lanczo
     }
     for (what, tol) in [("breakdown_tol", config.breakdown_tol), ("pivot_tol", config.pivot_tol)] {
         if !(tol.is_finite() && tol >= 0.0) {
-            return Err(LinalgError::InvalidArgument { what, reason: format!("{tol} must be finite and ≥ 0") });
+            return Err(LinalgError::InvalidArgument {
+                what,
+                reason: format!("{tol} must be finite and ≥ 0"),
+            });
         }
     }
     if config.check_symmetry {
@@ -260,14 +274,18 @@ pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Lanczo
     };
     // β has one entry per step that produced a next vector; the last one (if any) couples T
     // to the unused q_{k+1} and is the Krylov residual.
-    let residual = if beta.len() == k { beta.pop().unwrap_or(0.0) / t_norm.max(f64::MIN_POSITIVE) } else { 0.0 };
+    let residual =
+        if beta.len() == k { beta.pop().unwrap_or(0.0) / t_norm.max(f64::MIN_POSITIVE) } else { 0.0 };
     let q = q.columns(0, k).into_owned();
     let t = tridiagonal(&alpha, &beta);
     let (theta, w) = crate::dense::sym_eigh_desc(&t);
     let scale = theta.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let lowest = theta[k - 1];
     if lowest < -config.pivot_tol.max(1e-12) * scale {
-        return Err(LinalgError::NotPositiveDefinite { what: "Lanczos operator (Ritz value of T)", value: lowest });
+        return Err(LinalgError::NotPositiveDefinite {
+            what: "Lanczos operator (Ritz value of T)",
+            value: lowest,
+        });
     }
     Ok(LanczosDecomposition {
         q,

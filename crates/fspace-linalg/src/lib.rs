@@ -32,8 +32,8 @@ pub mod lowrank;
 pub mod operator;
 
 pub use cg::{
-    cg, pivoted_cholesky, CgConfig, CgInfo, DiagonalPreconditioner, PivotedCholeskyPreconditioner, Preconditioner,
-    SymmetricEntries,
+    cg, pivoted_cholesky, CgConfig, CgInfo, DiagonalPreconditioner, PivotedCholeskyPreconditioner,
+    Preconditioner, SymmetricEntries,
 };
 pub use cholesky::{cholesky_jitter, cholesky_rank_update, JitterConfig, JitteredCholesky, UpdateSign};
 pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, ThinSvd};
@@ -45,6 +45,6 @@ pub use lanczos::{
 pub use logdet::{slq_logdet, SlqConfig, SlqEstimate};
 pub use lowrank::LowRankPlusDiagonal;
 pub use operator::{
-    ensure_symmetric, relative_asymmetry, to_dense, DenseOperator, DiagonalOperator, FnOperator, LinearOperator,
-    ScaledOperator, SumOperator,
+    ensure_symmetric, relative_asymmetry, to_dense, DenseOperator, DiagonalOperator, FnOperator,
+    LinearOperator, ScaledOperator, SumOperator,
 };

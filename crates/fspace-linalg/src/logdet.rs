@@ -53,7 +53,10 @@ pub fn slq_logdet(op: &dyn LinearOperator, config: &SlqConfig) -> Result<SlqEsti
     if config.probes < 2 || config.steps == 0 || n == 0 {
         return Err(LinalgError::InvalidArgument {
             what: "slq config",
-            reason: format!("needs probes ≥ 2, steps ≥ 1, n ≥ 1 (got {}, {}, {n})", config.probes, config.steps),
+            reason: format!(
+                "needs probes ≥ 2, steps ≥ 1, n ≥ 1 (got {}, {}, {n})",
+                config.probes, config.steps
+            ),
         });
     }
     let samples: Vec<f64> = (0..config.probes)
@@ -72,7 +75,10 @@ pub fn slq_logdet(op: &dyn LinearOperator, config: &SlqConfig) -> Result<SlqEsti
             let dec = lanczos(op, &cfg)?;
             let (theta, w) = sym_eigh_desc(&dec.tridiagonal());
             if let Some(&bad) = theta.iter().find(|&&t| t <= 0.0) {
-                return Err(LinalgError::NotPositiveDefinite { what: "slq operator (Ritz value)", value: bad });
+                return Err(LinalgError::NotPositiveDefinite {
+                    what: "slq operator (Ritz value)",
+                    value: bad,
+                });
             }
             Ok(n as f64 * (0..theta.len()).map(|k| w[(0, k)].powi(2) * theta[k].ln()).sum::<f64>())
         })

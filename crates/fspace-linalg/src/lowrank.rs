@@ -41,7 +41,8 @@ impl LowRankPlusDiagonal {
             row.scale_mut(1.0 / delta[i]);
         }
         let s = DMatrix::identity(u.ncols(), u.ncols()) + uw.tr_mul(&scaled);
-        let s_chol = Cholesky::new(s).ok_or(LinalgError::NotPositiveDefinite { what: "I + W UᵀΔ⁻¹U W", value: f64::NAN })?;
+        let s_chol = Cholesky::new(s)
+            .ok_or(LinalgError::NotPositiveDefinite { what: "I + W UᵀΔ⁻¹U W", value: f64::NAN })?;
         Ok(Self { u, c, delta, uw, s_chol })
     }
 

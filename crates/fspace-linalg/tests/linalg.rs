@@ -139,13 +139,21 @@ fn cg_reports_failures_as_typed_errors() {
     let b = randn_vec(60, &mut r);
     let op = DenseOperator::new(a).unwrap();
     match cg(&op, &b, None, &CgConfig { tol: 1e-12, max_iter: Some(3) }) {
-        Err(LinalgError::NoConvergence { iterations: 3, residual, .. }) => assert!(residual > 1e-12 && residual.is_finite()),
+        Err(LinalgError::NoConvergence { iterations: 3, residual, .. }) => {
+            assert!(residual > 1e-12 && residual.is_finite())
+        }
         other => panic!("expected NoConvergence, got {other:?}"),
     }
     let indefinite = DenseOperator::new(with_spectrum(&[1.0, -2.0, 3.0], &mut r).0).unwrap();
     let b3 = DVector::from_vec(vec![1.0, 1.0, 1.0]);
-    assert!(matches!(cg(&indefinite, &b3, None, &CgConfig::default()), Err(LinalgError::NotPositiveDefinite { .. })));
-    assert!(matches!(cg(&op, &DVector::zeros(5), None, &CgConfig::default()), Err(LinalgError::DimensionMismatch { .. })));
+    assert!(matches!(
+        cg(&indefinite, &b3, None, &CgConfig::default()),
+        Err(LinalgError::NotPositiveDefinite { .. })
+    ));
+    assert!(matches!(
+        cg(&op, &DVector::zeros(5), None, &CgConfig::default()),
+        Err(LinalgError::DimensionMismatch { .. })
+    ));
     let (x, info) = cg(&op, &DVector::zeros(60), None, &CgConfig::default()).unwrap();
     assert_eq!((x.norm(), info.iterations), (0.0, 0));
     assert!(DiagonalPreconditioner::new(&DVector::from_vec(vec![1.0, 0.0])).is_err());
@@ -173,9 +181,15 @@ fn jittered_cholesky_reports_the_jitter_it_used() {
     assert_mat_close(&(c.l() * c.l().transpose()), &shifted, 1e-10, 0.0);
 
     let indefinite = with_spectrum(&[1.0, -0.5, 0.3], &mut r).0;
-    assert!(matches!(cholesky_jitter(&indefinite, &JitterConfig::default()), Err(LinalgError::CholeskyFailed { .. })));
+    assert!(matches!(
+        cholesky_jitter(&indefinite, &JitterConfig::default()),
+        Err(LinalgError::CholeskyFailed { .. })
+    ));
     let nonsym = DMatrix::from_row_slice(2, 2, &[2.0, 1.0, 0.0, 2.0]);
-    assert!(matches!(cholesky_jitter(&nonsym, &JitterConfig::default()), Err(LinalgError::NotSymmetric { .. })));
+    assert!(matches!(
+        cholesky_jitter(&nonsym, &JitterConfig::default()),
+        Err(LinalgError::NotSymmetric { .. })
+    ));
     let nan = DMatrix::from_element(2, 2, f64::NAN);
     assert!(matches!(cholesky_jitter(&nan, &JitterConfig::default()), Err(LinalgError::NonFinite { .. })));
 }
@@ -214,7 +228,12 @@ fn woodbury_and_cholesky_updates_equal_recomputation() {
     let delta = DVector::from_fn(n, |i, _| 0.1 + (i % 7) as f64 * 0.3);
     let lr = LowRankPlusDiagonal::new(u.clone(), c.clone(), delta.clone()).unwrap();
     let dense = lr.to_dense();
-    assert_mat_close(&dense, &(DMatrix::from_diagonal(&delta) + &u * DMatrix::from_diagonal(&c) * u.transpose()), 1e-13, 0.0);
+    assert_mat_close(
+        &dense,
+        &(DMatrix::from_diagonal(&delta) + &u * DMatrix::from_diagonal(&c) * u.transpose()),
+        1e-13,
+        0.0,
+    );
     let b = randn_vec(n, &mut r);
     let x = lr.solve(&b).unwrap();
     assert!((&dense * &x - &b).norm() / b.norm() < 1e-10);
@@ -238,7 +257,10 @@ fn woodbury_and_cholesky_updates_equal_recomputation() {
     // A downdate past positive definiteness fails and leaves L untouched.
     let before = l.clone();
     let big = DMatrix::from_fn(n, 1, |i, _| if i == 0 { 10.0 } else { 0.0 });
-    assert!(matches!(cholesky_rank_update(&mut l, &big, UpdateSign::Downdate), Err(LinalgError::NotPositiveDefinite { .. })));
+    assert!(matches!(
+        cholesky_rank_update(&mut l, &big, UpdateSign::Downdate),
+        Err(LinalgError::NotPositiveDefinite { .. })
+    ));
     assert_eq!(l, before);
 }
 
@@ -264,11 +286,17 @@ fn operators_compose_and_check_their_inputs() {
     let mut r = rng(10);
     let a = spd(5, 2.0, 0.5, &mut r);
     let d = DVector::from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0]);
-    let sum = SumOperator::new(DenseOperator::new(a.clone()).unwrap(), DiagonalOperator::new(d.clone()).unwrap()).unwrap();
+    let sum =
+        SumOperator::new(DenseOperator::new(a.clone()).unwrap(), DiagonalOperator::new(d.clone()).unwrap())
+            .unwrap();
     let scaled = ScaledOperator::new(-2.0, sum).unwrap();
     let expected = (&a + DMatrix::from_diagonal(&d)) * -2.0;
     assert_mat_close(&to_dense(&scaled), &expected, 1e-14, 0.0);
-    assert!(SumOperator::new(DenseOperator::new(a.clone()).unwrap(), DiagonalOperator::identity_scaled(4, 1.0).unwrap()).is_err());
+    assert!(SumOperator::new(
+        DenseOperator::new(a.clone()).unwrap(),
+        DiagonalOperator::identity_scaled(4, 1.0).unwrap()
+    )
+    .is_err());
     let op = DenseOperator::new(a).unwrap();
     let mut v = DVector::from_element(5, 1.0);
     v[2] = f64::INFINITY;

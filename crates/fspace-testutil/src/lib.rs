@@ -63,9 +63,7 @@ pub fn geometric_spectrum(n: usize, max: f64, min: f64) -> Vec<f64> {
     if n == 1 {
         return vec![max];
     }
-    (0..n)
-        .map(|i| max * (min / max).powf(i as f64 / (n - 1) as f64))
-        .collect()
+    (0..n).map(|i| max * (min / max).powf(i as f64 / (n - 1) as f64)).collect()
 }
 
 /// A random SPD matrix with geometric spectrum in `[min_eig, max_eig]`.
@@ -148,11 +146,7 @@ pub fn assert_mat_close(actual: &DMatrix<f64>, expected: &DMatrix<f64>, rtol: f6
     assert_eq!(actual.shape(), expected.shape(), "shape mismatch");
     let diff = (actual - expected).norm();
     let tol = rtol * expected.norm() + atol;
-    assert!(
-        diff <= tol,
-        "‖A − B‖_F = {diff:.3e} > {tol:.3e} (‖B‖_F = {:.3e})",
-        expected.norm()
-    );
+    assert!(diff <= tol, "‖A − B‖_F = {diff:.3e} > {tol:.3e} (‖B‖_F = {:.3e})", expected.norm());
 }
 
 /// Relative Frobenius error ‖A − B‖_F / ‖B‖_F.

@@ -1,0 +1,199 @@
+//! The `Posterior` contract that every inference method returns, so that the experiment
+//! harness can run any method in any experiment, and the predictive transforms shared by all.
+
+use nalgebra::{DMatrix, DVector};
+use rand::RngCore;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::error::{ensure_dim, ensure_finite, CoreError, Result};
+use crate::likelihood::{sigmoid, softmax};
+
+/// Marginal predictive of the latent function at `n` points of a `d'`-output model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionPredictive {
+    /// Predictive means, `n × d'`.
+    pub mean: DMatrix<f64>,
+    /// Marginal predictive variances, `n × d'` (≥ 0).
+    pub var: DMatrix<f64>,
+}
+
+impl FunctionPredictive {
+    /// Checks shapes, finiteness and non-negative variances.
+    pub fn new(mean: DMatrix<f64>, var: DMatrix<f64>) -> Result<Self> {
+        ensure_dim("predictive variance rows", mean.nrows(), var.nrows())?;
+        ensure_dim("predictive variance columns", mean.ncols(), var.ncols())?;
+        ensure_finite("predictive mean", mean.iter())?;
+        ensure_finite("predictive variance", var.iter())?;
+        if var.iter().any(|&v| v < 0.0) {
+            return Err(CoreError::NotPsd { what: "marginal predictive variance (negative entry)" });
+        }
+        Ok(Self { mean, var })
+    }
+    /// Standard deviations, `n × d'`.
+    pub fn std(&self) -> DMatrix<f64> {
+        self.var.map(f64::sqrt)
+    }
+}
+
+/// A posterior over functions, as returned by every method (exact GP, FSP-Laplace, GFSVI,
+/// VaLLA, Laplace, …). Inputs are `n × d` matrices (points as rows).
+pub trait Posterior: Send + Sync {
+    /// Outputs `d'` per point.
+    fn output_dim(&self) -> usize;
+
+    /// Predictive mean and marginal variance of `f` at the rows of `x`.
+    fn predict(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive>;
+
+    /// Predictive mean (`n × d'`) and joint covariance (`n·d' × n·d'`, point-major) of `f` at
+    /// the rows of `x` — for small sets.
+    fn predict_joint(&self, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)>;
+
+    /// `s` joint function samples at the rows of `x` (each `n × d'`), from the caller's RNG.
+    /// The default draws from [`predict_joint`](Self::predict_joint) through a symmetric
+    /// square root (robust to singular covariances); methods with a cheaper sampler override it.
+    fn sample_functions(
+        &self,
+        x: &DMatrix<f64>,
+        s: usize,
+        rng: &mut dyn RngCore,
+    ) -> Result<Vec<DMatrix<f64>>> {
+        let (mean, cov) = self.predict_joint(x)?;
+        sample_gaussian(&mean, &cov, s, rng)
+    }
+}
+
+/// `s` samples of `N(mean, cov)` with `mean` `n × d'` and `cov` `n·d' × n·d'` (point-major),
+/// through `cov = V Λ Vᵀ`, `sample = mean + V Λ₊^{1/2} z`. Eigenvalues below
+/// `−1e−8·λ_max` prove `cov` indefinite (error); smaller negative ones are rounding and are
+/// clamped to zero.
+pub fn sample_gaussian(
+    mean: &DMatrix<f64>,
+    cov: &DMatrix<f64>,
+    s: usize,
+    rng: &mut dyn RngCore,
+) -> Result<Vec<DMatrix<f64>>> {
+    let (n, q) = mean.shape();
+    ensure_dim("joint covariance size", n * q, cov.nrows())?;
+    ensure_dim("joint covariance columns", n * q, cov.ncols())?;
+    ensure_finite("joint covariance", cov.iter())?;
+    if s == 0 {
+        return Err(CoreError::InvalidParameter {
+            what: "number of samples", reason: "must be ≥ 1".into()
+        });
+    }
+    let eig = ((cov + cov.transpose()) * 0.5).symmetric_eigen();
+    let lmax = eig.eigenvalues.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if eig.eigenvalues.iter().any(|&l| l < -1e-8 * lmax) {
+        return Err(CoreError::NotPsd { what: "joint predictive covariance" });
+    }
+    let mut root = eig.eigenvectors.clone();
+    for (j, l) in eig.eigenvalues.iter().enumerate() {
+        root.column_mut(j).scale_mut(l.max(0.0).sqrt());
+    }
+    Ok((0..s)
+        .map(|_| {
+            let z = DVector::from_fn(n * q, |_, _| StandardNormal.sample(rng));
+            let flat = &root * z;
+            DMatrix::from_fn(n, q, |i, a| mean[(i, a)] + flat[i * q + a])
+        })
+        .collect())
+}
+
+/// How class probabilities are computed from a Gaussian over logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ClassProbMethod {
+    /// Average of sigmoid/softmax over `samples` draws of independent per-output Gaussians.
+    MonteCarlo {
+        /// Number of draws (≥ 1).
+        samples: usize,
+    },
+    /// Probit approximation: `σ(m / √(1 + πv/8))` (binary); softmax of the scaled means
+    /// (multi-class).
+    Probit,
+    /// Laplace bridge (Hobbhahn, Kristiadi & Hennig 2022): the Dirichlet matched to the logit
+    /// Gaussian, `αₖ = (1 − 2/K + e^{mₖ}/K² Σₗ e^{−mₗ}) / vₖ`, probabilities `αₖ / Σα`.
+    LaplaceBridge,
+}
+
+/// Class probabilities (`n × C`) from a Gaussian over logits.
+///
+/// One output (`d' = 1`) is a binary model with logit `f`: columns are `[1 − p, p]`. Otherwise
+/// `d' = C` logits per point. Outputs are treated as independent given their marginal
+/// variances (the per-point covariance is not part of [`FunctionPredictive`]).
+pub fn class_probabilities(
+    pred: &FunctionPredictive,
+    method: ClassProbMethod,
+    rng: &mut dyn RngCore,
+) -> Result<DMatrix<f64>> {
+    let (n, q) = pred.mean.shape();
+    if n == 0 {
+        return Err(CoreError::Empty { what: "predictive" });
+    }
+    let binary = q == 1;
+    let classes = if binary { 2 } else { q };
+    let mut out = DMatrix::zeros(n, classes);
+    let probs_of = |logits: &[f64]| -> Vec<f64> {
+        if binary {
+            let p = sigmoid(logits[0]);
+            vec![1.0 - p, p]
+        } else {
+            softmax(logits)
+        }
+    };
+    match method {
+        ClassProbMethod::MonteCarlo { samples } => {
+            if samples == 0 {
+                return Err(CoreError::InvalidParameter {
+                    what: "Monte-Carlo samples",
+                    reason: "must be ≥ 1".into(),
+                });
+            }
+            for i in 0..n {
+                let mut acc = vec![0.0; classes];
+                for _ in 0..samples {
+                    let logits: Vec<f64> = (0..q)
+                        .map(|a| {
+                            let z: f64 = StandardNormal.sample(rng);
+                            pred.mean[(i, a)] + pred.var[(i, a)].sqrt() * z
+                        })
+                        .collect();
+                    probs_of(&logits).iter().zip(acc.iter_mut()).for_each(|(p, a)| *a += p);
+                }
+                for k in 0..classes {
+                    out[(i, k)] = acc[k] / samples as f64;
+                }
+            }
+        }
+        ClassProbMethod::Probit => {
+            for i in 0..n {
+                let scaled: Vec<f64> = (0..q)
+                    .map(|a| pred.mean[(i, a)] / (1.0 + std::f64::consts::PI * pred.var[(i, a)] / 8.0).sqrt())
+                    .collect();
+                probs_of(&scaled).iter().enumerate().for_each(|(k, p)| out[(i, k)] = *p);
+            }
+        }
+        ClassProbMethod::LaplaceBridge => {
+            for i in 0..n {
+                // Binary: the logit f is the two-class softmax of (−f/2, f/2), variances v/4.
+                let (m, v): (Vec<f64>, Vec<f64>) = if binary {
+                    let (f, var) = (pred.mean[(i, 0)], pred.var[(i, 0)]);
+                    (vec![-f / 2.0, f / 2.0], vec![var / 4.0; 2])
+                } else {
+                    ((0..q).map(|a| pred.mean[(i, a)]).collect(), (0..q).map(|a| pred.var[(i, a)]).collect())
+                };
+                let k = classes as f64;
+                // Shift logits (the bridge is shift-invariant only approximately; the shift by
+                // the mean logit keeps e^{±m} finite, as in the reference implementation).
+                let shift = m.iter().sum::<f64>() / k;
+                let m: Vec<f64> = m.iter().map(|x| x - shift).collect();
+                let sum_neg: f64 = m.iter().map(|x| (-x).exp()).sum();
+                let alpha: Vec<f64> = (0..classes)
+                    .map(|c| (1.0 - 2.0 / k + m[c].exp() * sum_neg / (k * k)) / v[c].max(1e-12))
+                    .collect();
+                let total: f64 = alpha.iter().sum();
+                alpha.iter().enumerate().for_each(|(c, a)| out[(i, c)] = a / total);
+            }
+        }
+    }
+    Ok(out)
+}

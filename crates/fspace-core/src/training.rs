@@ -1,0 +1,105 @@
+//! Training-loop pieces that are not network-specific: seeded minibatches and early stopping.
+
+use rand::seq::SliceRandom;
+use rand::RngCore;
+
+use crate::error::{CoreError, Result};
+
+/// Shuffled minibatches of row indices `0..n`, reshuffled each epoch from the caller's RNG.
+#[derive(Debug, Clone)]
+pub struct Minibatches {
+    n: usize,
+    batch_size: usize,
+    drop_last: bool,
+}
+
+impl Minibatches {
+    /// Batches of `batch_size ≥ 1` over `n ≥ 1` rows; with `drop_last` a final short batch is
+    /// skipped (it would weigh its points more in an `n/b`-scaled loss).
+    pub fn new(n: usize, batch_size: usize, drop_last: bool) -> Result<Self> {
+        if n == 0 {
+            return Err(CoreError::Empty { what: "dataset for minibatches" });
+        }
+        if batch_size == 0 {
+            return Err(CoreError::InvalidParameter { what: "batch_size", reason: "must be ≥ 1".into() });
+        }
+        Ok(Self { n, batch_size: batch_size.min(n), drop_last })
+    }
+    /// The batches of one epoch.
+    pub fn epoch(&self, rng: &mut dyn RngCore) -> Vec<Vec<usize>> {
+        let mut idx: Vec<usize> = (0..self.n).collect();
+        idx.shuffle(rng);
+        idx.chunks(self.batch_size)
+            .filter(|c| !self.drop_last || c.len() == self.batch_size)
+            .map(|c| c.to_vec())
+            .collect()
+    }
+    /// Batches per epoch.
+    pub fn batches_per_epoch(&self) -> usize {
+        if self.drop_last {
+            self.n / self.batch_size
+        } else {
+            self.n.div_ceil(self.batch_size)
+        }
+    }
+}
+
+/// What [`EarlyStopping::update`] advises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopDecision {
+    /// A new best validation loss: keep (a copy of) the current parameters.
+    Improved,
+    /// No improvement, patience not exhausted.
+    Continue,
+    /// Patience exhausted: stop and restore the best parameters.
+    Stop,
+}
+
+/// Early stopping on a validation loss with patience and a minimum improvement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EarlyStopping {
+    patience: usize,
+    min_delta: f64,
+    best: f64,
+    best_step: usize,
+    step: usize,
+    bad: usize,
+}
+
+impl EarlyStopping {
+    /// Stops after `patience` updates without an improvement larger than `min_delta ≥ 0`.
+    pub fn new(patience: usize, min_delta: f64) -> Result<Self> {
+        if !(min_delta.is_finite() && min_delta >= 0.0) {
+            return Err(CoreError::InvalidParameter {
+                what: "min_delta",
+                reason: format!("{min_delta} must be ≥ 0"),
+            });
+        }
+        Ok(Self { patience, min_delta, best: f64::INFINITY, best_step: 0, step: 0, bad: 0 })
+    }
+    /// Records a validation loss (a non-finite loss counts as no improvement).
+    pub fn update(&mut self, loss: f64) -> StopDecision {
+        self.step += 1;
+        if loss.is_finite() && loss < self.best - self.min_delta {
+            self.best = loss;
+            self.best_step = self.step;
+            self.bad = 0;
+            StopDecision::Improved
+        } else {
+            self.bad += 1;
+            if self.bad > self.patience {
+                StopDecision::Stop
+            } else {
+                StopDecision::Continue
+            }
+        }
+    }
+    /// The best loss so far.
+    pub fn best(&self) -> f64 {
+        self.best
+    }
+    /// The update (1-based) at which the best loss was seen.
+    pub fn best_step(&self) -> usize {
+        self.best_step
+    }
+}

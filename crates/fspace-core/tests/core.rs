@@ -1,0 +1,228 @@
+//! Likelihoods against finite differences and closed forms; the posterior helpers against
+//! Monte Carlo; training pieces against their definitions.
+
+use fspace_core::*;
+use fspace_testutil::{assert_all_close, fd_gradient, randn, rng};
+use nalgebra::{DMatrix, DVector};
+use proptest::prelude::*;
+
+fn flat(m: &DMatrix<f64>) -> Vec<f64> {
+    // Row-major (point-major) flattening of an n × d' matrix.
+    (0..m.nrows()).flat_map(|i| m.row(i).iter().cloned().collect::<Vec<_>>()).collect()
+}
+
+fn unflat(v: &[f64], n: usize, q: usize) -> DMatrix<f64> {
+    DMatrix::from_row_slice(n, q, v)
+}
+
+fn check_derivatives(lik: &dyn Likelihood, f: &DMatrix<f64>, y: &DVector<f64>) {
+    let (n, q) = f.shape();
+    let grad = lik.nll_grad(f, y).unwrap();
+    let numeric = fd_gradient(|v| lik.nll(&unflat(v, n, q), y).unwrap(), &flat(f), 1e-6);
+    assert_all_close(&flat(&grad), &numeric, 1e-6, 1e-8);
+    // Per-point Hessian blocks: finite differences of the gradient of point i.
+    let hess = lik.nll_hessian(f, y).unwrap();
+    for i in 0..n {
+        for a in 0..q {
+            let numeric = fd_gradient(
+                |v| {
+                    let mut fp = f.clone();
+                    for b in 0..q {
+                        fp[(i, b)] = v[b];
+                    }
+                    lik.nll_grad(&fp, y).unwrap()[(i, a)]
+                },
+                &f.row(i).iter().cloned().collect::<Vec<_>>(),
+                1e-6,
+            );
+            let analytic: Vec<f64> = hess[i].row(a).iter().cloned().collect();
+            assert_all_close(&analytic, &numeric, 1e-6, 1e-8);
+        }
+        let min_eig = hess[i].clone().symmetric_eigen().eigenvalues.min();
+        assert!(min_eig >= -1e-12, "Hessian block must be PSD");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn likelihood_gradients_and_hessians_match_finite_differences(seed in 0u64..1000, n in 1usize..6) {
+        let mut r = rng(seed);
+        let f1 = randn(n, 1, &mut r) * 2.0;
+        let y_reg = DVector::from_fn(n, |i, _| f1[(i, 0)] + 0.3 * (i as f64 - 1.0));
+        check_derivatives(&Gaussian::new(0.7).unwrap(), &f1, &y_reg);
+        let y_bin = DVector::from_fn(n, |i, _| (i % 2) as f64);
+        check_derivatives(&Bernoulli, &f1, &y_bin);
+        let f4 = randn(n, 4, &mut r) * 2.0;
+        let y_cat = DVector::from_fn(n, |i, _| (i % 4) as f64);
+        check_derivatives(&Categorical::new(4).unwrap(), &f4, &y_cat);
+    }
+}
+
+#[test]
+fn likelihoods_have_their_closed_forms() {
+    let f = DMatrix::from_row_slice(2, 1, &[0.0, 1.0]);
+    let y = DVector::from_vec(vec![0.5, 1.0]);
+    let g = Gaussian::new(0.5).unwrap();
+    let expected = 2.0 * 0.5 * (std::f64::consts::TAU * 0.25).ln() + 0.25 / 0.5;
+    assert!((g.nll(&f, &y).unwrap() - expected).abs() < 1e-14);
+    // d/dlog σ by finite differences.
+    let fd = (Gaussian::new(0.5 * 1e-6f64.exp()).unwrap().nll(&f, &y).unwrap()
+        - Gaussian::new(0.5 * (-1e-6f64).exp()).unwrap().nll(&f, &y).unwrap())
+        / 2e-6;
+    assert!((g.nll_grad_log_sigma(&f, &y).unwrap() - fd).abs() < 1e-6);
+    let (m, v) = g.predictive(&DVector::from_vec(vec![1.0]), &DVector::from_vec(vec![0.1])).unwrap();
+    assert_eq!((m[0], v[0]), (1.0, 0.35));
+    // Bernoulli at f = 0 is log 2 per point; stable at huge logits.
+    let nll = Bernoulli.nll(&DMatrix::from_row_slice(1, 1, &[0.0]), &DVector::from_vec(vec![1.0])).unwrap();
+    assert!((nll - 2f64.ln()).abs() < 1e-15);
+    let big = Bernoulli
+        .nll(&DMatrix::from_row_slice(2, 1, &[800.0, -800.0]), &DVector::from_vec(vec![1.0, 0.0]))
+        .unwrap();
+    assert!(big.is_finite() && big < 1e-300);
+    let cat = Categorical::new(3).unwrap();
+    let nll =
+        cat.nll(&DMatrix::from_row_slice(1, 3, &[1000.0, 0.0, 0.0]), &DVector::from_vec(vec![1.0])).unwrap();
+    assert!((nll - 1000.0).abs() < 1e-9, "logsumexp must not overflow: {nll}");
+}
+
+#[test]
+fn likelihoods_reject_bad_input() {
+    assert!(Gaussian::new(0.0).is_err() && Gaussian::new(f64::NAN).is_err());
+    assert!(Categorical::new(1).is_err());
+    let f = DMatrix::from_row_slice(2, 1, &[0.0, 1.0]);
+    assert!(matches!(
+        Bernoulli.nll(&f, &DVector::from_vec(vec![0.0, 0.5])),
+        Err(CoreError::InvalidTarget { index: 1, .. })
+    ));
+    assert!(matches!(
+        Bernoulli.nll(&f, &DVector::from_vec(vec![0.0])),
+        Err(CoreError::DimensionMismatch { .. })
+    ));
+    let cat = Categorical::new(3).unwrap();
+    assert!(matches!(
+        cat.nll(&f, &DVector::from_vec(vec![0.0, 1.0])),
+        Err(CoreError::DimensionMismatch { .. })
+    ));
+    let f3 = DMatrix::from_row_slice(1, 3, &[0.0, f64::NAN, 1.0]);
+    assert!(matches!(cat.nll(&f3, &DVector::from_vec(vec![0.0])), Err(CoreError::NonFinite { .. })));
+    let g = Gaussian::new(1.0).unwrap();
+    assert!(matches!(g.nll(&DMatrix::zeros(0, 1), &DVector::zeros(0)), Err(CoreError::Empty { .. })));
+    assert!(matches!(
+        g.nll(&f, &DVector::from_vec(vec![0.0, f64::INFINITY])),
+        Err(CoreError::NonFinite { .. })
+    ));
+}
+
+#[test]
+fn class_probabilities_agree_with_monte_carlo_and_closed_forms() {
+    let mean = DMatrix::from_row_slice(3, 1, &[0.0, 1.5, -3.0]);
+    let var = DMatrix::from_row_slice(3, 1, &[0.0, 2.0, 0.5]);
+    let pred = FunctionPredictive::new(mean.clone(), var).unwrap();
+    let mut r = rng(1);
+    let mc = class_probabilities(&pred, ClassProbMethod::MonteCarlo { samples: 200_000 }, &mut r).unwrap();
+    let probit = class_probabilities(&pred, ClassProbMethod::Probit, &mut r).unwrap();
+    let bridge = class_probabilities(&pred, ClassProbMethod::LaplaceBridge, &mut r).unwrap();
+    for i in 0..3 {
+        assert!((mc[(i, 0)] + mc[(i, 1)] - 1.0).abs() < 1e-12);
+        // The probit approximation of E[σ(f)] is accurate to ~0.02 (MacKay 1992).
+        assert!(
+            (probit[(i, 1)] - mc[(i, 1)]).abs() < 0.02,
+            "row {i}: probit {} vs mc {}",
+            probit[(i, 1)],
+            mc[(i, 1)]
+        );
+        assert!((bridge.row(i).sum() - 1.0).abs() < 1e-12);
+    }
+    // Zero variance: probit is the plug-in sigmoid.
+    assert!((probit[(0, 1)] - 0.5).abs() < 1e-15);
+    assert!((probit[(1, 1)] - sigmoid(1.5 / (1.0 + std::f64::consts::PI * 2.0 / 8.0).sqrt())).abs() < 1e-15);
+    // Multi-class: uncertainty pulls the prediction towards uniform, ordering is preserved.
+    let m3 = DMatrix::from_row_slice(1, 3, &[2.0, 0.0, -1.0]);
+    let certain = FunctionPredictive::new(m3.clone(), DMatrix::from_element(1, 3, 1e-9)).unwrap();
+    let unsure = FunctionPredictive::new(m3, DMatrix::from_element(1, 3, 5.0)).unwrap();
+    for method in [ClassProbMethod::Probit, ClassProbMethod::MonteCarlo { samples: 50_000 }] {
+        let p_c = class_probabilities(&certain, method, &mut r).unwrap();
+        let p_u = class_probabilities(&unsure, method, &mut r).unwrap();
+        let plugin = softmax(&[2.0, 0.0, -1.0]);
+        assert!((p_c[(0, 0)] - plugin[0]).abs() < 1e-3);
+        assert!(p_u[(0, 0)] < p_c[(0, 0)] && p_u[(0, 0)] > p_u[(0, 1)] && p_u[(0, 1)] > p_u[(0, 2)]);
+    }
+    // Laplace bridge with equal variances and equal means is uniform.
+    let eq = FunctionPredictive::new(DMatrix::zeros(1, 4), DMatrix::from_element(1, 4, 1.0)).unwrap();
+    let p = class_probabilities(&eq, ClassProbMethod::LaplaceBridge, &mut r).unwrap();
+    assert_all_close(p.row(0).iter().cloned().collect::<Vec<_>>().as_slice(), &[0.25; 4], 0.0, 1e-15);
+    assert!(class_probabilities(&eq, ClassProbMethod::MonteCarlo { samples: 0 }, &mut r).is_err());
+    assert!(FunctionPredictive::new(DMatrix::zeros(1, 1), DMatrix::from_element(1, 1, -1.0)).is_err());
+}
+
+/// A posterior with a fixed joint Gaussian, to test the contract's default sampler.
+struct FixedGaussian {
+    mean: DMatrix<f64>,
+    cov: DMatrix<f64>,
+}
+
+impl Posterior for FixedGaussian {
+    fn output_dim(&self) -> usize {
+        self.mean.ncols()
+    }
+    fn predict(&self, _x: &DMatrix<f64>) -> Result<FunctionPredictive> {
+        let q = self.mean.ncols();
+        let var = DMatrix::from_fn(self.mean.nrows(), q, |i, a| self.cov[(i * q + a, i * q + a)]);
+        FunctionPredictive::new(self.mean.clone(), var)
+    }
+    fn predict_joint(&self, _x: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        Ok((self.mean.clone(), self.cov.clone()))
+    }
+}
+
+#[test]
+fn default_function_samples_have_the_joint_moments() {
+    // A singular (rank-2) covariance over 2 points × 2 outputs.
+    let l = DMatrix::from_row_slice(4, 2, &[1.0, 0.0, 0.5, 0.2, 0.0, 1.0, -0.3, 0.4]);
+    let cov = &l * l.transpose();
+    let post =
+        FixedGaussian { mean: DMatrix::from_row_slice(2, 2, &[1.0, -1.0, 0.0, 2.0]), cov: cov.clone() };
+    let samples = post.sample_functions(&DMatrix::zeros(2, 1), 40_000, &mut rng(2)).unwrap();
+    let flat_samples: Vec<DVector<f64>> = samples.iter().map(|s| DVector::from_vec(flat(s))).collect();
+    let mean = flat_samples.iter().fold(DVector::zeros(4), |a, s| a + s) / samples.len() as f64;
+    let emp_cov =
+        flat_samples.iter().fold(DMatrix::zeros(4, 4), |a, s| a + (s - &mean) * (s - &mean).transpose())
+            / (samples.len() - 1) as f64;
+    assert_all_close(mean.as_slice(), &[1.0, -1.0, 0.0, 2.0], 0.0, 0.03);
+    assert!((emp_cov - &cov).abs().max() < 0.04);
+    // Deterministic under a seed.
+    let a = post.sample_functions(&DMatrix::zeros(2, 1), 3, &mut rng(5)).unwrap();
+    let b = post.sample_functions(&DMatrix::zeros(2, 1), 3, &mut rng(5)).unwrap();
+    assert_eq!(a, b);
+    let indefinite = FixedGaussian {
+        mean: DMatrix::zeros(1, 2),
+        cov: DMatrix::from_row_slice(2, 2, &[1.0, 0.0, 0.0, -1.0]),
+    };
+    assert!(matches!(
+        indefinite.sample_functions(&DMatrix::zeros(1, 1), 1, &mut rng(0)),
+        Err(CoreError::NotPsd { .. })
+    ));
+}
+
+#[test]
+fn minibatches_cover_each_row_once_per_epoch_and_early_stopping_keeps_patience() {
+    let mb = Minibatches::new(10, 3, false).unwrap();
+    let epoch = mb.epoch(&mut rng(3));
+    assert_eq!(epoch.len(), 4);
+    let mut all: Vec<usize> = epoch.concat();
+    all.sort();
+    assert_eq!(all, (0..10).collect::<Vec<_>>());
+    assert_eq!(Minibatches::new(10, 3, true).unwrap().epoch(&mut rng(3)).len(), 3);
+    assert_ne!(mb.epoch(&mut rng(3)), mb.epoch(&mut rng(4)));
+    assert!(Minibatches::new(0, 3, false).is_err() && Minibatches::new(5, 0, false).is_err());
+
+    let mut es = EarlyStopping::new(2, 0.0).unwrap();
+    let decisions: Vec<StopDecision> =
+        [3.0, 2.0, 2.5, f64::NAN, 1.0, 1.5, 1.2, 1.1].iter().map(|&l| es.update(l)).collect();
+    use StopDecision::*;
+    assert_eq!(decisions, vec![Improved, Improved, Continue, Continue, Improved, Continue, Continue, Stop]);
+    assert_eq!((es.best(), es.best_step()), (1.0, 5));
+    assert!(EarlyStopping::new(1, -1.0).is_err());
+}

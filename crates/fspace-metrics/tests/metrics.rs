@@ -1,0 +1,145 @@
+//! Metrics against values computed by hand or in closed form.
+
+use fspace_metrics::*;
+use fspace_testutil::{randn_vec, rng};
+use nalgebra::DMatrix;
+use proptest::prelude::*;
+
+#[test]
+fn normal_functions_match_reference_values() {
+    assert!((normal_cdf(0.0) - 0.5).abs() < 1e-16);
+    assert!((normal_cdf(1.959963984540054) - 0.975).abs() < 1e-15);
+    assert!((normal_quantile(0.975) - 1.959963984540054).abs() < 1e-12);
+    assert!((normal_quantile(1e-10) + 6.361340902404056).abs() < 1e-9);
+    assert_eq!(normal_quantile(0.5), 0.0);
+    assert!(normal_quantile(1.0).is_infinite() && normal_quantile(-0.1).is_nan());
+}
+
+proptest! {
+    #[test]
+    fn quantile_inverts_the_cdf(p in 1e-12f64..(1.0 - 1e-12)) {
+        prop_assert!((normal_cdf(normal_quantile(p)) - p).abs() <= 1e-14_f64.max(1e-12 * p));
+    }
+}
+
+#[test]
+fn crps_of_a_standard_normal_at_zero_is_the_closed_form() {
+    let c = crps_gaussian(&[0.0], &[1.0], &[0.0]).unwrap();
+    assert!((c - (2f64.sqrt() - 1.0) / std::f64::consts::PI.sqrt()).abs() < 1e-15);
+    assert!((c - 0.2337).abs() < 1e-4);
+    // Zero spread: the absolute error; scaling: CRPS(aY; am, as) = a·CRPS.
+    assert_eq!(crps_gaussian(&[1.0], &[0.0], &[3.0]).unwrap(), 2.0);
+    let a = crps_gaussian(&[0.3], &[0.7], &[1.1]).unwrap();
+    let b = crps_gaussian(&[3.0], &[7.0], &[11.0]).unwrap();
+    assert!((b - 10.0 * a).abs() < 1e-12);
+}
+
+#[test]
+fn gaussian_likelihood_metrics_have_closed_forms() {
+    let ell = gaussian_expected_log_likelihood(&[0.0], &[0.5], 1.0, &[1.0]).unwrap();
+    assert!((ell - (-0.5 * (2.0 * std::f64::consts::PI).ln() - 0.75)).abs() < 1e-15);
+    let nll = gaussian_nll(&[0.0], &[1.0], &[0.0]).unwrap();
+    assert!((nll - 0.5 * (2.0 * std::f64::consts::PI).ln()).abs() < 1e-15);
+    // Monte-Carlo ELL converges to the closed form.
+    let mut r = rng(1);
+    let z = randn_vec(200_000, &mut r);
+    let samples = DMatrix::from_fn(200_000, 1, |s, _| {
+        let f = 0.5f64.sqrt() * z[s];
+        -0.5 * (2.0 * std::f64::consts::PI).ln() - (1.0 - f).powi(2) / 2.0
+    });
+    assert!((mc_expected_log_likelihood(&samples).unwrap() - ell).abs() < 5e-3);
+    assert!((rmse(&[1.0, 2.0], &[1.0, 4.0]).unwrap() - 2f64.sqrt()).abs() < 1e-15);
+    assert_eq!(mse(&[1.0, 2.0], &[1.0, 4.0]).unwrap(), 2.0);
+}
+
+#[test]
+fn cqm_is_small_for_calibrated_and_large_for_overconfident_predictions() {
+    let mut r = rng(2);
+    let y = randn_vec(20_000, &mut r);
+    let zeros = vec![0.0; y.len()];
+    let (calibrated, curve) = cqm(&zeros, &vec![1.0; y.len()], y.as_slice()).unwrap();
+    assert!(calibrated < 0.01, "{calibrated}");
+    assert_eq!((curve[0], curve[10]), ((0.0, 0.0), (1.0, 1.0)));
+    let (overconfident, _) = cqm(&zeros, &vec![0.1; y.len()], y.as_slice()).unwrap();
+    assert!(overconfident > 0.3, "{overconfident}");
+    // By hand: two points with |z| = 0.1 and 3. γ(α) = 0 for α ≤ 0.0796, ½ up to 0.9973, 1 at 1.
+    let (v, curve) = cqm(&[0.0, 0.0], &[1.0, 1.0], &[0.1, 3.0]).unwrap();
+    let gammas: Vec<f64> = curve.iter().map(|c| c.1).collect();
+    assert_eq!(gammas, vec![0.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1.0]);
+    let by_hand: f64 = (0..10)
+        .map(|k| {
+            let (a0, a1) = (k as f64 / 10.0, (k + 1) as f64 / 10.0);
+            0.05 * ((gammas[k] - a0).abs() + (gammas[k + 1] - a1).abs())
+        })
+        .sum();
+    assert!((v - by_hand).abs() < 1e-15);
+}
+
+#[test]
+fn classification_metrics_on_hand_made_predictions() {
+    // Ten points at confidence 0.7 of which exactly seven are right: perfectly calibrated.
+    let probs = DMatrix::from_fn(10, 2, |_, k| if k == 0 { 0.7 } else { 0.3 });
+    let y: Vec<f64> = (0..10).map(|i| if i < 7 { 0.0 } else { 1.0 }).collect();
+    assert!(ece(&probs, &y, 15).unwrap().abs() < 1e-15);
+    assert!((accuracy(&probs, &y).unwrap() - 0.7).abs() < 1e-15);
+    // Brier: 7 × (0.09 + 0.09) + 3 × (0.49 + 0.49) over 10.
+    assert!((brier(&probs, &y).unwrap() - (7.0 * 0.18 + 3.0 * 0.98) / 10.0).abs() < 1e-15);
+    // Overconfident: confidence 1.0, accuracy 0.7 → ECE 0.3.
+    let sure = DMatrix::from_fn(10, 2, |_, k| if k == 0 { 1.0 } else { 0.0 });
+    assert!((ece(&sure, &y, 15).unwrap() - 0.3).abs() < 1e-15);
+    let uniform = DMatrix::from_element(2, 4, 0.25);
+    assert_eq!(predictive_entropy(&uniform).unwrap(), vec![4f64.ln(); 2]);
+    assert!((categorical_nll(&uniform, &[0.0, 3.0]).unwrap() - 4f64.ln()).abs() < 1e-15);
+}
+
+#[test]
+fn ood_metrics_on_separable_overlapping_and_tied_scores() {
+    assert_eq!(roc_auc(&[0.1, 0.2, 0.3], &[0.5, 0.9]).unwrap(), 1.0);
+    assert_eq!(roc_auc(&[0.5, 0.9], &[0.1, 0.2, 0.3]).unwrap(), 0.0);
+    assert_eq!(roc_auc(&[1.0, 1.0], &[1.0]).unwrap(), 0.5);
+    // By hand: pairs (ood > id) among (0.1,0.4,0.6) × (0.3,0.5): 0.3>0.1; 0.5>0.1, 0.5>0.4 → 3/6.
+    assert_eq!(roc_auc(&[0.1, 0.4, 0.6], &[0.3, 0.5]).unwrap(), 0.5);
+    assert_eq!(stump_accuracy(&[0.1, 0.2, 0.3], &[0.5, 0.9]).unwrap(), 1.0);
+    assert_eq!(stump_accuracy(&[0.5, 0.9], &[0.1, 0.2]).unwrap(), 1.0, "either direction");
+    // Best single cut on id (0.1, 0.4, 0.6) vs ood (0.3, 0.5): 4 of 5 at best.
+    assert_eq!(stump_accuracy(&[0.1, 0.4, 0.6], &[0.3, 0.5]).unwrap(), 0.6);
+    assert!(roc_auc(&[], &[1.0]).is_err() && stump_accuracy(&[f64::NAN], &[1.0]).is_err());
+}
+
+#[test]
+fn wasserstein_and_mean_rank() {
+    assert_eq!(w2_gaussian(1.0, 2.0, 1.0, 2.0), 0.0);
+    assert_eq!(w2_gaussian(0.0, 1.0, 3.0, 5.0), 5.0);
+    assert_eq!(mean_w2(&[0.0, 1.0], &[1.0, 1.0], &[0.0, 1.0], &[1.0, 1.0]).unwrap(), 0.0);
+    // Higher is better. A = 1.0 ± 0.1 (best); B = 0.95 ± 0.1 overlaps → 1; C = 0.5 ± 0.05 → 2;
+    // D = 0.48 ± 0.01 overlaps C → 2; E = 0.1 ± 0 → 3.
+    let r = ranks_with_error_bars(&[1.0, 0.95, 0.5, 0.48, 0.1], &[0.1, 0.1, 0.05, 0.01, 0.0], true).unwrap();
+    assert_eq!(r, vec![1, 1, 2, 2, 3]);
+    let r = ranks_with_error_bars(&[1.0, 0.95, 0.5], &[0.01, 0.01, 0.01], false).unwrap();
+    assert_eq!(r, vec![3, 2, 1]);
+    let means = DMatrix::from_row_slice(2, 2, &[1.0, 0.0, 0.0, 1.0]);
+    let ses = DMatrix::zeros(2, 2);
+    assert_eq!(mean_rank(&means, &ses, true).unwrap(), vec![1.5, 1.5]);
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    assert!(matches!(rmse(&[1.0], &[1.0, 2.0]), Err(MetricsError::LengthMismatch { .. })));
+    assert!(matches!(rmse(&[], &[]), Err(MetricsError::Empty { .. })));
+    assert!(matches!(
+        crps_gaussian(&[0.0], &[-1.0], &[0.0]),
+        Err(MetricsError::InvalidValue { index: 0, .. })
+    ));
+    assert!(matches!(gaussian_nll(&[0.0], &[0.0], &[0.0]), Err(MetricsError::InvalidValue { .. })));
+    assert!(matches!(
+        gaussian_expected_log_likelihood(&[0.0], &[1.0], 0.0, &[0.0]),
+        Err(MetricsError::InvalidParameter { .. })
+    ));
+    let probs = DMatrix::from_row_slice(1, 2, &[0.6, 0.6]);
+    assert!(matches!(accuracy(&probs, &[0.0]), Err(MetricsError::NotProbabilities { row: 0, .. })));
+    let ok = DMatrix::from_row_slice(1, 2, &[0.4, 0.6]);
+    assert!(matches!(ece(&ok, &[2.0], 15), Err(MetricsError::InvalidLabel { .. })));
+    assert!(matches!(ece(&ok, &[1.0], 0), Err(MetricsError::InvalidParameter { .. })));
+    assert!(matches!(cqm(&[f64::NAN], &[1.0], &[0.0]), Err(MetricsError::InvalidValue { .. })));
+    assert!(ranks_with_error_bars(&[1.0], &[-0.1], true).is_err());
+}
