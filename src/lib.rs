@@ -12,11 +12,13 @@
 //! | [`context`] | `fspace-context` | context-point samplers and boxes |
 //! | [`core`] | `fspace-core` | likelihoods, the `Posterior` contract, minibatches, early stopping |
 //! | [`metrics`] | `fspace-metrics` | ELL, NLL, RMSE, CRPS, CQM, accuracy, ECE, Brier, OOD AUC, W2, mean rank |
+//! | [`gp`] | `fspace-gp` | exact GP, marginal-likelihood fitting, GP classification, SVGP, k-means |
 //! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
 
 pub use fspace_context as context;
 pub use fspace_core as core;
 pub use fspace_data as data;
+pub use fspace_gp as gp;
 pub use fspace_kernels as kernels;
 pub use fspace_linalg as linalg;
 pub use fspace_metrics as metrics;

@@ -16,6 +16,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("fspace-core", vec![]),
         ("fspace-metrics", vec![]),
         ("fspace-data", vec!["fspace-context"]),
+        ("fspace-gp", vec!["fspace-linalg", "fspace-kernels", "fspace-core"]),
         (
             "fspace",
             vec![
@@ -25,6 +26,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-core",
                 "fspace-metrics",
                 "fspace-data",
+                "fspace-gp",
             ],
         ),
         (
@@ -37,6 +39,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-core",
                 "fspace-metrics",
                 "fspace-data",
+                "fspace-gp",
             ],
         ),
     ])

@@ -1,0 +1,57 @@
+//! Exact GP fit + predict against n, and one SVGP step (natural gradient + hyperparameter
+//! gradient on a 256-point minibatch) against the number of inducing points M.
+#![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use fspace_core::Posterior;
+use fspace_gp::{ExactGp, Noise, Svgp};
+use fspace_kernels::{PriorMean, Rbf};
+use nalgebra::{DMatrix, DVector};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn data(n: usize, d: usize) -> (DMatrix<f64>, DVector<f64>) {
+    let mut rng = StdRng::seed_from_u64(0);
+    let x: DMatrix<f64> = DMatrix::from_fn(n, d, |_, _| rng.gen_range(-2.0..2.0));
+    let y = DVector::from_fn(n, |i, _| x.row(i).sum().sin() + 0.1 * rng.gen_range(-1.0..1.0));
+    (x, y)
+}
+
+fn bench(c: &mut Criterion) {
+    let kernel = Rbf::ard(1.0, vec![0.8; 4]).unwrap();
+    let mut group = c.benchmark_group("exact_gp_fit_predict_d4");
+    group.sample_size(10);
+    for n in [500usize, 1000, 2000, 4000] {
+        let (x, y) = data(n, 4);
+        let y = DMatrix::from_column_slice(n, 1, y.as_slice());
+        let xs = data(100, 4).0;
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(0.01), &x, &y)
+                    .unwrap();
+                gp.predict(&xs).unwrap()
+            })
+        });
+    }
+    group.finish();
+    let mut group = c.benchmark_group("svgp_step_b256_d4");
+    group.sample_size(10);
+    let (x, y) = data(256, 4);
+    for m in [50usize, 100, 200, 400] {
+        let z = data(m, 4).0;
+        let mut model = Svgp::new(kernel.clone(), PriorMean::Zero, 0.1, z).unwrap();
+        group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, _| {
+            b.iter(|| {
+                model.natural_gradient_step(&x, &y, 10_000, 0.2).unwrap();
+                model.elbo_gradient(&x, &y, 10_000).unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default();
+    targets = bench
+}
+criterion_main!(benches);

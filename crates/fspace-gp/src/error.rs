@@ -1,0 +1,49 @@
+//! Error type of the GP crate.
+
+use fspace_core::CoreError;
+use fspace_kernels::KernelError;
+use fspace_linalg::LinalgError;
+use thiserror::Error;
+
+/// Everything that can go wrong in the GP baselines.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum GpError {
+    /// Inputs of the wrong shape, empty, non-finite, or otherwise invalid.
+    #[error("invalid input {what}: {reason}")]
+    InvalidInput {
+        /// Which input.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// An optimiser produced non-finite hyperparameters or objective in every restart.
+    #[error("hyperparameter optimisation diverged: {0}")]
+    Diverged(String),
+    /// A kernel error (bad hyperparameters, dimension mismatch, …).
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// A linear-algebra error (Cholesky failure after jitter, …).
+    #[error(transparent)]
+    Linalg(#[from] LinalgError),
+    /// A likelihood / posterior error.
+    #[error(transparent)]
+    Core(#[from] CoreError),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = GpError> = std::result::Result<T, E>;
+
+pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> GpError {
+    GpError::InvalidInput { what, reason: reason.into() }
+}
+
+/// Point-major flattening of an `n × q` matrix (row `i` = outputs of point `i`).
+pub(crate) fn point_major(m: &nalgebra::DMatrix<f64>) -> nalgebra::DVector<f64> {
+    let (n, q) = m.shape();
+    nalgebra::DVector::from_fn(n * q, |k, _| m[(k / q, k % q)])
+}
+
+/// Inverse of [`point_major`].
+pub(crate) fn unflatten(v: &nalgebra::DVector<f64>, q: usize) -> nalgebra::DMatrix<f64> {
+    nalgebra::DMatrix::from_fn(v.len() / q, q, |i, a| v[i * q + a])
+}

@@ -1,0 +1,185 @@
+//! Exact GP regression: posterior, log marginal likelihood and its analytic gradient.
+//!
+//! With `K_y = K(X, X) + Σ_noise` (Σ_noise = σ²I or a per-point diagonal), `r = y − μ(X)`,
+//! `α = K_y⁻¹ r` and `K_y = LLᵀ`:
+//!
+//! * posterior mean `μ(x*) + K(x*, X) α`, covariance `K(x*, x*) − VᵀV` with `V = L⁻¹ K(X, x*)`;
+//! * `log p(y) = −½ rᵀα − Σᵢ log Lᵢᵢ − (N/2) log 2π`;
+//! * `∂ log p(y)/∂θⱼ = ½ tr((ααᵀ − K_y⁻¹) ∂K_y/∂θⱼ)` for every log-hyperparameter (the kernel's,
+//!   then `log σ²` for homoscedastic noise), contracted entry by entry so the `P` gradient
+//!   matrices are never stored.
+//!
+//! Multi-output and matrix-valued kernels (Helmholtz) work unchanged: targets are `n × d'`,
+//! flattened point-major.
+
+use fspace_core::{FunctionPredictive, Posterior};
+use fspace_kernels::{gram, gram_diag, MatrixKernel, PointSet, PriorMean};
+use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
+use nalgebra::{DMatrix, DVector};
+use rayon::prelude::*;
+
+use crate::error::{invalid, point_major, unflatten, Result};
+
+/// Observation noise of a GP regression model.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Noise {
+    /// `σ² I` with `σ² > 0` (learnable: its log is the last hyperparameter).
+    Homoscedastic(f64),
+    /// A fixed variance per observation (`n·d'` values, point-major), e.g. the Milios et al.
+    /// label transform.
+    PerPoint(DVector<f64>),
+}
+
+/// An exact GP regression posterior.
+#[derive(Debug, Clone)]
+pub struct ExactGp<K> {
+    kernel: K,
+    mean: PriorMean,
+    noise: Noise,
+    x: DMatrix<f64>,
+    residual: DVector<f64>,
+    chol: JitteredCholesky,
+    alpha: DVector<f64>,
+}
+
+impl<K: MatrixKernel> ExactGp<K> {
+    /// Conditions the prior `GP(mean, kernel)` on `y` (`n × d'`) at the rows of `x` (`n × d`).
+    /// Errors: empty, non-finite or mis-shaped inputs, invalid noise, and a `K_y` that stays
+    /// non-positive-definite after the jitter schedule (the jitter used is reported by
+    /// [`jitter`](Self::jitter)).
+    pub fn fit(kernel: K, mean: PriorMean, noise: Noise, x: &DMatrix<f64>, y: &DMatrix<f64>) -> Result<Self> {
+        let q = kernel.output_dim();
+        if y.ncols() != q || y.nrows() != x.nrows() {
+            return Err(invalid(
+                "targets",
+                format!("need {} × {q}, got {} × {}", x.nrows(), y.nrows(), y.ncols()),
+            ));
+        }
+        if y.iter().any(|v| !v.is_finite()) {
+            return Err(invalid("targets", "contain NaN or ±∞"));
+        }
+        let n = x.nrows() * q;
+        match &noise {
+            Noise::Homoscedastic(s2) if !(s2.is_finite() && *s2 > 0.0) => {
+                return Err(invalid("noise variance", format!("{s2} must be > 0")))
+            }
+            Noise::PerPoint(v) if v.len() != n || v.iter().any(|s| !(s.is_finite() && *s > 0.0)) => {
+                return Err(invalid("per-point noise", format!("need {n} positive finite variances")))
+            }
+            _ => {}
+        }
+        let mut k = gram(&kernel, x, x)?;
+        match &noise {
+            Noise::Homoscedastic(s2) => (0..n).for_each(|i| k[(i, i)] += s2),
+            Noise::PerPoint(v) => (0..n).for_each(|i| k[(i, i)] += v[i]),
+        }
+        let chol = cholesky_jitter(&k, &JitterConfig::default())?;
+        let residual = point_major(y) - mean.evaluate(x, q)?;
+        let alpha = chol.solve_vec(&residual)?;
+        Ok(Self { kernel, mean, noise, x: x.clone(), residual, chol, alpha })
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> &K {
+        &self.kernel
+    }
+    /// The noise model.
+    pub fn noise(&self) -> &Noise {
+        &self.noise
+    }
+    /// Jitter added to `K_y` by the Cholesky (0 if none).
+    pub fn jitter(&self) -> f64 {
+        self.chol.jitter()
+    }
+
+    /// `log p(y | X, θ)`.
+    pub fn log_marginal_likelihood(&self) -> f64 {
+        let n = self.residual.len() as f64;
+        -0.5 * self.residual.dot(&self.alpha)
+            - 0.5 * self.chol.log_det()
+            - 0.5 * n * (std::f64::consts::TAU).ln()
+    }
+
+    /// `∂ log p(y)/∂θ` for the kernel's log-hyperparameters followed, for homoscedastic noise,
+    /// by `∂/∂ log σ²`.
+    pub fn lml_gradient(&self) -> Result<DVector<f64>> {
+        let n = self.residual.len();
+        let k_inv = self.chol.solve(&DMatrix::identity(n, n))?;
+        let w = &self.alpha * self.alpha.transpose() - k_inv;
+        let np = self.kernel.n_params();
+        let q = self.kernel.output_dim();
+        let pts = PointSet::new("training inputs", &self.x)?;
+        // ½ Σ_ab W_ab ∂K_ab/∂θ, accumulated row by row in parallel.
+        let grad_k: Vec<f64> = (0..pts.len())
+            .into_par_iter()
+            .map(|i| {
+                let mut g = vec![0.0; np * q * q];
+                let mut acc = vec![0.0; np];
+                for j in 0..pts.len() {
+                    self.kernel.eval_block_grad(pts.row(i), pts.row(j), &mut g);
+                    for p in 0..np {
+                        for a in 0..q {
+                            for b in 0..q {
+                                acc[p] += w[(i * q + a, j * q + b)] * g[p * q * q + a * q + b];
+                            }
+                        }
+                    }
+                }
+                acc
+            })
+            .reduce(|| vec![0.0; np], |a, b| a.iter().zip(&b).map(|(x, y)| x + y).collect());
+        let mut grad: Vec<f64> = grad_k.into_iter().map(|g| 0.5 * g).collect();
+        if let Noise::Homoscedastic(s2) = self.noise {
+            grad.push(0.5 * s2 * w.trace());
+        }
+        Ok(DVector::from_vec(grad))
+    }
+
+    fn cross(&self, xs: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        let k_xs = gram(&self.kernel, &self.x, xs)?; // N × M
+        let v = self.chol.solve_lower(&k_xs)?;
+        Ok((k_xs, v))
+    }
+
+    fn mean_at(&self, xs: &DMatrix<f64>, k_xs: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let q = self.kernel.output_dim();
+        let m = self.mean.evaluate(xs, q)? + k_xs.tr_mul(&self.alpha);
+        Ok(unflatten(&m, q))
+    }
+}
+
+impl<K: MatrixKernel> Posterior for ExactGp<K> {
+    fn output_dim(&self) -> usize {
+        self.kernel.output_dim()
+    }
+
+    fn predict(&self, xs: &DMatrix<f64>) -> Result<FunctionPredictive, fspace_core::CoreError> {
+        let run = || -> Result<FunctionPredictive> {
+            let (k_xs, v) = self.cross(xs)?;
+            let prior = gram_diag(&self.kernel, xs)?;
+            let var = DVector::from_fn(prior.len(), |j, _| (prior[j] - v.column(j).norm_squared()).max(0.0));
+            Ok(FunctionPredictive::new(self.mean_at(xs, &k_xs)?, unflatten(&var, self.kernel.output_dim()))?)
+        };
+        run().map_err(to_core)
+    }
+
+    fn predict_joint(
+        &self,
+        xs: &DMatrix<f64>,
+    ) -> Result<(DMatrix<f64>, DMatrix<f64>), fspace_core::CoreError> {
+        let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+            let (k_xs, v) = self.cross(xs)?;
+            let cov = gram(&self.kernel, xs, xs)? - v.tr_mul(&v);
+            Ok((self.mean_at(xs, &k_xs)?, (&cov + cov.transpose()) * 0.5))
+        };
+        run().map_err(to_core)
+    }
+}
+
+/// Maps a GP error into the `Posterior` contract's error type, keeping the message.
+pub(crate) fn to_core(e: crate::GpError) -> fspace_core::CoreError {
+    match e {
+        crate::GpError::Core(c) => c,
+        other => fspace_core::CoreError::InvalidParameter { what: "gp posterior", reason: other.to_string() },
+    }
+}

@@ -1,0 +1,35 @@
+//! # fspace-gp
+//!
+//! Gaussian-process machinery, both as baselines (the papers treat the exact GP as the gold
+//! standard) and as prior machinery for function-space methods (hyperparameters by marginal
+//! likelihood). Every model returns the shared [`fspace_core::Posterior`].
+//!
+//! * [`ExactGp`]: regression with homoscedastic or per-point noise, any (matrix-valued) kernel;
+//!   log marginal likelihood and its analytic gradient.
+//! * [`fit_hyperparameters`]: Adam with restarts on the full or minibatch (Chen et al. 2021)
+//!   log marginal likelihood.
+//! * [`LaplaceGpClassifier`]: binary classification by the Laplace approximation;
+//!   [`dirichlet_targets`] / [`fit_dirichlet_hyperparameters`]: Milios et al. (2018).
+//! * [`Svgp`]: sparse variational GP (Hensman et al. 2013) with minibatches, natural gradients
+//!   on `q(u)`, Adam on the hyperparameters; [`kmeans`] for inducing points.
+//!
+//! Ill-conditioned Gram matrices are factorised with reported jitter; anything that cannot be
+//! recovered — non-finite targets, more inducing points than data, diverging hyperparameters —
+//! is a [`GpError`].
+#![doc = include_str!("../README.md")]
+
+pub mod classification;
+pub mod error;
+pub mod exact;
+pub mod fit;
+pub mod kmeans;
+pub mod svgp;
+
+pub use classification::{
+    dirichlet_targets, fit_dirichlet_hyperparameters, LaplaceConfig, LaplaceGpClassifier,
+};
+pub use error::{GpError, Result};
+pub use exact::{ExactGp, Noise};
+pub use fit::{fit_hyperparameters, Adam, FitConfig, FitReport};
+pub use kmeans::kmeans;
+pub use svgp::{Svgp, SvgpConfig};

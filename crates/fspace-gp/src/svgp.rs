@@ -1,0 +1,343 @@
+//! Sparse variational GP regression (Hensman, Fusi & Lawrence 2013) with minibatches.
+//!
+//! Inducing inputs `Z` (`M × d`, initialised by [`kmeans`](crate::kmeans)), `q(u) = N(m, S)`
+//! over `u = f(Z)`, and `A = K_bm K_mm⁻¹` for a minibatch `b` of size `B` out of `n`:
+//!
+//! `ELBO = (n/B) Σ_{i∈b} [log N(yᵢ | μᵢ + (Am)ᵢ, σ²) − (kᵢᵢ − (A K_mb)ᵢᵢ + (A S Aᵀ)ᵢᵢ)/2σ²] − KL(q(u) ‖ p(u))`.
+//!
+//! * `q(u)` follows natural-gradient steps (Hensman et al. 2013, §3.2): with step `ρ`,
+//!   `S⁻¹ ← (1 − ρ) S⁻¹ + ρ (K_mm⁻¹ + (n/B) σ⁻² AᵀA)` and
+//!   `S⁻¹m ← (1 − ρ) S⁻¹m + ρ (n/B) σ⁻² Aᵀ(y_b − μ_b)`. With `ρ = 1` on the full data this is
+//!   the optimal `q(u)` (Titsias 2009), and with `Z = X` the exact GP.
+//! * Kernel hyperparameters and `log σ²` follow Adam on the analytic ELBO gradient at fixed
+//!   `q(u)`: `∂ELBO/∂θ = ⟨G_bm, ∂K_bm/∂θ⟩ + ⟨G_mm, ∂K_mm/∂θ⟩ + ⟨g, ∂diag K_bb/∂θ⟩` with
+//!   `G_bm = (n/B)σ⁻² (r (K_mm⁻¹m)ᵀ + A − A S K_mm⁻¹)`,
+//!   `G_mm = (n/B)σ⁻² (−(Aᵀr)(K_mm⁻¹m)ᵀ − ½AᵀA + AᵀA S K_mm⁻¹) + ½(K_mm⁻¹ S K_mm⁻¹ + K_mm⁻¹mmᵀK_mm⁻¹ − K_mm⁻¹)`,
+//!   `g = −(n/B)/(2σ²)`, `r = y_b − μ_b − Am`.
+
+use fspace_core::{FunctionPredictive, Posterior};
+use fspace_kernels::{gram, gram_diag, Kernel, PointSet, PriorMean};
+use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::seq::index::sample as sample_indices;
+use rand::SeedableRng;
+
+use crate::error::{invalid, GpError, Result};
+use crate::exact::to_core;
+use crate::fit::Adam;
+
+/// Options of [`Svgp::train`].
+///
+/// | name | default | purpose |
+/// |---|---|---|
+/// | `batch_size` | 256 | minibatch size `B` |
+/// | `iterations` | 500 | steps (one natural-gradient step on `q(u)` + one Adam step each) |
+/// | `natural_step` | 0.2 | `ρ` of the natural-gradient update |
+/// | `learning_rate` | 0.01 | Adam step for `log θ`, `log σ²` |
+/// | `learn_hyperparameters` | true | whether Adam runs |
+/// | `seed` | 0 | minibatch order |
+#[derive(Debug, Clone, PartialEq)]
+pub struct SvgpConfig {
+    /// Minibatch size.
+    pub batch_size: usize,
+    /// Training steps.
+    pub iterations: usize,
+    /// Natural-gradient step size `ρ ∈ (0, 1]`.
+    pub natural_step: f64,
+    /// Adam learning rate for the hyperparameters.
+    pub learning_rate: f64,
+    /// Fit kernel hyperparameters and noise.
+    pub learn_hyperparameters: bool,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Default for SvgpConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 256,
+            iterations: 500,
+            natural_step: 0.2,
+            learning_rate: 0.01,
+            learn_hyperparameters: true,
+            seed: 0,
+        }
+    }
+}
+
+/// A sparse variational GP regression model (scalar output).
+#[derive(Debug, Clone)]
+pub struct Svgp<K> {
+    kernel: K,
+    mean: PriorMean,
+    noise_variance: f64,
+    z: DMatrix<f64>,
+    m: DVector<f64>,
+    s: DMatrix<f64>,
+}
+
+/// The predictive pieces at test inputs: mean, the variance reduction `diag(A K_m*) −
+/// diag(A S Aᵀ)`, `A = K_*m K_mm⁻¹` and `K_*m`.
+struct Latent {
+    mean: DVector<f64>,
+    reduction: DVector<f64>,
+    a: DMatrix<f64>,
+    ksm: DMatrix<f64>,
+}
+
+/// Quantities shared by the ELBO, its gradient and the natural-gradient step on one batch.
+struct Batch {
+    kmm: JitteredCholesky,
+    kmm_inv: DMatrix<f64>,
+    kbm: DMatrix<f64>,
+    a: DMatrix<f64>,
+    kdiag: DVector<f64>,
+    centred: DVector<f64>, // y_b − μ_b (prior mean only)
+    scale: f64,            // n / B
+}
+
+impl<K: Kernel + Clone> Svgp<K> {
+    /// A model with inducing inputs `z` and `q(u) = p(u)`; `z` must be non-empty, finite and
+    /// match the kernel's input dimension, `noise_variance > 0`.
+    pub fn new(kernel: K, mean: PriorMean, noise_variance: f64, z: DMatrix<f64>) -> Result<Self> {
+        if !(noise_variance.is_finite() && noise_variance > 0.0) {
+            return Err(invalid("noise variance", format!("{noise_variance} must be > 0")));
+        }
+        let kmm = gram(&kernel, &z, &z)?;
+        let m = DVector::zeros(z.nrows());
+        Ok(Self { kernel, mean, noise_variance, z, m, s: kmm })
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> &K {
+        &self.kernel
+    }
+    /// The noise variance σ².
+    pub fn noise_variance(&self) -> f64 {
+        self.noise_variance
+    }
+    /// The inducing inputs.
+    pub fn inducing_points(&self) -> &DMatrix<f64> {
+        &self.z
+    }
+
+    fn check_data(&self, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
+        if x.nrows() != y.len() || x.nrows() == 0 {
+            return Err(invalid("training data", format!("{} inputs vs {} targets", x.nrows(), y.len())));
+        }
+        if y.iter().any(|v| !v.is_finite()) {
+            return Err(invalid("targets", "contain NaN or ±∞"));
+        }
+        if x.ncols() != self.z.ncols() {
+            return Err(invalid(
+                "inputs",
+                format!("{} columns, inducing points have {}", x.ncols(), self.z.ncols()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn batch(&self, x: &DMatrix<f64>, y: &DVector<f64>, n_total: usize) -> Result<Batch> {
+        let kmm = cholesky_jitter(&gram(&self.kernel, &self.z, &self.z)?, &JitterConfig::default())?;
+        let m = self.z.nrows();
+        let kmm_inv = kmm.solve(&DMatrix::identity(m, m))?;
+        let kbm = gram(&self.kernel, x, &self.z)?;
+        let a = kmm.solve(&kbm.transpose())?.transpose();
+        let kdiag = gram_diag(&self.kernel, x)?;
+        let centred = y - self.mean.evaluate(x, 1)?;
+        Ok(Batch { kmm, kmm_inv, kbm, a, kdiag, centred, scale: n_total as f64 / x.nrows() as f64 })
+    }
+
+    /// `(ELBO, data term T = T₁+T₂+T₃+T₄)` on a batch.
+    fn elbo_parts(&self, b: &Batch) -> (f64, f64) {
+        let s2 = self.noise_variance;
+        let r = &b.centred - &b.a * &self.m;
+        let t1 = -r.norm_squared() / (2.0 * s2);
+        let t2 = -b.kdiag.sum() / (2.0 * s2);
+        let t3 = b.a.component_mul(&b.kbm).sum() / (2.0 * s2);
+        let t4 = -(&b.a * &self.s).component_mul(&b.a).sum() / (2.0 * s2);
+        let t = t1 + t2 + t3 + t4;
+        let nb = b.centred.len() as f64;
+        let data = b.scale * (-0.5 * nb * (std::f64::consts::TAU * s2).ln() + t);
+        let mm = self.m.len() as f64;
+        let s_chol = cholesky_jitter(&self.s, &JitterConfig::default());
+        let log_det_s = s_chol.map(|c| c.log_det()).unwrap_or(f64::NEG_INFINITY);
+        let kl = 0.5
+            * ((&b.kmm_inv * &self.s).trace() + self.m.dot(&(&b.kmm_inv * &self.m)) - mm + b.kmm.log_det()
+                - log_det_s);
+        (data - kl, t)
+    }
+
+    /// The ELBO on the full data `(x, y)` (a lower bound on the log marginal likelihood).
+    pub fn elbo(&self, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
+        self.minibatch_elbo(x, y, x.nrows())
+    }
+
+    /// The minibatch estimate of the ELBO of a dataset with `n_total` rows (data term scaled
+    /// by `n_total / B`).
+    pub fn minibatch_elbo(&self, x: &DMatrix<f64>, y: &DVector<f64>, n_total: usize) -> Result<f64> {
+        self.check_data(x, y)?;
+        Ok(self.elbo_parts(&self.batch(x, y, n_total)?).0)
+    }
+
+    /// Replaces the kernel and noise variance, keeping `q(u)`.
+    pub fn set_hyperparameters(&mut self, kernel: K, noise_variance: f64) -> Result<()> {
+        if !(noise_variance.is_finite() && noise_variance > 0.0) {
+            return Err(invalid("noise variance", format!("{noise_variance} must be > 0")));
+        }
+        kernel.check_input_dim(self.z.ncols())?;
+        (self.kernel, self.noise_variance) = (kernel, noise_variance);
+        Ok(())
+    }
+
+    /// Gradient of the (minibatch, `n_total`-scaled) ELBO at fixed `q(u)` with respect to the
+    /// kernel's log-hyperparameters and `log σ²` (last).
+    pub fn elbo_gradient(&self, x: &DMatrix<f64>, y: &DVector<f64>, n_total: usize) -> Result<DVector<f64>> {
+        self.check_data(x, y)?;
+        let b = self.batch(x, y, n_total)?;
+        let s2 = self.noise_variance;
+        let c = b.scale / s2;
+        let kinv_m = &b.kmm_inv * &self.m;
+        let r = &b.centred - &b.a * &self.m;
+        let ata = b.a.tr_mul(&b.a);
+        let g_bm = (&r * kinv_m.transpose() + &b.a - &b.a * &self.s * &b.kmm_inv) * c;
+        let g_mm = (-(b.a.tr_mul(&r)) * kinv_m.transpose() - &ata * 0.5 + &ata * &self.s * &b.kmm_inv) * c
+            + (&b.kmm_inv * &self.s * &b.kmm_inv + &kinv_m * kinv_m.transpose() - &b.kmm_inv) * 0.5;
+        let g_diag = -b.scale / (2.0 * s2);
+        let np = self.kernel.n_params();
+        let mut grad = DVector::zeros(np + 1);
+        let (xs, zs) = (PointSet::new("batch inputs", x)?, PointSet::new("inducing points", &self.z)?);
+        let mut g = vec![0.0; np];
+        for i in 0..xs.len() {
+            for a in 0..zs.len() {
+                self.kernel.eval_grad(xs.row(i), zs.row(a), &mut g);
+                (0..np).for_each(|p| grad[p] += g_bm[(i, a)] * g[p]);
+            }
+            self.kernel.eval_grad(xs.row(i), xs.row(i), &mut g);
+            (0..np).for_each(|p| grad[p] += g_diag * g[p]);
+        }
+        for a in 0..zs.len() {
+            for c2 in 0..zs.len() {
+                self.kernel.eval_grad(zs.row(a), zs.row(c2), &mut g);
+                (0..np).for_each(|p| grad[p] += g_mm[(a, c2)] * g[p]);
+            }
+        }
+        let (_, t) = self.elbo_parts(&b);
+        grad[np] = b.scale * (-0.5 * x.nrows() as f64 - t);
+        Ok(grad)
+    }
+
+    /// One natural-gradient step of size `rho ∈ (0, 1]` on `q(u)` from a minibatch of a dataset
+    /// with `n_total` rows.
+    pub fn natural_gradient_step(
+        &mut self,
+        x: &DMatrix<f64>,
+        y: &DVector<f64>,
+        n_total: usize,
+        rho: f64,
+    ) -> Result<()> {
+        self.check_data(x, y)?;
+        if !(rho > 0.0 && rho <= 1.0) {
+            return Err(invalid("natural_step", format!("{rho} not in (0, 1]")));
+        }
+        let b = self.batch(x, y, n_total)?;
+        let c = b.scale / self.noise_variance;
+        let target_prec = &b.kmm_inv + b.a.tr_mul(&b.a) * c;
+        let target_eta = b.a.tr_mul(&b.centred) * c;
+        let s_chol = cholesky_jitter(&self.s, &JitterConfig::default())?;
+        let m = self.m.len();
+        let prec = s_chol.solve(&DMatrix::identity(m, m))? * (1.0 - rho) + target_prec * rho;
+        let eta = s_chol.solve_vec(&self.m)? * (1.0 - rho) + target_eta * rho;
+        let prec = (&prec + prec.transpose()) * 0.5;
+        let p_chol = cholesky_jitter(&prec, &JitterConfig::default())?;
+        self.s = p_chol.solve(&DMatrix::identity(m, m))?;
+        self.s = (&self.s + self.s.transpose()) * 0.5;
+        self.m = p_chol.solve_vec(&eta)?;
+        Ok(())
+    }
+
+    /// Sets `q(u)` to its optimum for the full data (one natural-gradient step with `ρ = 1`).
+    pub fn set_optimal_variational(&mut self, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
+        self.natural_gradient_step(x, y, x.nrows(), 1.0)
+    }
+
+    /// Trains `q(u)` (natural gradients) and, if enabled, the hyperparameters (Adam) on
+    /// minibatches; returns the full-data ELBO after training.
+    pub fn train(&mut self, x: &DMatrix<f64>, y: &DVector<f64>, config: &SvgpConfig) -> Result<f64> {
+        self.check_data(x, y)?;
+        let n = x.nrows();
+        if self.z.nrows() > n {
+            return Err(invalid(
+                "inducing points",
+                format!("{} inducing points for {n} data points", self.z.nrows()),
+            ));
+        }
+        if config.batch_size == 0 {
+            return Err(invalid("batch_size", "must be ≥ 1"));
+        }
+        let bsz = config.batch_size.min(n);
+        let mut rng = StdRng::seed_from_u64(config.seed);
+        let np = self.kernel.n_params();
+        let mut theta = DVector::from_vec(self.kernel.params()).push(self.noise_variance.ln());
+        let mut adam = Adam::new(np + 1, config.learning_rate);
+        for _ in 0..config.iterations {
+            let idx = sample_indices(&mut rng, n, bsz).into_vec();
+            let (xb, yb) = (x.select_rows(&idx), y.select_rows(&idx));
+            self.natural_gradient_step(&xb, &yb, n, config.natural_step)?;
+            if config.learn_hyperparameters {
+                let g = self.elbo_gradient(&xb, &yb, n)?;
+                if g.iter().any(|v| !v.is_finite()) {
+                    return Err(GpError::Diverged("non-finite SVGP ELBO gradient".into()));
+                }
+                adam.ascend(&mut theta, &g);
+                theta[np] = theta[np].max(1e-6f64.ln());
+                self.kernel.set_params(&theta.as_slice()[..np])?;
+                self.noise_variance = theta[np].exp();
+            }
+        }
+        self.elbo(x, y)
+    }
+
+    fn latent(&self, xs: &DMatrix<f64>) -> Result<Latent> {
+        let kmm = cholesky_jitter(&gram(&self.kernel, &self.z, &self.z)?, &JitterConfig::default())?;
+        let ksm = gram(&self.kernel, xs, &self.z)?;
+        let a = kmm.solve(&ksm.transpose())?.transpose();
+        let mean = self.mean.evaluate(xs, 1)? + &a * &self.m;
+        let var = DVector::from_fn(xs.nrows(), |i, _| {
+            let ai = a.row(i);
+            let quad = (ai * &self.s).dot(&ai);
+            ai.dot(&ksm.row(i)) - quad
+        });
+        Ok(Latent { mean, reduction: var, a, ksm })
+    }
+}
+
+impl<K: Kernel + Clone> Posterior for Svgp<K> {
+    fn output_dim(&self) -> usize {
+        1
+    }
+    fn predict(&self, xs: &DMatrix<f64>) -> Result<FunctionPredictive, fspace_core::CoreError> {
+        let run = || -> Result<FunctionPredictive> {
+            let Latent { mean, reduction, .. } = self.latent(xs)?;
+            let prior = gram_diag(&self.kernel, xs)?;
+            let var = DVector::from_fn(prior.len(), |i, _| (prior[i] - reduction[i]).max(0.0));
+            Ok(FunctionPredictive::new(
+                DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()),
+                DMatrix::from_column_slice(var.len(), 1, var.as_slice()),
+            )?)
+        };
+        run().map_err(to_core)
+    }
+    fn predict_joint(
+        &self,
+        xs: &DMatrix<f64>,
+    ) -> Result<(DMatrix<f64>, DMatrix<f64>), fspace_core::CoreError> {
+        let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+            let Latent { mean, a, ksm, .. } = self.latent(xs)?;
+            let cov = gram(&self.kernel, xs, xs)? - &a * ksm.transpose() + &a * &self.s * a.transpose();
+            Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), (&cov + cov.transpose()) * 0.5))
+        };
+        run().map_err(to_core)
+    }
+}
