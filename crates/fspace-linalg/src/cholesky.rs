@@ -1,7 +1,9 @@
 //! Cholesky factorization with escalating jitter, triangular solves, exact log-determinants, and
 //! rank-k updates/downdates of a Cholesky factor.
 
-use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
+use nalgebra::{DMatrix, DVector};
+
+use crate::blocked::{cholesky_lower, solve_lower, solve_upper};
 
 use crate::error::{ensure_dim, ensure_finite, LinalgError, Result};
 use crate::operator::ensure_symmetric;
@@ -30,10 +32,12 @@ impl Default for JitterConfig {
     }
 }
 
-/// A Cholesky factor of `A + jitter·I`, with the jitter that was needed.
+/// A Cholesky factor of `A + jitter·I`, with the jitter that was needed. Factorisation and
+/// solves are blocked and parallel ([`crate::blocked`]).
 #[derive(Debug, Clone)]
 pub struct JitteredCholesky {
-    chol: Cholesky<f64, Dyn>,
+    l: DMatrix<f64>,
+    lt: DMatrix<f64>,
     jitter: f64,
 }
 
@@ -58,10 +62,9 @@ pub fn cholesky_jitter(a: &DMatrix<f64>, config: &JitterConfig) -> Result<Jitter
         for i in 0..m.nrows() {
             m[(i, i)] += jitter;
         }
-        if let Some(chol) = Cholesky::new(m) {
-            if chol.l_dirty().diagonal().iter().all(|v| v.is_finite() && *v > 0.0) {
-                return Ok(JitteredCholesky { chol, jitter });
-            }
+        if let Some(l) = cholesky_lower(&m) {
+            let lt = l.transpose();
+            return Ok(JitteredCholesky { l, lt, jitter });
         }
     }
     Err(LinalgError::CholeskyFailed { what: "cholesky input", max_jitter: jitter })
@@ -74,28 +77,32 @@ impl JitteredCholesky {
     }
     /// The lower-triangular factor `L` (`LLᵀ = A + jitter·I`).
     pub fn l(&self) -> DMatrix<f64> {
-        self.chol.l()
+        self.l.clone()
     }
     /// `(A + jitter·I)⁻¹ b` for a vector or a block of columns.
     pub fn solve(&self, b: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        ensure_dim("cholesky solve right-hand side rows", self.chol.l_dirty().nrows(), b.nrows())?;
+        ensure_dim("cholesky solve right-hand side rows", self.l.nrows(), b.nrows())?;
         ensure_finite("cholesky solve right-hand side", b.iter())?;
-        Ok(self.chol.solve(b))
+        Ok(solve_upper(&self.lt, &solve_lower(&self.l, b)))
     }
     /// `(A + jitter·I)⁻¹ b` for a vector.
     pub fn solve_vec(&self, b: &DVector<f64>) -> Result<DVector<f64>> {
-        ensure_dim("cholesky solve right-hand side", self.chol.l_dirty().nrows(), b.len())?;
+        ensure_dim("cholesky solve right-hand side", self.l.nrows(), b.len())?;
         ensure_finite("cholesky solve right-hand side", b.iter())?;
-        Ok(self.chol.solve(b))
+        let mut x = b.clone();
+        self.l.solve_lower_triangular_mut(&mut x);
+        self.lt.solve_upper_triangular_mut(&mut x);
+        Ok(x)
     }
     /// `L⁻¹ b` (forward substitution).
     pub fn solve_lower(&self, b: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        ensure_dim("triangular solve rows", self.chol.l_dirty().nrows(), b.nrows())?;
-        Ok(self.chol.l().solve_lower_triangular(b).expect("positive diagonal"))
+        ensure_dim("triangular solve rows", self.l.nrows(), b.nrows())?;
+        ensure_finite("triangular solve right-hand side", b.iter())?;
+        Ok(solve_lower(&self.l, b))
     }
     /// `log det(A + jitter·I) = 2 Σ log Lᵢᵢ`.
     pub fn log_det(&self) -> f64 {
-        2.0 * self.chol.l_dirty().diagonal().iter().map(|v| v.ln()).sum::<f64>()
+        2.0 * self.l.diagonal().iter().map(|v| v.ln()).sum::<f64>()
     }
 }
 

@@ -22,6 +22,7 @@
 //! This crate is the bottom of the workspace: it depends on nalgebra, rand and rayon only.
 #![doc = include_str!("../README.md")]
 
+pub mod blocked;
 pub mod cg;
 pub mod cholesky;
 pub mod dense;

@@ -359,3 +359,31 @@ proptest! {
         prop_assert!(rel_frob(&l, &l0) < 1e-8);
     }
 }
+
+#[test]
+fn blocked_cholesky_and_solves_equal_the_unblocked_ones() {
+    use fspace_linalg::blocked::{cholesky_lower, solve_lower, solve_upper};
+    let mut r = rng(11);
+    // Sizes around the 96-row block and the 64-column right-hand-side chunks.
+    for n in [1usize, 2, 95, 96, 97, 193, 300] {
+        let a = spd(n, 3.0, 1e-3, &mut r);
+        let l = cholesky_lower(&a).unwrap();
+        let reference = a.clone().cholesky().unwrap().l();
+        assert_mat_close(&l, &reference, 1e-10, 0.0);
+        assert!((0..n).all(|i| (i + 1..n).all(|j| l[(i, j)] == 0.0)), "upper triangle is zero");
+        for cols in [1usize, 63, 65, 130] {
+            let b = randn(n, cols, &mut r);
+            let x = solve_lower(&l, &b);
+            assert_mat_close(&(&l * &x), &b, 1e-10, 1e-12);
+            let lt = l.transpose();
+            let y = solve_upper(&lt, &b);
+            assert_mat_close(&(&lt * &y), &b, 1e-10, 1e-12);
+        }
+    }
+    // Indefinite and singular matrices are rejected, in the first block or a later one.
+    for n in [5usize, 150] {
+        let mut spectrum = geometric_spectrum(n, 1.0, 0.1);
+        spectrum[n - 1] = -0.5;
+        assert!(cholesky_lower(&with_spectrum(&spectrum, &mut r).0).is_none(), "n={n}");
+    }
+}

@@ -1,0 +1,52 @@
+//! Blocked (parallel) Cholesky and `K⁻¹` against nalgebra's column-wise versions, for n = 500
+//! … 4000 (the exact-GP and LML-gradient hot path).
+#![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use fspace_linalg::{cholesky_jitter, JitterConfig};
+use nalgebra::DMatrix;
+
+fn spd(n: usize) -> DMatrix<f64> {
+    DMatrix::from_fn(n, n, |i, j| {
+        (-((i as f64 - j as f64) / 50.0).powi(2)).exp() + if i == j { 1.0 } else { 0.0 }
+    })
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cholesky");
+    group.sample_size(10);
+    for n in [500usize, 1000, 2000, 4000] {
+        let a = spd(n);
+        group.bench_with_input(BenchmarkId::new("blocked", n), &n, |b, _| {
+            b.iter(|| cholesky_jitter(&a, &JitterConfig::default()).unwrap())
+        });
+        if n <= 2000 {
+            group.bench_with_input(BenchmarkId::new("nalgebra", n), &n, |b, _| {
+                b.iter(|| a.clone().cholesky().unwrap())
+            });
+        }
+    }
+    group.finish();
+    let mut group = c.benchmark_group("inverse_via_cholesky");
+    group.sample_size(10);
+    for n in [500usize, 1000, 2000, 4000] {
+        let a = spd(n);
+        let chol = cholesky_jitter(&a, &JitterConfig::default()).unwrap();
+        let eye = DMatrix::identity(n, n);
+        group.bench_with_input(BenchmarkId::new("blocked", n), &n, |b, _| {
+            b.iter(|| chol.solve(&eye).unwrap())
+        });
+        if n <= 1000 {
+            let nchol = a.clone().cholesky().unwrap();
+            group.bench_with_input(BenchmarkId::new("nalgebra", n), &n, |b, _| b.iter(|| nchol.solve(&eye)));
+        }
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default();
+    targets = bench
+}
+criterion_main!(benches);

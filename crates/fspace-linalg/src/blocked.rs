@@ -1,0 +1,113 @@
+//! Blocked (BLAS-3) Cholesky factorisation and triangular solves.
+//!
+//! nalgebra's Cholesky and triangular solves work column by column; beyond `n ≈ 1000` they are
+//! memory-bound (measured: 12.3 s for a 4000 × 4000 Cholesky, 76 s for `K⁻¹`). Here the
+//! factorisation is right-looking with `NB × NB` diagonal blocks: factor the diagonal block,
+//! solve the panel below it, and update the trailing matrix with one matrix product
+//! (`A₂₂ −= L₂₁L₂₁ᵀ`), split over column chunks in parallel. Triangular solves with many
+//! right-hand sides are blocked the same way and parallel over right-hand-side columns.
+
+use nalgebra::{Cholesky, DMatrix, DMatrixViewMut};
+use rayon::prelude::*;
+
+/// Diagonal block size.
+const NB: usize = 96;
+/// Right-hand-side columns per parallel task in the triangular solves.
+const RHS_CHUNK: usize = 64;
+
+/// The lower Cholesky factor `L` (`LLᵀ = A`) of a symmetric matrix given by its lower triangle;
+/// `None` if `A` is not (numerically) positive definite.
+pub fn cholesky_lower(a: &DMatrix<f64>) -> Option<DMatrix<f64>> {
+    let n = a.nrows();
+    let mut l = a.clone();
+    let mut k = 0;
+    while k < n {
+        let b = NB.min(n - k);
+        let l11 = Cholesky::new(l.view((k, k), (b, b)).clone_owned())?.l();
+        if !l11.diagonal().iter().all(|d| d.is_finite() && *d > 0.0) {
+            return None;
+        }
+        l.view_mut((k, k), (b, b)).copy_from(&l11);
+        let kb = k + b;
+        if kb < n {
+            let m = n - kb;
+            // Panel: L₂₁ = A₂₁ L₁₁⁻ᵀ, i.e. L₁₁ L₂₁ᵀ = A₂₁ᵀ.
+            let mut l21t = l.view((kb, k), (m, b)).transpose();
+            if !l11.solve_lower_triangular_mut(&mut l21t) {
+                return None;
+            }
+            let l21 = l21t.transpose();
+            l.view_mut((kb, k), (m, b)).copy_from(&l21);
+            // Trailing update of the lower part, parallel over column chunks of A₂₂.
+            let chunk_cols = NB.max(m.div_ceil(rayon::current_num_threads() * 4));
+            l.as_mut_slice()[kb * n..].par_chunks_mut(n * chunk_cols).enumerate().for_each(|(c, cols)| {
+                let g0 = kb + c * chunk_cols; // first global column of this chunk
+                let w = cols.len() / n;
+                let mut view = DMatrixViewMut::from_slice(cols, n, w);
+                let mut lower = view.rows_mut(g0, n - g0);
+                let r0 = g0 - kb;
+                lower.gemm(-1.0, &l21.rows(r0, n - g0), &l21.rows(r0, w).transpose(), 1.0);
+            });
+        }
+        k = kb;
+    }
+    l.fill_upper_triangle(0.0, 1);
+    Some(l)
+}
+
+fn par_columns(b: &DMatrix<f64>, f: impl Fn(&mut DMatrix<f64>) + Sync) -> DMatrix<f64> {
+    let n = b.nrows();
+    if n == 0 || b.ncols() == 0 {
+        return b.clone();
+    }
+    let chunks: Vec<DMatrix<f64>> = b
+        .as_slice()
+        .par_chunks(n * RHS_CHUNK)
+        .map(|cols| {
+            let mut x = DMatrix::from_column_slice(n, cols.len() / n, cols);
+            f(&mut x);
+            x
+        })
+        .collect();
+    let mut out = DMatrix::zeros(n, b.ncols());
+    let mut c0 = 0;
+    for x in chunks {
+        out.columns_mut(c0, x.ncols()).copy_from(&x);
+        c0 += x.ncols();
+    }
+    out
+}
+
+/// `L⁻¹ B` for lower-triangular `L` with a positive diagonal (forward substitution by blocks).
+pub fn solve_lower(l: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+    let n = l.nrows();
+    par_columns(b, |x| {
+        let mut i0 = 0;
+        while i0 < n {
+            let bi = NB.min(n - i0);
+            let (top, mut cur) = x.rows_range_pair_mut(0..i0, i0..i0 + bi);
+            if i0 > 0 {
+                cur.gemm(-1.0, &l.view((i0, 0), (bi, i0)), &top, 1.0);
+            }
+            l.view((i0, i0), (bi, bi)).solve_lower_triangular_mut(&mut cur);
+            i0 += bi;
+        }
+    })
+}
+
+/// `U⁻¹ B` for upper-triangular `U` with a positive diagonal (back substitution by blocks);
+/// with `U = Lᵀ` this is `L⁻ᵀ B`.
+pub fn solve_upper(u: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+    let n = u.nrows();
+    let starts: Vec<usize> = (0..n).step_by(NB).collect();
+    par_columns(b, |x| {
+        for &i0 in starts.iter().rev() {
+            let i1 = (i0 + NB).min(n);
+            let (mut cur, bottom) = x.rows_range_pair_mut(i0..i1, i1..n);
+            if i1 < n {
+                cur.gemm(-1.0, &u.view((i0, i1), (i1 - i0, n - i1)), &bottom, 1.0);
+            }
+            u.view((i0, i0), (i1 - i0, i1 - i0)).solve_upper_triangular_mut(&mut cur);
+        }
+    })
+}
