@@ -32,7 +32,10 @@ fn parse(args: &[String]) -> Result<Options> {
         match a.as_str() {
             "--quick" => opts.quick = true,
             "--seed" => {
-                opts.seed = it.next().ok_or_else(|| anyhow::anyhow!("--seed needs a value"))?.parse()?
+                let v = it.next().ok_or_else(|| anyhow::anyhow!("--seed needs a value"))?;
+                opts.seed = v
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("--seed {v:?} is not a non-negative integer: {e}"))?;
             }
             "--out" => opts.out = it.next().ok_or_else(|| anyhow::anyhow!("--out needs a value"))?.clone(),
             flag if flag.starts_with("--") => bail!("unknown option {flag}"),
