@@ -181,6 +181,7 @@ fn gp_classification_separates_two_moons() {
     let pred = clf.predict(&test.x).unwrap();
     let probs = class_probabilities(&pred, ClassProbMethod::Probit, &mut rng(0)).unwrap();
     let acc = fspace_metrics::accuracy(&probs, test.y.as_slice()).unwrap();
+    eprintln!("two-moons test accuracy {acc:.4}");
     assert!(acc >= 0.95, "accuracy {acc}");
     assert!(clf.iterations() < 50 && clf.log_marginal_likelihood().is_finite());
     // Far from the data the latent variance reverts towards the prior variance.
