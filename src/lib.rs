@@ -13,6 +13,7 @@
 //! | [`core`] | `fspace-core` | likelihoods, the `Posterior` contract, minibatches, early stopping |
 //! | [`metrics`] | `fspace-metrics` | ELL, NLL, RMSE, CRPS, CQM, accuracy, ECE, Brier, OOD AUC, W2, mean rank |
 //! | [`gp`] | `fspace-gp` | exact GP, marginal-likelihood fitting, GP classification, SVGP, k-means |
+//! | [`nn`] | `fspace-nn` | (in progress) MLP on dfdx with f, J·u, Jᵀ·V, Jacobian, NTK, GGN products |
 //! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
 
 pub use fspace_context as context;
@@ -22,6 +23,7 @@ pub use fspace_gp as gp;
 pub use fspace_kernels as kernels;
 pub use fspace_linalg as linalg;
 pub use fspace_metrics as metrics;
+pub use fspace_nn as nn;
 
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -17,6 +17,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("fspace-metrics", vec![]),
         ("fspace-data", vec!["fspace-context"]),
         ("fspace-gp", vec!["fspace-linalg", "fspace-kernels", "fspace-core"]),
+        ("fspace-nn", vec![]),
         (
             "fspace",
             vec![
@@ -27,6 +28,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-metrics",
                 "fspace-data",
                 "fspace-gp",
+                "fspace-nn",
             ],
         ),
         (
@@ -40,6 +42,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-metrics",
                 "fspace-data",
                 "fspace-gp",
+                "fspace-nn",
             ],
         ),
     ])

@@ -1,0 +1,435 @@
+//! Multi-layer perceptron with exact linearisation operators.
+//!
+//! Parameters are one flat vector, layer by layer: `W_l` (`out × in`, row-major) then `b_l`.
+//! Layer `l` computes `z_l = a_{l−1} W_lᵀ + b_l`, `a_l = σ(z_l)` (the last layer is linear).
+
+use dfdx::prelude::*;
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+type Dev = Cpu;
+type M = Tensor<(usize, usize), f64, Dev>;
+type V = Tensor<(usize,), f64, Dev>;
+type TM = Tensor<(usize, usize), f64, Dev, OwnedTape<f64, Dev>>;
+
+/// Errors of the network crate.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum NnError {
+    /// Sizes that must agree do not.
+    #[error("dimension mismatch in {what}: expected {expected}, found {found}")]
+    DimensionMismatch {
+        /// Which quantity.
+        what: &'static str,
+        /// Required.
+        expected: usize,
+        /// Given.
+        found: usize,
+    },
+    /// NaN or ±∞ in inputs, parameters or vectors.
+    #[error("non-finite value in {what}")]
+    NonFinite {
+        /// Which input.
+        what: &'static str,
+    },
+    /// An empty batch or a zero-width layer.
+    #[error("empty input: {what}")]
+    Empty {
+        /// Which input.
+        what: &'static str,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = NnError> = std::result::Result<T, E>;
+
+/// Hidden-layer activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Activation {
+    /// `tanh z`.
+    Tanh,
+    /// `max(z, 0)`.
+    Relu,
+    /// `1/(1 + e^{−z})`.
+    Sigmoid,
+    /// `log(1 + e^z)`.
+    Softplus,
+    /// GELU, tanh form `½z(1 + tanh(√(2/π)(z + 0.044715z³)))` (dfdx's `fast_gelu`).
+    Gelu,
+}
+
+const GELU_C: f64 = 0.797_884_560_802_865_4; // √(2/π)
+
+impl Activation {
+    fn value(self, z: f64) -> f64 {
+        match self {
+            Self::Tanh => z.tanh(),
+            Self::Relu => z.max(0.0),
+            Self::Sigmoid => 1.0 / (1.0 + (-z).exp()),
+            Self::Softplus => z.max(0.0) + (-z.abs()).exp().ln_1p(),
+            Self::Gelu => 0.5 * z * (1.0 + (GELU_C * (z + 0.044715 * z.powi(3))).tanh()),
+        }
+    }
+    /// `σ'(z)` (ReLU: 0 at z = 0).
+    fn slope(self, z: f64) -> f64 {
+        match self {
+            Self::Tanh => 1.0 - z.tanh().powi(2),
+            Self::Relu => (z > 0.0) as u8 as f64,
+            Self::Sigmoid | Self::Softplus => {
+                let s = 1.0 / (1.0 + (-z).exp());
+                if self == Self::Sigmoid {
+                    s * (1.0 - s)
+                } else {
+                    s
+                }
+            }
+            Self::Gelu => {
+                let t = (GELU_C * (z + 0.044715 * z.powi(3))).tanh();
+                0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * 0.044715 * z * z)
+            }
+        }
+    }
+    fn taped(self, z: TM) -> TM {
+        match self {
+            Self::Tanh => z.tanh(),
+            Self::Relu => z.relu(),
+            Self::Sigmoid => z.sigmoid(),
+            Self::Gelu => z.fast_gelu(),
+            Self::Softplus => {
+                // relu(z) + log(1 + e^{−|z|}): stable; both branches end in the returned sum.
+                let branch = z.with_empty_tape();
+                z.relu() + ((branch.abs().negate().exp() + 1.0).ln())
+            }
+        }
+    }
+}
+
+/// Architecture and initialisation of an [`Mlp`].
+///
+/// | name | purpose |
+/// |---|---|
+/// | `input_dim`, `output_dim` | `d`, `d'` (≥ 1) |
+/// | `hidden` | hidden widths, e.g. `[50, 50]` for the papers' 2×50 nets |
+/// | `activation` | hidden activation |
+/// | `seed` | LeCun-normal weights `N(0, 1/fan_in)`, zero biases |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MlpConfig {
+    /// Input dimension `d`.
+    pub input_dim: usize,
+    /// Hidden widths.
+    pub hidden: Vec<usize>,
+    /// Output dimension `d'`.
+    pub output_dim: usize,
+    /// Hidden activation.
+    pub activation: Activation,
+    /// Initialisation seed.
+    pub seed: u64,
+}
+
+/// A multi-layer perceptron with flat parameters (serde: config + parameters).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Mlp {
+    config: MlpConfig,
+    params: Vec<f64>,
+    #[serde(skip)]
+    dev: Dev,
+}
+
+/// Offsets of one layer in the flat parameter vector.
+#[derive(Debug, Clone, Copy)]
+struct Layer {
+    w: usize,
+    b: usize,
+    fan_in: usize,
+    fan_out: usize,
+}
+
+/// Intermediate values of a forward pass: layer inputs `a_{l−1}` and pre-activations `z_l`.
+struct ForwardTrace {
+    inputs: Vec<M>,
+    pre: Vec<M>,
+}
+
+fn to_tensor(dev: &Dev, x: &DMatrix<f64>) -> M {
+    let (n, d) = x.shape();
+    let rows: Vec<f64> = (0..n).flat_map(|i| x.row(i).iter().cloned().collect::<Vec<_>>()).collect();
+    dev.tensor_from_vec(rows, (n, d))
+}
+
+fn to_matrix(t: &M) -> DMatrix<f64> {
+    let (n, c) = *t.shape();
+    DMatrix::from_row_slice(n, c, &t.as_vec())
+}
+
+fn bcast(b: &V, n: usize) -> M {
+    let o = b.shape().0;
+    b.clone().broadcast_like::<_, Axis<0>>(&(n, o))
+}
+
+impl Mlp {
+    /// Builds and initialises the network; errors on zero dimensions.
+    pub fn new(config: MlpConfig) -> Result<Self> {
+        if config.input_dim == 0 || config.output_dim == 0 || config.hidden.contains(&0) {
+            return Err(NnError::Empty { what: "layer widths (all must be ≥ 1)" });
+        }
+        let mut net = Self { params: Vec::new(), config, dev: Default::default() };
+        let mut rng = StdRng::seed_from_u64(net.config.seed);
+        let mut params = vec![0.0; net.n_params()];
+        for layer in net.layers() {
+            let normal = Normal::new(0.0, (1.0 / layer.fan_in as f64).sqrt()).expect("positive std");
+            for p in &mut params[layer.w..layer.w + layer.fan_in * layer.fan_out] {
+                *p = normal.sample(&mut rng);
+            }
+        }
+        net.params = params;
+        Ok(net)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MlpConfig {
+        &self.config
+    }
+
+    fn widths(&self) -> Vec<usize> {
+        let mut w = vec![self.config.input_dim];
+        w.extend(&self.config.hidden);
+        w.push(self.config.output_dim);
+        w
+    }
+
+    fn layers(&self) -> Vec<Layer> {
+        let w = self.widths();
+        let mut offset = 0;
+        (0..w.len() - 1)
+            .map(|l| {
+                let layer = Layer { w: offset, b: offset + w[l] * w[l + 1], fan_in: w[l], fan_out: w[l + 1] };
+                offset = layer.b + w[l + 1];
+                layer
+            })
+            .collect()
+    }
+
+    /// Number of parameters `p`.
+    pub fn n_params(&self) -> usize {
+        let w = self.widths();
+        (0..w.len() - 1).map(|l| (w[l] + 1) * w[l + 1]).sum()
+    }
+
+    /// Names and ranges of the per-layer blocks (`layer{l}.weight`, `layer{l}.bias`).
+    pub fn param_blocks(&self) -> Vec<(String, std::ops::Range<usize>)> {
+        self.layers()
+            .iter()
+            .enumerate()
+            .flat_map(|(l, layer)| {
+                [
+                    (format!("layer{l}.weight"), layer.w..layer.b),
+                    (format!("layer{l}.bias"), layer.b..layer.b + layer.fan_out),
+                ]
+            })
+            .collect()
+    }
+
+    /// The flat parameter vector.
+    pub fn params(&self) -> DVector<f64> {
+        DVector::from_column_slice(&self.params)
+    }
+
+    /// Replaces the parameters (length `p`, finite).
+    pub fn set_params(&mut self, params: &DVector<f64>) -> Result<()> {
+        self.check_vector("parameter vector", params)?;
+        self.params = params.as_slice().to_vec();
+        Ok(())
+    }
+
+    fn check_vector(&self, what: &'static str, v: &DVector<f64>) -> Result<()> {
+        if v.len() != self.n_params() {
+            return Err(NnError::DimensionMismatch { what, expected: self.n_params(), found: v.len() });
+        }
+        if v.iter().any(|x| !x.is_finite()) {
+            return Err(NnError::NonFinite { what });
+        }
+        Ok(())
+    }
+
+    fn check_inputs(&self, x: &DMatrix<f64>) -> Result<()> {
+        if x.nrows() == 0 {
+            return Err(NnError::Empty { what: "input batch" });
+        }
+        if x.ncols() != self.config.input_dim {
+            return Err(NnError::DimensionMismatch {
+                what: "input columns",
+                expected: self.config.input_dim,
+                found: x.ncols(),
+            });
+        }
+        if x.iter().any(|v| !v.is_finite()) {
+            return Err(NnError::NonFinite { what: "inputs" });
+        }
+        Ok(())
+    }
+
+    fn tensors(&self, flat: &[f64]) -> (Vec<M>, Vec<V>) {
+        self.layers()
+            .iter()
+            .map(|l| {
+                let w = self.dev.tensor_from_vec(flat[l.w..l.b].to_vec(), (l.fan_out, l.fan_in));
+                let b = self.dev.tensor_from_vec(flat[l.b..l.b + l.fan_out].to_vec(), (l.fan_out,));
+                (w, b)
+            })
+            .unzip()
+    }
+
+    fn act_map(&self, z: &M, f: impl Fn(f64) -> f64) -> M {
+        let v: Vec<f64> = z.as_vec().into_iter().map(f).collect();
+        self.dev.tensor_from_vec(v, *z.shape())
+    }
+
+    fn trace(&self, x: &DMatrix<f64>) -> (ForwardTrace, M) {
+        let (w, b) = self.tensors(&self.params);
+        let n = x.nrows();
+        let mut a = to_tensor(&self.dev, x);
+        let mut trace = ForwardTrace { inputs: Vec::new(), pre: Vec::new() };
+        for l in 0..w.len() {
+            let z = a.clone().matmul(w[l].clone().permute::<_, Axes2<1, 0>>()) + bcast(&b[l], n);
+            trace.inputs.push(a);
+            trace.pre.push(z.clone());
+            a = if l + 1 == w.len() { z } else { self.act_map(&z, |v| self.config.activation.value(v)) };
+        }
+        (trace, a)
+    }
+
+    /// `f(X)` (`n × d'`).
+    pub fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        Ok(to_matrix(&self.trace(x).1))
+    }
+
+    /// `J(X)·u` (`n × d'`) for a parameter-space direction `u` (forward mode).
+    pub fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        self.check_vector("tangent vector u", u)?;
+        let (trace, _) = self.trace(x);
+        let (w, _) = self.tensors(&self.params);
+        let (uw, ub) = self.tensors(u.as_slice());
+        let n = x.nrows();
+        let mut tangent: Option<M> = None; // ȧ, the tangent of the layer input
+        for l in 0..w.len() {
+            // ż = ȧ Wᵀ + a Uᵀ + u_b
+            let mut zd =
+                trace.inputs[l].clone().matmul(uw[l].clone().permute::<_, Axes2<1, 0>>()) + bcast(&ub[l], n);
+            if let Some(t) = tangent {
+                zd = zd + t.matmul(w[l].clone().permute::<_, Axes2<1, 0>>());
+            }
+            if l + 1 == w.len() {
+                return Ok(to_matrix(&zd));
+            }
+            let slope = self.act_map(&trace.pre[l], |v| self.config.activation.slope(v));
+            tangent = Some(slope * zd); // ȧ = σ'(z) ⊙ ż
+        }
+        unreachable!("an MLP has at least one layer")
+    }
+
+    /// `J(X)ᵀ·V` (length `p`) for a function-space cotangent `V` (`n × d'`), by dfdx's reverse
+    /// mode on `Σ f(X) ⊙ V`.
+    pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
+        self.check_inputs(x)?;
+        if v.shape() != (x.nrows(), self.config.output_dim) {
+            return Err(NnError::DimensionMismatch {
+                what: "cotangent rows × columns",
+                expected: x.nrows() * self.config.output_dim,
+                found: v.len(),
+            });
+        }
+        if v.iter().any(|c| !c.is_finite()) {
+            return Err(NnError::NonFinite { what: "cotangent" });
+        }
+        let (w, b) = self.tensors(&self.params);
+        let n = x.nrows();
+        let input = to_tensor(&self.dev, x);
+        let mut a: TM = input.clone().leaky_trace() * 0.0 + input; // tape on the left from the start
+        for l in 0..w.len() {
+            let z = a.matmul(w[l].clone().permute::<_, Axes2<1, 0>>()) + bcast(&b[l], n);
+            a = if l + 1 == w.len() { z } else { self.config.activation.taped(z) };
+        }
+        let grads = (a * to_tensor(&self.dev, v)).sum().backward();
+        let mut out = vec![0.0; self.n_params()];
+        for (layer, (wl, bl)) in self.layers().iter().zip(w.iter().zip(&b)) {
+            out[layer.w..layer.b].copy_from_slice(&grads.get(wl).as_vec());
+            out[layer.b..layer.b + layer.fan_out].copy_from_slice(&grads.get(bl).as_vec());
+        }
+        Ok(DVector::from_vec(out))
+    }
+
+    /// The Jacobian `J(X)` (`n·d' × p`, rows point-major: point `i`, output `o` is row
+    /// `i·d' + o`), by an explicit batched backward pass per output.
+    pub fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        let (trace, _) = self.trace(x);
+        let (w, _) = self.tensors(&self.params);
+        let layers = self.layers();
+        let (n, q) = (x.nrows(), self.config.output_dim);
+        let mut jac = DMatrix::zeros(n * q, self.n_params());
+        for o in 0..q {
+            // δ_L = e_o for every point; δ_l = (δ_{l+1} W_{l+1}) ⊙ σ'(z_l).
+            let mut delta: M =
+                self.dev.tensor_from_vec((0..n * q).map(|k| (k % q == o) as u8 as f64).collect(), (n, q));
+            for l in (0..w.len()).rev() {
+                let (d, a) = (delta.as_vec(), trace.inputs[l].as_vec());
+                let layer = layers[l];
+                for i in 0..n {
+                    let row = i * q + o;
+                    for r in 0..layer.fan_out {
+                        let dr = d[i * layer.fan_out + r];
+                        jac[(row, layer.b + r)] = dr;
+                        for c in 0..layer.fan_in {
+                            jac[(row, layer.w + r * layer.fan_in + c)] = dr * a[i * layer.fan_in + c];
+                        }
+                    }
+                }
+                if l > 0 {
+                    let back = delta.matmul(w[l].clone());
+                    let slope = self.act_map(&trace.pre[l - 1], |v| self.config.activation.slope(v));
+                    delta = back * slope;
+                }
+            }
+        }
+        Ok(jac)
+    }
+
+    /// The empirical NTK block `J(X) J(Z)ᵀ` (`n·d' × m·d'`).
+    pub fn ntk(&self, x: &DMatrix<f64>, z: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        Ok(self.jacobian(x)? * self.jacobian(z)?.transpose())
+    }
+
+    /// The GGN-vector product `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` for per-point function-space Hessian blocks
+    /// `Hᵢ` (`d' × d'`, e.g. from a likelihood), without forming `J`.
+    pub fn ggn_vector(
+        &self,
+        x: &DMatrix<f64>,
+        hessians: &[DMatrix<f64>],
+        v: &DVector<f64>,
+    ) -> Result<DVector<f64>> {
+        let q = self.config.output_dim;
+        if hessians.len() != x.nrows() {
+            return Err(NnError::DimensionMismatch {
+                what: "Hessian blocks vs points",
+                expected: x.nrows(),
+                found: hessians.len(),
+            });
+        }
+        if let Some(h) = hessians.iter().find(|h| h.shape() != (q, q)) {
+            return Err(NnError::DimensionMismatch {
+                what: "Hessian block size",
+                expected: q,
+                found: h.nrows(),
+            });
+        }
+        let jv = self.jvp(x, v)?;
+        let hjv =
+            DMatrix::from_fn(x.nrows(), q, |i, a| (0..q).map(|b| hessians[i][(a, b)] * jv[(i, b)]).sum());
+        self.vjp(x, &hjv)
+    }
+}

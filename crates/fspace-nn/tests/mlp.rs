@@ -1,0 +1,163 @@
+//! MLP operators against an independent forward pass, central finite differences and each
+//! other (JVP and VJP are separate code paths; VJP is dfdx's reverse mode).
+
+use fspace_nn::*;
+use fspace_testutil::{assert_mat_close, fd_jacobian, rand_uniform, randn, randn_vec, rng};
+use nalgebra::{DMatrix, DVector};
+use proptest::prelude::*;
+
+const ACTIVATIONS: [Activation; 5] =
+    [Activation::Tanh, Activation::Relu, Activation::Sigmoid, Activation::Softplus, Activation::Gelu];
+
+fn net(activation: Activation, d: usize, q: usize, seed: u64) -> Mlp {
+    Mlp::new(MlpConfig { input_dim: d, hidden: vec![7, 5], output_dim: q, activation, seed }).unwrap()
+}
+
+/// Independent nalgebra forward pass from the documented parameter layout.
+fn reference_forward(net: &Mlp, x: &DMatrix<f64>) -> DMatrix<f64> {
+    let p = net.params();
+    let c = net.config();
+    let mut widths = vec![c.input_dim];
+    widths.extend(&c.hidden);
+    widths.push(c.output_dim);
+    let mut a = x.clone();
+    let mut off = 0;
+    for l in 0..widths.len() - 1 {
+        let (fi, fo) = (widths[l], widths[l + 1]);
+        let w = DMatrix::from_row_slice(fo, fi, &p.as_slice()[off..off + fi * fo]);
+        let b = DVector::from_column_slice(&p.as_slice()[off + fi * fo..off + fi * fo + fo]);
+        off += fi * fo + fo;
+        let mut z = &a * w.transpose();
+        for mut row in z.row_iter_mut() {
+            row += b.transpose();
+        }
+        a = if l + 2 == widths.len() {
+            z
+        } else {
+            z.map(|v| match c.activation {
+                Activation::Tanh => v.tanh(),
+                Activation::Relu => v.max(0.0),
+                Activation::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+                Activation::Softplus => (1.0 + v.exp()).ln(),
+                Activation::Gelu => {
+                    0.5 * v * (1.0 + (0.7978845608028654 * (v + 0.044715 * v.powi(3))).tanh())
+                }
+            })
+        };
+    }
+    a
+}
+
+fn flat_rows(m: &DMatrix<f64>) -> Vec<f64> {
+    (0..m.nrows()).flat_map(|i| m.row(i).iter().cloned().collect::<Vec<_>>()).collect()
+}
+
+#[test]
+fn forward_and_jacobian_match_independent_computations() {
+    for act in ACTIVATIONS {
+        let mlp = net(act, 3, 2, 1);
+        let x = rand_uniform(6, 3, -1.5, 1.5, &mut rng(2));
+        assert_mat_close(&mlp.forward(&x).unwrap(), &reference_forward(&mlp, &x), 1e-13, 1e-14);
+        let jac = mlp.jacobian(&x).unwrap();
+        let fd = fd_jacobian(
+            |p| {
+                let mut m = mlp.clone();
+                m.set_params(&DVector::from_column_slice(p)).unwrap();
+                flat_rows(&m.forward(&x).unwrap())
+            },
+            mlp.params().as_slice(),
+            1e-6,
+        );
+        assert_mat_close(&jac, &fd, 1e-6, 1e-9);
+        // J·u and Jᵀ·V against the Jacobian.
+        let u = randn_vec(mlp.n_params(), &mut rng(3));
+        let ju = jac.clone() * &u;
+        let jvp = mlp.jvp(&x, &u).unwrap();
+        assert_mat_close(
+            &DMatrix::from_column_slice(12, 1, &flat_rows(&jvp)),
+            &DMatrix::from_column_slice(12, 1, ju.as_slice()),
+            1e-12,
+            1e-12,
+        );
+        let v = randn(6, 2, &mut rng(4));
+        let jtv = jac.transpose() * DVector::from_vec(flat_rows(&v));
+        let vjp = mlp.vjp(&x, &v).unwrap();
+        assert!((vjp - &jtv).norm() <= 1e-12 * jtv.norm().max(1.0), "{act:?}: vjp vs Jᵀv");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn adjoint_identity_holds(act_idx in 0usize..5, n in 1usize..8, seed in 0u64..1000) {
+        let mlp = net(ACTIVATIONS[act_idx], 2, 3, seed);
+        let x = rand_uniform(n, 2, -2.0, 2.0, &mut rng(seed + 1));
+        let u = randn_vec(mlp.n_params(), &mut rng(seed + 2));
+        let v = randn(n, 3, &mut rng(seed + 3));
+        let lhs = mlp.jvp(&x, &u).unwrap().component_mul(&v).sum();
+        let rhs = u.dot(&mlp.vjp(&x, &v).unwrap());
+        prop_assert!((lhs - rhs).abs() <= 1e-10 * lhs.abs().max(1.0), "{} vs {}", lhs, rhs);
+    }
+}
+
+#[test]
+fn ntk_and_ggn_products_equal_dense_jacobian_products() {
+    let mlp = net(Activation::Tanh, 2, 2, 5);
+    let x = rand_uniform(5, 2, -1.0, 1.0, &mut rng(6));
+    let z = rand_uniform(3, 2, -1.0, 1.0, &mut rng(7));
+    let (jx, jz) = (mlp.jacobian(&x).unwrap(), mlp.jacobian(&z).unwrap());
+    assert_mat_close(&mlp.ntk(&x, &z).unwrap(), &(&jx * jz.transpose()), 1e-13, 1e-14);
+    // Softmax-like PSD Hessian blocks per point.
+    let hessians: Vec<DMatrix<f64>> = (0..5)
+        .map(|i| {
+            let p = 0.2 + 0.1 * i as f64;
+            DMatrix::from_row_slice(2, 2, &[p * (1.0 - p), -p * (1.0 - p), -p * (1.0 - p), p * (1.0 - p)])
+        })
+        .collect();
+    let mut h = DMatrix::zeros(10, 10);
+    for (i, hi) in hessians.iter().enumerate() {
+        h.view_mut((2 * i, 2 * i), (2, 2)).copy_from(hi);
+    }
+    let ggn = jx.transpose() * h * &jx;
+    let v = randn_vec(mlp.n_params(), &mut rng(8));
+    let got = mlp.ggn_vector(&x, &hessians, &v).unwrap();
+    assert!((got - &ggn * &v).norm() <= 1e-12 * (&ggn * &v).norm());
+}
+
+#[test]
+fn parameters_are_seeded_flat_and_serialisable() {
+    let a = net(Activation::Tanh, 1, 1, 9);
+    let b = net(Activation::Tanh, 1, 1, 9);
+    assert_eq!(a.params(), b.params());
+    assert_ne!(a.params(), net(Activation::Tanh, 1, 1, 10).params());
+    assert_eq!(a.n_params(), (1 + 1) * 7 + (7 + 1) * 5 + (5 + 1));
+    let blocks = a.param_blocks();
+    assert_eq!(blocks.len(), 6);
+    assert_eq!(blocks.last().unwrap().1.end, a.n_params());
+    let json = serde_json::to_string(&a).unwrap();
+    let back: Mlp = serde_json::from_str(&json).unwrap();
+    let x = DMatrix::from_row_slice(2, 1, &[0.3, -0.7]);
+    assert_eq!(back.forward(&x).unwrap(), a.forward(&x).unwrap());
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let mut mlp = net(Activation::Relu, 2, 1, 0);
+    assert!(matches!(mlp.forward(&DMatrix::zeros(3, 3)), Err(NnError::DimensionMismatch { .. })));
+    assert!(matches!(mlp.forward(&DMatrix::zeros(0, 2)), Err(NnError::Empty { .. })));
+    assert!(matches!(mlp.forward(&DMatrix::from_element(1, 2, f64::NAN)), Err(NnError::NonFinite { .. })));
+    assert!(matches!(mlp.set_params(&DVector::zeros(3)), Err(NnError::DimensionMismatch { .. })));
+    let x = DMatrix::zeros(2, 2);
+    assert!(matches!(mlp.jvp(&x, &DVector::zeros(5)), Err(NnError::DimensionMismatch { .. })));
+    assert!(matches!(mlp.vjp(&x, &DMatrix::zeros(3, 1)), Err(NnError::DimensionMismatch { .. })));
+    assert!(mlp.ggn_vector(&x, &[DMatrix::identity(1, 1)], &mlp.params()).is_err());
+    assert!(Mlp::new(MlpConfig {
+        input_dim: 1,
+        hidden: vec![0],
+        output_dim: 1,
+        activation: Activation::Tanh,
+        seed: 0
+    })
+    .is_err());
+}
