@@ -17,7 +17,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("fspace-metrics", vec![]),
         ("fspace-data", vec!["fspace-context"]),
         ("fspace-gp", vec!["fspace-linalg", "fspace-kernels", "fspace-core"]),
-        ("fspace-nn", vec![]),
+        ("fspace-nn", vec!["fspace-core"]),
         (
             "fspace",
             vec![

@@ -21,4 +21,4 @@ pub mod training;
 pub use error::{CoreError, Result};
 pub use likelihood::{logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, Likelihood};
 pub use posterior::{class_probabilities, sample_gaussian, ClassProbMethod, FunctionPredictive, Posterior};
-pub use training::{EarlyStopping, Minibatches, StopDecision};
+pub use training::{Adam, EarlyStopping, Minibatches, StopDecision};

@@ -1,5 +1,6 @@
 //! Training-loop pieces that are not network-specific: seeded minibatches and early stopping.
 
+use nalgebra::DVector;
 use rand::seq::SliceRandom;
 use rand::RngCore;
 
@@ -101,5 +102,36 @@ impl EarlyStopping {
     /// The update (1-based) at which the best loss was seen.
     pub fn best_step(&self) -> usize {
         self.best_step
+    }
+}
+
+/// Adam (Kingma & Ba 2015) on a flat parameter vector, shared by GP fitting and network
+/// training: [`ascend`](Self::ascend) maximises, [`descend`](Self::descend) minimises.
+#[derive(Debug, Clone)]
+pub struct Adam {
+    lr: f64,
+    m: DVector<f64>,
+    v: DVector<f64>,
+    t: i32,
+}
+
+impl Adam {
+    /// Adam with `β₁ = 0.9`, `β₂ = 0.999`, `ε = 1e-8`.
+    pub fn new(dim: usize, lr: f64) -> Self {
+        Self { lr, m: DVector::zeros(dim), v: DVector::zeros(dim), t: 0 }
+    }
+    /// One descent step on `θ` against the gradient `g`.
+    pub fn descend(&mut self, theta: &mut DVector<f64>, g: &DVector<f64>) {
+        self.ascend(theta, &(-g));
+    }
+    /// One ascent step on `θ` along the gradient `g`.
+    pub fn ascend(&mut self, theta: &mut DVector<f64>, g: &DVector<f64>) {
+        self.t += 1;
+        self.m = &self.m * 0.9 + g * 0.1;
+        self.v = &self.v * 0.999 + g.component_mul(g) * 0.001;
+        let (c1, c2) = (1.0 - 0.9f64.powi(self.t), 1.0 - 0.999f64.powi(self.t));
+        for i in 0..theta.len() {
+            theta[i] += self.lr * (self.m[i] / c1) / ((self.v[i] / c2).sqrt() + 1e-8);
+        }
     }
 }

@@ -16,7 +16,8 @@ use nalgebra::{DMatrix, DVector};
 
 use crate::error::{invalid, GpError, Result};
 use crate::exact::{to_core, ExactGp, Noise};
-use crate::fit::{Adam, FitConfig};
+use crate::fit::FitConfig;
+use fspace_core::Adam;
 
 /// Options of the Newton iteration for the posterior mode.
 #[derive(Debug, Clone, Copy, PartialEq)]

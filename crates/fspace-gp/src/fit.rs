@@ -6,6 +6,7 @@
 //! line search (robust to the occasional jittered Cholesky), and the same loop serves the
 //! minibatch objective, whose gradients are noisy.
 
+use fspace_core::Adam;
 use fspace_kernels::{MatrixKernel, PriorMean};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -74,32 +75,6 @@ pub struct FitReport<K> {
     pub log_marginal_likelihood: f64,
     /// Final full-data log marginal likelihood of each restart (`NaN` where it diverged).
     pub restart_lml: Vec<f64>,
-}
-
-/// A minimal Adam (Kingma & Ba 2015) for maximisation.
-#[derive(Debug, Clone)]
-pub struct Adam {
-    lr: f64,
-    m: DVector<f64>,
-    v: DVector<f64>,
-    t: i32,
-}
-
-impl Adam {
-    /// Adam with `β₁ = 0.9`, `β₂ = 0.999`, `ε = 1e-8`.
-    pub fn new(dim: usize, lr: f64) -> Self {
-        Self { lr, m: DVector::zeros(dim), v: DVector::zeros(dim), t: 0 }
-    }
-    /// One ascent step on `θ` along the gradient `g`.
-    pub fn ascend(&mut self, theta: &mut DVector<f64>, g: &DVector<f64>) {
-        self.t += 1;
-        self.m = &self.m * 0.9 + g * 0.1;
-        self.v = &self.v * 0.999 + g.component_mul(g) * 0.001;
-        let (c1, c2) = (1.0 - 0.9f64.powi(self.t), 1.0 - 0.999f64.powi(self.t));
-        for i in 0..theta.len() {
-            theta[i] += self.lr * (self.m[i] / c1) / ((self.v[i] / c2).sqrt() + 1e-8);
-        }
-    }
 }
 
 fn with_params<K: MatrixKernel + Clone>(kernel: &K, theta: &DVector<f64>, np: usize) -> Result<K> {

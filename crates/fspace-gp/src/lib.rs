@@ -30,6 +30,6 @@ pub use classification::{
 };
 pub use error::{GpError, Result};
 pub use exact::{ExactGp, Noise};
-pub use fit::{fit_hyperparameters, Adam, FitConfig, FitReport};
+pub use fit::{fit_hyperparameters, FitConfig, FitReport};
 pub use kmeans::kmeans;
 pub use svgp::{Svgp, SvgpConfig};

@@ -25,7 +25,7 @@ use rand::SeedableRng;
 
 use crate::error::{invalid, GpError, Result};
 use crate::exact::to_core;
-use crate::fit::Adam;
+use fspace_core::Adam;
 
 /// Options of [`Svgp::train`].
 ///

@@ -13,10 +13,18 @@
 //! * [`Mlp::jacobian`] the `n·d' × p` Jacobian in row chunks, [`Mlp::ntk`] `J(X)J(Z)ᵀ`,
 //!   [`Mlp::ggn_vector`] `Jᵀ H J v` for per-point function-space Hessian blocks `H`.
 //!
-//! Not yet: CNNs, input feature maps, the Helmholtz network, gradients through `J S Jᵀ` and
-//! through `κ(X, Z)`, KFAC factors and the GGN diagonal, layer-wise NTK, MAP training — see the
+//! * [`train_map`]: minibatch MAP with Adam, any `fspace_core::Likelihood`, a regulariser hook
+//!   with its own gradient, weight decay, validation early stopping, progress callback;
+//! * [`FeatureMap`]: e.g. appended `sin/cos(2πt/T)` inputs.
+//!
+//! Not yet: CNNs, the Helmholtz network, gradients through `J S Jᵀ` and
+//! through `κ(X, Z)`, KFAC factors and the GGN diagonal, layer-wise NTK — see the
 //! open issue "Networks on dfdx with exact linearisation operators and MAP training".
 
+mod features;
 mod mlp;
+mod train;
 
+pub use features::FeatureMap;
 pub use mlp::{Activation, Mlp, MlpConfig, NnError, Result};
+pub use train::{train_map, Regularizer, TrainConfig, TrainProgress, TrainReport};

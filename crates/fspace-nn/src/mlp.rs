@@ -41,6 +41,9 @@ pub enum NnError {
         /// Which input.
         what: &'static str,
     },
+    /// A likelihood / training-loop error (targets, batch sizes, early stopping setup).
+    #[error("training: {0}")]
+    Likelihood(String),
 }
 
 /// Result alias of this crate.

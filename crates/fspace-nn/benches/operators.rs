@@ -1,0 +1,52 @@
+//! Forward, J·u, Jᵀ·V, GGN-vector and NTK-block times of 2×50 and 2×200 tanh MLPs (1 → 1)
+//! against the batch size; the issue asks JVP and VJP to cost at most ~3 forward passes.
+#![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use fspace_nn::{Activation, Mlp, MlpConfig};
+use nalgebra::{DMatrix, DVector};
+
+fn bench(c: &mut Criterion) {
+    for width in [50usize, 200] {
+        let net = Mlp::new(MlpConfig {
+            input_dim: 1,
+            hidden: vec![width, width],
+            output_dim: 1,
+            activation: Activation::Tanh,
+            seed: 0,
+        })
+        .unwrap();
+        let u = DVector::from_fn(net.n_params(), |i, _| ((i as f64) * 0.37).sin());
+        let mut group = c.benchmark_group(format!("mlp2x{width}"));
+        group.sample_size(10);
+        for n in [100usize, 1000, 10_000] {
+            let x = DMatrix::from_fn(n, 1, |i, _| -2.0 + 4.0 * i as f64 / n as f64);
+            let v = DMatrix::from_element(n, 1, 1.0);
+            let h = vec![DMatrix::identity(1, 1); n];
+            group.bench_with_input(BenchmarkId::new("forward", n), &n, |b, _| {
+                b.iter(|| net.forward(&x).unwrap())
+            });
+            group
+                .bench_with_input(BenchmarkId::new("jvp", n), &n, |b, _| b.iter(|| net.jvp(&x, &u).unwrap()));
+            group
+                .bench_with_input(BenchmarkId::new("vjp", n), &n, |b, _| b.iter(|| net.vjp(&x, &v).unwrap()));
+            group.bench_with_input(BenchmarkId::new("ggn_vector", n), &n, |b, _| {
+                b.iter(|| net.ggn_vector(&x, &h, &u).unwrap())
+            });
+            if n <= 1000 {
+                let z = DMatrix::from_fn(100, 1, |i, _| -2.0 + 0.04 * i as f64);
+                group.bench_with_input(BenchmarkId::new("ntk_block_x100", n), &n, |b, _| {
+                    b.iter(|| net.ntk(&x, &z).unwrap())
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(std::time::Duration::from_secs(3)).warm_up_time(std::time::Duration::from_secs(1));
+    targets = bench
+}
+criterion_main!(benches);

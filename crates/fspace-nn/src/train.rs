@@ -1,0 +1,163 @@
+//! Minibatch MAP training of an [`Mlp`] with Adam.
+//!
+//! Each step minimises `(n/b) Σ_{i∈batch} −log p(yᵢ | f(xᵢ; w)) + R(w) + (λ/2)‖w‖²`, where the
+//! data term comes from any [`fspace_core::Likelihood`] (its function-space gradient is pulled
+//! back by `J(X_b)ᵀ`), and `R` is an optional regulariser hook that returns its value and its
+//! own parameter-space gradient — FSP-Laplace supplies `αᵀ f(C; w)` with `α = K(C,C)⁻¹(f(C) −
+//! μ(C))` held constant (gradient `J(C)ᵀα`), redrawing `C` each step.
+
+use fspace_core::{Adam, EarlyStopping, Likelihood, Minibatches, StopDecision};
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::mlp::{Mlp, NnError, Result};
+
+/// A regulariser `R(w)`: returns `(R(w), ∇_w R(w))` for the current network; called once per
+/// step with the step's RNG (e.g. to redraw context points).
+pub type Regularizer<'a> = dyn FnMut(&Mlp, &mut StdRng) -> Result<(f64, DVector<f64>)> + 'a;
+
+/// Options of [`train_map`].
+///
+/// | name | default | purpose |
+/// |---|---|---|
+/// | `epochs` | 1000 | passes over the data (upper bound with early stopping) |
+/// | `batch_size` | 100 | minibatch size `b` |
+/// | `learning_rate` | 1e-3 | Adam step |
+/// | `weight_decay` | 0 | `λ` of `(λ/2)‖w‖²` (an isotropic Gaussian weight prior) |
+/// | `patience` | `None` | early stopping on the validation loss (needs validation data) |
+/// | `seed` | 0 | shuffling and the regulariser's RNG |
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    /// Epochs.
+    pub epochs: usize,
+    /// Minibatch size.
+    pub batch_size: usize,
+    /// Adam learning rate.
+    pub learning_rate: f64,
+    /// L2 weight decay λ.
+    pub weight_decay: f64,
+    /// Early-stopping patience in epochs.
+    pub patience: Option<usize>,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 1000,
+            batch_size: 100,
+            learning_rate: 1e-3,
+            weight_decay: 0.0,
+            patience: None,
+            seed: 0,
+        }
+    }
+}
+
+/// Progress after each epoch (for a progress bar or a log).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainProgress {
+    /// Epoch just finished (1-based).
+    pub epoch: usize,
+    /// Mean training objective per step over the epoch.
+    pub train_loss: f64,
+    /// Validation NLL per point, if validation data was given.
+    pub validation_loss: Option<f64>,
+}
+
+/// What [`train_map`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainReport {
+    /// Epochs run.
+    pub epochs: usize,
+    /// Whether early stopping ended training (the best parameters were restored).
+    pub stopped_early: bool,
+    /// Per-epoch progress.
+    pub history: Vec<TrainProgress>,
+}
+
+fn nll_loss(net: &Mlp, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
+    lik.nll(&net.forward(x)?, y).map_err(|e| NnError::Likelihood(e.to_string()))
+}
+
+/// Trains `net` in place. `validation` enables early stopping (restores the best weights);
+/// `progress` is called after every epoch.
+pub fn train_map(
+    net: &mut Mlp,
+    likelihood: &dyn Likelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    mut regularizer: Option<&mut Regularizer<'_>>,
+    config: &TrainConfig,
+    mut progress: impl FnMut(&TrainProgress),
+) -> Result<TrainReport> {
+    let n = x.nrows();
+    if y.len() != n {
+        return Err(NnError::DimensionMismatch { what: "targets vs. inputs", expected: n, found: y.len() });
+    }
+    likelihood.check_targets(y).map_err(|e| NnError::Likelihood(e.to_string()))?;
+    if config.patience.is_some() && validation.is_none() {
+        return Err(NnError::Likelihood("early stopping needs validation data".into()));
+    }
+    let batches =
+        Minibatches::new(n, config.batch_size, false).map_err(|e| NnError::Likelihood(e.to_string()))?;
+    let mut stopper = config.patience.map(|p| EarlyStopping::new(p, 0.0).expect("valid min_delta"));
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let mut theta = net.params();
+    let mut adam = Adam::new(theta.len(), config.learning_rate);
+    let mut best = theta.clone();
+    let mut history = Vec::new();
+    let mut stopped_early = false;
+    for epoch in 1..=config.epochs {
+        let mut total = 0.0;
+        let epoch_batches = batches.epoch(&mut rng);
+        for idx in &epoch_batches {
+            let (xb, yb) = (x.select_rows(idx), DVector::from_iterator(idx.len(), idx.iter().map(|&i| y[i])));
+            let scale = n as f64 / idx.len() as f64;
+            let f = net.forward(&xb)?;
+            let nll = likelihood.nll(&f, &yb).map_err(|e| NnError::Likelihood(e.to_string()))?;
+            let g_f = likelihood.nll_grad(&f, &yb).map_err(|e| NnError::Likelihood(e.to_string()))? * scale;
+            let mut grad = net.vjp(&xb, &g_f)?;
+            let mut loss = scale * nll;
+            if let Some(reg) = regularizer.as_deref_mut() {
+                let (r, g) = reg(net, &mut rng)?;
+                loss += r;
+                grad += g;
+            }
+            if config.weight_decay > 0.0 {
+                loss += 0.5 * config.weight_decay * theta.norm_squared();
+                grad += &theta * config.weight_decay;
+            }
+            if !loss.is_finite() || grad.iter().any(|g| !g.is_finite()) {
+                return Err(NnError::NonFinite {
+                    what: "training loss or gradient (diverged; lower the learning rate)",
+                });
+            }
+            adam.descend(&mut theta, &grad);
+            net.set_params(&theta)?;
+            total += loss;
+        }
+        let validation_loss = match validation {
+            Some((xv, yv)) => Some(nll_loss(net, likelihood, xv, yv)? / xv.nrows() as f64),
+            None => None,
+        };
+        let p = TrainProgress { epoch, train_loss: total / epoch_batches.len() as f64, validation_loss };
+        progress(&p);
+        history.push(p);
+        if let (Some(stopper), Some(v)) = (stopper.as_mut(), validation_loss) {
+            match stopper.update(v) {
+                StopDecision::Improved => best = theta.clone(),
+                StopDecision::Continue => {}
+                StopDecision::Stop => {
+                    net.set_params(&best)?;
+                    stopped_early = true;
+                    break;
+                }
+            }
+        }
+    }
+    Ok(TrainReport { epochs: history.len(), stopped_early, history })
+}
