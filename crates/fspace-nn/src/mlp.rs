@@ -435,4 +435,108 @@ impl Mlp {
             DMatrix::from_fn(x.nrows(), q, |i, a| (0..q).map(|b| hessians[i][(a, b)] * jv[(i, b)]).sum());
         self.vjp(x, &hjv)
     }
+
+    /// `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`'s diagonal (length `p`), from the Jacobian rows.
+    pub fn ggn_diagonal(&self, x: &DMatrix<f64>, hessians: &[DMatrix<f64>]) -> Result<DVector<f64>> {
+        let q = self.config.output_dim;
+        if hessians.len() != x.nrows() || hessians.iter().any(|h| h.shape() != (q, q)) {
+            return Err(NnError::DimensionMismatch {
+                what: "Hessian blocks (one d' × d' per point)",
+                expected: x.nrows(),
+                found: hessians.len(),
+            });
+        }
+        let jac = self.jacobian(x)?;
+        let mut diag = DVector::zeros(self.n_params());
+        for (i, h) in hessians.iter().enumerate() {
+            for a in 0..q {
+                for b in 0..q {
+                    if h[(a, b)] != 0.0 {
+                        diag += jac.row(i * q + a).transpose().component_mul(&jac.row(i * q + b).transpose())
+                            * h[(a, b)];
+                    }
+                }
+            }
+        }
+        Ok(diag)
+    }
+
+    /// The inputs of the last layer, `a_{L−1}(X)` (`n × width`): the features of a last-layer
+    /// (Bayesian linear regression) approximation.
+    pub fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        let (trace, _) = self.trace(x);
+        Ok(to_matrix(trace.inputs.last().expect("at least one layer")))
+    }
+
+    /// Per-layer statistics for KFAC: each layer's inputs `a_{l−1}` (`n × fan_in`) and the
+    /// back-propagated output gradients `δ_l` (`n·k × fan_out`, rows point-major) for the
+    /// columns of per-point factors `Lᵢ` (`d' × k`, with `Hᵢ = LᵢLᵢᵀ`).
+    pub fn layer_statistics(
+        &self,
+        x: &DMatrix<f64>,
+        hessian_factors: &[DMatrix<f64>],
+    ) -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
+        self.check_inputs(x)?;
+        let (n, q) = (x.nrows(), self.config.output_dim);
+        if hessian_factors.len() != n || hessian_factors.iter().any(|l| l.nrows() != q) {
+            return Err(NnError::DimensionMismatch {
+                what: "Hessian factors (one d' × k per point)",
+                expected: n,
+                found: hessian_factors.len(),
+            });
+        }
+        let k = hessian_factors[0].ncols();
+        if hessian_factors.iter().any(|l| l.ncols() != k) {
+            return Err(NnError::DimensionMismatch { what: "Hessian factor columns", expected: k, found: 0 });
+        }
+        let (trace, _) = self.trace(x);
+        let (w, _) = self.tensors(&self.params);
+        // δ_L for column c of Lᵢ, stacked point-major: row i·k + c.
+        let rows: Vec<f64> = (0..n * k)
+            .flat_map(|r| (0..q).map(move |a| (r, a)))
+            .map(|(r, a)| hessian_factors[r / k][(a, r % k)])
+            .collect();
+        let mut delta: M = self.dev.tensor_from_vec(rows, (n * k, q));
+        let mut out = vec![(DMatrix::zeros(0, 0), DMatrix::zeros(0, 0)); w.len()];
+        for l in (0..w.len()).rev() {
+            out[l] = (to_matrix(&trace.inputs[l]), to_matrix(&delta));
+            if l > 0 {
+                let slope = self.act_map(&trace.pre[l - 1], |v| self.config.activation.slope(v));
+                let slope_rows = DMatrix::from_fn(n * k, slope.shape().1, |r, c| {
+                    slope.as_vec()[(r / k) * slope.shape().1 + c]
+                });
+                let back = delta.matmul(w[l].clone());
+                delta = back * to_tensor(&self.dev, &slope_rows);
+            }
+        }
+        Ok(out)
+    }
+
+    /// KFAC factors per layer (Martens & Grosse 2015): `A = Σᵢ ãᵢãᵢᵀ` (`(fan_in + 1)²`, with
+    /// `ã = [a; 1]` for the bias) and `G = Σᵢ Σ_c δ_{i,c} δ_{i,c}ᵀ / n` (`fan_out²`), so that the
+    /// GGN block of `[W | b]` (row-major `fan_out × (fan_in + 1)`) is approximated by `G ⊗ A`;
+    /// exact for a single point.
+    pub fn kfac_factors(
+        &self,
+        x: &DMatrix<f64>,
+        hessian_factors: &[DMatrix<f64>],
+    ) -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
+        let n = x.nrows() as f64;
+        Ok(self
+            .layer_statistics(x, hessian_factors)?
+            .into_iter()
+            .map(|(a, d)| {
+                let ones = DMatrix::from_element(a.nrows(), 1, 1.0);
+                let at = DMatrix::from_fn(a.nrows(), a.ncols() + 1, |i, j| {
+                    if j < a.ncols() {
+                        a[(i, j)]
+                    } else {
+                        ones[(i, 0)]
+                    }
+                });
+                (at.tr_mul(&at), d.tr_mul(&d) / n)
+            })
+            .collect())
+    }
 }

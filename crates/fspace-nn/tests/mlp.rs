@@ -161,3 +161,62 @@ fn bad_input_is_a_typed_error() {
     })
     .is_err());
 }
+
+#[test]
+fn ggn_diagonal_kfac_and_last_layer_features() {
+    let mlp = net(Activation::Tanh, 2, 2, 11);
+    let x = rand_uniform(4, 2, -1.0, 1.0, &mut rng(12));
+    let factors: Vec<DMatrix<f64>> =
+        (0..4).map(|i| DMatrix::from_row_slice(2, 2, &[1.0, 0.0, 0.3 * i as f64, 0.5])).collect();
+    let hessians: Vec<DMatrix<f64>> = factors.iter().map(|l| l * l.transpose()).collect();
+    let jac = mlp.jacobian(&x).unwrap();
+    let mut ggn = DMatrix::zeros(mlp.n_params(), mlp.n_params());
+    for (i, h) in hessians.iter().enumerate() {
+        let ji = jac.rows(2 * i, 2);
+        ggn += ji.transpose() * h * ji;
+    }
+    let diag = mlp.ggn_diagonal(&x, &hessians).unwrap();
+    assert!((diag - ggn.diagonal()).norm() <= 1e-12 * ggn.diagonal().norm());
+
+    // KFAC is exact for a single point: the GGN block of [W | b] equals G ⊗ A.
+    let x1 = x.rows(0, 1).into_owned();
+    let j1 = mlp.jacobian(&x1).unwrap();
+    let ggn1 = j1.transpose() * &hessians[0] * &j1;
+    let kfac = mlp.kfac_factors(&x1, &factors[..1]).unwrap();
+    let blocks = mlp.param_blocks();
+    for (l, (a, g)) in kfac.iter().enumerate() {
+        let (wr, br) = (blocks[2 * l].1.clone(), blocks[2 * l + 1].1.clone());
+        let (fan_out, fan_in1) = (g.nrows(), a.nrows());
+        // Index of entry (r, c) of [W | b] in the flat parameter vector.
+        let idx = |r: usize, c: usize| {
+            if c + 1 < fan_in1 {
+                wr.start + r * (fan_in1 - 1) + c
+            } else {
+                br.start + r
+            }
+        };
+        for r1 in 0..fan_out {
+            for c1 in 0..fan_in1 {
+                for r2 in 0..fan_out {
+                    for c2 in 0..fan_in1 {
+                        let expected = ggn1[(idx(r1, c1), idx(r2, c2))];
+                        let got = g[(r1, r2)] * a[(c1, c2)];
+                        assert!((got - expected).abs() <= 1e-12 * (1.0 + expected.abs()), "layer {l}");
+                    }
+                }
+            }
+        }
+    }
+    // Last-layer features are the inputs of the final linear layer: f = φ Wᵀ + b.
+    let phi = mlp.last_layer_features(&x).unwrap();
+    let p = mlp.params();
+    let last_w = &blocks[blocks.len() - 2].1;
+    let last_b = &blocks[blocks.len() - 1].1;
+    let w = DMatrix::from_row_slice(2, phi.ncols(), &p.as_slice()[last_w.clone()]);
+    let mut f = &phi * w.transpose();
+    for mut row in f.row_iter_mut() {
+        row += DVector::from_column_slice(&p.as_slice()[last_b.clone()]).transpose();
+    }
+    assert_mat_close(&f, &mlp.forward(&x).unwrap(), 1e-13, 1e-14);
+    assert!(mlp.kfac_factors(&x, &factors[..2]).is_err());
+}
