@@ -13,12 +13,17 @@
 //! * [`Mlp::jacobian`] the `n·d' × p` Jacobian in row chunks, [`Mlp::ntk`] `J(X)J(Z)ᵀ`,
 //!   [`Mlp::ggn_vector`] `Jᵀ H J v` for per-point function-space Hessian blocks `H`.
 //!
+//! * [`Mlp::ggn_diagonal`], [`Mlp::kfac_factors`] / [`Mlp::layer_statistics`],
+//!   [`Mlp::last_layer_features`];
+//! * [`Mlp::jsj_pullback`]: gradients of `⟨C, J diag(s) Jᵀ⟩` with respect to `w` and `s`
+//!   (GFSVI), by reverse-over-tangent: the tangent rules are taped dfdx operations (tanh,
+//!   sigmoid, softplus, ReLU);
 //! * [`train_map`]: minibatch MAP with Adam, any `fspace_core::Likelihood`, a regulariser hook
 //!   with its own gradient, weight decay, validation early stopping, progress callback;
 //! * [`FeatureMap`]: e.g. appended `sin/cos(2πt/T)` inputs.
 //!
-//! Not yet: CNNs, the Helmholtz network, gradients through `J S Jᵀ` and
-//! through `κ(X, Z)`, KFAC factors and the GGN diagonal, layer-wise NTK — see the
+//! Not yet: CNNs, the Helmholtz network, gradients of `κ(X, Z)` with respect to `Z`, GELU in
+//! second-order operators, a layer-wise NTK that avoids `J` — see the
 //! open issue "Networks on dfdx with exact linearisation operators and MAP training".
 
 mod features;

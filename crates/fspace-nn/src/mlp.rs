@@ -539,4 +539,117 @@ impl Mlp {
             })
             .collect())
     }
+
+    /// Taped `(J(x) u)[output]` for one point `x` (`1 × d`) and a tangent `u`, as a dfdx scalar
+    /// whose reverse mode differentiates *through* the tangent rules with respect to the
+    /// weights (reverse-over-tangent). Supported for tanh, sigmoid, softplus and ReLU.
+    fn taped_tangent_component(&self, x: &DMatrix<f64>, u: &[f64], output: usize) -> Result<Vec<f64>> {
+        let (w, b) = self.tensors(&self.params);
+        let (uw, ub) = self.tensors(u);
+        let act = self.config.activation;
+        let input = to_tensor(&self.dev, x);
+        let mut a: TM = input.clone().leaky_trace() * 0.0 + input; // tape on the left from the start
+        let mut ad: Option<TM> = None;
+        let q = self.config.output_dim;
+        let pick: M = self.dev.tensor_from_vec((0..q).map(|k| (k == output) as u8 as f64).collect(), (1, q));
+        for l in 0..w.len() {
+            let wt = w[l].clone().permute::<_, Axes2<1, 0>>();
+            let a_branch = a.with_empty_tape();
+            let z: TM = a.matmul(wt.clone()) + bcast(&b[l], 1);
+            let lin: TM = a_branch.matmul(uw[l].clone().permute::<_, Axes2<1, 0>>()) + bcast(&ub[l], 1);
+            let zd: TM = match ad {
+                Some(t) => t.matmul(wt) + lin,
+                None => lin,
+            };
+            if l + 1 == w.len() {
+                // Merge the primal tape into the scalar (otherwise its gradients are lost).
+                let objective = (zd * pick).sum() + z.sum() * 0.0;
+                let grads = objective.backward();
+                // Per layer W then b: the flat parameter layout.
+                return Ok(w
+                    .iter()
+                    .zip(&b)
+                    .flat_map(|(wl, bl)| {
+                        let mut v = grads.get(wl).as_vec();
+                        v.extend(grads.get(bl).as_vec());
+                        v
+                    })
+                    .collect());
+            }
+            let (h, slope): (TM, TM) = match act {
+                Activation::Tanh => {
+                    let h = z.tanh();
+                    let s = h.with_empty_tape().square().negate() + 1.0;
+                    (h, s)
+                }
+                Activation::Sigmoid => {
+                    let h = z.sigmoid();
+                    let hb = h.with_empty_tape();
+                    let s = hb.with_empty_tape() * (hb.negate() + 1.0);
+                    (h, s)
+                }
+                Activation::Softplus => {
+                    let zb = z.with_empty_tape();
+                    (act.taped(z), zb.sigmoid())
+                }
+                Activation::Relu => {
+                    let mask = self.act_map(&z.retaped::<NoneTape>(), |v| (v > 0.0) as u8 as f64);
+                    (z.relu(), mask.leaky_trace() * 1.0)
+                }
+                Activation::Gelu => {
+                    return Err(NnError::Likelihood(
+                        "second-order derivatives are not implemented for GELU yet".into(),
+                    ))
+                }
+            };
+            ad = Some(slope * zd);
+            a = h;
+        }
+        unreachable!("an MLP has at least one layer")
+    }
+
+    /// Pullback of `Φ(w, s) = ⟨C, J(X; w) diag(s) J(X; w)ᵀ⟩` for a symmetric cotangent `C`
+    /// (`n·d' × n·d'`, point-major): returns `(∂Φ/∂w, ∂Φ/∂s)`. GFSVI's KL term depends on the
+    /// weights through exactly this covariance. Uses `dΦ = 2 tr(dJ · U)` with `U = diag(s) Jᵀ C`
+    /// held fixed, differentiated by reverse-over-tangent per point and output (`n·d'` passes on
+    /// one point each, `O(n·d'·p)`).
+    pub fn jsj_pullback(
+        &self,
+        x: &DMatrix<f64>,
+        s: &DVector<f64>,
+        c: &DMatrix<f64>,
+    ) -> Result<(DVector<f64>, DVector<f64>)> {
+        self.check_inputs(x)?;
+        self.check_vector("diagonal s", s)?;
+        let nq = x.nrows() * self.config.output_dim;
+        if c.shape() != (nq, nq) {
+            return Err(NnError::DimensionMismatch {
+                what: "cotangent of J S Jᵀ (n·d' square)",
+                expected: nq,
+                found: c.nrows(),
+            });
+        }
+        if c.iter().any(|v| !v.is_finite()) {
+            return Err(NnError::NonFinite { what: "cotangent of J S Jᵀ" });
+        }
+        let jac = self.jacobian(x)?;
+        let cj = c * &jac; // n·d' × p
+        let grad_s = DVector::from_fn(self.n_params(), |k, _| jac.column(k).dot(&cj.column(k)));
+        // U = diag(s) Jᵀ C: column j is the tangent for output row j.
+        let mut u = cj.transpose();
+        for (k, mut row) in u.row_iter_mut().enumerate() {
+            row *= s[k];
+        }
+        let q = self.config.output_dim;
+        let mut grad_w = DVector::zeros(self.n_params());
+        for i in 0..x.nrows() {
+            let xi = x.rows(i, 1).into_owned();
+            for a in 0..q {
+                let col = u.column(i * q + a).into_owned();
+                let g = self.taped_tangent_component(&xi, col.as_slice(), a)?;
+                grad_w += DVector::from_vec(g) * 2.0;
+            }
+        }
+        Ok((grad_w, grad_s))
+    }
 }

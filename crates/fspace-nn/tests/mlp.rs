@@ -220,3 +220,50 @@ fn ggn_diagonal_kfac_and_last_layer_features() {
     assert_mat_close(&f, &mlp.forward(&x).unwrap(), 1e-13, 1e-14);
     assert!(mlp.kfac_factors(&x, &factors[..2]).is_err());
 }
+
+#[test]
+fn gradients_through_j_s_jt_match_finite_differences() {
+    for act in [Activation::Tanh, Activation::Sigmoid, Activation::Softplus, Activation::Relu] {
+        let mlp = net(act, 2, 2, 21);
+        let x = rand_uniform(3, 2, -1.0, 1.0, &mut rng(22));
+        let p = mlp.n_params();
+        let s = DVector::from_fn(p, |k, _| 0.5 + 0.01 * (k % 7) as f64);
+        let g = randn(6, 6, &mut rng(23));
+        let c = &g + g.transpose();
+        let phi = |m: &Mlp, s: &DVector<f64>| {
+            let j = m.jacobian(&x).unwrap();
+            let mut js = j.clone();
+            for (k, mut col) in js.column_iter_mut().enumerate() {
+                col *= s[k];
+            }
+            c.component_mul(&(js * j.transpose())).sum()
+        };
+        let (gw, gs) = mlp.jsj_pullback(&x, &s, &c).unwrap();
+        let fd_w = fspace_testutil::fd_gradient(
+            |w| {
+                let mut m = mlp.clone();
+                m.set_params(&DVector::from_column_slice(w)).unwrap();
+                phi(&m, &s)
+            },
+            mlp.params().as_slice(),
+            1e-6,
+        );
+        let fd_s =
+            fspace_testutil::fd_gradient(|sv| phi(&mlp, &DVector::from_column_slice(sv)), s.as_slice(), 1e-6);
+        let scale = fd_w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for k in 0..p {
+            assert!(
+                (gw[k] - fd_w[k]).abs() <= 1e-6 * scale.max(1.0),
+                "{act:?} w[{k}]: {} vs {}",
+                gw[k],
+                fd_w[k]
+            );
+            assert!((gs[k] - fd_s[k]).abs() <= 1e-6 * fd_s[k].abs().max(1.0), "{act:?} s[{k}]");
+        }
+    }
+    let gelu = net(Activation::Gelu, 2, 2, 0);
+    let x = DMatrix::zeros(1, 2);
+    assert!(gelu
+        .jsj_pullback(&x, &DVector::from_element(gelu.n_params(), 1.0), &DMatrix::identity(2, 2))
+        .is_err());
+}
