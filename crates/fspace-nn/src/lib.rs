@@ -22,14 +22,19 @@
 //!   with its own gradient, weight decay, validation early stopping, progress callback;
 //! * [`FeatureMap`]: e.g. appended `sin/cos(2πt/T)` inputs.
 //!
-//! Not yet: CNNs, the Helmholtz network, gradients of `κ(X, Z)` with respect to `Z`, GELU in
+//! * [`HelmholtzNet`]: `f = ∇Φ + rot Ψ` from two scalar MLPs (FSP-Laplace eq. B.2), with `Jᵀ·V`
+//!   by reverse mode through taped input tangents, the Jacobian and `J·u`;
+//!
+//! Not yet: CNNs, MAP training of the Helmholtz net (its `vjp` is the piece it needs), gradients of `κ(X, Z)` with respect to `Z`, GELU in
 //! second-order operators, a layer-wise NTK that avoids `J` — see the
 //! open issue "Networks on dfdx with exact linearisation operators and MAP training".
 
 mod features;
+mod helmholtz;
 mod mlp;
 mod train;
 
 pub use features::FeatureMap;
+pub use helmholtz::HelmholtzNet;
 pub use mlp::{Activation, Mlp, MlpConfig, NnError, Result};
 pub use train::{train_map, Regularizer, TrainConfig, TrainProgress, TrainReport};

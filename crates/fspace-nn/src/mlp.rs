@@ -540,33 +540,49 @@ impl Mlp {
             .collect())
     }
 
-    /// Taped `(J(x) u)[output]` for one point `x` (`1 × d`) and a tangent `u`, as a dfdx scalar
-    /// whose reverse mode differentiates *through* the tangent rules with respect to the
-    /// weights (reverse-over-tangent). Supported for tanh, sigmoid, softplus and ReLU.
-    fn taped_tangent_component(&self, x: &DMatrix<f64>, u: &[f64], output: usize) -> Result<Vec<f64>> {
+    /// `Σᵢₒ weights[i, o] · ḟ(xᵢ)ₒ` and its gradient with respect to the weights, where `ḟ` is
+    /// the tangent of the output for an input tangent `x_dot` (`n × d`) and/or a parameter
+    /// tangent `u`. The tangent rules are taped dfdx operations, so reverse mode differentiates
+    /// *through* them (reverse-over-tangent). Supported for tanh, sigmoid, softplus and ReLU.
+    pub(crate) fn taped_tangent(
+        &self,
+        x: &DMatrix<f64>,
+        x_dot: Option<&DMatrix<f64>>,
+        u: Option<&[f64]>,
+        weights: &DMatrix<f64>,
+    ) -> Result<(f64, Vec<f64>)> {
+        let n = x.nrows();
         let (w, b) = self.tensors(&self.params);
-        let (uw, ub) = self.tensors(u);
+        let param_tangent = u.map(|u| self.tensors(u));
         let act = self.config.activation;
-        let input = to_tensor(&self.dev, x);
-        let mut a: TM = input.clone().leaky_trace() * 0.0 + input; // tape on the left from the start
-        let mut ad: Option<TM> = None;
-        let q = self.config.output_dim;
-        let pick: M = self.dev.tensor_from_vec((0..q).map(|k| (k == output) as u8 as f64).collect(), (1, q));
+        let taped = |m: &DMatrix<f64>| -> TM {
+            let t = to_tensor(&self.dev, m);
+            t.clone().leaky_trace() * 0.0 + t // tape on the left (trap 1)
+        };
+        let mut a: TM = taped(x);
+        let mut ad: Option<TM> = x_dot.map(taped);
         for l in 0..w.len() {
             let wt = w[l].clone().permute::<_, Axes2<1, 0>>();
             let a_branch = a.with_empty_tape();
-            let z: TM = a.matmul(wt.clone()) + bcast(&b[l], 1);
-            let lin: TM = a_branch.matmul(uw[l].clone().permute::<_, Axes2<1, 0>>()) + bcast(&ub[l], 1);
-            let zd: TM = match ad {
-                Some(t) => t.matmul(wt) + lin,
-                None => lin,
+            let z: TM = a.matmul(wt.clone()) + bcast(&b[l], n);
+            let lin: Option<TM> = param_tangent.as_ref().map(|(uw, ub)| {
+                a_branch.matmul(uw[l].clone().permute::<_, Axes2<1, 0>>()) + bcast(&ub[l], n)
+            });
+            let zd: TM = match (ad, lin) {
+                (Some(t), Some(lin)) => t.matmul(wt) + lin,
+                (Some(t), None) => t.matmul(wt),
+                (None, Some(lin)) => lin,
+                (None, None) => {
+                    return Err(NnError::Empty { what: "tangent (need an input or a parameter tangent)" })
+                }
             };
             if l + 1 == w.len() {
-                // Merge the primal tape into the scalar (otherwise its gradients are lost).
-                let objective = (zd * pick).sum() + z.sum() * 0.0;
+                // Merge the primal tape into the scalar, or its gradients are lost (trap 2).
+                let objective = (zd * to_tensor(&self.dev, weights)).sum() + z.sum() * 0.0;
+                let value = objective.array();
                 let grads = objective.backward();
                 // Per layer W then b: the flat parameter layout.
-                return Ok(w
+                let g = w
                     .iter()
                     .zip(&b)
                     .flat_map(|(wl, bl)| {
@@ -574,7 +590,8 @@ impl Mlp {
                         v.extend(grads.get(bl).as_vec());
                         v
                     })
-                    .collect());
+                    .collect();
+                return Ok((value, g));
             }
             let (h, slope): (TM, TM) = match act {
                 Activation::Tanh => {
@@ -604,6 +621,29 @@ impl Mlp {
             };
             ad = Some(slope * zd);
             a = h;
+        }
+        unreachable!("an MLP has at least one layer")
+    }
+
+    /// `∂f/∂x · ẋ` per point (`n × d'`) for input tangents `x_dot` (`n × d`), at fixed weights.
+    pub fn input_jvp(&self, x: &DMatrix<f64>, x_dot: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        if x_dot.shape() != x.shape() || x_dot.iter().any(|v| !v.is_finite()) {
+            return Err(NnError::DimensionMismatch {
+                what: "input tangent (same shape as X, finite)",
+                expected: x.len(),
+                found: x_dot.len(),
+            });
+        }
+        let (trace, _) = self.trace(x);
+        let (w, _) = self.tensors(&self.params);
+        let mut tangent = to_tensor(&self.dev, x_dot);
+        for l in 0..w.len() {
+            let zd = tangent.matmul(w[l].clone().permute::<_, Axes2<1, 0>>());
+            if l + 1 == w.len() {
+                return Ok(to_matrix(&zd));
+            }
+            tangent = self.act_map(&trace.pre[l], |v| self.config.activation.slope(v)) * zd;
         }
         unreachable!("an MLP has at least one layer")
     }
@@ -646,7 +686,8 @@ impl Mlp {
             let xi = x.rows(i, 1).into_owned();
             for a in 0..q {
                 let col = u.column(i * q + a).into_owned();
-                let g = self.taped_tangent_component(&xi, col.as_slice(), a)?;
+                let pick = DMatrix::from_fn(1, q, |_, o| (o == a) as u8 as f64);
+                let (_, g) = self.taped_tangent(&xi, None, Some(col.as_slice()), &pick)?;
                 grad_w += DVector::from_vec(g) * 2.0;
             }
         }

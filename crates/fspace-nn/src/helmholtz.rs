@@ -1,0 +1,129 @@
+//! The Helmholtz vector-field network of FSP-Laplace App. B.2 (eq. B.2): two scalar MLPs
+//! `Φ(·; w₁)`, `Ψ(·; w₂)` on ℝ² and `f(x) = ∇Φ(x) + rot Ψ(x)` with `rot Ψ = (∂Ψ/∂x₂, −∂Ψ/∂x₁)`.
+//! Every output is an *input*-derivative of a network, so `f` is curl-free plus divergence-free
+//! by construction, and its parameter derivatives are second-order: `Jᵀ·V` is reverse mode
+//! through the taped input-tangent rules (one pass per potential).
+
+use nalgebra::{DMatrix, DVector};
+
+use crate::mlp::{Activation, Mlp, MlpConfig, NnError, Result};
+
+/// `f = ∇Φ + rot Ψ`; parameters are `[w_Φ, w_Ψ]`.
+#[derive(Debug, Clone)]
+pub struct HelmholtzNet {
+    phi: Mlp,
+    psi: Mlp,
+}
+
+fn column_tangent(n: usize, j: usize) -> DMatrix<f64> {
+    DMatrix::from_fn(n, 2, |_, c| (c == j) as u8 as f64)
+}
+
+impl HelmholtzNet {
+    /// Two scalar MLPs `2 → hidden → 1` (the paper: 2×100 tanh), seeded `seed` and `seed + 1`.
+    pub fn new(hidden: Vec<usize>, activation: Activation, seed: u64) -> Result<Self> {
+        let cfg = |seed| MlpConfig { input_dim: 2, hidden: hidden.clone(), output_dim: 1, activation, seed };
+        Ok(Self { phi: Mlp::new(cfg(seed))?, psi: Mlp::new(cfg(seed + 1))? })
+    }
+
+    /// The potential network `Φ`.
+    pub fn phi(&self) -> &Mlp {
+        &self.phi
+    }
+    /// The stream-function network `Ψ`.
+    pub fn psi(&self) -> &Mlp {
+        &self.psi
+    }
+    /// Number of parameters.
+    pub fn n_params(&self) -> usize {
+        self.phi.n_params() + self.psi.n_params()
+    }
+    /// `[w_Φ, w_Ψ]`.
+    pub fn params(&self) -> DVector<f64> {
+        let (a, b) = (self.phi.params(), self.psi.params());
+        DVector::from_iterator(a.len() + b.len(), a.iter().chain(b.iter()).cloned())
+    }
+    /// Sets `[w_Φ, w_Ψ]`.
+    pub fn set_params(&mut self, p: &DVector<f64>) -> Result<()> {
+        if p.len() != self.n_params() {
+            return Err(NnError::DimensionMismatch {
+                what: "parameter vector",
+                expected: self.n_params(),
+                found: p.len(),
+            });
+        }
+        let k = self.phi.n_params();
+        self.phi.set_params(&p.rows(0, k).into_owned())?;
+        self.psi.set_params(&p.rows(k, p.len() - k).into_owned())
+    }
+
+    fn gradient_of(net: &Mlp, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let n = x.nrows();
+        let (d0, d1) = (net.input_jvp(x, &column_tangent(n, 0))?, net.input_jvp(x, &column_tangent(n, 1))?);
+        Ok(DMatrix::from_fn(n, 2, |i, j| if j == 0 { d0[(i, 0)] } else { d1[(i, 0)] }))
+    }
+
+    /// The curl-free part `∇Φ(X)` (`n × 2`).
+    pub fn curl_free_part(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        Self::gradient_of(&self.phi, x)
+    }
+
+    /// The divergence-free part `rot Ψ(X) = (∂Ψ/∂x₂, −∂Ψ/∂x₁)` (`n × 2`).
+    pub fn divergence_free_part(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let g = Self::gradient_of(&self.psi, x)?;
+        Ok(DMatrix::from_fn(g.nrows(), 2, |i, j| if j == 0 { g[(i, 1)] } else { -g[(i, 0)] }))
+    }
+
+    /// `f(X)` (`n × 2`).
+    pub fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        Ok(self.curl_free_part(x)? + self.divergence_free_part(x)?)
+    }
+
+    /// `J(X)ᵀ·V` for a cotangent `V` (`n × 2`): `Σᵢ ∇_w [∇Φ(xᵢ)·Vᵢ]` and
+    /// `Σᵢ ∇_w [∇Ψ(xᵢ)·(−Vᵢ₁, Vᵢ₀)]`, each one taped input-tangent pass.
+    pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
+        if v.shape() != (x.nrows(), 2) {
+            return Err(NnError::DimensionMismatch {
+                what: "cotangent (n × 2)",
+                expected: 2 * x.nrows(),
+                found: v.len(),
+            });
+        }
+        if v.iter().any(|c| !c.is_finite()) {
+            return Err(NnError::NonFinite { what: "cotangent" });
+        }
+        let ones = DMatrix::from_element(x.nrows(), 1, 1.0);
+        let rotated = DMatrix::from_fn(x.nrows(), 2, |i, j| if j == 0 { -v[(i, 1)] } else { v[(i, 0)] });
+        let (_, g_phi) = self.phi.taped_tangent(x, Some(v), None, &ones)?;
+        let (_, g_psi) = self.psi.taped_tangent(x, Some(&rotated), None, &ones)?;
+        Ok(DVector::from_iterator(self.n_params(), g_phi.into_iter().chain(g_psi)))
+    }
+
+    /// The parameter Jacobian (`2n × p`, rows point-major), one [`vjp`](Self::vjp) per row.
+    pub fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let n = x.nrows();
+        let mut jac = DMatrix::zeros(2 * n, self.n_params());
+        for i in 0..n {
+            let xi = x.rows(i, 1).into_owned();
+            for a in 0..2 {
+                let e = DMatrix::from_fn(1, 2, |_, j| (j == a) as u8 as f64);
+                jac.set_row(2 * i + a, &self.vjp(&xi, &e)?.transpose());
+            }
+        }
+        Ok(jac)
+    }
+
+    /// `J(X)·u` (`n × 2`), through the Jacobian (`O(n·p)` reverse passes; a forward-over-
+    /// forward rule would avoid them).
+    pub fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
+        if u.len() != self.n_params() {
+            return Err(NnError::DimensionMismatch {
+                what: "tangent vector u",
+                expected: self.n_params(),
+                found: u.len(),
+            });
+        }
+        let ju = self.jacobian(x)? * u;
+        Ok(DMatrix::from_fn(x.nrows(), 2, |i, a| ju[2 * i + a]))
+    }
+}
