@@ -94,8 +94,8 @@ impl HelmholtzNet {
         }
         let ones = DMatrix::from_element(x.nrows(), 1, 1.0);
         let rotated = DMatrix::from_fn(x.nrows(), 2, |i, j| if j == 0 { -v[(i, 1)] } else { v[(i, 0)] });
-        let (_, g_phi) = self.phi.taped_tangent(x, Some(v), None, &ones)?;
-        let (_, g_psi) = self.psi.taped_tangent(x, Some(&rotated), None, &ones)?;
+        let (_, g_phi, _) = self.phi.taped_tangent(x, Some(v), None, &ones)?;
+        let (_, g_psi, _) = self.psi.taped_tangent(x, Some(&rotated), None, &ones)?;
         Ok(DVector::from_iterator(self.n_params(), g_phi.into_iter().chain(g_psi)))
     }
 

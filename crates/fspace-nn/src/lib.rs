@@ -15,6 +15,8 @@
 //!
 //! * [`Mlp::ggn_diagonal`], [`Mlp::kfac_factors`] / [`Mlp::layer_statistics`],
 //!   [`Mlp::last_layer_features`];
+//! * [`Mlp::ntk_pullback_z`]: gradient of `⟨C, J(X)J(Z)ᵀ⟩` with respect to inducing inputs `Z`
+//!   (VaLLA);
 //! * [`Mlp::jsj_pullback`]: gradients of `⟨C, J diag(s) Jᵀ⟩` with respect to `w` and `s`
 //!   (GFSVI), by reverse-over-tangent: the tangent rules are taped dfdx operations (tanh,
 //!   sigmoid, softplus, ReLU);
@@ -25,7 +27,7 @@
 //! * [`HelmholtzNet`]: `f = ∇Φ + rot Ψ` from two scalar MLPs (FSP-Laplace eq. B.2), with `Jᵀ·V`
 //!   by reverse mode through taped input tangents, the Jacobian and `J·u`;
 //!
-//! Not yet: CNNs, MAP training of the Helmholtz net (its `vjp` is the piece it needs), gradients of `κ(X, Z)` with respect to `Z`, GELU in
+//! Not yet: CNNs, gradients of `κ(X, Z)` with respect to `Z`, GELU in
 //! second-order operators, a layer-wise NTK that avoids `J` — see the
 //! open issue "Networks on dfdx with exact linearisation operators and MAP training".
 
@@ -37,4 +39,4 @@ mod train;
 pub use features::FeatureMap;
 pub use helmholtz::HelmholtzNet;
 pub use mlp::{Activation, Mlp, MlpConfig, NnError, Result};
-pub use train::{train_map, Regularizer, TrainConfig, TrainProgress, TrainReport};
+pub use train::{train_map, Network, Regularizer, TrainConfig, TrainProgress, TrainReport};

@@ -4,6 +4,8 @@
 //! Layer `l` computes `z_l = a_{l−1} W_lᵀ + b_l`, `a_l = σ(z_l)` (the last layer is linear).
 
 use dfdx::prelude::*;
+use std::ops::AddAssign;
+
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -540,7 +542,8 @@ impl Mlp {
             .collect())
     }
 
-    /// `Σᵢₒ weights[i, o] · ḟ(xᵢ)ₒ` and its gradient with respect to the weights, where `ḟ` is
+    /// `Σᵢₒ weights[i, o] · ḟ(xᵢ)ₒ` and its gradients with respect to the weights and to the
+    /// inputs `X`, where `ḟ` is
     /// the tangent of the output for an input tangent `x_dot` (`n × d`) and/or a parameter
     /// tangent `u`. The tangent rules are taped dfdx operations, so reverse mode differentiates
     /// *through* them (reverse-over-tangent). Supported for tanh, sigmoid, softplus and ReLU.
@@ -550,7 +553,7 @@ impl Mlp {
         x_dot: Option<&DMatrix<f64>>,
         u: Option<&[f64]>,
         weights: &DMatrix<f64>,
-    ) -> Result<(f64, Vec<f64>)> {
+    ) -> Result<(f64, Vec<f64>, DMatrix<f64>)> {
         let n = x.nrows();
         let (w, b) = self.tensors(&self.params);
         let param_tangent = u.map(|u| self.tensors(u));
@@ -559,7 +562,8 @@ impl Mlp {
             let t = to_tensor(&self.dev, m);
             t.clone().leaky_trace() * 0.0 + t // tape on the left (trap 1)
         };
-        let mut a: TM = taped(x);
+        let input = to_tensor(&self.dev, x);
+        let mut a: TM = input.clone().leaky_trace() * 0.0 + input.clone();
         let mut ad: Option<TM> = x_dot.map(taped);
         for l in 0..w.len() {
             let wt = w[l].clone().permute::<_, Axes2<1, 0>>();
@@ -591,7 +595,8 @@ impl Mlp {
                         v
                     })
                     .collect();
-                return Ok((value, g));
+                let grad_x = to_matrix(&grads.get(&input));
+                return Ok((value, g, grad_x));
             }
             let (h, slope): (TM, TM) = match act {
                 Activation::Tanh => {
@@ -687,10 +692,46 @@ impl Mlp {
             for a in 0..q {
                 let col = u.column(i * q + a).into_owned();
                 let pick = DMatrix::from_fn(1, q, |_, o| (o == a) as u8 as f64);
-                let (_, g) = self.taped_tangent(&xi, None, Some(col.as_slice()), &pick)?;
+                let (_, g, _) = self.taped_tangent(&xi, None, Some(col.as_slice()), &pick)?;
                 grad_w += DVector::from_vec(g) * 2.0;
             }
         }
         Ok((grad_w, grad_s))
+    }
+
+    /// Gradient with respect to the inducing inputs `Z` (`m × d`) of `⟨C, J(X) J(Z)ᵀ⟩` for a
+    /// cotangent `C` (`n·d' × m·d'`) of an NTK block (VaLLA optimises `Z`). With `G = J(X)ᵀC`
+    /// fixed, this is `∂/∂Z tr(J(Z) G)`: one taped parameter-tangent pass per inducing point and
+    /// output, differentiated with respect to its input.
+    pub fn ntk_pullback_z(
+        &self,
+        x: &DMatrix<f64>,
+        z: &DMatrix<f64>,
+        c: &DMatrix<f64>,
+    ) -> Result<DMatrix<f64>> {
+        self.check_inputs(z)?;
+        let q = self.config.output_dim;
+        if c.shape() != (x.nrows() * q, z.nrows() * q) {
+            return Err(NnError::DimensionMismatch {
+                what: "NTK cotangent (n·d' × m·d')",
+                expected: x.nrows() * z.nrows() * q * q,
+                found: c.len(),
+            });
+        }
+        if c.iter().any(|v| !v.is_finite()) {
+            return Err(NnError::NonFinite { what: "NTK cotangent" });
+        }
+        let g = self.jacobian(x)?.transpose() * c; // p × m·d'
+        let mut grad = DMatrix::zeros(z.nrows(), z.ncols());
+        for j in 0..z.nrows() {
+            let zj = z.rows(j, 1).into_owned();
+            for a in 0..q {
+                let pick = DMatrix::from_fn(1, q, |_, o| (o == a) as u8 as f64);
+                let col = g.column(j * q + a).into_owned();
+                let (_, _, gx) = self.taped_tangent(&zj, None, Some(col.as_slice()), &pick)?;
+                grad.row_mut(j).add_assign(&gx.row(0));
+            }
+        }
+        Ok(grad)
     }
 }

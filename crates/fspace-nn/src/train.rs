@@ -1,4 +1,4 @@
-//! Minibatch MAP training of an [`Mlp`] with Adam.
+//! Minibatch MAP training of any [`Network`] ([`Mlp`], [`HelmholtzNet`]) with Adam.
 //!
 //! Each step minimises `(n/b) Σ_{i∈batch} −log p(yᵢ | f(xᵢ; w)) + R(w) + (λ/2)‖w‖²`, where the
 //! data term comes from any [`fspace_core::Likelihood`] (its function-space gradient is pulled
@@ -11,11 +11,39 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::helmholtz::HelmholtzNet;
 use crate::mlp::{Mlp, NnError, Result};
+
+/// What MAP training needs from a network: flat parameters, `f(X)` and `J(X)ᵀ·V`.
+pub trait Network {
+    /// Number of parameters.
+    fn n_params(&self) -> usize;
+    /// The flat parameter vector.
+    fn params(&self) -> DVector<f64>;
+    /// Replaces the parameters.
+    fn set_params(&mut self, params: &DVector<f64>) -> Result<()>;
+    /// `f(X)` (`n × d'`).
+    fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>>;
+    /// `J(X)ᵀ·V`.
+    fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>>;
+}
+
+macro_rules! network_impl {
+    ($($t:ty),*) => {$(
+        impl Network for $t {
+            fn n_params(&self) -> usize { <$t>::n_params(self) }
+            fn params(&self) -> DVector<f64> { <$t>::params(self) }
+            fn set_params(&mut self, p: &DVector<f64>) -> Result<()> { <$t>::set_params(self, p) }
+            fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <$t>::forward(self, x) }
+            fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> { <$t>::vjp(self, x, v) }
+        }
+    )*};
+}
+network_impl!(Mlp, HelmholtzNet);
 
 /// A regulariser `R(w)`: returns `(R(w), ∇_w R(w))` for the current network; called once per
 /// step with the step's RNG (e.g. to redraw context points).
-pub type Regularizer<'a> = dyn FnMut(&Mlp, &mut StdRng) -> Result<(f64, DVector<f64>)> + 'a;
+pub type Regularizer<'a, N = Mlp> = dyn FnMut(&N, &mut StdRng) -> Result<(f64, DVector<f64>)> + 'a;
 
 /// Options of [`train_map`].
 ///
@@ -78,19 +106,19 @@ pub struct TrainReport {
     pub history: Vec<TrainProgress>,
 }
 
-fn nll_loss(net: &Mlp, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
+fn nll_loss<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
     lik.nll(&net.forward(x)?, y).map_err(|e| NnError::Likelihood(e.to_string()))
 }
 
 /// Trains `net` in place. `validation` enables early stopping (restores the best weights);
 /// `progress` is called after every epoch.
-pub fn train_map(
-    net: &mut Mlp,
+pub fn train_map<N: Network>(
+    net: &mut N,
     likelihood: &dyn Likelihood,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
-    mut regularizer: Option<&mut Regularizer<'_>>,
+    mut regularizer: Option<&mut Regularizer<'_, N>>,
     config: &TrainConfig,
     mut progress: impl FnMut(&TrainProgress),
 ) -> Result<TrainReport> {

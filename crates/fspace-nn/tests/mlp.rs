@@ -267,3 +267,29 @@ fn gradients_through_j_s_jt_match_finite_differences() {
         .jsj_pullback(&x, &DVector::from_element(gelu.n_params(), 1.0), &DMatrix::identity(2, 2))
         .is_err());
 }
+
+#[test]
+fn ntk_gradient_with_respect_to_inducing_inputs_matches_finite_differences() {
+    for act in [Activation::Tanh, Activation::Sigmoid, Activation::Softplus] {
+        let mlp = net(act, 2, 2, 31);
+        let x = rand_uniform(4, 2, -1.0, 1.0, &mut rng(32));
+        let z = rand_uniform(3, 2, -1.0, 1.0, &mut rng(33));
+        let c = randn(8, 6, &mut rng(34));
+        let analytic = mlp.ntk_pullback_z(&x, &z, &c).unwrap();
+        let fd = fspace_testutil::fd_gradient(
+            |zv| c.component_mul(&mlp.ntk(&x, &DMatrix::from_row_slice(3, 2, zv)).unwrap()).sum(),
+            &flat_rows(&z),
+            1e-6,
+        );
+        let scale = fd.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (k, f) in fd.iter().enumerate() {
+            assert!(
+                (analytic[(k / 2, k % 2)] - f).abs() <= 1e-6 * scale.max(1.0),
+                "{act:?} z[{k}]: {} vs {f}",
+                analytic[(k / 2, k % 2)]
+            );
+        }
+    }
+    let mlp = net(Activation::Tanh, 2, 2, 0);
+    assert!(mlp.ntk_pullback_z(&DMatrix::zeros(2, 2), &DMatrix::zeros(3, 2), &DMatrix::zeros(4, 5)).is_err());
+}
