@@ -15,7 +15,7 @@ use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{invalid, GpError, Result};
-use crate::exact::{to_core, ExactGp, Noise};
+use crate::exact::{posterior_variances, scalar_predictive, symmetrised, to_core, ExactGp, Noise};
 use crate::fit::FitConfig;
 use fspace_core::Adam;
 
@@ -139,11 +139,7 @@ impl<K: Kernel> Posterior for LaplaceGpClassifier<K> {
         let run = || -> Result<FunctionPredictive> {
             let (mean, v) = self.latent(xs)?;
             let prior = gram_diag(&self.kernel, xs)?;
-            let var = DVector::from_fn(prior.len(), |j, _| (prior[j] - v.column(j).norm_squared()).max(0.0));
-            Ok(FunctionPredictive::new(
-                DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()),
-                DMatrix::from_column_slice(var.len(), 1, var.as_slice()),
-            )?)
+            scalar_predictive(&mean, &posterior_variances(&prior, |j| v.column(j).norm_squared()))
         };
         run().map_err(to_core)
     }
@@ -154,7 +150,7 @@ impl<K: Kernel> Posterior for LaplaceGpClassifier<K> {
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let (mean, v) = self.latent(xs)?;
             let cov = gram(&self.kernel, xs, xs)? - v.tr_mul(&v);
-            Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), (&cov + cov.transpose()) * 0.5))
+            Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), symmetrised(&cov)))
         };
         run().map_err(to_core)
     }

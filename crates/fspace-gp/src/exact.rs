@@ -157,7 +157,7 @@ impl<K: MatrixKernel> Posterior for ExactGp<K> {
         let run = || -> Result<FunctionPredictive> {
             let (k_xs, v) = self.cross(xs)?;
             let prior = gram_diag(&self.kernel, xs)?;
-            let var = DVector::from_fn(prior.len(), |j, _| (prior[j] - v.column(j).norm_squared()).max(0.0));
+            let var = posterior_variances(&prior, |j| v.column(j).norm_squared());
             Ok(FunctionPredictive::new(self.mean_at(xs, &k_xs)?, unflatten(&var, self.kernel.output_dim()))?)
         };
         run().map_err(to_core)
@@ -170,10 +170,29 @@ impl<K: MatrixKernel> Posterior for ExactGp<K> {
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let (k_xs, v) = self.cross(xs)?;
             let cov = gram(&self.kernel, xs, xs)? - v.tr_mul(&v);
-            Ok((self.mean_at(xs, &k_xs)?, (&cov + cov.transpose()) * 0.5))
+            Ok((self.mean_at(xs, &k_xs)?, symmetrised(&cov)))
         };
         run().map_err(to_core)
     }
+}
+
+/// Marginal variances `diag K(X*, X*) − reductionᵢ`, clamped at 0 (rounding can push a
+/// variance that is exactly zero in theory slightly below it).
+pub(crate) fn posterior_variances(prior: &DVector<f64>, reduction: impl Fn(usize) -> f64) -> DVector<f64> {
+    DVector::from_fn(prior.len(), |i, _| (prior[i] - reduction(i)).max(0.0))
+}
+
+/// A scalar-output predictive from mean and variance vectors.
+pub(crate) fn scalar_predictive(mean: &DVector<f64>, var: &DVector<f64>) -> Result<FunctionPredictive> {
+    Ok(FunctionPredictive::new(
+        DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()),
+        DMatrix::from_column_slice(var.len(), 1, var.as_slice()),
+    )?)
+}
+
+/// `½(C + Cᵀ)`: joint covariances assembled from differences are symmetric only to rounding.
+pub(crate) fn symmetrised(cov: &DMatrix<f64>) -> DMatrix<f64> {
+    (cov + cov.transpose()) * 0.5
 }
 
 /// Maps a GP error into the `Posterior` contract's error type, keeping the message.

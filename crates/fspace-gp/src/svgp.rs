@@ -24,7 +24,7 @@ use rand::seq::index::sample as sample_indices;
 use rand::SeedableRng;
 
 use crate::error::{invalid, GpError, Result};
-use crate::exact::to_core;
+use crate::exact::{posterior_variances, scalar_predictive, symmetrised, to_core};
 use fspace_core::Adam;
 
 /// Options of [`Svgp::train`].
@@ -321,11 +321,7 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
         let run = || -> Result<FunctionPredictive> {
             let Latent { mean, reduction, .. } = self.latent(xs)?;
             let prior = gram_diag(&self.kernel, xs)?;
-            let var = DVector::from_fn(prior.len(), |i, _| (prior[i] - reduction[i]).max(0.0));
-            Ok(FunctionPredictive::new(
-                DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()),
-                DMatrix::from_column_slice(var.len(), 1, var.as_slice()),
-            )?)
+            scalar_predictive(&mean, &posterior_variances(&prior, |i| reduction[i]))
         };
         run().map_err(to_core)
     }
@@ -336,7 +332,7 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let Latent { mean, a, ksm, .. } = self.latent(xs)?;
             let cov = gram(&self.kernel, xs, xs)? - &a * ksm.transpose() + &a * &self.s * a.transpose();
-            Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), (&cov + cov.transpose()) * 0.5))
+            Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), symmetrised(&cov)))
         };
         run().map_err(to_core)
     }

@@ -80,3 +80,19 @@ pub fn check_param_len(expected: usize, found: usize) -> Result<()> {
         Err(KernelError::DimensionMismatch { what: "log-hyperparameter vector", expected, found })
     }
 }
+
+/// Checks a lengthscale vector: one value (isotropic) or one per dimension, all positive.
+pub(crate) fn validate_lengthscales(lengthscales: &[f64]) -> Result<()> {
+    if lengthscales.is_empty() {
+        return Err(KernelError::DimensionMismatch {
+            what: "lengthscales (need 1 for isotropic or d for ARD)",
+            expected: 1,
+            found: 0,
+        });
+    }
+    for (name, &l) in crate::kernel::indexed_names("lengthscale", lengthscales.len()).iter().zip(lengthscales)
+    {
+        positive(name.clone(), l)?;
+    }
+    Ok(())
+}

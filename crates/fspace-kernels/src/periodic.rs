@@ -1,7 +1,7 @@
 //! The periodic (exp-sine-squared) kernel of MacKay (1998), in the form used by Rasmussen &
 //! Williams §5.4.3: `k(x, y) = σ² exp(−2 Σᵢ sin²(π (xᵢ − yᵢ)/p) / ℓᵢ²)`, period `p > 0`.
 
-use crate::error::{check_param_len, from_log, positive, KernelError, Result};
+use crate::error::{check_param_len, from_log, positive, validate_lengthscales, Result};
 use crate::kernel::{indexed_names, Kernel, KernelBase};
 use crate::spec::KernelSpec;
 
@@ -23,16 +23,7 @@ impl Periodic {
     pub fn ard(variance: f64, lengthscales: Vec<f64>, period: f64) -> Result<Self> {
         positive("variance", variance)?;
         positive("period", period)?;
-        if lengthscales.is_empty() {
-            return Err(KernelError::DimensionMismatch {
-                what: "lengthscales (need 1 for isotropic or d for ARD)",
-                expected: 1,
-                found: 0,
-            });
-        }
-        for (name, &l) in indexed_names("lengthscale", lengthscales.len()).iter().zip(&lengthscales) {
-            positive(name.clone(), l)?;
-        }
+        validate_lengthscales(&lengthscales)?;
         Ok(Self { variance, lengthscales, period })
     }
 

@@ -23,7 +23,7 @@ use std::fmt::Debug;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{check_param_len, from_log, positive, KernelError, Result};
+use crate::error::{check_param_len, from_log, positive, validate_lengthscales, Result};
 use crate::kernel::{indexed_names, Kernel, KernelBase, SecondOrderKernel};
 use crate::spec::KernelSpec;
 
@@ -257,16 +257,7 @@ impl<P: RadialProfile> Stationary<P> {
     /// Builds `σ² g` with a profile; `lengthscales` of length 1 is isotropic, of length `d` ARD.
     pub fn with_profile(variance: f64, lengthscales: Vec<f64>, profile: P) -> Result<Self> {
         positive("variance", variance)?;
-        if lengthscales.is_empty() {
-            return Err(KernelError::DimensionMismatch {
-                what: "lengthscales (need 1 for isotropic or d for ARD)",
-                expected: 1,
-                found: 0,
-            });
-        }
-        for (name, &l) in indexed_names("lengthscale", lengthscales.len()).iter().zip(&lengthscales) {
-            positive(name.clone(), l)?;
-        }
+        validate_lengthscales(&lengthscales)?;
         Ok(Self { variance, lengthscales, profile })
     }
     /// The output variance σ².
