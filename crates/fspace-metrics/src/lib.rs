@@ -359,18 +359,25 @@ pub fn predictive_entropy(probs: &DMatrix<f64>) -> Result<Vec<f64>> {
     Ok(probs.row_iter().map(|r| -r.iter().filter(|p| **p > 0.0).map(|p| p * p.ln()).sum::<f64>()).collect())
 }
 
-/// ROC-AUC for separating out-of-distribution (`ood`, positive) from in-distribution (`id`)
-/// points by a score (e.g. predictive entropy): `P(s_ood > s_id) + ½ P(s_ood = s_id)`.
-pub fn roc_auc(id_scores: &[f64], ood_scores: &[f64]) -> Result<f64> {
+/// ID (false) and OOD (true) scores merged and sorted ascending, after checking both sets are
+/// non-empty and finite.
+fn sorted_labelled(id_scores: &[f64], ood_scores: &[f64]) -> Result<Vec<(f64, bool)>> {
     if id_scores.is_empty() || ood_scores.is_empty() {
         return Err(MetricsError::Empty { what: "ID or OOD scores" });
     }
     check_finite("ID scores", id_scores)?;
     check_finite("OOD scores", ood_scores)?;
-    // Mann–Whitney U via midranks, O(n log n).
     let mut all: Vec<(f64, bool)> =
         id_scores.iter().map(|&s| (s, false)).chain(ood_scores.iter().map(|&s| (s, true))).collect();
     all.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Ok(all)
+}
+
+/// ROC-AUC for separating out-of-distribution (`ood`, positive) from in-distribution (`id`)
+/// points by a score (e.g. predictive entropy): `P(s_ood > s_id) + ½ P(s_ood = s_id)`.
+pub fn roc_auc(id_scores: &[f64], ood_scores: &[f64]) -> Result<f64> {
+    // Mann–Whitney U via midranks, O(n log n).
+    let all = sorted_labelled(id_scores, ood_scores)?;
     let mut rank_sum_ood = 0.0;
     let mut i = 0;
     while i < all.len() {
@@ -391,14 +398,7 @@ pub fn roc_auc(id_scores: &[f64], ood_scores: &[f64]) -> Result<f64> {
 /// following Osawa et al. 2019). The threshold is fitted on the given points and evaluated on
 /// them, as in those papers.
 pub fn stump_accuracy(id_scores: &[f64], ood_scores: &[f64]) -> Result<f64> {
-    if id_scores.is_empty() || ood_scores.is_empty() {
-        return Err(MetricsError::Empty { what: "ID or OOD scores" });
-    }
-    check_finite("ID scores", id_scores)?;
-    check_finite("OOD scores", ood_scores)?;
-    let mut all: Vec<(f64, bool)> =
-        id_scores.iter().map(|&s| (s, false)).chain(ood_scores.iter().map(|&s| (s, true))).collect();
-    all.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let all = sorted_labelled(id_scores, ood_scores)?;
     let n = all.len();
     let total_ood = ood_scores.len();
     // Predict OOD above the threshold: sweep thresholds between distinct sorted scores.
