@@ -369,35 +369,23 @@ impl Mlp {
     }
 
     /// The Jacobian `J(X)` (`n·d' × p`, rows point-major: point `i`, output `o` is row
-    /// `i·d' + o`), by an explicit batched backward pass per output.
+    /// `i·d' + o`): the per-layer statistics for unit factors `Lᵢ = I_{d'}` give, for every
+    /// point and output, the layer inputs `a` and output gradients `δ`, and the row's blocks are
+    /// `δ aᵀ` (weights) and `δ` (biases).
     pub fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        self.check_inputs(x)?;
-        let (trace, _) = self.trace(x);
-        let (w, _) = self.tensors(&self.params);
-        let layers = self.layers();
         let (n, q) = (x.nrows(), self.config.output_dim);
+        let stats = self.layer_statistics(x, &vec![DMatrix::identity(q, q); n])?;
         let mut jac = DMatrix::zeros(n * q, self.n_params());
-        for o in 0..q {
-            // δ_L = e_o for every point; δ_l = (δ_{l+1} W_{l+1}) ⊙ σ'(z_l).
-            let mut delta: M =
-                self.dev.tensor_from_vec((0..n * q).map(|k| (k % q == o) as u8 as f64).collect(), (n, q));
-            for l in (0..w.len()).rev() {
-                let (d, a) = (delta.as_vec(), trace.inputs[l].as_vec());
-                let layer = layers[l];
-                for i in 0..n {
-                    let row = i * q + o;
-                    for r in 0..layer.fan_out {
-                        let dr = d[i * layer.fan_out + r];
-                        jac[(row, layer.b + r)] = dr;
-                        for c in 0..layer.fan_in {
-                            jac[(row, layer.w + r * layer.fan_in + c)] = dr * a[i * layer.fan_in + c];
-                        }
+        for (layer, (a, delta)) in self.layers().iter().zip(&stats) {
+            // Row i·q + o of `delta` is output o's gradient for point i: the Jacobian's row order.
+            for row in 0..n * q {
+                let i = row / q;
+                for r in 0..layer.fan_out {
+                    let dr = delta[(row, r)];
+                    jac[(row, layer.b + r)] = dr;
+                    for c in 0..layer.fan_in {
+                        jac[(row, layer.w + r * layer.fan_in + c)] = dr * a[(i, c)];
                     }
-                }
-                if l > 0 {
-                    let back = delta.matmul(w[l].clone());
-                    let slope = self.act_map(&trace.pre[l - 1], |v| self.config.activation.slope(v));
-                    delta = back * slope;
                 }
             }
         }
@@ -505,9 +493,9 @@ impl Mlp {
             out[l] = (to_matrix(&trace.inputs[l]), to_matrix(&delta));
             if l > 0 {
                 let slope = self.act_map(&trace.pre[l - 1], |v| self.config.activation.slope(v));
-                let slope_rows = DMatrix::from_fn(n * k, slope.shape().1, |r, c| {
-                    slope.as_vec()[(r / k) * slope.shape().1 + c]
-                });
+                // Copy the slopes out once; each point's row repeats for its k factor columns.
+                let (width, slope) = (slope.shape().1, slope.as_vec());
+                let slope_rows = DMatrix::from_fn(n * k, width, |r, c| slope[(r / k) * width + c]);
                 let back = delta.matmul(w[l].clone());
                 delta = back * to_tensor(&self.dev, &slope_rows);
             }
