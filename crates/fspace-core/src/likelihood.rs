@@ -31,6 +31,21 @@ pub trait Likelihood: Send + Sync + std::fmt::Debug {
     fn nll_grad(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<DMatrix<f64>>;
     /// Per-point Hessian blocks `Hᵢ` (`d' × d'`), which are positive semi-definite.
     fn nll_hessian(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<Vec<DMatrix<f64>>>;
+
+    /// Learnable likelihood parameters in unconstrained form (e.g. the Gaussian's `log σ`);
+    /// none by default.
+    fn params(&self) -> DVector<f64> {
+        DVector::zeros(0)
+    }
+    /// Replaces the learnable parameters (length [`params`](Self::params)`.len()`).
+    fn set_params(&mut self, params: &DVector<f64>) -> Result<()> {
+        ensure_dim("likelihood parameters", 0, params.len())
+    }
+    /// `∂/∂θ Σᵢ −log p(yᵢ | fᵢ; θ)` for the learnable parameters `θ`.
+    fn nll_param_grad(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<DVector<f64>> {
+        check_f(self, f, y)?;
+        Ok(DVector::zeros(0))
+    }
 }
 
 fn check_f<L: Likelihood + ?Sized>(lik: &L, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
@@ -106,6 +121,18 @@ impl Likelihood for Gaussian {
     fn nll_hessian(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<Vec<DMatrix<f64>>> {
         check_f(self, f, y)?;
         Ok(vec![DMatrix::from_element(1, 1, 1.0 / self.variance()); y.len()])
+    }
+    /// `[log σ]`.
+    fn params(&self) -> DVector<f64> {
+        DVector::from_element(1, self.sigma.ln())
+    }
+    fn set_params(&mut self, params: &DVector<f64>) -> Result<()> {
+        ensure_dim("Gaussian likelihood parameters ([log σ])", 1, params.len())?;
+        *self = Self::new(params[0].exp())?;
+        Ok(())
+    }
+    fn nll_param_grad(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<DVector<f64>> {
+        Ok(DVector::from_element(1, self.nll_grad_log_sigma(f, y)?))
     }
 }
 

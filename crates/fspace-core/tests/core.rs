@@ -72,6 +72,14 @@ fn likelihoods_have_their_closed_forms() {
         - Gaussian::new(0.5 * (-1e-6f64).exp()).unwrap().nll(&f, &y).unwrap())
         / 2e-6;
     assert!((g.nll_grad_log_sigma(&f, &y).unwrap() - fd).abs() < 1e-6);
+    // The generic learnable-parameter interface is the same derivative, round-trips log σ, and
+    // rejects a wrong length; likelihoods without parameters take only the empty vector.
+    assert!((g.nll_param_grad(&f, &y).unwrap()[0] - fd).abs() < 1e-6);
+    let mut g2 = Gaussian::new(1.0).unwrap();
+    g2.set_params(&g.params()).unwrap();
+    assert!((g2.sigma() - 0.5).abs() < 1e-15);
+    assert!(g2.set_params(&DVector::zeros(2)).is_err());
+    assert!(Bernoulli.params().is_empty() && Bernoulli.clone().set_params(&DVector::zeros(1)).is_err());
     let (m, v) = g.predictive(&DVector::from_vec(vec![1.0]), &DVector::from_vec(vec![0.1])).unwrap();
     assert_eq!((m[0], v[0]), (1.0, 0.35));
     // Bernoulli at f = 0 is log 2 per point; stable at huge logits.

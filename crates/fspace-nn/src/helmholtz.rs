@@ -34,6 +34,14 @@ impl HelmholtzNet {
     pub fn psi(&self) -> &Mlp {
         &self.psi
     }
+    /// Input dimension (2).
+    pub fn input_dim(&self) -> usize {
+        2
+    }
+    /// Output dimension (2: a velocity field on ℝ²).
+    pub fn output_dim(&self) -> usize {
+        2
+    }
     /// Number of parameters.
     pub fn n_params(&self) -> usize {
         self.phi.n_params() + self.psi.n_params()

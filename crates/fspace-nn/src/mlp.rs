@@ -198,6 +198,16 @@ impl Mlp {
         &self.config
     }
 
+    /// Input dimension `d`.
+    pub fn input_dim(&self) -> usize {
+        self.config.input_dim
+    }
+
+    /// Output dimension `d'`.
+    pub fn output_dim(&self) -> usize {
+        self.config.output_dim
+    }
+
     fn widths(&self) -> Vec<usize> {
         let mut w = vec![self.config.input_dim];
         w.extend(&self.config.hidden);

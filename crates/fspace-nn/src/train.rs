@@ -14,8 +14,14 @@ use rand::SeedableRng;
 use crate::helmholtz::HelmholtzNet;
 use crate::mlp::{Mlp, NnError, Result};
 
-/// What MAP training needs from a network: flat parameters, `f(X)` and `J(X)ᵀ·V`.
-pub trait Network {
+/// What training and linearised inference need from a network: flat parameters, `f(X)`,
+/// `J(X)·u` and `J(X)ᵀ·V` — all exact. `Send + Sync` so posteriors built on a network can be
+/// shared across threads.
+pub trait Network: Send + Sync {
+    /// Input dimension `d`.
+    fn input_dim(&self) -> usize;
+    /// Output dimension `d'`.
+    fn output_dim(&self) -> usize;
     /// Number of parameters.
     fn n_params(&self) -> usize;
     /// The flat parameter vector.
@@ -24,8 +30,10 @@ pub trait Network {
     fn set_params(&mut self, params: &DVector<f64>) -> Result<()>;
     /// `f(X)` (`n × d'`).
     fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>>;
-    /// `J(X)ᵀ·V`.
+    /// `J(X)ᵀ·V` (reverse mode) for a cotangent `V` (`n × d'`).
     fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>>;
+    /// `J(X)·u` (`n × d'`, forward mode) for a parameter direction `u`.
+    fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>>;
 }
 
 macro_rules! network_impl {
@@ -36,6 +44,9 @@ macro_rules! network_impl {
             fn set_params(&mut self, p: &DVector<f64>) -> Result<()> { <$t>::set_params(self, p) }
             fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <$t>::forward(self, x) }
             fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> { <$t>::vjp(self, x, v) }
+            fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> { <$t>::jvp(self, x, u) }
+            fn input_dim(&self) -> usize { <$t>::input_dim(self) }
+            fn output_dim(&self) -> usize { <$t>::output_dim(self) }
         }
     )*};
 }
@@ -55,6 +66,7 @@ pub type Regularizer<'a, N = Mlp> = dyn FnMut(&N, &mut StdRng) -> Result<(f64, D
 /// | `weight_decay` | 0 | `λ` of `(λ/2)‖w‖²` (an isotropic Gaussian weight prior) |
 /// | `patience` | `None` | early stopping on the validation loss (needs validation data) |
 /// | `seed` | 0 | shuffling and the regulariser's RNG |
+/// | `learn_likelihood` | false | also fit the likelihood's own parameters (Gaussian `log σ`) |
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
     /// Epochs.
@@ -69,6 +81,9 @@ pub struct TrainConfig {
     pub patience: Option<usize>,
     /// Seed.
     pub seed: u64,
+    /// Fit the likelihood's learnable parameters ([`Likelihood::params`]) jointly, with the
+    /// same Adam step (the papers' "learned noise scale").
+    pub learn_likelihood: bool,
 }
 
 impl Default for TrainConfig {
@@ -80,6 +95,7 @@ impl Default for TrainConfig {
             weight_decay: 0.0,
             patience: None,
             seed: 0,
+            learn_likelihood: false,
         }
     }
 }
@@ -110,11 +126,12 @@ fn nll_loss<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVe
     lik.nll(&net.forward(x)?, y).map_err(|e| NnError::Likelihood(e.to_string()))
 }
 
-/// Trains `net` in place. `validation` enables early stopping (restores the best weights);
-/// `progress` is called after every epoch.
+/// Trains `net` (and, with `learn_likelihood`, the likelihood's parameters) in place.
+/// `validation` enables early stopping (restores the best weights and likelihood
+/// parameters); `progress` is called after every epoch.
 pub fn train_map<N: Network>(
     net: &mut N,
-    likelihood: &dyn Likelihood,
+    likelihood: &mut dyn Likelihood,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
@@ -135,8 +152,12 @@ pub fn train_map<N: Network>(
     let mut stopper = config.patience.map(|p| EarlyStopping::new(p, 0.0).expect("valid min_delta"));
     let mut rng = StdRng::seed_from_u64(config.seed);
     let mut theta = net.params();
-    let mut adam = Adam::new(theta.len(), config.learning_rate);
-    let mut best = theta.clone();
+    let p = theta.len();
+    let n_lik = if config.learn_likelihood { likelihood.params().len() } else { 0 };
+    let mut lik_theta = likelihood.params();
+    let mut adam = Adam::new(p + n_lik, config.learning_rate);
+    let mut joint = DVector::zeros(p + n_lik);
+    let mut best = (theta.clone(), lik_theta.clone());
     let mut history = Vec::new();
     let mut stopped_early = false;
     for epoch in 1..=config.epochs {
@@ -148,6 +169,11 @@ pub fn train_map<N: Network>(
             let f = net.forward(&xb)?;
             let nll = likelihood.nll(&f, &yb).map_err(|e| NnError::Likelihood(e.to_string()))?;
             let g_f = likelihood.nll_grad(&f, &yb).map_err(|e| NnError::Likelihood(e.to_string()))? * scale;
+            let lik_grad = if n_lik > 0 {
+                likelihood.nll_param_grad(&f, &yb).map_err(|e| NnError::Likelihood(e.to_string()))? * scale
+            } else {
+                DVector::zeros(0)
+            };
             let mut grad = net.vjp(&xb, &g_f)?;
             let mut loss = scale * nll;
             if let Some(reg) = regularizer.as_deref_mut() {
@@ -159,17 +185,27 @@ pub fn train_map<N: Network>(
                 loss += 0.5 * config.weight_decay * theta.norm_squared();
                 grad += &theta * config.weight_decay;
             }
-            if !loss.is_finite() || grad.iter().any(|g| !g.is_finite()) {
+            if !loss.is_finite() || grad.iter().chain(lik_grad.iter()).any(|g| !g.is_finite()) {
                 return Err(NnError::NonFinite {
                     what: "training loss or gradient (diverged; lower the learning rate)",
                 });
             }
-            adam.descend(&mut theta, &grad);
+            if n_lik == 0 {
+                adam.descend(&mut theta, &grad);
+            } else {
+                joint.rows_mut(0, p).copy_from(&theta);
+                joint.rows_mut(p, n_lik).copy_from(&lik_theta);
+                let g = DVector::from_iterator(p + n_lik, grad.iter().chain(lik_grad.iter()).cloned());
+                adam.descend(&mut joint, &g);
+                theta.copy_from(&joint.rows(0, p));
+                lik_theta.copy_from(&joint.rows(p, n_lik));
+                likelihood.set_params(&lik_theta).map_err(|e| NnError::Likelihood(e.to_string()))?;
+            }
             net.set_params(&theta)?;
             total += loss;
         }
         let validation_loss = match validation {
-            Some((xv, yv)) => Some(nll_loss(net, likelihood, xv, yv)? / xv.nrows() as f64),
+            Some((xv, yv)) => Some(nll_loss(net, &*likelihood, xv, yv)? / xv.nrows() as f64),
             None => None,
         };
         let p = TrainProgress { epoch, train_loss: total / epoch_batches.len() as f64, validation_loss };
@@ -177,10 +213,13 @@ pub fn train_map<N: Network>(
         history.push(p);
         if let (Some(stopper), Some(v)) = (stopper.as_mut(), validation_loss) {
             match stopper.update(v) {
-                StopDecision::Improved => best = theta.clone(),
+                StopDecision::Improved => best = (theta.clone(), lik_theta.clone()),
                 StopDecision::Continue => {}
                 StopDecision::Stop => {
-                    net.set_params(&best)?;
+                    net.set_params(&best.0)?;
+                    if n_lik > 0 {
+                        likelihood.set_params(&best.1).map_err(|e| NnError::Likelihood(e.to_string()))?;
+                    }
                     stopped_early = true;
                     break;
                 }

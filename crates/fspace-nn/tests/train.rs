@@ -27,9 +27,9 @@ fn a_2x50_tanh_mlp_fits_the_sine_toy_to_the_noise_level() {
     let train = fspace_data::sine(200, 0.1, &mut rng(1)).unwrap();
     let test = fspace_data::sine(1000, 0.1, &mut rng(2)).unwrap();
     let mut net = sine_net(0);
-    let lik = Gaussian::new(0.1).unwrap();
+    let mut lik = Gaussian::new(0.1).unwrap();
     let cfg = TrainConfig { epochs: 600, batch_size: 100, learning_rate: 5e-3, ..Default::default() };
-    let report = train_map(&mut net, &lik, &train.x, &train.y_vec(), None, None, &cfg, |_| {}).unwrap();
+    let report = train_map(&mut net, &mut lik, &train.x, &train.y_vec(), None, None, &cfg, |_| {}).unwrap();
     let test_rmse = rmse(&net, &test.x, &test.y_vec());
     eprintln!("sine toy: test RMSE {test_rmse:.4} after {} epochs (noise 0.1)", report.epochs);
     assert!(test_rmse <= 1.5 * 0.1, "test RMSE {test_rmse}");
@@ -37,7 +37,7 @@ fn a_2x50_tanh_mlp_fits_the_sine_toy_to_the_noise_level() {
     let mut again = sine_net(0);
     train_map(
         &mut again,
-        &lik,
+        &mut lik,
         &train.x,
         &train.y_vec(),
         None,
@@ -49,7 +49,7 @@ fn a_2x50_tanh_mlp_fits_the_sine_toy_to_the_noise_level() {
     let mut again2 = sine_net(0);
     train_map(
         &mut again2,
-        &lik,
+        &mut lik,
         &train.x,
         &train.y_vec(),
         None,
@@ -73,7 +73,7 @@ fn the_regularizer_hook_steers_the_network_with_its_own_gradient() {
     };
     let mut net = sine_net(3);
     let cfg = TrainConfig { epochs: 400, batch_size: 40, learning_rate: 1e-2, ..Default::default() };
-    train_map(&mut net, &Gaussian::new(0.1).unwrap(), &x, &y, None, Some(&mut reg), &cfg, |_| {}).unwrap();
+    train_map(&mut net, &mut Gaussian::new(0.1).unwrap(), &x, &y, None, Some(&mut reg), &cfg, |_| {}).unwrap();
     assert!((net.forward(&anchor).unwrap()[(0, 0)] - 3.0).abs() < 0.05);
     assert!(rmse(&net, &x, &y) < 0.05);
 }
@@ -82,7 +82,7 @@ fn the_regularizer_hook_steers_the_network_with_its_own_gradient() {
 fn early_stopping_restores_the_best_validation_weights() {
     let train = fspace_data::sine(30, 0.3, &mut rng(4)).unwrap();
     let val = fspace_data::sine(200, 0.3, &mut rng(5)).unwrap();
-    let lik = Gaussian::new(0.3).unwrap();
+    let mut lik = Gaussian::new(0.3).unwrap();
     let mut net = Mlp::new(MlpConfig {
         input_dim: 1,
         hidden: vec![200, 200],
@@ -100,7 +100,7 @@ fn early_stopping_restores_the_best_validation_weights() {
     };
     let mut seen = 0;
     let report =
-        train_map(&mut net, &lik, &train.x, &train.y_vec(), Some((&val.x, &val.y_vec())), None, &cfg, |_| {
+        train_map(&mut net, &mut lik, &train.x, &train.y_vec(), Some((&val.x, &val.y_vec())), None, &cfg, |_| {
             seen += 1
         })
         .unwrap();
@@ -137,12 +137,35 @@ fn periodic_feature_maps_append_sin_and_cos() {
 #[test]
 fn training_rejects_bad_setups() {
     let mut net = sine_net(0);
-    let lik = Gaussian::new(0.1).unwrap();
+    let mut lik = Gaussian::new(0.1).unwrap();
     let x = DMatrix::zeros(5, 1);
-    assert!(train_map(&mut net, &lik, &x, &DVector::zeros(4), None, None, &TrainConfig::default(), |_| {})
+    assert!(train_map(&mut net, &mut lik, &x, &DVector::zeros(4), None, None, &TrainConfig::default(), |_| {})
         .is_err());
     let cfg = TrainConfig { patience: Some(3), ..Default::default() };
-    assert!(train_map(&mut net, &lik, &x, &DVector::zeros(5), None, None, &cfg, |_| {}).is_err());
+    assert!(train_map(&mut net, &mut lik, &x, &DVector::zeros(5), None, None, &cfg, |_| {}).is_err());
     let bad = DVector::from_element(5, f64::NAN);
-    assert!(train_map(&mut net, &lik, &x, &bad, None, None, &TrainConfig::default(), |_| {}).is_err());
+    assert!(train_map(&mut net, &mut lik, &x, &bad, None, None, &TrainConfig::default(), |_| {}).is_err());
+}
+
+#[test]
+fn the_gaussian_noise_scale_is_learned_jointly() {
+    // Start from σ = 1 on data with σ = 0.1: the learned σ lands near the truth, and with
+    // `learn_likelihood = false` it is left alone.
+    let train = fspace_data::sine(200, 0.1, &mut rng(3)).unwrap();
+    let mut net = sine_net(1);
+    let mut lik = Gaussian::new(1.0).unwrap();
+    let cfg = TrainConfig {
+        epochs: 1500,
+        batch_size: 100,
+        learning_rate: 5e-3,
+        learn_likelihood: true,
+        ..Default::default()
+    };
+    train_map(&mut net, &mut lik, &train.x, &train.y_vec(), None, None, &cfg, |_| {}).unwrap();
+    eprintln!("learned σ = {:.4} (true 0.1)", lik.sigma());
+    assert!((0.07..0.13).contains(&lik.sigma()), "learned σ {}", lik.sigma());
+    let mut fixed = Gaussian::new(1.0).unwrap();
+    let cfg = TrainConfig { epochs: 2, learn_likelihood: false, ..cfg };
+    train_map(&mut sine_net(1), &mut fixed, &train.x, &train.y_vec(), None, None, &cfg, |_| {}).unwrap();
+    assert_eq!(fixed.sigma(), 1.0);
 }
