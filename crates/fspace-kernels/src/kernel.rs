@@ -246,20 +246,21 @@ pub(crate) fn indexed_names(prefix: &str, len: usize) -> Vec<String> {
     }
 }
 
-impl MatrixKernel for Box<dyn MatrixKernel> {
-    fn output_dim(&self) -> usize {
-        (**self).output_dim()
-    }
-    fn eval_block(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
-        (**self).eval_block(x, y, out)
-    }
-    fn eval_block_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
-        (**self).eval_block_grad(x, y, out)
-    }
-    fn matrix_spec(&self) -> Option<crate::spec::MatrixKernelSpec> {
-        (**self).matrix_spec()
-    }
-    fn eval_block_tile(&self, x: &[f64], y: &[f64], d: usize, out: &mut [f64]) {
-        (**self).eval_block_tile(x, y, d, out)
-    }
+/// Boxed and borrowed matrix kernels are matrix kernels (a borrowed one lets an operator such
+/// as `GramOperator` use a kernel owned elsewhere; its hyperparameters are read-only).
+macro_rules! forward_matrix_kernel {
+    ($($t:ty),*) => {$(
+        impl MatrixKernel for $t {
+            fn output_dim(&self) -> usize { (**self).output_dim() }
+            fn eval_block(&self, x: &[f64], y: &[f64], out: &mut [f64]) { (**self).eval_block(x, y, out) }
+            fn eval_block_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
+                (**self).eval_block_grad(x, y, out)
+            }
+            fn matrix_spec(&self) -> Option<crate::spec::MatrixKernelSpec> { (**self).matrix_spec() }
+            fn eval_block_tile(&self, x: &[f64], y: &[f64], d: usize, out: &mut [f64]) {
+                (**self).eval_block_tile(x, y, d, out)
+            }
+        }
+    )*};
 }
+forward_matrix_kernel!(Box<dyn MatrixKernel>, &dyn MatrixKernel);

@@ -411,3 +411,73 @@ pub fn pinv_factor_from(dec: &LanczosDecomposition) -> Result<(DMatrix<f64>, Pin
     let rank = keep.len();
     Ok((f, PinvInfo { lanczos: dec.info.clone(), rank, method: PinvMethod::Eigen }))
 }
+
+/// Diagnostics of [`pinv_factor_restarted`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestartedPinvInfo {
+    /// One entry per Lanczos run (the first from the configured start, then restarts).
+    pub runs: Vec<PinvInfo>,
+    /// Total columns of the factor.
+    pub rank: usize,
+}
+
+/// [`pinv_factor`] with deflated restarts, for operators with repeated eigenvalues.
+///
+/// A single Krylov space holds at most one direction per *distinct* eigenvalue, so Lanczos stops
+/// at an invariant subspace (or a vanishing pivot) before it has seen `range(A)` when
+/// eigenvalues repeat — as they always do for independent-output kernels
+/// (`K ⊗ I_{d'}`) and for product kernels on symmetric grids. When a run stops that way before
+/// `max_rank`, the columns found so far span (up to the breakdown tolerance) an invariant
+/// subspace `V`, so `A = P_V A P_V + P⊥ A P⊥` and `A† = F Fᵀ + (P⊥ A P⊥)†`; the next run is
+/// Lanczos on `P⊥ A P⊥` from a seeded random start. Restarts end at `max_rank` columns, after
+/// `max_restarts`, or when `‖P⊥ A P⊥ v‖ ≤ pivot_tol·‖A‖·‖v‖` for the new start (the numerical
+/// range is exhausted).
+pub fn pinv_factor_restarted(
+    op: &dyn LinearOperator,
+    config: &LanczosConfig,
+    max_restarts: usize,
+    seed: u64,
+) -> Result<(DMatrix<f64>, RestartedPinvInfo)> {
+    let n = op.dim();
+    let dec = lanczos(op, config)?;
+    let scale = dec.theta[0].abs();
+    let (mut f, info) = pinv_factor_from(&dec)?;
+    let mut runs = vec![info];
+    let mut rng = StdRng::seed_from_u64(seed);
+    let restartable = |stop: StopReason| matches!(stop, StopReason::InvariantSubspace | StopReason::SingularPivot);
+    while runs.len() <= max_restarts
+        && restartable(runs.last().expect("one run").lanczos.stop)
+        && f.ncols() < config.max_rank.min(n)
+        && f.ncols() > 0
+    {
+        let basis = f.clone().qr().q();
+        let project = move |v: &DVector<f64>| v - &basis * basis.tr_mul(v);
+        let deflated = crate::operator::FnOperator::new(n, |v: &DVector<f64>| {
+            let pv = project(v);
+            project(&op.apply(&pv).expect("operator products succeeded on the first run"))
+        });
+        let v0 = project(&DVector::from_fn(n, |_, _| rng.sample(StandardNormal)));
+        let av0 = deflated.apply(&v0)?;
+        if av0.norm() <= config.pivot_tol.max(1e-12) * scale * v0.norm() {
+            break;
+        }
+        let run_config = LanczosConfig {
+            max_rank: config.max_rank.min(n) - f.ncols(),
+            start: StartVector::Given(v0),
+            check_symmetry: false,
+            ..config.clone()
+        };
+        let dec = lanczos(&deflated, &run_config)?;
+        let (f2, info) = pinv_factor_from(&dec)?;
+        if f2.ncols() == 0 {
+            break;
+        }
+        let mut joined = DMatrix::zeros(n, f.ncols() + f2.ncols());
+        joined.columns_mut(0, f.ncols()).copy_from(&f);
+        joined.columns_mut(f.ncols(), f2.ncols()).copy_from(&f2);
+        f = joined;
+        runs.push(info);
+    }
+    let rank = f.ncols();
+    Ok((f, RestartedPinvInfo { runs, rank }))
+}

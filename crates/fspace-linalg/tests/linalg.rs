@@ -56,6 +56,37 @@ fn lanczos_ldlt_gives_the_pseudo_inverse_on_known_spectra() {
 }
 
 #[test]
+fn restarts_recover_the_pseudo_inverse_when_eigenvalues_repeat() {
+    // B ⊗ I₃ (an independent-output kernel's Gram) has every eigenvalue at least three times,
+    // and B here has only four distinct eigenvalues (a symmetric grid's Gram has many repeats):
+    // one Krylov space holds one direction per distinct eigenvalue, so plain Lanczos stops at
+    // an invariant subspace after 4 steps; deflated restarts find the rest. Full rank and
+    // rank-deficient bases.
+    for (n, zeros) in [(20usize, 0usize), (24, 8)] {
+        let mut spectrum: Vec<f64> = (0..n - zeros).map(|i| [1.0, 0.5, 0.1, 0.02][i % 4]).collect();
+        spectrum.resize(n, 0.0);
+        let (base, _) = with_spectrum(&spectrum, &mut rng(n as u64));
+        let a = base.kronecker(&DMatrix::<f64>::identity(3, 3));
+        let op = DenseOperator::new(a.clone()).unwrap();
+        let cfg = LanczosConfig { max_rank: 500, start: StartVector::Random(2), ..Default::default() };
+        let (_, single) = pinv_factor(&op, &cfg).unwrap();
+        let (f, info) = pinv_factor_restarted(&op, &cfg, 50, 7).unwrap();
+        let err = rel_frob(&(&f * f.transpose()), &psd_pinv(&a, 1e-9));
+        let true_rank = 3 * (n - zeros);
+        eprintln!("n = {n}: single run rank {}, restarted rank {} in {} runs (true {true_rank}), error {err:.2e}",
+            single.rank, info.rank, info.runs.len());
+        assert_eq!(single.lanczos.stop, StopReason::InvariantSubspace);
+        assert!(single.rank <= 4, "a single Krylov space sees one direction per distinct eigenvalue");
+        assert_eq!(info.rank, true_rank);
+        assert!(err < 1e-8, "‖FFᵀ − A†‖/‖A†‖ = {err:.2e}");
+        // Within the rank budget: max_rank caps the total.
+        let capped = LanczosConfig { max_rank: 10, ..cfg.clone() };
+        let (f, info) = pinv_factor_restarted(&op, &capped, 50, 7).unwrap();
+        assert!(f.ncols() <= 10 && info.rank == f.ncols());
+    }
+}
+
+#[test]
 fn ritz_values_recover_the_top_of_the_spectrum() {
     let spectrum: Vec<f64> = (0..127).map(|i| 0.7f64.powi(i)).collect();
     let (a, _) = with_spectrum(&spectrum, &mut rng(2));

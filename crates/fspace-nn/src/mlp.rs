@@ -46,6 +46,9 @@ pub enum NnError {
     /// A likelihood / training-loop error (targets, batch sizes, early stopping setup).
     #[error("training: {0}")]
     Likelihood(String),
+    /// The regulariser hook of [`train_map`](crate::train_map) failed.
+    #[error("regulariser: {0}")]
+    Regularizer(String),
 }
 
 /// Result alias of this crate.

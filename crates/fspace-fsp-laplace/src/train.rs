@@ -1,0 +1,149 @@
+//! Algorithm 1: MAP training under the RKHS regulariser estimated at context points that are
+//! redrawn every step.
+//!
+//! Per step, with a minibatch `B` of size `b` out of `n` points and fresh context points `C`:
+//!
+//! ```text
+//! R(w) = (n/b) Σ_{i∈B} −log p(yᵢ | f(xᵢ; w))  +  ½ (f(C; w) − μ(C))ᵀ Σ(C, C)⁻¹ (f(C; w) − μ(C)).
+//! ```
+//!
+//! `Σ(C, C)` does not depend on `w`, so the regulariser's gradient is `J(C)ᵀα` with
+//! `α = Σ(C, C)⁻¹(f(C) − μ(C))`: one forward pass and one reverse-mode pass on the context
+//! points. `Σ(C, C)` gets a small relative jitter (`context_jitter`, the least of a ×10
+//! schedule that factorises) because i.i.d. context points can nearly coincide; the jitter
+//! actually used is part of the step and reported by [`rkhs_regularizer`].
+
+use std::cell::RefCell;
+
+use fspace_context::Sampler;
+use fspace_core::Likelihood;
+use fspace_linalg::{cholesky_jitter, JitterConfig};
+use fspace_nn::{train_map, Network, NnError, TrainConfig, TrainProgress, TrainReport};
+use nalgebra::{DMatrix, DVector};
+
+use crate::error::{ensure_dim, invalid, FspError, Result};
+use crate::prior::FunctionPrior;
+
+/// Flattens `n × d'` function values point-major (`n·d'`), the order of `Σ(C, C)`.
+pub(crate) fn point_major(f: &DMatrix<f64>) -> DVector<f64> {
+    DVector::from_column_slice(f.transpose().as_slice())
+}
+
+/// The inverse of [`point_major`]: `n·d'` values back to `n × d'`.
+pub(crate) fn from_point_major(v: &[f64], q: usize) -> DMatrix<f64> {
+    DMatrix::from_row_slice(v.len() / q, q, v)
+}
+
+/// Value and weight gradient of the regulariser `½ (f(C) − μ(C))ᵀ Σ(C, C)⁻¹ (f(C) − μ(C))` at
+/// the context points `c` (jitter: the first relative jitter tried on `Σ(C, C)`). Returns
+/// `(value, J(C)ᵀα, jitter used)`.
+pub fn rkhs_regularizer<N: Network + ?Sized>(
+    net: &N,
+    prior: &FunctionPrior,
+    c: &DMatrix<f64>,
+    jitter: f64,
+) -> Result<(f64, DVector<f64>, f64)> {
+    prior.check(net.input_dim(), net.output_dim())?;
+    ensure_dim("context-point dimension vs. network inputs", net.input_dim(), c.ncols())?;
+    let q = net.output_dim();
+    let f = net.forward(c)?;
+    let r = point_major(&f) - prior.mean_at(c)?;
+    let chol = cholesky_jitter(&prior.gram(c)?, &JitterConfig { initial: jitter, ..Default::default() })?;
+    let alpha = chol.solve_vec(&r)?;
+    let value = 0.5 * r.dot(&alpha);
+    let grad = net.vjp(c, &from_point_major(alpha.as_slice(), q))?;
+    Ok((value, grad, chol.jitter()))
+}
+
+/// The Alg. 1 objective on one minibatch for fixed context points, and its weight gradient:
+/// `scale·Σ_B NLL + ½‖h_C‖²` (`scale = n/b`). This is what every training step descends.
+pub fn objective<N: Network + ?Sized>(
+    net: &N,
+    likelihood: &dyn Likelihood,
+    prior: &FunctionPrior,
+    xb: &DMatrix<f64>,
+    yb: &DVector<f64>,
+    scale: f64,
+    c: &DMatrix<f64>,
+    jitter: f64,
+) -> Result<(f64, DVector<f64>)> {
+    let f = net.forward(xb)?;
+    let nll = likelihood.nll(&f, yb)?;
+    let g = likelihood.nll_grad(&f, yb)? * scale;
+    let (r, gr, _) = rkhs_regularizer(net, prior, c, jitter)?;
+    Ok((scale * nll + r, net.vjp(xb, &g)? + gr))
+}
+
+/// Options of Alg. 1.
+///
+/// | name | default | meaning |
+/// |---|---|---|
+/// | `train` | 5000 epochs, batch 100, lr 1e-3, no patience | the minibatch/Adam loop ([`TrainConfig`]) |
+/// | `n_context` | 100 | context points drawn per step (paper: 100 on the toys) |
+/// | `context_jitter` | 1e-6 | first relative jitter on `Σ(C, C)` |
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainOptions {
+    /// Epochs, batch size, learning rate, early stopping, seed, noise learning.
+    pub train: TrainConfig,
+    /// `n_C` per step.
+    pub n_context: usize,
+    /// First relative jitter added to `Σ(C, C)`.
+    pub context_jitter: f64,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        Self {
+            train: TrainConfig { epochs: 5000, batch_size: 100, learning_rate: 1e-3, ..Default::default() },
+            n_context: 100,
+            context_jitter: 1e-6,
+        }
+    }
+}
+
+/// Alg. 1: trains `net` (and the likelihood's parameters if `options.train.learn_likelihood`)
+/// under the FSP objective, drawing `n_context` points from `context` every step.
+pub fn train<N: Network>(
+    net: &mut N,
+    likelihood: &mut dyn Likelihood,
+    prior: &FunctionPrior,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    context: &dyn Sampler,
+    options: &TrainOptions,
+    progress: impl FnMut(&TrainProgress),
+) -> Result<TrainReport> {
+    prior.check(net.input_dim(), net.output_dim())?;
+    ensure_dim("likelihood outputs vs. network outputs", net.output_dim(), likelihood.output_dim())?;
+    ensure_dim("context sampler dimension vs. network inputs", net.input_dim(), context.dim())?;
+    if options.n_context == 0 {
+        return Err(invalid("n_context", "at least one context point per step"));
+    }
+    if !(options.context_jitter.is_finite() && options.context_jitter > 0.0) {
+        return Err(invalid("context_jitter", format!("{} must be > 0", options.context_jitter)));
+    }
+    // The hook speaks `NnError`; keep the original error to return it unchanged.
+    let failure: RefCell<Option<FspError>> = RefCell::new(None);
+    let mut hook = |net: &N, rng: &mut rand::rngs::StdRng| -> fspace_nn::Result<(f64, DVector<f64>)> {
+        let step = context
+            .sample(options.n_context, rng)
+            .map_err(FspError::from)
+            .and_then(|c| rkhs_regularizer(net, prior, &c, options.context_jitter));
+        match step {
+            Ok((value, grad, _)) => Ok((value, grad)),
+            Err(e) => {
+                let msg = e.to_string();
+                *failure.borrow_mut() = Some(e);
+                Err(NnError::Regularizer(msg))
+            }
+        }
+    };
+    let hook: &mut fspace_nn::Regularizer<'_, N> = &mut hook;
+    let result = train_map(net, likelihood, x, y, validation, Some(hook), &options.train, progress);
+    match (result, failure.into_inner()) {
+        (Ok(report), _) => Ok(report),
+        (Err(_), Some(original)) => Err(original),
+        (Err(e), None) => Err(e.into()),
+    }
+}
