@@ -6,24 +6,11 @@
 
 use anyhow::{bail, Result};
 
-/// An experiment the harness can run.
-struct Experiment {
-    name: &'static str,
-    paper: &'static str,
-    in_default_suite: bool,
-    run: fn(&Options) -> Result<()>,
-}
+mod experiments;
+mod plot;
+mod report;
 
-/// The registry of experiments. Experiments arrive with the method crates (FSP-Laplace first,
-/// issue "FSP-Laplace end to end"); until then the registry is empty and `reproduce` says so.
-const EXPERIMENTS: &[Experiment] = &[];
-
-struct Options {
-    names: Vec<String>,
-    quick: bool,
-    seed: u64,
-    out: String,
-}
+use experiments::{Experiment, Options, EXPERIMENTS};
 
 fn parse(args: &[String]) -> Result<Options> {
     let mut opts = Options { names: vec![], quick: false, seed: 0, out: "results".into() };

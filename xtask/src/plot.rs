@@ -1,0 +1,155 @@
+//! PNG figures with plotters (bitmap backend; text via the embedded DejaVu Sans, so no system
+//! fonts are needed).
+
+use std::path::Path;
+use std::sync::Once;
+
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+static FONT: Once = Once::new();
+
+fn register_font() {
+    FONT.call_once(|| {
+        let bytes: &'static [u8] = include_bytes!("../assets/DejaVuSans.ttf");
+        // The embedded font is valid; if registration failed, plots would still be drawn
+        // without text rather than abort the experiment.
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, bytes);
+    });
+}
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("plotting: {e:?}")
+}
+
+/// One 1-d regression panel: data, a predictive (mean, ±2σ band), function samples.
+pub struct Panel1d {
+    /// Panel title.
+    pub title: String,
+    /// Training inputs and targets.
+    pub data: Vec<(f64, f64)>,
+    /// Evaluation grid.
+    pub x: Vec<f64>,
+    /// Predictive mean on the grid.
+    pub mean: Vec<f64>,
+    /// Predictive standard deviation of f on the grid.
+    pub std: Vec<f64>,
+    /// Function samples on the grid.
+    pub samples: Vec<Vec<f64>>,
+    /// Context points to mark on the x axis (may be empty).
+    pub context: Vec<f64>,
+}
+
+/// Draws panels in a grid of `cols` columns to `path` (each panel 480×320 px).
+pub fn regression_panels(path: &Path, panels: &[Panel1d], cols: usize, y_range: (f64, f64)) -> Result<()> {
+    register_font();
+    let rows = panels.len().div_ceil(cols);
+    let root = BitMapBackend::new(path, (480 * cols as u32, 320 * rows as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    for (area, p) in root.split_evenly((rows, cols)).iter().zip(panels) {
+        let (x0, x1) = (p.x[0], p.x[p.x.len() - 1]);
+        let mut chart = ChartBuilder::on(area)
+            .caption(&p.title, ("sans-serif", 18))
+            .margin(8)
+            .x_label_area_size(28)
+            .y_label_area_size(36)
+            .build_cartesian_2d(x0..x1, y_range.0..y_range.1)
+            .map_err(err)?;
+        chart.configure_mesh().disable_mesh().label_style(("sans-serif", 12)).draw().map_err(err)?;
+        let band: Vec<(f64, f64)> = p
+            .x
+            .iter()
+            .zip(p.mean.iter().zip(&p.std))
+            .map(|(&x, (&m, &s))| (x, m + 2.0 * s))
+            .chain(p.x.iter().rev().zip(p.mean.iter().rev().zip(p.std.iter().rev())).map(|(&x, (&m, &s))| (x, m - 2.0 * s)))
+            .collect();
+        chart.draw_series(std::iter::once(Polygon::new(band, GREEN.mix(0.2)))).map_err(err)?;
+        for s in &p.samples {
+            chart
+                .draw_series(LineSeries::new(p.x.iter().cloned().zip(s.iter().cloned()), GREEN.mix(0.6)))
+                .map_err(err)?;
+        }
+        chart
+            .draw_series(LineSeries::new(p.x.iter().cloned().zip(p.mean.iter().cloned()), RED.stroke_width(2)))
+            .map_err(err)?;
+        chart
+            .draw_series(p.data.iter().map(|&(x, y)| Circle::new((x, y), 2, RGBColor(120, 120, 120).filled())))
+            .map_err(err)?;
+        let tick = (y_range.1 - y_range.0) * 0.02;
+        chart
+            .draw_series(p.context.iter().map(|&c| {
+                PathElement::new(vec![(c, y_range.0), (c, y_range.0 + tick)], BLACK.mix(0.5))
+            }))
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One 2-d heat map on a regular grid (`values[i][j]` at `(xs[j], ys[i])`) with labelled points.
+pub struct Heatmap {
+    /// Panel title.
+    pub title: String,
+    /// Grid abscissae.
+    pub xs: Vec<f64>,
+    /// Grid ordinates.
+    pub ys: Vec<f64>,
+    /// Values, row `i` at ordinate `ys[i]`.
+    pub values: Vec<Vec<f64>>,
+    /// Colour scale limits.
+    pub range: (f64, f64),
+    /// Points `(x, y, class)` overlaid (class 0 red, 1 blue).
+    pub points: Vec<(f64, f64, usize)>,
+}
+
+fn viridis(t: f64) -> RGBColor {
+    // A 5-stop approximation of viridis, linear in between.
+    const STOPS: [(f64, f64, f64); 5] =
+        [(68.0, 1.0, 84.0), (59.0, 82.0, 139.0), (33.0, 145.0, 140.0), (94.0, 201.0, 98.0), (253.0, 231.0, 37.0)];
+    let t = t.clamp(0.0, 1.0) * 4.0;
+    let i = (t.floor() as usize).min(3);
+    let f = t - i as f64;
+    let (a, b) = (STOPS[i], STOPS[i + 1]);
+    let mix = |u: f64, v: f64| (u + (v - u) * f).round() as u8;
+    RGBColor(mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
+}
+
+/// Draws heat maps in a grid of `cols` columns (each 420×400 px).
+pub fn heatmaps(path: &Path, maps: &[Heatmap], cols: usize) -> Result<()> {
+    register_font();
+    let rows = maps.len().div_ceil(cols);
+    let root = BitMapBackend::new(path, (420 * cols as u32, 400 * rows as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    for (area, m) in root.split_evenly((rows, cols)).iter().zip(maps) {
+        let (nx, ny) = (m.xs.len(), m.ys.len());
+        let dx = (m.xs[nx - 1] - m.xs[0]) / (nx - 1) as f64;
+        let dy = (m.ys[ny - 1] - m.ys[0]) / (ny - 1) as f64;
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("{} [{:.2}, {:.2}]", m.title, m.range.0, m.range.1), ("sans-serif", 16))
+            .margin(8)
+            .x_label_area_size(24)
+            .y_label_area_size(30)
+            .build_cartesian_2d(m.xs[0] - dx / 2.0..m.xs[nx - 1] + dx / 2.0, m.ys[0] - dy / 2.0..m.ys[ny - 1] + dy / 2.0)
+            .map_err(err)?;
+        chart.configure_mesh().disable_mesh().label_style(("sans-serif", 11)).draw().map_err(err)?;
+        let span = (m.range.1 - m.range.0).max(f64::MIN_POSITIVE);
+        chart
+            .draw_series((0..ny).flat_map(|i| {
+                (0..nx).map(move |j| {
+                    let (x, y) = (m.xs[j], m.ys[i]);
+                    let c = viridis((m.values[i][j] - m.range.0) / span);
+                    Rectangle::new([(x - dx / 2.0, y - dy / 2.0), (x + dx / 2.0, y + dy / 2.0)], c.filled())
+                })
+            }))
+            .map_err(err)?;
+        chart
+            .draw_series(m.points.iter().map(|&(x, y, c)| {
+                let col = if c == 0 { RGBColor(220, 40, 40) } else { RGBColor(40, 90, 230) };
+                Circle::new((x, y), 2, col.filled())
+            }))
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! An experiment's output folder: `metrics.json`, `table.md`, PNG plots and `log.txt`, plus
+//! a progress bar on the terminal (hidden when stderr is not a terminal).
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// One experiment's run: its folder and log.
+pub struct Run {
+    dir: PathBuf,
+    log: File,
+    started: Instant,
+}
+
+impl Run {
+    /// Creates (or reuses) `out/name/` and starts `log.txt` there.
+    pub fn new(out: &str, name: &str) -> Result<Self> {
+        let dir = Path::new(out).join(name);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let log = File::create(dir.join("log.txt")).with_context(|| format!("creating {}/log.txt", dir.display()))?;
+        Ok(Self { dir, log, started: Instant::now() })
+    }
+
+    /// A line to the terminal and the log, stamped with the elapsed time.
+    pub fn log(&mut self, msg: impl AsRef<str>) {
+        let line = format!("[{:7.1}s] {}", self.started.elapsed().as_secs_f64(), msg.as_ref());
+        println!("  {line}");
+        // A failing log write must not abort an experiment whose results are still written.
+        let _ = writeln!(self.log, "{line}");
+    }
+
+    /// The path of `file` inside the run folder.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// Writes `metrics.json` (pretty-printed).
+    pub fn write_metrics(&mut self, metrics: &serde_json::Value) -> Result<()> {
+        let path = self.path("metrics.json");
+        fs::write(&path, serde_json::to_string_pretty(metrics)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        self.log(format!("wrote {}", path.display()));
+        Ok(())
+    }
+
+    /// Writes `table.md`.
+    pub fn write_table(&mut self, markdown: &str) -> Result<()> {
+        let path = self.path("table.md");
+        fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
+        self.log(format!("wrote {}", path.display()));
+        Ok(())
+    }
+
+    /// A progress bar over `len` steps.
+    pub fn progress(&self, len: u64, what: &str) -> ProgressBar {
+        let bar = ProgressBar::new(len);
+        bar.set_style(
+            ProgressStyle::with_template("  {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(what.to_string());
+        bar
+    }
+}
+
+/// A markdown table from a header and rows.
+pub fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut s = format!("| {} |\n|{}\n", header.join(" | "), "---|".repeat(header.len()));
+    for r in rows {
+        s += &format!("| {} |\n", r.join(" | "));
+    }
+    s
+}
+
+/// Compact number formatting for tables.
+pub fn fmt(v: f64) -> String {
+    if v == 0.0 || (1e-3..1e4).contains(&v.abs()) {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.3e}")
+    }
+}
