@@ -57,13 +57,17 @@ pub fn regression_panels(path: &Path, panels: &[Panel1d], cols: usize, y_range: 
             .build_cartesian_2d(x0..x1, y_range.0..y_range.1)
             .map_err(err)?;
         chart.configure_mesh().disable_mesh().label_style(("sans-serif", 12)).draw().map_err(err)?;
-        let band: Vec<(f64, f64)> = p
-            .x
-            .iter()
-            .zip(p.mean.iter().zip(&p.std))
-            .map(|(&x, (&m, &s))| (x, m + 2.0 * s))
-            .chain(p.x.iter().rev().zip(p.mean.iter().rev().zip(p.std.iter().rev())).map(|(&x, (&m, &s))| (x, m - 2.0 * s)))
-            .collect();
+        let band: Vec<(f64, f64)> =
+            p.x.iter()
+                .zip(p.mean.iter().zip(&p.std))
+                .map(|(&x, (&m, &s))| (x, m + 2.0 * s))
+                .chain(
+                    p.x.iter()
+                        .rev()
+                        .zip(p.mean.iter().rev().zip(p.std.iter().rev()))
+                        .map(|(&x, (&m, &s))| (x, m - 2.0 * s)),
+                )
+                .collect();
         chart.draw_series(std::iter::once(Polygon::new(band, GREEN.mix(0.2)))).map_err(err)?;
         for s in &p.samples {
             chart
@@ -71,16 +75,23 @@ pub fn regression_panels(path: &Path, panels: &[Panel1d], cols: usize, y_range: 
                 .map_err(err)?;
         }
         chart
-            .draw_series(LineSeries::new(p.x.iter().cloned().zip(p.mean.iter().cloned()), RED.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                p.x.iter().cloned().zip(p.mean.iter().cloned()),
+                RED.stroke_width(2),
+            ))
             .map_err(err)?;
         chart
-            .draw_series(p.data.iter().map(|&(x, y)| Circle::new((x, y), 2, RGBColor(120, 120, 120).filled())))
+            .draw_series(
+                p.data.iter().map(|&(x, y)| Circle::new((x, y), 2, RGBColor(120, 120, 120).filled())),
+            )
             .map_err(err)?;
         let tick = (y_range.1 - y_range.0) * 0.02;
         chart
-            .draw_series(p.context.iter().map(|&c| {
-                PathElement::new(vec![(c, y_range.0), (c, y_range.0 + tick)], BLACK.mix(0.5))
-            }))
+            .draw_series(
+                p.context
+                    .iter()
+                    .map(|&c| PathElement::new(vec![(c, y_range.0), (c, y_range.0 + tick)], BLACK.mix(0.5))),
+            )
             .map_err(err)?;
     }
     root.present().map_err(err)?;
@@ -105,8 +116,13 @@ pub struct Heatmap {
 
 fn viridis(t: f64) -> RGBColor {
     // A 5-stop approximation of viridis, linear in between.
-    const STOPS: [(f64, f64, f64); 5] =
-        [(68.0, 1.0, 84.0), (59.0, 82.0, 139.0), (33.0, 145.0, 140.0), (94.0, 201.0, 98.0), (253.0, 231.0, 37.0)];
+    const STOPS: [(f64, f64, f64); 5] = [
+        (68.0, 1.0, 84.0),
+        (59.0, 82.0, 139.0),
+        (33.0, 145.0, 140.0),
+        (94.0, 201.0, 98.0),
+        (253.0, 231.0, 37.0),
+    ];
     let t = t.clamp(0.0, 1.0) * 4.0;
     let i = (t.floor() as usize).min(3);
     let f = t - i as f64;
@@ -130,7 +146,10 @@ pub fn heatmaps(path: &Path, maps: &[Heatmap], cols: usize) -> Result<()> {
             .margin(8)
             .x_label_area_size(24)
             .y_label_area_size(30)
-            .build_cartesian_2d(m.xs[0] - dx / 2.0..m.xs[nx - 1] + dx / 2.0, m.ys[0] - dy / 2.0..m.ys[ny - 1] + dy / 2.0)
+            .build_cartesian_2d(
+                m.xs[0] - dx / 2.0..m.xs[nx - 1] + dx / 2.0,
+                m.ys[0] - dy / 2.0..m.ys[ny - 1] + dy / 2.0,
+            )
             .map_err(err)?;
         chart.configure_mesh().disable_mesh().label_style(("sans-serif", 11)).draw().map_err(err)?;
         let span = (m.range.1 - m.range.0).max(f64::MIN_POSITIVE);

@@ -21,7 +21,8 @@ impl Run {
     pub fn new(out: &str, name: &str) -> Result<Self> {
         let dir = Path::new(out).join(name);
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let log = File::create(dir.join("log.txt")).with_context(|| format!("creating {}/log.txt", dir.display()))?;
+        let log = File::create(dir.join("log.txt"))
+            .with_context(|| format!("creating {}/log.txt", dir.display()))?;
         Ok(Self { dir, log, started: Instant::now() })
     }
 

@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use fspace_context::{BoundingBox, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler, UniformSampler};
+use fspace_context::{
+    BoundingBox, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler, UniformSampler,
+};
 use fspace_core::Likelihood;
 use fspace_nn::{Network, TrainProgress, TrainReport};
 use nalgebra::{DMatrix, DVector};
@@ -32,7 +34,12 @@ pub enum ContextDesign {
 }
 
 /// `n` context points of `design` in `bbox` (`seed` for the random designs).
-pub fn context_points(design: ContextDesign, bbox: &BoundingBox, n: usize, seed: u64) -> Result<DMatrix<f64>> {
+pub fn context_points(
+    design: ContextDesign,
+    bbox: &BoundingBox,
+    n: usize,
+    seed: u64,
+) -> Result<DMatrix<f64>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let b = bbox.clone();
     Ok(match design {
@@ -111,13 +118,26 @@ pub fn fit<N: Network + Clone>(
         None => BoundingBox::from_data(x, config.widen)?,
     };
     let t0 = Instant::now();
-    let report =
-        train(&mut net, likelihood, prior, x, y, validation, &UniformSampler::new(bbox.clone()), &config.train, progress)?;
+    let report = train(
+        &mut net,
+        likelihood,
+        prior,
+        x,
+        y,
+        validation,
+        &UniformSampler::new(bbox.clone()),
+        &config.train,
+        progress,
+    )?;
     let train_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let context = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
     let post = laplace(&net, likelihood, prior, x, y, &context, &config.laplace)?;
-    let summary =
-        FitSummary { train: report, train_seconds, laplace_seconds: t1.elapsed().as_secs_f64(), context_box: bbox };
+    let summary = FitSummary {
+        train: report,
+        train_seconds,
+        laplace_seconds: t1.elapsed().as_secs_f64(),
+        context_box: bbox,
+    };
     Ok((post, summary))
 }

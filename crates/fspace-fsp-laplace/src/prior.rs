@@ -68,8 +68,14 @@ pub fn fit_regression_prior<K: Kernel + Clone + 'static>(
     config: &FitConfig,
 ) -> Result<(FunctionPrior, f64)> {
     let targets = DMatrix::from_column_slice(y.len(), 1, y.as_slice());
-    let report =
-        fspace_gp::fit_hyperparameters(kernel, &PriorMean::Zero, initial_noise_variance, x, &targets, config)?;
+    let report = fspace_gp::fit_hyperparameters(
+        kernel,
+        &PriorMean::Zero,
+        initial_noise_variance,
+        x,
+        &targets,
+        config,
+    )?;
     Ok((FunctionPrior::centered(Box::new(report.kernel)), report.noise_variance))
 }
 
@@ -84,6 +90,7 @@ pub fn fit_classification_prior<K: Kernel + Clone + 'static>(
     alpha_eps: f64,
     config: &FitConfig,
 ) -> Result<FunctionPrior> {
-    let (fitted, _lml) = fspace_gp::fit_dirichlet_hyperparameters(kernel, x, labels, classes, alpha_eps, config)?;
+    let (fitted, _lml) =
+        fspace_gp::fit_dirichlet_hyperparameters(kernel, x, labels, classes, alpha_eps, config)?;
     Ok(FunctionPrior::centered(Box::new(fspace_kernels::Independent::new(fitted, classes)?)))
 }

@@ -10,8 +10,14 @@ use fspace_testutil::{fd_gradient, rand_uniform, rel_err, rel_frob, rng};
 use nalgebra::{DMatrix, DVector};
 
 fn mlp(d: usize, q: usize, seed: u64) -> Mlp {
-    Mlp::new(MlpConfig { input_dim: d, hidden: vec![8, 8], output_dim: q, activation: Activation::Tanh, seed })
-        .unwrap()
+    Mlp::new(MlpConfig {
+        input_dim: d,
+        hidden: vec![8, 8],
+        output_dim: q,
+        activation: Activation::Tanh,
+        seed,
+    })
+    .unwrap()
 }
 
 fn grid(d: usize, n: usize, lo: f64, hi: f64) -> DMatrix<f64> {
@@ -57,7 +63,12 @@ fn no_truncation() -> LaplaceConfig {
 /// itself is ill-conditioned (precision eigenvalues of a net at initialisation span 10 decades),
 /// so the test checks `Sᵀ Λ S = I` and the *function-space* covariance at test points — the
 /// quantity the method reports — against the dense reference.
-fn assert_matches_dense(post: &FspLaplace<Mlp>, reference: &DMatrix<f64>, lambda: &DMatrix<f64>, xt: &DMatrix<f64>) {
+fn assert_matches_dense(
+    post: &FspLaplace<Mlp>,
+    reference: &DMatrix<f64>,
+    lambda: &DMatrix<f64>,
+    xt: &DMatrix<f64>,
+) {
     let s = post.covariance_factor();
     let r = s.ncols();
     let id_err = (s.transpose() * lambda * s - DMatrix::<f64>::identity(r, r)).norm() / (r as f64).sqrt();
@@ -99,7 +110,8 @@ fn alg2_covariance_equals_the_dense_reference_for_two_outputs() {
     let x = rand_uniform(15, 2, -1.0, 1.0, &mut rng(2));
     let y = DVector::from_fn(15, |i, _| (x[(i, 0)] > 0.0) as u8 as f64);
     let c = grid(2, 4, -4.0, 4.0);
-    let prior = FunctionPrior::centered(Box::new(Independent::new(Matern12::new(2.0, 1.0).unwrap(), 2).unwrap()));
+    let prior =
+        FunctionPrior::centered(Box::new(Independent::new(Matern12::new(2.0, 1.0).unwrap(), 2).unwrap()));
     let lik = Categorical::new(2).unwrap();
     let post = laplace(&net, &lik, &prior, &x, &y, &c, &no_truncation()).unwrap();
     let (reference, lambda) = dense_reference(&net, &lik, &prior, &x, &y, &c);
@@ -121,7 +133,11 @@ fn the_truncation_rule_keeps_every_context_variance_at_or_below_the_prior() {
     let var = post.predict(&c).unwrap().var;
     let worst = var.iter().fold(0.0f64, |m, &v| m.max(v / 1.5));
     let rep = post.report();
-    eprintln!("truncated {} of {} columns; max var/prior var = {worst:.4}", rep.truncated, rep.truncated + rep.rank);
+    eprintln!(
+        "truncated {} of {} columns; max var/prior var = {worst:.4}",
+        rep.truncated,
+        rep.truncated + rep.rank
+    );
     assert!(worst <= 1.0 + 1e-9, "a context variance exceeds the prior: ratio {worst}");
     // The rule is minimal: putting back the last dropped column breaks the bound.
     if rep.truncated > 0 {
@@ -132,6 +148,27 @@ fn the_truncation_rule_keeps_every_context_variance_at_or_below_the_prior() {
         let exceeded = (0..c.nrows()).any(|i| jc.row(i).norm_squared() > 1.5 * (1.0 + 1e-9));
         assert!(exceeded, "one column fewer dropped would also satisfy the bound");
     }
+}
+
+#[test]
+fn the_data_bound_extension_also_caps_the_variance_at_the_training_inputs() {
+    // Coarse context points (5 on [−2, 2]) leave the training inputs between them
+    // unconstrained by the paper's rule; `truncate_at_data` adds them to the check.
+    let net = mlp(1, 1, 17);
+    let x = rand_uniform(40, 1, -1.5, 1.5, &mut rng(9));
+    let y = DVector::from_fn(40, |i, _| (3.0 * x[(i, 0)]).sin());
+    let c = grid(1, 5, -2.0, 2.0);
+    let prior = FunctionPrior::centered(Box::new(Matern12::new(1.0, 0.3).unwrap()));
+    let lik = Gaussian::new(0.5).unwrap();
+    let cfg = LaplaceConfig { truncate_at_data: true, ..Default::default() };
+    let post = laplace(&net, &lik, &prior, &x, &y, &c, &cfg).unwrap();
+    let worst_data = post.predict(&x).unwrap().var.max();
+    let worst_ctx = post.predict(&c).unwrap().var.max();
+    eprintln!(
+        "bound at data: max var at data {worst_data:.4}, at context {worst_ctx:.4} (prior 1), {:?}",
+        post.report().truncated
+    );
+    assert!(worst_data <= 1.0 + 1e-9 && worst_ctx <= 1.0 + 1e-9);
 }
 
 #[test]
@@ -175,7 +212,8 @@ fn the_posterior_is_consistent_and_samples_have_its_covariance() {
     let y = DVector::from_fn(25, |i, _| x[(i, 0)]);
     let c = grid(1, 20, -2.0, 2.0);
     let prior = FunctionPrior::centered(Box::new(Matern12::new(1.0, 0.5).unwrap()));
-    let post = laplace(&net, &Gaussian::new(0.2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
+    let post =
+        laplace(&net, &Gaussian::new(0.2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
     let xt = grid(1, 7, -3.0, 3.0);
     let pred = post.predict(&xt).unwrap();
     let (mean, cov) = post.predict_joint(&xt).unwrap();
@@ -215,7 +253,9 @@ fn bad_input_is_a_typed_error() {
         laplace(&net, &lik, &two, &x, &y, &c, &LaplaceConfig::default()),
         Err(FspError::DimensionMismatch { .. })
     ));
-    assert!(laplace(&net, &Categorical::new(2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).is_err());
+    assert!(
+        laplace(&net, &Categorical::new(2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).is_err()
+    );
     let mut bad = x.clone();
     bad[(1, 0)] = f64::NAN;
     assert!(laplace(&net, &lik, &prior, &bad, &y, &c, &LaplaceConfig::default()).is_err());
@@ -252,16 +292,46 @@ fn training_pulls_the_network_towards_the_prior_away_from_the_data() {
     let train_cfg = TrainConfig { epochs: 2500, batch_size: 100, learning_rate: 1e-2, ..Default::default() };
     let opts = TrainOptions { train: train_cfg.clone(), ..Default::default() };
     let new_net = || {
-        Mlp::new(MlpConfig { input_dim: 1, hidden: vec![50, 50], output_dim: 1, activation: Activation::Tanh, seed: 0 })
-            .unwrap()
+        Mlp::new(MlpConfig {
+            input_dim: 1,
+            hidden: vec![50, 50],
+            output_dim: 1,
+            activation: Activation::Tanh,
+            seed: 0,
+        })
+        .unwrap()
     };
     let mut net = new_net();
-    train(&mut net, &mut Gaussian::new(0.1).unwrap(), &prior, &data.x, &data.y_vec(), None, &sampler, &opts, |_| {})
-        .unwrap();
+    train(
+        &mut net,
+        &mut Gaussian::new(0.1).unwrap(),
+        &prior,
+        &data.x,
+        &data.y_vec(),
+        None,
+        &sampler,
+        &opts,
+        |_| {},
+    )
+    .unwrap();
     let mut map = new_net();
-    fspace_nn::train_map(&mut map, &mut Gaussian::new(0.1).unwrap(), &data.x, &data.y_vec(), None, None, &train_cfg, |_| {})
-        .unwrap();
-    let far = DMatrix::from_fn(40, 1, |i, _| if i < 20 { -2.0 + 0.04 * i as f64 } else { 1.24 + 0.04 * (i - 20) as f64 });
+    fspace_nn::train_map(
+        &mut map,
+        &mut Gaussian::new(0.1).unwrap(),
+        &data.x,
+        &data.y_vec(),
+        None,
+        None,
+        &train_cfg,
+        |_| {},
+    )
+    .unwrap();
+    let far =
+        DMatrix::from_fn(
+            40,
+            1,
+            |i, _| if i < 20 { -2.0 + 0.04 * i as f64 } else { 1.24 + 0.04 * (i - 20) as f64 },
+        );
     let mean_abs = |n: &Mlp| n.forward(&far).unwrap().iter().map(|v| v.abs()).sum::<f64>() / 40.0;
     let rmse = ((net.forward(&data.x).unwrap().column(0) - data.y_vec()).norm_squared() / 100.0).sqrt();
     let (fsp_far, map_far) = (mean_abs(&net), mean_abs(&map));

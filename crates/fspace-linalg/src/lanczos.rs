@@ -444,7 +444,8 @@ pub fn pinv_factor_restarted(
     let (mut f, info) = pinv_factor_from(&dec)?;
     let mut runs = vec![info];
     let mut rng = StdRng::seed_from_u64(seed);
-    let restartable = |stop: StopReason| matches!(stop, StopReason::InvariantSubspace | StopReason::SingularPivot);
+    let restartable =
+        |stop: StopReason| matches!(stop, StopReason::InvariantSubspace | StopReason::SingularPivot);
     while runs.len() <= max_restarts
         && restartable(runs.last().expect("one run").lanczos.stop)
         && f.ncols() < config.max_rank.min(n)

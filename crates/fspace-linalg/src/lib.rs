@@ -40,8 +40,9 @@ pub use cholesky::{cholesky_jitter, cholesky_rank_update, JitterConfig, Jittered
 pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, ThinSvd};
 pub use error::{LinalgError, Result};
 pub use lanczos::{
-    lanczos, pinv_factor, pinv_factor_from, pinv_factor_restarted, probe_symmetry, RestartedPinvInfo, LanczosConfig, LanczosDecomposition, LanczosInfo,
-    PinvInfo, PinvMethod, StartVector, StopReason, TridiagonalLdlt,
+    lanczos, pinv_factor, pinv_factor_from, pinv_factor_restarted, probe_symmetry, LanczosConfig,
+    LanczosDecomposition, LanczosInfo, PinvInfo, PinvMethod, RestartedPinvInfo, StartVector, StopReason,
+    TridiagonalLdlt,
 };
 pub use logdet::{slq_logdet, SlqConfig, SlqEstimate};
 pub use lowrank::LowRankPlusDiagonal;

@@ -73,8 +73,12 @@ fn restarts_recover_the_pseudo_inverse_when_eigenvalues_repeat() {
         let (f, info) = pinv_factor_restarted(&op, &cfg, 50, 7).unwrap();
         let err = rel_frob(&(&f * f.transpose()), &psd_pinv(&a, 1e-9));
         let true_rank = 3 * (n - zeros);
-        eprintln!("n = {n}: single run rank {}, restarted rank {} in {} runs (true {true_rank}), error {err:.2e}",
-            single.rank, info.rank, info.runs.len());
+        eprintln!(
+            "n = {n}: single run rank {}, restarted rank {} in {} runs (true {true_rank}), error {err:.2e}",
+            single.rank,
+            info.rank,
+            info.runs.len()
+        );
         assert_eq!(single.lanczos.stop, StopReason::InvariantSubspace);
         assert!(single.rank <= 4, "a single Krylov space sees one direction per distinct eigenvalue");
         assert_eq!(info.rank, true_rank);

@@ -73,7 +73,8 @@ fn the_regularizer_hook_steers_the_network_with_its_own_gradient() {
     };
     let mut net = sine_net(3);
     let cfg = TrainConfig { epochs: 400, batch_size: 40, learning_rate: 1e-2, ..Default::default() };
-    train_map(&mut net, &mut Gaussian::new(0.1).unwrap(), &x, &y, None, Some(&mut reg), &cfg, |_| {}).unwrap();
+    train_map(&mut net, &mut Gaussian::new(0.1).unwrap(), &x, &y, None, Some(&mut reg), &cfg, |_| {})
+        .unwrap();
     assert!((net.forward(&anchor).unwrap()[(0, 0)] - 3.0).abs() < 0.05);
     assert!(rmse(&net, &x, &y) < 0.05);
 }
@@ -99,11 +100,17 @@ fn early_stopping_restores_the_best_validation_weights() {
         ..Default::default()
     };
     let mut seen = 0;
-    let report =
-        train_map(&mut net, &mut lik, &train.x, &train.y_vec(), Some((&val.x, &val.y_vec())), None, &cfg, |_| {
-            seen += 1
-        })
-        .unwrap();
+    let report = train_map(
+        &mut net,
+        &mut lik,
+        &train.x,
+        &train.y_vec(),
+        Some((&val.x, &val.y_vec())),
+        None,
+        &cfg,
+        |_| seen += 1,
+    )
+    .unwrap();
     assert!(report.stopped_early && report.epochs < 3000 && seen == report.epochs);
     let best = report.history.iter().filter_map(|p| p.validation_loss).fold(f64::INFINITY, f64::min);
     let now = lik.nll_of(&net, &val);
@@ -139,8 +146,17 @@ fn training_rejects_bad_setups() {
     let mut net = sine_net(0);
     let mut lik = Gaussian::new(0.1).unwrap();
     let x = DMatrix::zeros(5, 1);
-    assert!(train_map(&mut net, &mut lik, &x, &DVector::zeros(4), None, None, &TrainConfig::default(), |_| {})
-        .is_err());
+    assert!(train_map(
+        &mut net,
+        &mut lik,
+        &x,
+        &DVector::zeros(4),
+        None,
+        None,
+        &TrainConfig::default(),
+        |_| {}
+    )
+    .is_err());
     let cfg = TrainConfig { patience: Some(3), ..Default::default() };
     assert!(train_map(&mut net, &mut lik, &x, &DVector::zeros(5), None, None, &cfg, |_| {}).is_err());
     let bad = DVector::from_element(5, f64::NAN);

@@ -14,14 +14,14 @@ use fspace_context::BoundingBox;
 use fspace_core::{Gaussian, Posterior};
 use fspace_fsp_laplace::{fit, FspConfig, FunctionPrior, TrainOptions};
 use fspace_gp::{ExactGp, FitConfig, Noise};
-use fspace_kernels::{gram_diag, Kernel, KernelBase, Matern12, Matern52, Periodic, PriorMean, Rbf};
+use fspace_kernels::{Kernel, KernelBase, Matern12, Matern52, Periodic, PriorMean, Rbf};
 use fspace_nn::TrainConfig;
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::{linspace, roughness, tanh_mlp, Options};
+use super::{eval_sine, linspace, roughness, tanh_mlp, Options};
 use crate::plot::{regression_panels, Panel1d};
 use crate::report::{fmt, markdown_table, Run};
 
@@ -34,7 +34,13 @@ struct Case {
 }
 
 fn cases() -> Result<Vec<Case>> {
-    let c = |name, figure, kernel: Box<dyn Kernel>, fit_prior, data_noise| Case { name, figure, kernel, fit_prior, data_noise };
+    let c = |name, figure, kernel: Box<dyn Kernel>, fit_prior, data_noise| Case {
+        name,
+        figure,
+        kernel,
+        fit_prior,
+        data_noise,
+    };
     Ok(vec![
         c("rbf", "Fig. 1, C.1", Rbf::new(1.0, 0.3)?.boxed(), true, 0.1),
         c("matern12", "Fig. 1", Matern12::new(1.0, 0.3)?.boxed(), true, 0.1),
@@ -46,20 +52,11 @@ fn cases() -> Result<Vec<Case>> {
     ])
 }
 
-/// Standard deviations from variances (clamped at 0 against rounding).
-fn sqrt_all(v: &DMatrix<f64>) -> Vec<f64> {
-    v.iter().map(|x| x.max(0.0).sqrt()).collect()
-}
-
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-toy-regression")?;
     let n_train = 100;
     let epochs = if opts.quick { 1500 } else { 8000 };
     let xt = linspace(-2.0, 2.0, 200);
-    let xs: Vec<f64> = xt.iter().cloned().collect();
-    let inside: Vec<usize> = (0..200).filter(|&i| (0.5..=1.0).contains(&xs[i].abs())).collect();
-    let outside: Vec<usize> = (0..200).filter(|&i| xs[i].abs() >= 1.2).collect();
-    let truth: Vec<f64> = xs.iter().map(|x| (std::f64::consts::TAU * x).sin()).collect();
     let cases = cases()?;
     let bar = run.progress(cases.len() as u64, "priors");
     let mut metrics = Map::new();
@@ -83,8 +80,11 @@ pub fn run(opts: &Options) -> Result<()> {
         } else {
             (case.kernel.clone(), case.data_noise * case.data_noise)
         };
-        let hyper: Map<String, Value> =
-            kernel.param_names().into_iter().zip(kernel.params().into_iter().map(|p| json!(p.exp()))).collect();
+        let hyper: Map<String, Value> = kernel
+            .param_names()
+            .into_iter()
+            .zip(kernel.params().into_iter().map(|p| json!(p.exp())))
+            .collect();
         run.log(format!("{}: prior {:?}, noise σ = {:.4}", case.name, hyper, noise_var.sqrt()));
         let prior = FunctionPrior::centered(Box::new(kernel.clone()));
         let config = FspConfig {
@@ -105,18 +105,10 @@ pub fn run(opts: &Options) -> Result<()> {
         let mut lik = Gaussian::new(noise_var.sqrt())?;
         let (post, summary) = fit(net, &mut lik, &prior, &data.x, &y, None, &config, |_| {})?;
         let seconds = summary.train_seconds + summary.laplace_seconds;
-        let pred = post.predict(&xt)?;
-        let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;
-        let gpred = gp.predict(&xt)?;
-        let (m, s) = (pred.mean.column(0).iter().cloned().collect::<Vec<_>>(), sqrt_all(&pred.var));
-        let (gm, gs) = (gpred.mean.column(0).iter().cloned().collect::<Vec<_>>(), sqrt_all(&gpred.var));
-        let prior_sd: Vec<f64> = gram_diag(&kernel, &xt)?.iter().map(|v| v.sqrt()).collect();
-        let mean_over = |v: &[f64], idx: &[usize]| idx.iter().map(|&i| v[i]).sum::<f64>() / idx.len() as f64;
-        let w2 = fspace_metrics::mean_w2(&m, &s, &gm, &gs)?;
-        let std_out = mean_over(&s, &outside) / mean_over(&prior_sd, &outside);
-        let std_in = mean_over(&s, &inside);
-        let rmse_in =
-            (inside.iter().map(|&i| (m[i] - truth[i]).powi(2)).sum::<f64>() / inside.len() as f64).sqrt();
+        let gp =
+            ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;
+        let ev = eval_sine(&post, &gp, &kernel)?;
+        let (w2, std_out, std_in, rmse_in) = (ev.w2_to_gp, ev.std_out_over_prior, ev.std_in, ev.rmse_in);
         let mut srng = StdRng::seed_from_u64(opts.seed + 1);
         let samples = post.sample_functions(&xt, 20, &mut srng)?;
         let gp_samples = gp.sample_functions(&xt, 20, &mut srng)?;
@@ -137,9 +129,8 @@ pub fn run(opts: &Options) -> Result<()> {
                 "rmse_in": rmse_in,
                 "roughness": rough,
                 "gp_roughness": gp_rough,
-                "gp_std_out_over_prior": mean_over(&gs, &outside) / mean_over(&prior_sd, &outside),
-                "gp_std_in": mean_over(&gs, &inside),
-                "gp_rmse_in": (inside.iter().map(|&i| (gm[i] - truth[i]).powi(2)).sum::<f64>() / inside.len() as f64).sqrt(),
+                "gp_std_out_over_prior": ev.gp_std_out_over_prior,
+                "gp_rmse_in": ev.gp_rmse_in,
                 "seconds": seconds,
                 "train_seconds": summary.train_seconds,
                 "laplace_seconds": summary.laplace_seconds,
@@ -165,22 +156,23 @@ pub fn run(opts: &Options) -> Result<()> {
         ]);
         let data_pts: Vec<(f64, f64)> = (0..n_train).map(|i| (data.x[(i, 0)], y[i])).collect();
         let context: Vec<f64> = linspace(-2.0, 2.0, 100).iter().cloned().collect();
-        let to_vecs = |s: &[DMatrix<f64>]| s.iter().take(10).map(|m| m.column(0).iter().cloned().collect()).collect();
+        let to_vecs =
+            |s: &[DMatrix<f64>]| s.iter().take(10).map(|m| m.column(0).iter().cloned().collect()).collect();
         panels.push(Panel1d {
             title: format!("FSP-Laplace, {}", case.name),
             data: data_pts.clone(),
-            x: xs.clone(),
-            mean: m,
-            std: s,
+            x: ev.xs.clone(),
+            mean: ev.mean.clone(),
+            std: ev.std.clone(),
             samples: to_vecs(&samples),
             context,
         });
         panels.push(Panel1d {
             title: format!("exact GP, {}", case.name),
             data: data_pts,
-            x: xs.clone(),
-            mean: gm,
-            std: gs,
+            x: ev.xs.clone(),
+            mean: ev.gp_mean.clone(),
+            std: ev.gp_std.clone(),
             samples: to_vecs(&gp_samples),
             context: vec![],
         });

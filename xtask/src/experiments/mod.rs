@@ -63,7 +63,13 @@ pub const EXPERIMENTS: &[Experiment] = &[
 
 /// A tanh MLP `d → hidden → q` (the papers' toy networks).
 pub fn tanh_mlp(d: usize, hidden: &[usize], q: usize, seed: u64) -> Result<Mlp> {
-    Ok(Mlp::new(MlpConfig { input_dim: d, hidden: hidden.to_vec(), output_dim: q, activation: Activation::Tanh, seed })?)
+    Ok(Mlp::new(MlpConfig {
+        input_dim: d,
+        hidden: hidden.to_vec(),
+        output_dim: q,
+        activation: Activation::Tanh,
+        seed,
+    })?)
 }
 
 /// `n` equispaced points on `[lo, hi]` as an `n × 1` matrix.
@@ -82,4 +88,65 @@ pub fn roughness(samples: &[DMatrix<f64>]) -> f64 {
         })
         .collect();
     per.iter().sum::<f64>() / per.len() as f64
+}
+
+/// The sine-toy checks of one posterior against the exact GP on a grid over [−2, 2].
+pub struct SineEval {
+    /// Grid abscissae.
+    pub xs: Vec<f64>,
+    /// Predictive mean and std of f.
+    pub mean: Vec<f64>,
+    /// Predictive std of f.
+    pub std: Vec<f64>,
+    /// Exact GP mean.
+    pub gp_mean: Vec<f64>,
+    /// Exact GP std.
+    pub gp_std: Vec<f64>,
+    /// Mean pointwise W2 to the exact GP.
+    pub w2_to_gp: f64,
+    /// Mean std on |x| ≥ 1.2 over the prior std there.
+    pub std_out_over_prior: f64,
+    /// Same for the GP.
+    pub gp_std_out_over_prior: f64,
+    /// Mean std on the data region 0.5 ≤ |x| ≤ 1.
+    pub std_in: f64,
+    /// RMSE of the mean against sin(2πx) on the data region.
+    pub rmse_in: f64,
+    /// Same for the GP mean.
+    pub gp_rmse_in: f64,
+}
+
+/// Evaluates `post` and `gp` on 200 points over [−2, 2] (prior std from `prior_var`).
+pub fn eval_sine(
+    post: &dyn fspace_core::Posterior,
+    gp: &dyn fspace_core::Posterior,
+    kernel: &dyn fspace_kernels::MatrixKernel,
+) -> Result<SineEval> {
+    let xt = linspace(-2.0, 2.0, 200);
+    let xs: Vec<f64> = xt.iter().cloned().collect();
+    let inside: Vec<usize> = (0..200).filter(|&i| (0.5..=1.0).contains(&xs[i].abs())).collect();
+    let outside: Vec<usize> = (0..200).filter(|&i| xs[i].abs() >= 1.2).collect();
+    let truth: Vec<f64> = xs.iter().map(|x| (std::f64::consts::TAU * x).sin()).collect();
+    let (p, g) = (post.predict(&xt)?, gp.predict(&xt)?);
+    let sd = |v: &DMatrix<f64>| v.iter().map(|x| x.max(0.0).sqrt()).collect::<Vec<f64>>();
+    let (mean, std) = (p.mean.iter().cloned().collect::<Vec<_>>(), sd(&p.var));
+    let (gp_mean, gp_std) = (g.mean.iter().cloned().collect::<Vec<_>>(), sd(&g.var));
+    let prior_sd: Vec<f64> = fspace_kernels::gram_diag(kernel, &xt)?.iter().map(|v| v.sqrt()).collect();
+    let avg = |v: &[f64], idx: &[usize]| idx.iter().map(|&i| v[i]).sum::<f64>() / idx.len() as f64;
+    let rmse = |m: &[f64]| {
+        (inside.iter().map(|&i| (m[i] - truth[i]).powi(2)).sum::<f64>() / inside.len() as f64).sqrt()
+    };
+    Ok(SineEval {
+        w2_to_gp: fspace_metrics::mean_w2(&mean, &std, &gp_mean, &gp_std)?,
+        std_out_over_prior: avg(&std, &outside) / avg(&prior_sd, &outside),
+        gp_std_out_over_prior: avg(&gp_std, &outside) / avg(&prior_sd, &outside),
+        std_in: avg(&std, &inside),
+        rmse_in: rmse(&mean),
+        gp_rmse_in: rmse(&gp_mean),
+        xs,
+        mean,
+        std,
+        gp_mean,
+        gp_std,
+    })
 }
