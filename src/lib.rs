@@ -13,12 +13,14 @@
 //! | [`core`] | `fspace-core` | likelihoods, the `Posterior` contract, minibatches, early stopping |
 //! | [`metrics`] | `fspace-metrics` | ELL, NLL, RMSE, CRPS, CQM, accuracy, ECE, Brier, OOD AUC, W2, mean rank |
 //! | [`gp`] | `fspace-gp` | exact GP, marginal-likelihood fitting, GP classification, SVGP, k-means |
-//! | [`nn`] | `fspace-nn` | (in progress) MLP on dfdx with f, J·u, Jᵀ·V, Jacobian, NTK, GGN products |
+//! | [`nn`] | `fspace-nn` | MLP and Helmholtz nets on dfdx with f, J·u, Jᵀ·V, Jacobian, NTK, GGN products, MAP training (CNN: open) |
+//! | [`fsp_laplace`] | `fspace-fsp-laplace` | FSP-Laplace: MAP under a GP prior (Alg. 1), matrix-free linearised Laplace (Alg. 2) |
 //! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
 
 pub use fspace_context as context;
 pub use fspace_core as core;
 pub use fspace_data as data;
+pub use fspace_fsp_laplace as fsp_laplace;
 pub use fspace_gp as gp;
 pub use fspace_kernels as kernels;
 pub use fspace_linalg as linalg;

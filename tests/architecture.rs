@@ -19,6 +19,17 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("fspace-gp", vec!["fspace-linalg", "fspace-kernels", "fspace-core"]),
         ("fspace-nn", vec!["fspace-core"]),
         (
+            "fspace-fsp-laplace",
+            vec![
+                "fspace-linalg",
+                "fspace-kernels",
+                "fspace-context",
+                "fspace-core",
+                "fspace-gp",
+                "fspace-nn",
+            ],
+        ),
+        (
             "fspace",
             vec![
                 "fspace-linalg",
@@ -29,6 +40,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-data",
                 "fspace-gp",
                 "fspace-nn",
+                "fspace-fsp-laplace",
             ],
         ),
         (
@@ -43,6 +55,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-data",
                 "fspace-gp",
                 "fspace-nn",
+                "fspace-fsp-laplace",
             ],
         ),
     ])

@@ -9,8 +9,8 @@
 //!
 //! `Σ(C, C)` does not depend on `w`, so the regulariser's gradient is `J(C)ᵀα` with
 //! `α = Σ(C, C)⁻¹(f(C) − μ(C))`: one forward pass and one reverse-mode pass on the context
-//! points. `Σ(C, C)` gets a relative jitter (`context_jitter`, default 1e-3 of the mean prior
-//! variance; more if needed to factorise, ×10 per retry) and the jitter actually used is
+//! points. `Σ(C, C)` always gets a relative jitter (`context_jitter`, default 1e-3 of the mean
+//! prior variance; more only if needed to factorise) and the jitter actually used is
 //! reported by [`rkhs_regularizer`]. The paper does not state its jitter. Smooth kernels make
 //! `Σ(C, C)` numerically singular, and with a tiny jitter the estimate penalises every
 //! deviation from the kernel's numerical range by ~1/jitter: on the sine toy with a fitted
@@ -40,9 +40,10 @@ pub(crate) fn from_point_major(v: &[f64], q: usize) -> DMatrix<f64> {
     DMatrix::from_row_slice(v.len() / q, q, v)
 }
 
-/// Value and weight gradient of the regulariser `½ (f(C) − μ(C))ᵀ Σ(C, C)⁻¹ (f(C) − μ(C))` at
-/// the context points `c` (jitter: the first relative jitter tried on `Σ(C, C)`). Returns
-/// `(value, J(C)ᵀα, jitter used)`.
+/// Value and weight gradient of the regulariser `½ (f(C) − μ(C))ᵀ (Σ(C, C) + εI)⁻¹ (f(C) − μ(C))`
+/// at the context points `c`, with `ε = jitter × mean diag Σ(C, C)` always added (more, ×10
+/// per retry from 1e-10, only if that still fails to factorise). Returns `(value, J(C)ᵀα,
+/// ε actually used)`.
 pub fn rkhs_regularizer<N: Network + ?Sized>(
     net: &N,
     prior: &FunctionPrior,
@@ -54,11 +55,16 @@ pub fn rkhs_regularizer<N: Network + ?Sized>(
     let q = net.output_dim();
     let f = net.forward(c)?;
     let r = point_major(&f) - prior.mean_at(c)?;
-    let chol = cholesky_jitter(&prior.gram(c)?, &JitterConfig { initial: jitter, ..Default::default() })?;
+    let mut k = prior.gram(c)?;
+    let eps = jitter * k.diagonal().mean();
+    for i in 0..k.nrows() {
+        k[(i, i)] += eps;
+    }
+    let chol = cholesky_jitter(&k, &JitterConfig::default())?;
     let alpha = chol.solve_vec(&r)?;
     let value = 0.5 * r.dot(&alpha);
     let grad = net.vjp(c, &from_point_major(alpha.as_slice(), q))?;
-    Ok((value, grad, chol.jitter()))
+    Ok((value, grad, eps + chol.jitter()))
 }
 
 /// The Alg. 1 objective on one minibatch for fixed context points, and its weight gradient:
@@ -126,8 +132,8 @@ pub fn train<N: Network>(
     if options.n_context == 0 {
         return Err(invalid("n_context", "at least one context point per step"));
     }
-    if !(options.context_jitter.is_finite() && options.context_jitter > 0.0) {
-        return Err(invalid("context_jitter", format!("{} must be > 0", options.context_jitter)));
+    if !(options.context_jitter.is_finite() && options.context_jitter >= 0.0) {
+        return Err(invalid("context_jitter", format!("{} must be finite and ≥ 0", options.context_jitter)));
     }
     // The hook speaks `NnError`; keep the original error to return it unchanged.
     let failure: RefCell<Option<FspError>> = RefCell::new(None);

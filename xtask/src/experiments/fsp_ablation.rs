@@ -3,7 +3,7 @@
 //! Matérn-1/2 priors, on the sine toy and on two moons.
 //!
 //! Choices: the priors are fitted once per task as in `fsp-toy-regression` / `fsp-two-moons`;
-//! fewer epochs than those experiments (4000 / 1500) to keep the default suite short.
+//! fewer epochs than those experiments (4000 / 1000) to keep the default suite short.
 
 use anyhow::Result;
 use fspace_context::BoundingBox;
@@ -25,7 +25,7 @@ const MS: [usize; 4] = [3, 5, 10, 100];
 
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-context-ablation")?;
-    let (reg_epochs, cls_epochs) = if opts.quick { (800, 300) } else { (4000, 1500) };
+    let (reg_epochs, cls_epochs) = if opts.quick { (800, 300) } else { (4000, 1000) };
     let bar = run.progress((MS.len() * 4) as u64, "runs");
     let (mut metrics, mut rows, mut panels, mut maps) = (Map::new(), Vec::new(), Vec::new(), Vec::new());
 

@@ -28,8 +28,11 @@ use crate::report::{fmt, markdown_table, Run};
 
 pub const BOX: f64 = 3.75;
 
+/// `(x_train, y_train, x_test, y_test)`.
+pub type MoonsData = (DMatrix<f64>, DVector<f64>, DMatrix<f64>, DVector<f64>);
+
 /// Training and test sets from one standardised two-moons draw.
-pub fn moons(seed: u64) -> Result<(DMatrix<f64>, DVector<f64>, DMatrix<f64>, DVector<f64>)> {
+pub fn moons(seed: u64) -> Result<MoonsData> {
     let (all, _) = fspace_data::two_moons(1200, 0.1, &mut StdRng::seed_from_u64(seed))?;
     let train: Vec<usize> = (0..200).collect();
     let test: Vec<usize> = (200..1200).collect();
@@ -123,7 +126,7 @@ fn p1_moments(
 /// step and `laplace_design` for the 100 Laplace context points.
 pub fn moons_run(
     prior: &FunctionPrior,
-    data: &(DMatrix<f64>, DVector<f64>, DMatrix<f64>, DVector<f64>),
+    data: &MoonsData,
     n_context: usize,
     laplace_design: ContextDesign,
     variant: &Variant,

@@ -56,7 +56,7 @@ fn null_space_ratio(
 
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-null-space")?;
-    let (reg_epochs, cls_epochs) = if opts.quick { (800, 300) } else { (4000, 1500) };
+    let (reg_epochs, cls_epochs) = if opts.quick { (800, 300) } else { (4000, 1000) };
     let paper = [("rbf", 1.026e-7, 3.548e-4), ("matern12", 4.305e-6, 1.299e-2)];
     let bar = run.progress(4, "runs");
     let mut metrics = Map::new();
