@@ -1,4 +1,4 @@
-//! # fspace-nn (in progress)
+//! # fspace-nn
 //!
 //! The only crate that imports dfdx. Networks are seen by the rest of the workspace as a flat
 //! parameter vector `w ∈ ℝᵖ` plus exact linearisation operators at fixed `w`, as nalgebra
@@ -10,8 +10,10 @@
 //!   `ż = ȧWᵀ + aUᵀ + u_b`, `ȧ = σ'(z) ⊙ ż`) so that dfdx's reverse mode can later
 //!   differentiate *through* them (DESIGN.md, "pullbacks");
 //! * [`Mlp::vjp`] `J(X)ᵀ·V` — dfdx reverse mode;
-//! * [`Mlp::jacobian`] the `n·d' × p` Jacobian in row chunks, [`Mlp::ntk`] `J(X)J(Z)ᵀ`,
-//!   [`Mlp::ggn_vector`] `Jᵀ H J v` for per-point function-space Hessian blocks `H`.
+//! * [`Mlp::jacobian`] the `n·d' × p` Jacobian, streamed in row chunks by
+//!   [`Mlp::jacobian_rows`]; [`Mlp::ntk`] `J(X)J(Z)ᵀ` layer by layer without forming `J`
+//!   (VaLLA App. F.3); [`Mlp::ggn_vector`] `Jᵀ H J v` for per-point function-space Hessian
+//!   blocks `H`.
 //!
 //! * [`Mlp::ggn_diagonal`], [`Mlp::kfac_factors`] / [`Mlp::layer_statistics`],
 //!   [`Mlp::last_layer_features`];
@@ -19,7 +21,7 @@
 //!   (VaLLA);
 //! * [`Mlp::jsj_pullback`]: gradients of `⟨C, J diag(s) Jᵀ⟩` with respect to `w` and `s`
 //!   (GFSVI), by reverse-over-tangent: the tangent rules are taped dfdx operations (tanh,
-//!   sigmoid, softplus, ReLU);
+//!   sigmoid, softplus, ReLU, GELU);
 //! * [`train_map`]: minibatch MAP with Adam, any `fspace_core::Likelihood`, a regulariser hook
 //!   with its own gradient, weight decay, validation early stopping, progress callback;
 //! * [`FeatureMap`]: e.g. appended `sin/cos(2πt/T)` inputs.
@@ -27,9 +29,9 @@
 //! * [`HelmholtzNet`]: `f = ∇Φ + rot Ψ` from two scalar MLPs (FSP-Laplace eq. B.2), with `Jᵀ·V`
 //!   by reverse mode through taped input tangents, the Jacobian and `J·u`;
 //!
-//! Not yet: CNNs, gradients of `κ(X, Z)` with respect to `Z`, GELU in
-//! second-order operators, a layer-wise NTK that avoids `J` — see the
-//! open issue "Networks on dfdx with exact linearisation operators and MAP training".
+//! Not yet: CNNs (dfdx 0.13's conv2d/pool2d need its nightly feature; plan in
+//! ARCHITECTURE.md), vector-valued likelihood targets (the Helmholtz net is trained through
+//! `Network::vjp`), a forward-over-forward `J·u` for the Helmholtz net (it uses its Jacobian).
 
 mod features;
 mod helmholtz;

@@ -405,9 +405,49 @@ impl Mlp {
         Ok(jac)
     }
 
-    /// The empirical NTK block `J(X) J(Z)ᵀ` (`n·d' × m·d'`).
+    /// The empirical NTK block `J(X) J(Z)ᵀ` (`n·d' × m·d'`), layer by layer without forming
+    /// `J` (VaLLA App. F.3): a weight's derivative is `δ_l aᵀ_{l−1}` and a bias's `δ_l`, so
+    ///
+    /// `κ((x, o), (z, o')) = Σ_l ⟨δ_l(x, o), δ_l(z, o')⟩ · (⟨a_{l−1}(x), a_{l−1}(z)⟩ + 1)`.
+    ///
+    /// Cost `O(n·m·d'²·Σ_l widths)`, memory `O((n + m)·d'·width)` — independent of `p`.
     pub fn ntk(&self, x: &DMatrix<f64>, z: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        Ok(self.jacobian(x)? * self.jacobian(z)?.transpose())
+        let q = self.config.output_dim;
+        let eye = |n: usize| vec![DMatrix::identity(q, q); n];
+        let (sx, sz) =
+            (self.layer_statistics(x, &eye(x.nrows()))?, self.layer_statistics(z, &eye(z.nrows()))?);
+        let (n, m) = (x.nrows(), z.nrows());
+        let mut k = DMatrix::zeros(n * q, m * q);
+        for ((ax, dx), (az, dz)) in sx.iter().zip(&sz) {
+            let aa = ax * az.transpose(); // n × m
+            let dd = dx * dz.transpose(); // n·q × m·q, rows and columns point-major
+            for c in 0..m * q {
+                for r in 0..n * q {
+                    k[(r, c)] += dd[(r, c)] * (aa[(r / q, c / q)] + 1.0);
+                }
+            }
+        }
+        Ok(k)
+    }
+
+    /// The Jacobian rows of `x` in chunks of `chunk` points: calls `visit(first_point, J)` with
+    /// the `chunk·d' × p` block of each chunk (point-major rows), so a caller streams over a
+    /// large set holding one block at a time. Errors from `visit` stop the stream.
+    pub fn jacobian_rows(
+        &self,
+        x: &DMatrix<f64>,
+        chunk: usize,
+        mut visit: impl FnMut(usize, DMatrix<f64>) -> Result<()>,
+    ) -> Result<()> {
+        self.check_inputs(x)?;
+        if chunk == 0 {
+            return Err(NnError::Empty { what: "Jacobian chunk size" });
+        }
+        for start in (0..x.nrows()).step_by(chunk) {
+            let len = chunk.min(x.nrows() - start);
+            visit(start, self.jacobian(&x.rows(start, len).into_owned())?)?;
+        }
+        Ok(())
     }
 
     /// The GGN-vector product `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` for per-point function-space Hessian blocks
@@ -620,9 +660,18 @@ impl Mlp {
                     (z.relu(), mask.leaky_trace() * 1.0)
                 }
                 Activation::Gelu => {
-                    return Err(NnError::Likelihood(
-                        "second-order derivatives are not implemented for GELU yet".into(),
-                    ))
+                    // σ'(z) = ½(1 + t) + ½ z (1 − t²) c (1 + 3a z²), t = tanh(c(z + a z³)),
+                    // taped so that its own derivative reaches z (each branch a tape copy).
+                    let zb = z.with_empty_tape();
+                    let h = act.taped(z);
+                    let z2 = zb.with_empty_tape().square();
+                    let u = (z2.with_empty_tape() * zb.with_empty_tape() * 0.044715 + zb.with_empty_tape())
+                        * GELU_C;
+                    let t = u.tanh();
+                    let dinner = (z2 * (3.0 * 0.044715) + 1.0) * GELU_C;
+                    let s =
+                        (t.with_empty_tape() + 1.0) * 0.5 + zb * 0.5 * (t.square().negate() + 1.0) * dinner;
+                    (h, s)
                 }
             };
             ad = Some(slope * zd);
