@@ -13,7 +13,7 @@
 //! | [`core`] | `fspace-core` | likelihoods, the `Posterior` contract, minibatches, early stopping |
 //! | [`metrics`] | `fspace-metrics` | ELL, NLL, RMSE, CRPS, CQM, accuracy, ECE, Brier, OOD AUC, W2, mean rank |
 //! | [`gp`] | `fspace-gp` | exact GP, marginal-likelihood fitting, GP classification, SVGP, k-means |
-//! | [`nn`] | `fspace-nn` | MLP and Helmholtz nets on dfdx with f, J·u, Jᵀ·V, Jacobian, NTK, GGN products, MAP training (CNN: open) |
+//! | [`nn`] | `fspace-nn` | MLP, CNN and Helmholtz nets with f, J·u, Jᵀ·V, Jacobian, NTK, GGN products, MAP training |
 //! | [`fsp_laplace`] | `fspace-fsp-laplace` | FSP-Laplace: MAP under a GP prior (Alg. 1), matrix-free linearised Laplace (Alg. 2) |
 //! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
 

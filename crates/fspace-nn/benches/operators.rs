@@ -44,9 +44,26 @@ fn bench(c: &mut Criterion) {
     }
 }
 
+/// FSP-Laplace's MNIST CNN (426k parameters) on batches of 28×28 images.
+fn bench_cnn(c: &mut Criterion) {
+    use fspace_nn::{Cnn, CnnConfig};
+    let net = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
+    let mut group = c.benchmark_group("cnn_fsp_mnist");
+    group.sample_size(10);
+    for n in [10usize, 100] {
+        let x = nalgebra::DMatrix::from_fn(n, 784, |i, j| ((i * 31 + j * 7) % 17) as f64 / 17.0);
+        let u = nalgebra::DVector::from_fn(net.n_params(), |i, _| ((i % 13) as f64 - 6.0) * 1e-2);
+        let v = nalgebra::DMatrix::from_element(n, 10, 0.1);
+        group.bench_with_input(BenchmarkId::new("forward", n), &n, |b, _| b.iter(|| net.forward(&x).unwrap()));
+        group.bench_with_input(BenchmarkId::new("jvp", n), &n, |b, _| b.iter(|| net.jvp(&x, &u).unwrap()));
+        group.bench_with_input(BenchmarkId::new("vjp", n), &n, |b, _| b.iter(|| net.vjp(&x, &v).unwrap()));
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(std::time::Duration::from_secs(3)).warm_up_time(std::time::Duration::from_secs(1));
-    targets = bench
+    targets = bench, bench_cnn
 }
 criterion_main!(benches);

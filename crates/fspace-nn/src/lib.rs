@@ -29,15 +29,21 @@
 //! * [`HelmholtzNet`]: `f = ∇Φ + rot Ψ` from two scalar MLPs (FSP-Laplace eq. B.2), with `Jᵀ·V`
 //!   by reverse mode through taped input tangents, the Jacobian and `J·u`;
 //!
-//! Not yet: CNNs (dfdx 0.13's conv2d/pool2d need its nightly feature; plan in
-//! ARCHITECTURE.md), vector-valued likelihood targets (the Helmholtz net is trained through
+//! * [`Cnn`]: conv / max-pool / dense networks (LeNet-5, FSP-Laplace's MNIST net) with `f`,
+//!   `J·u`, `Jᵀ·V` and the Jacobian written as explicit per-image rules (dfdx 0.13's conv2d
+//!   needs its nightly feature), parallel over images;
+//!
+//! Not yet: second-order operators (`jsj_pullback`, NTK input gradients, KFAC) for the CNN,
+//! vector-valued likelihood targets (the Helmholtz net is trained through
 //! `Network::vjp`), a forward-over-forward `J·u` for the Helmholtz net (it uses its Jacobian).
 
+mod cnn;
 mod features;
 mod helmholtz;
 mod mlp;
 mod train;
 
+pub use cnn::{Cnn, CnnConfig, ConvBlock};
 pub use features::FeatureMap;
 pub use helmholtz::HelmholtzNet;
 pub use mlp::{Activation, Mlp, MlpConfig, NnError, Result};

@@ -11,6 +11,7 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::cnn::Cnn;
 use crate::helmholtz::HelmholtzNet;
 use crate::mlp::{Mlp, NnError, Result};
 
@@ -50,7 +51,7 @@ macro_rules! network_impl {
         }
     )*};
 }
-network_impl!(Mlp, HelmholtzNet);
+network_impl!(Mlp, HelmholtzNet, Cnn);
 
 /// A regulariser `R(w)`: returns `(R(w), ∇_w R(w))` for the current network; called once per
 /// step with the step's RNG (e.g. to redraw context points).

@@ -1,0 +1,552 @@
+//! Convolutional networks (conv → activation → optional 2×2 max-pool blocks, then dense
+//! layers): enough for LeNet-5 and FSP-Laplace's MNIST net (App. B.2: 3×3 convolutions with
+//! 16, 32, 64 channels interleaved with max-pooling, then dense 128 and 10).
+//!
+//! dfdx 0.13 compiles `conv2d` / `pool2d` only with its `nightly` feature, which the stable
+//! toolchain here and in CI cannot build. The CNN is therefore written with explicit rules,
+//! per image and in parallel over images (rayon), for all three passes:
+//!
+//! * forward: `z = W ⋆ a + b` (cross-correlation, stride 1, valid or same zero padding),
+//!   `a' = σ(z)`, max-pool keeps the arg-max of each window;
+//! * forward mode `J·u`: `ż = W ⋆ ȧ + U ⋆ a + u_b` (the conv is bilinear), `ȧ' = σ'(z) ż`,
+//!   pooling routes the tangent through the primal arg-max;
+//! * reverse mode `Jᵀ·V`: `∂W = δ ⋆ a`, `∂b = Σ δ`, `∂a = Wᵀ ⋆ δ` (transposed correlation),
+//!   pooling scatters `δ` to the arg-max.
+//!
+//! Every pass is checked against central finite differences and the adjoint identity in the
+//! tests. Ties inside a pooling window resolve to the first maximum (the function is not
+//! differentiable there; FD tests use inputs without ties).
+
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::mlp::{Activation, NnError, Result};
+
+/// One convolutional block: `channels` filters of size `kernel × kernel`, the activation, and
+/// an optional 2×2 max-pool (stride 2, floor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvBlock {
+    /// Output channels.
+    pub channels: usize,
+    /// Kernel size `k` (odd for same padding).
+    pub kernel: usize,
+    /// Zero-pad by `k/2` so the spatial size is kept.
+    pub same_padding: bool,
+    /// Follow with a 2×2 max-pool.
+    pub pool: bool,
+}
+
+/// Architecture and initialisation of a [`Cnn`]. Inputs are rows of `C·H·W` values,
+/// channel-major (`c·H·W + y·W + x`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CnnConfig {
+    /// `(channels, height, width)` of an input image.
+    pub input_shape: (usize, usize, usize),
+    /// Convolutional blocks.
+    pub convs: Vec<ConvBlock>,
+    /// Hidden dense widths after flattening.
+    pub hidden: Vec<usize>,
+    /// Outputs `d'`.
+    pub output_dim: usize,
+    /// Activation after every conv and hidden dense layer.
+    pub activation: Activation,
+    /// LeCun-normal initialisation seed (zero biases).
+    pub seed: u64,
+}
+
+impl CnnConfig {
+    /// LeNet-5 (LeCun et al. 1998) for `1 × 28 × 28` inputs: conv 6@5×5 (same) + pool,
+    /// conv 16@5×5 + pool, dense 120, 84, `outputs`.
+    pub fn lenet5(outputs: usize, activation: Activation, seed: u64) -> Self {
+        let block = |channels, same_padding| ConvBlock { channels, kernel: 5, same_padding, pool: true };
+        Self {
+            input_shape: (1, 28, 28),
+            convs: vec![block(6, true), block(16, false)],
+            hidden: vec![120, 84],
+            output_dim: outputs,
+            activation,
+            seed,
+        }
+    }
+
+    /// FSP-Laplace's MNIST network (App. B.2): 3×3 convolutions with 16, 32 and 64 channels
+    /// (same padding), max-pooling after the first two, dense 128, `outputs`.
+    pub fn fsp_mnist(outputs: usize, activation: Activation, seed: u64) -> Self {
+        let block = |channels, pool| ConvBlock { channels, kernel: 3, same_padding: true, pool };
+        Self {
+            input_shape: (1, 28, 28),
+            convs: vec![block(16, true), block(32, true), block(64, false)],
+            hidden: vec![128],
+            output_dim: outputs,
+            activation,
+            seed,
+        }
+    }
+}
+
+/// Offsets and shapes of one layer.
+#[derive(Debug, Clone, Copy)]
+enum Layer {
+    Conv { w: usize, b: usize, cin: usize, cout: usize, k: usize, pad: usize, h: usize, wd: usize, pool: bool },
+    Dense { w: usize, b: usize, fan_in: usize, fan_out: usize, last: bool },
+}
+
+impl Layer {
+    /// Output spatial size of a conv layer before pooling.
+    fn conv_out(h: usize, k: usize, pad: usize) -> usize {
+        h + 2 * pad + 1 - k
+    }
+}
+
+/// A convolutional network with flat parameters (serde: config + parameters).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cnn {
+    config: CnnConfig,
+    params: Vec<f64>,
+    #[serde(skip)]
+    layers: Vec<Layer>,
+}
+
+/// What one image's forward pass keeps for the tangent and adjoint passes.
+struct Trace {
+    /// Input of each layer (feature map or vector, flattened).
+    inputs: Vec<Vec<f64>>,
+    /// Pre-activation of each layer.
+    pre: Vec<Vec<f64>>,
+    /// For pooled conv layers: arg-max index (into the activated map) per pooled output.
+    argmax: Vec<Vec<usize>>,
+    output: Vec<f64>,
+}
+
+fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
+    let (mut c, mut h, mut wd) = config.input_shape;
+    if c == 0 || h == 0 || wd == 0 || config.output_dim == 0 || config.hidden.contains(&0) {
+        return Err(NnError::Empty { what: "CNN shapes (all sizes must be ≥ 1)" });
+    }
+    let mut layers = Vec::new();
+    let mut offset = 0;
+    for block in &config.convs {
+        let k = block.kernel;
+        if block.channels == 0 || k == 0 || (block.same_padding && k % 2 == 0) {
+            return Err(NnError::Likelihood(format!("invalid conv block {block:?} (same padding needs an odd kernel)")));
+        }
+        let pad = if block.same_padding { k / 2 } else { 0 };
+        if h + 2 * pad < k || wd + 2 * pad < k {
+            return Err(NnError::Likelihood(format!("a {k}×{k} kernel does not fit a {h}×{wd} map")));
+        }
+        let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+        if block.pool && (ho < 2 || wo < 2) {
+            return Err(NnError::Likelihood(format!("cannot 2×2-pool a {ho}×{wo} map")));
+        }
+        let nw = block.channels * c * k * k;
+        layers.push(Layer::Conv { w: offset, b: offset + nw, cin: c, cout: block.channels, k, pad, h, wd, pool: block.pool });
+        offset += nw + block.channels;
+        c = block.channels;
+        (h, wd) = if block.pool { (ho / 2, wo / 2) } else { (ho, wo) };
+    }
+    let mut fan_in = c * h * wd;
+    let widths: Vec<usize> = config.hidden.iter().cloned().chain(std::iter::once(config.output_dim)).collect();
+    for (i, &fan_out) in widths.iter().enumerate() {
+        layers.push(Layer::Dense { w: offset, b: offset + fan_in * fan_out, fan_in, fan_out, last: i + 1 == widths.len() });
+        offset += fan_in * fan_out + fan_out;
+        fan_in = fan_out;
+    }
+    Ok(layers)
+}
+
+fn n_params_of(layers: &[Layer]) -> usize {
+    match layers.last() {
+        Some(Layer::Dense { b, fan_out, .. }) => b + fan_out,
+        _ => 0,
+    }
+}
+
+/// `out[o, y, x] += Σ_{i,ky,kx} w[o, i, ky, kx] · a[i, y + ky − pad, x + kx − pad]` (zero padding).
+fn correlate(a: &[f64], w: &[f64], cin: usize, cout: usize, k: usize, pad: usize, h: usize, wd: usize, out: &mut [f64]) {
+    let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+    for o in 0..cout {
+        for i in 0..cin {
+            for ky in 0..k {
+                for kx in 0..k {
+                    let wv = w[((o * cin + i) * k + ky) * k + kx];
+                    if wv == 0.0 {
+                        continue;
+                    }
+                    for y in 0..ho {
+                        let yy = y + ky;
+                        if yy < pad || yy - pad >= h {
+                            continue;
+                        }
+                        let arow = &a[(i * h + yy - pad) * wd..(i * h + yy - pad + 1) * wd];
+                        let orow = &mut out[(o * ho + y) * wo..(o * ho + y + 1) * wo];
+                        for x in 0..wo {
+                            let xx = x + kx;
+                            if xx >= pad && xx - pad < wd {
+                                orow[x] += wv * arow[xx - pad];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adjoint of [`correlate`]: accumulates `∂w` (if given) and `∂a` (if given) from `δ`.
+fn correlate_adjoint(
+    a: &[f64],
+    w: &[f64],
+    delta: &[f64],
+    cin: usize,
+    cout: usize,
+    k: usize,
+    pad: usize,
+    h: usize,
+    wd: usize,
+    mut gw: Option<&mut [f64]>,
+    mut ga: Option<&mut [f64]>,
+) {
+    let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+    for o in 0..cout {
+        for i in 0..cin {
+            for ky in 0..k {
+                for kx in 0..k {
+                    let widx = ((o * cin + i) * k + ky) * k + kx;
+                    let mut acc = 0.0;
+                    for y in 0..ho {
+                        let yy = y + ky;
+                        if yy < pad || yy - pad >= h {
+                            continue;
+                        }
+                        let row = (i * h + yy - pad) * wd;
+                        for x in 0..wo {
+                            let xx = x + kx;
+                            if xx >= pad && xx - pad < wd {
+                                let d = delta[(o * ho + y) * wo + x];
+                                acc += d * a[row + xx - pad];
+                                if let Some(g) = ga.as_deref_mut() {
+                                    g[row + xx - pad] += w[widx] * d;
+                                }
+                            }
+                        }
+                    }
+                    if let Some(g) = gw.as_deref_mut() {
+                        g[widx] += acc;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Cnn {
+    /// Builds and initialises the network; errors on zero sizes, an even kernel with same
+    /// padding, or a kernel / pool that does not fit its map.
+    pub fn new(config: CnnConfig) -> Result<Self> {
+        let layers = build_layers(&config)?;
+        let mut params = vec![0.0; n_params_of(&layers)];
+        let mut rng = StdRng::seed_from_u64(config.seed);
+        for layer in &layers {
+            let (start, len, fan_in) = match *layer {
+                Layer::Conv { w, cin, cout, k, .. } => (w, cout * cin * k * k, cin * k * k),
+                Layer::Dense { w, fan_in, fan_out, .. } => (w, fan_in * fan_out, fan_in),
+            };
+            let normal = Normal::new(0.0, (1.0 / fan_in as f64).sqrt()).expect("positive std");
+            for p in &mut params[start..start + len] {
+                *p = normal.sample(&mut rng);
+            }
+        }
+        Ok(Self { config, params, layers })
+    }
+
+    /// Rebuilds the layer table after deserialisation (serde skips it); checks the length.
+    pub fn validated(mut self) -> Result<Self> {
+        self.layers = build_layers(&self.config)?;
+        let p = n_params_of(&self.layers);
+        if self.params.len() != p {
+            return Err(NnError::DimensionMismatch { what: "CNN parameter vector", expected: p, found: self.params.len() });
+        }
+        Ok(self)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CnnConfig {
+        &self.config
+    }
+    /// Input dimension `C·H·W`.
+    pub fn input_dim(&self) -> usize {
+        let (c, h, w) = self.config.input_shape;
+        c * h * w
+    }
+    /// Output dimension `d'`.
+    pub fn output_dim(&self) -> usize {
+        self.config.output_dim
+    }
+    /// Number of parameters.
+    pub fn n_params(&self) -> usize {
+        self.params.len()
+    }
+    /// The flat parameter vector.
+    pub fn params(&self) -> DVector<f64> {
+        DVector::from_column_slice(&self.params)
+    }
+    /// Names and ranges of the parameter blocks (`conv0.weight`, `dense1.bias`, …).
+    pub fn param_blocks(&self) -> Vec<(String, std::ops::Range<usize>)> {
+        let (mut conv, mut dense) = (0, 0);
+        let mut out = Vec::new();
+        for layer in &self.layers {
+            let (kind, idx, w, b, nb) = match *layer {
+                Layer::Conv { w, b, cout, .. } => {
+                    conv += 1;
+                    ("conv", conv - 1, w, b, cout)
+                }
+                Layer::Dense { w, b, fan_out, .. } => {
+                    dense += 1;
+                    ("dense", dense - 1, w, b, fan_out)
+                }
+            };
+            out.push((format!("{kind}{idx}.weight"), w..b));
+            out.push((format!("{kind}{idx}.bias"), b..b + nb));
+        }
+        out
+    }
+    /// Replaces the parameters (length and finiteness checked).
+    pub fn set_params(&mut self, params: &DVector<f64>) -> Result<()> {
+        self.check_vector("parameter vector", params)?;
+        self.params.copy_from_slice(params.as_slice());
+        Ok(())
+    }
+
+    fn check_vector(&self, what: &'static str, v: &DVector<f64>) -> Result<()> {
+        if v.len() != self.n_params() {
+            return Err(NnError::DimensionMismatch { what, expected: self.n_params(), found: v.len() });
+        }
+        if v.iter().any(|x| !x.is_finite()) {
+            return Err(NnError::NonFinite { what });
+        }
+        Ok(())
+    }
+
+    fn check_inputs(&self, x: &DMatrix<f64>) -> Result<()> {
+        if x.nrows() == 0 {
+            return Err(NnError::Empty { what: "input batch" });
+        }
+        if x.ncols() != self.input_dim() {
+            return Err(NnError::DimensionMismatch { what: "input width (C·H·W)", expected: self.input_dim(), found: x.ncols() });
+        }
+        if x.iter().any(|v| !v.is_finite()) {
+            return Err(NnError::NonFinite { what: "inputs" });
+        }
+        Ok(())
+    }
+
+    fn act(&self) -> Activation {
+        self.config.activation
+    }
+
+    fn trace(&self, image: &[f64]) -> Trace {
+        let p = &self.params;
+        let mut a = image.to_vec();
+        let mut t = Trace { inputs: vec![], pre: vec![], argmax: vec![], output: vec![] };
+        for layer in &self.layers {
+            t.inputs.push(a.clone());
+            match *layer {
+                Layer::Conv { w, b, cin, cout, k, pad, h, wd, pool } => {
+                    let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+                    let mut z: Vec<f64> = (0..cout * ho * wo).map(|j| p[b + j / (ho * wo)]).collect();
+                    correlate(&a, &p[w..b], cin, cout, k, pad, h, wd, &mut z);
+                    let act: Vec<f64> = z.iter().map(|&v| self.act().value(v)).collect();
+                    t.pre.push(z);
+                    if pool {
+                        let (hp, wp) = (ho / 2, wo / 2);
+                        let mut idx = Vec::with_capacity(cout * hp * wp);
+                        for c in 0..cout {
+                            for y in 0..hp {
+                                for x in 0..wp {
+                                    let cands = [(2 * y, 2 * x), (2 * y, 2 * x + 1), (2 * y + 1, 2 * x), (2 * y + 1, 2 * x + 1)];
+                                    let best = cands
+                                        .iter()
+                                        .map(|&(yy, xx)| (c * ho + yy) * wo + xx)
+                                        .fold(None, |m: Option<usize>, i| match m {
+                                            Some(j) if act[j] >= act[i] => Some(j),
+                                            _ => Some(i),
+                                        })
+                                        .expect("four candidates");
+                                    idx.push(best);
+                                }
+                            }
+                        }
+                        a = idx.iter().map(|&i| act[i]).collect();
+                        t.argmax.push(idx);
+                    } else {
+                        a = act;
+                        t.argmax.push(vec![]);
+                    }
+                }
+                Layer::Dense { w, b, fan_in, fan_out, last } => {
+                    let z: Vec<f64> = (0..fan_out)
+                        .map(|o| p[b + o] + (0..fan_in).map(|i| p[w + o * fan_in + i] * a[i]).sum::<f64>())
+                        .collect();
+                    a = if last { z.clone() } else { z.iter().map(|&v| self.act().value(v)).collect() };
+                    t.pre.push(z);
+                    t.argmax.push(vec![]);
+                }
+            }
+        }
+        t.output = a;
+        t
+    }
+
+    /// `J(x)·u` for one image from its trace.
+    fn tangent(&self, t: &Trace, u: &[f64]) -> Vec<f64> {
+        let p = &self.params;
+        let mut ad: Vec<f64> = vec![0.0; t.inputs[0].len()];
+        for (l, layer) in self.layers.iter().enumerate() {
+            let a = &t.inputs[l];
+            match *layer {
+                Layer::Conv { w, b, cin, cout, k, pad, h, wd, pool } => {
+                    let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+                    let mut zd: Vec<f64> = (0..cout * ho * wo).map(|j| u[b + j / (ho * wo)]).collect();
+                    correlate(&ad, &p[w..b], cin, cout, k, pad, h, wd, &mut zd);
+                    correlate(a, &u[w..b], cin, cout, k, pad, h, wd, &mut zd);
+                    let act_d: Vec<f64> = zd.iter().zip(&t.pre[l]).map(|(d, &z)| self.act().slope(z) * d).collect();
+                    ad = if pool { t.argmax[l].iter().map(|&i| act_d[i]).collect() } else { act_d };
+                }
+                Layer::Dense { w, b, fan_in, fan_out, last } => {
+                    let zd: Vec<f64> = (0..fan_out)
+                        .map(|o| {
+                            u[b + o]
+                                + (0..fan_in)
+                                    .map(|i| p[w + o * fan_in + i] * ad[i] + u[w + o * fan_in + i] * a[i])
+                                    .sum::<f64>()
+                        })
+                        .collect();
+                    ad = if last { zd } else { zd.iter().zip(&t.pre[l]).map(|(d, &z)| self.act().slope(z) * d).collect() };
+                }
+            }
+        }
+        ad
+    }
+
+    /// Accumulates `J(x)ᵀ v` for one image into `grad`.
+    fn adjoint(&self, t: &Trace, v: &[f64], grad: &mut [f64]) {
+        let p = &self.params;
+        let mut delta = v.to_vec(); // cotangent of the current layer's output (post-activation)
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            let a = &t.inputs[l];
+            match *layer {
+                Layer::Dense { w, b, fan_in, fan_out, last } => {
+                    if !last {
+                        for (d, &z) in delta.iter_mut().zip(&t.pre[l]) {
+                            *d *= self.act().slope(z);
+                        }
+                    }
+                    let mut back = vec![0.0; fan_in];
+                    for o in 0..fan_out {
+                        grad[b + o] += delta[o];
+                        for i in 0..fan_in {
+                            grad[w + o * fan_in + i] += delta[o] * a[i];
+                            back[i] += p[w + o * fan_in + i] * delta[o];
+                        }
+                    }
+                    delta = back;
+                }
+                Layer::Conv { w, b, cin, cout, k, pad, h, wd, pool } => {
+                    let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+                    let mut dz = vec![0.0; cout * ho * wo];
+                    if pool {
+                        for (j, &i) in t.argmax[l].iter().enumerate() {
+                            dz[i] += delta[j];
+                        }
+                    } else {
+                        dz.copy_from_slice(&delta);
+                    }
+                    for (d, &z) in dz.iter_mut().zip(&t.pre[l]) {
+                        *d *= self.act().slope(z);
+                    }
+                    for (j, d) in dz.iter().enumerate() {
+                        grad[b + j / (ho * wo)] += d;
+                    }
+                    let mut back = vec![0.0; cin * h * wd];
+                    let need_input = l > 0;
+                    let (gw, rest) = grad[w..].split_at_mut(b - w);
+                    let _ = rest;
+                    correlate_adjoint(a, &p[w..b], &dz, cin, cout, k, pad, h, wd, Some(gw), need_input.then_some(&mut back[..]));
+                    delta = back;
+                }
+            }
+        }
+    }
+
+    fn images(x: &DMatrix<f64>) -> Vec<Vec<f64>> {
+        (0..x.nrows()).map(|i| x.row(i).iter().cloned().collect()).collect()
+    }
+
+    /// `f(X)` (`n × d'`).
+    pub fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        let q = self.output_dim();
+        let outs: Vec<Vec<f64>> = Self::images(x).par_iter().map(|img| self.trace(img).output).collect();
+        Ok(DMatrix::from_fn(x.nrows(), q, |i, o| outs[i][o]))
+    }
+
+    /// `J(X)·u` (`n × d'`), forward mode.
+    pub fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        self.check_vector("tangent vector u", u)?;
+        let q = self.output_dim();
+        let outs: Vec<Vec<f64>> =
+            Self::images(x).par_iter().map(|img| self.tangent(&self.trace(img), u.as_slice())).collect();
+        Ok(DMatrix::from_fn(x.nrows(), q, |i, o| outs[i][o]))
+    }
+
+    /// `J(X)ᵀ·V` (length `p`) for a cotangent `V` (`n × d'`), reverse mode.
+    pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
+        self.check_inputs(x)?;
+        if v.shape() != (x.nrows(), self.output_dim()) {
+            return Err(NnError::DimensionMismatch { what: "cotangent rows × columns", expected: x.nrows() * self.output_dim(), found: v.len() });
+        }
+        if v.iter().any(|c| !c.is_finite()) {
+            return Err(NnError::NonFinite { what: "cotangent" });
+        }
+        let p = self.n_params();
+        let grad = Self::images(x)
+            .par_iter()
+            .enumerate()
+            .fold(
+                || vec![0.0; p],
+                |mut g, (i, img)| {
+                    let vi: Vec<f64> = v.row(i).iter().cloned().collect();
+                    self.adjoint(&self.trace(img), &vi, &mut g);
+                    g
+                },
+            )
+            .reduce(|| vec![0.0; p], |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            });
+        Ok(DVector::from_vec(grad))
+    }
+
+    /// The Jacobian `J(X)` (`n·d' × p`, point-major rows), one reverse pass per row.
+    pub fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        let (n, q, p) = (x.nrows(), self.output_dim(), self.n_params());
+        let rows: Vec<Vec<f64>> = (0..n * q)
+            .into_par_iter()
+            .map(|r| {
+                let img: Vec<f64> = x.row(r / q).iter().cloned().collect();
+                let mut v = vec![0.0; q];
+                v[r % q] = 1.0;
+                let mut g = vec![0.0; p];
+                self.adjoint(&self.trace(&img), &v, &mut g);
+                g
+            })
+            .collect();
+        Ok(DMatrix::from_fn(n * q, p, |r, c| rows[r][c]))
+    }
+}
