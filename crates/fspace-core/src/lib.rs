@@ -19,6 +19,8 @@ pub mod posterior;
 pub mod training;
 
 pub use error::{CoreError, Result};
-pub use likelihood::{logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, Likelihood};
+pub use likelihood::{
+    logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, IsotropicGaussian, Likelihood,
+};
 pub use posterior::{class_probabilities, sample_gaussian, ClassProbMethod, FunctionPredictive, Posterior};
 pub use training::{Adam, EarlyStopping, Minibatches, StopDecision};

@@ -23,6 +23,11 @@ use crate::error::{ensure_dim, ensure_finite, CoreError, Result};
 pub trait Likelihood: Send + Sync + std::fmt::Debug {
     /// Outputs `d'` of the model per point.
     fn output_dim(&self) -> usize;
+    /// Targets per point (1: a label or a scalar; `d'` for vector-valued regression). Targets
+    /// are a flat vector, point-major: point `i`'s targets are `y[i·t .. (i+1)·t]`.
+    fn target_dim(&self) -> usize {
+        1
+    }
     /// Checks targets (length, finiteness, allowed values).
     fn check_targets(&self, y: &DVector<f64>) -> Result<()>;
     /// `Σᵢ −log p(yᵢ | fᵢ)` for `f` of shape `n × d'`.
@@ -50,7 +55,11 @@ pub trait Likelihood: Send + Sync + std::fmt::Debug {
 
 fn check_f<L: Likelihood + ?Sized>(lik: &L, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
     ensure_dim("function values: columns vs. likelihood outputs", lik.output_dim(), f.ncols())?;
-    ensure_dim("targets vs. rows of function values", f.nrows(), y.len())?;
+    ensure_dim(
+        "targets vs. rows of function values × targets per point",
+        f.nrows() * lik.target_dim(),
+        y.len(),
+    )?;
     if f.nrows() == 0 {
         return Err(CoreError::Empty { what: "function values" });
     }
@@ -133,6 +142,73 @@ impl Likelihood for Gaussian {
     }
     fn nll_param_grad(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<DVector<f64>> {
         Ok(DVector::from_element(1, self.nll_grad_log_sigma(f, y)?))
+    }
+}
+
+/// Vector-valued regression `yᵢ ~ N(fᵢ, σ² I_{d'})` (e.g. velocities of the Helmholtz net):
+/// targets are `n·d'` values, point-major; learnable `log σ` like [`Gaussian`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IsotropicGaussian {
+    sigma: f64,
+    outputs: usize,
+}
+
+impl IsotropicGaussian {
+    /// `outputs ≥ 1` outputs with noise standard deviation `σ > 0`.
+    pub fn new(sigma: f64, outputs: usize) -> Result<Self> {
+        if outputs == 0 {
+            return Err(CoreError::Empty { what: "outputs of an isotropic Gaussian" });
+        }
+        Ok(Self { sigma: Gaussian::new(sigma)?.sigma(), outputs })
+    }
+    /// `σ`.
+    pub fn sigma(&self) -> f64 {
+        self.sigma
+    }
+    fn residuals(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<Vec<f64>> {
+        check_f(self, f, y)?;
+        let q = self.outputs;
+        Ok((0..y.len()).map(|k| f[(k / q, k % q)] - y[k]).collect())
+    }
+}
+
+impl Likelihood for IsotropicGaussian {
+    fn output_dim(&self) -> usize {
+        self.outputs
+    }
+    fn target_dim(&self) -> usize {
+        self.outputs
+    }
+    fn check_targets(&self, y: &DVector<f64>) -> Result<()> {
+        ensure_finite("regression targets", y.iter())
+    }
+    fn nll(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
+        let s2 = self.sigma * self.sigma;
+        let c = 0.5 * (std::f64::consts::TAU * s2).ln();
+        Ok(self.residuals(f, y)?.iter().map(|r| c + r * r / (2.0 * s2)).sum())
+    }
+    fn nll_grad(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<DMatrix<f64>> {
+        let r = self.residuals(f, y)?;
+        let s2 = self.sigma * self.sigma;
+        Ok(DMatrix::from_fn(f.nrows(), self.outputs, |i, o| r[i * self.outputs + o] / s2))
+    }
+    fn nll_hessian(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<Vec<DMatrix<f64>>> {
+        check_f(self, f, y)?;
+        let h = DMatrix::identity(self.outputs, self.outputs) / (self.sigma * self.sigma);
+        Ok(vec![h; f.nrows()])
+    }
+    /// `[log σ]`.
+    fn params(&self) -> DVector<f64> {
+        DVector::from_element(1, self.sigma.ln())
+    }
+    fn set_params(&mut self, params: &DVector<f64>) -> Result<()> {
+        ensure_dim("isotropic Gaussian parameters ([log σ])", 1, params.len())?;
+        *self = Self::new(params[0].exp(), self.outputs)?;
+        Ok(())
+    }
+    fn nll_param_grad(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<DVector<f64>> {
+        let s2 = self.sigma * self.sigma;
+        Ok(DVector::from_element(1, self.residuals(f, y)?.iter().map(|r| 1.0 - r * r / s2).sum()))
     }
 }
 

@@ -2,7 +2,7 @@
 //! Monte Carlo; training pieces against their definitions.
 
 use fspace_core::*;
-use fspace_testutil::{assert_all_close, fd_gradient, randn, rng};
+use fspace_testutil::{assert_all_close, fd_gradient, randn, randn_vec, rng};
 use nalgebra::{DMatrix, DVector};
 use proptest::prelude::*;
 
@@ -58,6 +58,34 @@ proptest! {
         let y_cat = DVector::from_fn(n, |i, _| (i % 4) as f64);
         check_derivatives(&Categorical::new(4).unwrap(), &f4, &y_cat);
     }
+}
+
+#[test]
+fn the_isotropic_gaussian_is_a_sum_of_scalar_gaussians_with_exact_derivatives() {
+    let lik = IsotropicGaussian::new(0.3, 2).unwrap();
+    let f = randn(4, 2, &mut rng(40));
+    let y = randn_vec(8, &mut rng(41)); // point-major: y[2i], y[2i+1] for point i
+    let scalar = Gaussian::new(0.3).unwrap();
+    let flat_f = DMatrix::from_row_slice(8, 1, f.transpose().as_slice());
+    assert!((lik.nll(&f, &y).unwrap() - scalar.nll(&flat_f, &y).unwrap()).abs() < 1e-12);
+    let g = lik.nll_grad(&f, &y).unwrap();
+    let fd = fd_gradient(
+        |v| lik.nll(&DMatrix::from_row_slice(4, 2, v), &y).unwrap(),
+        f.transpose().as_slice(),
+        1e-6,
+    );
+    assert_all_close(g.transpose().as_slice(), &fd, 1e-6, 1e-8);
+    let h = lik.nll_hessian(&f, &y).unwrap();
+    assert!(h.len() == 4 && (h[0][(0, 0)] - 1.0 / 0.09).abs() < 1e-12 && h[0][(0, 1)] == 0.0);
+    let fd_sigma = fd_gradient(
+        |v| IsotropicGaussian::new(v[0].exp(), 2).unwrap().nll(&f, &y).unwrap(),
+        &[0.3f64.ln()],
+        1e-6,
+    );
+    assert!((lik.nll_param_grad(&f, &y).unwrap()[0] - fd_sigma[0]).abs() < 1e-6);
+    assert_eq!(lik.target_dim(), 2);
+    assert!(lik.nll(&f, &randn_vec(4, &mut rng(42))).is_err(), "n targets for n·d' values");
+    assert!(IsotropicGaussian::new(0.3, 0).is_err() && IsotropicGaussian::new(-1.0, 2).is_err());
 }
 
 #[test]

@@ -172,7 +172,8 @@ pub fn laplace<N: Network + Clone>(
     prior.check(d, q)?;
     ensure_dim("likelihood outputs vs. network outputs", q, likelihood.output_dim())?;
     ensure_dim("data inputs vs. network inputs", d, x.ncols())?;
-    ensure_dim("targets vs. data points", x.nrows(), y.len())?;
+    let t = likelihood.target_dim();
+    ensure_dim("targets vs. data points × targets per point", x.nrows() * t, y.len())?;
     ensure_dim("context-point dimension vs. network inputs", d, context.ncols())?;
     if context.nrows() == 0 {
         return Err(invalid("context points", "at least one is needed"));
@@ -213,7 +214,7 @@ pub fn laplace<N: Network + Clone>(
     let mut a = DMatrix::from_diagonal(&svd.s.rows(0, k).map(|s| s * s));
     for (s0, s1) in batches(x.nrows(), config.data_batch) {
         let xb = x.rows(s0, s1 - s0).into_owned();
-        let yb = y.rows(s0, s1 - s0).into_owned();
+        let yb = y.rows(s0 * t, (s1 - s0) * t).into_owned();
         let hess = likelihood.nll_hessian(&net.forward(&xb)?, &yb)?;
         let g = jvp_columns(net, &xb, &u)?; // (b·q) × k
         let mut hg = DMatrix::zeros(g.nrows(), k);

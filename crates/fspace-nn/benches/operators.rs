@@ -54,7 +54,8 @@ fn bench_cnn(c: &mut Criterion) {
         let x = nalgebra::DMatrix::from_fn(n, 784, |i, j| ((i * 31 + j * 7) % 17) as f64 / 17.0);
         let u = nalgebra::DVector::from_fn(net.n_params(), |i, _| ((i % 13) as f64 - 6.0) * 1e-2);
         let v = nalgebra::DMatrix::from_element(n, 10, 0.1);
-        group.bench_with_input(BenchmarkId::new("forward", n), &n, |b, _| b.iter(|| net.forward(&x).unwrap()));
+        group
+            .bench_with_input(BenchmarkId::new("forward", n), &n, |b, _| b.iter(|| net.forward(&x).unwrap()));
         group.bench_with_input(BenchmarkId::new("jvp", n), &n, |b, _| b.iter(|| net.jvp(&x, &u).unwrap()));
         group.bench_with_input(BenchmarkId::new("vjp", n), &n, |b, _| b.iter(|| net.vjp(&x, &v).unwrap()));
     }

@@ -91,8 +91,24 @@ impl CnnConfig {
 /// Offsets and shapes of one layer.
 #[derive(Debug, Clone, Copy)]
 enum Layer {
-    Conv { w: usize, b: usize, cin: usize, cout: usize, k: usize, pad: usize, h: usize, wd: usize, pool: bool },
-    Dense { w: usize, b: usize, fan_in: usize, fan_out: usize, last: bool },
+    Conv {
+        w: usize,
+        b: usize,
+        cin: usize,
+        cout: usize,
+        k: usize,
+        pad: usize,
+        h: usize,
+        wd: usize,
+        pool: bool,
+    },
+    Dense {
+        w: usize,
+        b: usize,
+        fan_in: usize,
+        fan_out: usize,
+        last: bool,
+    },
 }
 
 impl Layer {
@@ -132,7 +148,9 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
     for block in &config.convs {
         let k = block.kernel;
         if block.channels == 0 || k == 0 || (block.same_padding && k % 2 == 0) {
-            return Err(NnError::Likelihood(format!("invalid conv block {block:?} (same padding needs an odd kernel)")));
+            return Err(NnError::Likelihood(format!(
+                "invalid conv block {block:?} (same padding needs an odd kernel)"
+            )));
         }
         let pad = if block.same_padding { k / 2 } else { 0 };
         if h + 2 * pad < k || wd + 2 * pad < k {
@@ -143,15 +161,32 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
             return Err(NnError::Likelihood(format!("cannot 2×2-pool a {ho}×{wo} map")));
         }
         let nw = block.channels * c * k * k;
-        layers.push(Layer::Conv { w: offset, b: offset + nw, cin: c, cout: block.channels, k, pad, h, wd, pool: block.pool });
+        layers.push(Layer::Conv {
+            w: offset,
+            b: offset + nw,
+            cin: c,
+            cout: block.channels,
+            k,
+            pad,
+            h,
+            wd,
+            pool: block.pool,
+        });
         offset += nw + block.channels;
         c = block.channels;
         (h, wd) = if block.pool { (ho / 2, wo / 2) } else { (ho, wo) };
     }
     let mut fan_in = c * h * wd;
-    let widths: Vec<usize> = config.hidden.iter().cloned().chain(std::iter::once(config.output_dim)).collect();
+    let widths: Vec<usize> =
+        config.hidden.iter().cloned().chain(std::iter::once(config.output_dim)).collect();
     for (i, &fan_out) in widths.iter().enumerate() {
-        layers.push(Layer::Dense { w: offset, b: offset + fan_in * fan_out, fan_in, fan_out, last: i + 1 == widths.len() });
+        layers.push(Layer::Dense {
+            w: offset,
+            b: offset + fan_in * fan_out,
+            fan_in,
+            fan_out,
+            last: i + 1 == widths.len(),
+        });
         offset += fan_in * fan_out + fan_out;
         fan_in = fan_out;
     }
@@ -166,7 +201,17 @@ fn n_params_of(layers: &[Layer]) -> usize {
 }
 
 /// `out[o, y, x] += Σ_{i,ky,kx} w[o, i, ky, kx] · a[i, y + ky − pad, x + kx − pad]` (zero padding).
-fn correlate(a: &[f64], w: &[f64], cin: usize, cout: usize, k: usize, pad: usize, h: usize, wd: usize, out: &mut [f64]) {
+fn correlate(
+    a: &[f64],
+    w: &[f64],
+    cin: usize,
+    cout: usize,
+    k: usize,
+    pad: usize,
+    h: usize,
+    wd: usize,
+    out: &mut [f64],
+) {
     let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
     for o in 0..cout {
         for i in 0..cin {
@@ -268,7 +313,11 @@ impl Cnn {
         self.layers = build_layers(&self.config)?;
         let p = n_params_of(&self.layers);
         if self.params.len() != p {
-            return Err(NnError::DimensionMismatch { what: "CNN parameter vector", expected: p, found: self.params.len() });
+            return Err(NnError::DimensionMismatch {
+                what: "CNN parameter vector",
+                expected: p,
+                found: self.params.len(),
+            });
         }
         Ok(self)
     }
@@ -336,7 +385,11 @@ impl Cnn {
             return Err(NnError::Empty { what: "input batch" });
         }
         if x.ncols() != self.input_dim() {
-            return Err(NnError::DimensionMismatch { what: "input width (C·H·W)", expected: self.input_dim(), found: x.ncols() });
+            return Err(NnError::DimensionMismatch {
+                what: "input width (C·H·W)",
+                expected: self.input_dim(),
+                found: x.ncols(),
+            });
         }
         if x.iter().any(|v| !v.is_finite()) {
             return Err(NnError::NonFinite { what: "inputs" });
@@ -367,7 +420,12 @@ impl Cnn {
                         for c in 0..cout {
                             for y in 0..hp {
                                 for x in 0..wp {
-                                    let cands = [(2 * y, 2 * x), (2 * y, 2 * x + 1), (2 * y + 1, 2 * x), (2 * y + 1, 2 * x + 1)];
+                                    let cands = [
+                                        (2 * y, 2 * x),
+                                        (2 * y, 2 * x + 1),
+                                        (2 * y + 1, 2 * x),
+                                        (2 * y + 1, 2 * x + 1),
+                                    ];
                                     let best = cands
                                         .iter()
                                         .map(|&(yy, xx)| (c * ho + yy) * wo + xx)
@@ -413,7 +471,8 @@ impl Cnn {
                     let mut zd: Vec<f64> = (0..cout * ho * wo).map(|j| u[b + j / (ho * wo)]).collect();
                     correlate(&ad, &p[w..b], cin, cout, k, pad, h, wd, &mut zd);
                     correlate(a, &u[w..b], cin, cout, k, pad, h, wd, &mut zd);
-                    let act_d: Vec<f64> = zd.iter().zip(&t.pre[l]).map(|(d, &z)| self.act().slope(z) * d).collect();
+                    let act_d: Vec<f64> =
+                        zd.iter().zip(&t.pre[l]).map(|(d, &z)| self.act().slope(z) * d).collect();
                     ad = if pool { t.argmax[l].iter().map(|&i| act_d[i]).collect() } else { act_d };
                 }
                 Layer::Dense { w, b, fan_in, fan_out, last } => {
@@ -425,7 +484,11 @@ impl Cnn {
                                     .sum::<f64>()
                         })
                         .collect();
-                    ad = if last { zd } else { zd.iter().zip(&t.pre[l]).map(|(d, &z)| self.act().slope(z) * d).collect() };
+                    ad = if last {
+                        zd
+                    } else {
+                        zd.iter().zip(&t.pre[l]).map(|(d, &z)| self.act().slope(z) * d).collect()
+                    };
                 }
             }
         }
@@ -475,7 +538,19 @@ impl Cnn {
                     let need_input = l > 0;
                     let (gw, rest) = grad[w..].split_at_mut(b - w);
                     let _ = rest;
-                    correlate_adjoint(a, &p[w..b], &dz, cin, cout, k, pad, h, wd, Some(gw), need_input.then_some(&mut back[..]));
+                    correlate_adjoint(
+                        a,
+                        &p[w..b],
+                        &dz,
+                        cin,
+                        cout,
+                        k,
+                        pad,
+                        h,
+                        wd,
+                        Some(gw),
+                        need_input.then_some(&mut back[..]),
+                    );
                     delta = back;
                 }
             }
@@ -508,7 +583,11 @@ impl Cnn {
     pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
         self.check_inputs(x)?;
         if v.shape() != (x.nrows(), self.output_dim()) {
-            return Err(NnError::DimensionMismatch { what: "cotangent rows × columns", expected: x.nrows() * self.output_dim(), found: v.len() });
+            return Err(NnError::DimensionMismatch {
+                what: "cotangent rows × columns",
+                expected: x.nrows() * self.output_dim(),
+                found: v.len(),
+            });
         }
         if v.iter().any(|c| !c.is_finite()) {
             return Err(NnError::NonFinite { what: "cotangent" });
@@ -525,10 +604,13 @@ impl Cnn {
                     g
                 },
             )
-            .reduce(|| vec![0.0; p], |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                a
-            });
+            .reduce(
+                || vec![0.0; p],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            );
         Ok(DVector::from_vec(grad))
     }
 

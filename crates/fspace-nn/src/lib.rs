@@ -33,9 +33,8 @@
 //!   `J·u`, `Jᵀ·V` and the Jacobian written as explicit per-image rules (dfdx 0.13's conv2d
 //!   needs its nightly feature), parallel over images;
 //!
-//! Not yet: second-order operators (`jsj_pullback`, NTK input gradients, KFAC) for the CNN,
-//! vector-valued likelihood targets (the Helmholtz net is trained through
-//! `Network::vjp`), a forward-over-forward `J·u` for the Helmholtz net (it uses its Jacobian).
+//! Not yet: second-order operators (`jsj_pullback`, NTK input gradients, KFAC) for the CNN;
+//! a forward-over-forward `J·u` for the Helmholtz net (it uses its explicit Jacobian).
 
 mod cnn;
 mod features;

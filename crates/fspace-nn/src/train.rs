@@ -141,8 +141,13 @@ pub fn train_map<N: Network>(
     mut progress: impl FnMut(&TrainProgress),
 ) -> Result<TrainReport> {
     let n = x.nrows();
-    if y.len() != n {
-        return Err(NnError::DimensionMismatch { what: "targets vs. inputs", expected: n, found: y.len() });
+    let t = likelihood.target_dim();
+    if y.len() != n * t {
+        return Err(NnError::DimensionMismatch {
+            what: "targets vs. inputs × targets per point",
+            expected: n * t,
+            found: y.len(),
+        });
     }
     likelihood.check_targets(y).map_err(|e| NnError::Likelihood(e.to_string()))?;
     if config.patience.is_some() && validation.is_none() {
@@ -165,7 +170,11 @@ pub fn train_map<N: Network>(
         let mut total = 0.0;
         let epoch_batches = batches.epoch(&mut rng);
         for idx in &epoch_batches {
-            let (xb, yb) = (x.select_rows(idx), DVector::from_iterator(idx.len(), idx.iter().map(|&i| y[i])));
+            let xb = x.select_rows(idx);
+            let yb = DVector::from_iterator(
+                idx.len() * t,
+                idx.iter().flat_map(|&i| (0..t).map(move |k| y[i * t + k])),
+            );
             let scale = n as f64 / idx.len() as f64;
             let f = net.forward(&xb)?;
             let nll = likelihood.nll(&f, &yb).map_err(|e| NnError::Likelihood(e.to_string()))?;

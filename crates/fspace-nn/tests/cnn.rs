@@ -64,10 +64,15 @@ fn forward_matches_a_hand_computation() {
     let img: Vec<f64> = (0..16).map(|i| ((i * 7) % 16) as f64).collect();
     let f = pool.forward(&DMatrix::from_row_slice(1, 16, &img)).unwrap();
     let expect = |y: usize, x: usize| {
-        [img[2 * y * 4 + 2 * x], img[2 * y * 4 + 2 * x + 1], img[(2 * y + 1) * 4 + 2 * x], img[(2 * y + 1) * 4 + 2 * x + 1]]
-            .iter()
-            .cloned()
-            .fold(f64::MIN, f64::max)
+        [
+            img[2 * y * 4 + 2 * x],
+            img[2 * y * 4 + 2 * x + 1],
+            img[(2 * y + 1) * 4 + 2 * x],
+            img[(2 * y + 1) * 4 + 2 * x + 1],
+        ]
+        .iter()
+        .cloned()
+        .fold(f64::MIN, f64::max)
     };
     for (o, (y, x)) in [(0, 0), (0, 1), (1, 0), (1, 1)].iter().enumerate() {
         assert_eq!(f[(0, o)], expect(*y, *x));
@@ -86,7 +91,10 @@ fn jacobian_matches_central_finite_differences() {
                 let mut n2 = net.clone();
                 n2.set_params(&DVector::from_column_slice(w)).unwrap();
                 let f = n2.forward(&x).unwrap();
-                (0..f.nrows()).flat_map(|i| (0..f.ncols()).map(move |o| (i, o))).map(|(i, o)| f[(i, o)]).collect()
+                (0..f.nrows())
+                    .flat_map(|i| (0..f.ncols()).map(move |o| (i, o)))
+                    .map(|(i, o)| f[(i, o)])
+                    .collect()
             },
             w0.as_slice(),
             1e-6,
@@ -134,7 +142,8 @@ fn the_papers_architectures_have_their_parameter_counts() {
     let x = rand_uniform(2, 784, 0.0, 1.0, &mut rng(0));
     assert_eq!(fsp.forward(&x).unwrap().shape(), (2, 10));
     // serde round trip.
-    let back: Cnn = serde_json::from_str::<Cnn>(&serde_json::to_string(&lenet).unwrap()).unwrap().validated().unwrap();
+    let back: Cnn =
+        serde_json::from_str::<Cnn>(&serde_json::to_string(&lenet).unwrap()).unwrap().validated().unwrap();
     // (serde_json's default float parser may differ in the last ulp.)
     assert!((back.params() - lenet.params()).amax() <= 1e-15);
     assert_eq!(back.forward(&rand_uniform(1, 784, 0.0, 1.0, &mut rng(1))).unwrap().ncols(), 10);
@@ -146,7 +155,8 @@ fn a_small_cnn_learns_the_bundled_digits() {
     let x = digits.x.map(|v| v / 16.0);
     let y = digits.y_vec();
     let (train, test): (Vec<usize>, Vec<usize>) = (0..x.nrows()).partition(|i| i % 5 != 0);
-    let (xtr, ytr) = (x.select_rows(&train), DVector::from_iterator(train.len(), train.iter().map(|&i| y[i])));
+    let (xtr, ytr) =
+        (x.select_rows(&train), DVector::from_iterator(train.len(), train.iter().map(|&i| y[i])));
     let (xte, yte) = (x.select_rows(&test), DVector::from_iterator(test.len(), test.iter().map(|&i| y[i])));
     let mut net = Cnn::new(CnnConfig {
         input_shape: (1, 8, 8),

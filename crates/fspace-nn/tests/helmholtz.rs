@@ -95,25 +95,32 @@ fn bad_input_is_a_typed_error() {
 }
 
 #[test]
-fn the_helmholtz_net_fits_ocean_currents_through_its_vjp() {
-    // 20 noisy velocities on the Gulf box; inputs standardised (the field varies on ~1° scales).
+fn the_helmholtz_net_fits_ocean_currents_with_train_map() {
+    // 20 noisy velocities on the Gulf box; inputs standardised (the field varies on ~1° scales);
+    // vector targets through the isotropic Gaussian (targets point-major: u₁, v₁, u₂, …), the
+    // noise scale learned jointly.
     let (train, _) = fspace_data::ocean_current(20, 0.02, &mut rng(5)).unwrap();
     let x = fspace_data::Standardizer::fit(&train.x).unwrap().transform(&train.x).unwrap();
-    let y = train.y.clone();
-    // fspace-core likelihoods take an n-vector of targets, so `train_map` cannot express the
-    // 2-D velocity targets yet; Adam on ½‖f(X) − Y‖² through `Network::vjp` exercises the same
-    // second-order gradient.
+    let y = DVector::from_row_slice(train.y.transpose().as_slice());
     let mut net = HelmholtzNet::new(vec![32, 32], Activation::Tanh, 1).unwrap();
-    let before = (net.forward(&x).unwrap() - &y).norm_squared();
-    let mut adam = fspace_core::Adam::new(net.n_params(), 5e-3);
-    let mut theta = Network::params(&net);
-    for _ in 0..1500 {
-        let r = net.forward(&x).unwrap() - &y;
-        let g = net.vjp(&x, &r).unwrap();
-        adam.descend(&mut theta, &g);
-        net.set_params(&theta).unwrap();
-    }
-    let after = (net.forward(&x).unwrap() - &y).norm_squared();
-    eprintln!("Helmholtz net on ocean currents: squared error {before:.4} → {after:.5}");
+    let sq_err = |net: &HelmholtzNet| (net.forward(&x).unwrap() - &train.y).norm_squared();
+    let before = sq_err(&net);
+    let mut lik = fspace_core::IsotropicGaussian::new(0.5, 2).unwrap();
+    let cfg = TrainConfig {
+        epochs: 1500,
+        batch_size: 20,
+        learning_rate: 5e-3,
+        learn_likelihood: true,
+        ..Default::default()
+    };
+    train_map(&mut net, &mut lik, &x, &y, None, None, &cfg, |_| {}).unwrap();
+    let after = sq_err(&net);
+    eprintln!(
+        "Helmholtz net on ocean currents: squared error {before:.4} → {after:.5}, σ {:.4}",
+        lik.sigma()
+    );
     assert!(after < 0.02 * before, "{before} → {after}");
+    // Targets must be n·d' long.
+    let short = DVector::zeros(20);
+    assert!(train_map(&mut net, &mut lik, &x, &short, None, None, &cfg, |_| {}).is_err());
 }
