@@ -94,3 +94,47 @@ fn run() -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_bad_input_is_an_error() {
+        let args: Vec<String> = ["fsp-null-space", "--quick", "--seed", "3", "--out", "x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let o = parse(&args).unwrap();
+        assert_eq!((o.names.len(), o.quick, o.seed, o.out.as_str()), (1, true, 3, "x"));
+        assert!(parse(&["--seed".to_string(), "-1".to_string()]).is_err());
+        assert!(parse(&["--bogus".to_string()]).is_err());
+        let unknown = Options { names: vec!["nope".into()], quick: true, seed: 0, out: "x".into() };
+        assert!(reproduce(&unknown).is_err());
+    }
+
+    #[test]
+    fn the_null_space_experiment_runs_end_to_end_in_quick_mode() {
+        // The harness end to end on its cheapest experiment: files written, metrics sane.
+        let out = std::env::temp_dir().join(format!("fspace-xtask-test-{}", std::process::id()));
+        let opts = Options {
+            names: vec!["fsp-null-space".into()],
+            quick: true,
+            seed: 0,
+            out: out.to_string_lossy().into_owned(),
+        };
+        reproduce(&opts).unwrap();
+        let dir = out.join("fsp-null-space");
+        let metrics: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
+        for kernel in ["rbf", "matern12"] {
+            for task in ["regression", "classification"] {
+                let r = metrics[kernel][task].as_f64().unwrap();
+                assert!((0.0..0.1).contains(&r), "{kernel}/{task}: {r}");
+            }
+        }
+        assert!(std::fs::read_to_string(dir.join("table.md")).unwrap().contains("Table C.2"));
+        assert!(dir.join("log.txt").exists());
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}

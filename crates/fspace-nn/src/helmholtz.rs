@@ -6,10 +6,12 @@
 
 use nalgebra::{DMatrix, DVector};
 
+use serde::{Deserialize, Serialize};
+
 use crate::mlp::{Activation, Mlp, MlpConfig, NnError, Result};
 
 /// `f = ∇Φ + rot Ψ`; parameters are `[w_Φ, w_Ψ]`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HelmholtzNet {
     phi: Mlp,
     psi: Mlp,
@@ -45,6 +47,14 @@ impl HelmholtzNet {
     /// Number of parameters.
     pub fn n_params(&self) -> usize {
         self.phi.n_params() + self.psi.n_params()
+    }
+    /// Names and ranges of the parameter blocks (`phi.layer0.weight`, …, `psi.layer2.bias`).
+    pub fn param_blocks(&self) -> Vec<(String, std::ops::Range<usize>)> {
+        let k = self.phi.n_params();
+        let phi = self.phi.param_blocks().into_iter().map(|(n, r)| (format!("phi.{n}"), r));
+        let psi =
+            self.psi.param_blocks().into_iter().map(|(n, r)| (format!("psi.{n}"), r.start + k..r.end + k));
+        phi.chain(psi).collect()
     }
     /// `[w_Φ, w_Ψ]`.
     pub fn params(&self) -> DVector<f64> {

@@ -35,6 +35,28 @@ pub trait Network: Send + Sync {
     fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>>;
     /// `J(X)·u` (`n × d'`, forward mode) for a parameter direction `u`.
     fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>>;
+
+    /// The GGN-vector product `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` for per-point Hessian blocks `Hᵢ`
+    /// (`d' × d'`): one forward- and one reverse-mode pass, for any network.
+    fn ggn_vector_product(
+        &self,
+        x: &DMatrix<f64>,
+        hessians: &[DMatrix<f64>],
+        v: &DVector<f64>,
+    ) -> Result<DVector<f64>> {
+        let q = self.output_dim();
+        if hessians.len() != x.nrows() || hessians.iter().any(|h| h.shape() != (q, q)) {
+            return Err(NnError::DimensionMismatch {
+                what: "Hessian blocks (one d' × d' per point)",
+                expected: x.nrows(),
+                found: hessians.len(),
+            });
+        }
+        let jv = self.jvp(x, v)?;
+        let hjv =
+            DMatrix::from_fn(x.nrows(), q, |i, a| (0..q).map(|b| hessians[i][(a, b)] * jv[(i, b)]).sum());
+        self.vjp(x, &hjv)
+    }
 }
 
 macro_rules! network_impl {

@@ -131,6 +131,24 @@ proptest! {
 }
 
 #[test]
+fn ggn_products_equal_the_dense_jacobian_product() {
+    let net = small(Activation::Tanh, 9);
+    let x = rand_uniform(3, 84, -1.0, 1.0, &mut rng(10));
+    let f = net.forward(&x).unwrap();
+    let y = DVector::from_vec(vec![0.0, 2.0, 1.0]);
+    let hess = Categorical::new(3).unwrap().nll_hessian(&f, &y).unwrap();
+    let jac = net.jacobian(&x).unwrap();
+    let mut h = DMatrix::zeros(9, 9);
+    for (i, hi) in hess.iter().enumerate() {
+        h.view_mut((3 * i, 3 * i), (3, 3)).copy_from(hi);
+    }
+    let v = randn_vec(net.n_params(), &mut rng(11));
+    let dense = jac.transpose() * h * &jac * &v;
+    let prod = net.ggn_vector_product(&x, &hess, &v).unwrap();
+    fspace_testutil::assert_all_close(prod.as_slice(), dense.as_slice(), 1e-10, 1e-12);
+}
+
+#[test]
 fn the_papers_architectures_have_their_parameter_counts() {
     let lenet = Cnn::new(CnnConfig::lenet5(10, Activation::Tanh, 0)).unwrap();
     assert_eq!(lenet.n_params(), 61_706); // LeCun et al. 1998 with a padded first layer

@@ -81,6 +81,18 @@ fn second_order_parameter_jacobian_matches_finite_differences() {
 }
 
 #[test]
+fn parameters_have_names_and_the_net_round_trips_through_serde() {
+    let h = HelmholtzNet::new(vec![4, 3], Activation::Tanh, 0).unwrap();
+    let blocks = h.param_blocks();
+    assert_eq!(blocks.first().unwrap().0, "phi.layer0.weight");
+    assert_eq!(blocks.last().unwrap().0, "psi.layer2.bias");
+    assert_eq!(blocks.last().unwrap().1.end, h.n_params());
+    let back: HelmholtzNet = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+    let x = rand_uniform(3, 2, -1.0, 1.0, &mut rng(1));
+    assert!((back.forward(&x).unwrap() - h.forward(&x).unwrap()).amax() < 1e-14);
+}
+
+#[test]
 fn bad_input_is_a_typed_error() {
     let mut h = HelmholtzNet::new(vec![4], Activation::Tanh, 0).unwrap();
     assert!(h.forward(&DMatrix::zeros(2, 3)).is_err());
