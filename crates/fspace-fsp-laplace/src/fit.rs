@@ -70,6 +70,11 @@ pub struct FspConfig {
     pub widen: f64,
     /// Seed of random Laplace designs.
     pub design_seed: u64,
+    /// Append the training inputs to the Laplace context points (the "dataset" context of the
+    /// paper's §3.2 discussion). Off in the paper's toys; it enforces the prior where the data
+    /// are, which a coarse design can miss (two moons: on-data std of p(class 1) 0.17 → 0.085,
+    /// the exact GP classifier's 0.088).
+    pub context_includes_data: bool,
 }
 
 impl Default for FspConfig {
@@ -82,6 +87,7 @@ impl Default for FspConfig {
             context_box: None,
             widen: 0.5,
             design_seed: 0,
+            context_includes_data: false,
         }
     }
 }
@@ -131,7 +137,15 @@ pub fn fit<N: Network + Clone>(
     )?;
     let train_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let context = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
+    let design = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
+    let context = if config.context_includes_data {
+        let mut c = DMatrix::zeros(design.nrows() + x.nrows(), design.ncols());
+        c.rows_mut(0, design.nrows()).copy_from(&design);
+        c.rows_mut(design.nrows(), x.nrows()).copy_from(x);
+        c
+    } else {
+        design
+    };
     let post = laplace(&net, likelihood, prior, x, y, &context, &config.laplace)?;
     let summary = FitSummary {
         train: report,

@@ -127,7 +127,11 @@ impl<K: MatrixKernel> ExactGp<K> {
                 }
                 acc
             })
-            .reduce(|| vec![0.0; np], |a, b| a.iter().zip(&b).map(|(x, y)| x + y).collect());
+            .collect::<Vec<Vec<f64>>>()
+            // Summed in row order, not by rayon's `reduce` (whose association depends on work
+            // stealing): the same inputs give bit-identical gradients, so fits are reproducible.
+            .into_iter()
+            .fold(vec![0.0; np], |a, b| a.iter().zip(&b).map(|(x, y)| x + y).collect());
         let mut grad: Vec<f64> = grad_k.into_iter().map(|g| 0.5 * g).collect();
         if let Noise::Homoscedastic(s2) = self.noise {
             grad.push(0.5 * s2 * w.trace());

@@ -592,25 +592,26 @@ impl Cnn {
         if v.iter().any(|c| !c.is_finite()) {
             return Err(NnError::NonFinite { what: "cotangent" });
         }
+        // Per-image gradients in parallel over fixed chunks of 8 images, summed in chunk order
+        // (deterministic, unlike a work-stealing `reduce`).
         let p = self.n_params();
-        let grad = Self::images(x)
-            .par_iter()
+        let images = Self::images(x);
+        let partial: Vec<Vec<f64>> = images
+            .par_chunks(8)
             .enumerate()
-            .fold(
-                || vec![0.0; p],
-                |mut g, (i, img)| {
-                    let vi: Vec<f64> = v.row(i).iter().cloned().collect();
+            .map(|(c, chunk)| {
+                let mut g = vec![0.0; p];
+                for (k, img) in chunk.iter().enumerate() {
+                    let vi: Vec<f64> = v.row(c * 8 + k).iter().cloned().collect();
                     self.adjoint(&self.trace(img), &vi, &mut g);
-                    g
-                },
-            )
-            .reduce(
-                || vec![0.0; p],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            );
+                }
+                g
+            })
+            .collect();
+        let grad = partial.into_iter().fold(vec![0.0; p], |mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            a
+        });
         Ok(DVector::from_vec(grad))
     }
 
