@@ -146,6 +146,22 @@ fn ggn_products_equal_the_dense_jacobian_product() {
     let dense = jac.transpose() * h * &jac * &v;
     let prod = net.ggn_vector_product(&x, &hess, &v).unwrap();
     fspace_testutil::assert_all_close(prod.as_slice(), dense.as_slice(), 1e-10, 1e-12);
+    // The GGN diagonal, and last-layer features: the dense head's input reproduces f.
+    let ggn = jac.transpose() * {
+        let mut h = DMatrix::zeros(9, 9);
+        for (i, hi) in hess.iter().enumerate() {
+            h.view_mut((3 * i, 3 * i), (3, 3)).copy_from(hi);
+        }
+        h
+    } * &jac;
+    fspace_testutil::assert_all_close(net.ggn_diagonal(&x, &hess).unwrap().as_slice(), ggn.diagonal().as_slice(), 1e-10, 1e-12);
+    let phi = net.last_layer_features(&x).unwrap();
+    assert_eq!(phi.shape(), (3, 5));
+    let p = net.params();
+    let (w0, b0) = (p.len() - 3 * 5 - 3, p.len() - 3);
+    let head = DMatrix::from_row_slice(3, 5, &p.as_slice()[w0..b0]);
+    let f_head = &phi * head.transpose() + DMatrix::from_fn(3, 3, |_, o| p[b0 + o]);
+    assert_mat_close(&f_head, &f, 1e-12, 1e-12);
 }
 
 #[test]
