@@ -619,8 +619,10 @@ impl Cnn {
     /// (Bayesian linear regression) approximation.
     pub fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_inputs(x)?;
-        let feats: Vec<Vec<f64>> =
-            Self::images(x).par_iter().map(|img| self.trace(img).inputs.pop().expect("a dense layer")).collect();
+        let feats: Vec<Vec<f64>> = Self::images(x)
+            .par_iter()
+            .map(|img| self.trace(img).inputs.pop().expect("a dense layer"))
+            .collect();
         let width = feats[0].len();
         Ok(DMatrix::from_fn(x.nrows(), width, |i, j| feats[i][j]))
     }
@@ -629,25 +631,8 @@ impl Cnn {
     /// Hessian blocks `Hᵢ` (`d' × d'`).
     pub fn ggn_diagonal(&self, x: &DMatrix<f64>, hessians: &[DMatrix<f64>]) -> Result<DVector<f64>> {
         let q = self.output_dim();
-        if hessians.len() != x.nrows() || hessians.iter().any(|h| h.shape() != (q, q)) {
-            return Err(NnError::DimensionMismatch {
-                what: "Hessian blocks (one d' × d' per point)",
-                expected: x.nrows(),
-                found: hessians.len(),
-            });
-        }
-        let jac = self.jacobian(x)?;
-        let mut diag = DVector::zeros(self.n_params());
-        for (i, h) in hessians.iter().enumerate() {
-            for a in 0..q {
-                for b in 0..q {
-                    if h[(a, b)] != 0.0 {
-                        diag += jac.row(i * q + a).transpose().component_mul(&jac.row(i * q + b).transpose()) * h[(a, b)];
-                    }
-                }
-            }
-        }
-        Ok(diag)
+        crate::train::check_hessians(hessians, x.nrows(), q)?;
+        Ok(crate::train::ggn_diagonal_from_jacobian(&self.jacobian(x)?, hessians, q))
     }
 
     /// The Jacobian `J(X)` (`n·d' × p`, point-major rows), one reverse pass per row.

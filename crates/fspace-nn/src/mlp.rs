@@ -458,50 +458,14 @@ impl Mlp {
         hessians: &[DMatrix<f64>],
         v: &DVector<f64>,
     ) -> Result<DVector<f64>> {
-        let q = self.config.output_dim;
-        if hessians.len() != x.nrows() {
-            return Err(NnError::DimensionMismatch {
-                what: "Hessian blocks vs points",
-                expected: x.nrows(),
-                found: hessians.len(),
-            });
-        }
-        if let Some(h) = hessians.iter().find(|h| h.shape() != (q, q)) {
-            return Err(NnError::DimensionMismatch {
-                what: "Hessian block size",
-                expected: q,
-                found: h.nrows(),
-            });
-        }
-        let jv = self.jvp(x, v)?;
-        let hjv =
-            DMatrix::from_fn(x.nrows(), q, |i, a| (0..q).map(|b| hessians[i][(a, b)] * jv[(i, b)]).sum());
-        self.vjp(x, &hjv)
+        crate::train::Network::ggn_vector_product(self, x, hessians, v)
     }
 
     /// `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`'s diagonal (length `p`), from the Jacobian rows.
     pub fn ggn_diagonal(&self, x: &DMatrix<f64>, hessians: &[DMatrix<f64>]) -> Result<DVector<f64>> {
         let q = self.config.output_dim;
-        if hessians.len() != x.nrows() || hessians.iter().any(|h| h.shape() != (q, q)) {
-            return Err(NnError::DimensionMismatch {
-                what: "Hessian blocks (one d' × d' per point)",
-                expected: x.nrows(),
-                found: hessians.len(),
-            });
-        }
-        let jac = self.jacobian(x)?;
-        let mut diag = DVector::zeros(self.n_params());
-        for (i, h) in hessians.iter().enumerate() {
-            for a in 0..q {
-                for b in 0..q {
-                    if h[(a, b)] != 0.0 {
-                        diag += jac.row(i * q + a).transpose().component_mul(&jac.row(i * q + b).transpose())
-                            * h[(a, b)];
-                    }
-                }
-            }
-        }
-        Ok(diag)
+        crate::train::check_hessians(hessians, x.nrows(), q)?;
+        Ok(crate::train::ggn_diagonal_from_jacobian(&self.jacobian(x)?, hessians, q))
     }
 
     /// The inputs of the last layer, `a_{L−1}(X)` (`n × width`): the features of a last-layer

@@ -45,18 +45,44 @@ pub trait Network: Send + Sync {
         v: &DVector<f64>,
     ) -> Result<DVector<f64>> {
         let q = self.output_dim();
-        if hessians.len() != x.nrows() || hessians.iter().any(|h| h.shape() != (q, q)) {
-            return Err(NnError::DimensionMismatch {
-                what: "Hessian blocks (one d' × d' per point)",
-                expected: x.nrows(),
-                found: hessians.len(),
-            });
-        }
+        check_hessians(hessians, x.nrows(), q)?;
         let jv = self.jvp(x, v)?;
         let hjv =
             DMatrix::from_fn(x.nrows(), q, |i, a| (0..q).map(|b| hessians[i][(a, b)] * jv[(i, b)]).sum());
         self.vjp(x, &hjv)
     }
+}
+
+/// Checks one `d' × d'` Hessian block per point.
+pub(crate) fn check_hessians(hessians: &[DMatrix<f64>], n: usize, q: usize) -> Result<()> {
+    if hessians.len() != n || hessians.iter().any(|h| h.shape() != (q, q)) {
+        return Err(NnError::DimensionMismatch {
+            what: "Hessian blocks (one d' × d' per point)",
+            expected: n,
+            found: hessians.len(),
+        });
+    }
+    Ok(())
+}
+
+/// `diag(Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ))` from the point-major Jacobian rows (`n·d' × p`).
+pub(crate) fn ggn_diagonal_from_jacobian(
+    jac: &DMatrix<f64>,
+    hessians: &[DMatrix<f64>],
+    q: usize,
+) -> DVector<f64> {
+    let mut diag = DVector::zeros(jac.ncols());
+    for (i, h) in hessians.iter().enumerate() {
+        for a in 0..q {
+            for b in 0..q {
+                if h[(a, b)] != 0.0 {
+                    diag += jac.row(i * q + a).transpose().component_mul(&jac.row(i * q + b).transpose())
+                        * h[(a, b)];
+                }
+            }
+        }
+    }
+    diag
 }
 
 macro_rules! network_impl {

@@ -147,14 +147,21 @@ fn ggn_products_equal_the_dense_jacobian_product() {
     let prod = net.ggn_vector_product(&x, &hess, &v).unwrap();
     fspace_testutil::assert_all_close(prod.as_slice(), dense.as_slice(), 1e-10, 1e-12);
     // The GGN diagonal, and last-layer features: the dense head's input reproduces f.
-    let ggn = jac.transpose() * {
-        let mut h = DMatrix::zeros(9, 9);
-        for (i, hi) in hess.iter().enumerate() {
-            h.view_mut((3 * i, 3 * i), (3, 3)).copy_from(hi);
+    let ggn = jac.transpose()
+        * {
+            let mut h = DMatrix::zeros(9, 9);
+            for (i, hi) in hess.iter().enumerate() {
+                h.view_mut((3 * i, 3 * i), (3, 3)).copy_from(hi);
+            }
+            h
         }
-        h
-    } * &jac;
-    fspace_testutil::assert_all_close(net.ggn_diagonal(&x, &hess).unwrap().as_slice(), ggn.diagonal().as_slice(), 1e-10, 1e-12);
+        * &jac;
+    fspace_testutil::assert_all_close(
+        net.ggn_diagonal(&x, &hess).unwrap().as_slice(),
+        ggn.diagonal().as_slice(),
+        1e-10,
+        1e-12,
+    );
     let phi = net.last_layer_features(&x).unwrap();
     assert_eq!(phi.shape(), (3, 5));
     let p = net.params();

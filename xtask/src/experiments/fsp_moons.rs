@@ -99,7 +99,22 @@ pub struct Variant {
 /// The paper's set-up.
 pub const PAPER: Variant = Variant { label: "paper (100 grid points)", n_laplace: 100, with_data: false };
 
-/// Mean and std of p(class 1) over `s` linearised function samples.
+/// Mean and std over function samples of `p(f_sample, i)` at every point `i`.
+fn sample_moments(samples: &[DMatrix<f64>], p: impl Fn(&DMatrix<f64>, usize) -> f64) -> (Vec<f64>, Vec<f64>) {
+    let (n, s) = (samples[0].nrows(), samples.len() as f64);
+    let (mut m, mut m2) = (vec![0.0; n], vec![0.0; n]);
+    for f in samples {
+        for i in 0..n {
+            let v = p(f, i);
+            m[i] += v / s;
+            m2[i] += v * v / s;
+        }
+    }
+    let sd = m.iter().zip(&m2).map(|(a, b)| (b - a * a).max(0.0).sqrt()).collect();
+    (m, sd)
+}
+
+/// Mean and std of p(class 1) = sigmoid(f₁ − f₀) over `s` linearised function samples.
 fn p1_moments(
     post: &FspLaplace<Mlp>,
     x: &DMatrix<f64>,
@@ -107,17 +122,7 @@ fn p1_moments(
     rng: &mut StdRng,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let samples = post.sample_functions(x, s, rng)?;
-    let n = x.nrows();
-    let (mut m, mut m2) = (vec![0.0; n], vec![0.0; n]);
-    for f in &samples {
-        for i in 0..n {
-            let p = fspace_core::sigmoid(f[(i, 1)] - f[(i, 0)]);
-            m[i] += p / s as f64;
-            m2[i] += p * p / s as f64;
-        }
-    }
-    let sd = m.iter().zip(&m2).map(|(a, b)| (b - a * a).max(0.0).sqrt()).collect();
-    Ok((m, sd))
+    Ok(sample_moments(&samples, |f, i| fspace_core::sigmoid(f[(i, 1)] - f[(i, 0)])))
 }
 
 /// Trains and evaluates FSP-Laplace on two moons with `n_context` training context points per
@@ -223,14 +228,8 @@ fn gp_reference(prior_name: &str, hyper: &Value, data: &MoonsData, seed: u64) ->
     let gpc = fspace_gp::LaplaceGpClassifier::fit(k, &data.0, &data.1, &Default::default())?;
     let mut rng = StdRng::seed_from_u64(seed + 7);
     let mut p1_std = |x: &DMatrix<f64>| -> Result<Vec<f64>> {
-        let s = gpc.sample_functions(x, 100, &mut rng)?;
-        Ok((0..x.nrows())
-            .map(|i| {
-                let ps: Vec<f64> = s.iter().map(|f| fspace_core::sigmoid(f[(i, 0)])).collect();
-                let mu = ps.iter().sum::<f64>() / ps.len() as f64;
-                (ps.iter().map(|p| (p - mu).powi(2)).sum::<f64>() / ps.len() as f64).sqrt()
-            })
-            .collect())
+        let samples = gpc.sample_functions(x, 100, &mut rng)?;
+        Ok(sample_moments(&samples, |f, i| fspace_core::sigmoid(f[(i, 0)])).1)
     };
     let m = 41;
     let axis: Vec<f64> = (0..m).map(|i| -BOX + 2.0 * BOX * i as f64 / (m - 1) as f64).collect();
