@@ -6,18 +6,16 @@
 //! fewer epochs than those experiments (4000 / 1000) to keep the default suite short.
 
 use anyhow::Result;
-use fspace_context::BoundingBox;
 use fspace_core::{Gaussian, Posterior};
-use fspace_fsp_laplace::{fit, ContextDesign, FspConfig, FunctionPrior, TrainOptions};
-use fspace_gp::{ExactGp, FitConfig, Noise};
+use fspace_fsp_laplace::{fit, ContextDesign, FunctionPrior};
+use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, Matern12, PriorMean, Rbf};
-use fspace_nn::TrainConfig;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
 use super::fsp_moons::{fitted_priors, moons, moons_run, PAPER};
-use super::{eval_sine, linspace, tanh_mlp, Options};
+use super::{eval_sine, fit_sine_prior, linspace, sine_config, tanh_mlp, Options};
 use crate::plot::{heatmaps, regression_panels, Heatmap, Panel1d};
 use crate::report::{fmt, markdown_table, Run};
 
@@ -34,36 +32,13 @@ pub fn run(opts: &Options) -> Result<()> {
     let y = data.y_vec();
     let xt = linspace(-2.0, 2.0, 200);
     for (name, k) in [("rbf", Rbf::new(1.0, 0.3)?.boxed()), ("matern12", Matern12::new(1.0, 0.3)?.boxed())] {
-        let fitted = fspace_gp::fit_hyperparameters(
-            &k,
-            &PriorMean::Zero,
-            0.05,
-            &data.x,
-            &data.y,
-            &FitConfig { seed: opts.seed, ..Default::default() },
-        )?;
-        let (kernel, noise) = (fitted.kernel, fitted.noise_variance);
+        let (kernel, noise) = fit_sine_prior(&k, &data, opts.seed)?;
         let gp =
             ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise), &data.x, &data.y)?;
         let prior = FunctionPrior::centered(Box::new(kernel.clone()));
         for m in MS {
             bar.set_message(format!("regression {name} M={m}"));
-            let config = FspConfig {
-                train: TrainOptions {
-                    train: TrainConfig {
-                        epochs: reg_epochs,
-                        batch_size: 100,
-                        learning_rate: 1e-3,
-                        seed: opts.seed,
-                        ..Default::default()
-                    },
-                    n_context: m,
-                    ..Default::default()
-                },
-                design: ContextDesign::Halton,
-                context_box: Some(BoundingBox::cube(1, -2.0, 2.0)?),
-                ..Default::default()
-            };
+            let config = sine_config(100, reg_epochs, m, ContextDesign::Halton, opts.seed)?;
             let net = tanh_mlp(1, &[50, 50], 1, opts.seed)?;
             let (post, summary) =
                 fit(net, &mut Gaussian::new(noise.sqrt())?, &prior, &data.x, &y, None, &config, |_| {})?;

@@ -12,8 +12,7 @@ use anyhow::Result;
 use fspace_context::BoundingBox;
 use fspace_core::{Categorical, Gaussian, Likelihood};
 use fspace_fsp_laplace::{fit, FspConfig, FspLaplace, FunctionPrior, TrainOptions};
-use fspace_gp::FitConfig;
-use fspace_kernels::{Kernel, Matern12, PriorMean, Rbf};
+use fspace_kernels::{Kernel, Matern12, Rbf};
 use fspace_linalg::{psd_pinv_sqrt, sym_eigh};
 use fspace_nn::{Mlp, TrainConfig};
 use nalgebra::{DMatrix, DVector};
@@ -22,7 +21,7 @@ use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
 use super::fsp_moons::{fitted_priors, moons, BOX};
-use super::{tanh_mlp, Options};
+use super::{fit_sine_prior, sine_config, tanh_mlp, Options};
 use crate::report::{markdown_table, Run};
 
 /// `‖P₀ΛP₀‖_F / ‖Λ‖_F` at the posterior's network and basis.
@@ -66,24 +65,10 @@ pub fn run(opts: &Options) -> Result<()> {
     let y = data.y_vec();
     for (name, k) in [("rbf", Rbf::new(1.0, 0.3)?.boxed()), ("matern12", Matern12::new(1.0, 0.3)?.boxed())] {
         bar.set_message(format!("regression {name}"));
-        let cfg = FitConfig { seed: opts.seed, ..Default::default() };
-        let fitted = fspace_gp::fit_hyperparameters(&k, &PriorMean::Zero, 0.05, &data.x, &data.y, &cfg)?;
-        let prior = FunctionPrior::centered(Box::new(fitted.kernel));
-        let mut lik = Gaussian::new(fitted.noise_variance.sqrt())?;
-        let config = FspConfig {
-            train: TrainOptions {
-                train: TrainConfig {
-                    epochs: reg_epochs,
-                    batch_size: 100,
-                    learning_rate: 1e-3,
-                    seed: opts.seed,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            context_box: Some(BoundingBox::cube(1, -2.0, 2.0)?),
-            ..Default::default()
-        };
+        let (kernel, noise) = fit_sine_prior(&k, &data, opts.seed)?;
+        let prior = FunctionPrior::centered(Box::new(kernel));
+        let mut lik = Gaussian::new(noise.sqrt())?;
+        let config = sine_config(100, reg_epochs, 100, fspace_fsp_laplace::ContextDesign::Grid, opts.seed)?;
         let (post, _) =
             fit(tanh_mlp(1, &[50, 50], 1, opts.seed)?, &mut lik, &prior, &data.x, &y, None, &config, |_| {})?;
         let context = super::linspace(-2.0, 2.0, 100);

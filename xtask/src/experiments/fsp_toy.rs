@@ -10,18 +10,16 @@
 //! noise σ = 0.1.
 
 use anyhow::Result;
-use fspace_context::BoundingBox;
 use fspace_core::{Gaussian, Posterior};
-use fspace_fsp_laplace::{fit, FspConfig, FunctionPrior, TrainOptions};
-use fspace_gp::{ExactGp, FitConfig, Noise};
+use fspace_fsp_laplace::{fit, ContextDesign, FunctionPrior};
+use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, KernelBase, Matern12, Matern52, Periodic, PriorMean, Rbf};
-use fspace_nn::TrainConfig;
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::{eval_sine, linspace, roughness, tanh_mlp, Options};
+use super::{eval_sine, fit_sine_prior, linspace, roughness, sine_config, tanh_mlp, Options};
 use crate::plot::{regression_panels, Panel1d};
 use crate::report::{fmt, markdown_table, Run};
 
@@ -68,15 +66,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let data = fspace_data::sine(n_train, case.data_noise, &mut rng)?;
         let y = data.y_vec();
         let (kernel, noise_var) = if case.fit_prior {
-            let rep = fspace_gp::fit_hyperparameters(
-                &case.kernel,
-                &PriorMean::Zero,
-                0.05,
-                &data.x,
-                &data.y,
-                &FitConfig { seed: opts.seed, ..Default::default() },
-            )?;
-            (rep.kernel, rep.noise_variance)
+            fit_sine_prior(&case.kernel, &data, opts.seed)?
         } else {
             (case.kernel.clone(), case.data_noise * case.data_noise)
         };
@@ -87,20 +77,7 @@ pub fn run(opts: &Options) -> Result<()> {
             .collect();
         run.log(format!("{}: prior {:?}, noise σ = {:.4}", case.name, hyper, noise_var.sqrt()));
         let prior = FunctionPrior::centered(Box::new(kernel.clone()));
-        let config = FspConfig {
-            train: TrainOptions {
-                train: TrainConfig {
-                    epochs,
-                    batch_size: n_train,
-                    learning_rate: 1e-3,
-                    seed: opts.seed,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            context_box: Some(BoundingBox::cube(1, -2.0, 2.0)?),
-            ..Default::default()
-        };
+        let config = sine_config(n_train, epochs, 100, ContextDesign::Grid, opts.seed)?;
         let net = tanh_mlp(1, &[50, 50], 1, opts.seed)?;
         let mut lik = Gaussian::new(noise_var.sqrt())?;
         let (post, summary) = fit(net, &mut lik, &prior, &data.x, &y, None, &config, |_| {})?;

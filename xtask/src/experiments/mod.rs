@@ -61,6 +61,49 @@ pub const EXPERIMENTS: &[Experiment] = &[
     },
 ];
 
+/// The sine-toy prior protocol (App. B.1): kernel hyperparameters and noise variance by the
+/// exact GP's marginal likelihood (centred prior, initial noise variance 0.05).
+pub fn fit_sine_prior<K: fspace_kernels::Kernel + Clone>(
+    kernel: &K,
+    data: &fspace_data::Dataset,
+    seed: u64,
+) -> Result<(K, f64)> {
+    let cfg = fspace_gp::FitConfig { seed, ..Default::default() };
+    let rep = fspace_gp::fit_hyperparameters(
+        kernel,
+        &fspace_kernels::PriorMean::Zero,
+        0.05,
+        &data.x,
+        &data.y,
+        &cfg,
+    )?;
+    Ok((rep.kernel, rep.noise_variance))
+}
+
+/// The sine-toy FSP-Laplace set-up: full-batch Adam (lr 1e-3) for `epochs`, `n_context`
+/// training context points per step and 100 Laplace points of `design`, both on [−2, 2].
+pub fn sine_config(
+    n_train: usize,
+    epochs: usize,
+    n_context: usize,
+    design: fspace_fsp_laplace::ContextDesign,
+    seed: u64,
+) -> Result<fspace_fsp_laplace::FspConfig> {
+    let train = fspace_nn::TrainConfig {
+        epochs,
+        batch_size: n_train,
+        learning_rate: 1e-3,
+        seed,
+        ..Default::default()
+    };
+    Ok(fspace_fsp_laplace::FspConfig {
+        train: fspace_fsp_laplace::TrainOptions { train, n_context, ..Default::default() },
+        design,
+        context_box: Some(fspace_context::BoundingBox::cube(1, -2.0, 2.0)?),
+        ..Default::default()
+    })
+}
+
 /// A tanh MLP `d → hidden → q` (the papers' toy networks).
 pub fn tanh_mlp(d: usize, hidden: &[usize], q: usize, seed: u64) -> Result<Mlp> {
     Ok(Mlp::new(MlpConfig {
