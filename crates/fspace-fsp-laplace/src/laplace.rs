@@ -33,7 +33,7 @@
 use fspace_core::{CoreError, FunctionPredictive, Likelihood, Posterior};
 use fspace_kernels::GramOperator;
 use fspace_linalg::{
-    pinv_factor_restarted, sym_eigh, thin_svd, LanczosConfig, PinvMethod, StartVector, StopReason,
+    pinv_factor_restarted, sym_eigh, thin_svd_owned, LanczosConfig, PinvMethod, StartVector, StopReason,
 };
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
@@ -142,14 +142,23 @@ pub(crate) fn jvp_columns<N: Network + ?Sized>(
     })
 }
 
-/// `J(X)ᵀ L` (`p × r`) for `L` point-major (`n·d' × r`), columns in parallel.
+/// `J(X)ᵀ L` (`p × r`) for `L` point-major (`n·d' × r`): columns in parallel, a few per
+/// thread at a time, written straight into the result (peak memory ≈ one `p × r` matrix).
 fn vjp_columns<N: Network + ?Sized>(net: &N, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
     let q = net.output_dim();
-    let cols: Vec<DVector<f64>> = (0..l.ncols())
-        .into_par_iter()
-        .map(|j| Ok(net.vjp(x, &from_point_major(l.column(j).as_slice(), q))?))
-        .collect::<Result<_>>()?;
-    Ok(DMatrix::from_columns(&cols))
+    let mut out = DMatrix::zeros(net.n_params(), l.ncols());
+    let chunk = 4 * rayon::current_num_threads().max(1);
+    for start in (0..l.ncols()).step_by(chunk) {
+        let end = (start + chunk).min(l.ncols());
+        let cols: Vec<DVector<f64>> = (start..end)
+            .into_par_iter()
+            .map(|j| Ok(net.vjp(x, &from_point_major(l.column(j).as_slice(), q))?))
+            .collect::<Result<_>>()?;
+        for (j, c) in (start..end).zip(cols) {
+            out.set_column(j, &c);
+        }
+    }
+    Ok(out)
 }
 
 /// Row-batches `[start, end)` of `n` rows.
@@ -201,17 +210,17 @@ pub fn laplace<N: Network + Clone>(
     let info = restarted.runs[0].clone();
 
     // 2–3. M = J(C)ᵀL and its range.
-    let m = vjp_columns(net, context, &l)?;
-    let svd = thin_svd(&m)?;
+    let svd = thin_svd_owned(vjp_columns(net, context, &l)?)?;
     let smax = svd.s[0];
     let k = svd.s.iter().take_while(|&&s| s > config.rank_rtol * smax).count();
     if k == 0 {
         return Err(invalid("context points", "J(C)ᵀ Σ(C,C)† J(C) vanishes: the network is constant there"));
     }
-    let u = svd.u.columns(0, k).into_owned();
+    let d2 = svd.s.rows(0, k).map(|s| s * s);
+    let u = if k == svd.u.ncols() { svd.u } else { svd.u.columns(0, k).into_owned() };
 
     // 4. A = D² + Σ_B (J_B U)ᵀ H_B (J_B U).
-    let mut a = DMatrix::from_diagonal(&svd.s.rows(0, k).map(|s| s * s));
+    let mut a = DMatrix::from_diagonal(&d2);
     for (s0, s1) in batches(x.nrows(), config.data_batch) {
         let xb = x.rows(s0, s1 - s0).into_owned();
         let yb = y.rows(s0 * t, (s1 - s0) * t).into_owned();

@@ -43,8 +43,15 @@ pub struct ThinSvd {
     pub v: DMatrix<f64>,
 }
 
-/// See [`ThinSvd`]. Errors on wide or non-finite input.
+/// See [`ThinSvd`]. Errors on wide or non-finite input. Copies `m`; [`thin_svd_owned`]
+/// consumes it instead.
 pub fn thin_svd(m: &DMatrix<f64>) -> Result<ThinSvd> {
+    thin_svd_owned(m.clone())
+}
+
+/// [`thin_svd`] consuming its input: the QR factorisation works in `m`'s storage, so the peak
+/// memory is two `p × r` matrices (`Q`, then `U`) rather than four.
+pub fn thin_svd_owned(m: DMatrix<f64>) -> Result<ThinSvd> {
     let (p, r) = m.shape();
     if r == 0 || p < r {
         return Err(LinalgError::InvalidArgument {
@@ -53,8 +60,9 @@ pub fn thin_svd(m: &DMatrix<f64>) -> Result<ThinSvd> {
         });
     }
     ensure_finite("thin_svd input", m.iter())?;
-    let qr = m.clone().qr();
+    let qr = m.qr();
     let (q, rr) = (qr.q(), qr.r());
+    drop(qr);
     let svd = rr.svd(true, true);
     let (ur, vt) = (svd.u.expect("requested"), svd.v_t.expect("requested"));
     let mut order: Vec<usize> = (0..r).collect();

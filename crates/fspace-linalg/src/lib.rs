@@ -37,7 +37,7 @@ pub use cg::{
     Preconditioner, SymmetricEntries,
 };
 pub use cholesky::{cholesky_jitter, cholesky_rank_update, JitterConfig, JitteredCholesky, UpdateSign};
-pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, ThinSvd};
+pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, thin_svd_owned, ThinSvd};
 pub use error::{LinalgError, Result};
 pub use lanczos::{
     lanczos, pinv_factor, pinv_factor_from, pinv_factor_restarted, probe_symmetry, LanczosConfig,
