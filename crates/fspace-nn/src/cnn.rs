@@ -24,7 +24,7 @@ use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::mlp::{Activation, NnError, Result};
+use crate::mlp::{check_input_batch, check_param_vector, Activation, NnError, Result};
 
 /// One convolutional block: `channels` filters of size `kernel × kernel`, the activation, and
 /// an optional 2×2 max-pool (stride 2, floor).
@@ -371,30 +371,11 @@ impl Cnn {
     }
 
     fn check_vector(&self, what: &'static str, v: &DVector<f64>) -> Result<()> {
-        if v.len() != self.n_params() {
-            return Err(NnError::DimensionMismatch { what, expected: self.n_params(), found: v.len() });
-        }
-        if v.iter().any(|x| !x.is_finite()) {
-            return Err(NnError::NonFinite { what });
-        }
-        Ok(())
+        check_param_vector(what, v, self.n_params())
     }
 
     fn check_inputs(&self, x: &DMatrix<f64>) -> Result<()> {
-        if x.nrows() == 0 {
-            return Err(NnError::Empty { what: "input batch" });
-        }
-        if x.ncols() != self.input_dim() {
-            return Err(NnError::DimensionMismatch {
-                what: "input width (C·H·W)",
-                expected: self.input_dim(),
-                found: x.ncols(),
-            });
-        }
-        if x.iter().any(|v| !v.is_finite()) {
-            return Err(NnError::NonFinite { what: "inputs" });
-        }
-        Ok(())
+        check_input_batch(x, self.input_dim(), "input width (C·H·W)")
     }
 
     fn act(&self) -> Activation {

@@ -177,6 +177,31 @@ fn bcast(b: &V, n: usize) -> M {
     b.clone().broadcast_like::<_, Axis<0>>(&(n, o))
 }
 
+/// A parameter-space vector of length `p` with finite entries (`what` names it in errors).
+pub(crate) fn check_param_vector(what: &'static str, v: &DVector<f64>, p: usize) -> Result<()> {
+    if v.len() != p {
+        return Err(NnError::DimensionMismatch { what, expected: p, found: v.len() });
+    }
+    if v.iter().any(|x| !x.is_finite()) {
+        return Err(NnError::NonFinite { what });
+    }
+    Ok(())
+}
+
+/// A non-empty, finite input batch with `d` columns (`width` names the columns in errors).
+pub(crate) fn check_input_batch(x: &DMatrix<f64>, d: usize, width: &'static str) -> Result<()> {
+    if x.nrows() == 0 {
+        return Err(NnError::Empty { what: "input batch" });
+    }
+    if x.ncols() != d {
+        return Err(NnError::DimensionMismatch { what: width, expected: d, found: x.ncols() });
+    }
+    if x.iter().any(|v| !v.is_finite()) {
+        return Err(NnError::NonFinite { what: "inputs" });
+    }
+    Ok(())
+}
+
 impl Mlp {
     /// Builds and initialises the network; errors on zero dimensions.
     pub fn new(config: MlpConfig) -> Result<Self> {
@@ -263,30 +288,11 @@ impl Mlp {
     }
 
     fn check_vector(&self, what: &'static str, v: &DVector<f64>) -> Result<()> {
-        if v.len() != self.n_params() {
-            return Err(NnError::DimensionMismatch { what, expected: self.n_params(), found: v.len() });
-        }
-        if v.iter().any(|x| !x.is_finite()) {
-            return Err(NnError::NonFinite { what });
-        }
-        Ok(())
+        check_param_vector(what, v, self.n_params())
     }
 
     fn check_inputs(&self, x: &DMatrix<f64>) -> Result<()> {
-        if x.nrows() == 0 {
-            return Err(NnError::Empty { what: "input batch" });
-        }
-        if x.ncols() != self.config.input_dim {
-            return Err(NnError::DimensionMismatch {
-                what: "input columns",
-                expected: self.config.input_dim,
-                found: x.ncols(),
-            });
-        }
-        if x.iter().any(|v| !v.is_finite()) {
-            return Err(NnError::NonFinite { what: "inputs" });
-        }
-        Ok(())
+        check_input_batch(x, self.config.input_dim, "input columns")
     }
 
     fn tensors(&self, flat: &[f64]) -> (Vec<M>, Vec<V>) {
