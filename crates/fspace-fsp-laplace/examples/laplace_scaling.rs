@@ -14,13 +14,10 @@
 use std::process::Command;
 use std::time::Instant;
 
-use fspace_context::{BoundingBox, HaltonSampler, Sampler};
-use fspace_core::Gaussian;
-use fspace_fsp_laplace::{laplace, FunctionPrior, LaplaceConfig};
-use fspace_kernels::Rbf;
-use fspace_nn::{Activation, Mlp, MlpConfig};
-use nalgebra::{DMatrix, DVector};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use fspace_fsp_laplace::{laplace, LaplaceConfig};
+
+#[path = "../benches/support/problem.rs"]
+mod problem;
 
 fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -31,30 +28,16 @@ fn status_kib(field: &str) -> u64 {
 }
 
 fn child(n_c: usize, width: usize, rank: usize) {
-    let mut rng = StdRng::seed_from_u64(0);
-    let x: DMatrix<f64> = DMatrix::from_fn(500, 2, |_, _| rng.gen_range(-1.5..1.5));
-    let y = DVector::from_fn(500, |i, _| (x[(i, 0)] * 2.0).sin() + x[(i, 1)]);
-    let bbox = BoundingBox::cube(2, -3.0, 3.0).unwrap();
-    let c = HaltonSampler::new(bbox).sample(n_c, &mut rng).unwrap();
-    let net = Mlp::new(MlpConfig {
-        input_dim: 2,
-        hidden: vec![width, width],
-        output_dim: 1,
-        activation: Activation::Tanh,
-        seed: 0,
-    })
-    .unwrap();
-    let prior = FunctionPrior::centered(Box::new(Rbf::new(1.0, 0.3).unwrap()));
-    let lik = Gaussian::new(0.1).unwrap();
+    let p = problem::problem(n_c, width);
     let cfg = LaplaceConfig { max_rank: rank, ..Default::default() };
     let base = status_kib("VmRSS:");
     let t = Instant::now();
-    let post = laplace(&net, &lik, &prior, &x, &y, &c, &cfg).unwrap();
+    let post = laplace(&p.net, &p.likelihood, &p.prior, &p.x, &p.y, &p.context, &cfg).unwrap();
     let secs = t.elapsed().as_secs_f64();
     let r = post.report();
     println!(
         "{secs} {} {} {} {}",
-        net.n_params(),
+        p.net.n_params(),
         r.lanczos_rank,
         r.rank,
         status_kib("VmHWM:").saturating_sub(base)
