@@ -15,6 +15,7 @@
 //! | [`gp`] | `fspace-gp` | exact GP, marginal-likelihood fitting, GP classification, SVGP, k-means |
 //! | [`nn`] | `fspace-nn` | MLP, CNN and Helmholtz nets with f, J·u, Jᵀ·V, Jacobian, NTK, GGN products, MAP training |
 //! | [`fsp_laplace`] | `fspace-fsp-laplace` | FSP-Laplace: MAP under a GP prior (Alg. 1), matrix-free linearised Laplace (Alg. 2) |
+//! | [`laplace`] | `fspace-laplace` | weight-space linearised and generalised (tempered) Laplace: full, B-Diag, diag, KFAC, EKFAC, last-layer, low-rank |
 //! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
 
 pub use fspace_context as context;
@@ -23,6 +24,7 @@ pub use fspace_data as data;
 pub use fspace_fsp_laplace as fsp_laplace;
 pub use fspace_gp as gp;
 pub use fspace_kernels as kernels;
+pub use fspace_laplace as laplace;
 pub use fspace_linalg as linalg;
 pub use fspace_metrics as metrics;
 pub use fspace_nn as nn;

@@ -29,6 +29,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-nn",
             ],
         ),
+        ("fspace-laplace", vec!["fspace-linalg", "fspace-core", "fspace-nn"]),
         (
             "fspace",
             vec![
@@ -41,6 +42,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-gp",
                 "fspace-nn",
                 "fspace-fsp-laplace",
+                "fspace-laplace",
             ],
         ),
         (
@@ -56,6 +58,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-gp",
                 "fspace-nn",
                 "fspace-fsp-laplace",
+                "fspace-laplace",
             ],
         ),
     ])

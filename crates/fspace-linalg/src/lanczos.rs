@@ -340,6 +340,13 @@ impl LanczosDecomposition {
     pub fn ritz(&self) -> (DVector<f64>, DMatrix<f64>) {
         (self.theta.clone(), &self.q * &self.w)
     }
+    /// Relative residuals of the Ritz pairs, `‖A yⱼ − θⱼ yⱼ‖ / ‖T‖ = (β_k/‖T‖)·|w_{k,j}|` (the
+    /// last component of `T`'s eigenvector times the Krylov residual; 0 at an invariant
+    /// subspace), in the order of [`ritz_values`](Self::ritz_values).
+    pub fn ritz_residuals(&self) -> DVector<f64> {
+        let k = self.theta.len();
+        DVector::from_fn(k, |j, _| self.info.residual * self.w[(k - 1, j)].abs())
+    }
     /// Ritz values only (eigenvalues of `T`, descending).
     pub fn ritz_values(&self) -> &DVector<f64> {
         &self.theta

@@ -24,6 +24,7 @@ use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::layers::{LayerInfo, LayerKind, LayerStatistics};
 use crate::mlp::{check_input_batch, check_param_vector, Activation, NnError, Result};
 
 /// One convolutional block: `channels` filters of size `kernel × kernel`, the activation, and
@@ -118,13 +119,29 @@ impl Layer {
     }
 }
 
-/// A convolutional network with flat parameters (serde: config + parameters).
+/// A convolutional network with flat parameters (serde: config + parameters; deserialising
+/// rebuilds and checks the layer table).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(try_from = "CnnData")]
 pub struct Cnn {
     config: CnnConfig,
     params: Vec<f64>,
     #[serde(skip)]
     layers: Vec<Layer>,
+}
+
+/// The serialised form of a [`Cnn`].
+#[derive(Deserialize)]
+struct CnnData {
+    config: CnnConfig,
+    params: Vec<f64>,
+}
+
+impl TryFrom<CnnData> for Cnn {
+    type Error = NnError;
+    fn try_from(d: CnnData) -> Result<Self> {
+        Cnn { config: d.config, params: d.params, layers: Vec::new() }.validated()
+    }
 }
 
 /// What one image's forward pass keeps for the tangent and adjoint passes.
@@ -478,7 +495,24 @@ impl Cnn {
 
     /// Accumulates `J(x)ᵀ v` for one image into `grad`.
     fn adjoint(&self, t: &Trace, v: &[f64], grad: &mut [f64]) {
+        self.adjoint_with(t, v, Some(grad), None);
+    }
+
+    /// The reverse pass for one image: accumulates `J(x)ᵀ v` into `grad` (if given) and/or
+    /// records each layer's pre-activation gradient `∂/∂z_l` (if given; channel-major for
+    /// convolutions, as `z`).
+    fn adjoint_with(
+        &self,
+        t: &Trace,
+        v: &[f64],
+        mut grad: Option<&mut [f64]>,
+        mut record: Option<&mut Vec<Vec<f64>>>,
+    ) {
         let p = &self.params;
+        if let Some(rec) = record.as_deref_mut() {
+            rec.clear();
+            rec.resize(self.layers.len(), Vec::new());
+        }
         let mut delta = v.to_vec(); // cotangent of the current layer's output (post-activation)
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let a = &t.inputs[l];
@@ -491,11 +525,18 @@ impl Cnn {
                     }
                     let mut back = vec![0.0; fan_in];
                     for o in 0..fan_out {
-                        grad[b + o] += delta[o];
+                        if let Some(grad) = grad.as_deref_mut() {
+                            grad[b + o] += delta[o];
+                            for i in 0..fan_in {
+                                grad[w + o * fan_in + i] += delta[o] * a[i];
+                            }
+                        }
                         for i in 0..fan_in {
-                            grad[w + o * fan_in + i] += delta[o] * a[i];
                             back[i] += p[w + o * fan_in + i] * delta[o];
                         }
+                    }
+                    if let Some(rec) = record.as_deref_mut() {
+                        rec[l] = delta;
                     }
                     delta = back;
                 }
@@ -512,26 +553,32 @@ impl Cnn {
                     for (d, &z) in dz.iter_mut().zip(&t.pre[l]) {
                         *d *= self.act().slope(z);
                     }
-                    for (j, d) in dz.iter().enumerate() {
-                        grad[b + j / (ho * wo)] += d;
-                    }
+                    let gw = grad.as_deref_mut().map(|grad| {
+                        for (j, d) in dz.iter().enumerate() {
+                            grad[b + j / (ho * wo)] += d;
+                        }
+                        &mut grad[w..b]
+                    });
                     let mut back = vec![0.0; cin * h * wd];
                     let need_input = l > 0;
-                    let (gw, rest) = grad[w..].split_at_mut(b - w);
-                    let _ = rest;
-                    correlate_adjoint(
-                        a,
-                        &p[w..b],
-                        &dz,
-                        cin,
-                        cout,
-                        k,
-                        pad,
-                        h,
-                        wd,
-                        Some(gw),
-                        need_input.then_some(&mut back[..]),
-                    );
+                    if gw.is_some() || need_input {
+                        correlate_adjoint(
+                            a,
+                            &p[w..b],
+                            &dz,
+                            cin,
+                            cout,
+                            k,
+                            pad,
+                            h,
+                            wd,
+                            gw,
+                            need_input.then_some(&mut back[..]),
+                        );
+                    }
+                    if let Some(rec) = record.as_deref_mut() {
+                        rec[l] = dz;
+                    }
                     delta = back;
                 }
             }
@@ -594,6 +641,136 @@ impl Cnn {
             a
         });
         Ok(DVector::from_vec(grad))
+    }
+
+    /// The weight layers (`conv0`, …, `dense0`, …) as [`LayerInfo`]s; a convolution's
+    /// `fan_in` is its patch size `C_in·k·k`, its positions the output map size before pooling.
+    pub fn layer_infos(&self) -> Vec<LayerInfo> {
+        let (mut conv, mut dense) = (0, 0);
+        self.layers
+            .iter()
+            .map(|layer| match *layer {
+                Layer::Conv { w, b, cin, cout, k, pad, h, wd, .. } => {
+                    conv += 1;
+                    let positions = Layer::conv_out(h, k, pad) * Layer::conv_out(wd, k, pad);
+                    LayerInfo {
+                        name: format!("conv{}", conv - 1),
+                        kind: LayerKind::Conv { positions },
+                        weight: w..b,
+                        bias: b..b + cout,
+                        fan_in: cin * k * k,
+                        fan_out: cout,
+                    }
+                }
+                Layer::Dense { w, b, fan_in, fan_out, .. } => {
+                    dense += 1;
+                    LayerInfo {
+                        name: format!("dense{}", dense - 1),
+                        kind: LayerKind::Dense,
+                        weight: w..b,
+                        bias: b..b + fan_out,
+                        fan_in,
+                        fan_out,
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Per-layer statistics (see [`LayerStatistics`]): im2col patches and per-position
+    /// pre-activation gradients for convolutions (Grosse & Martens's KFC), inputs and output
+    /// gradients for dense layers, for the columns of per-image cotangent factors `Lᵢ`
+    /// (`d' × k`). Parallel over images.
+    pub fn kfac_statistics(
+        &self,
+        x: &DMatrix<f64>,
+        factors: &[DMatrix<f64>],
+    ) -> Result<Vec<LayerStatistics>> {
+        self.check_inputs(x)?;
+        let (n, q) = (x.nrows(), self.output_dim());
+        let k = crate::train::check_factors(factors, n, q)?;
+        let infos = self.layer_infos();
+        // Per image: (per layer: patches T × fan_in row-major, grads k·T × fan_out row-major).
+        let per_image: Vec<Vec<(Vec<f64>, Vec<f64>)>> = Self::images(x)
+            .par_iter()
+            .enumerate()
+            .map(|(i, img)| {
+                let t = self.trace(img);
+                let mut out: Vec<(Vec<f64>, Vec<f64>)> = self
+                    .layers
+                    .iter()
+                    .enumerate()
+                    .map(|(l, layer)| (self.patches(layer, &t.inputs[l]), Vec::new()))
+                    .collect();
+                let mut rec = Vec::new();
+                for c in 0..k {
+                    let v: Vec<f64> = (0..q).map(|o| factors[i][(o, c)]).collect();
+                    self.adjoint_with(&t, &v, None, Some(&mut rec));
+                    for (l, layer) in self.layers.iter().enumerate() {
+                        match *layer {
+                            Layer::Conv { cout, .. } => {
+                                let positions = rec[l].len() / cout;
+                                let g = &mut out[l].1;
+                                for pos in 0..positions {
+                                    g.extend((0..cout).map(|o| rec[l][o * positions + pos]));
+                                }
+                            }
+                            Layer::Dense { .. } => out[l].1.extend_from_slice(&rec[l]),
+                        }
+                    }
+                }
+                out
+            })
+            .collect();
+        Ok(infos
+            .iter()
+            .enumerate()
+            .map(|(l, info)| {
+                let t = info.positions();
+                let mut inputs = Vec::with_capacity(n * t * info.fan_in);
+                let mut grads = Vec::with_capacity(n * k * t * info.fan_out);
+                for img in &per_image {
+                    inputs.extend_from_slice(&img[l].0);
+                    grads.extend_from_slice(&img[l].1);
+                }
+                LayerStatistics {
+                    positions: t,
+                    columns: k,
+                    inputs: DMatrix::from_row_slice(n * t, info.fan_in, &inputs),
+                    output_grads: DMatrix::from_row_slice(n * k * t, info.fan_out, &grads),
+                }
+            })
+            .collect())
+    }
+
+    /// The layer's input as rows per output position: im2col patches (`T × C_in·k·k`,
+    /// zero padding) for a convolution, the input vector for a dense layer.
+    fn patches(&self, layer: &Layer, a: &[f64]) -> Vec<f64> {
+        match *layer {
+            Layer::Dense { .. } => a.to_vec(),
+            Layer::Conv { cin, k, pad, h, wd, .. } => {
+                let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+                let mut out = Vec::with_capacity(ho * wo * cin * k * k);
+                for y in 0..ho {
+                    for x in 0..wo {
+                        for i in 0..cin {
+                            for ky in 0..k {
+                                for kx in 0..k {
+                                    let (yy, xx) = (y + ky, x + kx);
+                                    let inside = yy >= pad && yy - pad < h && xx >= pad && xx - pad < wd;
+                                    out.push(if inside {
+                                        a[(i * h + yy - pad) * wd + xx - pad]
+                                    } else {
+                                        0.0
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+                out
+            }
+        }
     }
 
     /// The inputs of the last dense layer (`n × width`): the features of a last-layer

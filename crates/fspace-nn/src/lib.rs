@@ -39,11 +39,13 @@
 mod cnn;
 mod features;
 mod helmholtz;
+mod layers;
 mod mlp;
 mod train;
 
 pub use cnn::{Cnn, CnnConfig, ConvBlock};
 pub use features::FeatureMap;
 pub use helmholtz::HelmholtzNet;
+pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Activation, Mlp, MlpConfig, NnError, Result};
 pub use train::{train_map, Network, Regularizer, TrainConfig, TrainProgress, TrainReport};

@@ -13,6 +13,8 @@ use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::layers::{LayerInfo, LayerKind, LayerStatistics};
+
 type Dev = Cpu;
 type M = Tensor<(usize, usize), f64, Dev>;
 type V = Tensor<(usize,), f64, Dev>;
@@ -49,6 +51,13 @@ pub enum NnError {
     /// The regulariser hook of [`train_map`](crate::train_map) failed.
     #[error("regulariser: {0}")]
     Regularizer(String),
+    /// The network does not provide this operation (e.g. KFAC statistics for a network
+    /// without dense / convolutional layer structure).
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+    },
 }
 
 /// Result alias of this crate.
@@ -524,6 +533,38 @@ impl Mlp {
             }
         }
         Ok(out)
+    }
+
+    /// The weight layers (`layer0`, `layer1`, …) as [`LayerInfo`]s.
+    pub fn layer_infos(&self) -> Vec<LayerInfo> {
+        self.layers()
+            .iter()
+            .enumerate()
+            .map(|(l, layer)| LayerInfo {
+                name: format!("layer{l}"),
+                kind: LayerKind::Dense,
+                weight: layer.w..layer.b,
+                bias: layer.b..layer.b + layer.fan_out,
+                fan_in: layer.fan_in,
+                fan_out: layer.fan_out,
+            })
+            .collect()
+    }
+
+    /// [`layer_statistics`](Self::layer_statistics) as [`LayerStatistics`] (one position per
+    /// layer), one per [`layer_infos`](Self::layer_infos) entry.
+    pub fn kfac_statistics(
+        &self,
+        x: &DMatrix<f64>,
+        factors: &[DMatrix<f64>],
+    ) -> Result<Vec<LayerStatistics>> {
+        self.check_inputs(x)?;
+        let k = crate::train::check_factors(factors, x.nrows(), self.config.output_dim)?;
+        Ok(self
+            .layer_statistics(x, factors)?
+            .into_iter()
+            .map(|(inputs, output_grads)| LayerStatistics { positions: 1, columns: k, inputs, output_grads })
+            .collect())
     }
 
     /// KFAC factors per layer (Martens & Grosse 2015): `A = Σᵢ ãᵢãᵢᵀ` (`(fan_in + 1)²`, with

@@ -13,6 +13,7 @@ use rand::SeedableRng;
 
 use crate::cnn::Cnn;
 use crate::helmholtz::HelmholtzNet;
+use crate::layers::{LayerInfo, LayerStatistics};
 use crate::mlp::{Mlp, NnError, Result};
 
 /// What training and linearised inference need from a network: flat parameters, `f(X)`,
@@ -51,6 +52,65 @@ pub trait Network: Send + Sync {
             DMatrix::from_fn(x.nrows(), q, |i, a| (0..q).map(|b| hessians[i][(a, b)] * jv[(i, b)]).sum());
         self.vjp(x, &hjv)
     }
+
+    /// The Jacobian `J(X)` (`n·d' × p`, rows point-major: point `i`, output `o` is row
+    /// `i·d' + o`). The default takes one reverse pass per row on its point; networks with an
+    /// explicit batched rule override it.
+    fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let (n, q) = (x.nrows(), self.output_dim());
+        let mut jac = DMatrix::zeros(n * q, self.n_params());
+        for i in 0..n {
+            let xi = x.rows(i, 1).into_owned();
+            for o in 0..q {
+                let e = DMatrix::from_fn(1, q, |_, c| (c == o) as u8 as f64);
+                jac.row_mut(i * q + o).copy_from(&self.vjp(&xi, &e)?.transpose());
+            }
+        }
+        Ok(jac)
+    }
+
+    /// The weight layers, in order (empty when the network exposes no layer structure, as
+    /// the Helmholtz net, whose outputs are input-derivatives of two MLPs).
+    fn layer_infos(&self) -> Vec<LayerInfo> {
+        Vec::new()
+    }
+
+    /// Per-layer inputs and back-propagated output gradients (see [`LayerStatistics`]) for the
+    /// columns of per-point cotangent factors `Lᵢ` (`d' × k`, e.g. `Hᵢ = LᵢLᵢᵀ`), one entry per
+    /// [`layer_infos`](Self::layer_infos) layer. Networks without layer structure return
+    /// [`NnError::Unsupported`].
+    fn kfac_statistics(&self, _x: &DMatrix<f64>, _factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
+        Err(NnError::Unsupported { what: "per-layer statistics (KFAC) for this network".into() })
+    }
+
+    /// The inputs of the last (dense, linear) layer `φ(X)` (`n × fan_in`): with them the
+    /// network's output is `W_L φ(x) + b_L`.
+    fn last_layer_features(&self, _x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        Err(NnError::Unsupported { what: "last-layer features for this network".into() })
+    }
+}
+
+/// Checks one `d' × k` cotangent factor per point, all with the same `k ≥ 1`; returns `k`.
+pub(crate) fn check_factors(factors: &[DMatrix<f64>], n: usize, q: usize) -> Result<usize> {
+    if factors.len() != n || factors.iter().any(|l| l.nrows() != q) {
+        return Err(NnError::DimensionMismatch {
+            what: "cotangent factors (one d' × k per point)",
+            expected: n,
+            found: factors.len(),
+        });
+    }
+    let k = factors.first().map_or(0, |l| l.ncols());
+    if k == 0 || factors.iter().any(|l| l.ncols() != k) {
+        return Err(NnError::DimensionMismatch {
+            what: "cotangent factor columns (equal, ≥ 1)",
+            expected: k.max(1),
+            found: 0,
+        });
+    }
+    if factors.iter().any(|l| l.iter().any(|v| !v.is_finite())) {
+        return Err(NnError::NonFinite { what: "cotangent factors" });
+    }
+    Ok(k)
 }
 
 /// Checks one `d' × d'` Hessian block per point.
@@ -86,7 +146,7 @@ pub(crate) fn ggn_diagonal_from_jacobian(
 }
 
 macro_rules! network_impl {
-    ($($t:ty),*) => {$(
+    ($t:ty { $($extra:item)* }) => {
         impl Network for $t {
             fn n_params(&self) -> usize { <$t>::n_params(self) }
             fn params(&self) -> DVector<f64> { <$t>::params(self) }
@@ -96,10 +156,26 @@ macro_rules! network_impl {
             fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> { <$t>::jvp(self, x, u) }
             fn input_dim(&self) -> usize { <$t>::input_dim(self) }
             fn output_dim(&self) -> usize { <$t>::output_dim(self) }
+            fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <$t>::jacobian(self, x) }
+            $($extra)*
         }
-    )*};
+    };
 }
-network_impl!(Mlp, HelmholtzNet, Cnn);
+network_impl!(HelmholtzNet {});
+network_impl!(Mlp {
+    fn layer_infos(&self) -> Vec<LayerInfo> { <Mlp>::layer_infos(self) }
+    fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
+        <Mlp>::kfac_statistics(self, x, factors)
+    }
+    fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Mlp>::last_layer_features(self, x) }
+});
+network_impl!(Cnn {
+    fn layer_infos(&self) -> Vec<LayerInfo> { <Cnn>::layer_infos(self) }
+    fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
+        <Cnn>::kfac_statistics(self, x, factors)
+    }
+    fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Cnn>::last_layer_features(self, x) }
+});
 
 /// A regulariser `R(w)`: returns `(R(w), ∇_w R(w))` for the current network; called once per
 /// step with the step's RNG (e.g. to redraw context points).

@@ -1,0 +1,469 @@
+//! Curvature structures: the posterior precision `P = T·C + Λ` of each, in the structure's own
+//! parameter coordinates (`0..dim`; the posterior maps them to flat network indices).
+//!
+//! `C` approximates the generalised Gauss–Newton matrix `GGN = Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)` (summed over
+//! the data, not averaged), `T` is the temperature, `Λ = diag(λ)` the prior precision (one value
+//! per parameter here; the posterior expands per-layer values).
+//!
+//! | structure | `C` | stored | `P⁻¹ v`, `log|P|`, sample |
+//! |---|---|---|---|
+//! | [`EigenCurvature`] (full, last-layer, low-rank) | `V diag(s) Vᵀ (+ diag(r))` | `dim × r` | `O(dim·r)`; Woodbury for non-isotropic `Λ` or a remainder |
+//! | [`DiagCurvature`] | `diag(d)` | `dim` | `O(dim)` |
+//! | [`BlockDiagCurvature`] | one dense block per layer | `Σ block²` | per block |
+//! | [`KronCurvature`] (KFAC, EKFAC) | per layer `(Q_G ⊗ Q_A) diag(E) (Q_G ⊗ Q_A)ᵀ` | `Σ fan_in² + fan_out²` | two small GEMMs per side |
+
+use nalgebra::{DMatrix, DVector};
+use rand::RngCore;
+use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{LaplaceError, Result};
+
+pub(crate) fn randn(r: usize, c: usize, rng: &mut dyn RngCore) -> DMatrix<f64> {
+    DMatrix::from_fn(r, c, |_, _| StandardNormal.sample(rng))
+}
+
+/// What every curvature structure provides, in its own coordinates `0..dim`.
+pub trait CurvatureApprox {
+    /// Structure name (`full`, `kfac`, …).
+    fn name(&self) -> &'static str;
+    /// Number of parameters the structure covers.
+    fn dim(&self) -> usize;
+    /// `log |T·C + diag(lam)|`.
+    fn log_det_precision(&self, t: f64, lam: &DVector<f64>) -> Result<f64>;
+    /// `(T·C + diag(lam))⁻¹ V` for a `dim × m` block.
+    fn solve(&self, t: f64, lam: &DVector<f64>, v: &DMatrix<f64>) -> Result<DMatrix<f64>>;
+    /// `s` draws (`dim × s`) from `N(0, (T·C + diag(lam))⁻¹)`, never forming `dim × dim`
+    /// where the structure avoids it.
+    fn sample(&self, t: f64, lam: &DVector<f64>, s: usize, rng: &mut dyn RngCore) -> Result<DMatrix<f64>>;
+    /// `C` as a dense matrix (for tests and small models).
+    fn to_dense(&self) -> DMatrix<f64>;
+}
+
+/// `C = V diag(s) Vᵀ + diag(r)` with orthonormal `V` (`dim × k`), `s ≥ 0` and an optional
+/// diagonal remainder `r ≥ 0`. Full GGN (`k = rank`, from a thin SVD of the whitened Jacobian or
+/// a dense eigendecomposition), last-layer GGN (dense eigendecomposition) and low-rank GGN
+/// (Lanczos top-`k`) all use it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EigenCurvature {
+    /// Name reported by [`CurvatureApprox::name`].
+    pub label: String,
+    /// Orthonormal eigenvectors `V` (`dim × k`).
+    pub vectors: DMatrix<f64>,
+    /// Eigenvalues `s` (descending, clamped at 0).
+    pub values: DVector<f64>,
+    /// Optional diagonal remainder `r` (`dim`).
+    pub remainder: Option<DVector<f64>>,
+}
+
+/// The Woodbury pieces of `P = B + V D Vᵀ` with diagonal `B` and `D = T·diag(s₊)`:
+/// `M = I + D^{1/2} Vᵀ B⁻¹ V D^{1/2}` (Cholesky factor) and `W = B⁻¹ V D^{1/2}`.
+struct Woodbury {
+    base: DVector<f64>,
+    w: DMatrix<f64>,
+    chol: nalgebra::Cholesky<f64, nalgebra::Dyn>,
+}
+
+impl EigenCurvature {
+    fn isotropic(&self, lam: &DVector<f64>) -> Option<f64> {
+        let l0 = lam[0];
+        (self.remainder.is_none() && lam.iter().all(|&l| l == l0)).then_some(l0)
+    }
+
+    fn woodbury(&self, t: f64, lam: &DVector<f64>) -> Result<Woodbury> {
+        let base = match &self.remainder {
+            Some(r) => r * t + lam,
+            None => lam.clone(),
+        };
+        let mut w = self.vectors.clone();
+        for (j, mut col) in w.column_iter_mut().enumerate() {
+            let d = (t * self.values[j].max(0.0)).sqrt();
+            for (i, x) in col.iter_mut().enumerate() {
+                *x *= d / base[i];
+            }
+        }
+        // M = I + D^{1/2} Vᵀ B⁻¹ V D^{1/2} = I + (V D^{1/2})ᵀ W.
+        let mut vd = self.vectors.clone();
+        for (j, mut col) in vd.column_iter_mut().enumerate() {
+            col *= (t * self.values[j].max(0.0)).sqrt();
+        }
+        let m = DMatrix::identity(w.ncols(), w.ncols()) + vd.tr_mul(&w);
+        let chol = m.cholesky().ok_or(LaplaceError::Linalg(fspace_linalg::LinalgError::CholeskyFailed {
+            what: "Woodbury capacitance matrix I + D^½VᵀB⁻¹VD^½ of the posterior precision",
+            max_jitter: 0.0,
+        }))?;
+        Ok(Woodbury { base, w, chol })
+    }
+}
+
+impl Woodbury {
+    fn solve(&self, v: &DMatrix<f64>) -> DMatrix<f64> {
+        let mut bv = v.clone();
+        for mut col in bv.column_iter_mut() {
+            col.component_div_assign(&self.base);
+        }
+        // P⁻¹ v = B⁻¹v − W M⁻¹ Wᵀ v·… with W = B⁻¹ V D^{1/2}: Wᵀ v = D^{1/2} Vᵀ B⁻¹ v.
+        let inner = self.chol.solve(&self.w.tr_mul(v));
+        bv - &self.w * inner
+    }
+}
+
+impl CurvatureApprox for EigenCurvature {
+    fn name(&self) -> &'static str {
+        match self.label.as_str() {
+            "full" => "full",
+            "last_layer" => "last_layer",
+            _ => "low_rank",
+        }
+    }
+    fn dim(&self) -> usize {
+        self.vectors.nrows()
+    }
+    fn log_det_precision(&self, t: f64, lam: &DVector<f64>) -> Result<f64> {
+        if let Some(l) = self.isotropic(lam) {
+            let k = self.values.len();
+            return Ok(self.values.iter().map(|s| (t * s.max(0.0) + l).ln()).sum::<f64>()
+                + (self.dim() - k) as f64 * l.ln());
+        }
+        let wb = self.woodbury(t, lam)?;
+        let logdet_m: f64 = 2.0 * wb.chol.l().diagonal().iter().map(|d| d.ln()).sum::<f64>();
+        Ok(wb.base.iter().map(|b| b.ln()).sum::<f64>() + logdet_m)
+    }
+    fn solve(&self, t: f64, lam: &DVector<f64>, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        if let Some(l) = self.isotropic(lam) {
+            // P⁻¹ = V diag(1/(Ts + λ) − 1/λ) Vᵀ + I/λ.
+            let mut c = self.vectors.tr_mul(v);
+            for (j, mut row) in c.row_iter_mut().enumerate() {
+                row *= 1.0 / (t * self.values[j].max(0.0) + l) - 1.0 / l;
+            }
+            return Ok(&self.vectors * c + v / l);
+        }
+        Ok(self.woodbury(t, lam)?.solve(v))
+    }
+    fn sample(&self, t: f64, lam: &DVector<f64>, s: usize, rng: &mut dyn RngCore) -> Result<DMatrix<f64>> {
+        let z = randn(self.dim(), s, rng);
+        if let Some(l) = self.isotropic(lam) {
+            // P^{-1/2} z = V diag((Ts + λ)^{-1/2} − λ^{-1/2}) Vᵀ z + z/√λ.
+            let mut c = self.vectors.tr_mul(&z);
+            for (j, mut row) in c.row_iter_mut().enumerate() {
+                row *= 1.0 / (t * self.values[j].max(0.0) + l).sqrt() - 1.0 / l.sqrt();
+            }
+            return Ok(&self.vectors * c + z / l.sqrt());
+        }
+        // Perturb and solve: b = B^{1/2} z₁ + V (T s)^{1/2} z₂ ~ N(0, P), so P⁻¹ b ~ N(0, P⁻¹).
+        let wb = self.woodbury(t, lam)?;
+        let mut b = z;
+        for mut col in b.column_iter_mut() {
+            col.component_mul_assign(&wb.base.map(f64::sqrt));
+        }
+        let mut z2 = randn(self.values.len(), s, rng);
+        for (j, mut row) in z2.row_iter_mut().enumerate() {
+            row *= (t * self.values[j].max(0.0)).sqrt();
+        }
+        b += &self.vectors * z2;
+        Ok(wb.solve(&b))
+    }
+    fn to_dense(&self) -> DMatrix<f64> {
+        let mut vs = self.vectors.clone();
+        for (j, mut col) in vs.column_iter_mut().enumerate() {
+            col *= self.values[j];
+        }
+        let mut c = vs * self.vectors.transpose();
+        if let Some(r) = &self.remainder {
+            for i in 0..r.len() {
+                c[(i, i)] += r[i];
+            }
+        }
+        c
+    }
+}
+
+/// `C = diag(d)`: the GGN's diagonal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiagCurvature {
+    /// The diagonal `d` (`dim`, ≥ 0).
+    pub diag: DVector<f64>,
+}
+
+impl CurvatureApprox for DiagCurvature {
+    fn name(&self) -> &'static str {
+        "diag"
+    }
+    fn dim(&self) -> usize {
+        self.diag.len()
+    }
+    fn log_det_precision(&self, t: f64, lam: &DVector<f64>) -> Result<f64> {
+        Ok(self.diag.iter().zip(lam.iter()).map(|(d, l)| (t * d + l).ln()).sum())
+    }
+    fn solve(&self, t: f64, lam: &DVector<f64>, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let p = &self.diag * t + lam;
+        let mut out = v.clone();
+        for mut col in out.column_iter_mut() {
+            col.component_div_assign(&p);
+        }
+        Ok(out)
+    }
+    fn sample(&self, t: f64, lam: &DVector<f64>, s: usize, rng: &mut dyn RngCore) -> Result<DMatrix<f64>> {
+        let sd = (&self.diag * t + lam).map(|p| 1.0 / p.sqrt());
+        let mut z = randn(self.dim(), s, rng);
+        for mut col in z.column_iter_mut() {
+            col.component_mul_assign(&sd);
+        }
+        Ok(z)
+    }
+    fn to_dense(&self) -> DMatrix<f64> {
+        DMatrix::from_diagonal(&self.diag)
+    }
+}
+
+/// One dense GGN block per layer (B-Diag), each stored by its complete eigendecomposition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockDiagCurvature {
+    /// `(offset, block)`: the block covers coordinates `offset..offset + block.dim()`.
+    pub blocks: Vec<(usize, EigenCurvature)>,
+}
+
+impl BlockDiagCurvature {
+    fn lam_of(lam: &DVector<f64>, offset: usize, len: usize) -> DVector<f64> {
+        lam.rows(offset, len).into_owned()
+    }
+}
+
+impl CurvatureApprox for BlockDiagCurvature {
+    fn name(&self) -> &'static str {
+        "block_diag"
+    }
+    fn dim(&self) -> usize {
+        self.blocks.iter().map(|(_, b)| b.dim()).sum()
+    }
+    fn log_det_precision(&self, t: f64, lam: &DVector<f64>) -> Result<f64> {
+        self.blocks.iter().map(|(o, b)| b.log_det_precision(t, &Self::lam_of(lam, *o, b.dim()))).sum()
+    }
+    fn solve(&self, t: f64, lam: &DVector<f64>, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let mut out = DMatrix::zeros(v.nrows(), v.ncols());
+        for (o, b) in &self.blocks {
+            let part = b.solve(t, &Self::lam_of(lam, *o, b.dim()), &v.rows(*o, b.dim()).into_owned())?;
+            out.rows_mut(*o, b.dim()).copy_from(&part);
+        }
+        Ok(out)
+    }
+    fn sample(&self, t: f64, lam: &DVector<f64>, s: usize, rng: &mut dyn RngCore) -> Result<DMatrix<f64>> {
+        let mut out = DMatrix::zeros(self.dim(), s);
+        for (o, b) in &self.blocks {
+            let part = b.sample(t, &Self::lam_of(lam, *o, b.dim()), s, rng)?;
+            out.rows_mut(*o, b.dim()).copy_from(&part);
+        }
+        Ok(out)
+    }
+    fn to_dense(&self) -> DMatrix<f64> {
+        let n = self.dim();
+        let mut c = DMatrix::zeros(n, n);
+        for (o, b) in &self.blocks {
+            c.view_mut((*o, *o), (b.dim(), b.dim())).copy_from(&b.to_dense());
+        }
+        c
+    }
+}
+
+/// One layer of a Kronecker-factored curvature, in `[W | b]` row-major coordinates
+/// (`r·(fan_in + 1) + j`): `C = (Q_G ⊗ Q_A) diag(vec E) (Q_G ⊗ Q_A)ᵀ` with `E = g aᵀ` (KFAC:
+/// the factors' eigenvalues) or `E` re-fitted to the per-example curvature (EKFAC).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KronLayer {
+    /// Eigenvalues of the input factor `A` (`fan_in + 1`).
+    pub a_values: DVector<f64>,
+    /// Eigenvectors of `A`.
+    pub a_vectors: DMatrix<f64>,
+    /// Eigenvalues of the output-gradient factor `G` (`fan_out`).
+    pub g_values: DVector<f64>,
+    /// Eigenvectors of `G`.
+    pub g_vectors: DMatrix<f64>,
+    /// EKFAC's re-fitted eigenvalues (`fan_out × (fan_in + 1)`); `None` for KFAC.
+    pub fitted: Option<DMatrix<f64>>,
+}
+
+impl KronLayer {
+    /// Rows `fan_out` and columns `fan_in + 1` of the layer's coordinate matrix.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.g_values.len(), self.a_values.len())
+    }
+
+    /// The curvature's eigenvalues `E` (`fan_out × (fan_in + 1)`).
+    pub fn eigenvalues(&self) -> DMatrix<f64> {
+        match &self.fitted {
+            Some(e) => e.clone(),
+            None => &self.g_values * self.a_values.transpose(),
+        }
+    }
+
+    /// The precision's eigenvalues `T·E + λ` (λ must be constant over the layer).
+    fn precision_eigenvalues(&self, t: f64, lam: f64) -> DMatrix<f64> {
+        self.eigenvalues().map(|e| t * e.max(0.0) + lam)
+    }
+}
+
+/// Kronecker-factored curvature (KFAC, or EKFAC when the layers carry fitted eigenvalues),
+/// layers laid out one after the other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KronCurvature {
+    /// Per layer.
+    pub layers: Vec<KronLayer>,
+}
+
+impl KronCurvature {
+    fn offsets(&self) -> Vec<usize> {
+        let mut o = 0;
+        self.layers
+            .iter()
+            .map(|l| {
+                let here = o;
+                let (r, c) = l.shape();
+                o += r * c;
+                here
+            })
+            .collect()
+    }
+
+    /// λ of a layer, checked constant over it (per-layer priors are the finest KFAC allows).
+    fn layer_lambda(lam: &DVector<f64>, offset: usize, len: usize) -> Result<f64> {
+        let l0 = lam[offset];
+        if lam.rows(offset, len).iter().any(|&l| l != l0) {
+            return Err(LaplaceError::InvalidParameter {
+                what: "prior precision",
+                reason: "Kronecker-factored curvature needs one prior precision per layer".into(),
+            });
+        }
+        Ok(l0)
+    }
+
+    /// Whether this is EKFAC.
+    pub fn is_ekfac(&self) -> bool {
+        self.layers.first().is_some_and(|l| l.fitted.is_some())
+    }
+}
+
+/// Row-major `rows × cols` matrix from a slice.
+fn unflatten(v: &[f64], rows: usize, cols: usize) -> DMatrix<f64> {
+    DMatrix::from_row_slice(rows, cols, v)
+}
+
+impl CurvatureApprox for KronCurvature {
+    fn name(&self) -> &'static str {
+        if self.is_ekfac() {
+            "ekfac"
+        } else {
+            "kfac"
+        }
+    }
+    fn dim(&self) -> usize {
+        self.layers.iter().map(|l| l.shape().0 * l.shape().1).sum()
+    }
+    fn log_det_precision(&self, t: f64, lam: &DVector<f64>) -> Result<f64> {
+        let mut total = 0.0;
+        for (layer, o) in self.layers.iter().zip(self.offsets()) {
+            let (r, c) = layer.shape();
+            let l = Self::layer_lambda(lam, o, r * c)?;
+            total += layer.precision_eigenvalues(t, l).iter().map(|e| e.ln()).sum::<f64>();
+        }
+        Ok(total)
+    }
+    fn solve(&self, t: f64, lam: &DVector<f64>, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let mut out = DMatrix::zeros(v.nrows(), v.ncols());
+        for (layer, o) in self.layers.iter().zip(self.offsets()) {
+            let (r, c) = layer.shape();
+            let e = layer.precision_eigenvalues(t, Self::layer_lambda(lam, o, r * c)?);
+            for m in 0..v.ncols() {
+                let block: Vec<f64> = v.column(m).rows(o, r * c).iter().cloned().collect();
+                let vm = unflatten(&block, r, c);
+                let rot = layer.g_vectors.tr_mul(&vm) * &layer.a_vectors;
+                let back = &layer.g_vectors * rot.component_div(&e) * layer.a_vectors.transpose();
+                for i in 0..r {
+                    for j in 0..c {
+                        out[(o + i * c + j, m)] = back[(i, j)];
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+    fn sample(&self, t: f64, lam: &DVector<f64>, s: usize, rng: &mut dyn RngCore) -> Result<DMatrix<f64>> {
+        let mut out = DMatrix::zeros(self.dim(), s);
+        for (layer, o) in self.layers.iter().zip(self.offsets()) {
+            let (r, c) = layer.shape();
+            let sd =
+                layer.precision_eigenvalues(t, Self::layer_lambda(lam, o, r * c)?).map(|e| 1.0 / e.sqrt());
+            for m in 0..s {
+                let z = randn(r, c, rng).component_mul(&sd);
+                let back = &layer.g_vectors * z * layer.a_vectors.transpose();
+                for i in 0..r {
+                    for j in 0..c {
+                        out[(o + i * c + j, m)] = back[(i, j)];
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+    fn to_dense(&self) -> DMatrix<f64> {
+        let n = self.dim();
+        let mut out = DMatrix::zeros(n, n);
+        for (layer, o) in self.layers.iter().zip(self.offsets()) {
+            let (r, c) = layer.shape();
+            let q = layer.g_vectors.kronecker(&layer.a_vectors);
+            let e = layer.eigenvalues();
+            let mut qe = q.clone();
+            for i in 0..r {
+                for j in 0..c {
+                    qe.column_mut(i * c + j).scale_mut(e[(i, j)]);
+                }
+            }
+            out.view_mut((o, o), (r * c, r * c)).copy_from(&(qe * q.transpose()));
+        }
+        out
+    }
+}
+
+/// A fitted curvature of any structure (serialisable; dispatches [`CurvatureApprox`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Curvature {
+    /// Full, last-layer or low-rank GGN.
+    Eigen(EigenCurvature),
+    /// Diagonal GGN.
+    Diag(DiagCurvature),
+    /// Layer-block-diagonal GGN.
+    BlockDiag(BlockDiagCurvature),
+    /// KFAC or EKFAC.
+    Kron(KronCurvature),
+}
+
+impl Curvature {
+    fn inner(&self) -> &dyn CurvatureApprox {
+        match self {
+            Self::Eigen(c) => c,
+            Self::Diag(c) => c,
+            Self::BlockDiag(c) => c,
+            Self::Kron(c) => c,
+        }
+    }
+}
+
+impl CurvatureApprox for Curvature {
+    fn name(&self) -> &'static str {
+        self.inner().name()
+    }
+    fn dim(&self) -> usize {
+        self.inner().dim()
+    }
+    fn log_det_precision(&self, t: f64, lam: &DVector<f64>) -> Result<f64> {
+        self.inner().log_det_precision(t, lam)
+    }
+    fn solve(&self, t: f64, lam: &DVector<f64>, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.inner().solve(t, lam, v)
+    }
+    fn sample(&self, t: f64, lam: &DVector<f64>, s: usize, rng: &mut dyn RngCore) -> Result<DMatrix<f64>> {
+        self.inner().sample(t, lam, s, rng)
+    }
+    fn to_dense(&self) -> DMatrix<f64> {
+        self.inner().to_dense()
+    }
+}

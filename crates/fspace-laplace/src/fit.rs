@@ -1,0 +1,628 @@
+//! Building each curvature structure from a network at its MAP weights and the training data.
+//!
+//! Everything streams over the data in chunks of points, so memory is that of the structure
+//! plus one chunk's Jacobian (`chunk·d' × p`) or layer statistics.
+
+use fspace_core::Likelihood;
+use fspace_linalg::{lanczos, sym_eigh, thin_svd_owned, FnOperator, LanczosConfig, StartVector, StopReason};
+use fspace_nn::{LayerInfo, LayerKind, Network};
+use nalgebra::{DMatrix, DVector};
+use serde::{Deserialize, Serialize};
+
+use crate::curvature::{
+    BlockDiagCurvature, Curvature, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
+};
+use crate::error::{LaplaceError, Result};
+
+/// Options of the full GGN.
+///
+/// | name | default | purpose |
+/// |---|---|---|
+/// | `max_params` | 12 000 | refuse networks with more parameters (a dense `p × p` would need `8p²` bytes) |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FullConfig {
+    /// Largest `p` accepted.
+    pub max_params: usize,
+}
+impl Default for FullConfig {
+    fn default() -> Self {
+        Self { max_params: 12_000 }
+    }
+}
+
+/// Options of the layer-block-diagonal GGN (B-Diag).
+///
+/// | name | default | purpose |
+/// |---|---|---|
+/// | `max_block_params` | 6 000 | refuse layers with more parameters (one dense block each) |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockDiagConfig {
+    /// Largest block accepted.
+    pub max_block_params: usize,
+}
+impl Default for BlockDiagConfig {
+    fn default() -> Self {
+        Self { max_block_params: 6_000 }
+    }
+}
+
+/// Options of the last-layer GGN.
+///
+/// | name | default | purpose |
+/// |---|---|---|
+/// | `max_params` | 12 000 | refuse last layers with more parameters (`d'·(width + 1)`) |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LastLayerConfig {
+    /// Largest last layer accepted.
+    pub max_params: usize,
+}
+impl Default for LastLayerConfig {
+    fn default() -> Self {
+        Self { max_params: 12_000 }
+    }
+}
+
+/// Options of the low-rank GGN (top-`k` eigenpairs by Lanczos with full reorthogonalisation).
+///
+/// | name | default | purpose |
+/// |---|---|---|
+/// | `rank` | 100 | `k`, eigenpairs kept (laplax's default scale) |
+/// | `diag_remainder` | false | add `max(diag(GGN) − diag(V S Vᵀ), 0)` so the diagonal is exact |
+/// | `tol` | 1e-8 | relative Ritz residual every kept pair must reach |
+/// | `max_iterations` | 1 000 | Lanczos steps at most (the Krylov space grows ×1.5 until converged) |
+/// | `seed` | 0 | Lanczos start vector |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LowRankConfig {
+    /// Eigenpairs kept.
+    pub rank: usize,
+    /// Add the diagonal remainder.
+    pub diag_remainder: bool,
+    /// Relative residual tolerance of the kept Ritz pairs.
+    pub tol: f64,
+    /// Most Lanczos iterations.
+    pub max_iterations: usize,
+    /// Start-vector seed.
+    pub seed: u64,
+}
+impl Default for LowRankConfig {
+    fn default() -> Self {
+        Self { rank: 100, diag_remainder: false, tol: 1e-8, max_iterations: 1_000, seed: 0 }
+    }
+}
+
+/// The curvature structure, chosen with one word (laplace-torch's `hessian_structure` and
+/// `subset_of_weights`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Structure {
+    /// Dense GGN over all weights.
+    Full(FullConfig),
+    /// One dense GGN block per layer.
+    BlockDiag(BlockDiagConfig),
+    /// The GGN's diagonal.
+    Diag,
+    /// Kronecker factors per layer (bias folded into the input factor; KFC for convolutions).
+    Kfac,
+    /// KFAC eigenbasis with eigenvalues re-fitted to the per-example curvature.
+    Ekfac,
+    /// Dense GGN of the last layer over the last-layer features; other weights fixed at MAP.
+    LastLayer(LastLayerConfig),
+    /// Top-`k` eigenpairs of the GGN by matrix-free Lanczos.
+    LowRank(LowRankConfig),
+}
+
+impl Structure {
+    /// `Full` with its defaults.
+    pub fn full() -> Self {
+        Self::Full(FullConfig::default())
+    }
+    /// `BlockDiag` with its defaults.
+    pub fn block_diag() -> Self {
+        Self::BlockDiag(BlockDiagConfig::default())
+    }
+    /// `LastLayer` with its defaults.
+    pub fn last_layer() -> Self {
+        Self::LastLayer(LastLayerConfig::default())
+    }
+    /// `LowRank` with rank `k` and the other defaults.
+    pub fn low_rank(k: usize) -> Self {
+        Self::LowRank(LowRankConfig { rank: k, ..Default::default() })
+    }
+    /// Short name (`full`, `block_diag`, `diag`, `kfac`, `ekfac`, `last_layer`, `low_rank`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Full(_) => "full",
+            Self::BlockDiag(_) => "block_diag",
+            Self::Diag => "diag",
+            Self::Kfac => "kfac",
+            Self::Ekfac => "ekfac",
+            Self::LastLayer(_) => "last_layer",
+            Self::LowRank(_) => "low_rank",
+        }
+    }
+}
+
+/// Diagnostics of a fit.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FitReport {
+    /// Parameters the curvature covers.
+    pub dim: usize,
+    /// Low-rank: Lanczos iterations, the largest relative Ritz residual of the kept pairs, and
+    /// the rank actually kept (smaller than asked when the GGN's numerical rank is smaller).
+    pub lanczos_iterations: usize,
+    /// See `lanczos_iterations`.
+    pub max_ritz_residual: f64,
+    /// See `lanczos_iterations`.
+    pub rank: usize,
+    /// Seconds spent building the curvature.
+    pub seconds: f64,
+}
+
+/// Per-point square roots `Lᵢ` (`d' × k`, `LᵢLᵢᵀ = Hᵢ`) of PSD Hessian blocks; `k = d'`
+/// (`k = 1` for scalar outputs). Eigenvalues below zero (rounding) are clamped.
+pub(crate) fn hessian_factors(hessians: &[DMatrix<f64>]) -> Vec<DMatrix<f64>> {
+    hessians
+        .iter()
+        .map(|h| {
+            if h.nrows() == 1 {
+                return DMatrix::from_element(1, 1, h[(0, 0)].max(0.0).sqrt());
+            }
+            let eig = ((h + h.transpose()) * 0.5).symmetric_eigen();
+            let mut l = eig.eigenvectors.clone();
+            for (j, mut col) in l.column_iter_mut().enumerate() {
+                col *= eig.eigenvalues[j].max(0.0).sqrt();
+            }
+            l
+        })
+        .collect()
+}
+
+/// The data a structure is built from.
+pub(crate) struct Data<'a> {
+    pub x: &'a DMatrix<f64>,
+    pub hessians: Vec<DMatrix<f64>>,
+    pub factors: Vec<DMatrix<f64>>,
+    pub chunk: usize,
+}
+
+impl Data<'_> {
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let n = self.x.nrows();
+        (0..n).step_by(self.chunk).map(move |s| (s, self.chunk.min(n - s)))
+    }
+    fn rows(&self, start: usize, len: usize) -> DMatrix<f64> {
+        self.x.rows(start, len).into_owned()
+    }
+    fn k(&self) -> usize {
+        self.factors[0].ncols()
+    }
+}
+
+/// `R` rows `Lᵢ[:, c]ᵀ J(xᵢ)` (`len·k × p`) for a chunk: `RᵀR = Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`.
+fn whitened_jacobian<N: Network>(net: &N, data: &Data, start: usize, len: usize) -> Result<DMatrix<f64>> {
+    let (q, k) = (net.output_dim(), data.k());
+    let jac = net.jacobian(&data.rows(start, len))?;
+    let mut r = DMatrix::zeros(len * k, jac.ncols());
+    for i in 0..len {
+        let l = &data.factors[start + i];
+        // rows i·k .. i·k + k = Lᵢᵀ J_i
+        let ji = jac.rows(i * q, q);
+        r.rows_mut(i * k, k).gemm_tr(1.0, l, &ji, 0.0);
+    }
+    Ok(r)
+}
+
+/// The full GGN: thin SVD of the whitened Jacobian `Rᵀ` when `n·k < p` (exact, `O(p·(nk)²)`),
+/// otherwise the dense `RᵀR` accumulated over chunks and its eigendecomposition.
+pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Result<EigenCurvature> {
+    let p = net.n_params();
+    if p > config.max_params {
+        return Err(LaplaceError::TooLarge {
+            structure: "full",
+            what: "parameters",
+            size: p,
+            limit: config.max_params,
+        });
+    }
+    let nk = data.x.nrows() * data.k();
+    if nk < p {
+        let mut rt = DMatrix::zeros(p, nk);
+        for (start, len) in data.chunks() {
+            let r = whitened_jacobian(net, data, start, len)?;
+            rt.columns_mut(start * data.k(), len * data.k()).copy_from(&r.transpose());
+        }
+        let svd = thin_svd_owned(rt)?;
+        return Ok(EigenCurvature {
+            label: "full".into(),
+            vectors: svd.u,
+            values: svd.s.map(|s| s * s),
+            remainder: None,
+        });
+    }
+    let mut ggn = DMatrix::zeros(p, p);
+    for (start, len) in data.chunks() {
+        let r = whitened_jacobian(net, data, start, len)?;
+        ggn.gemm_tr(1.0, &r, &r, 1.0);
+    }
+    let (values, vectors) = sym_eigh(&ggn)?;
+    Ok(EigenCurvature { label: "full".into(), vectors, values: values.map(|v| v.max(0.0)), remainder: None })
+}
+
+/// The GGN's diagonal: from layer statistics when the network has them (`Σ (δ_r ã_j)²` as one
+/// GEMM per dense layer), otherwise from Jacobian chunks.
+pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>> {
+    let p = net.n_params();
+    let infos = net.layer_infos();
+    let mut diag = DVector::zeros(p);
+    if infos.is_empty() {
+        for (start, len) in data.chunks() {
+            let r = whitened_jacobian(net, data, start, len)?;
+            for (j, col) in r.column_iter().enumerate() {
+                diag[j] += col.norm_squared();
+            }
+        }
+        return Ok(diag);
+    }
+    let k = data.k();
+    for (start, len) in data.chunks() {
+        let stats = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
+        for (info, st) in infos.iter().zip(&stats) {
+            let sq = if info.positions() == 1 {
+                // Σ_{i,c} δ²_{(i,c), r} ã²_{i, j}: rows of ã repeated per column c.
+                let a2 = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| {
+                    if j < info.fan_in {
+                        st.inputs[(row / k, j)].powi(2)
+                    } else {
+                        1.0
+                    }
+                });
+                st.output_grads.map(|d| d * d).tr_mul(&a2)
+            } else {
+                let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
+                for i in 0..len {
+                    for c in 0..k {
+                        acc += st.example_gradient(i, c).map(|g| g * g);
+                    }
+                }
+                acc
+            };
+            for r in 0..info.fan_out {
+                for j in 0..=info.fan_in {
+                    diag[info.flat_index(r, j)] += sq[(r, j)];
+                }
+            }
+        }
+    }
+    Ok(diag)
+}
+
+/// Flat indices of a layer's weights then biases.
+fn layer_flat(info: &LayerInfo) -> Vec<usize> {
+    info.weight.clone().chain(info.bias.clone()).collect()
+}
+
+/// One dense block per layer (all parameters as one block for a network without layers);
+/// returns the structure and the flat index of each coordinate.
+pub(crate) fn block_diag<N: Network>(
+    net: &N,
+    data: &Data,
+    config: &BlockDiagConfig,
+) -> Result<(BlockDiagCurvature, Vec<usize>)> {
+    let infos = net.layer_infos();
+    let blocks: Vec<Vec<usize>> = if infos.is_empty() {
+        vec![(0..net.n_params()).collect()]
+    } else {
+        infos.iter().map(layer_flat).collect()
+    };
+    if let Some(big) = blocks.iter().map(|b| b.len()).max().filter(|&m| m > config.max_block_params) {
+        return Err(LaplaceError::TooLarge {
+            structure: "block_diag",
+            what: "parameters in one layer block",
+            size: big,
+            limit: config.max_block_params,
+        });
+    }
+    let mut grams: Vec<DMatrix<f64>> = blocks.iter().map(|b| DMatrix::zeros(b.len(), b.len())).collect();
+    for (start, len) in data.chunks() {
+        let r = whitened_jacobian(net, data, start, len)?;
+        for (b, g) in blocks.iter().zip(grams.iter_mut()) {
+            let rb = r.select_columns(b);
+            g.gemm_tr(1.0, &rb, &rb, 1.0);
+        }
+    }
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for g in grams {
+        let (values, vectors) = sym_eigh(&g)?;
+        let dim = g.nrows();
+        out.push((
+            offset,
+            EigenCurvature {
+                label: "block".into(),
+                vectors,
+                values: values.map(|v| v.max(0.0)),
+                remainder: None,
+            },
+        ));
+        offset += dim;
+    }
+    Ok((BlockDiagCurvature { blocks: out }, blocks.concat()))
+}
+
+fn require_layers<N: Network>(net: &N, structure: &'static str) -> Result<Vec<LayerInfo>> {
+    let infos = net.layer_infos();
+    if infos.is_empty() {
+        return Err(LaplaceError::Unsupported {
+            structure,
+            reason:
+                "the network exposes no dense/convolutional layer structure (Network::layer_infos is empty)"
+                    .into(),
+        });
+    }
+    Ok(infos)
+}
+
+/// KFAC (Martens & Grosse 2015) and, for convolutions, KFC (Grosse & Martens 2016):
+/// `A = Σᵢ Σ_t ã ãᵀ`, `G = Σᵢ Σ_c Σ_t δ δᵀ / (n·T)`, so that `G ⊗ A` is exact for one example at
+/// one position. With `ekfac`, a second pass re-fits the eigenvalues in the Kronecker eigenbasis:
+/// `E_{rj} = Σᵢ Σ_c ((Q_Gᵀ gᵢ_c Q_A)_{rj})²` with `gᵢ_c = Σ_t δ ãᵀ` (George et al. 2018).
+pub(crate) fn kron<N: Network>(net: &N, data: &Data, ekfac: bool) -> Result<(KronCurvature, Vec<usize>)> {
+    let structure = if ekfac { "ekfac" } else { "kfac" };
+    let infos = require_layers(net, structure)?;
+    let n = data.x.nrows();
+    let mut a_fac: Vec<DMatrix<f64>> =
+        infos.iter().map(|i| DMatrix::zeros(i.fan_in + 1, i.fan_in + 1)).collect();
+    let mut g_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_out)).collect();
+    for (start, len) in data.chunks() {
+        let stats = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
+        for (l, st) in stats.iter().enumerate() {
+            let fi = st.inputs.ncols();
+            let a = &mut a_fac[l];
+            a.view_mut((0, 0), (fi, fi)).gemm_tr(1.0, &st.inputs, &st.inputs, 1.0);
+            let sums = st.inputs.row_sum();
+            for j in 0..fi {
+                a[(j, fi)] += sums[j];
+                a[(fi, j)] += sums[j];
+            }
+            a[(fi, fi)] += st.inputs.nrows() as f64;
+            g_fac[l].gemm_tr(1.0, &st.output_grads, &st.output_grads, 1.0);
+        }
+    }
+    let mut layers = Vec::with_capacity(infos.len());
+    for ((info, a), g) in infos.iter().zip(a_fac).zip(g_fac) {
+        let g = g / (n * info.positions()) as f64;
+        let (a_values, a_vectors) = sym_eigh(&a)?;
+        let (g_values, g_vectors) = sym_eigh(&g)?;
+        layers.push(KronLayer {
+            a_values: a_values.map(|v| v.max(0.0)),
+            a_vectors,
+            g_values: g_values.map(|v| v.max(0.0)),
+            g_vectors,
+            fitted: None,
+        });
+    }
+    if ekfac {
+        let k = data.k();
+        let mut fitted: Vec<DMatrix<f64>> =
+            infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_in + 1)).collect();
+        for (start, len) in data.chunks() {
+            let stats = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
+            for (l, (st, info)) in stats.iter().zip(&infos).enumerate() {
+                let layer = &layers[l];
+                if info.positions() == 1 {
+                    // (Q_Gᵀ δ)_r² (Q_Aᵀ ã)_j² summed over (i, c): one GEMM.
+                    let ones = DMatrix::from_element(len, 1, 1.0);
+                    let at = DMatrix::from_fn(len, info.fan_in + 1, |i, j| {
+                        if j < info.fan_in {
+                            st.inputs[(i, j)]
+                        } else {
+                            ones[(i, 0)]
+                        }
+                    });
+                    let va = (at * &layer.a_vectors).map(|v| v * v);
+                    let va_rep = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| va[(row / k, j)]);
+                    let ug = (&st.output_grads * &layer.g_vectors).map(|v| v * v);
+                    fitted[l] += ug.tr_mul(&va_rep);
+                } else {
+                    for i in 0..len {
+                        for c in 0..k {
+                            let proj = layer.g_vectors.tr_mul(&st.example_gradient(i, c)) * &layer.a_vectors;
+                            fitted[l] += proj.map(|v| v * v);
+                        }
+                    }
+                }
+            }
+        }
+        for (layer, e) in layers.iter_mut().zip(fitted) {
+            layer.fitted = Some(e);
+        }
+    }
+    let indices = infos.iter().flat_map(|i| i.kron_order()).collect();
+    Ok((KronCurvature { layers }, indices))
+}
+
+/// The last layer: `C = Σᵢ Hᵢ ⊗ φ̃ᵢφ̃ᵢᵀ` in the layer's `[W | b]` coordinates, `φ̃ = [φ; 1]`
+/// the last-layer features, by one GEMM per output pair; then its eigendecomposition.
+pub(crate) fn last_layer<N: Network>(
+    net: &N,
+    data: &Data,
+    config: &LastLayerConfig,
+) -> Result<(EigenCurvature, Vec<usize>, LayerInfo)> {
+    let infos = require_layers(net, "last_layer")?;
+    let last = infos.last().expect("non-empty").clone();
+    let q = net.output_dim();
+    if last.kind != LayerKind::Dense || last.fan_out != q {
+        return Err(LaplaceError::Unsupported {
+            structure: "last_layer",
+            reason: format!("the last layer {} is not a dense layer onto the {q} outputs", last.name),
+        });
+    }
+    let dim = last.n_params();
+    if dim > config.max_params {
+        return Err(LaplaceError::TooLarge {
+            structure: "last_layer",
+            what: "last-layer parameters",
+            size: dim,
+            limit: config.max_params,
+        });
+    }
+    let h1 = last.fan_in + 1;
+    let mut c = DMatrix::zeros(dim, dim);
+    for (start, len) in data.chunks() {
+        let phi = net.last_layer_features(&data.rows(start, len))?;
+        let phit = DMatrix::from_fn(len, h1, |i, j| if j < last.fan_in { phi[(i, j)] } else { 1.0 });
+        for o in 0..q {
+            for o2 in o..q {
+                let w: Vec<f64> = (0..len).map(|i| data.hessians[start + i][(o, o2)]).collect();
+                if w.iter().all(|&v| v == 0.0) {
+                    continue;
+                }
+                let weighted = DMatrix::from_fn(len, h1, |i, j| phit[(i, j)] * w[i]);
+                let block = weighted.tr_mul(&phit);
+                c.view_mut((o * h1, o2 * h1), (h1, h1)).add_assign(&block);
+                if o2 != o {
+                    c.view_mut((o2 * h1, o * h1), (h1, h1)).add_assign(&block.transpose());
+                }
+            }
+        }
+    }
+    let (values, vectors) = sym_eigh(&c)?;
+    let indices = last.kron_order();
+    Ok((
+        EigenCurvature {
+            label: "last_layer".into(),
+            vectors,
+            values: values.map(|v| v.max(0.0)),
+            remainder: None,
+        },
+        indices,
+        last,
+    ))
+}
+
+use std::ops::AddAssign;
+
+/// Top-`k` eigenpairs of the GGN by Lanczos with full reorthogonalisation on the matrix-free
+/// product `v ↦ Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` (one forward and one reverse pass per chunk). The Krylov
+/// space grows (×1.5) until every kept Ritz pair has a relative residual below `tol`, or the
+/// GGN's numerical rank is reached, so the kept pairs are eigenpairs, not just Ritz pairs.
+pub(crate) fn low_rank<N: Network>(
+    net: &N,
+    data: &Data,
+    config: &LowRankConfig,
+    report: &mut FitReport,
+) -> Result<EigenCurvature> {
+    if config.rank == 0 {
+        return Err(LaplaceError::InvalidParameter { what: "low-rank rank", reason: "must be ≥ 1".into() });
+    }
+    crate::error::ensure_positive("low-rank tolerance", config.tol)?;
+    let p = net.n_params();
+    let k = config.rank.min(p);
+    let chunks: Vec<(usize, usize)> = data.chunks().collect();
+    let xs: Vec<DMatrix<f64>> = chunks.iter().map(|&(s, l)| data.rows(s, l)).collect();
+    let failure = std::sync::Mutex::new(None);
+    let op = FnOperator::new(p, |v: &DVector<f64>| {
+        let mut out = DVector::zeros(p);
+        for (&(s, l), x) in chunks.iter().zip(&xs) {
+            match net.ggn_vector_product(x, &data.hessians[s..s + l], v) {
+                Ok(g) => out += g,
+                Err(e) => {
+                    *failure.lock().expect("not poisoned") = Some(e);
+                    return DVector::from_element(p, f64::NAN);
+                }
+            }
+        }
+        out
+    });
+    let mut m = (k + k / 2 + 10).min(p).min(config.max_iterations.max(k));
+    loop {
+        let cfg = LanczosConfig {
+            max_rank: m,
+            start: StartVector::Random(config.seed),
+            check_symmetry: false,
+            pivot_tol: 1e-13,
+            breakdown_tol: 1e-13,
+            ..Default::default()
+        };
+        let dec = lanczos(&op, &cfg);
+        if let Some(e) = failure.lock().expect("not poisoned").take() {
+            return Err(e.into());
+        }
+        let dec = dec?;
+        let (theta, vectors) = dec.ritz();
+        let res = dec.ritz_residuals();
+        let exhausted = dec.info().stop != StopReason::MaxRank;
+        // Keep pairs whose Ritz value is numerically non-zero (rank ≤ numerical rank).
+        let cutoff = 1e-12 * theta[0].abs();
+        let kept = (0..k.min(theta.len())).filter(|&j| theta[j] > cutoff).count().max(1);
+        let worst = (0..kept).map(|j| res[j]).fold(0.0, f64::max);
+        let converged = exhausted || worst <= config.tol;
+        if converged || m >= config.max_iterations.min(p) {
+            if !converged {
+                return Err(LaplaceError::Linalg(fspace_linalg::LinalgError::NoConvergence {
+                    method: "low-rank Lanczos (top-k Ritz residuals)",
+                    iterations: m,
+                    residual: worst,
+                }));
+            }
+            report.lanczos_iterations = dec.info().iterations;
+            report.max_ritz_residual = worst;
+            report.rank = kept;
+            let v = vectors.columns(0, kept).into_owned();
+            let s = theta.rows(0, kept).map(|x| x.max(0.0));
+            let remainder = if config.diag_remainder {
+                let d = diagonal(net, data)?;
+                let mut vs2 = DVector::zeros(p);
+                for j in 0..kept {
+                    for i in 0..p {
+                        vs2[i] += s[j] * v[(i, j)] * v[(i, j)];
+                    }
+                }
+                Some((d - vs2).map(|x| x.max(0.0)))
+            } else {
+                None
+            };
+            return Ok(EigenCurvature { label: "low_rank".into(), vectors: v, values: s, remainder });
+        }
+        m = ((m * 3) / 2).min(config.max_iterations).min(p);
+    }
+}
+
+/// Builds the structure; returns it with the flat index of each of its coordinates.
+pub(crate) fn build<N: Network>(
+    net: &N,
+    data: &Data,
+    structure: &Structure,
+    report: &mut FitReport,
+) -> Result<(Curvature, Vec<usize>)> {
+    let all = || (0..net.n_params()).collect::<Vec<_>>();
+    Ok(match structure {
+        Structure::Full(c) => (Curvature::Eigen(full(net, data, c)?), all()),
+        Structure::Diag => (Curvature::Diag(DiagCurvature { diag: diagonal(net, data)? }), all()),
+        Structure::BlockDiag(c) => {
+            let (b, idx) = block_diag(net, data, c)?;
+            (Curvature::BlockDiag(b), idx)
+        }
+        Structure::Kfac | Structure::Ekfac => {
+            let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac))?;
+            (Curvature::Kron(k), idx)
+        }
+        Structure::LastLayer(c) => {
+            let (e, idx, _) = last_layer(net, data, c)?;
+            (Curvature::Eigen(e), idx)
+        }
+        Structure::LowRank(c) => (Curvature::Eigen(low_rank(net, data, c, report)?), all()),
+    })
+}
+
+/// Hessian blocks and their square roots at `f(X; w*)`.
+pub(crate) fn data_for<'a>(
+    x: &'a DMatrix<f64>,
+    f: &DMatrix<f64>,
+    y: &DVector<f64>,
+    lik: &dyn Likelihood,
+    chunk: usize,
+) -> Result<Data<'a>> {
+    let hessians = lik.nll_hessian(f, y)?;
+    let factors = hessian_factors(&hessians);
+    Ok(Data { x, hessians, factors, chunk })
+}

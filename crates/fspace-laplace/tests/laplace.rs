@@ -1,0 +1,599 @@
+//! Every structure against an independent dense computation on small networks: the dense GGN
+//! `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)` from the explicit Jacobian and the likelihood's Hessian blocks, dense
+//! log-determinants, dense `J Σ Jᵀ`, and sample moments.
+
+use fspace_core::{Likelihood, Posterior};
+use fspace_laplace::{
+    fit, CurvatureApprox, FullConfig, LaplaceConfig, LaplaceError, LaplacePosterior, LikelihoodKind,
+    LowRankConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
+};
+use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, HelmholtzNet, Mlp, MlpConfig, Network};
+use fspace_testutil::{rel_frob, rng};
+use nalgebra::{DMatrix, DVector};
+use rand::Rng;
+
+fn mlp(d: usize, hidden: Vec<usize>, q: usize, seed: u64) -> Mlp {
+    Mlp::new(MlpConfig { input_dim: d, hidden, output_dim: q, activation: Activation::Tanh, seed }).unwrap()
+}
+
+/// Regression data for a `d → 1` net and classification data for a `d → q` net.
+fn regression(n: usize, d: usize, seed: u64) -> (DMatrix<f64>, DVector<f64>) {
+    let mut r = rng(seed);
+    let x = DMatrix::from_fn(n, d, |_, _| r.gen_range(-2.0..2.0));
+    let y = DVector::from_fn(n, |i, _| (x.row(i).sum() as f64).sin() + 0.1 * r.gen_range(-1.0f64..1.0));
+    (x, y)
+}
+
+fn classification(n: usize, d: usize, q: usize, seed: u64) -> (DMatrix<f64>, DVector<f64>) {
+    let mut r = rng(seed);
+    let x = DMatrix::from_fn(n, d, |_, _| r.gen_range(-2.0..2.0));
+    let y = DVector::from_fn(n, |_, _| r.gen_range(0..q) as f64);
+    (x, y)
+}
+
+/// The dense GGN from the explicit Jacobian and the likelihood's Hessian blocks.
+fn dense_ggn<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVector<f64>) -> DMatrix<f64> {
+    let f = net.forward(x).unwrap();
+    let h = lik.nll_hessian(&f, y).unwrap();
+    let j = net.jacobian(x).unwrap();
+    let q = net.output_dim();
+    let p = net.n_params();
+    let mut g = DMatrix::zeros(p, p);
+    for i in 0..x.nrows() {
+        let ji = j.rows(i * q, q);
+        g += ji.transpose() * &h[i] * ji;
+    }
+    g
+}
+
+fn restrict(m: &DMatrix<f64>, idx: &[usize]) -> DMatrix<f64> {
+    DMatrix::from_fn(idx.len(), idx.len(), |a, b| m[(idx[a], idx[b])])
+}
+
+fn config(structure: Structure) -> LaplaceConfig {
+    LaplaceConfig { structure, chunk_points: 3, ..Default::default() }
+}
+
+fn fit_with<N: Network>(
+    net: N,
+    lik: LikelihoodKind,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    s: Structure,
+) -> LaplacePosterior<N> {
+    fit(net, lik, x, y, &config(s)).unwrap()
+}
+
+fn layer_blocks(net: &Mlp) -> Vec<Vec<usize>> {
+    net.layer_infos().iter().map(|i| i.weight.clone().chain(i.bias.clone()).collect()).collect()
+}
+
+#[test]
+fn diag_block_diag_full_and_last_layer_equal_the_dense_ggn() {
+    // Two outputs, categorical: Hᵢ is a full 2 × 2 block, so the whitening by Lᵢ matters.
+    let net = mlp(2, vec![4, 3], 3, 1);
+    let (x, y) = classification(7, 2, 3, 2);
+    let lik = LikelihoodKind::Categorical { classes: 3 };
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    let scale = ggn.norm();
+
+    let diag = fit_with(net.clone(), lik.clone(), &x, &y, Structure::Diag);
+    let d = restrict(&ggn, diag.indices()).diagonal();
+    let err = (diag.curvature().to_dense().diagonal() - &d).norm() / d.norm();
+    println!("diag rel err {err:.2e}");
+    assert!(err < 1e-12);
+
+    let bd = fit_with(net.clone(), lik.clone(), &x, &y, Structure::block_diag());
+    let mut expected = DMatrix::zeros(net.n_params(), net.n_params());
+    let mut o = 0;
+    for b in layer_blocks(&net) {
+        expected.view_mut((o, o), (b.len(), b.len())).copy_from(&restrict(&ggn, &b));
+        o += b.len();
+    }
+    let err = rel_frob(&bd.curvature().to_dense(), &expected);
+    println!("block-diag rel err {err:.2e}");
+    assert!(err < 1e-10);
+
+    // n·d' = 21 < p: the thin-SVD route.
+    let full = fit_with(net.clone(), lik.clone(), &x, &y, Structure::full());
+    let err = (full.curvature().to_dense() - restrict(&ggn, full.indices())).norm() / scale;
+    println!("full (SVD route) rel err {err:.2e}");
+    assert!(err < 1e-10);
+
+    // n·d' > p: the dense-Gram route.
+    let small = mlp(2, vec![2], 3, 3);
+    let (xb, yb) = classification(20, 2, 3, 4);
+    let ggn_b = dense_ggn(&small, lik.build().unwrap().as_ref(), &xb, &yb);
+    let full_b = fit_with(small, lik.clone(), &xb, &yb, Structure::full());
+    let err = rel_frob(&full_b.curvature().to_dense(), &ggn_b);
+    println!("full (Gram route) rel err {err:.2e}");
+    assert!(err < 1e-10);
+
+    let ll = fit_with(net.clone(), lik.clone(), &x, &y, Structure::last_layer());
+    let err = rel_frob(&ll.curvature().to_dense(), &restrict(&ggn, ll.indices()));
+    println!("last-layer rel err {err:.2e}");
+    assert!(err < 1e-10);
+    assert_eq!(ll.indices().len(), 3 * 4);
+}
+
+#[test]
+fn kfac_is_exact_for_one_point_and_ekfac_matches_the_ggn_in_its_eigenbasis() {
+    let net = mlp(3, vec![5, 4], 2, 5);
+    let lik = LikelihoodKind::Categorical { classes: 2 };
+    // One point: every layer block of the GGN is exactly G ⊗ A.
+    let (x1, y1) = classification(1, 3, 2, 6);
+    let ggn1 = dense_ggn(&net, lik.build().unwrap().as_ref(), &x1, &y1);
+    for s in [Structure::Kfac, Structure::Ekfac] {
+        let post = fit_with(net.clone(), lik.clone(), &x1, &y1, s);
+        let mut expected = restrict(&ggn1, post.indices());
+        // Zero the cross-layer blocks: KFAC is block-diagonal over layers.
+        let mut o = 0;
+        let sizes: Vec<usize> = net.layer_infos().iter().map(|i| i.n_params()).collect();
+        let mut mask = DMatrix::zeros(expected.nrows(), expected.ncols());
+        for &sz in &sizes {
+            mask.view_mut((o, o), (sz, sz)).fill(1.0);
+            o += sz;
+        }
+        expected.component_mul_assign(&mask);
+        let err = rel_frob(&post.curvature().to_dense(), &expected);
+        println!("{} one-point rel err {err:.2e}", post.curvature().name());
+        assert!(err < 1e-10);
+    }
+    // Many points: EKFAC's eigenvalues are diag(Qᵀ GGN_l Q) in KFAC's eigenbasis Q = Q_G ⊗ Q_A.
+    let (x, y) = classification(9, 3, 2, 7);
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    let post = fit_with(net.clone(), lik.clone(), &x, &y, Structure::Ekfac);
+    let fspace_laplace::Curvature::Kron(k) = post.curvature() else { panic!("kron") };
+    let mut o = 0;
+    for (layer, info) in k.layers.iter().zip(net.layer_infos()) {
+        let idx = &post.indices()[o..o + info.n_params()];
+        o += info.n_params();
+        let q = layer.g_vectors.kronecker(&layer.a_vectors);
+        let proj = q.transpose() * restrict(&ggn, idx) * &q;
+        let fitted = layer.fitted.as_ref().unwrap();
+        let (r, c) = layer.shape();
+        let expected = DVector::from_fn(r * c, |i, _| proj[(i, i)]);
+        let got = DVector::from_fn(r * c, |i, _| fitted[(i / c, i % c)]);
+        let err = (&got - &expected).norm() / expected.norm();
+        println!("EKFAC {} eigenvalue fit rel err {err:.2e}", info.name);
+        assert!(err < 1e-10);
+    }
+    // And KFAC on many points is only an approximation: it differs from the exact blocks.
+    let kfac = fit_with(net.clone(), lik, &x, &y, Structure::Kfac);
+    let err = rel_frob(&kfac.curvature().to_dense(), &restrict(&ggn, kfac.indices()));
+    println!("KFAC many-point rel difference to the GGN {err:.2e}");
+    assert!(err > 1e-3);
+}
+
+fn tiny_cnn(seed: u64) -> Cnn {
+    Cnn::new(CnnConfig {
+        input_shape: (1, 6, 6),
+        convs: vec![ConvBlock { channels: 2, kernel: 3, same_padding: true, pool: true }],
+        hidden: vec![4],
+        output_dim: 3,
+        activation: Activation::Tanh,
+        seed,
+    })
+    .unwrap()
+}
+
+#[test]
+fn cnn_statistics_give_the_exact_jacobian_blocks_diagonal_and_ekfac() {
+    let net = tiny_cnn(1);
+    let (x, y) = classification(4, 36, 3, 8);
+    let lik = LikelihoodKind::Categorical { classes: 3 };
+    // Σ_t δ_t ã_tᵀ for unit cotangents = the Jacobian rows of the layer (KFC's ingredients).
+    let jac = net.jacobian(&x).unwrap();
+    let eye = vec![DMatrix::identity(3, 3); 4];
+    let stats = net.kfac_statistics(&x, &eye).unwrap();
+    let mut worst = 0.0f64;
+    for (info, st) in net.layer_infos().iter().zip(&stats) {
+        for i in 0..4 {
+            for o in 0..3 {
+                let g = st.example_gradient(i, o);
+                for r in 0..info.fan_out {
+                    for j in 0..=info.fan_in {
+                        worst = worst.max((g[(r, j)] - jac[(i * 3 + o, info.flat_index(r, j))]).abs());
+                    }
+                }
+            }
+        }
+    }
+    println!("CNN per-example gradients vs Jacobian: max abs err {worst:.2e}");
+    assert!(worst < 1e-12);
+
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    let diag = fit_with(net.clone(), lik.clone(), &x, &y, Structure::Diag);
+    let err = (diag.curvature().to_dense().diagonal() - ggn.diagonal()).norm() / ggn.diagonal().norm();
+    println!("CNN diag rel err {err:.2e}");
+    assert!(err < 1e-12);
+
+    let post = fit_with(net.clone(), lik, &x, &y, Structure::Ekfac);
+    let fspace_laplace::Curvature::Kron(k) = post.curvature() else { panic!("kron") };
+    let mut o = 0;
+    for (layer, info) in k.layers.iter().zip(net.layer_infos()) {
+        let idx = &post.indices()[o..o + info.n_params()];
+        o += info.n_params();
+        let q = layer.g_vectors.kronecker(&layer.a_vectors);
+        let proj = q.transpose() * restrict(&ggn, idx) * &q;
+        let (r, c) = layer.shape();
+        let fitted = layer.fitted.as_ref().unwrap();
+        let err = (0..r * c).map(|i| (fitted[(i / c, i % c)] - proj[(i, i)]).abs()).fold(0.0, f64::max)
+            / proj.diagonal().abs().max();
+        println!("CNN EKFAC {} rel err {err:.2e}", info.name);
+        assert!(err < 1e-10);
+    }
+}
+
+#[test]
+fn cnn_kfc_is_exact_for_one_image_with_one_output_position() {
+    // A 3×3 conv without padding on a 3×3 image has one output position: KFC = exact block.
+    let net = Cnn::new(CnnConfig {
+        input_shape: (2, 3, 3),
+        convs: vec![ConvBlock { channels: 3, kernel: 3, same_padding: false, pool: false }],
+        hidden: vec![],
+        output_dim: 2,
+        activation: Activation::Tanh,
+        seed: 3,
+    })
+    .unwrap();
+    let (x, y) = classification(1, 18, 2, 9);
+    let lik = LikelihoodKind::Categorical { classes: 2 };
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    let post = fit_with(net.clone(), lik, &x, &y, Structure::Kfac);
+    let dense = post.curvature().to_dense();
+    let mut o = 0;
+    for info in net.layer_infos() {
+        let idx = &post.indices()[o..o + info.n_params()];
+        let err = rel_frob(&dense.view((o, o), (idx.len(), idx.len())).into_owned(), &restrict(&ggn, idx));
+        println!("KFC one-position {} rel err {err:.2e}", info.name);
+        assert!(err < 1e-10);
+        o += info.n_params();
+    }
+}
+
+#[test]
+fn low_rank_top_k_equals_dense_eigh() {
+    let net = mlp(2, vec![8, 8], 1, 11);
+    let (x, y) = regression(30, 2, 12);
+    let lik = LikelihoodKind::Gaussian { sigma: 0.3 };
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    let eig = fspace_linalg::sym_eigh(&ggn).unwrap();
+    for k in [1, 5, 12] {
+        let post = fit_with(net.clone(), lik.clone(), &x, &y, Structure::low_rank(k));
+        let fspace_laplace::Curvature::Eigen(e) = post.curvature() else { panic!("eigen") };
+        let vals_err = (0..k).map(|j| (e.values[j] - eig.0[j]).abs() / eig.0[0]).fold(0.0, f64::max);
+        let orth = (e.vectors.transpose() * &e.vectors - DMatrix::identity(k, k)).abs().max();
+        // Eigenvectors up to sign: |⟨u_j, v_j⟩| = 1 (the spectrum is simple here).
+        let vec_err =
+            (0..k).map(|j| 1.0 - e.vectors.column(j).dot(&eig.1.column(j)).abs()).fold(0.0, f64::max);
+        println!(
+            "rank {k}: eigenvalue err {vals_err:.2e}, max|UᵀU − I| {orth:.2e}, vector err {vec_err:.2e}, {} Lanczos steps",
+            post.report().lanczos_iterations
+        );
+        assert!(vals_err < 1e-8 && orth < 1e-10 && vec_err < 1e-8);
+    }
+    // With the diagonal remainder the diagonal is exact.
+    let s = Structure::LowRank(LowRankConfig { rank: 5, diag_remainder: true, ..Default::default() });
+    let post = fit_with(net.clone(), lik, &x, &y, s);
+    let err = (post.curvature().to_dense().diagonal() - ggn.diagonal()).norm() / ggn.diagonal().norm();
+    println!("low-rank + diagonal remainder: diagonal rel err {err:.2e}");
+    assert!(err < 1e-10);
+}
+
+/// `T·ll − ½ Σ λ w² + ½ Σ log λ − ½ log|T C + Λ|` with a dense Cholesky.
+fn dense_marglik<N: Network>(post: &LaplacePosterior<N>, lam: &[f64], t: f64) -> f64 {
+    let c = post.curvature().to_dense();
+    let lam_v = DVector::from_column_slice(lam);
+    let p = &c * t + DMatrix::from_diagonal(&lam_v);
+    let logdet = 2.0 * p.cholesky().unwrap().l().diagonal().map(f64::ln).sum();
+    let w = post.network().params();
+    let scatter: f64 = post.indices().iter().zip(lam).map(|(&i, l)| l * w[i] * w[i]).sum();
+    t * post.log_likelihood() - 0.5 * scatter + 0.5 * lam_v.map(f64::ln).sum() - 0.5 * logdet
+}
+
+fn per_coordinate(post: &LaplacePosterior<Mlp>, per_layer: &[f64]) -> Vec<f64> {
+    let infos = post.network().layer_infos();
+    post.indices()
+        .iter()
+        .map(|&i| {
+            let g = infos.iter().position(|l| l.weight.contains(&i) || l.bias.contains(&i)).unwrap();
+            per_layer[g]
+        })
+        .collect()
+}
+
+#[test]
+fn marginal_likelihood_and_its_optimum_equal_a_dense_evaluation() {
+    let net = mlp(1, vec![6, 6], 1, 13);
+    let (x, y) = regression(25, 1, 14);
+    let lik = LikelihoodKind::Gaussian { sigma: 0.2 };
+    for s in [
+        Structure::full(),
+        Structure::Diag,
+        Structure::block_diag(),
+        Structure::Kfac,
+        Structure::Ekfac,
+        Structure::last_layer(),
+        Structure::low_rank(10),
+    ] {
+        let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
+        let name = post.curvature().name();
+        for (lam, t) in [(0.5, 1.0), (3.0, 0.3), (40.0, 5.0)] {
+            let got = post.log_marginal_likelihood_at(&PriorPrecision::Scalar(lam), t).unwrap();
+            let want = dense_marglik(&post, &vec![lam; post.indices().len()], t);
+            assert!((got - want).abs() < 1e-9 * want.abs().max(1.0), "{name} λ={lam} T={t}: {got} vs {want}");
+        }
+        // Per-layer λ (the Woodbury path for the eigen structures).
+        let pl = vec![0.7, 2.0, 5.0];
+        let got = post.log_marginal_likelihood_at(&PriorPrecision::PerLayer(pl.clone()), 1.5).unwrap();
+        let want = dense_marglik(&post, &per_coordinate(&post, &pl), 1.5);
+        assert!((got - want).abs() < 1e-9 * want.abs().max(1.0), "{name} per-layer: {got} vs {want}");
+        // The optimum: no better value nearby in the dense evaluation.
+        let best = post.optimize_prior_precision(&MarglikConfig::default()).unwrap();
+        let lam = post.prior_precision()[0];
+        let at = |l: f64| dense_marglik(&post, &vec![l; post.indices().len()], 1.0);
+        assert!((best - at(lam)).abs() < 1e-9 * best.abs().max(1.0));
+        for f in [0.99, 1.01, 0.5, 2.0] {
+            assert!(at(lam * f) <= at(lam) + 1e-9, "{name}: λ* = {lam} is not a maximum (×{f})");
+        }
+        println!("{name}: λ* = {lam:.4}, log Z = {best:.4}");
+        // Per-layer optimisation never does worse than the scalar optimum.
+        let per =
+            post.optimize_prior_precision(&MarglikConfig { per_layer: true, ..Default::default() }).unwrap();
+        assert!(per >= best - 1e-9, "{name}: per-layer {per} < scalar {best}");
+    }
+}
+
+#[test]
+fn glm_predictive_equals_dense_j_sigma_jt_for_every_structure() {
+    let net = mlp(2, vec![5, 4], 3, 15);
+    let (x, y) = classification(12, 2, 3, 16);
+    let (xt, _) = classification(6, 2, 3, 17);
+    let lik = LikelihoodKind::Categorical { classes: 3 };
+    let jac = net.jacobian(&xt).unwrap();
+    for s in [
+        Structure::full(),
+        Structure::Diag,
+        Structure::block_diag(),
+        Structure::Kfac,
+        Structure::Ekfac,
+        Structure::last_layer(),
+        Structure::low_rank(8),
+    ] {
+        let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
+        post.set_prior_precision(PriorPrecision::PerLayer(vec![0.5, 1.5, 3.0])).unwrap();
+        post.set_temperature(0.7).unwrap();
+        let c = post.curvature().to_dense();
+        let lam = DVector::from_vec(per_coordinate(&post, &[0.5, 1.5, 3.0]));
+        let sigma = (c * 0.7 + DMatrix::from_diagonal(&lam)).try_inverse().unwrap();
+        let js = jac.select_columns(post.indices());
+        let cov = &js * sigma * js.transpose();
+        let covs = post.glm_covariances(&xt).unwrap();
+        let mut worst = 0.0f64;
+        for i in 0..6 {
+            let block = cov.view((i * 3, i * 3), (3, 3)).into_owned();
+            worst = worst.max((&covs[i] - &block).abs().max() / block.abs().max());
+        }
+        let (_, joint) = post.predict_joint(&xt).unwrap();
+        let joint_err = rel_frob(&joint, &cov);
+        println!("{}: GLM covariance rel err {worst:.2e}, joint {joint_err:.2e}", post.curvature().name());
+        assert!(worst < 1e-9 && joint_err < 1e-9);
+    }
+}
+
+#[test]
+fn samples_have_the_posterior_covariance_and_mc_matches_glm_for_a_linear_model() {
+    // A network without hidden layers is linear in its weights: the nonlinear MC predictive and
+    // the GLM predictive are the same Gaussian.
+    let net = mlp(2, vec![], 2, 19);
+    let (x, y) = classification(15, 2, 2, 20);
+    let (xt, _) = classification(4, 2, 2, 21);
+    let lik = LikelihoodKind::Categorical { classes: 2 };
+    for s in [
+        Structure::full(),
+        Structure::Diag,
+        Structure::Kfac,
+        Structure::Ekfac,
+        Structure::last_layer(),
+        Structure::low_rank(3),
+    ] {
+        let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
+        post.set_prior_precision(PriorPrecision::Scalar(0.8)).unwrap();
+        let glm = post.predict_glm(&xt).unwrap();
+        let mut r = rng(22);
+        let mc = post.predict_nonlinear(&xt, 40_000, &mut r).unwrap();
+        let mean_err = (&mc.mean - &glm.mean).abs().max() / glm.var.max().sqrt();
+        let var_err = (&mc.var - &glm.var).abs().max() / glm.var.max();
+        println!(
+            "{}: MC vs GLM mean err {mean_err:.3} sd, var rel err {var_err:.3}",
+            post.curvature().name()
+        );
+        assert!(mean_err < 0.03 && var_err < 0.04);
+    }
+    // Weight samples reproduce Σ (non-isotropic prior: the perturb-and-solve sampler).
+    let net = mlp(1, vec![3], 1, 23);
+    let (x, y) = regression(10, 1, 24);
+    for s in [
+        Structure::full(),
+        Structure::block_diag(),
+        Structure::Kfac,
+        Structure::Ekfac,
+        Structure::low_rank(4),
+    ] {
+        let mut post = fit_with(net.clone(), LikelihoodKind::Gaussian { sigma: 0.3 }, &x, &y, s);
+        post.set_prior_precision(PriorPrecision::PerLayer(vec![2.0, 0.5])).unwrap();
+        let c = post.curvature().to_dense();
+        let infos = post.network().layer_infos();
+        let lam = DVector::from_fn(post.indices().len(), |a, _| {
+            let i = post.indices()[a];
+            if infos[0].weight.contains(&i) || infos[0].bias.contains(&i) {
+                2.0
+            } else {
+                0.5
+            }
+        });
+        let sigma = (c + DMatrix::from_diagonal(&lam)).try_inverse().unwrap();
+        let mut r = rng(25);
+        let draws = post.sample_weights(40_000, &mut r).unwrap();
+        let w = post.network().params();
+        let dim = post.indices().len();
+        let mut emp = DMatrix::zeros(dim, dim);
+        for d in &draws {
+            let z = DVector::from_fn(dim, |a, _| d[post.indices()[a]] - w[post.indices()[a]]);
+            emp.ger(1.0 / draws.len() as f64, &z, &z, 1.0);
+        }
+        let err = rel_frob(&emp, &sigma);
+        println!("{}: sample covariance rel err {err:.3}", post.curvature().name());
+        assert!(err < 0.03);
+    }
+}
+
+#[test]
+fn save_load_round_trip_predicts_identically() {
+    let dir = std::env::temp_dir().join(format!("fspace-laplace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (x, y) = classification(10, 2, 3, 26);
+    for s in [
+        Structure::full(),
+        Structure::Kfac,
+        Structure::Ekfac,
+        Structure::block_diag(),
+        Structure::Diag,
+        Structure::last_layer(),
+        Structure::low_rank(4),
+    ] {
+        let mut post =
+            fit_with(mlp(2, vec![4], 3, 27), LikelihoodKind::Categorical { classes: 3 }, &x, &y, s);
+        post.set_predictive(Predictive::Nonlinear { samples: 5, seed: 1 }).unwrap();
+        let path = dir.join(format!("{}.json", post.curvature().name()));
+        post.save(&path).unwrap();
+        let back: LaplacePosterior<Mlp> = LaplacePosterior::load(&path).unwrap();
+        assert_eq!(back.predict(&x).unwrap(), post.predict(&x).unwrap());
+        assert_eq!(back.predict_glm(&x).unwrap(), post.predict_glm(&x).unwrap());
+    }
+    // A CNN (its layer table is rebuilt on load).
+    let net = tiny_cnn(2);
+    let (xc, yc) = classification(3, 36, 3, 28);
+    let post = fit_with(net, LikelihoodKind::Categorical { classes: 3 }, &xc, &yc, Structure::Kfac);
+    let path = dir.join("cnn.json");
+    post.save(&path).unwrap();
+    let back: LaplacePosterior<Cnn> = LaplacePosterior::load(&path).unwrap();
+    assert_eq!(back.predict_glm(&xc).unwrap(), post.predict_glm(&xc).unwrap());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn temperature_scales_the_curvature_and_grid_searches_pick_the_best_value() {
+    let net = mlp(1, vec![6], 1, 29);
+    let (x, y) = regression(20, 1, 30);
+    let (xv, yv) = regression(10, 1, 31);
+    let mut post = fit_with(net, LikelihoodKind::Gaussian { sigma: 0.2 }, &x, &y, Structure::full());
+    // Var(T) with λ = T·λ₀ is Var(1)/T (the precision is T·(C + λ₀)).
+    post.set_prior_precision(PriorPrecision::Scalar(0.5)).unwrap();
+    let v1 = post.predict_glm(&xv).unwrap().var;
+    post.set_temperature(4.0).unwrap();
+    post.set_prior_precision(PriorPrecision::Scalar(2.0)).unwrap();
+    let v4 = post.predict_glm(&xv).unwrap().var;
+    assert!((&v1 / 4.0 - &v4).abs().max() < 1e-12 * v1.max());
+    post.set_temperature(1.0).unwrap();
+    let grid = [0.01, 0.1, 1.0, 10.0, 100.0];
+    let table = post.gridsearch_prior_precision(&grid, &xv, &yv).unwrap();
+    let best = table.iter().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+    assert_eq!(post.prior_precision()[0], best.0);
+    let t_table = post.select_temperature(&[0.1, 1.0, 10.0], &xv, &yv).unwrap();
+    let t_best = t_table.iter().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+    assert_eq!(post.temperature(), t_best.0);
+    println!("λ grid {table:?}; T grid {t_table:?}");
+}
+
+#[test]
+fn bad_input_gives_typed_errors() {
+    let net = mlp(2, vec![4], 1, 32);
+    let (x, y) = regression(8, 2, 33);
+    let g = LikelihoodKind::Gaussian { sigma: 0.1 };
+    let too_big = Structure::Full(FullConfig { max_params: 10 });
+    assert!(matches!(
+        fit(net.clone(), g.clone(), &x, &y, &config(too_big)),
+        Err(LaplaceError::TooLarge { .. })
+    ));
+    // KFAC and last-layer on a network without layer structure (the Helmholtz net's outputs
+    // are input-derivatives of two MLPs): Unsupported, named.
+    let helm = HelmholtzNet::new(vec![4], Activation::Tanh, 0).unwrap();
+    let xh = DMatrix::from_fn(5, 2, |i, j| (i + j) as f64 * 0.1);
+    let yh = DVector::from_element(10, 0.1);
+    let iso = LikelihoodKind::IsotropicGaussian { sigma: 0.1, outputs: 2 };
+    for s in [Structure::Kfac, Structure::Ekfac, Structure::last_layer()] {
+        let e = fit(helm.clone(), iso.clone(), &xh, &yh, &config(s)).unwrap_err();
+        assert!(matches!(e, LaplaceError::Unsupported { .. }), "{e}");
+        println!("{e}");
+    }
+    // …while the Jacobian-based structures work on it.
+    let post = fit(helm.clone(), iso.clone(), &xh, &yh, &config(Structure::full())).unwrap();
+    assert_eq!(post.predict_glm(&xh).unwrap().var.ncols(), 2);
+    // A scalar Gaussian does not fit a two-output network.
+    assert!(matches!(
+        fit(helm, g.clone(), &xh, &yh, &config(Structure::Diag)),
+        Err(LaplaceError::DimensionMismatch { .. })
+    ));
+    let bad = |c: LaplaceConfig| fit(net.clone(), g.clone(), &x, &y, &c);
+    assert!(matches!(
+        bad(LaplaceConfig { temperature: 0.0, ..config(Structure::Diag) }),
+        Err(LaplaceError::InvalidParameter { what: "temperature", .. })
+    ));
+    assert!(matches!(
+        bad(LaplaceConfig { prior_precision: PriorPrecision::Scalar(-1.0), ..config(Structure::Diag) }),
+        Err(LaplaceError::InvalidParameter { .. })
+    ));
+    assert!(matches!(
+        bad(LaplaceConfig {
+            prior_precision: PriorPrecision::PerLayer(vec![1.0]),
+            ..config(Structure::Diag)
+        }),
+        Err(LaplaceError::DimensionMismatch { .. })
+    ));
+    assert!(matches!(bad(config(Structure::low_rank(0))), Err(LaplaceError::InvalidParameter { .. })));
+    let mut xn = x.clone();
+    xn[(0, 0)] = f64::NAN;
+    assert!(matches!(
+        fit(net.clone(), g.clone(), &xn, &y, &config(Structure::Diag)),
+        Err(LaplaceError::NonFinite { .. })
+    ));
+    let mut yn = y.clone();
+    yn[1] = f64::INFINITY;
+    assert!(matches!(
+        fit(net.clone(), g.clone(), &x, &yn, &config(Structure::Diag)),
+        Err(LaplaceError::NonFinite { .. })
+    ));
+    assert!(matches!(
+        fit(net.clone(), g.clone(), &x, &y.rows(0, 5).into_owned(), &config(Structure::Diag)),
+        Err(LaplaceError::DimensionMismatch { .. })
+    ));
+    assert!(matches!(
+        fit(net.clone(), g.clone(), &DMatrix::zeros(0, 2), &DVector::zeros(0), &config(Structure::Diag)),
+        Err(LaplaceError::Empty { .. })
+    ));
+    assert!(matches!(
+        fit(net.clone(), LikelihoodKind::Gaussian { sigma: 0.0 }, &x, &y, &config(Structure::Diag)),
+        Err(LaplaceError::Core(_))
+    ));
+    let mut post = fit(net.clone(), g.clone(), &x, &y, &config(Structure::Diag)).unwrap();
+    assert!(post.set_temperature(f64::NAN).is_err());
+    assert!(post.set_prior_precision(PriorPrecision::Scalar(0.0)).is_err());
+    assert!(post.predict_glm(&DMatrix::zeros(3, 5)).is_err());
+    // KFAC / last-layer on a network without layer structure: Unsupported, named.
+    let cnn = tiny_cnn(0);
+    let (xc, yc) = classification(2, 36, 3, 34);
+    let e = fit(
+        cnn,
+        LikelihoodKind::Categorical { classes: 3 },
+        &xc,
+        &yc,
+        &config(Structure::Full(FullConfig { max_params: 100 })),
+    );
+    assert!(matches!(e, Err(LaplaceError::TooLarge { structure: "full", .. })));
+    let e = format!("{}", e.unwrap_err());
+    assert!(e.contains("parameters") && e.contains("100"), "{e}");
+    // Probabilities for a regression model are refused.
+    assert!(post.class_probabilities(&x, fspace_core::ClassProbMethod::Probit, &mut rng(0)).is_err());
+}

@@ -1,0 +1,112 @@
+//! The layer structure that Kronecker-factored and block curvature approximations need.
+//!
+//! A weight layer (dense or convolutional) computes, at each of its `T` output positions `t`,
+//! `z_t = W ã_t` with `W` the `fan_out × (fan_in + 1)` matrix `[W | b]` and `ã_t = [a_t; 1]`
+//! (the layer input, or for a convolution the im2col patch at position `t`, with a 1 for the
+//! bias). The gradient of an output cotangent with respect to `[W | b]` is therefore
+//! `Σ_t δ_t ã_tᵀ`, where `δ_t = ∂(cotangent · f)/∂z_t`. [`LayerStatistics`] holds exactly those
+//! `ã_t` and `δ_t` for a batch, so a caller can build KFAC / KFC factors (Martens & Grosse
+//! 2015; Grosse & Martens 2016), EKFAC eigenvalue fits, per-example gradients and the
+//! per-layer Jacobian blocks without knowing the network's internals.
+
+use std::ops::Range;
+
+use nalgebra::DMatrix;
+use serde::{Deserialize, Serialize};
+
+/// What kind of weight layer a [`LayerInfo`] describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LayerKind {
+    /// A dense layer: one position.
+    Dense,
+    /// A convolution with `positions = H_out · W_out` output positions (before pooling);
+    /// `fan_in = C_in · k · k` (patch order: channel, row, column).
+    Conv {
+        /// Output positions `T`.
+        positions: usize,
+    },
+}
+
+/// One weight layer in the flat parameter vector: `W` (`fan_out × fan_in`, row-major) at
+/// `weight` and `b` (`fan_out`) at `bias`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerInfo {
+    /// Name (`layer0`, `conv1`, `dense0`, …).
+    pub name: String,
+    /// Kind (dense or convolution).
+    pub kind: LayerKind,
+    /// Range of `W` in the flat parameters.
+    pub weight: Range<usize>,
+    /// Range of `b` in the flat parameters.
+    pub bias: Range<usize>,
+    /// Inputs per position (without the bias's 1).
+    pub fan_in: usize,
+    /// Outputs per position.
+    pub fan_out: usize,
+}
+
+impl LayerInfo {
+    /// Output positions `T` (1 for a dense layer).
+    pub fn positions(&self) -> usize {
+        match self.kind {
+            LayerKind::Dense => 1,
+            LayerKind::Conv { positions } => positions,
+        }
+    }
+
+    /// Number of parameters `fan_out · (fan_in + 1)`.
+    pub fn n_params(&self) -> usize {
+        self.fan_out * (self.fan_in + 1)
+    }
+
+    /// Flat index of entry `(r, j)` of `[W | b]` (`j = fan_in` is the bias).
+    pub fn flat_index(&self, r: usize, j: usize) -> usize {
+        if j < self.fan_in {
+            self.weight.start + r * self.fan_in + j
+        } else {
+            self.bias.start + r
+        }
+    }
+
+    /// All flat indices of the layer in `[W | b]` row-major order (`r·(fan_in + 1) + j`): the
+    /// order in which Kronecker factors `G ⊗ A` index the layer.
+    pub fn kron_order(&self) -> Vec<usize> {
+        (0..self.fan_out).flat_map(|r| (0..=self.fan_in).map(move |j| self.flat_index(r, j))).collect()
+    }
+}
+
+/// Per-example statistics of one weight layer for a batch of `n` examples and `k` cotangent
+/// columns per example (the columns of per-point factors `Lᵢ` with `Hᵢ = LᵢLᵢᵀ`, or unit
+/// vectors for Jacobian rows).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerStatistics {
+    /// Output positions `T`.
+    pub positions: usize,
+    /// Cotangent columns per example `k`.
+    pub columns: usize,
+    /// Layer inputs (im2col patches for convolutions), `(n·T) × fan_in`, row `i·T + t`.
+    pub inputs: DMatrix<f64>,
+    /// Back-propagated pre-activation gradients, `(n·k·T) × fan_out`, row `(i·k + c)·T + t`.
+    pub output_grads: DMatrix<f64>,
+}
+
+impl LayerStatistics {
+    /// Examples `n` in the batch.
+    pub fn examples(&self) -> usize {
+        self.inputs.nrows() / self.positions.max(1)
+    }
+
+    /// The gradient of column `c` of example `i` with respect to `[W | b]`:
+    /// `Σ_t δ_{i,c,t} ã_{i,t}ᵀ` (`fan_out × (fan_in + 1)`).
+    pub fn example_gradient(&self, i: usize, c: usize) -> DMatrix<f64> {
+        let (t, fan_in, fan_out) = (self.positions, self.inputs.ncols(), self.output_grads.ncols());
+        let a = self.inputs.rows(i * t, t);
+        let d = self.output_grads.rows((i * self.columns + c) * t, t);
+        let mut g = DMatrix::zeros(fan_out, fan_in + 1);
+        g.columns_mut(0, fan_in).gemm_tr(1.0, &d, &a, 0.0); // Dᵀ A
+        for r in 0..fan_out {
+            g[(r, fan_in)] = d.column(r).sum();
+        }
+        g
+    }
+}
