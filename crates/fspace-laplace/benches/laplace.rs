@@ -1,1 +1,78 @@
-fn main() {}
+//! Criterion benchmarks of the Laplace structures on the workloads (W1 = sine toy,
+//! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801) and a sweep over the number of
+//! data points for KFAC. `cargo bench -p fspace-laplace`; peak memory per case:
+//! `cargo run --release -p fspace-laplace --example laplace_workloads`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, Structure};
+
+#[path = "support/workloads.rs"]
+mod workloads;
+
+fn config(structure: Structure) -> LaplaceConfig {
+    LaplaceConfig { structure, ..Default::default() }
+}
+
+fn w1(c: &mut Criterion) {
+    let w = workloads::w1();
+    let mut g = c.benchmark_group("w1");
+    g.sample_size(10);
+    g.bench_function("full_fit_marglik_predict1000", |b| {
+        b.iter(|| {
+            let mut post =
+                fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::full())).unwrap();
+            post.optimize_prior_precision(&MarglikConfig::default()).unwrap();
+            post.predict_glm(&w.x_test).unwrap()
+        })
+    });
+    for (name, s) in [
+        ("kfac", Structure::Kfac),
+        ("ekfac", Structure::Ekfac),
+        ("diag", Structure::Diag),
+        ("block_diag", Structure::block_diag()),
+        ("last_layer", Structure::last_layer()),
+    ] {
+        g.bench_function(format!("{name}_fit_predict1000"), |b| {
+            b.iter(|| {
+                let post = fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(s.clone())).unwrap();
+                post.predict_glm(&w.x_test).unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
+fn w2(c: &mut Criterion) {
+    let w = workloads::w2();
+    let mut g = c.benchmark_group("w2");
+    g.sample_size(10);
+    g.bench_function("kfac_fit", |b| {
+        b.iter(|| fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::Kfac)).unwrap())
+    });
+    let post = fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::Kfac)).unwrap();
+    g.bench_function("kfac_predict1000", |b| b.iter(|| post.predict_glm(&w.x_test).unwrap()));
+    g.bench_function("diag_fit", |b| {
+        b.iter(|| fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::Diag)).unwrap())
+    });
+    g.bench_function("low_rank100_fit", |b| {
+        b.iter(|| {
+            fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::low_rank(100))).unwrap()
+        })
+    });
+    g.finish();
+}
+
+fn kfac_sweep(c: &mut Criterion) {
+    let mut g = c.benchmark_group("kfac_fit_vs_n_2x200");
+    g.sample_size(10);
+    for n in [1_000, 4_000, 10_000] {
+        let w = workloads::workload(n, 200);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::Kfac)).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, w1, w2, kfac_sweep);
+criterion_main!(benches);

@@ -197,6 +197,25 @@ impl Data<'_> {
     }
 }
 
+/// Maps every chunk (in parallel, `threads` chunks at a time so memory stays bounded) and
+/// folds the results in chunk order, so sums are bit-identical run to run.
+pub(crate) fn for_chunks<T: Send>(
+    data: &Data,
+    map: impl Fn(usize, usize) -> Result<T> + Sync,
+    mut fold: impl FnMut(usize, usize, T) -> Result<()>,
+) -> Result<()> {
+    use rayon::prelude::*;
+    let chunks: Vec<(usize, usize)> = data.chunks().collect();
+    let width = rayon::current_num_threads().max(1);
+    for group in chunks.chunks(width) {
+        let parts: Vec<Result<T>> = group.par_iter().map(|&(s, l)| map(s, l)).collect();
+        for (&(s, l), part) in group.iter().zip(parts) {
+            fold(s, l, part?)?;
+        }
+    }
+    Ok(())
+}
+
 /// `R` rows `Lᵢ[:, c]ᵀ J(xᵢ)` (`len·k × p`) for a chunk: `RᵀR = Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`.
 fn whitened_jacobian<N: Network>(net: &N, data: &Data, start: usize, len: usize) -> Result<DMatrix<f64>> {
     let (q, k) = (net.output_dim(), data.k());
@@ -226,10 +245,14 @@ pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Res
     let nk = data.x.nrows() * data.k();
     if nk < p {
         let mut rt = DMatrix::zeros(p, nk);
-        for (start, len) in data.chunks() {
-            let r = whitened_jacobian(net, data, start, len)?;
-            rt.columns_mut(start * data.k(), len * data.k()).copy_from(&r.transpose());
-        }
+        for_chunks(
+            data,
+            |s, l| whitened_jacobian(net, data, s, l),
+            |start, len, r| {
+                rt.columns_mut(start * data.k(), len * data.k()).copy_from(&r.transpose());
+                Ok(())
+            },
+        )?;
         let svd = thin_svd_owned(rt)?;
         return Ok(EigenCurvature {
             label: "full".into(),
@@ -239,10 +262,14 @@ pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Res
         });
     }
     let mut ggn = DMatrix::zeros(p, p);
-    for (start, len) in data.chunks() {
-        let r = whitened_jacobian(net, data, start, len)?;
-        ggn.gemm_tr(1.0, &r, &r, 1.0);
-    }
+    for_chunks(
+        data,
+        |s, l| whitened_jacobian(net, data, s, l),
+        |_, _, r| {
+            ggn.gemm_tr(1.0, &r, &r, 1.0);
+            Ok(())
+        },
+    )?;
     let (values, vectors) = sym_eigh(&ggn)?;
     Ok(EigenCurvature { label: "full".into(), vectors, values: values.map(|v| v.max(0.0)), remainder: None })
 }
@@ -254,44 +281,58 @@ pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>>
     let infos = net.layer_infos();
     let mut diag = DVector::zeros(p);
     if infos.is_empty() {
-        for (start, len) in data.chunks() {
-            let r = whitened_jacobian(net, data, start, len)?;
-            for (j, col) in r.column_iter().enumerate() {
-                diag[j] += col.norm_squared();
-            }
-        }
+        for_chunks(
+            data,
+            |s, l| {
+                let r = whitened_jacobian(net, data, s, l)?;
+                Ok(DVector::from_iterator(r.ncols(), r.column_iter().map(|c| c.norm_squared())))
+            },
+            |_, _, part| {
+                diag += part;
+                Ok(())
+            },
+        )?;
         return Ok(diag);
     }
     let k = data.k();
-    for (start, len) in data.chunks() {
+    let per_chunk = |start: usize, len: usize| -> Result<Vec<DMatrix<f64>>> {
         let stats = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
-        for (info, st) in infos.iter().zip(&stats) {
-            let sq = if info.positions() == 1 {
-                // Σ_{i,c} δ²_{(i,c), r} ã²_{i, j}: rows of ã repeated per column c.
-                let a2 = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| {
-                    if j < info.fan_in {
-                        st.inputs[(row / k, j)].powi(2)
-                    } else {
-                        1.0
+        Ok(infos
+            .iter()
+            .zip(&stats)
+            .map(|(info, st)| {
+                if info.positions() == 1 {
+                    // Σ_{i,c} δ²_{(i,c), r} ã²_{i, j}: rows of ã repeated per column c.
+                    let a2 = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| {
+                        if j < info.fan_in {
+                            st.inputs[(row / k, j)].powi(2)
+                        } else {
+                            1.0
+                        }
+                    });
+                    st.output_grads.map(|d| d * d).tr_mul(&a2)
+                } else {
+                    let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
+                    for i in 0..len {
+                        for c in 0..k {
+                            acc += st.example_gradient(i, c).map(|g| g * g);
+                        }
                     }
-                });
-                st.output_grads.map(|d| d * d).tr_mul(&a2)
-            } else {
-                let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
-                for i in 0..len {
-                    for c in 0..k {
-                        acc += st.example_gradient(i, c).map(|g| g * g);
-                    }
+                    acc
                 }
-                acc
-            };
+            })
+            .collect())
+    };
+    for_chunks(data, per_chunk, |_, _, parts| {
+        for (info, sq) in infos.iter().zip(parts) {
             for r in 0..info.fan_out {
                 for j in 0..=info.fan_in {
                     diag[info.flat_index(r, j)] += sq[(r, j)];
                 }
             }
         }
-    }
+        Ok(())
+    })?;
     Ok(diag)
 }
 
@@ -322,13 +363,17 @@ pub(crate) fn block_diag<N: Network>(
         });
     }
     let mut grams: Vec<DMatrix<f64>> = blocks.iter().map(|b| DMatrix::zeros(b.len(), b.len())).collect();
-    for (start, len) in data.chunks() {
-        let r = whitened_jacobian(net, data, start, len)?;
-        for (b, g) in blocks.iter().zip(grams.iter_mut()) {
-            let rb = r.select_columns(b);
-            g.gemm_tr(1.0, &rb, &rb, 1.0);
-        }
-    }
+    for_chunks(
+        data,
+        |s, l| whitened_jacobian(net, data, s, l),
+        |_, _, r| {
+            for (b, g) in blocks.iter().zip(grams.iter_mut()) {
+                let rb = r.select_columns(b);
+                g.gemm_tr(1.0, &rb, &rb, 1.0);
+            }
+            Ok(())
+        },
+    )?;
     let mut out = Vec::new();
     let mut offset = 0;
     for g in grams {
@@ -372,21 +417,33 @@ pub(crate) fn kron<N: Network>(net: &N, data: &Data, ekfac: bool) -> Result<(Kro
     let mut a_fac: Vec<DMatrix<f64>> =
         infos.iter().map(|i| DMatrix::zeros(i.fan_in + 1, i.fan_in + 1)).collect();
     let mut g_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_out)).collect();
-    for (start, len) in data.chunks() {
-        let stats = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
-        for (l, st) in stats.iter().enumerate() {
-            let fi = st.inputs.ncols();
-            let a = &mut a_fac[l];
-            a.view_mut((0, 0), (fi, fi)).gemm_tr(1.0, &st.inputs, &st.inputs, 1.0);
-            let sums = st.inputs.row_sum();
-            for j in 0..fi {
-                a[(j, fi)] += sums[j];
-                a[(fi, j)] += sums[j];
-            }
-            a[(fi, fi)] += st.inputs.nrows() as f64;
-            g_fac[l].gemm_tr(1.0, &st.output_grads, &st.output_grads, 1.0);
+    let stats_of = |start: usize, len: usize| {
+        net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])
+    };
+    let factors_of = |start: usize, len: usize| -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
+        Ok(stats_of(start, len)?
+            .iter()
+            .map(|st| {
+                let fi = st.inputs.ncols();
+                let mut a = DMatrix::zeros(fi + 1, fi + 1);
+                a.view_mut((0, 0), (fi, fi)).gemm_tr(1.0, &st.inputs, &st.inputs, 0.0);
+                let sums = st.inputs.row_sum();
+                for j in 0..fi {
+                    a[(j, fi)] = sums[j];
+                    a[(fi, j)] = sums[j];
+                }
+                a[(fi, fi)] = st.inputs.nrows() as f64;
+                (a, st.output_grads.tr_mul(&st.output_grads))
+            })
+            .collect())
+    };
+    for_chunks(data, factors_of, |_, _, parts| {
+        for (l, (a, g)) in parts.into_iter().enumerate() {
+            a_fac[l] += a;
+            g_fac[l] += g;
         }
-    }
+        Ok(())
+    })?;
     let mut layers = Vec::with_capacity(infos.len());
     for ((info, a), g) in infos.iter().zip(a_fac).zip(g_fac) {
         let g = g / (n * info.positions()) as f64;
@@ -404,34 +461,47 @@ pub(crate) fn kron<N: Network>(net: &N, data: &Data, ekfac: bool) -> Result<(Kro
         let k = data.k();
         let mut fitted: Vec<DMatrix<f64>> =
             infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_in + 1)).collect();
-        for (start, len) in data.chunks() {
-            let stats = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
-            for (l, (st, info)) in stats.iter().zip(&infos).enumerate() {
-                let layer = &layers[l];
-                if info.positions() == 1 {
-                    // (Q_Gᵀ δ)_r² (Q_Aᵀ ã)_j² summed over (i, c): one GEMM.
-                    let ones = DMatrix::from_element(len, 1, 1.0);
-                    let at = DMatrix::from_fn(len, info.fan_in + 1, |i, j| {
-                        if j < info.fan_in {
-                            st.inputs[(i, j)]
-                        } else {
-                            ones[(i, 0)]
+        let layers_ref = &layers;
+        let fit_of = |start: usize, len: usize| -> Result<Vec<DMatrix<f64>>> {
+            let stats = stats_of(start, len)?;
+            Ok(stats
+                .iter()
+                .zip(&infos)
+                .zip(layers_ref)
+                .map(|((st, info), layer)| {
+                    if info.positions() == 1 {
+                        // (Q_Gᵀ δ)_r² (Q_Aᵀ ã)_j² summed over (i, c): one GEMM.
+                        let at = DMatrix::from_fn(len, info.fan_in + 1, |i, j| {
+                            if j < info.fan_in {
+                                st.inputs[(i, j)]
+                            } else {
+                                1.0
+                            }
+                        });
+                        let va = (at * &layer.a_vectors).map(|v| v * v);
+                        let va_rep = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| va[(row / k, j)]);
+                        let ug = (&st.output_grads * &layer.g_vectors).map(|v| v * v);
+                        ug.tr_mul(&va_rep)
+                    } else {
+                        let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
+                        for i in 0..len {
+                            for c in 0..k {
+                                let proj =
+                                    layer.g_vectors.tr_mul(&st.example_gradient(i, c)) * &layer.a_vectors;
+                                acc += proj.map(|v| v * v);
+                            }
                         }
-                    });
-                    let va = (at * &layer.a_vectors).map(|v| v * v);
-                    let va_rep = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| va[(row / k, j)]);
-                    let ug = (&st.output_grads * &layer.g_vectors).map(|v| v * v);
-                    fitted[l] += ug.tr_mul(&va_rep);
-                } else {
-                    for i in 0..len {
-                        for c in 0..k {
-                            let proj = layer.g_vectors.tr_mul(&st.example_gradient(i, c)) * &layer.a_vectors;
-                            fitted[l] += proj.map(|v| v * v);
-                        }
+                        acc
                     }
-                }
+                })
+                .collect())
+        };
+        for_chunks(data, fit_of, |_, _, parts| {
+            for (f, part) in fitted.iter_mut().zip(parts) {
+                *f += part;
             }
-        }
+            Ok(())
+        })?;
         for (layer, e) in layers.iter_mut().zip(fitted) {
             layer.fitted = Some(e);
         }
@@ -517,21 +587,25 @@ pub(crate) fn low_rank<N: Network>(
     crate::error::ensure_positive("low-rank tolerance", config.tol)?;
     let p = net.n_params();
     let k = config.rank.min(p);
-    let chunks: Vec<(usize, usize)> = data.chunks().collect();
-    let xs: Vec<DMatrix<f64>> = chunks.iter().map(|&(s, l)| data.rows(s, l)).collect();
+    let xs: Vec<DMatrix<f64>> = data.chunks().map(|(s, l)| data.rows(s, l)).collect();
     let failure = std::sync::Mutex::new(None);
     let op = FnOperator::new(p, |v: &DVector<f64>| {
         let mut out = DVector::zeros(p);
-        for (&(s, l), x) in chunks.iter().zip(&xs) {
-            match net.ggn_vector_product(x, &data.hessians[s..s + l], v) {
-                Ok(g) => out += g,
-                Err(e) => {
-                    *failure.lock().expect("not poisoned") = Some(e);
-                    return DVector::from_element(p, f64::NAN);
-                }
+        let result = for_chunks(
+            data,
+            |s, l| Ok(net.ggn_vector_product(&xs[s / data.chunk], &data.hessians[s..s + l], v)?),
+            |_, _, g| {
+                out += g;
+                Ok(())
+            },
+        );
+        match result {
+            Ok(()) => out,
+            Err(e) => {
+                *failure.lock().expect("not poisoned") = Some(e);
+                DVector::from_element(p, f64::NAN)
             }
         }
-        out
     });
     let mut m = (k + k / 2 + 10).min(p).min(config.max_iterations.max(k));
     loop {
@@ -545,7 +619,7 @@ pub(crate) fn low_rank<N: Network>(
         };
         let dec = lanczos(&op, &cfg);
         if let Some(e) = failure.lock().expect("not poisoned").take() {
-            return Err(e.into());
+            return Err(e);
         }
         let dec = dec?;
         let (theta, vectors) = dec.ritz();

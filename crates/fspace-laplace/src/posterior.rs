@@ -468,9 +468,21 @@ impl<N: Network> LaplacePosterior<N> {
         for s in (0..x.nrows()).step_by(chunk) {
             let l = chunk.min(x.nrows() - s);
             let xc = x.rows(s, l).into_owned();
+            let layered = !self.net.layer_infos().is_empty();
+            let all_params = self.indices.len() == self.net.n_params()
+                && self.indices.iter().enumerate().all(|(a, &b)| a == b);
+            let iso = self.lambdas.iter().all(|&l| l == self.lambdas[0]);
             match &self.curvature {
                 Curvature::Kron(k) => {
                     out.extend(crate::predict::kron_covariances(&self.net, k, &lam, t, &xc)?)
+                }
+                Curvature::Diag(d) if layered => {
+                    out.extend(crate::predict::diag_covariances(&self.net, &d.diag, &lam, t, &xc)?)
+                }
+                Curvature::Eigen(e) if layered && all_params && iso && e.remainder.is_none() => {
+                    let l = self.lambdas[0];
+                    let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
+                    out.extend(crate::predict::eigen_covariances(&self.net, &e.vectors, &c, l, &xc)?)
                 }
                 Curvature::Eigen(e) if e.label == "last_layer" => {
                     let js = crate::predict::last_layer_jacobian(&self.net, &xc)?;

@@ -50,16 +50,23 @@ pub(crate) fn subset_jacobian<N: Network>(
     Ok(jac.select_columns(post.indices()))
 }
 
-/// KFAC / EKFAC covariances from the layer statistics at `x` (unit cotangents, `k = d'`): in
-/// each layer's Kronecker eigenbasis the Jacobian block of output `o` is
-/// `P_o = Q_Gᵀ (Σ_t δ_{o,t} ã_tᵀ) Q_A`, and `cov[o, o'] += Σ_{rj} P_o P_o' / (T·E + λ)`. Dense
-/// layers have `P_o = (Q_Gᵀδ_o)(Q_Aᵀã)ᵀ`, so the sum is `Σ_r u_{o,r} u_{o',r} w_r` with
-/// `w = (1/(T·E + λ)) (Q_Aᵀã)²` — a GEMM per layer for the whole chunk.
-pub(crate) fn kron_covariances<N: Network>(
+/// One layer's view for [`layerwise_covariances`]: rotations `Q_G`, `Q_A` (identity if `None`)
+/// and the inverse precision eigenvalues `1/(T·E + λ)` (`fan_out × (fan_in + 1)`).
+pub(crate) struct LayerView<'a> {
+    pub q_g: Option<&'a DMatrix<f64>>,
+    pub q_a: Option<&'a DMatrix<f64>>,
+    pub inv: DMatrix<f64>,
+}
+
+/// `cov_i[o, o'] = Σ_l Σ_{rj} P_{io}[r,j] P_{io'}[r,j] · inv_l[r,j]` with
+/// `P_{io} = Q_Gᵀ (Σ_t δ_{io,t} ã_tᵀ) Q_A` the layer's Jacobian block of output `o` in its
+/// eigenbasis, from the layer statistics at `x` (unit cotangents, `k = d'`). Dense layers have
+/// `P = (Q_Gᵀδ)(Q_Aᵀã)ᵀ`, so the sum is `Σ_r u_{o,r} u_{o',r} w_r` with `w = inv · (Q_Aᵀã)²`: a
+/// GEMM per layer for the whole chunk. Exact for KFAC / EKFAC (their covariance is diagonal in
+/// that basis) and for the diagonal structure (`Q = I`).
+pub(crate) fn layerwise_covariances<N: Network>(
     net: &N,
-    kron: &KronCurvature,
-    lam: &DVector<f64>,
-    t: f64,
+    views: &[LayerView],
     x: &DMatrix<f64>,
 ) -> Result<Vec<DMatrix<f64>>> {
     let q = net.output_dim();
@@ -67,25 +74,27 @@ pub(crate) fn kron_covariances<N: Network>(
     let eye = vec![DMatrix::identity(q, q); m];
     let stats = net.kfac_statistics(x, &eye)?;
     let infos = net.layer_infos();
-    if stats.len() != kron.layers.len() {
+    if stats.len() != views.len() {
         return Err(LaplaceError::DimensionMismatch {
-            what: "KFAC layers vs network layers",
-            expected: kron.layers.len(),
+            what: "curvature layers vs network layers",
+            expected: views.len(),
             found: stats.len(),
         });
     }
     let mut cov = vec![DMatrix::zeros(q, q); m];
-    let mut offset = 0;
-    for ((layer, st), info) in kron.layers.iter().zip(&stats).zip(&infos) {
-        let (r, c) = layer.shape();
-        let l = lam[offset];
-        offset += r * c;
-        let inv = layer.eigenvalues().map(|e| 1.0 / (t * e.max(0.0) + l));
+    for ((view, st), info) in views.iter().zip(&stats).zip(&infos) {
+        let (r, c) = view.inv.shape();
         if is_dense(info.kind) {
             let at = DMatrix::from_fn(m, c, |i, j| if j < c - 1 { st.inputs[(i, j)] } else { 1.0 });
-            let v2 = (at * &layer.a_vectors).map(|v| v * v); // m × c
-            let w = v2 * inv.transpose(); // m × r
-            let u = &st.output_grads * &layer.g_vectors; // m·q × r
+            let v = match view.q_a {
+                Some(qa) => at * qa,
+                None => at,
+            };
+            let w = v.map(|v| v * v) * view.inv.transpose(); // m × r
+            let u = match view.q_g {
+                Some(qg) => &st.output_grads * qg,
+                None => st.output_grads.clone(),
+            }; // m·q × r
             for (i, ci) in cov.iter_mut().enumerate() {
                 for o in 0..q {
                     for o2 in o..q {
@@ -100,10 +109,20 @@ pub(crate) fn kron_covariances<N: Network>(
         } else {
             for (i, ci) in cov.iter_mut().enumerate() {
                 let proj: Vec<DMatrix<f64>> = (0..q)
-                    .map(|o| layer.g_vectors.tr_mul(&st.example_gradient(i, o)) * &layer.a_vectors)
+                    .map(|o| {
+                        let g = st.example_gradient(i, o);
+                        let g = match view.q_g {
+                            Some(qg) => qg.tr_mul(&g),
+                            None => g,
+                        };
+                        match view.q_a {
+                            Some(qa) => g * qa,
+                            None => g,
+                        }
+                    })
                     .collect();
                 for o in 0..q {
-                    let scaled = proj[o].component_mul(&inv);
+                    let scaled = proj[o].component_mul(&view.inv);
                     for o2 in o..q {
                         let s = scaled.dot(&proj[o2]);
                         ci[(o, o2)] += s;
@@ -114,6 +133,136 @@ pub(crate) fn kron_covariances<N: Network>(
                 }
             }
         }
+    }
+    Ok(cov)
+}
+
+/// KFAC / EKFAC covariances (see [`layerwise_covariances`]).
+pub(crate) fn kron_covariances<N: Network>(
+    net: &N,
+    kron: &KronCurvature,
+    lam: &DVector<f64>,
+    t: f64,
+    x: &DMatrix<f64>,
+) -> Result<Vec<DMatrix<f64>>> {
+    let mut offset = 0;
+    let views: Vec<LayerView> = kron
+        .layers
+        .iter()
+        .map(|layer| {
+            let (r, c) = layer.shape();
+            let l = lam[offset];
+            offset += r * c;
+            LayerView {
+                q_g: Some(&layer.g_vectors),
+                q_a: Some(&layer.a_vectors),
+                inv: layer.eigenvalues().map(|e| 1.0 / (t * e.max(0.0) + l)),
+            }
+        })
+        .collect();
+    layerwise_covariances(net, &views, x)
+}
+
+/// Diagonal-structure covariances (coordinates = flat parameters), layer by layer with `Q = I`.
+pub(crate) fn diag_covariances<N: Network>(
+    net: &N,
+    diag: &DVector<f64>,
+    lam: &DVector<f64>,
+    t: f64,
+    x: &DMatrix<f64>,
+) -> Result<Vec<DMatrix<f64>>> {
+    let views: Vec<LayerView> = net
+        .layer_infos()
+        .iter()
+        .map(|info| LayerView {
+            q_g: None,
+            q_a: None,
+            inv: DMatrix::from_fn(info.fan_out, info.fan_in + 1, |r, j| {
+                let i = info.flat_index(r, j);
+                1.0 / (t * diag[i] + lam[i])
+            }),
+        })
+        .collect();
+    layerwise_covariances(net, &views, x)
+}
+
+/// Covariances of an isotropic eigen structure over all parameters (full, low-rank):
+/// `Σ = V diag(c) Vᵀ + I/λ` with `c = 1/(T s + λ) − 1/λ`, so
+/// `cov_i = (J_i V) diag(c) (J_i V)ᵀ + J_i J_iᵀ / λ`. `J_i V` is computed per layer from the
+/// statistics (`Ã [V_{l,1}ᵀ … V_{l,k}ᵀ]`, one GEMM, then contracted with `δ`) and `J_i J_iᵀ`
+/// with unit weights — no `m·d' × p` Jacobian.
+pub(crate) fn eigen_covariances<N: Network>(
+    net: &N,
+    vectors: &DMatrix<f64>,
+    c: &DVector<f64>,
+    lambda: f64,
+    x: &DMatrix<f64>,
+) -> Result<Vec<DMatrix<f64>>> {
+    let q = net.output_dim();
+    let m = x.nrows();
+    let k = vectors.ncols();
+    let infos = net.layer_infos();
+    let ones: Vec<LayerView> = infos
+        .iter()
+        .map(|info| LayerView {
+            q_g: None,
+            q_a: None,
+            inv: DMatrix::from_element(info.fan_out, info.fan_in + 1, 1.0),
+        })
+        .collect();
+    let mut cov = layerwise_covariances(net, &ones, x)?;
+    for ci in cov.iter_mut() {
+        *ci /= lambda;
+    }
+    let eye = vec![DMatrix::identity(q, q); m];
+    let stats = net.kfac_statistics(x, &eye)?;
+    let mut jv = DMatrix::zeros(m * q, k);
+    for (info, st) in infos.iter().zip(&stats) {
+        let (fo, c1) = (info.fan_out, info.fan_in + 1);
+        // Column block j of `stack` is V_{l,j}ᵀ ((fan_in + 1) × fan_out).
+        let mut stack = DMatrix::zeros(c1, fo * k);
+        for j in 0..k {
+            for r in 0..fo {
+                for jj in 0..c1 {
+                    stack[(jj, j * fo + r)] = vectors[(info.flat_index(r, jj), j)];
+                }
+            }
+        }
+        if is_dense(info.kind) {
+            let at = DMatrix::from_fn(m, c1, |i, j| if j < c1 - 1 { st.inputs[(i, j)] } else { 1.0 });
+            let mm = at * &stack; // m × fo·k
+            for i in 0..m {
+                for o in 0..q {
+                    let d = st.output_grads.row(i * q + o);
+                    for j in 0..k {
+                        jv[(i * q + o, j)] += (0..fo).map(|r| d[r] * mm[(i, j * fo + r)]).sum::<f64>();
+                    }
+                }
+            }
+        } else {
+            for i in 0..m {
+                for o in 0..q {
+                    let g = st.example_gradient(i, o);
+                    for j in 0..k {
+                        let mut s = 0.0;
+                        for r in 0..fo {
+                            for jj in 0..c1 {
+                                s += g[(r, jj)] * stack[(jj, j * fo + r)];
+                            }
+                        }
+                        jv[(i * q + o, j)] += s;
+                    }
+                }
+            }
+        }
+    }
+    for (i, ci) in cov.iter_mut().enumerate() {
+        let rows = jv.rows(i * q, q);
+        let mut scaled = rows.clone_owned();
+        for (j, mut col) in scaled.column_iter_mut().enumerate() {
+            col *= c[j];
+        }
+        *ci += scaled * rows.transpose();
     }
     Ok(cov)
 }

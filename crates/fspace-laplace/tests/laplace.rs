@@ -345,13 +345,53 @@ fn marginal_likelihood_and_its_optimum_equal_a_dense_evaluation() {
     }
 }
 
+/// `J Σ Jᵀ` densely vs the posterior's GLM covariances (per point and joint) for a prior given
+/// per layer (`lam_layers`) or as one value.
+fn check_glm<N: Network + Clone>(
+    post: &mut LaplacePosterior<N>,
+    xt: &DMatrix<f64>,
+    lam_layers: &[f64],
+    scalar: bool,
+) -> f64 {
+    let q = post.network().output_dim();
+    let infos = post.network().layer_infos();
+    let prior = if scalar {
+        PriorPrecision::Scalar(lam_layers[0])
+    } else {
+        PriorPrecision::PerLayer(lam_layers.to_vec())
+    };
+    post.set_prior_precision(prior).unwrap();
+    post.set_temperature(0.7).unwrap();
+    let lam = DVector::from_iterator(
+        post.indices().len(),
+        post.indices().iter().map(|&i| {
+            let g = infos.iter().position(|l| l.weight.contains(&i) || l.bias.contains(&i)).unwrap();
+            if scalar {
+                lam_layers[0]
+            } else {
+                lam_layers[g]
+            }
+        }),
+    );
+    let sigma = (post.curvature().to_dense() * 0.7 + DMatrix::from_diagonal(&lam)).try_inverse().unwrap();
+    let js = post.network().jacobian(xt).unwrap().select_columns(post.indices());
+    let cov = &js * sigma * js.transpose();
+    let covs = post.glm_covariances(xt).unwrap();
+    let mut worst = 0.0f64;
+    for i in 0..xt.nrows() {
+        let block = cov.view((i * q, i * q), (q, q)).into_owned();
+        worst = worst.max((&covs[i] - &block).abs().max() / block.abs().max());
+    }
+    let (_, joint) = post.predict_joint(xt).unwrap();
+    worst.max(rel_frob(&joint, &cov))
+}
+
 #[test]
 fn glm_predictive_equals_dense_j_sigma_jt_for_every_structure() {
     let net = mlp(2, vec![5, 4], 3, 15);
     let (x, y) = classification(12, 2, 3, 16);
     let (xt, _) = classification(6, 2, 3, 17);
     let lik = LikelihoodKind::Categorical { classes: 3 };
-    let jac = net.jacobian(&xt).unwrap();
     for s in [
         Structure::full(),
         Structure::Diag,
@@ -362,23 +402,23 @@ fn glm_predictive_equals_dense_j_sigma_jt_for_every_structure() {
         Structure::low_rank(8),
     ] {
         let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
-        post.set_prior_precision(PriorPrecision::PerLayer(vec![0.5, 1.5, 3.0])).unwrap();
-        post.set_temperature(0.7).unwrap();
-        let c = post.curvature().to_dense();
-        let lam = DVector::from_vec(per_coordinate(&post, &[0.5, 1.5, 3.0]));
-        let sigma = (c * 0.7 + DMatrix::from_diagonal(&lam)).try_inverse().unwrap();
-        let js = jac.select_columns(post.indices());
-        let cov = &js * sigma * js.transpose();
-        let covs = post.glm_covariances(&xt).unwrap();
-        let mut worst = 0.0f64;
-        for i in 0..6 {
-            let block = cov.view((i * 3, i * 3), (3, 3)).into_owned();
-            worst = worst.max((&covs[i] - &block).abs().max() / block.abs().max());
+        // Per-layer λ takes the Jacobian/Woodbury route for the eigen structures, a scalar λ
+        // the layer-statistics route.
+        for scalar in [false, true] {
+            let err = check_glm(&mut post, &xt, &[0.5, 1.5, 3.0], scalar);
+            println!("{} (scalar λ: {scalar}): GLM covariance rel err {err:.2e}", post.curvature().name());
+            assert!(err < 1e-9);
         }
-        let (_, joint) = post.predict_joint(&xt).unwrap();
-        let joint_err = rel_frob(&joint, &cov);
-        println!("{}: GLM covariance rel err {worst:.2e}, joint {joint_err:.2e}", post.curvature().name());
-        assert!(worst < 1e-9 && joint_err < 1e-9);
+    }
+    // The CNN: convolution layers take the per-example-gradient branch.
+    let cnn = tiny_cnn(5);
+    let (xc, yc) = classification(5, 36, 3, 18);
+    let (xct, _) = classification(3, 36, 3, 19);
+    for s in [Structure::full(), Structure::Diag, Structure::Kfac, Structure::Ekfac, Structure::low_rank(6)] {
+        let mut post = fit_with(cnn.clone(), lik.clone(), &xc, &yc, s);
+        let err = check_glm(&mut post, &xct, &[0.5, 1.5, 3.0], true);
+        println!("CNN {}: GLM covariance rel err {err:.2e}", post.curvature().name());
+        assert!(err < 1e-9);
     }
 }
 
