@@ -172,3 +172,79 @@ pub fn heatmaps(path: &Path, maps: &[Heatmap], cols: usize) -> Result<()> {
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// One line chart panel: named series of `(x, y)` points, optionally on a log-scaled x axis.
+pub struct LinePanel {
+    /// Panel title.
+    pub title: String,
+    /// Axis labels `(x, y)`.
+    pub labels: (String, String),
+    /// `(name, points)` per series.
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+    /// Plot `log10 x` (ticks show log10 values).
+    pub log_x: bool,
+}
+
+const LINE_COLOURS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+/// Draws line-chart panels side by side in `cols` columns (each 520×360 px), with a legend.
+pub fn line_panels(path: &Path, panels: &[LinePanel], cols: usize) -> Result<()> {
+    register_font();
+    let rows = panels.len().div_ceil(cols);
+    let root = BitMapBackend::new(path, (520 * cols as u32, 360 * rows as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    for (area, p) in root.split_evenly((rows, cols)).iter().zip(panels) {
+        let tx = |x: f64| if p.log_x { x.log10() } else { x };
+        let pts = p.series.iter().flat_map(|s| s.1.iter());
+        let (mut x0, mut x1, mut y0, mut y1) =
+            (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
+        for &(x, y) in pts {
+            x0 = x0.min(tx(x));
+            x1 = x1.max(tx(x));
+            y0 = y0.min(y);
+            y1 = y1.max(y);
+        }
+        let pad = ((y1 - y0) * 0.08).max(1e-6);
+        let mut chart = ChartBuilder::on(area)
+            .caption(&p.title, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(50)
+            .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(p.labels.0.as_str())
+            .y_desc(p.labels.1.as_str())
+            .label_style(("sans-serif", 12))
+            .draw()
+            .map_err(err)?;
+        for (i, (name, pts)) in p.series.iter().enumerate() {
+            let c = LINE_COLOURS[i % LINE_COLOURS.len()];
+            chart
+                .draw_series(LineSeries::new(pts.iter().map(|&(x, y)| (tx(x), y)), c.stroke_width(2)))
+                .map_err(err)?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+            chart
+                .draw_series(pts.iter().map(|&(x, y)| Circle::new((tx(x), y), 3, c.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}

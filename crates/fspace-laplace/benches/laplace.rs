@@ -2,6 +2,7 @@
 //! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801) and a sweep over the number of
 //! data points for KFAC. `cargo bench -p fspace-laplace`; peak memory per case:
 //! `cargo run --release -p fspace-laplace --example laplace_workloads`.
+#![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, Structure};

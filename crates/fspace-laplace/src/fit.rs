@@ -362,23 +362,41 @@ pub(crate) fn block_diag<N: Network>(
             limit: config.max_block_params,
         });
     }
-    let mut grams: Vec<DMatrix<f64>> = blocks.iter().map(|b| DMatrix::zeros(b.len(), b.len())).collect();
+    // A block with fewer whitened Jacobian rows (n·k) than parameters is factorised by the thin
+    // SVD of its rows (exact, O(block·(nk)²)); otherwise its dense Gram is accumulated and
+    // eigendecomposed (O(block³)).
+    let nk = data.x.nrows() * data.k();
+    let by_svd: Vec<bool> = blocks.iter().map(|b| nk < b.len()).collect();
+    let mut grams: Vec<DMatrix<f64>> = blocks
+        .iter()
+        .zip(&by_svd)
+        .map(|(b, &svd)| if svd { DMatrix::zeros(b.len(), nk) } else { DMatrix::zeros(b.len(), b.len()) })
+        .collect();
     for_chunks(
         data,
         |s, l| whitened_jacobian(net, data, s, l),
-        |_, _, r| {
-            for (b, g) in blocks.iter().zip(grams.iter_mut()) {
+        |start, len, r| {
+            for ((b, g), &svd) in blocks.iter().zip(grams.iter_mut()).zip(&by_svd) {
                 let rb = r.select_columns(b);
-                g.gemm_tr(1.0, &rb, &rb, 1.0);
+                if svd {
+                    g.columns_mut(start * data.k(), len * data.k()).copy_from(&rb.transpose());
+                } else {
+                    g.gemm_tr(1.0, &rb, &rb, 1.0);
+                }
             }
             Ok(())
         },
     )?;
     let mut out = Vec::new();
     let mut offset = 0;
-    for g in grams {
-        let (values, vectors) = sym_eigh(&g)?;
+    for (g, svd) in grams.into_iter().zip(by_svd) {
         let dim = g.nrows();
+        let (values, vectors) = if svd {
+            let f = thin_svd_owned(g)?;
+            (f.s.map(|s| s * s), f.u)
+        } else {
+            sym_eigh(&g)?
+        };
         out.push((
             offset,
             EigenCurvature {

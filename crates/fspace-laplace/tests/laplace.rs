@@ -94,6 +94,20 @@ fn diag_block_diag_full_and_last_layer_equal_the_dense_ggn() {
     println!("block-diag rel err {err:.2e}");
     assert!(err < 1e-10);
 
+    // Blocks larger than n·d' = 21 (the 8×8 layer's 72) take the thin-SVD route.
+    let wide = mlp(2, vec![8, 8], 3, 9);
+    let ggn_w = dense_ggn(&wide, lik.build().unwrap().as_ref(), &x, &y);
+    let bdw = fit_with(wide.clone(), lik.clone(), &x, &y, Structure::block_diag());
+    let mut expected = DMatrix::zeros(wide.n_params(), wide.n_params());
+    let mut o = 0;
+    for b in layer_blocks(&wide) {
+        expected.view_mut((o, o), (b.len(), b.len())).copy_from(&restrict(&ggn_w, &b));
+        o += b.len();
+    }
+    let err = rel_frob(&bdw.curvature().to_dense(), &expected);
+    println!("block-diag (SVD route for the 72-parameter block) rel err {err:.2e}");
+    assert!(err < 1e-10);
+
     // n·d' = 21 < p: the thin-SVD route.
     let full = fit_with(net.clone(), lik.clone(), &x, &y, Structure::full());
     let err = (full.curvature().to_dense() - restrict(&ggn, full.indices())).norm() / scale;

@@ -8,6 +8,9 @@ mod fsp_ablation;
 mod fsp_moons;
 mod fsp_null_space;
 mod fsp_toy;
+mod gl_cubic;
+mod gl_mnist;
+pub mod images;
 
 /// Command-line options every experiment receives.
 pub struct Options {
@@ -58,6 +61,18 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table C.2 (‖P₀ΛP₀ᵀ‖_F / ‖Λ‖_F)",
         in_default_suite: true,
         run: fsp_null_space::run,
+    },
+    Experiment {
+        name: "gl-cubic-toy",
+        paper: "Generalized Laplace Fig. 2 (cubic toy: Diag, KFAC, EKFAC, B-Diag, full GGN)",
+        in_default_suite: true,
+        run: gl_cubic::run,
+    },
+    Experiment {
+        name: "gl-mnist-temperature",
+        paper: "Generalized Laplace Fig. 3, 5 (LeNet-5 on MNIST, T from 0.1 to 10, Diag/KFAC/EKFAC)",
+        in_default_suite: false,
+        run: gl_mnist::run,
     },
 ];
 
