@@ -82,6 +82,13 @@ pub enum Predictive {
     },
 }
 
+impl Predictive {
+    /// The Generalized Laplace paper's nonlinear predictive: 50 weight samples (eq. 22).
+    pub fn nonlinear(seed: u64) -> Self {
+        Self::Nonlinear { samples: 50, seed }
+    }
+}
+
 /// Options of [`fit`].
 ///
 /// | name | default | purpose |

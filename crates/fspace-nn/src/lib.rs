@@ -33,7 +33,12 @@
 //!   `J·u`, `Jᵀ·V` and the Jacobian written as explicit per-image rules (dfdx 0.13's conv2d
 //!   needs its nightly feature), parallel over images;
 //!
-//! Not yet: second-order operators (`jsj_pullback`, NTK input gradients, KFAC) for the CNN;
+//! * layer structure for curvature approximations ([`Network::layer_infos`],
+//!   [`Network::kfac_statistics`] → [`LayerStatistics`]: layer inputs / im2col patches and
+//!   per-position output gradients, Grosse & Martens's KFC ingredients for convolutions;
+//!   [`Network::last_layer_features`]) for the MLP and the CNN;
+//!
+//! Not yet: second-order operators (`jsj_pullback`, NTK input gradients) for the CNN;
 //! a forward-over-forward `J·u` for the Helmholtz net (it uses its explicit Jacobian).
 
 mod cnn;
