@@ -19,8 +19,8 @@ fn mlp(d: usize, hidden: Vec<usize>, q: usize, seed: u64) -> Mlp {
 /// Regression data for a `d → 1` net and classification data for a `d → q` net.
 fn regression(n: usize, d: usize, seed: u64) -> (DMatrix<f64>, DVector<f64>) {
     let mut r = rng(seed);
-    let x = DMatrix::from_fn(n, d, |_, _| r.gen_range(-2.0..2.0));
-    let y = DVector::from_fn(n, |i, _| (x.row(i).sum() as f64).sin() + 0.1 * r.gen_range(-1.0f64..1.0));
+    let x: DMatrix<f64> = DMatrix::from_fn(n, d, |_, _| r.gen_range(-2.0..2.0));
+    let y = DVector::from_fn(n, |i, _| x.row(i).sum().sin() + 0.1 * r.gen_range(-1.0f64..1.0));
     (x, y)
 }
 

@@ -28,6 +28,21 @@ use super::{linspace, tanh_mlp, Options};
 use crate::plot::{regression_panels, Panel1d};
 use crate::report::{fmt, markdown_table, Run};
 
+/// One structure's numbers.
+#[derive(Clone, Copy)]
+struct Row {
+    name: &'static str,
+    std_in: f64,
+    std_out: f64,
+    mc_in: f64,
+    mc_out: f64,
+    log_z: f64,
+    lambda_best: f64,
+    log_z_best: f64,
+    frob_last: f64,
+    fit_ms: f64,
+}
+
 /// Mean of `v` over the indices where `keep(x)` holds.
 fn mean_where(xs: &[f64], v: &[f64], keep: impl Fn(f64) -> bool) -> f64 {
     let sel: Vec<f64> = xs.iter().zip(v).filter(|(x, _)| keep(**x)).map(|(_, s)| *s).collect();
@@ -149,47 +164,57 @@ pub fn run(opts: &Options) -> Result<()> {
             samples: draws.iter().take(10).map(scaled).collect(),
             context: vec![],
         });
-        per.push((name, s_in, s_out, mc_in, mc_out, log_z, lambda_best, log_z_best, frob_last, fit_ms));
+        per.push(Row {
+            name,
+            std_in: s_in,
+            std_out: s_out,
+            mc_in,
+            mc_out,
+            log_z,
+            lambda_best,
+            log_z_best,
+            frob_last,
+            fit_ms,
+        });
     }
-    let full = per.iter().find(|p| p.0 == "full").expect("full ran").clone();
+    let full = *per.iter().find(|p| p.name == "full").expect("full ran");
     let mut metrics = Map::new();
     let mut rows = Vec::new();
     for p in &per {
-        let (name, s_in, s_out, mc_in, mc_out, log_z, lam, log_z_best, frob, ms) = *p;
         metrics.insert(
-            name.into(),
+            p.name.into(),
             json!({
-                "std_in": s_in, "std_out": s_out,
-                "std_in_over_full": s_in / full.1, "std_out_over_full": s_out / full.2,
-                "mc_std_in": mc_in, "mc_std_out": mc_out,
-                "log_marglik_at_weight_decay": log_z, "marglik_lambda": lam, "log_marglik_at_optimum": log_z_best,
-                "last_layer_curvature_frobenius": frob, "fit_ms": ms,
+                "std_in": p.std_in, "std_out": p.std_out,
+                "std_in_over_full": p.std_in / full.std_in, "std_out_over_full": p.std_out / full.std_out,
+                "mc_std_in": p.mc_in, "mc_std_out": p.mc_out,
+                "log_marglik_at_weight_decay": p.log_z, "marglik_lambda": p.lambda_best, "log_marglik_at_optimum": p.log_z_best,
+                "last_layer_curvature_frobenius": p.frob_last, "fit_ms": p.fit_ms,
             }),
         );
         rows.push(vec![
-            name.to_string(),
-            fmt(s_in),
-            fmt(s_out),
-            fmt(s_in / full.1),
-            fmt(s_out / full.2),
-            fmt(mc_in),
-            fmt(mc_out),
-            fmt(log_z),
-            fmt(lam),
-            fmt(frob),
-            format!("{ms:.1}"),
+            p.name.to_string(),
+            fmt(p.std_in),
+            fmt(p.std_out),
+            fmt(p.std_in / full.std_in),
+            fmt(p.std_out / full.std_out),
+            fmt(p.mc_in),
+            fmt(p.mc_out),
+            fmt(p.log_z),
+            fmt(p.lambda_best),
+            fmt(p.frob_last),
+            format!("{:.1}", p.fit_ms),
         ]);
     }
     // Orders of the non-full structures, smallest uncertainty first, by three measures.
-    let order_by = |key: fn(&(&str, f64, f64, f64, f64, f64, f64, f64, f64, f64)) -> f64| -> Vec<&str> {
-        let mut v: Vec<_> = per.iter().filter(|p| p.0 != "full").collect();
+    let order_by = |key: fn(&Row) -> f64| -> Vec<&str> {
+        let mut v: Vec<&Row> = per.iter().filter(|p| p.name != "full").collect();
         v.sort_by(|a, b| key(a).total_cmp(&key(b)));
-        v.iter().map(|p| p.0).collect()
+        v.iter().map(|p| p.name).collect()
     };
     let orders = [
-        ("GLM std on the data range", order_by(|p| p.1)),
-        ("GLM std outside the data", order_by(|p| p.2)),
-        ("MC std on the data range", order_by(|p| p.3)),
+        ("GLM std on the data range", order_by(|p| p.std_in)),
+        ("GLM std outside the data", order_by(|p| p.std_out)),
+        ("MC std on the data range", order_by(|p| p.mc_in)),
     ];
     let paper_order = ["kfac", "diag", "ekfac", "block_diag"];
     for (what, o) in &orders {
