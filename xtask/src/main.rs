@@ -137,4 +137,30 @@ mod tests {
         assert!(dir.join("log.txt").exists());
         let _ = std::fs::remove_dir_all(&out);
     }
+
+    #[test]
+    fn the_cubic_toy_runs_end_to_end_in_quick_mode() {
+        // Generalized Laplace Fig. 2 with every structure: the full GGN's GLM std is the
+        // reference (ratio 1), every structure's uncertainty is finite and positive, plots exist.
+        let out = std::env::temp_dir().join(format!("fspace-xtask-cubic-{}", std::process::id()));
+        let opts = Options {
+            names: vec!["gl-cubic-toy".into()],
+            quick: true,
+            seed: 0,
+            out: out.to_string_lossy().into_owned(),
+        };
+        reproduce(&opts).unwrap();
+        let dir = out.join("gl-cubic-toy");
+        let metrics: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
+        assert_eq!(metrics["full"]["std_in_over_full"].as_f64(), Some(1.0));
+        for s in ["diag", "kfac", "ekfac", "block_diag", "full"] {
+            for key in ["std_in", "std_out", "mc_std_in", "marglik_lambda"] {
+                let v = metrics[s][key].as_f64().unwrap();
+                assert!(v.is_finite() && v > 0.0, "{s}/{key}: {v}");
+            }
+        }
+        assert!(dir.join("predictive.png").exists() && dir.join("predictive_mc.png").exists());
+        let _ = std::fs::remove_dir_all(&out);
+    }
 }
