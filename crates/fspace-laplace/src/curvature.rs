@@ -87,7 +87,7 @@ impl EigenCurvature {
         for (j, mut col) in vd.column_iter_mut().enumerate() {
             col *= (t * self.values[j].max(0.0)).sqrt();
         }
-        let m = DMatrix::identity(w.ncols(), w.ncols()) + vd.tr_mul(&w);
+        let m = DMatrix::identity(w.ncols(), w.ncols()) + vd.transpose() * &w;
         let chol = m.cholesky().ok_or(LaplaceError::Linalg(fspace_linalg::LinalgError::CholeskyFailed {
             what: "Woodbury capacitance matrix I + D^½VᵀB⁻¹VD^½ of the posterior precision",
             max_jitter: 0.0,
@@ -103,7 +103,7 @@ impl Woodbury {
             col.component_div_assign(&self.base);
         }
         // P⁻¹ v = B⁻¹v − W M⁻¹ Wᵀ v·… with W = B⁻¹ V D^{1/2}: Wᵀ v = D^{1/2} Vᵀ B⁻¹ v.
-        let inner = self.chol.solve(&self.w.tr_mul(v));
+        let inner = self.chol.solve(&(self.w.transpose() * v));
         bv - &self.w * inner
     }
 }
@@ -132,7 +132,7 @@ impl CurvatureApprox for EigenCurvature {
     fn solve(&self, t: f64, lam: &DVector<f64>, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         if let Some(l) = self.isotropic(lam) {
             // P⁻¹ = V diag(1/(Ts + λ) − 1/λ) Vᵀ + I/λ.
-            let mut c = self.vectors.tr_mul(v);
+            let mut c = self.vectors.transpose() * v;
             for (j, mut row) in c.row_iter_mut().enumerate() {
                 row *= 1.0 / (t * self.values[j].max(0.0) + l) - 1.0 / l;
             }
@@ -144,7 +144,7 @@ impl CurvatureApprox for EigenCurvature {
         let z = randn(self.dim(), s, rng);
         if let Some(l) = self.isotropic(lam) {
             // P^{-1/2} z = V diag((Ts + λ)^{-1/2} − λ^{-1/2}) Vᵀ z + z/√λ.
-            let mut c = self.vectors.tr_mul(&z);
+            let mut c = self.vectors.transpose() * &z;
             for (j, mut row) in c.row_iter_mut().enumerate() {
                 row *= 1.0 / (t * self.values[j].max(0.0) + l).sqrt() - 1.0 / l.sqrt();
             }
@@ -375,7 +375,7 @@ impl CurvatureApprox for KronCurvature {
             for m in 0..v.ncols() {
                 let block: Vec<f64> = v.column(m).rows(o, r * c).iter().cloned().collect();
                 let vm = unflatten(&block, r, c);
-                let rot = layer.g_vectors.tr_mul(&vm) * &layer.a_vectors;
+                let rot = layer.g_vectors.transpose() * vm * &layer.a_vectors;
                 let back = &layer.g_vectors * rot.component_div(&e) * layer.a_vectors.transpose();
                 for i in 0..r {
                     for j in 0..c {

@@ -266,7 +266,7 @@ pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Res
         data,
         |s, l| whitened_jacobian(net, data, s, l),
         |_, _, r| {
-            ggn.gemm_tr(1.0, &r, &r, 1.0);
+            ggn.gemm(1.0, &r.transpose(), &r, 1.0);
             Ok(())
         },
     )?;
@@ -310,7 +310,7 @@ pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>>
                             1.0
                         }
                     });
-                    st.output_grads.map(|d| d * d).tr_mul(&a2)
+                    st.output_grads.map(|d| d * d).transpose() * a2
                 } else {
                     let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
                     for i in 0..len {
@@ -381,7 +381,7 @@ pub(crate) fn block_diag<N: Network>(
                 if svd {
                     g.columns_mut(start * data.k(), len * data.k()).copy_from(&rb.transpose());
                 } else {
-                    g.gemm_tr(1.0, &rb, &rb, 1.0);
+                    g.gemm(1.0, &rb.transpose(), &rb, 1.0);
                 }
             }
             Ok(())
@@ -444,14 +444,14 @@ pub(crate) fn kron<N: Network>(net: &N, data: &Data, ekfac: bool) -> Result<(Kro
             .map(|st| {
                 let fi = st.inputs.ncols();
                 let mut a = DMatrix::zeros(fi + 1, fi + 1);
-                a.view_mut((0, 0), (fi, fi)).gemm_tr(1.0, &st.inputs, &st.inputs, 0.0);
+                a.view_mut((0, 0), (fi, fi)).copy_from(&(st.inputs.transpose() * &st.inputs));
                 let sums = st.inputs.row_sum();
                 for j in 0..fi {
                     a[(j, fi)] = sums[j];
                     a[(fi, j)] = sums[j];
                 }
                 a[(fi, fi)] = st.inputs.nrows() as f64;
-                (a, st.output_grads.tr_mul(&st.output_grads))
+                (a, st.output_grads.transpose() * &st.output_grads)
             })
             .collect())
     };
@@ -499,13 +499,14 @@ pub(crate) fn kron<N: Network>(net: &N, data: &Data, ekfac: bool) -> Result<(Kro
                         let va = (at * &layer.a_vectors).map(|v| v * v);
                         let va_rep = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| va[(row / k, j)]);
                         let ug = (&st.output_grads * &layer.g_vectors).map(|v| v * v);
-                        ug.tr_mul(&va_rep)
+                        ug.transpose() * va_rep
                     } else {
                         let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
                         for i in 0..len {
                             for c in 0..k {
-                                let proj =
-                                    layer.g_vectors.tr_mul(&st.example_gradient(i, c)) * &layer.a_vectors;
+                                let proj = layer.g_vectors.transpose()
+                                    * st.example_gradient(i, c)
+                                    * &layer.a_vectors;
                                 acc += proj.map(|v| v * v);
                             }
                         }
@@ -565,7 +566,7 @@ pub(crate) fn last_layer<N: Network>(
                     continue;
                 }
                 let weighted = DMatrix::from_fn(len, h1, |i, j| phit[(i, j)] * w[i]);
-                let block = weighted.tr_mul(&phit);
+                let block = weighted.transpose() * &phit;
                 c.view_mut((o * h1, o2 * h1), (h1, h1)).add_assign(&block);
                 if o2 != o {
                     c.view_mut((o2 * h1, o * h1), (h1, h1)).add_assign(&block.transpose());

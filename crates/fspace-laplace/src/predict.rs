@@ -112,7 +112,7 @@ pub(crate) fn layerwise_covariances<N: Network>(
                     .map(|o| {
                         let g = st.example_gradient(i, o);
                         let g = match view.q_g {
-                            Some(qg) => qg.tr_mul(&g),
+                            Some(qg) => qg.transpose() * g,
                             None => g,
                         };
                         match view.q_a {

@@ -103,7 +103,7 @@ impl LayerStatistics {
         let a = self.inputs.rows(i * t, t);
         let d = self.output_grads.rows((i * self.columns + c) * t, t);
         let mut g = DMatrix::zeros(fan_out, fan_in + 1);
-        g.columns_mut(0, fan_in).gemm_tr(1.0, &d, &a, 0.0); // Dᵀ A
+        g.columns_mut(0, fan_in).copy_from(&(d.transpose() * a)); // Dᵀ A (transpose first: nalgebra's gemm_tr is not blocked)
         for r in 0..fan_out {
             g[(r, fan_in)] = d.column(r).sum();
         }
