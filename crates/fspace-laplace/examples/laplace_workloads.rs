@@ -11,7 +11,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use fspace_laplace::{fit, Curvature, LaplaceConfig, MarglikConfig, Structure};
+use fspace_laplace::{fit, Curvature, LaplaceConfig, LowRankConfig, MarglikConfig, Structure};
 use nalgebra::DMatrix;
 
 #[path = "../benches/support/workloads.rs"]
@@ -36,6 +36,10 @@ fn child(case: &str, n: usize, width: usize, k: usize) {
         "ekfac" => Structure::Ekfac,
         "diag" => Structure::Diag,
         "lowrank" => Structure::low_rank(k),
+        // The same without the layer-statistics cache: one JVP + VJP per GGN product.
+        "lowrank_streamed" => {
+            Structure::LowRank(LowRankConfig { rank: k, statistics_cache_bytes: 0, ..Default::default() })
+        }
         other => panic!("unknown case {other}"),
     };
     let cfg = LaplaceConfig { structure, ..Default::default() };
@@ -50,7 +54,7 @@ fn child(case: &str, n: usize, width: usize, k: usize) {
     let predict_s = t.elapsed().as_secs_f64();
     assert!(pred.var.iter().all(|v| v.is_finite()));
     let orth = match post.curvature() {
-        Curvature::Eigen(e) if case == "lowrank" => (e.vectors.transpose() * &e.vectors
+        Curvature::Eigen(e) if case.starts_with("lowrank") => (e.vectors.transpose() * &e.vectors
             - DMatrix::identity(e.vectors.ncols(), e.vectors.ncols()))
         .abs()
         .max(),
@@ -79,6 +83,7 @@ fn main() {
         ("W2", "ekfac", 10_000, 200, 0),
         ("W2", "diag", 10_000, 200, 0),
         ("W2", "lowrank", 10_000, 200, 100),
+        ("W2", "lowrank_streamed", 10_000, 200, 100),
         ("sweep", "kfac", 10_000, 50, 0),
         ("sweep", "kfac", 10_000, 100, 0),
         ("sweep", "kfac", 10_000, 400, 0),

@@ -13,6 +13,7 @@ use crate::curvature::{
     BlockDiagCurvature, Curvature, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
 };
 use crate::error::{LaplaceError, Result};
+use crate::ggn::CachedGgn;
 
 /// Options of the full GGN.
 ///
@@ -71,6 +72,7 @@ impl Default for LastLayerConfig {
 /// | `tol` | 1e-8 | relative Ritz residual every kept pair must reach |
 /// | `max_iterations` | 1 000 | Lanczos steps at most (the Krylov space grows ×1.5 until converged) |
 /// | `seed` | 0 | Lanczos start vector |
+/// | `statistics_cache_bytes` | 1 GiB | cache the layer statistics for the GGN products when they fit (two GEMMs per layer and product instead of a JVP + VJP); `0` always streams |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LowRankConfig {
     /// Eigenpairs kept.
@@ -83,10 +85,24 @@ pub struct LowRankConfig {
     pub max_iterations: usize,
     /// Start-vector seed.
     pub seed: u64,
+    /// Largest layer-statistics cache (bytes) used for the GGN products; see
+    /// `crate::ggn` — networks without layer structure always stream.
+    #[serde(default = "default_cache_bytes")]
+    pub statistics_cache_bytes: usize,
+}
+fn default_cache_bytes() -> usize {
+    1 << 30
 }
 impl Default for LowRankConfig {
     fn default() -> Self {
-        Self { rank: 100, diag_remainder: false, tol: 1e-8, max_iterations: 1_000, seed: 0 }
+        Self {
+            rank: 100,
+            diag_remainder: false,
+            tol: 1e-8,
+            max_iterations: 1_000,
+            seed: 0,
+            statistics_cache_bytes: default_cache_bytes(),
+        }
     }
 }
 
@@ -153,6 +169,9 @@ pub struct FitReport {
     pub max_ritz_residual: f64,
     /// See `lanczos_iterations`.
     pub rank: usize,
+    /// Low-rank: whether the GGN products used cached layer statistics (`crate::ggn`).
+    #[serde(default)]
+    pub cached_statistics: bool,
     /// Seconds spent building the curvature.
     pub seconds: f64,
 }
@@ -185,14 +204,14 @@ pub(crate) struct Data<'a> {
 }
 
 impl Data<'_> {
-    fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+    pub(crate) fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         let n = self.x.nrows();
         (0..n).step_by(self.chunk).map(move |s| (s, self.chunk.min(n - s)))
     }
-    fn rows(&self, start: usize, len: usize) -> DMatrix<f64> {
+    pub(crate) fn rows(&self, start: usize, len: usize) -> DMatrix<f64> {
         self.x.rows(start, len).into_owned()
     }
-    fn k(&self) -> usize {
+    pub(crate) fn k(&self) -> usize {
         self.factors[0].ncols()
     }
 }
@@ -606,20 +625,28 @@ pub(crate) fn low_rank<N: Network>(
     crate::error::ensure_positive("low-rank tolerance", config.tol)?;
     let p = net.n_params();
     let k = config.rank.min(p);
-    let xs: Vec<DMatrix<f64>> = data.chunks().map(|(s, l)| data.rows(s, l)).collect();
+    let cache = CachedGgn::build(net, data, config.statistics_cache_bytes)?;
+    report.cached_statistics = cache.is_some();
     let failure = std::sync::Mutex::new(None);
-    let op = FnOperator::new(p, |v: &DVector<f64>| {
+    let streamed = |v: &DVector<f64>| -> Result<DVector<f64>> {
         let mut out = DVector::zeros(p);
-        let result = for_chunks(
+        for_chunks(
             data,
-            |s, l| Ok(net.ggn_vector_product(&xs[s / data.chunk], &data.hessians[s..s + l], v)?),
+            |s, l| Ok(net.ggn_vector_product(&data.rows(s, l), &data.hessians[s..s + l], v)?),
             |_, _, g| {
                 out += g;
                 Ok(())
             },
-        );
+        )?;
+        Ok(out)
+    };
+    let op = FnOperator::new(p, |v: &DVector<f64>| {
+        let result = match &cache {
+            Some(c) => c.product(data, v),
+            None => streamed(v),
+        };
         match result {
-            Ok(()) => out,
+            Ok(out) => out,
             Err(e) => {
                 *failure.lock().expect("not poisoned") = Some(e);
                 DVector::from_element(p, f64::NAN)

@@ -19,7 +19,7 @@
 //! | `Kfac` | per layer `G ⊗ A`, `A = Σ ããᵀ`, `G = Σ δδᵀ/(n·T)` (KFC for convolutions) | `Σ fan_in² + fan_out²` |
 //! | `Ekfac` | KFAC's eigenbasis, eigenvalues re-fitted to `Σᵢ (Q_Gᵀ gᵢ Q_A)²` | `+ p` |
 //! | `LastLayer` | the last layer's GGN `Σ Hᵢ ⊗ φ̃φ̃ᵀ`, other weights fixed | `(d'(h+1))²` |
-//! | `LowRank` | top-`k` GGN eigenpairs by Lanczos (+ optional diagonal remainder) | `p·k` |
+//! | `LowRank` | top-`k` GGN eigenpairs by Lanczos (+ optional diagonal remainder) | `p·k` (+ cached layer statistics, bounded) |
 //!
 //! Predictives ([`LaplacePosterior`] implements `fspace_core::Posterior`): the linearised (GLM)
 //! `f(x) ~ N(f(x; w*), J(x) Σ J(x)ᵀ)` — with probit, Laplace bridge or MC class probabilities —
@@ -42,6 +42,7 @@
 mod curvature;
 mod error;
 mod fit;
+mod ggn;
 mod posterior;
 mod predict;
 

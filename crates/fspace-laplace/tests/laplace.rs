@@ -64,6 +64,19 @@ fn fit_with<N: Network>(
     fit(net, lik, x, y, &config(s)).unwrap()
 }
 
+/// Every curvature structure, the low-rank one at `rank`.
+fn every_structure(rank: usize) -> [Structure; 7] {
+    [
+        Structure::full(),
+        Structure::Diag,
+        Structure::block_diag(),
+        Structure::Kfac,
+        Structure::Ekfac,
+        Structure::last_layer(),
+        Structure::low_rank(rank),
+    ]
+}
+
 fn layer_blocks(net: &Mlp) -> Vec<Vec<usize>> {
     net.layer_infos().iter().map(|i| i.weight.clone().chain(i.bias.clone()).collect()).collect()
 }
@@ -266,15 +279,26 @@ fn cnn_kfc_is_exact_for_one_image_with_one_output_position() {
     }
 }
 
-#[test]
-fn low_rank_top_k_equals_dense_eigh() {
-    let net = mlp(2, vec![8, 8], 1, 11);
-    let (x, y) = regression(30, 2, 12);
-    let lik = LikelihoodKind::Gaussian { sigma: 0.3 };
-    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+/// Low-rank top-`k` against a dense `eigh` of the GGN, with the GGN products from cached
+/// layer statistics (`cache`) or streamed JVP/VJP.
+fn check_low_rank<N: Network + Clone>(
+    net: &N,
+    lik: &LikelihoodKind,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    ks: &[usize],
+    cache: bool,
+) {
+    let ggn = dense_ggn(net, lik.build().unwrap().as_ref(), x, y);
     let eig = fspace_linalg::sym_eigh(&ggn).unwrap();
-    for k in [1, 5, 12] {
-        let post = fit_with(net.clone(), lik.clone(), &x, &y, Structure::low_rank(k));
+    for &k in ks {
+        let cfg = LowRankConfig {
+            rank: k,
+            statistics_cache_bytes: if cache { usize::MAX } else { 0 },
+            ..Default::default()
+        };
+        let post = fit_with(net.clone(), lik.clone(), x, y, Structure::LowRank(cfg));
+        assert_eq!(post.report().cached_statistics, cache);
         let fspace_laplace::Curvature::Eigen(e) = post.curvature() else { panic!("eigen") };
         let vals_err = (0..k).map(|j| (e.values[j] - eig.0[j]).abs() / eig.0[0]).fold(0.0, f64::max);
         let orth = (e.vectors.transpose() * &e.vectors - DMatrix::identity(k, k)).abs().max();
@@ -282,12 +306,29 @@ fn low_rank_top_k_equals_dense_eigh() {
         let vec_err =
             (0..k).map(|j| 1.0 - e.vectors.column(j).dot(&eig.1.column(j)).abs()).fold(0.0, f64::max);
         println!(
-            "rank {k}: eigenvalue err {vals_err:.2e}, max|UᵀU − I| {orth:.2e}, vector err {vec_err:.2e}, {} Lanczos steps",
+            "cache {cache} rank {k}: eigenvalue err {vals_err:.2e}, max|UᵀU − I| {orth:.2e}, vector err {vec_err:.2e}, {} Lanczos steps",
             post.report().lanczos_iterations
         );
         assert!(vals_err < 1e-8 && orth < 1e-10 && vec_err < 1e-8);
     }
+}
+
+#[test]
+fn low_rank_top_k_equals_dense_eigh() {
+    let net = mlp(2, vec![8, 8], 1, 11);
+    let (x, y) = regression(30, 2, 12);
+    let lik = LikelihoodKind::Gaussian { sigma: 0.3 };
+    for cache in [true, false] {
+        check_low_rank(&net, &lik, &x, &y, &[1, 5, 12], cache);
+    }
+    // Several cotangent columns per example (categorical) and a CNN (several positions).
+    let (xc, yc) = classification(20, 2, 3, 30);
+    let cat = LikelihoodKind::Categorical { classes: 3 };
+    check_low_rank(&mlp(2, vec![6], 3, 31), &cat, &xc, &yc, &[4, 9], true);
+    let (xi, yi) = classification(4, 36, 3, 32);
+    check_low_rank(&tiny_cnn(33), &cat, &xi, &yi, &[3, 6], true);
     // With the diagonal remainder the diagonal is exact.
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
     let s = Structure::LowRank(LowRankConfig { rank: 5, diag_remainder: true, ..Default::default() });
     let post = fit_with(net.clone(), lik, &x, &y, s);
     let err = (post.curvature().to_dense().diagonal() - ggn.diagonal()).norm() / ggn.diagonal().norm();
@@ -322,15 +363,7 @@ fn marginal_likelihood_and_its_optimum_equal_a_dense_evaluation() {
     let net = mlp(1, vec![6, 6], 1, 13);
     let (x, y) = regression(25, 1, 14);
     let lik = LikelihoodKind::Gaussian { sigma: 0.2 };
-    for s in [
-        Structure::full(),
-        Structure::Diag,
-        Structure::block_diag(),
-        Structure::Kfac,
-        Structure::Ekfac,
-        Structure::last_layer(),
-        Structure::low_rank(10),
-    ] {
+    for s in every_structure(10) {
         let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
         let name = post.curvature().name();
         for (lam, t) in [(0.5, 1.0), (3.0, 0.3), (40.0, 5.0)] {
@@ -406,15 +439,7 @@ fn glm_predictive_equals_dense_j_sigma_jt_for_every_structure() {
     let (x, y) = classification(12, 2, 3, 16);
     let (xt, _) = classification(6, 2, 3, 17);
     let lik = LikelihoodKind::Categorical { classes: 3 };
-    for s in [
-        Structure::full(),
-        Structure::Diag,
-        Structure::block_diag(),
-        Structure::Kfac,
-        Structure::Ekfac,
-        Structure::last_layer(),
-        Structure::low_rank(8),
-    ] {
+    for s in every_structure(8) {
         let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
         // Per-layer λ takes the Jacobian/Woodbury route for the eigen structures, a scalar λ
         // the layer-statistics route.
@@ -508,15 +533,7 @@ fn save_load_round_trip_predicts_identically() {
     let dir = std::env::temp_dir().join(format!("fspace-laplace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (x, y) = classification(10, 2, 3, 26);
-    for s in [
-        Structure::full(),
-        Structure::Kfac,
-        Structure::Ekfac,
-        Structure::block_diag(),
-        Structure::Diag,
-        Structure::last_layer(),
-        Structure::low_rank(4),
-    ] {
+    for s in every_structure(4) {
         let mut post =
             fit_with(mlp(2, vec![4], 3, 27), LikelihoodKind::Categorical { classes: 3 }, &x, &y, s);
         post.set_predictive(Predictive::Nonlinear { samples: 5, seed: 1 }).unwrap();
@@ -728,7 +745,7 @@ mod invariants {
         fn precision_solve_and_log_det_are_consistent(seed in 0u64..1000, lam in 0.05f64..20.0, t in 0.1f64..10.0) {
             let net = mlp(2, vec![4, 3], 2, seed);
             let (x, y) = classification(6, 2, 2, seed + 1);
-            for s in [Structure::full(), Structure::Diag, Structure::block_diag(), Structure::Kfac, Structure::Ekfac, Structure::last_layer(), Structure::low_rank(5)] {
+            for s in every_structure(5) {
                 let post = fit_with(net.clone(), LikelihoodKind::Categorical { classes: 2 }, &x, &y, s);
                 let c = post.curvature().to_dense();
                 let dim = c.nrows();
