@@ -236,7 +236,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let table = format!(
         "# gl-mnist-temperature\n\nGeneralized Laplace Fig. 3 and 5a: LeNet-5 (ReLU, weight decay 0.01 ⇒ λ = {weight_decay}) on MNIST ({n} training images, {epochs} epochs), \
 curvature on {m_curv} training images scaled by N/m = {scale:.1}, nonlinear predictive with {samples} weight samples (eq. 22), {n_eval} MNIST test images and {n_eval} **Fashion-MNIST** test images as the OOD set \
-(the paper uses Kuzushiji-MNIST, which no package registry carries). Seed {}. The paper reports these as figures (no table); its text says accuracy and entropy rise with T and converge above T ≈ 1 for Diag and EKFAC, while KFAC's very large curvature blunts T.\n\n{}\n\
+(the paper uses Kuzushiji-MNIST, which no package registry carries). Seed {}. The paper reports these as figures (no table); its text says accuracy and entropy improve (entropy falls in distribution) as T grows and converge above T ≈ 1 for Diag and EKFAC, that KFAC's very large curvature blunts T, and that OOD entropy falls with T too (a small T is preferred out of distribution).\n\n{}\n\
 Frobenius norm of the last layer's curvature (the paper: 1.0985e9 for KFAC, \"significantly larger than that of Diag and EKFAC\"):\n\n{}\n\nPlot: `temperature.png`.\n",
         opts.seed,
         markdown_table(&["structure", "T", "accuracy", "entropy", "OOD entropy", "NLL", "ECE"], &rows),
