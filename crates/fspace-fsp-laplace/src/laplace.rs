@@ -231,7 +231,7 @@ pub fn laplace<N: Network + Clone>(
             let rows = g.rows(i * q, q);
             hg.rows_mut(i * q, q).copy_from(&(h * rows));
         }
-        a.gemm_tr(1.0, &g, &hg, 1.0);
+        a += g.transpose() * &hg; // blocked GEMM (nalgebra's gemm_tr is an unblocked loop)
     }
     let a = (&a + a.transpose()) * 0.5;
 

@@ -581,15 +581,14 @@ impl Mlp {
             .layer_statistics(x, hessian_factors)?
             .into_iter()
             .map(|(a, d)| {
-                let ones = DMatrix::from_element(a.nrows(), 1, 1.0);
-                let at = DMatrix::from_fn(a.nrows(), a.ncols() + 1, |i, j| {
-                    if j < a.ncols() {
-                        a[(i, j)]
-                    } else {
-                        ones[(i, 0)]
-                    }
-                });
-                (at.tr_mul(&at), d.tr_mul(&d) / n)
+                let at =
+                    DMatrix::from_fn(
+                        a.nrows(),
+                        a.ncols() + 1,
+                        |i, j| if j < a.ncols() { a[(i, j)] } else { 1.0 },
+                    );
+                // `transpose() *` is a blocked GEMM; nalgebra's `tr_mul` is an unblocked loop.
+                (at.transpose() * &at, d.transpose() * &d / n)
             })
             .collect())
     }
