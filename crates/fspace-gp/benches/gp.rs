@@ -33,6 +33,19 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+    // The joint predictive's covariance `K** − VᵀV` (V: n × m) dominates for many test points.
+    let mut group = c.benchmark_group("exact_gp_predict_joint_n2000_d4");
+    group.sample_size(10);
+    let (x, y) = data(2000, 4);
+    let y = DMatrix::from_column_slice(2000, 1, y.as_slice());
+    let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(0.01), &x, &y).unwrap();
+    for m in [250usize, 500, 1000] {
+        let xs = data(m, 4).0;
+        group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, _| {
+            b.iter(|| gp.predict_joint(&xs).unwrap())
+        });
+    }
+    group.finish();
     let mut group = c.benchmark_group("svgp_step_b256_d4");
     group.sample_size(10);
     let (x, y) = data(256, 4);

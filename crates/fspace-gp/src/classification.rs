@@ -149,7 +149,7 @@ impl<K: Kernel> Posterior for LaplaceGpClassifier<K> {
     ) -> Result<(DMatrix<f64>, DMatrix<f64>), fspace_core::CoreError> {
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let (mean, v) = self.latent(xs)?;
-            let cov = gram(&self.kernel, xs, xs)? - v.tr_mul(&v);
+            let cov = gram(&self.kernel, xs, xs)? - v.transpose() * &v; // blocked GEMM (`tr_mul` is unblocked)
             Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), symmetrised(&cov)))
         };
         run().map_err(to_core)

@@ -173,7 +173,7 @@ impl<K: MatrixKernel> Posterior for ExactGp<K> {
     ) -> Result<(DMatrix<f64>, DMatrix<f64>), fspace_core::CoreError> {
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let (k_xs, v) = self.cross(xs)?;
-            let cov = gram(&self.kernel, xs, xs)? - v.tr_mul(&v);
+            let cov = gram(&self.kernel, xs, xs)? - v.transpose() * &v; // blocked GEMM (`tr_mul` is unblocked)
             Ok((self.mean_at(xs, &k_xs)?, symmetrised(&cov)))
         };
         run().map_err(to_core)

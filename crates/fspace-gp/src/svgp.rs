@@ -200,7 +200,7 @@ impl<K: Kernel + Clone> Svgp<K> {
         let c = b.scale / s2;
         let kinv_m = &b.kmm_inv * &self.m;
         let r = &b.centred - &b.a * &self.m;
-        let ata = b.a.tr_mul(&b.a);
+        let ata = b.a.transpose() * &b.a; // blocked GEMM (`tr_mul` is unblocked)
         let g_bm = (&r * kinv_m.transpose() + &b.a - &b.a * &self.s * &b.kmm_inv) * c;
         let g_mm = (-(b.a.tr_mul(&r)) * kinv_m.transpose() - &ata * 0.5 + &ata * &self.s * &b.kmm_inv) * c
             + (&b.kmm_inv * &self.s * &b.kmm_inv + &kinv_m * kinv_m.transpose() - &b.kmm_inv) * 0.5;
@@ -243,7 +243,7 @@ impl<K: Kernel + Clone> Svgp<K> {
         }
         let b = self.batch(x, y, n_total)?;
         let c = b.scale / self.noise_variance;
-        let target_prec = &b.kmm_inv + b.a.tr_mul(&b.a) * c;
+        let target_prec = &b.kmm_inv + b.a.transpose() * &b.a * c;
         let target_eta = b.a.tr_mul(&b.centred) * c;
         let s_chol = cholesky_jitter(&self.s, &JitterConfig::default())?;
         let m = self.m.len();
