@@ -261,36 +261,11 @@ pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Res
             limit: config.max_params,
         });
     }
-    let nk = data.x.nrows() * data.k();
-    if nk < p {
-        let mut rt = DMatrix::zeros(p, nk);
-        for_chunks(
-            data,
-            |s, l| whitened_jacobian(net, data, s, l),
-            |start, len, r| {
-                rt.columns_mut(start * data.k(), len * data.k()).copy_from(&r.transpose());
-                Ok(())
-            },
-        )?;
-        let svd = thin_svd_owned(rt)?;
-        return Ok(EigenCurvature {
-            label: "full".into(),
-            vectors: svd.u,
-            values: svd.s.map(|s| s * s),
-            remainder: None,
-        });
-    }
-    let mut ggn = DMatrix::zeros(p, p);
-    for_chunks(
-        data,
-        |s, l| whitened_jacobian(net, data, s, l),
-        |_, _, r| {
-            ggn.gemm(1.0, &r.transpose(), &r, 1.0);
-            Ok(())
-        },
-    )?;
-    let (values, vectors) = sym_eigh(&ggn)?;
-    Ok(EigenCurvature { label: "full".into(), vectors, values: values.map(|v| v.max(0.0)), remainder: None })
+    let all: Vec<usize> = (0..p).collect();
+    let mut factors = factor_blocks(net, data, std::slice::from_ref(&all))?;
+    let mut full = factors.pop().expect("one block");
+    full.label = "full".into();
+    Ok(full)
 }
 
 /// The GGN's diagonal: from layer statistics when the network has them (`Σ (δ_r ã_j)²` as one
@@ -360,6 +335,64 @@ fn layer_flat(info: &LayerInfo) -> Vec<usize> {
     info.weight.clone().chain(info.bias.clone()).collect()
 }
 
+/// The GGN restricted to each block of flat indices, factorised exactly: a block with fewer
+/// whitened Jacobian rows (`n·k`) than parameters by the thin SVD of its rows
+/// (`O(block·(nk)²)`), otherwise by accumulating its dense Gram and an eigendecomposition
+/// (`O(block³)`). One pass over the data serves every block.
+fn factor_blocks<N: Network>(net: &N, data: &Data, blocks: &[Vec<usize>]) -> Result<Vec<EigenCurvature>> {
+    let nk = data.x.nrows() * data.k();
+    let by_svd: Vec<bool> = blocks.iter().map(|b| nk < b.len()).collect();
+    // A block that is every parameter in order (the full GGN) needs no column selection.
+    let whole: Vec<bool> = blocks
+        .iter()
+        .map(|b| b.len() == net.n_params() && b.iter().enumerate().all(|(i, &c)| i == c))
+        .collect();
+    let mut grams: Vec<DMatrix<f64>> = blocks
+        .iter()
+        .zip(&by_svd)
+        .map(|(b, &svd)| if svd { DMatrix::zeros(b.len(), nk) } else { DMatrix::zeros(b.len(), b.len()) })
+        .collect();
+    for_chunks(
+        data,
+        |s, l| whitened_jacobian(net, data, s, l),
+        |start, len, r| {
+            for (((b, g), &svd), &whole) in blocks.iter().zip(grams.iter_mut()).zip(&by_svd).zip(&whole) {
+                let selected;
+                let rb = if whole {
+                    &r
+                } else {
+                    selected = r.select_columns(b);
+                    &selected
+                };
+                if svd {
+                    g.columns_mut(start * data.k(), len * data.k()).copy_from(&rb.transpose());
+                } else {
+                    g.gemm(1.0, &rb.transpose(), rb, 1.0);
+                }
+            }
+            Ok(())
+        },
+    )?;
+    grams
+        .into_iter()
+        .zip(by_svd)
+        .map(|(g, svd)| {
+            let (values, vectors) = if svd {
+                let f = thin_svd_owned(g)?;
+                (f.s.map(|s| s * s), f.u)
+            } else {
+                sym_eigh(&g)?
+            };
+            Ok(EigenCurvature {
+                label: "block".into(),
+                vectors,
+                values: values.map(|v| v.max(0.0)),
+                remainder: None,
+            })
+        })
+        .collect()
+}
+
 /// One dense block per layer (all parameters as one block for a network without layers);
 /// returns the structure and the flat index of each coordinate.
 pub(crate) fn block_diag<N: Network>(
@@ -381,50 +414,11 @@ pub(crate) fn block_diag<N: Network>(
             limit: config.max_block_params,
         });
     }
-    // A block with fewer whitened Jacobian rows (n·k) than parameters is factorised by the thin
-    // SVD of its rows (exact, O(block·(nk)²)); otherwise its dense Gram is accumulated and
-    // eigendecomposed (O(block³)).
-    let nk = data.x.nrows() * data.k();
-    let by_svd: Vec<bool> = blocks.iter().map(|b| nk < b.len()).collect();
-    let mut grams: Vec<DMatrix<f64>> = blocks
-        .iter()
-        .zip(&by_svd)
-        .map(|(b, &svd)| if svd { DMatrix::zeros(b.len(), nk) } else { DMatrix::zeros(b.len(), b.len()) })
-        .collect();
-    for_chunks(
-        data,
-        |s, l| whitened_jacobian(net, data, s, l),
-        |start, len, r| {
-            for ((b, g), &svd) in blocks.iter().zip(grams.iter_mut()).zip(&by_svd) {
-                let rb = r.select_columns(b);
-                if svd {
-                    g.columns_mut(start * data.k(), len * data.k()).copy_from(&rb.transpose());
-                } else {
-                    g.gemm(1.0, &rb.transpose(), &rb, 1.0);
-                }
-            }
-            Ok(())
-        },
-    )?;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(blocks.len());
     let mut offset = 0;
-    for (g, svd) in grams.into_iter().zip(by_svd) {
-        let dim = g.nrows();
-        let (values, vectors) = if svd {
-            let f = thin_svd_owned(g)?;
-            (f.s.map(|s| s * s), f.u)
-        } else {
-            sym_eigh(&g)?
-        };
-        out.push((
-            offset,
-            EigenCurvature {
-                label: "block".into(),
-                vectors,
-                values: values.map(|v| v.max(0.0)),
-                remainder: None,
-            },
-        ));
+    for eig in factor_blocks(net, data, &blocks)? {
+        let dim = eig.vectors.nrows();
+        out.push((offset, eig));
         offset += dim;
     }
     Ok((BlockDiagCurvature { blocks: out }, blocks.concat()))
