@@ -297,13 +297,8 @@ pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>>
             .map(|(info, st)| {
                 if info.positions() == 1 {
                     // Σ_{i,c} δ²_{(i,c), r} ã²_{i, j}: rows of ã repeated per column c.
-                    let a2 = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| {
-                        if j < info.fan_in {
-                            st.inputs[(row / k, j)].powi(2)
-                        } else {
-                            1.0
-                        }
-                    });
+                    let at = st.augmented_inputs();
+                    let a2 = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| at[(row / k, j)].powi(2));
                     st.output_grads.map(|d| d * d).transpose() * a2
                 } else {
                     let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
@@ -502,14 +497,7 @@ pub(crate) fn kron<N: Network>(net: &N, data: &Data, ekfac: bool) -> Result<(Kro
                 .map(|((st, info), layer)| {
                     if info.positions() == 1 {
                         // (Q_Gᵀ δ)_r² (Q_Aᵀ ã)_j² summed over (i, c): one GEMM.
-                        let at = DMatrix::from_fn(len, info.fan_in + 1, |i, j| {
-                            if j < info.fan_in {
-                                st.inputs[(i, j)]
-                            } else {
-                                1.0
-                            }
-                        });
-                        let va = (at * &layer.a_vectors).map(|v| v * v);
+                        let va = (st.augmented_inputs() * &layer.a_vectors).map(|v| v * v);
                         let va_rep = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| va[(row / k, j)]);
                         let ug = (&st.output_grads * &layer.g_vectors).map(|v| v * v);
                         ug.transpose() * va_rep

@@ -96,6 +96,17 @@ impl LayerStatistics {
         self.inputs.nrows() / self.positions.max(1)
     }
 
+    /// The inputs with a column of ones appended, `ã = [a; 1]` per row (`(n·T) × (fan_in + 1)`):
+    /// the `[W | b]` coordinates' input side.
+    pub fn augmented_inputs(&self) -> DMatrix<f64> {
+        let fan_in = self.inputs.ncols();
+        DMatrix::from_fn(
+            self.inputs.nrows(),
+            fan_in + 1,
+            |i, j| if j < fan_in { self.inputs[(i, j)] } else { 1.0 },
+        )
+    }
+
     /// The gradient of column `c` of example `i` with respect to `[W | b]`:
     /// `Σ_t δ_{i,c,t} ã_{i,t}ᵀ` (`fan_out × (fan_in + 1)`).
     pub fn example_gradient(&self, i: usize, c: usize) -> DMatrix<f64> {
