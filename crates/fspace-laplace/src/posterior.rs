@@ -471,14 +471,14 @@ impl<N: Network> LaplacePosterior<N> {
         let t = self.temperature;
         let q = self.net.output_dim();
         let chunk = 256usize;
+        let layered = !self.net.layer_infos().is_empty();
+        let all_params = self.indices.len() == self.net.n_params()
+            && self.indices.iter().enumerate().all(|(a, &b)| a == b);
+        let iso = self.lambdas.iter().all(|&l| l == self.lambdas[0]);
         let mut out = Vec::with_capacity(x.nrows());
         for s in (0..x.nrows()).step_by(chunk) {
             let l = chunk.min(x.nrows() - s);
             let xc = x.rows(s, l).into_owned();
-            let layered = !self.net.layer_infos().is_empty();
-            let all_params = self.indices.len() == self.net.n_params()
-                && self.indices.iter().enumerate().all(|(a, &b)| a == b);
-            let iso = self.lambdas.iter().all(|&l| l == self.lambdas[0]);
             match &self.curvature {
                 Curvature::Kron(k) => {
                     out.extend(crate::predict::kron_covariances(&self.net, k, &lam, t, &xc)?)
@@ -501,13 +501,7 @@ impl<N: Network> LaplacePosterior<N> {
                 }
                 _ => {
                     let jac = self.net.jacobian(&xc)?;
-                    let js = if self.indices.len() == jac.ncols()
-                        && self.indices.iter().enumerate().all(|(a, &b)| a == b)
-                    {
-                        jac
-                    } else {
-                        jac.select_columns(&self.indices)
-                    };
+                    let js = if all_params { jac } else { jac.select_columns(&self.indices) };
                     out.extend(crate::predict::blocks(
                         &js,
                         &self.curvature.solve(t, &lam, &js.transpose())?,

@@ -69,11 +69,23 @@ pub(crate) fn layerwise_covariances<N: Network>(
     views: &[LayerView],
     x: &DMatrix<f64>,
 ) -> Result<Vec<DMatrix<f64>>> {
+    covariances_from_statistics(&net.layer_infos(), &unit_statistics(net, x)?, views, net.output_dim())
+}
+
+/// Layer statistics at `x` for unit cotangents (`k = d'`): the Jacobian's layer blocks.
+fn unit_statistics<N: Network>(net: &N, x: &DMatrix<f64>) -> Result<Vec<fspace_nn::LayerStatistics>> {
     let q = net.output_dim();
-    let m = x.nrows();
-    let eye = vec![DMatrix::identity(q, q); m];
-    let stats = net.kfac_statistics(x, &eye)?;
-    let infos = net.layer_infos();
+    Ok(net.kfac_statistics(x, &vec![DMatrix::identity(q, q); x.nrows()])?)
+}
+
+/// [`layerwise_covariances`] from statistics already computed at the `m` test points.
+fn covariances_from_statistics(
+    infos: &[fspace_nn::LayerInfo],
+    stats: &[fspace_nn::LayerStatistics],
+    views: &[LayerView],
+    q: usize,
+) -> Result<Vec<DMatrix<f64>>> {
+    let m = stats.first().map_or(0, |s| s.examples());
     if stats.len() != views.len() {
         return Err(LaplaceError::DimensionMismatch {
             what: "curvature layers vs network layers",
@@ -82,10 +94,10 @@ pub(crate) fn layerwise_covariances<N: Network>(
         });
     }
     let mut cov = vec![DMatrix::zeros(q, q); m];
-    for ((view, st), info) in views.iter().zip(&stats).zip(&infos) {
-        let (r, c) = view.inv.shape();
+    for ((view, st), info) in views.iter().zip(stats).zip(infos) {
+        let r = view.inv.nrows();
         if is_dense(info.kind) {
-            let at = DMatrix::from_fn(m, c, |i, j| if j < c - 1 { st.inputs[(i, j)] } else { 1.0 });
+            let at = st.augmented_inputs();
             let v = match view.q_a {
                 Some(qa) => at * qa,
                 None => at,
@@ -210,12 +222,12 @@ pub(crate) fn eigen_covariances<N: Network>(
             inv: DMatrix::from_element(info.fan_out, info.fan_in + 1, 1.0),
         })
         .collect();
-    let mut cov = layerwise_covariances(net, &ones, x)?;
+    // One set of statistics serves both terms.
+    let stats = unit_statistics(net, x)?;
+    let mut cov = covariances_from_statistics(&infos, &stats, &ones, q)?;
     for ci in cov.iter_mut() {
         *ci /= lambda;
     }
-    let eye = vec![DMatrix::identity(q, q); m];
-    let stats = net.kfac_statistics(x, &eye)?;
     let mut jv = DMatrix::zeros(m * q, k);
     for (info, st) in infos.iter().zip(&stats) {
         let (fo, c1) = (info.fan_out, info.fan_in + 1);
@@ -229,8 +241,7 @@ pub(crate) fn eigen_covariances<N: Network>(
             }
         }
         if is_dense(info.kind) {
-            let at = DMatrix::from_fn(m, c1, |i, j| if j < c1 - 1 { st.inputs[(i, j)] } else { 1.0 });
-            let mm = at * &stack; // m × fo·k
+            let mm = st.augmented_inputs() * &stack; // m × fo·k
             for i in 0..m {
                 for o in 0..q {
                     let d = st.output_grads.row(i * q + o);
