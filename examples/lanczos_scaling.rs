@@ -16,13 +16,7 @@ use fspace::linalg::{pinv_factor, sym_eigh, LanczosConfig};
 use nalgebra::DMatrix;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(|l| l.to_string()))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
+use fspace_testutil::proc_status_kib as status_kib;
 
 fn points(n: usize) -> DMatrix<f64> {
     let mut rng = StdRng::seed_from_u64(0);

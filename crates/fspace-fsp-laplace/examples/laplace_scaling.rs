@@ -19,13 +19,7 @@ use fspace_fsp_laplace::{laplace, LaplaceConfig};
 #[path = "../benches/support/problem.rs"]
 mod problem;
 
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(|l| l.to_string()))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
+use fspace_testutil::proc_status_kib as status_kib;
 
 fn child(n_c: usize, width: usize, rank: usize) {
     let p = problem::problem(n_c, width);

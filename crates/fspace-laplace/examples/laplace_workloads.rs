@@ -18,13 +18,7 @@ use nalgebra::DMatrix;
 #[allow(dead_code)] // w1/w2 are the bench's shorthands
 mod workloads;
 
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(|l| l.to_string()))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
+use fspace_testutil::proc_status_kib as status_kib;
 
 fn child(case: &str, n: usize, width: usize, k: usize) {
     let w = workloads::workload(n, width);

@@ -3,7 +3,7 @@
 //! Helpers shared by the test suites of every fspace crate, so that no test file re-implements
 //! them: seeded random numbers, central finite differences, SPD/PSD matrices with a *known*
 //! spectrum (Q diag(λ) Qᵀ with Haar-random Q), and approximate-equality assertions that report
-//! where and by how much two values differ.
+//! where and by how much two values differ; and the memory probe of the scaling examples.
 //!
 //! This crate is a dev-dependency only; library crates never depend on it.
 
@@ -173,4 +173,14 @@ mod tests {
         let g = fd_gradient(|x| x[0].powi(3) + 2.0 * x[1], &[2.0, 1.0], 1e-5);
         assert_all_close(&g, &[12.0, 2.0], 1e-9, 1e-8);
     }
+}
+
+/// A `kB` field of `/proc/self/status` (`"VmRSS:"`, `"VmHWM:"` = peak resident set), `0` where
+/// it cannot be read (non-Linux): the peak-memory probe of the scaling examples.
+pub fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(|l| l.to_string()))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
 }
