@@ -154,6 +154,16 @@ pub fn rel_frob(actual: &DMatrix<f64>, expected: &DMatrix<f64>) -> f64 {
     (actual - expected).norm() / expected.norm().max(f64::MIN_POSITIVE)
 }
 
+/// A `kB` field of `/proc/self/status` (`"VmRSS:"`, `"VmHWM:"` = peak resident set), `0` where
+/// it cannot be read (non-Linux): the peak-memory probe of the scaling examples.
+pub fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(|l| l.to_string()))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,14 +183,4 @@ mod tests {
         let g = fd_gradient(|x| x[0].powi(3) + 2.0 * x[1], &[2.0, 1.0], 1e-5);
         assert_all_close(&g, &[12.0, 2.0], 1e-9, 1e-8);
     }
-}
-
-/// A `kB` field of `/proc/self/status` (`"VmRSS:"`, `"VmHWM:"` = peak resident set), `0` where
-/// it cannot be read (non-Linux): the peak-memory probe of the scaling examples.
-pub fn proc_status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(|l| l.to_string()))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
 }
