@@ -17,8 +17,11 @@
 //!
 //! * [`Mlp::ggn_diagonal`], [`Mlp::kfac_factors`] / [`Mlp::layer_statistics`],
 //!   [`Mlp::last_layer_features`];
-//! * [`Mlp::ntk_pullback_z`]: gradient of `⟨C, J(X)J(Z)ᵀ⟩` with respect to inducing inputs `Z`
-//!   (VaLLA);
+//! * [`Mlp::ntk_block`] / [`Mlp::ntk_diagonal`] / [`Mlp::ntk_block_pullback_z`]: NTK blocks
+//!   for selected outputs ([`Outputs`]), their `d' × d'` diagonal blocks, and the gradient of
+//!   `⟨C, J(X)J(Z)ᵀ⟩` with respect to inducing inputs `Z` (VaLLA) as explicit rules on GEMMs
+//!   (module `ntk`); [`Mlp::ntk_pullback_z`] computes the latter by dfdx reverse mode through
+//!   taped tangents and serves as its cross-check;
 //! * [`Mlp::jsj_pullback`]: gradients of `⟨C, J diag(s) Jᵀ⟩` with respect to `w` and `s`
 //!   (GFSVI), by reverse-over-tangent: the tangent rules are taped dfdx operations (tanh,
 //!   sigmoid, softplus, ReLU, GELU);
@@ -46,6 +49,7 @@ mod features;
 mod helmholtz;
 mod layers;
 mod mlp;
+mod ntk;
 mod train;
 
 pub use cnn::{Cnn, CnnConfig, ConvBlock};
@@ -53,4 +57,5 @@ pub use features::FeatureMap;
 pub use helmholtz::HelmholtzNet;
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Activation, Mlp, MlpConfig, NnError, Result};
+pub use ntk::Outputs;
 pub use train::{train_map, Network, Regularizer, TrainConfig, TrainProgress, TrainReport};

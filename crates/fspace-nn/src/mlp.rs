@@ -109,6 +109,31 @@ impl Activation {
             }
         }
     }
+    /// `σ''(z)` (ReLU: 0), for derivatives *through* back-propagated gradients (the NTK's
+    /// gradient with respect to inputs).
+    pub(crate) fn curvature(self, z: f64) -> f64 {
+        match self {
+            Self::Tanh => {
+                let t = z.tanh();
+                -2.0 * t * (1.0 - t * t)
+            }
+            Self::Relu => 0.0,
+            Self::Sigmoid => {
+                let s = 1.0 / (1.0 + (-z).exp());
+                s * (1.0 - s) * (1.0 - 2.0 * s)
+            }
+            Self::Softplus => {
+                let s = 1.0 / (1.0 + (-z).exp());
+                s * (1.0 - s)
+            }
+            Self::Gelu => {
+                let (a, c) = (0.044715, GELU_C);
+                let t = (c * (z + a * z.powi(3))).tanh();
+                let (u1, u2) = (c * (1.0 + 3.0 * a * z * z), 6.0 * c * a * z);
+                (1.0 - t * t) * u1 + 0.5 * z * (1.0 - t * t) * (u2 - 2.0 * t * u1 * u1)
+            }
+        }
+    }
     fn taped(self, z: TM) -> TM {
         match self {
             Self::Tanh => z.tanh(),
@@ -296,6 +321,23 @@ impl Mlp {
         Ok(())
     }
 
+    /// Each layer's `(W_l, b_l)` as nalgebra values (`W_l` is `fan_out × fan_in`).
+    pub(crate) fn dense_weights(&self) -> Vec<(DMatrix<f64>, DVector<f64>)> {
+        self.layers()
+            .iter()
+            .map(|l| {
+                (
+                    DMatrix::from_row_slice(l.fan_out, l.fan_in, &self.params[l.w..l.b]),
+                    DVector::from_column_slice(&self.params[l.b..l.b + l.fan_out]),
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) fn check_inputs_pub(&self, x: &DMatrix<f64>) -> Result<()> {
+        self.check_inputs(x)
+    }
+
     fn check_vector(&self, what: &'static str, v: &DVector<f64>) -> Result<()> {
         check_param_vector(what, v, self.n_params())
     }
@@ -427,22 +469,7 @@ impl Mlp {
     ///
     /// Cost `O(n·m·d'²·Σ_l widths)`, memory `O((n + m)·d'·width)` — independent of `p`.
     pub fn ntk(&self, x: &DMatrix<f64>, z: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        let q = self.config.output_dim;
-        let eye = |n: usize| vec![DMatrix::identity(q, q); n];
-        let (sx, sz) =
-            (self.layer_statistics(x, &eye(x.nrows()))?, self.layer_statistics(z, &eye(z.nrows()))?);
-        let (n, m) = (x.nrows(), z.nrows());
-        let mut k = DMatrix::zeros(n * q, m * q);
-        for ((ax, dx), (az, dz)) in sx.iter().zip(&sz) {
-            let aa = ax * az.transpose(); // n × m
-            let dd = dx * dz.transpose(); // n·q × m·q, rows and columns point-major
-            for c in 0..m * q {
-                for r in 0..n * q {
-                    k[(r, c)] += dd[(r, c)] * (aa[(r / q, c / q)] + 1.0);
-                }
-            }
-        }
-        Ok(k)
+        self.ntk_block(x, crate::Outputs::All, z, crate::Outputs::All)
     }
 
     /// The Jacobian rows of `x` in chunks of `chunk` points: calls `visit(first_point, J)` with

@@ -15,6 +15,7 @@ use crate::cnn::Cnn;
 use crate::helmholtz::HelmholtzNet;
 use crate::layers::{LayerInfo, LayerStatistics};
 use crate::mlp::{Mlp, NnError, Result};
+use crate::ntk::Outputs;
 
 /// What training and linearised inference need from a network: flat parameters, `f(X)`,
 /// `J(X)·u` and `J(X)ᵀ·V` — all exact. `Send + Sync` so posteriors built on a network can be
@@ -87,6 +88,56 @@ pub trait Network: Send + Sync {
     /// network's output is `W_L φ(x) + b_L`.
     fn last_layer_features(&self, _x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         Err(NnError::Unsupported { what: "last-layer features for this network".into() })
+    }
+
+    /// The empirical NTK block `J(X) J(Z)ᵀ` restricted to the selected outputs of each side
+    /// (`rows(X) × rows(Z)`, see [`Outputs`]). The default forms both Jacobians; networks with
+    /// a layer-wise rule (the MLP, VaLLA App. F.3) override it.
+    fn ntk_block(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+    ) -> Result<DMatrix<f64>> {
+        let q = self.output_dim();
+        let pick = |jac: DMatrix<f64>, rows: Vec<(usize, usize)>| {
+            DMatrix::from_fn(rows.len(), jac.ncols(), |r, c| jac[(rows[r].0 * q + rows[r].1, c)])
+        };
+        let (rx, rz) = (xo.rows(x.nrows(), q)?, zo.rows(z.nrows(), q)?);
+        let jx = pick(self.jacobian(x)?, rx);
+        let jz = pick(self.jacobian(z)?, rz);
+        Ok(jx * jz.transpose())
+    }
+
+    /// The `d' × d'` blocks `J(xᵢ) J(xᵢ)ᵀ` (the NTK's diagonal blocks). The default streams the
+    /// Jacobian in chunks of 64 points.
+    fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
+        let q = self.output_dim();
+        let mut blocks = Vec::with_capacity(x.nrows());
+        for start in (0..x.nrows()).step_by(64) {
+            let len = 64.min(x.nrows() - start);
+            let jac = self.jacobian(&x.rows(start, len).into_owned())?;
+            for i in 0..len {
+                let rows = jac.rows(i * q, q);
+                blocks.push(&rows * rows.transpose());
+            }
+        }
+        Ok(blocks)
+    }
+
+    /// Gradient with respect to `Z` of `⟨C, ntk_block(X, xo, Z, zo)⟩` (VaLLA moves its inducing
+    /// inputs). Networks without a rule for derivatives through their Jacobian return
+    /// [`NnError::Unsupported`]; methods then keep `Z` fixed.
+    fn ntk_block_pullback_z(
+        &self,
+        _x: &DMatrix<f64>,
+        _xo: Outputs,
+        _z: &DMatrix<f64>,
+        _zo: Outputs,
+        _c: &DMatrix<f64>,
+    ) -> Result<DMatrix<f64>> {
+        Err(NnError::Unsupported { what: "NTK gradient with respect to inputs for this network".into() })
     }
 }
 
@@ -168,6 +219,20 @@ network_impl!(Mlp {
         <Mlp>::kfac_statistics(self, x, factors)
     }
     fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Mlp>::last_layer_features(self, x) }
+    fn ntk_block(&self, x: &DMatrix<f64>, xo: Outputs, z: &DMatrix<f64>, zo: Outputs) -> Result<DMatrix<f64>> {
+        <Mlp>::ntk_block(self, x, xo, z, zo)
+    }
+    fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> { <Mlp>::ntk_diagonal(self, x) }
+    fn ntk_block_pullback_z(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+        c: &DMatrix<f64>,
+    ) -> Result<DMatrix<f64>> {
+        <Mlp>::ntk_block_pullback_z(self, x, xo, z, zo, c)
+    }
 });
 network_impl!(Cnn {
     fn layer_infos(&self) -> Vec<LayerInfo> { <Cnn>::layer_infos(self) }

@@ -303,3 +303,110 @@ fn ntk_gradient_with_respect_to_inducing_inputs_matches_finite_differences() {
     let mlp = net(Activation::Tanh, 2, 2, 0);
     assert!(mlp.ntk_pullback_z(&DMatrix::zeros(2, 2), &DMatrix::zeros(3, 2), &DMatrix::zeros(4, 5)).is_err());
 }
+
+#[test]
+fn ntk_blocks_with_selected_outputs_match_the_jacobian() {
+    for act in ACTIVATIONS {
+        let mlp = net(act, 3, 4, 41);
+        let x = rand_uniform(5, 3, -1.0, 1.0, &mut rng(42));
+        let z = rand_uniform(3, 3, -1.0, 1.0, &mut rng(43));
+        let (jx, jz) = (mlp.jacobian(&x).unwrap(), mlp.jacobian(&z).unwrap());
+        let classes = [2usize, 0, 3];
+        let jz_one = DMatrix::from_fn(3, jz.ncols(), |r, c| jz[(r * 4 + classes[r], c)]);
+        let got = mlp.ntk_block(&x, Outputs::All, &z, Outputs::One(&classes)).unwrap();
+        assert_mat_close(&got, &(&jx * jz_one.transpose()), 1e-12, 1e-13);
+        // The trait default (via Jacobians) agrees with the layer-wise rule.
+        let default = {
+            struct Plain<'a>(&'a Mlp);
+            impl Network for Plain<'_> {
+                fn input_dim(&self) -> usize {
+                    self.0.input_dim()
+                }
+                fn output_dim(&self) -> usize {
+                    self.0.output_dim()
+                }
+                fn n_params(&self) -> usize {
+                    self.0.n_params()
+                }
+                fn params(&self) -> DVector<f64> {
+                    self.0.params()
+                }
+                fn set_params(&mut self, _: &DVector<f64>) -> Result<()> {
+                    unreachable!()
+                }
+                fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+                    self.0.forward(x)
+                }
+                fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
+                    self.0.vjp(x, v)
+                }
+                fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
+                    self.0.jvp(x, u)
+                }
+            }
+            let plain = Plain(&mlp);
+            let diag = plain.ntk_diagonal(&x).unwrap();
+            for (i, block) in mlp.ntk_diagonal(&x).unwrap().iter().enumerate() {
+                assert_mat_close(block, &diag[i], 1e-12, 1e-13);
+                let rows = jx.rows(i * 4, 4);
+                assert_mat_close(block, &(&rows * rows.transpose()), 1e-12, 1e-13);
+            }
+            assert!(plain
+                .ntk_block_pullback_z(&x, Outputs::All, &z, Outputs::All, &DMatrix::zeros(20, 12))
+                .is_err());
+            plain.ntk_block(&x, Outputs::All, &z, Outputs::One(&classes)).unwrap()
+        };
+        assert_mat_close(&got, &default, 1e-12, 1e-13);
+    }
+    let mlp = net(Activation::Tanh, 3, 4, 0);
+    let x = DMatrix::zeros(2, 3);
+    assert!(matches!(
+        mlp.ntk_block(&x, Outputs::One(&[0]), &x, Outputs::All),
+        Err(NnError::DimensionMismatch { .. })
+    ));
+    assert!(matches!(
+        mlp.ntk_block(&x, Outputs::One(&[0, 4]), &x, Outputs::All),
+        Err(NnError::DimensionMismatch { .. })
+    ));
+}
+
+#[test]
+fn explicit_ntk_input_gradient_matches_finite_differences_and_the_taped_rule() {
+    for act in ACTIVATIONS {
+        let mlp = net(act, 2, 3, 51);
+        let x = rand_uniform(4, 2, -1.0, 1.0, &mut rng(52));
+        let z = rand_uniform(3, 2, -1.0, 1.0, &mut rng(53));
+        let classes = [1usize, 2, 0];
+        for (zo, cols) in [(Outputs::All, 9), (Outputs::One(&classes), 3)] {
+            let c = randn(12, cols, &mut rng(54));
+            let analytic = mlp.ntk_block_pullback_z(&x, Outputs::All, &z, zo, &c).unwrap();
+            let fd = fspace_testutil::fd_gradient(
+                |zv| {
+                    let zz = DMatrix::from_row_slice(3, 2, zv);
+                    c.component_mul(&mlp.ntk_block(&x, Outputs::All, &zz, zo).unwrap()).sum()
+                },
+                &flat_rows(&z),
+                1e-6,
+            );
+            let scale = fd.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1.0);
+            for (k, f) in fd.iter().enumerate() {
+                // ReLU's kinks make finite differences exact only away from them; the points
+                // are random, so a kink inside ±1e-6 has probability ~1e-6.
+                assert!((analytic[(k / 2, k % 2)] - f).abs() <= 1e-6 * scale, "{act:?} z[{k}]");
+            }
+            if zo == Outputs::All && act != Activation::Relu {
+                assert_mat_close(&analytic, &mlp.ntk_pullback_z(&x, &z, &c).unwrap(), 1e-9, 1e-10);
+            }
+        }
+    }
+    let mlp = net(Activation::Tanh, 2, 3, 0);
+    let z = DMatrix::zeros(3, 2);
+    let bad = DMatrix::from_element(6, 9, f64::NAN);
+    assert!(matches!(
+        mlp.ntk_block_pullback_z(&DMatrix::zeros(2, 2), Outputs::All, &z, Outputs::All, &bad),
+        Err(NnError::NonFinite { .. })
+    ));
+    assert!(mlp
+        .ntk_block_pullback_z(&DMatrix::zeros(2, 2), Outputs::All, &z, Outputs::All, &DMatrix::zeros(6, 8))
+        .is_err());
+}

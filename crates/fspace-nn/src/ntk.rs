@@ -1,0 +1,215 @@
+//! The empirical NTK of an [`Mlp`] layer by layer (VaLLA App. F.3), its diagonal blocks, and
+//! its gradient with respect to the inputs of one side (VaLLA optimises inducing inputs `Z`),
+//! as explicit rules on nalgebra GEMMs.
+//!
+//! With layer `j` computing `h_j = a_j W_jᵀ + b_j` (`a_0 = x`, `a_{j+1} = σ(h_j)`, the last
+//! layer linear) and `δ_j(x, o) = ∂f_o/∂h_j` (`δ_{L−1} = e_o`,
+//! `δ_j = (δ_{j+1} W_{j+1}) ⊙ σ'(h_j)`), a weight's derivative is `δ_j a_jᵀ` and a bias's `δ_j`:
+//!
+//! `κ((x, o), (z, o')) = Σ_j ⟨δ_j(x, o), δ_j(z, o')⟩ · (⟨a_j(x), a_j(z)⟩ + 1)`.
+//!
+//! The gradient of `⟨C, κ(X, Z)⟩` with respect to `Z` back-propagates the cotangents of
+//! `a_j(Z)` (through the forward pass) and of `δ_j(Z)` (through the δ recursion, which needs
+//! `σ''`). dfdx's reverse mode through taped tangents ([`Mlp::ntk_pullback_z`]) computes the
+//! same quantity one inducing point and output at a time; the tests check both against central
+//! finite differences.
+
+use nalgebra::{DMatrix, DVector};
+
+use crate::mlp::{Mlp, NnError, Result};
+
+/// Which outputs of each point enter an NTK block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outputs<'a> {
+    /// All `d'` outputs of every point; rows point-major (`i·d' + o`).
+    All,
+    /// One output per point: row `i` is output `o[i]` of point `i` (VaLLA's inducing points
+    /// each carry one class).
+    One(&'a [usize]),
+}
+
+impl Outputs<'_> {
+    /// `(point, output)` of every row, after checking lengths and ranges.
+    pub(crate) fn rows(&self, n: usize, q: usize) -> Result<Vec<(usize, usize)>> {
+        match self {
+            Self::All => Ok((0..n * q).map(|r| (r / q, r % q)).collect()),
+            Self::One(o) => {
+                if o.len() != n {
+                    return Err(NnError::DimensionMismatch {
+                        what: "output selection (one output per point)",
+                        expected: n,
+                        found: o.len(),
+                    });
+                }
+                if let Some(&bad) = o.iter().find(|&&v| v >= q) {
+                    return Err(NnError::DimensionMismatch {
+                        what: "selected output index (must be < d')",
+                        expected: q,
+                        found: bad,
+                    });
+                }
+                Ok(o.iter().enumerate().map(|(i, &v)| (i, v)).collect())
+            }
+        }
+    }
+}
+
+/// One side of an NTK block: layer inputs, pre-activations and back-propagated gradients.
+struct Side {
+    /// `(point, output)` per row of the δ matrices.
+    rows: Vec<(usize, usize)>,
+    /// `a_j` (`n × fan_in_j`), `j = 0..L`.
+    a: Vec<DMatrix<f64>>,
+    /// `h_j` of the hidden layers (`n × fan_out_j`), `j = 0..L−1`.
+    h: Vec<DMatrix<f64>>,
+    /// `δ_j` (`rows × fan_out_j`), `j = 0..L`.
+    delta: Vec<DMatrix<f64>>,
+    /// `P_j = δ_{j+1} W_{j+1}` (`rows × fan_out_j`), `j = 0..L−1` (so `δ_j = P_j ⊙ σ'(h_j)`).
+    pre_slope: Vec<DMatrix<f64>>,
+}
+
+fn affine(a: &DMatrix<f64>, w: &DMatrix<f64>, b: &DVector<f64>) -> DMatrix<f64> {
+    let mut h = a * w.transpose();
+    for (c, bc) in b.iter().enumerate() {
+        h.column_mut(c).add_scalar_mut(*bc);
+    }
+    h
+}
+
+impl Mlp {
+    fn ntk_side(&self, x: &DMatrix<f64>, outputs: Outputs) -> Result<Side> {
+        self.check_inputs_pub(x)?;
+        let q = self.output_dim();
+        let rows = outputs.rows(x.nrows(), q)?;
+        let act = self.config().activation;
+        let weights = self.dense_weights();
+        let depth = weights.len();
+        let mut a = vec![x.clone()];
+        let mut h = Vec::with_capacity(depth - 1);
+        for (j, (w, b)) in weights.iter().enumerate().take(depth - 1) {
+            let hj = affine(&a[j], w, b);
+            a.push(hj.map(|v| act.value(v)));
+            h.push(hj);
+        }
+        let mut delta = vec![DMatrix::zeros(0, 0); depth];
+        delta[depth - 1] = DMatrix::from_fn(rows.len(), q, |r, o| (rows[r].1 == o) as u8 as f64);
+        let mut pre_slope = vec![DMatrix::zeros(0, 0); depth - 1];
+        for j in (0..depth - 1).rev() {
+            let p = &delta[j + 1] * &weights[j + 1].0;
+            delta[j] =
+                DMatrix::from_fn(p.nrows(), p.ncols(), |r, k| p[(r, k)] * act.slope(h[j][(rows[r].0, k)]));
+            pre_slope[j] = p;
+        }
+        Ok(Side { rows, a, h, delta, pre_slope })
+    }
+
+    /// The NTK block `J(X) J(Z)ᵀ` restricted to the selected outputs of each side
+    /// (`rows(X) × rows(Z)`), layer by layer without forming `J`. Cost
+    /// `O(rows_X · rows_Z · Σ_j width_j)`, memory independent of `p`.
+    pub fn ntk_block(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+    ) -> Result<DMatrix<f64>> {
+        let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
+        let mut k = DMatrix::zeros(sx.rows.len(), sz.rows.len());
+        for j in 0..sx.a.len() {
+            let aa = &sx.a[j] * sz.a[j].transpose();
+            let dd = &sx.delta[j] * sz.delta[j].transpose();
+            for (s, &(pz, _)) in sz.rows.iter().enumerate() {
+                for (r, &(px, _)) in sx.rows.iter().enumerate() {
+                    k[(r, s)] += dd[(r, s)] * (aa[(px, pz)] + 1.0);
+                }
+            }
+        }
+        Ok(k)
+    }
+
+    /// The `d' × d'` diagonal blocks `J(xᵢ) J(xᵢ)ᵀ` of the NTK at each point.
+    pub fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
+        let q = self.output_dim();
+        let side = self.ntk_side(x, Outputs::All)?;
+        let mut blocks = vec![DMatrix::zeros(q, q); x.nrows()];
+        for j in 0..side.a.len() {
+            for (i, block) in blocks.iter_mut().enumerate() {
+                let scale = side.a[j].row(i).norm_squared() + 1.0;
+                let d = side.delta[j].rows(i * q, q);
+                *block += (&d * d.transpose()) * scale;
+            }
+        }
+        Ok(blocks)
+    }
+
+    /// Gradient with respect to `Z` (`m × d`) of `⟨C, κ(X, Z)⟩` for a cotangent `C` of
+    /// [`ntk_block`](Self::ntk_block)`(X, xo, Z, zo)` (explicit rule; see the module docs).
+    /// For a symmetric block `κ(Z, Z)` call it with `C` and with `Cᵀ` and add.
+    pub fn ntk_block_pullback_z(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+        c: &DMatrix<f64>,
+    ) -> Result<DMatrix<f64>> {
+        let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
+        if c.shape() != (sx.rows.len(), sz.rows.len()) {
+            return Err(NnError::DimensionMismatch {
+                what: "NTK cotangent (rows(X) × rows(Z))",
+                expected: sx.rows.len() * sz.rows.len(),
+                found: c.len(),
+            });
+        }
+        if c.iter().any(|v| !v.is_finite()) {
+            return Err(NnError::NonFinite { what: "NTK cotangent" });
+        }
+        let act = self.config().activation;
+        let weights = self.dense_weights();
+        let depth = weights.len();
+        let (n, m) = (x.nrows(), z.nrows());
+        // Cotangents of δ_j(Z) and a_j(Z) from each layer's term.
+        let mut dbar = Vec::with_capacity(depth);
+        let mut abar = Vec::with_capacity(depth);
+        for j in 0..depth {
+            let aa = &sx.a[j] * sz.a[j].transpose();
+            let dd = &sx.delta[j] * sz.delta[j].transpose();
+            let mut weighted = DMatrix::zeros(sx.rows.len(), sz.rows.len());
+            let mut e = DMatrix::zeros(n, m);
+            for (s, &(pz, _)) in sz.rows.iter().enumerate() {
+                for (r, &(px, _)) in sx.rows.iter().enumerate() {
+                    let crs = c[(r, s)];
+                    weighted[(r, s)] = crs * (aa[(px, pz)] + 1.0);
+                    e[(px, pz)] += crs * dd[(r, s)];
+                }
+            }
+            dbar.push(weighted.transpose() * &sx.delta[j]);
+            abar.push(e.transpose() * &sx.a[j]);
+        }
+        // Through the δ recursion, bottom layer first (δ_j depends on δ_{j+1}).
+        let mut hbar: Vec<DMatrix<f64>> = sz.h.iter().map(|h| DMatrix::zeros(h.nrows(), h.ncols())).collect();
+        for j in 0..depth - 1 {
+            let g = &dbar[j];
+            let mut pbar = DMatrix::zeros(g.nrows(), g.ncols());
+            for (r, &(pz, _)) in sz.rows.iter().enumerate() {
+                for k in 0..g.ncols() {
+                    let hv = sz.h[j][(pz, k)];
+                    hbar[j][(pz, k)] += g[(r, k)] * sz.pre_slope[j][(r, k)] * act.curvature(hv);
+                    pbar[(r, k)] = g[(r, k)] * act.slope(hv);
+                }
+            }
+            let up = pbar * weights[j + 1].0.transpose();
+            dbar[j + 1] += up;
+        }
+        // Through the forward pass, top layer first.
+        for j in (0..depth - 1).rev() {
+            let hj = &sz.h[j];
+            let total = DMatrix::from_fn(m, hj.ncols(), |i, k| {
+                hbar[j][(i, k)] + abar[j + 1][(i, k)] * act.slope(hj[(i, k)])
+            });
+            let back = total * &weights[j].0;
+            abar[j] += back;
+        }
+        Ok(abar.swap_remove(0))
+    }
+}
