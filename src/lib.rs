@@ -16,6 +16,7 @@
 //! | [`nn`] | `fspace-nn` | MLP, CNN and Helmholtz nets with f, J·u, Jᵀ·V, Jacobian, NTK, GGN products, MAP training |
 //! | [`fsp_laplace`] | `fspace-fsp-laplace` | FSP-Laplace: MAP under a GP prior (Alg. 1), matrix-free linearised Laplace (Alg. 2) |
 //! | [`laplace`] | `fspace-laplace` | weight-space linearised and generalised (tempered) Laplace: full, B-Diag, diag, KFAC, EKFAC, last-layer, low-rank |
+//! | [`valla`] | `fspace-valla` | VaLLA (sparse variational GP on the NTK, MAP net as mean) and ELLA (Nyström NTK features) |
 //! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
 
 pub use fspace_context as context;
@@ -28,6 +29,7 @@ pub use fspace_laplace as laplace;
 pub use fspace_linalg as linalg;
 pub use fspace_metrics as metrics;
 pub use fspace_nn as nn;
+pub use fspace_valla as valla;
 
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

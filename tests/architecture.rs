@@ -30,6 +30,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
             ],
         ),
         ("fspace-laplace", vec!["fspace-linalg", "fspace-core", "fspace-nn"]),
+        ("fspace-valla", vec!["fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),
         (
             "fspace",
             vec![
@@ -43,6 +44,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-nn",
                 "fspace-fsp-laplace",
                 "fspace-laplace",
+                "fspace-valla",
             ],
         ),
         (
@@ -59,6 +61,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-nn",
                 "fspace-fsp-laplace",
                 "fspace-laplace",
+                "fspace-valla",
             ],
         ),
     ])

@@ -136,7 +136,7 @@ impl Mlp {
             for (i, block) in blocks.iter_mut().enumerate() {
                 let scale = side.a[j].row(i).norm_squared() + 1.0;
                 let d = side.delta[j].rows(i * q, q);
-                *block += (&d * d.transpose()) * scale;
+                *block += (d * d.transpose()) * scale;
             }
         }
         Ok(blocks)

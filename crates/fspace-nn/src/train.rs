@@ -120,7 +120,7 @@ pub trait Network: Send + Sync {
             let jac = self.jacobian(&x.rows(start, len).into_owned())?;
             for i in 0..len {
                 let rows = jac.rows(i * q, q);
-                blocks.push(&rows * rows.transpose());
+                blocks.push(rows * rows.transpose());
             }
         }
         Ok(blocks)

@@ -349,7 +349,7 @@ fn ntk_blocks_with_selected_outputs_match_the_jacobian() {
             for (i, block) in mlp.ntk_diagonal(&x).unwrap().iter().enumerate() {
                 assert_mat_close(block, &diag[i], 1e-12, 1e-13);
                 let rows = jx.rows(i * 4, 4);
-                assert_mat_close(block, &(&rows * rows.transpose()), 1e-12, 1e-13);
+                assert_mat_close(block, &(rows * rows.transpose()), 1e-12, 1e-13);
             }
             assert!(plain
                 .ntk_block_pullback_z(&x, Outputs::All, &z, Outputs::All, &DMatrix::zeros(20, 12))

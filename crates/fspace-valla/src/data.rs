@@ -1,0 +1,96 @@
+//! Input checks shared by VaLLA and ELLA, and the per-point quantities both precompute.
+
+use fspace_nn::Network;
+use nalgebra::{DMatrix, DVector};
+
+use crate::error::{ensure_positive, Result, VallaError};
+use crate::objective::VallaLikelihood;
+
+/// Checks a data set (`what` names it in errors): non-empty, finite, matching widths, and
+/// targets valid for the likelihood (labels integral in `0..d'`).
+pub(crate) fn check_data<N: Network>(
+    net: &N,
+    likelihood: VallaLikelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    what: &'static str,
+) -> Result<()> {
+    if x.nrows() == 0 {
+        return Err(VallaError::Empty { what });
+    }
+    if x.ncols() != net.input_dim() {
+        return Err(VallaError::DimensionMismatch {
+            what: "input columns",
+            expected: net.input_dim(),
+            found: x.ncols(),
+        });
+    }
+    if y.len() != x.nrows() {
+        return Err(VallaError::DimensionMismatch {
+            what: "targets (one per input row)",
+            expected: x.nrows(),
+            found: y.len(),
+        });
+    }
+    if x.iter().any(|v| !v.is_finite()) {
+        return Err(VallaError::NonFinite { what: "inputs" });
+    }
+    if y.iter().any(|v| !v.is_finite()) {
+        return Err(VallaError::NonFinite { what: "targets" });
+    }
+    check_likelihood(net, likelihood)?;
+    if likelihood == VallaLikelihood::Categorical {
+        let classes = net.output_dim();
+        if let Some((index, &value)) =
+            y.iter().enumerate().find(|(_, &v)| v < 0.0 || v.fract() != 0.0 || v >= classes as f64)
+        {
+            return Err(VallaError::InvalidTarget {
+                index,
+                value,
+                reason: format!("labels must be integers in 0..{classes}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The likelihood fits the network: Gaussian needs one output and σ > 0; categorical ≥ 2.
+pub(crate) fn check_likelihood<N: Network>(net: &N, likelihood: VallaLikelihood) -> Result<()> {
+    match likelihood {
+        VallaLikelihood::Gaussian { noise_std } => {
+            ensure_positive("noise_std (σ)", noise_std)?;
+            if net.output_dim() != 1 {
+                return Err(VallaError::DimensionMismatch {
+                    what: "network outputs for the Gaussian likelihood",
+                    expected: 1,
+                    found: net.output_dim(),
+                });
+            }
+        }
+        VallaLikelihood::Categorical => {
+            if net.output_dim() < 2 {
+                return Err(VallaError::InvalidParameter {
+                    what: "network outputs for the categorical likelihood",
+                    reason: "need ≥ 2 classes (one logit per class)".into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// MAP outputs and unit-NTK diagonal blocks of every row, in chunks of 512 points.
+pub(crate) fn outputs_and_ntk_diagonal<N: Network>(
+    net: &N,
+    x: &DMatrix<f64>,
+) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>)> {
+    let mut g = DMatrix::zeros(x.nrows(), net.output_dim());
+    let mut blocks = Vec::with_capacity(x.nrows());
+    for start in (0..x.nrows()).step_by(512) {
+        let len = 512.min(x.nrows() - start);
+        let xs = x.rows(start, len).into_owned();
+        g.rows_mut(start, len).copy_from(&net.forward(&xs)?);
+        blocks.extend(net.ntk_diagonal(&xs)?);
+    }
+    Ok((g, blocks))
+}

@@ -1,0 +1,642 @@
+//! Fitting VaLLA ([`fit`]) and its posterior ([`VallaPosterior`]).
+
+use std::path::Path;
+use std::time::Instant;
+
+use fspace_core::{
+    Adam, ClassProbMethod, EarlyStopping, FunctionPredictive, Minibatches, Posterior, StopDecision,
+};
+use fspace_linalg::blocked::{cholesky_lower, solve_lower};
+use fspace_nn::{Network, NnError, Outputs};
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
+
+use crate::data::{check_data, check_likelihood, outputs_and_ntk_diagonal};
+use crate::error::{ensure_positive, Result, VallaError};
+use crate::objective::{
+    objective, point_term, Batch, ClassApprox, DataTerm, Learn, VallaLikelihood, VariationalState,
+};
+
+/// Options of VaLLA ([`fit`]); `Default` is the paper's setting (§5, App. C–E).
+///
+/// | name | default | purpose | range |
+/// |---|---|---|---|
+/// | `num_inducing` | 100 | `M`, inducing points (`Z`) | `1..=n` |
+/// | `alpha` | 1.0 | α of the objective (eq. 22); 1 = log predictive of the data | `(0, 1]` |
+/// | `batch_size` | 100 | minibatch `|b|` (eq. 23) | ≥ 1 |
+/// | `learning_rate` | 1e-3 | Adam step | > 0 |
+/// | `iterations` | 20 000 | maximum Adam steps | ≥ 1 |
+/// | `prior_variance` | 1.0 | initial σ₀² of `κ = σ₀² J Jᵀ` | > 0 |
+/// | `learn_prior_variance` | true | optimise σ₀² | |
+/// | `learn_noise` | true | optimise σ² (Gaussian; starts at the likelihood's σ) | |
+/// | `optimize_inducing` | true | move `Z` by the NTK's input gradient | |
+/// | `validate_every` | 100 | iterations between validation NLL evaluations | ≥ 1 |
+/// | `patience` | `Some(5)` | evaluations without improvement before stopping (`None`: no early stopping) | |
+/// | `class_approx` | probit | `log E_q[p(y|f)]` for classification | |
+/// | `kmeans_iterations` | 100 | Lloyd iterations of the `Z` initialisation | ≥ 1 |
+/// | `seed` | 0 | k-means, minibatches, MC noise | |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VallaConfig {
+    /// Inducing points `M`.
+    pub num_inducing: usize,
+    /// α of the α-objective.
+    pub alpha: f64,
+    /// Minibatch size.
+    pub batch_size: usize,
+    /// Adam learning rate.
+    pub learning_rate: f64,
+    /// Maximum iterations.
+    pub iterations: usize,
+    /// Initial σ₀².
+    pub prior_variance: f64,
+    /// Optimise σ₀².
+    pub learn_prior_variance: bool,
+    /// Optimise σ² (Gaussian).
+    pub learn_noise: bool,
+    /// Optimise `Z`.
+    pub optimize_inducing: bool,
+    /// Iterations between validation evaluations.
+    pub validate_every: usize,
+    /// Early-stopping patience in evaluations.
+    pub patience: Option<usize>,
+    /// Class-probability approximation in the objective.
+    pub class_approx: ClassApprox,
+    /// k-means iterations.
+    pub kmeans_iterations: usize,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Default for VallaConfig {
+    fn default() -> Self {
+        Self {
+            num_inducing: 100,
+            alpha: 1.0,
+            batch_size: 100,
+            learning_rate: 1e-3,
+            iterations: 20_000,
+            prior_variance: 1.0,
+            learn_prior_variance: true,
+            learn_noise: true,
+            optimize_inducing: true,
+            validate_every: 100,
+            patience: Some(5),
+            class_approx: ClassApprox::Probit,
+            kmeans_iterations: 100,
+            seed: 0,
+        }
+    }
+}
+
+impl VallaConfig {
+    fn validate(&self) -> Result<()> {
+        if self.num_inducing == 0 {
+            return Err(VallaError::InvalidParameter {
+                what: "num_inducing", reason: "must be ≥ 1".into()
+            });
+        }
+        if !(self.alpha > 0.0 && self.alpha <= 1.0) {
+            return Err(VallaError::InvalidParameter {
+                what: "alpha",
+                reason: format!("{} must lie in (0, 1]", self.alpha),
+            });
+        }
+        for (what, v) in [
+            ("batch_size", self.batch_size),
+            ("iterations", self.iterations),
+            ("validate_every", self.validate_every),
+            ("kmeans_iterations", self.kmeans_iterations),
+        ] {
+            if v == 0 {
+                return Err(VallaError::InvalidParameter { what, reason: "must be ≥ 1".into() });
+            }
+        }
+        ensure_positive("learning_rate", self.learning_rate)?;
+        ensure_positive("prior_variance (σ₀²)", self.prior_variance)?;
+        match self.class_approx {
+            ClassApprox::MonteCarlo { samples: 0 } => {
+                Err(VallaError::InvalidParameter { what: "class_approx samples", reason: "must be ≥ 1".into() })
+            }
+            ClassApprox::Probit if self.alpha != 1.0 => Err(VallaError::InvalidParameter {
+                what: "alpha",
+                reason: "the probit approximation gives log E[p], i.e. α = 1 only; use ClassApprox::MonteCarlo for α < 1".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One validation record of the training history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValidationPoint {
+    /// Iterations done.
+    pub iteration: usize,
+    /// Mean minibatch objective `F / N` since the previous record.
+    pub objective_per_point: f64,
+    /// Validation mean NLL (`None` without validation data).
+    pub validation_nll: Option<f64>,
+    /// σ₀² at this point.
+    pub prior_variance: f64,
+}
+
+/// What a VaLLA fit did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VallaReport {
+    /// Iterations run.
+    pub iterations: usize,
+    /// Iteration of the restored (best-validation) state.
+    pub best_iteration: usize,
+    /// Whether early stopping ended the run.
+    pub stopped_early: bool,
+    /// History, one entry per validation period.
+    pub history: Vec<ValidationPoint>,
+    /// Wall-clock seconds of the fit (precomputation, k-means and optimisation).
+    pub seconds: f64,
+}
+
+/// The inducing outputs: one class per inducing point, round-robin over the classes that still
+/// have unused points (so `M/C` per class when classes are large enough).
+fn class_allocation(y: &DVector<f64>, classes: usize, m: usize) -> Vec<usize> {
+    let mut count = vec![0usize; classes];
+    for &v in y.iter() {
+        count[v as usize] += 1;
+    }
+    let mut alloc = vec![0usize; classes];
+    let mut total = 0;
+    while total < m {
+        for c in 0..classes {
+            if total < m && alloc[c] < count[c] {
+                alloc[c] += 1;
+                total += 1;
+            }
+        }
+    }
+    alloc
+}
+
+/// k-means initialisation of `Z`: on all inputs (one output), or per class with the classes'
+/// shares of [`class_allocation`] (each inducing point carries its class's output, as the
+/// paper's multi-class VaLLA).
+fn initial_inducing(
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    likelihood: VallaLikelihood,
+    classes: usize,
+    config: &VallaConfig,
+) -> Result<(DMatrix<f64>, Vec<usize>)> {
+    let m = config.num_inducing;
+    match likelihood {
+        VallaLikelihood::Gaussian { .. } => {
+            Ok((fspace_gp::kmeans(x, m, config.kmeans_iterations, config.seed)?, vec![0; m]))
+        }
+        VallaLikelihood::Categorical => {
+            let alloc = class_allocation(y, classes, m);
+            let mut z = DMatrix::zeros(m, x.ncols());
+            let mut outputs = Vec::with_capacity(m);
+            for (c, &k) in alloc.iter().enumerate().filter(|(_, &k)| k > 0) {
+                let rows: Vec<usize> = (0..x.nrows()).filter(|&i| y[i] as usize == c).collect();
+                let centroids = fspace_gp::kmeans(
+                    &x.select_rows(&rows),
+                    k,
+                    config.kmeans_iterations,
+                    config.seed + c as u64,
+                )?;
+                for r in 0..k {
+                    z.set_row(outputs.len(), &centroids.row(r));
+                    outputs.push(c);
+                }
+            }
+            Ok((z, outputs))
+        }
+    }
+}
+
+/// The state-dependent pieces of the predictive: `R = chol(B)` with `B = I + σ₀² Lᵀ κ̂_Z L`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Prepared {
+    state: VariationalState,
+    r: DMatrix<f64>,
+}
+
+impl Prepared {
+    fn new<N: Network>(net: &N, state: VariationalState) -> Result<Self> {
+        let sel = Outputs::One(&state.outputs);
+        let kz = net.ntk_block(&state.z, sel, &state.z, sel)?;
+        let m = state.z.nrows();
+        let mut bm = state.l.transpose() * kz * &state.l * state.prior_variance();
+        for i in 0..m {
+            bm[(i, i)] += 1.0;
+        }
+        let bm = (&bm + bm.transpose()) * 0.5;
+        let r = cholesky_lower(&bm)
+            .ok_or(VallaError::NotPositiveDefinite { what: "B = I + σ₀² Lᵀ K_Z L" })?;
+        Ok(Self { state, r })
+    }
+
+    /// `V = R⁻¹ (σ₀² κ̂(X, Z) L)ᵀ` (`M × n·d'`): `K*(x, x') = σ₀² κ̂(x, x') − VₓᵀVₓ'`.
+    fn v<N: Network>(&self, net: &N, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let kxz = net.ntk_block(x, Outputs::All, &self.state.z, Outputs::One(&self.state.outputs))?;
+        Ok(solve_lower(&self.r, &(kxz * &self.state.l * self.state.prior_variance()).transpose()))
+    }
+
+    /// Per-point `d' × d'` predictive covariances from precomputed unit-NTK diagonal blocks.
+    fn blocks<N: Network>(
+        &self,
+        net: &N,
+        x: &DMatrix<f64>,
+        kxx: &[DMatrix<f64>],
+    ) -> Result<Vec<DMatrix<f64>>> {
+        let q = net.output_dim();
+        let s0 = self.state.prior_variance();
+        let mut out = Vec::with_capacity(x.nrows());
+        for start in (0..x.nrows()).step_by(512) {
+            let len = 512.min(x.nrows() - start);
+            let v = self.v(net, &x.rows(start, len).into_owned())?;
+            for i in 0..len {
+                let vi = v.columns(i * q, q);
+                out.push(&kxx[start + i] * s0 - vi.transpose() * vi);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Mean validation NLL of the predictive `p(y | x) ≈ E_q[p(y | f)]` (Gaussian: closed form;
+/// categorical: probit, as the predictive of [`VallaPosterior::class_probabilities`]).
+fn mean_nll<N: Network>(
+    net: &N,
+    prepared: &Prepared,
+    likelihood: VallaLikelihood,
+    x: &DMatrix<f64>,
+    g: &DMatrix<f64>,
+    kxx: &[DMatrix<f64>],
+    y: &DVector<f64>,
+) -> Result<f64> {
+    let blocks = prepared.blocks(net, x, kxx)?;
+    let term = DataTerm { likelihood, approx: ClassApprox::Probit, alpha: 1.0 };
+    let noise = prepared.state.noise_variance();
+    let mut total = 0.0;
+    for (i, s) in blocks.iter().enumerate() {
+        total -= point_term(term, &g.row(i).transpose(), s, y[i], noise, None, i)?.0;
+    }
+    Ok(total / x.nrows() as f64)
+}
+
+/// Fits VaLLA to a trained network `net` (its parameters are the MAP `θ̂`): the sparse
+/// variational GP with prior `GP(g(·; θ̂), σ₀² J(·)J(·)ᵀ)` whose mean stays the network
+/// (Prop. 1), with `Z`, `A`, σ₀² and σ² found by Adam on the α-objective (eq. 23) and, with a
+/// validation set, early stopping that restores the best state (App. C).
+///
+/// `validation` is required when `config.patience` is set. Errors: bad data or labels, more
+/// inducing points than data, non-positive hyperparameters, an empty validation set, `Z`
+/// optimisation on a network without an NTK input gradient.
+pub fn fit<N: Network + Clone>(
+    net: N,
+    likelihood: VallaLikelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    config: &VallaConfig,
+) -> Result<VallaPosterior<N>> {
+    let start = Instant::now();
+    config.validate()?;
+    check_data(&net, likelihood, x, y, "training data")?;
+    if let Some((xv, yv)) = validation {
+        check_data(&net, likelihood, xv, yv, "validation data")?;
+    } else if config.patience.is_some() {
+        return Err(VallaError::Empty {
+            what: "validation data (early stopping needs it; set patience = None to train without)",
+        });
+    }
+    let n = x.nrows();
+    if config.num_inducing > n {
+        return Err(VallaError::TooManyPoints {
+            what: "inducing points",
+            requested: config.num_inducing,
+            available: n,
+        });
+    }
+    let q = net.output_dim();
+    let noise_std = match likelihood {
+        VallaLikelihood::Gaussian { noise_std } => noise_std,
+        VallaLikelihood::Categorical => 1.0,
+    };
+    let (z, outputs) = initial_inducing(x, y, likelihood, q, config)?;
+    let m = z.nrows();
+    let mut state = VariationalState {
+        z,
+        outputs,
+        log_prior_var: config.prior_variance.ln(),
+        log_noise_var: 2.0 * noise_std.ln(),
+        l: DMatrix::identity(m, m),
+    };
+    if config.optimize_inducing {
+        let probe = state.z.rows(0, 1).into_owned();
+        let sel = [state.outputs[0]];
+        match net.ntk_block_pullback_z(
+            &probe,
+            Outputs::All,
+            &probe,
+            Outputs::One(&sel),
+            &DMatrix::zeros(q, 1),
+        ) {
+            Err(NnError::Unsupported { what }) => {
+                return Err(VallaError::InvalidParameter {
+                    what: "optimize_inducing",
+                    reason: format!(
+                        "{what}; set optimize_inducing = false to keep the k-means inducing points"
+                    ),
+                })
+            }
+            other => {
+                other?;
+            }
+        }
+    }
+    let (g_all, kxx_all) = outputs_and_ntk_diagonal(&net, x)?;
+    let val = match validation {
+        Some((xv, yv)) => {
+            let (g, k) = outputs_and_ntk_diagonal(&net, xv)?;
+            Some((xv, yv, g, k))
+        }
+        None => None,
+    };
+    let term = DataTerm { likelihood, approx: config.class_approx, alpha: config.alpha };
+    let learn = Learn {
+        prior_variance: config.learn_prior_variance,
+        noise: config.learn_noise && matches!(likelihood, VallaLikelihood::Gaussian { .. }),
+    };
+    let batches = Minibatches::new(n, config.batch_size, false)?;
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let mut adam = Adam::new(state.flat_len(), config.learning_rate);
+    let mut theta = state.to_flat();
+    let mut stopper = match config.patience {
+        Some(p) => Some(EarlyStopping::new(p, 0.0)?),
+        None => None,
+    };
+    let mut best = (state.clone(), 0usize);
+    let mut history = Vec::new();
+    let (mut it, mut running, mut running_count, mut stopped_early) = (0usize, 0.0, 0usize, false);
+    'outer: loop {
+        for idx in batches.epoch(&mut rng) {
+            let xb = x.select_rows(&idx);
+            let gb = g_all.select_rows(&idx);
+            let kxx: Vec<DMatrix<f64>> = idx.iter().map(|&i| kxx_all[i].clone()).collect();
+            let yb: Vec<f64> = idx.iter().map(|&i| y[i]).collect();
+            let eps: Option<Vec<DMatrix<f64>>> = match config.class_approx {
+                ClassApprox::MonteCarlo { samples } if likelihood == VallaLikelihood::Categorical => Some(
+                    (0..idx.len())
+                        .map(|_| DMatrix::from_fn(samples, q, |_, _| StandardNormal.sample(&mut rng)))
+                        .collect(),
+                ),
+                _ => None,
+            };
+            let batch = Batch { x: &xb, g: &gb, kxx: &kxx, y: &yb, eps: eps.as_deref() };
+            let (value, grad) = objective(&net, &state, &batch, term, n, true, config.optimize_inducing)?;
+            if !value.is_finite() {
+                return Err(VallaError::NonFinite { what: "VaLLA objective (lower the learning rate)" });
+            }
+            let grad = grad.expect("requested").to_flat(&state, &learn);
+            adam.ascend(&mut theta, &grad);
+            state.set_flat(&theta);
+            it += 1;
+            running += value / n as f64;
+            running_count += 1;
+            if it % config.validate_every == 0 || it == config.iterations {
+                let vnll = match &val {
+                    Some((xv, yv, g, k)) => {
+                        Some(mean_nll(&net, &Prepared::new(&net, state.clone())?, likelihood, xv, g, k, yv)?)
+                    }
+                    None => None,
+                };
+                history.push(ValidationPoint {
+                    iteration: it,
+                    objective_per_point: running / running_count as f64,
+                    validation_nll: vnll,
+                    prior_variance: state.prior_variance(),
+                });
+                running = 0.0;
+                running_count = 0;
+                match (&mut stopper, vnll) {
+                    (Some(s), Some(v)) => match s.update(v) {
+                        StopDecision::Improved => best = (state.clone(), it),
+                        StopDecision::Continue => {}
+                        StopDecision::Stop => {
+                            stopped_early = true;
+                            break 'outer;
+                        }
+                    },
+                    _ => best = (state.clone(), it),
+                }
+            }
+            if it >= config.iterations {
+                break 'outer;
+            }
+        }
+    }
+    let (state, best_iteration) = best;
+    let prepared = Prepared::new(&net, state)?;
+    let report = VallaReport {
+        iterations: it,
+        best_iteration,
+        stopped_early,
+        history,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    Ok(VallaPosterior { net, likelihood, prepared, report })
+}
+
+/// A fitted VaLLA posterior: `f ~ GP(g(·; θ̂), K*)` with
+/// `K*(x, x') = σ₀² κ̂(x, x') − σ₀² κ̂(x, Z) L B⁻¹ Lᵀ κ̂(Z, x') σ₀²` (Prop. 1, eq. 17).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VallaPosterior<N> {
+    net: N,
+    likelihood: VallaLikelihood,
+    prepared: Prepared,
+    report: VallaReport,
+}
+
+impl<N: Network + Clone> VallaPosterior<N> {
+    /// Builds a posterior from a given state (e.g. Prop. 2's optimal `A`, or a saved one);
+    /// checks shapes and positivity.
+    pub fn from_state(net: N, likelihood: VallaLikelihood, state: VariationalState) -> Result<Self> {
+        check_likelihood(&net, likelihood)?;
+        let m = state.z.nrows();
+        if m == 0 {
+            return Err(VallaError::Empty { what: "inducing points" });
+        }
+        if state.z.ncols() != net.input_dim() {
+            return Err(VallaError::DimensionMismatch {
+                what: "inducing-point columns",
+                expected: net.input_dim(),
+                found: state.z.ncols(),
+            });
+        }
+        if state.outputs.len() != m || state.l.shape() != (m, m) {
+            return Err(VallaError::DimensionMismatch {
+                what: "inducing outputs / L (one per inducing point)",
+                expected: m,
+                found: state.outputs.len(),
+            });
+        }
+        if state.z.iter().chain(state.l.iter()).any(|v| !v.is_finite())
+            || !state.log_prior_var.is_finite()
+            || !state.log_noise_var.is_finite()
+        {
+            return Err(VallaError::NonFinite { what: "variational state" });
+        }
+        let prepared = Prepared::new(&net, state)?;
+        let report = VallaReport {
+            iterations: 0,
+            best_iteration: 0,
+            stopped_early: false,
+            history: Vec::new(),
+            seconds: 0.0,
+        };
+        Ok(Self { net, likelihood, prepared, report })
+    }
+
+    /// The variational state (`Z`, outputs, σ₀², σ², `L`).
+    pub fn state(&self) -> &VariationalState {
+        &self.prepared.state
+    }
+    /// The network (MAP weights).
+    pub fn network(&self) -> &N {
+        &self.net
+    }
+    /// The likelihood, with σ the fitted one for Gaussian models.
+    pub fn likelihood(&self) -> VallaLikelihood {
+        match self.likelihood {
+            VallaLikelihood::Gaussian { .. } => {
+                VallaLikelihood::Gaussian { noise_std: self.state().noise_variance().sqrt() }
+            }
+            other => other,
+        }
+    }
+    /// What the fit did.
+    pub fn report(&self) -> &VallaReport {
+        &self.report
+    }
+
+    /// Predictive mean `g(X)` (`n × d'`) and the per-point `d' × d'` covariances of `f`.
+    pub fn predict_blocks(&self, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>)> {
+        let (g, kxx) = outputs_and_ntk_diagonal(&self.net, x)?;
+        let blocks = self.prepared.blocks(&self.net, x, &kxx)?;
+        Ok((g, blocks))
+    }
+
+    /// Class probabilities (`n × C`) of the predictive (`method`: the probit approximation
+    /// VaLLA trains with, the Laplace bridge, or MC with the given RNG seed).
+    pub fn class_probabilities(
+        &self,
+        x: &DMatrix<f64>,
+        method: ClassProbMethod,
+        seed: u64,
+    ) -> Result<DMatrix<f64>> {
+        let pred = Posterior::predict(self, x)?;
+        let mut rng = StdRng::seed_from_u64(seed);
+        Ok(fspace_core::class_probabilities(&pred, method, &mut rng)?)
+    }
+
+    /// Mean NLL of `y` under the predictive (Gaussian: `N(g, σ² + Σ)`; categorical: probit).
+    pub fn predictive_nll(&self, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
+        check_data(&self.net, self.likelihood, x, y, "evaluation data")?;
+        let (g, kxx) = outputs_and_ntk_diagonal(&self.net, x)?;
+        mean_nll(&self.net, &self.prepared, self.likelihood, x, &g, &kxx, y)
+    }
+
+    /// Writes the posterior (network included) as JSON.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()>
+    where
+        N: Serialize,
+    {
+        let s = serde_json::to_string(self).map_err(|e| VallaError::Io(e.to_string()))?;
+        std::fs::write(path.as_ref(), s)
+            .map_err(|e| VallaError::Io(format!("{}: {e}", path.as_ref().display())))
+    }
+
+    /// Reads a posterior written by [`save`](Self::save).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self>
+    where
+        N: for<'de> Deserialize<'de>,
+    {
+        let s = std::fs::read_to_string(path.as_ref())
+            .map_err(|e| VallaError::Io(format!("{}: {e}", path.as_ref().display())))?;
+        serde_json::from_str(&s).map_err(|e| VallaError::Io(e.to_string()))
+    }
+}
+
+fn core_err(e: VallaError) -> fspace_core::CoreError {
+    match e {
+        VallaError::Core(c) => c,
+        other => {
+            fspace_core::CoreError::InvalidParameter { what: "VaLLA posterior", reason: other.to_string() }
+        }
+    }
+}
+
+impl<N: Network + Clone> Posterior for VallaPosterior<N> {
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+
+    fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
+        let (g, blocks) = self.predict_blocks(x).map_err(core_err)?;
+        let var = DMatrix::from_fn(g.nrows(), g.ncols(), |i, o| blocks[i][(o, o)].max(0.0));
+        FunctionPredictive::new(g, var)
+    }
+
+    fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+            let g = self.net.forward(x)?;
+            let k = self.net.ntk_block(x, Outputs::All, x, Outputs::All)? * self.state().prior_variance();
+            let v = self.prepared.v(&self.net, x)?;
+            let cov = k - v.transpose() * v;
+            Ok((g, (&cov + cov.transpose()) * 0.5))
+        };
+        run().map_err(core_err)
+    }
+}
+
+/// Prop. 2's ELBO-optimal `A = σ⁻² K_Z⁻¹ K_{ZX} K_{XZ} K_Z⁻¹` for fixed inducing inputs
+/// (Gaussian likelihood), as a state with `L = chol(A)`. With `Z = X` this is `σ⁻² I` and the
+/// posterior is the exact linearised-Laplace GP. Errors when `K_Z` or `A` is singular (e.g.
+/// duplicated inducing points, or more inducing points than data).
+pub fn prop2_optimal_state<N: Network>(
+    net: &N,
+    x: &DMatrix<f64>,
+    z: &DMatrix<f64>,
+    prior_variance: f64,
+    noise_variance: f64,
+) -> Result<VariationalState> {
+    ensure_positive("prior_variance (σ₀²)", prior_variance)?;
+    ensure_positive("noise_variance (σ²)", noise_variance)?;
+    if net.output_dim() != 1 {
+        return Err(VallaError::DimensionMismatch {
+            what: "network outputs (Prop. 2 is stated for regression)",
+            expected: 1,
+            found: net.output_dim(),
+        });
+    }
+    let m = z.nrows();
+    let outputs = vec![0; m];
+    let sel = Outputs::One(&outputs);
+    let kz = net.ntk_block(z, sel, z, sel)? * prior_variance;
+    let kzx = net.ntk_block(z, sel, x, Outputs::All)? * prior_variance;
+    let rz = cholesky_lower(&kz).ok_or(VallaError::NotPositiveDefinite { what: "K_Z (Prop. 2)" })?;
+    // K_Z⁻¹ K_ZX, then A = σ⁻² (K_Z⁻¹K_ZX)(K_Z⁻¹K_ZX)ᵀ.
+    let s = fspace_linalg::blocked::solve_upper(&rz.transpose(), &solve_lower(&rz, &kzx));
+    let a = &s * s.transpose() / noise_variance;
+    let l = cholesky_lower(&((&a + a.transpose()) * 0.5))
+        .ok_or(VallaError::NotPositiveDefinite { what: "Prop. 2's A" })?;
+    Ok(VariationalState {
+        z: z.clone(),
+        outputs,
+        log_prior_var: prior_variance.ln(),
+        log_noise_var: noise_variance.ln(),
+        l,
+    })
+}
