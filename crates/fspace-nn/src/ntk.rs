@@ -114,19 +114,101 @@ impl Mlp {
         zo: Outputs,
     ) -> Result<DMatrix<f64>> {
         let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
-        let mut k = DMatrix::zeros(sx.rows.len(), sz.rows.len());
-        for j in 0..sx.a.len() {
-            let aa = &sx.a[j] * sz.a[j].transpose();
-            let dd = &sx.delta[j] * sz.delta[j].transpose();
-            for (s, &(pz, _)) in sz.rows.iter().enumerate() {
-                for (r, &(px, _)) in sx.rows.iter().enumerate() {
-                    k[(r, s)] += dd[(r, s)] * (aa[(px, pz)] + 1.0);
-                }
-            }
-        }
-        Ok(k)
+        Ok(block_from_sides(&sx, &sz))
     }
 
+    /// `(κ(X, Z), κ(Z, Z))` for the selected outputs, computing each side once (VaLLA needs
+    /// both every iteration).
+    pub fn ntk_pair(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+    ) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
+        Ok((block_from_sides(&sx, &sz), block_from_sides(&sz, &sz)))
+    }
+
+    /// Gradient with respect to `Z` of `⟨C_xz, κ(X, Z)⟩ + ⟨C_zz, κ(Z, Z)⟩` (both arguments of
+    /// the second block move), with one pass through each side.
+    pub fn ntk_pair_pullback_z(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+        c_xz: &DMatrix<f64>,
+        c_zz: &DMatrix<f64>,
+    ) -> Result<DMatrix<f64>> {
+        let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
+        check_cotangent(c_xz, sx.rows.len(), sz.rows.len())?;
+        check_cotangent(c_zz, sz.rows.len(), sz.rows.len())?;
+        let (mut dbar, mut abar) = side_cotangents(&sx, &sz, c_xz);
+        let sym = c_zz + c_zz.transpose();
+        let (d2, a2) = side_cotangents(&sz, &sz, &sym);
+        for j in 0..dbar.len() {
+            dbar[j] += &d2[j];
+            abar[j] += &a2[j];
+        }
+        Ok(self.backprop_side(&sz, dbar, abar))
+    }
+}
+
+fn check_cotangent(c: &DMatrix<f64>, rows: usize, cols: usize) -> Result<()> {
+    if c.shape() != (rows, cols) {
+        return Err(NnError::DimensionMismatch {
+            what: "NTK cotangent (rows(X) × rows(Z))",
+            expected: rows * cols,
+            found: c.len(),
+        });
+    }
+    if c.iter().any(|v| !v.is_finite()) {
+        return Err(NnError::NonFinite { what: "NTK cotangent" });
+    }
+    Ok(())
+}
+
+fn block_from_sides(sx: &Side, sz: &Side) -> DMatrix<f64> {
+    let mut k = DMatrix::zeros(sx.rows.len(), sz.rows.len());
+    for j in 0..sx.a.len() {
+        let aa = &sx.a[j] * sz.a[j].transpose();
+        let dd = &sx.delta[j] * sz.delta[j].transpose();
+        for (s, &(pz, _)) in sz.rows.iter().enumerate() {
+            for (r, &(px, _)) in sx.rows.iter().enumerate() {
+                k[(r, s)] += dd[(r, s)] * (aa[(px, pz)] + 1.0);
+            }
+        }
+    }
+    k
+}
+
+/// The cotangents of `δ_j(Z)` (`rows_Z × fan_out_j`) and `a_j(Z)` (`m × fan_in_j`) of
+/// `⟨C, κ(X, Z)⟩`, layer by layer.
+fn side_cotangents(sx: &Side, sz: &Side, c: &DMatrix<f64>) -> (Vec<DMatrix<f64>>, Vec<DMatrix<f64>>) {
+    let (n, m) = (sx.a[0].nrows(), sz.a[0].nrows());
+    let depth = sx.a.len();
+    let mut dbar = Vec::with_capacity(depth);
+    let mut abar = Vec::with_capacity(depth);
+    for j in 0..depth {
+        let aa = &sx.a[j] * sz.a[j].transpose();
+        let dd = &sx.delta[j] * sz.delta[j].transpose();
+        let mut weighted = DMatrix::zeros(sx.rows.len(), sz.rows.len());
+        let mut e = DMatrix::zeros(n, m);
+        for (s, &(pz, _)) in sz.rows.iter().enumerate() {
+            for (r, &(px, _)) in sx.rows.iter().enumerate() {
+                let crs = c[(r, s)];
+                weighted[(r, s)] = crs * (aa[(px, pz)] + 1.0);
+                e[(px, pz)] += crs * dd[(r, s)];
+            }
+        }
+        dbar.push(weighted.transpose() * &sx.delta[j]);
+        abar.push(e.transpose() * &sx.a[j]);
+    }
+    (dbar, abar)
+}
+
+impl Mlp {
     /// The `d' × d'` diagonal blocks `J(xᵢ) J(xᵢ)ᵀ` of the NTK at each point.
     pub fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
         let q = self.output_dim();
@@ -154,38 +236,22 @@ impl Mlp {
         c: &DMatrix<f64>,
     ) -> Result<DMatrix<f64>> {
         let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
-        if c.shape() != (sx.rows.len(), sz.rows.len()) {
-            return Err(NnError::DimensionMismatch {
-                what: "NTK cotangent (rows(X) × rows(Z))",
-                expected: sx.rows.len() * sz.rows.len(),
-                found: c.len(),
-            });
-        }
-        if c.iter().any(|v| !v.is_finite()) {
-            return Err(NnError::NonFinite { what: "NTK cotangent" });
-        }
+        check_cotangent(c, sx.rows.len(), sz.rows.len())?;
+        let (dbar, abar) = side_cotangents(&sx, &sz, c);
+        Ok(self.backprop_side(&sz, dbar, abar))
+    }
+
+    /// Back-propagates cotangents of one side's `δ_j` and `a_j` to its inputs.
+    fn backprop_side(
+        &self,
+        sz: &Side,
+        mut dbar: Vec<DMatrix<f64>>,
+        mut abar: Vec<DMatrix<f64>>,
+    ) -> DMatrix<f64> {
         let act = self.config().activation;
         let weights = self.dense_weights();
         let depth = weights.len();
-        let (n, m) = (x.nrows(), z.nrows());
-        // Cotangents of δ_j(Z) and a_j(Z) from each layer's term.
-        let mut dbar = Vec::with_capacity(depth);
-        let mut abar = Vec::with_capacity(depth);
-        for j in 0..depth {
-            let aa = &sx.a[j] * sz.a[j].transpose();
-            let dd = &sx.delta[j] * sz.delta[j].transpose();
-            let mut weighted = DMatrix::zeros(sx.rows.len(), sz.rows.len());
-            let mut e = DMatrix::zeros(n, m);
-            for (s, &(pz, _)) in sz.rows.iter().enumerate() {
-                for (r, &(px, _)) in sx.rows.iter().enumerate() {
-                    let crs = c[(r, s)];
-                    weighted[(r, s)] = crs * (aa[(px, pz)] + 1.0);
-                    e[(px, pz)] += crs * dd[(r, s)];
-                }
-            }
-            dbar.push(weighted.transpose() * &sx.delta[j]);
-            abar.push(e.transpose() * &sx.a[j]);
-        }
+        let m = sz.a[0].nrows();
         // Through the δ recursion, bottom layer first (δ_j depends on δ_{j+1}).
         let mut hbar: Vec<DMatrix<f64>> = sz.h.iter().map(|h| DMatrix::zeros(h.nrows(), h.ncols())).collect();
         for j in 0..depth - 1 {
@@ -210,6 +276,6 @@ impl Mlp {
             let back = total * &weights[j].0;
             abar[j] += back;
         }
-        Ok(abar.swap_remove(0))
+        abar.swap_remove(0)
     }
 }

@@ -126,6 +126,36 @@ pub trait Network: Send + Sync {
         Ok(blocks)
     }
 
+    /// `(ntk_block(X, xo, Z, zo), ntk_block(Z, zo, Z, zo))`; networks with a layer-wise rule
+    /// compute each side once.
+    fn ntk_pair(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+    ) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        Ok((self.ntk_block(x, xo, z, zo)?, self.ntk_block(z, zo, z, zo)?))
+    }
+
+    /// Gradient with respect to `Z` of `⟨C_xz, κ(X, Z)⟩ + ⟨C_zz, κ(Z, Z)⟩` (both arguments of
+    /// `κ(Z, Z)` move). The default calls [`ntk_block_pullback_z`](Self::ntk_block_pullback_z)
+    /// three times.
+    fn ntk_pair_pullback_z(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+        c_xz: &DMatrix<f64>,
+        c_zz: &DMatrix<f64>,
+    ) -> Result<DMatrix<f64>> {
+        let mut g = self.ntk_block_pullback_z(x, xo, z, zo, c_xz)?;
+        g += self.ntk_block_pullback_z(z, zo, z, zo, c_zz)?;
+        g += self.ntk_block_pullback_z(z, zo, z, zo, &c_zz.transpose())?;
+        Ok(g)
+    }
+
     /// Gradient with respect to `Z` of `⟨C, ntk_block(X, xo, Z, zo)⟩` (VaLLA moves its inducing
     /// inputs). Networks without a rule for derivatives through their Jacobian return
     /// [`NnError::Unsupported`]; methods then keep `Z` fixed.
@@ -232,6 +262,20 @@ network_impl!(Mlp {
         c: &DMatrix<f64>,
     ) -> Result<DMatrix<f64>> {
         <Mlp>::ntk_block_pullback_z(self, x, xo, z, zo, c)
+    }
+    fn ntk_pair(&self, x: &DMatrix<f64>, xo: Outputs, z: &DMatrix<f64>, zo: Outputs) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        <Mlp>::ntk_pair(self, x, xo, z, zo)
+    }
+    fn ntk_pair_pullback_z(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+        c_xz: &DMatrix<f64>,
+        c_zz: &DMatrix<f64>,
+    ) -> Result<DMatrix<f64>> {
+        <Mlp>::ntk_pair_pullback_z(self, x, xo, z, zo, c_xz, c_zz)
     }
 });
 network_impl!(Cnn {

@@ -394,6 +394,16 @@ fn explicit_ntk_input_gradient_matches_finite_differences_and_the_taped_rule() {
                 // are random, so a kink inside ±1e-6 has probability ~1e-6.
                 assert!((analytic[(k / 2, k % 2)] - f).abs() <= 1e-6 * scale, "{act:?} z[{k}]");
             }
+            // The pair rule: ⟨C, κ(X, Z)⟩ + ⟨C₂, κ(Z, Z)⟩ in one pass equals the separate pullbacks.
+            let c2 = randn(cols, cols, &mut rng(55));
+            let pair = mlp.ntk_pair_pullback_z(&x, Outputs::All, &z, zo, &c, &c2).unwrap();
+            let separate = &analytic
+                + mlp.ntk_block_pullback_z(&z, zo, &z, zo, &c2).unwrap()
+                + mlp.ntk_block_pullback_z(&z, zo, &z, zo, &c2.transpose()).unwrap();
+            assert_mat_close(&pair, &separate, 1e-11, 1e-12);
+            let (kxz, kzz) = mlp.ntk_pair(&x, Outputs::All, &z, zo).unwrap();
+            assert_mat_close(&kxz, &mlp.ntk_block(&x, Outputs::All, &z, zo).unwrap(), 1e-14, 0.0);
+            assert_mat_close(&kzz, &mlp.ntk_block(&z, zo, &z, zo).unwrap(), 1e-14, 0.0);
             if zo == Outputs::All && act != Activation::Relu {
                 assert_mat_close(&analytic, &mlp.ntk_pullback_z(&x, &z, &c).unwrap(), 1e-9, 1e-10);
             }

@@ -6,7 +6,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_valla::internals::iteration;
-use fspace_valla::{fit_ella, EllaConfig, EllaPrior, VallaLikelihood, VariationalState};
+use fspace_valla::{fit_ella, EllaConfig, EllaPrior, FeatureRoute, VallaLikelihood, VariationalState};
 use nalgebra::{DMatrix, DVector};
 
 fn net(d: usize, width: usize, q: usize) -> Mlp {
@@ -82,8 +82,13 @@ fn bench_ella(c: &mut Criterion) {
         let x = inputs(n, d, 0.0);
         let y = DVector::from_fn(n, |i, _| if q == 1 { (i as f64 * 0.1).sin() } else { (i % q) as f64 });
         for &m in ms {
-            let config =
-                EllaConfig { num_points: m, num_eigen: 20.min(m), prior: EllaPrior::Fixed(1.0), seed: 0 };
+            let config = EllaConfig {
+                num_points: m,
+                num_eigen: 20.min(m),
+                prior: EllaPrior::Fixed(1.0),
+                seed: 0,
+                route: FeatureRoute::Auto,
+            };
             group.bench_with_input(BenchmarkId::new(name, m), &m, |b, _| {
                 b.iter(|| fit_ella(net.clone(), lik, &x, &y, None, &config).unwrap())
             });

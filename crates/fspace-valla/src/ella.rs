@@ -48,6 +48,17 @@ pub enum EllaPrior {
     },
 }
 
+/// How ELLA evaluates its features `φ(x) = J(x) V` (same numbers, different cost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FeatureRoute {
+    /// The cheaper of the two by the operation counts below.
+    Auto,
+    /// `K` JVPs along stored directions (`O(K·p)` per point; any network).
+    Jvp,
+    /// The NTK block against the Nyström points (`O(d'·M·Σ widths)` per point).
+    Kernel,
+}
+
 /// Options of [`fit_ella`]; `Default` is §5.3's MNIST setting.
 ///
 /// | name | default | purpose |
@@ -56,6 +67,7 @@ pub enum EllaPrior {
 /// | `num_eigen` | 20 | `K`, eigenvectors kept (Deng et al.'s default) |
 /// | `prior` | validation grid `10⁻⁴ … 10⁴`, 41 points | prior precision |
 /// | `seed` | 0 | choice of the points and their outputs |
+/// | `route` | `Auto` | feature evaluation ([`FeatureRoute`]) |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EllaConfig {
     /// Nyström points `M`.
@@ -66,6 +78,8 @@ pub struct EllaConfig {
     pub prior: EllaPrior,
     /// Seed.
     pub seed: u64,
+    /// Feature evaluation.
+    pub route: FeatureRoute,
 }
 
 impl Default for EllaConfig {
@@ -75,6 +89,37 @@ impl Default for EllaConfig {
             num_eigen: 20,
             prior: EllaPrior::Validation { min: 1e-4, max: 1e4, points: 41 },
             seed: 0,
+            route: FeatureRoute::Auto,
+        }
+    }
+}
+
+/// How the features `φ(x) = J(x) V` are evaluated: the same numbers by two routes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum FeatureMap {
+    /// `K` JVPs along stored parameter directions `V = J(X_M)ᵀ U Λ^{-1/2}` (`p × K`): cost
+    /// `O(K·p)` per point; any network.
+    Directions(DMatrix<f64>),
+    /// `κ̂(x, X_M) U Λ^{-1/2}` through the network's NTK block: cost `O(d'·M·Σ widths)` per
+    /// point, cheaper when `M` is small against `K·p / Σ widths` (the toy: `M = K = 20`).
+    Kernel {
+        /// The Nyström points.
+        points: DMatrix<f64>,
+        /// Their outputs.
+        outputs: Vec<usize>,
+        /// `U Λ^{-1/2}` (`M × K`).
+        coefficients: DMatrix<f64>,
+    },
+}
+
+impl FeatureMap {
+    /// `Φ(X)` (`n·d' × K`, rows point-major).
+    fn eval<N: Network>(&self, net: &N, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        match self {
+            Self::Directions(v) => features(net, x, v),
+            Self::Kernel { points, outputs, coefficients } => {
+                Ok(net.ntk_block(x, Outputs::All, points, Outputs::One(outputs))? * coefficients)
+            }
         }
     }
 }
@@ -84,8 +129,8 @@ impl Default for EllaConfig {
 pub struct EllaPosterior<N> {
     net: N,
     likelihood: VallaLikelihood,
-    /// Parameter directions `v_k` (`p × K`).
-    directions: DMatrix<f64>,
+    /// The features `φ(x) = J(x) V`.
+    feature_map: FeatureMap,
     /// Eigenvalues `D` of `G = Σ ΦᵢᵀHᵢΦᵢ` (descending).
     ggn_eigenvalues: DVector<f64>,
     /// Their eigenvectors `Q` (`K × K`).
@@ -189,18 +234,32 @@ pub fn fit_ella<N: Network + Clone>(
             what: "ELLA's NTK at the Nyström points (all eigenvalues ≈ 0)",
         });
     }
-    let mut directions = DMatrix::zeros(net.n_params(), k);
-    for j in 0..k {
-        let cot =
-            DMatrix::from_fn(m, q, |r, o| if o == outputs[r] { u[(r, j)] / lam[j].sqrt() } else { 0.0 });
-        directions.set_column(j, &net.vjp(&xm, &cot)?);
-    }
+    // Per point: the kernel route costs ~d'·M·Σ widths, K JVPs ~2·K·p (`Σ widths` from the
+    // layer structure; networks without it take the JVP route).
+    let widths: usize = net.layer_infos().iter().map(|l| l.fan_in + l.fan_out).sum();
+    let kernel_route = match config.route {
+        FeatureRoute::Auto => widths > 0 && q * m * widths <= 2 * k * net.n_params(),
+        FeatureRoute::Jvp => false,
+        FeatureRoute::Kernel => true,
+    };
+    let feature_map = if kernel_route {
+        let coefficients = DMatrix::from_fn(m, k, |r, j| u[(r, j)] / lam[j].sqrt());
+        FeatureMap::Kernel { points: xm, outputs, coefficients }
+    } else {
+        let mut directions = DMatrix::zeros(net.n_params(), k);
+        for j in 0..k {
+            let cot =
+                DMatrix::from_fn(m, q, |r, o| if o == outputs[r] { u[(r, j)] / lam[j].sqrt() } else { 0.0 });
+            directions.set_column(j, &net.vjp(&xm, &cot)?);
+        }
+        FeatureMap::Directions(directions)
+    };
     let mut ggn = DMatrix::zeros(k, k);
     for s in (0..n).step_by(512) {
         let len = 512.min(n - s);
         let xs = x.rows(s, len).into_owned();
         let g = net.forward(&xs)?;
-        let phi = features(&net, &xs, &directions)?;
+        let phi = feature_map.eval(&net, &xs)?;
         for i in 0..len {
             let h = hessian(likelihood, g.row(i).transpose().as_slice());
             let pi = phi.rows(i * q, q);
@@ -211,7 +270,7 @@ pub fn fit_ella<N: Network + Clone>(
     let mut post = EllaPosterior {
         net,
         likelihood,
-        directions,
+        feature_map,
         ggn_eigenvalues: d.map(|v| v.max(0.0)),
         ggn_eigenvectors: qv,
         prior_precision: 1.0,
@@ -223,7 +282,7 @@ pub fn fit_ella<N: Network + Clone>(
         EllaPrior::Validation { min, max, points } => {
             let (xv, yv) = validation.expect("checked above");
             let g = post.net.forward(xv)?;
-            let phi = features(&post.net, xv, &post.directions)?;
+            let phi = post.feature_map.eval(&post.net, xv)?;
             let rot = phi * &post.ggn_eigenvectors; // n·q × K, in G's eigenbasis
             let mut best = (f64::INFINITY, 1.0);
             for t in 0..points {
@@ -249,7 +308,7 @@ impl<N: Network + Clone> EllaPosterior<N> {
     }
     /// Number of features `K` kept.
     pub fn num_features(&self) -> usize {
-        self.directions.ncols()
+        self.ggn_eigenvalues.len()
     }
     /// Validation NLL per grid `λ` (empty for a fixed λ).
     pub fn grid(&self) -> &[(f64, f64)] {
@@ -303,7 +362,7 @@ impl<N: Network + Clone> EllaPosterior<N> {
     /// Predictive mean `g(X)` and per-point `d' × d'` covariances.
     pub fn predict_blocks(&self, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>)> {
         let g = self.net.forward(x)?;
-        let rot = features(&self.net, x, &self.directions)? * &self.ggn_eigenvectors;
+        let rot = self.feature_map.eval(&self.net, x)? * &self.ggn_eigenvectors;
         Ok((g, self.blocks_from_rotated(&rot)))
     }
 
@@ -311,7 +370,7 @@ impl<N: Network + Clone> EllaPosterior<N> {
     pub fn predictive_nll(&self, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
         check_data(&self.net, self.likelihood, x, y, "evaluation data")?;
         let g = self.net.forward(x)?;
-        let rot = features(&self.net, x, &self.directions)? * &self.ggn_eigenvectors;
+        let rot = self.feature_map.eval(&self.net, x)? * &self.ggn_eigenvectors;
         self.nll_from_rotated(&g, &rot, y)
     }
 
@@ -373,7 +432,7 @@ impl<N: Network + Clone> Posterior for EllaPosterior<N> {
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let g = self.net.forward(x)?;
-            let mut rot = features(&self.net, x, &self.directions)? * &self.ggn_eigenvectors;
+            let mut rot = self.feature_map.eval(&self.net, x)? * &self.ggn_eigenvectors;
             for (j, d) in self.ggn_eigenvalues.iter().enumerate() {
                 rot.column_mut(j).scale_mut(1.0 / (d + self.prior_precision).sqrt());
             }

@@ -39,7 +39,7 @@ mod error;
 mod objective;
 mod valla;
 
-pub use ella::{fit_ella, EllaConfig, EllaPosterior, EllaPrior};
+pub use ella::{fit_ella, EllaConfig, EllaPosterior, EllaPrior, FeatureRoute};
 pub use error::{Result, VallaError};
 pub use objective::{ClassApprox, StateGradient, VallaLikelihood, VariationalState};
 pub use valla::{fit, prop2_optimal_state, ValidationPoint, VallaConfig, VallaPosterior, VallaReport};

@@ -204,8 +204,7 @@ pub(crate) fn objective<N: Network>(
     let (b, m) = (batch.x.nrows(), state.z.nrows());
     let (s0, noise) = (state.prior_variance(), state.noise_variance());
     let sel = Outputs::One(&state.outputs);
-    let kz = net.ntk_block(&state.z, sel, &state.z, sel)?;
-    let kxz = net.ntk_block(batch.x, Outputs::All, &state.z, sel)?;
+    let (kxz, kz) = net.ntk_pair(batch.x, Outputs::All, &state.z, sel)?;
     let l = &state.l;
     let kzl = &kz * l;
     let mut bm = l.transpose() * &kzl * s0;
@@ -267,9 +266,7 @@ pub(crate) fn objective<N: Network>(
     let z = if want_z_grad {
         let c_xz = &wbar * l.transpose() * s0;
         let c_z = l * &bbar * l.transpose() * s0;
-        let mut gz = net.ntk_block_pullback_z(batch.x, Outputs::All, &state.z, sel, &c_xz)?;
-        gz += net.ntk_block_pullback_z(&state.z, sel, &state.z, sel, &c_z)? * 2.0;
-        Some(gz)
+        Some(net.ntk_pair_pullback_z(batch.x, Outputs::All, &state.z, sel, &c_xz, &c_z)?)
     } else {
         None
     };

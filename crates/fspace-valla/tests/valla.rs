@@ -282,20 +282,30 @@ fn ella_with_all_points_and_eigenvectors_is_exact_on_the_data_and_misses_the_nys
     let (x, y) = sine_data(12, 14);
     let xs = rand_uniform(5, 1, -3.0, 3.0, &mut rng(15));
     let (s0, noise): (f64, f64) = (0.8, 0.04);
-    let config = EllaConfig { num_points: 12, num_eigen: 12, prior: EllaPrior::Fixed(1.0 / s0), seed: 0 };
-    let ella =
-        fit_ella(net.clone(), VallaLikelihood::Gaussian { noise_std: noise.sqrt() }, &x, &y, None, &config)
-            .unwrap();
-    assert_eq!(ella.num_features(), 12);
-    let (_, cov_x) = ella.predict_joint(&x).unwrap();
-    assert_mat_close(&cov_x, &exact_lla(&net, &x, &x, s0, noise), 1e-7, 1e-10);
-    let (_, cov_s) = ella.predict_joint(&xs).unwrap();
-    let exact = exact_lla(&net, &x, &xs, s0, noise);
-    let (jx, js) = (net.jacobian(&x).unwrap(), net.jacobian(&xs).unwrap());
-    let kx = &jx * jx.transpose();
-    let ksx = &js * jx.transpose();
-    let residual = (&js * js.transpose() - &ksx * kx.cholesky().unwrap().solve(&ksx.transpose())) * s0;
-    assert_mat_close(&(exact - cov_s), &residual, 1e-6, 1e-9);
+    // Both feature routes (K JVPs along parameter directions; the NTK block) give the same numbers.
+    for route in [FeatureRoute::Jvp, FeatureRoute::Kernel] {
+        let config =
+            EllaConfig { num_points: 12, num_eigen: 12, prior: EllaPrior::Fixed(1.0 / s0), seed: 0, route };
+        let ella = fit_ella(
+            net.clone(),
+            VallaLikelihood::Gaussian { noise_std: noise.sqrt() },
+            &x,
+            &y,
+            None,
+            &config,
+        )
+        .unwrap();
+        assert_eq!(ella.num_features(), 12);
+        let (_, cov_x) = ella.predict_joint(&x).unwrap();
+        assert_mat_close(&cov_x, &exact_lla(&net, &x, &x, s0, noise), 1e-7, 1e-10);
+        let (_, cov_s) = ella.predict_joint(&xs).unwrap();
+        let exact = exact_lla(&net, &x, &xs, s0, noise);
+        let (jx, js) = (net.jacobian(&x).unwrap(), net.jacobian(&xs).unwrap());
+        let kx = &jx * jx.transpose();
+        let ksx = &js * jx.transpose();
+        let residual = (&js * js.transpose() - &ksx * kx.cholesky().unwrap().solve(&ksx.transpose())) * s0;
+        assert_mat_close(&(exact - cov_s), &residual, 1e-6, 1e-9);
+    }
 }
 
 #[test]
@@ -406,19 +416,37 @@ fn bad_input_gives_typed_errors() {
         Err(VallaError::InvalidParameter { .. })
     ));
     // ELLA.
-    let ella_many = EllaConfig { num_points: 11, num_eigen: 2, prior: EllaPrior::Fixed(1.0), seed: 0 };
+    let ella_many = EllaConfig {
+        num_points: 11,
+        num_eigen: 2,
+        prior: EllaPrior::Fixed(1.0),
+        seed: 0,
+        route: FeatureRoute::Auto,
+    };
     assert!(matches!(
         fit_ella(net.clone(), lik, &x, &y, None, &ella_many),
         Err(VallaError::TooManyPoints { .. })
     ));
-    let ella_k = EllaConfig { num_points: 5, num_eigen: 6, prior: EllaPrior::Fixed(1.0), seed: 0 };
+    let ella_k = EllaConfig {
+        num_points: 5,
+        num_eigen: 6,
+        prior: EllaPrior::Fixed(1.0),
+        seed: 0,
+        route: FeatureRoute::Auto,
+    };
     assert!(matches!(
         fit_ella(net.clone(), lik, &x, &y, None, &ella_k),
         Err(VallaError::TooManyPoints { .. })
     ));
     let ella_val = EllaConfig { num_points: 5, num_eigen: 2, ..EllaConfig::default() };
     assert!(matches!(fit_ella(net.clone(), lik, &x, &y, None, &ella_val), Err(VallaError::Empty { .. })));
-    let ella_neg = EllaConfig { num_points: 5, num_eigen: 2, prior: EllaPrior::Fixed(-1.0), seed: 0 };
+    let ella_neg = EllaConfig {
+        num_points: 5,
+        num_eigen: 2,
+        prior: EllaPrior::Fixed(-1.0),
+        seed: 0,
+        route: FeatureRoute::Auto,
+    };
     assert!(matches!(fit_ella(net, lik, &x, &y, None, &ella_neg), Err(VallaError::InvalidParameter { .. })));
 }
 

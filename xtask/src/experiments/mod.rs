@@ -11,6 +11,7 @@ mod fsp_toy;
 mod gl_cubic;
 mod gl_mnist;
 pub mod images;
+mod valla_toy;
 
 /// Command-line options every experiment receives.
 pub struct Options {
@@ -73,6 +74,18 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "Generalized Laplace Fig. 3, 5 (LeNet-5 on MNIST, T from 0.1 to 10, Diag/KFAC/EKFAC)",
         in_default_suite: false,
         run: gl_mnist::run,
+    },
+    Experiment {
+        name: "valla-toy",
+        paper: "VaLLA Figs. 1, 6, 7 (1-D gap toy: VaLLA M ∈ {5, 10, 20}, ELLA, exact LLA; early stopping)",
+        in_default_suite: false,
+        run: valla_toy::run,
+    },
+    Experiment {
+        name: "valla-toy-quick",
+        paper: "VaLLA Figs. 1, 6, 7 with the --quick budget (3 000 MAP, 2 000 VaLLA steps)",
+        in_default_suite: true,
+        run: valla_toy::run_quick,
     },
 ];
 
