@@ -193,12 +193,13 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let mut init: Vec<f64> = initial.iter().cloned().collect();
         init.sort_by(f64::total_cmp);
         let moved = init.iter().zip(&context).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
-        run.log(format!("  Z (sorted) k-means start {:?} → optimised {:?} (max move {moved:.3})", round2(&init), round2(&context)));
+        run.log(format!(
+            "  Z (sorted) k-means start {:?} → optimised {:?} (max move {moved:.3})",
+            round2(&init),
+            round2(&context)
+        ));
         fig7.push(Panel1d {
-            title: format!(
-                "VaLLA M = {m} (ticks: optimised Z; k-means start {})",
-                init.iter().map(|v| format!("{v:.2}")).collect::<Vec<_>>().join(" ")
-            ),
+            title: format!("VaLLA M = {m} (ticks: optimised Z)"),
             data: data_pts.clone(),
             x: xs.clone(),
             samples: lla_band(&mean),
