@@ -1,10 +1,15 @@
 //! Input checks shared by VaLLA and ELLA, and the per-point quantities both precompute.
 
+use std::path::Path;
+
+use fspace_core::FunctionPredictive;
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::error::{ensure_positive, Result, VallaError};
-use crate::objective::VallaLikelihood;
+use crate::objective::{point_term, ClassApprox, DataTerm, VallaLikelihood};
 
 /// Checks a data set (`what` names it in errors): non-empty, finite, matching widths, and
 /// targets valid for the likelihood (labels integral in `0..d'`).
@@ -93,4 +98,47 @@ pub(crate) fn outputs_and_ntk_diagonal<N: Network>(
         blocks.extend(net.ntk_diagonal(&xs)?);
     }
     Ok((g, blocks))
+}
+
+/// Mean NLL of `y` under the predictive `p(y | x) ≈ E[p(y | f)]`, `f ~ N(g, Σᵢ)` per point
+/// (Gaussian: `N(g, σ² + Σ)`; categorical: the probit approximation).
+pub(crate) fn mean_nll_from_blocks(
+    likelihood: VallaLikelihood,
+    noise_variance: f64,
+    g: &DMatrix<f64>,
+    blocks: &[DMatrix<f64>],
+    y: &DVector<f64>,
+) -> Result<f64> {
+    let term = DataTerm { likelihood, approx: ClassApprox::Probit, alpha: 1.0 };
+    let mut total = 0.0;
+    for (i, s) in blocks.iter().enumerate() {
+        total -= point_term(term, &g.row(i).transpose(), s, y[i], noise_variance, None, i)?.0;
+    }
+    Ok(total / y.len() as f64)
+}
+
+/// The marginal predictive from per-point covariance blocks (rounding below 0 clipped).
+pub(crate) fn marginals(g: DMatrix<f64>, blocks: &[DMatrix<f64>]) -> fspace_core::Result<FunctionPredictive> {
+    let var = DMatrix::from_fn(g.nrows(), g.ncols(), |i, o| blocks[i][(o, o)].max(0.0));
+    FunctionPredictive::new(g, var)
+}
+
+/// A crate error as the `Posterior` contract's error (`what` names the posterior).
+pub(crate) fn to_core(e: VallaError, what: &'static str) -> fspace_core::CoreError {
+    match e {
+        VallaError::Core(c) => c,
+        other => fspace_core::CoreError::InvalidParameter { what, reason: other.to_string() },
+    }
+}
+
+/// Writes `value` as JSON to `path`.
+pub(crate) fn save_json<T: Serialize>(value: &T, path: &Path) -> Result<()> {
+    let s = serde_json::to_string(value).map_err(|e| VallaError::Io(e.to_string()))?;
+    std::fs::write(path, s).map_err(|e| VallaError::Io(format!("{}: {e}", path.display())))
+}
+
+/// Reads JSON written by [`save_json`].
+pub(crate) fn load_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
+    let s = std::fs::read_to_string(path).map_err(|e| VallaError::Io(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&s).map_err(|e| VallaError::Io(e.to_string()))
 }

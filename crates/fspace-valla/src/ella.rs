@@ -27,9 +27,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::data::{check_data, check_likelihood};
+use crate::data::{
+    check_data, check_likelihood, load_json, marginals, mean_nll_from_blocks, save_json, to_core,
+};
 use crate::error::{ensure_positive, Result, VallaError};
-use crate::objective::{point_term, ClassApprox, DataTerm, VallaLikelihood};
+use crate::objective::VallaLikelihood;
 
 /// How ELLA's prior precision `λ = 1/σ₀²` is set.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -342,21 +344,11 @@ impl<N: Network + Clone> EllaPosterior<N> {
     }
 
     fn nll_from_rotated(&self, g: &DMatrix<f64>, rot: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
-        let blocks = self.blocks_from_rotated(rot);
-        let (noise, term) = self.term();
-        let mut total = 0.0;
-        for (i, s) in blocks.iter().enumerate() {
-            total -= point_term(term, &g.row(i).transpose(), s, y[i], noise, None, i)?.0;
-        }
-        Ok(total / y.len() as f64)
-    }
-
-    fn term(&self) -> (f64, DataTerm) {
         let noise = match self.likelihood {
             VallaLikelihood::Gaussian { noise_std } => noise_std * noise_std,
             VallaLikelihood::Categorical => 1.0,
         };
-        (noise, DataTerm { likelihood: self.likelihood, approx: ClassApprox::Probit, alpha: 1.0 })
+        mean_nll_from_blocks(self.likelihood, noise, g, &self.blocks_from_rotated(rot), y)
     }
 
     /// Predictive mean `g(X)` and per-point `d' × d'` covariances.
@@ -391,9 +383,7 @@ impl<N: Network + Clone> EllaPosterior<N> {
     where
         N: Serialize,
     {
-        let s = serde_json::to_string(self).map_err(|e| VallaError::Io(e.to_string()))?;
-        std::fs::write(path.as_ref(), s)
-            .map_err(|e| VallaError::Io(format!("{}: {e}", path.as_ref().display())))
+        save_json(self, path.as_ref())
     }
 
     /// Reads a posterior written by [`save`](Self::save).
@@ -401,21 +391,14 @@ impl<N: Network + Clone> EllaPosterior<N> {
     where
         N: for<'de> Deserialize<'de>,
     {
-        let s = std::fs::read_to_string(path.as_ref())
-            .map_err(|e| VallaError::Io(format!("{}: {e}", path.as_ref().display())))?;
-        let post: Self = serde_json::from_str(&s).map_err(|e| VallaError::Io(e.to_string()))?;
+        let post: Self = load_json(path.as_ref())?;
         check_likelihood(&post.net, post.likelihood)?;
         Ok(post)
     }
 }
 
 fn core_err(e: VallaError) -> fspace_core::CoreError {
-    match e {
-        VallaError::Core(c) => c,
-        other => {
-            fspace_core::CoreError::InvalidParameter { what: "ELLA posterior", reason: other.to_string() }
-        }
-    }
+    to_core(e, "ELLA posterior")
 }
 
 impl<N: Network + Clone> Posterior for EllaPosterior<N> {
@@ -425,8 +408,7 @@ impl<N: Network + Clone> Posterior for EllaPosterior<N> {
 
     fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
         let (g, blocks) = self.predict_blocks(x).map_err(core_err)?;
-        let var = DMatrix::from_fn(g.nrows(), g.ncols(), |i, o| blocks[i][(o, o)].max(0.0));
-        FunctionPredictive::new(g, var)
+        marginals(g, &blocks)
     }
 
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {

@@ -189,7 +189,18 @@ pub(crate) struct DataTerm {
     pub alpha: f64,
 }
 
-/// Value and (optionally) gradient of the objective `F` (a maximisation) on one batch, with
+/// The lower Cholesky factor `R` of `B = I + σ₀² Lᵀ κ̂_Z L` from `κ̂_Z L` (`B ⪰ I`, so it exists
+/// for any `L`; a failure means non-finite input).
+pub(crate) fn factor_b(l: &DMatrix<f64>, kzl: &DMatrix<f64>, s0: f64) -> Result<DMatrix<f64>> {
+    let mut bm = l.transpose() * kzl * s0;
+    for i in 0..bm.nrows() {
+        bm[(i, i)] += 1.0;
+    }
+    let bm = (&bm + bm.transpose()) * 0.5;
+    cholesky_lower(&bm).ok_or(VallaError::NotPositiveDefinite { what: "B = I + σ₀² Lᵀ K_Z L" })
+}
+
+/// Value and gradient of the objective `F` (a maximisation) on one batch, with
 /// the data term scaled by `n_total / |batch|`.
 pub(crate) fn objective<N: Network>(
     net: &N,
@@ -197,9 +208,8 @@ pub(crate) fn objective<N: Network>(
     batch: &Batch,
     term: DataTerm,
     n_total: usize,
-    want_grad: bool,
     want_z_grad: bool,
-) -> Result<(f64, Option<StateGradient>)> {
+) -> Result<(f64, StateGradient)> {
     let q = net.output_dim();
     let (b, m) = (batch.x.nrows(), state.z.nrows());
     let (s0, noise) = (state.prior_variance(), state.noise_variance());
@@ -207,13 +217,7 @@ pub(crate) fn objective<N: Network>(
     let (kxz, kz) = net.ntk_pair(batch.x, Outputs::All, &state.z, sel)?;
     let l = &state.l;
     let kzl = &kz * l;
-    let mut bm = l.transpose() * &kzl * s0;
-    for i in 0..m {
-        bm[(i, i)] += 1.0;
-    }
-    let bm = (&bm + bm.transpose()) * 0.5;
-    let r =
-        cholesky_lower(&bm).ok_or(VallaError::NotPositiveDefinite { what: "B = I + σ₀² Lᵀ K_Z L" })?;
+    let r = factor_b(l, &kzl, s0)?;
     let rt = r.transpose();
     let binv = solve_upper(&rt, &solve_lower(&r, &DMatrix::identity(m, m)));
     let logdet: f64 = 2.0 * r.diagonal().iter().map(|d| d.ln()).sum::<f64>();
@@ -235,9 +239,6 @@ pub(crate) fn objective<N: Network>(
         sbar.push(gs);
     }
     let value = scale * data - kl;
-    if !want_grad {
-        return Ok((value, None));
-    }
     // Cotangents. Σᵢ = σ₀² κ̂ᵢᵢ − Wᵢ B⁻¹ Wᵢᵀ, so with Y = B⁻¹Wᵀ:
     // W̄ᵢ = −2·scale·Σ̄ᵢ Yᵢᵀ, B̄ += scale·Σᵢ Yᵢ Σ̄ᵢ Yᵢᵀ.
     let y = solve_upper(&rt, &v); // M × b·q
@@ -272,7 +273,7 @@ pub(crate) fn objective<N: Network>(
     };
     Ok((
         value,
-        Some(StateGradient { log_prior_var: s0 * d_s0, log_noise_var: noise * scale * d_noise, l: lbar, z }),
+        StateGradient { log_prior_var: s0 * d_s0, log_noise_var: noise * scale * d_noise, l: lbar, z },
     ))
 }
 
@@ -403,8 +404,7 @@ pub fn objective_value_and_gradient<N: Network>(
     let kxx = net.ntk_diagonal(x)?;
     let batch = Batch { x, g: &g, kxx: &kxx, y, eps };
     let term = DataTerm { likelihood, approx, alpha };
-    let (v, grad) = objective(net, state, &batch, term, n_total, true, want_z_grad)?;
-    Ok((v, grad.expect("requested")))
+    objective(net, state, &batch, term, n_total, want_z_grad)
 }
 
 /// Test entry to [`point_term`]: `(t, ∂t/∂Σ, ∂t/∂σ²)`.
@@ -436,6 +436,5 @@ pub fn iteration(
 ) -> Result<(f64, StateGradient)> {
     let batch = Batch { x, g, kxx, y, eps: None };
     let term = DataTerm { likelihood, approx: ClassApprox::Probit, alpha: 1.0 };
-    let (v, grad) = objective(net, state, &batch, term, n_total, true, true)?;
-    Ok((v, grad.expect("requested")))
+    objective(net, state, &batch, term, n_total, true)
 }

@@ -14,10 +14,13 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-use crate::data::{check_data, check_likelihood, outputs_and_ntk_diagonal};
+use crate::data::{
+    check_data, check_likelihood, load_json, marginals, mean_nll_from_blocks, outputs_and_ntk_diagonal,
+    save_json, to_core,
+};
 use crate::error::{ensure_positive, Result, VallaError};
 use crate::objective::{
-    objective, point_term, Batch, ClassApprox, DataTerm, Learn, VallaLikelihood, VariationalState,
+    factor_b, objective, Batch, ClassApprox, DataTerm, Learn, VallaLikelihood, VariationalState,
 };
 
 /// Options of VaLLA ([`fit`]); `Default` is the paper's setting (§5, App. C–E).
@@ -225,14 +228,7 @@ impl Prepared {
     fn new<N: Network>(net: &N, state: VariationalState) -> Result<Self> {
         let sel = Outputs::One(&state.outputs);
         let kz = net.ntk_block(&state.z, sel, &state.z, sel)?;
-        let m = state.z.nrows();
-        let mut bm = state.l.transpose() * kz * &state.l * state.prior_variance();
-        for i in 0..m {
-            bm[(i, i)] += 1.0;
-        }
-        let bm = (&bm + bm.transpose()) * 0.5;
-        let r = cholesky_lower(&bm)
-            .ok_or(VallaError::NotPositiveDefinite { what: "B = I + σ₀² Lᵀ K_Z L" })?;
+        let r = factor_b(&state.l, &(kz * &state.l), state.prior_variance())?;
         Ok(Self { state, r })
     }
 
@@ -276,13 +272,7 @@ fn mean_nll<N: Network>(
     y: &DVector<f64>,
 ) -> Result<f64> {
     let blocks = prepared.blocks(net, x, kxx)?;
-    let term = DataTerm { likelihood, approx: ClassApprox::Probit, alpha: 1.0 };
-    let noise = prepared.state.noise_variance();
-    let mut total = 0.0;
-    for (i, s) in blocks.iter().enumerate() {
-        total -= point_term(term, &g.row(i).transpose(), s, y[i], noise, None, i)?.0;
-    }
-    Ok(total / x.nrows() as f64)
+    mean_nll_from_blocks(likelihood, prepared.state.noise_variance(), g, &blocks, y)
 }
 
 /// Fits VaLLA to a trained network `net` (its parameters are the MAP `θ̂`): the sparse
@@ -395,11 +385,11 @@ pub fn fit<N: Network + Clone>(
                 _ => None,
             };
             let batch = Batch { x: &xb, g: &gb, kxx: &kxx, y: &yb, eps: eps.as_deref() };
-            let (value, grad) = objective(&net, &state, &batch, term, n, true, config.optimize_inducing)?;
+            let (value, grad) = objective(&net, &state, &batch, term, n, config.optimize_inducing)?;
             if !value.is_finite() {
                 return Err(VallaError::NonFinite { what: "VaLLA objective (lower the learning rate)" });
             }
-            let grad = grad.expect("requested").to_flat(&state, &learn);
+            let grad = grad.to_flat(&state, &learn);
             adam.ascend(&mut theta, &grad);
             state.set_flat(&theta);
             it += 1;
@@ -553,9 +543,7 @@ impl<N: Network + Clone> VallaPosterior<N> {
     where
         N: Serialize,
     {
-        let s = serde_json::to_string(self).map_err(|e| VallaError::Io(e.to_string()))?;
-        std::fs::write(path.as_ref(), s)
-            .map_err(|e| VallaError::Io(format!("{}: {e}", path.as_ref().display())))
+        save_json(self, path.as_ref())
     }
 
     /// Reads a posterior written by [`save`](Self::save).
@@ -563,19 +551,12 @@ impl<N: Network + Clone> VallaPosterior<N> {
     where
         N: for<'de> Deserialize<'de>,
     {
-        let s = std::fs::read_to_string(path.as_ref())
-            .map_err(|e| VallaError::Io(format!("{}: {e}", path.as_ref().display())))?;
-        serde_json::from_str(&s).map_err(|e| VallaError::Io(e.to_string()))
+        load_json(path.as_ref())
     }
 }
 
 fn core_err(e: VallaError) -> fspace_core::CoreError {
-    match e {
-        VallaError::Core(c) => c,
-        other => {
-            fspace_core::CoreError::InvalidParameter { what: "VaLLA posterior", reason: other.to_string() }
-        }
-    }
+    to_core(e, "VaLLA posterior")
 }
 
 impl<N: Network + Clone> Posterior for VallaPosterior<N> {
@@ -585,8 +566,7 @@ impl<N: Network + Clone> Posterior for VallaPosterior<N> {
 
     fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
         let (g, blocks) = self.predict_blocks(x).map_err(core_err)?;
-        let var = DMatrix::from_fn(g.nrows(), g.ncols(), |i, o| blocks[i][(o, o)].max(0.0));
-        FunctionPredictive::new(g, var)
+        marginals(g, &blocks)
     }
 
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
