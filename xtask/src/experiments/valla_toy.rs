@@ -33,6 +33,13 @@ use super::{linspace, tanh_mlp, Options};
 use crate::plot::{regression_panels, Panel1d};
 use crate::report::{fmt, markdown_table, Run};
 
+/// The values of a 1-D matrix, ascending (inducing inputs for the plots and the log).
+fn sorted(m: &nalgebra::DMatrix<f64>) -> Vec<f64> {
+    let mut v: Vec<f64> = m.iter().cloned().collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
 fn round2(v: &[f64]) -> Vec<f64> {
     v.iter().map(|x| (x * 100.0).round() / 100.0).collect()
 }
@@ -188,10 +195,8 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             best_iteration: rep.best_iteration,
             seconds: rep.seconds,
         });
-        let mut context: Vec<f64> = post.state().z.iter().cloned().collect();
-        context.sort_by(f64::total_cmp);
-        let mut init: Vec<f64> = initial.iter().cloned().collect();
-        init.sort_by(f64::total_cmp);
+        let context = sorted(&post.state().z);
+        let init = sorted(&initial);
         let moved = init.iter().zip(&context).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
         run.log(format!(
             "  Z (sorted) k-means start {:?} → optimised {:?} (max move {moved:.3})",
@@ -289,8 +294,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 best_iteration: rep.best_iteration,
                 seconds: rep.seconds,
             });
-            let mut context: Vec<f64> = post.state().z.iter().cloned().collect();
-            context.sort_by(f64::total_cmp);
+            let context = sorted(&post.state().z);
             fig6.push(Panel1d {
                 title: format!("{} M = {m}: σ₀² = {pv:.3}", if early { "Val" } else { "No-Val" }),
                 data: data_pts.clone(),
