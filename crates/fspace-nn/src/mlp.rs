@@ -334,15 +334,11 @@ impl Mlp {
             .collect()
     }
 
-    pub(crate) fn check_inputs_pub(&self, x: &DMatrix<f64>) -> Result<()> {
-        self.check_inputs(x)
-    }
-
     fn check_vector(&self, what: &'static str, v: &DVector<f64>) -> Result<()> {
         check_param_vector(what, v, self.n_params())
     }
 
-    fn check_inputs(&self, x: &DMatrix<f64>) -> Result<()> {
+    pub(crate) fn check_inputs(&self, x: &DMatrix<f64>) -> Result<()> {
         check_input_batch(x, self.config.input_dim, "input columns")
     }
 

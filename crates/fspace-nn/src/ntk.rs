@@ -78,7 +78,7 @@ fn affine(a: &DMatrix<f64>, w: &DMatrix<f64>, b: &DVector<f64>) -> DMatrix<f64> 
 
 impl Mlp {
     fn ntk_side(&self, x: &DMatrix<f64>, outputs: Outputs) -> Result<Side> {
-        self.check_inputs_pub(x)?;
+        self.check_inputs(x)?;
         let q = self.output_dim();
         let rows = outputs.rows(x.nrows(), q)?;
         let act = self.config().activation;
