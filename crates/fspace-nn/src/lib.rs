@@ -57,5 +57,5 @@ pub use features::FeatureMap;
 pub use helmholtz::HelmholtzNet;
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Activation, Mlp, MlpConfig, NnError, Result};
-pub use ntk::Outputs;
+pub use ntk::{NtkPair, Outputs};
 pub use train::{train_map, Network, Regularizer, TrainConfig, TrainProgress, TrainReport};

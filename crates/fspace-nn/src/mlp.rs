@@ -109,6 +109,18 @@ impl Activation {
             }
         }
     }
+    /// `(σ(z), σ'(z), σ''(z))` together (tanh evaluated once), for the NTK rules that need all
+    /// three at every hidden unit.
+    pub(crate) fn value_slope_curvature(self, z: f64) -> (f64, f64, f64) {
+        match self {
+            Self::Tanh => {
+                let t = z.tanh();
+                let s = 1.0 - t * t;
+                (t, s, -2.0 * t * s)
+            }
+            _ => (self.value(z), self.slope(z), self.curvature(z)),
+        }
+    }
     /// `σ''(z)` (ReLU: 0), for derivatives *through* back-propagated gradients (the NTK's
     /// gradient with respect to inputs).
     pub(crate) fn curvature(self, z: f64) -> f64 {

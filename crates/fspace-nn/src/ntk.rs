@@ -54,14 +54,46 @@ impl Outputs<'_> {
     }
 }
 
+/// `κ(X, Z)`, `κ(Z, Z)` and the pull-back of cotangents of both to `Z`
+/// (see [`Network::ntk_pair_with_pullback`](crate::Network::ntk_pair_with_pullback)).
+pub struct NtkPair<'a> {
+    /// `κ(X, Z)` (`rows(X) × rows(Z)`).
+    pub kxz: DMatrix<f64>,
+    /// `κ(Z, Z)` (`rows(Z) × rows(Z)`).
+    pub kzz: DMatrix<f64>,
+    pullback: Box<PairPullback<'a>>,
+}
+
+type PairPullback<'a> = dyn Fn(&DMatrix<f64>, &DMatrix<f64>) -> Result<DMatrix<f64>> + 'a;
+
+impl<'a> NtkPair<'a> {
+    /// Wraps blocks and a pull-back `(C_xz, C_zz) ↦ ∂/∂Z (⟨C_xz, κ(X, Z)⟩ + ⟨C_zz, κ(Z, Z)⟩)`
+    /// (for [`Network`](crate::Network) implementations).
+    pub fn new(
+        kxz: DMatrix<f64>,
+        kzz: DMatrix<f64>,
+        pullback: impl Fn(&DMatrix<f64>, &DMatrix<f64>) -> Result<DMatrix<f64>> + 'a,
+    ) -> Self {
+        Self { kxz, kzz, pullback: Box::new(pullback) }
+    }
+    /// Gradient with respect to `Z` (`m × d`) of `⟨C_xz, κ(X, Z)⟩ + ⟨C_zz, κ(Z, Z)⟩` (both
+    /// arguments of `κ(Z, Z)` move).
+    pub fn pullback_z(&self, c_xz: &DMatrix<f64>, c_zz: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        (self.pullback)(c_xz, c_zz)
+    }
+}
+
 /// One side of an NTK block: layer inputs, pre-activations and back-propagated gradients.
 struct Side {
     /// `(point, output)` per row of the δ matrices.
     rows: Vec<(usize, usize)>,
     /// `a_j` (`n × fan_in_j`), `j = 0..L`.
     a: Vec<DMatrix<f64>>,
-    /// `h_j` of the hidden layers (`n × fan_out_j`), `j = 0..L−1`.
-    h: Vec<DMatrix<f64>>,
+    /// `σ'(h_j)` of the hidden layers (`n × fan_out_j`), `j = 0..L−1`, evaluated once per point
+    /// (the δ rows of one point share it).
+    slope: Vec<DMatrix<f64>>,
+    /// `σ''(h_j)` of the hidden layers (`n × fan_out_j`), `j = 0..L−1`.
+    curvature: Vec<DMatrix<f64>>,
     /// `δ_j` (`rows × fan_out_j`), `j = 0..L`.
     delta: Vec<DMatrix<f64>>,
     /// `P_j = δ_{j+1} W_{j+1}` (`rows × fan_out_j`), `j = 0..L−1` (so `δ_j = P_j ⊙ σ'(h_j)`).
@@ -77,30 +109,39 @@ fn affine(a: &DMatrix<f64>, w: &DMatrix<f64>, b: &DVector<f64>) -> DMatrix<f64> 
 }
 
 impl Mlp {
-    fn ntk_side(&self, x: &DMatrix<f64>, outputs: Outputs) -> Result<Side> {
+    fn ntk_side(
+        &self,
+        weights: &[(DMatrix<f64>, DVector<f64>)],
+        x: &DMatrix<f64>,
+        outputs: Outputs,
+    ) -> Result<Side> {
         self.check_inputs(x)?;
         let q = self.output_dim();
         let rows = outputs.rows(x.nrows(), q)?;
         let act = self.config().activation;
-        let weights = self.dense_weights();
         let depth = weights.len();
         let mut a = vec![x.clone()];
-        let mut h = Vec::with_capacity(depth - 1);
+        let mut slope = Vec::with_capacity(depth - 1);
+        let mut curvature = Vec::with_capacity(depth - 1);
         for (j, (w, b)) in weights.iter().enumerate().take(depth - 1) {
-            let hj = affine(&a[j], w, b);
-            a.push(hj.map(|v| act.value(v)));
-            h.push(hj);
+            let mut hj = affine(&a[j], w, b);
+            let (mut sj, mut cj) = (hj.clone(), hj.clone());
+            for ((h, s), c) in hj.iter_mut().zip(sj.iter_mut()).zip(cj.iter_mut()) {
+                (*h, *s, *c) = act.value_slope_curvature(*h);
+            }
+            a.push(hj);
+            slope.push(sj);
+            curvature.push(cj);
         }
         let mut delta = vec![DMatrix::zeros(0, 0); depth];
         delta[depth - 1] = DMatrix::from_fn(rows.len(), q, |r, o| (rows[r].1 == o) as u8 as f64);
         let mut pre_slope = vec![DMatrix::zeros(0, 0); depth - 1];
         for j in (0..depth - 1).rev() {
             let p = &delta[j + 1] * &weights[j + 1].0;
-            delta[j] =
-                DMatrix::from_fn(p.nrows(), p.ncols(), |r, k| p[(r, k)] * act.slope(h[j][(rows[r].0, k)]));
+            delta[j] = DMatrix::from_fn(p.nrows(), p.ncols(), |r, k| p[(r, k)] * slope[j][(rows[r].0, k)]);
             pre_slope[j] = p;
         }
-        Ok(Side { rows, a, h, delta, pre_slope })
+        Ok(Side { rows, a, slope, curvature, delta, pre_slope })
     }
 
     /// The NTK block `J(X) J(Z)ᵀ` restricted to the selected outputs of each side
@@ -113,8 +154,9 @@ impl Mlp {
         z: &DMatrix<f64>,
         zo: Outputs,
     ) -> Result<DMatrix<f64>> {
-        let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
-        Ok(block_from_sides(&sx, &sz))
+        let w = self.dense_weights();
+        let (sx, sz) = (self.ntk_side(&w, x, xo)?, self.ntk_side(&w, z, zo)?);
+        Ok(block_from_products(&sx, &sz, &layer_products(&sx, &sz)))
     }
 
     /// `(κ(X, Z), κ(Z, Z))` for the selected outputs, computing each side once (VaLLA needs
@@ -126,8 +168,36 @@ impl Mlp {
         z: &DMatrix<f64>,
         zo: Outputs,
     ) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
-        let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
-        Ok((block_from_sides(&sx, &sz), block_from_sides(&sz, &sz)))
+        let pair = self.ntk_pair_with_pullback(x, xo, z, zo)?;
+        Ok((pair.kxz, pair.kzz))
+    }
+
+    /// `(κ(X, Z), κ(Z, Z))` with a pull-back to `Z` that reuses both sides and their layer
+    /// products (VaLLA's iteration evaluates the blocks, then pulls the objective's cotangents
+    /// back; computing the sides once halves the NTK cost).
+    pub fn ntk_pair_with_pullback<'a>(
+        &'a self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+    ) -> Result<NtkPair<'a>> {
+        let weights = self.dense_weights();
+        let (sx, sz) = (self.ntk_side(&weights, x, xo)?, self.ntk_side(&weights, z, zo)?);
+        let (pxz, pzz) = (layer_products(&sx, &sz), layer_products(&sz, &sz));
+        let (kxz, kzz) = (block_from_products(&sx, &sz, &pxz), block_from_products(&sz, &sz, &pzz));
+        let pullback = move |c_xz: &DMatrix<f64>, c_zz: &DMatrix<f64>| -> Result<DMatrix<f64>> {
+            check_cotangent(c_xz, sx.rows.len(), sz.rows.len())?;
+            check_cotangent(c_zz, sz.rows.len(), sz.rows.len())?;
+            let (mut dbar, mut abar) = side_cotangents(&sx, &sz, &pxz, c_xz);
+            let (d2, a2) = side_cotangents(&sz, &sz, &pzz, &(c_zz + c_zz.transpose()));
+            for j in 0..dbar.len() {
+                dbar[j] += &d2[j];
+                abar[j] += &a2[j];
+            }
+            Ok(self.backprop_side(&weights, &sz, dbar, abar))
+        };
+        Ok(NtkPair { kxz, kzz, pullback: Box::new(pullback) })
     }
 
     /// Gradient with respect to `Z` of `⟨C_xz, κ(X, Z)⟩ + ⟨C_zz, κ(Z, Z)⟩` (both arguments of
@@ -141,17 +211,7 @@ impl Mlp {
         c_xz: &DMatrix<f64>,
         c_zz: &DMatrix<f64>,
     ) -> Result<DMatrix<f64>> {
-        let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
-        check_cotangent(c_xz, sx.rows.len(), sz.rows.len())?;
-        check_cotangent(c_zz, sz.rows.len(), sz.rows.len())?;
-        let (mut dbar, mut abar) = side_cotangents(&sx, &sz, c_xz);
-        let sym = c_zz + c_zz.transpose();
-        let (d2, a2) = side_cotangents(&sz, &sz, &sym);
-        for j in 0..dbar.len() {
-            dbar[j] += &d2[j];
-            abar[j] += &a2[j];
-        }
-        Ok(self.backprop_side(&sz, dbar, abar))
+        self.ntk_pair_with_pullback(x, xo, z, zo)?.pullback_z(c_xz, c_zz)
     }
 }
 
@@ -169,11 +229,17 @@ fn check_cotangent(c: &DMatrix<f64>, rows: usize, cols: usize) -> Result<()> {
     Ok(())
 }
 
-fn block_from_sides(sx: &Side, sz: &Side) -> DMatrix<f64> {
+/// Per layer, `(⟨a_j(X), a_j(Z)⟩, ⟨δ_j(X), δ_j(Z)⟩)` (points × points, rows × rows): the
+/// GEMMs both the block and its pull-back need.
+fn layer_products(sx: &Side, sz: &Side) -> Vec<(DMatrix<f64>, DMatrix<f64>)> {
+    (0..sx.a.len())
+        .map(|j| (&sx.a[j] * sz.a[j].transpose(), &sx.delta[j] * sz.delta[j].transpose()))
+        .collect()
+}
+
+fn block_from_products(sx: &Side, sz: &Side, products: &[(DMatrix<f64>, DMatrix<f64>)]) -> DMatrix<f64> {
     let mut k = DMatrix::zeros(sx.rows.len(), sz.rows.len());
-    for j in 0..sx.a.len() {
-        let aa = &sx.a[j] * sz.a[j].transpose();
-        let dd = &sx.delta[j] * sz.delta[j].transpose();
+    for (aa, dd) in products {
         for (s, &(pz, _)) in sz.rows.iter().enumerate() {
             for (r, &(px, _)) in sx.rows.iter().enumerate() {
                 k[(r, s)] += dd[(r, s)] * (aa[(px, pz)] + 1.0);
@@ -185,14 +251,17 @@ fn block_from_sides(sx: &Side, sz: &Side) -> DMatrix<f64> {
 
 /// The cotangents of `δ_j(Z)` (`rows_Z × fan_out_j`) and `a_j(Z)` (`m × fan_in_j`) of
 /// `⟨C, κ(X, Z)⟩`, layer by layer.
-fn side_cotangents(sx: &Side, sz: &Side, c: &DMatrix<f64>) -> (Vec<DMatrix<f64>>, Vec<DMatrix<f64>>) {
+fn side_cotangents(
+    sx: &Side,
+    sz: &Side,
+    products: &[(DMatrix<f64>, DMatrix<f64>)],
+    c: &DMatrix<f64>,
+) -> (Vec<DMatrix<f64>>, Vec<DMatrix<f64>>) {
     let (n, m) = (sx.a[0].nrows(), sz.a[0].nrows());
     let depth = sx.a.len();
     let mut dbar = Vec::with_capacity(depth);
     let mut abar = Vec::with_capacity(depth);
-    for j in 0..depth {
-        let aa = &sx.a[j] * sz.a[j].transpose();
-        let dd = &sx.delta[j] * sz.delta[j].transpose();
+    for (j, (aa, dd)) in products.iter().enumerate() {
         let mut weighted = DMatrix::zeros(sx.rows.len(), sz.rows.len());
         let mut e = DMatrix::zeros(n, m);
         for (s, &(pz, _)) in sz.rows.iter().enumerate() {
@@ -212,7 +281,7 @@ impl Mlp {
     /// The `d' × d'` diagonal blocks `J(xᵢ) J(xᵢ)ᵀ` of the NTK at each point.
     pub fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
         let q = self.output_dim();
-        let side = self.ntk_side(x, Outputs::All)?;
+        let side = self.ntk_side(&self.dense_weights(), x, Outputs::All)?;
         let mut blocks = vec![DMatrix::zeros(q, q); x.nrows()];
         for j in 0..side.a.len() {
             for (i, block) in blocks.iter_mut().enumerate() {
@@ -235,33 +304,33 @@ impl Mlp {
         zo: Outputs,
         c: &DMatrix<f64>,
     ) -> Result<DMatrix<f64>> {
-        let (sx, sz) = (self.ntk_side(x, xo)?, self.ntk_side(z, zo)?);
+        let w = self.dense_weights();
+        let (sx, sz) = (self.ntk_side(&w, x, xo)?, self.ntk_side(&w, z, zo)?);
         check_cotangent(c, sx.rows.len(), sz.rows.len())?;
-        let (dbar, abar) = side_cotangents(&sx, &sz, c);
-        Ok(self.backprop_side(&sz, dbar, abar))
+        let (dbar, abar) = side_cotangents(&sx, &sz, &layer_products(&sx, &sz), c);
+        Ok(self.backprop_side(&w, &sz, dbar, abar))
     }
 
     /// Back-propagates cotangents of one side's `δ_j` and `a_j` to its inputs.
     fn backprop_side(
         &self,
+        weights: &[(DMatrix<f64>, DVector<f64>)],
         sz: &Side,
         mut dbar: Vec<DMatrix<f64>>,
         mut abar: Vec<DMatrix<f64>>,
     ) -> DMatrix<f64> {
-        let act = self.config().activation;
-        let weights = self.dense_weights();
         let depth = weights.len();
         let m = sz.a[0].nrows();
         // Through the δ recursion, bottom layer first (δ_j depends on δ_{j+1}).
-        let mut hbar: Vec<DMatrix<f64>> = sz.h.iter().map(|h| DMatrix::zeros(h.nrows(), h.ncols())).collect();
+        let mut hbar: Vec<DMatrix<f64>> =
+            sz.slope.iter().map(|s| DMatrix::zeros(s.nrows(), s.ncols())).collect();
         for j in 0..depth - 1 {
             let g = &dbar[j];
             let mut pbar = DMatrix::zeros(g.nrows(), g.ncols());
             for (r, &(pz, _)) in sz.rows.iter().enumerate() {
                 for k in 0..g.ncols() {
-                    let hv = sz.h[j][(pz, k)];
-                    hbar[j][(pz, k)] += g[(r, k)] * sz.pre_slope[j][(r, k)] * act.curvature(hv);
-                    pbar[(r, k)] = g[(r, k)] * act.slope(hv);
+                    hbar[j][(pz, k)] += g[(r, k)] * sz.pre_slope[j][(r, k)] * sz.curvature[j][(pz, k)];
+                    pbar[(r, k)] = g[(r, k)] * sz.slope[j][(pz, k)];
                 }
             }
             let up = pbar * weights[j + 1].0.transpose();
@@ -269,10 +338,9 @@ impl Mlp {
         }
         // Through the forward pass, top layer first.
         for j in (0..depth - 1).rev() {
-            let hj = &sz.h[j];
-            let total = DMatrix::from_fn(m, hj.ncols(), |i, k| {
-                hbar[j][(i, k)] + abar[j + 1][(i, k)] * act.slope(hj[(i, k)])
-            });
+            let sj = &sz.slope[j];
+            let total =
+                DMatrix::from_fn(m, sj.ncols(), |i, k| hbar[j][(i, k)] + abar[j + 1][(i, k)] * sj[(i, k)]);
             let back = total * &weights[j].0;
             abar[j] += back;
         }

@@ -15,7 +15,7 @@ use crate::cnn::Cnn;
 use crate::helmholtz::HelmholtzNet;
 use crate::layers::{LayerInfo, LayerStatistics};
 use crate::mlp::{Mlp, NnError, Result};
-use crate::ntk::Outputs;
+use crate::ntk::{NtkPair, Outputs};
 
 /// What training and linearised inference need from a network: flat parameters, `f(X)`,
 /// `J(X)·u` and `J(X)ᵀ·V` — all exact. `Send + Sync` so posteriors built on a network can be
@@ -136,6 +136,21 @@ pub trait Network: Send + Sync {
         zo: Outputs,
     ) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
         Ok((self.ntk_block(x, xo, z, zo)?, self.ntk_block(z, zo, z, zo)?))
+    }
+
+    /// [`ntk_pair`](Self::ntk_pair) together with the pull-back of
+    /// [`ntk_pair_pullback_z`](Self::ntk_pair_pullback_z), which may reuse what the blocks
+    /// computed (the MLP keeps both sides and their layer products: one VaLLA iteration then
+    /// evaluates each side once). The default calls the two methods.
+    fn ntk_pair_with_pullback<'a>(
+        &'a self,
+        x: &'a DMatrix<f64>,
+        xo: Outputs<'a>,
+        z: &'a DMatrix<f64>,
+        zo: Outputs<'a>,
+    ) -> Result<NtkPair<'a>> {
+        let (kxz, kzz) = self.ntk_pair(x, xo, z, zo)?;
+        Ok(NtkPair::new(kxz, kzz, move |c_xz, c_zz| self.ntk_pair_pullback_z(x, xo, z, zo, c_xz, c_zz)))
     }
 
     /// Gradient with respect to `Z` of `⟨C_xz, κ(X, Z)⟩ + ⟨C_zz, κ(Z, Z)⟩` (both arguments of
@@ -265,6 +280,15 @@ network_impl!(Mlp {
     }
     fn ntk_pair(&self, x: &DMatrix<f64>, xo: Outputs, z: &DMatrix<f64>, zo: Outputs) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
         <Mlp>::ntk_pair(self, x, xo, z, zo)
+    }
+    fn ntk_pair_with_pullback<'a>(
+        &'a self,
+        x: &'a DMatrix<f64>,
+        xo: Outputs<'a>,
+        z: &'a DMatrix<f64>,
+        zo: Outputs<'a>,
+    ) -> Result<NtkPair<'a>> {
+        <Mlp>::ntk_pair_with_pullback(self, x, xo, z, zo)
     }
     fn ntk_pair_pullback_z(
         &self,

@@ -404,6 +404,12 @@ fn explicit_ntk_input_gradient_matches_finite_differences_and_the_taped_rule() {
             let (kxz, kzz) = mlp.ntk_pair(&x, Outputs::All, &z, zo).unwrap();
             assert_mat_close(&kxz, &mlp.ntk_block(&x, Outputs::All, &z, zo).unwrap(), 1e-14, 0.0);
             assert_mat_close(&kzz, &mlp.ntk_block(&z, zo, &z, zo).unwrap(), 1e-14, 0.0);
+            // Through the trait: the cached pair's pull-back can be applied repeatedly.
+            let cached = fspace_nn::Network::ntk_pair_with_pullback(&mlp, &x, Outputs::All, &z, zo).unwrap();
+            assert_mat_close(&cached.kxz, &kxz, 1e-14, 0.0);
+            for _ in 0..2 {
+                assert_mat_close(&cached.pullback_z(&c, &c2).unwrap(), &pair, 1e-14, 0.0);
+            }
             if zo == Outputs::All && act != Activation::Relu {
                 assert_mat_close(&analytic, &mlp.ntk_pullback_z(&x, &z, &c).unwrap(), 1e-9, 1e-10);
             }

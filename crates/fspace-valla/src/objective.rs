@@ -214,15 +214,17 @@ pub(crate) fn objective<N: Network>(
     let (b, m) = (batch.x.nrows(), state.z.nrows());
     let (s0, noise) = (state.prior_variance(), state.noise_variance());
     let sel = Outputs::One(&state.outputs);
-    let (kxz, kz) = net.ntk_pair(batch.x, Outputs::All, &state.z, sel)?;
+    let pair = net.ntk_pair_with_pullback(batch.x, Outputs::All, &state.z, sel)?;
+    let (kxz, kz) = (&pair.kxz, &pair.kzz);
     let l = &state.l;
-    let kzl = &kz * l;
+    let kzl = kz * l;
     let r = factor_b(l, &kzl, s0)?;
     let rt = r.transpose();
     let binv = solve_upper(&rt, &solve_lower(&r, &DMatrix::identity(m, m)));
     let logdet: f64 = 2.0 * r.diagonal().iter().map(|d| d.ln()).sum::<f64>();
     let kl = 0.5 * (logdet - m as f64 + binv.trace());
-    let w = &kxz * l * s0; // b·q × M
+    let kxzl = kxz * l;
+    let w = &kxzl * s0; // b·q × M
     let v = solve_lower(&r, &w.transpose()); // M × b·q
     let scale = n_total as f64 / b as f64;
     let mut data = 0.0;
@@ -256,7 +258,6 @@ pub(crate) fn objective<N: Network>(
     bbar -= (&binv - &binv * &binv) * 0.5;
     let bbar = (&bbar + bbar.transpose()) * 0.5;
     let ltkzl = l.transpose() * &kzl;
-    let kxzl = &kxz * l;
     d_s0 += bbar.component_mul(&ltkzl).sum() + wbar.component_mul(&kxzl).sum();
     let mut lbar = &kzl * &bbar * (2.0 * s0) + kxz.transpose() * &wbar * s0;
     for c in 0..m {
@@ -267,7 +268,7 @@ pub(crate) fn objective<N: Network>(
     let z = if want_z_grad {
         let c_xz = &wbar * l.transpose() * s0;
         let c_z = l * &bbar * l.transpose() * s0;
-        Some(net.ntk_pair_pullback_z(batch.x, Outputs::All, &state.z, sel, &c_xz, &c_z)?)
+        Some(pair.pullback_z(&c_xz, &c_z)?)
     } else {
         None
     };
