@@ -1,8 +1,9 @@
 //! `cargo xtask` — the fspace task runner (alias in `.cargo/config.toml`).
 //!
 //! * `cargo xtask list` — the experiments this checkout can run.
-//! * `cargo xtask reproduce [NAME…] [--quick] [--seed N] [--out DIR]` — runs the named
-//!   experiments (no name: the quick default suite) and writes `results/NAME/`.
+//! * `cargo xtask reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR]` — runs the
+//!   named experiments (no name: the quick default suite) and writes `results/NAME/`; `--seeds K`
+//!   overrides the number of seeds of the multi-seed experiments (the VaLLA image tables).
 
 use anyhow::{bail, Result};
 
@@ -13,7 +14,7 @@ mod report;
 use experiments::{Experiment, Options, EXPERIMENTS};
 
 fn parse(args: &[String]) -> Result<Options> {
-    let mut opts = Options { names: vec![], quick: false, seed: 0, out: "results".into() };
+    let mut opts = Options { names: vec![], quick: false, seed: 0, seeds: None, out: "results".into() };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -23,6 +24,15 @@ fn parse(args: &[String]) -> Result<Options> {
                 opts.seed = v
                     .parse()
                     .map_err(|e| anyhow::anyhow!("--seed {v:?} is not a non-negative integer: {e}"))?;
+            }
+            "--seeds" => {
+                let v = it.next().ok_or_else(|| anyhow::anyhow!("--seeds needs a value"))?;
+                let k: usize =
+                    v.parse().map_err(|e| anyhow::anyhow!("--seeds {v:?} is not a positive integer: {e}"))?;
+                if k == 0 {
+                    bail!("--seeds must be at least 1");
+                }
+                opts.seeds = Some(k);
             }
             "--out" => opts.out = it.next().ok_or_else(|| anyhow::anyhow!("--out needs a value"))?.clone(),
             flag if flag.starts_with("--") => bail!("unknown option {flag}"),
@@ -89,7 +99,9 @@ fn run() -> Result<()> {
         Some("reproduce") => reproduce(&parse(&args[1..])?),
         Some(other) => bail!("unknown task {other:?}; tasks: list, reproduce"),
         None => {
-            println!("usage: cargo xtask <list | reproduce [NAME…] [--quick] [--seed N] [--out DIR]>");
+            println!(
+                "usage: cargo xtask <list | reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR]>"
+            );
             Ok(())
         }
     }
@@ -108,8 +120,11 @@ mod tests {
         let o = parse(&args).unwrap();
         assert_eq!((o.names.len(), o.quick, o.seed, o.out.as_str()), (1, true, 3, "x"));
         assert!(parse(&["--seed".to_string(), "-1".to_string()]).is_err());
+        assert!(parse(&["--seeds".to_string(), "0".to_string()]).is_err());
+        assert_eq!(parse(&["--seeds".to_string(), "2".to_string()]).unwrap().seeds, Some(2));
         assert!(parse(&["--bogus".to_string()]).is_err());
-        let unknown = Options { names: vec!["nope".into()], quick: true, seed: 0, out: "x".into() };
+        let unknown =
+            Options { names: vec!["nope".into()], quick: true, seed: 0, seeds: None, out: "x".into() };
         assert!(reproduce(&unknown).is_err());
     }
 
@@ -121,6 +136,7 @@ mod tests {
             names: vec!["fsp-null-space".into()],
             quick: true,
             seed: 0,
+            seeds: None,
             out: out.to_string_lossy().into_owned(),
         };
         reproduce(&opts).unwrap();
@@ -139,6 +155,44 @@ mod tests {
     }
 
     #[test]
+    fn the_valla_regression_table_runs_end_to_end_in_quick_mode() {
+        // Every method of VaLLA Fig. 2 (left) on Boston: finite metrics, and the last-layer KFAC
+        // of a one-output Gaussian head equals the dense last-layer Laplace (its output factor is
+        // 1 × 1, so the Kronecker product is exact).
+        let out = std::env::temp_dir().join(format!("fspace-xtask-vreg-{}", std::process::id()));
+        let opts = Options {
+            names: vec!["valla-regression".into()],
+            quick: true,
+            seed: 0,
+            seeds: None,
+            out: out.to_string_lossy().into_owned(),
+        };
+        reproduce(&opts).unwrap();
+        let dir = out.join("valla-regression");
+        let metrics: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
+        let get = |m: &str, k: &str| metrics["summary"][m]["boston"][k]["mean"].as_f64().unwrap();
+        for m in [
+            "MAP",
+            "LLA Diag",
+            "LLA KFAC",
+            "LLA* (last layer)",
+            "LLA* KFAC",
+            "ELLA",
+            "VaLLA 100",
+            "VaLLA 200",
+        ] {
+            for k in ["NLL", "CRPS", "CQM"] {
+                assert!(get(m, k).is_finite(), "{m}/{k}");
+            }
+            assert!((0.0..=0.5).contains(&get(m, "CQM")), "{m}: CQM {}", get(m, "CQM"));
+        }
+        assert!((get("LLA* (last layer)", "NLL") - get("LLA* KFAC", "NLL")).abs() < 1e-8);
+        assert!(std::fs::read_to_string(dir.join("table.md")).unwrap().contains("Not the paper's data"));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
     fn the_cubic_toy_runs_end_to_end_in_quick_mode() {
         // Generalized Laplace Fig. 2 with every structure: the full GGN's GLM std is the
         // reference (ratio 1), every structure's uncertainty is finite and positive, plots exist.
@@ -147,6 +201,7 @@ mod tests {
             names: vec!["gl-cubic-toy".into()],
             quick: true,
             seed: 0,
+            seeds: None,
             out: out.to_string_lossy().into_owned(),
         };
         reproduce(&opts).unwrap();

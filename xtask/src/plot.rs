@@ -248,3 +248,76 @@ pub fn line_panels(path: &Path, panels: &[LinePanel], cols: usize) -> Result<()>
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// Horizontal box plots of positive values on a log10 axis (one row per `(name, values)`;
+/// the whiskers span min–max, the box the quartiles, the bar the median), as the fit-time
+/// panels of the VaLLA paper's Figs. 3 and 4.
+pub fn log_box_plot(path: &Path, title: &str, x_label: &str, groups: &[(String, Vec<f64>)]) -> Result<()> {
+    register_font();
+    let quartiles = |v: &[f64]| -> [f64; 5] {
+        let mut s: Vec<f64> = v.iter().map(|x| x.max(1e-12).log10()).collect();
+        s.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            let t = p * (s.len() - 1) as f64;
+            let (i, f) = (t.floor() as usize, t.fract());
+            s[i] + f * (s[(i + 1).min(s.len() - 1)] - s[i])
+        };
+        [s[0], q(0.25), q(0.5), q(0.75), s[s.len() - 1]]
+    };
+    let stats: Vec<(String, [f64; 5])> =
+        groups.iter().filter(|g| !g.1.is_empty()).map(|(n, v)| (n.clone(), quartiles(v))).collect();
+    if stats.is_empty() {
+        return Err(anyhow!("box plot {title:?}: no values"));
+    }
+    let lo = stats.iter().map(|s| s.1[0]).fold(f64::INFINITY, f64::min).floor();
+    let hi = stats.iter().map(|s| s.1[4]).fold(f64::NEG_INFINITY, f64::max).ceil().max(lo + 1.0);
+    let height = 80 + 40 * stats.len() as u32;
+    let root = BitMapBackend::new(path, (640, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let rows = stats.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(36)
+        .y_label_area_size(110)
+        .build_cartesian_2d(lo..hi, -0.5..rows - 0.5)
+        .map_err(err)?;
+    let names: Vec<String> = stats.iter().map(|s| s.0.clone()).collect();
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .x_label_formatter(&|v| format!("1e{v:.0}"))
+        .y_labels(stats.len())
+        .y_label_formatter(&|v| {
+            let i = v.round();
+            if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
+                names[i as usize].clone()
+            } else {
+                String::new()
+            }
+        })
+        .label_style(("sans-serif", 12))
+        .draw()
+        .map_err(err)?;
+    for (i, (_, q)) in stats.iter().enumerate() {
+        let (y, c) = (i as f64, LINE_COLOURS[i % LINE_COLOURS.len()]);
+        let h = 0.3;
+        chart
+            .draw_series([
+                Rectangle::new([(q[1], y - h), (q[3], y + h)], c.mix(0.35).filled()),
+                Rectangle::new([(q[1], y - h), (q[3], y + h)], c.stroke_width(2)),
+            ])
+            .map_err(err)?;
+        chart
+            .draw_series([
+                PathElement::new(vec![(q[0], y), (q[1], y)], c.stroke_width(2)),
+                PathElement::new(vec![(q[3], y), (q[4], y)], c.stroke_width(2)),
+                PathElement::new(vec![(q[2], y - h), (q[2], y + h)], BLACK.stroke_width(2)),
+                PathElement::new(vec![(q[0], y - h / 2.0), (q[0], y + h / 2.0)], c.stroke_width(2)),
+                PathElement::new(vec![(q[4], y - h / 2.0), (q[4], y + h / 2.0)], c.stroke_width(2)),
+            ])
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}

@@ -24,28 +24,14 @@ use anyhow::Result;
 use fspace_core::{Categorical, ClassProbMethod};
 use fspace_laplace::{fit, Curvature, LaplaceConfig, LikelihoodKind, Predictive, PriorPrecision, Structure};
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig};
-use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::images::{class_metrics, mean_entropy, test_with, train_val_test, ImageSet};
+use super::images::{class_metrics, map_probs, mean_entropy, test_with, train_val_test, ImageSet};
 use super::Options;
 use crate::plot::{line_panels, LinePanel};
 use crate::report::{fmt, markdown_table, Run};
-
-/// Softmax probabilities of the MAP network.
-fn map_probs(net: &Cnn, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-    let f = net.forward(x)?;
-    let mut p = DMatrix::zeros(f.nrows(), f.ncols());
-    for i in 0..f.nrows() {
-        let row: Vec<f64> = f.row(i).iter().cloned().collect();
-        for (j, v) in fspace_core::softmax(&row).into_iter().enumerate() {
-            p[(i, j)] = v;
-        }
-    }
-    Ok(p)
-}
 
 /// Frobenius norm of the last layer's curvature block (×`scale`): Diag from its entries,
 /// KFAC/EKFAC from the Kronecker eigenvalues (the eigenbasis is orthogonal).

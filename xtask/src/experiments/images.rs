@@ -100,8 +100,73 @@ pub fn class_metrics(probs: &DMatrix<f64>, y: &DVector<f64>) -> Result<ClassMetr
     })
 }
 
+/// Row-wise softmax of a network's logits on `x` (the MAP predictive).
+pub fn map_probs<N: fspace_nn::Network>(net: &N, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+    let f = net.forward(x)?;
+    let mut p = DMatrix::zeros(f.nrows(), f.ncols());
+    for i in 0..f.nrows() {
+        let row: Vec<f64> = f.row(i).iter().cloned().collect();
+        for (j, v) in fspace_core::softmax(&row).into_iter().enumerate() {
+            p[(i, j)] = v;
+        }
+    }
+    Ok(p)
+}
+
+/// The 28×28 images (rows of `x`) rotated by `degrees` anticlockwise about the image centre,
+/// by bilinear interpolation; pixels that come from outside the frame get `background` (the
+/// standardised value of a black pixel). Ovadia et al.'s (2019) rotated-MNIST shift.
+pub fn rotate(x: &DMatrix<f64>, degrees: f64, background: f64) -> DMatrix<f64> {
+    const SIDE: usize = 28;
+    let (s, c) = degrees.to_radians().sin_cos();
+    let centre = (SIDE as f64 - 1.0) / 2.0;
+    let mut out = DMatrix::from_element(x.nrows(), x.ncols(), background);
+    for r in 0..SIDE {
+        for col in 0..SIDE {
+            // The source of output pixel (r, col): rotate back by −θ.
+            let (dy, dx) = (r as f64 - centre, col as f64 - centre);
+            let (sy, sx) = (c * dy + s * dx + centre, -s * dy + c * dx + centre);
+            let (y0, x0) = (sy.floor(), sx.floor());
+            let (fy, fx) = (sy - y0, sx - x0);
+            let at = |img: usize, yy: f64, xx: f64| {
+                if yy < 0.0 || xx < 0.0 || yy > (SIDE - 1) as f64 || xx > (SIDE - 1) as f64 {
+                    background
+                } else {
+                    x[(img, yy as usize * SIDE + xx as usize)]
+                }
+            };
+            for img in 0..x.nrows() {
+                out[(img, r * SIDE + col)] = (1.0 - fy) * (1.0 - fx) * at(img, y0, x0)
+                    + (1.0 - fy) * fx * at(img, y0, x0 + 1.0)
+                    + fy * (1.0 - fx) * at(img, y0 + 1.0, x0)
+                    + fy * fx * at(img, y0 + 1.0, x0 + 1.0);
+            }
+        }
+    }
+    out
+}
+
 /// Mean predictive entropy of `probs`.
 pub fn mean_entropy(probs: &DMatrix<f64>) -> Result<f64> {
     let ent = fspace_metrics::predictive_entropy(probs)?;
     Ok(ent.iter().sum::<f64>() / ent.len() as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_by_quarter_turns_permutes_pixels_and_zero_is_identity() {
+        let x = DMatrix::from_fn(2, 784, |i, j| ((i * 784 + j) as f64 * 0.37).sin());
+        let close = |a: &DMatrix<f64>, b: &DMatrix<f64>| (a - b).amax() < 1e-9;
+        assert!(close(&rotate(&x, 0.0, -1.0), &x));
+        let r90 = rotate(&x, 90.0, -1.0);
+        // Anticlockwise: the top-right pixel (row 0, column 27) moves to the top-left.
+        assert!((r90[(0, 0)] - x[(0, 27)]).abs() < 1e-9);
+        let r360 = rotate(&rotate(&rotate(&r90, 90.0, -1.0), 90.0, -1.0), 90.0, -1.0);
+        assert!(close(&r360, &x));
+        // A 45° turn leaves the corners outside the frame: they become the background.
+        assert_eq!(rotate(&x, 45.0, -7.0)[(1, 0)], -7.0);
+    }
 }

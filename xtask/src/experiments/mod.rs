@@ -11,6 +11,8 @@ mod fsp_toy;
 mod gl_cubic;
 mod gl_mnist;
 pub mod images;
+mod valla_images;
+mod valla_regression;
 mod valla_toy;
 
 /// Command-line options every experiment receives.
@@ -21,6 +23,8 @@ pub struct Options {
     pub quick: bool,
     /// Base seed: data, initialisation, context points.
     pub seed: u64,
+    /// Number of seeds for the multi-seed experiments (`None`: the experiment's own).
+    pub seeds: Option<usize>,
     /// Output root (`results`).
     pub out: String,
 }
@@ -80,6 +84,24 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Figs. 1, 6, 7 (1-D gap toy: VaLLA M ∈ {5, 10, 20}, ELLA, exact LLA; early stopping)",
         in_default_suite: false,
         run: valla_toy::run,
+    },
+    Experiment {
+        name: "valla-mnist",
+        paper: "VaLLA Fig. 3 (MNIST: MAP, LLA Diag/KFAC, last-layer LLA (+KFAC), ELLA, VaLLA 100/200; OOD vs FMNIST; fit times)",
+        in_default_suite: false,
+        run: valla_images::run_mnist,
+    },
+    Experiment {
+        name: "valla-fmnist",
+        paper: "VaLLA Fig. 4 (FMNIST: the same methods; OOD vs MNIST; rotated FMNIST ECE/NLL; fit times)",
+        in_default_suite: false,
+        run: valla_images::run_fmnist,
+    },
+    Experiment {
+        name: "valla-regression",
+        paper: "VaLLA Fig. 2 left (NLL, CRPS, CQM; 3×200 tanh) on the shipped Boston/concrete/wine sets (Airline/Year/Taxi unavailable)",
+        in_default_suite: false,
+        run: valla_regression::run,
     },
     Experiment {
         name: "valla-toy-quick",
