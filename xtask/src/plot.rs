@@ -286,7 +286,14 @@ pub fn log_box_plot(path: &Path, title: &str, x_label: &str, groups: &[(String, 
     chart
         .configure_mesh()
         .x_desc(x_label)
-        .x_label_formatter(&|v| format!("1e{v:.0}"))
+        .x_labels((hi - lo) as usize + 1)
+        .x_label_formatter(&|v| {
+            if (v - v.round()).abs() < 1e-6 {
+                format!("1e{}", v.round() as i64)
+            } else {
+                String::new()
+            }
+        })
         .y_labels(stats.len())
         .y_label_formatter(&|v| {
             let i = v.round();

@@ -491,6 +491,11 @@ impl<N: Network> LaplacePosterior<N> {
                     let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
                     out.extend(crate::predict::eigen_covariances(&self.net, &e.vectors, &c, l, &xc)?)
                 }
+                Curvature::Eigen(e) if e.label == "last_layer" && iso && e.remainder.is_none() => {
+                    let l = self.lambdas[0];
+                    let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
+                    out.extend(crate::predict::last_layer_covariances(&self.net, &e.vectors, &c, l, &xc)?)
+                }
                 Curvature::Eigen(e) if e.label == "last_layer" => {
                     let js = crate::predict::last_layer_jacobian(&self.net, &xc)?;
                     out.extend(crate::predict::blocks(

@@ -802,3 +802,21 @@ fn kfc_factors_equal_their_definition_on_a_cnn_with_many_positions() {
         o += n;
     }
 }
+
+#[test]
+fn last_layer_glm_covariances_equal_the_dense_jacobian_route() {
+    // The last-layer fast path (one GEMM per output on the features) against J Σ Jᵀ formed from
+    // the explicit last-layer Jacobian and the curvature's solve (`predict_joint`).
+    let net = mlp(3, vec![6, 5], 4, 31);
+    let (x, y) = classification(25, 3, 4, 32);
+    let (xt, _) = classification(7, 3, 4, 33);
+    let mut post = fit_with(net, LikelihoodKind::Categorical { classes: 4 }, &x, &y, Structure::last_layer());
+    post.set_prior_precision(PriorPrecision::Scalar(0.7)).unwrap();
+    let covs = post.glm_covariances(&xt).unwrap();
+    let (_, joint) = Posterior::predict_joint(&post, &xt).unwrap();
+    let q = 4;
+    for (i, c) in covs.iter().enumerate() {
+        let dense = joint.view((i * q, i * q), (q, q)).into_owned();
+        assert!(rel_frob(c, &dense) < 1e-10, "point {i}: {c} vs {dense}");
+    }
+}
