@@ -185,13 +185,17 @@ pub struct LinePanel {
     pub log_x: bool,
 }
 
-const LINE_COLOURS: [RGBColor; 6] = [
+const LINE_COLOURS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
     RGBColor(214, 39, 40),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
 ];
 
 /// Draws line-chart panels side by side in `cols` columns (each 520×360 px), with a legend.
