@@ -189,8 +189,67 @@ pub(super) fn laplace(
 /// `(angle, ECE, NLL)` on the rotated test images.
 type RotatedPoint = (f64, f64, f64);
 
-/// A method's name and how to fit it (returns the fit and extra numbers for the log).
-type MethodFit = (String, Box<dyn Fn() -> Result<(Fitted, Value)>>);
+/// Fits the method `label` (a row name of the paper's table) around the MAP `net`; returns the
+/// fit and extra numbers for the log.
+fn fit_method(
+    label: &str,
+    net: &Mlp,
+    train: &Images,
+    val: &Images,
+    budget: &Budget,
+    lambda0: f64,
+    seed: u64,
+) -> Result<(Fitted, Value)> {
+    let (x, y, validation) = (&train.x, &train.y, Some((&val.x, &val.y)));
+    let laplace_row = |post: LaplacePosterior<Mlp>| {
+        let lambda = post.prior_precision()[0];
+        (Fitted::Laplace(Box::new(post)), json!({ "lambda": lambda }))
+    };
+    Ok(match label {
+        "MAP" => (Fitted::Map(net.clone()), json!({})),
+        "LLA Diag" => laplace_row(laplace(net, CATEGORICAL, x, y, Structure::Diag, lambda0)?),
+        "LLA KFAC" => laplace_row(laplace(net, CATEGORICAL, x, y, Structure::Kfac, lambda0)?),
+        "LLA* (last layer)" => {
+            laplace_row(laplace(net, CATEGORICAL, x, y, Structure::LastLayer(Default::default()), lambda0)?)
+        }
+        "LLA* KFAC" => {
+            let features = net.last_layer_features(x)?;
+            let head = laplace(&linear_head(net)?, CATEGORICAL, &features, y, Structure::Kfac, lambda0)?;
+            let lambda = head.prior_precision()[0];
+            (Fitted::HeadLaplace { body: net.clone(), head: Box::new(head) }, json!({ "lambda": lambda }))
+        }
+        "ELLA" => {
+            let points = budget.ella_points.min(x.nrows());
+            let cfg = EllaConfig { num_points: points, seed, ..EllaConfig::default() };
+            let post = fit_ella(net.clone(), VallaLikelihood::Categorical, x, y, validation, &cfg)?;
+            let lambda = post.prior_precision();
+            (Fitted::Ella(Box::new(post)), json!({ "lambda": lambda, "points": points }))
+        }
+        _ => {
+            let m: usize = label.trim_start_matches("VaLLA ").parse()?;
+            // σ₀² starts at the MAP's weight prior 1/λ (the linearised Laplace prior of this
+            // network) instead of 1: the 784-input NTK is large, and from σ₀² = 1 Adam at 1e-3
+            // needs thousands of steps just to shrink the prior.
+            let cfg = VallaConfig {
+                num_inducing: m,
+                iterations: budget.valla_iterations,
+                validate_every: budget.validate_every,
+                prior_variance: 1.0 / lambda0,
+                seed,
+                ..VallaConfig::default()
+            };
+            let post = fit(net.clone(), VallaLikelihood::Categorical, x, y, validation, &cfg)?;
+            let rep = post.report();
+            let extra = json!({
+                "iterations": rep.iterations,
+                "best_iteration": rep.best_iteration,
+                "stopped_early": rep.stopped_early,
+                "prior_variance": post.state().prior_variance(),
+            });
+            (Fitted::Valla(Box::new(post)), extra)
+        }
+    })
+}
 
 /// One method's numbers on one seed.
 struct Row {
@@ -290,105 +349,9 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         let steps = budget.map_epochs * n.div_ceil(100);
         run.log(format!("  MAP: {steps} Adam steps in {map_seconds:.1} s"));
 
-        let mut methods: Vec<MethodFit> = Vec::new();
-        {
-            let net = net.clone();
-            methods.push(("MAP".into(), Box::new(move || Ok((Fitted::Map(net.clone()), json!({}))))));
-        }
-        for (label, structure) in [("LLA Diag", Structure::Diag), ("LLA KFAC", Structure::Kfac)] {
-            let (net, x, y) = (net.clone(), train.x.clone(), train.y.clone());
-            methods.push((
-                label.into(),
-                Box::new(move || {
-                    let post = laplace(&net, CATEGORICAL, &x, &y, structure.clone(), lambda0)?;
-                    let lambda = post.prior_precision()[0];
-                    Ok((Fitted::Laplace(Box::new(post)), json!({ "lambda": lambda })))
-                }),
-            ));
-        }
-        {
-            let (net, x, y) = (net.clone(), train.x.clone(), train.y.clone());
-            methods.push((
-                "LLA* (last layer)".into(),
-                Box::new(move || {
-                    let post = laplace(
-                        &net,
-                        CATEGORICAL,
-                        &x,
-                        &y,
-                        Structure::LastLayer(Default::default()),
-                        lambda0,
-                    )?;
-                    let lambda = post.prior_precision()[0];
-                    Ok((Fitted::Laplace(Box::new(post)), json!({ "lambda": lambda })))
-                }),
-            ));
-        }
-        {
-            let (net, x, y) = (net.clone(), train.x.clone(), train.y.clone());
-            methods.push((
-                "LLA* KFAC".into(),
-                Box::new(move || {
-                    let features = net.last_layer_features(&x)?;
-                    let head =
-                        laplace(&linear_head(&net)?, CATEGORICAL, &features, &y, Structure::Kfac, lambda0)?;
-                    let lambda = head.prior_precision()[0];
-                    Ok((
-                        Fitted::HeadLaplace { body: net.clone(), head: Box::new(head) },
-                        json!({ "lambda": lambda }),
-                    ))
-                }),
-            ));
-        }
-        {
-            let (net, x, y, vx, vy) =
-                (net.clone(), train.x.clone(), train.y.clone(), val.x.clone(), val.y.clone());
-            let points = budget.ella_points.min(n);
-            methods.push((
-                "ELLA".into(),
-                Box::new(move || {
-                    let cfg = EllaConfig { num_points: points, seed, ..EllaConfig::default() };
-                    let post =
-                        fit_ella(net.clone(), VallaLikelihood::Categorical, &x, &y, Some((&vx, &vy)), &cfg)?;
-                    let lambda = post.prior_precision();
-                    Ok((Fitted::Ella(Box::new(post)), json!({ "lambda": lambda, "points": points })))
-                }),
-            ));
-        }
-        for m in [100usize, 200] {
-            let (net, x, y, vx, vy) =
-                (net.clone(), train.x.clone(), train.y.clone(), val.x.clone(), val.y.clone());
-            let (iterations, validate_every) = (budget.valla_iterations, budget.validate_every);
-            methods.push((
-                format!("VaLLA {m}"),
-                Box::new(move || {
-                    // σ₀² starts at the MAP's weight prior 1/λ (the linearised Laplace prior of this
-                    // network) instead of 1: the 784-input NTK is large, and from σ₀² = 1 Adam at
-                    // 1e-3 needs thousands of steps just to shrink the prior.
-                    let cfg = VallaConfig {
-                        num_inducing: m,
-                        iterations,
-                        validate_every,
-                        prior_variance: 1.0 / lambda0,
-                        seed,
-                        ..VallaConfig::default()
-                    };
-                    let post =
-                        fit(net.clone(), VallaLikelihood::Categorical, &x, &y, Some((&vx, &vy)), &cfg)?;
-                    let rep = post.report();
-                    let extra = json!({
-                        "iterations": rep.iterations,
-                        "best_iteration": rep.best_iteration,
-                        "stopped_early": rep.stopped_early,
-                        "prior_variance": post.state().prior_variance(),
-                    });
-                    Ok((Fitted::Valla(Box::new(post)), extra))
-                }),
-            ));
-        }
-        for (label, fit_method) in &methods {
+        for label in paper.iter().map(|p| p.0) {
             let t0 = Instant::now();
-            let (fitted, extra) = fit_method()?;
+            let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed)?;
             let fit_seconds = if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
             let t1 = Instant::now();
             let (metrics, rot) = evaluate(&fitted, &test, &ood, &rotated)?;
@@ -401,7 +364,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 metrics[3],
                 metrics[4]
             ));
-            rows.push((seed, Row { method: label.clone(), fit_seconds, metrics, rotated: rot, extra }));
+            rows.push((seed, Row { method: label.to_string(), fit_seconds, metrics, rotated: rot, extra }));
         }
     }
     report(&mut run, name, paper, &rows, &budget, with_rotation)
