@@ -47,6 +47,7 @@
 mod cnn;
 mod features;
 mod helmholtz;
+mod jsj;
 mod layers;
 mod mlp;
 mod ntk;
@@ -55,6 +56,7 @@ mod train;
 pub use cnn::{Cnn, CnnConfig, ConvBlock};
 pub use features::FeatureMap;
 pub use helmholtz::HelmholtzNet;
+pub use jsj::{GramCotangent, WeightedGram};
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Activation, Mlp, MlpConfig, NnError, Result};
 pub use ntk::{NtkPair, Outputs};

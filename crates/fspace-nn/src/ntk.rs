@@ -84,23 +84,23 @@ impl<'a> NtkPair<'a> {
 }
 
 /// One side of an NTK block: layer inputs, pre-activations and back-propagated gradients.
-struct Side {
+pub(crate) struct Side {
     /// `(point, output)` per row of the δ matrices.
-    rows: Vec<(usize, usize)>,
+    pub(crate) rows: Vec<(usize, usize)>,
     /// `a_j` (`n × fan_in_j`), `j = 0..L`.
-    a: Vec<DMatrix<f64>>,
+    pub(crate) a: Vec<DMatrix<f64>>,
     /// `σ'(h_j)` of the hidden layers (`n × fan_out_j`), `j = 0..L−1`, evaluated once per point
     /// (the δ rows of one point share it).
-    slope: Vec<DMatrix<f64>>,
+    pub(crate) slope: Vec<DMatrix<f64>>,
     /// `σ''(h_j)` of the hidden layers (`n × fan_out_j`), `j = 0..L−1`.
-    curvature: Vec<DMatrix<f64>>,
+    pub(crate) curvature: Vec<DMatrix<f64>>,
     /// `δ_j` (`rows × fan_out_j`), `j = 0..L`.
-    delta: Vec<DMatrix<f64>>,
+    pub(crate) delta: Vec<DMatrix<f64>>,
     /// `P_j = δ_{j+1} W_{j+1}` (`rows × fan_out_j`), `j = 0..L−1` (so `δ_j = P_j ⊙ σ'(h_j)`).
-    pre_slope: Vec<DMatrix<f64>>,
+    pub(crate) pre_slope: Vec<DMatrix<f64>>,
 }
 
-fn affine(a: &DMatrix<f64>, w: &DMatrix<f64>, b: &DVector<f64>) -> DMatrix<f64> {
+pub(crate) fn affine(a: &DMatrix<f64>, w: &DMatrix<f64>, b: &DVector<f64>) -> DMatrix<f64> {
     let mut h = a * w.transpose();
     for (c, bc) in b.iter().enumerate() {
         h.column_mut(c).add_scalar_mut(*bc);
@@ -109,7 +109,7 @@ fn affine(a: &DMatrix<f64>, w: &DMatrix<f64>, b: &DVector<f64>) -> DMatrix<f64> 
 }
 
 impl Mlp {
-    fn ntk_side(
+    pub(crate) fn ntk_side(
         &self,
         weights: &[(DMatrix<f64>, DVector<f64>)],
         x: &DMatrix<f64>,

@@ -16,6 +16,7 @@ use crate::helmholtz::HelmholtzNet;
 use crate::layers::{LayerInfo, LayerStatistics};
 use crate::mlp::{Mlp, NnError, Result};
 use crate::ntk::{NtkPair, Outputs};
+use crate::jsj::WeightedGram;
 
 /// What training and linearised inference need from a network: flat parameters, `f(X)`,
 /// `J(X)·u` and `J(X)ᵀ·V` — all exact. `Send + Sync` so posteriors built on a network can be
@@ -171,6 +172,14 @@ pub trait Network: Send + Sync {
         Ok(g)
     }
 
+    /// `J(X) diag(s) J(X)ᵀ` for the selected outputs with its exact pull-back to the weights and
+    /// to `s` (GFSVI / TFSVI differentiate the linearised network's function-space covariance).
+    /// Networks without a rule for derivatives through their Jacobian return
+    /// [`NnError::Unsupported`].
+    fn weighted_gram(&self, _x: &DMatrix<f64>, _outputs: Outputs, _s: &DVector<f64>) -> Result<WeightedGram<'_>> {
+        Err(NnError::Unsupported { what: "J S Jᵀ with its weight gradient for this network".into() })
+    }
+
     /// Gradient with respect to `Z` of `⟨C, ntk_block(X, xo, Z, zo)⟩` (VaLLA moves its inducing
     /// inputs). Networks without a rule for derivatives through their Jacobian return
     /// [`NnError::Unsupported`]; methods then keep `Z` fixed.
@@ -259,6 +268,9 @@ macro_rules! network_impl {
 }
 network_impl!(HelmholtzNet {});
 network_impl!(Mlp {
+    fn weighted_gram(&self, x: &DMatrix<f64>, outputs: Outputs, s: &DVector<f64>) -> Result<WeightedGram<'_>> {
+        <Mlp>::weighted_gram(self, x, outputs, s)
+    }
     fn layer_infos(&self) -> Vec<LayerInfo> { <Mlp>::layer_infos(self) }
     fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
         <Mlp>::kfac_statistics(self, x, factors)

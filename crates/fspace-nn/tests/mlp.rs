@@ -426,3 +426,99 @@ fn explicit_ntk_input_gradient_matches_finite_differences_and_the_taped_rule() {
         .ntk_block_pullback_z(&DMatrix::zeros(2, 2), Outputs::All, &z, Outputs::All, &DMatrix::zeros(6, 8))
         .is_err());
 }
+
+#[test]
+fn weighted_gram_and_its_pullback_match_the_taped_rule_and_finite_differences() {
+    for act in
+        [Activation::Tanh, Activation::Sigmoid, Activation::Softplus, Activation::Relu, Activation::Gelu]
+    {
+        let mlp = net(act, 2, 2, 41);
+        let x = rand_uniform(4, 2, -1.0, 1.0, &mut rng(42));
+        let p = mlp.n_params();
+        let s = DVector::from_fn(p, |k, _| 0.3 + 0.02 * (k % 11) as f64);
+        let g = randn(8, 8, &mut rng(43));
+        let c = &g + g.transpose();
+        let wg = mlp.weighted_gram(&x, Outputs::All, &s).unwrap();
+        // Value against the dense Jacobian.
+        let j = mlp.jacobian(&x).unwrap();
+        let mut js = j.clone();
+        for (k, mut col) in js.column_iter_mut().enumerate() {
+            col *= s[k];
+        }
+        let dense = &js * j.transpose();
+        assert_mat_close(&wg.gram(), &dense, 1e-12, 1e-13);
+        let diag = wg.diagonal();
+        for r in 0..8 {
+            assert!((diag[r] - dense[(r, r)]).abs() <= 1e-12 * dense[(r, r)].abs().max(1.0));
+        }
+        // Full cotangent: the explicit rule equals dfdx's taped rule (itself checked by FD above).
+        let (gw, gs) = wg.pullback(GramCotangent::Dense(&c)).unwrap();
+        let (tw, ts) = mlp.jsj_pullback(&x, &s, &c).unwrap();
+        let scale = tw.amax().max(1.0);
+        assert!((&gw - &tw).amax() <= 1e-10 * scale, "{act:?}: {}", (&gw - &tw).amax());
+        assert!((&gs - &ts).amax() <= 1e-10 * ts.amax().max(1.0));
+        // Diagonal cotangent against central finite differences of Σ_r c_r (J S Jᵀ)_rr.
+        let cd = randn_vec(8, &mut rng(44));
+        let (dw, ds) = wg.pullback(GramCotangent::Diagonal(&cd)).unwrap();
+        let phi = |m: &Mlp, s: &DVector<f64>| -> f64 {
+            let d = m.weighted_gram(&x, Outputs::All, s).unwrap().diagonal();
+            d.dot(&cd)
+        };
+        let fd_w = fspace_testutil::fd_gradient(
+            |w| {
+                let mut m = mlp.clone();
+                m.set_params(&DVector::from_column_slice(w)).unwrap();
+                phi(&m, &s)
+            },
+            mlp.params().as_slice(),
+            1e-6,
+        );
+        let fd_s = fspace_testutil::fd_gradient(|sv| phi(&mlp, &DVector::from_column_slice(sv)), s.as_slice(), 1e-6);
+        let scale = fd_w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        for k in 0..p {
+            assert!((dw[k] - fd_w[k]).abs() <= 2e-6 * scale, "{act:?} diag w[{k}]: {} vs {}", dw[k], fd_w[k]);
+            assert!((ds[k] - fd_s[k]).abs() <= 1e-6 * fd_s[k].abs().max(1.0), "{act:?} diag s[{k}]");
+        }
+    }
+}
+
+#[test]
+fn weighted_gram_with_one_output_per_point_and_tangent_pullback_match_finite_differences() {
+    let mlp = net(Activation::Tanh, 2, 3, 51);
+    let x = rand_uniform(5, 2, -1.0, 1.0, &mut rng(52));
+    let picks = [0usize, 2, 1, 1, 0];
+    let p = mlp.n_params();
+    let s = DVector::from_fn(p, |k, _| 0.1 + 0.05 * (k % 5) as f64);
+    let wg = mlp.weighted_gram(&x, Outputs::One(&picks), &s).unwrap();
+    let j = mlp.jacobian(&x).unwrap();
+    let jsel = DMatrix::from_fn(5, p, |r, k| j[(r * 3 + picks[r], k)]);
+    let mut js = jsel.clone();
+    for (k, mut col) in js.column_iter_mut().enumerate() {
+        col *= s[k];
+    }
+    assert_mat_close(&wg.gram(), &(&js * jsel.transpose()), 1e-12, 1e-13);
+    // ∂/∂w ⟨c, J(w) u⟩ at fixed u (TFSVI's pushed-forward prior mean uses u = w).
+    let u = randn_vec(p, &mut rng(53));
+    let c = randn_vec(5, &mut rng(54));
+    let umat = &u * c.transpose();
+    let g = wg.tangent_pullback(&umat).unwrap();
+    let fd = fspace_testutil::fd_gradient(
+        |w| {
+            let mut m = mlp.clone();
+            m.set_params(&DVector::from_column_slice(w)).unwrap();
+            let ju = m.jvp(&x, &u).unwrap();
+            (0..5).map(|r| c[r] * ju[(r, picks[r])]).sum()
+        },
+        mlp.params().as_slice(),
+        1e-6,
+    );
+    let scale = fd.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    for k in 0..p {
+        assert!((g[k] - fd[k]).abs() <= 2e-6 * scale, "w[{k}]: {} vs {}", g[k], fd[k]);
+    }
+    // Bad input: wrong length or negative variances, wrong cotangent shapes.
+    assert!(mlp.weighted_gram(&x, Outputs::All, &DVector::zeros(p - 1)).is_err());
+    assert!(mlp.weighted_gram(&x, Outputs::All, &DVector::from_element(p, -1.0)).is_err());
+    assert!(wg.pullback(GramCotangent::Dense(&DMatrix::zeros(4, 4))).is_err());
+    assert!(wg.pullback(GramCotangent::Diagonal(&DVector::from_element(5, f64::NAN))).is_err());
+}
