@@ -17,12 +17,14 @@
 //! | [`fsp_laplace`] | `fspace-fsp-laplace` | FSP-Laplace: MAP under a GP prior (Alg. 1), matrix-free linearised Laplace (Alg. 2) |
 //! | [`laplace`] | `fspace-laplace` | weight-space linearised and generalised (tempered) Laplace: full, B-Diag, diag, KFAC, EKFAC, last-layer, low-rank |
 //! | [`valla`] | `fspace-valla` | VaLLA (sparse variational GP on the NTK, MAP net as mean) and ELLA (Nyström NTK features) |
+//! | [`gfsvi`] | `fspace-gfsvi` | GFSVI (regularised-KL function-space VI), TFSVI, FVI (spectral Stein gradients), mean-field VI |
 //! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
 
 pub use fspace_context as context;
 pub use fspace_core as core;
 pub use fspace_data as data;
 pub use fspace_fsp_laplace as fsp_laplace;
+pub use fspace_gfsvi as gfsvi;
 pub use fspace_gp as gp;
 pub use fspace_kernels as kernels;
 pub use fspace_laplace as laplace;

@@ -17,7 +17,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("fspace-metrics", vec![]),
         ("fspace-data", vec!["fspace-context"]),
         ("fspace-gp", vec!["fspace-linalg", "fspace-kernels", "fspace-core"]),
-        ("fspace-nn", vec!["fspace-core"]),
+        ("fspace-nn", vec!["fspace-core", "fspace-linalg"]),
         (
             "fspace-fsp-laplace",
             vec![
@@ -32,6 +32,10 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("fspace-laplace", vec!["fspace-linalg", "fspace-core", "fspace-nn"]),
         ("fspace-valla", vec!["fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),
         (
+            "fspace-gfsvi",
+            vec!["fspace-linalg", "fspace-kernels", "fspace-context", "fspace-core", "fspace-nn"],
+        ),
+        (
             "fspace",
             vec![
                 "fspace-linalg",
@@ -45,6 +49,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-fsp-laplace",
                 "fspace-laplace",
                 "fspace-valla",
+                "fspace-gfsvi",
             ],
         ),
         (
@@ -62,6 +67,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-fsp-laplace",
                 "fspace-laplace",
                 "fspace-valla",
+                "fspace-gfsvi",
             ],
         ),
     ])

@@ -422,3 +422,26 @@ fn blocked_cholesky_and_solves_equal_the_unblocked_ones() {
         assert!(cholesky_lower(&with_spectrum(&spectrum, &mut r).0).is_none(), "n={n}");
     }
 }
+
+#[test]
+fn parallel_products_and_spd_inverse_match_plain_nalgebra() {
+    use fspace_linalg::blocked::{lower_triangular_inverse, par_gram, par_matmul, spd_inverse_and_logdet};
+    let mut r = fspace_testutil::rng(77);
+    for (p, n) in [(3, 1), (40, 7), (300, 257)] {
+        let a = fspace_testutil::randn(p, n, &mut r);
+        let g = par_gram(&a);
+        fspace_testutil::assert_mat_close(&g, &(a.transpose() * &a), 1e-12, 1e-12);
+        let b = fspace_testutil::randn(n, n + 3, &mut r);
+        fspace_testutil::assert_mat_close(&par_matmul(&a, &b), &(&a * &b), 1e-12, 1e-12);
+    }
+    for n in [1, 50, 250] {
+        let s = fspace_testutil::spd(n, 10.0, 0.01, &mut r);
+        let l = s.clone().cholesky().unwrap().l();
+        let li = lower_triangular_inverse(&l);
+        fspace_testutil::assert_mat_close(&(&l * &li), &nalgebra::DMatrix::identity(n, n), 1e-10, 1e-10);
+        let (inv, logdet) = spd_inverse_and_logdet(&s).unwrap();
+        fspace_testutil::assert_mat_close(&inv, &s.clone().try_inverse().unwrap(), 1e-9, 1e-9);
+        assert!((logdet - s.determinant().ln()).abs() < 1e-9 * logdet.abs().max(1.0));
+    }
+    assert!(spd_inverse_and_logdet(&(-nalgebra::DMatrix::<f64>::identity(4, 4))).is_none());
+}

@@ -18,6 +18,7 @@
 //! [`Mlp::jsj_pullback`](crate::Mlp::jsj_pullback) (dfdx, one taped pass per row); the tests
 //! check both against central finite differences.
 
+use fspace_linalg::blocked::{par_gram, par_matmul};
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
@@ -71,14 +72,14 @@ impl<'a> WeightedGram<'a> {
         &self.s
     }
 
-    /// `J S Jᵀ` (`rows × rows`), one GEMM on `S^{1/2} Jᵀ`.
+    /// `J S Jᵀ` (`rows × rows`): the lower-triangle blocks of `(S^{1/2}Jᵀ)ᵀ(S^{1/2}Jᵀ)`, one
+    /// GEMM each, in parallel, mirrored.
     pub fn gram(&self) -> DMatrix<f64> {
         let mut js = self.jt.clone();
         for (k, mut row) in js.row_iter_mut().enumerate() {
             row *= self.s[k].sqrt();
         }
-        let g = js.transpose() * &js;
-        (&g + g.transpose()) * 0.5
+        par_gram(&js)
     }
 
     /// The diagonal of `J S Jᵀ` (`rows`): the marginal variances of the linearised outputs.
@@ -86,7 +87,10 @@ impl<'a> WeightedGram<'a> {
         let p = self.jt.nrows();
         DVector::from_iterator(
             self.rows(),
-            self.jt.as_slice().chunks(p).map(|col| col.iter().zip(self.s.iter()).map(|(j, s)| j * j * s).sum()),
+            self.jt
+                .as_slice()
+                .chunks(p)
+                .map(|col| col.iter().zip(self.s.iter()).map(|(j, s)| j * j * s).sum()),
         )
     }
 
@@ -96,7 +100,7 @@ impl<'a> WeightedGram<'a> {
         let jtc = match c {
             GramCotangent::Dense(c) => {
                 check_cotangent(c.shape(), c.iter(), rows, rows)?;
-                &self.jt * ((c + c.transpose()) * 0.5)
+                par_matmul(&self.jt, &((c + c.transpose()) * 0.5))
             }
             GramCotangent::Diagonal(c) => {
                 check_cotangent((c.len(), 1), c.iter(), rows, 1)?;
@@ -181,12 +185,19 @@ impl Mlp {
     /// `J(X) diag(s) J(X)ᵀ` for the selected outputs with its exact pull-back to the weights
     /// and to `s` (see [`WeightedGram`]). Forms `Jᵀ` (`p × rows`) from the layer-wise
     /// derivatives `δ_j a_jᵀ` without automatic differentiation.
-    pub fn weighted_gram(&self, x: &DMatrix<f64>, outputs: Outputs, s: &DVector<f64>) -> Result<WeightedGram<'_>> {
+    pub fn weighted_gram(
+        &self,
+        x: &DMatrix<f64>,
+        outputs: Outputs,
+        s: &DVector<f64>,
+    ) -> Result<WeightedGram<'_>> {
         check_variances(s, self.n_params())?;
         let weights = self.dense_weights();
         let side = self.ntk_side(&weights, x, outputs)?;
         let jt = jacobian_t(&side, &weights, self.n_params());
-        WeightedGram::new(jt, s.clone(), move |u: &DMatrix<f64>| Ok(tangent_network_pullback(&weights, &side, u)))
+        WeightedGram::new(jt, s.clone(), move |u: &DMatrix<f64>| {
+            Ok(tangent_network_pullback(&weights, &side, u))
+        })
     }
 }
 
@@ -217,7 +228,11 @@ fn jacobian_t(side: &Side, weights: &[(DMatrix<f64>, DVector<f64>)], p: usize) -
 
 /// `∂/∂w Σ_r J_r(w) U[:, r]` for the MLP: forward tangents with per-row injections, then the
 /// reverse pass of the tangent network (module docs).
-fn tangent_network_pullback(weights: &[(DMatrix<f64>, DVector<f64>)], side: &Side, u: &DMatrix<f64>) -> DVector<f64> {
+fn tangent_network_pullback(
+    weights: &[(DMatrix<f64>, DVector<f64>)],
+    side: &Side,
+    u: &DMatrix<f64>,
+) -> DVector<f64> {
     let depth = weights.len();
     let rows = side.rows.len();
     let p = u.nrows();
@@ -291,7 +306,8 @@ fn tangent_network_pullback(weights: &[(DMatrix<f64>, DVector<f64>)], side: &Sid
             let abar = &zbar * &weights[j].0 + inj(j, 1, fi);
             let pre = &side.pre_slope[j - 1];
             zbar = DMatrix::from_fn(rows, fi, |r, k| {
-                slope[j - 1][(r, k)] * abar[(r, k)] + curvature[j - 1][(r, k)] * zdot[j - 1][(r, k)] * pre[(r, k)]
+                slope[j - 1][(r, k)] * abar[(r, k)]
+                    + curvature[j - 1][(r, k)] * zdot[j - 1][(r, k)] * pre[(r, k)]
             });
         }
     }

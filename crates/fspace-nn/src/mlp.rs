@@ -81,7 +81,8 @@ pub enum Activation {
 const GELU_C: f64 = 0.797_884_560_802_865_4; // √(2/π)
 
 impl Activation {
-    pub(crate) fn value(self, z: f64) -> f64 {
+    /// `σ(z)`.
+    pub fn value(self, z: f64) -> f64 {
         match self {
             Self::Tanh => z.tanh(),
             Self::Relu => z.max(0.0),
@@ -91,7 +92,7 @@ impl Activation {
         }
     }
     /// `σ'(z)` (ReLU: 0 at z = 0).
-    pub(crate) fn slope(self, z: f64) -> f64 {
+    pub fn slope(self, z: f64) -> f64 {
         match self {
             Self::Tanh => 1.0 - z.tanh().powi(2),
             Self::Relu => (z > 0.0) as u8 as f64,

@@ -13,10 +13,10 @@ use rand::SeedableRng;
 
 use crate::cnn::Cnn;
 use crate::helmholtz::HelmholtzNet;
+use crate::jsj::WeightedGram;
 use crate::layers::{LayerInfo, LayerStatistics};
 use crate::mlp::{Mlp, NnError, Result};
 use crate::ntk::{NtkPair, Outputs};
-use crate::jsj::WeightedGram;
 
 /// What training and linearised inference need from a network: flat parameters, `f(X)`,
 /// `J(X)·u` and `J(X)ᵀ·V` — all exact. `Send + Sync` so posteriors built on a network can be
@@ -176,7 +176,12 @@ pub trait Network: Send + Sync {
     /// to `s` (GFSVI / TFSVI differentiate the linearised network's function-space covariance).
     /// Networks without a rule for derivatives through their Jacobian return
     /// [`NnError::Unsupported`].
-    fn weighted_gram(&self, _x: &DMatrix<f64>, _outputs: Outputs, _s: &DVector<f64>) -> Result<WeightedGram<'_>> {
+    fn weighted_gram(
+        &self,
+        _x: &DMatrix<f64>,
+        _outputs: Outputs,
+        _s: &DVector<f64>,
+    ) -> Result<WeightedGram<'_>> {
         Err(NnError::Unsupported { what: "J S Jᵀ with its weight gradient for this network".into() })
     }
 

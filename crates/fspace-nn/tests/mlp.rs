@@ -473,7 +473,8 @@ fn weighted_gram_and_its_pullback_match_the_taped_rule_and_finite_differences() 
             mlp.params().as_slice(),
             1e-6,
         );
-        let fd_s = fspace_testutil::fd_gradient(|sv| phi(&mlp, &DVector::from_column_slice(sv)), s.as_slice(), 1e-6);
+        let fd_s =
+            fspace_testutil::fd_gradient(|sv| phi(&mlp, &DVector::from_column_slice(sv)), s.as_slice(), 1e-6);
         let scale = fd_w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
         for k in 0..p {
             assert!((dw[k] - fd_w[k]).abs() <= 2e-6 * scale, "{act:?} diag w[{k}]: {} vs {}", dw[k], fd_w[k]);

@@ -1,0 +1,479 @@
+//! GFSVI (Alg. 1) and TFSVI: variational inference over the linearised network's
+//! function-space measure, with a GP prior under the regularised KL (GFSVI) or with the
+//! pushforward of a weight-space prior (TFSVI).
+//!
+//! `q(w) = N(m, diag(s))`, `s = exp(2ρ)` (log standard deviations `ρ`: positive by
+//! construction, unconstrained for Adam). At `m` the linearised network is the GP
+//! `f_L ~ GP(f(·; m), J(·; m) S J(·; m)ᵀ)` (eq. 4). Each step maximises
+//!
+//! `L = (N/B) Σ_{i∈B} E_q log N(yᵢ | f_L(xᵢ), σ_y²) − D̂(X_M)`
+//!
+//! with the expected log-likelihood in closed form (eq. 10):
+//! `−½ log 2πσ_y² − ((yᵢ − f(xᵢ; m))² + J(xᵢ) S J(xᵢ)ᵀ) / 2σ_y²`, and `X_M` (`M` points) redrawn
+//! from `ρ` (uniform over a box) every step. The divergence is
+//!
+//! * GFSVI: `D̂ = KL(N(f(X_M), J S Jᵀ + γM·I) ‖ N(μ(X_M), K(X_M, X_M) + γM·I))` (eq. 11);
+//! * TFSVI (Rudner et al. 2022): the prior is `p(w) = N(0, σ_p² I)` pushed through the same
+//!   linearisation, `N(f(X_M) − J m, σ_p² J Jᵀ)`, with the same `γM·I` jitter — function-space
+//!   inference with a weight-space prior. (We linearise the prior at the variational mean, as
+//!   `q`; then the mean difference is `J m`.)
+//!
+//! Gradients are exact: the mean terms through `Jᵀ·v`, the covariance terms through
+//! [`WeightedGram::pullback`](fspace_nn::WeightedGram::pullback) (derivatives *through* `J`),
+//! TFSVI's `J(m) m` through the tangent pull-back as well.
+
+use fspace_context::{BoundingBox, Sampler, UniformSampler};
+use fspace_core::{sample_gaussian, FunctionPredictive, Posterior};
+use fspace_nn::{GramCotangent, Network, NnError, Outputs, WeightedGram};
+use nalgebra::{DMatrix, DVector};
+use rand::RngCore;
+use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
+
+use crate::divergence::{check_gamma, regularized_kl};
+use crate::error::{ensure_finite, invalid, GfsviError, Result};
+use crate::optim::{optimise, OptimConfig, OptimReport};
+use crate::prior::GpPrior;
+
+/// The function-space prior of the KL term.
+#[derive(Debug, Clone)]
+pub enum FunctionPrior {
+    /// GFSVI: a GP prior.
+    Gp(GpPrior),
+    /// TFSVI: `p(w) = N(0, σ_p² I)` pushed forward through the linearised network.
+    WeightPushforward {
+        /// Prior standard deviation `σ_p` (> 0; the paper's TFSVI uses 0.2).
+        sigma_p: f64,
+    },
+}
+
+/// GFSVI / TFSVI settings; `Default` holds the paper's values (App. A.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GfsviConfig {
+    /// Number of measurement points `M` redrawn every step (500).
+    pub measurement_points: usize,
+    /// Regulariser `γ` of the regularised KL (1e-10 on the toy; App. A.2.3 uses 1e-15).
+    pub gamma: f64,
+    /// Box the measurement points are drawn from uniformly; `None`: the training inputs' box.
+    pub measurement_box: Option<BoundingBox>,
+    /// Initial weight standard deviation `√s` (all weights).
+    pub init_std: f64,
+    /// Initial likelihood standard deviation `σ_y`.
+    pub init_noise_std: f64,
+    /// Learn `σ_y` (the paper does); otherwise it stays at `init_noise_std`.
+    pub learn_noise: bool,
+    /// Adam, minibatches, early stopping.
+    pub optim: OptimConfig,
+}
+
+impl Default for GfsviConfig {
+    fn default() -> Self {
+        Self {
+            measurement_points: 500,
+            gamma: 1e-10,
+            measurement_box: None,
+            init_std: 1e-2,
+            init_noise_std: 1.0,
+            learn_noise: true,
+            optim: OptimConfig::default(),
+        }
+    }
+}
+
+impl GfsviConfig {
+    fn validate(&self) -> Result<()> {
+        if self.measurement_points == 0 {
+            return Err(invalid("number of measurement points M", "must be ≥ 1"));
+        }
+        check_gamma(self.gamma)?;
+        for (what, v) in
+            [("initial weight std", self.init_std), ("initial noise std σ_y", self.init_noise_std)]
+        {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(invalid(what, format!("{v} (must be > 0)")));
+            }
+        }
+        self.optim.validate()
+    }
+}
+
+/// The variational parameters `(m, ρ = log √s, log σ_y)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VariationalParams {
+    /// Weight means `m` (`p`).
+    pub mean: DVector<f64>,
+    /// Log standard deviations `ρ` (`s = exp(2ρ)`).
+    pub log_std: DVector<f64>,
+    /// `log σ_y`.
+    pub log_noise_std: f64,
+}
+
+impl VariationalParams {
+    /// `s = exp(2ρ)`.
+    pub fn variances(&self) -> DVector<f64> {
+        self.log_std.map(|r| (2.0 * r).exp())
+    }
+    fn flatten(&self) -> DVector<f64> {
+        let p = self.mean.len();
+        let mut v = DVector::zeros(2 * p + 1);
+        v.rows_mut(0, p).copy_from(&self.mean);
+        v.rows_mut(p, p).copy_from(&self.log_std);
+        v[2 * p] = self.log_noise_std;
+        v
+    }
+    fn unflatten(v: &DVector<f64>, p: usize) -> Self {
+        Self { mean: v.rows(0, p).into_owned(), log_std: v.rows(p, p).into_owned(), log_noise_std: v[2 * p] }
+    }
+}
+
+/// The objective on one minibatch and one set of measurement points, with its gradient.
+#[derive(Debug, Clone)]
+pub struct ObjectiveValue {
+    /// `L = (N/B) Σ ELL − D̂`.
+    pub value: f64,
+    /// `(N/B) Σ_{i∈B} E_q log N(yᵢ | f_L(xᵢ), σ_y²)`.
+    pub expected_log_lik: f64,
+    /// The divergence `D̂` at the measurement points.
+    pub divergence: f64,
+    /// `∂L/∂(m, ρ, log σ_y)`.
+    pub grad: VariationalParams,
+}
+
+fn check_data(x: &DMatrix<f64>, y: &DMatrix<f64>, d: usize, q: usize) -> Result<()> {
+    if x.nrows() == 0 {
+        return Err(GfsviError::Empty { what: "training inputs" });
+    }
+    if x.ncols() != d {
+        return Err(GfsviError::DimensionMismatch { what: "input columns", expected: d, found: x.ncols() });
+    }
+    if y.shape() != (x.nrows(), q) {
+        return Err(GfsviError::DimensionMismatch {
+            what: "targets (n × d')",
+            expected: x.nrows() * q,
+            found: y.len(),
+        });
+    }
+    ensure_finite("training inputs", x.iter())?;
+    ensure_finite("training targets", y.iter())
+}
+
+fn as_points(v: &DVector<f64>, n: usize, q: usize) -> DMatrix<f64> {
+    DMatrix::from_fn(n, q, |i, o| v[i * q + o])
+}
+
+/// `L` and its gradient at `params` (the network's weights are set to `params.mean`): the
+/// minibatch `(x_b, y_b)` of a training set of `n_total` points, measurement points `x_m`.
+pub fn objective<N: Network>(
+    net: &mut N,
+    params: &VariationalParams,
+    prior: &FunctionPrior,
+    x_b: &DMatrix<f64>,
+    y_b: &DMatrix<f64>,
+    n_total: usize,
+    x_m: &DMatrix<f64>,
+    gamma: f64,
+) -> Result<ObjectiveValue> {
+    let q = net.output_dim();
+    check_data(x_b, y_b, net.input_dim(), q)?;
+    net.set_params(&params.mean)?;
+    let s = params.variances();
+    let sigma2 = (2.0 * params.log_noise_std).exp();
+    let scale = n_total as f64 / x_b.nrows() as f64;
+    // Expected log-likelihood (eq. 10).
+    let f_b = net.forward(x_b)?;
+    let gram_b = net.weighted_gram(x_b, Outputs::All, &s)?;
+    let v_b = gram_b.diagonal();
+    let resid = y_b - &f_b;
+    let sq: f64 = resid.iter().map(|r| r * r).sum::<f64>() + v_b.sum();
+    let count = (x_b.nrows() * q) as f64;
+    let ell = scale * (-0.5 * count * (std::f64::consts::TAU * sigma2).ln() - sq / (2.0 * sigma2));
+    let mut grad_m = net.vjp(x_b, &(&resid * (scale / sigma2)))?;
+    let (gw, gs_b) = gram_b
+        .pullback(GramCotangent::Diagonal(&DVector::from_element(v_b.len(), -scale / (2.0 * sigma2))))?;
+    grad_m += gw;
+    let mut grad_s = gs_b;
+    let grad_log_noise = scale * (-count + sq / sigma2);
+    // Divergence at the measurement points.
+    let m_pts = x_m.nrows();
+    let f_m = net.forward(x_m)?;
+    let mean_q =
+        DVector::from_iterator(m_pts * q, f_m.row_iter().flat_map(|r| r.iter().cloned().collect::<Vec<_>>()));
+    let gram_m = net.weighted_gram(x_m, Outputs::All, &s)?;
+    let cov_q = gram_m.gram();
+    let divergence = match prior {
+        FunctionPrior::Gp(gp) => {
+            if gp.output_dim() != q {
+                return Err(GfsviError::DimensionMismatch {
+                    what: "prior outputs (network outputs)",
+                    expected: q,
+                    found: gp.output_dim(),
+                });
+            }
+            let kl = regularized_kl(&mean_q, &cov_q, &gp.mean_at(x_m)?, &gp.gram(x_m)?, gamma, m_pts, false)?;
+            grad_m -= net.vjp(x_m, &as_points(&kl.grad_mean, m_pts, q))?;
+            let (gw, gs) = gram_m.pullback(GramCotangent::Dense(&kl.grad_cov_q))?;
+            grad_m -= gw;
+            grad_s -= gs;
+            kl.value
+        }
+        FunctionPrior::WeightPushforward { sigma_p } => {
+            if !(sigma_p.is_finite() && *sigma_p > 0.0) {
+                return Err(invalid("TFSVI prior scale σ_p", format!("{sigma_p} (must be > 0)")));
+            }
+            let jm = net.jvp(x_m, &params.mean)?;
+            let jm_flat = DVector::from_iterator(
+                m_pts * q,
+                jm.row_iter().flat_map(|r| r.iter().cloned().collect::<Vec<_>>()),
+            );
+            let mean_p = &mean_q - &jm_flat;
+            let prior_gram =
+                net.weighted_gram(x_m, Outputs::All, &DVector::from_element(s.len(), sigma_p * sigma_p))?;
+            let cov_p = prior_gram.gram();
+            let kl = regularized_kl(&mean_q, &cov_q, &mean_p, &cov_p, gamma, m_pts, true)?;
+            // δ = J(m) m: d/dm = Jᵀg + ∂/∂m [J(m) u]|_{u = m}.
+            let g = &kl.grad_mean;
+            grad_m -= net.vjp(x_m, &as_points(g, m_pts, q))?;
+            grad_m -= gram_m.tangent_pullback(&(&params.mean * g.transpose()))?;
+            let (gw, gs) = gram_m.pullback(GramCotangent::Dense(&kl.grad_cov_q))?;
+            grad_m -= gw;
+            grad_s -= gs;
+            let cp = kl.grad_cov_p.as_ref().expect("requested");
+            grad_m -= prior_gram.pullback(GramCotangent::Dense(cp))?.0;
+            kl.value
+        }
+    };
+    let grad = VariationalParams {
+        mean: grad_m,
+        log_std: grad_s.component_mul(&s) * 2.0,
+        log_noise_std: grad_log_noise,
+    };
+    Ok(ObjectiveValue { value: ell - divergence, expected_log_lik: ell, divergence, grad })
+}
+
+/// A fitted GFSVI / TFSVI model.
+pub struct GfsviFit<N> {
+    /// The linearised posterior over functions.
+    pub posterior: LinearizedPosterior<N>,
+    /// The variational parameters kept.
+    pub params: VariationalParams,
+    /// What the optimiser did.
+    pub report: OptimReport,
+}
+
+/// Fits GFSVI (`FunctionPrior::Gp`) or TFSVI (`FunctionPrior::WeightPushforward`) to a
+/// regression set (Gaussian likelihood, `y` `n × d'`), starting from the network's current
+/// weights as `m`. With a validation set, the validation NLL of the predictive decides early
+/// stopping.
+pub fn fit<N: Network + Clone>(
+    net: &N,
+    prior: &FunctionPrior,
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
+    config: &GfsviConfig,
+) -> Result<GfsviFit<N>> {
+    config.validate()?;
+    let q = net.output_dim();
+    check_data(x, y, net.input_dim(), q)?;
+    if let Some((xv, yv)) = validation {
+        check_data(xv, yv, net.input_dim(), q).map_err(|e| match e {
+            GfsviError::Empty { .. } => GfsviError::Empty { what: "validation inputs" },
+            e => e,
+        })?;
+    }
+    if let FunctionPrior::WeightPushforward { sigma_p } = prior {
+        if !(sigma_p.is_finite() && *sigma_p > 0.0) {
+            return Err(invalid("TFSVI prior scale σ_p", format!("{sigma_p} (must be > 0)")));
+        }
+    }
+    let bbox = match &config.measurement_box {
+        Some(b) => b.clone(),
+        None => BoundingBox::from_data(x, 0.0)?,
+    };
+    if bbox.dim() != x.ncols() {
+        return Err(GfsviError::DimensionMismatch {
+            what: "measurement box dimension",
+            expected: x.ncols(),
+            found: bbox.dim(),
+        });
+    }
+    let sampler = UniformSampler::new(bbox);
+    let p = net.n_params();
+    let init = VariationalParams {
+        mean: net.params(),
+        log_std: DVector::from_element(p, config.init_std.ln()),
+        log_noise_std: config.init_noise_std.ln(),
+    };
+    let mut work = net.clone();
+    let mut val_net = net.clone();
+    let n = x.nrows();
+    let learn_noise = config.learn_noise;
+    let step = |theta: &DVector<f64>, batch: &[usize], rng: &mut rand::rngs::StdRng| {
+        let params = VariationalParams::unflatten(theta, p);
+        let xb = x.select_rows(batch);
+        let yb = y.select_rows(batch);
+        let xm = sampler.sample(config.measurement_points, rng)?;
+        let obj = objective(&mut work, &params, prior, &xb, &yb, n, &xm, config.gamma)?;
+        let mut g = obj.grad;
+        if !learn_noise {
+            g.log_noise_std = 0.0;
+        }
+        Ok((obj.value, g.flatten()))
+    };
+    let mut validate = |theta: &DVector<f64>| -> Result<f64> {
+        let (xv, yv) = validation.expect("only called with a validation set");
+        let params = VariationalParams::unflatten(theta, p);
+        val_net.set_params(&params.mean)?;
+        let post = LinearizedPosterior::new(val_net.clone(), params.variances(), params.log_noise_std.exp())?;
+        gaussian_nll(&post.predict(xv)?, yv, post.noise_std())
+    };
+    let (theta, report) = optimise(
+        init.flatten(),
+        n,
+        &config.optim,
+        step,
+        validation.is_some().then_some(&mut validate as crate::optim::Validator<'_>),
+    )?;
+    let params = VariationalParams::unflatten(&theta, p);
+    let mut fitted = net.clone();
+    fitted.set_params(&params.mean)?;
+    let posterior = LinearizedPosterior::new(fitted, params.variances(), params.log_noise_std.exp())?;
+    Ok(GfsviFit { posterior, params, report })
+}
+
+/// Mean Gaussian NLL per target of a predictive of `f` plus noise `σ_y`.
+pub fn gaussian_nll(pred: &FunctionPredictive, y: &DMatrix<f64>, noise_std: f64) -> Result<f64> {
+    if pred.mean.shape() != y.shape() {
+        return Err(GfsviError::DimensionMismatch {
+            what: "targets for the NLL",
+            expected: pred.mean.len(),
+            found: y.len(),
+        });
+    }
+    let s2 = noise_std * noise_std;
+    let total: f64 = pred
+        .mean
+        .iter()
+        .zip(pred.var.iter())
+        .zip(y.iter())
+        .map(|((m, v), t)| {
+            let var = v + s2;
+            0.5 * ((std::f64::consts::TAU * var).ln() + (t - m) * (t - m) / var)
+        })
+        .sum();
+    Ok(total / y.len() as f64)
+}
+
+/// The linearised network's Gaussian posterior over functions,
+/// `GP(f(·; m), J(·; m) S J(·; m)ᵀ)`, with the learned likelihood scale.
+#[derive(Clone)]
+pub struct LinearizedPosterior<N> {
+    net: N,
+    s: DVector<f64>,
+    noise_std: f64,
+}
+
+impl<N: Network + Clone> LinearizedPosterior<N> {
+    /// The network (weights at `m`), weight variances `s` and likelihood scale `σ_y`.
+    pub fn new(net: N, s: DVector<f64>, noise_std: f64) -> Result<Self> {
+        if s.len() != net.n_params() {
+            return Err(GfsviError::DimensionMismatch {
+                what: "weight variances",
+                expected: net.n_params(),
+                found: s.len(),
+            });
+        }
+        if s.iter().any(|v| !v.is_finite() || *v < 0.0) {
+            return Err(GfsviError::NonFinite { what: "weight variances (must be finite and ≥ 0)" });
+        }
+        Ok(Self { net, s, noise_std })
+    }
+    /// The network at the variational mean.
+    pub fn network(&self) -> &N {
+        &self.net
+    }
+    /// The weight variances `s`.
+    pub fn variances(&self) -> &DVector<f64> {
+        &self.s
+    }
+    /// The likelihood scale `σ_y`.
+    pub fn noise_std(&self) -> f64 {
+        self.noise_std
+    }
+    fn gram(&self, x: &DMatrix<f64>) -> fspace_nn::Result<WeightedGram<'_>> {
+        self.net.weighted_gram(x, Outputs::All, &self.s)
+    }
+}
+
+fn core_err(e: impl std::fmt::Display) -> fspace_core::CoreError {
+    fspace_core::CoreError::InvalidParameter { what: "linearised posterior", reason: e.to_string() }
+}
+
+impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+    fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
+        let q = self.net.output_dim();
+        let mean = self.net.forward(x).map_err(core_err)?;
+        let mut var = DMatrix::zeros(x.nrows(), q);
+        for start in (0..x.nrows()).step_by(256) {
+            let len = 256.min(x.nrows() - start);
+            let chunk = x.rows(start, len).into_owned();
+            let d = match self.gram(&chunk) {
+                Ok(g) => g.diagonal(),
+                Err(NnError::Unsupported { .. }) => {
+                    let j = self.net.jacobian(&chunk).map_err(core_err)?;
+                    DVector::from_fn(j.nrows(), |r, _| {
+                        j.row(r).iter().zip(self.s.iter()).map(|(a, s)| a * a * s).sum()
+                    })
+                }
+                Err(e) => return Err(core_err(e)),
+            };
+            for i in 0..len {
+                for o in 0..q {
+                    var[(start + i, o)] = d[i * q + o].max(0.0);
+                }
+            }
+        }
+        FunctionPredictive::new(mean, var)
+    }
+    fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        let mean = self.net.forward(x).map_err(core_err)?;
+        let cov = match self.gram(x) {
+            Ok(g) => g.gram(),
+            Err(NnError::Unsupported { .. }) => {
+                let j = self.net.jacobian(x).map_err(core_err)?;
+                let mut js = j.clone();
+                for (k, mut col) in js.column_iter_mut().enumerate() {
+                    col *= self.s[k];
+                }
+                js * j.transpose()
+            }
+            Err(e) => return Err(core_err(e)),
+        };
+        Ok((mean, cov))
+    }
+    /// `f(x; m) + J(x; m)(√s ⊙ ε)`: one Jacobian-vector product per sample.
+    fn sample_functions(
+        &self,
+        x: &DMatrix<f64>,
+        samples: usize,
+        rng: &mut dyn RngCore,
+    ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
+        if samples == 0 {
+            let (m, c) = self.predict_joint(x)?;
+            return sample_gaussian(&m, &c, 0, rng);
+        }
+        let mean = self.net.forward(x).map_err(core_err)?;
+        (0..samples)
+            .map(|_| {
+                let u = DVector::from_fn(self.s.len(), |k, _| {
+                    let e: f64 = StandardNormal.sample(rng);
+                    e * self.s[k].sqrt()
+                });
+                Ok(&mean + self.net.jvp(x, &u).map_err(core_err)?)
+            })
+            .collect()
+    }
+}

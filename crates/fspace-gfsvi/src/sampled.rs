@@ -1,0 +1,131 @@
+//! A posterior over functions represented by Monte-Carlo weight samples from a mean-field
+//! Gaussian `q(w) = N(m, diag(σ²))` on the (non-linearised) network — what FVI and MFVI return.
+
+use fspace_core::{FunctionPredictive, Posterior};
+use fspace_nn::Network;
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::error::Result;
+use crate::optim::OptimReport;
+
+/// `q(w) = N(m, diag(σ²))` with a fixed set of weight samples for predictions (the paper's
+/// 100) and fresh draws for [`sample_functions`](Posterior::sample_functions).
+#[derive(Clone)]
+pub struct WeightSamplePosterior<N> {
+    net: N,
+    mean: DVector<f64>,
+    std: DVector<f64>,
+    samples: Vec<DVector<f64>>,
+    noise_std: f64,
+}
+
+fn draw(mean: &DVector<f64>, std: &DVector<f64>, rng: &mut dyn RngCore) -> DVector<f64> {
+    DVector::from_fn(mean.len(), |k, _| {
+        let e: f64 = StandardNormal.sample(rng);
+        mean[k] + std[k] * e
+    })
+}
+
+impl<N: Network + Clone> WeightSamplePosterior<N> {
+    /// `n_samples` seeded draws from `N(mean, diag(std²))`.
+    pub fn new(
+        net: N,
+        mean: DVector<f64>,
+        std: DVector<f64>,
+        noise_std: f64,
+        n_samples: usize,
+        seed: u64,
+    ) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let samples = (0..n_samples.max(1)).map(|_| draw(&mean, &std, &mut rng)).collect();
+        Self { net, mean, std, samples, noise_std }
+    }
+    /// Weight means.
+    pub fn mean(&self) -> &DVector<f64> {
+        &self.mean
+    }
+    /// Weight standard deviations.
+    pub fn std(&self) -> &DVector<f64> {
+        &self.std
+    }
+    /// The likelihood scale `σ_y`.
+    pub fn noise_std(&self) -> f64 {
+        self.noise_std
+    }
+    fn outputs(&self, x: &DMatrix<f64>, weights: &[DVector<f64>]) -> fspace_core::Result<Vec<DMatrix<f64>>> {
+        let mut net = self.net.clone();
+        weights
+            .iter()
+            .map(|w| {
+                net.set_params(w).map_err(err)?;
+                net.forward(x).map_err(err)
+            })
+            .collect()
+    }
+}
+
+fn err(e: impl std::fmt::Display) -> fspace_core::CoreError {
+    fspace_core::CoreError::InvalidParameter { what: "weight-sample posterior", reason: e.to_string() }
+}
+
+impl<N: Network + Clone> Posterior for WeightSamplePosterior<N> {
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+    fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
+        let fs = self.outputs(x, &self.samples)?;
+        let s = fs.len() as f64;
+        let mean = fs.iter().fold(DMatrix::zeros(x.nrows(), self.output_dim()), |a, f| a + f) / s;
+        let var = fs.iter().fold(DMatrix::zeros(x.nrows(), self.output_dim()), |a, f| {
+            let d = f - &mean;
+            a + d.component_mul(&d)
+        }) / s;
+        FunctionPredictive::new(mean, var)
+    }
+    fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        let fs = self.outputs(x, &self.samples)?;
+        let s = fs.len() as f64;
+        let (n, q) = (x.nrows(), self.output_dim());
+        let mean = fs.iter().fold(DMatrix::zeros(n, q), |a, f| a + f) / s;
+        let mut cov = DMatrix::zeros(n * q, n * q);
+        for f in &fs {
+            let d = DVector::from_fn(n * q, |r, _| f[(r / q, r % q)] - mean[(r / q, r % q)]);
+            cov += &d * d.transpose();
+        }
+        Ok((mean, cov / s))
+    }
+    fn sample_functions(
+        &self,
+        x: &DMatrix<f64>,
+        s: usize,
+        rng: &mut dyn RngCore,
+    ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
+        let w: Vec<DVector<f64>> = (0..s).map(|_| draw(&self.mean, &self.std, rng)).collect();
+        self.outputs(x, &w)
+    }
+}
+
+/// A fitted FVI / MFVI model.
+pub struct SampledFit<N> {
+    /// The Monte-Carlo posterior.
+    pub posterior: WeightSamplePosterior<N>,
+    /// What the optimiser did.
+    pub report: OptimReport,
+}
+
+pub(crate) fn unpack(theta: &DVector<f64>, p: usize) -> (DVector<f64>, DVector<f64>, f64) {
+    (theta.rows(0, p).into_owned(), theta.rows(p, p).map(f64::exp), theta[2 * p])
+}
+
+pub(crate) fn pack(mean: &DVector<f64>, log_std: f64, log_noise: f64) -> DVector<f64> {
+    let p = mean.len();
+    let mut v = DVector::from_element(2 * p + 1, log_std);
+    v.rows_mut(0, p).copy_from(mean);
+    v[2 * p] = log_noise;
+    v
+}
+
+pub(crate) type Fitted<N> = Result<SampledFit<N>>;

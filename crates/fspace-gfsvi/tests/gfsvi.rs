@@ -1,0 +1,366 @@
+//! Exactness tests of the function-space VI crate: divergences against dense evaluations,
+//! objective gradients against central finite differences, D_KL^γ → KL as γ → 0, SSGE against
+//! an analytic score, MFVI's local reparameterisation against finite differences, bad input.
+
+use fspace_gfsvi::*;
+use fspace_kernels::{PriorMean, Rbf};
+use fspace_nn::{Activation, Mlp, MlpConfig, Outputs};
+use fspace_testutil::{fd_gradient, rand_uniform, randn, randn_vec, rng, spd};
+use nalgebra::{DMatrix, DVector};
+use rand::Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+fn small_net(seed: u64) -> Mlp {
+    Mlp::new(MlpConfig {
+        input_dim: 1,
+        hidden: vec![5, 4],
+        output_dim: 1,
+        activation: Activation::Tanh,
+        seed,
+    })
+    .unwrap()
+}
+
+/// `KL(N(a, A) ‖ N(b, B))` from nalgebra's inverse and determinant (independent of the crate).
+fn dense_kl(a: &DVector<f64>, aa: &DMatrix<f64>, b: &DVector<f64>, bb: &DMatrix<f64>) -> f64 {
+    let binv = bb.clone().try_inverse().unwrap();
+    let d = a - b;
+    0.5 * ((&binv * aa).trace() - a.len() as f64
+        + (d.transpose() * &binv * &d)[(0, 0)]
+        + bb.determinant().ln()
+        - aa.determinant().ln())
+}
+
+#[test]
+fn gaussian_kl_and_its_gradients_match_dense_evaluation_and_finite_differences() {
+    let mut r = rng(1);
+    let n = 5;
+    let (a, b) = (randn_vec(n, &mut r), randn_vec(n, &mut r));
+    let (aa, bb) = (spd(n, 3.0, 0.2, &mut r), spd(n, 2.0, 0.3, &mut r));
+    let kl = gaussian_kl(&a, &aa, &b, &bb, true).unwrap();
+    assert!((kl.value - dense_kl(&a, &aa, &b, &bb)).abs() < 1e-12 * kl.value.abs().max(1.0));
+    let fd_mean = fd_gradient(|v| dense_kl(&DVector::from_column_slice(v), &aa, &b, &bb), a.as_slice(), 1e-6);
+    for k in 0..n {
+        assert!((kl.grad_mean[k] - fd_mean[k]).abs() < 1e-7, "mean {k}");
+    }
+    // Symmetric perturbations E_ij + E_ji: the derivative is 2·G_ij off the diagonal.
+    for (which, grad) in [(0, &kl.grad_cov_q), (1, kl.grad_cov_p.as_ref().unwrap())] {
+        for i in 0..n {
+            for j in 0..=i {
+                let f = |h: f64| {
+                    let mut e = DMatrix::zeros(n, n);
+                    e[(i, j)] += h;
+                    if i != j {
+                        e[(j, i)] += h;
+                    }
+                    if which == 0 {
+                        dense_kl(&a, &(&aa + &e), &b, &bb)
+                    } else {
+                        dense_kl(&a, &aa, &b, &(&bb + &e))
+                    }
+                };
+                let fd = (f(1e-6) - f(-1e-6)) / 2e-6;
+                let an = if i == j { grad[(i, i)] } else { 2.0 * grad[(i, j)] };
+                assert!((an - fd).abs() < 1e-6, "cov {which} ({i},{j}): {an} vs {fd}");
+            }
+        }
+    }
+}
+
+#[test]
+fn regularized_kl_tends_to_the_kl_of_a_linear_model_as_gamma_vanishes() {
+    // f = Φw with p(w) = N(0, I), q(w) = N(m, S): both function-space measures live on range(Φ)
+    // (degenerate, rank 3 in 8 dimensions), and their KL equals the weight-space KL.
+    let mut r = rng(2);
+    let (mpts, p) = (8, 3);
+    let phi = randn(mpts, p, &mut r);
+    let m = randn_vec(p, &mut r);
+    let s = DVector::from_vec(vec![0.3, 0.7, 1.4]);
+    let weight_kl: f64 = (0..p).map(|k| 0.5 * (s[k] + m[k] * m[k] - 1.0 - s[k].ln())).sum();
+    let cov_q = &phi * DMatrix::from_diagonal(&s) * phi.transpose();
+    let cov_p = &phi * phi.transpose();
+    let mut errors = Vec::new();
+    for gamma in [1e-2, 1e-4, 1e-6, 1e-8] {
+        let d =
+            regularized_kl(&(&phi * &m), &cov_q, &DVector::zeros(mpts), &cov_p, gamma, mpts, false).unwrap();
+        errors.push((d.value - weight_kl).abs());
+    }
+    assert!(errors.windows(2).all(|w| w[1] < w[0]), "{errors:?}");
+    assert!(errors[3] < 1e-5 * weight_kl, "{errors:?} vs {weight_kl}");
+    // A non-degenerate pair: D̂^γ is the KL of the shifted covariances.
+    let (a, b) = (randn_vec(4, &mut r), randn_vec(4, &mut r));
+    let (aa, bb) = (spd(4, 2.0, 0.5, &mut r), spd(4, 2.0, 0.5, &mut r));
+    let shift = DMatrix::identity(4, 4) * (1e-3 * 4.0);
+    let d = regularized_kl(&a, &aa, &b, &bb, 1e-3, 4, false).unwrap();
+    assert!((d.value - dense_kl(&a, &(&aa + &shift), &b, &(&bb + &shift))).abs() < 1e-11);
+    // Bad input.
+    assert!(matches!(
+        regularized_kl(&a, &aa, &b, &bb, 0.0, 4, false),
+        Err(GfsviError::InvalidParameter { .. })
+    ));
+    assert!(matches!(
+        regularized_kl(&a, &aa, &b, &bb, -1.0, 4, false),
+        Err(GfsviError::InvalidParameter { .. })
+    ));
+    assert!(matches!(
+        regularized_kl(&a, &aa, &b, &bb, 1e-3, 0, false),
+        Err(GfsviError::InvalidParameter { .. })
+    ));
+    let neg = -DMatrix::<f64>::identity(4, 4);
+    assert!(matches!(gaussian_kl(&a, &aa, &b, &neg, false), Err(GfsviError::NotPositiveDefinite { .. })));
+}
+
+fn setup() -> (Mlp, VariationalParams, DMatrix<f64>, DMatrix<f64>, DMatrix<f64>) {
+    let net = small_net(3);
+    let mut r = rng(4);
+    let p = net.n_params();
+    let params = VariationalParams {
+        mean: net.params(),
+        log_std: DVector::from_fn(p, |_, _| -1.5 + 0.3 * r.gen::<f64>()),
+        log_noise_std: -0.7,
+    };
+    let xb = rand_uniform(6, 1, -1.0, 1.0, &mut r);
+    let yb = xb.map(|v| (std::f64::consts::TAU * v).sin());
+    let xm = rand_uniform(7, 1, -1.5, 1.5, &mut r);
+    (net, params, xb, yb, xm)
+}
+
+fn check_objective_gradient(prior: &FunctionPrior, gamma: f64) {
+    let (mut net, params, xb, yb, xm) = setup();
+    let p = net.n_params();
+    let obj = objective(&mut net, &params, prior, &xb, &yb, 30, &xm, gamma).unwrap();
+    let value = |m: &[f64], rho: &[f64], ln: f64| {
+        let mut n2 = net.clone();
+        let pr = VariationalParams {
+            mean: DVector::from_column_slice(m),
+            log_std: DVector::from_column_slice(rho),
+            log_noise_std: ln,
+        };
+        objective(&mut n2, &pr, prior, &xb, &yb, 30, &xm, gamma).unwrap().value
+    };
+    let fd_m = fd_gradient(
+        |m| value(m, params.log_std.as_slice(), params.log_noise_std),
+        params.mean.as_slice(),
+        1e-6,
+    );
+    let fd_r = fd_gradient(
+        |r| value(params.mean.as_slice(), r, params.log_noise_std),
+        params.log_std.as_slice(),
+        1e-6,
+    );
+    let fd_n = fd_gradient(
+        |l| value(params.mean.as_slice(), params.log_std.as_slice(), l[0]),
+        &[params.log_noise_std],
+        1e-6,
+    );
+    let scale = fd_m.iter().chain(&fd_r).fold(1.0f64, |a, v| a.max(v.abs()));
+    for k in 0..p {
+        assert!(
+            (obj.grad.mean[k] - fd_m[k]).abs() < 2e-6 * scale,
+            "{prior:?} m[{k}]: {} vs {}",
+            obj.grad.mean[k],
+            fd_m[k]
+        );
+        assert!(
+            (obj.grad.log_std[k] - fd_r[k]).abs() < 2e-6 * scale,
+            "{prior:?} ρ[{k}]: {} vs {}",
+            obj.grad.log_std[k],
+            fd_r[k]
+        );
+    }
+    assert!((obj.grad.log_noise_std - fd_n[0]).abs() < 1e-6 * fd_n[0].abs().max(1.0));
+}
+
+#[test]
+fn gfsvi_objective_gradient_matches_finite_differences() {
+    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    check_objective_gradient(&prior, 1e-3);
+}
+
+#[test]
+fn tfsvi_objective_gradient_matches_finite_differences() {
+    check_objective_gradient(&FunctionPrior::WeightPushforward { sigma_p: 0.7 }, 1e-3);
+}
+
+#[test]
+fn objective_terms_equal_dense_evaluations_with_the_jacobian() {
+    let (mut net, params, xb, yb, xm) = setup();
+    let kernel = Rbf::new(1.3, 0.4).unwrap();
+    let prior = FunctionPrior::Gp(GpPrior::new(kernel.clone(), PriorMean::Constant(0.2)));
+    let gamma = 1e-4;
+    let obj = objective(&mut net, &params, &prior, &xb, &yb, 12, &xm, gamma).unwrap();
+    let s = params.variances();
+    let sigma2 = (2.0 * params.log_noise_std).exp();
+    let jb = net.jacobian(&xb).unwrap();
+    let fb = net.forward(&xb).unwrap();
+    let mut ell = 0.0;
+    for i in 0..6 {
+        let v: f64 = (0..s.len()).map(|k| jb[(i, k)] * jb[(i, k)] * s[k]).sum();
+        ell += -0.5 * (std::f64::consts::TAU * sigma2).ln()
+            - ((yb[(i, 0)] - fb[(i, 0)]).powi(2) + v) / (2.0 * sigma2);
+    }
+    ell *= 12.0 / 6.0;
+    assert!((obj.expected_log_lik - ell).abs() < 1e-10 * ell.abs());
+    let jm = net.jacobian(&xm).unwrap();
+    let shift = DMatrix::identity(7, 7) * (gamma * 7.0);
+    let cov_q = &jm * DMatrix::from_diagonal(&s) * jm.transpose() + &shift;
+    let k = fspace_kernels::gram(&kernel, &xm, &xm).unwrap() + &shift;
+    let mq = net.forward(&xm).unwrap().column(0).into_owned();
+    let kl = dense_kl(&mq, &cov_q, &DVector::from_element(7, 0.2), &k);
+    assert!((obj.divergence - kl).abs() < 1e-7 * kl.abs(), "{} vs {kl}", obj.divergence);
+    // The closed-form ELL equals a Monte-Carlo average over the linearised network.
+    let mut r = rng(9);
+    let draws = 40_000;
+    let mut mc = 0.0;
+    for _ in 0..draws {
+        let u = DVector::from_fn(s.len(), |k, _| {
+            let e: f64 = StandardNormal.sample(&mut r);
+            s[k].sqrt() * e
+        });
+        let fl = &fb + &jb * &u;
+        for i in 0..6 {
+            mc += -0.5 * (std::f64::consts::TAU * sigma2).ln()
+                - (yb[(i, 0)] - fl[(i, 0)]).powi(2) / (2.0 * sigma2);
+        }
+    }
+    mc *= 2.0 / draws as f64;
+    assert!((mc - ell).abs() < 0.01 * ell.abs(), "MC {mc} vs closed form {ell}");
+}
+
+#[test]
+fn ssge_recovers_the_score_of_a_gaussian() {
+    let mut r = rng(5);
+    let (k, d) = (400, 2);
+    let cov = DMatrix::from_row_slice(2, 2, &[1.0, 0.5, 0.5, 0.8]);
+    let chol = cov.clone().cholesky().unwrap().l();
+    let mu = DVector::from_vec(vec![0.5, -1.0]);
+    let z = randn(k, d, &mut r);
+    let x = DMatrix::from_fn(k, d, |i, c| mu[c] + (0..d).map(|t| chol[(c, t)] * z[(i, t)]).sum::<f64>());
+    let score = Ssge::default().score_at_samples(&x).unwrap();
+    let prec = cov.try_inverse().unwrap();
+    let (mut err, mut norm, mut used) = (0.0, 0.0, 0);
+    for i in 0..k {
+        if z.row(i).norm() > 1.5 {
+            continue; // SSGE is accurate where q has mass
+        }
+        let xi = x.row(i).transpose() - &mu;
+        let truth = -(&prec * xi);
+        err += (score.row(i).transpose() - &truth).norm_squared();
+        norm += truth.norm_squared();
+        used += 1;
+    }
+    let rel = (err / norm).sqrt();
+    assert!(used > 200 && rel < 0.3, "relative score error {rel} over {used} samples");
+    assert!(Ssge::default().score_at_samples(&DMatrix::zeros(1, 3)).is_err());
+}
+
+#[test]
+fn mfvi_local_reparameterisation_gradient_matches_finite_differences() {
+    let net = small_net(6);
+    let p = net.n_params();
+    let mut r = rng(7);
+    let m = net.params();
+    let s = DVector::from_fn(p, |_, _| 0.01 + 0.05 * r.gen::<f64>());
+    let x = rand_uniform(5, 1, -1.0, 1.0, &mut r);
+    let c = randn(5, 1, &mut r);
+    let (_, gm, gs) = fspace_gfsvi::mfvi::lrt_output_gradient(&net, &m, &s, &x, &c, 11);
+    let val = |mv: &[f64], sv: &[f64]| {
+        let (f, _, _) = fspace_gfsvi::mfvi::lrt_output_gradient(
+            &net,
+            &DVector::from_column_slice(mv),
+            &DVector::from_column_slice(sv),
+            &x,
+            &c,
+            11,
+        );
+        c.component_mul(&f).sum()
+    };
+    let fd_m = fd_gradient(|mv| val(mv, s.as_slice()), m.as_slice(), 1e-6);
+    let fd_s = fd_gradient(|sv| val(m.as_slice(), sv), s.as_slice(), 1e-7);
+    for k in 0..p {
+        assert!((gm[k] - fd_m[k]).abs() < 1e-6 * fd_m[k].abs().max(1.0), "m[{k}]");
+        assert!((gs[k] - fd_s[k]).abs() < 1e-5 * fd_s[k].abs().max(1.0), "s[{k}]: {} vs {}", gs[k], fd_s[k]);
+    }
+}
+
+#[test]
+fn bad_input_gets_typed_errors() {
+    let net = small_net(8);
+    let mut r = rng(9);
+    let x = rand_uniform(10, 1, -1.0, 1.0, &mut r);
+    let y = x.map(|v| v.sin());
+    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    let invalid = |e: Result<GfsviFit<Mlp>>| matches!(e, Err(GfsviError::InvalidParameter { .. }));
+    assert!(invalid(fit(&net, &prior, &x, &y, None, &GfsviConfig { gamma: 0.0, ..Default::default() })));
+    assert!(invalid(fit(&net, &prior, &x, &y, None, &GfsviConfig { gamma: -1e-10, ..Default::default() })));
+    assert!(invalid(fit(
+        &net,
+        &prior,
+        &x,
+        &y,
+        None,
+        &GfsviConfig { measurement_points: 0, ..Default::default() }
+    )));
+    assert!(invalid(fit(
+        &net,
+        &FunctionPrior::WeightPushforward { sigma_p: 0.0 },
+        &x,
+        &y,
+        None,
+        &GfsviConfig::default()
+    )));
+    let mut bad = y.clone();
+    bad[(3, 0)] = f64::NAN;
+    assert!(matches!(
+        fit(&net, &prior, &x, &bad, None, &GfsviConfig::default()),
+        Err(GfsviError::NonFinite { .. })
+    ));
+    let empty = DMatrix::<f64>::zeros(0, 1);
+    assert!(matches!(
+        fit(&net, &prior, &empty, &empty, None, &GfsviConfig::default()),
+        Err(GfsviError::Empty { .. })
+    ));
+    assert!(matches!(
+        fit(&net, &prior, &x, &y, Some((&empty, &empty)), &GfsviConfig::default()),
+        Err(GfsviError::Empty { .. })
+    ));
+    assert!(matches!(
+        fit_mfvi(&net, &x, &y, None, &MfviConfig { prior_std: -0.75, ..Default::default() }),
+        Err(GfsviError::InvalidParameter { .. })
+    ));
+    let gp = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
+    assert!(matches!(
+        fit_fvi(&net, &gp, &x, &y, None, &FviConfig { n_uniform: 0, n_batch: 0, ..Default::default() }),
+        Err(GfsviError::InvalidParameter { .. })
+    ));
+    assert!(matches!(
+        fit_fvi(&net, &gp, &x, &bad, None, &FviConfig::default()),
+        Err(GfsviError::NonFinite { .. })
+    ));
+}
+
+#[test]
+fn linearized_posterior_predictions_agree_with_its_joint_and_samples() {
+    let net = small_net(10);
+    let p = net.n_params();
+    let s = DVector::from_fn(p, |k, _| 0.01 * (1 + k % 3) as f64);
+    let post = LinearizedPosterior::new(net.clone(), s.clone(), 0.1).unwrap();
+    let x = rand_uniform(6, 1, -2.0, 2.0, &mut rng(11));
+    use fspace_core::Posterior;
+    let pred = post.predict(&x).unwrap();
+    let (mean, cov) = post.predict_joint(&x).unwrap();
+    fspace_testutil::assert_mat_close(&pred.mean, &mean, 1e-14, 1e-14);
+    for i in 0..6 {
+        assert!((pred.var[(i, 0)] - cov[(i, i)]).abs() < 1e-13);
+    }
+    let wg = net.weighted_gram(&x, Outputs::All, &s).unwrap();
+    fspace_testutil::assert_mat_close(&cov, &wg.gram(), 1e-14, 1e-14);
+    let mut r = rng(12);
+    let samples = post.sample_functions(&x, 4000, &mut r).unwrap();
+    for i in 0..6 {
+        let m: f64 = samples.iter().map(|f| f[(i, 0)]).sum::<f64>() / 4000.0;
+        let v: f64 = samples.iter().map(|f| (f[(i, 0)] - m).powi(2)).sum::<f64>() / 4000.0;
+        assert!((m - mean[(i, 0)]).abs() < 4.0 * (cov[(i, i)] / 4000.0).sqrt() + 1e-12);
+        assert!((v - cov[(i, i)]).abs() < 0.1 * cov[(i, i)] + 1e-12);
+    }
+}
