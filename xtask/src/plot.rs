@@ -24,6 +24,7 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 }
 
 /// One 1-d regression panel: data, a predictive (mean, ±2σ band), function samples.
+#[derive(Clone)]
 pub struct Panel1d {
     /// Panel title.
     pub title: String,

@@ -436,6 +436,24 @@ pub fn mean_w2(m1: &[f64], s1: &[f64], m2: &[f64], s2: &[f64]) -> Result<f64> {
     Ok((0..m1.len()).map(|i| w2_gaussian(m1[i], s1[i], m2[i], s2[i])).sum::<f64>() / m1.len() as f64)
 }
 
+/// Empirical Wasserstein-2 distance between two equally sized 1-D samples (the optimal coupling
+/// in one dimension pairs order statistics): `√(mean((a₍ᵢ₎ − b₍ᵢ₎)²))`.
+pub fn w2_empirical_1d(a: &[f64], b: &[f64]) -> Result<f64> {
+    check_len("second sample", a.len(), b.len())?;
+    if a.is_empty() {
+        return Err(MetricsError::Empty { what: "samples for the empirical W2" });
+    }
+    check_finite("first sample", a)?;
+    check_finite("second sample", b)?;
+    let sorted = |v: &[f64]| {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        s
+    };
+    let (sa, sb) = (sorted(a), sorted(b));
+    Ok((sa.iter().zip(&sb).map(|(x, y)| (x - y).powi(2)).sum::<f64>() / a.len() as f64).sqrt())
+}
+
 /// Ranks of methods on one dataset by the papers' rule: the best mean and every method whose
 /// error bar `[m − se, m + se]` overlaps the best's get rank 1; the rule is applied again to
 /// the rest with rank 2, and so on. `higher_is_better` picks the direction.

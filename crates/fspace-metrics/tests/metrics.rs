@@ -143,3 +143,17 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(cqm(&[f64::NAN], &[1.0], &[0.0]), Err(MetricsError::InvalidValue { .. })));
     assert!(ranks_with_error_bars(&[1.0], &[-0.1], true).is_err());
 }
+
+#[test]
+fn empirical_w2_of_large_gaussian_samples_matches_the_closed_form() {
+    use rand_distr::{Distribution, Normal};
+    let mut r = fspace_testutil::rng(3);
+    let (a, b) = (Normal::new(0.3, 1.2).unwrap(), Normal::new(-0.5, 0.7).unwrap());
+    let sa: Vec<f64> = (0..20_000).map(|_| a.sample(&mut r)).collect();
+    let sb: Vec<f64> = (0..20_000).map(|_| b.sample(&mut r)).collect();
+    let w = fspace_metrics::w2_empirical_1d(&sa, &sb).unwrap();
+    let exact = fspace_metrics::w2_gaussian(0.3, 1.2, -0.5, 0.7);
+    assert!((w - exact).abs() < 0.02 * exact, "{w} vs {exact}");
+    assert!(fspace_metrics::w2_empirical_1d(&sa, &sb[..10]).is_err());
+    assert!(fspace_metrics::w2_empirical_1d(&[], &[]).is_err());
+}

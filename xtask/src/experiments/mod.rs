@@ -8,6 +8,7 @@ mod fsp_ablation;
 mod fsp_moons;
 mod fsp_null_space;
 mod fsp_toy;
+mod gfsvi_toy;
 mod gl_cubic;
 mod gl_mnist;
 pub mod images;
@@ -108,6 +109,18 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Figs. 1, 6, 7 with the --quick budget (3 000 MAP, 2 000 VaLLA steps)",
         in_default_suite: true,
         run: valla_toy::run_quick,
+    },
+    Experiment {
+        name: "gfsvi-toy",
+        paper: "GFSVI Figs. 1, 2, 4–8 (sine toy: four priors vs exact GP; GFSVI/FVI/TFSVI/MFVI/Laplace; M sweep; σ_n = 1)",
+        in_default_suite: false,
+        run: gfsvi_toy::run,
+    },
+    Experiment {
+        name: "gfsvi-toy-quick",
+        paper: "GFSVI Figs. 1, 2, 4–8 with the --quick budget (1 500 steps, M = 100)",
+        in_default_suite: true,
+        run: gfsvi_toy::run_quick,
     },
 ];
 
