@@ -56,6 +56,9 @@ pub struct GfsviConfig {
     pub gamma: f64,
     /// Box the measurement points are drawn from uniformly; `None`: the training inputs' box.
     pub measurement_box: Option<BoundingBox>,
+    /// Extra measurement points taken at random from each minibatch (0; App. A.2.3's W2
+    /// experiment samples "jointly from a uniform distribution and the minibatch").
+    pub measurement_from_batch: usize,
     /// Initial weight standard deviation `√s` (all weights).
     pub init_std: f64,
     /// Initial likelihood standard deviation `σ_y`.
@@ -72,6 +75,7 @@ impl Default for GfsviConfig {
             measurement_points: 500,
             gamma: 1e-10,
             measurement_box: None,
+            measurement_from_batch: 0,
             init_std: 1e-2,
             init_noise_std: 1.0,
             learn_noise: true,
@@ -312,7 +316,18 @@ pub fn fit<N: Network + Clone>(
         let params = VariationalParams::unflatten(theta, p);
         let xb = x.select_rows(batch);
         let yb = y.select_rows(batch);
-        let xm = sampler.sample(config.measurement_points, rng)?;
+        let mut xm = sampler.sample(config.measurement_points, rng)?;
+        if config.measurement_from_batch > 0 {
+            let k = config.measurement_from_batch.min(batch.len());
+            let picks = rand::seq::index::sample(rng, batch.len(), k).into_vec();
+            let extra = xb.select_rows(&picks);
+            let u = xm.nrows();
+            xm = DMatrix::from_fn(
+                u + k,
+                xb.ncols(),
+                |i, c| if i < u { xm[(i, c)] } else { extra[(i - u, c)] },
+            );
+        }
         let obj = objective(&mut work, &params, prior, &xb, &yb, n, &xm, config.gamma)?;
         let mut g = obj.grad;
         if !learn_noise {

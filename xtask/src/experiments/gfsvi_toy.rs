@@ -100,6 +100,9 @@ fn evaluate(
     Ok((panel, w2))
 }
 
+/// Builds one prior's case (data, fitted kernel, exact GP and its samples).
+type CaseFn = Box<dyn Fn() -> Result<Case>>;
+
 struct Case {
     data: fspace_data::Dataset,
     points: Vec<(f64, f64)>,
@@ -160,7 +163,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
 
     // (a) GFSVI under four priors, beside each exact GP.
     let mut prior_panels = Vec::new();
-    let kernels: [(&'static str, Box<dyn Fn() -> Result<Case>>); 4] = [
+    let kernels: [(&'static str, CaseFn); 4] = [
         ("Matérn-1/2", Box::new(move || case(Matern12::new(1.0, 0.3)?, 0.1, seed))),
         ("Matérn-3/2", Box::new(move || case(Matern32::new(1.0, 0.3)?, 0.1, seed))),
         ("Matérn-5/2", Box::new(move || case(Matern52::new(1.0, 0.3)?, 0.1, seed))),
