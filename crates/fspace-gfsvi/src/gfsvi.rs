@@ -26,7 +26,7 @@ use fspace_context::{BoundingBox, Sampler, UniformSampler};
 use fspace_core::{sample_gaussian, FunctionPredictive, Posterior};
 use fspace_nn::{GramCotangent, Network, NnError, Outputs, WeightedGram};
 use nalgebra::{DMatrix, DVector};
-use rand::RngCore;
+use rand::{RngCore, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
@@ -65,8 +65,23 @@ pub struct GfsviConfig {
     pub init_noise_std: f64,
     /// Learn `σ_y` (the paper does); otherwise it stays at `init_noise_std`.
     pub learn_noise: bool,
+    /// The likelihood: Gaussian (closed form) or categorical (Monte Carlo over the linearised
+    /// logits with this many draws per step).
+    pub likelihood: Likelihood,
     /// Adam, minibatches, early stopping.
     pub optim: OptimConfig,
+}
+
+/// The likelihood GFSVI / TFSVI fit.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Likelihood {
+    /// `N(y | f, σ_y²)`, targets `n × d'`.
+    Gaussian,
+    /// Softmax over `d'` logits, targets `n × 1` labels; `samples` Monte-Carlo draws per step.
+    Categorical {
+        /// Draws per step (≥ 1).
+        samples: usize,
+    },
 }
 
 impl Default for GfsviConfig {
@@ -79,6 +94,7 @@ impl Default for GfsviConfig {
             init_std: 1e-2,
             init_noise_std: 1.0,
             learn_noise: true,
+            likelihood: Likelihood::Gaussian,
             optim: OptimConfig::default(),
         }
     }
@@ -161,12 +177,119 @@ fn check_data(x: &DMatrix<f64>, y: &DMatrix<f64>, d: usize, q: usize) -> Result<
     ensure_finite("training targets", y.iter())
 }
 
+fn check_targets(
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    d: usize,
+    q: usize,
+    likelihood: &DataTerm,
+) -> Result<()> {
+    match likelihood {
+        DataTerm::Gaussian => check_data(x, y, d, q),
+        DataTerm::Categorical { .. } => {
+            check_data(x, y, d, 1)?;
+            if let Some(&bad) = y.iter().find(|&&v| v < 0.0 || v.fract() != 0.0 || v >= q as f64) {
+                return Err(invalid("class label", format!("{bad} (must be an integer in 0..{q})")));
+            }
+            Ok(())
+        }
+    }
+}
+
 fn as_points(v: &DVector<f64>, n: usize, q: usize) -> DMatrix<f64> {
     DMatrix::from_fn(n, q, |i, o| v[i * q + o])
 }
 
+/// The likelihood of the data term.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum DataTerm {
+    /// `N(y | f, σ_y²)` per output, the expectation in closed form (eq. 10); targets `n × d'`.
+    Gaussian,
+    /// Softmax over the `d'` linearised logits, the expectation by `samples` Monte-Carlo draws
+    /// `f_L = f(x; m) + J(x; m)(√s ⊙ ε)` (reparameterised; one weight draw shared by the
+    /// batch); targets `n × 1` class labels in `0..d'`. `seed` fixes the draws.
+    Categorical {
+        /// Monte-Carlo draws per step.
+        samples: usize,
+        /// Seed of the draws.
+        seed: u64,
+    },
+}
+
+/// `(N/B)·Σ E_q log p(y | f_L)`, `∂/∂m`, `∂/∂s`, `∂/∂log σ_y`.
+type DataTermValue = (f64, DVector<f64>, DVector<f64>, f64);
+
+fn data_term<N: Network>(
+    net: &N,
+    params: &VariationalParams,
+    s: &DVector<f64>,
+    likelihood: &DataTerm,
+    x_b: &DMatrix<f64>,
+    y_b: &DMatrix<f64>,
+    scale: f64,
+) -> Result<DataTermValue> {
+    let q = net.output_dim();
+    let f_b = net.forward(x_b)?;
+    let gram_b = net.weighted_gram(x_b, Outputs::All, s)?;
+    match likelihood {
+        DataTerm::Gaussian => {
+            let sigma2 = (2.0 * params.log_noise_std).exp();
+            let v_b = gram_b.diagonal();
+            let resid = y_b - &f_b;
+            let sq: f64 = resid.iter().map(|r| r * r).sum::<f64>() + v_b.sum();
+            let count = (x_b.nrows() * q) as f64;
+            let ell = scale * (-0.5 * count * (std::f64::consts::TAU * sigma2).ln() - sq / (2.0 * sigma2));
+            let mut grad_m = net.vjp(x_b, &(&resid * (scale / sigma2)))?;
+            let (gw, grad_s) = gram_b.pullback(GramCotangent::Diagonal(&DVector::from_element(
+                v_b.len(),
+                -scale / (2.0 * sigma2),
+            )))?;
+            grad_m += gw;
+            Ok((ell, grad_m, grad_s, scale * (-count + sq / sigma2)))
+        }
+        DataTerm::Categorical { samples, seed } => {
+            if *samples == 0 {
+                return Err(invalid("Monte-Carlo samples of the categorical data term", "must be ≥ 1"));
+            }
+            let b = x_b.nrows();
+            let labels: Vec<usize> = y_b.iter().map(|&v| v as usize).collect();
+            let jt = gram_b.jacobian_t();
+            let p = jt.nrows();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(*seed);
+            let k = *samples as f64;
+            let (mut ell, mut g_sum) = (0.0, DMatrix::zeros(b, q));
+            let (mut grad_m, mut grad_rho) = (DVector::zeros(p), DVector::zeros(p));
+            for _ in 0..*samples {
+                let u = DVector::from_fn(p, |j, _| {
+                    let e: f64 = StandardNormal.sample(&mut rng);
+                    e * s[j].sqrt()
+                });
+                let ju = jt.tr_mul(&u);
+                let mut g = DVector::zeros(b * q);
+                for i in 0..b {
+                    let logits: Vec<f64> = (0..q).map(|o| f_b[(i, o)] + ju[i * q + o]).collect();
+                    let lse = fspace_core::logsumexp(&logits);
+                    ell += logits[labels[i]] - lse;
+                    for o in 0..q {
+                        let prob = (logits[o] - lse).exp();
+                        g[i * q + o] = ((o == labels[i]) as u8 as f64 - prob) * scale / k;
+                        g_sum[(i, o)] += g[i * q + o];
+                    }
+                }
+                grad_m += gram_b.tangent_pullback(&(&u * g.transpose()))?;
+                grad_rho += (jt * &g).component_mul(&u);
+            }
+            grad_m += net.vjp(x_b, &g_sum)?;
+            // ∂/∂ρ = 2s ∂/∂s: report ∂/∂s.
+            let grad_s = DVector::from_fn(p, |j, _| grad_rho[j] / (2.0 * s[j]));
+            Ok((scale * ell / k, grad_m, grad_s, 0.0))
+        }
+    }
+}
+
 /// `L` and its gradient at `params` (the network's weights are set to `params.mean`): the
-/// minibatch `(x_b, y_b)` of a training set of `n_total` points, measurement points `x_m`.
+/// minibatch `(x_b, y_b)` of a training set of `n_total` points, measurement points `x_m`,
+/// the Gaussian data term (see [`objective_with`] for the categorical one).
 pub fn objective<N: Network>(
     net: &mut N,
     params: &VariationalParams,
@@ -177,26 +300,28 @@ pub fn objective<N: Network>(
     x_m: &DMatrix<f64>,
     gamma: f64,
 ) -> Result<ObjectiveValue> {
+    objective_with(net, params, prior, &DataTerm::Gaussian, x_b, y_b, n_total, x_m, gamma)
+}
+
+/// [`objective`] with a chosen data term.
+pub fn objective_with<N: Network>(
+    net: &mut N,
+    params: &VariationalParams,
+    prior: &FunctionPrior,
+    likelihood: &DataTerm,
+    x_b: &DMatrix<f64>,
+    y_b: &DMatrix<f64>,
+    n_total: usize,
+    x_m: &DMatrix<f64>,
+    gamma: f64,
+) -> Result<ObjectiveValue> {
     let q = net.output_dim();
-    check_data(x_b, y_b, net.input_dim(), q)?;
+    check_targets(x_b, y_b, net.input_dim(), q, likelihood)?;
     net.set_params(&params.mean)?;
     let s = params.variances();
-    let sigma2 = (2.0 * params.log_noise_std).exp();
     let scale = n_total as f64 / x_b.nrows() as f64;
-    // Expected log-likelihood (eq. 10).
-    let f_b = net.forward(x_b)?;
-    let gram_b = net.weighted_gram(x_b, Outputs::All, &s)?;
-    let v_b = gram_b.diagonal();
-    let resid = y_b - &f_b;
-    let sq: f64 = resid.iter().map(|r| r * r).sum::<f64>() + v_b.sum();
-    let count = (x_b.nrows() * q) as f64;
-    let ell = scale * (-0.5 * count * (std::f64::consts::TAU * sigma2).ln() - sq / (2.0 * sigma2));
-    let mut grad_m = net.vjp(x_b, &(&resid * (scale / sigma2)))?;
-    let (gw, gs_b) = gram_b
-        .pullback(GramCotangent::Diagonal(&DVector::from_element(v_b.len(), -scale / (2.0 * sigma2))))?;
-    grad_m += gw;
-    let mut grad_s = gs_b;
-    let grad_log_noise = scale * (-count + sq / sigma2);
+    let (ell, mut grad_m, mut grad_s, grad_log_noise) =
+        data_term(net, params, &s, likelihood, x_b, y_b, scale)?;
     // Divergence at the measurement points.
     let m_pts = x_m.nrows();
     let f_m = net.forward(x_m)?;
@@ -278,9 +403,18 @@ pub fn fit<N: Network + Clone>(
 ) -> Result<GfsviFit<N>> {
     config.validate()?;
     let q = net.output_dim();
-    check_data(x, y, net.input_dim(), q)?;
+    let term_kind = match config.likelihood {
+        Likelihood::Gaussian => DataTerm::Gaussian,
+        Likelihood::Categorical { samples } => {
+            if samples == 0 {
+                return Err(invalid("Monte-Carlo samples of the categorical data term", "must be ≥ 1"));
+            }
+            DataTerm::Categorical { samples, seed: 0 }
+        }
+    };
+    check_targets(x, y, net.input_dim(), q, &term_kind)?;
     if let Some((xv, yv)) = validation {
-        check_data(xv, yv, net.input_dim(), q).map_err(|e| match e {
+        check_targets(xv, yv, net.input_dim(), q, &term_kind).map_err(|e| match e {
             GfsviError::Empty { .. } => GfsviError::Empty { what: "validation inputs" },
             e => e,
         })?;
@@ -328,9 +462,15 @@ pub fn fit<N: Network + Clone>(
                 |i, c| if i < u { xm[(i, c)] } else { extra[(i - u, c)] },
             );
         }
-        let obj = objective(&mut work, &params, prior, &xb, &yb, n, &xm, config.gamma)?;
+        let term = match term_kind {
+            DataTerm::Categorical { samples, .. } => {
+                DataTerm::Categorical { samples, seed: rand::Rng::gen(rng) }
+            }
+            t => t,
+        };
+        let obj = objective_with(&mut work, &params, prior, &term, &xb, &yb, n, &xm, config.gamma)?;
         let mut g = obj.grad;
-        if !learn_noise {
+        if !learn_noise || matches!(term, DataTerm::Categorical { .. }) {
             g.log_noise_std = 0.0;
         }
         Ok((obj.value, g.flatten()))
@@ -340,7 +480,19 @@ pub fn fit<N: Network + Clone>(
         let params = VariationalParams::unflatten(theta, p);
         val_net.set_params(&params.mean)?;
         let post = LinearizedPosterior::new(val_net.clone(), params.variances(), params.log_noise_std.exp())?;
-        gaussian_nll(&post.predict(xv)?, yv, post.noise_std())
+        match term_kind {
+            DataTerm::Gaussian => gaussian_nll(&post.predict(xv)?, yv, post.noise_std()),
+            DataTerm::Categorical { .. } => {
+                let mut r = rand::rngs::StdRng::seed_from_u64(config.optim.seed);
+                let probs = fspace_core::class_probabilities(
+                    &post.predict(xv)?,
+                    fspace_core::ClassProbMethod::MonteCarlo { samples: 100 },
+                    &mut r,
+                )?;
+                let labels: Vec<f64> = yv.iter().cloned().collect();
+                categorical_nll(&probs, &labels)
+            }
+        }
     };
     let (theta, report) = optimise(
         init.flatten(),
@@ -354,6 +506,12 @@ pub fn fit<N: Network + Clone>(
     fitted.set_params(&params.mean)?;
     let posterior = LinearizedPosterior::new(fitted, params.variances(), params.log_noise_std.exp())?;
     Ok(GfsviFit { posterior, params, report })
+}
+
+/// Mean categorical NLL of class probabilities (`n × C`) at integer labels.
+fn categorical_nll(probs: &DMatrix<f64>, labels: &[f64]) -> Result<f64> {
+    let n = labels.len() as f64;
+    Ok(labels.iter().enumerate().map(|(i, &l)| -probs[(i, l as usize)].max(1e-300).ln()).sum::<f64>() / n)
 }
 
 /// Mean Gaussian NLL per target of a predictive of `f` plus noise `σ_y`.

@@ -38,8 +38,8 @@ pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
 pub use fvi::{fit_fvi, FviConfig};
 pub use gfsvi::{
-    fit, gaussian_nll, objective, FunctionPrior, GfsviConfig, GfsviFit, LinearizedPosterior, ObjectiveValue,
-    VariationalParams,
+    fit, gaussian_nll, objective, objective_with, DataTerm, FunctionPrior, GfsviConfig, GfsviFit, Likelihood,
+    LinearizedPosterior, ObjectiveValue, VariationalParams,
 };
 pub use mfvi::{fit_mfvi, MfviConfig};
 pub use optim::{OptimConfig, OptimReport};

@@ -364,3 +364,98 @@ fn linearized_posterior_predictions_agree_with_its_joint_and_samples() {
         assert!((v - cov[(i, i)]).abs() < 0.1 * cov[(i, i)] + 1e-12);
     }
 }
+
+#[test]
+fn categorical_objective_gradient_matches_finite_differences_and_fit_runs() {
+    // Three classes, independent RBF priors per output; the MC draws are fixed by the seed, so
+    // the objective is a smooth deterministic function of (m, ρ).
+    let net = Mlp::new(MlpConfig {
+        input_dim: 2,
+        hidden: vec![5],
+        output_dim: 3,
+        activation: Activation::Tanh,
+        seed: 13,
+    })
+    .unwrap();
+    let mut r = rng(14);
+    let p = net.n_params();
+    let params = VariationalParams {
+        mean: net.params(),
+        log_std: DVector::from_fn(p, |_, _| -1.0 + 0.3 * r.gen::<f64>()),
+        log_noise_std: 0.0,
+    };
+    let xb = rand_uniform(6, 2, -1.0, 1.0, &mut r);
+    let yb = DMatrix::from_column_slice(6, 1, &[0.0, 2.0, 1.0, 1.0, 0.0, 2.0]);
+    let xm = rand_uniform(5, 2, -1.5, 1.5, &mut r);
+    let prior = FunctionPrior::Gp(GpPrior::centered(
+        fspace_kernels::Independent::new(Rbf::new(1.0, 0.7).unwrap(), 3).unwrap(),
+    ));
+    let term = DataTerm::Categorical { samples: 4, seed: 99 };
+    let mut n0 = net.clone();
+    let obj = objective_with(&mut n0, &params, &prior, &term, &xb, &yb, 20, &xm, 1e-3).unwrap();
+    let value = |m: &[f64], rho: &[f64]| {
+        let mut n2 = net.clone();
+        let pr = VariationalParams {
+            mean: DVector::from_column_slice(m),
+            log_std: DVector::from_column_slice(rho),
+            log_noise_std: 0.0,
+        };
+        objective_with(&mut n2, &pr, &prior, &term, &xb, &yb, 20, &xm, 1e-3).unwrap().value
+    };
+    let fd_m = fd_gradient(|m| value(m, params.log_std.as_slice()), params.mean.as_slice(), 1e-6);
+    let fd_r = fd_gradient(|rv| value(params.mean.as_slice(), rv), params.log_std.as_slice(), 1e-6);
+    let scale = fd_m.iter().chain(&fd_r).fold(1.0f64, |a, v| a.max(v.abs()));
+    for k in 0..p {
+        assert!(
+            (obj.grad.mean[k] - fd_m[k]).abs() < 2e-6 * scale,
+            "m[{k}]: {} vs {}",
+            obj.grad.mean[k],
+            fd_m[k]
+        );
+        assert!(
+            (obj.grad.log_std[k] - fd_r[k]).abs() < 2e-6 * scale,
+            "ρ[{k}]: {} vs {}",
+            obj.grad.log_std[k],
+            fd_r[k]
+        );
+    }
+    // A label outside 0..3 is a typed error; a short fit runs and returns finite predictions.
+    let bad = DMatrix::from_column_slice(6, 1, &[0.0, 3.0, 1.0, 1.0, 0.0, 2.0]);
+    assert!(matches!(
+        objective_with(&mut n0, &params, &prior, &term, &xb, &bad, 20, &xm, 1e-3),
+        Err(GfsviError::InvalidParameter { .. })
+    ));
+    let cfg = GfsviConfig {
+        measurement_points: 10,
+        likelihood: Likelihood::Categorical { samples: 2 },
+        optim: OptimConfig { max_steps: 20, ..Default::default() },
+        ..Default::default()
+    };
+    let f = fit(&net, &prior, &xb, &yb, Some((&xb, &yb)), &cfg).unwrap();
+    use fspace_core::Posterior;
+    let pred = f.posterior.predict(&xm).unwrap();
+    assert!(pred.mean.iter().chain(pred.var.iter()).all(|v| v.is_finite()));
+}
+
+mod invariants {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// D̂_KL^γ ≥ 0, = 0 for identical Gaussians, and decreases as γ grows (the shift makes
+        /// both covariances more alike).
+        #[test]
+        fn regularized_kl_is_nonnegative_zero_at_equality_and_shrinks_with_gamma(seed in 0u64..1000, n in 1usize..6) {
+            let mut r = rng(seed);
+            let (a, b) = (randn_vec(n, &mut r), randn_vec(n, &mut r));
+            let (aa, bb) = (spd(n, 2.0, 0.05, &mut r), spd(n, 3.0, 0.1, &mut r));
+            let small = regularized_kl(&a, &aa, &b, &bb, 1e-6, n, false).unwrap().value;
+            let large = regularized_kl(&a, &aa, &b, &bb, 1.0, n, false).unwrap().value;
+            prop_assert!(small >= -1e-10 && large >= -1e-10);
+            prop_assert!(large <= small + 1e-10);
+            let same = regularized_kl(&a, &aa, &a, &aa, 1e-3, n, false).unwrap().value;
+            prop_assert!(same.abs() < 1e-9);
+        }
+    }
+}
