@@ -13,8 +13,8 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
-use crate::optim::{optimise, OptimConfig};
-use crate::sampled::{pack, unpack, Fitted, SampledFit, WeightSamplePosterior};
+use crate::optim::OptimConfig;
+use crate::sampled::{fit_mean_field, pack, unpack, Fitted};
 
 /// MFVI settings; `Default` holds the paper's values (σ_p = 0.75, App. A.2.1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -208,34 +208,8 @@ pub fn fit_mfvi(
         }
         Ok((ell - kl, g))
     };
-    let mut val_net = net.clone();
-    let mut validate = |theta: &DVector<f64>| -> Result<f64> {
-        let (xv, yv) = validation.expect("only called with a validation set");
-        let (m, sd, log_noise) = unpack(theta, p);
-        val_net.set_params(&m)?;
-        let post = WeightSamplePosterior::new(val_net.clone(), m, sd, log_noise.exp(), 20, config.optim.seed);
-        crate::gfsvi::gaussian_nll(&fspace_core::Posterior::predict(&post, xv)?, yv, log_noise.exp())
-    };
     let theta0 = pack(&net.params(), config.init_std.ln(), config.init_noise_std.ln());
-    let (theta, report) = optimise(
-        theta0,
-        n,
-        &config.optim,
-        step,
-        validation.is_some().then_some(&mut validate as crate::optim::Validator<'_>),
-    )?;
-    let (m, sd, log_noise) = unpack(&theta, p);
-    let mut fitted = net.clone();
-    fitted.set_params(&m)?;
-    let posterior = WeightSamplePosterior::new(
-        fitted,
-        m,
-        sd,
-        log_noise.exp(),
-        config.predictive_samples,
-        config.optim.seed ^ 0x5eed,
-    );
-    Ok(SampledFit { posterior, report })
+    fit_mean_field(net, theta0, n, &config.optim, validation, config.predictive_samples, step)
 }
 
 /// The MFVI minibatch objective's gradient from one LRT pass, for tests: returns

@@ -9,7 +9,7 @@ use rand::{RngCore, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::Result;
-use crate::optim::OptimReport;
+use crate::optim::{OptimConfig, OptimReport};
 
 /// `q(w) = N(m, diag(σ²))` with a fixed set of weight samples for predictions (the paper's
 /// 100) and fresh draws for [`sample_functions`](Posterior::sample_functions).
@@ -129,3 +129,39 @@ pub(crate) fn pack(mean: &DVector<f64>, log_std: f64, log_noise: f64) -> DVector
 }
 
 pub(crate) type Fitted<N> = Result<SampledFit<N>>;
+
+/// The loop FVI and MFVI share: Adam on `θ = (m, log σ, log σ_y)` with the method's `step`,
+/// validation NLL of a 20-sample predictive for early stopping, and the fitted
+/// [`WeightSamplePosterior`] with `predictive_samples` draws.
+pub(crate) fn fit_mean_field<N: Network + Clone>(
+    net: &N,
+    theta0: DVector<f64>,
+    n: usize,
+    optim: &OptimConfig,
+    validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
+    predictive_samples: usize,
+    step: impl FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)>,
+) -> Fitted<N> {
+    let p = net.n_params();
+    let mut val_net = net.clone();
+    let mut validate = |theta: &DVector<f64>| -> Result<f64> {
+        let (xv, yv) = validation.expect("only called with a validation set");
+        let (m, sd, log_noise) = unpack(theta, p);
+        val_net.set_params(&m)?;
+        let post = WeightSamplePosterior::new(val_net.clone(), m, sd, log_noise.exp(), 20, optim.seed);
+        crate::gfsvi::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp())
+    };
+    let (theta, report) = crate::optim::optimise(
+        theta0,
+        n,
+        optim,
+        step,
+        validation.is_some().then_some(&mut validate as crate::optim::Validator<'_>),
+    )?;
+    let (m, sd, log_noise) = unpack(&theta, p);
+    let mut fitted = net.clone();
+    fitted.set_params(&m)?;
+    let posterior =
+        WeightSamplePosterior::new(fitted, m, sd, log_noise.exp(), predictive_samples, optim.seed ^ 0x5eed);
+    Ok(SampledFit { posterior, report })
+}
