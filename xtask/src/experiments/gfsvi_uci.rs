@@ -307,7 +307,8 @@ fn run_fold(
                 (Box::new(f.posterior), s)
             }
             "Laplace" => {
-                let (post, s) = map_laplace(&net, &xtr, &ytr, b.steps, seed)?;
+                let yva = DVector::from_column_slice(yva_m.as_slice());
+                let (post, s) = map_laplace(&net, &xtr, &ytr, Some((&xva, &yva)), b.steps, seed)?;
                 (Box::new(post), s)
             }
             "SVGP" => {
@@ -339,11 +340,15 @@ fn run_fold(
 }
 
 /// MAP with the Gaussian weight prior σ_p = 0.75 (σ learned), then the full-GGN linearised
-/// Laplace with that prior precision and the GLM predictive; returns it and σ.
+/// Laplace with that prior precision and the GLM predictive; returns it and σ. With a
+/// validation set the MAP stops early (patience 100 full-batch epochs, best weights and σ kept):
+/// without it the learned σ collapses onto the training residuals (measured on Boston: σ = 0.07,
+/// test ELL −155).
 pub fn map_laplace(
     net: &Mlp,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
+    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
     steps: usize,
     seed: u64,
 ) -> Result<(fspace_laplace::LaplacePosterior<Mlp>, f64)> {
@@ -355,13 +360,14 @@ pub fn map_laplace(
         &mut lik,
         x,
         y,
-        None,
+        validation,
         None,
         &TrainConfig {
             epochs: steps,
             batch_size: 2000.min(x.nrows()),
             learning_rate: 1e-3,
             weight_decay: precision,
+            patience: validation.map(|_| 100),
             learn_likelihood: true,
             seed,
             ..Default::default()
