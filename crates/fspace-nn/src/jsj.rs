@@ -75,10 +75,9 @@ impl<'a> WeightedGram<'a> {
     /// `J S Jᵀ` (`rows × rows`): the lower-triangle blocks of `(S^{1/2}Jᵀ)ᵀ(S^{1/2}Jᵀ)`, one
     /// GEMM each, in parallel, mirrored.
     pub fn gram(&self) -> DMatrix<f64> {
+        let root = self.s.map(f64::sqrt);
         let mut js = self.jt.clone();
-        for (k, mut row) in js.row_iter_mut().enumerate() {
-            row *= self.s[k].sqrt();
-        }
+        scale_rows(&mut js, &root);
         par_gram(&js)
     }
 
@@ -111,14 +110,15 @@ impl<'a> WeightedGram<'a> {
                 m
             }
         };
-        let mut grad_s = DVector::zeros(p);
-        for (jc, cc) in self.jt.column_iter().zip(jtc.column_iter()) {
-            grad_s += jc.component_mul(&cc);
+        let mut grad_s = vec![0.0; p];
+        for (jc, cc) in self.jt.as_slice().chunks(p).zip(jtc.as_slice().chunks(p)) {
+            for ((g, a), b) in grad_s.iter_mut().zip(jc).zip(cc) {
+                *g += a * b;
+            }
         }
+        let grad_s = DVector::from_vec(grad_s);
         let mut u = jtc;
-        for (k, mut row) in u.row_iter_mut().enumerate() {
-            row *= self.s[k];
-        }
+        scale_rows(&mut u, &self.s);
         Ok(((self.second_order)(&u)? * 2.0, grad_s))
     }
 
@@ -129,6 +129,19 @@ impl<'a> WeightedGram<'a> {
         check_cotangent(u.shape(), u.iter(), self.jt.nrows(), self.rows())?;
         (self.second_order)(u)
     }
+}
+
+/// `diag(d) · M` for a column-major `M`, column by column (contiguous) and in parallel.
+fn scale_rows(m: &mut DMatrix<f64>, d: &DVector<f64>) {
+    let p = m.nrows();
+    if p == 0 {
+        return;
+    }
+    m.as_mut_slice().par_chunks_mut(p).for_each(|col| {
+        for (v, s) in col.iter_mut().zip(d.iter()) {
+            *v *= s;
+        }
+    });
 }
 
 fn check_variances(s: &DVector<f64>, p: usize) -> Result<()> {
