@@ -370,7 +370,6 @@ pub fn map_laplace(
             patience: validation.map(|_| 100),
             learn_likelihood: true,
             seed,
-            ..Default::default()
         },
         |_| {},
     )?;
