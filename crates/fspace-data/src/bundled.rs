@@ -15,25 +15,93 @@ pub fn dataset_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../datasets")))
 }
 
-/// Mauna Loa monthly CO₂ (ppm), March 1958 – 2020 (741 months; Scripps, CC-BY-4.0). Input:
-/// decimal year `year + (month − 1)/12`; targets: `CO2` (the series used by the papers).
+/// Mauna Loa monthly mean CO₂ (ppm), NOAA GML's record from March 1958 to June 2026 (820
+/// months; Scripps before May 1974, NOAA after). Input: NOAA's `decimal date` (mid-month);
+/// target: `average` (the monthly mean the papers model; gaps already interpolated by NOAA).
 pub fn mauna_loa() -> Result<Dataset> {
-    let date = |col: &str, raw: &str| -> Option<f64> {
-        if col != "Date" {
-            return None;
+    read_csv(dataset_dir().join("mauna_loa_co2.csv"), None)?.select(&["decimal date"], &["average"])
+}
+
+/// The Gulf of Mexico drifter task of FSP-Laplace App. B.2 / GPJax's "GulfDrifters" example:
+/// `(train, test)` with inputs `(lon, lat)` in degrees and targets the velocity components
+/// `(ubar, vbar)` in m/s. Train: the 20 drifter measurements; test: the 544 averaged velocities
+/// on the regular 34 × 16 grid over [−90.8, −83.8] × [24.0, 27.5].
+pub fn gulf_drifters() -> Result<(Dataset, Dataset)> {
+    let read =
+        |file: &str| read_csv(dataset_dir().join(file), None)?.select(&["lon", "lat"], &["ubar", "vbar"]);
+    Ok((read("gulfdata_train.csv")?, read("gulfdata_test.csv")?))
+}
+
+/// Yacht hydrodynamics (Gerritsma et al., UCI; 308 × 6 hull features, target the residuary
+/// resistance per unit weight of displacement). The file is whitespace-separated, no header.
+pub fn yacht() -> Result<Dataset> {
+    const NAMES: [&str; 7] = [
+        "lcb_position",
+        "prismatic_coefficient",
+        "length_displacement_ratio",
+        "beam_draught_ratio",
+        "length_beam_ratio",
+        "froude_number",
+        "residuary_resistance",
+    ];
+    let path = dataset_dir().join("yacht_hydrodynamics.data");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| crate::DataError::Io { path: path.clone(), message: e.to_string() })?;
+    let table = parse_headerless_table(&path, &text, NAMES.len(), None)?;
+    Ok(Dataset {
+        x: table.columns(0, 6).into_owned(),
+        y: table.columns(6, 1).into_owned(),
+        feature_names: NAMES[..6].iter().map(|s| s.to_string()).collect(),
+        target_names: vec![NAMES[6].into()],
+    })
+}
+
+/// Parses numeric rows without a header (blank lines skipped) with exactly `cols` fields each,
+/// separated by `sep` (`None`: any whitespace).
+fn parse_headerless_table(
+    path: &std::path::Path,
+    text: &str,
+    cols: usize,
+    sep: Option<char>,
+) -> Result<nalgebra::DMatrix<f64>> {
+    let mut cells = Vec::new();
+    let mut rows = 0;
+    for (r, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let fields: Vec<&str> = match sep {
+            Some(c) => line.split(c).map(str::trim).collect(),
+            None => line.split_whitespace().collect(),
+        };
+        if fields.len() != cols {
+            return Err(crate::DataError::ColumnCount {
+                path: path.to_path_buf(),
+                row: r + 1,
+                expected: cols,
+                found: fields.len(),
+            });
         }
-        let mut parts = raw.split('-');
-        let year: f64 = parts.next()?.parse().ok()?;
-        let month: f64 = parts.next()?.parse().ok()?;
-        Some(year + (month - 1.0) / 12.0)
-    };
-    let table = read_csv(dataset_dir().join("mauna_loa_co2.csv"), Some(&date))?;
-    let mut d = table.split_targets(&["CO2"])?;
-    // Keep the date as the only input (drop the seasonally adjusted series).
-    let keep = d.feature_names.iter().position(|n| n == "Date").expect("column exists");
-    d.x = d.x.columns(keep, 1).into_owned();
-    d.feature_names = vec!["year".into()];
-    Ok(d)
+        for (column, f) in fields.iter().enumerate() {
+            let v: f64 = f.parse().map_err(|_| crate::DataError::Parse {
+                path: path.to_path_buf(),
+                row: r + 1,
+                column,
+                message: format!("{f:?} is not a number"),
+            })?;
+            if !v.is_finite() {
+                return Err(crate::DataError::NonFinite {
+                    path: path.to_path_buf(),
+                    row: r + 1,
+                    column,
+                    name: format!("column {column}"),
+                });
+            }
+            cells.push(v);
+        }
+        rows += 1;
+    }
+    if rows == 0 {
+        return Err(crate::DataError::Corrupt { path: path.to_path_buf(), reason: "no data rows".into() });
+    }
+    Ok(nalgebra::DMatrix::from_row_slice(rows, cols, &cells))
 }
 
 /// Boston housing (506 × 13 features, target `MEDV`).
@@ -62,30 +130,7 @@ pub fn digits() -> Result<Dataset> {
     flate2::read::GzDecoder::new(file)
         .read_to_string(&mut text)
         .map_err(|e| crate::DataError::Corrupt { path: path.clone(), reason: e.to_string() })?;
-    let mut cells = Vec::new();
-    let mut rows = 0;
-    for (r, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
-        let fields: Vec<&str> = line.split(',').collect();
-        if fields.len() != 65 {
-            return Err(crate::DataError::ColumnCount {
-                path: path.clone(),
-                row: r + 1,
-                expected: 65,
-                found: fields.len(),
-            });
-        }
-        for (column, f) in fields.iter().enumerate() {
-            let v: f64 = f.trim().parse().map_err(|_| crate::DataError::Parse {
-                path: path.clone(),
-                row: r + 1,
-                column,
-                message: format!("{f:?} is not a number"),
-            })?;
-            cells.push(v);
-        }
-        rows += 1;
-    }
-    let table = nalgebra::DMatrix::from_row_slice(rows, 65, &cells);
+    let table = parse_headerless_table(&path, &text, 65, Some(','))?;
     Ok(Dataset {
         x: table.columns(0, 64).into_owned(),
         y: table.columns(64, 1).into_owned(),

@@ -5,8 +5,8 @@
 //! * [`generators`]: the papers' synthetic tasks — [`sine`] (FSP-Laplace App. B.1),
 //!   [`two_moons`] (scikit-learn's algorithm, standardised), [`cubic`] (generalised Laplace),
 //!   and a documented synthetic [`ocean_current`] field on the Gulf of Mexico box (App. B.2).
-//! * [`bundled`]: real data shipped in `datasets/` (Mauna Loa CO₂, Boston housing, concrete, red
-//!   wine quality, 8×8 digits, MNIST, Fashion-MNIST), with provenance in `datasets/README.md`.
+//! * [`bundled`]: real data shipped in `datasets/` (Mauna Loa CO₂, the Gulf of Mexico drifters,
+//!   Boston housing, concrete, red wine quality, yacht, 8×8 digits, MNIST, Fashion-MNIST), with provenance in `datasets/README.md`.
 //! * [`loaders`]: CSV (with header, optionally gzip) and IDX readers with row/column-precise
 //!   errors, so users can bring the datasets that no registry ships.
 //! * [`preprocess`]: k-fold with a validation fraction, chronological split, standardisation
@@ -21,7 +21,8 @@ pub mod loaders;
 pub mod preprocess;
 
 pub use bundled::{
-    boston, concrete, dataset_dir, digits, fashion_mnist, mauna_loa, mnist, wine_quality_red, Split,
+    boston, concrete, dataset_dir, digits, fashion_mnist, gulf_drifters, mauna_loa, mnist, wine_quality_red,
+    yacht, Split,
 };
 pub use error::{DataError, Result};
 pub use fspace_context::BoundingBox;

@@ -41,6 +41,18 @@ impl Table {
             .position(|h| h == name)
             .ok_or_else(|| DataError::MissingColumn { path: self.path.clone(), name: name.to_string() })
     }
+    /// Inputs from the named `features` and targets from the named `targets` columns (in the
+    /// order given); other columns are dropped.
+    pub fn select(&self, features: &[&str], targets: &[&str]) -> Result<crate::Dataset> {
+        let x_idx = features.iter().map(|c| self.column_index(c)).collect::<Result<Vec<_>>>()?;
+        let t_idx = targets.iter().map(|c| self.column_index(c)).collect::<Result<Vec<_>>>()?;
+        Ok(crate::Dataset {
+            x: self.data.select_columns(&x_idx),
+            y: self.data.select_columns(&t_idx),
+            feature_names: features.iter().map(|c| c.to_string()).collect(),
+            target_names: targets.iter().map(|c| c.to_string()).collect(),
+        })
+    }
     /// Splits into inputs (all other columns) and targets (the named columns).
     pub fn split_targets(&self, targets: &[&str]) -> Result<crate::Dataset> {
         let t_idx = targets.iter().map(|t| self.column_index(t)).collect::<Result<Vec<_>>>()?;
@@ -58,6 +70,7 @@ impl Table {
 pub type CellParser<'a> = &'a dyn Fn(&str, &str) -> Option<f64>;
 
 /// Reads a CSV file with a header row whose cells are all numbers (`.gz` is decompressed).
+/// Lines starting with `#` are comments (NOAA's files carry their terms of use that way).
 /// `parse` maps a cell to a number for columns that need it (e.g. dates): it receives the
 /// column name and the raw text and returns `None` to fall back to plain `f64` parsing.
 ///
@@ -65,7 +78,11 @@ pub type CellParser<'a> = &'a dyn Fn(&str, &str) -> Option<f64>;
 /// number of columns, non-numeric cells, and NaN / infinite cells.
 pub fn read_csv(path: impl AsRef<Path>, parse: Option<CellParser<'_>>) -> Result<Table> {
     let path = path.as_ref();
-    let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(open(path)?);
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .comment(Some(b'#'))
+        .from_reader(open(path)?);
     let header: Vec<String> = reader
         .headers()
         .map_err(|e| DataError::Corrupt {

@@ -19,7 +19,10 @@ fn sha256(path: &std::path::Path) -> String {
 const CHECKSUMS: &[(&str, &str)] = &[
     ("boston_housing.csv", "fd6aae7c42ed5998b4157a6149aa35d47c60fc0664c5bcfea5f3df4f423376cc"),
     ("concrete.csv", "c2690f237285ede14fa54fe05dbe6a83ce510f65de6a8c5f8cafd6cefd9f38e2"),
-    ("mauna_loa_co2.csv", "c1a4a970864145940a28225cae288618b156cb32f9a2a1b6606ba7124134febb"),
+    ("mauna_loa_co2.csv", "8e8d277356c7f1e9204e127f52123a77d0bc9db222a994f4adcf4bf3788ef415"),
+    ("gulfdata_train.csv", "dcd75987abb9fb1c35dd3d76c724f330523b1af236fa0a2b113ab0e8b8912751"),
+    ("gulfdata_test.csv", "f4e50eec95fabc687795f3b2021c310fccd1f473e5dadefc653763af6663ab24"),
+    ("yacht_hydrodynamics.data", "1638f9806fefc050259068b3a5d695431b2ed16020b7c57478af02f83081baf0"),
     ("winequality_red.csv", "f5eb6b494f4f6431698dce8fb15c356d091c2a5dc13f823742dcc9709a327b4a"),
     ("digits.csv.gz", "46abec6b12486ad9e51943373abcf22bbea1b5a51a1619b361570d8893f1464a"),
     ("mnist/t10k-images-idx3-ubyte.gz", "1a1a05eab793c14bb050b398624a11b0ffd1a2953baed553b1b9bd079e2a20be"),
@@ -54,18 +57,29 @@ fn bundled_files_match_their_checksums() {
 #[test]
 fn bundled_tables_load_with_documented_shapes() {
     let cases: Vec<(&str, Dataset, usize, usize)> = vec![
-        ("mauna loa", mauna_loa().unwrap(), 741, 1),
+        ("mauna loa", mauna_loa().unwrap(), 820, 1),
+        ("gulf train", gulf_drifters().unwrap().0, 20, 2),
+        ("gulf test", gulf_drifters().unwrap().1, 544, 2),
+        ("yacht", yacht().unwrap(), 308, 6),
         ("boston", boston().unwrap(), 506, 13),
         ("concrete", concrete().unwrap(), 1030, 8),
         ("wine", wine_quality_red().unwrap(), 1599, 11),
         ("digits", digits().unwrap(), 1797, 64),
     ];
     for (name, d, n, p) in cases {
-        assert_eq!((d.x.nrows(), d.x.ncols(), d.y.ncols()), (n, p, 1), "{name}");
+        let t = if name.starts_with("gulf") { 2 } else { 1 };
+        assert_eq!((d.x.nrows(), d.x.ncols(), d.y.ncols()), (n, p, t), "{name}");
         assert!(d.x.iter().chain(d.y.iter()).all(|v| v.is_finite()), "{name}");
     }
     let co2 = mauna_loa().unwrap();
-    assert!((co2.x[(0, 0)] - (1958.0 + 2.0 / 12.0)).abs() < 1e-12 && (co2.y[(0, 0)] - 315.70).abs() < 1e-12);
+    assert!((co2.x[(0, 0)] - 1958.2027).abs() < 1e-12 && (co2.y[(0, 0)] - 315.71).abs() < 1e-12);
+    assert!((co2.x[(819, 0)] - 2026.4583).abs() < 1e-12 && (co2.y[(819, 0)] - 431.44).abs() < 1e-12);
+    let (gtr, gte) = gulf_drifters().unwrap();
+    assert_eq!((gtr.x[(0, 0)], gtr.x[(0, 1)], gtr.y[(0, 1)]), (-90.0, 26.5, -0.045338905));
+    let (lo, hi) = (gte.x.column(0).min(), gte.x.column(0).max());
+    assert!((lo + 90.788).abs() < 1e-3 && (hi + 83.8).abs() < 0.3, "test grid spans the Gulf box: {lo} {hi}");
+    let y = yacht().unwrap();
+    assert_eq!((y.x[(0, 5)], y.y[(307, 0)]), (0.125, 46.66));
     assert!(co2.x.as_slice().windows(2).all(|w| w[1] > w[0]), "chronological");
     let digits = digits().unwrap();
     assert!(digits.x.max() == 16.0 && digits.y.max() == 9.0);
