@@ -57,3 +57,111 @@ impl FeatureMap {
         }
     }
 }
+
+/// A network applied to mapped inputs, `x ↦ net(φ(x))`: the prior, the context points and the
+/// data stay in the raw input space (e.g. time `t`) while the network sees `φ(t)` (Mauna Loa:
+/// `(t, sin 2πt/T, cos 2πt/T)`). Parameters, and so every parameter derivative (`J·u`, `Jᵀ·V`,
+/// the Jacobian, GGN products, layer statistics), are the inner network's at `φ(X)`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Featurized<N> {
+    map: FeatureMap,
+    input_dim: usize,
+    net: N,
+}
+
+impl<N: crate::Network> Featurized<N> {
+    /// Wraps `net`, whose inputs must be `map`'s outputs for `input_dim` raw columns.
+    pub fn new(map: FeatureMap, input_dim: usize, net: N) -> Result<Self> {
+        if map.output_dim(input_dim) != net.input_dim() {
+            return Err(NnError::DimensionMismatch {
+                what: "feature map output vs. network input",
+                expected: net.input_dim(),
+                found: map.output_dim(input_dim),
+            });
+        }
+        // Validate the map once (column in range, period > 0).
+        map.apply(&DMatrix::zeros(1, input_dim))?;
+        Ok(Self { map, input_dim, net })
+    }
+    /// The inner network.
+    pub fn inner(&self) -> &N {
+        &self.net
+    }
+    /// The feature map.
+    pub fn map(&self) -> &FeatureMap {
+        &self.map
+    }
+    fn features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        if x.ncols() != self.input_dim {
+            return Err(NnError::DimensionMismatch {
+                what: "input columns",
+                expected: self.input_dim,
+                found: x.ncols(),
+            });
+        }
+        self.map.apply(x)
+    }
+}
+
+impl<N: crate::Network> crate::Network for Featurized<N> {
+    fn input_dim(&self) -> usize {
+        self.input_dim
+    }
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+    fn n_params(&self) -> usize {
+        self.net.n_params()
+    }
+    fn params(&self) -> nalgebra::DVector<f64> {
+        self.net.params()
+    }
+    fn set_params(&mut self, params: &nalgebra::DVector<f64>) -> Result<()> {
+        self.net.set_params(params)
+    }
+    fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.net.forward(&self.features(x)?)
+    }
+    fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<nalgebra::DVector<f64>> {
+        self.net.vjp(&self.features(x)?, v)
+    }
+    fn jvp(&self, x: &DMatrix<f64>, u: &nalgebra::DVector<f64>) -> Result<DMatrix<f64>> {
+        self.net.jvp(&self.features(x)?, u)
+    }
+    fn ggn_vector_product(
+        &self,
+        x: &DMatrix<f64>,
+        hessians: &[DMatrix<f64>],
+        v: &nalgebra::DVector<f64>,
+    ) -> Result<nalgebra::DVector<f64>> {
+        self.net.ggn_vector_product(&self.features(x)?, hessians, v)
+    }
+    fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.net.jacobian(&self.features(x)?)
+    }
+    fn layer_infos(&self) -> Vec<crate::LayerInfo> {
+        self.net.layer_infos()
+    }
+    fn kfac_statistics(
+        &self,
+        x: &DMatrix<f64>,
+        factors: &[DMatrix<f64>],
+    ) -> Result<Vec<crate::LayerStatistics>> {
+        self.net.kfac_statistics(&self.features(x)?, factors)
+    }
+    fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.net.last_layer_features(&self.features(x)?)
+    }
+    fn ntk_block(
+        &self,
+        x: &DMatrix<f64>,
+        xo: crate::Outputs,
+        z: &DMatrix<f64>,
+        zo: crate::Outputs,
+    ) -> Result<DMatrix<f64>> {
+        self.net.ntk_block(&self.features(x)?, xo, &self.features(z)?, zo)
+    }
+    fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
+        self.net.ntk_diagonal(&self.features(x)?)
+    }
+}

@@ -54,7 +54,7 @@ mod ntk;
 mod train;
 
 pub use cnn::{Cnn, CnnConfig, ConvBlock};
-pub use features::FeatureMap;
+pub use features::{FeatureMap, Featurized};
 pub use helmholtz::HelmholtzNet;
 pub use jsj::{GramCotangent, WeightedGram};
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};

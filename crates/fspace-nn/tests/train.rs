@@ -142,6 +142,53 @@ fn periodic_feature_maps_append_sin_and_cos() {
 }
 
 #[test]
+fn featurized_network_is_the_inner_network_at_the_features() {
+    let map = FeatureMap::Periodic { column: 0, period: 0.7 };
+    let inner = Mlp::new(MlpConfig {
+        input_dim: 3,
+        hidden: vec![8, 8],
+        output_dim: 2,
+        activation: Activation::Tanh,
+        seed: 3,
+    })
+    .unwrap();
+    let net = Featurized::new(map.clone(), 1, inner.clone()).unwrap();
+    let mut r = rng(5);
+    let x = fspace_testutil::randn(7, 1, &mut r);
+    let phi = map.apply(&x).unwrap();
+    assert_eq!((Network::input_dim(&net), Network::output_dim(&net)), (1, 2));
+    fspace_testutil::assert_mat_close(
+        &Network::forward(&net, &x).unwrap(),
+        &inner.forward(&phi).unwrap(),
+        0.0,
+        0.0,
+    );
+    // J·u against central finite differences of the forward pass in the parameters.
+    let w = Network::params(&net);
+    let u = fspace_testutil::randn_vec(w.len(), &mut r);
+    let f_at = |t: f64| {
+        let mut n2 = net.clone();
+        Network::set_params(&mut n2, &(&w + &u * t)).unwrap();
+        Network::forward(&n2, &x).unwrap()
+    };
+    let fd = (f_at(1e-6) - f_at(-1e-6)) / 2e-6;
+    fspace_testutil::assert_mat_close(&Network::jvp(&net, &x, &u).unwrap(), &fd, 1e-6, 1e-8);
+    // Adjoint identity ⟨J u, V⟩ = ⟨u, Jᵀ V⟩ and the Jacobian's consistency with both.
+    let v = fspace_testutil::randn(7, 2, &mut r);
+    let lhs = Network::jvp(&net, &x, &u).unwrap().dot(&v);
+    let rhs = u.dot(&Network::vjp(&net, &x, &v).unwrap());
+    assert!((lhs - rhs).abs() < 1e-10 * lhs.abs().max(1.0));
+    let jac = Network::jacobian(&net, &x).unwrap();
+    let ju = &jac * &u;
+    let jvp = Network::jvp(&net, &x, &u).unwrap();
+    assert!((0..7).all(|i| (0..2).all(|o| (ju[i * 2 + o] - jvp[(i, o)]).abs() < 1e-10)));
+    // Bad setups: the map's output must match the network's input; inputs must have 1 column.
+    assert!(Featurized::new(FeatureMap::Identity, 1, inner.clone()).is_err());
+    assert!(Featurized::new(FeatureMap::Periodic { column: 0, period: -1.0 }, 1, inner).is_err());
+    assert!(Network::forward(&net, &DMatrix::zeros(3, 2)).is_err());
+}
+
+#[test]
 fn training_rejects_bad_setups() {
     let mut net = sine_net(0);
     let mut lik = Gaussian::new(0.1).unwrap();
