@@ -86,3 +86,12 @@ pub fn fmt(v: f64) -> String {
         format!("{v:.3e}")
     }
 }
+
+/// `(mean, sample std)` of a list; the std is 0 for fewer than two values.
+pub fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let sd =
+        if v.len() > 1 { (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt() } else { 0.0 };
+    (m, sd)
+}
