@@ -34,6 +34,11 @@ impl Run {
         let _ = writeln!(self.log, "{line}");
     }
 
+    /// Seconds since the run started.
+    pub fn elapsed_seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
     /// The path of `file` inside the run folder.
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)

@@ -5,6 +5,7 @@ use fspace_nn::{Activation, Mlp, MlpConfig};
 use nalgebra::DMatrix;
 
 mod fsp_ablation;
+mod fsp_mauna_loa;
 mod fsp_moons;
 mod fsp_null_space;
 mod fsp_toy;
@@ -51,6 +52,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Fig. 1, C.1–C.4 (sine regression, 7 priors vs. exact GP)",
         in_default_suite: true,
         run: fsp_toy::run,
+    },
+    Experiment {
+        name: "fsp-mauna-loa",
+        paper: "FSP-Laplace Table 1 (Mauna Loa) and Fig. C.9: FSP-Laplace, FVI, Laplace, GP forecasts of NOAA CO₂ 1974–2024",
+        in_default_suite: false,
+        run: fsp_mauna_loa::run,
     },
     Experiment {
         name: "fsp-two-moons",
