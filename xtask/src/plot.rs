@@ -132,17 +132,40 @@ fn viridis(t: f64) -> RGBColor {
     RGBColor(mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
 }
 
-/// Draws heat maps in a grid of `cols` columns (each 420×400 px).
+/// Draws heat maps in a grid of `cols` columns (each 420×400 px, colour bar on the right).
 pub fn heatmaps(path: &Path, maps: &[Heatmap], cols: usize) -> Result<()> {
     register_font();
     let rows = maps.len().div_ceil(cols);
     let root = BitMapBackend::new(path, (420 * cols as u32, 400 * rows as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    for (area, m) in root.split_evenly((rows, cols)).iter().zip(maps) {
+    for (panel, m) in root.split_evenly((rows, cols)).iter().zip(maps) {
+        // A colour bar in the right-hand 56 px, labelled with the scale's limits.
+        let (w, h) = panel.dim_in_pixel();
+        let (area, bar) = panel.split_horizontally(w.saturating_sub(56));
+        let steps = 64;
+        let (top, bottom) = (30i32, h as i32 - 30);
+        for k in 0..steps {
+            let y_hi = bottom - (bottom - top) * (k + 1) / steps;
+            let y_lo = bottom - (bottom - top) * k / steps;
+            bar.draw(&Rectangle::new(
+                [(6, y_hi), (20, y_lo)],
+                viridis((k as f64 + 0.5) / steps as f64).filled(),
+            ))
+            .map_err(err)?;
+        }
+        let label = |v: f64| {
+            if v.abs() >= 1e3 || (v != 0.0 && v.abs() < 1e-2) {
+                format!("{v:.1e}")
+            } else {
+                format!("{v:.2}")
+            }
+        };
+        bar.draw(&Text::new(label(m.range.1), (22, top - 6), ("sans-serif", 11))).map_err(err)?;
+        bar.draw(&Text::new(label(m.range.0), (22, bottom - 6), ("sans-serif", 11))).map_err(err)?;
         let (nx, ny) = (m.xs.len(), m.ys.len());
         let dx = (m.xs[nx - 1] - m.xs[0]) / (nx - 1) as f64;
         let dy = (m.ys[ny - 1] - m.ys[0]) / (ny - 1) as f64;
-        let mut chart = ChartBuilder::on(area)
+        let mut chart = ChartBuilder::on(&area)
             .caption(format!("{} [{:.2}, {:.2}]", m.title, m.range.0, m.range.1), ("sans-serif", 16))
             .margin(8)
             .x_label_area_size(24)
@@ -328,6 +351,66 @@ pub fn log_box_plot(path: &Path, title: &str, x_label: &str, groups: &[(String, 
                 PathElement::new(vec![(q[0], y - h / 2.0), (q[0], y + h / 2.0)], c.stroke_width(2)),
                 PathElement::new(vec![(q[4], y - h / 2.0), (q[4], y + h / 2.0)], c.stroke_width(2)),
             ])
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// An arrow `(x, y, u, v)`: position and velocity.
+pub type Arrow = (f64, f64, f64, f64);
+
+/// One quiver panel: arrows `(x, y, u, v)` in named colour groups, drawn `scale` × `(u, v)`
+/// long in data units, with a reference arrow of length `reference` (velocity units).
+pub struct QuiverPanel {
+    /// Panel title.
+    pub title: String,
+    /// Groups of arrows with their colour.
+    pub groups: Vec<(RGBColor, Vec<Arrow>)>,
+    /// Plot box `((x0, x1), (y0, y1))`.
+    pub bounds: ((f64, f64), (f64, f64)),
+    /// Data units per velocity unit.
+    pub scale: f64,
+    /// Length of the key arrow (velocity units) and its label.
+    pub reference: (f64, String),
+}
+
+/// Draws quiver panels in a grid of `cols` columns (each 560×360 px).
+pub fn quiver_panels(path: &Path, panels: &[QuiverPanel], cols: usize) -> Result<()> {
+    register_font();
+    let rows = panels.len().div_ceil(cols);
+    let root = BitMapBackend::new(path, (560 * cols as u32, 360 * rows as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    for (area, p) in root.split_evenly((rows, cols)).iter().zip(panels) {
+        let ((x0, x1), (y0, y1)) = p.bounds;
+        let mut chart = ChartBuilder::on(area)
+            .caption(&p.title, ("sans-serif", 16))
+            .margin(8)
+            .x_label_area_size(24)
+            .y_label_area_size(34)
+            .build_cartesian_2d(x0..x1, y0..y1)
+            .map_err(err)?;
+        chart.configure_mesh().disable_mesh().label_style(("sans-serif", 11)).draw().map_err(err)?;
+        let arrow = |x: f64, y: f64, u: f64, v: f64, c: RGBColor| {
+            let (ex, ey) = (x + p.scale * u, y + p.scale * v);
+            let len = (u * u + v * v).sqrt() * p.scale;
+            let (dx, dy) = if len > 0.0 { ((ex - x) / len, (ey - y) / len) } else { (0.0, 0.0) };
+            let h = 0.3 * len;
+            let (lx, ly) = (ex - h * (dx * 0.87 - dy * 0.5), ey - h * (dy * 0.87 + dx * 0.5));
+            let (rx, ry) = (ex - h * (dx * 0.87 + dy * 0.5), ey - h * (dy * 0.87 - dx * 0.5));
+            PathElement::new(vec![(x, y), (ex, ey), (lx, ly), (ex, ey), (rx, ry)], c.stroke_width(1))
+        };
+        for (c, arrows) in &p.groups {
+            chart.draw_series(arrows.iter().map(|&(x, y, u, v)| arrow(x, y, u, v, *c))).map_err(err)?;
+        }
+        let (kx, ky) = (x0 + 0.05 * (x1 - x0), y1 - 0.07 * (y1 - y0));
+        chart.draw_series(std::iter::once(arrow(kx, ky, p.reference.0, 0.0, BLACK))).map_err(err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                p.reference.1.clone(),
+                (kx + p.scale * p.reference.0 + 0.01 * (x1 - x0), ky),
+                ("sans-serif", 12),
+            )))
             .map_err(err)?;
     }
     root.present().map_err(err)?;

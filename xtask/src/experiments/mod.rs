@@ -8,6 +8,7 @@ mod fsp_ablation;
 mod fsp_mauna_loa;
 mod fsp_moons;
 mod fsp_null_space;
+mod fsp_ocean;
 mod fsp_toy;
 mod gfsvi_toy;
 mod gfsvi_uci;
@@ -58,6 +59,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table 1 (Mauna Loa) and Fig. C.9: FSP-Laplace, FVI, Laplace, GP forecasts of NOAA CO₂ 1974–2024",
         in_default_suite: false,
         run: fsp_mauna_loa::run,
+    },
+    Experiment {
+        name: "fsp-ocean",
+        paper: "FSP-Laplace Table 1 (ocean current) and Fig. 2: Helmholtz FSP-Laplace, FVI, Laplace, GP on the Gulf drifters",
+        in_default_suite: false,
+        run: fsp_ocean::run,
     },
     Experiment {
         name: "fsp-two-moons",
