@@ -193,7 +193,8 @@ pub fn load(name: &str) -> Result<Dataset> {
 /// Per method: ELL, MSE, OOD accuracy and seconds for one fold.
 type FoldScores = Vec<[f64; 4]>;
 
-fn scores(
+/// ELL (closed form), MSE and OOD accuracy (one threshold on `Var[f]`) of a posterior.
+pub fn scores(
     post: &dyn Posterior,
     noise_std: f64,
     xt: &DMatrix<f64>,

@@ -10,6 +10,7 @@ mod fsp_moons;
 mod fsp_null_space;
 mod fsp_ocean;
 mod fsp_toy;
+mod fsp_uci;
 mod gfsvi_toy;
 mod gfsvi_uci;
 mod gfsvi_w2;
@@ -65,6 +66,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table 1 (ocean current) and Fig. 2: Helmholtz FSP-Laplace, FVI, Laplace, GP on the Gulf drifters",
         in_default_suite: false,
         run: fsp_ocean::run,
+    },
+    Experiment {
+        name: "fsp-uci",
+        paper: "FSP-Laplace Table C.1: ELL and OOD accuracy on the shipped UCI sets (FSP-Laplace, FVI, Laplace, MAP, GP, sparse GP)",
+        in_default_suite: false,
+        run: fsp_uci::run,
     },
     Experiment {
         name: "fsp-two-moons",
