@@ -5,6 +5,7 @@ use fspace_nn::{Activation, Mlp, MlpConfig};
 use nalgebra::DMatrix;
 
 mod fsp_ablation;
+mod fsp_bayesopt;
 mod fsp_mauna_loa;
 mod fsp_moons;
 mod fsp_null_space;
@@ -72,6 +73,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table C.1: ELL and OOD accuracy on the shipped UCI sets (FSP-Laplace, FVI, Laplace, MAP, GP, sparse GP)",
         in_default_suite: false,
         run: fsp_uci::run,
+    },
+    Experiment {
+        name: "fsp-bayesopt",
+        paper: "FSP-Laplace Fig. 3: BO on Branin, Ackley-4, Hartmann-6 with FSP-Laplace, Laplace, FVI and GP surrogates",
+        in_default_suite: false,
+        run: fsp_bayesopt::run,
     },
     Experiment {
         name: "fsp-two-moons",
