@@ -75,6 +75,7 @@ fn reproduce(opts: &Options) -> Result<()> {
     for e in selected {
         println!("== {} ({})", e.name, e.paper);
         (e.run)(opts)?;
+        report::write_index(&opts.out, EXPERIMENTS.iter().map(|e| (e.name, e.paper)))?;
     }
     Ok(())
 }

@@ -100,3 +100,56 @@ pub fn mean_std(v: &[f64]) -> (f64, f64) {
         if v.len() > 1 { (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt() } else { 0.0 };
     (m, sd)
 }
+
+/// Rewrites `out/README.md`: one section per experiment that has a `table.md` under `out/`, in
+/// registry order — its paper reference, a link to its folder and its table (ours beside the
+/// paper's numbers), so one file indexes every run and its headline numbers.
+pub fn write_index<'a>(out: &str, experiments: impl Iterator<Item = (&'a str, &'a str)>) -> Result<()> {
+    let mut md = String::from(
+        "# Results\n\nWritten by `cargo xtask reproduce` after every experiment: each section is the `table.md` of a run \
+found in this folder (ours beside the paper's numbers; `--quick` runs say so in their title). Regenerate one with \
+`cargo xtask reproduce NAME`.\n",
+    );
+    let mut found = 0;
+    for (name, paper) in experiments {
+        let table = Path::new(out).join(name).join("table.md");
+        let Ok(text) = fs::read_to_string(&table) else { continue };
+        found += 1;
+        // The table's own title becomes an emphasised line (it says "quick mode" where so);
+        // its subsections are demoted below ours.
+        let body: Vec<String> = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(title) => format!("*{title}*"),
+                None if l.starts_with('#') => format!("##{l}"),
+                None => l.to_string(),
+            })
+            .collect();
+        md.push_str(&format!("\n## [{name}]({name}/) — {paper}\n\n{}\n", body.join("\n").trim_end()));
+    }
+    if found == 0 {
+        md.push_str("\nNo experiment has been run into this folder yet.\n");
+    }
+    let path = Path::new(out).join("README.md");
+    fs::write(&path, md).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_lists_exactly_the_runs_with_a_table() {
+        let out = std::env::temp_dir().join(format!("fspace-index-{}", std::process::id()));
+        fs::create_dir_all(out.join("a")).unwrap();
+        fs::create_dir_all(out.join("b")).unwrap();
+        fs::write(out.join("a/table.md"), "# a\n\n| x | y |\n|---|---|\n| 1 | 2 |\n\n## sub\n").unwrap();
+        let out_s = out.to_str().unwrap();
+        write_index(out_s, [("a", "Paper A"), ("b", "Paper B"), ("c", "Paper C")].into_iter()).unwrap();
+        let md = fs::read_to_string(out.join("README.md")).unwrap();
+        assert!(md.contains("## [a](a/) — Paper A") && md.contains("| 1 | 2 |") && md.contains("#### sub"));
+        assert!(md.contains("*a*") && !md.contains("# a\n"));
+        assert!(!md.contains("Paper B") && !md.contains("Paper C"));
+        fs::remove_dir_all(&out).unwrap();
+    }
+}
