@@ -122,16 +122,41 @@ impl Adam {
     }
     /// One descent step on `θ` against the gradient `g`.
     pub fn descend(&mut self, theta: &mut DVector<f64>, g: &DVector<f64>) {
-        self.ascend(theta, &(-g));
+        self.step(theta, g, -1.0);
     }
     /// One ascent step on `θ` along the gradient `g`.
     pub fn ascend(&mut self, theta: &mut DVector<f64>, g: &DVector<f64>) {
+        self.step(theta, g, 1.0);
+    }
+    /// The update for the gradient `sign·g` in one fused pass without temporaries, split over
+    /// rayon in fixed chunks for long vectors (element-wise, so the result does not depend on
+    /// the thread count). The bias corrections are folded into two scalars:
+    /// `θ += (η/c₁) m / (√v / √c₂ + ε)`.
+    fn step(&mut self, theta: &mut DVector<f64>, g: &DVector<f64>, sign: f64) {
+        use rayon::prelude::*;
+        assert_eq!((theta.len(), g.len()), (self.m.len(), self.m.len()), "Adam: dimension changed");
         self.t += 1;
-        self.m = &self.m * 0.9 + g * 0.1;
-        self.v = &self.v * 0.999 + g.component_mul(g) * 0.001;
         let (c1, c2) = (1.0 - 0.9f64.powi(self.t), 1.0 - 0.999f64.powi(self.t));
-        for i in 0..theta.len() {
-            theta[i] += self.lr * (self.m[i] / c1) / ((self.v[i] / c2).sqrt() + 1e-8);
+        let (step, inv_sqrt_c2) = (self.lr / c1, 1.0 / c2.sqrt());
+        type Chunks<'a> = ((&'a mut [f64], &'a mut [f64]), (&'a mut [f64], &'a [f64]));
+        let update = |((th, m), (v, g)): Chunks<'_>| {
+            for (((th, m), v), g) in th.iter_mut().zip(m).zip(v).zip(g) {
+                let g = sign * g;
+                *m = *m * 0.9 + g * 0.1;
+                *v = *v * 0.999 + g * g * 0.001;
+                *th += step * *m / (v.sqrt() * inv_sqrt_c2 + 1e-8);
+            }
+        };
+        const CHUNK: usize = 1 << 13;
+        let (th, m, v, g) =
+            (theta.as_mut_slice(), self.m.as_mut_slice(), self.v.as_mut_slice(), g.as_slice());
+        if th.len() >= 4 * CHUNK {
+            th.par_chunks_mut(CHUNK)
+                .zip(m.par_chunks_mut(CHUNK))
+                .zip(v.par_chunks_mut(CHUNK).zip(g.par_chunks(CHUNK)))
+                .for_each(update);
+        } else {
+            update(((th, m), (v, g)));
         }
     }
 }

@@ -46,10 +46,12 @@
 
 mod cnn;
 mod features;
+mod gemm;
 mod helmholtz;
 mod jsj;
 mod layers;
 mod mlp;
+mod mlp_batched;
 mod ntk;
 mod train;
 

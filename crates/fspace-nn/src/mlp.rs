@@ -110,6 +110,21 @@ impl Activation {
             }
         }
     }
+    /// `(σ(z), σ'(z))` together (tanh and the logistic evaluated once).
+    #[inline]
+    pub(crate) fn value_slope(self, z: f64) -> (f64, f64) {
+        match self {
+            Self::Tanh => {
+                let t = z.tanh();
+                (t, 1.0 - t * t)
+            }
+            Self::Sigmoid => {
+                let s = 1.0 / (1.0 + (-z).exp());
+                (s, s * (1.0 - s))
+            }
+            _ => (self.value(z), self.slope(z)),
+        }
+    }
     /// `(σ(z), σ'(z), σ''(z))` together (tanh evaluated once), for the NTK rules that need all
     /// three at every hidden unit.
     pub(crate) fn value_slope_curvature(self, z: f64) -> (f64, f64, f64) {
@@ -195,11 +210,11 @@ pub struct Mlp {
 
 /// Offsets of one layer in the flat parameter vector.
 #[derive(Debug, Clone, Copy)]
-struct Layer {
-    w: usize,
-    b: usize,
-    fan_in: usize,
-    fan_out: usize,
+pub(crate) struct Layer {
+    pub(crate) w: usize,
+    pub(crate) b: usize,
+    pub(crate) fan_in: usize,
+    pub(crate) fan_out: usize,
 }
 
 /// Intermediate values of a forward pass: layer inputs `a_{l−1}` and pre-activations `z_l`.
@@ -229,10 +244,20 @@ pub(crate) fn check_param_vector(what: &'static str, v: &DVector<f64>, p: usize)
     if v.len() != p {
         return Err(NnError::DimensionMismatch { what, expected: p, found: v.len() });
     }
-    if v.iter().any(|x| !x.is_finite()) {
+    if !all_finite(v.as_slice()) {
         return Err(NnError::NonFinite { what });
     }
     Ok(())
+}
+
+/// Whether every entry is finite: a branch-free pass over chunks of 8 (vectorised; the
+/// early-exit `any` is not, and this check runs on every parameter update).
+pub(crate) fn all_finite(v: &[f64]) -> bool {
+    let mut ok = true;
+    for chunk in v.chunks(8) {
+        ok &= chunk.iter().fold(true, |a, x| a & x.is_finite());
+    }
+    ok
 }
 
 /// A non-empty, finite input batch with `d` columns (`width` names the columns in errors).
@@ -290,7 +315,7 @@ impl Mlp {
         w
     }
 
-    fn layers(&self) -> Vec<Layer> {
+    pub(crate) fn layers(&self) -> Vec<Layer> {
         let w = self.widths();
         let mut offset = 0;
         (0..w.len() - 1)
@@ -322,6 +347,11 @@ impl Mlp {
             .collect()
     }
 
+    /// The flat parameters as a slice.
+    pub(crate) fn flat(&self) -> &[f64] {
+        &self.params
+    }
+
     /// The flat parameter vector.
     pub fn params(&self) -> DVector<f64> {
         DVector::from_column_slice(&self.params)
@@ -330,7 +360,7 @@ impl Mlp {
     /// Replaces the parameters (length `p`, finite).
     pub fn set_params(&mut self, params: &DVector<f64>) -> Result<()> {
         self.check_vector("parameter vector", params)?;
-        self.params = params.as_slice().to_vec();
+        self.params.copy_from_slice(params.as_slice());
         Ok(())
     }
 
@@ -388,11 +418,23 @@ impl Mlp {
     /// `f(X)` (`n × d'`).
     pub fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_inputs(x)?;
-        Ok(to_matrix(&self.trace(x).1))
+        let trace = self.batch_trace(x, false);
+        Ok(DMatrix::from_row_slice(x.nrows(), self.output_dim(), trace.output()))
     }
 
-    /// `J(X)·u` (`n × d'`) for a parameter-space direction `u` (forward mode).
+    /// `J(X)·u` (`n × d'`) for a parameter-space direction `u` (forward mode, batched GEMMs:
+    /// `Ż = ȦWᵀ + AUᵀ + 1u_bᵀ`, `Ȧ = σ'(Z) ⊙ Ż`).
     pub fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        self.check_vector("tangent vector u", u)?;
+        let trace = self.batch_trace(x, true);
+        let out = self.batch_tangent(x, &trace, u.as_slice());
+        Ok(DMatrix::from_row_slice(x.nrows(), self.output_dim(), &out))
+    }
+
+    /// The same as [`jvp`](Self::jvp) through dfdx tensor operations (the reference the tests
+    /// compare the GEMM rule with).
+    pub fn jvp_taped(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
         self.check_inputs(x)?;
         self.check_vector("tangent vector u", u)?;
         let (trace, _) = self.trace(x);
@@ -416,9 +458,20 @@ impl Mlp {
         unreachable!("an MLP has at least one layer")
     }
 
-    /// `J(X)ᵀ·V` (length `p`) for a function-space cotangent `V` (`n × d'`), by dfdx's reverse
-    /// mode on `Σ f(X) ⊙ V`.
+    /// `J(X)ᵀ·V` (length `p`) for a function-space cotangent `V` (`n × d'`), reverse mode as
+    /// batched GEMMs (`∂W_l = Δ_lᵀA_{l−1}`, `Δ_{l−1} = (Δ_lW_l) ⊙ σ'(Z_{l−1})`).
     pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
+        self.check_inputs(x)?;
+        crate::mlp_batched::check_cotangent(v, x.nrows(), self.config.output_dim)?;
+        let trace = self.batch_trace(x, true);
+        let mut grad = vec![0.0; self.n_params()];
+        self.batch_adjoint(x, &trace, crate::mlp_batched::row_major(v), &mut grad);
+        Ok(DVector::from_vec(grad))
+    }
+
+    /// `J(X)ᵀ·V` by dfdx's reverse mode on `Σ f(X) ⊙ V`: the independent reference the tests
+    /// compare the GEMM rule of [`vjp`](Self::vjp) with.
+    pub fn vjp_taped(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
         self.check_inputs(x)?;
         if v.shape() != (x.nrows(), self.config.output_dim) {
             return Err(NnError::DimensionMismatch {

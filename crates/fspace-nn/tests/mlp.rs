@@ -523,3 +523,32 @@ fn weighted_gram_with_one_output_per_point_and_tangent_pullback_match_finite_dif
     assert!(wg.pullback(GramCotangent::Dense(&DMatrix::zeros(4, 4))).is_err());
     assert!(wg.pullback(GramCotangent::Diagonal(&DVector::from_element(5, f64::NAN))).is_err());
 }
+
+/// The GEMM rules (`forward`, `jvp`, `vjp`, `forward_vjp`) on a batch and widths large enough
+/// for the packed, row-split kernel, against dfdx's tensor passes and the independent forward.
+#[test]
+fn batched_gemm_passes_match_the_dfdx_reference_on_wide_batches() {
+    for act in ACTIVATIONS {
+        let mlp = Mlp::new(MlpConfig {
+            input_dim: 12,
+            hidden: vec![40, 30],
+            output_dim: 7,
+            activation: act,
+            seed: 5,
+        })
+        .unwrap();
+        let x = rand_uniform(300, 12, -2.0, 2.0, &mut rng(6));
+        let f = mlp.forward(&x).unwrap();
+        assert_mat_close(&f, &reference_forward(&mlp, &x), 1e-12, 1e-13);
+        let u = randn_vec(mlp.n_params(), &mut rng(7));
+        assert_mat_close(&mlp.jvp(&x, &u).unwrap(), &mlp.jvp_taped(&x, &u).unwrap(), 1e-11, 1e-12);
+        let v = randn(300, 7, &mut rng(8));
+        let (g, g_ref) = (mlp.vjp(&x, &v).unwrap(), mlp.vjp_taped(&x, &v).unwrap());
+        assert!((&g - &g_ref).norm() <= 1e-11 * g_ref.norm(), "{act:?}: GEMM vjp vs dfdx");
+        let (f2, g2) = mlp.forward_vjp(&x, &mut |out: &DMatrix<f64>| Ok(out * 0.0 + &v)).unwrap();
+        assert_eq!((f2, g2), (f.clone(), g.clone()), "{act:?}: fused pass");
+        // Through the trait (training's entry point) and a bad cotangent.
+        let r = Network::forward_vjp(&mlp, &x, &mut |_: &DMatrix<f64>| Ok(DMatrix::zeros(3, 7)));
+        assert!(matches!(r, Err(NnError::DimensionMismatch { .. })));
+    }
+}

@@ -18,6 +18,7 @@ mod gfsvi_w2;
 mod gl_cubic;
 mod gl_mnist;
 pub mod images;
+mod nn_speed;
 mod valla_images;
 mod valla_regression;
 mod valla_toy;
@@ -109,6 +110,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "Generalized Laplace Fig. 3, 5 (LeNet-5 on MNIST, T from 0.1 to 10, Diag/KFAC/EKFAC)",
         in_default_suite: false,
         run: gl_mnist::run,
+    },
+    Experiment {
+        name: "nn-epoch-timer",
+        paper: "issue 15: one MNIST epoch and per-batch f / J·u / Jᵀ·V of MLP, LeNet-5, FSP CNN beside PyTorch 2 CPU",
+        in_default_suite: false,
+        run: nn_speed::run,
     },
     Experiment {
         name: "valla-toy",

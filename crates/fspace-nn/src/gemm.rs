@@ -1,0 +1,195 @@
+//! Row-major GEMM on flat slices, the kernel under every batched network pass.
+//!
+//! Networks keep their batches as row-major buffers (a point per row, NHWC for feature maps)
+//! and their weights in the flat parameter vector (`W` row-major `out × in`). This module views
+//! such slices as nalgebra matrices with explicit strides — a transposed operand is the same
+//! slice with its strides swapped, never a copy — and calls nalgebra's `gemm`, which hands
+//! strided `f64` products above 5×5 to `matrixmultiply`'s packed, vectorised kernel (safe code;
+//! the workspace forbids `unsafe`). Products large enough to pay for it are split over rayon by
+//! blocks of output rows: every output entry is still the same sequence of floating-point
+//! operations, so results do not depend on the thread count.
+//!
+//! Why this kernel (issue 15, measured on the 2-core development machine, GFLOP/s, shapes
+//! `m×k×n` of the MNIST networks' products; `scripts/compare/gemm_crates.md` has the table):
+//! matrixmultiply through nalgebra reached 100–110 GFLOP/s on one core for the MLP's shapes
+//! and 50–90 on the convolution shapes, faer 0.22 about the same on one core, gemm 0.18 about
+//! 60; splitting rows over the two cores ourselves gives the parallel speed-up without a second
+//! thread pool next to rayon's.
+
+use nalgebra::{Dyn, MatrixView, MatrixViewMut};
+use rayon::prelude::*;
+
+/// A read-only row-major operand: `rows × cols` stored densely, optionally used transposed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Operand<'a> {
+    data: &'a [f64],
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+}
+
+impl<'a> Operand<'a> {
+    /// The row-major `rows × cols` matrix in `data`.
+    pub(crate) fn new(data: &'a [f64], rows: usize, cols: usize) -> Self {
+        assert_eq!(data.len(), rows * cols, "operand buffer does not match its shape");
+        Self { data, rows, cols, transposed: false }
+    }
+    /// Its transpose (no copy).
+    pub(crate) fn t(self) -> Self {
+        Self { transposed: !self.transposed, ..self }
+    }
+    /// Logical shape (after the transpose).
+    fn shape(&self) -> (usize, usize) {
+        if self.transposed {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        }
+    }
+    /// Logical rows `start..start + len` as a strided nalgebra view.
+    fn view_rows(&self, start: usize, len: usize) -> MatrixView<'a, f64, Dyn, Dyn, Dyn, Dyn> {
+        let (_, lc) = self.shape();
+        // Stored (r, c) lives at r·cols + c; logical (i, j) is stored (i, j) or (j, i).
+        let (rs, cs) = if self.transposed { (1, self.cols) } else { (self.cols, 1) };
+        let offset = start * rs;
+        let span = if len == 0 || lc == 0 { 0 } else { (len - 1) * rs + (lc - 1) * cs + 1 };
+        MatrixView::from_slice_with_strides_generic(
+            &self.data[offset..offset + span],
+            Dyn(len),
+            Dyn(lc),
+            Dyn(rs),
+            Dyn(cs),
+        )
+    }
+}
+
+/// nalgebra sends products with a dimension at most this to a loop of `gemv`s instead of
+/// `matrixmultiply`.
+const NALGEBRA_SMALL_DIM: usize = 5;
+
+/// Strided triple loop for thin products (`min(m, n, k) ≤ 5`), row by row of `C`.
+fn small_gemm(c: &mut [f64], a: Operand<'_>, b: Operand<'_>, alpha: f64, beta: f64) {
+    let (m, k) = a.shape();
+    let n = b.shape().1;
+    let (ars, acs) = if a.transposed { (1, a.cols) } else { (a.cols, 1) };
+    let (brs, bcs) = if b.transposed { (1, b.cols) } else { (b.cols, 1) };
+    let mut acc = vec![0.0; n];
+    for i in 0..m {
+        acc.iter_mut().for_each(|v| *v = 0.0);
+        for l in 0..k {
+            let ail = a.data[i * ars + l * acs];
+            if ail != 0.0 {
+                let row = l * brs;
+                acc.iter_mut().enumerate().for_each(|(j, v)| *v += ail * b.data[row + j * bcs]);
+            }
+        }
+        let out = &mut c[i * n..(i + 1) * n];
+        if beta == 0.0 {
+            out.iter_mut().zip(&acc).for_each(|(o, s)| *o = alpha * s);
+        } else {
+            out.iter_mut().zip(&acc).for_each(|(o, s)| *o = beta * *o + alpha * s);
+        }
+    }
+}
+
+/// Below this many multiply-adds a product runs on the calling thread.
+const PARALLEL_MIN_MACS: usize = 1 << 18;
+
+/// `C ← β C + α A B` for a row-major `C` (`m × n`, `c.len() == m·n`). With `β = 0`, `C` is
+/// not read. Panics on inconsistent shapes (internal callers only).
+pub(crate) fn gemm(c: &mut [f64], a: Operand<'_>, b: Operand<'_>, alpha: f64, beta: f64) {
+    let (m, k) = a.shape();
+    let (kb, n) = b.shape();
+    assert_eq!(k, kb, "gemm: inner dimensions differ");
+    assert_eq!(c.len(), m * n, "gemm: output buffer does not match m × n");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.iter_mut().for_each(|v| *v = if beta == 0.0 { 0.0 } else { beta * *v });
+        return;
+    }
+    if m.min(n).min(k) <= NALGEBRA_SMALL_DIM {
+        // nalgebra's own loop for thin products assumes unit row strides; ours does not.
+        small_gemm(c, a, b, alpha, beta);
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let macs = m * n * k;
+    let block = if threads > 1 && macs >= PARALLEL_MIN_MACS && m >= 2 * 8 {
+        m.div_ceil(threads).div_ceil(8) * 8 // whole register tiles per block
+    } else {
+        m
+    };
+    let run = |(i, rows): (usize, &mut [f64])| {
+        let len = rows.len() / n;
+        let mut out = MatrixViewMut::from_slice_with_strides_generic(rows, Dyn(len), Dyn(n), Dyn(n), Dyn(1));
+        let b_view = b.view_rows(0, k);
+        // nalgebra skips reading `out` when β = 0.
+        out.gemm(alpha, &a.view_rows(i * block, len), &b_view, beta);
+    };
+    if block < m {
+        c.par_chunks_mut(block * n).enumerate().for_each(run);
+    } else {
+        run((0, c));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nalgebra::DMatrix;
+
+    fn dense(op: Operand<'_>) -> DMatrix<f64> {
+        let m = DMatrix::from_row_slice(op.rows, op.cols, op.data);
+        if op.transposed {
+            m.transpose()
+        } else {
+            m
+        }
+    }
+
+    #[test]
+    fn all_transpose_combinations_match_dense_products() {
+        for &(m, k, n) in &[
+            (3, 4, 5),
+            (40, 30, 20),
+            (300, 37, 50),
+            (1, 9, 1),
+            (17, 1, 6),
+            (300, 3, 40),
+            (40, 200, 2),
+            (6, 6, 6),
+        ] {
+            let a_data: Vec<f64> = (0..m * k).map(|i| ((i * 7 % 13) as f64 - 6.0) / 3.0).collect();
+            let b_data: Vec<f64> = (0..k * n).map(|i| ((i * 5 % 11) as f64 - 5.0) / 4.0).collect();
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let a = if ta { Operand::new(&a_data, k, m).t() } else { Operand::new(&a_data, m, k) };
+                let b = if tb { Operand::new(&b_data, n, k).t() } else { Operand::new(&b_data, k, n) };
+                let expected_prod = dense(a) * dense(b);
+                let mut c: Vec<f64> = (0..m * n).map(|i| i as f64).collect();
+                let c0 = DMatrix::from_row_slice(m, n, &c);
+                gemm(&mut c, a, b, 0.5, 2.0);
+                let got = DMatrix::from_row_slice(m, n, &c);
+                let expected = c0 * 2.0 + expected_prod * 0.5;
+                assert!(
+                    (got - &expected).abs().max() < 1e-11 * (1.0 + expected.abs().max()),
+                    "{m}×{k}×{n} {ta} {tb}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn parallel_split_gives_the_same_bits_as_one_block() {
+        let (m, k, n) = (517, 300, 70);
+        let a_data: Vec<f64> = (0..m * k).map(|i| ((i * 7 % 13) as f64).sin()).collect();
+        let b_data: Vec<f64> = (0..k * n).map(|i| ((i * 5 % 11) as f64).cos()).collect();
+        let mut par = vec![0.0; m * n];
+        gemm(&mut par, Operand::new(&a_data, m, k), Operand::new(&b_data, k, n), 1.0, 0.0);
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let mut seq = vec![0.0; m * n];
+        pool.install(|| gemm(&mut seq, Operand::new(&a_data, m, k), Operand::new(&b_data, k, n), 1.0, 0.0));
+        assert_eq!(par, seq);
+    }
+}

@@ -1,0 +1,232 @@
+//! The MLP's hot paths as batched GEMMs ([`crate::gemm`]): `f(X)`, `J·u`, `Jᵀ·V` and the fused
+//! training pass `(f(X), Jᵀ g(f(X)))` that runs the forward pass once.
+//!
+//! Batches are row-major (`n × width`, a point per row). Layer `l` computes
+//! `Z_l = A_{l−1} W_lᵀ + 1 b_lᵀ`, `A_l = σ(Z_l)`; the rules are
+//!
+//! * tangent: `Ż_l = Ȧ_{l−1} W_lᵀ + A_{l−1} U_lᵀ + 1 u_bᵀ`, `Ȧ_l = σ'(Z_l) ⊙ Ż_l`;
+//! * adjoint: `Δ_L = V`, `∂W_l = Δ_lᵀ A_{l−1}`, `∂b_l = Δ_lᵀ 1`,
+//!   `Δ_{l−1} = (Δ_l W_l) ⊙ σ'(Z_{l−1})`.
+//!
+//! The input `X` (an nalgebra column-major `n × d`) is read in place as the transpose of a
+//! row-major `d × n`. The dfdx reverse mode ([`Mlp::vjp_taped`]) stays as the independent
+//! check of the adjoint rule in the tests, beside finite differences and the adjoint identity.
+
+use nalgebra::{DMatrix, DVector};
+use rayon::prelude::*;
+
+use crate::gemm::{gemm, Operand};
+use crate::mlp::{Activation, Mlp, NnError, Result};
+
+/// Element-wise work below this many entries stays on the calling thread.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 14;
+
+/// `z ← σ(z)` and, if asked, `slopes ← σ'(z)` (parallel in chunks for large batches).
+pub(crate) fn activate(act: Activation, z: &mut [f64], slopes: Option<&mut Vec<f64>>) {
+    const CHUNK: usize = 4096;
+    match slopes {
+        Some(s) => {
+            s.resize(z.len(), 0.0);
+            let body = |(zc, sc): (&mut [f64], &mut [f64])| {
+                for (zv, sv) in zc.iter_mut().zip(sc.iter_mut()) {
+                    (*zv, *sv) = act.value_slope(*zv);
+                }
+            };
+            if z.len() >= PARALLEL_MIN_ELEMENTS {
+                z.par_chunks_mut(CHUNK).zip(s.par_chunks_mut(CHUNK)).for_each(body);
+            } else {
+                body((z, s));
+            }
+        }
+        None => {
+            let body = |zc: &mut [f64]| zc.iter_mut().for_each(|v| *v = act.value(*v));
+            if z.len() >= PARALLEL_MIN_ELEMENTS {
+                z.par_chunks_mut(CHUNK).for_each(body);
+            } else {
+                body(z);
+            }
+        }
+    }
+}
+
+/// `a ← a ⊙ s` (parallel in chunks for large batches).
+pub(crate) fn scale_by(a: &mut [f64], s: &[f64]) {
+    const CHUNK: usize = 4096;
+    let body = |(ac, sc): (&mut [f64], &[f64])| ac.iter_mut().zip(sc).for_each(|(x, y)| *x *= y);
+    if a.len() >= PARALLEL_MIN_ELEMENTS {
+        a.par_chunks_mut(CHUNK).zip(s.par_chunks(CHUNK)).for_each(body);
+    } else {
+        body((a, s));
+    }
+}
+
+/// Column sums of a row-major `n × m` buffer added into `out` (length `m`).
+pub(crate) fn add_column_sums(rows: &[f64], m: usize, out: &mut [f64]) {
+    for row in rows.chunks_exact(m) {
+        out.iter_mut().zip(row).for_each(|(o, r)| *o += r);
+    }
+}
+
+/// A row-major copy of a column-major matrix.
+pub(crate) fn row_major(m: &DMatrix<f64>) -> Vec<f64> {
+    m.transpose().as_slice().to_vec()
+}
+
+/// What a forward pass keeps: the hidden activations `A_1 … A_{L−1}` and their slopes.
+pub(crate) struct BatchTrace {
+    n: usize,
+    hidden: Vec<Vec<f64>>,
+    slopes: Vec<Vec<f64>>,
+    output: Vec<f64>,
+}
+
+impl BatchTrace {
+    /// The output `f(X)` (row-major `n × d'`).
+    pub(crate) fn output(&self) -> &[f64] {
+        &self.output
+    }
+}
+
+impl Mlp {
+    /// Layer `l`'s input: `X` in place for `l = 0`, else `A_l`.
+    fn layer_input<'a>(&self, x: &'a DMatrix<f64>, trace: &'a BatchTrace, l: usize) -> Operand<'a> {
+        let layer = self.layers()[l];
+        if l == 0 {
+            Operand::new(x.as_slice(), layer.fan_in, trace.n).t()
+        } else {
+            Operand::new(&trace.hidden[l - 1], trace.n, layer.fan_in)
+        }
+    }
+
+    /// The forward pass; with `keep`, the hidden activations and slopes for a tangent or
+    /// adjoint pass. `x` is checked by the caller.
+    pub(crate) fn batch_trace(&self, x: &DMatrix<f64>, keep: bool) -> BatchTrace {
+        let n = x.nrows();
+        let p = self.flat();
+        let layers = self.layers();
+        let act = self.config().activation;
+        let mut trace = BatchTrace { n, hidden: Vec::new(), slopes: Vec::new(), output: Vec::new() };
+        let mut scratch: Vec<f64> = Vec::new(); // the previous activation when not kept
+        for (l, layer) in layers.iter().enumerate() {
+            let bias = &p[layer.b..layer.b + layer.fan_out];
+            let mut z: Vec<f64> = Vec::with_capacity(n * layer.fan_out);
+            for _ in 0..n {
+                z.extend_from_slice(bias);
+            }
+            let input = match (l, keep) {
+                (0, _) => Operand::new(x.as_slice(), layer.fan_in, n).t(),
+                (_, true) => Operand::new(trace.hidden.last().expect("layer input"), n, layer.fan_in),
+                (_, false) => Operand::new(&scratch, n, layer.fan_in),
+            };
+            gemm(
+                &mut z,
+                input,
+                Operand::new(&p[layer.w..layer.b], layer.fan_out, layer.fan_in).t(),
+                1.0,
+                1.0,
+            );
+            if l + 1 == layers.len() {
+                trace.output = z;
+                break;
+            }
+            if keep {
+                let mut slopes = Vec::new();
+                activate(act, &mut z, Some(&mut slopes));
+                trace.slopes.push(slopes);
+                trace.hidden.push(z); // `hidden[l]` is layer l + 1's input
+            } else {
+                activate(act, &mut z, None);
+                scratch = z;
+            }
+        }
+        trace
+    }
+
+    /// `Jᵀ V` accumulated into `grad` (row-major cotangent `v`, `n × d'`).
+    pub(crate) fn batch_adjoint(&self, x: &DMatrix<f64>, trace: &BatchTrace, v: Vec<f64>, grad: &mut [f64]) {
+        let n = trace.n;
+        let p = self.flat();
+        let layers = self.layers();
+        let mut delta = v;
+        for l in (0..layers.len()).rev() {
+            let layer = layers[l];
+            let d = Operand::new(&delta, n, layer.fan_out);
+            gemm(&mut grad[layer.w..layer.b], d.t(), self.layer_input(x, trace, l), 1.0, 1.0);
+            add_column_sums(&delta, layer.fan_out, &mut grad[layer.b..layer.b + layer.fan_out]);
+            if l > 0 {
+                let mut back = vec![0.0; n * layer.fan_in];
+                gemm(&mut back, d, Operand::new(&p[layer.w..layer.b], layer.fan_out, layer.fan_in), 1.0, 0.0);
+                scale_by(&mut back, &trace.slopes[l - 1]);
+                delta = back;
+            }
+        }
+    }
+
+    /// `J u` (row-major `n × d'`).
+    pub(crate) fn batch_tangent(&self, x: &DMatrix<f64>, trace: &BatchTrace, u: &[f64]) -> Vec<f64> {
+        let n = trace.n;
+        let p = self.flat();
+        let layers = self.layers();
+        let mut tangent: Vec<f64> = Vec::new();
+        for (l, layer) in layers.iter().enumerate() {
+            let mut zd: Vec<f64> = Vec::with_capacity(n * layer.fan_out);
+            for _ in 0..n {
+                zd.extend_from_slice(&u[layer.b..layer.b + layer.fan_out]);
+            }
+            gemm(
+                &mut zd,
+                self.layer_input(x, trace, l),
+                Operand::new(&u[layer.w..layer.b], layer.fan_out, layer.fan_in).t(),
+                1.0,
+                1.0,
+            );
+            if l > 0 {
+                gemm(
+                    &mut zd,
+                    Operand::new(&tangent, n, layer.fan_in),
+                    Operand::new(&p[layer.w..layer.b], layer.fan_out, layer.fan_in).t(),
+                    1.0,
+                    1.0,
+                );
+            }
+            if l + 1 < layers.len() {
+                scale_by(&mut zd, &trace.slopes[l]);
+            }
+            tangent = zd;
+        }
+        tangent
+    }
+
+    /// `(f(X), Jᵀ g)` with the cotangent `g = cotangent(f(X))` (`n × d'`), one forward and one
+    /// reverse pass (the training step).
+    pub fn forward_vjp(
+        &self,
+        x: &DMatrix<f64>,
+        cotangent: &mut dyn FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>>,
+    ) -> Result<(DMatrix<f64>, DVector<f64>)> {
+        self.check_inputs(x)?;
+        let (n, q) = (x.nrows(), self.output_dim());
+        let trace = self.batch_trace(x, true);
+        let f = DMatrix::from_row_slice(n, q, trace.output());
+        let v = cotangent(&f)?;
+        check_cotangent(&v, n, q)?;
+        let mut grad = vec![0.0; self.n_params()];
+        self.batch_adjoint(x, &trace, row_major(&v), &mut grad);
+        Ok((f, DVector::from_vec(grad)))
+    }
+}
+
+/// A finite `n × d'` cotangent.
+pub(crate) fn check_cotangent(v: &DMatrix<f64>, n: usize, q: usize) -> Result<()> {
+    if v.shape() != (n, q) {
+        return Err(NnError::DimensionMismatch {
+            what: "cotangent rows × columns",
+            expected: n * q,
+            found: v.len(),
+        });
+    }
+    if v.iter().any(|c| !c.is_finite()) {
+        return Err(NnError::NonFinite { what: "cotangent" });
+    }
+    Ok(())
+}
