@@ -44,13 +44,31 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-/// FSP-Laplace's MNIST CNN (426k parameters) on batches of 28×28 images.
+/// The MNIST networks of issue 15 (MLP 784-200-200-10, LeNet-5, FSP-Laplace's CNN) on batches
+/// of 28×28 images: `f`, `J·u`, `Jᵀ·V` and the fused training pass `forward_vjp`.
 fn bench_cnn(c: &mut Criterion) {
-    use fspace_nn::{Cnn, CnnConfig};
-    let net = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
-    let mut group = c.benchmark_group("cnn_fsp_mnist");
+    use fspace_nn::{Cnn, CnnConfig, Network};
+    let mlp = Mlp::new(MlpConfig {
+        input_dim: 784,
+        hidden: vec![200, 200],
+        output_dim: 10,
+        activation: Activation::Tanh,
+        seed: 0,
+    })
+    .unwrap();
+    let lenet = Cnn::new(CnnConfig::lenet5(10, Activation::Tanh, 0)).unwrap();
+    let cnn = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
+    let nets: [(&str, &dyn Network); 3] =
+        [("mlp_784_200_200_10", &mlp), ("lenet5", &lenet), ("cnn_fsp_mnist", &cnn)];
+    for (name, net) in nets {
+        bench_image_net(c, name, net);
+    }
+}
+
+fn bench_image_net(c: &mut Criterion, name: &str, net: &dyn fspace_nn::Network) {
+    let mut group = c.benchmark_group(name);
     group.sample_size(10);
-    for n in [10usize, 100] {
+    for n in [10usize, 100, 1000] {
         let x = nalgebra::DMatrix::from_fn(n, 784, |i, j| ((i * 31 + j * 7) % 17) as f64 / 17.0);
         let u = nalgebra::DVector::from_fn(net.n_params(), |i, _| ((i % 13) as f64 - 6.0) * 1e-2);
         let v = nalgebra::DMatrix::from_element(n, 10, 0.1);
@@ -58,6 +76,9 @@ fn bench_cnn(c: &mut Criterion) {
             .bench_with_input(BenchmarkId::new("forward", n), &n, |b, _| b.iter(|| net.forward(&x).unwrap()));
         group.bench_with_input(BenchmarkId::new("jvp", n), &n, |b, _| b.iter(|| net.jvp(&x, &u).unwrap()));
         group.bench_with_input(BenchmarkId::new("vjp", n), &n, |b, _| b.iter(|| net.vjp(&x, &v).unwrap()));
+        group.bench_with_input(BenchmarkId::new("forward_vjp", n), &n, |b, _| {
+            b.iter(|| net.forward_vjp(&x, &mut |_| Ok(v.clone())).unwrap())
+        });
     }
     group.finish();
 }

@@ -91,7 +91,7 @@ impl CnnConfig {
 
 /// Offsets and shapes of one layer.
 #[derive(Debug, Clone, Copy)]
-enum Layer {
+pub(crate) enum Layer {
     Conv {
         w: usize,
         b: usize,
@@ -114,7 +114,7 @@ enum Layer {
 
 impl Layer {
     /// Output spatial size of a conv layer before pooling.
-    fn conv_out(h: usize, k: usize, pad: usize) -> usize {
+    pub(crate) fn conv_out(h: usize, k: usize, pad: usize) -> usize {
         h + 2 * pad + 1 - k
     }
 }
@@ -124,10 +124,10 @@ impl Layer {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(try_from = "CnnData")]
 pub struct Cnn {
-    config: CnnConfig,
-    params: Vec<f64>,
+    pub(crate) config: CnnConfig,
+    pub(crate) params: Vec<f64>,
     #[serde(skip)]
-    layers: Vec<Layer>,
+    pub(crate) layers: Vec<Layer>,
 }
 
 /// The serialised form of a [`Cnn`].
@@ -145,14 +145,14 @@ impl TryFrom<CnnData> for Cnn {
 }
 
 /// What one image's forward pass keeps for the tangent and adjoint passes.
-struct Trace {
+pub(crate) struct Trace {
     /// Input of each layer (feature map or vector, flattened).
     inputs: Vec<Vec<f64>>,
     /// Pre-activation of each layer.
     pre: Vec<Vec<f64>>,
     /// For pooled conv layers: arg-max index (into the activated map) per pooled output.
     argmax: Vec<Vec<usize>>,
-    output: Vec<f64>,
+    pub(crate) output: Vec<f64>,
 }
 
 fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
@@ -399,7 +399,7 @@ impl Cnn {
         self.config.activation
     }
 
-    fn trace(&self, image: &[f64]) -> Trace {
+    pub(crate) fn trace(&self, image: &[f64]) -> Trace {
         let p = &self.params;
         let mut a = image.to_vec();
         let mut t = Trace { inputs: vec![], pre: vec![], argmax: vec![], output: vec![] };
@@ -457,8 +457,10 @@ impl Cnn {
         t
     }
 
-    /// `J(x)·u` for one image from its trace.
-    fn tangent(&self, t: &Trace, u: &[f64]) -> Vec<f64> {
+    /// `J(x)·u` for one image from its trace: the per-image reference of the batched tangent
+    /// (`cnn_batched`'s tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn tangent(&self, t: &Trace, u: &[f64]) -> Vec<f64> {
         let p = &self.params;
         let mut ad: Vec<f64> = vec![0.0; t.inputs[0].len()];
         for (l, layer) in self.layers.iter().enumerate() {
@@ -494,7 +496,7 @@ impl Cnn {
     }
 
     /// Accumulates `J(x)ᵀ v` for one image into `grad`.
-    fn adjoint(&self, t: &Trace, v: &[f64], grad: &mut [f64]) {
+    pub(crate) fn adjoint(&self, t: &Trace, v: &[f64], grad: &mut [f64]) {
         self.adjoint_with(t, v, Some(grad), None);
     }
 
@@ -589,58 +591,36 @@ impl Cnn {
         (0..x.nrows()).map(|i| x.row(i).iter().cloned().collect()).collect()
     }
 
-    /// `f(X)` (`n × d'`).
+    /// `f(X)` (`n × d'`): batched im2col GEMMs (module `cnn_batched`).
     pub fn forward(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_inputs(x)?;
-        let q = self.output_dim();
-        let outs: Vec<Vec<f64>> = Self::images(x).par_iter().map(|img| self.trace(img).output).collect();
-        Ok(DMatrix::from_fn(x.nrows(), q, |i, o| outs[i][o]))
+        Ok(self.batched_forward(x))
     }
 
-    /// `J(X)·u` (`n × d'`), forward mode.
+    /// `J(X)·u` (`n × d'`), forward mode on batches.
     pub fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
         self.check_inputs(x)?;
         self.check_vector("tangent vector u", u)?;
-        let q = self.output_dim();
-        let outs: Vec<Vec<f64>> =
-            Self::images(x).par_iter().map(|img| self.tangent(&self.trace(img), u.as_slice())).collect();
-        Ok(DMatrix::from_fn(x.nrows(), q, |i, o| outs[i][o]))
+        Ok(self.batched_jvp(x, u.as_slice()))
     }
 
-    /// `J(X)ᵀ·V` (length `p`) for a cotangent `V` (`n × d'`), reverse mode.
+    /// `J(X)ᵀ·V` (length `p`) for a cotangent `V` (`n × d'`), reverse mode on batches.
     pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
         self.check_inputs(x)?;
-        if v.shape() != (x.nrows(), self.output_dim()) {
-            return Err(NnError::DimensionMismatch {
-                what: "cotangent rows × columns",
-                expected: x.nrows() * self.output_dim(),
-                found: v.len(),
-            });
-        }
-        if v.iter().any(|c| !c.is_finite()) {
-            return Err(NnError::NonFinite { what: "cotangent" });
-        }
-        // Per-image gradients in parallel over fixed chunks of 8 images, summed in chunk order
-        // (deterministic, unlike a work-stealing `reduce`).
-        let p = self.n_params();
-        let images = Self::images(x);
-        let partial: Vec<Vec<f64>> = images
-            .par_chunks(8)
-            .enumerate()
-            .map(|(c, chunk)| {
-                let mut g = vec![0.0; p];
-                for (k, img) in chunk.iter().enumerate() {
-                    let vi: Vec<f64> = v.row(c * 8 + k).iter().cloned().collect();
-                    self.adjoint(&self.trace(img), &vi, &mut g);
-                }
-                g
-            })
-            .collect();
-        let grad = partial.into_iter().fold(vec![0.0; p], |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            a
-        });
-        Ok(DVector::from_vec(grad))
+        crate::mlp_batched::check_cotangent(v, x.nrows(), self.output_dim())?;
+        let v = v.clone();
+        Ok(self.batched_forward_vjp(x, &mut |_| Ok(v.clone()))?.1)
+    }
+
+    /// `(f(X), J(X)ᵀ g)` with `g = cotangent(f(X))`: one forward and one reverse pass per
+    /// chunk of images (the training step).
+    pub fn forward_vjp(
+        &self,
+        x: &DMatrix<f64>,
+        cotangent: &mut dyn FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>>,
+    ) -> Result<(DMatrix<f64>, DVector<f64>)> {
+        self.check_inputs(x)?;
+        self.batched_forward_vjp(x, cotangent)
     }
 
     /// The weight layers (`conv0`, …, `dense0`, …) as [`LayerInfo`]s; a convolution's

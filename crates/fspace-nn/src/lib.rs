@@ -45,6 +45,7 @@
 //! a forward-over-forward `J·u` for the Helmholtz net (it uses its explicit Jacobian).
 
 mod cnn;
+mod cnn_batched;
 mod features;
 mod gemm;
 mod helmholtz;
@@ -53,6 +54,7 @@ mod layers;
 mod mlp;
 mod mlp_batched;
 mod ntk;
+mod scratch;
 mod train;
 
 pub use cnn::{Cnn, CnnConfig, ConvBlock};

@@ -342,6 +342,13 @@ network_impl!(Mlp {
     }
 });
 network_impl!(Cnn {
+    fn forward_vjp(
+        &self,
+        x: &DMatrix<f64>,
+        cotangent: &mut dyn FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>>,
+    ) -> Result<(DMatrix<f64>, DVector<f64>)> {
+        <Cnn>::forward_vjp(self, x, cotangent)
+    }
     fn layer_infos(&self) -> Vec<LayerInfo> { <Cnn>::layer_infos(self) }
     fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
         <Cnn>::kfac_statistics(self, x, factors)

@@ -1,0 +1,623 @@
+//! The CNN's hot paths on whole batches: im2col lowering, one GEMM per layer
+//! ([`crate::gemm`]), fused activation and pooling loops.
+//!
+//! A batch of feature maps is a row-major `n·H·W × C` buffer (NHWC: a row per image and
+//! position, channels contiguous). A convolution lowers its input to patches
+//! `P` (`n·H_o·W_o × k·k·C_in`, columns ordered `(ky, kx, c)` so that each patch row is filled
+//! by contiguous channel copies) and computes `Z = P W̃ᵀ + 1bᵀ`, where `W̃` is the weight with its
+//! columns permuted from the parameter layout `(c, ky, kx)` to the patch order. The first dense
+//! layer after the convolutions reads the NHWC map of an image as one row, so its weight columns
+//! are permuted from the parameter layout's channel-major flattening (`c·H·W + y·W + x`) to
+//! `(y·W + x)·C + c`. Gradients are permuted back. The rules:
+//!
+//! * forward `Z = P(A) W̃ᵀ + 1bᵀ`, `A' = pool(σ(Z))`;
+//! * tangent `Ż = P(Ȧ) W̃ᵀ + P(A) Ũᵀ + 1u_bᵀ`, `Ȧ' = pool_argmax(σ'(Z) ⊙ Ż)`;
+//! * adjoint `Δ_Z = σ'(Z) ⊙ unpool(Δ)`, `∂W̃ = Δ_Zᵀ P(A)`, `∂b = Δ_Zᵀ1`,
+//!   `∂A = col2im(Δ_Z W̃)`.
+//!
+//! Batches are processed in chunks of [`CHUNK_IMAGES`] images to bound the patch memory. The
+//! per-image rules in `cnn.rs` (used by the Jacobian and the KFAC statistics) are the
+//! independent reference of the tests.
+
+use nalgebra::{DMatrix, DVector};
+use rayon::prelude::*;
+
+use crate::cnn::{Cnn, Layer};
+use crate::gemm::{gemm, Operand};
+use crate::mlp::Result;
+use crate::mlp_batched::{activate, add_column_sums, check_cotangent, row_major, scale_by};
+use crate::scratch::{recycle, recycle_indices, zeroed, zeroed_indices};
+
+/// Images per chunk of a batched pass.
+pub(crate) const CHUNK_IMAGES: usize = 128;
+
+/// Geometry of a convolution on a batch.
+#[derive(Debug, Clone, Copy)]
+struct Conv {
+    cin: usize,
+    cout: usize,
+    k: usize,
+    pad: usize,
+    h: usize,
+    wd: usize,
+    ho: usize,
+    wo: usize,
+    pool: bool,
+}
+
+impl Conv {
+    fn patch_width(&self) -> usize {
+        self.k * self.k * self.cin
+    }
+    /// Positions per image after pooling (or before, without pooling).
+    fn out_positions(&self) -> usize {
+        if self.pool {
+            (self.ho / 2) * (self.wo / 2)
+        } else {
+            self.ho * self.wo
+        }
+    }
+}
+
+/// im2col: patches `n·H_o·W_o × k·k·C_in` of an NHWC batch `a` (zero padding).
+fn im2col(a: &[f64], n: usize, g: &Conv) -> Vec<f64> {
+    let kw = g.patch_width();
+    let per_image = g.ho * g.wo * kw;
+    let mut patches = zeroed(n * per_image);
+    patches.par_chunks_mut(per_image).enumerate().for_each(|(i, img)| {
+        for y in 0..g.ho {
+            for x in 0..g.wo {
+                let row = &mut img[(y * g.wo + x) * kw..(y * g.wo + x + 1) * kw];
+                for ky in 0..g.k {
+                    let yy = y + ky;
+                    if yy < g.pad || yy - g.pad >= g.h {
+                        continue;
+                    }
+                    for kx in 0..g.k {
+                        let xx = x + kx;
+                        if xx < g.pad || xx - g.pad >= g.wd {
+                            continue;
+                        }
+                        let src = ((i * g.h + yy - g.pad) * g.wd + xx - g.pad) * g.cin;
+                        row[(ky * g.k + kx) * g.cin..(ky * g.k + kx + 1) * g.cin]
+                            .copy_from_slice(&a[src..src + g.cin]);
+                    }
+                }
+            }
+        }
+    });
+    patches
+}
+
+/// col2im: the adjoint of [`im2col`] — patch cotangents summed back onto the NHWC input.
+fn col2im(dp: &[f64], n: usize, g: &Conv) -> Vec<f64> {
+    let kw = g.patch_width();
+    let (per_image_in, per_image_p) = (g.h * g.wd * g.cin, g.ho * g.wo * kw);
+    let mut da = zeroed(n * per_image_in);
+    da.par_chunks_mut(per_image_in).zip(dp.par_chunks(per_image_p)).for_each(|(img, dpi)| {
+        for y in 0..g.ho {
+            for x in 0..g.wo {
+                let row = &dpi[(y * g.wo + x) * kw..(y * g.wo + x + 1) * kw];
+                for ky in 0..g.k {
+                    let yy = y + ky;
+                    if yy < g.pad || yy - g.pad >= g.h {
+                        continue;
+                    }
+                    for kx in 0..g.k {
+                        let xx = x + kx;
+                        if xx < g.pad || xx - g.pad >= g.wd {
+                            continue;
+                        }
+                        let dst = ((yy - g.pad) * g.wd + xx - g.pad) * g.cin;
+                        let src = &row[(ky * g.k + kx) * g.cin..(ky * g.k + kx + 1) * g.cin];
+                        img[dst..dst + g.cin].iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                    }
+                }
+            }
+        }
+    });
+    da
+}
+
+/// 2×2 max-pool (stride 2, floor) of an NHWC batch `z` (`n·H_o·W_o × C`): the pooled map and,
+/// per pooled entry, the flat index of its arg-max in `z` (first maximum on ties, in the
+/// window order (0,0), (0,1), (1,0), (1,1), as the per-image rule).
+fn max_pool(z: &[f64], n: usize, g: &Conv) -> (Vec<f64>, Vec<usize>) {
+    let (hp, wp, c) = (g.ho / 2, g.wo / 2, g.cout);
+    let (per_in, per_out) = (g.ho * g.wo * c, hp * wp * c);
+    let mut out = zeroed(n * per_out);
+    let mut arg = zeroed_indices(n * per_out);
+    out.par_chunks_mut(per_out).zip(arg.par_chunks_mut(per_out)).enumerate().for_each(|(i, (o, a))| {
+        let base = i * per_in;
+        for y in 0..hp {
+            for x in 0..wp {
+                for ch in 0..c {
+                    let at = |yy: usize, xx: usize| base + (yy * g.wo + xx) * c + ch;
+                    let mut best = at(2 * y, 2 * x);
+                    for cand in [at(2 * y, 2 * x + 1), at(2 * y + 1, 2 * x), at(2 * y + 1, 2 * x + 1)] {
+                        if z[cand] > z[best] {
+                            best = cand;
+                        }
+                    }
+                    let j = (y * wp + x) * c + ch;
+                    o[j] = z[best];
+                    a[j] = best; // flat index into the chunk's z
+                }
+            }
+        }
+    });
+    (out, arg)
+}
+
+/// Per layer: its weights in GEMM layout (rows = outputs, columns in the batched input order)
+/// and, where the columns are permuted, the map from GEMM column to parameter column.
+struct GemmWeights {
+    w: Vec<Vec<f64>>,
+    column_maps: Vec<Option<Vec<usize>>>,
+}
+
+/// What a batched forward pass keeps for the tangent and adjoint passes.
+pub(crate) struct CnnBatchTrace {
+    n: usize,
+    /// Per layer: its GEMM input (patches for a convolution, the row-major input for a dense
+    /// layer).
+    inputs: Vec<Vec<f64>>,
+    /// Per layer: `σ'(Z)` (empty for the linear output layer).
+    slopes: Vec<Vec<f64>>,
+    /// Per pooled convolution: the arg-max indices into `Z`.
+    argmax: Vec<Vec<usize>>,
+    output: Vec<f64>,
+}
+
+impl Cnn {
+    fn conv_geometry(layer: &Layer) -> Option<Conv> {
+        match *layer {
+            Layer::Conv { cin, cout, k, pad, h, wd, pool, .. } => {
+                let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+                Some(Conv { cin, cout, k, pad, h, wd, ho, wo, pool })
+            }
+            Layer::Dense { .. } => None,
+        }
+    }
+
+    /// The column maps of every layer (GEMM column → parameter column), `None` = identity.
+    fn column_maps(&self) -> Vec<Option<Vec<usize>>> {
+        let mut maps = Vec::with_capacity(self.layers.len());
+        let mut last_conv: Option<Conv> = None;
+        for layer in &self.layers {
+            match *layer {
+                Layer::Conv { .. } => {
+                    let g = Self::conv_geometry(layer).expect("a convolution");
+                    let mut map = vec![0; g.patch_width()];
+                    for ky in 0..g.k {
+                        for kx in 0..g.k {
+                            for c in 0..g.cin {
+                                map[(ky * g.k + kx) * g.cin + c] = (c * g.k + ky) * g.k + kx;
+                            }
+                        }
+                    }
+                    maps.push(Some(map));
+                    last_conv = Some(g);
+                }
+                Layer::Dense { fan_in, .. } => match last_conv.take() {
+                    Some(g) => {
+                        let (hw, c) = (g.out_positions(), g.cout);
+                        let mut map = vec![0; fan_in];
+                        for s in 0..hw {
+                            for ch in 0..c {
+                                map[s * c + ch] = ch * hw + s;
+                            }
+                        }
+                        maps.push(Some(map));
+                    }
+                    None => maps.push(None),
+                },
+            }
+        }
+        maps
+    }
+
+    /// Weights (or a tangent `u` in the parameter layout) in GEMM layout.
+    fn gemm_weights(&self, flat: &[f64], maps: &[Option<Vec<usize>>]) -> Vec<Vec<f64>> {
+        self.layers
+            .iter()
+            .zip(maps)
+            .map(|(layer, map)| {
+                let (w, b) = match *layer {
+                    Layer::Conv { w, b, .. } | Layer::Dense { w, b, .. } => (w, b),
+                };
+                let block = &flat[w..b];
+                match map {
+                    None => block.to_vec(),
+                    Some(map) => {
+                        let cols = map.len();
+                        let mut out = vec![0.0; block.len()];
+                        for (orow, brow) in out.chunks_exact_mut(cols).zip(block.chunks_exact(cols)) {
+                            orow.iter_mut().zip(map).for_each(|(o, &j)| *o = brow[j]);
+                        }
+                        out
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn prepared_weights(&self, flat: &[f64]) -> GemmWeights {
+        let column_maps = self.column_maps();
+        GemmWeights { w: self.gemm_weights(flat, &column_maps), column_maps }
+    }
+
+    /// The images of `x` (rows `start..start + n`, channel-major) as an NHWC buffer.
+    fn nhwc_input(&self, x: &DMatrix<f64>, start: usize, n: usize) -> Vec<f64> {
+        let (c, h, w) = self.config.input_shape;
+        let hw = h * w;
+        let mut out = zeroed(n * hw * c);
+        for ch in 0..c {
+            for s in 0..hw {
+                let col = x.column(ch * hw + s);
+                for i in 0..n {
+                    out[(i * hw + s) * c + ch] = col[start + i];
+                }
+            }
+        }
+        out
+    }
+
+    fn bias_rows(flat: &[f64], b: usize, width: usize, rows: usize) -> Vec<f64> {
+        let mut z = zeroed(rows * width);
+        for row in z.chunks_exact_mut(width) {
+            row.copy_from_slice(&flat[b..b + width]);
+        }
+        z
+    }
+
+    /// The forward pass of `n` images starting at row `start`.
+    fn chunk_trace(
+        &self,
+        x: &DMatrix<f64>,
+        start: usize,
+        n: usize,
+        gw: &GemmWeights,
+        keep: bool,
+    ) -> CnnBatchTrace {
+        let p = &self.params;
+        let act = self.config.activation;
+        let mut t = CnnBatchTrace { n, inputs: vec![], slopes: vec![], argmax: vec![], output: vec![] };
+        let mut a = self.nhwc_input(x, start, n);
+        for (l, layer) in self.layers.iter().enumerate() {
+            match *layer {
+                Layer::Conv { b, .. } => {
+                    let g = Self::conv_geometry(layer).expect("a convolution");
+                    let patches = im2col(&a, n, &g);
+                    let rows = n * g.ho * g.wo;
+                    let mut z = Self::bias_rows(p, b, g.cout, rows);
+                    gemm(
+                        &mut z,
+                        Operand::new(&patches, rows, g.patch_width()),
+                        Operand::new(&gw.w[l], g.cout, g.patch_width()).t(),
+                        1.0,
+                        1.0,
+                    );
+                    let mut slopes = if keep { zeroed(z.len()) } else { Vec::new() };
+                    activate(act, &mut z, keep.then_some(&mut slopes));
+                    recycle(std::mem::take(&mut a));
+                    if g.pool {
+                        let (pooled, arg) = max_pool(&z, n, &g);
+                        a = pooled;
+                        recycle(z);
+                        if keep {
+                            t.argmax.push(arg);
+                        } else {
+                            recycle_indices(arg);
+                        }
+                    } else {
+                        a = z;
+                        if keep {
+                            t.argmax.push(Vec::new());
+                        }
+                    }
+                    if keep {
+                        t.inputs.push(patches);
+                        t.slopes.push(slopes);
+                    } else {
+                        recycle(patches);
+                    }
+                }
+                Layer::Dense { b, fan_in, fan_out, last, .. } => {
+                    let mut z = Self::bias_rows(p, b, fan_out, n);
+                    gemm(
+                        &mut z,
+                        Operand::new(&a, n, fan_in),
+                        Operand::new(&gw.w[l], fan_out, fan_in).t(),
+                        1.0,
+                        1.0,
+                    );
+                    let mut slopes = if keep && !last { zeroed(z.len()) } else { Vec::new() };
+                    if !last {
+                        activate(act, &mut z, keep.then_some(&mut slopes));
+                    }
+                    if keep {
+                        t.inputs.push(std::mem::take(&mut a));
+                        t.slopes.push(slopes);
+                        t.argmax.push(Vec::new());
+                    } else {
+                        recycle(std::mem::take(&mut a));
+                    }
+                    a = z;
+                }
+            }
+        }
+        t.output = a;
+        t
+    }
+
+    /// `J u` for the chunk of `trace` (row-major `n × d'`).
+    fn chunk_tangent(&self, trace: &CnnBatchTrace, gw: &GemmWeights, gu: &[Vec<f64>], u: &[f64]) -> Vec<f64> {
+        let n = trace.n;
+        let mut ad: Option<Vec<f64>> = None; // tangent of the current layer's input (None = 0)
+        for (l, layer) in self.layers.iter().enumerate() {
+            let slopes = &trace.slopes[l];
+            match *layer {
+                Layer::Conv { b, .. } => {
+                    let g = Self::conv_geometry(layer).expect("a convolution");
+                    let (rows, kw) = (n * g.ho * g.wo, g.patch_width());
+                    let mut zd = Self::bias_rows(u, b, g.cout, rows);
+                    gemm(
+                        &mut zd,
+                        Operand::new(&trace.inputs[l], rows, kw),
+                        Operand::new(&gu[l], g.cout, kw).t(),
+                        1.0,
+                        1.0,
+                    );
+                    if let Some(t) = ad.take() {
+                        let tp = im2col(&t, n, &g);
+                        gemm(
+                            &mut zd,
+                            Operand::new(&tp, rows, kw),
+                            Operand::new(&gw.w[l], g.cout, kw).t(),
+                            1.0,
+                            1.0,
+                        );
+                        recycle(tp);
+                        recycle(t);
+                    }
+                    scale_by(&mut zd, slopes);
+                    ad = Some(if g.pool {
+                        let mut pooled = zeroed(trace.argmax[l].len());
+                        pooled.iter_mut().zip(&trace.argmax[l]).for_each(|(o, &i)| *o = zd[i]);
+                        recycle(zd);
+                        pooled
+                    } else {
+                        zd
+                    });
+                }
+                Layer::Dense { b, fan_in, fan_out, last, .. } => {
+                    let mut zd = Self::bias_rows(u, b, fan_out, n);
+                    gemm(
+                        &mut zd,
+                        Operand::new(&trace.inputs[l], n, fan_in),
+                        Operand::new(&gu[l], fan_out, fan_in).t(),
+                        1.0,
+                        1.0,
+                    );
+                    if let Some(t) = ad.take() {
+                        gemm(
+                            &mut zd,
+                            Operand::new(&t, n, fan_in),
+                            Operand::new(&gw.w[l], fan_out, fan_in).t(),
+                            1.0,
+                            1.0,
+                        );
+                        recycle(t);
+                    }
+                    if !last {
+                        scale_by(&mut zd, slopes);
+                    }
+                    ad = Some(zd);
+                }
+            }
+        }
+        ad.expect("a CNN has a dense output layer")
+    }
+
+    /// `Jᵀ V` of the chunk of `trace` accumulated into `grad` (row-major cotangent `n × d'`).
+    fn chunk_adjoint(&self, trace: &CnnBatchTrace, gw: &GemmWeights, v: Vec<f64>, grad: &mut [f64]) {
+        let n = trace.n;
+        let mut delta = v; // cotangent of the current layer's output
+        for l in (0..self.layers.len()).rev() {
+            let layer = &self.layers[l];
+            let (w, b, rows, width_in, width_out, dz) = match *layer {
+                Layer::Dense { w, b, fan_in, fan_out, last } => {
+                    if !last {
+                        scale_by(&mut delta, &trace.slopes[l]);
+                    }
+                    (w, b, n, fan_in, fan_out, delta)
+                }
+                Layer::Conv { w, b, .. } => {
+                    let g = Self::conv_geometry(layer).expect("a convolution");
+                    let rows = n * g.ho * g.wo;
+                    let mut dz = if g.pool {
+                        let mut dz = zeroed(rows * g.cout);
+                        for (&i, d) in trace.argmax[l].iter().zip(&delta) {
+                            dz[i] += d;
+                        }
+                        recycle(delta);
+                        dz
+                    } else {
+                        delta
+                    };
+                    scale_by(&mut dz, &trace.slopes[l]);
+                    (w, b, rows, g.patch_width(), g.cout, dz)
+                }
+            };
+            let d = Operand::new(&dz, rows, width_out);
+            match &gw.column_maps[l] {
+                None => {
+                    gemm(&mut grad[w..b], d.t(), Operand::new(&trace.inputs[l], rows, width_in), 1.0, 1.0)
+                }
+                Some(map) => {
+                    let mut gperm = zeroed(width_out * width_in);
+                    gemm(&mut gperm, d.t(), Operand::new(&trace.inputs[l], rows, width_in), 1.0, 0.0);
+                    for (grow, prow) in
+                        grad[w..b].chunks_exact_mut(width_in).zip(gperm.chunks_exact(width_in))
+                    {
+                        map.iter().zip(prow).for_each(|(&j, v)| grow[j] += v);
+                    }
+                    recycle(gperm);
+                }
+            }
+            add_column_sums(&dz, width_out, &mut grad[b..b + width_out]);
+            if l == 0 {
+                recycle(dz);
+                break;
+            }
+            let mut back = zeroed(rows * width_in);
+            gemm(&mut back, d, Operand::new(&gw.w[l], width_out, width_in), 1.0, 0.0);
+            recycle(dz);
+            delta = match Self::conv_geometry(layer) {
+                Some(g) => {
+                    let da = col2im(&back, n, &g);
+                    recycle(back);
+                    da
+                }
+                None => back,
+            };
+        }
+    }
+
+    /// Hands a trace's buffers back for reuse.
+    fn recycle_trace(trace: CnnBatchTrace) {
+        trace.inputs.into_iter().chain(trace.slopes).chain([trace.output]).for_each(recycle);
+        trace.argmax.into_iter().for_each(recycle_indices);
+    }
+
+    fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+        (0..n).step_by(CHUNK_IMAGES).map(move |s| (s, CHUNK_IMAGES.min(n - s)))
+    }
+
+    /// `f(X)` (`n × d'`), batched. `x` is checked by the caller.
+    pub(crate) fn batched_forward(&self, x: &DMatrix<f64>) -> DMatrix<f64> {
+        let gw = self.prepared_weights(&self.params);
+        let q = self.output_dim();
+        let mut out = Vec::with_capacity(x.nrows() * q);
+        for (s, n) in Self::chunks(x.nrows()) {
+            let trace = self.chunk_trace(x, s, n, &gw, false);
+            out.extend_from_slice(&trace.output);
+            Self::recycle_trace(trace);
+        }
+        DMatrix::from_row_slice(x.nrows(), q, &out)
+    }
+
+    /// `J(X) u` (`n × d'`), batched. Inputs are checked by the caller.
+    pub(crate) fn batched_jvp(&self, x: &DMatrix<f64>, u: &[f64]) -> DMatrix<f64> {
+        let gw = self.prepared_weights(&self.params);
+        let gu = self.gemm_weights(u, &gw.column_maps);
+        let q = self.output_dim();
+        let mut out = Vec::with_capacity(x.nrows() * q);
+        for (s, n) in Self::chunks(x.nrows()) {
+            let trace = self.chunk_trace(x, s, n, &gw, true);
+            let tangent = self.chunk_tangent(&trace, &gw, &gu, u);
+            out.extend_from_slice(&tangent);
+            recycle(tangent);
+            Self::recycle_trace(trace);
+        }
+        DMatrix::from_row_slice(x.nrows(), q, &out)
+    }
+
+    /// `(f(X), J(X)ᵀ g)` with `g` computed from the outputs of each chunk's forward pass by
+    /// `cotangent` over the whole batch: the forward passes run first, then the reverse passes
+    /// re-run each chunk's forward trace only when the batch has more than one chunk.
+    pub(crate) fn batched_forward_vjp(
+        &self,
+        x: &DMatrix<f64>,
+        cotangent: &mut dyn FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>>,
+    ) -> Result<(DMatrix<f64>, DVector<f64>)> {
+        let (n_all, q) = (x.nrows(), self.output_dim());
+        let gw = self.prepared_weights(&self.params);
+        let mut grad = vec![0.0; self.n_params()];
+        if n_all <= CHUNK_IMAGES {
+            let trace = self.chunk_trace(x, 0, n_all, &gw, true);
+            let f = DMatrix::from_row_slice(n_all, q, &trace.output);
+            let v = cotangent(&f)?;
+            check_cotangent(&v, n_all, q)?;
+            self.chunk_adjoint(&trace, &gw, row_major(&v), &mut grad);
+            Self::recycle_trace(trace);
+            return Ok((f, DVector::from_vec(grad)));
+        }
+        let f = self.batched_forward(x);
+        let v = cotangent(&f)?;
+        check_cotangent(&v, n_all, q)?;
+        let v_rows = row_major(&v);
+        for (s, n) in Self::chunks(n_all) {
+            let trace = self.chunk_trace(x, s, n, &gw, true);
+            self.chunk_adjoint(&trace, &gw, v_rows[s * q..(s + n) * q].to_vec(), &mut grad);
+            Self::recycle_trace(trace);
+        }
+        Ok((f, DVector::from_vec(grad)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cnn::{CnnConfig, ConvBlock};
+    use crate::mlp::Activation;
+
+    fn nets() -> Vec<Cnn> {
+        let mixed = CnnConfig {
+            input_shape: (2, 9, 8),
+            convs: vec![
+                ConvBlock { channels: 3, kernel: 3, same_padding: true, pool: true },
+                ConvBlock { channels: 4, kernel: 2, same_padding: false, pool: false },
+            ],
+            hidden: vec![6],
+            output_dim: 3,
+            activation: Activation::Tanh,
+            seed: 3,
+        };
+        vec![
+            Cnn::new(mixed.clone()).unwrap(),
+            Cnn::new(CnnConfig { activation: Activation::Relu, ..mixed }).unwrap(),
+            Cnn::new(CnnConfig::lenet5(10, Activation::Tanh, 1)).unwrap(),
+            Cnn::new(CnnConfig::fsp_mnist(10, Activation::Sigmoid, 2)).unwrap(),
+        ]
+    }
+
+    fn inputs(net: &Cnn, n: usize) -> DMatrix<f64> {
+        DMatrix::from_fn(n, net.input_dim(), |i, j| (((i * 37 + j * 11) % 23) as f64 / 23.0 - 0.5) * 2.0)
+    }
+
+    /// The batched passes against the per-image rules (which the FD tests check), on batches
+    /// that span several chunks.
+    #[test]
+    fn batched_passes_match_the_per_image_rules() {
+        for net in nets() {
+            let n = if net.input_dim() == 784 { 130 } else { 300 };
+            let x = inputs(&net, n);
+            let q = net.output_dim();
+            let images: Vec<Vec<f64>> = (0..n).map(|i| x.row(i).iter().cloned().collect()).collect();
+            let reference = DMatrix::from_fn(n, q, |i, o| net.trace(&images[i]).output[o]);
+            let f = net.batched_forward(&x);
+            assert!((&f - &reference).abs().max() < 1e-12, "forward");
+            let u: Vec<f64> = (0..net.n_params()).map(|i| ((i % 17) as f64 - 8.0) * 0.01).collect();
+            let ju = net.batched_jvp(&x, &u);
+            for i in [0, n / 2, n - 1] {
+                let t = net.tangent(&net.trace(&images[i]), &u);
+                for o in 0..q {
+                    assert!((ju[(i, o)] - t[o]).abs() < 1e-11 * (1.0 + t[o].abs()), "jvp");
+                }
+            }
+            let v = DMatrix::from_fn(n, q, |i, o| ((i + 2 * o) % 5) as f64 - 2.0);
+            let mut g_ref = vec![0.0; net.n_params()];
+            for (i, img) in images.iter().enumerate() {
+                let vi: Vec<f64> = v.row(i).iter().cloned().collect();
+                net.adjoint(&net.trace(img), &vi, &mut g_ref);
+            }
+            let (f2, g) = net.batched_forward_vjp(&x, &mut |_| Ok(v.clone())).unwrap();
+            assert_eq!(f2, f);
+            let scale = g_ref.iter().map(|v| v.abs()).fold(0.0, f64::max);
+            let err = g.iter().zip(&g_ref).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(err < 1e-11 * scale, "vjp: {err} vs scale {scale}");
+        }
+    }
+}
