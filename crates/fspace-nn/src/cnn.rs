@@ -608,7 +608,6 @@ impl Cnn {
     pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
         self.check_inputs(x)?;
         crate::mlp_batched::check_cotangent(v, x.nrows(), self.output_dim())?;
-        let v = v.clone();
         Ok(self.batched_forward_vjp(x, &mut |_| Ok(v.clone()))?.1)
     }
 

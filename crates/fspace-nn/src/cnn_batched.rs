@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use crate::cnn::{Cnn, Layer};
 use crate::gemm::{gemm, Operand};
 use crate::mlp::Result;
-use crate::mlp_batched::{activate, add_column_sums, check_cotangent, row_major, scale_by};
+use crate::mlp_batched::{activate, add_column_sums, bias_rows, check_cotangent, row_major, scale_by};
 use crate::scratch::{recycle, recycle_indices, zeroed, zeroed_indices};
 
 /// Images per chunk of a batched pass.
@@ -59,62 +59,51 @@ impl Conv {
     }
 }
 
-/// im2col: patches `n·H_o·W_o × k·k·C_in` of an NHWC batch `a` (zero padding).
-fn im2col(a: &[f64], n: usize, g: &Conv) -> Vec<f64> {
+/// Calls `copy(patch_offset, input_offset)` for every in-bounds `(position, ky, kx)` of one
+/// image: `cin` values at `input_offset` of its NHWC map belong at `patch_offset` of its patch
+/// rows (padding entries are skipped — they stay zero). Shared by [`im2col`] and [`col2im`].
+fn for_each_patch_copy(g: &Conv, mut copy: impl FnMut(usize, usize)) {
     let kw = g.patch_width();
-    let per_image = g.ho * g.wo * kw;
-    let mut patches = zeroed(n * per_image);
-    patches.par_chunks_mut(per_image).enumerate().for_each(|(i, img)| {
-        for y in 0..g.ho {
-            for x in 0..g.wo {
-                let row = &mut img[(y * g.wo + x) * kw..(y * g.wo + x + 1) * kw];
-                for ky in 0..g.k {
-                    let yy = y + ky;
-                    if yy < g.pad || yy - g.pad >= g.h {
+    for y in 0..g.ho {
+        for x in 0..g.wo {
+            for ky in 0..g.k {
+                let yy = y + ky;
+                if yy < g.pad || yy - g.pad >= g.h {
+                    continue;
+                }
+                for kx in 0..g.k {
+                    let xx = x + kx;
+                    if xx < g.pad || xx - g.pad >= g.wd {
                         continue;
                     }
-                    for kx in 0..g.k {
-                        let xx = x + kx;
-                        if xx < g.pad || xx - g.pad >= g.wd {
-                            continue;
-                        }
-                        let src = ((i * g.h + yy - g.pad) * g.wd + xx - g.pad) * g.cin;
-                        row[(ky * g.k + kx) * g.cin..(ky * g.k + kx + 1) * g.cin]
-                            .copy_from_slice(&a[src..src + g.cin]);
-                    }
+                    copy(
+                        (y * g.wo + x) * kw + (ky * g.k + kx) * g.cin,
+                        ((yy - g.pad) * g.wd + xx - g.pad) * g.cin,
+                    );
                 }
             }
         }
+    }
+}
+
+/// im2col: patches `n·H_o·W_o × k·k·C_in` of an NHWC batch `a` (zero padding).
+fn im2col(a: &[f64], n: usize, g: &Conv) -> Vec<f64> {
+    let (per_image_in, per_image_p) = (g.h * g.wd * g.cin, g.ho * g.wo * g.patch_width());
+    let mut patches = zeroed(n * per_image_p);
+    patches.par_chunks_mut(per_image_p).zip(a.par_chunks(per_image_in)).for_each(|(img, ai)| {
+        for_each_patch_copy(g, |dst, src| img[dst..dst + g.cin].copy_from_slice(&ai[src..src + g.cin]));
     });
     patches
 }
 
 /// col2im: the adjoint of [`im2col`] — patch cotangents summed back onto the NHWC input.
 fn col2im(dp: &[f64], n: usize, g: &Conv) -> Vec<f64> {
-    let kw = g.patch_width();
-    let (per_image_in, per_image_p) = (g.h * g.wd * g.cin, g.ho * g.wo * kw);
+    let (per_image_in, per_image_p) = (g.h * g.wd * g.cin, g.ho * g.wo * g.patch_width());
     let mut da = zeroed(n * per_image_in);
     da.par_chunks_mut(per_image_in).zip(dp.par_chunks(per_image_p)).for_each(|(img, dpi)| {
-        for y in 0..g.ho {
-            for x in 0..g.wo {
-                let row = &dpi[(y * g.wo + x) * kw..(y * g.wo + x + 1) * kw];
-                for ky in 0..g.k {
-                    let yy = y + ky;
-                    if yy < g.pad || yy - g.pad >= g.h {
-                        continue;
-                    }
-                    for kx in 0..g.k {
-                        let xx = x + kx;
-                        if xx < g.pad || xx - g.pad >= g.wd {
-                            continue;
-                        }
-                        let dst = ((yy - g.pad) * g.wd + xx - g.pad) * g.cin;
-                        let src = &row[(ky * g.k + kx) * g.cin..(ky * g.k + kx + 1) * g.cin];
-                        img[dst..dst + g.cin].iter_mut().zip(src).for_each(|(d, s)| *d += s);
-                    }
-                }
-            }
-        }
+        for_each_patch_copy(g, |src, dst| {
+            img[dst..dst + g.cin].iter_mut().zip(&dpi[src..src + g.cin]).for_each(|(d, s)| *d += s)
+        });
     });
     da
 }
@@ -263,14 +252,6 @@ impl Cnn {
         out
     }
 
-    fn bias_rows(flat: &[f64], b: usize, width: usize, rows: usize) -> Vec<f64> {
-        let mut z = zeroed(rows * width);
-        for row in z.chunks_exact_mut(width) {
-            row.copy_from_slice(&flat[b..b + width]);
-        }
-        z
-    }
-
     /// The forward pass of `n` images starting at row `start`.
     fn chunk_trace(
         &self,
@@ -290,7 +271,7 @@ impl Cnn {
                     let g = Self::conv_geometry(layer).expect("a convolution");
                     let patches = im2col(&a, n, &g);
                     let rows = n * g.ho * g.wo;
-                    let mut z = Self::bias_rows(p, b, g.cout, rows);
+                    let mut z = bias_rows(p, b, g.cout, rows);
                     gemm(
                         &mut z,
                         Operand::new(&patches, rows, g.patch_width()),
@@ -324,7 +305,7 @@ impl Cnn {
                     }
                 }
                 Layer::Dense { b, fan_in, fan_out, last, .. } => {
-                    let mut z = Self::bias_rows(p, b, fan_out, n);
+                    let mut z = bias_rows(p, b, fan_out, n);
                     gemm(
                         &mut z,
                         Operand::new(&a, n, fan_in),
@@ -361,7 +342,7 @@ impl Cnn {
                 Layer::Conv { b, .. } => {
                     let g = Self::conv_geometry(layer).expect("a convolution");
                     let (rows, kw) = (n * g.ho * g.wo, g.patch_width());
-                    let mut zd = Self::bias_rows(u, b, g.cout, rows);
+                    let mut zd = bias_rows(u, b, g.cout, rows);
                     gemm(
                         &mut zd,
                         Operand::new(&trace.inputs[l], rows, kw),
@@ -392,7 +373,7 @@ impl Cnn {
                     });
                 }
                 Layer::Dense { b, fan_in, fan_out, last, .. } => {
-                    let mut zd = Self::bias_rows(u, b, fan_out, n);
+                    let mut zd = bias_rows(u, b, fan_out, n);
                     gemm(
                         &mut zd,
                         Operand::new(&trace.inputs[l], n, fan_in),

@@ -473,16 +473,7 @@ impl Mlp {
     /// compare the GEMM rule of [`vjp`](Self::vjp) with.
     pub fn vjp_taped(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
         self.check_inputs(x)?;
-        if v.shape() != (x.nrows(), self.config.output_dim) {
-            return Err(NnError::DimensionMismatch {
-                what: "cotangent rows × columns",
-                expected: x.nrows() * self.config.output_dim,
-                found: v.len(),
-            });
-        }
-        if v.iter().any(|c| !c.is_finite()) {
-            return Err(NnError::NonFinite { what: "cotangent" });
-        }
+        crate::mlp_batched::check_cotangent(v, x.nrows(), self.config.output_dim)?;
         let (w, b) = self.tensors(&self.params);
         let n = x.nrows();
         let input = to_tensor(&self.dev, x);

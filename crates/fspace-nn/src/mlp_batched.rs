@@ -125,6 +125,15 @@ pub(crate) fn add_column_sums(rows: &[f64], m: usize, out: &mut [f64]) {
     }
 }
 
+/// `rows` copies of `flat[b..b + width]` (a bias broadcast over a batch), from the scratch pool.
+pub(crate) fn bias_rows(flat: &[f64], b: usize, width: usize, rows: usize) -> Vec<f64> {
+    let mut z = crate::scratch::zeroed(rows * width);
+    for row in z.chunks_exact_mut(width) {
+        row.copy_from_slice(&flat[b..b + width]);
+    }
+    z
+}
+
 /// A row-major copy of a column-major matrix.
 pub(crate) fn row_major(m: &DMatrix<f64>) -> Vec<f64> {
     m.transpose().as_slice().to_vec()
@@ -166,11 +175,7 @@ impl Mlp {
         let mut trace = BatchTrace { n, hidden: Vec::new(), slopes: Vec::new(), output: Vec::new() };
         let mut scratch: Vec<f64> = Vec::new(); // the previous activation when not kept
         for (l, layer) in layers.iter().enumerate() {
-            let bias = &p[layer.b..layer.b + layer.fan_out];
-            let mut z: Vec<f64> = Vec::with_capacity(n * layer.fan_out);
-            for _ in 0..n {
-                z.extend_from_slice(bias);
-            }
+            let mut z = bias_rows(p, layer.b, layer.fan_out, n);
             let input = match (l, keep) {
                 (0, _) => Operand::new(x.as_slice(), layer.fan_in, n).t(),
                 (_, true) => Operand::new(trace.hidden.last().expect("layer input"), n, layer.fan_in),
@@ -227,10 +232,7 @@ impl Mlp {
         let layers = self.layers();
         let mut tangent: Vec<f64> = Vec::new();
         for (l, layer) in layers.iter().enumerate() {
-            let mut zd: Vec<f64> = Vec::with_capacity(n * layer.fan_out);
-            for _ in 0..n {
-                zd.extend_from_slice(&u[layer.b..layer.b + layer.fan_out]);
-            }
+            let mut zd = bias_rows(u, layer.b, layer.fan_out, n);
             gemm(
                 &mut zd,
                 self.layer_input(x, trace, l),
