@@ -23,6 +23,7 @@ use std::cell::RefCell;
 
 use fspace_context::Sampler;
 use fspace_core::Likelihood;
+use fspace_kernels::gram;
 use fspace_linalg::{cholesky_jitter, JitterConfig};
 use fspace_nn::{train_map, Network, NnError, TrainConfig, TrainProgress, TrainReport};
 use nalgebra::{DMatrix, DVector};
@@ -53,17 +54,45 @@ pub fn rkhs_regularizer<N: Network + ?Sized>(
     prior.check(net.input_dim(), net.output_dim())?;
     ensure_dim("context-point dimension vs. network inputs", net.input_dim(), c.ncols())?;
     let q = net.output_dim();
-    let f = net.forward(c)?;
-    let r = point_major(&f) - prior.mean_at(c)?;
-    let mut k = prior.gram(c)?;
+    let mu = from_point_major(prior.mean_at(c)?.as_slice(), q);
+    // Independent outputs sharing one kernel (`Σ = K₀ ⊗ I`): factor the n_C × n_C scalar Gram
+    // and solve for all outputs at once, `α = K₀⁻¹ (F − M)` — the same numbers as the
+    // n_C·d' system (identical jitter rule), d'³ times cheaper.
+    let (k, shared) = match prior.kernel.shared_output_kernel() {
+        Some(k0) => (gram(k0, c, c)?, true),
+        None => (prior.gram(c)?, false),
+    };
+    let mut k = k;
     let eps = jitter * k.diagonal().mean();
     for i in 0..k.nrows() {
         k[(i, i)] += eps;
     }
     let chol = cholesky_jitter(&k, &JitterConfig::default())?;
-    let alpha = chol.solve_vec(&r)?;
-    let value = 0.5 * r.dot(&alpha);
-    let grad = net.vjp(c, &from_point_major(alpha.as_slice(), q))?;
+    let mut value = 0.0;
+    let mut failure = None;
+    let result = net.forward_vjp(c, &mut |f: &DMatrix<f64>| {
+        let r = f - &mu; // n_C × d'
+        let solved = if shared {
+            chol.solve(&r)
+        } else {
+            chol.solve_vec(&point_major(&r)).map(|a| from_point_major(a.as_slice(), q))
+        };
+        match solved {
+            Ok(alpha) => {
+                value = 0.5 * r.dot(&alpha);
+                Ok(alpha)
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                failure = Some(e);
+                Err(NnError::Regularizer(msg))
+            }
+        }
+    });
+    let grad = match (result, failure) {
+        (_, Some(e)) => return Err(e.into()),
+        (r, None) => r?.1,
+    };
     Ok((value, grad, eps + chol.jitter()))
 }
 

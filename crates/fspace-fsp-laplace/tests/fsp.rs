@@ -237,6 +237,38 @@ fn the_training_gradient_equals_finite_differences_of_the_objective() {
 }
 
 #[test]
+fn the_regularizer_with_independent_outputs_equals_the_dense_multi_output_formula() {
+    // Σ = K₀ ⊗ I₃ is solved through the scalar Gram; check value and gradient against the dense
+    // point-major system and central finite differences.
+    let net = mlp(2, 3, 21);
+    let c = rand_uniform(9, 2, -2.0, 2.0, &mut rng(8));
+    let prior = FunctionPrior::new(
+        Box::new(Independent::new(Matern12::new(0.8, 0.9).unwrap(), 3).unwrap()),
+        fspace_kernels::PriorMean::Constant(0.2),
+    );
+    let (value, grad, _) = rkhs_regularizer(&net, &prior, &c, 1e-6).unwrap();
+    let k = gram(&*prior.kernel, &c, &c).unwrap();
+    let eps = 1e-6 * k.diagonal().mean();
+    let kj = &k + DMatrix::<f64>::identity(27, 27) * eps;
+    let f = net.forward(&c).unwrap();
+    let resid = DVector::from_fn(27, |r, _| f[(r / 3, r % 3)] - 0.2);
+    let direct = 0.5 * resid.dot(&(kj.try_inverse().unwrap() * &resid));
+    assert!(rel_err(value, direct, 1e-12) < 1e-8, "{value} vs {direct}");
+    let w0 = net.params();
+    let fd = fd_gradient(
+        |w| {
+            let mut n2 = net.clone();
+            n2.set_params(&DVector::from_column_slice(w)).unwrap();
+            rkhs_regularizer(&n2, &prior, &c, 1e-6).unwrap().0
+        },
+        w0.as_slice(),
+        1e-5,
+    );
+    let worst = (0..fd.len()).map(|i| rel_err(grad[i], fd[i], 1e-3)).fold(0.0, f64::max);
+    assert!(worst < 1e-6, "worst relative error {worst}");
+}
+
+#[test]
 fn the_posterior_is_consistent_and_samples_have_its_covariance() {
     let net = mlp(1, 1, 13);
     let x = rand_uniform(25, 1, -1.0, 1.0, &mut rng(6));
@@ -294,6 +326,10 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(laplace(&net, &lik, &prior, &x, &y, &c, &cfg), Err(FspError::InvalidConfig { .. })));
     let cfg = LaplaceConfig { max_rank: 0, ..Default::default() };
     assert!(matches!(laplace(&net, &lik, &prior, &x, &y, &c, &cfg), Err(FspError::InvalidConfig { .. })));
+    for scale in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let cfg = LaplaceConfig { ggn_scale: scale, ..Default::default() };
+        assert!(matches!(laplace(&net, &lik, &prior, &x, &y, &c, &cfg), Err(FspError::InvalidConfig { .. })));
+    }
     // Training: zero context points, bad jitter, context sampler of the wrong dimension.
     let sampler = fspace_context::UniformSampler::new(BoundingBox::cube(1, -2.0, 2.0).unwrap());
     let opts = TrainOptions { n_context: 0, ..Default::default() };
@@ -369,4 +405,34 @@ fn training_pulls_the_network_towards_the_prior_away_from_the_data() {
     eprintln!("FSP fit RMSE {rmse:.3}; mean |f| on |x| ≥ 1.2: FSP {fsp_far:.3}, plain MAP {map_far:.3}");
     assert!(rmse < 0.15, "RMSE {rmse}");
     assert!(fsp_far < 0.25 * map_far, "far field: FSP {fsp_far}, MAP {map_far}");
+}
+
+#[test]
+fn ggn_scale_equals_repeating_the_data() {
+    // The data term with `ggn_scale = 3` must equal the term of the data repeated three times:
+    // the same precision eigenvalues and factor (independent of how the scale is applied).
+    let net = mlp(2, 2, 4);
+    let x = rand_uniform(10, 2, -1.0, 1.0, &mut rng(7));
+    let y = DVector::from_fn(10, |i, _| (x[(i, 0)] + x[(i, 1)] > 0.0) as u8 as f64);
+    let x3 = DMatrix::from_fn(30, 2, |i, j| x[(i % 10, j)]);
+    let y3 = DVector::from_fn(30, |i, _| y[i % 10]);
+    let c = grid(2, 9, -3.0, 3.0);
+    let prior =
+        FunctionPrior::centered(Box::new(Independent::new(Matern12::new(2.0, 1.0).unwrap(), 2).unwrap()));
+    let lik = Categorical::new(2).unwrap();
+    let scaled = LaplaceConfig { ggn_scale: 3.0, ..no_truncation() };
+    let a = laplace(&net, &lik, &prior, &x, &y, &c, &scaled).unwrap();
+    let b = laplace(&net, &lik, &prior, &x3, &y3, &c, &no_truncation()).unwrap();
+    let plain = laplace(&net, &lik, &prior, &x, &y, &c, &no_truncation()).unwrap();
+    let (ea, eb) = (&a.report().precision_eigenvalues, &b.report().precision_eigenvalues);
+    assert_eq!(ea.len(), eb.len());
+    for (u, v) in ea.iter().zip(eb) {
+        assert!((u - v).abs() <= 1e-9 * v.abs().max(1e-12), "{u} vs {v}");
+    }
+    let (sa, sb) = (a.covariance_factor(), b.covariance_factor());
+    let cov_err = rel_frob(&(sa * sa.transpose()), &(sb * sb.transpose()));
+    assert!(cov_err < 1e-8, "covariance: {cov_err}");
+    // And the scale does something: the unscaled posterior is wider.
+    let sp = plain.covariance_factor();
+    assert!((sp * sp.transpose()).trace() > (sa * sa.transpose()).trace() * 1.01);
 }

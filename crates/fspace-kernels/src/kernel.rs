@@ -106,6 +106,14 @@ pub trait MatrixKernel: KernelBase {
     /// The serialisable description, if built from the library's kernels.
     fn matrix_spec(&self) -> Option<crate::spec::MatrixKernelSpec>;
 
+    /// `Some(k₀)` when `k(x, y) = k₀(x, y)·I_{d'}` — independent outputs sharing one scalar
+    /// kernel — so that solvers can factor the `n × n` scalar Gram instead of the
+    /// `n·d' × n·d'` one: in point-major order `K = K₀ ⊗ I_{d'}` and `K⁻¹ = K₀⁻¹ ⊗ I_{d'}`.
+    /// `None` (the default) for every other kernel.
+    fn shared_output_kernel(&self) -> Option<&dyn MatrixKernel> {
+        None
+    }
+
     /// Fills the `(nx·d') × (ny·d')` row-major tile of the Gram matrix between point blocks.
     fn eval_block_tile(&self, x: &[f64], y: &[f64], d: usize, out: &mut [f64]) {
         let q = self.output_dim();

@@ -72,6 +72,9 @@ impl<K: Kernel> MatrixKernel for Independent<K> {
     fn matrix_spec(&self) -> Option<MatrixKernelSpec> {
         Some(MatrixKernelSpec::Independent { kernel: self.kernel.spec()?, outputs: self.outputs })
     }
+    fn shared_output_kernel(&self) -> Option<&dyn MatrixKernel> {
+        Some(&self.kernel)
+    }
 }
 
 /// The Helmholtz kernel for 2-D vector fields `f = ∇Φ + rot Ψ` with independent

@@ -381,6 +381,14 @@ fn independent_outputs_give_block_diagonal_structure() {
     assert_eq!(g.shape(), (6, 6));
     assert!((g[(0, 3)] - k01).abs() < 1e-15 && g[(0, 4)] == 0.0 && (g[(2, 5)] - k01).abs() < 1e-15);
     assert_eq!(gram_diag(&k, &x).unwrap().as_slice(), &[2.0; 6]);
+    // The shared scalar kernel: K = K₀ ⊗ I₃ in point-major order.
+    let k0 = gram(k.shared_output_kernel().expect("independent outputs"), &x, &x).unwrap();
+    assert_eq!(k0.shape(), (2, 2));
+    assert_eq!(g, k0.kronecker(&DMatrix::<f64>::identity(3, 3)));
+    assert!(Rbf::new(1.0, 1.0).unwrap().shared_output_kernel().is_none());
+    let helm =
+        Helmholtz::new(Box::new(Rbf::new(1.0, 1.0).unwrap()), Box::new(Rbf::new(1.0, 1.0).unwrap())).unwrap();
+    assert!(helm.shared_output_kernel().is_none());
 }
 
 #[test]

@@ -432,7 +432,7 @@ fn nll_loss<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVe
 
 /// Trains `net` (and, with `learn_likelihood`, the likelihood's parameters) in place.
 /// `validation` enables early stopping (restores the best weights and likelihood
-/// parameters); `progress` is called after every epoch.
+/// parameters, also when the epochs run out first); `progress` is called after every epoch.
 pub fn train_map<N: Network>(
     net: &mut N,
     likelihood: &mut dyn Likelihood,
@@ -547,6 +547,14 @@ pub fn train_map<N: Network>(
                     break;
                 }
             }
+        }
+    }
+    // Out of epochs with validation data: the best epoch's parameters too (the last epochs may
+    // have been worse without exhausting the patience).
+    if !stopped_early && stopper.is_some() && validation.is_some() {
+        net.set_params(&best.0)?;
+        if n_lik > 0 {
+            likelihood.set_params(&best.1).map_err(|e| NnError::Likelihood(e.to_string()))?;
         }
     }
     Ok(TrainReport { epochs: history.len(), stopped_early, history })

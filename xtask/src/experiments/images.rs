@@ -102,7 +102,28 @@ pub fn class_metrics(probs: &DMatrix<f64>, y: &DVector<f64>) -> Result<ClassMetr
 
 /// Row-wise softmax of a network's logits on `x` (the MAP predictive).
 pub fn map_probs<N: fspace_nn::Network>(net: &N, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-    let f = net.forward(x)?;
+    Ok(softmax_rows(&net.forward(x)?))
+}
+
+/// Class probabilities from `samples` joint function samples of `post` on `x` (seeded): the
+/// mean of the samples' softmax, and each sample's softmax (`n × C` each).
+pub fn sampled_class_probs(
+    post: &dyn fspace_core::Posterior,
+    x: &DMatrix<f64>,
+    samples: usize,
+    seed: u64,
+) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>)> {
+    let draws = post.sample_functions(x, samples, &mut StdRng::seed_from_u64(seed))?;
+    let per_sample: Vec<DMatrix<f64>> = draws.iter().map(softmax_rows).collect();
+    let mut mean = DMatrix::zeros(x.nrows(), per_sample.first().map_or(0, |p| p.ncols()));
+    for p in &per_sample {
+        mean += p;
+    }
+    Ok((mean / per_sample.len().max(1) as f64, per_sample))
+}
+
+/// Row-wise softmax of logits.
+fn softmax_rows(f: &DMatrix<f64>) -> DMatrix<f64> {
     let mut p = DMatrix::zeros(f.nrows(), f.ncols());
     for i in 0..f.nrows() {
         let row: Vec<f64> = f.row(i).iter().cloned().collect();
@@ -110,7 +131,7 @@ pub fn map_probs<N: fspace_nn::Network>(net: &N, x: &DMatrix<f64>) -> Result<DMa
             p[(i, j)] = v;
         }
     }
-    Ok(p)
+    p
 }
 
 /// The 28×28 images (rows of `x`) rotated by `degrees` anticlockwise about the image centre,

@@ -6,6 +6,7 @@ use nalgebra::DMatrix;
 
 mod fsp_ablation;
 mod fsp_bayesopt;
+mod fsp_images;
 mod fsp_mauna_loa;
 mod fsp_moons;
 mod fsp_null_space;
@@ -110,6 +111,18 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "Generalized Laplace Fig. 3, 5 (LeNet-5 on MNIST, T from 0.1 to 10, Diag/KFAC/EKFAC)",
         in_default_suite: false,
         run: gl_mnist::run,
+    },
+    Experiment {
+        name: "fsp-mnist",
+        paper: "FSP-Laplace Table 2, Fig. C.10 (MNIST CNN: FSP-Laplace RND, Laplace KFAC, MAP; LL, ACC, ECE, OOD vs FMNIST)",
+        in_default_suite: false,
+        run: fsp_images::run_mnist,
+    },
+    Experiment {
+        name: "fsp-fmnist",
+        paper: "FSP-Laplace Table 2, Fig. C.10 (Fashion-MNIST CNN: the same columns; OOD vs MNIST)",
+        in_default_suite: false,
+        run: fsp_images::run_fmnist,
     },
     Experiment {
         name: "nn-epoch-timer",
