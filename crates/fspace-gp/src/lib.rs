@@ -12,6 +12,8 @@
 //!   [`dirichlet_targets`] / [`fit_dirichlet_hyperparameters`]: Milios et al. (2018).
 //! * [`Svgp`]: sparse variational GP (Hensman et al. 2013) with minibatches, natural gradients
 //!   on `q(u)`, Adam on the hyperparameters; [`kmeans`] for inducing points.
+//! * [`SparseDirichletGp`]: sparse multi-class classification on Milios et al.'s targets —
+//!   `C` heteroscedastic sparse GPs with the closed-form optimal `q(u)` (Titsias 2009).
 //!
 //! Ill-conditioned Gram matrices are factorised with reported jitter; anything that cannot be
 //! recovered — non-finite targets, more inducing points than data, diverging hyperparameters —
@@ -23,6 +25,7 @@ pub mod error;
 pub mod exact;
 pub mod fit;
 pub mod kmeans;
+pub mod sparse_dirichlet;
 pub mod svgp;
 
 pub use classification::{
@@ -32,4 +35,5 @@ pub use error::{GpError, Result};
 pub use exact::{ExactGp, Noise};
 pub use fit::{fit_hyperparameters, FitConfig, FitReport};
 pub use kmeans::kmeans;
+pub use sparse_dirichlet::SparseDirichletGp;
 pub use svgp::{Svgp, SvgpConfig};

@@ -344,3 +344,82 @@ fn bad_input_is_a_typed_error() {
     let cfg = FitConfig { batch_size: Some(10), ..Default::default() };
     assert!(fit_hyperparameters(&k, &PriorMean::Zero, 0.1, &x, &y, &cfg).is_err());
 }
+
+#[test]
+fn sparse_dirichlet_gp_with_all_inputs_inducing_is_the_exact_heteroscedastic_gp() {
+    // Z = X: the collapsed optimum is the exact GP of each class's Milios targets with their
+    // per-point noise and the class mean as prior mean.
+    let x = rand_uniform(25, 2, -2.0, 2.0, &mut rng(41));
+    let labels = DVector::from_fn(25, |i, _| ((x[(i, 0)] > 0.0) as u8 + (x[(i, 1)] > 0.5) as u8) as f64);
+    let kernel = Rbf::new(1.5, 0.8).unwrap();
+    let sparse = SparseDirichletGp::fit(kernel.clone(), x.clone(), &x, &labels, 3, 0.01).unwrap();
+    let xs = rand_uniform(7, 2, -3.0, 3.0, &mut rng(42));
+    let pred = sparse.predict(&xs).unwrap();
+    let (mean_joint, cov_joint) = sparse.predict_joint(&xs).unwrap();
+    let (targets, noise) = dirichlet_targets(&labels, 3, 0.01).unwrap();
+    for c in 0..3 {
+        let mu = targets.column(c).mean();
+        let y = DMatrix::from_column_slice(25, 1, targets.column(c).as_slice());
+        let exact = ExactGp::fit(
+            kernel.clone(),
+            PriorMean::Constant(mu),
+            Noise::PerPoint(noise.column(c).into_owned()),
+            &x,
+            &y,
+        )
+        .unwrap();
+        let e = exact.predict(&xs).unwrap();
+        let (_, e_cov) = exact.predict_joint(&xs).unwrap();
+        for i in 0..7 {
+            assert!((pred.mean[(i, c)] - e.mean[(i, 0)]).abs() < 1e-8, "mean class {c} point {i}");
+            assert!((pred.var[(i, c)] - e.var[(i, 0)]).abs() < 1e-8, "variance class {c} point {i}");
+            assert!((mean_joint[(i, c)] - e.mean[(i, 0)]).abs() < 1e-8);
+            for j in 0..7 {
+                assert!((cov_joint[(i * 3 + c, j * 3 + c)] - e_cov[(i, j)]).abs() < 1e-8);
+                // Classes are independent.
+                assert_eq!(cov_joint[(i * 3 + c, j * 3 + (c + 1) % 3)], 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn sparse_dirichlet_gp_classifies_and_rejects_bad_input() {
+    // Three well-separated blobs, 12 k-means inducing points: MC class probabilities of the
+    // latent marginals put the right class first almost everywhere, and far away the prior returns.
+    let mut r = rng(43);
+    let centres = [(-2.0, 0.0), (2.0, 0.0), (0.0, 2.5)];
+    let n = 90;
+    let noise = randn(n, 2, &mut r) * 0.5;
+    let x = DMatrix::from_fn(
+        n,
+        2,
+        |i, j| if j == 0 { centres[i % 3].0 } else { centres[i % 3].1 } + noise[(i, j)],
+    );
+    let labels = DVector::from_fn(n, |i, _| (i % 3) as f64);
+    let z = kmeans(&x, 12, 50, 0).unwrap();
+    let gp = SparseDirichletGp::fit(Rbf::new(2.0, 1.0).unwrap(), z, &x, &labels, 3, 0.01).unwrap();
+    let pred = gp.predict(&x).unwrap();
+    let probs =
+        class_probabilities(&pred, ClassProbMethod::MonteCarlo { samples: 200 }, &mut rng(44)).unwrap();
+    let correct = (0..n).filter(|&i| probs.row(i).transpose().imax() == labels[i] as usize).count();
+    assert!(correct as f64 / n as f64 > 0.95, "{correct} of {n}");
+    let far = gp.predict(&DMatrix::from_row_slice(1, 2, &[20.0, -20.0])).unwrap();
+    // Far away the prior variance (2) comes back; on the data the heavy Milios noise on the
+    // other classes' points (log 101) still leaves it well below (measured 0.43).
+    assert!((far.var[(0, 0)] - 2.0).abs() < 1e-9 && pred.var.column(0).mean() < 0.3 * 2.0);
+    assert!((far.mean[(0, 0)] - far.mean[(0, 1)]).abs() < 1e-9, "far away: the prior means");
+    // Bad input: labels out of range, mismatched shapes, no inducing points, α_ε ≤ 0.
+    let k = Rbf::new(1.0, 1.0).unwrap();
+    let z = x.rows(0, 5).into_owned();
+    let mut bad = labels.clone();
+    bad[3] = 3.0;
+    assert!(SparseDirichletGp::fit(k.clone(), z.clone(), &x, &bad, 3, 0.01).is_err());
+    assert!(
+        SparseDirichletGp::fit(k.clone(), z.clone(), &x, &labels.rows(0, 10).into_owned(), 3, 0.01).is_err()
+    );
+    assert!(SparseDirichletGp::fit(k.clone(), DMatrix::zeros(0, 2), &x, &labels, 3, 0.01).is_err());
+    assert!(SparseDirichletGp::fit(k.clone(), DMatrix::zeros(4, 3), &x, &labels, 3, 0.01).is_err());
+    assert!(SparseDirichletGp::fit(k.clone(), z.clone(), &x, &labels, 3, 0.0).is_err());
+    assert!(gp.predict(&DMatrix::zeros(2, 3)).is_err());
+}

@@ -122,6 +122,32 @@ pub fn sampled_class_probs(
     Ok((mean / per_sample.len().max(1) as f64, per_sample))
 }
 
+/// Class probabilities from `samples` draws of independent per-point, per-class Gaussian
+/// logits (a predictive's marginals, for models whose joint samples are too costly): the mean
+/// softmax and each draw's softmax, as [`sampled_class_probs`].
+pub fn marginal_sampled_class_probs(
+    pred: &fspace_core::FunctionPredictive,
+    samples: usize,
+    seed: u64,
+) -> (DMatrix<f64>, Vec<DMatrix<f64>>) {
+    use rand_distr::{Distribution, StandardNormal};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let per_sample: Vec<DMatrix<f64>> = (0..samples)
+        .map(|_| {
+            let f = DMatrix::from_fn(pred.mean.nrows(), pred.mean.ncols(), |i, c| {
+                let z: f64 = StandardNormal.sample(&mut rng);
+                pred.mean[(i, c)] + pred.var[(i, c)].sqrt() * z
+            });
+            softmax_rows(&f)
+        })
+        .collect();
+    let mut mean = DMatrix::zeros(pred.mean.nrows(), pred.mean.ncols());
+    for p in &per_sample {
+        mean += p;
+    }
+    (mean / samples.max(1) as f64, per_sample)
+}
+
 /// Row-wise softmax of logits.
 fn softmax_rows(f: &DMatrix<f64>) -> DMatrix<f64> {
     let mut p = DMatrix::zeros(f.nrows(), f.ncols());
