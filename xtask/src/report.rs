@@ -101,6 +101,21 @@ pub fn mean_std(v: &[f64]) -> (f64, f64) {
     (m, sd)
 }
 
+/// `(mean, standard error)` of a list; the standard error is NaN for fewer than two values.
+pub fn mean_se(v: &[f64]) -> (f64, f64) {
+    let (m, sd) = mean_std(v);
+    (m, if v.len() < 2 { f64::NAN } else { sd / (v.len() as f64).sqrt() })
+}
+
+/// A `"mean ± spread"` table cell (just the mean when the spread is NaN).
+pub fn pm_cell((mean, spread): (f64, f64)) -> String {
+    if spread.is_nan() {
+        fmt(mean)
+    } else {
+        format!("{} ± {}", fmt(mean), fmt(spread))
+    }
+}
+
 /// Rewrites `out/README.md`: one section per experiment that has a `table.md` under `out/`, in
 /// registry order — its paper reference, a link to its folder and its table (ours beside the
 /// paper's numbers), so one file indexes every run and its headline numbers.

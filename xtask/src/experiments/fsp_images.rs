@@ -57,10 +57,9 @@ use serde_json::{json, Value};
 use super::images::{
     marginal_sampled_class_probs, sampled_class_probs, test_with, train_val_test, ImageSet, Images,
 };
-use super::valla_images::mean_se;
 use super::Options;
 use crate::plot::{line_panels, LinePanel};
-use crate::report::{fmt, markdown_table, Run};
+use crate::report::{fmt, markdown_table, mean_se, pm_cell, Run};
 
 /// Table 2's columns, in the paper's order.
 const COLUMNS: [&str; 7] =
@@ -541,11 +540,7 @@ fn report(
                         metric.to_string(),
                         json!({ "mean": m, "se": se, "paper": [pm, pse], "per_seed": ours }),
                     );
-                if se.is_nan() {
-                    fmt(m)
-                } else {
-                    format!("{} ± {}", fmt(m), fmt(se))
-                }
+                pm_cell((m, se))
             };
             cells.push(format!("{mine} ({} ± {})", fmt(pm), fmt(pse)));
         }

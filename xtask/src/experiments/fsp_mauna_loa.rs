@@ -46,7 +46,7 @@ use serde_json::{json, Map, Value};
 
 use super::{tanh_mlp, Options};
 use crate::plot::{regression_panels, Panel1d};
-use crate::report::{fmt, markdown_table, mean_std, Run};
+use crate::report::{markdown_table, mean_std, pm_cell, Run};
 
 const METHODS: [&str; 4] = ["FSP-Laplace", "FVI", "Laplace", "GP"];
 /// The paper's Table 1 row: ELL then MSE, (mean, std) per method.
@@ -335,10 +335,7 @@ fn write_outputs(
     seeds: usize,
     quick: bool,
 ) -> Result<()> {
-    let cell = |v: Vec<f64>| {
-        let (m, s) = mean_std(&v);
-        format!("{} ± {}", fmt(m), fmt(s))
-    };
+    let cell = |v: Vec<f64>| pm_cell(mean_std(&v));
     let mut rows = Vec::new();
     let mut metrics = Map::new();
     for (k, method) in METHODS.iter().enumerate() {

@@ -40,7 +40,7 @@ use serde_json::{json, Map, Value};
 
 use super::Options;
 use crate::plot::{heatmaps, quiver_panels, Arrow, Heatmap, QuiverPanel};
-use crate::report::{fmt, markdown_table, mean_std, Run};
+use crate::report::{markdown_table, mean_std, pm_cell, Run};
 
 const METHODS: [&str; 4] = ["FSP-Laplace", "FVI", "Laplace", "GP"];
 const PAPER_ELL: [(f64, f64); 4] =
@@ -305,10 +305,7 @@ fn write_outputs(
     seeds: usize,
     quick: bool,
 ) -> Result<()> {
-    let cell = |v: Vec<f64>| {
-        let (m, s) = mean_std(&v);
-        format!("{} ± {}", fmt(m), fmt(s))
-    };
+    let cell = |v: Vec<f64>| pm_cell(mean_std(&v));
     let mut rows = Vec::new();
     let mut metrics = Map::new();
     for (k, method) in METHODS.iter().enumerate() {

@@ -44,7 +44,7 @@ use serde_json::{json, Value};
 use super::images::{class_metrics, map_probs, rotate, test_with, train_val_test, ImageSet, Images};
 use super::{tanh_mlp, Options};
 use crate::plot::{line_panels, log_box_plot, LinePanel};
-use crate::report::{fmt, markdown_table, Run};
+use crate::report::{fmt, markdown_table, mean_se, pm_cell, Run};
 
 /// The paper's tables (Fig. 3 left: MNIST; Fig. 4 left: FMNIST): ACC (%), NLL, ECE, Brier,
 /// OOD-AUC. "Sampled LLA" is not reproduced.
@@ -370,16 +370,6 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
     report(&mut run, name, paper, &rows, &budget, with_rotation)
 }
 
-pub(super) fn mean_se(v: &[f64]) -> (f64, f64) {
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    if v.len() < 2 {
-        return (mean, f64::NAN);
-    }
-    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    (mean, (var / n).sqrt())
-}
-
 fn report(
     run: &mut Run,
     name: &str,
@@ -402,7 +392,7 @@ fn report(
         let mut entry = serde_json::Map::new();
         for (k, col) in cols.iter().enumerate() {
             let (m, se) = mean_se(&mine.iter().map(|r| r.metrics[k]).collect::<Vec<_>>());
-            let cell = if se.is_nan() { fmt(m) } else { format!("{} ± {}", fmt(m), fmt(se)) };
+            let cell = pm_cell((m, se));
             cells.push(format!("{cell} ({})", fmt(paper_vals[k])));
             entry.insert(col.to_string(), json!({ "mean": m, "se": se, "paper": paper_vals[k] }));
         }

@@ -34,9 +34,9 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
 
-use super::valla_images::{laplace, linear_head, mean_se};
+use super::valla_images::{laplace, linear_head};
 use super::{tanh_mlp, Options};
-use crate::report::{fmt, markdown_table, Run};
+use crate::report::{fmt, markdown_table, mean_se, Run};
 
 const METHODS: [&str; 8] =
     ["MAP", "LLA Diag", "LLA KFAC", "LLA* (last layer)", "LLA* KFAC", "ELLA", "VaLLA 100", "VaLLA 200"];
