@@ -1,5 +1,6 @@
-//! Gram construction and matrix-free Gram products against n (d = 8, ARD RBF), showing how the
-//! cost grows with n (both are O(n²·d)); memory of the matrix-free product stays O(n·d).
+//! Gram construction and matrix-free Gram products against n (d = 8, ARD RBF; and d = 784,
+//! isotropic RBF, the image workloads), showing how the cost grows with n (both are O(n²·d));
+//! memory of the matrix-free product stays O(n·d).
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -46,6 +47,21 @@ fn bench_gram(c: &mut Criterion) {
         let v = DVector::from_element(n, 1.0);
         group.throughput(Throughput::Elements((n * n) as u64));
         group.bench_with_input(BenchmarkId::from_parameter(n), &v, |b, v| b.iter(|| op.matvec(v)));
+    }
+    group.finish();
+
+    // Images: an isotropic RBF on 784 pixels (the MNIST prior fit, the sparse GP's K_nm, the
+    // FSP-Laplace context Gram). The squared distance dominates; it is summed in eight lanes.
+    let mut group = c.benchmark_group("gram_dense_rbf_d784");
+    group.sample_size(10);
+    let iso = Rbf::new(1.0, 28.0).unwrap();
+    for n in [250, 500, 1_000] {
+        let mut rng = StdRng::seed_from_u64(1);
+        let x = DMatrix::from_fn(n, 784, |_, _| rng.gen_range(-1.0..3.0));
+        group.throughput(Throughput::Elements((n * n) as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &x, |b, x| {
+            b.iter(|| gram(&iso, x, x).unwrap())
+        });
     }
     group.finish();
 
