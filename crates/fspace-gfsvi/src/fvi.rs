@@ -9,6 +9,11 @@
 //! are reparameterised (`w = m + σ ⊙ ε`) and pulled back with one `Jᵀ·v` per sample. The
 //! measurement set mixes `n_uniform` uniform points of the box with `n_batch` points of the
 //! minibatch (the paper: 50 + 450).
+//!
+//! The data term is Gaussian (the paper's regression) or categorical over the network's
+//! logits ([`FviLikelihood`]; FSP-Laplace Table 2's FVI column): then it is the Monte-Carlo
+//! average of `log softmax(f(xᵢ; w))_{yᵢ}` over the same function samples, with the gradient
+//! `onehot(yᵢ) − softmax(f)` per sample and no `σ_y`.
 
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
 use fspace_nn::Network;
@@ -26,9 +31,21 @@ use crate::prior::GpPrior;
 use crate::sampled::{fit_mean_field, pack, unpack, Fitted};
 use crate::ssge::Ssge;
 
+/// The likelihood of FVI's data term.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FviLikelihood {
+    /// `N(y | f, σ_y²)` per output; targets `n × d'` (the paper's regression runs).
+    #[default]
+    Gaussian,
+    /// Categorical over the `d'` logits; targets are labels `0..d'` as an `n × 1` matrix.
+    Categorical,
+}
+
 /// FVI settings; `Default` holds the paper's values where it states them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FviConfig {
+    /// The data term's likelihood (Gaussian).
+    pub likelihood: FviLikelihood,
     /// Uniform measurement points per step (50).
     pub n_uniform: usize,
     /// Measurement points taken from the minibatch per step (450; all of a smaller batch).
@@ -57,6 +74,7 @@ pub struct FviConfig {
 impl Default for FviConfig {
     fn default() -> Self {
         Self {
+            likelihood: FviLikelihood::Gaussian,
             n_uniform: 50,
             n_batch: 450,
             measurement_box: None,
@@ -83,9 +101,17 @@ pub fn fit_fvi<N: Network + Clone>(
     config: &FviConfig,
 ) -> Fitted<N> {
     let q = net.output_dim();
-    check_regression(x, y, net.input_dim(), q, "training inputs")?;
+    let categorical = config.likelihood == FviLikelihood::Categorical;
+    let target_cols = if categorical { 1 } else { q };
+    check_regression(x, y, net.input_dim(), target_cols, "training inputs")?;
     if let Some((xv, yv)) = validation {
-        check_regression(xv, yv, net.input_dim(), q, "validation inputs")?;
+        check_regression(xv, yv, net.input_dim(), target_cols, "validation inputs")?;
+    }
+    if categorical {
+        check_labels(y, q, "training labels")?;
+        if let Some((_, yv)) = validation {
+            check_labels(yv, q, "validation labels")?;
+        }
     }
     if prior.output_dim() != q {
         return Err(GfsviError::DimensionMismatch {
@@ -164,14 +190,12 @@ pub fn fit_fvi<N: Network + Clone>(
         let mut sq_total = 0.0;
         for (s, e) in eps.iter().enumerate() {
             let f = &outs[s];
+            let (logp, grad_f, sq) =
+                sample_data_term(config.likelihood, &f.rows(0, b).into_owned(), &yb, sigma2);
+            ell += scale * logp / k as f64;
+            sq_total += sq;
             let mut cot = DMatrix::zeros(b + mpts, q);
-            for i in 0..b {
-                for o in 0..q {
-                    let r = yb[(i, o)] - f[(i, o)];
-                    sq_total += r * r;
-                    cot[(i, o)] = scale * r / sigma2;
-                }
-            }
+            cot.rows_mut(0, b).copy_from(&(grad_f * scale));
             // −(∇ log q − ∇ log p) at this sample.
             let fvec = DVector::from_fn(mpts * q, |r, _| fm[(s, r)]);
             let grad_logp = -(&kinv * (&fvec - &mu));
@@ -185,14 +209,62 @@ pub fn fit_fvi<N: Network + Clone>(
                 grad[p + j] += gw[j] * e[j] * sd[j] / k as f64;
             }
         }
-        let count = (b * q) as f64;
-        ell += scale
-            * (-0.5 * count * (std::f64::consts::TAU * sigma2).ln() - sq_total / k as f64 / (2.0 * sigma2));
-        if config.learn_noise {
+        if config.learn_noise && !categorical {
+            let count = (b * q) as f64;
             grad[2 * p] = scale * (-count + sq_total / k as f64 / sigma2);
         }
         Ok((ell, grad))
     };
     let theta0 = pack(&net.params(), config.init_std.ln(), config.init_noise_std.ln());
-    fit_mean_field(net, theta0, n, &config.optim, validation, config.predictive_samples, step)
+    fit_mean_field(
+        net,
+        theta0,
+        n,
+        &config.optim,
+        validation,
+        config.predictive_samples,
+        config.likelihood,
+        step,
+    )
+}
+
+/// Labels `0..classes` in an `n × 1` matrix.
+fn check_labels(y: &DMatrix<f64>, classes: usize, what: &'static str) -> Result<(), GfsviError> {
+    match y.iter().position(|&l| !(l >= 0.0 && l < classes as f64 && l.fract() == 0.0)) {
+        Some(i) => Err(invalid(what, format!("label {} at row {i} is not one of 0..{classes}", y[i]))),
+        None => Ok(()),
+    }
+}
+
+/// One function sample's data term on a batch: `(Σᵢ log p(yᵢ | fᵢ), ∂/∂f (b × d'), Σ squared
+/// residuals)` — the residuals only for the Gaussian, whose `σ_y` gradient needs them.
+pub fn sample_data_term(
+    likelihood: FviLikelihood,
+    f: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    sigma2: f64,
+) -> (f64, DMatrix<f64>, f64) {
+    let (b, q) = f.shape();
+    match likelihood {
+        FviLikelihood::Gaussian => {
+            let r = y - f;
+            let sq = r.norm_squared();
+            let logp = -0.5 * (b * q) as f64 * (std::f64::consts::TAU * sigma2).ln() - sq / (2.0 * sigma2);
+            (logp, r / sigma2, sq)
+        }
+        FviLikelihood::Categorical => {
+            let mut grad = DMatrix::zeros(b, q);
+            let mut logp = 0.0;
+            for i in 0..b {
+                let row: Vec<f64> = f.row(i).iter().cloned().collect();
+                let lse = fspace_core::logsumexp(&row);
+                let label = y[(i, 0)] as usize;
+                logp += row[label] - lse;
+                for (c, v) in row.iter().enumerate() {
+                    grad[(i, c)] = f64::from(u8::from(c == label)) - (v - lse).exp();
+                }
+            }
+            (logp, grad, 0.0)
+        }
+    }
 }

@@ -36,7 +36,7 @@ pub mod ssge;
 
 pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
-pub use fvi::{fit_fvi, FviConfig};
+pub use fvi::{fit_fvi, sample_data_term, FviConfig, FviLikelihood};
 pub use gfsvi::{
     fit, gaussian_nll, objective, objective_with, DataTerm, FunctionPrior, GfsviConfig, GfsviFit, Likelihood,
     LinearizedPosterior, ObjectiveValue, VariationalParams,

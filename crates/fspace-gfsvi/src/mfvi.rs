@@ -13,6 +13,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
+use crate::fvi::FviLikelihood;
 use crate::optim::OptimConfig;
 use crate::sampled::{fit_mean_field, pack, unpack, Fitted};
 
@@ -209,7 +210,16 @@ pub fn fit_mfvi(
         Ok((ell - kl, g))
     };
     let theta0 = pack(&net.params(), config.init_std.ln(), config.init_noise_std.ln());
-    fit_mean_field(net, theta0, n, &config.optim, validation, config.predictive_samples, step)
+    fit_mean_field(
+        net,
+        theta0,
+        n,
+        &config.optim,
+        validation,
+        config.predictive_samples,
+        FviLikelihood::Gaussian,
+        step,
+    )
 }
 
 /// The MFVI minibatch objective's gradient from one LRT pass, for tests: returns

@@ -9,6 +9,7 @@ use rand::{RngCore, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::Result;
+use crate::fvi::FviLikelihood;
 use crate::optim::{OptimConfig, OptimReport};
 
 /// `q(w) = N(m, diag(σ²))` with a fixed set of weight samples for predictions (the paper's
@@ -54,6 +55,21 @@ impl<N: Network + Clone> WeightSamplePosterior<N> {
     /// The likelihood scale `σ_y`.
     pub fn noise_std(&self) -> f64 {
         self.noise_std
+    }
+    /// Class probabilities (`n × d'`): the mean softmax of the logits over the stored weight
+    /// samples (a categorical model's predictive).
+    pub fn class_probabilities(&self, x: &DMatrix<f64>) -> fspace_core::Result<DMatrix<f64>> {
+        let fs = self.outputs(x, &self.samples)?;
+        let mut probs = DMatrix::zeros(x.nrows(), self.net.output_dim());
+        for f in &fs {
+            for i in 0..f.nrows() {
+                let row: Vec<f64> = f.row(i).iter().cloned().collect();
+                for (c, v) in fspace_core::softmax(&row).into_iter().enumerate() {
+                    probs[(i, c)] += v / fs.len() as f64;
+                }
+            }
+        }
+        Ok(probs)
     }
     fn outputs(&self, x: &DMatrix<f64>, weights: &[DVector<f64>]) -> fspace_core::Result<Vec<DMatrix<f64>>> {
         let mut net = self.net.clone();
@@ -140,6 +156,7 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
     optim: &OptimConfig,
     validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
     predictive_samples: usize,
+    likelihood: FviLikelihood,
     step: impl FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)>,
 ) -> Fitted<N> {
     let p = net.n_params();
@@ -149,7 +166,15 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
         let (m, sd, log_noise) = unpack(theta, p);
         val_net.set_params(&m)?;
         let post = WeightSamplePosterior::new(val_net.clone(), m, sd, log_noise.exp(), 20, optim.seed);
-        crate::gfsvi::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp())
+        match likelihood {
+            FviLikelihood::Gaussian => crate::gfsvi::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp()),
+            FviLikelihood::Categorical => {
+                let probs = post.class_probabilities(xv)?;
+                let nll: f64 =
+                    (0..xv.nrows()).map(|i| -probs[(i, yv[(i, 0)] as usize)].max(1e-300).ln()).sum();
+                Ok(nll / xv.nrows() as f64)
+            }
+        }
     };
     let (theta, report) = crate::optim::optimise(
         theta0,

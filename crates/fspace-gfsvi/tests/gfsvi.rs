@@ -459,3 +459,92 @@ mod invariants {
         }
     }
 }
+
+#[test]
+fn fvi_data_term_gradients_match_finite_differences() {
+    // Both likelihoods: ∂/∂f of Σᵢ log p(yᵢ | fᵢ) against central differences of the value.
+    let mut r = rng(61);
+    let f = randn(6, 3, &mut r) * 2.0;
+    let labels = DMatrix::from_fn(6, 1, |i, _| (i % 3) as f64);
+    let targets = randn(6, 3, &mut r);
+    for (lik, y) in [(FviLikelihood::Categorical, &labels), (FviLikelihood::Gaussian, &targets)] {
+        let (_, grad, _) = sample_data_term(lik, &f, y, 0.7);
+        let fd = fd_gradient(
+            |v| sample_data_term(lik, &DMatrix::from_column_slice(6, 3, v), y, 0.7).0,
+            f.as_slice(),
+            1e-5,
+        );
+        for (k, (a, b)) in grad.iter().zip(&fd).enumerate() {
+            assert!((a - b).abs() < 1e-7, "{lik:?} entry {k}: {a} vs {b}");
+        }
+    }
+    // Categorical value: log softmax of the label's logit.
+    let (logp, _, sq) = sample_data_term(FviLikelihood::Categorical, &f, &labels, 1.0);
+    let direct: f64 = (0..6)
+        .map(|i| {
+            let z: f64 = (0..3).map(|c| f[(i, c)].exp()).sum();
+            (f[(i, i % 3)].exp() / z).ln()
+        })
+        .sum();
+    assert!((logp - direct).abs() < 1e-12 && sq == 0.0);
+}
+
+#[test]
+fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
+    // Three Gaussian blobs in 2-D, an independent-output RBF prior on three logits.
+    let mut r = rng(62);
+    let centres = [(-2.0, 0.0), (2.0, 0.0), (0.0, 2.5)];
+    let make = |n: usize, r: &mut rand::rngs::StdRng| {
+        let e = randn(n, 2, r) * 0.5;
+        let x = DMatrix::from_fn(
+            n,
+            2,
+            |i, j| if j == 0 { centres[i % 3].0 } else { centres[i % 3].1 } + e[(i, j)],
+        );
+        (x, DMatrix::from_fn(n, 1, |i, _| (i % 3) as f64))
+    };
+    let (x, y) = make(150, &mut r);
+    let (xv, yv) = make(60, &mut r);
+    let net = Mlp::new(MlpConfig {
+        input_dim: 2,
+        hidden: vec![16],
+        output_dim: 3,
+        activation: Activation::Tanh,
+        seed: 3,
+    })
+    .unwrap();
+    let prior = GpPrior::centered(fspace_kernels::Independent::new(Rbf::new(4.0, 1.5).unwrap(), 3).unwrap());
+    let config = FviConfig {
+        likelihood: FviLikelihood::Categorical,
+        n_uniform: 20,
+        n_batch: 30,
+        samples: 8,
+        optim: OptimConfig {
+            learning_rate: 1e-2,
+            batch_size: 50,
+            max_steps: 600,
+            eval_every: 50,
+            patience: 4,
+            seed: 1,
+        },
+        ..FviConfig::default()
+    };
+    let fit = fit_fvi(&net, &prior, &x, &y, Some((&xv, &yv)), &config).unwrap();
+    let probs = fit.posterior.class_probabilities(&xv).unwrap();
+    let correct = (0..60).filter(|&i| probs.row(i).transpose().imax() == yv[(i, 0)] as usize).count();
+    assert!(correct >= 55, "{correct} of 60 validation points");
+    for i in 0..60 {
+        assert!((probs.row(i).sum() - 1.0).abs() < 1e-12);
+    }
+    // Labels outside 0..3, fractional labels, targets with three columns: typed errors.
+    for bad in [DMatrix::from_element(150, 1, 3.0), DMatrix::from_element(150, 1, 0.5)] {
+        assert!(matches!(
+            fit_fvi(&net, &prior, &x, &bad, None, &config),
+            Err(GfsviError::InvalidParameter { .. })
+        ));
+    }
+    assert!(matches!(
+        fit_fvi(&net, &prior, &x, &DMatrix::zeros(150, 3), None, &config),
+        Err(GfsviError::DimensionMismatch { .. })
+    ));
+}
