@@ -167,11 +167,27 @@ pub fn fit_fvi<N: Network + Clone>(
         }
         let mpts = xm.nrows();
         let mu = prior.mean_at(&xm)?;
-        let mut kmm = prior.gram(&xm)?;
+        // Independent outputs sharing a kernel: (K₀ ⊗ I + jI)⁻¹ = (K₀ + jI)⁻¹ ⊗ I, an M × M
+        // inverse instead of an M·d' × M·d' one (the ten logits of an image model).
+        let shared = prior.kernel.shared_output_kernel();
+        let mut kmm = match shared {
+            Some(k0) => fspace_kernels::gram(k0, &xm, &xm)?,
+            None => prior.gram(&xm)?,
+        };
         for i in 0..kmm.nrows() {
             kmm[(i, i)] += config.prior_jitter;
         }
         let (kinv, _) = inverse_and_logdet(&kmm, "FVI prior covariance (K + jitter)")?;
+        // ∇ log p(f) = −K⁻¹(f − μ), point-major.
+        let grad_log_prior = |fvec: &DVector<f64>| -> DVector<f64> {
+            let r = fvec - &mu;
+            if shared.is_some() {
+                let a = &kinv * DMatrix::from_row_slice(mpts, q, r.as_slice());
+                DVector::from_fn(mpts * q, |t, _| -a[(t / q, t % q)])
+            } else {
+                -(&kinv * r)
+            }
+        };
         let all =
             DMatrix::from_fn(b + mpts, xb.ncols(), |i, c| if i < b { xb[(i, c)] } else { xm[(i - b, c)] });
         // Function samples.
@@ -198,7 +214,7 @@ pub fn fit_fvi<N: Network + Clone>(
             cot.rows_mut(0, b).copy_from(&(grad_f * scale));
             // −(∇ log q − ∇ log p) at this sample.
             let fvec = DVector::from_fn(mpts * q, |r, _| fm[(s, r)]);
-            let grad_logp = -(&kinv * (&fvec - &mu));
+            let grad_logp = grad_log_prior(&fvec);
             for r in 0..mpts * q {
                 cot[(b + r / q, r % q)] = -(score_q[(s, r)] - grad_logp[r]);
             }

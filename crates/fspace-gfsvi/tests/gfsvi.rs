@@ -548,3 +548,71 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
         Err(GfsviError::DimensionMismatch { .. })
     ));
 }
+
+/// `Independent` with its `K₀ ⊗ I` structure hidden: forces FVI's dense prior solve.
+#[derive(Debug)]
+struct Opaque(fspace_kernels::Independent<Rbf>);
+
+impl fspace_kernels::KernelBase for Opaque {
+    fn input_dim(&self) -> Option<usize> {
+        self.0.input_dim()
+    }
+    fn n_params(&self) -> usize {
+        self.0.n_params()
+    }
+    fn params(&self) -> Vec<f64> {
+        self.0.params()
+    }
+    fn set_params(&mut self, p: &[f64]) -> fspace_kernels::Result<()> {
+        self.0.set_params(p)
+    }
+    fn param_names(&self) -> Vec<String> {
+        self.0.param_names()
+    }
+}
+
+impl fspace_kernels::MatrixKernel for Opaque {
+    fn output_dim(&self) -> usize {
+        self.0.output_dim()
+    }
+    fn eval_block(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
+        self.0.eval_block(x, y, out)
+    }
+    fn eval_block_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
+        self.0.eval_block_grad(x, y, out)
+    }
+    fn matrix_spec(&self) -> Option<fspace_kernels::MatrixKernelSpec> {
+        None
+    }
+}
+
+#[test]
+fn fvi_with_a_shared_output_kernel_equals_the_dense_prior_solve() {
+    use fspace_kernels::{Independent, MatrixKernel};
+    let mut r = rng(63);
+    let x = randn(40, 2, &mut r);
+    let y = DMatrix::from_fn(40, 1, |i, _| (i % 3) as f64);
+    let net = Mlp::new(MlpConfig {
+        input_dim: 2,
+        hidden: vec![6],
+        output_dim: 3,
+        activation: Activation::Tanh,
+        seed: 4,
+    })
+    .unwrap();
+    let kernel = Independent::new(Rbf::new(2.0, 1.0).unwrap(), 3).unwrap();
+    assert!(Opaque(kernel.clone()).shared_output_kernel().is_none());
+    let config = FviConfig {
+        likelihood: FviLikelihood::Categorical,
+        n_uniform: 10,
+        n_batch: 10,
+        samples: 4,
+        optim: OptimConfig { batch_size: 20, max_steps: 15, ..OptimConfig::default() },
+        ..FviConfig::default()
+    };
+    let a = fit_fvi(&net, &GpPrior::centered(kernel.clone()), &x, &y, None, &config).unwrap();
+    let b = fit_fvi(&net, &GpPrior::centered(Opaque(kernel)), &x, &y, None, &config).unwrap();
+    let diff =
+        (a.posterior.mean() - b.posterior.mean()).amax() + (a.posterior.std() - b.posterior.std()).amax();
+    assert!(diff < 1e-9, "shared vs dense prior solve: {diff}");
+}
