@@ -24,6 +24,16 @@ use crate::classification::dirichlet_targets;
 use crate::error::{invalid, Result};
 use crate::exact::to_core;
 
+/// The predictive pieces at test inputs.
+struct Latent {
+    /// Means `n × C`.
+    mean: DMatrix<f64>,
+    /// `L_Σc⁻¹ K_m*` per class (`M × n`).
+    v_c: Vec<DMatrix<f64>>,
+    /// `L_mm⁻¹ K_m*` (`M × n`).
+    v_mm: DMatrix<f64>,
+}
+
 /// `C` sparse heteroscedastic GPs on Milios et al.'s targets, sharing a kernel and `Z`.
 #[derive(Debug, Clone)]
 pub struct SparseDirichletGp<K> {
@@ -108,7 +118,7 @@ impl<K: Kernel + Clone> SparseDirichletGp<K> {
     }
 
     /// Means `n × C` and, per class, `L_Σc⁻¹ K_m*` (`M × n`), with `L_mm⁻¹ K_m*`.
-    fn latent(&self, xs: &DMatrix<f64>) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>, DMatrix<f64>)> {
+    fn latent(&self, xs: &DMatrix<f64>) -> Result<Latent> {
         self.check_inputs(xs)?;
         let ksm = gram(&self.kernel, xs, &self.z)?; // n × M
         let mut mean = &ksm * &self.weights;
@@ -119,7 +129,7 @@ impl<K: Kernel + Clone> SparseDirichletGp<K> {
         let v_mm = self.kmm.solve_lower(&kms)?;
         let v_c =
             self.sigma.iter().map(|s| s.solve_lower(&kms)).collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok((mean, v_c, v_mm))
+        Ok(Latent { mean, v_c, v_mm })
     }
 }
 
@@ -130,7 +140,7 @@ impl<K: Kernel + Clone> Posterior for SparseDirichletGp<K> {
 
     fn predict(&self, xs: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
         let run = || -> Result<FunctionPredictive> {
-            let (mean, v_c, v_mm) = self.latent(xs)?;
+            let Latent { mean, v_c, v_mm } = self.latent(xs)?;
             let prior = gram_diag(&self.kernel, xs)?;
             let nystrom = DVector::from_fn(xs.nrows(), |i, _| v_mm.column(i).norm_squared());
             let var = DMatrix::from_fn(xs.nrows(), self.classes(), |i, c| {
@@ -145,7 +155,7 @@ impl<K: Kernel + Clone> Posterior for SparseDirichletGp<K> {
     /// `K_** − K_*m K_mm⁻¹ K_m* + K_*m Σ_c⁻¹ K_m*`.
     fn predict_joint(&self, xs: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
-            let (mean, v_c, v_mm) = self.latent(xs)?;
+            let Latent { mean, v_c, v_mm } = self.latent(xs)?;
             let base = gram(&self.kernel, xs, xs)? - v_mm.transpose() * &v_mm;
             let (n, q) = (xs.nrows(), self.classes());
             let mut cov = DMatrix::zeros(n * q, n * q);
