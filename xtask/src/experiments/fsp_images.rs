@@ -333,6 +333,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
     let budget = Budget::new(opts);
     run.log(format!("budget: {}", serde_json::to_string(&budget)?));
     let mut rows: Vec<(u64, Row)> = Vec::new();
+    // Tables and figures after every method, so a long run leaves them behind.
     let write = |run: &mut Run, rows: &[(u64, Row)]| report(run, name, title, paper, rows, &budget);
     for s in 0..budget.seeds as u64 {
         let seed = opts.seed + s;
@@ -432,6 +433,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         });
         log_row(&mut run, &row);
         rows.push((seed, row));
+        write(&mut run, &rows)?;
         drop(post);
 
         // MAP and Laplace (KFAC) around it.
@@ -455,6 +457,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         row.extra = json!({ "epochs": map_report.epochs, "stopped_early": map_report.stopped_early, "metrics": row.extra });
         log_row(&mut run, &row);
         rows.push((seed, row));
+        write(&mut run, &rows)?;
 
         let t0 = Instant::now();
         let curv = train.subset(budget.kfac_points, seed + 7);
@@ -488,6 +491,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         });
         log_row(&mut run, &row);
         rows.push((seed, row));
+        write(&mut run, &rows)?;
         // FVI (RND): the stochastic network from a fresh initialisation, the same GP prior on the
         // ten logits, measurement points uniform on the widened pixel box plus the batch.
         let t0 = Instant::now();
@@ -521,6 +525,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         });
         log_row(&mut run, &row);
         rows.push((seed, row));
+        write(&mut run, &rows)?;
 
         // Sparse GP: Milios et al.'s Dirichlet targets, the prior's RBF kernel, a seeded random
         // subset of the training images as inducing inputs, the closed-form optimal q(u).
@@ -532,7 +537,6 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         row.extra = json!({ "inducing": budget.inducing, "metrics": row.extra });
         log_row(&mut run, &row);
         rows.push((seed, row));
-        // Tables and figures after every seed, so a long run leaves them behind.
         write(&mut run, &rows)?;
     }
     Ok(())
