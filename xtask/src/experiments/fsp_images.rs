@@ -325,16 +325,17 @@ fn train_config(budget: &Budget, weight_decay: f64, seed: u64) -> TrainConfig {
 }
 
 fn run(opts: &Options, set: ImageSet) -> Result<()> {
-    let (name, ood_set, paper, title) = match set {
-        ImageSet::Mnist => ("fsp-mnist", ImageSet::FashionMnist, &PAPER_MNIST, "MNIST"),
-        ImageSet::FashionMnist => ("fsp-fmnist", ImageSet::Mnist, &PAPER_FMNIST, "Fashion-MNIST"),
+    let (name, ood_set, paper, title, ood_title) = match set {
+        ImageSet::Mnist => ("fsp-mnist", ImageSet::FashionMnist, &PAPER_MNIST, "MNIST", "Fashion-MNIST"),
+        ImageSet::FashionMnist => ("fsp-fmnist", ImageSet::Mnist, &PAPER_FMNIST, "Fashion-MNIST", "MNIST"),
     };
     let mut run = Run::new(&opts.out, name)?;
     let budget = Budget::new(opts);
     run.log(format!("budget: {}", serde_json::to_string(&budget)?));
     let mut rows: Vec<(u64, Row)> = Vec::new();
     // Tables and figures after every method, so a long run leaves them behind.
-    let write = |run: &mut Run, rows: &[(u64, Row)]| report(run, name, title, paper, rows, &budget);
+    let write =
+        |run: &mut Run, rows: &[(u64, Row)]| report(run, (name, title, ood_title), paper, rows, &budget);
     for s in 0..budget.seeds as u64 {
         let seed = opts.seed + s;
         let (train, val, test, stats) = train_val_test(set, seed)?;
@@ -572,8 +573,7 @@ fn density(v: &[f64], bins: usize) -> Vec<(f64, f64)> {
 
 fn report(
     run: &mut Run,
-    name: &str,
-    title: &str,
+    (name, title, ood_title): (&str, &str, &str),
     paper: &PaperTable,
     rows: &[(u64, Row)],
     budget: &Budget,
@@ -686,7 +686,7 @@ fn report(
                 labels: ("entropy (nats; max ln 10 ≈ 2.30)".into(), "density".into()),
                 series: vec![
                     (format!("ID ({title} test)"), density(&id, 30)),
-                    ("OOD".into(), density(&ood, 30)),
+                    (format!("OOD ({ood_title} test)"), density(&ood, 30)),
                 ],
                 log_x: false,
             })
