@@ -5,7 +5,7 @@
 use fspace_gfsvi::*;
 use fspace_kernels::{PriorMean, Rbf};
 use fspace_nn::{Activation, Mlp, MlpConfig, Outputs};
-use fspace_testutil::{fd_gradient, rand_uniform, randn, randn_vec, rng, spd};
+use fspace_testutil::{fd_gradient, rand_uniform, randn, randn_vec, rng, spd, three_blobs};
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -493,18 +493,10 @@ fn fvi_data_term_gradients_match_finite_differences() {
 fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
     // Three Gaussian blobs in 2-D, an independent-output RBF prior on three logits.
     let mut r = rng(62);
-    let centres = [(-2.0, 0.0), (2.0, 0.0), (0.0, 2.5)];
-    let make = |n: usize, r: &mut rand::rngs::StdRng| {
-        let e = randn(n, 2, r) * 0.5;
-        let x = DMatrix::from_fn(
-            n,
-            2,
-            |i, j| if j == 0 { centres[i % 3].0 } else { centres[i % 3].1 } + e[(i, j)],
-        );
-        (x, DMatrix::from_fn(n, 1, |i, _| (i % 3) as f64))
-    };
-    let (x, y) = make(150, &mut r);
-    let (xv, yv) = make(60, &mut r);
+    let as_column = |y: DVector<f64>| DMatrix::from_column_slice(y.len(), 1, y.as_slice());
+    let (x, y) = three_blobs(150, 0.5, &mut r);
+    let (xv, yv) = three_blobs(60, 0.5, &mut r);
+    let (y, yv) = (as_column(y), as_column(yv));
     let net = Mlp::new(MlpConfig {
         input_dim: 2,
         hidden: vec![16],

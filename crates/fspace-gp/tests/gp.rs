@@ -3,7 +3,7 @@
 use fspace_core::{class_probabilities, ClassProbMethod, Posterior};
 use fspace_gp::*;
 use fspace_kernels::*;
-use fspace_testutil::{assert_mat_close, fd_gradient, rand_uniform, randn, randn_vec, rng};
+use fspace_testutil::{assert_mat_close, fd_gradient, rand_uniform, randn, randn_vec, rng, three_blobs};
 use nalgebra::{DMatrix, DVector};
 
 fn zoo() -> Vec<(&'static str, Box<dyn Kernel>)> {
@@ -387,16 +387,8 @@ fn sparse_dirichlet_gp_with_all_inputs_inducing_is_the_exact_heteroscedastic_gp(
 fn sparse_dirichlet_gp_classifies_and_rejects_bad_input() {
     // Three well-separated blobs, 12 k-means inducing points: MC class probabilities of the
     // latent marginals put the right class first almost everywhere, and far away the prior returns.
-    let mut r = rng(43);
-    let centres = [(-2.0, 0.0), (2.0, 0.0), (0.0, 2.5)];
     let n = 90;
-    let noise = randn(n, 2, &mut r) * 0.5;
-    let x = DMatrix::from_fn(
-        n,
-        2,
-        |i, j| if j == 0 { centres[i % 3].0 } else { centres[i % 3].1 } + noise[(i, j)],
-    );
-    let labels = DVector::from_fn(n, |i, _| (i % 3) as f64);
+    let (x, labels) = three_blobs(n, 0.5, &mut rng(43));
     let z = kmeans(&x, 12, 50, 0).unwrap();
     let gp = SparseDirichletGp::fit(Rbf::new(2.0, 1.0).unwrap(), z, &x, &labels, 3, 0.01).unwrap();
     let pred = gp.predict(&x).unwrap();

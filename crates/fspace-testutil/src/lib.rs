@@ -27,6 +27,19 @@ pub fn randn_vec(n: usize, rng: &mut impl Rng) -> DVector<f64> {
     DVector::from_fn(n, |_, _| rng.sample(StandardNormal))
 }
 
+/// `n` points in 2-D around three centres `(−2, 0)`, `(2, 0)`, `(0, 2.5)` with isotropic
+/// Gaussian noise of standard deviation `spread`; point `i` belongs to class `i mod 3` (the
+/// labels, as `f64`). A small, well-separated multi-class problem for classifier tests.
+pub fn three_blobs(n: usize, spread: f64, rng: &mut impl Rng) -> (DMatrix<f64>, DVector<f64>) {
+    const CENTRES: [(f64, f64); 3] = [(-2.0, 0.0), (2.0, 0.0), (0.0, 2.5)];
+    let noise = randn(n, 2, rng) * spread;
+    let x = DMatrix::from_fn(n, 2, |i, j| {
+        let (cx, cy) = CENTRES[i % 3];
+        (if j == 0 { cx } else { cy }) + noise[(i, j)]
+    });
+    (x, DVector::from_fn(n, |i, _| (i % 3) as f64))
+}
+
 /// An `r × c` matrix of i.i.d. uniform entries in `[lo, hi)`.
 pub fn rand_uniform(r: usize, c: usize, lo: f64, hi: f64, rng: &mut impl Rng) -> DMatrix<f64> {
     DMatrix::from_fn(r, c, |_, _| rng.gen_range(lo..hi))
