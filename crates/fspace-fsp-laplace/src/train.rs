@@ -58,11 +58,10 @@ pub fn rkhs_regularizer<N: Network + ?Sized>(
     // Independent outputs sharing one kernel (`Σ = K₀ ⊗ I`): factor the n_C × n_C scalar Gram
     // and solve for all outputs at once, `α = K₀⁻¹ (F − M)` — the same numbers as the
     // n_C·d' system (identical jitter rule), d'³ times cheaper.
-    let (k, shared) = match prior.kernel.shared_output_kernel() {
+    let (mut k, shared) = match prior.kernel.shared_output_kernel() {
         Some(k0) => (gram(k0, c, c)?, true),
         None => (prior.gram(c)?, false),
     };
-    let mut k = k;
     let eps = jitter * k.diagonal().mean();
     for i in 0..k.nrows() {
         k[(i, i)] += eps;

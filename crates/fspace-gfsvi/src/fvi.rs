@@ -16,6 +16,7 @@
 //! `onehot(yᵢ) − softmax(f)` per sample and no `σ_y`.
 
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
+use fspace_core::{Categorical, Likelihood};
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -207,7 +208,7 @@ pub fn fit_fvi<N: Network + Clone>(
         for (s, e) in eps.iter().enumerate() {
             let f = &outs[s];
             let (logp, grad_f, sq) =
-                sample_data_term(config.likelihood, &f.rows(0, b).into_owned(), &yb, sigma2);
+                sample_data_term(config.likelihood, &f.rows(0, b).into_owned(), &yb, sigma2)?;
             ell += scale * logp / k as f64;
             sq_total += sq;
             let mut cot = DMatrix::zeros(b + mpts, q);
@@ -244,24 +245,24 @@ pub fn fit_fvi<N: Network + Clone>(
     )
 }
 
-/// Labels `0..classes` in an `n × 1` matrix.
+/// Labels `0..classes` in an `n × 1` matrix (`fspace_core::Categorical`'s rule), as an
+/// invalid-parameter error naming `what`.
 fn check_labels(y: &DMatrix<f64>, classes: usize, what: &'static str) -> Result<(), GfsviError> {
-    match y.iter().position(|&l| !(l >= 0.0 && l < classes as f64 && l.fract() == 0.0)) {
-        Some(i) => Err(invalid(what, format!("label {} at row {i} is not one of 0..{classes}", y[i]))),
-        None => Ok(()),
-    }
+    let labels = DVector::from_column_slice(y.as_slice());
+    Categorical::new(classes)?.check_targets(&labels).map_err(|e| invalid(what, e.to_string()))
 }
 
 /// One function sample's data term on a batch: `(Σᵢ log p(yᵢ | fᵢ), ∂/∂f (b × d'), Σ squared
-/// residuals)` — the residuals only for the Gaussian, whose `σ_y` gradient needs them.
+/// residuals)` — the residuals only for the Gaussian, whose `σ_y` gradient needs them. The
+/// categorical term is `fspace_core::Categorical`'s negated NLL and gradient.
 pub fn sample_data_term(
     likelihood: FviLikelihood,
     f: &DMatrix<f64>,
     y: &DMatrix<f64>,
     sigma2: f64,
-) -> (f64, DMatrix<f64>, f64) {
+) -> Result<(f64, DMatrix<f64>, f64), GfsviError> {
     let (b, q) = f.shape();
-    match likelihood {
+    Ok(match likelihood {
         FviLikelihood::Gaussian => {
             let r = y - f;
             let sq = r.norm_squared();
@@ -269,18 +270,8 @@ pub fn sample_data_term(
             (logp, r / sigma2, sq)
         }
         FviLikelihood::Categorical => {
-            let mut grad = DMatrix::zeros(b, q);
-            let mut logp = 0.0;
-            for i in 0..b {
-                let row: Vec<f64> = f.row(i).iter().cloned().collect();
-                let lse = fspace_core::logsumexp(&row);
-                let label = y[(i, 0)] as usize;
-                logp += row[label] - lse;
-                for (c, v) in row.iter().enumerate() {
-                    grad[(i, c)] = f64::from(u8::from(c == label)) - (v - lse).exp();
-                }
-            }
-            (logp, grad, 0.0)
+            let (lik, labels) = (Categorical::new(q)?, DVector::from_column_slice(y.as_slice()));
+            (-lik.nll(f, &labels)?, -lik.nll_grad(f, &labels)?, 0.0)
         }
-    }
+    })
 }

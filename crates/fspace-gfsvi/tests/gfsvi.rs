@@ -468,9 +468,9 @@ fn fvi_data_term_gradients_match_finite_differences() {
     let labels = DMatrix::from_fn(6, 1, |i, _| (i % 3) as f64);
     let targets = randn(6, 3, &mut r);
     for (lik, y) in [(FviLikelihood::Categorical, &labels), (FviLikelihood::Gaussian, &targets)] {
-        let (_, grad, _) = sample_data_term(lik, &f, y, 0.7);
+        let (_, grad, _) = sample_data_term(lik, &f, y, 0.7).unwrap();
         let fd = fd_gradient(
-            |v| sample_data_term(lik, &DMatrix::from_column_slice(6, 3, v), y, 0.7).0,
+            |v| sample_data_term(lik, &DMatrix::from_column_slice(6, 3, v), y, 0.7).unwrap().0,
             f.as_slice(),
             1e-5,
         );
@@ -479,7 +479,7 @@ fn fvi_data_term_gradients_match_finite_differences() {
         }
     }
     // Categorical value: log softmax of the label's logit.
-    let (logp, _, sq) = sample_data_term(FviLikelihood::Categorical, &f, &labels, 1.0);
+    let (logp, _, sq) = sample_data_term(FviLikelihood::Categorical, &f, &labels, 1.0).unwrap();
     let direct: f64 = (0..6)
         .map(|i| {
             let z: f64 = (0..3).map(|c| f[(i, c)].exp()).sum();

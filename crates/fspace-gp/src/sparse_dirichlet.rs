@@ -77,9 +77,10 @@ impl<K: Kernel + Clone> SparseDirichletGp<K> {
         let kmm_dense = kmm.l() * kmm.l().transpose();
         let mut sigma = Vec::with_capacity(classes);
         let mut weights = DMatrix::zeros(z.nrows(), classes);
+        let mut scaled = knm.clone(); // one n × M buffer, refilled per class
         for c in 0..classes {
             // K_mn Λ_c⁻¹ K_nm through the rows scaled by Λ_c^{-1/2}.
-            let mut scaled = knm.clone();
+            scaled.copy_from(&knm);
             let mut rhs = DVector::zeros(x.nrows());
             for i in 0..x.nrows() {
                 let w = 1.0 / noise[(i, c)];

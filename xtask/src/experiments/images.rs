@@ -114,12 +114,7 @@ pub fn sampled_class_probs(
     seed: u64,
 ) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>)> {
     let draws = post.sample_functions(x, samples, &mut StdRng::seed_from_u64(seed))?;
-    let per_sample: Vec<DMatrix<f64>> = draws.iter().map(softmax_rows).collect();
-    let mut mean = DMatrix::zeros(x.nrows(), per_sample.first().map_or(0, |p| p.ncols()));
-    for p in &per_sample {
-        mean += p;
-    }
-    Ok((mean / per_sample.len().max(1) as f64, per_sample))
+    Ok(softmax_mean(&draws, x.nrows(), post.output_dim()))
 }
 
 /// Class probabilities from `samples` draws of independent per-point, per-class Gaussian
@@ -132,20 +127,26 @@ pub fn marginal_sampled_class_probs(
 ) -> (DMatrix<f64>, Vec<DMatrix<f64>>) {
     use rand_distr::{Distribution, StandardNormal};
     let mut rng = StdRng::seed_from_u64(seed);
-    let per_sample: Vec<DMatrix<f64>> = (0..samples)
+    let (n, c) = pred.mean.shape();
+    let draws: Vec<DMatrix<f64>> = (0..samples)
         .map(|_| {
-            let f = DMatrix::from_fn(pred.mean.nrows(), pred.mean.ncols(), |i, c| {
+            DMatrix::from_fn(n, c, |i, k| {
                 let z: f64 = StandardNormal.sample(&mut rng);
-                pred.mean[(i, c)] + pred.var[(i, c)].sqrt() * z
-            });
-            softmax_rows(&f)
+                pred.mean[(i, k)] + pred.var[(i, k)].sqrt() * z
+            })
         })
         .collect();
-    let mut mean = DMatrix::zeros(pred.mean.nrows(), pred.mean.ncols());
+    softmax_mean(&draws, n, c)
+}
+
+/// Each draw's row-wise softmax (`n × C` logits each) and their mean.
+fn softmax_mean(draws: &[DMatrix<f64>], n: usize, c: usize) -> (DMatrix<f64>, Vec<DMatrix<f64>>) {
+    let per_sample: Vec<DMatrix<f64>> = draws.iter().map(softmax_rows).collect();
+    let mut mean = DMatrix::zeros(n, c);
     for p in &per_sample {
         mean += p;
     }
-    (mean / samples.max(1) as f64, per_sample)
+    (mean / per_sample.len().max(1) as f64, per_sample)
 }
 
 /// Row-wise softmax of logits.
