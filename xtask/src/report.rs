@@ -19,10 +19,20 @@ pub struct Run {
 impl Run {
     /// Creates (or reuses) `out/name/` and starts `log.txt` there.
     pub fn new(out: &str, name: &str) -> Result<Self> {
+        Self::open(out, name, false)
+    }
+
+    /// As [`Run::new`], but with `append` the log continues the one already there (a resumed run).
+    pub fn open(out: &str, name: &str, append: bool) -> Result<Self> {
         let dir = Path::new(out).join(name);
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let log = File::create(dir.join("log.txt"))
-            .with_context(|| format!("creating {}/log.txt", dir.display()))?;
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(dir.join("log.txt"))
+            .with_context(|| format!("opening {}/log.txt", dir.display()))?;
         Ok(Self { dir, log, started: Instant::now() })
     }
 

@@ -36,6 +36,9 @@ pub struct Options {
     pub seeds: Option<usize>,
     /// Output root (`results`).
     pub out: String,
+    /// Keep the (seed, method) results already in `out/NAME/metrics.json` and compute only the
+    /// missing ones (the experiments that say so: `fsp-mnist`, `fsp-fmnist`); others ignore it.
+    pub resume: bool,
 }
 
 /// An experiment the harness can run.
