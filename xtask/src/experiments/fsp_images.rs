@@ -244,6 +244,7 @@ impl Budget {
 }
 
 /// One method's numbers on one seed.
+#[derive(Debug)]
 struct Row {
     method: &'static str,
     /// `[log-likelihood, accuracy, ECE, OOD accuracy]`.
@@ -829,4 +830,76 @@ fn report(
         "per_seed": per_seed,
     }))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quick_budget() -> Budget {
+        Budget::new(&Options {
+            names: vec![],
+            quick: true,
+            seed: 0,
+            seeds: None,
+            out: String::new(),
+            resume: true,
+        })
+    }
+
+    fn row(method: &'static str, ll: f64) -> Row {
+        Row {
+            method,
+            metrics: [ll, 0.9, 0.01, 0.8],
+            sample_ell: ll - 0.01,
+            fit_seconds: 12.5,
+            entropy: Some((entropy_counts(&[0.0, 0.5, 2.29, 9.0]), entropy_counts(&[1.0]))),
+            extra: json!({ "epochs": 3 }),
+        }
+    }
+
+    #[test]
+    fn entropy_histograms_count_every_value_and_integrate_to_one() {
+        let c = entropy_counts(&[0.0, 0.5, 2.29, 9.0]);
+        assert_eq!(c.len(), ENTROPY_BINS);
+        assert_eq!(c.iter().sum::<u64>(), 4);
+        assert_eq!((c[0], c[ENTROPY_BINS - 1]), (1, 2), "values above ln 10 land in the last bin");
+        let d = density(&c);
+        let width = 10f64.ln() / ENTROPY_BINS as f64;
+        assert!((d.iter().map(|(_, p)| p * width).sum::<f64>() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn resume_reads_back_what_a_run_writes_and_refuses_another_budget() {
+        let dir = std::env::temp_dir().join(format!("fspace-fsp-images-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.json");
+        assert!(load_rows(&path, &quick_budget()).unwrap().is_empty(), "no file: nothing to keep");
+
+        let budget = quick_budget();
+        let rows = [(0u64, row("MAP", -0.25)), (1, row("FSP-Laplace (RND)", -0.2))];
+        let per_seed: Vec<Value> = rows.iter().map(|(s, r)| r.to_json(*s)).collect();
+        std::fs::write(&path, json!({ "budget": budget, "per_seed": per_seed }).to_string()).unwrap();
+        // Another seed count is the same run continued.
+        let more_seeds = Budget { seeds: 5, ..quick_budget() };
+        let back = load_rows(&path, &more_seeds).unwrap();
+        assert_eq!(back.len(), 2);
+        for ((s0, r0), (s1, r1)) in rows.iter().zip(&back) {
+            assert_eq!(
+                (s0, r0.method, r0.metrics, r0.sample_ell),
+                (s1, r1.method, r1.metrics, r1.sample_ell)
+            );
+            assert_eq!((&r0.entropy, &r0.extra, r0.fit_seconds), (&r1.entropy, &r1.extra, r1.fit_seconds));
+        }
+        // Any other setting is not.
+        let other = Budget { n_halton: 999, ..quick_budget() };
+        let err = load_rows(&path, &other).unwrap_err().to_string();
+        assert!(err.contains("another budget"), "{err}");
+        // An unknown method is an error, not a silently dropped row.
+        let bad = json!({ "budget": budget, "per_seed": [{ "seed": 0, "method": "Oracle" }] });
+        std::fs::write(&path, bad.to_string()).unwrap();
+        let err = load_rows(&path, &budget).unwrap_err().to_string();
+        assert!(err.contains("Oracle"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
