@@ -4,8 +4,9 @@
 //! * `cargo xtask reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume]` —
 //!   runs the named experiments (no name: the quick default suite) and writes `results/NAME/`;
 //!   `--seeds K` overrides the number of seeds of the multi-seed experiments (the image tables);
-//!   `--resume` keeps the (seed, method) results already in `results/NAME/metrics.json` and
-//!   computes only the missing ones (`fsp-mnist`, `fsp-fmnist`: hours on 2 cores).
+//!   `--resume` keeps the finished units of an earlier run of the same settings and computes
+//!   only the rest (`fsp-mnist`, `fsp-fmnist`, `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`: hours on 2
+//!   cores, so a full run can span several sittings).
 
 use anyhow::{bail, Result};
 

@@ -14,6 +14,7 @@ pub struct Run {
     dir: PathBuf,
     log: File,
     started: Instant,
+    resumed: bool,
 }
 
 impl Run {
@@ -33,7 +34,7 @@ impl Run {
             .truncate(!append)
             .open(dir.join("log.txt"))
             .with_context(|| format!("opening {}/log.txt", dir.display()))?;
-        Ok(Self { dir, log, started: Instant::now() })
+        Ok(Self { dir, log, started: Instant::now(), resumed: append })
     }
 
     /// A line to the terminal and the log, stamped with the elapsed time.
@@ -47,6 +48,16 @@ impl Run {
     /// Seconds since the run started.
     pub fn elapsed_seconds(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
+    }
+
+    /// `"Wall time: N s"`, or for a resumed run the time of this sitting, saying so.
+    pub fn wall_time(&self) -> String {
+        let secs = self.elapsed_seconds();
+        if self.resumed {
+            format!("Wall time of this sitting (--resume; earlier sittings' results kept): {secs:.0} s")
+        } else {
+            format!("Wall time: {secs:.0} s")
+        }
     }
 
     /// The path of `file` inside the run folder.
@@ -81,6 +92,85 @@ impl Run {
         );
         bar.set_prefix(what.to_string());
         bar
+    }
+}
+
+/// The finished units of a long experiment (a fold's method, say) in `out/NAME/checkpoint.json`,
+/// saved as each finishes: with `--resume`, a rerun of the same settings keeps them and computes
+/// only the rest, so a run of many hours can span several sittings.
+pub struct Checkpoint {
+    path: PathBuf,
+    settings: serde_json::Value,
+    done: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Checkpoint {
+    /// The run's checkpoint. Without `resume` it starts empty (an old file is replaced at the
+    /// first [`Checkpoint::put`]); with it, the units an earlier run stored under equal `settings`
+    /// are kept, and a file of other settings is an error that names both.
+    pub fn open(run: &Run, settings: serde_json::Value, resume: bool) -> Result<Self> {
+        let path = run.path("checkpoint.json");
+        let mut done = serde_json::Map::new();
+        if resume {
+            match fs::read_to_string(&path) {
+                Ok(text) => {
+                    let old: serde_json::Value =
+                        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+                    if old["settings"] != settings {
+                        anyhow::bail!(
+                            "{} was written with settings {} but this run has {}; --resume only continues \
+                             a run of the same settings",
+                            path.display(),
+                            old["settings"],
+                            settings
+                        );
+                    }
+                    done = old["done"]
+                        .as_object()
+                        .with_context(|| format!("{} has no \"done\" object", path.display()))?
+                        .clone();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            }
+        }
+        Ok(Self { path, settings, done })
+    }
+
+    /// The numbers stored under `key`, if that unit is finished (NaN is stored as `null`).
+    pub fn get_numbers(&self, key: &str) -> Result<Option<Vec<f64>>> {
+        let Some(v) = self.done.get(key) else { return Ok(None) };
+        let bad =
+            || anyhow::anyhow!("{}: unit {key:?} holds {v}, not a list of numbers", self.path.display());
+        v.as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|x| if x.is_null() { Ok(f64::NAN) } else { x.as_f64().ok_or_else(bad) })
+            .collect::<Result<Vec<f64>>>()
+            .map(Some)
+    }
+
+    /// Whether `key` is finished.
+    pub fn has(&self, key: &str) -> bool {
+        self.done.contains_key(key)
+    }
+
+    /// Number of finished units.
+    pub fn len(&self) -> usize {
+        self.done.len()
+    }
+
+    /// Stores `key` as finished with its numbers and rewrites the file (a temporary file
+    /// renamed over it, so an interrupted write leaves the previous version).
+    pub fn put_numbers(&mut self, key: &str, values: &[f64]) -> Result<()> {
+        self.done.insert(key.to_string(), serde_json::json!(values));
+        let text = serde_json::to_string_pretty(&serde_json::json!({
+            "settings": self.settings, "done": self.done,
+        }))?;
+        let tmp = self.path.with_extension("json.tmp");
+        fs::write(&tmp, text + "\n").with_context(|| format!("writing {}", tmp.display()))?;
+        fs::rename(&tmp, &self.path).with_context(|| format!("renaming {}", tmp.display()))?;
+        Ok(())
     }
 }
 
@@ -175,6 +265,34 @@ mod tests {
         assert!(md.contains("## [a](a/) — Paper A") && md.contains("| 1 | 2 |") && md.contains("#### sub"));
         assert!(md.contains("*a*") && !md.contains("# a\n"));
         assert!(!md.contains("Paper B") && !md.contains("Paper C"));
+        fs::remove_dir_all(&out).unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_keeps_units_across_sittings_of_the_same_settings_only() {
+        let out = std::env::temp_dir().join(format!("fspace-checkpoint-{}", std::process::id()));
+        let out_s = out.to_str().unwrap();
+        let settings = serde_json::json!({ "steps": 10 });
+        {
+            let run = Run::new(out_s, "exp").unwrap();
+            let mut ck = Checkpoint::open(&run, settings.clone(), false).unwrap();
+            ck.put_numbers("set/fold 1/A", &[-0.5, 0.1 + 0.2, f64::NAN]).unwrap();
+            ck.put_numbers("set/fold 1/B", &[1.0]).unwrap();
+        }
+        let run = Run::open(out_s, "exp", true).unwrap();
+        let ck = Checkpoint::open(&run, settings.clone(), true).unwrap();
+        assert_eq!(ck.len(), 2);
+        let a = ck.get_numbers("set/fold 1/A").unwrap().unwrap();
+        // Exact round trip (0.1 + 0.2 is not 0.3), NaN kept as NaN.
+        assert_eq!((a[0], a[1]), (-0.5, 0.1 + 0.2));
+        assert!(a[2].is_nan());
+        assert!(ck.has("set/fold 1/B") && !ck.has("set/fold 2/B"));
+        assert!(ck.get_numbers("set/fold 2/B").unwrap().is_none());
+        // Without --resume the old units are not used.
+        assert_eq!(Checkpoint::open(&run, settings, false).unwrap().len(), 0);
+        // Other settings are refused, naming both.
+        let err = Checkpoint::open(&run, serde_json::json!({ "steps": 20 }), true).err().unwrap().to_string();
+        assert!(err.contains("\"steps\":10") && err.contains("\"steps\":20"), "{err}");
         fs::remove_dir_all(&out).unwrap();
     }
 }

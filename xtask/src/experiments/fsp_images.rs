@@ -795,7 +795,10 @@ fn report(
         budget.fvi_samples
     );
     md += &markdown_table(&["method", "fit seconds (mean over seeds, 2 cores)"], &times);
-    md += &format!("\nWall time so far: {:.0} s.\n\nFigure: `entropy.png` (Fig. C.10: predictive entropy of ID and OOD test images, all seeds).\n", run.elapsed_seconds());
+    md += &format!(
+        "\n{} (so far).\n\nFigure: `entropy.png` (Fig. C.10: predictive entropy of ID and OOD test images, all seeds).\n",
+        run.wall_time()
+    );
 
     let panels: Vec<LinePanel> = ["FSP-Laplace (RND)", "FVI (RND)", "Laplace", "MAP", "Sparse GP"]
         .iter()

@@ -35,9 +35,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::json;
 
-use super::gfsvi_uci::{load, map_laplace, prepare, scores, Prepared};
+use super::gfsvi_uci::{load, map_laplace, prepare, scores, stored_fold, unit_key, Prepared};
 use super::{ood_rows, tanh_mlp, Options};
-use crate::report::{fmt, markdown_table, mean_std, Run};
+use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
 
 const METHODS: [&str; 6] = ["FSP-Laplace", "FVI", "Laplace", "MAP", "GP", "Sparse GP"];
 /// Methods with an OOD column in the paper (all but MAP).
@@ -102,7 +102,19 @@ const QUICK: Budget = Budget { epochs: 300, fvi_steps: 100, folds: 1, datasets: 
 /// Per method: [ELL, OOD accuracy (NaN for MAP), seconds].
 type FoldScores = Vec<[f64; 3]>;
 
-fn run_fold(run: &mut Run, ds: &str, p: &Prepared, b: &Budget, seed: u64) -> Result<FoldScores> {
+/// `[ELL, OOD accuracy, seconds]` from stored numbers.
+fn scores3(v: &[f64]) -> Result<[f64; 3]> {
+    v.try_into().map_err(|_| anyhow::anyhow!("checkpoint.json: {} numbers where 3 were stored", v.len()))
+}
+
+fn run_fold(
+    run: &mut Run,
+    ck: &mut Checkpoint,
+    (ds, f): (&str, usize),
+    p: &Prepared,
+    b: &Budget,
+    seed: u64,
+) -> Result<FoldScores> {
     let ood = ood_rows(p.xtr.ncols(), p.xte.nrows(), seed)?;
     let d = p.xtr.ncols();
     let net = tanh_mlp(d, &[50, 50], 1, seed)?;
@@ -111,6 +123,16 @@ fn run_fold(run: &mut Run, ds: &str, p: &Prepared, b: &Budget, seed: u64) -> Res
     let mut out = Vec::new();
     let mut map_net = None;
     for method in METHODS {
+        let key = unit_key(ds, f, method);
+        // MAP is the Laplace's network: Laplace is kept only together with it.
+        let kept = ck.has(&key) && (method != "Laplace" || ck.has(&unit_key(ds, f, "MAP")));
+        if kept && (method != "MAP" || map_net.is_none()) {
+            if let Some(v) = ck.get_numbers(&key)? {
+                run.log(format!("{ds} {method}: kept from checkpoint.json (--resume)"));
+                out.push(scores3(&v)?);
+                continue;
+            }
+        }
         let t = Instant::now();
         let (post, noise): (Option<Box<dyn Posterior>>, f64) = match method {
             "FSP-Laplace" => {
@@ -214,6 +236,7 @@ fn run_fold(run: &mut Run, ds: &str, p: &Prepared, b: &Budget, seed: u64) -> Res
         };
         let secs = t.elapsed().as_secs_f64();
         run.log(format!("{ds} {method}: ELL {ell:.3}, OOD acc {acc:.3}, σ_y {noise:.3}, {secs:.1}s"));
+        ck.put_numbers(&key, &[ell, acc, secs])?;
         out.push([ell, acc, secs]);
     }
     Ok(out)
@@ -221,9 +244,18 @@ fn run_fold(run: &mut Run, ds: &str, p: &Prepared, b: &Budget, seed: u64) -> Res
 
 /// `fsp-uci`: Table C.1.
 pub fn run(opts: &Options) -> Result<()> {
-    let mut run = Run::new(&opts.out, "fsp-uci")?;
+    let mut run = Run::open(&opts.out, "fsp-uci", opts.resume)?;
     let b = if opts.quick { &QUICK } else { &FULL };
     let folds = opts.seeds.unwrap_or(b.folds).clamp(1, 5);
+    // A unit is one method on one fold; the settings that change its numbers name the file.
+    let mut ck = Checkpoint::open(
+        &run,
+        json!({ "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed }),
+        opts.resume,
+    )?;
+    if opts.resume {
+        run.log(format!("--resume: {} (set, fold, method) results kept from checkpoint.json", ck.len()));
+    }
     run.log(format!(
         "{folds} fold(s) of 5 per set, ≤ {} epochs (FVI ≤ {} steps), sets {:?}",
         b.epochs, b.fvi_steps, b.datasets
@@ -235,8 +267,14 @@ pub fn run(opts: &Options) -> Result<()> {
         let mut per = vec![Vec::new(); METHODS.len()];
         for (f, fold) in splits.iter().take(folds).enumerate() {
             let seed = opts.seed + f as u64;
-            let p = prepare(&data, fold, seed)?;
-            for (k, s) in run_fold(&mut run, ds, &p, b, seed)?.into_iter().enumerate() {
+            let scores = match stored_fold(&ck, ds, f, &METHODS)? {
+                Some(stored) => {
+                    run.log(format!("{ds} fold {}: every method in checkpoint.json (--resume)", f + 1));
+                    stored.iter().map(|v| scores3(v)).collect::<Result<Vec<_>>>()?
+                }
+                None => run_fold(&mut run, &mut ck, (ds, f), &prepare(&data, fold, seed)?, b, seed)?,
+            };
+            for (k, s) in scores.into_iter().enumerate() {
                 per[k].push(s);
             }
         }
@@ -292,8 +330,8 @@ fn write_table(run: &mut Run, all: &[(&str, Vec<Vec<[f64; 3]>>)], folds: usize, 
     md.push_str(&format!(
         "Standardised units; ELL exact (closed form) instead of the paper's 10-sample estimate. The paper's energy, kin8nm, naval, \
 power, protein, wave and Denmark sets are in no package registry. OOD rows: sklearn's digits stand in for the song subset \
-(`ood_rows`). Wall time {:.0} s.\n",
-        run.elapsed_seconds()
+(`ood_rows`). {}.\n",
+        run.wall_time()
     ));
     run.write_table(&md)?;
     run.write_metrics(&serde_json::Value::Object(metrics))

@@ -42,7 +42,7 @@ use rand::SeedableRng;
 use serde_json::json;
 
 use super::{ood_rows, tanh_mlp, Options};
-use crate::report::{fmt, markdown_table, Run};
+use crate::report::{fmt, markdown_table, Checkpoint, Run};
 
 const METHODS: [&str; 7] = ["GFSVI", "FVI", "TFSVI", "MFVI", "Laplace", "SVGP", "GP"];
 
@@ -282,14 +282,35 @@ pub fn prepare(data: &Dataset, fold: &fspace_data::Fold, seed: u64) -> Result<Pr
     })
 }
 
+/// The checkpoint key of one method's scores on one fold.
+pub fn unit_key(dataset: &str, fold: usize, method: &str) -> String {
+    format!("{dataset}/fold {}/{method}", fold + 1)
+}
+
+/// The scores of every method on a fold when the checkpoint has them all (`--resume`).
+pub fn stored_fold(
+    ck: &Checkpoint,
+    dataset: &str,
+    fold: usize,
+    methods: &[&str],
+) -> Result<Option<Vec<Vec<f64>>>> {
+    methods.iter().map(|m| ck.get_numbers(&unit_key(dataset, fold, m))).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run_fold(
     run: &mut Run,
+    ck: &mut Checkpoint,
     dataset: &str,
     data: &Dataset,
-    fold: &fspace_data::Fold,
+    (f, fold): (usize, &fspace_data::Fold),
     b: &Budget,
     seed: u64,
 ) -> Result<FoldScores> {
+    if let Some(stored) = stored_fold(ck, dataset, f, &METHODS)? {
+        run.log(format!("{dataset} fold {}: every method in checkpoint.json (--resume)", f + 1));
+        return stored.into_iter().map(|v| scores4(&v)).collect();
+    }
     let Prepared { xtr, ytr, ytr_m, xva, yva_m, xte, yte, kernel, noise_var, gp_secs } =
         prepare(data, fold, seed)?;
     let ood = ood_rows(xtr.ncols(), xte.nrows(), seed)?;
@@ -300,6 +321,12 @@ fn run_fold(
     let bbox = fspace_context::BoundingBox::from_data(&xtr, 0.0)?;
     let mut out = Vec::new();
     for method in METHODS {
+        let key = unit_key(dataset, f, method);
+        if let Some(v) = ck.get_numbers(&key)? {
+            run.log(format!("{dataset} {method}: kept from checkpoint.json (--resume)"));
+            out.push(scores4(&v)?);
+            continue;
+        }
         let t = Instant::now();
         let (post, noise): (Box<dyn Posterior>, f64) = match method {
             "GFSVI" | "TFSVI" => {
@@ -365,9 +392,15 @@ fn run_fold(
         run.log(format!(
             "{dataset} {method}: ELL {ell:.3}, MSE {mse:.3}, OOD acc {acc:.3}, σ_y {noise:.3}, {secs:.1}s"
         ));
+        ck.put_numbers(&key, &[ell, mse, acc, secs])?;
         out.push([ell, mse, acc, secs]);
     }
     Ok(out)
+}
+
+/// `[ELL, MSE, OOD accuracy, seconds]` from stored numbers.
+fn scores4(v: &[f64]) -> Result<[f64; 4]> {
+    v.try_into().map_err(|_| anyhow::anyhow!("checkpoint.json: {} numbers where 4 were stored", v.len()))
 }
 
 /// MAP with the Gaussian weight prior σ_p = 0.75 (σ learned), then the full-GGN linearised
@@ -421,9 +454,15 @@ pub fn map_laplace(
 }
 
 fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
-    let mut run = Run::new(&opts.out, name)?;
+    let mut run = Run::open(&opts.out, name, opts.resume)?;
     let b = if opts.quick { &QUICK } else { &FULL };
     let folds = opts.seeds.unwrap_or(b.folds).clamp(1, 5);
+    // A unit is one method on one fold; the settings that change its numbers name the file.
+    let mut ck =
+        Checkpoint::open(&run, json!({ "steps": b.steps, "m": b.m, "seed": opts.seed }), opts.resume)?;
+    if opts.resume {
+        run.log(format!("--resume: {} (set, fold, method) results kept from checkpoint.json", ck.len()));
+    }
     run.log(format!(
         "{} fold(s) of 5 per set, ≤ {} Adam steps, M = {}, sets {:?}",
         folds, b.steps, b.m, b.datasets
@@ -442,8 +481,9 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
                 fold.validation.len(),
                 fold.test.len()
             ));
-            for (k, s) in
-                run_fold(&mut run, ds, &data, fold, b, opts.seed + f as u64)?.into_iter().enumerate()
+            for (k, s) in run_fold(&mut run, &mut ck, ds, &data, (f, fold), b, opts.seed + f as u64)?
+                .into_iter()
+                .enumerate()
             {
                 per_method[k].push(s);
             }

@@ -36,8 +36,9 @@ pub struct Options {
     pub seeds: Option<usize>,
     /// Output root (`results`).
     pub out: String,
-    /// Keep the (seed, method) results already in `out/NAME/metrics.json` and compute only the
-    /// missing ones (the experiments that say so: `fsp-mnist`, `fsp-fmnist`); others ignore it.
+    /// Keep the finished units of an earlier run of the same settings and compute only the rest:
+    /// (seed, method) rows of `metrics.json` in `fsp-mnist` / `fsp-fmnist`, (set, fold, method)
+    /// units of `checkpoint.json` in `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`; others ignore it.
     pub resume: bool,
 }
 
