@@ -50,7 +50,7 @@ use fspace_context::{BoundingBox, UniformSampler};
 use fspace_core::{Categorical, Posterior};
 use fspace_fsp_laplace::{
     context_points, fit_classification_prior, laplace as fsp_laplace, train as fsp_train, ContextDesign,
-    FunctionPrior, LaplaceConfig as FspLaplaceConfig, TrainOptions,
+    FspLaplace, FunctionPrior, LaplaceConfig as FspLaplaceConfig, TrainOptions,
 };
 use fspace_gfsvi::{fit_fvi, FviConfig, FviLikelihood, GpPrior, OptimConfig};
 use fspace_gp::{FitConfig, SparseDirichletGp};
@@ -58,7 +58,7 @@ use fspace_kernels::{Independent, Rbf};
 use fspace_laplace::{
     fit as laplace_fit, LaplaceConfig, LikelihoodKind, MarglikConfig, PriorPrecision, Structure,
 };
-use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig};
+use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig, TrainReport};
 use nalgebra::DMatrix;
 use serde_json::{json, Value};
 
@@ -388,6 +388,100 @@ pub fn run_fmnist(opts: &Options) -> Result<()> {
     run(opts, ImageSet::FashionMnist)
 }
 
+/// `fsp-mnist-halton`: the effect of the number of Halton covariance points (the paper: 25 000;
+/// `fsp-mnist`: `n_halton`). One MNIST network trained as in `fsp-mnist` (seed `--seed`), then
+/// Alg. 2 at each size of the sweep on that same network, each posterior scored like the table.
+pub fn run_halton_sweep(opts: &Options) -> Result<()> {
+    let name = "fsp-mnist-halton";
+    let budget = Budget { seeds: 1, ..Budget::new(opts) };
+    let sizes: &[usize] = if opts.quick { &[50, 100, 200] } else { &[250, 500, 1_000, 2_000, 4_000] };
+    let mut run = Run::new(&opts.out, name)?;
+    run.log(format!("budget: {}; Halton points {sizes:?}", serde_json::to_string(&budget)?));
+    let seed = opts.seed;
+    let SeedData { train, val, test, ood } =
+        seed_data(ImageSet::Mnist, ImageSet::FashionMnist, &budget, seed)?;
+    let (prior, hyper, _) = fit_prior(&mut run, &train, &budget, seed)?;
+    let bbox = BoundingBox::from_data(&train.x, 0.5)?;
+    let mut lik = Categorical::new(10)?;
+    let (net, report, train_seconds) =
+        train_fsp(&mut run, &budget, &train, &val, &prior, &bbox, &mut lik, seed)?;
+    run.log(format!("  trained: {} epochs in {train_seconds:.1} s", report.epochs));
+    let mut rows = Vec::new();
+    let mut per_size = Vec::new();
+    for &n_halton in sizes {
+        let (post, secs) = fsp_posterior(&net, &lik, &prior, &train, &bbox, n_halton, &budget, seed)?;
+        let rep = post.report();
+        let row =
+            evaluate("FSP-Laplace (RND)", Predictor::Samples(&post), &test, &ood, budget.samples, seed)?;
+        run.log(format!(
+            "  {n_halton} Halton points: Alg. 2 {secs:.1} s, Lanczos rank {} ({}), truncated {}, rank {}; \
+             LL {:.4} ACC {:.4} ECE {:.4} OOD-ACC {:.3}",
+            rep.lanczos_rank,
+            rep.lanczos_stop,
+            rep.truncated,
+            rep.rank,
+            row.metrics[0],
+            row.metrics[1],
+            row.metrics[2],
+            row.metrics[3]
+        ));
+        let mut cells = vec![format!("{n_halton}")];
+        cells.extend(row.metrics.iter().map(|&v| fmt(v)));
+        cells.extend([
+            format!("{secs:.0}"),
+            format!("{} ({})", rep.lanczos_rank, rep.lanczos_stop),
+            format!("{}", rep.truncated),
+            format!("{}", rep.rank),
+        ]);
+        rows.push(cells);
+        per_size.push(json!({
+            "halton_points": n_halton, "log_likelihood": row.metrics[0], "accuracy": row.metrics[1],
+            "ece": row.metrics[2], "ood_accuracy": row.metrics[3], "alg2_seconds": secs, "laplace": rep,
+        }));
+        // After every size, so a long sweep leaves its finished rows behind.
+        let paper: Vec<String> = (0..4).map(|k| fmt(PAPER_MNIST[k][1].0)).collect();
+        let mut md = format!(
+            "# {name}{}\n\nFSP-Laplace (RND) on MNIST, seed {seed}: one network trained as in `fsp-mnist` \
+             ({} epochs, {train_seconds:.0} s), then Alg. 2 with each number of Halton covariance points \
+             (the paper: 25 000; `fsp-mnist`: {}), Lanczos rank ≤ {}, the same data term; each posterior \
+             scored on the {} test and {} Fashion-MNIST OOD images from {} function samples. Paper \
+             (25 000 points, 5 seeds): LL {}, accuracy {}, ECE {}, OOD accuracy {}.\n\n",
+            if opts.quick { " — quick mode" } else { "" },
+            report.epochs,
+            budget.n_halton,
+            budget.max_rank,
+            test.x.nrows(),
+            ood.x.nrows(),
+            budget.samples,
+            paper[0],
+            paper[1],
+            paper[2],
+            paper[3]
+        );
+        md += &markdown_table(
+            &[
+                "Halton points",
+                "log-likelihood",
+                "accuracy",
+                "ECE",
+                "OOD accuracy",
+                "Alg. 2 seconds",
+                "Lanczos rank (stop)",
+                "truncated",
+                "rank",
+            ],
+            &rows,
+        );
+        md += &format!("\n{}.\n", run.wall_time());
+        run.write_table(&md)?;
+        run.write_metrics(&json!({
+            "budget": budget, "seed": seed, "prior": hyper, "epochs": report.epochs,
+            "train_seconds": train_seconds, "per_size": per_size,
+        }))?;
+    }
+    Ok(())
+}
+
 fn cnn(seed: u64) -> Result<Cnn> {
     Ok(Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, seed))?)
 }
@@ -435,16 +529,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
             continue;
         }
         let needs = |m: &str| todo.contains(&m);
-        let (train, val, test, stats) = train_val_test(set, seed)?;
-        let ood = test_with(ood_set, stats)?;
-        let keep = |imgs: Images, n: Option<usize>, s: u64| match n {
-            Some(n) => imgs.subset(n, s),
-            None => imgs,
-        };
-        let train = keep(train, budget.n_train, seed);
-        let val = keep(val, budget.n_val, seed + 1);
-        let test = keep(test, budget.n_test, seed + 2);
-        let ood = keep(ood, budget.n_test, seed + 3);
+        let SeedData { train, val, test, ood } = seed_data(set, ood_set, &budget, seed)?;
         let n = train.x.nrows();
         run.log(format!(
             "seed {seed}: {n} train / {} validation / {} test / {} OOD images; to run: {todo:?}",
@@ -454,64 +539,16 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         ));
         let validation = Some((&val.x, &val.y));
 
-        // The prior: RBF hyperparameters by the Milios et al. marginal likelihood.
-        let t0 = Instant::now();
-        let sub = train.subset(budget.n_prior, seed + 5);
-        let init = Rbf::new(1.0, (784f64).sqrt())?;
-        let fit_cfg =
-            FitConfig { iterations: budget.prior_iterations, restarts: 1, seed, ..FitConfig::default() };
-        let prior: FunctionPrior = fit_classification_prior(&init, &sub.x, &sub.y, 10, 0.01, &fit_cfg)?;
-        let hyper: Vec<f64> = prior.kernel.params().iter().map(|p| p.exp()).collect();
-        let prior_seconds = t0.elapsed().as_secs_f64();
-        run.log(format!(
-            "  prior: RBF on {} images, (variance, lengthscale) = {hyper:.4?} in {prior_seconds:.1} s",
-            sub.x.nrows()
-        ));
+        let (prior, hyper, prior_seconds) = fit_prior(&mut run, &train, &budget, seed)?;
 
         let bbox = BoundingBox::from_data(&train.x, 0.5)?;
         let mut lik = Categorical::new(10)?;
         // FSP-Laplace (RND): Alg. 1 then Alg. 2.
         if needs("FSP-Laplace (RND)") {
-            let mut net = cnn(seed)?;
-            let options = TrainOptions { train: train_config(&budget, 0.0, seed), ..TrainOptions::default() };
-            let t0 = Instant::now();
-            let bar = run.progress(budget.epochs as u64, "FSP-Laplace epochs");
-            let mut epoch_log = Vec::new();
-            let report = fsp_train(
-                &mut net,
-                &mut lik,
-                &prior,
-                &train.x,
-                &train.y,
-                validation,
-                &UniformSampler::new(bbox.clone()),
-                &options,
-                |p| {
-                    bar.inc(1);
-                    epoch_log.push(format!(
-                        "{}: {:.1}/{:.4}",
-                        p.epoch,
-                        p.train_loss,
-                        p.validation_loss.unwrap_or(f64::NAN)
-                    ))
-                },
-            )?;
-            bar.finish_and_clear();
-            let train_seconds = t0.elapsed().as_secs_f64();
-            run.log(format!(
-                "  FSP-Laplace epochs (train objective / validation NLL): {}",
-                epoch_log.join(", ")
-            ));
-            let t1 = Instant::now();
-            let context = context_points(ContextDesign::Halton, &bbox, budget.n_halton, seed)?;
-            let ggn = train.subset(budget.ggn_points, seed + 6);
-            let cfg = FspLaplaceConfig {
-                max_rank: budget.max_rank,
-                ggn_scale: n as f64 / ggn.x.nrows() as f64,
-                ..FspLaplaceConfig::default()
-            };
-            let post = fsp_laplace(&net, &lik, &prior, &ggn.x, &ggn.y, &context, &cfg)?;
-            let laplace_seconds = t1.elapsed().as_secs_f64();
+            let (net, report, train_seconds) =
+                train_fsp(&mut run, &budget, &train, &val, &prior, &bbox, &mut lik, seed)?;
+            let (post, laplace_seconds) =
+                fsp_posterior(&net, &lik, &prior, &train, &bbox, budget.n_halton, &budget, seed)?;
             let rep = post.report();
             run.log(format!(
             "  FSP-Laplace: {} epochs (stopped early: {}) in {train_seconds:.1} s; Alg. 2 in {laplace_seconds:.1} s: \
@@ -662,6 +699,119 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One seed's images, cut to the budget.
+struct SeedData {
+    train: Images,
+    val: Images,
+    test: Images,
+    ood: Images,
+}
+
+fn seed_data(set: ImageSet, ood_set: ImageSet, budget: &Budget, seed: u64) -> Result<SeedData> {
+    let (train, val, test, stats) = train_val_test(set, seed)?;
+    let ood = test_with(ood_set, stats)?;
+    let keep = |imgs: Images, n: Option<usize>, s: u64| match n {
+        Some(n) => imgs.subset(n, s),
+        None => imgs,
+    };
+    Ok(SeedData {
+        train: keep(train, budget.n_train, seed),
+        val: keep(val, budget.n_val, seed + 1),
+        test: keep(test, budget.n_test, seed + 2),
+        ood: keep(ood, budget.n_test, seed + 3),
+    })
+}
+
+/// The prior: RBF hyperparameters by the Milios et al. marginal likelihood on a seeded subset;
+/// `(prior, [variance, lengthscale], seconds)`.
+fn fit_prior(
+    run: &mut Run,
+    train: &Images,
+    budget: &Budget,
+    seed: u64,
+) -> Result<(FunctionPrior, Vec<f64>, f64)> {
+    let t0 = Instant::now();
+    let sub = train.subset(budget.n_prior, seed + 5);
+    let init = Rbf::new(1.0, (784f64).sqrt())?;
+    let fit_cfg =
+        FitConfig { iterations: budget.prior_iterations, restarts: 1, seed, ..FitConfig::default() };
+    let prior: FunctionPrior = fit_classification_prior(&init, &sub.x, &sub.y, 10, 0.01, &fit_cfg)?;
+    let hyper: Vec<f64> = prior.kernel.params().iter().map(|p| p.exp()).collect();
+    let secs = t0.elapsed().as_secs_f64();
+    run.log(format!(
+        "  prior: RBF on {} images, (variance, lengthscale) = {hyper:.4?} in {secs:.1} s",
+        sub.x.nrows()
+    ));
+    Ok((prior, hyper, secs))
+}
+
+/// Alg. 1: the CNN trained under the function-space prior with RND context points, its report
+/// and seconds.
+#[allow(clippy::too_many_arguments)]
+fn train_fsp(
+    run: &mut Run,
+    budget: &Budget,
+    train: &Images,
+    val: &Images,
+    prior: &FunctionPrior,
+    bbox: &BoundingBox,
+    lik: &mut Categorical,
+    seed: u64,
+) -> Result<(Cnn, TrainReport, f64)> {
+    let mut net = cnn(seed)?;
+    let options = TrainOptions { train: train_config(budget, 0.0, seed), ..TrainOptions::default() };
+    let t0 = Instant::now();
+    let bar = run.progress(budget.epochs as u64, "FSP-Laplace epochs");
+    let mut epoch_log = Vec::new();
+    let report = fsp_train(
+        &mut net,
+        lik,
+        prior,
+        &train.x,
+        &train.y,
+        Some((&val.x, &val.y)),
+        &UniformSampler::new(bbox.clone()),
+        &options,
+        |p| {
+            bar.inc(1);
+            epoch_log.push(format!(
+                "{}: {:.1}/{:.4}",
+                p.epoch,
+                p.train_loss,
+                p.validation_loss.unwrap_or(f64::NAN)
+            ))
+        },
+    )?;
+    bar.finish_and_clear();
+    run.log(format!("  FSP-Laplace epochs (train objective / validation NLL): {}", epoch_log.join(", ")));
+    Ok((net, report, t0.elapsed().as_secs_f64()))
+}
+
+/// Alg. 2 at `n_halton` Halton points of the widened box, the data term on a seeded subset
+/// scaled by `N/m`; the posterior and its seconds.
+#[allow(clippy::too_many_arguments)]
+fn fsp_posterior(
+    net: &Cnn,
+    lik: &Categorical,
+    prior: &FunctionPrior,
+    train: &Images,
+    bbox: &BoundingBox,
+    n_halton: usize,
+    budget: &Budget,
+    seed: u64,
+) -> Result<(FspLaplace<Cnn>, f64)> {
+    let t1 = Instant::now();
+    let context = context_points(ContextDesign::Halton, bbox, n_halton, seed)?;
+    let ggn = train.subset(budget.ggn_points, seed + 6);
+    let cfg = FspLaplaceConfig {
+        max_rank: budget.max_rank,
+        ggn_scale: train.x.nrows() as f64 / ggn.x.nrows() as f64,
+        ..FspLaplaceConfig::default()
+    };
+    let post = fsp_laplace(net, lik, prior, &ggn.x, &ggn.y, &context, &cfg)?;
+    Ok((post, t1.elapsed().as_secs_f64()))
 }
 
 fn log_row(run: &mut Run, row: &Row) {

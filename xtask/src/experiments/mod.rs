@@ -129,6 +129,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: fsp_images::run_fmnist,
     },
     Experiment {
+        name: "fsp-mnist-halton",
+        paper: "FSP-Laplace Table 2's covariance budget: MNIST FSP-Laplace (RND) with 250 … 4 000 Halton points (paper: 25 000), one trained network",
+        in_default_suite: false,
+        run: fsp_images::run_halton_sweep,
+    },
+    Experiment {
         name: "nn-epoch-timer",
         paper: "issue 15: one MNIST epoch and per-batch f / J·u / Jᵀ·V of MLP, LeNet-5, FSP CNN beside PyTorch 2 CPU",
         in_default_suite: false,
