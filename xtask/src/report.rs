@@ -150,6 +150,21 @@ impl Checkpoint {
             .map(Some)
     }
 
+    /// The `N` numbers stored under `key`, if that unit is finished; another count is an error.
+    pub fn get_array<const N: usize>(&self, key: &str) -> Result<Option<[f64; N]>> {
+        self.get_numbers(key)?
+            .map(|v| {
+                <[f64; N]>::try_from(v.as_slice()).map_err(|_| {
+                    anyhow::anyhow!(
+                        "{}: unit {key:?} holds {} numbers, not {N}",
+                        self.path.display(),
+                        v.len()
+                    )
+                })
+            })
+            .transpose()
+    }
+
     /// Whether `key` is finished.
     pub fn has(&self, key: &str) -> bool {
         self.done.contains_key(key)
@@ -288,6 +303,9 @@ mod tests {
         assert!(a[2].is_nan());
         assert!(ck.has("set/fold 1/B") && !ck.has("set/fold 2/B"));
         assert!(ck.get_numbers("set/fold 2/B").unwrap().is_none());
+        assert_eq!(ck.get_array::<1>("set/fold 1/B").unwrap(), Some([1.0]));
+        let err = ck.get_array::<2>("set/fold 1/B").err().unwrap().to_string();
+        assert!(err.contains("holds 1 numbers, not 2"), "{err}");
         // Without --resume the old units are not used.
         assert_eq!(Checkpoint::open(&run, settings, false).unwrap().len(), 0);
         // Other settings are refused, naming both.

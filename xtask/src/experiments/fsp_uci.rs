@@ -102,11 +102,6 @@ const QUICK: Budget = Budget { epochs: 300, fvi_steps: 100, folds: 1, datasets: 
 /// Per method: [ELL, OOD accuracy (NaN for MAP), seconds].
 type FoldScores = Vec<[f64; 3]>;
 
-/// `[ELL, OOD accuracy, seconds]` from stored numbers.
-fn scores3(v: &[f64]) -> Result<[f64; 3]> {
-    v.try_into().map_err(|_| anyhow::anyhow!("checkpoint.json: {} numbers where 3 were stored", v.len()))
-}
-
 fn run_fold(
     run: &mut Run,
     ck: &mut Checkpoint,
@@ -127,9 +122,9 @@ fn run_fold(
         // MAP is the Laplace's network: Laplace is kept only together with it.
         let kept = ck.has(&key) && (method != "Laplace" || ck.has(&unit_key(ds, f, "MAP")));
         if kept && (method != "MAP" || map_net.is_none()) {
-            if let Some(v) = ck.get_numbers(&key)? {
+            if let Some(v) = ck.get_array(&key)? {
                 run.log(format!("{ds} {method}: kept from checkpoint.json (--resume)"));
-                out.push(scores3(&v)?);
+                out.push(v);
                 continue;
             }
         }
@@ -270,7 +265,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let scores = match stored_fold(&ck, ds, f, &METHODS)? {
                 Some(stored) => {
                     run.log(format!("{ds} fold {}: every method in checkpoint.json (--resume)", f + 1));
-                    stored.iter().map(|v| scores3(v)).collect::<Result<Vec<_>>>()?
+                    stored
                 }
                 None => run_fold(&mut run, &mut ck, (ds, f), &prepare(&data, fold, seed)?, b, seed)?,
             };

@@ -288,13 +288,13 @@ pub fn unit_key(dataset: &str, fold: usize, method: &str) -> String {
 }
 
 /// The scores of every method on a fold when the checkpoint has them all (`--resume`).
-pub fn stored_fold(
+pub fn stored_fold<const N: usize>(
     ck: &Checkpoint,
     dataset: &str,
     fold: usize,
     methods: &[&str],
-) -> Result<Option<Vec<Vec<f64>>>> {
-    methods.iter().map(|m| ck.get_numbers(&unit_key(dataset, fold, m))).collect()
+) -> Result<Option<Vec<[f64; N]>>> {
+    methods.iter().map(|m| ck.get_array(&unit_key(dataset, fold, m))).collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -309,7 +309,7 @@ fn run_fold(
 ) -> Result<FoldScores> {
     if let Some(stored) = stored_fold(ck, dataset, f, &METHODS)? {
         run.log(format!("{dataset} fold {}: every method in checkpoint.json (--resume)", f + 1));
-        return stored.into_iter().map(|v| scores4(&v)).collect();
+        return Ok(stored);
     }
     let Prepared { xtr, ytr, ytr_m, xva, yva_m, xte, yte, kernel, noise_var, gp_secs } =
         prepare(data, fold, seed)?;
@@ -322,9 +322,9 @@ fn run_fold(
     let mut out = Vec::new();
     for method in METHODS {
         let key = unit_key(dataset, f, method);
-        if let Some(v) = ck.get_numbers(&key)? {
+        if let Some(v) = ck.get_array(&key)? {
             run.log(format!("{dataset} {method}: kept from checkpoint.json (--resume)"));
-            out.push(scores4(&v)?);
+            out.push(v);
             continue;
         }
         let t = Instant::now();
@@ -396,11 +396,6 @@ fn run_fold(
         out.push([ell, mse, acc, secs]);
     }
     Ok(out)
-}
-
-/// `[ELL, MSE, OOD accuracy, seconds]` from stored numbers.
-fn scores4(v: &[f64]) -> Result<[f64; 4]> {
-    v.try_into().map_err(|_| anyhow::anyhow!("checkpoint.json: {} numbers where 4 were stored", v.len()))
 }
 
 /// MAP with the Gaussian weight prior σ_p = 0.75 (σ learned), then the full-GGN linearised

@@ -23,9 +23,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::json;
 
-use super::gfsvi_uci::{load, prepare};
+use super::gfsvi_uci::{load, prepare, stored_fold, unit_key};
 use super::{tanh_mlp, Options};
-use crate::report::{fmt, markdown_table, mean_std, Run};
+use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
 
 const METHODS: [&str; 3] = ["GFSVI", "FVI", "SVGP"];
 
@@ -56,10 +56,15 @@ fn mean_w2(a: &[DMatrix<f64>], b: &[DMatrix<f64>]) -> Result<(f64, f64)> {
 
 /// `gfsvi-w2`: Table 2.
 pub fn run(opts: &Options) -> Result<()> {
-    let mut run = Run::new(&opts.out, "gfsvi-w2")?;
+    let mut run = Run::open(&opts.out, "gfsvi-w2", opts.resume)?;
     let (steps, datasets, default_folds): (usize, &[&str], usize) =
         if opts.quick { (300, &["boston"], 1) } else { (3000, &["boston", "concrete", "wine", "yacht"], 5) };
     let folds = opts.seeds.unwrap_or(default_folds).clamp(1, 5);
+    // A unit is one method on one fold: [mean W2, mean W2², seconds].
+    let mut ck = Checkpoint::open(&run, json!({ "steps": steps, "seed": opts.seed }), opts.resume)?;
+    if opts.resume {
+        run.log(format!("--resume: {} (set, fold, method) results kept from checkpoint.json", ck.len()));
+    }
     run.log(format!(
         "{folds} fold(s) per set, ≤ {steps} Adam steps, 2×100 tanh, γ = 1e-15, sets {datasets:?}"
     ));
@@ -71,6 +76,14 @@ pub fn run(opts: &Options) -> Result<()> {
         let (mut per, mut per_sq) = (vec![Vec::new(); METHODS.len()], vec![Vec::new(); METHODS.len()]);
         for (f, fold) in splits.iter().take(folds).enumerate() {
             let seed = opts.seed + f as u64;
+            if let Some(stored) = stored_fold(&ck, ds, f, &METHODS)? {
+                run.log(format!("{ds} fold {}: every method in checkpoint.json (--resume)", f + 1));
+                for (k, [w2, w2sq, _]) in stored.into_iter().enumerate() {
+                    per[k].push(w2);
+                    per_sq[k].push(w2sq);
+                }
+                continue;
+            }
             let p = prepare(&data, fold, seed)?;
             let noise_std = p.noise_var.sqrt();
             let gp = ExactGp::fit(
@@ -80,8 +93,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 &p.xtr,
                 &p.ytr_m,
             )?;
-            let mut rng = StdRng::seed_from_u64(seed ^ 0x77);
-            let gp_samples = gp.sample_functions(&p.xte, 1000, &mut rng)?;
+            let gp_samples = gp.sample_functions(&p.xte, 1000, &mut StdRng::seed_from_u64(seed ^ 0x77))?;
             let net = tanh_mlp(p.xtr.ncols(), &[100, 100], 1, seed)?;
             let prior = GpPrior::centered(p.kernel.clone());
             let optim = OptimConfig {
@@ -95,6 +107,15 @@ pub fn run(opts: &Options) -> Result<()> {
             let bbox = fspace_context::BoundingBox::from_data(&p.xtr, 0.0)?;
             let val = Some((&p.xva, &p.yva_m));
             for (k, method) in METHODS.iter().enumerate() {
+                let key = unit_key(ds, f, method);
+                if let Some([w2, w2sq, _]) = ck.get_array::<3>(&key)? {
+                    run.log(format!("{ds} fold {}: {method} kept from checkpoint.json (--resume)", f + 1));
+                    per[k].push(w2);
+                    per_sq[k].push(w2sq);
+                    continue;
+                }
+                // Each method's own sample stream, so a resumed fold draws what a whole one does.
+                let mut rng = StdRng::seed_from_u64(seed ^ 0x77 ^ ((k as u64 + 1) << 32));
                 let t = Instant::now();
                 let post: Box<dyn Posterior> = match *method {
                     "GFSVI" => {
@@ -149,6 +170,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     "{ds} fold {}: {method} to the exact GP: mean W2 {w2:.4}, mean W2² {w2sq:.4} ({secs:.1}s)",
                     f + 1
                 ));
+                ck.put_numbers(&key, &[w2, w2sq, secs])?;
                 per[k].push(w2);
                 per_sq[k].push(w2sq);
             }

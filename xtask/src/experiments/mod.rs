@@ -38,7 +38,7 @@ pub struct Options {
     pub out: String,
     /// Keep the finished units of an earlier run of the same settings and compute only the rest:
     /// (seed, method) rows of `metrics.json` in `fsp-mnist` / `fsp-fmnist`, (set, fold, method)
-    /// units of `checkpoint.json` in `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`; others ignore it.
+    /// units of `checkpoint.json` in `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`, `gfsvi-w2`; others ignore it.
     pub resume: bool,
 }
 
