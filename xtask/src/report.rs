@@ -68,8 +68,7 @@ impl Run {
     /// Writes `metrics.json` (pretty-printed).
     pub fn write_metrics(&mut self, metrics: &serde_json::Value) -> Result<()> {
         let path = self.path("metrics.json");
-        fs::write(&path, serde_json::to_string_pretty(metrics)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_atomically(&path, &(serde_json::to_string_pretty(metrics)? + "\n"))?;
         self.log(format!("wrote {}", path.display()));
         Ok(())
     }
@@ -77,7 +76,7 @@ impl Run {
     /// Writes `table.md`.
     pub fn write_table(&mut self, markdown: &str) -> Result<()> {
         let path = self.path("table.md");
-        fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
+        write_atomically(&path, markdown)?;
         self.log(format!("wrote {}", path.display()));
         Ok(())
     }
@@ -182,11 +181,18 @@ impl Checkpoint {
         let text = serde_json::to_string_pretty(&serde_json::json!({
             "settings": self.settings, "done": self.done,
         }))?;
-        let tmp = self.path.with_extension("json.tmp");
-        fs::write(&tmp, text + "\n").with_context(|| format!("writing {}", tmp.display()))?;
-        fs::rename(&tmp, &self.path).with_context(|| format!("renaming {}", tmp.display()))?;
-        Ok(())
+        write_atomically(&self.path, &(text + "\n"))
     }
+}
+
+/// Writes `path` through a temporary file renamed over it, so an interrupted run (the results
+/// `--resume` reads) leaves the previous version, never a truncated one.
+fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 /// A markdown table from a header and rows.
