@@ -104,13 +104,14 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// The run's checkpoint. Without `resume` it starts empty (an old file is replaced at the
-    /// first [`Checkpoint::put`]); with it, the units an earlier run stored under equal `settings`
-    /// are kept, and a file of other settings is an error that names both.
-    pub fn open(run: &Run, settings: serde_json::Value, resume: bool) -> Result<Self> {
+    /// The run's checkpoint. A fresh run ([`Run::new`]) starts empty (an old file is replaced at
+    /// the first [`Checkpoint::put_numbers`]); a resumed one ([`Run::open`] with `append`) keeps
+    /// the units an earlier run stored under equal `settings`, says how many in the log, and
+    /// refuses a file of other settings with an error that names both.
+    pub fn open(run: &mut Run, settings: serde_json::Value) -> Result<Self> {
         let path = run.path("checkpoint.json");
         let mut done = serde_json::Map::new();
-        if resume {
+        if run.resumed {
             match fs::read_to_string(&path) {
                 Ok(text) => {
                     let old: serde_json::Value =
@@ -132,6 +133,7 @@ impl Checkpoint {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
             }
+            run.log(format!("--resume: {} finished units kept from checkpoint.json", done.len()));
         }
         Ok(Self { path, settings, done })
     }
@@ -170,6 +172,7 @@ impl Checkpoint {
     }
 
     /// Number of finished units.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.done.len()
     }
@@ -295,13 +298,13 @@ mod tests {
         let out_s = out.to_str().unwrap();
         let settings = serde_json::json!({ "steps": 10 });
         {
-            let run = Run::new(out_s, "exp").unwrap();
-            let mut ck = Checkpoint::open(&run, settings.clone(), false).unwrap();
+            let mut run = Run::new(out_s, "exp").unwrap();
+            let mut ck = Checkpoint::open(&mut run, settings.clone()).unwrap();
             ck.put_numbers("set/fold 1/A", &[-0.5, 0.1 + 0.2, f64::NAN]).unwrap();
             ck.put_numbers("set/fold 1/B", &[1.0]).unwrap();
         }
-        let run = Run::open(out_s, "exp", true).unwrap();
-        let ck = Checkpoint::open(&run, settings.clone(), true).unwrap();
+        let mut resumed = Run::open(out_s, "exp", true).unwrap();
+        let ck = Checkpoint::open(&mut resumed, settings.clone()).unwrap();
         assert_eq!(ck.len(), 2);
         let a = ck.get_numbers("set/fold 1/A").unwrap().unwrap();
         // Exact round trip (0.1 + 0.2 is not 0.3), NaN kept as NaN.
@@ -313,9 +316,10 @@ mod tests {
         let err = ck.get_array::<2>("set/fold 1/B").err().unwrap().to_string();
         assert!(err.contains("holds 1 numbers, not 2"), "{err}");
         // Without --resume the old units are not used.
-        assert_eq!(Checkpoint::open(&run, settings, false).unwrap().len(), 0);
+        assert_eq!(Checkpoint::open(&mut Run::new(out_s, "exp").unwrap(), settings).unwrap().len(), 0);
         // Other settings are refused, naming both.
-        let err = Checkpoint::open(&run, serde_json::json!({ "steps": 20 }), true).err().unwrap().to_string();
+        let err =
+            Checkpoint::open(&mut resumed, serde_json::json!({ "steps": 20 })).err().unwrap().to_string();
         assert!(err.contains("\"steps\":10") && err.contains("\"steps\":20"), "{err}");
         fs::remove_dir_all(&out).unwrap();
     }

@@ -244,13 +244,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let folds = opts.seeds.unwrap_or(b.folds).clamp(1, 5);
     // A unit is one method on one fold; the settings that change its numbers name the file.
     let mut ck = Checkpoint::open(
-        &run,
+        &mut run,
         json!({ "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed }),
-        opts.resume,
     )?;
-    if opts.resume {
-        run.log(format!("--resume: {} (set, fold, method) results kept from checkpoint.json", ck.len()));
-    }
     run.log(format!(
         "{folds} fold(s) of 5 per set, ≤ {} epochs (FVI ≤ {} steps), sets {:?}",
         b.epochs, b.fvi_steps, b.datasets

@@ -453,11 +453,7 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
     let b = if opts.quick { &QUICK } else { &FULL };
     let folds = opts.seeds.unwrap_or(b.folds).clamp(1, 5);
     // A unit is one method on one fold; the settings that change its numbers name the file.
-    let mut ck =
-        Checkpoint::open(&run, json!({ "steps": b.steps, "m": b.m, "seed": opts.seed }), opts.resume)?;
-    if opts.resume {
-        run.log(format!("--resume: {} (set, fold, method) results kept from checkpoint.json", ck.len()));
-    }
+    let mut ck = Checkpoint::open(&mut run, json!({ "steps": b.steps, "m": b.m, "seed": opts.seed }))?;
     run.log(format!(
         "{} fold(s) of 5 per set, ≤ {} Adam steps, M = {}, sets {:?}",
         folds, b.steps, b.m, b.datasets
