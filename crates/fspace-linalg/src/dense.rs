@@ -7,14 +7,39 @@ use crate::error::{ensure_finite, LinalgError, Result};
 use crate::operator::ensure_symmetric;
 
 /// Eigendecomposition of a symmetric matrix, eigenvalues **descending**, eigenvectors as columns
-/// (no checks: for internal use on matrices known to be symmetric).
-pub(crate) fn sym_eigh_desc(a: &DMatrix<f64>) -> (DVector<f64>, DMatrix<f64>) {
-    let eig = a.clone().symmetric_eigen();
-    let mut order: Vec<usize> = (0..a.nrows()).collect();
-    order.sort_by(|&i, &j| eig.eigenvalues[j].total_cmp(&eig.eigenvalues[i]));
-    let values = DVector::from_iterator(order.len(), order.iter().map(|&i| eig.eigenvalues[i]));
-    let vectors = eig.eigenvectors.select_columns(&order);
-    (values, vectors)
+/// (no checks: for internal use on matrices known to be symmetric; only the lower triangle is
+/// read).
+///
+/// The kernel is faer's self-adjoint eigensolver (blocked Householder tridiagonalisation and a
+/// divide-and-conquer tridiagonal solver, parallel on rayon's pool) rather than nalgebra's
+/// unblocked `symmetric_eigen`: measured on the 2-core machine, 7.3× faster at n = 3138 (the
+/// KFAC input factor of the MNIST CNN's dense layer: 5.3 s against 39 s) and 4.4× at n = 1000;
+/// `benches/eigh.rs` has the sweep. Results agree with nalgebra's to round-off (eigenvalues)
+/// and up to each eigenvector's sign. faer reports non-convergence of its QR sweeps as an error
+/// (never observed); it becomes [`LinalgError::NoConvergence`].
+pub(crate) fn sym_eigh_desc(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f64>)> {
+    let n = a.nrows();
+    if n == 0 {
+        return Ok((DVector::zeros(0), DMatrix::zeros(0, 0)));
+    }
+    // nalgebra stores column-major and densely, which is faer's column-major layout.
+    let view = faer::MatRef::from_column_major_slice(a.as_slice(), n, n);
+    let evd = view.self_adjoint_eigen(faer::Side::Lower).map_err(|_| LinalgError::NoConvergence {
+        method: "symmetric eigendecomposition (faer)",
+        iterations: 0,
+        residual: f64::NAN,
+    })?;
+    // faer sorts ascending; reverse both.
+    let (s, u) = (evd.S(), evd.U());
+    let values = DVector::from_fn(n, |i, _| s[n - 1 - i]);
+    let mut vectors = DMatrix::zeros(n, n);
+    for j in 0..n {
+        let src = u.col(n - 1 - j);
+        for (dst, v) in vectors.column_mut(j).iter_mut().zip(src.iter()) {
+            *dst = *v;
+        }
+    }
+    Ok((values, vectors))
 }
 
 /// Symmetric eigendecomposition `A = V Λ Vᵀ` with eigenvalues descending. Errors on non-square,
@@ -29,7 +54,7 @@ pub fn sym_eigh(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f64>)> {
     }
     ensure_finite("eigh input", a.iter())?;
     ensure_symmetric("eigh input", a, 1e-10)?;
-    Ok(sym_eigh_desc(&((a + a.transpose()) * 0.5)))
+    sym_eigh_desc(&((a + a.transpose()) * 0.5))
 }
 
 /// The thin SVD `M = U diag(s) Vᵀ` of a tall `p × r` matrix (`p ≥ r`), singular values

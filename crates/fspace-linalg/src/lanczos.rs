@@ -278,7 +278,7 @@ pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Lanczo
         if beta.len() == k { beta.pop().unwrap_or(0.0) / t_norm.max(f64::MIN_POSITIVE) } else { 0.0 };
     let q = q.columns(0, k).into_owned();
     let t = tridiagonal(&alpha, &beta);
-    let (theta, w) = crate::dense::sym_eigh_desc(&t);
+    let (theta, w) = crate::dense::sym_eigh_desc(&t)?;
     let scale = theta.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let lowest = theta[k - 1];
     if lowest < -config.pivot_tol.max(1e-12) * scale {

@@ -73,7 +73,7 @@ pub fn slq_logdet(op: &dyn LinearOperator, config: &SlqConfig) -> Result<SlqEsti
                 ..LanczosConfig::default()
             };
             let dec = lanczos(op, &cfg)?;
-            let (theta, w) = sym_eigh_desc(&dec.tridiagonal());
+            let (theta, w) = sym_eigh_desc(&dec.tridiagonal())?;
             if let Some(&bad) = theta.iter().find(|&&t| t <= 0.0) {
                 return Err(LinalgError::NotPositiveDefinite {
                     what: "slq operator (Ritz value)",

@@ -253,6 +253,39 @@ fn thin_svd_eigh_and_pinv_sqrt_reconstruct() {
     assert!(matches!(psd_pinv_sqrt(&indefinite, 1e-10), Err(LinalgError::NotPositiveDefinite { .. })));
 }
 
+/// `sym_eigh` (faer) against a known spectrum and nalgebra's independent solver, across sizes
+/// below and above faer's blocking and divide-and-conquer thresholds, with repeated eigenvalues.
+#[test]
+fn sym_eigh_matches_a_known_spectrum_and_nalgebra() {
+    let mut r = rng(21);
+    for n in [1usize, 2, 17, 64, 129, 400] {
+        let mut spectrum = geometric_spectrum(n, 50.0, 1e-3);
+        // A repeated eigenvalue and a zero block (KFAC factors of rank-deficient batches).
+        if n >= 17 {
+            spectrum[3] = spectrum[2];
+            for v in spectrum.iter_mut().rev().take(n / 5) {
+                *v = 0.0;
+            }
+            spectrum.sort_by(|a, b| b.total_cmp(a));
+        }
+        let (a, _) = with_spectrum(&spectrum, &mut r);
+        let (values, vectors) = sym_eigh(&a).unwrap();
+        assert_all_close(values.as_slice(), &spectrum, 0.0, 1e-11 * 50.0);
+        let mut reference: Vec<f64> = a.clone().symmetric_eigen().eigenvalues.iter().cloned().collect();
+        reference.sort_by(|a, b| b.total_cmp(a));
+        assert_all_close(values.as_slice(), &reference, 0.0, 1e-11 * 50.0);
+        assert!(orthogonality_error(&vectors) < 1e-12 * n as f64, "n = {n}");
+        let rebuilt = &vectors * DMatrix::from_diagonal(&values) * vectors.transpose();
+        assert!(rel_frob(&rebuilt, &a) < 1e-13 * n as f64, "n = {n}");
+    }
+    let (values, vectors) = sym_eigh(&DMatrix::zeros(0, 0)).unwrap();
+    assert_eq!((values.len(), vectors.shape()), (0, (0, 0)));
+    let mut bad = DMatrix::identity(3, 3);
+    bad[(1, 2)] = f64::NAN;
+    assert!(matches!(sym_eigh(&bad), Err(LinalgError::NonFinite { .. })));
+    assert!(matches!(sym_eigh(&DMatrix::zeros(2, 3)), Err(LinalgError::DimensionMismatch { .. })));
+}
+
 #[test]
 fn woodbury_and_cholesky_updates_equal_recomputation() {
     let mut r = rng(8);

@@ -10,7 +10,8 @@
 //! operations, so results do not depend on the thread count.
 //!
 //! Why this kernel (issue 15, measured on the 2-core development machine, GFLOP/s, shapes
-//! `m×k×n` of the MNIST networks' products; `scripts/compare/gemm_crates.md` has the table):
+//! `m×k×n` of the MNIST networks' products; the table is in `docs/ARCHITECTURE.md`, "Network
+//! speed"):
 //! matrixmultiply through nalgebra reached 100–110 GFLOP/s on one core for the MLP's shapes
 //! and 50–90 on the convolution shapes, faer 0.22 about the same on one core, gemm 0.18 about
 //! 60; splitting rows over the two cores ourselves gives the parallel speed-up without a second
