@@ -83,9 +83,32 @@ fn bench_image_net(c: &mut Criterion, name: &str, net: &dyn fspace_nn::Network) 
     group.finish();
 }
 
+/// KFAC statistics (per-layer inputs and back-propagated output gradients for 10 cotangent
+/// columns per image, the categorical GGN's factor) of the two CNNs against the batch size.
+fn bench_kfac_statistics(c: &mut Criterion) {
+    use fspace_nn::{Cnn, CnnConfig};
+    let nets = [
+        ("lenet5", Cnn::new(CnnConfig::lenet5(10, Activation::Tanh, 0)).unwrap()),
+        ("cnn_fsp_mnist", Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap()),
+    ];
+    let mut group = c.benchmark_group("kfac_statistics_k10");
+    group.sample_size(10);
+    for (name, net) in &nets {
+        for n in [10usize, 100, 500] {
+            let x = DMatrix::from_fn(n, 784, |i, j| ((i * 31 + j * 7) % 17) as f64 / 17.0);
+            let factors: Vec<DMatrix<f64>> =
+                (0..n).map(|i| DMatrix::from_fn(10, 10, |o, c| ((i + o + 3 * c) % 5) as f64 * 0.1)).collect();
+            group.bench_with_input(BenchmarkId::new(*name, n), &n, |b, _| {
+                b.iter(|| net.kfac_statistics(&x, &factors).unwrap())
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(std::time::Duration::from_secs(3)).warm_up_time(std::time::Duration::from_secs(1));
-    targets = bench, bench_cnn
+    targets = bench, bench_cnn, bench_kfac_statistics
 }
 criterion_main!(benches);

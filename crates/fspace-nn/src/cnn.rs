@@ -659,8 +659,22 @@ impl Cnn {
     /// Per-layer statistics (see [`LayerStatistics`]): im2col patches and per-position
     /// pre-activation gradients for convolutions (Grosse & Martens's KFC), inputs and output
     /// gradients for dense layers, for the columns of per-image cotangent factors `Lᵢ`
-    /// (`d' × k`). Parallel over images.
+    /// (`d' × k`). Batched: one forward trace per chunk of images and one reverse pass per
+    /// factor column, as GEMMs (module `cnn_batched`).
     pub fn kfac_statistics(
+        &self,
+        x: &DMatrix<f64>,
+        factors: &[DMatrix<f64>],
+    ) -> Result<Vec<LayerStatistics>> {
+        self.check_inputs(x)?;
+        let k = crate::train::check_factors(factors, x.nrows(), self.output_dim())?;
+        Ok(self.batched_kfac_statistics(x, factors, k))
+    }
+
+    /// [`kfac_statistics`](Self::kfac_statistics) by the per-image rules, parallel over images:
+    /// the independent reference of the batched version in the tests.
+    #[cfg(test)]
+    pub(crate) fn kfac_statistics_per_image(
         &self,
         x: &DMatrix<f64>,
         factors: &[DMatrix<f64>],
@@ -724,6 +738,7 @@ impl Cnn {
 
     /// The layer's input as rows per output position: im2col patches (`T × C_in·k·k`,
     /// zero padding) for a convolution, the input vector for a dense layer.
+    #[cfg(test)]
     fn patches(&self, layer: &Layer, a: &[f64]) -> Vec<f64> {
         match *layer {
             Layer::Dense { .. } => a.to_vec(),
