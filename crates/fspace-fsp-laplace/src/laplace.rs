@@ -39,12 +39,11 @@ use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::RngCore;
 use rand_distr::{Distribution, StandardNormal};
-use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{ensure_dim, invalid, Result};
 use crate::prior::FunctionPrior;
-use crate::train::{from_point_major, point_major};
+use crate::train::point_major;
 
 /// Options of Alg. 2.
 ///
@@ -132,40 +131,20 @@ pub struct FspLaplace<N> {
     report: LaplaceReport,
 }
 
-/// `[J(X)·s₁, …, J(X)·s_r]` point-major (`n·d' × r`), columns in parallel.
+/// `[J(X)·s₁, …, J(X)·s_r]` point-major (`n·d' × r`): [`Network::jvp_columns`] (one shared
+/// forward trace per chunk for the MLP and the CNN).
 pub(crate) fn jvp_columns<N: Network + ?Sized>(
     net: &N,
     x: &DMatrix<f64>,
     s: &DMatrix<f64>,
 ) -> Result<DMatrix<f64>> {
-    let cols: Vec<DVector<f64>> = (0..s.ncols())
-        .into_par_iter()
-        .map(|j| Ok(point_major(&net.jvp(x, &s.column(j).into_owned())?)))
-        .collect::<Result<_>>()?;
-    Ok(if cols.is_empty() {
-        DMatrix::zeros(x.nrows() * net.output_dim(), 0)
-    } else {
-        DMatrix::from_columns(&cols)
-    })
+    Ok(net.jvp_columns(x, s)?)
 }
 
-/// `J(X)ᵀ L` (`p × r`) for `L` point-major (`n·d' × r`): columns in parallel, a few per
-/// thread at a time, written straight into the result (peak memory ≈ one `p × r` matrix).
+/// `J(X)ᵀ L` (`p × r`) for `L` point-major (`n·d' × r`): [`Network::vjp_columns`] (peak
+/// memory ≈ one `p × r` matrix).
 fn vjp_columns<N: Network + ?Sized>(net: &N, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-    let q = net.output_dim();
-    let mut out = DMatrix::zeros(net.n_params(), l.ncols());
-    let chunk = 4 * rayon::current_num_threads().max(1);
-    for start in (0..l.ncols()).step_by(chunk) {
-        let end = (start + chunk).min(l.ncols());
-        let cols: Vec<DVector<f64>> = (start..end)
-            .into_par_iter()
-            .map(|j| Ok(net.vjp(x, &from_point_major(l.column(j).as_slice(), q))?))
-            .collect::<Result<_>>()?;
-        for (j, c) in (start..end).zip(cols) {
-            out.set_column(j, &c);
-        }
-    }
-    Ok(out)
+    Ok(net.vjp_columns(x, l)?)
 }
 
 /// Row-batches `[start, end)` of `n` rows.

@@ -106,9 +106,49 @@ fn bench_kfac_statistics(c: &mut Criterion) {
     group.finish();
 }
 
+/// `J·U` and `Jᵀ·L` for 20 columns on the FSP CNN (FSP-Laplace's Alg. 2 applies `J` to up
+/// to 150 columns): one product per column, in parallel (the trait's default), against the
+/// CNN's shared forward trace.
+fn bench_multi_column(c: &mut Criterion) {
+    use fspace_nn::{Cnn, CnnConfig};
+    use rayon::prelude::*;
+    let net = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
+    let (p, r) = (net.n_params(), 20);
+    let u = DMatrix::from_fn(p, r, |i, j| (((i + 3 * j) % 13) as f64 - 6.0) * 1e-2);
+    let mut group = c.benchmark_group("cnn_fsp_mnist_20_columns");
+    group.sample_size(10);
+    for n in [128usize, 512] {
+        let x = DMatrix::from_fn(n, 784, |i, j| ((i * 31 + j * 7) % 17) as f64 / 17.0);
+        let l = DMatrix::from_fn(n * 10, r, |i, j| ((i + j) % 7) as f64 * 0.1);
+        group.bench_with_input(BenchmarkId::new("jvp_per_column", n), &n, |b, _| {
+            b.iter(|| {
+                (0..r)
+                    .into_par_iter()
+                    .map(|j| net.jvp(&x, &u.column(j).into_owned()).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("jvp_columns", n), &n, |b, _| {
+            b.iter(|| net.jvp_columns(&x, &u).unwrap())
+        });
+        group.bench_with_input(BenchmarkId::new("vjp_per_column", n), &n, |b, _| {
+            b.iter(|| {
+                (0..r)
+                    .into_par_iter()
+                    .map(|j| net.vjp(&x, &DMatrix::from_row_slice(n, 10, l.column(j).as_slice())).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("vjp_columns", n), &n, |b, _| {
+            b.iter(|| net.vjp_columns(&x, &l).unwrap())
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(std::time::Duration::from_secs(3)).warm_up_time(std::time::Duration::from_secs(1));
-    targets = bench, bench_cnn, bench_kfac_statistics
+    targets = bench, bench_cnn, bench_kfac_statistics, bench_multi_column
 }
 criterion_main!(benches);

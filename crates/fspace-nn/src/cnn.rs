@@ -611,6 +611,26 @@ impl Cnn {
         Ok(self.batched_forward_vjp(x, &mut |_| Ok(v.clone()))?.1)
     }
 
+    /// `J(X)·U` point-major (`n·d' × r`) for the columns of `U` (`p × r`): per chunk of
+    /// images one forward trace, then one tangent pass per column, columns in parallel.
+    pub fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        crate::train::check_columns("parameter directions U (rows = parameters)", u, self.n_params())?;
+        Ok(self.batched_jvp_columns(x, u))
+    }
+
+    /// `J(X)ᵀ·L` (`p × r`) for point-major cotangent columns `L` (`n·d' × r`): per chunk of
+    /// images one forward trace, then one reverse pass per column, columns in parallel.
+    pub fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        crate::train::check_columns(
+            "cotangents L (rows = points × outputs)",
+            l,
+            x.nrows() * self.output_dim(),
+        )?;
+        Ok(self.batched_vjp_columns(x, l))
+    }
+
     /// `(f(X), J(X)ᵀ g)` with `g = cotangent(f(X))`: one forward and one reverse pass per
     /// chunk of images (the training step).
     pub fn forward_vjp(

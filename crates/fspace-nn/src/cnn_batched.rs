@@ -535,6 +535,44 @@ impl Cnn {
         DMatrix::from_row_slice(x.nrows(), q, &out)
     }
 
+    /// `J(X)·U` point-major (`n·d' × r`), batched: per chunk one forward trace shared by the
+    /// tangent passes of all columns (in parallel). Inputs are checked by the caller.
+    pub(crate) fn batched_jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> DMatrix<f64> {
+        let (n_all, q, p) = (x.nrows(), self.output_dim(), self.n_params());
+        let gw = self.prepared_weights(&self.params);
+        let mut out = DMatrix::zeros(n_all * q, u.ncols());
+        for (s, n) in Self::chunks(n_all) {
+            let trace = self.chunk_trace(x, s, n, &gw, true);
+            out.as_mut_slice().par_chunks_mut((n_all * q).max(1)).enumerate().for_each(|(j, col)| {
+                let uj = &u.as_slice()[j * p..(j + 1) * p];
+                let gu = self.gemm_weights(uj, &gw.column_maps);
+                let tangent = self.chunk_tangent(&trace, &gw, &gu, uj);
+                col[s * q..(s + n) * q].copy_from_slice(&tangent);
+                recycle(tangent);
+            });
+            Self::recycle_trace(trace);
+        }
+        out
+    }
+
+    /// `J(X)ᵀ·L` (`p × r`) for point-major cotangent columns `L` (`n·d' × r`), batched: per
+    /// chunk one forward trace shared by the reverse passes of all columns (in parallel).
+    /// Inputs are checked by the caller.
+    pub(crate) fn batched_vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> DMatrix<f64> {
+        let (n_all, q, p) = (x.nrows(), self.output_dim(), self.n_params());
+        let gw = self.prepared_weights(&self.params);
+        let mut out = DMatrix::zeros(p, l.ncols());
+        for (s, n) in Self::chunks(n_all) {
+            let trace = self.chunk_trace(x, s, n, &gw, true);
+            out.as_mut_slice().par_chunks_mut(p.max(1)).enumerate().for_each(|(j, grad)| {
+                let col = &l.as_slice()[j * n_all * q..(j + 1) * n_all * q];
+                self.chunk_reverse(&trace, &gw, col[s * q..(s + n) * q].to_vec(), Some(grad), None);
+            });
+            Self::recycle_trace(trace);
+        }
+        out
+    }
+
     /// KFAC statistics ([`LayerStatistics`]) on batches: per chunk one forward trace and one
     /// reverse pass per cotangent column `c` of the factors `Lᵢ` (`d' × k`), recording `Δ_Z`
     /// per layer; layer inputs (im2col patches, dense inputs) are permuted from the GEMM column

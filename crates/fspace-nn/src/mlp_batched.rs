@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use crate::gemm::{gemm, Operand};
 use crate::mlp::{Activation, Mlp, NnError, Result};
+use crate::train::check_columns;
 
 /// Element-wise work below this many entries stays on the calling thread.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 14;
@@ -273,6 +274,37 @@ impl Mlp {
         let mut grad = vec![0.0; self.n_params()];
         self.batch_adjoint(x, &trace, row_major(&v), &mut grad);
         Ok((f, DVector::from_vec(grad)))
+    }
+
+    /// `J(X)·U` point-major (`n·d' × r`) for the columns of `U` (`p × r`): one forward trace,
+    /// then one tangent pass per column, columns in parallel.
+    pub fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        let p = self.n_params();
+        check_columns("parameter directions U (rows = parameters)", u, p)?;
+        let nq = x.nrows() * self.output_dim();
+        let trace = self.batch_trace(x, true);
+        let mut out = DMatrix::zeros(nq, u.ncols());
+        out.as_mut_slice().par_chunks_mut(nq.max(1)).enumerate().for_each(|(j, col)| {
+            let t = self.batch_tangent(x, &trace, &u.as_slice()[j * p..(j + 1) * p]);
+            col.copy_from_slice(&t);
+        });
+        Ok(out)
+    }
+
+    /// `J(X)ᵀ·L` (`p × r`) for point-major cotangent columns `L` (`n·d' × r`): one forward
+    /// trace, then one reverse pass per column, columns in parallel.
+    pub fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_inputs(x)?;
+        let nq = x.nrows() * self.output_dim();
+        check_columns("cotangents L (rows = points × outputs)", l, nq)?;
+        let p = self.n_params();
+        let trace = self.batch_trace(x, true);
+        let mut out = DMatrix::zeros(p, l.ncols());
+        out.as_mut_slice().par_chunks_mut(p.max(1)).enumerate().for_each(|(j, grad)| {
+            self.batch_adjoint(x, &trace, l.as_slice()[j * nq..(j + 1) * nq].to_vec(), grad);
+        });
+        Ok(out)
     }
 }
 

@@ -10,6 +10,7 @@ use fspace_core::{Adam, EarlyStopping, Likelihood, Minibatches, StopDecision};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use rayon::prelude::*;
 
 use crate::cnn::Cnn;
 use crate::helmholtz::HelmholtzNet;
@@ -38,6 +39,48 @@ pub trait Network: Send + Sync {
     fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>>;
     /// `J(X)·u` (`n × d'`, forward mode) for a parameter direction `u`.
     fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>>;
+
+    /// `J(X)·U` for the `r` columns of `U` (`p × r`), point-major (`n·d' × r`: point `i`,
+    /// output `o` is row `i·d' + o`). The default runs one [`jvp`](Self::jvp) per column,
+    /// columns in parallel; the MLP and the CNN share one forward trace (per chunk of inputs)
+    /// across the columns, which saves the forward pass of every column but the first.
+    fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        check_columns("parameter directions U (rows = parameters)", u, self.n_params())?;
+        let cols: Vec<DMatrix<f64>> = (0..u.ncols())
+            .into_par_iter()
+            .map(|j| self.jvp(x, &u.column(j).into_owned()))
+            .collect::<Result<_>>()?;
+        let q = self.output_dim();
+        let mut out = DMatrix::zeros(x.nrows() * q, u.ncols());
+        for (mut col, f) in out.column_iter_mut().zip(&cols) {
+            for (i, row) in f.row_iter().enumerate() {
+                col.rows_mut(i * q, q).copy_from(&row.transpose());
+            }
+        }
+        Ok(out)
+    }
+
+    /// `J(X)ᵀ·L` (`p × r`) for the `r` point-major cotangent columns of `L` (`n·d' × r`, as
+    /// [`jvp_columns`](Self::jvp_columns)). The default runs one [`vjp`](Self::vjp) per column,
+    /// a few columns per thread at a time; the MLP and the CNN share one forward trace (per
+    /// chunk of inputs) across the columns. Peak memory ≈ the `p × r` result.
+    fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let q = self.output_dim();
+        check_columns("cotangents L (rows = points × outputs)", l, x.nrows() * q)?;
+        let mut out = DMatrix::zeros(self.n_params(), l.ncols());
+        let chunk = 4 * rayon::current_num_threads().max(1);
+        for start in (0..l.ncols()).step_by(chunk) {
+            let end = (start + chunk).min(l.ncols());
+            let cols: Vec<DVector<f64>> = (start..end)
+                .into_par_iter()
+                .map(|j| self.vjp(x, &DMatrix::from_row_slice(x.nrows(), q, l.column(j).as_slice())))
+                .collect::<Result<_>>()?;
+            for (j, c) in (start..end).zip(cols) {
+                out.set_column(j, &c);
+            }
+        }
+        Ok(out)
+    }
 
     /// `(f(X), J(X)ᵀ g)` where the cotangent `g = cotangent(f(X))` (`n × d'`) is computed from
     /// the outputs — a training step's forward and reverse pass. The default runs
@@ -238,6 +281,17 @@ pub(crate) fn check_factors(factors: &[DMatrix<f64>], n: usize, q: usize) -> Res
     Ok(k)
 }
 
+/// A matrix of column vectors of length `rows`, all finite.
+pub(crate) fn check_columns(what: &'static str, m: &DMatrix<f64>, rows: usize) -> Result<()> {
+    if m.nrows() != rows {
+        return Err(NnError::DimensionMismatch { what, expected: rows, found: m.nrows() });
+    }
+    if !all_finite(m.as_slice()) {
+        return Err(NnError::NonFinite { what });
+    }
+    Ok(())
+}
+
 /// Checks one `d' × d'` Hessian block per point.
 pub(crate) fn check_hessians(hessians: &[DMatrix<f64>], n: usize, q: usize) -> Result<()> {
     if hessians.len() != n || hessians.iter().any(|h| h.shape() != (q, q)) {
@@ -307,6 +361,8 @@ network_impl!(Mlp {
         <Mlp>::ntk_block(self, x, xo, z, zo)
     }
     fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> { <Mlp>::ntk_diagonal(self, x) }
+    fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Mlp>::jvp_columns(self, x, u) }
+    fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Mlp>::vjp_columns(self, x, l) }
     fn ntk_block_pullback_z(
         &self,
         x: &DMatrix<f64>,
@@ -354,6 +410,8 @@ network_impl!(Cnn {
         <Cnn>::kfac_statistics(self, x, factors)
     }
     fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Cnn>::last_layer_features(self, x) }
+    fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Cnn>::jvp_columns(self, x, u) }
+    fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Cnn>::vjp_columns(self, x, l) }
 });
 
 /// A regulariser `R(w)`: returns `(R(w), ∇_w R(w))` for the current network; called once per

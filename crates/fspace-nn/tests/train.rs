@@ -232,3 +232,61 @@ fn the_gaussian_noise_scale_is_learned_jointly() {
     train_map(&mut sine_net(1), &mut fixed, &train.x, &train.y_vec(), None, None, &cfg, |_| {}).unwrap();
     assert_eq!(fixed.sigma(), 1.0);
 }
+
+/// `jvp_columns` / `vjp_columns` (a shared forward trace for the MLP and the CNN, the trait's
+/// per-column default for the Helmholtz net) equal one `jvp` / `vjp` per column, on batches that
+/// span several CNN chunks; bad shapes and NaN are typed errors.
+#[test]
+fn multi_column_products_equal_one_product_per_column() {
+    let mlp = Mlp::new(MlpConfig {
+        input_dim: 3,
+        hidden: vec![7, 5],
+        output_dim: 2,
+        activation: Activation::Tanh,
+        seed: 1,
+    })
+    .unwrap();
+    let cnn = Cnn::new(CnnConfig {
+        input_shape: (1, 6, 6),
+        convs: vec![ConvBlock { channels: 3, kernel: 3, same_padding: true, pool: true }],
+        hidden: vec![5],
+        output_dim: 3,
+        activation: Activation::Tanh,
+        seed: 2,
+    })
+    .unwrap();
+    let helmholtz = HelmholtzNet::new(vec![6, 5], Activation::Tanh, 3).unwrap();
+    let nets: [(&dyn Network, usize); 3] = [(&mlp, 40), (&cnn, 300), (&helmholtz, 25)];
+    for (net, n) in nets {
+        let (d, q, p, r) = (net.input_dim(), net.output_dim(), net.n_params(), 5);
+        let x = DMatrix::from_fn(n, d, |i, j| ((i * 7 + j * 3) % 11) as f64 / 11.0 - 0.5);
+        let u = DMatrix::from_fn(p, r, |i, j| (((i + 3 * j) % 13) as f64 - 6.0) * 0.05);
+        let l = DMatrix::from_fn(n * q, r, |i, j| (((2 * i + j) % 9) as f64 - 4.0) * 0.1);
+        let ju = net.jvp_columns(&x, &u).unwrap();
+        let jtl = net.vjp_columns(&x, &l).unwrap();
+        assert_eq!((ju.shape(), jtl.shape()), ((n * q, r), (p, r)));
+        for j in 0..r {
+            let f = net.jvp(&x, &u.column(j).into_owned()).unwrap();
+            for i in 0..n {
+                for o in 0..q {
+                    assert!((ju[(i * q + o, j)] - f[(i, o)]).abs() <= 1e-12 * (1.0 + f[(i, o)].abs()));
+                }
+            }
+            let v = DMatrix::from_fn(n, q, |i, o| l[(i * q + o, j)]);
+            let g = net.vjp(&x, &v).unwrap();
+            let scale = g.amax().max(1.0);
+            assert!((jtl.column(j) - &g).amax() <= 1e-12 * scale);
+        }
+        assert!(matches!(
+            net.jvp_columns(&x, &u.rows(0, p - 1).into_owned()),
+            Err(NnError::DimensionMismatch { .. })
+        ));
+        assert!(matches!(
+            net.vjp_columns(&x, &l.rows(0, n).into_owned()),
+            Err(NnError::DimensionMismatch { .. })
+        ));
+        let mut bad = u.clone();
+        bad[(1, 1)] = f64::NAN;
+        assert!(matches!(net.jvp_columns(&x, &bad), Err(NnError::NonFinite { .. })));
+    }
+}
