@@ -364,8 +364,8 @@ impl<N: Network> Posterior for FspLaplace<N> {
         Ok((mean, &g * g.transpose()))
     }
 
-    /// `f(x; w*) + J(x) S z`, `z ~ N(0, I_rank)`: one forward-mode product per sample, exact
-    /// for the linearised model.
+    /// `f(x; w*) + J(x) S z`, `z ~ N(0, I_rank)`: exact for the linearised model; the `s`
+    /// forward-mode products share one forward trace ([`Network::jvp_blocks`]).
     fn sample_functions(
         &self,
         x: &DMatrix<f64>,
@@ -373,12 +373,10 @@ impl<N: Network> Posterior for FspLaplace<N> {
         rng: &mut dyn RngCore,
     ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
         let mean = self.net.forward(x).map_err(|e| to_core(e.into()))?;
-        (0..s)
-            .map(|_| {
-                let z = DVector::from_fn(self.s.ncols(), |_, _| StandardNormal.sample(rng));
-                let dw = &self.s * z;
-                Ok(&mean + self.net.jvp(x, &dw).map_err(|e| to_core(e.into()))?)
-            })
-            .collect()
+        // z drawn sample by sample (column-major fill), as one draw per sample would.
+        let z = DMatrix::from_fn(self.s.ncols(), s, |_, _| StandardNormal.sample(rng));
+        let dw = &self.s * z;
+        let ju = self.net.jvp_blocks(x, &dw).map_err(|e| to_core(e.into()))?;
+        Ok(ju.into_iter().map(|j| &mean + j).collect())
     }
 }

@@ -627,7 +627,8 @@ impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
         };
         Ok((mean, cov))
     }
-    /// `f(x; m) + J(x; m)(√s ⊙ ε)`: one Jacobian-vector product per sample.
+    /// `f(x; m) + J(x; m)(√s ⊙ ε)`: the Jacobian-vector products of all samples share one
+    /// forward trace (`Network::jvp_blocks`).
     fn sample_functions(
         &self,
         x: &DMatrix<f64>,
@@ -639,14 +640,12 @@ impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
             return sample_gaussian(&m, &c, 0, rng);
         }
         let mean = self.net.forward(x).map_err(core_err)?;
-        (0..samples)
-            .map(|_| {
-                let u = DVector::from_fn(self.s.len(), |k, _| {
-                    let e: f64 = StandardNormal.sample(rng);
-                    e * self.s[k].sqrt()
-                });
-                Ok(&mean + self.net.jvp(x, &u).map_err(core_err)?)
-            })
-            .collect()
+        // Column-major fill: ε drawn sample by sample, as one draw per sample would.
+        let u = DMatrix::from_fn(self.s.len(), samples, |k, _| {
+            let e: f64 = StandardNormal.sample(rng);
+            e * self.s[k].sqrt()
+        });
+        let ju = self.net.jvp_blocks(x, &u).map_err(core_err)?;
+        Ok(ju.into_iter().map(|j| &mean + j).collect())
     }
 }

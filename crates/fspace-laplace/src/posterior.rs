@@ -831,14 +831,17 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
     ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
         let run = |rng: &mut dyn RngCore| -> Result<Vec<DMatrix<f64>>> {
             match self.predictive {
-                // Exact linearised samples f(x; w*) + J(x)(θ − w*): one JVP per sample.
+                // Exact linearised samples f(x; w*) + J(x)(θ − w*): the s JVPs share one
+                // forward trace (`Network::jvp_blocks`).
                 Predictive::Glm => {
                     let mean = forward_chunked(&self.net, x, 256)?;
                     let w = self.net.params();
-                    self.sample_weights(s, rng)?
-                        .into_iter()
-                        .map(|th| Ok(&mean + self.net.jvp(x, &(th - &w))?))
-                        .collect()
+                    let thetas = self.sample_weights(s, rng)?;
+                    let mut dirs = DMatrix::zeros(w.len(), thetas.len());
+                    for (mut col, th) in dirs.column_iter_mut().zip(&thetas) {
+                        col.copy_from(&(th - &w));
+                    }
+                    Ok(self.net.jvp_blocks(x, &dirs)?.into_iter().map(|j| &mean + j).collect())
                 }
                 Predictive::Nonlinear { .. } => self.nonlinear_samples(x, s, rng),
             }

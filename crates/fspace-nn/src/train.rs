@@ -60,6 +60,15 @@ pub trait Network: Send + Sync {
         Ok(out)
     }
 
+    /// `[J(X)·u₁, …, J(X)·u_s]` for the columns of `U` (`p × s`), each `n × d'`: the
+    /// [`jvp_columns`](Self::jvp_columns) result split per column — what a linearised
+    /// posterior needs for `s` function samples `f(X) + J(X)·uⱼ`.
+    fn jvp_blocks(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
+        let (n, q) = (x.nrows(), self.output_dim());
+        let ju = self.jvp_columns(x, u)?;
+        Ok(ju.column_iter().map(|c| DMatrix::from_row_slice(n, q, c.as_slice())).collect())
+    }
+
     /// `J(X)ᵀ·L` (`p × r`) for the `r` point-major cotangent columns of `L` (`n·d' × r`, as
     /// [`jvp_columns`](Self::jvp_columns)). The default runs one [`vjp`](Self::vjp) per column,
     /// a few columns per thread at a time; the MLP and the CNN share one forward trace (per
