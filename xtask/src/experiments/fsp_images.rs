@@ -544,16 +544,25 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         ));
         let validation = Some((&val.x, &val.y));
 
-        let (prior, hyper, prior_seconds) = fit_prior(&mut run, &train, &budget, seed)?;
+        // The GP prior serves FSP-Laplace, FVI and the sparse GP; a resumed seed that only
+        // lacks MAP / Laplace skips its fit.
+        let prior_fit = if ["FSP-Laplace (RND)", "FVI (RND)", "Sparse GP"].iter().any(|m| needs(m)) {
+            Some(fit_prior(&mut run, &train, &budget, seed)?)
+        } else {
+            None
+        };
+        let fitted_prior =
+            || prior_fit.as_ref().ok_or_else(|| anyhow::anyhow!("the GP prior was not fitted"));
 
         let bbox = BoundingBox::from_data(&train.x, 0.5)?;
         let mut lik = Categorical::new(10)?;
         // FSP-Laplace (RND): Alg. 1 then Alg. 2.
         if needs("FSP-Laplace (RND)") {
+            let (prior, hyper, prior_seconds) = fitted_prior()?;
             let (net, report, train_seconds) =
-                train_fsp(&mut run, &budget, &train, &val, &prior, &bbox, &mut lik, seed)?;
+                train_fsp(&mut run, &budget, &train, &val, prior, &bbox, &mut lik, seed)?;
             let (post, laplace_seconds) =
-                fsp_posterior(&net, &lik, &prior, &train, &bbox, budget.n_halton, &budget, seed)?;
+                fsp_posterior(&net, &lik, prior, &train, &bbox, budget.n_halton, &budget, seed)?;
             let rep = post.report();
             run.log(format!(
             "  FSP-Laplace: {} epochs (stopped early: {}) in {train_seconds:.1} s; Alg. 2 in {laplace_seconds:.1} s: \
@@ -656,6 +665,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
             let t0 = Instant::now();
             let labels = |imgs: &Images| DMatrix::from_column_slice(imgs.y.len(), 1, imgs.y.as_slice());
             let (y_train, y_val) = (labels(&train), labels(&val));
+            let hyper = &fitted_prior()?.1;
             let fvi_prior = GpPrior::centered(Independent::new(Rbf::new(hyper[0], hyper[1])?, 10)?);
             let steps_per_epoch = n.div_ceil(100);
             let fvi_config = FviConfig {
@@ -691,6 +701,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         // Sparse GP: Milios et al.'s Dirichlet targets, the prior's RBF kernel, a seeded random
         // subset of the training images as inducing inputs, the closed-form optimal q(u).
         if needs("Sparse GP") {
+            let hyper = &fitted_prior()?.1;
             let t0 = Instant::now();
             let z = train.subset(budget.inducing, seed + 8).x;
             let sgp = SparseDirichletGp::fit(Rbf::new(hyper[0], hyper[1])?, z, &train.x, &train.y, 10, 0.01)?;
