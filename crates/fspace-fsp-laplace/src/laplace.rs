@@ -131,22 +131,6 @@ pub struct FspLaplace<N> {
     report: LaplaceReport,
 }
 
-/// `[J(X)·s₁, …, J(X)·s_r]` point-major (`n·d' × r`): [`Network::jvp_columns`] (one shared
-/// forward trace per chunk for the MLP and the CNN).
-pub(crate) fn jvp_columns<N: Network + ?Sized>(
-    net: &N,
-    x: &DMatrix<f64>,
-    s: &DMatrix<f64>,
-) -> Result<DMatrix<f64>> {
-    Ok(net.jvp_columns(x, s)?)
-}
-
-/// `J(X)ᵀ L` (`p × r`) for `L` point-major (`n·d' × r`): [`Network::vjp_columns`] (peak
-/// memory ≈ one `p × r` matrix).
-fn vjp_columns<N: Network + ?Sized>(net: &N, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-    Ok(net.vjp_columns(x, l)?)
-}
-
 /// Row-batches `[start, end)` of `n` rows.
 fn batches(n: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).step_by(size.max(1)).map(move |s| (s, (s + size.max(1)).min(n)))
@@ -199,7 +183,7 @@ pub fn laplace<N: Network + Clone>(
     let info = restarted.runs[0].clone();
 
     // 2–3. M = J(C)ᵀL and its range.
-    let svd = thin_svd_owned(vjp_columns(net, context, &l)?)?;
+    let svd = thin_svd_owned(net.vjp_columns(context, &l)?)?;
     let smax = svd.s[0];
     let k = svd.s.iter().take_while(|&&s| s > config.rank_rtol * smax).count();
     if k == 0 {
@@ -214,7 +198,7 @@ pub fn laplace<N: Network + Clone>(
         let xb = x.rows(s0, s1 - s0).into_owned();
         let yb = y.rows(s0 * t, (s1 - s0) * t).into_owned();
         let hess = likelihood.nll_hessian(&net.forward(&xb)?, &yb)?;
-        let g = jvp_columns(net, &xb, &u)?; // (b·q) × k
+        let g = net.jvp_columns(&xb, &u)?; // (b·q) × k
         let mut hg = DMatrix::zeros(g.nrows(), k);
         for (i, h) in hess.iter().enumerate() {
             let rows = g.rows(i * q, q);
@@ -277,7 +261,7 @@ fn truncation_index<N: Network + ?Sized>(
     for (c0, c1) in batches(points.nrows(), batch) {
         let block = points.rows(c0, c1 - c0).into_owned();
         let prior_var = prior.variances(&block)?;
-        let jc = jvp_columns(net, &block, s)?;
+        let jc = net.jvp_columns(&block, s)?;
         for row in 0..jc.nrows() {
             let bound = prior_var[row] * (1.0 + 1e-12);
             let mut tail = 0.0;
@@ -330,7 +314,7 @@ impl<N: Network> FspLaplace<N> {
 
     /// `J(X) S` point-major (`n·d' × rank`), batch-wise.
     pub fn jacobian_times_factor(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        jvp_columns(&self.net, x, &self.s)
+        Ok(self.net.jvp_columns(x, &self.s)?)
     }
 
     fn marginals(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive> {
