@@ -128,6 +128,19 @@ impl<N: crate::Network> crate::Network for Featurized<N> {
     fn jvp(&self, x: &DMatrix<f64>, u: &nalgebra::DVector<f64>) -> Result<DMatrix<f64>> {
         self.net.jvp(&self.features(x)?, u)
     }
+    fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.net.jvp_columns(&self.features(x)?, u)
+    }
+    fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.net.vjp_columns(&self.features(x)?, l)
+    }
+    fn forward_vjp(
+        &self,
+        x: &DMatrix<f64>,
+        cotangent: &mut dyn FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>>,
+    ) -> Result<(DMatrix<f64>, nalgebra::DVector<f64>)> {
+        self.net.forward_vjp(&self.features(x)?, cotangent)
+    }
     fn ggn_vector_product(
         &self,
         x: &DMatrix<f64>,

@@ -349,7 +349,11 @@ macro_rules! network_impl {
         }
     };
 }
-network_impl!(HelmholtzNet {});
+network_impl!(HelmholtzNet {
+    fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        <HelmholtzNet>::jvp_columns(self, x, u)
+    }
+});
 network_impl!(Mlp {
     fn forward_vjp(
         &self,
