@@ -146,9 +146,33 @@ fn bench_multi_column(c: &mut Criterion) {
     group.finish();
 }
 
+/// `J·U` of the ocean experiment's Helmholtz net (two 2×100 tanh potentials, p ≈ 21 000) for
+/// 20 columns against the number of points: one Jacobian per chunk of points for all columns
+/// (`jvp_columns`) against one `jvp` per column (each builds the Jacobian).
+fn bench_helmholtz_columns(c: &mut Criterion) {
+    use fspace_nn::{HelmholtzNet, Network};
+    let net = HelmholtzNet::new(vec![100, 100], Activation::Tanh, 0).unwrap();
+    let (p, r) = (net.n_params(), 20);
+    let u = DMatrix::from_fn(p, r, |i, j| (((i + 3 * j) % 13) as f64 - 6.0) * 1e-2);
+    let mut group = c.benchmark_group("helmholtz_2x100_20_columns");
+    group.sample_size(10);
+    for n in [16usize, 64, 256] {
+        let x = DMatrix::from_fn(n, 2, |i, j| ((i * 7 + j * 3) % 11) as f64 / 5.5 - 1.0);
+        if n <= 64 {
+            group.bench_with_input(BenchmarkId::new("jvp_per_column", n), &n, |b, _| {
+                b.iter(|| (0..r).map(|j| net.jvp(&x, &u.column(j).into_owned()).unwrap()).collect::<Vec<_>>())
+            });
+        }
+        group.bench_with_input(BenchmarkId::new("jvp_columns", n), &n, |b, _| {
+            b.iter(|| Network::jvp_columns(&net, &x, &u).unwrap())
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(std::time::Duration::from_secs(3)).warm_up_time(std::time::Duration::from_secs(1));
-    targets = bench, bench_cnn, bench_kfac_statistics, bench_multi_column
+    targets = bench, bench_cnn, bench_kfac_statistics, bench_multi_column, bench_helmholtz_columns
 }
 criterion_main!(benches);
