@@ -87,6 +87,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: fsp_bayesopt::run,
     },
     Experiment {
+        name: "fsp-bayesopt-covariance",
+        paper: "FSP-Laplace Fig. 3's covariance budget: BO on Hartmann-6 with FSP-Laplace, 500 vs 2 000 Latin-hypercube covariance points (paper: 10 000)",
+        in_default_suite: false,
+        run: fsp_bayesopt::run_covariance_sweep,
+    },
+    Experiment {
         name: "fsp-two-moons",
         paper: "FSP-Laplace Fig. C.5, C.6 (two moons, RBF and Matérn-1/2)",
         in_default_suite: true,
