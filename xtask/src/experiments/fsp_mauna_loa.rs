@@ -31,6 +31,7 @@
 //! * not the prior missing the data: adding all 428 training inputs to the 100 uniform context
 //!   points of every step and to Alg. 2's context set gives 114.2 (`--quick`) and 135.2 (10 000
 //!   epochs), against 114.6 (`--quick`) and 128.3 ± 12.5 (10 000 epochs, 5 seeds) without them.
+//!
 //! With a noise σ of 0.2 ppm the data term outweighs the prior term by orders of magnitude, and
 //! the tanh features of time saturate beyond the training window; the prior then only sets the
 //! spread, not the trend, of the forecast.
