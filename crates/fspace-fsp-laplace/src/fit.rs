@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use crate::error::{invalid, Result};
+use crate::error::{ensure_dim, invalid, Result};
 use crate::laplace::{laplace, FspLaplace, LaplaceConfig};
 use crate::prior::FunctionPrior;
 use crate::train::{train, TrainOptions};
@@ -92,6 +92,17 @@ impl Default for FspConfig {
     }
 }
 
+/// The "dataset" context of the paper's §3.2: the rows of `design` followed by the training
+/// inputs `x`, so the prior term also acts where the data are. Errors if the column counts
+/// differ.
+pub fn with_data_points(design: &DMatrix<f64>, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+    ensure_dim("data inputs vs. context-point columns", design.ncols(), x.ncols())?;
+    let mut c = DMatrix::zeros(design.nrows() + x.nrows(), design.ncols());
+    c.rows_mut(0, design.nrows()).copy_from(design);
+    c.rows_mut(design.nrows(), x.nrows()).copy_from(x);
+    Ok(c)
+}
+
 /// What [`fit`] did, with timings.
 #[derive(Debug, Clone)]
 pub struct FitSummary {
@@ -138,14 +149,7 @@ pub fn fit<N: Network + Clone>(
     let train_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let design = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
-    let context = if config.context_includes_data {
-        let mut c = DMatrix::zeros(design.nrows() + x.nrows(), design.ncols());
-        c.rows_mut(0, design.nrows()).copy_from(&design);
-        c.rows_mut(design.nrows(), x.nrows()).copy_from(x);
-        c
-    } else {
-        design
-    };
+    let context = if config.context_includes_data { with_data_points(&design, x)? } else { design };
     let post = laplace(&net, likelihood, prior, x, y, &context, &config.laplace)?;
     let summary = FitSummary {
         train: report,

@@ -48,7 +48,7 @@ mod prior;
 mod train;
 
 pub use error::{FspError, Result};
-pub use fit::{context_points, fit, ContextDesign, FitSummary, FspConfig};
+pub use fit::{context_points, fit, with_data_points, ContextDesign, FitSummary, FspConfig};
 pub use laplace::{laplace, FspLaplace, LaplaceConfig, LaplaceReport};
 pub use prior::{fit_classification_prior, fit_regression_prior, FunctionPrior};
 pub use train::{objective, rkhs_regularizer, train, TrainOptions};

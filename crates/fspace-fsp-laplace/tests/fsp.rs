@@ -345,6 +345,17 @@ fn bad_input_is_a_typed_error() {
     assert!(laplace(&net, &lik, &ard, &x, &y, &c, &LaplaceConfig::default()).is_err());
     // Grid designs need m^d points.
     assert!(context_points(ContextDesign::Grid, &BoundingBox::cube(2, 0.0, 1.0).unwrap(), 10, 0).is_err());
+    // The dataset context: design rows first, then the data rows; columns must agree.
+    let design = DMatrix::from_row_slice(2, 2, &[0.0, 1.0, 2.0, 3.0]);
+    let data = DMatrix::from_row_slice(1, 2, &[4.0, 5.0]);
+    assert_eq!(
+        with_data_points(&design, &data).unwrap(),
+        DMatrix::from_row_slice(3, 2, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    );
+    assert!(matches!(
+        with_data_points(&design, &DMatrix::zeros(1, 3)),
+        Err(FspError::DimensionMismatch { .. })
+    ));
     let _ = TrainConfig::default();
 }
 

@@ -352,6 +352,18 @@ fn surrogate(
     })
 }
 
+/// Per-seed best-reward traces (equal lengths) → the mean curve against the evaluation count,
+/// and the mean and standard error of the final best reward.
+fn summarise(traces: &[Vec<f64>]) -> (Vec<(f64, f64)>, f64, f64) {
+    let len = traces[0].len();
+    let curve = (0..len)
+        .map(|k| (k as f64 + 1.0, mean_std(&traces.iter().map(|t| t[k]).collect::<Vec<_>>()).0))
+        .collect();
+    let finals: Vec<f64> = traces.iter().map(|t| t[len - 1]).collect();
+    let (m, sd) = mean_std(&finals);
+    (curve, m, sd / (finals.len() as f64).sqrt())
+}
+
 /// `fsp-bayesopt`.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-bayesopt")?;
@@ -383,13 +395,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 traces.push(trace);
                 secs.push(t);
             }
-            let len = traces[0].len();
-            let curve: Vec<(f64, f64)> = (0..len)
-                .map(|k| (k as f64 + 1.0, mean_std(&traces.iter().map(|t| t[k]).collect::<Vec<_>>()).0))
-                .collect();
-            let finals: Vec<f64> = traces.iter().map(|t| t[len - 1]).collect();
-            let (m, sd) = mean_std(&finals);
-            let se = sd / (finals.len() as f64).sqrt();
+            let (curve, m, se) = summarise(&traces);
             let (ts, _) = mean_std(&secs);
             rows.push(vec![
                 task.name(),
@@ -448,21 +454,14 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
             traces.push(trace);
             secs.push(t);
         }
-        let len = traces[0].len();
-        let finals: Vec<f64> = traces.iter().map(|t| t[len - 1]).collect();
-        let (m, sd) = mean_std(&finals);
+        let (curve, m, se) = summarise(&traces);
         rows.push(vec![
             n_points.to_string(),
-            format!("{} ± {}", fmt(m), fmt(sd / (finals.len() as f64).sqrt())),
+            format!("{} ± {}", fmt(m), fmt(se)),
             fmt(-task.minimum()),
             format!("{:.1}", mean_std(&secs).0),
         ]);
-        series.push((
-            format!("FSP-Laplace, {n_points} points"),
-            (0..len)
-                .map(|k| (k as f64 + 1.0, mean_std(&traces.iter().map(|t| t[k]).collect::<Vec<_>>()).0))
-                .collect(),
-        ));
+        series.push((format!("FSP-Laplace, {n_points} points"), curve));
         metrics.insert(n_points.to_string(), json!({ "traces": traces, "seconds": secs }));
         run.write_metrics(&Value::Object(metrics.clone()))?;
     }

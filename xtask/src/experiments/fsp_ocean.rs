@@ -35,7 +35,9 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_context::{BoundingBox, DatasetSampler};
 use fspace_core::{IsotropicGaussian, Posterior};
-use fspace_fsp_laplace::{laplace, train, FunctionPrior, LaplaceConfig as FspLaplaceConfig, TrainOptions};
+use fspace_fsp_laplace::{
+    laplace, train, with_data_points, FunctionPrior, LaplaceConfig as FspLaplaceConfig, TrainOptions,
+};
 use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Helmholtz, PriorMean, Rbf};
@@ -146,12 +148,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let (i, m) = if j == 0 { (k % 12, 11) } else { (k / 12, 7) };
         lo[j] + (hi[j] - lo[j]) * i as f64 / m as f64
     });
-    let grid_and_drifters = {
-        let mut c = DMatrix::zeros(context.nrows() + xtr.nrows(), 2);
-        c.rows_mut(0, context.nrows()).copy_from(&context);
-        c.rows_mut(context.nrows(), xtr.nrows()).copy_from(&xtr);
-        c
-    };
+    let grid_and_drifters = with_data_points(&context, &xtr)?;
 
     let mut per: Vec<Vec<Scores>> = vec![Vec::new(); METHODS.len()];
     let mut quivers = Vec::new();
@@ -176,8 +173,7 @@ pub fn run(opts: &Options) -> Result<()> {
             };
             let post: Box<dyn Posterior> = match *method {
                 "FSP-Laplace" | "FSP-Laplace (grid + drifters)" => {
-                    let points =
-                        if *method == "FSP-Laplace" { context.clone() } else { grid_and_drifters.clone() };
+                    let points = if *method == "FSP-Laplace" { &context } else { &grid_and_drifters };
                     let prior = FunctionPrior::centered(Box::new(kernel.clone()));
                     let mut lik = IsotropicGaussian::new(sigma, 2)?;
                     let mut net = net;
@@ -190,7 +186,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     let sampler = DatasetSampler::new(points.clone())?;
                     train(&mut net, &mut lik, &prior, &xtr, &ytr_pm, None, &sampler, &options, |_| {})?;
                     let post =
-                        laplace(&net, &lik, &prior, &xtr, &ytr_pm, &points, &FspLaplaceConfig::default())?;
+                        laplace(&net, &lik, &prior, &xtr, &ytr_pm, points, &FspLaplaceConfig::default())?;
                     run.log(format!("seed {seed}: {method} rank {}", post.report().rank));
                     Box::new(post)
                 }
