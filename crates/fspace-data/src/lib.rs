@@ -28,4 +28,4 @@ pub use error::{DataError, Result};
 pub use fspace_context::BoundingBox;
 pub use generators::{cubic, ocean_current, ocean_current_field, sine, two_moons, Dataset, GULF_BOX};
 pub use loaders::{read_csv, read_idx, read_idx_images, CellParser, IdxArray, Table};
-pub use preprocess::{chronological_split, kfold, one_hot, Fold, OneHotLayout, Standardizer};
+pub use preprocess::{chronological_split, distinct_rows, kfold, one_hot, Fold, OneHotLayout, Standardizer};

@@ -158,3 +158,29 @@ pub fn one_hot(x: &DMatrix<f64>, categorical: &[usize]) -> Result<(DMatrix<f64>,
     });
     Ok((out, layout))
 }
+
+/// Indices of the first occurrence of every distinct row of `[x | y]`, in order: exact duplicate
+/// records (inputs and target bit-for-bit equal) collapse to one. Rows with equal inputs but
+/// different targets are replicated measurements and are all kept.
+///
+/// Why: UCI red wine ships 240 exact duplicate records. Counted as independent noisy
+/// observations, they let the GP marginal likelihood drive the noise variance to its floor
+/// (σ² ≈ 4e-6 standardised, with lengthscales short enough to interpolate the copies), so
+/// hyperparameters are fitted on the distinct records only.
+pub fn distinct_rows(x: &DMatrix<f64>, y: &DMatrix<f64>) -> Result<Vec<usize>> {
+    if x.nrows() != y.nrows() {
+        return Err(DataError::InvalidArgument {
+            what: "distinct rows",
+            reason: format!("inputs have {} rows, targets {}", x.nrows(), y.nrows()),
+        });
+    }
+    // -0.0 and 0.0 are the same record; NaN cells compare by bits (every NaN row stays distinct
+    // from non-NaN ones).
+    let bits = |v: f64| if v == 0.0 { 0 } else { v.to_bits() };
+    let mut seen = std::collections::HashSet::with_capacity(x.nrows());
+    Ok((0..x.nrows())
+        .filter(|&i| {
+            seen.insert(x.row(i).iter().chain(y.row(i).iter()).map(|&v| bits(v)).collect::<Vec<u64>>())
+        })
+        .collect())
+}

@@ -245,7 +245,7 @@ pub fn run(opts: &Options) -> Result<()> {
     // A unit is one method on one fold; the settings that change its numbers name the file.
     let mut ck = Checkpoint::open(
         &mut run,
-        json!({ "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed }),
+        json!({ "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed, "prior_fit": "distinct records" }),
     )?;
     run.log(format!(
         "{folds} fold(s) of 5 per set, ≤ {} epochs (FVI ≤ {} steps), sets {:?}",
