@@ -5,7 +5,8 @@
 //!   runs the named experiments (no name: the quick default suite) and writes `results/NAME/`;
 //!   `--seeds K` overrides the number of seeds of the multi-seed experiments (the image tables);
 //!   `--resume` keeps the finished units of an earlier run of the same settings and computes
-//!   only the rest (`fsp-mnist`, `fsp-fmnist`, `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`, `gfsvi-w2`:
+//!   only the rest (`fsp-mnist`, `fsp-fmnist`, `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`, `gfsvi-w2`,
+//!   `fsp-bayesopt`:
 //!   hours on 2 cores, so a full run can span several sittings).
 
 use anyhow::{bail, Result};

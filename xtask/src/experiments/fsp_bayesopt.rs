@@ -11,12 +11,12 @@
 //! * GP: Matérn-5/2 ARD with noise by marginal likelihood, refitted every iteration (warm
 //!   started from the previous fit).
 //! * FSP-Laplace: 2×50 tanh, the GP's Matérn-5/2 prior of the same iteration, the GP's noise,
-//!   400 uniform context points per step, the covariance from 500 Latin-hypercube points (the
-//!   paper: 10 000). Measured here: Alg. 2 at 2 000 points costs ≈ 20 s per fit (Lanczos on the
-//!   Matérn Gram, up to 500 steps), i.e. 40 minutes per 40-iteration run; 500 points cost ≈ 1 s
-//!   and still outnumber the ≤ 50 evaluations tenfold. That reduction costs FSP-Laplace in 6-d:
-//!   `fsp-bayesopt-covariance` measured the best Hartmann-6 reward after 50 evaluations at
-//!   1.58 ± 0.21 with 500 points and 2.32 ± 0.25 with 2 000 (5 seeds; 97 vs 360 s per run).
+//!   400 uniform context points per step, the covariance (Alg. 2) from Latin-hypercube points:
+//!   500 on Branin, 2 000 on Ackley-4 and Hartmann-6 (the paper: 10 000; Alg. 2 runs Lanczos on
+//!   the Matérn Gram, up to 500 steps). `fsp-bayesopt-covariance` measured what 500 points cost
+//!   in 6-d: the best Hartmann-6 reward after 50 evaluations was 1.58 ± 0.21 with 500 points
+//!   and 2.32 ± 0.25 with 2 000 (5 seeds; 97 vs 360 s per 40-fit run), because the predictive std, not the mean,
+//!   degrades (correlation with the GP's std 0.47 vs 0.57 on one snapshot).
 //! * Laplace: MAP (σ_p = 1) and the GGN with KFAC on Branin, diagonal on Ackley and Hartmann
 //!   (as the paper), prior precision by the Laplace marginal likelihood.
 //! * FVI: the same prior, 400 uniform measurement points per step.
@@ -46,7 +46,7 @@ use serde_json::{json, Map, Value};
 
 use super::{tanh_mlp, Options};
 use crate::plot::{line_panels, LinePanel};
-use crate::report::{fmt, markdown_table, mean_std, Run};
+use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
 
 const METHODS: [&str; 4] = ["FSP-Laplace", "Laplace", "FVI", "GP"];
 
@@ -151,8 +151,22 @@ struct Budget {
     first_epochs: usize,
     later_epochs: usize,
     fvi_steps: (usize, usize),
+    /// Covariance (Alg. 2) points in 2-d.
     laplace_context: usize,
+    /// Covariance points from 3-d on, where `fsp-bayesopt-covariance` measured 500 to be too few.
+    laplace_context_high_dim: usize,
     seeds: usize,
+}
+
+impl Budget {
+    /// Latin-hypercube points for FSP-Laplace's covariance on a `d`-dimensional task.
+    fn covariance_points(&self, d: usize) -> usize {
+        if d <= 2 {
+            self.laplace_context
+        } else {
+            self.laplace_context_high_dim
+        }
+    }
 }
 const FULL: Budget = Budget {
     n_init: 10,
@@ -161,6 +175,7 @@ const FULL: Budget = Budget {
     later_epochs: 300,
     fvi_steps: (300, 50),
     laplace_context: 500,
+    laplace_context_high_dim: 2000,
     seeds: 5,
 };
 const QUICK: Budget = Budget {
@@ -170,6 +185,7 @@ const QUICK: Budget = Budget {
     later_epochs: 100,
     fvi_steps: (50, 20),
     laplace_context: 200,
+    laplace_context_high_dim: 400,
     seeds: 1,
 };
 
@@ -284,7 +300,7 @@ fn surrogate(
             let cfg = FspConfig {
                 train: TrainOptions { train, n_context: 400, ..Default::default() },
                 design: ContextDesign::LatinHypercube,
-                n_laplace_context: b.laplace_context,
+                n_laplace_context: b.covariance_points(d),
                 context_box: Some(unit),
                 design_seed: seed + it as u64,
                 ..Default::default()
@@ -366,10 +382,20 @@ fn summarise(traces: &[Vec<f64>]) -> (Vec<(f64, f64)>, f64, f64) {
 
 /// `fsp-bayesopt`.
 pub fn run(opts: &Options) -> Result<()> {
-    let mut run = Run::new(&opts.out, "fsp-bayesopt")?;
+    let mut run = Run::open(&opts.out, "fsp-bayesopt", opts.resume)?;
     let b = if opts.quick { &QUICK } else { &FULL };
     let seeds = opts.seeds.unwrap_or(b.seeds);
     let tasks = [Task::Branin, Task::Ackley(4), Task::Hartmann6];
+    // A unit is one (task, surrogate, seed) run; every setting that changes its trace is here.
+    let mut ck = Checkpoint::open(
+        &mut run,
+        json!({
+            "n_init": b.n_init, "iterations": b.iterations, "epochs": [b.first_epochs, b.later_epochs],
+            "fvi_steps": [b.fvi_steps.0, b.fvi_steps.1],
+            "covariance_points": tasks.iter().map(|t| b.covariance_points(t.dim())).collect::<Vec<_>>(),
+            "seed": opts.seed,
+        }),
+    )?;
     run.log(format!(
         "{} initial points + {} EI iterations, {seeds} seed(s), tasks {:?}",
         b.n_init,
@@ -385,13 +411,26 @@ pub fn run(opts: &Options) -> Result<()> {
             let mut traces = Vec::new();
             let mut secs = Vec::new();
             for s in 0..seeds {
-                let (trace, t) = bo_run(task, method, b, opts.seed + s as u64)?;
-                run.log(format!(
-                    "{}: {method} seed {s}: best reward {:.4} (optimum {:.4}) in {t:.1}s",
-                    task.name(),
-                    trace.last().copied().unwrap_or(f64::NAN),
-                    -task.minimum()
-                ));
+                let key = format!("{}/{method}/seed {s}", task.name());
+                // Stored as [seconds, trace…].
+                let (trace, t) = match ck.get_numbers(&key)? {
+                    Some(v) if v.len() == b.n_init + b.iterations + 1 => {
+                        run.log(format!("{key}: kept from checkpoint.json (--resume)"));
+                        (v[1..].to_vec(), v[0])
+                    }
+                    Some(v) => anyhow::bail!("checkpoint unit {key:?} holds {} numbers", v.len()),
+                    None => {
+                        let (trace, t) = bo_run(task, method, b, opts.seed + s as u64)?;
+                        run.log(format!(
+                            "{}: {method} seed {s}: best reward {:.4} (optimum {:.4}) in {t:.1}s",
+                            task.name(),
+                            trace.last().copied().unwrap_or(f64::NAN),
+                            -task.minimum()
+                        ));
+                        ck.put_numbers(&key, &[&[t][..], &trace].concat())?;
+                        (trace, t)
+                    }
+                };
                 traces.push(trace);
                 secs.push(t);
             }
@@ -416,13 +455,16 @@ pub fn run(opts: &Options) -> Result<()> {
         run.write_metrics(&Value::Object(metrics.clone()))?;
         run.write_table(&format!(
             "# fsp-bayesopt (FSP-Laplace Fig. 3){}\n\nBest reward (−f) after {} evaluations ({} Latin-hypercube + {} EI), mean ± standard error over {seeds} seed(s); \
-the paper shows these runs as curves only (no numbers). Wall time {:.0} s.\n\n{}\n\nFigure: `best_reward.png`. \
+the paper shows these runs as curves only (no numbers). FSP-Laplace's covariance from {} Latin-hypercube points in 2-d \
+and {} from 3-d on (the paper: 10 000; see `fsp-bayesopt-covariance`). {}.\n\n{}\n\nFigure: `best_reward.png`. \
 Tasks of the paper left out: PDE, polynomial and BNN (their definitions are in Li et al.'s code, not in the paper).\n",
             if opts.quick { " — quick mode" } else { "" },
             b.n_init + b.iterations,
             b.n_init,
             b.iterations,
-            run.elapsed_seconds(),
+            b.laplace_context,
+            b.laplace_context_high_dim,
+            run.wall_time(),
             markdown_table(&["task", "surrogate", "best reward", "optimum", "seconds / run"], &rows)
         ))?;
     }
@@ -433,7 +475,7 @@ Tasks of the paper left out: PDE, polynomial and BNN (their definitions are in L
 
 /// `fsp-bayesopt-covariance`: FSP-Laplace BO on Hartmann-6 with the covariance from 500 and
 /// from 2 000 Latin-hypercube points (the paper: 10 000), the rest of `fsp-bayesopt`'s full
-/// budget unchanged — the effect of our reduction of the covariance points, measured. The 500
+/// budget unchanged — the effect of our reduction of the covariance points, measured. The 2 000
 /// row repeats `fsp-bayesopt`'s Hartmann-6 FSP-Laplace row (same seeds, same traces).
 pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-bayesopt-covariance")?;
@@ -443,7 +485,7 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
     run.log(format!("{}: FSP-Laplace with {sizes:?} covariance points, {seeds} seed(s)", task.name()));
     let (mut rows, mut series, mut metrics) = (Vec::new(), Vec::new(), Map::new());
     for n_points in sizes {
-        let b = Budget { laplace_context: n_points, ..base };
+        let b = Budget { laplace_context: n_points, laplace_context_high_dim: n_points, ..base };
         let (mut traces, mut secs) = (Vec::new(), Vec::new());
         for s in 0..seeds {
             let (trace, t) = bo_run(task, "FSP-Laplace", &b, opts.seed + s as u64)?;
@@ -477,7 +519,7 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
     )?;
     run.write_table(&format!(
         "# fsp-bayesopt-covariance (FSP-Laplace Fig. 3: the covariance points){}\n\n{} with FSP-Laplace as the surrogate, the covariance \
-(Alg. 2) from a Latin hypercube of the given size (the paper: 10 000; `fsp-bayesopt` uses 500); {} evaluations, mean ± standard error \
+(Alg. 2) from a Latin hypercube of the given size (the paper: 10 000; `fsp-bayesopt` uses 500 in 2-d, 2 000 from 3-d on); {} evaluations, mean ± standard error \
 over {seeds} seed(s). Wall time {:.0} s.\n\n{}\n\nFigure: `best_reward.png`.\n",
         if opts.quick { " — quick mode" } else { "" },
         task.name(),
