@@ -262,4 +262,25 @@ proptest! {
         }
         prop_assert!(seen.iter().all(|&c| c == 1));
     }
+
+    #[test]
+    fn distinct_rows_keep_one_first_copy_of_every_record(
+        cells in proptest::collection::vec(0u8..3, 2..60), d in 1usize..3,
+    ) {
+        // Cells from {0, 1, 2} make repeated records likely.
+        let n = cells.len() / (d + 1);
+        prop_assume!(n >= 1);
+        let x = DMatrix::from_fn(n, d, |i, j| cells[i * (d + 1) + j] as f64);
+        let y = DMatrix::from_fn(n, 1, |i, _| cells[i * (d + 1) + d] as f64);
+        let record = |i: usize| x.row(i).iter().chain(y.row(i).iter()).cloned().collect::<Vec<f64>>();
+        let kept = distinct_rows(&x, &y).unwrap();
+        prop_assert!(kept.windows(2).all(|w| w[0] < w[1]), "first copies, in order");
+        for (a, &i) in kept.iter().enumerate() {
+            prop_assert!(kept[..a].iter().all(|&j| record(j) != record(i)), "no record kept twice");
+        }
+        for i in 0..n {
+            let first = kept.iter().find(|&&j| record(j) == record(i));
+            prop_assert!(first.is_some_and(|&j| j <= i), "row {} is represented by its first copy", i);
+        }
+    }
 }
