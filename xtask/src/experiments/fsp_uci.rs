@@ -5,7 +5,8 @@
 //! Protocol (App. B.2): 5-fold cross-validation with 10 % of the training folds for validation
 //! (the folds, standardisation and marginal-likelihood ARD-RBF prior of `gfsvi-uci`, see
 //! [`super::gfsvi_uci::prepare`]); 2×50 tanh; learned homoscedastic noise; early stopping on the
-//! validation loss; the paper's mean-rank rule (standard errors over folds).
+//! validation loss (patience 500 optimiser steps for every network, see
+//! [`super::gfsvi_uci::PATIENCE_EPOCHS`]); the paper's mean-rank rule (standard errors over folds).
 //! * FSP-Laplace: 100 context points per step uniform on the data box widened by half its range
 //!   (the paper's rule), Laplace at 200 Halton points of the same box, Lanczos ≤ 500.
 //! * FVI: the same prior, 100 uniform measurement points per step in the same box.
@@ -35,7 +36,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::json;
 
-use super::gfsvi_uci::{load, map_laplace, prepare, scores, stored_fold, unit_key, Prepared};
+use super::gfsvi_uci::{
+    load, map_laplace, prepare, scores, stored_fold, unit_key, Prepared, PATIENCE_EPOCHS,
+};
 use super::{ood_rows, tanh_mlp, Options};
 use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
 
@@ -137,7 +140,7 @@ fn run_fold(
                             epochs: b.epochs,
                             batch_size: p.xtr.nrows(),
                             learning_rate: 1e-3,
-                            patience: Some(100),
+                            patience: Some(PATIENCE_EPOCHS),
                             learn_likelihood: true,
                             seed,
                             ..Default::default()
@@ -245,7 +248,10 @@ pub fn run(opts: &Options) -> Result<()> {
     // A unit is one method on one fold; the settings that change its numbers name the file.
     let mut ck = Checkpoint::open(
         &mut run,
-        json!({ "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed, "prior_fit": "distinct records" }),
+        json!({
+            "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed, "prior_fit": "distinct records",
+            "patience": PATIENCE_EPOCHS,
+        }),
     )?;
     run.log(format!(
         "{folds} fold(s) of 5 per set, ≤ {} epochs (FVI ≤ {} steps), sets {:?}",
