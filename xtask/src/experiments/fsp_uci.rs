@@ -37,7 +37,7 @@ use rand::SeedableRng;
 use serde_json::json;
 
 use super::gfsvi_uci::{
-    load, map_laplace, prepare, scores, stored_fold, unit_key, Prepared, PATIENCE_EPOCHS,
+    load, map_laplace, prepare, rank_rows, scores, stored_fold, unit_key, Prepared, PATIENCE_EPOCHS,
 };
 use super::{ood_rows, tanh_mlp, Options};
 use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
@@ -299,8 +299,7 @@ fn write_table(run: &mut Run, all: &[(&str, Vec<Vec<[f64; 3]>>)], folds: usize, 
         let mut rows = Vec::new();
         let mut means = DMatrix::zeros(methods.len(), all.len());
         let mut ses = DMatrix::zeros(methods.len(), all.len());
-        // The paper's numbers on the same sets, ranked by the same rule: its own mean ranks are
-        // over 11 sets (7 of them not shipped), so they are not comparable with ours.
+        // The paper's numbers on the same sets, ranked by the same rule (its own row covers 11).
         let (mut paper_means, mut paper_ses) = (means.clone(), ses.clone());
         for (c, (ds, per)) in all.iter().enumerate() {
             let (pe, po) = paper(ds);
@@ -320,14 +319,7 @@ fn write_table(run: &mut Run, all: &[(&str, Vec<Vec<[f64; 3]>>)], folds: usize, 
             }
             rows.push(row);
         }
-        let ranks = fspace_metrics::mean_rank(&means, &ses, true)?;
-        let mut rank_row = vec!["mean rank".to_string()];
-        rank_row.extend(ranks.iter().map(|r| format!("{r:.2}")));
-        rows.push(rank_row);
-        let paper_ranks = fspace_metrics::mean_rank(&paper_means, &paper_ses, true)?;
-        let mut paper_row = vec!["paper's mean rank on these sets".to_string()];
-        paper_row.extend(paper_ranks.iter().map(|r| format!("({r:.2})")));
-        rows.push(paper_row);
+        rows.extend(rank_rows("mean rank", (&means, &ses), (&paper_means, &paper_ses), true, 0)?);
         let mut header = vec!["dataset"];
         header.extend(methods.iter().map(|&k| METHODS[k]));
         md.push_str(&format!("## {title}\n\n{}\n\n", markdown_table(&header, &rows)));

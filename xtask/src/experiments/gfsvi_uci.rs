@@ -289,6 +289,33 @@ pub fn prepare(data: &Dataset, fold: &fspace_data::Fold, seed: u64) -> Result<Pr
     })
 }
 
+/// The mean-rank row of our table and, under it, the paper's per-set numbers ranked by the same
+/// rule on the same sets (the papers' own mean ranks cover sets we cannot ship, so they are not
+/// comparable with ours); each row padded with `pad` dashes for unranked columns. Means and
+/// errors are methods × sets.
+pub fn rank_rows(
+    label: &str,
+    (means, errors): (&DMatrix<f64>, &DMatrix<f64>),
+    (paper_means, paper_errors): (&DMatrix<f64>, &DMatrix<f64>),
+    higher_is_better: bool,
+    pad: usize,
+) -> Result<[Vec<String>; 2]> {
+    let row = |label: String, ranks: Vec<f64>, wrap: fn(String) -> String| {
+        let mut r = vec![label];
+        r.extend(ranks.iter().map(|v| wrap(format!("{v:.2}"))));
+        r.extend(std::iter::repeat_n("–".to_string(), pad));
+        r
+    };
+    Ok([
+        row(label.to_string(), fspace_metrics::mean_rank(means, errors, higher_is_better)?, |s| s),
+        row(
+            "paper's mean rank on these sets".to_string(),
+            fspace_metrics::mean_rank(paper_means, paper_errors, higher_is_better)?,
+            |s| format!("({s})"),
+        ),
+    ])
+}
+
 /// The checkpoint key of one method's scores on one fold.
 pub fn unit_key(dataset: &str, fold: usize, method: &str) -> String {
     format!("{dataset}/fold {}/{method}", fold + 1)
@@ -541,6 +568,7 @@ fn write_tables(
         let nm = METHODS.len() - 2; // BNN methods (the gold standards are not ranked)
         let mut means = DMatrix::zeros(nm, all.len());
         let mut sds = DMatrix::zeros(nm, all.len());
+        let (mut paper_means, mut paper_sds) = (means.clone(), sds.clone());
         for (c, (ds, per)) in all.iter().enumerate() {
             let pp = paper(ds, j);
             let mut row = vec![ds.to_string()];
@@ -549,17 +577,14 @@ fn write_tables(
                 if k < nm {
                     means[(k, c)] = m;
                     sds[(k, c)] = sd;
+                    (paper_means[(k, c)], paper_sds[(k, c)]) = pp[k];
                 }
                 row.push(format!("{} ± {} ({} ± {})", fmt(m), fmt(sd), pp[k].0, pp[k].1));
                 metrics.insert(format!("{ds}/{method}/{j}"), json!({ "mean": m, "std": sd, "folds": per[k].iter().map(|s| s[j]).collect::<Vec<_>>(), "seconds": per[k].iter().map(|s| s[3]).collect::<Vec<_>>() }));
             }
             rows.push(row);
         }
-        let ranks = fspace_metrics::mean_rank(&means, &sds, higher)?;
-        let mut rank_row = vec!["mean rank (BNNs)".to_string()];
-        rank_row.extend(ranks.iter().map(|r| format!("{r:.2}")));
-        rank_row.extend(["–".to_string(), "–".to_string()]);
-        rows.push(rank_row);
+        rows.extend(rank_rows("mean rank (BNNs)", (&means, &sds), (&paper_means, &paper_sds), higher, 2)?);
         let mut header = vec!["dataset"];
         header.extend(METHODS);
         md.push_str(&format!("## {title}\n\n{}\n\n", markdown_table(&header, &rows)));
