@@ -6,7 +6,7 @@
 //!   `--seeds K` overrides the number of seeds of the multi-seed experiments (the image tables);
 //!   `--resume` keeps the finished units of an earlier run of the same settings and computes
 //!   only the rest (`fsp-mnist`, `fsp-fmnist`, `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`, `gfsvi-w2`,
-//!   `fsp-bayesopt`:
+//!   `fsp-bayesopt`, `fsp-mauna-loa`:
 //!   hours on 2 cores, so a full run can span several sittings).
 
 use anyhow::{bail, Result};

@@ -62,7 +62,7 @@ use serde_json::{json, Map, Value};
 
 use super::{tanh_mlp, Options};
 use crate::plot::{regression_panels, Panel1d};
-use crate::report::{markdown_table, mean_std, pm_cell, Run};
+use crate::report::{markdown_table, mean_std, pm_cell, Checkpoint, Run};
 
 const METHODS: [&str; 4] = ["FSP-Laplace", "FVI", "Laplace", "GP"];
 /// The paper's Table 1 row: ELL then MSE, (mean, std) per method.
@@ -147,12 +147,15 @@ fn score(
 
 /// `fsp-mauna-loa`.
 pub fn run(opts: &Options) -> Result<()> {
-    let mut run = Run::new(&opts.out, "fsp-mauna-loa")?;
+    let mut run = Run::open(&opts.out, "fsp-mauna-loa", opts.resume)?;
     // FVI's step (20 function samples through the network, SSGE on 100 points) costs ≈ 75 ms
     // here against ≈ 5 ms for an FSP / MAP epoch, so it gets fewer steps.
     let (epochs, fvi_steps, seeds) =
         if opts.quick { (1500, 200, 1) } else { (10_000, 3000, opts.seeds.unwrap_or(5)) };
     let t = task()?;
+    // A unit is one (seed, method) score; `forecasts.png` comes from the sitting that ran seed 0.
+    let mut ck =
+        Checkpoint::open(&mut run, json!({ "epochs": epochs, "fvi_steps": fvi_steps, "seed": opts.seed }))?;
     run.log(format!(
         "{} training months ({:.1}–{:.1}), {} test months; time std {:.2} years, CO₂ std {:.2} ppm; {epochs} epochs, {seeds} seed(s)",
         t.xtr.nrows(),
@@ -208,6 +211,12 @@ pub fn run(opts: &Options) -> Result<()> {
             if *method == "GP" && s > 0 {
                 let first = per[k][0];
                 per[k].push(first);
+                continue;
+            }
+            let key = format!("seed {seed}/{method}");
+            if let Some([ell, mse, mse_ppm, ell_sum_ppm, seconds]) = ck.get_array(&key)? {
+                run.log(format!("{key}: kept from checkpoint.json (--resume)"));
+                per[k].push(Scores { ell, mse, mse_ppm, ell_sum_ppm, seconds });
                 continue;
             }
             let tm = Instant::now();
@@ -306,6 +315,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 "seed {seed}: {method}: ELL {:.3} / point (std units), Σ ELL {:.1} (ppm); MSE {:.4} (std units) = {:.2} ppm² ({secs:.1}s)",
                 sc.ell, sc.ell_sum_ppm, sc.mse, sc.mse_ppm
             ));
+            ck.put_numbers(&key, &[sc.ell, sc.mse, sc.mse_ppm, sc.ell_sum_ppm, sc.seconds])?;
             per[k].push(sc);
             if s == 0 {
                 let p = post.predict(&grid)?;
@@ -331,7 +341,7 @@ pub fn run(opts: &Options) -> Result<()> {
             }
         }
         write_outputs(&mut run, &per, &hyper, noise_var, &t, (epochs, fvi_steps), s + 1, opts.quick)?;
-        if s == 0 {
+        if s == 0 && panels.len() == METHODS.len() {
             // The figure shows the first seed; written now so a long run leaves it behind.
             regression_panels(&run.path("forecasts.png"), &panels, 2, (320.0, 440.0))?;
             run.log("wrote forecasts.png (CO₂ in ppm against year; mean red, ±2σ of f green, 5 samples, data grey)");
@@ -382,7 +392,7 @@ fn write_outputs(
 NOAA GML monthly CO₂, 1974–2024: {} training months (first 70 %), {} test months; 2×50 tanh on (t, sin 2πt/T, cos 2πt/T), T = 1 year; \
 R&W §5.4.3 kernel fitted by marginal likelihood (noise σ = {:.3} ppm, shared by every method); {epochs} full-batch Adam epochs (FVI: {fvi_steps} steps); {seeds} seed(s), mean ± std.\n\n{}\n\n\
 MSE and Σ ELL in ppm² and ppm (the paper's numbers only make sense in these units — see the module docs); the last three columns \
-in standardised units (per test point). Wall time {:.0} s.\n\nFigure: `forecasts.png` (Fig. C.9).\n",
+in standardised units (per test point). {}.\n\nFigure: `forecasts.png` (Fig. C.9).\n",
         if quick { " — quick mode" } else { "" },
         t.xtr.nrows(),
         t.xte.nrows(),
@@ -391,7 +401,7 @@ in standardised units (per test point). Wall time {:.0} s.\n\nFigure: `forecasts
             &["method", "MSE (ppm²)", "paper MSE", "Σ ELL (ppm)", "paper ELL", "MSE (std)", "ELL/pt (std)", "seconds"],
             &rows
         ),
-        run.elapsed_seconds()
+        run.wall_time()
     );
     run.write_table(&table)
 }
