@@ -101,6 +101,9 @@ pub struct Checkpoint {
     path: PathBuf,
     settings: serde_json::Value,
     done: serde_json::Map<String, serde_json::Value>,
+    /// Wall seconds of the earlier sittings that stored units, and how many there were.
+    earlier: (f64, u64),
+    started: Instant,
 }
 
 impl Checkpoint {
@@ -111,6 +114,7 @@ impl Checkpoint {
     pub fn open(run: &mut Run, settings: serde_json::Value) -> Result<Self> {
         let path = run.path("checkpoint.json");
         let mut done = serde_json::Map::new();
+        let mut earlier = (0.0, 0);
         if run.resumed {
             match fs::read_to_string(&path) {
                 Ok(text) => {
@@ -129,13 +133,34 @@ impl Checkpoint {
                         .as_object()
                         .with_context(|| format!("{} has no \"done\" object", path.display()))?
                         .clone();
+                    // Files from before the wall time was stored count as one sitting of 0 s.
+                    earlier = (old["seconds"].as_f64().unwrap_or(0.0), old["sittings"].as_u64().unwrap_or(1));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
             }
             run.log(format!("--resume: {} finished units kept from checkpoint.json", done.len()));
         }
-        Ok(Self { path, settings, done })
+        Ok(Self { path, settings, done, earlier, started: Instant::now() })
+    }
+
+    /// Wall seconds of every sitting so far, this one included.
+    pub fn total_seconds(&self) -> f64 {
+        self.earlier.0 + self.started.elapsed().as_secs_f64()
+    }
+
+    /// `"Wall time: N s"` for a run of one sitting; for one built over several, their sum and
+    /// this sitting's share (the time between sittings not counted).
+    pub fn wall_time(&self) -> String {
+        let this = self.started.elapsed().as_secs_f64();
+        match self.earlier.1 {
+            0 => format!("Wall time: {this:.0} s"),
+            n => format!(
+                "Wall time: {:.0} s summed over {} sittings (--resume; this one {this:.0} s)",
+                self.total_seconds(),
+                n + 1
+            ),
+        }
     }
 
     /// The numbers stored under `key`, if that unit is finished (NaN is stored as `null`).
@@ -183,6 +208,7 @@ impl Checkpoint {
         self.done.insert(key.to_string(), serde_json::json!(values));
         let text = serde_json::to_string_pretty(&serde_json::json!({
             "settings": self.settings, "done": self.done,
+            "seconds": self.total_seconds(), "sittings": self.earlier.1 + 1,
         }))?;
         write_atomically(&self.path, &(text + "\n"))
     }
@@ -306,6 +332,11 @@ mod tests {
         let mut resumed = Run::open(out_s, "exp", true).unwrap();
         let ck = Checkpoint::open(&mut resumed, settings.clone()).unwrap();
         assert_eq!(ck.len(), 2);
+        assert!(ck.wall_time().contains("summed over 2 sittings"), "{}", ck.wall_time());
+        let stored: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(resumed.path("checkpoint.json")).unwrap()).unwrap();
+        assert_eq!(stored["sittings"], 1);
+        assert!(stored["seconds"].as_f64().unwrap() <= ck.total_seconds());
         let a = ck.get_numbers("set/fold 1/A").unwrap().unwrap();
         // Exact round trip (0.1 + 0.2 is not 0.3), NaN kept as NaN.
         assert_eq!((a[0], a[1]), (-0.5, 0.1 + 0.2));
@@ -315,8 +346,10 @@ mod tests {
         assert_eq!(ck.get_array::<1>("set/fold 1/B").unwrap(), Some([1.0]));
         let err = ck.get_array::<2>("set/fold 1/B").err().unwrap().to_string();
         assert!(err.contains("holds 1 numbers, not 2"), "{err}");
-        // Without --resume the old units are not used.
-        assert_eq!(Checkpoint::open(&mut Run::new(out_s, "exp").unwrap(), settings).unwrap().len(), 0);
+        // Without --resume the old units and sittings are not used.
+        let fresh = Checkpoint::open(&mut Run::new(out_s, "exp").unwrap(), settings).unwrap();
+        assert_eq!(fresh.len(), 0);
+        assert!(fresh.wall_time().starts_with("Wall time: ") && !fresh.wall_time().contains("sittings"));
         // Other settings are refused, naming both.
         let err =
             Checkpoint::open(&mut resumed, serde_json::json!({ "steps": 20 })).err().unwrap().to_string();

@@ -464,7 +464,7 @@ Tasks of the paper left out: PDE, polynomial and BNN (their definitions are in L
             b.iterations,
             b.laplace_context,
             b.laplace_context_high_dim,
-            run.wall_time(),
+            ck.wall_time(),
             markdown_table(&["task", "surrogate", "best reward", "optimum", "seconds / run"], &rows)
         ))?;
     }

@@ -340,7 +340,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 });
             }
         }
-        write_outputs(&mut run, &per, &hyper, noise_var, &t, (epochs, fvi_steps), s + 1, opts.quick)?;
+        write_outputs(&mut run, &ck, &per, &hyper, noise_var, &t, (epochs, fvi_steps), s + 1, opts.quick)?;
         if s == 0 && panels.len() == METHODS.len() {
             // The figure shows the first seed; written now so a long run leaves it behind.
             regression_panels(&run.path("forecasts.png"), &panels, 2, (320.0, 440.0))?;
@@ -353,6 +353,7 @@ pub fn run(opts: &Options) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn write_outputs(
     run: &mut Run,
+    ck: &Checkpoint,
     per: &[Vec<Scores>],
     hyper: &Map<String, Value>,
     noise_var: f64,
@@ -401,7 +402,7 @@ in standardised units (per test point). {}.\n\nFigure: `forecasts.png` (Fig. C.9
             &["method", "MSE (ppm²)", "paper MSE", "Σ ELL (ppm)", "paper ELL", "MSE (std)", "ELL/pt (std)", "seconds"],
             &rows
         ),
-        run.wall_time()
+        ck.wall_time()
     );
     run.write_table(&table)
 }

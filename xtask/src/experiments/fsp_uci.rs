@@ -276,12 +276,18 @@ pub fn run(opts: &Options) -> Result<()> {
             }
         }
         all.push((ds, per));
-        write_table(&mut run, &all, folds, opts.quick)?;
+        write_table(&mut run, &ck, &all, folds, opts.quick)?;
     }
     Ok(())
 }
 
-fn write_table(run: &mut Run, all: &[(&str, Vec<Vec<[f64; 3]>>)], folds: usize, quick: bool) -> Result<()> {
+fn write_table(
+    run: &mut Run,
+    ck: &Checkpoint,
+    all: &[(&str, Vec<Vec<[f64; 3]>>)],
+    folds: usize,
+    quick: bool,
+) -> Result<()> {
     // Mean and standard error over folds.
     let stat = |v: &[[f64; 3]], j: usize| {
         let (m, sd) = mean_std(&v.iter().map(|s| s[j]).collect::<Vec<_>>());
@@ -328,7 +334,7 @@ fn write_table(run: &mut Run, all: &[(&str, Vec<Vec<[f64; 3]>>)], folds: usize, 
         "Standardised units; ELL exact (closed form) instead of the paper's 10-sample estimate. The paper's energy, kin8nm, naval, \
 power, protein, wave and Denmark sets are in no package registry. OOD rows: sklearn's digits stand in for the song subset \
 (`ood_rows`). {}.\n",
-        run.wall_time()
+        ck.wall_time()
     ));
     run.write_table(&md)?;
     run.write_metrics(&serde_json::Value::Object(metrics))

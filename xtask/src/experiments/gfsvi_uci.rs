@@ -526,13 +526,14 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
         }
         all.push((ds, per_method));
         // Written after every set, so a long run leaves its finished sets behind.
-        write_tables(&mut run, name, &all, folds, ood_table)?;
+        write_tables(&mut run, &ck, name, &all, folds, ood_table)?;
     }
     Ok(())
 }
 
 fn write_tables(
     run: &mut Run,
+    ck: &Checkpoint,
     name: &str,
     all: &[(&str, Vec<Vec<[f64; 4]>>)],
     folds: usize,
@@ -593,9 +594,8 @@ fn write_tables(
         "Standardised units. The paper's other sets (energy, kin8nm, naval, power, protein, wave, Denmark) are in \
          no package registry and stay out. ",
     );
-    {
-        md.push_str("OOD rows: the paper's song subset is in no registry; sklearn's digits (shipped) stand in — see `ood_rows` in the harness (the d highest-variance pixel columns, standardised by their own statistics, as many rows as the test fold).\n");
-    }
+    md.push_str("OOD rows: the paper's song subset is in no registry; sklearn's digits (shipped) stand in — see `ood_rows` in the harness (the d highest-variance pixel columns, standardised by their own statistics, as many rows as the test fold). ");
+    md.push_str(&format!("{}.\n", ck.wall_time()));
     run.write_table(&md)?;
     run.write_metrics(&serde_json::Value::Object(metrics))
 }

@@ -205,8 +205,9 @@ pub fn run(opts: &Options) -> Result<()> {
              1 000 samples per method and test point, standardised units. The paper computes its numbers with POT \
              (`ot.emd2` on `ot.dist`, squared-Euclidean cost), i.e. most likely W2², the first number of each cell. \
              SVGP: 100 k-means inducing points (fixed), the GP's hyperparameters, q(u) at its exact optimum. \
-             Energy (the paper's fifth set) is in no package registry.\n",
-            markdown_table(&header, &rows)
+             Energy (the paper's fifth set) is in no package registry. {}.\n",
+            markdown_table(&header, &rows),
+            ck.wall_time()
         ))?;
         run.write_metrics(&serde_json::Value::Object(metrics.clone()))?;
     }
