@@ -153,7 +153,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let (epochs, fvi_steps, seeds) =
         if opts.quick { (1500, 200, 1) } else { (10_000, 3000, opts.seeds.unwrap_or(5)) };
     let t = task()?;
-    // A unit is one (seed, method) score; `forecasts.png` comes from the sitting that ran seed 0.
+    // A unit is one (seed, method) score; `forecasts.png` comes from the sitting that ran seed 0,
+    // so seed 0's units are kept only once that figure exists (a sitting stopped inside seed 0
+    // reruns all of it).
     let mut ck =
         Checkpoint::open(&mut run, json!({ "epochs": epochs, "fvi_steps": fvi_steps, "seed": opts.seed }))?;
     run.log(format!(
@@ -205,6 +207,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &t.xtr, &ytr_m)?;
     let mut per: Vec<Vec<Scores>> = vec![Vec::new(); METHODS.len()];
     let mut panels: Vec<Panel1d> = Vec::new();
+    let figure_done = run.path("forecasts.png").exists();
     for s in 0..seeds {
         let seed = opts.seed + s as u64;
         for (k, method) in METHODS.iter().enumerate() {
@@ -214,7 +217,8 @@ pub fn run(opts: &Options) -> Result<()> {
                 continue;
             }
             let key = format!("seed {seed}/{method}");
-            if let Some([ell, mse, mse_ppm, ell_sum_ppm, seconds]) = ck.get_array(&key)? {
+            let stored = if s > 0 || figure_done { ck.get_array(&key)? } else { None };
+            if let Some([ell, mse, mse_ppm, ell_sum_ppm, seconds]) = stored {
                 run.log(format!("{key}: kept from checkpoint.json (--resume)"));
                 per[k].push(Scores { ell, mse, mse_ppm, ell_sum_ppm, seconds });
                 continue;
