@@ -42,8 +42,15 @@ pub struct Panel1d {
     pub context: Vec<f64>,
 }
 
-/// Draws panels in a grid of `cols` columns to `path` (each panel 480×320 px).
-pub fn regression_panels(path: &Path, panels: &[Panel1d], cols: usize, y_range: (f64, f64)) -> Result<()> {
+/// Draws panels in a grid of `cols` columns to `path` (each panel 480×320 px), with the axis
+/// titles `axes` (x, y) and a legend (mean, ±2σ band of f, samples, data) in each panel.
+pub fn regression_panels(
+    path: &Path,
+    panels: &[Panel1d],
+    cols: usize,
+    y_range: (f64, f64),
+    axes: (&str, &str),
+) -> Result<()> {
     register_font();
     let rows = panels.len().div_ceil(cols);
     let root = BitMapBackend::new(path, (480 * cols as u32, 320 * rows as u32)).into_drawing_area();
@@ -53,11 +60,20 @@ pub fn regression_panels(path: &Path, panels: &[Panel1d], cols: usize, y_range: 
         let mut chart = ChartBuilder::on(area)
             .caption(&p.title, ("sans-serif", 18))
             .margin(8)
-            .x_label_area_size(28)
-            .y_label_area_size(36)
+            .x_label_area_size(40)
+            .y_label_area_size(52)
             .build_cartesian_2d(x0..x1, y_range.0..y_range.1)
             .map_err(err)?;
-        chart.configure_mesh().disable_mesh().label_style(("sans-serif", 12)).draw().map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .x_desc(axes.0)
+            .y_desc(axes.1)
+            .label_style(("sans-serif", 12))
+            .axis_desc_style(("sans-serif", 13))
+            .draw()
+            .map_err(err)?;
+        let grey = RGBColor(120, 120, 120);
         let band: Vec<(f64, f64)> =
             p.x.iter()
                 .zip(p.mean.iter().zip(&p.std))
@@ -69,23 +85,34 @@ pub fn regression_panels(path: &Path, panels: &[Panel1d], cols: usize, y_range: 
                         .map(|(&x, (&m, &s))| (x, m - 2.0 * s)),
                 )
                 .collect();
-        chart.draw_series(std::iter::once(Polygon::new(band, GREEN.mix(0.2)))).map_err(err)?;
-        for s in &p.samples {
-            chart
+        chart
+            .draw_series(std::iter::once(Polygon::new(band, GREEN.mix(0.2))))
+            .map_err(err)?
+            .label("±2σ of f")
+            .legend(|(x, y)| Rectangle::new([(x, y - 4), (x + 14, y + 4)], GREEN.mix(0.2).filled()));
+        for (k, s) in p.samples.iter().enumerate() {
+            let series = chart
                 .draw_series(LineSeries::new(p.x.iter().cloned().zip(s.iter().cloned()), GREEN.mix(0.6)))
                 .map_err(err)?;
+            if k == 0 {
+                series
+                    .label("samples")
+                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], GREEN.mix(0.6)));
+            }
         }
         chart
             .draw_series(LineSeries::new(
                 p.x.iter().cloned().zip(p.mean.iter().cloned()),
                 RED.stroke_width(2),
             ))
-            .map_err(err)?;
+            .map_err(err)?
+            .label("mean")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], RED.stroke_width(2)));
         chart
-            .draw_series(
-                p.data.iter().map(|&(x, y)| Circle::new((x, y), 2, RGBColor(120, 120, 120).filled())),
-            )
-            .map_err(err)?;
+            .draw_series(p.data.iter().map(|&(x, y)| Circle::new((x, y), 2, grey.filled())))
+            .map_err(err)?
+            .label("data")
+            .legend(move |(x, y)| Circle::new((x + 7, y), 2, grey.filled()));
         let tick = (y_range.1 - y_range.0) * 0.02;
         chart
             .draw_series(
@@ -93,6 +120,14 @@ pub fn regression_panels(path: &Path, panels: &[Panel1d], cols: usize, y_range: 
                     .iter()
                     .map(|&c| PathElement::new(vec![(c, y_range.0), (c, y_range.0 + tick)], BLACK.mix(0.5))),
             )
+            .map_err(err)?;
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 11))
+            .draw()
             .map_err(err)?;
     }
     root.present().map_err(err)?;

@@ -118,7 +118,7 @@ pub fn run(opts: &Options) -> Result<()> {
     }
     bar.finish_and_clear();
     run.write_metrics(&Value::Object(metrics))?;
-    regression_panels(&run.path("regression.png"), &panels, 4, (-3.0, 3.0))?;
+    regression_panels(&run.path("regression.png"), &panels, 4, (-3.0, 3.0), ("x", "y"))?;
     heatmaps(&run.path("two_moons.png"), &maps, 4)?;
     run.log("wrote regression.png and two_moons.png (rows: RBF, Matérn-1/2; columns: M = 3, 5, 10, 100)");
     run.write_table(&format!(

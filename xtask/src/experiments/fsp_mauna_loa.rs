@@ -347,7 +347,7 @@ pub fn run(opts: &Options) -> Result<()> {
         write_outputs(&mut run, &ck, &per, &hyper, noise_var, &t, (epochs, fvi_steps), s + 1, opts.quick)?;
         if s == 0 && panels.len() == METHODS.len() {
             // The figure shows the first seed; written now so a long run leaves it behind.
-            regression_panels(&run.path("forecasts.png"), &panels, 2, (320.0, 440.0))?;
+            regression_panels(&run.path("forecasts.png"), &panels, 2, (320.0, 440.0), ("year", "CO₂ (ppm)"))?;
             run.log("wrote forecasts.png (CO₂ in ppm against year; mean red, ±2σ of f green, 5 samples, data grey)");
         }
     }

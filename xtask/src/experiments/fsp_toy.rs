@@ -161,7 +161,7 @@ pub fn run(opts: &Options) -> Result<()> {
     metrics.insert("roughness_ratio_matern12_over_rbf".into(), json!(rough_ratio));
     run.log(format!("roughness Matérn-1/2 / RBF = {rough_ratio:.1}"));
     run.write_metrics(&Value::Object(metrics))?;
-    regression_panels(&run.path("posteriors.png"), &panels, 2, (-3.0, 3.0))?;
+    regression_panels(&run.path("posteriors.png"), &panels, 2, (-3.0, 3.0), ("x", "y"))?;
     run.log("wrote posteriors.png (left: FSP-Laplace, right: exact GP; data grey, mean red, ±2σ and 10 samples green, context points as ticks)");
     let table = format!(
         "# fsp-toy-regression\n\nFSP-Laplace on the App. B.1 sine data (n = {n_train}, 2×50 tanh, 100 grid context points on [−2, 2], {epochs} full-batch epochs), seed {}.\n\

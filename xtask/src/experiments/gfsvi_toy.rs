@@ -212,7 +212,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             m12_case = Some(c);
         }
     }
-    regression_panels(&run.path("priors.png"), &prior_panels, 2, (-3.0, 3.0))?;
+    regression_panels(&run.path("priors.png"), &prior_panels, 2, (-3.0, 3.0), ("x", "y"))?;
     let rbf = rbf_case.expect("RBF case ran");
     let m12 = m12_case.expect("Matérn-1/2 case ran");
 
@@ -285,7 +285,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let (lap, lap_steps) = laplace(&net, x, y, b, seed)?;
     add(&mut run, "Laplace (σ_p = 0.75)", &lap, lap_steps, t.elapsed().as_secs_f64())?;
     add(&mut run, "exact GP", &rbf.gp, 0, 0.0)?;
-    regression_panels(&run.path("methods.png"), &method_panels, 3, (-3.0, 3.0))?;
+    regression_panels(&run.path("methods.png"), &method_panels, 3, (-3.0, 3.0), ("x", "y"))?;
 
     // (c) Measurement points.
     let mut m_panels = Vec::new();
@@ -333,7 +333,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             });
         }
     }
-    regression_panels(&run.path("measurement_points.png"), &m_panels, 3, (-3.0, 3.0))?;
+    regression_panels(&run.path("measurement_points.png"), &m_panels, 3, (-3.0, 3.0), ("x", "y"))?;
 
     // Fig. 7: σ_n = 1.
     let noisy = case(Rbf::new(1.0, 0.3)?, 1.0, seed)?;
@@ -362,7 +362,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         steps: f.report.steps,
         seconds: secs,
     });
-    regression_panels(&run.path("noise.png"), &[panel, gp_panel], 2, (-4.5, 4.5))?;
+    regression_panels(&run.path("noise.png"), &[panel, gp_panel], 2, (-4.5, 4.5), ("x", "y"))?;
 
     let table: Vec<Vec<String>> = rows
         .iter()

@@ -226,8 +226,8 @@ pub fn run(opts: &Options) -> Result<()> {
     metrics.insert("target_scale".into(), json!(scale));
     metrics.insert("map_grid_prediction".into(), json!(map_f));
     run.write_metrics(&Value::Object(metrics))?;
-    regression_panels(&run.path("predictive.png"), &panels, 3, (-200.0, 200.0))?;
-    regression_panels(&run.path("predictive_mc.png"), &mc_panels, 3, (-200.0, 200.0))?;
+    regression_panels(&run.path("predictive.png"), &panels, 3, (-200.0, 200.0), ("x", "y"))?;
+    regression_panels(&run.path("predictive_mc.png"), &mc_panels, 3, (-200.0, 200.0), ("x", "y"))?;
     run.log("wrote predictive.png (GLM: mean red, ±2σ band and 10 linearised samples green) and predictive_mc.png (nonlinear MC, 50 weight samples: mean, ±2σ, 10 samples)");
     let table = format!(
         "# gl-cubic-toy\n\nGeneralized Laplace Fig. 2: 100 points x ~ U(−4, 4), y = x³ + ε (σ = 3), 2×7 tanh MLP (MAP with weight decay λ = {weight_decay}, σ learned: {:.2}), T = 1, seed {}. \

@@ -332,8 +332,8 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     metrics.insert("map_noise_std".into(), json!(sigma));
     metrics.insert("quick".into(), json!(quick));
     run.write_metrics(&Value::Object(metrics))?;
-    regression_panels(&run.path("fig7_inducing.png"), &fig7, 3, (-2.5, 2.5))?;
-    regression_panels(&run.path("fig6_early_stopping.png"), &fig6, 2, (-2.5, 2.5))?;
+    regression_panels(&run.path("fig7_inducing.png"), &fig7, 3, (-2.5, 2.5), ("x", "y"))?;
+    regression_panels(&run.path("fig6_early_stopping.png"), &fig6, 2, (-2.5, 2.5), ("x", "y"))?;
     run.log("wrote fig7_inducing.png (VaLLA row 1, ELLA row 2) and fig6_early_stopping.png; thin lines: LLA's ±2σ around each mean");
     let table = format!(
         "# {name}\n\nVaLLA Figs. 1, 6, 7 on the sine toy with a gap (Izmailov et al.'s set is in no registry; see the module docs), 2×50 tanh MLP, seed {}{}. \
