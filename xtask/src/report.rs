@@ -103,6 +103,7 @@ pub struct Checkpoint {
     done: serde_json::Map<String, serde_json::Value>,
     /// Wall seconds of the earlier sittings that stored units, and how many there were.
     earlier: (f64, u64),
+    /// The start of this sitting (its [`Run`]'s).
     started: Instant,
 }
 
@@ -141,7 +142,7 @@ impl Checkpoint {
             }
             run.log(format!("--resume: {} finished units kept from checkpoint.json", done.len()));
         }
-        Ok(Self { path, settings, done, earlier, started: Instant::now() })
+        Ok(Self { path, settings, done, earlier, started: run.started })
     }
 
     /// Wall seconds of every sitting so far, this one included.

@@ -38,6 +38,7 @@ use serde_json::json;
 
 use super::gfsvi_uci::{
     load, map_laplace, prepare, rank_rows, scores, stored_fold, unit_key, Prepared, PATIENCE_EPOCHS,
+    PRIOR_FIT,
 };
 use super::{ood_rows, tanh_mlp, Options};
 use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
@@ -249,7 +250,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut ck = Checkpoint::open(
         &mut run,
         json!({
-            "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed, "prior_fit": "distinct records",
+            "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed, "prior_fit": PRIOR_FIT,
             "patience": PATIENCE_EPOCHS,
         }),
     )?;

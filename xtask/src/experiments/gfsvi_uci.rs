@@ -240,6 +240,11 @@ pub struct Prepared {
     pub gp_secs: f64,
 }
 
+/// How [`prepare`] fits the prior (ARD RBF by marginal likelihood on the distinct training
+/// records), named in the checkpoint settings of every experiment that uses it, so `--resume`
+/// refuses units fitted another way.
+pub const PRIOR_FIT: &str = "distinct records";
+
 /// Standardises a fold by its training rows and fits the prior (ARD RBF + noise).
 pub fn prepare(data: &Dataset, fold: &fspace_data::Fold, seed: u64) -> Result<Prepared> {
     let xs = Standardizer::fit(&data.x.select_rows(&fold.train))?;
@@ -497,7 +502,7 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
     // A unit is one method on one fold; the settings that change its numbers name the file.
     let mut ck = Checkpoint::open(
         &mut run,
-        json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": "distinct records", "map_patience": PATIENCE_EPOCHS }),
+        json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": PRIOR_FIT, "map_patience": PATIENCE_EPOCHS }),
     )?;
     run.log(format!(
         "{} fold(s) of 5 per set, ≤ {} Adam steps, M = {}, sets {:?}",

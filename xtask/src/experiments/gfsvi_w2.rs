@@ -23,7 +23,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::json;
 
-use super::gfsvi_uci::{load, prepare, stored_fold, unit_key};
+use super::gfsvi_uci::{load, prepare, stored_fold, unit_key, PRIOR_FIT};
 use super::{tanh_mlp, Options};
 use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
 
@@ -61,10 +61,8 @@ pub fn run(opts: &Options) -> Result<()> {
         if opts.quick { (300, &["boston"], 1) } else { (3000, &["boston", "concrete", "wine", "yacht"], 5) };
     let folds = opts.seeds.unwrap_or(default_folds).clamp(1, 5);
     // A unit is one method on one fold: [mean W2, mean W2², seconds].
-    let mut ck = Checkpoint::open(
-        &mut run,
-        json!({ "steps": steps, "seed": opts.seed, "prior_fit": "distinct records" }),
-    )?;
+    let mut ck =
+        Checkpoint::open(&mut run, json!({ "steps": steps, "seed": opts.seed, "prior_fit": PRIOR_FIT }))?;
     run.log(format!(
         "{folds} fold(s) per set, ≤ {steps} Adam steps, 2×100 tanh, γ = 1e-15, sets {datasets:?}"
     ));
