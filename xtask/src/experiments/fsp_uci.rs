@@ -29,7 +29,7 @@ use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, FunctionPrior
 use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::PriorMean;
-use fspace_laplace::MarglikConfig;
+use fspace_laplace::{MarglikConfig, Structure};
 use fspace_nn::TrainConfig;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -196,7 +196,15 @@ fn run_fold(
                 (Some(Box::new(f.posterior)), s)
             }
             "Laplace" => {
-                let (mut post, s) = map_laplace(&net, &p.xtr, &p.ytr, Some((&p.xva, &yva)), b.epochs, seed)?;
+                let (mut post, s) = map_laplace(
+                    &net,
+                    &p.xtr,
+                    &p.ytr,
+                    Some((&p.xva, &yva)),
+                    Structure::full(),
+                    b.epochs,
+                    seed,
+                )?;
                 post.optimize_prior_precision(&MarglikConfig::default())?;
                 map_net = Some((post.network().clone(), s));
                 (Some(Box::new(post)), s)

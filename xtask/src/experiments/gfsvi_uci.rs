@@ -15,7 +15,7 @@
 //! otherwise collapse the noise; the paper fits by minibatch marginal likelihood).
 //! GFSVI: M = 500 uniform measurement points over the training box, γ = 1e-10; TFSVI σ_p = 0.2;
 //! MFVI σ_p = 0.75; FVI 50 uniform + 450 batch points; Laplace: MAP with the Gaussian weight
-//! prior σ_p = 0.75, full GGN, GLM predictive; SVGP: 100 k-means inducing points, 2 000
+//! prior σ_p = 0.75, diagonal GGN ([`LAPLACE_STRUCTURE`]), GLM predictive; SVGP: 100 k-means inducing points, 2 000
 //! natural-gradient/Adam steps; exact GP with the fitted hyperparameters.
 //!
 //! Scores (standardised units): expected log-likelihood `E_q log N(y | f, σ_y²)` per test
@@ -405,7 +405,8 @@ fn run_fold(
             }
             "Laplace" => {
                 let yva = DVector::from_column_slice(yva_m.as_slice());
-                let (post, s) = map_laplace(&net, &xtr, &ytr, Some((&xva, &yva)), b.steps, seed)?;
+                let (post, s) =
+                    map_laplace(&net, &xtr, &ytr, Some((&xva, &yva)), LAPLACE_STRUCTURE, b.steps, seed)?;
                 (Box::new(post), s)
             }
             "SVGP" => {
@@ -437,6 +438,15 @@ fn run_fold(
     Ok(out)
 }
 
+/// The GGN structure of the Laplace column. App. A.2.2: "All the BNN baselines have the same
+/// architecture and fully-factorized Gaussian approximate posterior" — for linearised Laplace a
+/// diagonal posterior precision. Measured on Boston fold 1 (same MAP, σ_y = 0.309): diagonal
+/// ELL −4.56, OOD accuracy 0.688; full GGN ELL −3.16, OOD accuracy 0.970; the paper's −0.81 and
+/// 0.557. Neither matches the paper's ELL: at σ_p = 0.75 and 3 301 weights the GLM predictive's
+/// mean test variance of `f` (≈ 0.83 diagonal, ≈ 0.66 full, from the ELL; σ_y² = 0.095) dominates; the
+/// diagonal is the one the paper states, and its OOD accuracy is the closer.
+pub const LAPLACE_STRUCTURE: Structure = Structure::Diag;
+
 /// Early-stopping patience, in optimiser steps, of every UCI network trained full-batch epoch by
 /// epoch (MAP here, FSP-Laplace in `fsp-uci`): the same 500 steps as the variational methods'
 /// validation every 100 steps with patience 5. A patience of 100 epochs stopped MAP and
@@ -445,8 +455,8 @@ fn run_fold(
 /// had barely left its initialisation (σ_y = 0.507 from 0.5).
 pub const PATIENCE_EPOCHS: usize = 500;
 
-/// MAP with the Gaussian weight prior σ_p = 0.75 (σ learned), then the full-GGN linearised
-/// Laplace with that prior precision and the GLM predictive; returns it and σ. With a
+/// MAP with the Gaussian weight prior σ_p = 0.75 (σ learned), then the linearised Laplace with
+/// the given GGN `structure`, that prior precision and the GLM predictive; returns it and σ. With a
 /// validation set the MAP stops early ([`PATIENCE_EPOCHS`], best weights and σ kept):
 /// without it the learned σ collapses onto the training residuals (measured on Boston: σ = 0.07,
 /// test ELL −155).
@@ -455,6 +465,7 @@ pub fn map_laplace(
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    structure: Structure,
     steps: usize,
     seed: u64,
 ) -> Result<(fspace_laplace::LaplacePosterior<Mlp>, f64)> {
@@ -486,7 +497,7 @@ pub fn map_laplace(
         x,
         y,
         &LaplaceConfig {
-            structure: Structure::full(),
+            structure,
             prior_precision: PriorPrecision::Scalar(precision),
             predictive: Predictive::Glm,
             ..Default::default()
@@ -502,7 +513,7 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
     // A unit is one method on one fold; the settings that change its numbers name the file.
     let mut ck = Checkpoint::open(
         &mut run,
-        json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": PRIOR_FIT, "map_patience": PATIENCE_EPOCHS }),
+        json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": PRIOR_FIT, "map_patience": PATIENCE_EPOCHS, "laplace": format!("{LAPLACE_STRUCTURE:?}") }),
     )?;
     run.log(format!(
         "{} fold(s) of 5 per set, ≤ {} Adam steps, M = {}, sets {:?}",
