@@ -23,6 +23,62 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e:?}")
 }
 
+/// A corner of a chart's plotting area (where a legend goes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Corner {
+    UpperLeft,
+    UpperRight,
+    LowerLeft,
+    LowerRight,
+}
+
+impl Corner {
+    fn position(self) -> SeriesLabelPosition {
+        match self {
+            Corner::UpperLeft => SeriesLabelPosition::UpperLeft,
+            Corner::UpperRight => SeriesLabelPosition::UpperRight,
+            Corner::LowerLeft => SeriesLabelPosition::LowerLeft,
+            Corner::LowerRight => SeriesLabelPosition::LowerRight,
+        }
+    }
+}
+
+/// The corner whose legend box — `frac` (width, height) of the plotting area `x` × `y` — covers
+/// the fewest `ink` points (data coordinates); ties go to the first of upper left, upper right,
+/// lower left, lower right.
+fn quiet_corner(ink: &[(f64, f64)], x: (f64, f64), y: (f64, f64), frac: (f64, f64)) -> Corner {
+    let (w, h) = ((x.1 - x.0) * frac.0, (y.1 - y.0) * frac.1);
+    [
+        (Corner::UpperLeft, x.0, y.1 - h),
+        (Corner::UpperRight, x.1 - w, y.1 - h),
+        (Corner::LowerLeft, x.0, y.0),
+        (Corner::LowerRight, x.1 - w, y.0),
+    ]
+    .into_iter()
+    .min_by_key(|&(_, cx, cy)| {
+        ink.iter().filter(|&&(px, py)| px >= cx && px <= cx + w && py >= cy && py <= cy + h).count()
+    })
+    .map_or(Corner::UpperLeft, |(c, _, _)| c)
+}
+
+/// Points along a polyline, `per_segment` per segment, so a line crossing a box counts as ink
+/// even where its vertices lie outside it.
+fn along(points: impl IntoIterator<Item = (f64, f64)>, per_segment: usize) -> Vec<(f64, f64)> {
+    let pts: Vec<(f64, f64)> = points.into_iter().collect();
+    let mut out: Vec<(f64, f64)> = pts
+        .windows(2)
+        .flat_map(|w| {
+            let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+            (0..per_segment).map(move |k| {
+                let t = k as f64 / per_segment as f64;
+                (x0 + (x1 - x0) * t, y0 + (y1 - y0) * t)
+            })
+        })
+        .collect();
+    out.extend(pts.last());
+    out
+}
+
 /// One 1-d regression panel: data, a predictive (mean, ±2σ band), function samples.
 #[derive(Clone)]
 pub struct Panel1d {
@@ -121,9 +177,22 @@ pub fn regression_panels(
                     .map(|&c| PathElement::new(vec![(c, y_range.0), (c, y_range.0 + tick)], BLACK.mix(0.5))),
             )
             .map_err(err)?;
+        // The legend (four entries, ≈ 27 % × 33 % of the plot) goes to the corner with the least
+        // ink under it: the ±2σ band (sampled across its height), the mean, samples and data.
+        let band_ink = p.x.iter().zip(p.mean.iter().zip(&p.std)).flat_map(|(&x, (&m, &s))| {
+            let (lo, hi) = ((m - 2.0 * s).max(y_range.0), (m + 2.0 * s).min(y_range.1));
+            (0..=10).filter(move |_| lo <= hi).map(move |k| (x, lo + (hi - lo) * k as f64 / 10.0))
+        });
+        let mut ink: Vec<(f64, f64)> = band_ink.collect();
+        ink.extend(along(p.x.iter().cloned().zip(p.mean.iter().cloned()), 4));
+        for s in &p.samples {
+            ink.extend(along(p.x.iter().cloned().zip(s.iter().cloned()), 4));
+        }
+        ink.extend(p.data.iter().flat_map(|&d| std::iter::repeat_n(d, 4)));
+        let corner = quiet_corner(&ink, (x0, x1), y_range, (0.27, 0.33));
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(corner.position())
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK.mix(0.3))
             .label_font(("sans-serif", 11))
@@ -300,8 +369,19 @@ pub fn line_panels(path: &Path, panels: &[LinePanel], cols: usize) -> Result<()>
                 .draw_series(pts.iter().map(|&(x, y)| Circle::new((tx(x), y), 3, c.filled())))
                 .map_err(err)?;
         }
+        // The legend box: ≈ 7 px per character of the longest name plus the swatch, 17 px per
+        // entry, against the ≈ 450 × 250 px plotting area; put where the lines are fewest.
+        let longest = p.series.iter().map(|s| s.0.chars().count()).max().unwrap_or(0);
+        let frac = (
+            ((longest * 7 + 44) as f64 / 450.0).min(0.6),
+            ((p.series.len() * 17 + 12) as f64 / 250.0).min(0.8),
+        );
+        let ink: Vec<(f64, f64)> =
+            p.series.iter().flat_map(|s| along(s.1.iter().map(|&(x, y)| (tx(x), y)), 8)).collect();
+        let corner = quiet_corner(&ink, (x0, x1), (y0 - pad, y1 + pad), frac);
         chart
             .configure_series_labels()
+            .position(corner.position())
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK.mix(0.3))
             .label_font(("sans-serif", 12))
@@ -450,4 +530,39 @@ pub fn quiver_panels(path: &Path, panels: &[QuiverPanel], cols: usize) -> Result
     }
     root.present().map_err(err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legend_goes_to_the_emptiest_corner() {
+        let (x, y) = ((0.0, 10.0), (0.0, 10.0));
+        // Nothing drawn: the first corner.
+        assert_eq!(quiet_corner(&[], x, y, (0.3, 0.3)), Corner::UpperLeft);
+        // A rising line from lower left to upper right leaves the other two corners empty.
+        let rising = along([(0.0, 0.0), (10.0, 10.0)], 100);
+        assert_eq!(quiet_corner(&rising, x, y, (0.3, 0.3)), Corner::UpperLeft);
+        // Flat ends at the top (best-reward curves) and data in the upper left: lower right.
+        let mut ink = along([(0.0, 0.0), (2.0, 9.0), (10.0, 9.5)], 50);
+        ink.extend([(1.0, 8.0), (2.0, 8.5), (0.5, 9.5)]);
+        assert_eq!(quiet_corner(&ink, x, y, (0.3, 0.3)), Corner::LowerRight);
+        // A segment crossing the box counts even though both of its vertices lie outside it.
+        let mut ink = vec![(1.0, 9.0), (2.0, 9.0), (1.0, 1.0), (2.0, 1.0), (9.0, 1.0), (9.0, 2.0)];
+        assert_eq!(
+            quiet_corner(&[ink.clone(), vec![(5.0, 10.0), (10.0, 5.0)]].concat(), x, y, (0.3, 0.3)),
+            Corner::UpperRight
+        );
+        ink.extend(along([(5.0, 10.0), (10.0, 5.0)], 10));
+        assert_eq!(quiet_corner(&ink, x, y, (0.3, 0.3)), Corner::UpperLeft);
+    }
+
+    #[test]
+    fn along_keeps_the_vertices_and_interpolates() {
+        let pts = along([(0.0, 0.0), (1.0, 2.0), (3.0, 2.0)], 2);
+        assert_eq!(pts, vec![(0.0, 0.0), (0.5, 1.0), (1.0, 2.0), (2.0, 2.0), (3.0, 2.0)]);
+        assert!(along(std::iter::empty(), 3).is_empty());
+        assert_eq!(along([(1.0, 1.0)], 3), vec![(1.0, 1.0)]);
+    }
 }

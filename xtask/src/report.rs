@@ -101,8 +101,11 @@ pub struct Checkpoint {
     path: PathBuf,
     settings: serde_json::Value,
     done: serde_json::Map<String, serde_json::Value>,
-    /// Wall seconds of the earlier sittings that stored units, and how many there were.
-    earlier: (f64, u64),
+    /// Wall seconds of the earlier sittings that stored units (`None`: a file from before the
+    /// time was stored), and how many sittings there were.
+    earlier: (Option<f64>, u64),
+    /// Whether this sitting stored a unit (a `--resume` that only redraws counts no sitting).
+    stored: bool,
     /// The start of this sitting (its [`Run`]'s).
     started: Instant,
 }
@@ -115,7 +118,7 @@ impl Checkpoint {
     pub fn open(run: &mut Run, settings: serde_json::Value) -> Result<Self> {
         let path = run.path("checkpoint.json");
         let mut done = serde_json::Map::new();
-        let mut earlier = (0.0, 0);
+        let mut earlier = (Some(0.0), 0);
         if run.resumed {
             match fs::read_to_string(&path) {
                 Ok(text) => {
@@ -134,32 +137,42 @@ impl Checkpoint {
                         .as_object()
                         .with_context(|| format!("{} has no \"done\" object", path.display()))?
                         .clone();
-                    // Files from before the wall time was stored count as one sitting of 0 s.
-                    earlier = (old["seconds"].as_f64().unwrap_or(0.0), old["sittings"].as_u64().unwrap_or(1));
+                    // Files from before the wall time was stored: one sitting of unknown time.
+                    earlier = (old["seconds"].as_f64(), old["sittings"].as_u64().unwrap_or(1));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
             }
             run.log(format!("--resume: {} finished units kept from checkpoint.json", done.len()));
         }
-        Ok(Self { path, settings, done, earlier, started: run.started })
+        Ok(Self { path, settings, done, earlier, stored: false, started: run.started })
     }
 
-    /// Wall seconds of every sitting so far, this one included.
-    pub fn total_seconds(&self) -> f64 {
-        self.earlier.0 + self.started.elapsed().as_secs_f64()
+    /// Wall seconds of every sitting so far, this one included (`None` when an earlier
+    /// sitting's time was not recorded).
+    pub fn total_seconds(&self) -> Option<f64> {
+        self.earlier.0.map(|s| s + self.started.elapsed().as_secs_f64())
     }
 
     /// `"Wall time: N s"` for a run of one sitting; for one built over several, their sum and
-    /// this sitting's share (the time between sittings not counted).
+    /// this sitting's share (the time between sittings not counted). A `--resume` sitting that
+    /// computed nothing is not counted as one; an earlier sitting whose time the file does not
+    /// hold (written before the time was stored) is named as unrecorded, never counted as 0 s.
     pub fn wall_time(&self) -> String {
         let this = self.started.elapsed().as_secs_f64();
-        match self.earlier.1 {
-            0 => format!("Wall time: {this:.0} s"),
-            n => format!(
-                "Wall time: {:.0} s summed over {} sittings (--resume; this one {this:.0} s)",
-                self.total_seconds(),
-                n + 1
+        let (earlier, n) = self.earlier;
+        match (n, self.stored, earlier) {
+            (0, _, _) => format!("Wall time: {this:.0} s"),
+            (1, false, Some(e)) => format!("Wall time: {e:.0} s (this --resume computed nothing new)"),
+            (n, false, Some(e)) => {
+                format!("Wall time: {e:.0} s summed over {n} sittings (this --resume computed nothing new)")
+            }
+            (n, true, Some(e)) => {
+                format!("Wall time: {:.0} s summed over {} sittings (--resume; this one {this:.0} s)", e + this, n + 1)
+            }
+            (n, stored, None) => format!(
+                "Wall time: not recorded for the {n} earlier sitting(s) (checkpoint from before it was stored){}",
+                if stored { format!("; this --resume sitting {this:.0} s") } else { String::new() }
             ),
         }
     }
@@ -207,6 +220,7 @@ impl Checkpoint {
     /// renamed over it, so an interrupted write leaves the previous version).
     pub fn put_numbers(&mut self, key: &str, values: &[f64]) -> Result<()> {
         self.done.insert(key.to_string(), serde_json::json!(values));
+        self.stored = true;
         let text = serde_json::to_string_pretty(&serde_json::json!({
             "settings": self.settings, "done": self.done,
             "seconds": self.total_seconds(), "sittings": self.earlier.1 + 1,
@@ -331,13 +345,19 @@ mod tests {
             ck.put_numbers("set/fold 1/B", &[1.0]).unwrap();
         }
         let mut resumed = Run::open(out_s, "exp", true).unwrap();
-        let ck = Checkpoint::open(&mut resumed, settings.clone()).unwrap();
+        let mut ck = Checkpoint::open(&mut resumed, settings.clone()).unwrap();
         assert_eq!(ck.len(), 2);
-        assert!(ck.wall_time().contains("summed over 2 sittings"), "{}", ck.wall_time());
+        // A resume that computes nothing counts no sitting; one that stores a unit does.
+        assert!(ck.wall_time().ends_with(" s (this --resume computed nothing new)"), "{}", ck.wall_time());
         let stored: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(resumed.path("checkpoint.json")).unwrap()).unwrap();
         assert_eq!(stored["sittings"], 1);
-        assert!(stored["seconds"].as_f64().unwrap() <= ck.total_seconds());
+        assert!(stored["seconds"].as_f64().unwrap() <= ck.total_seconds().unwrap());
+        ck.put_numbers("set/fold 1/C", &[2.0]).unwrap();
+        assert!(ck.wall_time().contains("summed over 2 sittings"), "{}", ck.wall_time());
+        let stored: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(resumed.path("checkpoint.json")).unwrap()).unwrap();
+        assert_eq!(stored["sittings"], 2);
         let a = ck.get_numbers("set/fold 1/A").unwrap().unwrap();
         // Exact round trip (0.1 + 0.2 is not 0.3), NaN kept as NaN.
         assert_eq!((a[0], a[1]), (-0.5, 0.1 + 0.2));
@@ -348,9 +368,18 @@ mod tests {
         let err = ck.get_array::<2>("set/fold 1/B").err().unwrap().to_string();
         assert!(err.contains("holds 1 numbers, not 2"), "{err}");
         // Without --resume the old units and sittings are not used.
-        let fresh = Checkpoint::open(&mut Run::new(out_s, "exp").unwrap(), settings).unwrap();
+        let fresh = Checkpoint::open(&mut Run::new(out_s, "exp").unwrap(), settings.clone()).unwrap();
         assert_eq!(fresh.len(), 0);
         assert!(fresh.wall_time().starts_with("Wall time: ") && !fresh.wall_time().contains("sittings"));
+        // A file from before the time was stored: the earlier time is named as unrecorded.
+        let legacy = serde_json::json!({ "settings": settings, "done": { "set/fold 1/A": [1.0] } });
+        fs::write(resumed.path("checkpoint.json"), legacy.to_string()).unwrap();
+        let mut old =
+            Checkpoint::open(&mut Run::open(out_s, "exp", true).unwrap(), settings.clone()).unwrap();
+        assert_eq!(old.total_seconds(), None);
+        assert!(old.wall_time().contains("not recorded for the 1 earlier sitting"), "{}", old.wall_time());
+        old.put_numbers("set/fold 1/B", &[1.0]).unwrap();
+        assert!(old.wall_time().contains("this --resume sitting"), "{}", old.wall_time());
         // Other settings are refused, naming both.
         let err =
             Checkpoint::open(&mut resumed, serde_json::json!({ "steps": 20 })).err().unwrap().to_string();
