@@ -9,7 +9,9 @@
 //! [`PATIENCE_EPOCHS`] full-batch epochs, the same 500 steps); features and targets
 //! standardised by the training rows; 2×50 tanh networks (the paper selects architectures by a
 //! Bayesian-optimisation sweep we cannot afford; 2×50 is FSP-Laplace's UCI network), full-batch
-//! Adam (the paper's batch is 2 000 > every shipped set), σ_y learned, 100 posterior samples for
+//! Adam (the paper's batch is 2 000 > every shipped set), one learned σ_y shared by every input
+//! (App. A.2 calls the noise model "heteroskedastic with a learned scale parameter", but a single
+//! scale is homoskedastic and eq. 10 has one σ_y, so we read it as that), 100 posterior samples for
 //! FVI/MFVI. Priors: zero mean and an ARD RBF kernel with its noise fitted by the exact GP's
 //! marginal likelihood on the distinct training records (red wine's 240 exact duplicate records
 //! otherwise collapse the noise; the paper fits by minibatch marginal likelihood).
