@@ -378,7 +378,7 @@ fn run_fold(
                 };
                 let cfg = GfsviConfig {
                     measurement_points: b.m,
-                    gamma: 1e-10,
+                    gamma: UCI_GAMMA,
                     measurement_box: Some(bbox.clone()),
                     init_noise_std: 0.5,
                     optim: optim(b, seed),
@@ -449,6 +449,20 @@ fn run_fold(
 /// diagonal is the one the paper states, and its OOD accuracy is the closer.
 pub const LAPLACE_STRUCTURE: Structure = Structure::Diag;
 
+/// The regulariser `γ` of GFSVI's and TFSVI's regularised KL on the UCI sets: the paper's 1e-10.
+/// Measured on yacht (fold 1, 3 000 steps, f64): the fitted ARD RBF is nearly one-dimensional
+/// (variance 7.7, lengthscales 1.2 and 2.7 on two features and 9–55 on the other four, in
+/// standardised units), so `K + γM I` at 500 uniform points is conditioned ≈ 1e11 and
+/// `D_KL^γ` starts at ≈ 3.7e4 nats; with γ = 1e-10 GFSVI spends its 3 000 steps shrinking it
+/// (objective −3.7e4 → −1.9e3, validation still falling) and ends at MSE 0.80, σ_y 1.0, ELL −1.32,
+/// where γ = 1e-6 reaches ELL 1.45, MSE 0.002 (the paper: 1.06). TFSVI likewise: γ = 1e-10
+/// stops at step 700 (best 200, validation NLL 0.89 → 1.62 → 1.45) with ELL −0.92, MSE 0.36;
+/// γ = 1e-6 gives ELL 1.41, MSE 0.002. The paper calls γ the jitter
+/// too and asks for it "large enough to avoid numerical errors"; its float32 arithmetic
+/// cannot resolve 5e-8 beside a kernel variance of 7.7, so its effective regulariser was
+/// larger than ours. Kept at the paper's value; the yacht rows state what it costs.
+pub const UCI_GAMMA: f64 = 1e-10;
+
 /// Early-stopping patience, in optimiser steps, of every UCI network trained full-batch epoch by
 /// epoch (MAP here, FSP-Laplace in `fsp-uci`): the same 500 steps as the variational methods'
 /// validation every 100 steps with patience 5. A patience of 100 epochs stopped MAP and
@@ -515,7 +529,7 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
     // A unit is one method on one fold; the settings that change its numbers name the file.
     let mut ck = Checkpoint::open(
         &mut run,
-        json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": PRIOR_FIT, "map_patience": PATIENCE_EPOCHS, "laplace": format!("{LAPLACE_STRUCTURE:?}") }),
+        json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": PRIOR_FIT, "map_patience": PATIENCE_EPOCHS, "laplace": format!("{LAPLACE_STRUCTURE:?}"), "gamma": UCI_GAMMA }),
     )?;
     run.log(format!(
         "{} fold(s) of 5 per set, ≤ {} Adam steps, M = {}, sets {:?}",
@@ -613,6 +627,11 @@ fn write_tables(
          no package registry and stay out. ",
     );
     md.push_str("OOD rows: the paper's song subset is in no registry; sklearn's digits (shipped) stand in — see `ood_rows` in the harness (the d highest-variance pixel columns, standardised by their own statistics, as many rows as the test fold). ");
+    md.push_str(&format!(
+        "GFSVI and TFSVI use the paper's γ = {UCI_GAMMA:e}; where a fitted kernel is nearly low-rank over the \
+         measurement box (yacht) that makes D_KL^γ ≈ 1e4 nats and the step budget does not reach the data \
+         fit — `UCI_GAMMA` in the harness has the measurement. "
+    ));
     md.push_str(&format!("{}.\n", ck.wall_time()));
     run.write_table(&md)?;
     run.write_metrics(&serde_json::Value::Object(metrics))
