@@ -1,13 +1,16 @@
 //! `cargo xtask` — the fspace task runner (alias in `.cargo/config.toml`).
 //!
 //! * `cargo xtask list` — the experiments this checkout can run.
-//! * `cargo xtask reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume]` —
+//! * `cargo xtask reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume]
+//!   [--gamma G[,G…]] [--sets S[,S…]]` —
 //!   runs the named experiments (no name: the quick default suite) and writes `results/NAME/`;
 //!   `--seeds K` overrides the number of seeds of the multi-seed experiments (the image tables);
 //!   `--resume` keeps the finished units of an earlier run of the same settings and computes
 //!   only the rest (`fsp-mnist`, `fsp-fmnist`, `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`, `gfsvi-w2`,
 //!   `fsp-bayesopt`, `fsp-mauna-loa`:
-//!   hours on 2 cores, so a full run can span several sittings).
+//!   hours on 2 cores, so a full run can span several sittings); `--gamma` sets GFSVI's and
+//!   TFSVI's regulariser in `gfsvi-uci` / `gfsvi-ood` (several values: chosen per fold by the
+//!   validation NLL; default the paper's 1e-10) and `--sets` which of their data sets run.
 
 use anyhow::{bail, Result};
 
@@ -18,8 +21,16 @@ mod report;
 use experiments::{Experiment, Options, EXPERIMENTS};
 
 fn parse(args: &[String]) -> Result<Options> {
-    let mut opts =
-        Options { names: vec![], quick: false, seed: 0, seeds: None, out: "results".into(), resume: false };
+    let mut opts = Options {
+        names: vec![],
+        quick: false,
+        seed: 0,
+        seeds: None,
+        out: "results".into(),
+        resume: false,
+        gammas: None,
+        sets: None,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -41,11 +52,40 @@ fn parse(args: &[String]) -> Result<Options> {
                 opts.seeds = Some(k);
             }
             "--out" => opts.out = it.next().ok_or_else(|| anyhow::anyhow!("--out needs a value"))?.clone(),
+            "--sets" => {
+                let v = it.next().ok_or_else(|| anyhow::anyhow!("--sets needs a value"))?;
+                let sets: Vec<String> = v.split(',').map(|n| n.trim().to_string()).collect();
+                if sets.iter().any(String::is_empty) {
+                    bail!("--sets {v:?}: a set name is empty");
+                }
+                opts.sets = Some(sets);
+            }
+            "--gamma" => {
+                let v = it.next().ok_or_else(|| anyhow::anyhow!("--gamma needs a value"))?;
+                opts.gammas = Some(parse_gammas(v)?);
+            }
             flag if flag.starts_with("--") => bail!("unknown option {flag}"),
             name => opts.names.push(name.to_string()),
         }
     }
     Ok(opts)
+}
+
+/// `--gamma G[,G…]`: one or more regularisers, each finite and positive, no repeats.
+fn parse_gammas(v: &str) -> Result<Vec<f64>> {
+    let mut gammas: Vec<f64> = Vec::new();
+    for part in v.split(',') {
+        let g: f64 =
+            part.trim().parse().map_err(|e| anyhow::anyhow!("--gamma {part:?} is not a number: {e}"))?;
+        if !(g.is_finite() && g > 0.0) {
+            bail!("--gamma {part:?}: γ must be finite and > 0");
+        }
+        if gammas.contains(&g) {
+            bail!("--gamma {v:?} names {g:e} twice");
+        }
+        gammas.push(g);
+    }
+    Ok(gammas)
 }
 
 fn list() {
@@ -62,10 +102,21 @@ fn list() {
     }
 }
 
+/// The experiments `--gamma` and `--sets` apply to; naming any other with them is an error, not a
+/// silent no-op.
+const UCI_TABLE_EXPERIMENTS: [&str; 2] = ["gfsvi-uci", "gfsvi-ood"];
+
 fn reproduce(opts: &Options) -> Result<()> {
     for name in &opts.names {
         if !EXPERIMENTS.iter().any(|e| e.name == name) {
             bail!("unknown experiment {name:?}; `cargo xtask list` shows the available ones");
+        }
+    }
+    let only_uci_tables =
+        !opts.names.is_empty() && opts.names.iter().all(|n| UCI_TABLE_EXPERIMENTS.contains(&n.as_str()));
+    for (flag, given) in [("--gamma", opts.gammas.is_some()), ("--sets", opts.sets.is_some())] {
+        if given && !only_uci_tables {
+            bail!("{flag} applies only to {UCI_TABLE_EXPERIMENTS:?}; name only those experiments");
         }
     }
     if EXPERIMENTS.is_empty() {
@@ -136,7 +187,7 @@ fn run() -> Result<()> {
         Some(other) => bail!("unknown task {other:?}; tasks: list, reproduce"),
         None => {
             println!(
-                "usage: cargo xtask <list | reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume]>"
+                "usage: cargo xtask <list | reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume] [--gamma G[,G…]] [--sets S[,S…]]>"
             );
             Ok(())
         }
@@ -160,6 +211,13 @@ mod tests {
         assert_eq!(parse(&["--seeds".to_string(), "2".to_string()]).unwrap().seeds, Some(2));
         assert!(parse(&["--resume".to_string()]).unwrap().resume);
         assert!(parse(&["--bogus".to_string()]).is_err());
+        let gamma = |v: &str| parse(&["--gamma".to_string(), v.to_string()]).map(|o| o.gammas);
+        assert_eq!(gamma("1e-10, 1e-6").unwrap(), Some(vec![1e-10, 1e-6]));
+        assert_eq!(gamma("0.5").unwrap(), Some(vec![0.5]));
+        for bad in ["0", "-1e-6", "nan", "inf", "1e-6,", "x", "1e-6,1e-6"] {
+            assert!(gamma(bad).is_err(), "--gamma {bad:?} was accepted");
+        }
+        assert!(parse(&["--gamma".to_string()]).is_err());
         let unknown = Options {
             names: vec!["nope".into()],
             quick: true,
@@ -167,8 +225,30 @@ mod tests {
             seeds: None,
             out: "x".into(),
             resume: false,
+            gammas: None,
+            sets: None,
         };
         assert!(reproduce(&unknown).is_err());
+        // --gamma with an experiment that has no γ (or with the default suite) is refused.
+        for names in [vec![], vec!["gfsvi-uci".to_string(), "gfsvi-toy".to_string()]] {
+            let o = Options { names: names.clone(), gammas: Some(vec![1e-6]), ..unknown.clone() };
+            assert!(reproduce(&o).unwrap_err().to_string().contains("--gamma applies only"));
+            let o = Options { names, sets: Some(vec!["yacht".into()]), ..unknown.clone() };
+            assert!(reproduce(&o).unwrap_err().to_string().contains("--sets applies only"));
+        }
+        let sets = |v: &str| parse(&["--sets".to_string(), v.to_string()]).map(|o| o.sets);
+        assert_eq!(sets("yacht, boston").unwrap(), Some(vec!["yacht".to_string(), "boston".to_string()]));
+        assert!(sets("yacht,").is_err());
+        // An unknown set is named by the experiment before anything runs.
+        let out = std::env::temp_dir().join(format!("fspace-xtask-sets-{}", std::process::id()));
+        let o = Options {
+            names: vec!["gfsvi-uci".into()],
+            sets: Some(vec!["energy".into()]),
+            out: out.to_string_lossy().into_owned(),
+            ..unknown.clone()
+        };
+        assert!(reproduce(&o).unwrap_err().to_string().contains("unknown set \"energy\""));
+        let _ = std::fs::remove_dir_all(&out);
     }
 
     #[test]
@@ -182,6 +262,8 @@ mod tests {
             seeds: None,
             out: out.to_string_lossy().into_owned(),
             resume: false,
+            gammas: None,
+            sets: None,
         };
         reproduce(&opts).unwrap();
         let dir = out.join("fsp-null-space");
@@ -211,6 +293,8 @@ mod tests {
             seeds: None,
             out: out.to_string_lossy().into_owned(),
             resume: false,
+            gammas: None,
+            sets: None,
         };
         reproduce(&opts).unwrap();
         let dir = out.join("valla-regression");
@@ -238,6 +322,56 @@ mod tests {
     }
 
     #[test]
+    fn the_gfsvi_tables_choose_gamma_by_validation_and_resume_with_the_choice() {
+        // `--gamma` with two values on one quick yacht fold: GFSVI and TFSVI each fit once per
+        // γ, the table names the γ with the lower validation NLL in the log, every score is
+        // finite, a resume keeps every unit and choice, and another grid is refused.
+        let out = std::env::temp_dir().join(format!("fspace-xtask-gamma-{}", std::process::id()));
+        let mut opts = Options {
+            names: vec!["gfsvi-uci".into()],
+            quick: true,
+            seed: 0,
+            seeds: None,
+            out: out.to_string_lossy().into_owned(),
+            resume: false,
+            gammas: Some(vec![1e-10, 1e-6]),
+            sets: Some(vec!["yacht".into()]),
+        };
+        reproduce(&opts).unwrap();
+        let dir = out.join("gfsvi-uci");
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+        let (log, table) = (read("log.txt"), read("table.md"));
+        let chosen = |table: &str| {
+            table.split("Chosen, fold by fold: ").nth(1).unwrap().split(". ").next().unwrap().to_string()
+        };
+        let mut expected = Vec::new();
+        for method in ["GFSVI", "TFSVI"] {
+            let nll = |g: &str| -> f64 {
+                let tag = format!("yacht {method} γ = {g}: best validation NLL ");
+                let rest = log.split(&tag).nth(1).unwrap_or_else(|| panic!("no {tag:?} in the log"));
+                rest.split_whitespace().next().unwrap().parse().unwrap()
+            };
+            let best = if nll("1e-6") < nll("1e-10") { "1e-6" } else { "1e-10" };
+            expected.push(format!("yacht {method} {best}"));
+        }
+        assert_eq!(chosen(&table), expected.join("; "));
+        let metrics: serde_json::Value = serde_json::from_str(&read("metrics.json")).unwrap();
+        for method in ["GFSVI", "FVI", "TFSVI", "MFVI", "Laplace", "SVGP", "GP"] {
+            for j in 0..3 {
+                let m = metrics[format!("yacht/{method}/{j}")]["mean"].as_f64().unwrap();
+                assert!(m.is_finite(), "{method}/{j}: {m}");
+            }
+        }
+        opts.resume = true;
+        reproduce(&opts).unwrap();
+        assert!(read("log.txt").contains("yacht fold 1: every method in checkpoint.json"));
+        assert_eq!(chosen(&read("table.md")), expected.join("; "));
+        opts.gammas = Some(vec![1e-6]);
+        assert!(reproduce(&opts).is_err(), "a resume under another γ grid must be refused");
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
     fn the_cubic_toy_runs_end_to_end_in_quick_mode() {
         // Generalized Laplace Fig. 2 with every structure: the full GGN's GLM std is the
         // reference (ratio 1), every structure's uncertainty is finite and positive, plots exist.
@@ -249,6 +383,8 @@ mod tests {
             seeds: None,
             out: out.to_string_lossy().into_owned(),
             resume: false,
+            gammas: None,
+            sets: None,
         };
         reproduce(&opts).unwrap();
         let dir = out.join("gl-cubic-toy");

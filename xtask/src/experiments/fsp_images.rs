@@ -1013,6 +1013,8 @@ mod tests {
             seeds: None,
             out: String::new(),
             resume: true,
+            gammas: None,
+            sets: None,
         })
     }
 
