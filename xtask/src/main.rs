@@ -198,6 +198,21 @@ fn run() -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The options of a quick run of `name` writing under `out` (fields as the command line's
+    /// defaults otherwise).
+    fn quick(name: &str, out: &std::path::Path) -> Options {
+        Options {
+            names: vec![name.into()],
+            quick: true,
+            seed: 0,
+            seeds: None,
+            out: out.to_string_lossy().into_owned(),
+            resume: false,
+            gammas: None,
+            sets: None,
+        }
+    }
+
     #[test]
     fn options_parse_and_bad_input_is_an_error() {
         let args: Vec<String> = ["fsp-null-space", "--quick", "--seed", "3", "--out", "x"]
@@ -218,16 +233,7 @@ mod tests {
             assert!(gamma(bad).is_err(), "--gamma {bad:?} was accepted");
         }
         assert!(parse(&["--gamma".to_string()]).is_err());
-        let unknown = Options {
-            names: vec!["nope".into()],
-            quick: true,
-            seed: 0,
-            seeds: None,
-            out: "x".into(),
-            resume: false,
-            gammas: None,
-            sets: None,
-        };
+        let unknown = quick("nope", std::path::Path::new("x"));
         assert!(reproduce(&unknown).is_err());
         // --gamma with an experiment that has no γ (or with the default suite) is refused.
         for names in [vec![], vec!["gfsvi-uci".to_string(), "gfsvi-toy".to_string()]] {
@@ -255,16 +261,7 @@ mod tests {
     fn the_null_space_experiment_runs_end_to_end_in_quick_mode() {
         // The harness end to end on its cheapest experiment: files written, metrics sane.
         let out = std::env::temp_dir().join(format!("fspace-xtask-test-{}", std::process::id()));
-        let opts = Options {
-            names: vec!["fsp-null-space".into()],
-            quick: true,
-            seed: 0,
-            seeds: None,
-            out: out.to_string_lossy().into_owned(),
-            resume: false,
-            gammas: None,
-            sets: None,
-        };
+        let opts = quick("fsp-null-space", &out);
         reproduce(&opts).unwrap();
         let dir = out.join("fsp-null-space");
         let metrics: serde_json::Value =
@@ -286,16 +283,7 @@ mod tests {
         // of a one-output Gaussian head equals the dense last-layer Laplace (its output factor is
         // 1 × 1, so the Kronecker product is exact).
         let out = std::env::temp_dir().join(format!("fspace-xtask-vreg-{}", std::process::id()));
-        let opts = Options {
-            names: vec!["valla-regression".into()],
-            quick: true,
-            seed: 0,
-            seeds: None,
-            out: out.to_string_lossy().into_owned(),
-            resume: false,
-            gammas: None,
-            sets: None,
-        };
+        let opts = quick("valla-regression", &out);
         reproduce(&opts).unwrap();
         let dir = out.join("valla-regression");
         let metrics: serde_json::Value =
@@ -328,14 +316,9 @@ mod tests {
         // finite, a resume keeps every unit and choice, and another grid is refused.
         let out = std::env::temp_dir().join(format!("fspace-xtask-gamma-{}", std::process::id()));
         let mut opts = Options {
-            names: vec!["gfsvi-uci".into()],
-            quick: true,
-            seed: 0,
-            seeds: None,
-            out: out.to_string_lossy().into_owned(),
-            resume: false,
             gammas: Some(vec![1e-10, 1e-6]),
             sets: Some(vec!["yacht".into()]),
+            ..quick("gfsvi-uci", &out)
         };
         reproduce(&opts).unwrap();
         let dir = out.join("gfsvi-uci");
@@ -376,16 +359,7 @@ mod tests {
         // Generalized Laplace Fig. 2 with every structure: the full GGN's GLM std is the
         // reference (ratio 1), every structure's uncertainty is finite and positive, plots exist.
         let out = std::env::temp_dir().join(format!("fspace-xtask-cubic-{}", std::process::id()));
-        let opts = Options {
-            names: vec!["gl-cubic-toy".into()],
-            quick: true,
-            seed: 0,
-            seeds: None,
-            out: out.to_string_lossy().into_owned(),
-            resume: false,
-            gammas: None,
-            sets: None,
-        };
+        let opts = quick("gl-cubic-toy", &out);
         reproduce(&opts).unwrap();
         let dir = out.join("gl-cubic-toy");
         let metrics: serde_json::Value =
