@@ -54,11 +54,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--out" => opts.out = it.next().ok_or_else(|| anyhow::anyhow!("--out needs a value"))?.clone(),
             "--sets" => {
                 let v = it.next().ok_or_else(|| anyhow::anyhow!("--sets needs a value"))?;
-                let sets: Vec<String> = v.split(',').map(|n| n.trim().to_string()).collect();
-                if sets.iter().any(String::is_empty) {
-                    bail!("--sets {v:?}: a set name is empty");
-                }
-                opts.sets = Some(sets);
+                opts.sets = Some(comma_list("--sets", v)?.into_iter().map(String::from).collect());
             }
             "--gamma" => {
                 let v = it.next().ok_or_else(|| anyhow::anyhow!("--gamma needs a value"))?;
@@ -71,12 +67,26 @@ fn parse(args: &[String]) -> Result<Options> {
     Ok(opts)
 }
 
+/// The items of a comma-separated `flag` value, trimmed; an empty item or a repeat is an error.
+fn comma_list<'a>(flag: &str, v: &'a str) -> Result<Vec<&'a str>> {
+    let mut items: Vec<&str> = Vec::new();
+    for item in v.split(',').map(str::trim) {
+        if item.is_empty() {
+            bail!("{flag} {v:?}: an item is empty");
+        }
+        if items.contains(&item) {
+            bail!("{flag} {v:?} names {item:?} twice");
+        }
+        items.push(item);
+    }
+    Ok(items)
+}
+
 /// `--gamma G[,G…]`: one or more regularisers, each finite and positive, no repeats.
 fn parse_gammas(v: &str) -> Result<Vec<f64>> {
     let mut gammas: Vec<f64> = Vec::new();
-    for part in v.split(',') {
-        let g: f64 =
-            part.trim().parse().map_err(|e| anyhow::anyhow!("--gamma {part:?} is not a number: {e}"))?;
+    for part in comma_list("--gamma", v)? {
+        let g: f64 = part.parse().map_err(|e| anyhow::anyhow!("--gamma {part:?} is not a number: {e}"))?;
         if !(g.is_finite() && g > 0.0) {
             bail!("--gamma {part:?}: γ must be finite and > 0");
         }
@@ -245,6 +255,7 @@ mod tests {
         let sets = |v: &str| parse(&["--sets".to_string(), v.to_string()]).map(|o| o.sets);
         assert_eq!(sets("yacht, boston").unwrap(), Some(vec!["yacht".to_string(), "boston".to_string()]));
         assert!(sets("yacht,").is_err());
+        assert!(sets("yacht,yacht").is_err());
         // An unknown set is named by the experiment before anything runs.
         let out = std::env::temp_dir().join(format!("fspace-xtask-sets-{}", std::process::id()));
         let o = Options {
