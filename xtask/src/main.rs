@@ -10,7 +10,8 @@
 //!   `fsp-bayesopt`, `fsp-mauna-loa`:
 //!   hours on 2 cores, so a full run can span several sittings); `--gamma` sets GFSVI's and
 //!   TFSVI's regulariser in `gfsvi-uci` / `gfsvi-ood` (several values: chosen per fold by the
-//!   validation NLL; default the paper's 1e-10) and `--sets` which of their data sets run.
+//!   validation NLL; default {1e-10 (the paper's), 1e-6} chosen so) and `--sets` which of their
+//!   data sets run.
 
 use anyhow::{bail, Result};
 

@@ -42,7 +42,8 @@ pub struct Options {
     /// units of `checkpoint.json` in `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`, `gfsvi-w2`; others ignore it.
     pub resume: bool,
     /// `--gamma`: the regularisers GFSVI and TFSVI try in `gfsvi-uci` / `gfsvi-ood` (one value
-    /// fixes γ; several are chosen per fold by the validation NLL; `None`: the paper's 1e-10).
+    /// fixes γ; several are chosen per fold by the validation NLL; `None`: `UCI_GAMMA_GRID`,
+    /// the paper's 1e-10 and 1e-6).
     pub gammas: Option<Vec<f64>>,
     /// `--sets`: the data sets `gfsvi-uci` / `gfsvi-ood` run (`None`: all four).
     pub sets: Option<Vec<String>>,
