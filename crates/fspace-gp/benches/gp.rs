@@ -60,6 +60,16 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+    // The inducing-input gradient that `learn_inducing_points` adds to each step.
+    let mut group = c.benchmark_group("svgp_inducing_gradient_b256_d4");
+    group.sample_size(10);
+    for m in [50usize, 100, 200, 400] {
+        let model = Svgp::new(kernel.clone(), PriorMean::Zero, 0.1, data(m, 4).0).unwrap();
+        group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, _| {
+            b.iter(|| model.elbo_gradient_inducing(&x, &y, 10_000).unwrap())
+        });
+    }
+    group.finish();
 }
 
 criterion_group! {

@@ -14,6 +14,11 @@
 //!   `G_bm = (n/B)σ⁻² (r (K_mm⁻¹m)ᵀ + A − A S K_mm⁻¹)`,
 //!   `G_mm = (n/B)σ⁻² (−(Aᵀr)(K_mm⁻¹m)ᵀ − ½AᵀA + AᵀA S K_mm⁻¹) + ½(K_mm⁻¹ S K_mm⁻¹ + K_mm⁻¹mmᵀK_mm⁻¹ − K_mm⁻¹)`,
 //!   `g = −(n/B)/(2σ²)`, `r = y_b − μ_b − Am`.
+//! * Optionally the inducing inputs too (`learn_inducing_points`, as GPflow and GPJax do by
+//!   default), by Adam on the same contraction with `∂K/∂Z` from [`Kernel::eval_grad_x`]:
+//!   `∂ELBO/∂z_a = Σ_i G_bm[i,a] ∂ₓk(z_a, xᵢ) + Σ_c (G_mm[a,c] + G_mm[c,a]) ∂ₓk(z_a, z_c)`.
+//!   With `q(u)` at its optimum for `Z` this is the gradient of Titsias' collapsed bound
+//!   (the envelope theorem), so moving `Z` tightens the bound on `log p(y)`.
 
 use fspace_core::{FunctionPredictive, Posterior};
 use fspace_kernels::{gram, gram_diag, Kernel, PointSet, PriorMean};
@@ -35,7 +40,8 @@ use fspace_core::Adam;
 /// | `iterations` | 500 | steps (one natural-gradient step on `q(u)` + one Adam step each) |
 /// | `natural_step` | 0.2 | `ρ` of the natural-gradient update |
 /// | `learning_rate` | 0.01 | Adam step for `log θ`, `log σ²` |
-/// | `learn_hyperparameters` | true | whether Adam runs |
+/// | `learn_hyperparameters` | true | whether Adam moves the kernel and noise |
+/// | `learn_inducing_points` | false | whether Adam moves `Z` (same learning rate) |
 /// | `seed` | 0 | minibatch order |
 #[derive(Debug, Clone, PartialEq)]
 pub struct SvgpConfig {
@@ -49,6 +55,9 @@ pub struct SvgpConfig {
     pub learning_rate: f64,
     /// Fit kernel hyperparameters and noise.
     pub learn_hyperparameters: bool,
+    /// Move the inducing inputs by Adam on the ELBO (needs [`Kernel::eval_grad_x`]). Off by
+    /// default so that `Z` stays where the caller put it (k-means centres in the harness).
+    pub learn_inducing_points: bool,
     /// Seed.
     pub seed: u64,
 }
@@ -61,6 +70,7 @@ impl Default for SvgpConfig {
             natural_step: 0.2,
             learning_rate: 0.01,
             learn_hyperparameters: true,
+            learn_inducing_points: false,
             seed: 0,
         }
     }
@@ -120,6 +130,22 @@ impl<K: Kernel + Clone> Svgp<K> {
     /// The inducing inputs.
     pub fn inducing_points(&self) -> &DMatrix<f64> {
         &self.z
+    }
+
+    /// Moves the inducing inputs, keeping `q(u)` (the same `m`, `S` now describe `f(Z_new)`);
+    /// `z` must have the current shape and finite entries.
+    pub fn set_inducing_points(&mut self, z: DMatrix<f64>) -> Result<()> {
+        if z.shape() != self.z.shape() {
+            return Err(invalid(
+                "inducing points",
+                format!("shape {:?}, expected {:?}", z.shape(), self.z.shape()),
+            ));
+        }
+        if z.iter().any(|v| !v.is_finite()) {
+            return Err(invalid("inducing points", "contain NaN or ±∞"));
+        }
+        self.z = z;
+        Ok(())
     }
 
     fn check_data(&self, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
@@ -191,19 +217,25 @@ impl<K: Kernel + Clone> Svgp<K> {
         Ok(())
     }
 
-    /// Gradient of the (minibatch, `n_total`-scaled) ELBO at fixed `q(u)` with respect to the
-    /// kernel's log-hyperparameters and `log σ²` (last).
-    pub fn elbo_gradient(&self, x: &DMatrix<f64>, y: &DVector<f64>, n_total: usize) -> Result<DVector<f64>> {
-        self.check_data(x, y)?;
-        let b = self.batch(x, y, n_total)?;
-        let s2 = self.noise_variance;
-        let c = b.scale / s2;
+    /// `(G_bm, G_mm)`: the ELBO's derivatives in `K_bm` and `K_mm` at fixed `q(u)` (module docs).
+    fn gram_weights(&self, b: &Batch) -> (DMatrix<f64>, DMatrix<f64>) {
+        let c = b.scale / self.noise_variance;
         let kinv_m = &b.kmm_inv * &self.m;
         let r = &b.centred - &b.a * &self.m;
         let ata = b.a.transpose() * &b.a; // blocked GEMM (`tr_mul` is unblocked)
         let g_bm = (&r * kinv_m.transpose() + &b.a - &b.a * &self.s * &b.kmm_inv) * c;
         let g_mm = (-(b.a.tr_mul(&r)) * kinv_m.transpose() - &ata * 0.5 + &ata * &self.s * &b.kmm_inv) * c
             + (&b.kmm_inv * &self.s * &b.kmm_inv + &kinv_m * kinv_m.transpose() - &b.kmm_inv) * 0.5;
+        (g_bm, g_mm)
+    }
+
+    fn hyper_gradient(
+        &self,
+        x: &DMatrix<f64>,
+        b: &Batch,
+        (g_bm, g_mm): &(DMatrix<f64>, DMatrix<f64>),
+    ) -> Result<DVector<f64>> {
+        let s2 = self.noise_variance;
         let g_diag = -b.scale / (2.0 * s2);
         let np = self.kernel.n_params();
         let mut grad = DVector::zeros(np + 1);
@@ -223,9 +255,55 @@ impl<K: Kernel + Clone> Svgp<K> {
                 (0..np).for_each(|p| grad[p] += g_mm[(a, c2)] * g[p]);
             }
         }
-        let (_, t) = self.elbo_parts(&b);
+        let (_, t) = self.elbo_parts(b);
         grad[np] = b.scale * (-0.5 * x.nrows() as f64 - t);
         Ok(grad)
+    }
+
+    fn inducing_gradient(
+        &self,
+        x: &DMatrix<f64>,
+        (g_bm, g_mm): &(DMatrix<f64>, DMatrix<f64>),
+    ) -> Result<DMatrix<f64>> {
+        let (xs, zs) = (PointSet::new("batch inputs", x)?, PointSet::new("inducing points", &self.z)?);
+        let d = self.z.ncols();
+        let mut grad = DMatrix::zeros(zs.len(), d);
+        let mut g = vec![0.0; d];
+        for a in 0..zs.len() {
+            for i in 0..xs.len() {
+                self.kernel.eval_grad_x(zs.row(a), xs.row(i), &mut g)?;
+                (0..d).for_each(|k| grad[(a, k)] += g_bm[(i, a)] * g[k]);
+            }
+            for c2 in 0..zs.len() {
+                self.kernel.eval_grad_x(zs.row(a), zs.row(c2), &mut g)?;
+                let w = g_mm[(a, c2)] + g_mm[(c2, a)];
+                (0..d).for_each(|k| grad[(a, k)] += w * g[k]);
+            }
+        }
+        Ok(grad)
+    }
+
+    /// Gradient of the (minibatch, `n_total`-scaled) ELBO at fixed `q(u)` with respect to the
+    /// kernel's log-hyperparameters and `log σ²` (last).
+    pub fn elbo_gradient(&self, x: &DMatrix<f64>, y: &DVector<f64>, n_total: usize) -> Result<DVector<f64>> {
+        self.check_data(x, y)?;
+        let b = self.batch(x, y, n_total)?;
+        self.hyper_gradient(x, &b, &self.gram_weights(&b))
+    }
+
+    /// Gradient of the (minibatch, `n_total`-scaled) ELBO at fixed `q(u)` with respect to the
+    /// inducing inputs (`M × d`, the shape of [`inducing_points`](Self::inducing_points)); an
+    /// [`Unsupported`](fspace_kernels::KernelError::Unsupported) kernel error for kernels
+    /// without [`Kernel::eval_grad_x`].
+    pub fn elbo_gradient_inducing(
+        &self,
+        x: &DMatrix<f64>,
+        y: &DVector<f64>,
+        n_total: usize,
+    ) -> Result<DMatrix<f64>> {
+        self.check_data(x, y)?;
+        let b = self.batch(x, y, n_total)?;
+        self.inducing_gradient(x, &self.gram_weights(&b))
     }
 
     /// One natural-gradient step of size `rho ∈ (0, 1]` on `q(u)` from a minibatch of a dataset
@@ -281,19 +359,52 @@ impl<K: Kernel + Clone> Svgp<K> {
         let np = self.kernel.n_params();
         let mut theta = DVector::from_vec(self.kernel.params()).push(self.noise_variance.ln());
         let mut adam = Adam::new(np + 1, config.learning_rate);
+        // Z as one vector, column-major like nalgebra's storage.
+        let mut zvec = DVector::from_column_slice(self.z.as_slice());
+        let mut adam_z = Adam::new(zvec.len(), config.learning_rate);
+        if config.learn_inducing_points {
+            // Fail before training, with the kernel's own message, if it has no input gradient.
+            let mut probe = vec![0.0; self.z.ncols()];
+            let z0: Vec<f64> = self.z.row(0).iter().copied().collect();
+            self.kernel.eval_grad_x(&z0, &z0, &mut probe)?;
+        }
         for _ in 0..config.iterations {
             let idx = sample_indices(&mut rng, n, bsz).into_vec();
             let (xb, yb) = (x.select_rows(&idx), y.select_rows(&idx));
             self.natural_gradient_step(&xb, &yb, n, config.natural_step)?;
-            if config.learn_hyperparameters {
-                let g = self.elbo_gradient(&xb, &yb, n)?;
-                if g.iter().any(|v| !v.is_finite()) {
-                    return Err(GpError::Diverged("non-finite SVGP ELBO gradient".into()));
-                }
+            if !(config.learn_hyperparameters || config.learn_inducing_points) {
+                continue;
+            }
+            // Both gradients at the same q(u), hyperparameters and Z, then both steps.
+            let b = self.batch(&xb, &yb, n)?;
+            let weights = self.gram_weights(&b);
+            let g_theta = if config.learn_hyperparameters {
+                Some(self.hyper_gradient(&xb, &b, &weights)?)
+            } else {
+                None
+            };
+            let g_z = if config.learn_inducing_points {
+                Some(self.inducing_gradient(&xb, &weights)?)
+            } else {
+                None
+            };
+            let finite = g_theta
+                .iter()
+                .flat_map(|g| g.iter())
+                .chain(g_z.iter().flat_map(|g| g.iter()))
+                .all(|v| v.is_finite());
+            if !finite {
+                return Err(GpError::Diverged("non-finite SVGP ELBO gradient".into()));
+            }
+            if let Some(g) = g_theta {
                 adam.ascend(&mut theta, &g);
                 theta[np] = theta[np].max(1e-6f64.ln());
                 self.kernel.set_params(&theta.as_slice()[..np])?;
                 self.noise_variance = theta[np].exp();
+            }
+            if let Some(g) = g_z {
+                adam_z.ascend(&mut zvec, &DVector::from_column_slice(g.as_slice()));
+                self.z.copy_from_slice(zvec.as_slice());
             }
         }
         self.elbo(x, y)

@@ -286,6 +286,95 @@ fn svgp_elbo_gradient_matches_finite_differences() {
 }
 
 #[test]
+fn svgp_inducing_gradient_matches_finite_differences() {
+    // Every kernel with an input gradient. The linear kernel alone has a rank-2 K_mm for five
+    // points in 2-d (then the jitter, not the model, moves with Z), so it enters plus an RBF:
+    // there ∂k(z, z)/∂z ≠ 0 exercises the diagonal of K_mm.
+    let mut r = rng(15);
+    let x = rand_uniform(25, 2, -2.0, 2.0, &mut r);
+    let y = randn_vec(25, &mut r);
+    let z = rand_uniform(5, 2, -2.0, 2.0, &mut r);
+    for (name, k) in zoo() {
+        let k = if name == "linear" { k + Rbf::new(0.5, 0.9).unwrap().boxed() } else { k };
+        let mut svgp = Svgp::new(k.clone(), PriorMean::Constant(0.1), 0.3, z.clone()).unwrap();
+        svgp.natural_gradient_step(&x.rows(0, 10).into_owned(), &y.rows(0, 10).into_owned(), 25, 0.6)
+            .unwrap();
+        let batch = (x.rows(8, 12).into_owned(), y.rows(8, 12).into_owned());
+        let analytic = svgp.elbo_gradient_inducing(&batch.0, &batch.1, 25).unwrap();
+        let numeric = fd_gradient(
+            |zv| {
+                let mut s = svgp.clone();
+                s.set_inducing_points(DMatrix::from_column_slice(5, 2, zv)).unwrap();
+                s.minibatch_elbo(&batch.0, &batch.1, 25).unwrap()
+            },
+            z.as_slice(),
+            1e-6,
+        );
+        let scale = numeric.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        for (i, (a, n)) in analytic.as_slice().iter().zip(&numeric).enumerate() {
+            assert!((a - n).abs() <= 1e-5 * scale, "{name} z entry {i}: {a} vs {n}");
+        }
+    }
+}
+
+#[test]
+fn learned_inducing_points_tighten_the_collapsed_bound() {
+    // Six inducing points bunched at one end of the data: the optimal q(u) for them explains
+    // little, and moving Z (kernel fixed) must raise the collapsed bound and bring the
+    // predictive towards the exact GP's.
+    let mut r = rng(16);
+    let n = 300;
+    let x = rand_uniform(n, 1, -3.0, 3.0, &mut r);
+    let y = DVector::from_fn(n, |i, _| (2.0 * x[(i, 0)]).sin() + 0.1 * randn_vec(1, &mut r)[0]);
+    let k = Rbf::new(1.0, 0.6).unwrap();
+    let s2 = 0.01;
+    let z0 = DMatrix::from_fn(6, 1, |i, _| -3.0 + 0.1 * i as f64);
+    let mut fixed = Svgp::new(k.clone(), PriorMean::Zero, s2, z0.clone()).unwrap();
+    fixed.set_optimal_variational(&x, &y).unwrap();
+    let fixed_bound = fixed.elbo(&x, &y).unwrap();
+    let mut learned = Svgp::new(k.clone(), PriorMean::Zero, s2, z0.clone()).unwrap();
+    let cfg = SvgpConfig {
+        batch_size: n,
+        iterations: 400,
+        natural_step: 1.0,
+        learning_rate: 0.05,
+        learn_hyperparameters: false,
+        learn_inducing_points: true,
+        seed: 3,
+    };
+    learned.train(&x, &y, &cfg).unwrap();
+    learned.set_optimal_variational(&x, &y).unwrap();
+    let learned_bound = learned.elbo(&x, &y).unwrap();
+    let exact = ExactGp::fit(
+        k,
+        PriorMean::Zero,
+        Noise::Homoscedastic(s2),
+        &x,
+        &DMatrix::from_column_slice(n, 1, y.as_slice()),
+    )
+    .unwrap();
+    let lml = exact.log_marginal_likelihood();
+    assert!(fixed_bound < learned_bound && learned_bound <= lml, "{fixed_bound} < {learned_bound} ≤ {lml}");
+    assert!(learned_bound - fixed_bound > 1000.0, "{fixed_bound} → {learned_bound}");
+    let spread = learned
+        .inducing_points()
+        .column(0)
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    assert!(spread.0 < -1.5 && spread.1 > 1.5, "Z spread over the data: {spread:?}");
+    let xs = DMatrix::from_fn(13, 1, |i, _| -3.0 + 0.5 * i as f64);
+    let (pe, pl, pf) =
+        (exact.predict(&xs).unwrap(), learned.predict(&xs).unwrap(), fixed.predict(&xs).unwrap());
+    let err = |p: &fspace_core::FunctionPredictive| (&p.mean - &pe.mean).norm();
+    assert!(
+        err(&pl) < 0.5 * err(&pf),
+        "mean error to the exact GP: learned {} vs fixed {}",
+        err(&pl),
+        err(&pf)
+    );
+}
+
+#[test]
 fn svgp_training_improves_the_elbo() {
     let mut r = rng(14);
     let x = rand_uniform(600, 1, -4.0, 4.0, &mut r);
@@ -339,6 +428,18 @@ fn bad_input_is_a_typed_error() {
         "more inducing points than data"
     );
     assert!(Svgp::new(k.clone(), PriorMean::Zero, 0.0, x.clone()).is_err());
+    // Learning Z with a kernel that has no input gradient is refused before any step.
+    let mut opaque =
+        Svgp::new(NoInputGradient(k.clone()), PriorMean::Zero, 0.1, x.rows(0, 2).into_owned()).unwrap();
+    let before = opaque.inducing_points().clone();
+    let cfg = SvgpConfig { learn_inducing_points: true, iterations: 5, ..Default::default() };
+    assert!(matches!(
+        opaque.train(&x, &y.column(0).into_owned(), &cfg),
+        Err(GpError::Kernel(KernelError::Unsupported(_)))
+    ));
+    assert_eq!(opaque.inducing_points(), &before);
+    assert!(svgp.set_inducing_points(DMatrix::zeros(2, 1)).is_err());
+    assert!(svgp.set_inducing_points(DMatrix::from_element(5, 1, f64::NAN)).is_err());
     let cfg = FitConfig { restarts: 0, ..Default::default() };
     assert!(fit_hyperparameters(&k, &PriorMean::Zero, 0.1, &x, &y, &cfg).is_err());
     let cfg = FitConfig { batch_size: Some(10), ..Default::default() };
@@ -414,4 +515,38 @@ fn sparse_dirichlet_gp_classifies_and_rejects_bad_input() {
     assert!(SparseDirichletGp::fit(k.clone(), DMatrix::zeros(4, 3), &x, &labels, 3, 0.01).is_err());
     assert!(SparseDirichletGp::fit(k.clone(), z.clone(), &x, &labels, 3, 0.0).is_err());
     assert!(gp.predict(&DMatrix::zeros(2, 3)).is_err());
+}
+
+/// A user kernel without an input gradient (the trait's default `eval_grad_x`).
+#[derive(Debug, Clone)]
+struct NoInputGradient(Rbf);
+
+impl KernelBase for NoInputGradient {
+    fn input_dim(&self) -> Option<usize> {
+        self.0.input_dim()
+    }
+    fn n_params(&self) -> usize {
+        self.0.n_params()
+    }
+    fn params(&self) -> Vec<f64> {
+        self.0.params()
+    }
+    fn param_names(&self) -> Vec<String> {
+        self.0.param_names()
+    }
+    fn set_params(&mut self, p: &[f64]) -> std::result::Result<(), KernelError> {
+        self.0.set_params(p)
+    }
+}
+
+impl Kernel for NoInputGradient {
+    fn eval(&self, x: &[f64], y: &[f64]) -> f64 {
+        self.0.eval(x, y)
+    }
+    fn eval_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
+        self.0.eval_grad(x, y, out)
+    }
+    fn clone_box(&self) -> Box<dyn Kernel> {
+        Box::new(self.clone())
+    }
 }

@@ -52,6 +52,10 @@ impl Kernel for Linear {
     fn eval_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
         out[0] = self.eval(x, y);
     }
+    fn eval_grad_x(&self, x: &[f64], y: &[f64], out: &mut [f64]) -> Result<()> {
+        out[..x.len()].iter_mut().zip(y).for_each(|(o, b)| *o = self.variance * b);
+        Ok(())
+    }
     fn clone_box(&self) -> Box<dyn Kernel> {
         Box::new(self.clone())
     }
@@ -73,6 +77,10 @@ impl Kernel for Constant {
     }
     fn eval_grad(&self, _x: &[f64], _y: &[f64], out: &mut [f64]) {
         out[0] = self.variance;
+    }
+    fn eval_grad_x(&self, x: &[f64], _y: &[f64], out: &mut [f64]) -> Result<()> {
+        out[..x.len()].fill(0.0);
+        Ok(())
     }
     fn is_stationary(&self) -> bool {
         true
@@ -103,6 +111,11 @@ impl Kernel for White {
     }
     fn eval_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
         out[0] = self.eval(x, y);
+    }
+    /// `0`: the kernel is locally constant off the diagonal, and `k(x, x)` is constant on it.
+    fn eval_grad_x(&self, x: &[f64], _y: &[f64], out: &mut [f64]) -> Result<()> {
+        out[..x.len()].fill(0.0);
+        Ok(())
     }
     fn is_stationary(&self) -> bool {
         true

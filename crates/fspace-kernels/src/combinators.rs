@@ -114,6 +114,16 @@ impl Kernel for Sum {
             offset += n;
         }
     }
+    fn eval_grad_x(&self, x: &[f64], y: &[f64], out: &mut [f64]) -> Result<()> {
+        let d = x.len();
+        let mut part = vec![0.0; d];
+        out[..d].fill(0.0);
+        for k in &self.terms {
+            k.eval_grad_x(x, y, &mut part)?;
+            out[..d].iter_mut().zip(&part).for_each(|(o, p)| *o += p);
+        }
+        Ok(())
+    }
     fn is_stationary(&self) -> bool {
         self.terms.iter().all(|k| k.is_stationary())
     }
@@ -189,6 +199,19 @@ impl Kernel for Product {
             slot.iter_mut().for_each(|g| *g *= others);
             offset += n;
         }
+    }
+    fn eval_grad_x(&self, x: &[f64], y: &[f64], out: &mut [f64]) -> Result<()> {
+        // Product rule, without division (zeros are safe).
+        let d = x.len();
+        let values: Vec<f64> = self.factors.iter().map(|k| k.eval(x, y)).collect();
+        let mut part = vec![0.0; d];
+        out[..d].fill(0.0);
+        for (j, k) in self.factors.iter().enumerate() {
+            let others: f64 = values.iter().enumerate().filter(|&(i, _)| i != j).map(|(_, v)| v).product();
+            k.eval_grad_x(x, y, &mut part)?;
+            out[..d].iter_mut().zip(&part).for_each(|(o, p)| *o += others * p);
+        }
+        Ok(())
     }
     fn is_stationary(&self) -> bool {
         self.factors.iter().all(|k| k.is_stationary())
@@ -266,6 +289,11 @@ impl Kernel for Scaled {
         out[0] = self.eval(x, y);
         self.inner.eval_grad(x, y, &mut out[1..]);
         out[1..self.n_params()].iter_mut().for_each(|g| *g *= self.scale);
+    }
+    fn eval_grad_x(&self, x: &[f64], y: &[f64], out: &mut [f64]) -> Result<()> {
+        self.inner.eval_grad_x(x, y, out)?;
+        out[..x.len()].iter_mut().for_each(|g| *g *= self.scale);
+        Ok(())
     }
     fn is_stationary(&self) -> bool {
         self.inner.is_stationary()

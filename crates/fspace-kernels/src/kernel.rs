@@ -55,6 +55,17 @@ pub trait Kernel: KernelBase {
     /// `∂k(x, y)/∂θⱼ` for every log-hyperparameter `θⱼ`, written to `out[..n_params()]`.
     fn eval_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]);
 
+    /// `∂k(x, y)/∂x`, written to `out[..d]` (`d = x.len()`); by symmetry `∂k(x, y)/∂y` is
+    /// `eval_grad_x(y, x)`. Where `k` is not differentiable in `x` at `x = y` (Matérn-1/2,
+    /// white noise) the symmetric choice `0` is written, which is also the derivative of
+    /// `k(x, x)` along the diagonal. Used to learn inducing inputs. The default reports
+    /// [`KernelError::Unsupported`](crate::KernelError::Unsupported): user kernels opt in.
+    fn eval_grad_x(&self, _x: &[f64], _y: &[f64], _out: &mut [f64]) -> Result<()> {
+        Err(crate::KernelError::Unsupported(
+            "this kernel has no input gradient ∂k(x, y)/∂x (implement Kernel::eval_grad_x)".into(),
+        ))
+    }
+
     /// Whether `k(x, y)` depends on `x − y` only.
     fn is_stationary(&self) -> bool {
         false
@@ -236,6 +247,7 @@ macro_rules! forward_kernel {
         impl<K: Kernel + ?Sized> Kernel for $wrapper {
             fn eval(&self, x: &[f64], y: &[f64]) -> f64 { (**self).eval(x, y) }
             fn eval_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) { (**self).eval_grad(x, y, out) }
+            fn eval_grad_x(&self, x: &[f64], y: &[f64], out: &mut [f64]) -> Result<()> { (**self).eval_grad_x(x, y, out) }
             fn is_stationary(&self) -> bool { (**self).is_stationary() }
             fn clone_box(&self) -> Box<dyn Kernel> { (**self).clone_box() }
             fn spec(&self) -> Option<KernelSpec> { (**self).spec() }

@@ -16,7 +16,9 @@
 //! * Gram matrices: [`gram`], [`gram_diag`], [`gram_grad`] and the matrix-free
 //!   [`GramOperator`] (a [`LinearOperator`](fspace_linalg::LinearOperator)).
 //! * Hyperparameters are a flat **log-space** vector with names (`params`, `param_names`,
-//!   `set_params`); gradients of Gram entries are analytic.
+//!   `set_params`); gradients of Gram entries are analytic, in the hyperparameters
+//!   (`eval_grad`) and in the inputs (`eval_grad_x`, `∂k(x, y)/∂x`, for learning inducing
+//!   inputs; every library scalar kernel has it, user kernels opt in).
 //! * [`KernelSpec`] / [`MatrixKernelSpec`]: serde configurations.
 //! * [`PriorMean`]: zero, constant or a closure.
 //!

@@ -101,6 +101,16 @@ impl Kernel for Periodic {
         out[1 + nl] = dperiod;
     }
 
+    fn eval_grad_x(&self, x: &[f64], y: &[f64], out: &mut [f64]) -> Result<()> {
+        // ∂k/∂xᵢ = −2k · sin(2·phaseᵢ) · (π/p)/ℓᵢ²
+        let k = self.eval(x, y);
+        let w = std::f64::consts::PI / self.period;
+        for (i, o) in out[..x.len()].iter_mut().enumerate() {
+            *o = -2.0 * k * (2.0 * w * (x[i] - y[i])).sin() * w / self.ls(i).powi(2);
+        }
+        Ok(())
+    }
+
     fn is_stationary(&self) -> bool {
         true
     }

@@ -402,6 +402,16 @@ impl<P: RadialProfile> Kernel for Stationary<P> {
         shape.iter_mut().for_each(|g| *g *= self.variance);
     }
 
+    fn eval_grad_x(&self, x: &[f64], y: &[f64], out: &mut [f64]) -> Result<()> {
+        // ∂k/∂xᵢ = σ² g'(s) · 2(xᵢ − yᵢ)/ℓᵢ²; 0 at s = 0 (every τᵢ vanishes; guards g'(0) = −∞).
+        let s = self.scaled_sq_dist(x, y);
+        let c = if s > 0.0 { 2.0 * self.variance * self.profile.d1(s) } else { 0.0 };
+        for (i, o) in out[..x.len()].iter_mut().enumerate() {
+            *o = c * (x[i] - y[i]) / self.ls(i).powi(2);
+        }
+        Ok(())
+    }
+
     fn is_stationary(&self) -> bool {
         true
     }

@@ -118,6 +118,32 @@ proptest! {
     }
 
     #[test]
+    fn input_gradients_match_finite_differences(h in hyper(), d in 1usize..4, seed in 0u64..1000) {
+        // ∂k(x, y)/∂x against central differences in x, for every kernel off the diagonal;
+        // on it, the derivative of k(x, x) along the diagonal, 2·∂k(x, x)/∂x.
+        let pts = rand_uniform(2, d, -2.0, 2.0, &mut rng(seed));
+        let (x, y): (Vec<f64>, Vec<f64>) = (pts.row(0).iter().cloned().collect(), pts.row(1).iter().cloned().collect());
+        let mut kernels = zoo(d, &h);
+        kernels.push(("mauna_loa", mauna_loa()));
+        for (name, k) in kernels {
+            let mut analytic = vec![f64::NAN; d];
+            k.eval_grad_x(&x, &y, &mut analytic).unwrap();
+            let numeric = fd_gradient(|p| k.eval(p, &y), &x, 1e-6);
+            let scale = k.eval(&x, &x).abs().max(k.eval(&y, &y).abs()).max(1e-3);
+            for i in 0..d {
+                prop_assert!((analytic[i] - numeric[i]).abs() <= 1e-6 * scale,
+                    "{} ∂/∂x[{}]: analytic {} vs fd {}", name, i, analytic[i], numeric[i]);
+            }
+            k.eval_grad_x(&x, &x, &mut analytic).unwrap();
+            let along = fd_gradient(|p| k.eval(p, p), &x, 1e-6);
+            for i in 0..d {
+                prop_assert!((2.0 * analytic[i] - along[i]).abs() <= 1e-6 * scale,
+                    "{} diagonal ∂/∂x[{}]: 2×{} vs fd {}", name, i, analytic[i], along[i]);
+            }
+        }
+    }
+
+    #[test]
     fn helmholtz_gram_is_psd(h in hyper(), n in 2usize..10, seed in 0u64..1000) {
         let x = rand_uniform(n, 2, -1.0, 1.0, &mut rng(seed));
         let hk = Helmholtz::new(

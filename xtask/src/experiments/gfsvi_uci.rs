@@ -178,10 +178,10 @@ const FULL: Budget =
     Budget { steps: 3000, m: 500, folds: 5, datasets: &["boston", "concrete", "wine", "yacht"] };
 const QUICK: Budget = Budget { steps: 300, m: 100, folds: 1, datasets: &["boston"] };
 
-/// The sets to run: the budget's, or `--sets` (any of the full run's, in the order given).
-fn selected_sets(opts: &Options, b: &Budget) -> Result<Vec<&'static str>> {
+/// The sets to run: `default`, or `--sets` (any of the full run's, in the order given).
+pub(super) fn selected_sets(opts: &Options, default: &[&'static str]) -> Result<Vec<&'static str>> {
     match &opts.sets {
-        None => Ok(b.datasets.to_vec()),
+        None => Ok(default.to_vec()),
         Some(names) => names
             .iter()
             .map(|n| {
@@ -635,7 +635,7 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
     let b = if opts.quick { &QUICK } else { &FULL };
     let folds = opts.seeds.unwrap_or(b.folds).clamp(1, 5);
     let gammas = opts.gammas.clone().unwrap_or_else(|| UCI_GAMMA_GRID.to_vec());
-    let datasets = selected_sets(opts, b)?;
+    let datasets = selected_sets(opts, b.datasets)?;
     // A unit is one method on one fold; the settings that change its numbers name the file
     // (one γ is stored as a number, as before the grid existed, so older checkpoints resume).
     let gamma_setting = if let [g] = gammas.as_slice() { json!(g) } else { json!(gammas) };

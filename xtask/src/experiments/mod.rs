@@ -45,7 +45,7 @@ pub struct Options {
     /// fixes γ; several are chosen per fold by the validation NLL; `None`: `UCI_GAMMA_GRID`,
     /// the paper's 1e-10 and 1e-6).
     pub gammas: Option<Vec<f64>>,
-    /// `--sets`: the data sets `gfsvi-uci` / `gfsvi-ood` run (`None`: all four).
+    /// `--sets`: the data sets `gfsvi-uci` / `gfsvi-ood` / `gfsvi-w2` run (`None`: all four).
     pub sets: Option<Vec<String>>,
 }
 
