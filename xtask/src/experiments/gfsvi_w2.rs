@@ -7,7 +7,8 @@
 //! jointly from the uniform distribution over the training box and the minibatch (GFSVI:
 //! 50 uniform + 450 from the batch, like FVI's default), γ = 1e-15; σ_y fixed to the GP's noise
 //! (both approximate the GP posterior of the same model); early stopping on validation NLL.
-//! SVGP: 100 inducing points, initialised at k-means centres and then learned with `q(u)` (the
+//! SVGP: 100 inducing points, initialised at k-means centres and then learned on the full
+//! training fold with `q(u)` optimal at every step, i.e. Adam on Titsias' collapsed bound (the
 //! kernel stays the exact GP's, so only `Z` and `q(u)` move; GPJax, the paper's GP library,
 //! trains inducing inputs), finished at the optimal `q(u)` for the learned `Z`. Sets: the
 //! shipped Boston, concrete, red wine, yacht (the paper's energy is in no registry); `--sets`
@@ -34,7 +35,7 @@ const METHODS: [&str; 3] = ["GFSVI", "FVI", "SVGP"];
 
 /// Named in the checkpoint settings: the SVGP column learns its inducing inputs (from k-means
 /// centres), so units stored when they stayed at the centres are not mixed in on `--resume`.
-const SVGP_PROTOCOL: &str = "learned inducing points";
+const SVGP_PROTOCOL: &str = "inducing points learned on the collapsed bound";
 
 fn paper(ds: &str) -> [(f64, f64); 3] {
     match ds {
@@ -162,13 +163,25 @@ pub fn run(opts: &Options) -> Result<()> {
                                 iterations: 2000,
                                 learn_hyperparameters: false,
                                 learn_inducing_points: true,
+                                // Full batch with ρ = 1: q(u) is optimal for Z at every step,
+                                // so Adam follows the exact gradient of Titsias' collapsed bound
+                                // (these sets have ≤ 1 600 rows). On concrete folds 1–2 this
+                                // ends 27 and 43 nats higher than minibatches of 256 with ρ = 0.2.
+                                batch_size: p.xtr.nrows(),
+                                natural_step: 1.0,
                                 seed,
                                 ..Default::default()
                             },
                         )?;
-                        // The minibatch natural-gradient iterate still jitters around the
-                        // optimum; finish at the exact optimal q(u) for these inducing points.
+                        // Finish at the exact optimal q(u) for the learned inducing points.
                         s.set_optimal_variational(&p.xtr, &p.ytr)?;
+                        // log p(y) − bound = KL(q(f) ‖ p(f | y)): how far 100 points can get.
+                        run.log(format!(
+                            "{ds} fold {}: SVGP collapsed bound {:.1}, exact log p(y) {:.1}",
+                            f + 1,
+                            s.elbo(&p.xtr, &p.ytr)?,
+                            gp.log_marginal_likelihood()
+                        ));
                         Box::new(s)
                     }
                 };
@@ -213,7 +226,7 @@ pub fn run(opts: &Options) -> Result<()> {
              Each cell: mean W2² ± std / mean W2 ± std over folds (paper in parentheses).\n\n{}\n\n\
              1 000 samples per method and test point, standardised units. The paper computes its numbers with POT \
              (`ot.emd2` on `ot.dist`, squared-Euclidean cost), i.e. most likely W2², the first number of each cell. \
-             SVGP: 100 inducing points from k-means centres, learned (Adam, 2 000 steps) with the GP's hyperparameters fixed, q(u) at its exact optimum for them. \
+             SVGP: 100 inducing points from k-means centres, learned (Adam, 2 000 full-batch steps on the collapsed bound) with the GP's hyperparameters fixed, q(u) at its exact optimum for them; the log gives the bound beside the exact log p(y). \
              Energy (the paper's fifth set) is in no package registry. {}.\n",
             markdown_table(&header, &rows),
             ck.wall_time()
