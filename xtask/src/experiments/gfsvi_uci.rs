@@ -241,6 +241,7 @@ fn optim(b: &Budget, seed: u64) -> OptimConfig {
         max_steps: b.steps,
         eval_every: 100,
         patience: 5,
+        warmup_steps: 0,
         seed,
     }
 }
@@ -522,7 +523,7 @@ pub const UCI_GAMMA: f64 = 1e-10;
 pub const UCI_GAMMA_GRID: [f64; 2] = [UCI_GAMMA, 1e-6];
 
 /// The lowest validation loss an optimisation run saw (`+∞` without one; NaN losses never win).
-fn best_validation_loss(report: &fspace_gfsvi::OptimReport) -> f64 {
+pub(super) fn best_validation_loss(report: &fspace_gfsvi::OptimReport) -> f64 {
     report.validation.iter().map(|&(_, l)| l).filter(|l| !l.is_nan()).fold(f64::INFINITY, f64::min)
 }
 
