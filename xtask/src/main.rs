@@ -2,7 +2,7 @@
 //!
 //! * `cargo xtask list` — the experiments this checkout can run.
 //! * `cargo xtask reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume]
-//!   [--gamma G[,G…]] [--sets S[,S…]]` —
+//!   [--gamma G[,G…]] [--sets S[,S…]] [--folds F[,F…]]` —
 //!   runs the named experiments (no name: the quick default suite) and writes `results/NAME/`;
 //!   `--seeds K` overrides the number of seeds of the multi-seed experiments (the image tables);
 //!   `--resume` keeps the finished units of an earlier run of the same settings and computes
@@ -10,8 +10,8 @@
 //!   `fsp-bayesopt`, `fsp-mauna-loa`:
 //!   hours on 2 cores, so a full run can span several sittings); `--gamma` sets GFSVI's and
 //!   TFSVI's regulariser in `gfsvi-uci` / `gfsvi-ood` (several values: chosen per fold by the
-//!   validation NLL; default {1e-10 (the paper's), 1e-6} chosen so) and `--sets` which of their
-//!   data sets run (also for `gfsvi-w2`).
+//!   validation NLL; default {1e-10 (the paper's), 1e-6} chosen so), `--sets` which of their
+//!   data sets run and `--folds` which of the five folds (both also for `gfsvi-w2`).
 
 use anyhow::{bail, Result};
 
@@ -31,6 +31,7 @@ fn parse(args: &[String]) -> Result<Options> {
         resume: false,
         gammas: None,
         sets: None,
+        folds: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -61,11 +62,36 @@ fn parse(args: &[String]) -> Result<Options> {
                 let v = it.next().ok_or_else(|| anyhow::anyhow!("--gamma needs a value"))?;
                 opts.gammas = Some(parse_gammas(v)?);
             }
+            "--folds" => {
+                let v = it.next().ok_or_else(|| anyhow::anyhow!("--folds needs a value"))?;
+                opts.folds = Some(parse_folds(v)?);
+            }
             flag if flag.starts_with("--") => bail!("unknown option {flag}"),
             name => opts.names.push(name.to_string()),
         }
     }
+    if opts.folds.is_some() && opts.seeds.is_some() {
+        bail!("--folds and --seeds both choose the folds of the GFSVI tables; give one");
+    }
     Ok(opts)
+}
+
+/// `--folds F[,F…]`: folds of the 5-fold CV, numbered from 1, no repeats; kept in ascending order.
+fn parse_folds(v: &str) -> Result<Vec<usize>> {
+    let mut folds = Vec::new();
+    for part in comma_list("--folds", v)? {
+        let f: usize =
+            part.parse().map_err(|e| anyhow::anyhow!("--folds {part:?} is not a fold number: {e}"))?;
+        if !(1..=5).contains(&f) {
+            bail!("--folds {part:?}: the GFSVI tables have folds 1 to 5");
+        }
+        if folds.contains(&f) {
+            bail!("--folds {v:?} names fold {f} twice");
+        }
+        folds.push(f);
+    }
+    folds.sort_unstable();
+    Ok(folds)
 }
 
 /// The items of a comma-separated `flag` value, trimmed; an empty item or a repeat is an error.
@@ -116,7 +142,7 @@ fn list() {
 /// The experiments `--gamma` applies to; naming any other with it is an error, not a silent
 /// no-op.
 const UCI_TABLE_EXPERIMENTS: [&str; 2] = ["gfsvi-uci", "gfsvi-ood"];
-/// The experiments `--sets` applies to (the GFSVI tables over the shipped UCI sets).
+/// The experiments `--sets` and `--folds` apply to (the GFSVI tables over the shipped UCI sets).
 const SET_EXPERIMENTS: [&str; 3] = ["gfsvi-uci", "gfsvi-ood", "gfsvi-w2"];
 
 fn reproduce(opts: &Options) -> Result<()> {
@@ -130,6 +156,7 @@ fn reproduce(opts: &Options) -> Result<()> {
     for (flag, given, allowed) in [
         ("--gamma", opts.gammas.is_some(), &UCI_TABLE_EXPERIMENTS[..]),
         ("--sets", opts.sets.is_some(), &SET_EXPERIMENTS[..]),
+        ("--folds", opts.folds.is_some(), &SET_EXPERIMENTS[..]),
     ] {
         if given && !only(allowed) {
             bail!("{flag} applies only to {allowed:?}; name only those experiments");
@@ -203,7 +230,7 @@ fn run() -> Result<()> {
         Some(other) => bail!("unknown task {other:?}; tasks: list, reproduce"),
         None => {
             println!(
-                "usage: cargo xtask <list | reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume] [--gamma G[,G…]] [--sets S[,S…]]>"
+                "usage: cargo xtask <list | reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume] [--gamma G[,G…]] [--sets S[,S…]] [--folds F[,F…]]>"
             );
             Ok(())
         }
@@ -226,6 +253,7 @@ mod tests {
             resume: false,
             gammas: None,
             sets: None,
+            folds: None,
         }
     }
 
@@ -262,6 +290,15 @@ mod tests {
         assert_eq!(sets("yacht, boston").unwrap(), Some(vec!["yacht".to_string(), "boston".to_string()]));
         assert!(sets("yacht,").is_err());
         assert!(sets("yacht,yacht").is_err());
+        let folds = |v: &str| parse(&["--folds".to_string(), v.to_string()]).map(|o| o.folds);
+        assert_eq!(folds("5, 4").unwrap(), Some(vec![4, 5]));
+        for bad in ["0", "6", "4,4", "x", "4,", "-1"] {
+            assert!(folds(bad).is_err(), "--folds {bad:?} was accepted");
+        }
+        let both = ["--folds", "4", "--seeds", "2"].map(String::from);
+        assert!(parse(&both).unwrap_err().to_string().contains("give one"));
+        let o = Options { names: vec!["fsp-uci".into()], folds: Some(vec![4]), ..unknown.clone() };
+        assert!(reproduce(&o).unwrap_err().to_string().contains("--folds applies only"));
         // An unknown set is named by the experiment before anything runs.
         let out = std::env::temp_dir().join(format!("fspace-xtask-sets-{}", std::process::id()));
         let o = Options {
@@ -328,19 +365,23 @@ mod tests {
 
     #[test]
     fn the_gfsvi_tables_choose_gamma_by_validation_and_resume_with_the_choice() {
-        // `--gamma` with two values on one quick yacht fold: GFSVI and TFSVI each fit once per
-        // γ, the table names the γ with the lower validation NLL in the log, every score is
-        // finite, a resume keeps every unit and choice, and another grid is refused.
+        // `--gamma` with two values on one quick yacht fold (the second, by `--folds`): GFSVI
+        // and TFSVI each fit once per γ, the table names the γ with the lower validation NLL in
+        // the log, every score is finite, a resume keeps every unit and choice, and another grid
+        // is refused.
         let out = std::env::temp_dir().join(format!("fspace-xtask-gamma-{}", std::process::id()));
         let mut opts = Options {
             gammas: Some(vec![1e-10, 1e-6]),
             sets: Some(vec!["yacht".into()]),
+            folds: Some(vec![2]),
             ..quick("gfsvi-uci", &out)
         };
         reproduce(&opts).unwrap();
         let dir = out.join("gfsvi-uci");
         let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
         let (log, table) = (read("log.txt"), read("table.md"));
+        assert!(log.contains("yacht: fold 2 (") && !log.contains("yacht: fold 1 ("), "{log}");
+        assert!(table.starts_with("# gfsvi-uci: fold 2 of 5-fold CV"), "{table}");
         let chosen = |table: &str| {
             table.split("Chosen, fold by fold: ").nth(1).unwrap().split(". ").next().unwrap().to_string()
         };
@@ -364,7 +405,7 @@ mod tests {
         }
         opts.resume = true;
         reproduce(&opts).unwrap();
-        assert!(read("log.txt").contains("yacht fold 1: every method in checkpoint.json"));
+        assert!(read("log.txt").contains("yacht fold 2: every method in checkpoint.json"));
         assert_eq!(chosen(&read("table.md")), expected.join("; "));
         opts.gammas = Some(vec![1e-6]);
         assert!(reproduce(&opts).is_err(), "a resume under another γ grid must be refused");

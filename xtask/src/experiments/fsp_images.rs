@@ -1016,6 +1016,7 @@ mod tests {
             resume: true,
             gammas: None,
             sets: None,
+            folds: None,
         })
     }
 

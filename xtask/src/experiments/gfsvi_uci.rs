@@ -178,6 +178,24 @@ const FULL: Budget =
     Budget { steps: 3000, m: 500, folds: 5, datasets: &["boston", "concrete", "wine", "yacht"] };
 const QUICK: Budget = Budget { steps: 300, m: 100, folds: 1, datasets: &["boston"] };
 
+/// The folds to run, numbered from 0: `--folds`, else the first `--seeds` (else `default`) of 5.
+pub(super) fn selected_folds(opts: &Options, default: usize) -> Vec<usize> {
+    match &opts.folds {
+        Some(folds) => folds.iter().map(|f| f - 1).collect(),
+        None => (0..opts.seeds.unwrap_or(default).clamp(1, 5)).collect(),
+    }
+}
+
+/// How a table names its folds: "3 fold(s)" for the first three, else "fold 2" or "folds 4, 5".
+pub(super) fn folds_label(folds: &[usize]) -> String {
+    let names: Vec<String> = folds.iter().map(|f| (f + 1).to_string()).collect();
+    match folds {
+        _ if folds.iter().enumerate().all(|(i, &f)| i == f) => format!("{} fold(s)", folds.len()),
+        [_] => format!("fold {}", names[0]),
+        _ => format!("folds {}", names.join(", ")),
+    }
+}
+
 /// The sets to run: `default`, or `--sets` (any of the full run's, in the order given).
 pub(super) fn selected_sets(opts: &Options, default: &[&'static str]) -> Result<Vec<&'static str>> {
     match &opts.sets {
@@ -536,7 +554,7 @@ fn gamma_key(unit: &str) -> String {
 fn gamma_footnote(
     ck: &Checkpoint,
     all: &[(&str, Vec<Vec<[f64; 4]>>)],
-    folds: usize,
+    folds: &[usize],
     gammas: &[f64],
 ) -> Result<String> {
     Ok(match gammas {
@@ -558,7 +576,7 @@ fn gamma_footnote(
             for (ds, _) in all {
                 for method in ["GFSVI", "TFSVI"] {
                     let mut chosen = Vec::new();
-                    for f in 0..folds {
+                    for &f in folds {
                         let g = ck.get_numbers(&gamma_key(&unit_key(ds, f, method)))?;
                         chosen.push(g.and_then(|v| v.first().copied()).map_or("?".into(), |g| format!("{g:e}")));
                     }
@@ -634,7 +652,7 @@ pub fn map_laplace(
 fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
     let mut run = Run::open(&opts.out, name, opts.resume)?;
     let b = if opts.quick { &QUICK } else { &FULL };
-    let folds = opts.seeds.unwrap_or(b.folds).clamp(1, 5);
+    let folds = selected_folds(opts, b.folds);
     let gammas = opts.gammas.clone().unwrap_or_else(|| UCI_GAMMA_GRID.to_vec());
     let datasets = selected_sets(opts, b.datasets)?;
     // A unit is one method on one fold; the settings that change its numbers name the file
@@ -645,8 +663,12 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
         json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": PRIOR_FIT, "map_patience": PATIENCE_EPOCHS, "laplace": format!("{LAPLACE_STRUCTURE:?}"), "gamma": gamma_setting }),
     )?;
     run.log(format!(
-        "{} fold(s) of 5 per set, ≤ {} Adam steps, M = {}, γ {:?}, sets {:?}",
-        folds, b.steps, b.m, gammas, datasets
+        "{} of 5 per set, ≤ {} Adam steps, M = {}, γ {:?}, sets {:?}",
+        folds_label(&folds),
+        b.steps,
+        b.m,
+        gammas,
+        datasets
     ));
     // Per dataset: per method, per fold [ell, mse, acc, secs].
     let mut all: Vec<(&str, Vec<Vec<[f64; 4]>>)> = Vec::new();
@@ -654,7 +676,8 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
         let data = load(ds)?;
         let splits = kfold(data.x.nrows(), 5, 0.1, &mut StdRng::seed_from_u64(opts.seed))?;
         let mut per_method = vec![Vec::new(); METHODS.len()];
-        for (f, fold) in splits.iter().take(folds).enumerate() {
+        for &f in &folds {
+            let fold = &splits[f];
             run.log(format!(
                 "{ds}: fold {} ({} train / {} validation / {} test)",
                 f + 1,
@@ -671,7 +694,7 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
         }
         all.push((ds, per_method));
         // Written after every set, so a long run leaves its finished sets behind.
-        write_tables(&mut run, &ck, name, &all, (folds, &gammas), ood_table)?;
+        write_tables(&mut run, &ck, name, &all, (&folds, &gammas), ood_table)?;
     }
     Ok(())
 }
@@ -681,7 +704,7 @@ fn write_tables(
     ck: &Checkpoint,
     name: &str,
     all: &[(&str, Vec<Vec<[f64; 4]>>)],
-    (folds, gammas): (usize, &[f64]),
+    (folds, gammas): (&[usize], &[f64]),
     ood_table: bool,
 ) -> Result<()> {
     let stat = |v: &[[f64; 4]], j: usize| {
@@ -705,8 +728,8 @@ fn write_tables(
         tables.rotate_right(1);
     }
     let mut md = format!(
-        "# {name}: {} fold(s) of 5-fold CV per set (mean ± std over folds); paper in parentheses\n\n",
-        folds
+        "# {name}: {} of 5-fold CV per set (mean ± std over folds); paper in parentheses\n\n",
+        folds_label(folds)
     );
     let mut metrics = serde_json::Map::new();
     for (j, title, higher) in tables {

@@ -28,7 +28,8 @@ use rand::SeedableRng;
 use serde_json::json;
 
 use super::gfsvi_uci::{
-    best_validation_loss, load, prepare, selected_sets, stored_fold, unit_key, PRIOR_FIT,
+    best_validation_loss, folds_label, load, prepare, selected_folds, selected_sets, stored_fold, unit_key,
+    PRIOR_FIT,
 };
 use super::{tanh_mlp, Options};
 use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
@@ -92,8 +93,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let (steps, default_sets, default_folds): (usize, &[&'static str], usize) =
         if opts.quick { (300, &["boston"], 1) } else { (3000, &["boston", "concrete", "wine", "yacht"], 5) };
     let datasets = selected_sets(opts, default_sets)?;
-    let folds = opts.seeds.unwrap_or(default_folds).clamp(1, 5);
+    let folds = selected_folds(opts, default_folds);
     let warmup = warmup_steps(steps);
+    let label = folds_label(&folds);
     // A unit is one method on one fold: [mean W2, mean W2², seconds].
     let mut ck = Checkpoint::open(
         &mut run,
@@ -101,7 +103,8 @@ pub fn run(opts: &Options) -> Result<()> {
                 "warmup_steps": warmup }),
     )?;
     run.log(format!(
-        "{folds} fold(s) per set, ≤ {steps} Adam steps (early stopping from step {warmup}), 2×100 tanh, γ = 1e-15, sets {datasets:?}"
+        "{} per set, ≤ {steps} Adam steps (early stopping from step {warmup}), 2×100 tanh, γ = 1e-15, sets {datasets:?}",
+        label
     ));
     let mut rows = Vec::new();
     let mut metrics = serde_json::Map::new();
@@ -109,7 +112,8 @@ pub fn run(opts: &Options) -> Result<()> {
         let data = load(ds)?;
         let splits = kfold(data.x.nrows(), 5, 0.1, &mut StdRng::seed_from_u64(opts.seed))?;
         let (mut per, mut per_sq) = (vec![Vec::new(); METHODS.len()], vec![Vec::new(); METHODS.len()]);
-        for (f, fold) in splits.iter().take(folds).enumerate() {
+        for &f in &folds {
+            let fold = &splits[f];
             let seed = opts.seed + f as u64;
             if let Some(stored) = stored_fold(&ck, ds, f, &METHODS)? {
                 run.log(format!("{ds} fold {}: every method in checkpoint.json (--resume)", f + 1));
@@ -251,7 +255,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let mut header = vec!["dataset"];
         header.extend(METHODS);
         run.write_table(&format!(
-            "# gfsvi-w2 (Table 2): per-point distance to the exact GP posterior (lower is better); {folds} fold(s)\n\n\
+            "# gfsvi-w2 (Table 2): per-point distance to the exact GP posterior (lower is better); {label}\n\n\
              Each cell: mean W2² ± std / mean W2 ± std over folds (paper in parentheses).\n\n{}\n\n\
              1 000 samples per method and test point, standardised units. GFSVI and FVI: early stopping on validation NLL (every 100 steps, patience 5) counts from step {warmup} of {steps}. The paper computes its numbers with POT \
              (`ot.emd2` on `ot.dist`, squared-Euclidean cost), i.e. most likely W2², the first number of each cell. \

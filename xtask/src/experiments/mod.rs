@@ -47,6 +47,8 @@ pub struct Options {
     pub gammas: Option<Vec<f64>>,
     /// `--sets`: the data sets `gfsvi-uci` / `gfsvi-ood` / `gfsvi-w2` run (`None`: all four).
     pub sets: Option<Vec<String>>,
+    /// `--folds`: the folds (1–5, ascending) those three run (`None`: the first `--seeds`, or all).
+    pub folds: Option<Vec<usize>>,
 }
 
 /// An experiment the harness can run.
