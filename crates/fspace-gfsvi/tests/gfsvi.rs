@@ -517,7 +517,6 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
             max_steps: 600,
             eval_every: 50,
             patience: 4,
-            warmup_steps: 0,
             seed: 1,
         },
         ..FviConfig::default()

@@ -355,7 +355,6 @@ fn surrogate(
                     max_steps: steps,
                     eval_every: steps,
                     patience: usize::MAX,
-                    warmup_steps: 0,
                     seed: seed + it as u64,
                 },
                 ..Default::default()

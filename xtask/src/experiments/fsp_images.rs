@@ -679,7 +679,6 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                     max_steps: budget.fvi_epochs * steps_per_epoch,
                     eval_every: steps_per_epoch.div_ceil(2),
                     patience: 2,
-                    warmup_steps: 0,
                     seed,
                 },
                 ..FviConfig::default()

@@ -203,7 +203,6 @@ pub fn run(opts: &Options) -> Result<()> {
                             max_steps: fvi_steps,
                             eval_every: fvi_steps,
                             patience: usize::MAX,
-                            warmup_steps: 0,
                             seed,
                         },
                         ..Default::default()

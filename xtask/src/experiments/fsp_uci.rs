@@ -180,7 +180,6 @@ fn run_fold(
                         max_steps: b.fvi_steps,
                         eval_every: 100,
                         patience: 5,
-                        warmup_steps: 0,
                         seed,
                     },
                     ..Default::default()

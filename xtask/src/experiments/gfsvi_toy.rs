@@ -141,7 +141,6 @@ fn optim(b: &Budget, seed: u64) -> OptimConfig {
         max_steps: b.steps,
         eval_every: 500,
         patience: 0,
-        warmup_steps: 0,
         seed,
     }
 }

@@ -259,7 +259,6 @@ fn optim(b: &Budget, seed: u64) -> OptimConfig {
         max_steps: b.steps,
         eval_every: 100,
         patience: 5,
-        warmup_steps: 0,
         seed,
     }
 }
