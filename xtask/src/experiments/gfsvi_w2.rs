@@ -6,13 +6,14 @@
 //! GFSVI and FVI: 2×100 tanh, the same learning rate (1e-3) and measurement points sampled
 //! jointly from the uniform distribution over the training box and the minibatch (GFSVI:
 //! 50 uniform + 450 from the batch, like FVI's default), γ = 1e-15; σ_y fixed to the GP's noise
-//! (both approximate the GP posterior of the same model); early stopping on validation NLL.
+//! (both approximate the GP posterior of the same model); 3 000 steps, the state with the best
+//! validation NLL kept ([`PATIENCE`]).
 //! SVGP: 100 inducing points, initialised at k-means centres and then learned on the full
 //! training fold with `q(u)` optimal at every step, i.e. Adam on Titsias' collapsed bound (the
 //! kernel stays the exact GP's, so only `Z` and `q(u)` move; GPJax, the paper's GP library,
 //! trains inducing inputs), finished at the optimal `q(u)` for the learned `Z`. Sets: the
 //! shipped Boston, concrete, red wine, yacht (the paper's energy is in no registry); `--sets`
-//! runs a subset.
+//! and `--folds` run a subset.
 
 use std::time::Instant;
 
