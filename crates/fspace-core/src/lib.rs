@@ -2,8 +2,11 @@
 //!
 //! The contracts every inference method shares:
 //!
-//! * [`Likelihood`]s in function space — [`Gaussian`], [`Bernoulli`], [`Categorical`] — with
-//!   NLL, gradient and per-point Hessian blocks (the `H` of the GGN `Σᵢ Jᵢᵀ Hᵢ Jᵢ`).
+//! * [`LikelihoodSpec`], the one serialisable likelihood description every method takes, and
+//!   the [`Likelihood`]s it builds — [`Gaussian`], [`IsotropicGaussian`], [`Bernoulli`],
+//!   [`Categorical`], [`HeteroscedasticGaussian`] — with NLL, gradient and per-point curvature
+//!   blocks (the `H` of the GGN `Σᵢ Jᵢᵀ Hᵢ Jᵢ`).
+//! * [`Persist`]: versioned JSON save/load that every fitted posterior implements.
 //! * The [`Posterior`] trait: predictive mean and marginal variance of `f`, joint covariance
 //!   for small sets, seeded function samples; [`class_probabilities`] by Monte Carlo, probit or
 //!   Laplace bridge; Gaussian `y`-predictives via [`Gaussian::predictive`].
@@ -15,12 +18,17 @@
 
 pub mod error;
 pub mod likelihood;
+pub mod persist;
 pub mod posterior;
+pub mod spec;
 pub mod training;
 
-pub use error::{CoreError, Result};
+pub use error::{CoreError, MethodError, Result};
 pub use likelihood::{
-    logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, IsotropicGaussian, Likelihood,
+    logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian,
+    IsotropicGaussian, Likelihood,
 };
+pub use persist::{Persist, PersistError};
 pub use posterior::{class_probabilities, sample_gaussian, ClassProbMethod, FunctionPredictive, Posterior};
+pub use spec::LikelihoodSpec;
 pub use training::{Adam, EarlyStopping, Minibatches, StopDecision};

@@ -11,9 +11,14 @@
 //! | [`Gaussian`] | 1 | real | `½log 2πσ² + (y − f)²/2σ²` | `(f − y)/σ²` | `1/σ²` |
 //! | [`Bernoulli`] | 1 | 0 / 1 | `log(1 + eᶠ) − y f` | `s(f) − y` | `s(1 − s)` |
 //! | [`Categorical`] | C | 0..C | `logsumexp(f) − f_y` | `softmax(f) − e_y` | `diag(p) − ppᵀ` |
+//! | [`HeteroscedasticGaussian`] | 2 | real | `½log 2π + ½η + (y − μ)²/2eᶯ` | `((μ − y)e⁻ᶯ, ½ − (y − μ)²/2eᶯ)` | Fisher `diag(e⁻ᶯ, ½)` |
 //!
-//! The trait is open: a heteroscedastic Gaussian (`d' = 2`: mean and log-variance) is a new
-//! implementation, not a change to this one.
+//! For the first four the Hessian is the Fisher (canonical links). The heteroscedastic
+//! Gaussian's exact Hessian in `(μ, η = log σ²)` is indefinite wherever `y ≠ μ`, so its
+//! curvature block is the Fisher information — its expectation over `y` — which is what the
+//! Laplace family needs (a PSD GGN). The trait is open: a new likelihood is a new
+//! implementation; [`LikelihoodSpec`](crate::LikelihoodSpec) is the serialisable description
+//! every method takes.
 
 use nalgebra::{DMatrix, DVector};
 
@@ -348,6 +353,70 @@ impl Likelihood for Categorical {
                 let p = DVector::from_vec(softmax(&f.row(i).iter().cloned().collect::<Vec<_>>()));
                 DMatrix::from_diagonal(&p) - &p * p.transpose()
             })
+            .collect())
+    }
+}
+
+/// Heteroscedastic regression: the model outputs a mean `μ` and a log-variance `η = log σ²`
+/// per point (`d' = 2`, column 0 is `μ`, column 1 is `η`), and `y ~ N(μ, eᶯ)`.
+///
+/// [`nll_hessian`](Likelihood::nll_hessian) returns the Fisher information
+/// `diag(e⁻ᶯ, ½)` — the expected Hessian — rather than the exact Hessian
+/// `[[e⁻ᶯ, (y − μ)e⁻ᶯ], [(y − μ)e⁻ᶯ, (y − μ)²/2eᶯ]]`, whose determinant
+/// `−(y − μ)²e⁻²ᶯ/2` makes it indefinite whenever `y ≠ μ`. It has no learnable parameters: the
+/// noise is part of the network.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HeteroscedasticGaussian;
+
+impl HeteroscedasticGaussian {
+    /// The predictive of `y` when `μ ~ N(m_μ, v_μ)` and `η ~ N(m_η, v_η)` independently:
+    /// mean `m_μ`, variance `v_μ + E[eᶯ] = v_μ + exp(m_η + v_η/2)` (per point).
+    pub fn predictive(
+        &self,
+        mean: &DMatrix<f64>,
+        var: &DMatrix<f64>,
+    ) -> Result<(DVector<f64>, DVector<f64>)> {
+        ensure_dim("heteroscedastic predictive: mean columns (μ, η)", 2, mean.ncols())?;
+        ensure_dim("heteroscedastic predictive: variance columns", 2, var.ncols())?;
+        ensure_dim("heteroscedastic predictive: variance rows", mean.nrows(), var.nrows())?;
+        ensure_finite("predictive mean/variance", mean.iter().chain(var.iter()))?;
+        let m = DVector::from_fn(mean.nrows(), |i, _| mean[(i, 0)]);
+        let v = DVector::from_fn(mean.nrows(), |i, _| var[(i, 0)] + (mean[(i, 1)] + 0.5 * var[(i, 1)]).exp());
+        Ok((m, v))
+    }
+}
+
+impl Likelihood for HeteroscedasticGaussian {
+    fn output_dim(&self) -> usize {
+        2
+    }
+    fn check_targets(&self, y: &DVector<f64>) -> Result<()> {
+        ensure_finite("regression targets", y.iter())
+    }
+    fn nll(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
+        check_f(self, f, y)?;
+        let c = 0.5 * std::f64::consts::TAU.ln();
+        Ok((0..y.len())
+            .map(|i| {
+                let (mu, eta) = (f[(i, 0)], f[(i, 1)]);
+                c + 0.5 * eta + 0.5 * (y[i] - mu).powi(2) * (-eta).exp()
+            })
+            .sum())
+    }
+    fn nll_grad(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<DMatrix<f64>> {
+        check_f(self, f, y)?;
+        let mut g = DMatrix::zeros(y.len(), 2);
+        for i in 0..y.len() {
+            let (r, prec) = (f[(i, 0)] - y[i], (-f[(i, 1)]).exp());
+            g[(i, 0)] = r * prec;
+            g[(i, 1)] = 0.5 - 0.5 * r * r * prec;
+        }
+        Ok(g)
+    }
+    fn nll_hessian(&self, f: &DMatrix<f64>, y: &DVector<f64>) -> Result<Vec<DMatrix<f64>>> {
+        check_f(self, f, y)?;
+        Ok((0..y.len())
+            .map(|i| DMatrix::from_diagonal(&DVector::from_vec(vec![(-f[(i, 1)]).exp(), 0.5])))
             .collect())
     }
 }
