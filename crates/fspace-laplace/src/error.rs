@@ -65,9 +65,6 @@ pub enum LaplaceError {
         /// Which input.
         what: &'static str,
     },
-    /// Reading or writing a saved posterior failed.
-    #[error("saved posterior: {0}")]
-    Io(String),
 }
 
 /// Result alias of this crate.

@@ -8,7 +8,7 @@
 //! `Σ⁻¹ = T · C + Λ`,  `C ≈ GGN = Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`,
 //!
 //! where `Hᵢ = ∂²(−log p(yᵢ | f))/∂f²` at `f(xᵢ; w*)`, `T` is the temperature of the generalised
-//! posterior (`T = 1`: the ordinary Laplace; Generalized Laplace paper eq. 16) and `Λ = diag(λ)`
+//! posterior (`T = 1`: the ordinary Laplace; Generalized Laplace paper eq. 21) and `Λ = diag(λ)`
 //! the prior precision (one λ, or one per layer). Structures ([`Structure`]):
 //!
 //! | structure | `C` | memory |
@@ -51,6 +51,4 @@ pub use curvature::{
 };
 pub use error::{LaplaceError, Result};
 pub use fit::{BlockDiagConfig, FitReport, FullConfig, LastLayerConfig, LowRankConfig, Structure};
-pub use posterior::{
-    fit, LaplaceConfig, LaplacePosterior, LikelihoodKind, MarglikConfig, Predictive, PriorPrecision,
-};
+pub use posterior::{fit, LaplaceConfig, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision};

@@ -1,12 +1,11 @@
 //! The fitted Laplace posterior: GLM and nonlinear predictives, the marginal likelihood and
 //! its optimisation, grid searches, sampling, save/load.
 
-use std::path::Path;
 use std::time::Instant;
 
 use fspace_core::{
-    class_probabilities, Bernoulli, Categorical, ClassProbMethod, CoreError, FunctionPredictive, Gaussian,
-    IsotropicGaussian, Likelihood, Posterior,
+    class_probabilities, ClassProbMethod, CoreError, FunctionPredictive, HeteroscedasticGaussian, Likelihood,
+    LikelihoodSpec, Persist, Posterior,
 };
 use fspace_nn::{LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
@@ -18,44 +17,6 @@ use serde::{Deserialize, Serialize};
 use crate::curvature::{Curvature, CurvatureApprox};
 use crate::error::{ensure_positive, LaplaceError, Result};
 use crate::fit::{build, data_for, FitReport, Structure};
-
-/// The likelihood of the model (laplace-torch's `likelihood`), with its parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum LikelihoodKind {
-    /// Gaussian regression with noise standard deviation `sigma` (learned with the MAP, e.g.
-    /// `TrainConfig::learn_likelihood`, or given).
-    Gaussian {
-        /// Noise standard deviation σ.
-        sigma: f64,
-    },
-    /// Vector-valued regression (`d'` outputs per point, targets point-major) with one noise
-    /// standard deviation `sigma` (the Helmholtz velocity field).
-    IsotropicGaussian {
-        /// Noise standard deviation σ.
-        sigma: f64,
-        /// Outputs `d'`.
-        outputs: usize,
-    },
-    /// Binary classification with one logit.
-    Bernoulli,
-    /// Multi-class classification with `classes` logits.
-    Categorical {
-        /// Number of classes.
-        classes: usize,
-    },
-}
-
-impl LikelihoodKind {
-    /// The `fspace_core` likelihood.
-    pub fn build(&self) -> Result<Box<dyn Likelihood>> {
-        Ok(match *self {
-            Self::Gaussian { sigma } => Box::new(Gaussian::new(sigma)?),
-            Self::IsotropicGaussian { sigma, outputs } => Box::new(IsotropicGaussian::new(sigma, outputs)?),
-            Self::Bernoulli => Box::new(Bernoulli),
-            Self::Categorical { classes } => Box::new(Categorical::new(classes)?),
-        })
-    }
-}
 
 /// The prior precision λ of `N(0, λ⁻¹ I)` on the weights: one value, or one per layer (in
 /// [`Network::layer_infos`] order).
@@ -131,7 +92,7 @@ impl Default for LaplaceConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LaplacePosterior<N> {
     net: N,
-    likelihood: LikelihoodKind,
+    likelihood: LikelihoodSpec,
     curvature: Curvature,
     /// Flat network index of each curvature coordinate.
     indices: Vec<usize>,
@@ -197,7 +158,7 @@ fn forward_chunked<N: Network>(net: &N, x: &DMatrix<f64>, chunk: usize) -> Resul
 /// Fits the Laplace approximation around `net`'s current (MAP) weights on `(x, y)`.
 pub fn fit<N: Network>(
     net: N,
-    likelihood: LikelihoodKind,
+    likelihood: LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     config: &LaplaceConfig,
@@ -312,11 +273,16 @@ impl<N: Network> LaplacePosterior<N> {
         &self.net
     }
     /// The likelihood.
-    pub fn likelihood(&self) -> &LikelihoodKind {
+    pub fn likelihood(&self) -> &LikelihoodSpec {
         &self.likelihood
     }
     fn is_regression(&self) -> bool {
-        matches!(self.likelihood, LikelihoodKind::Gaussian { .. } | LikelihoodKind::IsotropicGaussian { .. })
+        matches!(
+            self.likelihood,
+            LikelihoodSpec::Gaussian { .. }
+                | LikelihoodSpec::IsotropicGaussian { .. }
+                | LikelihoodSpec::HeteroscedasticGaussian
+        )
     }
     /// The fitted curvature.
     pub fn curvature(&self) -> &Curvature {
@@ -582,16 +548,27 @@ impl<N: Network> LaplacePosterior<N> {
         Ok(FunctionPredictive::new(mean, var)?)
     }
 
-    /// Gaussian regression: the predictive of `y` (`f`'s variance plus σ²).
+    /// Regression: the predictive of `y` — `f`'s variance plus σ² for the Gaussian
+    /// likelihoods; for the heteroscedastic Gaussian one column, the mean output's mean and
+    /// its variance plus `E[e^η] = exp(m_η + v_η/2)` under the predictive of the log-variance
+    /// output. Classification likelihoods get `f`'s predictive unchanged.
     pub fn predict_y(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive>
     where
         N: Clone,
     {
         let mut p = Posterior::predict(self, x).map_err(LaplaceError::Core)?;
-        if let LikelihoodKind::Gaussian { sigma } | LikelihoodKind::IsotropicGaussian { sigma, .. } =
-            self.likelihood
-        {
-            p.var.add_scalar_mut(sigma * sigma);
+        match self.likelihood {
+            LikelihoodSpec::Gaussian { sigma, .. } | LikelihoodSpec::IsotropicGaussian { sigma, .. } => {
+                p.var.add_scalar_mut(sigma * sigma);
+            }
+            LikelihoodSpec::HeteroscedasticGaussian => {
+                let (m, v) = HeteroscedasticGaussian.predictive(&p.mean, &p.var)?;
+                p = FunctionPredictive::new(
+                    DMatrix::from_column_slice(m.len(), 1, m.as_slice()),
+                    DMatrix::from_column_slice(v.len(), 1, v.as_slice()),
+                )?;
+            }
+            _ => {}
         }
         Ok(p)
     }
@@ -648,7 +625,9 @@ impl<N: Network> LaplacePosterior<N> {
             return Err(LaplaceError::Empty { what: "validation inputs" });
         }
         match self.likelihood {
-            LikelihoodKind::Gaussian { .. } | LikelihoodKind::IsotropicGaussian { .. } => {
+            LikelihoodSpec::Gaussian { .. }
+            | LikelihoodSpec::IsotropicGaussian { .. }
+            | LikelihoodSpec::HeteroscedasticGaussian => {
                 let p = self.predict_y(x)?;
                 let q = p.mean.ncols();
                 if y.len() != x.nrows() * q {
@@ -750,19 +729,10 @@ impl<N: Network> LaplacePosterior<N> {
     }
 }
 
-impl<N: Network + Serialize + DeserializeOwned> LaplacePosterior<N> {
-    /// Writes the posterior (network, curvature, λ, T, predictive) as JSON.
-    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        let s = serde_json::to_string(self).map_err(|e| LaplaceError::Io(e.to_string()))?;
-        std::fs::write(path.as_ref(), s)
-            .map_err(|e| LaplaceError::Io(format!("{}: {e}", path.as_ref().display())))
-    }
-    /// Reads a posterior written by [`save`](Self::save).
-    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
-        let s = std::fs::read_to_string(path.as_ref())
-            .map_err(|e| LaplaceError::Io(format!("{}: {e}", path.as_ref().display())))?;
-        serde_json::from_str(&s).map_err(|e| LaplaceError::Io(e.to_string()))
-    }
+/// Saves the network, the likelihood, the curvature, λ, `T` and the predictive mode.
+impl<N: Network + Serialize + DeserializeOwned> Persist for LaplacePosterior<N> {
+    const KIND: &'static str = "fspace_laplace::LaplacePosterior";
+    const VERSION: u32 = 2;
 }
 
 /// Sample mean and (biased) variance of function draws, summed in draw order.
@@ -778,7 +748,7 @@ pub(crate) fn moments(draws: &[DMatrix<f64>]) -> (DMatrix<f64>, DMatrix<f64>) {
 fn core_err(e: LaplaceError) -> CoreError {
     match e {
         LaplaceError::Core(c) => c,
-        other => CoreError::InvalidParameter { what: "Laplace posterior", reason: other.to_string() },
+        other => CoreError::method("Laplace posterior", other),
     }
 }
 

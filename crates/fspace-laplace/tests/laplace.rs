@@ -3,9 +3,10 @@
 //! log-determinants, dense `J Σ Jᵀ`, and sample moments.
 
 use fspace_core::{ClassProbMethod, Likelihood, Posterior};
+use fspace_core::{LikelihoodSpec, Persist};
 use fspace_laplace::{
-    fit, CurvatureApprox, FullConfig, LaplaceConfig, LaplaceError, LaplacePosterior, LikelihoodKind,
-    LowRankConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
+    fit, CurvatureApprox, FullConfig, LaplaceConfig, LaplaceError, LaplacePosterior, LowRankConfig,
+    MarglikConfig, Predictive, PriorPrecision, Structure,
 };
 use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, HelmholtzNet, Mlp, MlpConfig, Network};
 use fspace_testutil::{rel_frob, rng};
@@ -56,7 +57,7 @@ fn config(structure: Structure) -> LaplaceConfig {
 
 fn fit_with<N: Network>(
     net: N,
-    lik: LikelihoodKind,
+    lik: LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     s: Structure,
@@ -97,7 +98,7 @@ fn diag_block_diag_full_and_last_layer_equal_the_dense_ggn() {
     // Two outputs, categorical: Hᵢ is a full 2 × 2 block, so the whitening by Lᵢ matters.
     let net = mlp(2, vec![4, 3], 3, 1);
     let (x, y) = classification(7, 2, 3, 2);
-    let lik = LikelihoodKind::Categorical { classes: 3 };
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
     let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
     let scale = ggn.norm();
 
@@ -145,7 +146,7 @@ fn diag_block_diag_full_and_last_layer_equal_the_dense_ggn() {
 #[test]
 fn kfac_is_exact_for_one_point_and_ekfac_matches_the_ggn_in_its_eigenbasis() {
     let net = mlp(3, vec![5, 4], 2, 5);
-    let lik = LikelihoodKind::Categorical { classes: 2 };
+    let lik = LikelihoodSpec::Categorical { classes: 2 };
     // One point: every layer block of the GGN is exactly G ⊗ A.
     let (x1, y1) = classification(1, 3, 2, 6);
     let ggn1 = dense_ggn(&net, lik.build().unwrap().as_ref(), &x1, &y1);
@@ -207,7 +208,7 @@ fn tiny_cnn(seed: u64) -> Cnn {
 fn cnn_statistics_give_the_exact_jacobian_blocks_diagonal_and_ekfac() {
     let net = tiny_cnn(1);
     let (x, y) = classification(4, 36, 3, 8);
-    let lik = LikelihoodKind::Categorical { classes: 3 };
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
     // Σ_t δ_t ã_tᵀ for unit cotangents = the Jacobian rows of the layer (KFC's ingredients).
     let jac = net.jacobian(&x).unwrap();
     let eye = vec![DMatrix::identity(3, 3); 4];
@@ -264,7 +265,7 @@ fn cnn_kfc_is_exact_for_one_image_with_one_output_position() {
     })
     .unwrap();
     let (x, y) = classification(1, 18, 2, 9);
-    let lik = LikelihoodKind::Categorical { classes: 2 };
+    let lik = LikelihoodSpec::Categorical { classes: 2 };
     let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
     let post = fit_with(net.clone(), lik, &x, &y, Structure::Kfac);
     let dense = post.curvature().to_dense();
@@ -282,7 +283,7 @@ fn cnn_kfc_is_exact_for_one_image_with_one_output_position() {
 /// layer statistics (`cache`) or streamed JVP/VJP.
 fn check_low_rank<N: Network + Clone>(
     net: &N,
-    lik: &LikelihoodKind,
+    lik: &LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     ks: &[usize],
@@ -316,13 +317,13 @@ fn check_low_rank<N: Network + Clone>(
 fn low_rank_top_k_equals_dense_eigh() {
     let net = mlp(2, vec![8, 8], 1, 11);
     let (x, y) = regression(30, 2, 12);
-    let lik = LikelihoodKind::Gaussian { sigma: 0.3 };
+    let lik = LikelihoodSpec::gaussian(0.3);
     for cache in [true, false] {
         check_low_rank(&net, &lik, &x, &y, &[1, 5, 12], cache);
     }
     // Several cotangent columns per example (categorical) and a CNN (several positions).
     let (xc, yc) = classification(20, 2, 3, 30);
-    let cat = LikelihoodKind::Categorical { classes: 3 };
+    let cat = LikelihoodSpec::Categorical { classes: 3 };
     check_low_rank(&mlp(2, vec![6], 3, 31), &cat, &xc, &yc, &[4, 9], true);
     let (xi, yi) = classification(4, 36, 3, 32);
     check_low_rank(&tiny_cnn(33), &cat, &xi, &yi, &[3, 6], true);
@@ -361,7 +362,7 @@ fn per_coordinate(post: &LaplacePosterior<Mlp>, per_layer: &[f64]) -> Vec<f64> {
 fn marginal_likelihood_and_its_optimum_equal_a_dense_evaluation() {
     let net = mlp(1, vec![6, 6], 1, 13);
     let (x, y) = regression(25, 1, 14);
-    let lik = LikelihoodKind::Gaussian { sigma: 0.2 };
+    let lik = LikelihoodSpec::gaussian(0.2);
     for s in every_structure(10) {
         let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
         let name = post.curvature().name();
@@ -437,7 +438,7 @@ fn glm_predictive_equals_dense_j_sigma_jt_for_every_structure() {
     let net = mlp(2, vec![5, 4], 3, 15);
     let (x, y) = classification(12, 2, 3, 16);
     let (xt, _) = classification(6, 2, 3, 17);
-    let lik = LikelihoodKind::Categorical { classes: 3 };
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
     for s in every_structure(8) {
         let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
         // Per-layer λ takes the Jacobian/Woodbury route for the eigen structures, a scalar λ
@@ -467,7 +468,7 @@ fn samples_have_the_posterior_covariance_and_mc_matches_glm_for_a_linear_model()
     let net = mlp(2, vec![], 2, 19);
     let (x, y) = classification(15, 2, 2, 20);
     let (xt, _) = classification(4, 2, 2, 21);
-    let lik = LikelihoodKind::Categorical { classes: 2 };
+    let lik = LikelihoodSpec::Categorical { classes: 2 };
     for s in [
         Structure::full(),
         Structure::Diag,
@@ -499,7 +500,7 @@ fn samples_have_the_posterior_covariance_and_mc_matches_glm_for_a_linear_model()
         Structure::Ekfac,
         Structure::low_rank(4),
     ] {
-        let mut post = fit_with(net.clone(), LikelihoodKind::Gaussian { sigma: 0.3 }, &x, &y, s);
+        let mut post = fit_with(net.clone(), LikelihoodSpec::gaussian(0.3), &x, &y, s);
         post.set_prior_precision(PriorPrecision::PerLayer(vec![2.0, 0.5])).unwrap();
         let c = post.curvature().to_dense();
         let infos = post.network().layer_infos();
@@ -534,7 +535,7 @@ fn save_load_round_trip_predicts_identically() {
     let (x, y) = classification(10, 2, 3, 26);
     for s in every_structure(4) {
         let mut post =
-            fit_with(mlp(2, vec![4], 3, 27), LikelihoodKind::Categorical { classes: 3 }, &x, &y, s);
+            fit_with(mlp(2, vec![4], 3, 27), LikelihoodSpec::Categorical { classes: 3 }, &x, &y, s);
         post.set_predictive(Predictive::Nonlinear { samples: 5, seed: 1 }).unwrap();
         let path = dir.join(format!("{}.json", post.curvature().name()));
         post.save(&path).unwrap();
@@ -545,7 +546,7 @@ fn save_load_round_trip_predicts_identically() {
     // A CNN (its layer table is rebuilt on load).
     let net = tiny_cnn(2);
     let (xc, yc) = classification(3, 36, 3, 28);
-    let post = fit_with(net, LikelihoodKind::Categorical { classes: 3 }, &xc, &yc, Structure::Kfac);
+    let post = fit_with(net, LikelihoodSpec::Categorical { classes: 3 }, &xc, &yc, Structure::Kfac);
     let path = dir.join("cnn.json");
     post.save(&path).unwrap();
     let back: LaplacePosterior<Cnn> = LaplacePosterior::load(&path).unwrap();
@@ -558,7 +559,7 @@ fn temperature_scales_the_curvature_and_grid_searches_pick_the_best_value() {
     let net = mlp(1, vec![6], 1, 29);
     let (x, y) = regression(20, 1, 30);
     let (xv, yv) = regression(10, 1, 31);
-    let mut post = fit_with(net, LikelihoodKind::Gaussian { sigma: 0.2 }, &x, &y, Structure::full());
+    let mut post = fit_with(net, LikelihoodSpec::gaussian(0.2), &x, &y, Structure::full());
     // Var(T) with λ = T·λ₀ is Var(1)/T (the precision is T·(C + λ₀)).
     post.set_prior_precision(PriorPrecision::Scalar(0.5)).unwrap();
     let v1 = post.predict_glm(&xv).unwrap().var;
@@ -581,7 +582,7 @@ fn temperature_scales_the_curvature_and_grid_searches_pick_the_best_value() {
 fn bad_input_gives_typed_errors() {
     let net = mlp(2, vec![4], 1, 32);
     let (x, y) = regression(8, 2, 33);
-    let g = LikelihoodKind::Gaussian { sigma: 0.1 };
+    let g = LikelihoodSpec::gaussian(0.1);
     let too_big = Structure::Full(FullConfig { max_params: 10 });
     assert!(matches!(
         fit(net.clone(), g.clone(), &x, &y, &config(too_big)),
@@ -592,7 +593,7 @@ fn bad_input_gives_typed_errors() {
     let helm = HelmholtzNet::new(vec![4], Activation::Tanh, 0).unwrap();
     let xh = DMatrix::from_fn(5, 2, |i, j| (i + j) as f64 * 0.1);
     let yh = DVector::from_element(10, 0.1);
-    let iso = LikelihoodKind::IsotropicGaussian { sigma: 0.1, outputs: 2 };
+    let iso = LikelihoodSpec::IsotropicGaussian { sigma: 0.1, outputs: 2, learn: false };
     for s in [Structure::Kfac, Structure::Ekfac, Structure::last_layer()] {
         let e = fit(helm.clone(), iso.clone(), &xh, &yh, &config(s)).unwrap_err();
         assert!(matches!(e, LaplaceError::Unsupported { .. }), "{e}");
@@ -644,7 +645,7 @@ fn bad_input_gives_typed_errors() {
         Err(LaplaceError::Empty { .. })
     ));
     assert!(matches!(
-        fit(net.clone(), LikelihoodKind::Gaussian { sigma: 0.0 }, &x, &y, &config(Structure::Diag)),
+        fit(net.clone(), LikelihoodSpec::gaussian(0.0), &x, &y, &config(Structure::Diag)),
         Err(LaplaceError::Core(_))
     ));
     let mut post = fit(net.clone(), g.clone(), &x, &y, &config(Structure::Diag)).unwrap();
@@ -656,7 +657,7 @@ fn bad_input_gives_typed_errors() {
     let (xc, yc) = classification(2, 36, 3, 34);
     let e = fit(
         cnn,
-        LikelihoodKind::Categorical { classes: 3 },
+        LikelihoodSpec::Categorical { classes: 3 },
         &xc,
         &yc,
         &config(Structure::Full(FullConfig { max_params: 100 })),
@@ -673,7 +674,7 @@ fn conventions_match_laplace_torch() {
     // The GGN is summed over the data: duplicating every point doubles the curvature.
     let net = mlp(1, vec![5], 1, 40);
     let (x, y) = regression(12, 1, 41);
-    let g = LikelihoodKind::Gaussian { sigma: 0.2 };
+    let g = LikelihoodSpec::gaussian(0.2);
     let once = fit_with(net.clone(), g.clone(), &x, &y, Structure::full());
     let x2 = DMatrix::from_fn(24, 1, |i, _| x[(i % 12, 0)]);
     let y2 = DVector::from_fn(24, |i, _| y[i % 12]);
@@ -699,11 +700,11 @@ fn conventions_match_laplace_torch() {
 fn bernoulli_classification_and_link_approximations() {
     let net = mlp(2, vec![6], 1, 43);
     let (x, y) = classification(20, 2, 2, 44);
-    let post = fit_with(net, LikelihoodKind::Bernoulli, &x, &y, Structure::Kfac);
-    let ggn = dense_ggn(post.network(), LikelihoodKind::Bernoulli.build().unwrap().as_ref(), &x, &y);
+    let post = fit_with(net, LikelihoodSpec::Bernoulli, &x, &y, Structure::Kfac);
+    let ggn = dense_ggn(post.network(), LikelihoodSpec::Bernoulli.build().unwrap().as_ref(), &x, &y);
     // KFAC of a one-output layer with one point would be exact; here check Bernoulli's
     // whitening through the diagonal, which is exact: fit Diag and compare with the dense GGN.
-    let diag = fit_with(post.network().clone(), LikelihoodKind::Bernoulli, &x, &y, Structure::Diag);
+    let diag = fit_with(post.network().clone(), LikelihoodSpec::Bernoulli, &x, &y, Structure::Diag);
     let err = (diag.curvature().to_dense().diagonal() - ggn.diagonal()).norm() / ggn.diagonal().norm();
     assert!(err < 1e-12, "Bernoulli diagonal {err}");
     for link in [
@@ -745,7 +746,7 @@ mod invariants {
             let net = mlp(2, vec![4, 3], 2, seed);
             let (x, y) = classification(6, 2, 2, seed + 1);
             for s in every_structure(5) {
-                let post = fit_with(net.clone(), LikelihoodKind::Categorical { classes: 2 }, &x, &y, s);
+                let post = fit_with(net.clone(), LikelihoodSpec::Categorical { classes: 2 }, &x, &y, s);
                 let c = post.curvature().to_dense();
                 let dim = c.nrows();
                 prop_assert!((&c - c.transpose()).abs().max() <= 1e-12 * c.abs().max().max(1e-300));
@@ -770,7 +771,7 @@ fn kfc_factors_equal_their_definition_on_a_cnn_with_many_positions() {
     // unit-cotangent statistics and the likelihood's Hessians (not through Hᵢ's factors).
     let net = tiny_cnn(7);
     let (x, y) = classification(3, 36, 3, 48);
-    let lik = LikelihoodKind::Categorical { classes: 3 };
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
     let post = fit_with(net.clone(), lik.clone(), &x, &y, Structure::Kfac);
     let h = lik.build().unwrap().nll_hessian(&net.forward(&x).unwrap(), &y).unwrap();
     let stats = net.kfac_statistics(&x, &vec![DMatrix::identity(3, 3); 3]).unwrap();
@@ -810,7 +811,7 @@ fn last_layer_glm_covariances_equal_the_dense_jacobian_route() {
     let net = mlp(3, vec![6, 5], 4, 31);
     let (x, y) = classification(25, 3, 4, 32);
     let (xt, _) = classification(7, 3, 4, 33);
-    let mut post = fit_with(net, LikelihoodKind::Categorical { classes: 4 }, &x, &y, Structure::last_layer());
+    let mut post = fit_with(net, LikelihoodSpec::Categorical { classes: 4 }, &x, &y, Structure::last_layer());
     post.set_prior_precision(PriorPrecision::Scalar(0.7)).unwrap();
     let covs = post.glm_covariances(&xt).unwrap();
     let (_, joint) = Posterior::predict_joint(&post, &xt).unwrap();
@@ -819,4 +820,72 @@ fn last_layer_glm_covariances_equal_the_dense_jacobian_route() {
         let dense = joint.view((i * q, i * q), (q, q)).into_owned();
         assert!(rel_frob(c, &dense) < 1e-10, "point {i}: {c} vs {dense}");
     }
+}
+
+#[test]
+fn heteroscedastic_laplace_equals_the_dense_fisher_laplace_on_a_trained_toy() {
+    // A 1 → 8 → 2 tanh net (mean, log-variance) trained by MAP on data whose noise grows with
+    // |x|; every structure's curvature is checked against the dense Σᵢ Jᵢᵀ Fᵢ Jᵢ with the
+    // Fisher blocks Fᵢ = diag(e^−ηᵢ, ½), and the full structure's predictive against the dense
+    // J (GGN + λI)⁻¹ Jᵀ.
+    let mut r = rng(40);
+    let x: DMatrix<f64> = DMatrix::from_fn(40, 1, |_, _| r.gen_range(-2.0..2.0));
+    let y = DVector::from_fn(40, |i, _| {
+        x[(i, 0)].sin() + (0.05 + 0.3 * x[(i, 0)].abs()) * r.gen_range(-1.0..1.0)
+    });
+    let mut net = mlp(1, vec![8], 2, 41);
+    let lik = LikelihoodSpec::HeteroscedasticGaussian;
+    let mut built = lik.build().unwrap();
+    let cfg =
+        fspace_nn::TrainConfig { epochs: 300, batch_size: 40, learning_rate: 1e-2, ..Default::default() };
+    let before = built.nll(&net.forward(&x).unwrap(), &y).unwrap();
+    fspace_nn::train_map(&mut net, built.as_mut(), &x, &y, None, None, &cfg, |_| {}).unwrap();
+    let after = built.nll(&net.forward(&x).unwrap(), &y).unwrap();
+    assert!(after < before - 10.0, "MAP training lowered the NLL only from {before} to {after}");
+
+    let ggn = dense_ggn(&net, built.as_ref(), &x, &y);
+    // The Fisher blocks, written out independently of the likelihood's code.
+    let f = net.forward(&x).unwrap();
+    let j = net.jacobian(&x).unwrap();
+    let mut by_hand = DMatrix::zeros(net.n_params(), net.n_params());
+    for i in 0..x.nrows() {
+        let ji = j.rows(2 * i, 2);
+        let fisher = DMatrix::from_diagonal(&DVector::from_vec(vec![(-f[(i, 1)]).exp(), 0.5]));
+        by_hand += ji.transpose() * fisher * ji;
+    }
+    assert!(rel_frob(&ggn, &by_hand) < 1e-13);
+
+    let full = fit_with(net.clone(), lik, &x, &y, Structure::full());
+    assert!(rel_frob(&restrict(&ggn, full.indices()), &full.curvature().to_dense()) < 1e-10);
+    let diag = fit_with(net.clone(), lik, &x, &y, Structure::Diag);
+    let d = restrict(&ggn, diag.indices()).diagonal();
+    assert!((diag.curvature().to_dense().diagonal() - &d).norm() / d.norm() < 1e-12);
+
+    let lam = 0.5;
+    let mut post = full;
+    post.set_prior_precision(PriorPrecision::Scalar(lam)).unwrap();
+    let xt = DMatrix::from_column_slice(5, 1, &[-3.0, -1.0, 0.0, 1.0, 3.0]);
+    let sigma = (&by_hand + DMatrix::identity(net.n_params(), net.n_params()) * lam).try_inverse().unwrap();
+    let jt = net.jacobian(&xt).unwrap();
+    let cov = &jt * sigma * jt.transpose();
+    let pred = post.predict(&xt).unwrap();
+    let ft = net.forward(&xt).unwrap();
+    for i in 0..5 {
+        for o in 0..2 {
+            let v = cov[(2 * i + o, 2 * i + o)];
+            assert!((pred.var[(i, o)] - v).abs() <= 1e-9 * v.max(1e-12), "var {} vs {v}", pred.var[(i, o)]);
+        }
+    }
+    // y's predictive: one column, the mean output's variance plus E[e^η].
+    let py = post.predict_y(&xt).unwrap();
+    assert_eq!(py.mean.ncols(), 1);
+    for i in 0..5 {
+        let expected = cov[(2 * i, 2 * i)] + (ft[(i, 1)] + 0.5 * cov[(2 * i + 1, 2 * i + 1)]).exp();
+        assert!((py.mean[(i, 0)] - ft[(i, 0)]).abs() < 1e-12);
+        assert!((py.var[(i, 0)] - expected).abs() < 1e-9 * expected);
+    }
+    // The learned noise follows the data: wider at |x| = 2 than at 0.
+    let edge = net.forward(&DMatrix::from_column_slice(2, 1, &[-1.9, 0.0])).unwrap();
+    assert!(edge[(0, 1)] > edge[(1, 1)], "log-variance at -1.9: {} vs at 0: {}", edge[(0, 1)], edge[(1, 1)]);
+    assert!(post.predictive_nll(&x, &y).unwrap().is_finite());
 }

@@ -29,13 +29,14 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_context::{BoundingBox, LatinHypercube, Sampler};
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, FunctionPrior, TrainOptions};
 use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Matern52, PriorMean};
 use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LikelihoodKind, MarglikConfig, Predictive, PriorPrecision, Structure,
+    fit as laplace_fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
 };
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use nalgebra::{DMatrix, DVector};
@@ -328,7 +329,7 @@ fn surrogate(
             let structure = if matches!(task, Task::Branin) { Structure::Kfac } else { Structure::Diag };
             let mut post = laplace_fit(
                 map,
-                LikelihoodKind::Gaussian { sigma: noise.sqrt() },
+                LikelihoodSpec::gaussian(noise.sqrt()),
                 x,
                 y,
                 &LaplaceConfig {

@@ -52,6 +52,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use fspace_context::{BoundingBox, UniformSampler};
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Categorical, Posterior};
 use fspace_fsp_laplace::{
     context_points, fit_classification_prior, laplace as fsp_laplace, train as fsp_train, ContextDesign,
@@ -60,9 +61,7 @@ use fspace_fsp_laplace::{
 use fspace_gfsvi::{fit_fvi, FviConfig, FviLikelihood, GpPrior, OptimConfig};
 use fspace_gp::{FitConfig, SparseDirichletGp};
 use fspace_kernels::{Independent, Rbf};
-use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LikelihoodKind, MarglikConfig, PriorPrecision, Structure,
-};
+use fspace_laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, PriorPrecision, Structure};
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig, TrainReport};
 use nalgebra::DMatrix;
 use serde_json::{json, Value};
@@ -627,7 +626,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 let curv = train.subset(budget.kfac_points, seed + 7);
                 let mut lap = laplace_fit(
                     map.clone(),
-                    LikelihoodKind::Categorical { classes: 10 },
+                    LikelihoodSpec::Categorical { classes: 10 },
                     &curv.x,
                     &curv.y,
                     &LaplaceConfig {

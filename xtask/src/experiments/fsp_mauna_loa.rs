@@ -45,6 +45,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use fspace_context::BoundingBox;
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::Standardizer;
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, FunctionPrior, TrainOptions};
@@ -52,7 +53,7 @@ use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, KernelBase, Periodic, PriorMean, RationalQuadratic, Rbf};
 use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LikelihoodKind, MarglikConfig, Predictive, PriorPrecision, Structure,
+    fit as laplace_fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
 };
 use fspace_nn::{train_map, FeatureMap, Featurized, Mlp, TrainConfig};
 use nalgebra::{DMatrix, DVector};
@@ -297,7 +298,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     )?;
                     let mut post = laplace_fit(
                         map,
-                        LikelihoodKind::Gaussian { sigma: noise_var.sqrt() },
+                        LikelihoodSpec::gaussian(noise_var.sqrt()),
                         &t.xtr,
                         &t.ytr,
                         &LaplaceConfig {

@@ -34,6 +34,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_context::{BoundingBox, DatasetSampler};
+use fspace_core::LikelihoodSpec;
 use fspace_core::{IsotropicGaussian, Posterior};
 use fspace_fsp_laplace::{
     laplace, train, with_data_points, FunctionPrior, LaplaceConfig as FspLaplaceConfig, TrainOptions,
@@ -42,7 +43,7 @@ use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Helmholtz, PriorMean, Rbf};
 use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LikelihoodKind, LowRankConfig, Predictive, PriorPrecision, Structure,
+    fit as laplace_fit, LaplaceConfig, LowRankConfig, Predictive, PriorPrecision, Structure,
 };
 use fspace_nn::{train_map, Activation, HelmholtzNet, TrainConfig};
 use nalgebra::{DMatrix, DVector};
@@ -217,7 +218,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     train_map(&mut map, &mut lik, &xtr, &ytr_pm, None, None, &full_batch(1e-3, 1.0), |_| {})?;
                     Box::new(laplace_fit(
                         map,
-                        LikelihoodKind::IsotropicGaussian { sigma, outputs: 2 },
+                        LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
                         &xtr,
                         &ytr_pm,
                         &LaplaceConfig {

@@ -18,13 +18,14 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_gfsvi::{
     fit, fit_fvi, fit_mfvi, FunctionPrior, FviConfig, GfsviConfig, GpPrior, MfviConfig, OptimConfig,
 };
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, Matern12, Matern32, Matern52, PriorMean, Rbf};
-use fspace_laplace::{fit as laplace_fit, LaplaceConfig, LikelihoodKind, Predictive, PriorPrecision};
+use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision};
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
@@ -432,7 +433,7 @@ fn laplace(
     )?;
     let post = laplace_fit(
         map,
-        LikelihoodKind::Gaussian { sigma: lik.sigma() },
+        LikelihoodSpec::gaussian(lik.sigma()),
         x,
         &y.column(0).into_owned(),
         &LaplaceConfig {

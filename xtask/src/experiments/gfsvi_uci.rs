@@ -32,6 +32,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::LikelihoodSpec;
 use fspace_core::{FunctionPredictive, Gaussian, Posterior};
 use fspace_data::{boston, concrete, distinct_rows, kfold, wine_quality_red, yacht, Dataset, Standardizer};
 use fspace_gfsvi::{
@@ -39,9 +40,7 @@ use fspace_gfsvi::{
 };
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::{PriorMean, Rbf};
-use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LikelihoodKind, Predictive, PriorPrecision, Structure,
-};
+use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision, Structure};
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -635,7 +634,7 @@ pub fn map_laplace(
     let sigma = lik.sigma();
     let post = laplace_fit(
         map,
-        LikelihoodKind::Gaussian { sigma },
+        LikelihoodSpec::gaussian(sigma),
         x,
         y,
         &LaplaceConfig {

@@ -15,10 +15,9 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
-use fspace_laplace::{
-    fit, LaplaceConfig, LikelihoodKind, MarglikConfig, Predictive, PriorPrecision, Structure,
-};
+use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure};
 use fspace_nn::{train_map, TrainConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -104,7 +103,7 @@ pub fn run(opts: &Options) -> Result<()> {
             ..Default::default()
         };
         let t = Instant::now();
-        let post = fit(net.clone(), LikelihoodKind::Gaussian { sigma }, &data.x, &y, &config)?;
+        let post = fit(net.clone(), LikelihoodSpec::gaussian(sigma), &data.x, &y, &config)?;
         let fit_ms = t.elapsed().as_secs_f64() * 1e3;
         let log_z = post.log_marginal_likelihood()?;
         let mut tuned = post.clone();

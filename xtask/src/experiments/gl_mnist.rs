@@ -21,8 +21,9 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Categorical, ClassProbMethod};
-use fspace_laplace::{fit, Curvature, LaplaceConfig, LikelihoodKind, Predictive, PriorPrecision, Structure};
+use fspace_laplace::{fit, Curvature, LaplaceConfig, Predictive, PriorPrecision, Structure};
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -140,7 +141,7 @@ pub fn run(opts: &Options) -> Result<()> {
             predictive: Predictive::Nonlinear { samples, seed: opts.seed + 11 },
         };
         let mut post =
-            fit(net.clone(), LikelihoodKind::Categorical { classes: 10 }, &curv.x, &curv.y, &config)?;
+            fit(net.clone(), LikelihoodSpec::Categorical { classes: 10 }, &curv.x, &curv.y, &config)?;
         let fit_s = t.elapsed().as_secs_f64();
         let frob = last_layer_frobenius(post.curvature(), post.indices(), &last, scale);
         run.log(format!("{name}: curvature on {m_curv} images in {fit_s:.1}s, ‖C_last‖_F = {frob:.4e}"));

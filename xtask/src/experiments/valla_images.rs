@@ -30,9 +30,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::ClassProbMethod;
+use fspace_core::LikelihoodSpec;
 use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LaplacePosterior, LikelihoodKind, MarglikConfig, PriorPrecision,
-    Structure,
+    fit as laplace_fit, LaplaceConfig, LaplacePosterior, MarglikConfig, PriorPrecision, Structure,
 };
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use fspace_valla::{fit, fit_ella, EllaConfig, EllaPosterior, VallaConfig, VallaLikelihood, VallaPosterior};
@@ -69,7 +69,7 @@ const PAPER_FMNIST: [(&str, [f64; 5]); 8] = [
     ("VaLLA 200", [87.6, 0.332, 0.013, 0.181, 0.933]),
 ];
 
-const CATEGORICAL: LikelihoodKind = LikelihoodKind::Categorical { classes: 10 };
+const CATEGORICAL: LikelihoodSpec = LikelihoodSpec::Categorical { classes: 10 };
 
 struct Budget {
     seeds: usize,
@@ -165,7 +165,7 @@ pub(super) fn linear_head(net: &Mlp) -> Result<Mlp> {
 /// A Laplace posterior of `structure` around `net` with λ by marginal likelihood (from `lambda0`).
 pub(super) fn laplace(
     net: &Mlp,
-    likelihood: LikelihoodKind,
+    likelihood: LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     structure: Structure,

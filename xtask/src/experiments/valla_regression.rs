@@ -23,9 +23,10 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::{boston, concrete, wine_quality_red, Dataset, Standardizer};
-use fspace_laplace::{LikelihoodKind, Structure};
+use fspace_laplace::Structure;
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use fspace_valla::{fit, fit_ella, EllaConfig, VallaConfig, VallaLikelihood};
 use nalgebra::{DMatrix, DVector};
@@ -95,7 +96,7 @@ fn fit_and_predict(
     seed: u64,
 ) -> Result<(Vec<f64>, Vec<f64>, Value)> {
     let (x, y, xv, yv, xt) = (&s.x[0], &s.y[0], &s.x[1], &s.y[1], &s.x[2]);
-    let gaussian = LikelihoodKind::Gaussian { sigma };
+    let gaussian = LikelihoodSpec::gaussian(sigma);
     let from = |p: fspace_core::FunctionPredictive, extra_var: f64| {
         (p.mean.iter().cloned().collect::<Vec<_>>(), p.var.iter().map(|v| v + extra_var).collect::<Vec<_>>())
     };

@@ -19,9 +19,10 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LikelihoodKind, MarglikConfig, Predictive, PriorPrecision, Structure,
+    fit as laplace_fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
 };
 use fspace_nn::{train_map, TrainConfig};
 use fspace_valla::{fit, fit_ella, EllaConfig, EllaPrior, FeatureRoute, VallaConfig, VallaLikelihood};
@@ -108,7 +109,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let t = Instant::now();
     let mut lla = laplace_fit(
         net.clone(),
-        LikelihoodKind::Gaussian { sigma },
+        LikelihoodSpec::gaussian(sigma),
         &x,
         &y,
         &LaplaceConfig {

@@ -3,7 +3,7 @@
 //! (p = 40 801). Networks at their seeded initialisation (the cost of every structure depends on
 //! the shapes, not on the weights' values); data from `fspace_data::sine` (FSP-Laplace App. B.1).
 
-use fspace_laplace::LikelihoodKind;
+use fspace_core::LikelihoodSpec;
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use nalgebra::{DMatrix, DVector};
 use rand::SeedableRng;
@@ -13,7 +13,7 @@ pub struct Workload {
     pub net: Mlp,
     pub x: DMatrix<f64>,
     pub y: DVector<f64>,
-    pub likelihood: LikelihoodKind,
+    pub likelihood: LikelihoodSpec,
     pub x_test: DMatrix<f64>,
 }
 
@@ -30,7 +30,7 @@ pub fn workload(n: usize, width: usize) -> Workload {
     })
     .expect("network");
     let x_test = DMatrix::from_fn(1000, 1, |i, _| -2.0 + 4.0 * i as f64 / 999.0);
-    Workload { net, y: data.y_vec(), x: data.x, likelihood: LikelihoodKind::Gaussian { sigma: 0.1 }, x_test }
+    Workload { net, y: data.y_vec(), x: data.x, likelihood: LikelihoodSpec::gaussian(0.1), x_test }
 }
 
 /// W1: the sine toy.
