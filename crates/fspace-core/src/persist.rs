@@ -58,6 +58,15 @@ pub enum PersistError {
         /// The version in the file.
         found: u32,
     },
+    /// The payload parsed but describes an invalid value (e.g. a likelihood that does not fit
+    /// the saved network).
+    #[error("saved {kind} is invalid: {reason}")]
+    Invalid {
+        /// The type.
+        kind: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// A value that cannot be written. (Non-finite numbers have no JSON form: serde_json
     /// writes them as `null`, and loading such a file is a [`PersistError::Json`].)
     #[error("cannot save {kind}: {reason}")]
@@ -97,6 +106,12 @@ pub trait Persist: Serialize + DeserializeOwned {
     /// The payload format version; bump it when the serialised fields change.
     const VERSION: u32;
 
+    /// Checks a freshly parsed value (shapes that serde cannot check); the default accepts
+    /// everything. Return [`PersistError::Invalid`] to refuse.
+    fn validate_loaded(&self) -> Result<(), PersistError> {
+        Ok(())
+    }
+
     /// The JSON text of the envelope and payload.
     fn to_json(&self) -> Result<String, PersistError> {
         let env = EnvelopeOut { format: FORMAT, kind: Self::KIND, version: Self::VERSION, payload: self };
@@ -121,8 +136,10 @@ pub trait Persist: Serialize + DeserializeOwned {
                 found: env.version,
             });
         }
-        serde_json::from_str(env.payload.get())
-            .map_err(|source| PersistError::Json { what: Self::KIND.to_string(), source })
+        let value: Self = serde_json::from_str(env.payload.get())
+            .map_err(|source| PersistError::Json { what: Self::KIND.to_string(), source })?;
+        value.validate_loaded()?;
+        Ok(value)
     }
 
     /// Writes the JSON to `path`.

@@ -4,9 +4,10 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use fspace_core::LikelihoodSpec;
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_valla::internals::iteration;
-use fspace_valla::{fit_ella, EllaConfig, EllaPrior, FeatureRoute, VallaLikelihood, VariationalState};
+use fspace_valla::{fit_ella, EllaConfig, EllaPrior, FeatureRoute, VariationalState};
 use nalgebra::{DMatrix, DVector};
 
 fn net(d: usize, width: usize, q: usize) -> Mlp {
@@ -48,8 +49,7 @@ fn bench_iteration(c: &mut Criterion) {
     ];
     for (name, d, width, q, ms) in cases {
         let net = net(d, width, q);
-        let lik =
-            if q == 1 { VallaLikelihood::Gaussian { noise_std: 0.1 } } else { VallaLikelihood::Categorical };
+        let lik = if q == 1 { LikelihoodSpec::gaussian_learned(0.1) } else { LikelihoodSpec::categorical(q) };
         let x = inputs(100, d, 0.0);
         let y: Vec<f64> =
             (0..100).map(|i| if q == 1 { (i as f64 * 0.1).sin() } else { (i % q) as f64 }).collect();
@@ -77,8 +77,7 @@ fn bench_ella(c: &mut Criterion) {
     ];
     for (name, d, width, q, n, ms) in cases {
         let net = net(d, width, q);
-        let lik =
-            if q == 1 { VallaLikelihood::Gaussian { noise_std: 0.1 } } else { VallaLikelihood::Categorical };
+        let lik = if q == 1 { LikelihoodSpec::gaussian_learned(0.1) } else { LikelihoodSpec::categorical(q) };
         let x = inputs(n, d, 0.0);
         let y = DVector::from_fn(n, |i, _| if q == 1 { (i as f64 * 0.1).sin() } else { (i % q) as f64 });
         for &m in ms {

@@ -1,12 +1,8 @@
 //! Input checks shared by VaLLA and ELLA, and the per-point quantities both precompute.
 
-use std::path::Path;
-
 use fspace_core::FunctionPredictive;
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use crate::error::{ensure_positive, Result, VallaError};
 use crate::objective::{point_term, ClassApprox, DataTerm, VallaLikelihood};
@@ -127,18 +123,6 @@ pub(crate) fn marginals(g: DMatrix<f64>, blocks: &[DMatrix<f64>]) -> fspace_core
 pub(crate) fn to_core(e: VallaError, what: &'static str) -> fspace_core::CoreError {
     match e {
         VallaError::Core(c) => c,
-        other => fspace_core::CoreError::InvalidParameter { what, reason: other.to_string() },
+        other => fspace_core::CoreError::method(what, other),
     }
-}
-
-/// Writes `value` as JSON to `path`.
-pub(crate) fn save_json<T: Serialize>(value: &T, path: &Path) -> Result<()> {
-    let s = serde_json::to_string(value).map_err(|e| VallaError::Io(e.to_string()))?;
-    std::fs::write(path, s).map_err(|e| VallaError::Io(format!("{}: {e}", path.display())))
-}
-
-/// Reads JSON written by [`save_json`].
-pub(crate) fn load_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let s = std::fs::read_to_string(path).map_err(|e| VallaError::Io(format!("{}: {e}", path.display())))?;
-    serde_json::from_str(&s).map_err(|e| VallaError::Io(e.to_string()))
 }

@@ -15,21 +15,19 @@
 //! exact linearised-Laplace GP at the training inputs; at a test point it misses exactly the
 //! Nyström residual `σ₀² (κ̂(x, x) − κ̂(x, X) κ̂_X⁻¹ κ̂(X, x))` (tested).
 
-use std::path::Path;
 use std::time::Instant;
 
 use fspace_core::likelihood::softmax;
-use fspace_core::{ClassProbMethod, FunctionPredictive, Posterior};
+use fspace_core::{ClassProbMethod, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior};
 use fspace_linalg::sym_eigh;
 use fspace_nn::{Network, Outputs};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::data::{
-    check_data, check_likelihood, load_json, marginals, mean_nll_from_blocks, save_json, to_core,
-};
+use crate::data::{check_data, check_likelihood, marginals, mean_nll_from_blocks, to_core};
 use crate::error::{ensure_positive, Result, VallaError};
 use crate::objective::VallaLikelihood;
 
@@ -174,13 +172,14 @@ fn hessian(likelihood: VallaLikelihood, g: &[f64]) -> DMatrix<f64> {
 /// validation set.
 pub fn fit_ella<N: Network + Clone>(
     net: N,
-    likelihood: VallaLikelihood,
+    likelihood: LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
     config: &EllaConfig,
 ) -> Result<EllaPosterior<N>> {
     let start = Instant::now();
+    let likelihood = VallaLikelihood::from_spec(&likelihood, net.output_dim())?;
     check_data(&net, likelihood, x, y, "training data")?;
     let (n, q) = (x.nrows(), net.output_dim());
     let m = config.num_points;
@@ -377,23 +376,16 @@ impl<N: Network + Clone> EllaPosterior<N> {
         let mut rng = StdRng::seed_from_u64(seed);
         Ok(fspace_core::class_probabilities(&pred, method, &mut rng)?)
     }
+}
 
-    /// Writes the posterior (network included) as JSON.
-    pub fn save(&self, path: impl AsRef<Path>) -> Result<()>
-    where
-        N: Serialize,
-    {
-        save_json(self, path.as_ref())
-    }
+/// Saves the network, the likelihood, the feature map and the curvature's eigenpairs.
+impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for EllaPosterior<N> {
+    const KIND: &'static str = "fspace_valla::EllaPosterior";
+    const VERSION: u32 = 2;
 
-    /// Reads a posterior written by [`save`](Self::save).
-    pub fn load(path: impl AsRef<Path>) -> Result<Self>
-    where
-        N: for<'de> Deserialize<'de>,
-    {
-        let post: Self = load_json(path.as_ref())?;
-        check_likelihood(&post.net, post.likelihood)?;
-        Ok(post)
+    fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
+        check_likelihood(&self.net, self.likelihood)
+            .map_err(|e| PersistError::Invalid { kind: Self::KIND, reason: e.to_string() })
     }
 }
 

@@ -73,9 +73,6 @@ pub enum VallaError {
         /// Which matrix.
         what: &'static str,
     },
-    /// Reading or writing a saved posterior failed.
-    #[error("saved posterior: {0}")]
-    Io(String),
 }
 
 /// Result alias of this crate.

@@ -41,7 +41,7 @@ mod valla;
 
 pub use ella::{fit_ella, EllaConfig, EllaPosterior, EllaPrior, FeatureRoute};
 pub use error::{Result, VallaError};
-pub use objective::{ClassApprox, StateGradient, VallaLikelihood, VariationalState};
+pub use objective::{ClassApprox, StateGradient, VariationalState};
 pub use valla::{fit, prop2_optimal_state, ValidationPoint, VallaConfig, VallaPosterior, VallaReport};
 
 /// Objective internals for tests and benchmarks (not a stable API).

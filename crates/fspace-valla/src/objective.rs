@@ -18,6 +18,7 @@
 use std::f64::consts::PI;
 
 use fspace_core::likelihood::logsumexp;
+use fspace_core::LikelihoodSpec;
 use fspace_linalg::blocked::{cholesky_lower, solve_lower, solve_upper};
 use fspace_nn::{Network, Outputs};
 use nalgebra::{DMatrix, DVector};
@@ -25,9 +26,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, VallaError};
 
-/// The observation model of VaLLA and ELLA.
+/// The observation models VaLLA and ELLA implement, taken from a [`LikelihoodSpec`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum VallaLikelihood {
+pub(crate) enum VallaLikelihood {
     /// `y ~ N(f, σ²)` for a one-output network; `noise_std` is σ (VaLLA's initial value when
     /// it learns σ).
     Gaussian {
@@ -36,6 +37,25 @@ pub enum VallaLikelihood {
     },
     /// `y ~ Cat(softmax(f))` with labels `0..d'` stored as `f64`.
     Categorical,
+}
+
+impl VallaLikelihood {
+    /// The Gaussian (σ as given) and categorical specs; any other is
+    /// [`CoreError::Unsupported`](fspace_core::CoreError::Unsupported). The number of classes
+    /// must equal the network's outputs `d'`.
+    pub(crate) fn from_spec(spec: &LikelihoodSpec, outputs: usize) -> Result<Self> {
+        spec.validate()?;
+        match *spec {
+            LikelihoodSpec::Gaussian { sigma, .. } => Ok(Self::Gaussian { noise_std: sigma }),
+            LikelihoodSpec::Categorical { classes } if classes == outputs => Ok(Self::Categorical),
+            LikelihoodSpec::Categorical { classes } => Err(VallaError::DimensionMismatch {
+                what: "classes of the categorical likelihood vs. network outputs",
+                expected: outputs,
+                found: classes,
+            }),
+            other => Err(other.unsupported("VaLLA / ELLA").into()),
+        }
+    }
 }
 
 /// How `log E_q[p(y | f)]` is computed for the categorical likelihood.
@@ -392,7 +412,7 @@ fn mc_categorical(
 pub fn objective_value_and_gradient<N: Network>(
     net: &N,
     state: &VariationalState,
-    likelihood: VallaLikelihood,
+    likelihood: LikelihoodSpec,
     approx: ClassApprox,
     alpha: f64,
     x: &DMatrix<f64>,
@@ -401,6 +421,7 @@ pub fn objective_value_and_gradient<N: Network>(
     n_total: usize,
     want_z_grad: bool,
 ) -> Result<(f64, StateGradient)> {
+    let likelihood = VallaLikelihood::from_spec(&likelihood, net.output_dim())?;
     let g = net.forward(x)?;
     let kxx = net.ntk_diagonal(x)?;
     let batch = Batch { x, g: &g, kxx: &kxx, y, eps };
@@ -410,7 +431,7 @@ pub fn objective_value_and_gradient<N: Network>(
 
 /// Test entry to [`point_term`]: `(t, ∂t/∂Σ, ∂t/∂σ²)`.
 pub fn point_term_public(
-    likelihood: VallaLikelihood,
+    likelihood: LikelihoodSpec,
     approx: ClassApprox,
     alpha: f64,
     g: &DVector<f64>,
@@ -419,6 +440,7 @@ pub fn point_term_public(
     noise: f64,
     eps: Option<&DMatrix<f64>>,
 ) -> Result<(f64, DMatrix<f64>, f64)> {
+    let likelihood = VallaLikelihood::from_spec(&likelihood, g.len())?;
     point_term(DataTerm { likelihood, approx, alpha }, g, sigma, y, noise, eps, 0)
 }
 
@@ -428,13 +450,14 @@ pub fn point_term_public(
 pub fn iteration(
     net: &impl Network,
     state: &VariationalState,
-    likelihood: VallaLikelihood,
+    likelihood: LikelihoodSpec,
     x: &DMatrix<f64>,
     g: &DMatrix<f64>,
     kxx: &[DMatrix<f64>],
     y: &[f64],
     n_total: usize,
 ) -> Result<(f64, StateGradient)> {
+    let likelihood = VallaLikelihood::from_spec(&likelihood, net.output_dim())?;
     let batch = Batch { x, g, kxx, y, eps: None };
     let term = DataTerm { likelihood, approx: ClassApprox::Probit, alpha: 1.0 };
     objective(net, state, &batch, term, n_total, true)

@@ -1,10 +1,10 @@
 //! Fitting VaLLA ([`fit`]) and its posterior ([`VallaPosterior`]).
 
-use std::path::Path;
 use std::time::Instant;
 
 use fspace_core::{
-    Adam, ClassProbMethod, EarlyStopping, FunctionPredictive, Minibatches, Posterior, StopDecision,
+    Adam, ClassProbMethod, EarlyStopping, FunctionPredictive, LikelihoodSpec, Minibatches, Persist,
+    PersistError, Posterior, StopDecision,
 };
 use fspace_linalg::blocked::{cholesky_lower, solve_lower};
 use fspace_nn::{Network, NnError, Outputs};
@@ -12,11 +12,11 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{
-    check_data, check_likelihood, load_json, marginals, mean_nll_from_blocks, outputs_and_ntk_diagonal,
-    save_json, to_core,
+    check_data, check_likelihood, marginals, mean_nll_from_blocks, outputs_and_ntk_diagonal, to_core,
 };
 use crate::error::{ensure_positive, Result, VallaError};
 use crate::objective::{
@@ -34,7 +34,6 @@ use crate::objective::{
 /// | `iterations` | 20 000 | maximum Adam steps | ≥ 1 |
 /// | `prior_variance` | 1.0 | initial σ₀² of `κ = σ₀² J Jᵀ` | > 0 |
 /// | `learn_prior_variance` | true | optimise σ₀² | |
-/// | `learn_noise` | true | optimise σ² (Gaussian; starts at the likelihood's σ) | |
 /// | `optimize_inducing` | true | move `Z` by the NTK's input gradient | |
 /// | `validate_every` | 100 | iterations between validation NLL evaluations | ≥ 1 |
 /// | `patience` | `Some(5)` | evaluations without improvement before stopping (`None`: no early stopping) | |
@@ -57,8 +56,6 @@ pub struct VallaConfig {
     pub prior_variance: f64,
     /// Optimise σ₀².
     pub learn_prior_variance: bool,
-    /// Optimise σ² (Gaussian).
-    pub learn_noise: bool,
     /// Optimise `Z`.
     pub optimize_inducing: bool,
     /// Iterations between validation evaluations.
@@ -83,7 +80,6 @@ impl Default for VallaConfig {
             iterations: 20_000,
             prior_variance: 1.0,
             learn_prior_variance: true,
-            learn_noise: true,
             optimize_inducing: true,
             validate_every: 100,
             patience: Some(5),
@@ -285,7 +281,7 @@ fn mean_nll<N: Network>(
 /// optimisation on a network without an NTK input gradient.
 pub fn fit<N: Network + Clone>(
     net: N,
-    likelihood: VallaLikelihood,
+    spec: LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
@@ -293,6 +289,7 @@ pub fn fit<N: Network + Clone>(
 ) -> Result<VallaPosterior<N>> {
     let start = Instant::now();
     config.validate()?;
+    let likelihood = VallaLikelihood::from_spec(&spec, net.output_dim())?;
     check_data(&net, likelihood, x, y, "training data")?;
     if let Some((xv, yv)) = validation {
         check_data(&net, likelihood, xv, yv, "validation data")?;
@@ -355,10 +352,7 @@ pub fn fit<N: Network + Clone>(
         None => None,
     };
     let term = DataTerm { likelihood, approx: config.class_approx, alpha: config.alpha };
-    let learn = Learn {
-        prior_variance: config.learn_prior_variance,
-        noise: config.learn_noise && matches!(likelihood, VallaLikelihood::Gaussian { .. }),
-    };
+    let learn = Learn { prior_variance: config.learn_prior_variance, noise: spec.learns_noise() };
     let batches = Minibatches::new(n, config.batch_size, false)?;
     let mut rng = StdRng::seed_from_u64(config.seed);
     let mut adam = Adam::new(state.flat_len(), config.learning_rate);
@@ -436,7 +430,7 @@ pub fn fit<N: Network + Clone>(
         history,
         seconds: start.elapsed().as_secs_f64(),
     };
-    Ok(VallaPosterior { net, likelihood, prepared, report })
+    Ok(VallaPosterior { net, likelihood, spec, prepared, report })
 }
 
 /// A fitted VaLLA posterior: `f ~ GP(g(·; θ̂), K*)` with
@@ -445,6 +439,7 @@ pub fn fit<N: Network + Clone>(
 pub struct VallaPosterior<N> {
     net: N,
     likelihood: VallaLikelihood,
+    spec: LikelihoodSpec,
     prepared: Prepared,
     report: VallaReport,
 }
@@ -452,7 +447,8 @@ pub struct VallaPosterior<N> {
 impl<N: Network + Clone> VallaPosterior<N> {
     /// Builds a posterior from a given state (e.g. Prop. 2's optimal `A`, or a saved one);
     /// checks shapes and positivity.
-    pub fn from_state(net: N, likelihood: VallaLikelihood, state: VariationalState) -> Result<Self> {
+    pub fn from_state(net: N, spec: LikelihoodSpec, state: VariationalState) -> Result<Self> {
+        let likelihood = VallaLikelihood::from_spec(&spec, net.output_dim())?;
         check_likelihood(&net, likelihood)?;
         let m = state.z.nrows();
         if m == 0 {
@@ -486,7 +482,7 @@ impl<N: Network + Clone> VallaPosterior<N> {
             history: Vec::new(),
             seconds: 0.0,
         };
-        Ok(Self { net, likelihood, prepared, report })
+        Ok(Self { net, likelihood, spec, prepared, report })
     }
 
     /// The variational state (`Z`, outputs, σ₀², σ², `L`).
@@ -498,13 +494,8 @@ impl<N: Network + Clone> VallaPosterior<N> {
         &self.net
     }
     /// The likelihood, with σ the fitted one for Gaussian models.
-    pub fn likelihood(&self) -> VallaLikelihood {
-        match self.likelihood {
-            VallaLikelihood::Gaussian { .. } => {
-                VallaLikelihood::Gaussian { noise_std: self.state().noise_variance().sqrt() }
-            }
-            other => other,
-        }
+    pub fn likelihood(&self) -> LikelihoodSpec {
+        self.spec.with_noise_std(self.state().noise_variance().sqrt())
     }
     /// What the fit did.
     pub fn report(&self) -> &VallaReport {
@@ -537,21 +528,16 @@ impl<N: Network + Clone> VallaPosterior<N> {
         let (g, kxx) = outputs_and_ntk_diagonal(&self.net, x)?;
         mean_nll(&self.net, &self.prepared, self.likelihood, x, &g, &kxx, y)
     }
+}
 
-    /// Writes the posterior (network included) as JSON.
-    pub fn save(&self, path: impl AsRef<Path>) -> Result<()>
-    where
-        N: Serialize,
-    {
-        save_json(self, path.as_ref())
-    }
+/// Saves the network, the likelihood and the variational state.
+impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for VallaPosterior<N> {
+    const KIND: &'static str = "fspace_valla::VallaPosterior";
+    const VERSION: u32 = 2;
 
-    /// Reads a posterior written by [`save`](Self::save).
-    pub fn load(path: impl AsRef<Path>) -> Result<Self>
-    where
-        N: for<'de> Deserialize<'de>,
-    {
-        load_json(path.as_ref())
+    fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
+        check_likelihood(&self.net, self.likelihood)
+            .map_err(|e| PersistError::Invalid { kind: Self::KIND, reason: e.to_string() })
     }
 }
 

@@ -1,7 +1,7 @@
 //! VaLLA and ELLA against the exact linearised-Laplace GP (Prop. 2, Nyström identity), the
 //! objective's gradients against central finite differences, and bad input.
 
-use fspace_core::Posterior;
+use fspace_core::{CoreError, LikelihoodSpec, Persist, Posterior};
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_testutil::{assert_mat_close, fd_gradient, rand_uniform, randn, rng};
 use fspace_valla::internals::{objective_value_and_gradient, point_term_public};
@@ -51,9 +51,8 @@ fn prop2_with_z_equal_x_is_the_exact_linearised_laplace_gp() {
         log_noise_var: f64::ln(noise),
         l: DMatrix::identity(15, 15) / noise.sqrt(),
     };
-    let post =
-        VallaPosterior::from_state(net.clone(), VallaLikelihood::Gaussian { noise_std: noise.sqrt() }, state)
-            .unwrap();
+    let post = VallaPosterior::from_state(net.clone(), LikelihoodSpec::gaussian_learned(noise.sqrt()), state)
+        .unwrap();
     let (mean, cov) = post.predict_joint(&xs).unwrap();
     let exact = exact_lla(&net, &x, &xs, s0, noise);
     assert_mat_close(&cov, &exact, 1e-8, 1e-10);
@@ -84,7 +83,7 @@ fn prop2_optimal_a_is_a_stationary_point_of_the_elbo() {
     let z = x.rows(0, 6).into_owned();
     let (s0, noise) = (0.5, 0.02);
     let opt = prop2_optimal_state(&net, &x, &z, s0, noise).unwrap();
-    let lik = VallaLikelihood::Gaussian { noise_std: noise.sqrt() };
+    let lik = LikelihoodSpec::gaussian_learned(noise.sqrt());
     let grad_at = |state: &VariationalState| {
         objective_value_and_gradient(
             &net,
@@ -112,7 +111,7 @@ fn prop2_optimal_a_is_a_stationary_point_of_the_elbo() {
 fn flat_grad_check(
     net: &Mlp,
     state: &VariationalState,
-    lik: VallaLikelihood,
+    lik: LikelihoodSpec,
     approx: ClassApprox,
     alpha: f64,
     x: &DMatrix<f64>,
@@ -139,7 +138,7 @@ fn flat_grad_check(
         assert!((analytic - fd).abs() <= 2e-6 * fd.abs().max(1.0), "{name}: analytic {analytic} vs fd {fd}");
     };
     check("log σ₀²", g.log_prior_var, &|s, v| s.log_prior_var = v, state.log_prior_var);
-    if matches!(lik, VallaLikelihood::Gaussian { .. }) {
+    if matches!(lik, LikelihoodSpec::Gaussian { .. }) {
         check("log σ²", g.log_noise_var, &|s, v| s.log_noise_var = v, state.log_noise_var);
     }
     for c in 0..m {
@@ -179,7 +178,7 @@ fn objective_gradients_match_finite_differences_gaussian() {
         flat_grad_check(
             &net,
             &state,
-            VallaLikelihood::Gaussian { noise_std: 0.3 },
+            LikelihoodSpec::gaussian_learned(0.3),
             ClassApprox::Probit,
             alpha,
             &x,
@@ -195,13 +194,13 @@ fn objective_gradients_match_finite_differences_categorical() {
     let x = rand_uniform(5, 2, -1.0, 1.0, &mut rng(11));
     let y = [0.0, 2.0, 1.0, 1.0, 0.0];
     let state = random_state(4, 2, 3, 12);
-    flat_grad_check(&net, &state, VallaLikelihood::Categorical, ClassApprox::Probit, 1.0, &x, &y, None);
+    flat_grad_check(&net, &state, LikelihoodSpec::categorical(3), ClassApprox::Probit, 1.0, &x, &y, None);
     let eps: Vec<DMatrix<f64>> = (0..5).map(|i| randn(8, 3, &mut rng(20 + i))).collect();
     for alpha in [1.0, 0.5] {
         flat_grad_check(
             &net,
             &state,
-            VallaLikelihood::Categorical,
+            LikelihoodSpec::categorical(3),
             ClassApprox::MonteCarlo { samples: 8 },
             alpha,
             &x,
@@ -217,7 +216,7 @@ fn data_terms_match_closed_forms_and_quadrature() {
     let g = DVector::from_element(1, 0.3);
     let s = DMatrix::from_element(1, 1, 0.2);
     let (t, _, _) = point_term_public(
-        VallaLikelihood::Gaussian { noise_std: 0.5 },
+        LikelihoodSpec::gaussian_learned(0.5),
         ClassApprox::Probit,
         1.0,
         &g,
@@ -233,7 +232,7 @@ fn data_terms_match_closed_forms_and_quadrature() {
     // Gaussian α = 0.5 against quadrature of (1/α) log ∫ N(y|f,σ²)^α N(f|g,v) df.
     let alpha = 0.5;
     let (t, _, _) = point_term_public(
-        VallaLikelihood::Gaussian { noise_std: 0.5 },
+        LikelihoodSpec::gaussian_learned(0.5),
         ClassApprox::Probit,
         alpha,
         &g,
@@ -260,7 +259,7 @@ fn data_terms_match_closed_forms_and_quadrature() {
     let s3 = DMatrix::from_diagonal(&DVector::from_vec(vec![0.3, 0.1, 0.5]));
     let eps = randn(200_000, 3, &mut rng(99));
     let (t_mc, _, _) = point_term_public(
-        VallaLikelihood::Categorical,
+        LikelihoodSpec::categorical(3),
         ClassApprox::MonteCarlo { samples: 200_000 },
         1.0,
         &g3,
@@ -271,7 +270,7 @@ fn data_terms_match_closed_forms_and_quadrature() {
     )
     .unwrap();
     let (t_pr, _, _) =
-        point_term_public(VallaLikelihood::Categorical, ClassApprox::Probit, 1.0, &g3, &s3, 0.0, 1.0, None)
+        point_term_public(LikelihoodSpec::categorical(3), ClassApprox::Probit, 1.0, &g3, &s3, 0.0, 1.0, None)
             .unwrap();
     assert!((t_mc - t_pr).abs() < 0.05, "MC {t_mc} vs probit {t_pr}");
 }
@@ -286,15 +285,9 @@ fn ella_with_all_points_and_eigenvectors_is_exact_on_the_data_and_misses_the_nys
     for route in [FeatureRoute::Jvp, FeatureRoute::Kernel] {
         let config =
             EllaConfig { num_points: 12, num_eigen: 12, prior: EllaPrior::Fixed(1.0 / s0), seed: 0, route };
-        let ella = fit_ella(
-            net.clone(),
-            VallaLikelihood::Gaussian { noise_std: noise.sqrt() },
-            &x,
-            &y,
-            None,
-            &config,
-        )
-        .unwrap();
+        let ella =
+            fit_ella(net.clone(), LikelihoodSpec::gaussian_learned(noise.sqrt()), &x, &y, None, &config)
+                .unwrap();
         assert_eq!(ella.num_features(), 12);
         let (_, cov_x) = ella.predict_joint(&x).unwrap();
         assert_mat_close(&cov_x, &exact_lla(&net, &x, &x, s0, noise), 1e-7, 1e-10);
@@ -314,8 +307,8 @@ fn ella_chooses_the_prior_precision_on_validation_data() {
     let (x, y) = sine_data(40, 17);
     let (xv, yv) = sine_data(20, 18);
     let config = EllaConfig { num_points: 30, num_eigen: 10, ..EllaConfig::default() };
-    let ella = fit_ella(net, VallaLikelihood::Gaussian { noise_std: 0.1 }, &x, &y, Some((&xv, &yv)), &config)
-        .unwrap();
+    let ella =
+        fit_ella(net, LikelihoodSpec::gaussian_learned(0.1), &x, &y, Some((&xv, &yv)), &config).unwrap();
     let best = ella.grid().iter().fold(f64::INFINITY, |m, (_, v)| m.min(*v));
     assert_eq!(ella.grid().len(), 41);
     assert!((ella.predictive_nll(&xv, &yv).unwrap() - best).abs() < 1e-10);
@@ -346,8 +339,7 @@ fn valla_fit_learns_hyperparameters_stops_early_and_round_trips() {
         ..VallaConfig::default()
     };
     let post =
-        fit(net.clone(), VallaLikelihood::Gaussian { noise_std: 0.3 }, &x, &y, Some((&xv, &yv)), &config)
-            .unwrap();
+        fit(net.clone(), LikelihoodSpec::gaussian_learned(0.3), &x, &y, Some((&xv, &yv)), &config).unwrap();
     let rep = post.report();
     assert!(rep.history.len() >= 2);
     let first = rep.history[0].validation_nll.unwrap();
@@ -369,7 +361,7 @@ fn valla_fit_learns_hyperparameters_stops_early_and_round_trips() {
 fn bad_input_gives_typed_errors() {
     let net = mlp(1, 1, 23);
     let (x, y) = sine_data(10, 24);
-    let lik = VallaLikelihood::Gaussian { noise_std: 0.1 };
+    let lik = LikelihoodSpec::gaussian_learned(0.1);
     let no_es = VallaConfig { patience: None, ..VallaConfig::default() };
     let too_many = VallaConfig { num_inducing: 11, ..no_es.clone() };
     assert!(matches!(fit(net.clone(), lik, &x, &y, None, &too_many), Err(VallaError::TooManyPoints { .. })));
@@ -380,8 +372,8 @@ fn bad_input_gives_typed_errors() {
     ));
     let ok = VallaConfig { num_inducing: 3, ..no_es.clone() };
     assert!(matches!(
-        fit(net.clone(), VallaLikelihood::Gaussian { noise_std: -1.0 }, &x, &y, None, &ok),
-        Err(VallaError::InvalidParameter { .. })
+        fit(net.clone(), LikelihoodSpec::gaussian_learned(-1.0), &x, &y, None, &ok),
+        Err(VallaError::Core(CoreError::InvalidParameter { .. }))
     ));
     let mut xn = x.clone();
     xn[(2, 0)] = f64::NAN;
@@ -400,19 +392,19 @@ fn bad_input_gives_typed_errors() {
     let mut labels = DVector::from_fn(10, |i, _| (i % 3) as f64);
     labels[4] = 3.0;
     assert!(matches!(
-        fit(cls.clone(), VallaLikelihood::Categorical, &x, &labels, None, &ok),
+        fit(cls.clone(), LikelihoodSpec::categorical(3), &x, &labels, None, &ok),
         Err(VallaError::InvalidTarget { index: 4, .. })
     ));
     labels[4] = 0.5;
     assert!(matches!(
-        fit(cls.clone(), VallaLikelihood::Categorical, &x, &labels, None, &ok),
+        fit(cls.clone(), LikelihoodSpec::categorical(3), &x, &labels, None, &ok),
         Err(VallaError::InvalidTarget { .. })
     ));
     // Probit with α < 1 is not defined.
     let probit_alpha = VallaConfig { alpha: 0.5, ..ok.clone() };
     labels[4] = 1.0;
     assert!(matches!(
-        fit(cls, VallaLikelihood::Categorical, &x, &labels, None, &probit_alpha),
+        fit(cls, LikelihoodSpec::categorical(3), &x, &labels, None, &probit_alpha),
         Err(VallaError::InvalidParameter { .. })
     ));
     // ELLA.
@@ -482,7 +474,7 @@ fn classification_fit_assigns_inducing_points_per_class() {
         learning_rate: 1e-2,
         ..VallaConfig::default()
     };
-    let post = fit(net, VallaLikelihood::Categorical, &x, &y, None, &config).unwrap();
+    let post = fit(net, LikelihoodSpec::categorical(3), &x, &y, None, &config).unwrap();
     let mut counts = [0; 3];
     for &o in &post.state().outputs {
         counts[o] += 1;
@@ -492,4 +484,18 @@ fn classification_fit_assigns_inducing_points_per_class() {
     for i in 0..90 {
         assert!((probs.row(i).sum() - 1.0).abs() < 1e-12);
     }
+}
+
+#[test]
+fn likelihoods_other_than_gaussian_and_categorical_are_refused_by_name() {
+    let net = mlp(1, 2, 30);
+    let (x, y) = sine_data(10, 31);
+    let cfg = VallaConfig { num_inducing: 3, patience: None, ..VallaConfig::default() };
+    for spec in [LikelihoodSpec::HeteroscedasticGaussian, LikelihoodSpec::Bernoulli] {
+        let e = fit(net.clone(), spec, &x, &y, None, &cfg).unwrap_err();
+        assert!(matches!(e, VallaError::Core(CoreError::Unsupported { method: "VaLLA / ELLA", .. })), "{e}");
+    }
+    // Classes must match the network's outputs.
+    let e = fit(net, LikelihoodSpec::categorical(3), &x, &y, None, &cfg).unwrap_err();
+    assert!(matches!(e, VallaError::DimensionMismatch { expected: 2, found: 3, .. }), "{e}");
 }

@@ -35,7 +35,7 @@ use fspace_laplace::{
     fit as laplace_fit, LaplaceConfig, LaplacePosterior, MarglikConfig, PriorPrecision, Structure,
 };
 use fspace_nn::{train_map, Mlp, TrainConfig};
-use fspace_valla::{fit, fit_ella, EllaConfig, EllaPosterior, VallaConfig, VallaLikelihood, VallaPosterior};
+use fspace_valla::{fit, fit_ella, EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -221,7 +221,7 @@ fn fit_method(
         "ELLA" => {
             let points = budget.ella_points.min(x.nrows());
             let cfg = EllaConfig { num_points: points, seed, ..EllaConfig::default() };
-            let post = fit_ella(net.clone(), VallaLikelihood::Categorical, x, y, validation, &cfg)?;
+            let post = fit_ella(net.clone(), CATEGORICAL, x, y, validation, &cfg)?;
             let lambda = post.prior_precision();
             (Fitted::Ella(Box::new(post)), json!({ "lambda": lambda, "points": points }))
         }
@@ -238,7 +238,7 @@ fn fit_method(
                 seed,
                 ..VallaConfig::default()
             };
-            let post = fit(net.clone(), VallaLikelihood::Categorical, x, y, validation, &cfg)?;
+            let post = fit(net.clone(), CATEGORICAL, x, y, validation, &cfg)?;
             let rep = post.report();
             let extra = json!({
                 "iterations": rep.iterations,

@@ -28,7 +28,7 @@ use fspace_core::{Gaussian, Posterior};
 use fspace_data::{boston, concrete, wine_quality_red, Dataset, Standardizer};
 use fspace_laplace::Structure;
 use fspace_nn::{train_map, Mlp, TrainConfig};
-use fspace_valla::{fit, fit_ella, EllaConfig, VallaConfig, VallaLikelihood};
+use fspace_valla::{fit, fit_ella, EllaConfig, VallaConfig};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -130,14 +130,8 @@ fn fit_and_predict(
         }
         "ELLA" => {
             let cfg = EllaConfig { num_points: 100.min(x.nrows()), seed, ..EllaConfig::default() };
-            let post = fit_ella(
-                net.clone(),
-                VallaLikelihood::Gaussian { noise_std: sigma },
-                x,
-                y,
-                Some((xv, yv)),
-                &cfg,
-            )?;
+            let post =
+                fit_ella(net.clone(), LikelihoodSpec::gaussian_learned(sigma), x, y, Some((xv, yv)), &cfg)?;
             let (m, v) = from(Posterior::predict(&post, xt)?, noise);
             (m, v, json!({ "lambda": post.prior_precision() }))
         }
@@ -150,8 +144,7 @@ fn fit_and_predict(
                 seed,
                 ..VallaConfig::default()
             };
-            let post =
-                fit(net.clone(), VallaLikelihood::Gaussian { noise_std: sigma }, x, y, Some((xv, yv)), &cfg)?;
+            let post = fit(net.clone(), LikelihoodSpec::gaussian_learned(sigma), x, y, Some((xv, yv)), &cfg)?;
             let st = post.state();
             let (mean, var) = from(Posterior::predict(&post, xt)?, st.noise_variance());
             let rep = post.report();

@@ -25,7 +25,7 @@ use fspace_laplace::{
     fit as laplace_fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
 };
 use fspace_nn::{train_map, TrainConfig};
-use fspace_valla::{fit, fit_ella, EllaConfig, EllaPrior, FeatureRoute, VallaConfig, VallaLikelihood};
+use fspace_valla::{fit, fit_ella, EllaConfig, EllaPrior, FeatureRoute, VallaConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
@@ -172,7 +172,6 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             iterations: fig7_steps,
             prior_variance: prior_var,
             learn_prior_variance: false,
-            learn_noise: false,
             patience: None,
             validate_every: 500,
             seed: opts.seed,
@@ -180,7 +179,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         };
         // The k-means start (fit draws the same), to report how far Z moved.
         let initial = fspace_gp::kmeans(&x, m, config.kmeans_iterations, config.seed)?;
-        let post = fit(net.clone(), VallaLikelihood::Gaussian { noise_std: sigma }, &x, &y, None, &config)?;
+        let post = fit(net.clone(), LikelihoodSpec::gaussian(sigma), &x, &y, None, &config)?;
         let (mean, std, w2) = evaluate(&post)?;
         let rep = post.report();
         run.log(format!("VaLLA M = {m} (LLA hyperparameters): W2 to LLA {w2:.4}, {} iterations in {:.2}s ({:.3} ms/iteration)", rep.iterations, rep.seconds, rep.seconds * 1e3 / rep.iterations as f64));
@@ -216,7 +215,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let t = Instant::now();
         let ella = fit_ella(
             net.clone(),
-            VallaLikelihood::Gaussian { noise_std: sigma },
+            LikelihoodSpec::gaussian_learned(sigma),
             &x,
             &y,
             None,
@@ -266,14 +265,8 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 seed: opts.seed,
                 ..VallaConfig::default()
             };
-            let post = fit(
-                net.clone(),
-                VallaLikelihood::Gaussian { noise_std: sigma },
-                &x,
-                &y,
-                Some((&xv, &yv)),
-                &config,
-            )?;
+            let post =
+                fit(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &x, &y, Some((&xv, &yv)), &config)?;
             let (mean, std, w2) = evaluate(&post)?;
             let rep = post.report();
             let (pv, ns) = (post.state().prior_variance(), post.state().noise_variance().sqrt());
