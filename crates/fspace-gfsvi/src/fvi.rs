@@ -16,7 +16,9 @@
 //! `onehot(yᵢ) − softmax(f)` per sample and no `σ_y`.
 
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
-use fspace_core::{Categorical, Likelihood};
+use fspace_core::{Categorical, Likelihood, LikelihoodSpec};
+
+use crate::observation::{observation, Observation};
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -32,21 +34,9 @@ use crate::prior::GpPrior;
 use crate::sampled::{fit_mean_field, pack, unpack, Fitted};
 use crate::ssge::Ssge;
 
-/// The likelihood of FVI's data term.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum FviLikelihood {
-    /// `N(y | f, σ_y²)` per output; targets `n × d'` (the paper's regression runs).
-    #[default]
-    Gaussian,
-    /// Categorical over the `d'` logits; targets are labels `0..d'` as an `n × 1` matrix.
-    Categorical,
-}
-
 /// FVI settings; `Default` holds the paper's values where it states them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FviConfig {
-    /// The data term's likelihood (Gaussian).
-    pub likelihood: FviLikelihood,
     /// Uniform measurement points per step (50).
     pub n_uniform: usize,
     /// Measurement points taken from the minibatch per step (450; all of a smaller batch).
@@ -62,10 +52,6 @@ pub struct FviConfig {
     pub ssge: Ssge,
     /// Initial weight standard deviation.
     pub init_std: f64,
-    /// Initial likelihood standard deviation `σ_y`.
-    pub init_noise_std: f64,
-    /// Learn `σ_y`.
-    pub learn_noise: bool,
     /// Weight samples kept for predictions (100).
     pub predictive_samples: usize,
     /// Adam, minibatches, early stopping.
@@ -75,7 +61,6 @@ pub struct FviConfig {
 impl Default for FviConfig {
     fn default() -> Self {
         Self {
-            likelihood: FviLikelihood::Gaussian,
             n_uniform: 50,
             n_batch: 450,
             measurement_box: None,
@@ -83,18 +68,18 @@ impl Default for FviConfig {
             prior_jitter: 1e-6,
             ssge: Ssge::default(),
             init_std: 1e-2,
-            init_noise_std: 1.0,
-            learn_noise: true,
             predictive_samples: 100,
             optim: OptimConfig::default(),
         }
     }
 }
 
-/// Fits FVI with the GP `prior` to a regression set (Gaussian likelihood), starting the means
-/// at the network's current weights.
+/// Fits FVI with the GP `prior` under `likelihood` (`Gaussian` / `IsotropicGaussian`: `σ_y`
+/// starts at its σ and is learned if it says so; `Categorical`: labels `n × 1`), starting the
+/// means at the network's current weights.
 pub fn fit_fvi<N: Network + Clone>(
     net: &N,
+    likelihood: LikelihoodSpec,
     prior: &GpPrior,
     x: &DMatrix<f64>,
     y: &DMatrix<f64>,
@@ -102,7 +87,8 @@ pub fn fit_fvi<N: Network + Clone>(
     config: &FviConfig,
 ) -> Fitted<N> {
     let q = net.output_dim();
-    let categorical = config.likelihood == FviLikelihood::Categorical;
+    let (observation, init_noise_std, learn_noise) = observation(&likelihood, q, "FVI", true)?;
+    let categorical = observation == Observation::Categorical;
     let target_cols = if categorical { 1 } else { q };
     check_regression(x, y, net.input_dim(), target_cols, "training inputs")?;
     if let Some((xv, yv)) = validation {
@@ -127,12 +113,8 @@ pub fn fit_fvi<N: Network + Clone>(
     if config.samples < 2 {
         return Err(invalid("FVI function samples", "SSGE needs at least 2"));
     }
-    for (what, v) in
-        [("initial weight std", config.init_std), ("initial noise std σ_y", config.init_noise_std)]
-    {
-        if !(v.is_finite() && v > 0.0) {
-            return Err(invalid(what, format!("{v} (must be > 0)")));
-        }
+    if !(config.init_std.is_finite() && config.init_std > 0.0) {
+        return Err(invalid("initial weight std", format!("{} (must be > 0)", config.init_std)));
     }
     if !(config.prior_jitter.is_finite() && config.prior_jitter >= 0.0) {
         return Err(invalid("FVI prior jitter", format!("{} (must be ≥ 0)", config.prior_jitter)));
@@ -207,8 +189,7 @@ pub fn fit_fvi<N: Network + Clone>(
         let mut sq_total = 0.0;
         for (s, e) in eps.iter().enumerate() {
             let f = &outs[s];
-            let (logp, grad_f, sq) =
-                sample_data_term(config.likelihood, &f.rows(0, b).into_owned(), &yb, sigma2)?;
+            let (logp, grad_f, sq) = data_term(observation, &f.rows(0, b).into_owned(), &yb, sigma2)?;
             ell += scale * logp / k as f64;
             sq_total += sq;
             let mut cot = DMatrix::zeros(b + mpts, q);
@@ -226,23 +207,14 @@ pub fn fit_fvi<N: Network + Clone>(
                 grad[p + j] += gw[j] * e[j] * sd[j] / k as f64;
             }
         }
-        if config.learn_noise && !categorical {
+        if learn_noise && !categorical {
             let count = (b * q) as f64;
             grad[2 * p] = scale * (-count + sq_total / k as f64 / sigma2);
         }
         Ok((ell, grad))
     };
-    let theta0 = pack(&net.params(), config.init_std.ln(), config.init_noise_std.ln());
-    fit_mean_field(
-        net,
-        theta0,
-        n,
-        &config.optim,
-        validation,
-        config.predictive_samples,
-        config.likelihood,
-        step,
-    )
+    let theta0 = pack(&net.params(), config.init_std.ln(), init_noise_std.ln());
+    fit_mean_field(net, theta0, n, &config.optim, validation, config.predictive_samples, observation, step)
 }
 
 /// Labels `0..classes` in an `n × 1` matrix (`fspace_core::Categorical`'s rule), as an
@@ -255,21 +227,32 @@ fn check_labels(y: &DMatrix<f64>, classes: usize, what: &'static str) -> Result<
 /// One function sample's data term on a batch: `(Σᵢ log p(yᵢ | fᵢ), ∂/∂f (b × d'), Σ squared
 /// residuals)` — the residuals only for the Gaussian, whose `σ_y` gradient needs them. The
 /// categorical term is `fspace_core::Categorical`'s negated NLL and gradient.
+/// `likelihood` is a Gaussian (`σ²` = `sigma2`, not the spec's σ) or a categorical spec whose
+/// outputs match `f`'s columns.
 pub fn sample_data_term(
-    likelihood: FviLikelihood,
+    likelihood: &LikelihoodSpec,
+    f: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    sigma2: f64,
+) -> Result<(f64, DMatrix<f64>, f64), GfsviError> {
+    data_term(observation(likelihood, f.ncols(), "FVI", true)?.0, f, y, sigma2)
+}
+
+fn data_term(
+    likelihood: Observation,
     f: &DMatrix<f64>,
     y: &DMatrix<f64>,
     sigma2: f64,
 ) -> Result<(f64, DMatrix<f64>, f64), GfsviError> {
     let (b, q) = f.shape();
     Ok(match likelihood {
-        FviLikelihood::Gaussian => {
+        Observation::Gaussian => {
             let r = y - f;
             let sq = r.norm_squared();
             let logp = -0.5 * (b * q) as f64 * (std::f64::consts::TAU * sigma2).ln() - sq / (2.0 * sigma2);
             (logp, r / sigma2, sq)
         }
-        FviLikelihood::Categorical => {
+        Observation::Categorical => {
             let (lik, labels) = (Categorical::new(q)?, DVector::from_column_slice(y.as_slice()));
             (-lik.nll(f, &labels)?, -lik.nll_grad(f, &labels)?, 0.0)
         }

@@ -23,15 +23,17 @@
 //! TFSVI's `J(m) m` through the tangent pull-back as well.
 
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
-use fspace_core::{sample_gaussian, FunctionPredictive, Posterior};
+use fspace_core::{sample_gaussian, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior};
 use fspace_nn::{GramCotangent, Network, NnError, Outputs, WeightedGram};
 use nalgebra::{DMatrix, DVector};
 use rand::{RngCore, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::divergence::{check_gamma, regularized_kl};
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
+use crate::observation::{observation, Observation};
 use crate::optim::{optimise, OptimConfig, OptimReport};
 use crate::prior::GpPrior;
 
@@ -68,27 +70,11 @@ pub struct GfsviConfig {
     pub measurement_from_batch: usize,
     /// Initial weight standard deviation `√s` (all weights).
     pub init_std: f64,
-    /// Initial likelihood standard deviation `σ_y`.
-    pub init_noise_std: f64,
-    /// Learn `σ_y` (the paper does); otherwise it stays at `init_noise_std`.
-    pub learn_noise: bool,
-    /// The likelihood: Gaussian (closed form) or categorical (Monte Carlo over the linearised
-    /// logits with this many draws per step).
-    pub likelihood: Likelihood,
+    /// Monte-Carlo draws per step of the categorical data term over the linearised logits
+    /// (unused for Gaussian likelihoods, whose term is in closed form).
+    pub class_samples: usize,
     /// Adam, minibatches, early stopping.
     pub optim: OptimConfig,
-}
-
-/// The likelihood GFSVI / TFSVI fit.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum Likelihood {
-    /// `N(y | f, σ_y²)`, targets `n × d'`.
-    Gaussian,
-    /// Softmax over `d'` logits, targets `n × 1` labels; `samples` Monte-Carlo draws per step.
-    Categorical {
-        /// Draws per step (≥ 1).
-        samples: usize,
-    },
 }
 
 impl Default for GfsviConfig {
@@ -99,9 +85,7 @@ impl Default for GfsviConfig {
             measurement_box: None,
             measurement_from_batch: 0,
             init_std: 1e-2,
-            init_noise_std: 1.0,
-            learn_noise: true,
-            likelihood: Likelihood::Gaussian,
+            class_samples: 10,
             optim: OptimConfig::default(),
         }
     }
@@ -113,12 +97,8 @@ impl GfsviConfig {
             return Err(invalid("number of measurement points M", "must be ≥ 1"));
         }
         check_gamma(self.gamma)?;
-        for (what, v) in
-            [("initial weight std", self.init_std), ("initial noise std σ_y", self.init_noise_std)]
-        {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(invalid(what, format!("{v} (must be > 0)")));
-            }
+        if !(self.init_std.is_finite() && self.init_std > 0.0) {
+            return Err(invalid("initial weight std", format!("{} (must be > 0)", self.init_std)));
         }
         self.optim.validate()
     }
@@ -387,6 +367,7 @@ pub fn objective_with<N: Network>(
 }
 
 /// A fitted GFSVI / TFSVI model.
+#[derive(Debug, Clone)]
 pub struct GfsviFit<N> {
     /// The linearised posterior over functions.
     pub posterior: LinearizedPosterior<N>,
@@ -396,12 +377,14 @@ pub struct GfsviFit<N> {
     pub report: OptimReport,
 }
 
-/// Fits GFSVI (`FunctionPrior::Gp`) or TFSVI (`FunctionPrior::WeightPushforward`) to a
-/// regression set (Gaussian likelihood, `y` `n × d'`), starting from the network's current
-/// weights as `m`. With a validation set, the validation NLL of the predictive decides early
+/// Fits GFSVI (`FunctionPrior::Gp`) or TFSVI (`FunctionPrior::WeightPushforward`) under
+/// `likelihood` — `Gaussian` / `IsotropicGaussian` (`y` `n × d'`; `σ_y` starts at its σ and is
+/// learned if it says so; the paper learns it from 1) or `Categorical` (`y` `n × 1` labels) —
+/// starting from the network's current weights as `m`. With a validation set, the validation NLL of the predictive decides early
 /// stopping.
 pub fn fit<N: Network + Clone>(
     net: &N,
+    likelihood: LikelihoodSpec,
     prior: &FunctionPrior,
     x: &DMatrix<f64>,
     y: &DMatrix<f64>,
@@ -410,13 +393,14 @@ pub fn fit<N: Network + Clone>(
 ) -> Result<GfsviFit<N>> {
     config.validate()?;
     let q = net.output_dim();
-    let term_kind = match config.likelihood {
-        Likelihood::Gaussian => DataTerm::Gaussian,
-        Likelihood::Categorical { samples } => {
-            if samples == 0 {
+    let (observation, init_noise_std, learn_noise) = observation(&likelihood, q, "GFSVI / TFSVI", true)?;
+    let term_kind = match observation {
+        Observation::Gaussian => DataTerm::Gaussian,
+        Observation::Categorical => {
+            if config.class_samples == 0 {
                 return Err(invalid("Monte-Carlo samples of the categorical data term", "must be ≥ 1"));
             }
-            DataTerm::Categorical { samples, seed: 0 }
+            DataTerm::Categorical { samples: config.class_samples, seed: 0 }
         }
     };
     check_targets(x, y, net.input_dim(), q, &term_kind)?;
@@ -447,12 +431,11 @@ pub fn fit<N: Network + Clone>(
     let init = VariationalParams {
         mean: net.params(),
         log_std: DVector::from_element(p, config.init_std.ln()),
-        log_noise_std: config.init_noise_std.ln(),
+        log_noise_std: init_noise_std.ln(),
     };
     let mut work = net.clone();
     let mut val_net = net.clone();
     let n = x.nrows();
-    let learn_noise = config.learn_noise;
     let step = |theta: &DVector<f64>, batch: &[usize], rng: &mut rand::rngs::StdRng| {
         let params = VariationalParams::unflatten(theta, p);
         let xb = x.select_rows(batch);
@@ -546,7 +529,7 @@ pub fn gaussian_nll(pred: &FunctionPredictive, y: &DMatrix<f64>, noise_std: f64)
 
 /// The linearised network's Gaussian posterior over functions,
 /// `GP(f(·; m), J(·; m) S J(·; m)ᵀ)`, with the learned likelihood scale.
-#[derive(Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinearizedPosterior<N> {
     net: N,
     s: DVector<f64>,
@@ -585,8 +568,25 @@ impl<N: Network + Clone> LinearizedPosterior<N> {
     }
 }
 
-fn core_err(e: impl std::fmt::Display) -> fspace_core::CoreError {
-    fspace_core::CoreError::InvalidParameter { what: "linearised posterior", reason: e.to_string() }
+fn core_err(e: impl std::error::Error + Send + Sync + 'static) -> fspace_core::CoreError {
+    fspace_core::CoreError::method("linearised posterior", e)
+}
+
+/// Saves the network at the mean, the weight variances and `σ_y`.
+impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for LinearizedPosterior<N> {
+    const KIND: &'static str = "fspace_gfsvi::LinearizedPosterior";
+    const VERSION: u32 = 1;
+
+    fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
+        if self.s.len() == self.net.n_params() && self.s.iter().all(|v| v.is_finite() && *v >= 0.0) {
+            Ok(())
+        } else {
+            Err(PersistError::Invalid {
+                kind: Self::KIND,
+                reason: "weight variances do not fit the network".into(),
+            })
+        }
+    }
 }
 
 impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {

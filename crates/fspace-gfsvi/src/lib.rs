@@ -29,6 +29,7 @@ pub mod error;
 pub mod fvi;
 pub mod gfsvi;
 pub mod mfvi;
+mod observation;
 pub mod optim;
 pub mod prior;
 pub mod sampled;
@@ -36,9 +37,9 @@ pub mod ssge;
 
 pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
-pub use fvi::{fit_fvi, sample_data_term, FviConfig, FviLikelihood};
+pub use fvi::{fit_fvi, sample_data_term, FviConfig};
 pub use gfsvi::{
-    fit, gaussian_nll, objective, objective_with, DataTerm, FunctionPrior, GfsviConfig, GfsviFit, Likelihood,
+    fit, gaussian_nll, objective, objective_with, DataTerm, FunctionPrior, GfsviConfig, GfsviFit,
     LinearizedPosterior, ObjectiveValue, VariationalParams,
 };
 pub use mfvi::{fit_mfvi, MfviConfig};

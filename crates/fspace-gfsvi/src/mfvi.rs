@@ -6,6 +6,7 @@
 //! `Σ_k ½[(σ_k² + m_k²)/σ_p² − 1 − log(σ_k²/σ_p²)]`. Forward and backward are explicit
 //! nalgebra GEMMs on the MLP's documented parameter layout.
 
+use fspace_core::LikelihoodSpec;
 use fspace_nn::{Activation, Mlp};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -13,7 +14,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
-use crate::fvi::FviLikelihood;
+use crate::observation::{observation, Observation};
 use crate::optim::OptimConfig;
 use crate::sampled::{fit_mean_field, pack, unpack, Fitted};
 
@@ -24,10 +25,6 @@ pub struct MfviConfig {
     pub prior_std: f64,
     /// Initial weight standard deviation.
     pub init_std: f64,
-    /// Initial likelihood standard deviation `σ_y`.
-    pub init_noise_std: f64,
-    /// Learn `σ_y`.
-    pub learn_noise: bool,
     /// Weight samples kept for predictions (100, as the paper's MC predictive).
     pub predictive_samples: usize,
     /// Adam, minibatches, early stopping.
@@ -36,14 +33,7 @@ pub struct MfviConfig {
 
 impl Default for MfviConfig {
     fn default() -> Self {
-        Self {
-            prior_std: 0.75,
-            init_std: 1e-2,
-            init_noise_std: 1.0,
-            learn_noise: true,
-            predictive_samples: 100,
-            optim: OptimConfig::default(),
-        }
+        Self { prior_std: 0.75, init_std: 1e-2, predictive_samples: 100, optim: OptimConfig::default() }
     }
 }
 
@@ -153,25 +143,23 @@ fn lrt_forward_backward(
     (f, gm, gs)
 }
 
-/// Fits MFVI to a regression set (Gaussian likelihood), starting the means at the network's
-/// current weights.
+/// Fits MFVI to a regression set (`Gaussian` / `IsotropicGaussian` likelihood: `σ_y` starts at
+/// its σ and is learned if it says so), starting the means at the network's current weights.
 pub fn fit_mfvi(
     net: &Mlp,
+    likelihood: LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DMatrix<f64>,
     validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
     config: &MfviConfig,
 ) -> Fitted<Mlp> {
     let q = net.output_dim();
+    let (_, init_noise_std, learn_noise) = observation(&likelihood, q, "MFVI", false)?;
     check_regression(x, y, net.input_dim(), q, "training inputs")?;
     if let Some((xv, yv)) = validation {
         check_regression(xv, yv, net.input_dim(), q, "validation inputs")?;
     }
-    for (what, v) in [
-        ("MFVI prior scale σ_p", config.prior_std),
-        ("initial weight std", config.init_std),
-        ("initial noise std σ_y", config.init_noise_std),
-    ] {
+    for (what, v) in [("MFVI prior scale σ_p", config.prior_std), ("initial weight std", config.init_std)] {
         if !(v.is_finite() && v > 0.0) {
             return Err(invalid(what, format!("{v} (must be > 0)")));
         }
@@ -204,12 +192,12 @@ pub fn fit_mfvi(
             // ∂/∂ρ = 2s ∂/∂s; ∂KL/∂s = ½(1/σ_p² − 1/s).
             g[p + k] = 2.0 * s[k] * gs_lik[k] - (s[k] / prior_var - 1.0);
         }
-        if config.learn_noise {
+        if learn_noise {
             g[2 * p] = scale * (-count + sq / sigma2);
         }
         Ok((ell - kl, g))
     };
-    let theta0 = pack(&net.params(), config.init_std.ln(), config.init_noise_std.ln());
+    let theta0 = pack(&net.params(), config.init_std.ln(), init_noise_std.ln());
     fit_mean_field(
         net,
         theta0,
@@ -217,7 +205,7 @@ pub fn fit_mfvi(
         &config.optim,
         validation,
         config.predictive_samples,
-        FviLikelihood::Gaussian,
+        Observation::Gaussian,
         step,
     )
 }

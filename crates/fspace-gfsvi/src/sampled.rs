@@ -1,20 +1,22 @@
 //! A posterior over functions represented by Monte-Carlo weight samples from a mean-field
 //! Gaussian `q(w) = N(m, diag(σ²))` on the (non-linearised) network — what FVI and MFVI return.
 
-use fspace_core::{FunctionPredictive, Posterior};
+use fspace_core::{FunctionPredictive, Persist, PersistError, Posterior};
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::fvi::FviLikelihood;
+use crate::observation::Observation;
 use crate::optim::{OptimConfig, OptimReport};
 
 /// `q(w) = N(m, diag(σ²))` with a fixed set of weight samples for predictions (the paper's
 /// 100) and fresh draws for [`sample_functions`](Posterior::sample_functions).
-#[derive(Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WeightSamplePosterior<N> {
     net: N,
     mean: DVector<f64>,
@@ -83,8 +85,8 @@ impl<N: Network + Clone> WeightSamplePosterior<N> {
     }
 }
 
-fn err(e: impl std::fmt::Display) -> fspace_core::CoreError {
-    fspace_core::CoreError::InvalidParameter { what: "weight-sample posterior", reason: e.to_string() }
+fn err(e: impl std::error::Error + Send + Sync + 'static) -> fspace_core::CoreError {
+    fspace_core::CoreError::method("weight-sample posterior", e)
 }
 
 impl<N: Network + Clone> Posterior for WeightSamplePosterior<N> {
@@ -124,7 +126,28 @@ impl<N: Network + Clone> Posterior for WeightSamplePosterior<N> {
     }
 }
 
+/// Saves the network, the mean, the standard deviations, the predictive weight samples and
+/// `σ_y`.
+impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for WeightSamplePosterior<N> {
+    const KIND: &'static str = "fspace_gfsvi::WeightSamplePosterior";
+    const VERSION: u32 = 1;
+
+    fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
+        let p = self.net.n_params();
+        let ok = self.mean.len() == p && self.std.len() == p && self.samples.iter().all(|w| w.len() == p);
+        if ok {
+            Ok(())
+        } else {
+            Err(PersistError::Invalid {
+                kind: Self::KIND,
+                reason: format!("weight vectors do not have the network's {p} entries"),
+            })
+        }
+    }
+}
+
 /// A fitted FVI / MFVI model.
+#[derive(Debug, Clone)]
 pub struct SampledFit<N> {
     /// The Monte-Carlo posterior.
     pub posterior: WeightSamplePosterior<N>,
@@ -156,7 +179,7 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
     optim: &OptimConfig,
     validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
     predictive_samples: usize,
-    likelihood: FviLikelihood,
+    likelihood: Observation,
     step: impl FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)>,
 ) -> Fitted<N> {
     let p = net.n_params();
@@ -167,8 +190,8 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
         val_net.set_params(&m)?;
         let post = WeightSamplePosterior::new(val_net.clone(), m, sd, log_noise.exp(), 20, optim.seed);
         match likelihood {
-            FviLikelihood::Gaussian => crate::gfsvi::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp()),
-            FviLikelihood::Categorical => {
+            Observation::Gaussian => crate::gfsvi::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp()),
+            Observation::Categorical => {
                 let probs = post.class_probabilities(xv)?;
                 let nll: f64 =
                     (0..xv.nrows()).map(|i| -probs[(i, yv[(i, 0)] as usize)].max(1e-300).ln()).sum();

@@ -2,7 +2,11 @@
 //! objective gradients against central finite differences, D_KL^γ → KL as γ → 0, SSGE against
 //! an analytic score, MFVI's local reparameterisation against finite differences, bad input.
 
+use fspace_core::LikelihoodSpec;
 use fspace_gfsvi::*;
+
+/// The paper's likelihood: σ_y learned from 1.
+const LEARNED: LikelihoodSpec = LikelihoodSpec::Gaussian { sigma: 1.0, learn: true };
 use fspace_kernels::{PriorMean, Rbf};
 use fspace_nn::{Activation, Mlp, MlpConfig, Outputs};
 use fspace_testutil::{fd_gradient, rand_uniform, randn, randn_vec, rng, spd, three_blobs};
@@ -291,10 +295,27 @@ fn bad_input_gets_typed_errors() {
     let y = x.map(|v| v.sin());
     let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
     let invalid = |e: Result<GfsviFit<Mlp>>| matches!(e, Err(GfsviError::InvalidParameter { .. }));
-    assert!(invalid(fit(&net, &prior, &x, &y, None, &GfsviConfig { gamma: 0.0, ..Default::default() })));
-    assert!(invalid(fit(&net, &prior, &x, &y, None, &GfsviConfig { gamma: -1e-10, ..Default::default() })));
     assert!(invalid(fit(
         &net,
+        LEARNED,
+        &prior,
+        &x,
+        &y,
+        None,
+        &GfsviConfig { gamma: 0.0, ..Default::default() }
+    )));
+    assert!(invalid(fit(
+        &net,
+        LEARNED,
+        &prior,
+        &x,
+        &y,
+        None,
+        &GfsviConfig { gamma: -1e-10, ..Default::default() }
+    )));
+    assert!(invalid(fit(
+        &net,
+        LEARNED,
         &prior,
         &x,
         &y,
@@ -303,6 +324,7 @@ fn bad_input_gets_typed_errors() {
     )));
     assert!(invalid(fit(
         &net,
+        LEARNED,
         &FunctionPrior::WeightPushforward { sigma_p: 0.0 },
         &x,
         &y,
@@ -312,29 +334,37 @@ fn bad_input_gets_typed_errors() {
     let mut bad = y.clone();
     bad[(3, 0)] = f64::NAN;
     assert!(matches!(
-        fit(&net, &prior, &x, &bad, None, &GfsviConfig::default()),
+        fit(&net, LEARNED, &prior, &x, &bad, None, &GfsviConfig::default()),
         Err(GfsviError::NonFinite { .. })
     ));
     let empty = DMatrix::<f64>::zeros(0, 1);
     assert!(matches!(
-        fit(&net, &prior, &empty, &empty, None, &GfsviConfig::default()),
+        fit(&net, LEARNED, &prior, &empty, &empty, None, &GfsviConfig::default()),
         Err(GfsviError::Empty { .. })
     ));
     assert!(matches!(
-        fit(&net, &prior, &x, &y, Some((&empty, &empty)), &GfsviConfig::default()),
+        fit(&net, LEARNED, &prior, &x, &y, Some((&empty, &empty)), &GfsviConfig::default()),
         Err(GfsviError::Empty { .. })
     ));
     assert!(matches!(
-        fit_mfvi(&net, &x, &y, None, &MfviConfig { prior_std: -0.75, ..Default::default() }),
+        fit_mfvi(&net, LEARNED, &x, &y, None, &MfviConfig { prior_std: -0.75, ..Default::default() }),
         Err(GfsviError::InvalidParameter { .. })
     ));
     let gp = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
     assert!(matches!(
-        fit_fvi(&net, &gp, &x, &y, None, &FviConfig { n_uniform: 0, n_batch: 0, ..Default::default() }),
+        fit_fvi(
+            &net,
+            LEARNED,
+            &gp,
+            &x,
+            &y,
+            None,
+            &FviConfig { n_uniform: 0, n_batch: 0, ..Default::default() }
+        ),
         Err(GfsviError::InvalidParameter { .. })
     ));
     assert!(matches!(
-        fit_fvi(&net, &gp, &x, &bad, None, &FviConfig::default()),
+        fit_fvi(&net, LEARNED, &gp, &x, &bad, None, &FviConfig::default()),
         Err(GfsviError::NonFinite { .. })
     ));
 }
@@ -427,11 +457,11 @@ fn categorical_objective_gradient_matches_finite_differences_and_fit_runs() {
     ));
     let cfg = GfsviConfig {
         measurement_points: 10,
-        likelihood: Likelihood::Categorical { samples: 2 },
+        class_samples: 2,
         optim: OptimConfig { max_steps: 20, ..Default::default() },
         ..Default::default()
     };
-    let f = fit(&net, &prior, &xb, &yb, Some((&xb, &yb)), &cfg).unwrap();
+    let f = fit(&net, LikelihoodSpec::categorical(3), &prior, &xb, &yb, Some((&xb, &yb)), &cfg).unwrap();
     use fspace_core::Posterior;
     let pred = f.posterior.predict(&xm).unwrap();
     assert!(pred.mean.iter().chain(pred.var.iter()).all(|v| v.is_finite()));
@@ -467,10 +497,11 @@ fn fvi_data_term_gradients_match_finite_differences() {
     let f = randn(6, 3, &mut r) * 2.0;
     let labels = DMatrix::from_fn(6, 1, |i, _| (i % 3) as f64);
     let targets = randn(6, 3, &mut r);
-    for (lik, y) in [(FviLikelihood::Categorical, &labels), (FviLikelihood::Gaussian, &targets)] {
-        let (_, grad, _) = sample_data_term(lik, &f, y, 0.7).unwrap();
+    let gaussian = LikelihoodSpec::IsotropicGaussian { sigma: 1.0, outputs: 3, learn: false };
+    for (lik, y) in [(LikelihoodSpec::categorical(3), &labels), (gaussian, &targets)] {
+        let (_, grad, _) = sample_data_term(&lik, &f, y, 0.7).unwrap();
         let fd = fd_gradient(
-            |v| sample_data_term(lik, &DMatrix::from_column_slice(6, 3, v), y, 0.7).unwrap().0,
+            |v| sample_data_term(&lik, &DMatrix::from_column_slice(6, 3, v), y, 0.7).unwrap().0,
             f.as_slice(),
             1e-5,
         );
@@ -479,7 +510,7 @@ fn fvi_data_term_gradients_match_finite_differences() {
         }
     }
     // Categorical value: log softmax of the label's logit.
-    let (logp, _, sq) = sample_data_term(FviLikelihood::Categorical, &f, &labels, 1.0).unwrap();
+    let (logp, _, sq) = sample_data_term(&LikelihoodSpec::categorical(3), &f, &labels, 1.0).unwrap();
     let direct: f64 = (0..6)
         .map(|i| {
             let z: f64 = (0..3).map(|c| f[(i, c)].exp()).sum();
@@ -507,7 +538,6 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
     .unwrap();
     let prior = GpPrior::centered(fspace_kernels::Independent::new(Rbf::new(4.0, 1.5).unwrap(), 3).unwrap());
     let config = FviConfig {
-        likelihood: FviLikelihood::Categorical,
         n_uniform: 20,
         n_batch: 30,
         samples: 8,
@@ -521,7 +551,8 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
         },
         ..FviConfig::default()
     };
-    let fit = fit_fvi(&net, &prior, &x, &y, Some((&xv, &yv)), &config).unwrap();
+    let fit =
+        fit_fvi(&net, LikelihoodSpec::categorical(3), &prior, &x, &y, Some((&xv, &yv)), &config).unwrap();
     let probs = fit.posterior.class_probabilities(&xv).unwrap();
     let correct = (0..60).filter(|&i| probs.row(i).transpose().imax() == yv[(i, 0)] as usize).count();
     assert!(correct >= 55, "{correct} of 60 validation points");
@@ -531,12 +562,12 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
     // Labels outside 0..3, fractional labels, targets with three columns: typed errors.
     for bad in [DMatrix::from_element(150, 1, 3.0), DMatrix::from_element(150, 1, 0.5)] {
         assert!(matches!(
-            fit_fvi(&net, &prior, &x, &bad, None, &config),
+            fit_fvi(&net, LikelihoodSpec::categorical(3), &prior, &x, &bad, None, &config),
             Err(GfsviError::InvalidParameter { .. })
         ));
     }
     assert!(matches!(
-        fit_fvi(&net, &prior, &x, &DMatrix::zeros(150, 3), None, &config),
+        fit_fvi(&net, LikelihoodSpec::categorical(3), &prior, &x, &DMatrix::zeros(150, 3), None, &config),
         Err(GfsviError::DimensionMismatch { .. })
     ));
 }
@@ -595,16 +626,126 @@ fn fvi_with_a_shared_output_kernel_equals_the_dense_prior_solve() {
     let kernel = Independent::new(Rbf::new(2.0, 1.0).unwrap(), 3).unwrap();
     assert!(Opaque(kernel.clone()).shared_output_kernel().is_none());
     let config = FviConfig {
-        likelihood: FviLikelihood::Categorical,
         n_uniform: 10,
         n_batch: 10,
         samples: 4,
         optim: OptimConfig { batch_size: 20, max_steps: 15, ..OptimConfig::default() },
         ..FviConfig::default()
     };
-    let a = fit_fvi(&net, &GpPrior::centered(kernel.clone()), &x, &y, None, &config).unwrap();
-    let b = fit_fvi(&net, &GpPrior::centered(Opaque(kernel)), &x, &y, None, &config).unwrap();
+    let a = fit_fvi(
+        &net,
+        LikelihoodSpec::categorical(3),
+        &GpPrior::centered(kernel.clone()),
+        &x,
+        &y,
+        None,
+        &config,
+    )
+    .unwrap();
+    let b = fit_fvi(
+        &net,
+        LikelihoodSpec::categorical(3),
+        &GpPrior::centered(Opaque(kernel)),
+        &x,
+        &y,
+        None,
+        &config,
+    )
+    .unwrap();
     let diff =
         (a.posterior.mean() - b.posterior.mean()).amax() + (a.posterior.std() - b.posterior.std()).amax();
     assert!(diff < 1e-9, "shared vs dense prior solve: {diff}");
+}
+
+#[test]
+fn the_likelihood_spec_sets_sigma_y_and_refuses_what_a_method_lacks() {
+    let net = small_net(70);
+    let mut r = rng(71);
+    let x = rand_uniform(20, 1, -1.0, 1.0, &mut r);
+    let y = x.map(|v| v.sin());
+    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    let cfg = GfsviConfig {
+        measurement_points: 5,
+        optim: OptimConfig { max_steps: 5, ..Default::default() },
+        ..Default::default()
+    };
+    // A fixed σ stays where it is; a learned one moves.
+    let fixed = fit(&net, LikelihoodSpec::gaussian(0.3), &prior, &x, &y, None, &cfg).unwrap();
+    assert_eq!(fixed.posterior.noise_std(), 0.3);
+    let learned = fit(&net, LikelihoodSpec::gaussian_learned(0.3), &prior, &x, &y, None, &cfg).unwrap();
+    assert!(learned.posterior.noise_std() != 0.3);
+    for spec in [LikelihoodSpec::HeteroscedasticGaussian, LikelihoodSpec::Bernoulli] {
+        let e = fit(&net, spec, &prior, &x, &y, None, &cfg).unwrap_err();
+        // The heteroscedastic one has two outputs (a shape error); Bernoulli is unsupported.
+        assert!(
+            matches!(
+                e,
+                GfsviError::DimensionMismatch { .. }
+                    | GfsviError::Core(fspace_core::CoreError::Unsupported { method: "GFSVI / TFSVI", .. })
+            ),
+            "{e}"
+        );
+    }
+    let e = fit_mfvi(&net, LikelihoodSpec::categorical(2), &x, &y, None, &MfviConfig::default()).unwrap_err();
+    assert!(matches!(e, GfsviError::DimensionMismatch { .. }), "{e}");
+}
+
+#[test]
+fn save_load_round_trips_predict_bit_for_bit() {
+    use fspace_core::{Persist, Posterior};
+    use rand::SeedableRng;
+    let net = small_net(80);
+    let mut r = rng(81);
+    let x = rand_uniform(20, 1, -1.0, 1.0, &mut r);
+    let y = x.map(|v| v.sin());
+    let xt = rand_uniform(7, 1, -2.0, 2.0, &mut r);
+    let optim = OptimConfig { max_steps: 5, ..Default::default() };
+    let dir = std::env::temp_dir().join(format!("fspace-gfsvi-persist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    fn same<P: Posterior>(a: &P, b: &P, xt: &DMatrix<f64>) {
+        assert_eq!(a.predict(xt).unwrap(), b.predict(xt).unwrap());
+        let draw = |p: &P| p.sample_functions(xt, 3, &mut rand::rngs::StdRng::seed_from_u64(5)).unwrap();
+        assert_eq!(draw(a), draw(b));
+    }
+
+    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    let cfg = GfsviConfig { measurement_points: 5, optim: optim.clone(), ..Default::default() };
+    let g = fit(&net, LEARNED, &prior, &x, &y, None, &cfg).unwrap().posterior;
+    g.save(dir.join("gfsvi.json")).unwrap();
+    let back = LinearizedPosterior::<Mlp>::load(dir.join("gfsvi.json")).unwrap();
+    same(&g, &back, &xt);
+    assert_eq!(g.noise_std().to_bits(), back.noise_std().to_bits());
+
+    let gp = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
+    let fcfg = FviConfig {
+        n_uniform: 5,
+        n_batch: 5,
+        optim: optim.clone(),
+        predictive_samples: 4,
+        ..Default::default()
+    };
+    let f = fit_fvi(&net, LEARNED, &gp, &x, &y, None, &fcfg).unwrap().posterior;
+    f.save(dir.join("fvi.json")).unwrap();
+    let back = WeightSamplePosterior::<Mlp>::load(dir.join("fvi.json")).unwrap();
+    same(&f, &back, &xt);
+
+    let m = fit_mfvi(
+        &net,
+        LEARNED,
+        &x,
+        &y,
+        None,
+        &MfviConfig { optim, predictive_samples: 4, ..Default::default() },
+    )
+    .unwrap()
+    .posterior;
+    m.save(dir.join("mfvi.json")).unwrap();
+    same(&m, &WeightSamplePosterior::<Mlp>::load(dir.join("mfvi.json")).unwrap(), &xt);
+
+    // The other type's file is refused by name.
+    assert!(matches!(
+        LinearizedPosterior::<Mlp>::load(dir.join("fvi.json")),
+        Err(fspace_core::PersistError::WrongType { .. })
+    ));
+    std::fs::remove_dir_all(&dir).ok();
 }

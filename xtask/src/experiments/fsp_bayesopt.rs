@@ -348,8 +348,6 @@ fn surrogate(
                 n_uniform: 400,
                 n_batch: 0,
                 measurement_box: Some(unit),
-                init_noise_std: noise.sqrt(),
-                learn_noise: false,
                 optim: OptimConfig {
                     learning_rate: 3e-3,
                     batch_size: x.nrows(),
@@ -360,7 +358,15 @@ fn surrogate(
                 },
                 ..Default::default()
             };
-            let f = fit_fvi(&start, &GpPrior::centered(kernel.clone()), x, ym, None, &cfg)?;
+            let f = fit_fvi(
+                &start,
+                LikelihoodSpec::gaussian(noise.sqrt()),
+                &GpPrior::centered(kernel.clone()),
+                x,
+                ym,
+                None,
+                &cfg,
+            )?;
             let mut next = start;
             next.set_params(f.posterior.mean())?;
             warm.net = Some(next);

@@ -58,7 +58,7 @@ use fspace_fsp_laplace::{
     context_points, fit_classification_prior, laplace as fsp_laplace, train as fsp_train, ContextDesign,
     FspLaplace, FunctionPrior, LaplaceConfig as FspLaplaceConfig, TrainOptions,
 };
-use fspace_gfsvi::{fit_fvi, FviConfig, FviLikelihood, GpPrior, OptimConfig};
+use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
 use fspace_gp::{FitConfig, SparseDirichletGp};
 use fspace_kernels::{Independent, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, PriorPrecision, Structure};
@@ -668,7 +668,6 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
             let fvi_prior = GpPrior::centered(Independent::new(Rbf::new(hyper[0], hyper[1])?, 10)?);
             let steps_per_epoch = n.div_ceil(100);
             let fvi_config = FviConfig {
-                likelihood: FviLikelihood::Categorical,
                 measurement_box: Some(bbox.clone()),
                 samples: budget.fvi_samples,
                 predictive_samples: budget.samples,
@@ -682,8 +681,15 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 },
                 ..FviConfig::default()
             };
-            let fvi =
-                fit_fvi(&cnn(seed)?, &fvi_prior, &train.x, &y_train, Some((&val.x, &y_val)), &fvi_config)?;
+            let fvi = fit_fvi(
+                &cnn(seed)?,
+                LikelihoodSpec::categorical(10),
+                &fvi_prior,
+                &train.x,
+                &y_train,
+                Some((&val.x, &y_val)),
+                &fvi_config,
+            )?;
             let fvi_seconds = t0.elapsed().as_secs_f64();
             let mut row =
                 evaluate("FVI (RND)", Predictor::Samples(&fvi.posterior), &test, &ood, budget.samples, seed)?;

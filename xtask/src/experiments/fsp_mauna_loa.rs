@@ -261,8 +261,6 @@ pub fn run(opts: &Options) -> Result<()> {
                         n_uniform: 100,
                         n_batch: 0,
                         measurement_box: Some(bbox.clone()),
-                        init_noise_std: noise_var.sqrt(),
-                        learn_noise: false,
                         optim: OptimConfig {
                             learning_rate: 1e-3,
                             batch_size: t.xtr.nrows(),
@@ -274,7 +272,8 @@ pub fn run(opts: &Options) -> Result<()> {
                         ..Default::default()
                     };
                     let prior = GpPrior::centered(kernel.clone());
-                    Box::new(fit_fvi(&net(seed)?, &prior, &t.xtr, &ytr_m, None, &cfg)?.posterior)
+                    let lik = LikelihoodSpec::gaussian(noise_var.sqrt());
+                    Box::new(fit_fvi(&net(seed)?, lik, &prior, &t.xtr, &ytr_m, None, &cfg)?.posterior)
                 }
                 "Laplace" => {
                     let mut map = net(seed)?;

@@ -196,8 +196,6 @@ pub fn run(opts: &Options) -> Result<()> {
                         n_uniform: 96,
                         n_batch: 0,
                         measurement_box: Some(test_box.clone()),
-                        init_noise_std: sigma,
-                        learn_noise: false,
                         optim: OptimConfig {
                             learning_rate: 1e-3,
                             batch_size: xtr.nrows(),
@@ -209,7 +207,16 @@ pub fn run(opts: &Options) -> Result<()> {
                         ..Default::default()
                     };
                     Box::new(
-                        fit_fvi(&net, &GpPrior::centered(kernel.clone()), &xtr, &ytr, None, &cfg)?.posterior,
+                        fit_fvi(
+                            &net,
+                            LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
+                            &GpPrior::centered(kernel.clone()),
+                            &xtr,
+                            &ytr,
+                            None,
+                            &cfg,
+                        )?
+                        .posterior,
                     )
                 }
                 "Laplace" => {

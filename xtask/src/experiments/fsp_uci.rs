@@ -23,6 +23,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::kfold;
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, FunctionPrior, TrainOptions};
@@ -173,7 +174,6 @@ fn run_fold(
                     n_uniform: 100,
                     n_batch: 0,
                     measurement_box: Some(widened.clone()),
-                    init_noise_std: 0.5,
                     optim: OptimConfig {
                         learning_rate: 1e-3,
                         batch_size: p.xtr.nrows(),
@@ -186,6 +186,7 @@ fn run_fold(
                 };
                 let f = fit_fvi(
                     &net,
+                    LikelihoodSpec::gaussian_learned(0.5),
                     &GpPrior::centered(p.kernel.clone()),
                     &p.xtr,
                     &p.ytr_m,

@@ -44,6 +44,8 @@ struct Budget {
     learning_rate: f64,
 }
 
+/// σ_y learned from 0.5 by every VI method of the toy.
+const TOY_LIKELIHOOD: LikelihoodSpec = LikelihoodSpec::Gaussian { sigma: 0.5, learn: true };
 const FULL: Budget = Budget { steps: 5000, m: 500, m_sweep: [10, 100, 500], learning_rate: 3e-3 };
 const QUICK: Budget = Budget { steps: 1500, m: 100, m_sweep: [10, 50, 100], learning_rate: 1e-2 };
 
@@ -129,7 +131,6 @@ fn gfsvi_config(b: &Budget, m: usize, seed: u64) -> Result<GfsviConfig> {
         measurement_points: m,
         gamma: 1e-10,
         measurement_box: Some(fspace_context::BoundingBox::cube(1, -2.0, 2.0)?),
-        init_noise_std: 0.5,
         optim: optim(b, seed),
         ..Default::default()
     })
@@ -178,6 +179,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let t = Instant::now();
         let f = fit(
             &net,
+            TOY_LIKELIHOOD,
             &FunctionPrior::Gp(c.prior.clone()),
             &c.data.x,
             &c.data.y,
@@ -256,15 +258,15 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let t = Instant::now();
     let fcfg = FviConfig {
         measurement_box: Some(fspace_context::BoundingBox::cube(1, -2.0, 2.0)?),
-        init_noise_std: 0.5,
         optim: optim(b, seed),
         ..Default::default()
     };
-    let fv = fit_fvi(&net, &rbf.prior, x, y, None, &fcfg)?;
+    let fv = fit_fvi(&net, TOY_LIKELIHOOD, &rbf.prior, x, y, None, &fcfg)?;
     add(&mut run, "FVI", &fv.posterior, fv.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
     let tf = fit(
         &net,
+        TOY_LIKELIHOOD,
         &FunctionPrior::WeightPushforward { sigma_p: 0.2 },
         x,
         y,
@@ -275,10 +277,11 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let t = Instant::now();
     let mf = fit_mfvi(
         &net,
+        TOY_LIKELIHOOD,
         x,
         y,
         None,
-        &MfviConfig { init_noise_std: 0.5, optim: optim(b, seed), ..Default::default() },
+        &MfviConfig { optim: optim(b, seed), ..Default::default() },
     )?;
     add(&mut run, "MFVI (σ_p = 0.75)", &mf.posterior, mf.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
@@ -310,6 +313,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             let t = Instant::now();
             let f = fit(
                 &net,
+                TOY_LIKELIHOOD,
                 &FunctionPrior::Gp(c.prior.clone()),
                 &c.data.x,
                 &c.data.y,
@@ -340,6 +344,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let t = Instant::now();
     let f = fit(
         &net,
+        TOY_LIKELIHOOD,
         &FunctionPrior::Gp(noisy.prior.clone()),
         &noisy.data.x,
         &noisy.data.y,

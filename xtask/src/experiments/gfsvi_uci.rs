@@ -50,6 +50,8 @@ use serde_json::json;
 use super::{ood_rows, tanh_mlp, Options};
 use crate::report::{fmt, markdown_table, Checkpoint, Run};
 
+/// The BNNs' likelihood: one σ_y, learned from 0.5.
+const BNN_LIKELIHOOD: LikelihoodSpec = LikelihoodSpec::Gaussian { sigma: 0.5, learn: true };
 const METHODS: [&str; 7] = ["GFSVI", "FVI", "TFSVI", "MFVI", "Laplace", "SVGP", "GP"];
 
 /// The paper's rows for our four sets: (ELL, MSE, OOD accuracy) as (mean, std) per method.
@@ -420,11 +422,10 @@ fn run_fold(
                         measurement_points: b.m,
                         gamma,
                         measurement_box: Some(bbox.clone()),
-                        init_noise_std: 0.5,
                         optim: optim(b, seed),
                         ..Default::default()
                     };
-                    let f = fit(&net, &fp, &xtr, &ytr_m, val, &cfg)?;
+                    let f = fit(&net, BNN_LIKELIHOOD, &fp, &xtr, &ytr_m, val, &cfg)?;
                     let loss = best_validation_loss(&f.report);
                     if gammas.len() > 1 {
                         run.log(format!(
@@ -447,17 +448,16 @@ fn run_fold(
             "FVI" => {
                 let cfg = FviConfig {
                     measurement_box: Some(bbox.clone()),
-                    init_noise_std: 0.5,
                     optim: optim(b, seed),
                     ..Default::default()
                 };
-                let f = fit_fvi(&net, &prior, &xtr, &ytr_m, val, &cfg)?;
+                let f = fit_fvi(&net, BNN_LIKELIHOOD, &prior, &xtr, &ytr_m, val, &cfg)?;
                 let s = f.posterior.noise_std();
                 (Box::new(f.posterior), s)
             }
             "MFVI" => {
-                let cfg = MfviConfig { init_noise_std: 0.5, optim: optim(b, seed), ..Default::default() };
-                let f = fit_mfvi(&net, &xtr, &ytr_m, val, &cfg)?;
+                let cfg = MfviConfig { optim: optim(b, seed), ..Default::default() };
+                let f = fit_mfvi(&net, BNN_LIKELIHOOD, &xtr, &ytr_m, val, &cfg)?;
                 let s = f.posterior.noise_std();
                 (Box::new(f.posterior), s)
             }

@@ -18,6 +18,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::kfold;
 use fspace_gfsvi::{fit, fit_fvi, FunctionPrior, FviConfig, GfsviConfig, GpPrior, OptimConfig, OptimReport};
@@ -164,25 +165,23 @@ pub fn run(opts: &Options) -> Result<()> {
                             measurement_from_batch: 450,
                             gamma: 1e-15,
                             measurement_box: Some(bbox.clone()),
-                            init_noise_std: noise_std,
-                            learn_noise: false,
                             optim: optim.clone(),
                             ..Default::default()
                         };
+                        let lik = LikelihoodSpec::gaussian(noise_std);
                         let fitted =
-                            fit(&net, &FunctionPrior::Gp(prior.clone()), &p.xtr, &p.ytr_m, val, &cfg)?;
+                            fit(&net, lik, &FunctionPrior::Gp(prior.clone()), &p.xtr, &p.ytr_m, val, &cfg)?;
                         log_stopping(&mut run, ds, f, method, &fitted.report);
                         Box::new(fitted.posterior)
                     }
                     "FVI" => {
                         let cfg = FviConfig {
                             measurement_box: Some(bbox.clone()),
-                            init_noise_std: noise_std,
-                            learn_noise: false,
                             optim: optim.clone(),
                             ..Default::default()
                         };
-                        let fitted = fit_fvi(&net, &prior, &p.xtr, &p.ytr_m, val, &cfg)?;
+                        let lik = LikelihoodSpec::gaussian(noise_std);
+                        let fitted = fit_fvi(&net, lik, &prior, &p.xtr, &p.ytr_m, val, &cfg)?;
                         log_stopping(&mut run, ds, f, method, &fitted.report);
                         Box::new(fitted.posterior)
                     }

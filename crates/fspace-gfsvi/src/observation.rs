@@ -1,0 +1,41 @@
+//! The observation models GFSVI, TFSVI, FVI and MFVI implement, read from a
+//! [`LikelihoodSpec`].
+
+use fspace_core::LikelihoodSpec;
+
+use crate::error::{GfsviError, Result};
+
+/// Which data term a fit uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Observation {
+    /// `N(y | f, σ_y²)` per output; targets `n × d'`.
+    Gaussian,
+    /// Softmax over the `d'` logits; targets `n × 1` labels in `0..d'`.
+    Categorical,
+}
+
+/// The data term, the start value of `σ_y` and whether it is learned, for a `d'`-output
+/// network: `Gaussian` (`d' = 1`) and `IsotropicGaussian` (`outputs = d'`) give the Gaussian
+/// term, `Categorical { classes = d' }` the categorical one where `categorical_ok`; any other
+/// likelihood is [`CoreError::Unsupported`](fspace_core::CoreError::Unsupported).
+pub(crate) fn observation(
+    spec: &LikelihoodSpec,
+    outputs: usize,
+    method: &'static str,
+    categorical_ok: bool,
+) -> Result<(Observation, f64, bool)> {
+    spec.validate()?;
+    if spec.output_dim() != outputs {
+        return Err(GfsviError::DimensionMismatch {
+            what: "likelihood outputs vs. network outputs (one-output regression is `Gaussian`, several `IsotropicGaussian`)",
+            expected: outputs,
+            found: spec.output_dim(),
+        });
+    }
+    match *spec {
+        LikelihoodSpec::Gaussian { sigma, learn }
+        | LikelihoodSpec::IsotropicGaussian { sigma, learn, .. } => Ok((Observation::Gaussian, sigma, learn)),
+        LikelihoodSpec::Categorical { .. } if categorical_ok => Ok((Observation::Categorical, 1.0, false)),
+        other => Err(other.unsupported(method).into()),
+    }
+}
