@@ -6,7 +6,7 @@ use std::time::Instant;
 use fspace_context::{
     BoundingBox, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler, UniformSampler,
 };
-use fspace_core::Likelihood;
+use fspace_core::LikelihoodSpec;
 use fspace_nn::{Network, TrainProgress, TrainReport};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -15,8 +15,8 @@ use serde::Serialize;
 
 use crate::error::{ensure_dim, invalid, Result};
 use crate::laplace::{laplace, FspLaplace, LaplaceConfig};
-use crate::prior::FunctionPrior;
 use crate::train::{train, TrainOptions};
+use fspace_kernels::GpPrior;
 
 /// How the fixed context points of Alg. 2 are placed in their box.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -114,13 +114,18 @@ pub struct FitSummary {
     pub laplace_seconds: f64,
     /// The context box used.
     pub context_box: BoundingBox,
+    /// The likelihood after training (σ the learned one where the spec learns it).
+    pub likelihood: LikelihoodSpec,
 }
 
 /// Trains `net` under `prior` (Alg. 1) and returns its FSP-Laplace posterior (Alg. 2).
+///
+/// `likelihood` decides whether Alg. 1 learns `σ` (its `learn` flag sets
+/// `config.train.train.learn_likelihood`); the summary records the likelihood Alg. 2 used.
 pub fn fit<N: Network + Clone>(
     mut net: N,
-    likelihood: &mut dyn Likelihood,
-    prior: &FunctionPrior,
+    likelihood: LikelihoodSpec,
+    prior: &GpPrior,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
@@ -134,28 +139,36 @@ pub fn fit<N: Network + Clone>(
         Some(b) => b.clone(),
         None => BoundingBox::from_data(x, config.widen)?,
     };
+    let mut lik = likelihood.build()?;
+    let mut train_options = config.train.clone();
+    train_options.train.learn_likelihood = likelihood.learns_noise();
     let t0 = Instant::now();
     let report = train(
         &mut net,
-        likelihood,
+        lik.as_mut(),
         prior,
         x,
         y,
         validation,
         &UniformSampler::new(bbox.clone()),
-        &config.train,
+        &train_options,
         progress,
     )?;
+    let fitted = match likelihood.noise_std() {
+        Some(_) => likelihood.with_noise_std(lik.params()[0].exp()),
+        None => likelihood,
+    };
     let train_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let design = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
     let context = if config.context_includes_data { with_data_points(&design, x)? } else { design };
-    let post = laplace(&net, likelihood, prior, x, y, &context, &config.laplace)?;
+    let post = laplace(&net, lik.as_ref(), prior, x, y, &context, &config.laplace)?;
     let summary = FitSummary {
         train: report,
         train_seconds,
         laplace_seconds: t1.elapsed().as_secs_f64(),
         context_box: bbox,
+        likelihood: fitted,
     };
     Ok((post, summary))
 }

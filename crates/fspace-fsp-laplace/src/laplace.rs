@@ -30,7 +30,7 @@
 //! `Σ†` (observed: rank 3 of 8 on a 2×2 grid with two outputs). We restart Lanczos on the
 //! deflated operator until `max_rank` or the numerical range is exhausted.
 
-use fspace_core::{CoreError, FunctionPredictive, Likelihood, Posterior};
+use fspace_core::{CoreError, FunctionPredictive, Likelihood, Persist, PersistError, Posterior};
 use fspace_kernels::GramOperator;
 use fspace_linalg::{
     pinv_factor_restarted, sym_eigh, thin_svd_owned, LanczosConfig, PinvMethod, StartVector, StopReason,
@@ -39,11 +39,12 @@ use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::RngCore;
 use rand_distr::{Distribution, StandardNormal};
-use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{ensure_dim, invalid, Result};
-use crate::prior::FunctionPrior;
 use crate::train::point_major;
+use fspace_kernels::GpPrior;
 
 /// Options of Alg. 2.
 ///
@@ -102,7 +103,7 @@ impl Default for LaplaceConfig {
 }
 
 /// What Alg. 2 did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LaplaceReport {
     /// Columns of `L` (Lanczos rank).
     pub lanczos_rank: usize,
@@ -123,7 +124,7 @@ pub struct LaplaceReport {
 }
 
 /// The FSP-Laplace posterior `N(w*, S Sᵀ)` of a network, with its GLM predictive.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FspLaplace<N> {
     net: N,
     s: DMatrix<f64>,
@@ -141,7 +142,7 @@ fn batches(n: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
 pub fn laplace<N: Network + Clone>(
     net: &N,
     likelihood: &dyn Likelihood,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     context: &DMatrix<f64>,
@@ -251,7 +252,7 @@ pub fn laplace<N: Network + Clone>(
 /// maximum over rows of each row's own minimum, computed batch-wise.
 fn truncation_index<N: Network + ?Sized>(
     net: &N,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     points: &DMatrix<f64>,
     s: &DMatrix<f64>,
     batch: usize,
@@ -287,7 +288,27 @@ fn stop_name(stop: StopReason) -> &'static str {
 }
 
 fn to_core(e: crate::error::FspError) -> CoreError {
-    CoreError::InvalidParameter { what: "FSP-Laplace posterior", reason: e.to_string() }
+    match e {
+        crate::error::FspError::Core(c) => c,
+        other => CoreError::method("FSP-Laplace posterior", other),
+    }
+}
+
+/// Saves the network at `w*`, the factor `S`, the range basis and the report.
+impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for FspLaplace<N> {
+    const KIND: &'static str = "fspace_fsp_laplace::FspLaplace";
+    const VERSION: u32 = 1;
+
+    fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
+        if self.s.nrows() == self.net.n_params() {
+            Ok(())
+        } else {
+            Err(PersistError::Invalid {
+                kind: Self::KIND,
+                reason: format!("S has {} rows, the network {} weights", self.s.nrows(), self.net.n_params()),
+            })
+        }
+    }
 }
 
 impl<N: Network> FspLaplace<N> {

@@ -20,14 +20,15 @@
 //!   likelihood (exact GP; Milios et al.'s Dirichlet targets for classes), as in App. B.1.
 //!
 //! ```
-//! use fspace_fsp_laplace::{fit, FspConfig, FunctionPrior, TrainOptions};
-//! use fspace_core::{Gaussian, Posterior};
+//! use fspace_fsp_laplace::{fit, FspConfig, TrainOptions};
+//! use fspace_kernels::GpPrior;
+//! use fspace_core::{LikelihoodSpec, Posterior};
 //! use fspace_kernels::Rbf;
 //! use fspace_nn::{Activation, Mlp, MlpConfig, TrainConfig};
 //! use rand::SeedableRng;
 //!
 //! let data = fspace_data::sine(60, 0.1, &mut rand::rngs::StdRng::seed_from_u64(0)).unwrap();
-//! let prior = FunctionPrior::centered(Box::new(Rbf::new(1.0, 0.3).unwrap()));
+//! let prior = GpPrior::centered(Rbf::new(1.0, 0.3).unwrap());
 //! let net = Mlp::new(MlpConfig { input_dim: 1, hidden: vec![16, 16], output_dim: 1,
 //!                                activation: Activation::Tanh, seed: 0 }).unwrap();
 //! let config = FspConfig {
@@ -35,7 +36,7 @@
 //!                                                ..Default::default() }, ..Default::default() },
 //!     ..Default::default()
 //! };
-//! let (post, _) = fit(net, &mut Gaussian::new(0.1).unwrap(), &prior, &data.x, &data.y_vec(),
+//! let (post, _) = fit(net, LikelihoodSpec::gaussian(0.1), &prior, &data.x, &data.y_vec(),
 //!                     None, &config, |_| {}).unwrap();
 //! let pred = post.predict(&nalgebra::DMatrix::from_row_slice(2, 1, &[0.75, 3.0])).unwrap();
 //! assert!(pred.var[(1, 0)] > pred.var[(0, 0)]); // far from the data: more uncertain
@@ -50,5 +51,5 @@ mod train;
 pub use error::{FspError, Result};
 pub use fit::{context_points, fit, with_data_points, ContextDesign, FitSummary, FspConfig};
 pub use laplace::{laplace, FspLaplace, LaplaceConfig, LaplaceReport};
-pub use prior::{fit_classification_prior, fit_regression_prior, FunctionPrior};
+pub use prior::{fit_classification_prior, fit_regression_prior};
 pub use train::{objective, rkhs_regularizer, train, TrainOptions};

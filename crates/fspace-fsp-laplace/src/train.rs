@@ -29,7 +29,7 @@ use fspace_nn::{train_map, Network, NnError, TrainConfig, TrainProgress, TrainRe
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{ensure_dim, invalid, FspError, Result};
-use crate::prior::FunctionPrior;
+use fspace_kernels::GpPrior;
 
 /// Flattens `n × d'` function values point-major (`n·d'`), the order of `Σ(C, C)`.
 pub(crate) fn point_major(f: &DMatrix<f64>) -> DVector<f64> {
@@ -47,7 +47,7 @@ pub(crate) fn from_point_major(v: &[f64], q: usize) -> DMatrix<f64> {
 /// ε actually used)`.
 pub fn rkhs_regularizer<N: Network + ?Sized>(
     net: &N,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     c: &DMatrix<f64>,
     jitter: f64,
 ) -> Result<(f64, DVector<f64>, f64)> {
@@ -100,7 +100,7 @@ pub fn rkhs_regularizer<N: Network + ?Sized>(
 pub fn objective<N: Network + ?Sized>(
     net: &N,
     likelihood: &dyn Likelihood,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     xb: &DMatrix<f64>,
     yb: &DVector<f64>,
     scale: f64,
@@ -146,7 +146,7 @@ impl Default for TrainOptions {
 pub fn train<N: Network>(
     net: &mut N,
     likelihood: &mut dyn Likelihood,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,

@@ -2,8 +2,9 @@
 //! against finite differences, the posterior's consistency, and bad input.
 
 use fspace_context::{BoundingBox, GridSampler, Sampler};
-use fspace_core::{Categorical, Gaussian, Likelihood, Posterior};
+use fspace_core::{Categorical, Gaussian, Likelihood, LikelihoodSpec, Persist, Posterior};
 use fspace_fsp_laplace::*;
+use fspace_kernels::GpPrior;
 use fspace_kernels::{gram, Independent, Matern12, Rbf};
 use fspace_nn::{Activation, Mlp, MlpConfig, TrainConfig};
 use fspace_testutil::{fd_gradient, rand_uniform, rel_err, rel_frob, rng};
@@ -30,7 +31,7 @@ fn dense_reference<N: fspace_nn::Network>(
     net: &N,
     jacobian: impl Fn(&DMatrix<f64>) -> DMatrix<f64>,
     lik: &dyn Likelihood,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     c: &DMatrix<f64>,
@@ -96,7 +97,7 @@ fn alg2_covariance_equals_the_pseudo_inverse_of_the_projected_dense_hessian_regr
     let x = rand_uniform(20, 1, -1.0, 1.0, &mut rng(1));
     let y = DVector::from_fn(20, |i, _| (6.0 * x[(i, 0)]).sin());
     let c = grid(1, 8, -4.0, 4.0);
-    let prior = FunctionPrior::centered(Box::new(Matern12::new(1.0, 0.5).unwrap()));
+    let prior = GpPrior::centered(Matern12::new(1.0, 0.5).unwrap());
     let lik = Gaussian::new(0.3).unwrap();
     let post = laplace(&net, &lik, &prior, &x, &y, &c, &no_truncation()).unwrap();
     let jac = |p: &DMatrix<f64>| net.jacobian(p).unwrap();
@@ -113,8 +114,7 @@ fn alg2_covariance_equals_the_dense_reference_for_two_outputs() {
     let x = rand_uniform(15, 2, -1.0, 1.0, &mut rng(2));
     let y = DVector::from_fn(15, |i, _| (x[(i, 0)] > 0.0) as u8 as f64);
     let c = grid(2, 4, -4.0, 4.0);
-    let prior =
-        FunctionPrior::centered(Box::new(Independent::new(Matern12::new(2.0, 1.0).unwrap(), 2).unwrap()));
+    let prior = GpPrior::centered(Independent::new(Matern12::new(2.0, 1.0).unwrap(), 2).unwrap());
     let lik = Categorical::new(2).unwrap();
     let post = laplace(&net, &lik, &prior, &x, &y, &c, &no_truncation()).unwrap();
     let jac = |p: &DMatrix<f64>| net.jacobian(p).unwrap();
@@ -136,7 +136,7 @@ fn alg2_with_a_helmholtz_prior_and_net_equals_the_dense_reference() {
         Box::new(Rbf::new(0.5, 0.8).unwrap()),
     )
     .unwrap();
-    let prior = FunctionPrior::centered(Box::new(kernel));
+    let prior = GpPrior::centered(kernel);
     let lik = fspace_core::IsotropicGaussian::new(0.2, 2).unwrap();
     let post = laplace(&net, &lik, &prior, &x, &y, &c, &no_truncation()).unwrap();
     let jac = |p: &DMatrix<f64>| net.jacobian(p).unwrap();
@@ -158,7 +158,7 @@ fn the_truncation_rule_keeps_every_context_variance_at_or_below_the_prior() {
     let x = rand_uniform(30, 1, -1.0, 1.0, &mut rng(3));
     let y = DVector::from_fn(30, |i, _| x[(i, 0)].powi(2));
     let c = grid(1, 40, -2.0, 2.0);
-    let prior = FunctionPrior::centered(Box::new(Rbf::new(1.5, 0.4).unwrap()));
+    let prior = GpPrior::centered(Rbf::new(1.5, 0.4).unwrap());
     let lik = Gaussian::new(0.1).unwrap();
     let post = laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
     let var = post.predict(&c).unwrap().var;
@@ -189,7 +189,7 @@ fn the_data_bound_extension_also_caps_the_variance_at_the_training_inputs() {
     let x = rand_uniform(40, 1, -1.5, 1.5, &mut rng(9));
     let y = DVector::from_fn(40, |i, _| (3.0 * x[(i, 0)]).sin());
     let c = grid(1, 5, -2.0, 2.0);
-    let prior = FunctionPrior::centered(Box::new(Matern12::new(1.0, 0.3).unwrap()));
+    let prior = GpPrior::centered(Matern12::new(1.0, 0.3).unwrap());
     let lik = Gaussian::new(0.5).unwrap();
     let cfg = LaplaceConfig { truncate_at_data: true, ..Default::default() };
     let post = laplace(&net, &lik, &prior, &x, &y, &c, &cfg).unwrap();
@@ -208,10 +208,7 @@ fn the_training_gradient_equals_finite_differences_of_the_objective() {
     let xb = rand_uniform(10, 1, -1.0, 1.0, &mut rng(4));
     let yb = DVector::from_fn(10, |i, _| xb[(i, 0)].sin());
     let c = rand_uniform(7, 1, -2.0, 2.0, &mut rng(5));
-    let prior = FunctionPrior::new(
-        Box::new(Matern12::new(0.8, 0.7).unwrap()),
-        fspace_kernels::PriorMean::Constant(0.3),
-    );
+    let prior = GpPrior::new(Matern12::new(0.8, 0.7).unwrap(), fspace_kernels::PriorMean::Constant(0.3));
     let lik = Gaussian::new(0.2).unwrap();
     let (_, grad) = objective(&net, &lik, &prior, &xb, &yb, 5.0, &c, 1e-10).unwrap();
     let w0 = net.params();
@@ -242,8 +239,8 @@ fn the_regularizer_with_independent_outputs_equals_the_dense_multi_output_formul
     // point-major system and central finite differences.
     let net = mlp(2, 3, 21);
     let c = rand_uniform(9, 2, -2.0, 2.0, &mut rng(8));
-    let prior = FunctionPrior::new(
-        Box::new(Independent::new(Matern12::new(0.8, 0.9).unwrap(), 3).unwrap()),
+    let prior = GpPrior::new(
+        Independent::new(Matern12::new(0.8, 0.9).unwrap(), 3).unwrap(),
         fspace_kernels::PriorMean::Constant(0.2),
     );
     let (value, grad, _) = rkhs_regularizer(&net, &prior, &c, 1e-6).unwrap();
@@ -274,7 +271,7 @@ fn the_posterior_is_consistent_and_samples_have_its_covariance() {
     let x = rand_uniform(25, 1, -1.0, 1.0, &mut rng(6));
     let y = DVector::from_fn(25, |i, _| x[(i, 0)]);
     let c = grid(1, 20, -2.0, 2.0);
-    let prior = FunctionPrior::centered(Box::new(Matern12::new(1.0, 0.5).unwrap()));
+    let prior = GpPrior::centered(Matern12::new(1.0, 0.5).unwrap());
     let post =
         laplace(&net, &Gaussian::new(0.2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
     let xt = grid(1, 7, -3.0, 3.0);
@@ -303,7 +300,7 @@ fn bad_input_is_a_typed_error() {
     let x = DMatrix::from_row_slice(3, 1, &[0.0, 0.5, 1.0]);
     let y = DVector::from_vec(vec![0.0, 1.0, 0.0]);
     let c = grid(1, 5, -1.0, 1.0);
-    let prior = FunctionPrior::centered(Box::new(Rbf::new(1.0, 0.5).unwrap()));
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
     let lik = Gaussian::new(0.1).unwrap();
     // Targets vs inputs, context dimension, prior/likelihood outputs, NaN data, bad options.
     assert!(matches!(
@@ -311,10 +308,10 @@ fn bad_input_is_a_typed_error() {
         Err(FspError::DimensionMismatch { .. })
     ));
     assert!(laplace(&net, &lik, &prior, &x, &y, &DMatrix::zeros(4, 2), &LaplaceConfig::default()).is_err());
-    let two = FunctionPrior::centered(Box::new(Independent::new(Rbf::new(1.0, 0.5).unwrap(), 2).unwrap()));
+    let two = GpPrior::centered(Independent::new(Rbf::new(1.0, 0.5).unwrap(), 2).unwrap());
     assert!(matches!(
         laplace(&net, &lik, &two, &x, &y, &c, &LaplaceConfig::default()),
-        Err(FspError::DimensionMismatch { .. })
+        Err(FspError::Kernel(fspace_kernels::KernelError::DimensionMismatch { expected: 1, found: 2, .. }))
     ));
     assert!(
         laplace(&net, &Categorical::new(2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).is_err()
@@ -341,7 +338,7 @@ fn bad_input_is_a_typed_error() {
     assert!(train(&mut net.clone(), &mut l2, &prior, &x, &y, None, &wide, &TrainOptions::default(), |_| {})
         .is_err());
     // A kernel with the wrong input dimension is caught before any work.
-    let ard = FunctionPrior::centered(Box::new(Rbf::ard(1.0, vec![0.5, 0.5]).unwrap()));
+    let ard = GpPrior::centered(Rbf::ard(1.0, vec![0.5, 0.5]).unwrap());
     assert!(laplace(&net, &lik, &ard, &x, &y, &c, &LaplaceConfig::default()).is_err());
     // Grid designs need m^d points.
     assert!(context_points(ContextDesign::Grid, &BoundingBox::cube(2, 0.0, 1.0).unwrap(), 10, 0).is_err());
@@ -365,7 +362,7 @@ fn training_pulls_the_network_towards_the_prior_away_from_the_data() {
     // much closer to the zero prior mean outside it than the same net trained by plain
     // maximum likelihood, which extrapolates freely.
     let data = fspace_data::sine(100, 0.1, &mut rng(8)).unwrap();
-    let prior = FunctionPrior::centered(Box::new(Rbf::new(1.0, 0.25).unwrap()));
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.25).unwrap());
     let sampler = fspace_context::UniformSampler::new(BoundingBox::cube(1, -2.0, 2.0).unwrap());
     let train_cfg = TrainConfig { epochs: 2500, batch_size: 100, learning_rate: 1e-2, ..Default::default() };
     let opts = TrainOptions { train: train_cfg.clone(), ..Default::default() };
@@ -428,8 +425,7 @@ fn ggn_scale_equals_repeating_the_data() {
     let x3 = DMatrix::from_fn(30, 2, |i, j| x[(i % 10, j)]);
     let y3 = DVector::from_fn(30, |i, _| y[i % 10]);
     let c = grid(2, 9, -3.0, 3.0);
-    let prior =
-        FunctionPrior::centered(Box::new(Independent::new(Matern12::new(2.0, 1.0).unwrap(), 2).unwrap()));
+    let prior = GpPrior::centered(Independent::new(Matern12::new(2.0, 1.0).unwrap(), 2).unwrap());
     let lik = Categorical::new(2).unwrap();
     let scaled = LaplaceConfig { ggn_scale: 3.0, ..no_truncation() };
     let a = laplace(&net, &lik, &prior, &x, &y, &c, &scaled).unwrap();
@@ -446,4 +442,41 @@ fn ggn_scale_equals_repeating_the_data() {
     // And the scale does something: the unscaled posterior is wider.
     let sp = plain.covariance_factor();
     assert!((sp * sp.transpose()).trace() > (sa * sa.transpose()).trace() * 1.01);
+}
+
+#[test]
+fn fit_learns_sigma_when_the_spec_says_so_and_the_posterior_round_trips() {
+    let data = fspace_data::sine(40, 0.1, &mut rng(3)).unwrap();
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
+    let config = FspConfig {
+        train: TrainOptions {
+            train: TrainConfig { epochs: 60, batch_size: 20, learning_rate: 1e-2, ..Default::default() },
+            n_context: 20,
+            ..Default::default()
+        },
+        n_laplace_context: 30,
+        ..Default::default()
+    };
+    let y = data.y_vec();
+    let (_, fixed) =
+        fit(mlp(1, 1, 4), LikelihoodSpec::gaussian(0.5), &prior, &data.x, &y, None, &config, |_| {}).unwrap();
+    assert_eq!(fixed.likelihood, LikelihoodSpec::gaussian(0.5));
+    let (post, learned) =
+        fit(mlp(1, 1, 4), LikelihoodSpec::gaussian_learned(0.5), &prior, &data.x, &y, None, &config, |_| {})
+            .unwrap();
+    let sigma = learned.likelihood.noise_std().unwrap();
+    assert!(sigma < 0.45, "σ learned from 0.5 on data with noise 0.1: {sigma}");
+    assert!(learned.likelihood.learns_noise());
+    // A likelihood that does not fit the network is refused before training.
+    assert!(fit(mlp(1, 1, 4), LikelihoodSpec::categorical(3), &prior, &data.x, &y, None, &config, |_| {})
+        .is_err());
+
+    let path = std::env::temp_dir().join(format!("fspace-fsp-{}.json", std::process::id()));
+    post.save(&path).unwrap();
+    let back = FspLaplace::<Mlp>::load(&path).unwrap();
+    let xt = DMatrix::from_column_slice(4, 1, &[-2.0, 0.0, 1.0, 4.0]);
+    assert_eq!(back.predict(&xt).unwrap(), post.predict(&xt).unwrap());
+    let draw = |p: &FspLaplace<Mlp>| p.sample_functions(&xt, 2, &mut rng(1)).unwrap();
+    assert_eq!(draw(&back), draw(&post));
+    std::fs::remove_file(&path).ok();
 }

@@ -7,9 +7,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_core::LikelihoodSpec;
 use fspace_gfsvi::{
-    fit_fvi, fit_mfvi, objective, FunctionPrior, FviConfig, GpPrior, MfviConfig, OptimConfig,
-    VariationalParams,
+    fit_fvi, fit_mfvi, objective, FviConfig, KlPrior, MfviConfig, OptimConfig, VariationalParams,
 };
+use fspace_kernels::GpPrior;
 use fspace_kernels::Rbf;
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use nalgebra::{DMatrix, DVector};
@@ -51,7 +51,7 @@ fn bench_steps(c: &mut Criterion) {
     let mut group = c.benchmark_group("gfsvi_step");
     group.sample_size(10);
     let (x, y) = toy(100);
-    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.3).unwrap()));
+    let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.3).unwrap()));
     let sweep: [(usize, &[usize]); 4] =
         [(30, &[10, 100, 250, 500]), (100, &[100, 500]), (200, &[100]), (400, &[100])];
     for (width, ms) in sweep {
@@ -73,7 +73,7 @@ fn bench_steps(c: &mut Criterion) {
     let mut n = net(30);
     let pr = params(&n);
     let xm = points(500);
-    let tfsvi = FunctionPrior::WeightPushforward { sigma_p: 0.2 };
+    let tfsvi = KlPrior::WeightPushforward { sigma_p: 0.2 };
     group.bench_function("tfsvi_2x30/500", |b| {
         b.iter(|| objective(&mut n, &pr, &tfsvi, &x, &y, 100, &xm, 1e-10).unwrap())
     });

@@ -30,9 +30,9 @@ use crate::divergence::inverse_and_logdet;
 use crate::error::{invalid, GfsviError};
 use crate::mfvi::check_regression;
 use crate::optim::OptimConfig;
-use crate::prior::GpPrior;
 use crate::sampled::{fit_mean_field, pack, unpack, Fitted};
 use crate::ssge::Ssge;
+use fspace_kernels::GpPrior;
 
 /// FVI settings; `Default` holds the paper's values where it states them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -35,11 +35,12 @@ use crate::divergence::{check_gamma, regularized_kl};
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
 use crate::observation::{observation, Observation};
 use crate::optim::{optimise, OptimConfig, OptimReport};
-use crate::prior::GpPrior;
+use fspace_kernels::GpPrior;
 
-/// The function-space prior of the KL term.
+/// What the KL term measures `q` against: a GP prior (GFSVI) or a weight prior pushed through
+/// the linearised network (TFSVI).
 #[derive(Debug, Clone)]
-pub enum FunctionPrior {
+pub enum KlPrior {
     /// GFSVI: a GP prior.
     Gp(GpPrior),
     /// TFSVI: `p(w) = N(0, σ_p² I)` pushed forward through the linearised network.
@@ -280,7 +281,7 @@ fn data_term<N: Network>(
 pub fn objective<N: Network>(
     net: &mut N,
     params: &VariationalParams,
-    prior: &FunctionPrior,
+    prior: &KlPrior,
     x_b: &DMatrix<f64>,
     y_b: &DMatrix<f64>,
     n_total: usize,
@@ -294,7 +295,7 @@ pub fn objective<N: Network>(
 pub fn objective_with<N: Network>(
     net: &mut N,
     params: &VariationalParams,
-    prior: &FunctionPrior,
+    prior: &KlPrior,
     likelihood: &DataTerm,
     x_b: &DMatrix<f64>,
     y_b: &DMatrix<f64>,
@@ -317,7 +318,7 @@ pub fn objective_with<N: Network>(
     let gram_m = net.weighted_gram(x_m, Outputs::All, &s)?;
     let cov_q = gram_m.gram();
     let divergence = match prior {
-        FunctionPrior::Gp(gp) => {
+        KlPrior::Gp(gp) => {
             if gp.output_dim() != q {
                 return Err(GfsviError::DimensionMismatch {
                     what: "prior outputs (network outputs)",
@@ -332,7 +333,7 @@ pub fn objective_with<N: Network>(
             grad_s -= gs;
             kl.value
         }
-        FunctionPrior::WeightPushforward { sigma_p } => {
+        KlPrior::WeightPushforward { sigma_p } => {
             if !(sigma_p.is_finite() && *sigma_p > 0.0) {
                 return Err(invalid("TFSVI prior scale σ_p", format!("{sigma_p} (must be > 0)")));
             }
@@ -377,7 +378,7 @@ pub struct GfsviFit<N> {
     pub report: OptimReport,
 }
 
-/// Fits GFSVI (`FunctionPrior::Gp`) or TFSVI (`FunctionPrior::WeightPushforward`) under
+/// Fits GFSVI (`KlPrior::Gp`) or TFSVI (`KlPrior::WeightPushforward`) under
 /// `likelihood` — `Gaussian` / `IsotropicGaussian` (`y` `n × d'`; `σ_y` starts at its σ and is
 /// learned if it says so; the paper learns it from 1) or `Categorical` (`y` `n × 1` labels) —
 /// starting from the network's current weights as `m`. With a validation set, the validation NLL of the predictive decides early
@@ -385,7 +386,7 @@ pub struct GfsviFit<N> {
 pub fn fit<N: Network + Clone>(
     net: &N,
     likelihood: LikelihoodSpec,
-    prior: &FunctionPrior,
+    prior: &KlPrior,
     x: &DMatrix<f64>,
     y: &DMatrix<f64>,
     validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
@@ -410,7 +411,7 @@ pub fn fit<N: Network + Clone>(
             e => e,
         })?;
     }
-    if let FunctionPrior::WeightPushforward { sigma_p } = prior {
+    if let KlPrior::WeightPushforward { sigma_p } = prior {
         if !(sigma_p.is_finite() && *sigma_p > 0.0) {
             return Err(invalid("TFSVI prior scale σ_p", format!("{sigma_p} (must be > 0)")));
         }

@@ -3,13 +3,13 @@
 //! Function-space variational inference for neural networks with Gaussian-process priors
 //! (`../shared/papers/gfsvi-regularized-kl.txt`) and its VI baselines:
 //!
-//! * [`gfsvi::fit`] with [`FunctionPrior::Gp`] — **GFSVI**: `q(w) = N(m, diag(s))` on a network
+//! * [`gfsvi::fit`] with [`KlPrior::Gp`] — **GFSVI**: `q(w) = N(m, diag(s))` on a network
 //!   linearised at `m`, so that `q` induces the GP `GP(f(·; m), J S Jᵀ)`; the function-space KL
 //!   to a GP prior (infinite for non-degenerate priors, Burt et al. 2020) is replaced by the
 //!   regularised KL `D_KL^γ` (Quang 2019), estimated at `M` measurement points by
 //!   `KL(N(f, J S Jᵀ + γM I) ‖ N(μ, K + γM I))` (eqs. 6–11). The expected log-likelihood is in
 //!   closed form (eq. 10) and every gradient is exact — through `J` too.
-//! * [`FunctionPrior::WeightPushforward`] — **TFSVI** (Rudner et al. 2022): the same
+//! * [`KlPrior::WeightPushforward`] — **TFSVI** (Rudner et al. 2022): the same
 //!   linearised function-space KL with the prior `N(0, σ_p² I)` pushed forward.
 //! * [`fit_fvi`] — **FVI** (Sun et al. 2019): the functional ELBO on the stochastic network
 //!   (not linearised); the KL gradient uses the spectral Stein gradient estimator ([`Ssge`]) of
@@ -31,7 +31,6 @@ pub mod gfsvi;
 pub mod mfvi;
 mod observation;
 pub mod optim;
-pub mod prior;
 pub mod sampled;
 pub mod ssge;
 
@@ -39,11 +38,10 @@ pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
 pub use fvi::{fit_fvi, sample_data_term, FviConfig};
 pub use gfsvi::{
-    fit, gaussian_nll, objective, objective_with, DataTerm, FunctionPrior, GfsviConfig, GfsviFit,
+    fit, gaussian_nll, objective, objective_with, DataTerm, GfsviConfig, GfsviFit, KlPrior,
     LinearizedPosterior, ObjectiveValue, VariationalParams,
 };
 pub use mfvi::{fit_mfvi, MfviConfig};
 pub use optim::{OptimConfig, OptimReport};
-pub use prior::GpPrior;
 pub use sampled::{SampledFit, WeightSamplePosterior};
 pub use ssge::Ssge;

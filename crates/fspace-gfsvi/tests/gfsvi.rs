@@ -4,6 +4,7 @@
 
 use fspace_core::LikelihoodSpec;
 use fspace_gfsvi::*;
+use fspace_kernels::GpPrior;
 
 /// The paper's likelihood: σ_y learned from 1.
 const LEARNED: LikelihoodSpec = LikelihoodSpec::Gaussian { sigma: 1.0, learn: true };
@@ -129,7 +130,7 @@ fn setup() -> (Mlp, VariationalParams, DMatrix<f64>, DMatrix<f64>, DMatrix<f64>)
     (net, params, xb, yb, xm)
 }
 
-fn check_objective_gradient(prior: &FunctionPrior, gamma: f64) {
+fn check_objective_gradient(prior: &KlPrior, gamma: f64) {
     let (mut net, params, xb, yb, xm) = setup();
     let p = net.n_params();
     let obj = objective(&mut net, &params, prior, &xb, &yb, 30, &xm, gamma).unwrap();
@@ -177,20 +178,20 @@ fn check_objective_gradient(prior: &FunctionPrior, gamma: f64) {
 
 #[test]
 fn gfsvi_objective_gradient_matches_finite_differences() {
-    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
     check_objective_gradient(&prior, 1e-3);
 }
 
 #[test]
 fn tfsvi_objective_gradient_matches_finite_differences() {
-    check_objective_gradient(&FunctionPrior::WeightPushforward { sigma_p: 0.7 }, 1e-3);
+    check_objective_gradient(&KlPrior::WeightPushforward { sigma_p: 0.7 }, 1e-3);
 }
 
 #[test]
 fn objective_terms_equal_dense_evaluations_with_the_jacobian() {
     let (mut net, params, xb, yb, xm) = setup();
     let kernel = Rbf::new(1.3, 0.4).unwrap();
-    let prior = FunctionPrior::Gp(GpPrior::new(kernel.clone(), PriorMean::Constant(0.2)));
+    let prior = KlPrior::Gp(GpPrior::new(kernel.clone(), PriorMean::Constant(0.2)));
     let gamma = 1e-4;
     let obj = objective(&mut net, &params, &prior, &xb, &yb, 12, &xm, gamma).unwrap();
     let s = params.variances();
@@ -293,7 +294,7 @@ fn bad_input_gets_typed_errors() {
     let mut r = rng(9);
     let x = rand_uniform(10, 1, -1.0, 1.0, &mut r);
     let y = x.map(|v| v.sin());
-    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
     let invalid = |e: Result<GfsviFit<Mlp>>| matches!(e, Err(GfsviError::InvalidParameter { .. }));
     assert!(invalid(fit(
         &net,
@@ -325,7 +326,7 @@ fn bad_input_gets_typed_errors() {
     assert!(invalid(fit(
         &net,
         LEARNED,
-        &FunctionPrior::WeightPushforward { sigma_p: 0.0 },
+        &KlPrior::WeightPushforward { sigma_p: 0.0 },
         &x,
         &y,
         None,
@@ -417,7 +418,7 @@ fn categorical_objective_gradient_matches_finite_differences_and_fit_runs() {
     let xb = rand_uniform(6, 2, -1.0, 1.0, &mut r);
     let yb = DMatrix::from_column_slice(6, 1, &[0.0, 2.0, 1.0, 1.0, 0.0, 2.0]);
     let xm = rand_uniform(5, 2, -1.5, 1.5, &mut r);
-    let prior = FunctionPrior::Gp(GpPrior::centered(
+    let prior = KlPrior::Gp(GpPrior::centered(
         fspace_kernels::Independent::new(Rbf::new(1.0, 0.7).unwrap(), 3).unwrap(),
     ));
     let term = DataTerm::Categorical { samples: 4, seed: 99 };
@@ -663,7 +664,7 @@ fn the_likelihood_spec_sets_sigma_y_and_refuses_what_a_method_lacks() {
     let mut r = rng(71);
     let x = rand_uniform(20, 1, -1.0, 1.0, &mut r);
     let y = x.map(|v| v.sin());
-    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
     let cfg = GfsviConfig {
         measurement_points: 5,
         optim: OptimConfig { max_steps: 5, ..Default::default() },
@@ -708,7 +709,7 @@ fn save_load_round_trips_predict_bit_for_bit() {
         assert_eq!(draw(a), draw(b));
     }
 
-    let prior = FunctionPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
     let cfg = GfsviConfig { measurement_points: 5, optim: optim.clone(), ..Default::default() };
     let g = fit(&net, LEARNED, &prior, &x, &y, None, &cfg).unwrap().posterior;
     g.save(dir.join("gfsvi.json")).unwrap();

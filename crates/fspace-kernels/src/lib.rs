@@ -34,6 +34,7 @@ pub mod kernel;
 pub mod mean;
 pub mod multi;
 pub mod periodic;
+pub mod prior;
 pub mod spec;
 pub mod stationary;
 
@@ -45,6 +46,7 @@ pub use kernel::{Kernel, KernelBase, MatrixKernel, SecondOrderKernel};
 pub use mean::{MeanFn, PriorMean};
 pub use multi::{Helmholtz, Independent};
 pub use periodic::Periodic;
+pub use prior::GpPrior;
 pub use spec::{KernelSpec, MatrixKernelSpec};
 pub use stationary::{
     Matern12, Matern12Profile, Matern32, Matern32Profile, Matern52, Matern52Profile, RadialProfile,

@@ -6,9 +6,10 @@
 //! fewer epochs than those experiments (4000 / 1000) to keep the default suite short.
 
 use anyhow::Result;
-use fspace_core::{Gaussian, Posterior};
-use fspace_fsp_laplace::{fit, ContextDesign, FunctionPrior};
+use fspace_core::{LikelihoodSpec, Posterior};
+use fspace_fsp_laplace::{fit, ContextDesign};
 use fspace_gp::{ExactGp, Noise};
+use fspace_kernels::GpPrior;
 use fspace_kernels::{Kernel, Matern12, PriorMean, Rbf};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -35,13 +36,13 @@ pub fn run(opts: &Options) -> Result<()> {
         let (kernel, noise) = fit_sine_prior(&k, &data, opts.seed)?;
         let gp =
             ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise), &data.x, &data.y)?;
-        let prior = FunctionPrior::centered(Box::new(kernel.clone()));
+        let prior = GpPrior::centered(kernel.clone());
         for m in MS {
             bar.set_message(format!("regression {name} M={m}"));
             let config = sine_config(100, reg_epochs, m, ContextDesign::Halton, opts.seed)?;
             let net = tanh_mlp(1, &[50, 50], 1, opts.seed)?;
             let (post, summary) =
-                fit(net, &mut Gaussian::new(noise.sqrt())?, &prior, &data.x, &y, None, &config, |_| {})?;
+                fit(net, LikelihoodSpec::gaussian(noise.sqrt()), &prior, &data.x, &y, None, &config, |_| {})?;
             let ev = eval_sine(&post, &gp, &kernel)?;
             let seconds = summary.train_seconds + summary.laplace_seconds;
             run.log(format!(

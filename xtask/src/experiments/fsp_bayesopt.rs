@@ -25,14 +25,15 @@
 //! Adam epochs, later fits 300; FVI 300 / 50 steps — its step costs ≈ 90 ms here): retraining from scratch at every
 //! evaluation is what makes NN surrogates slow, and the optimum moves little per added point.
 
+use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
 use fspace_context::{BoundingBox, LatinHypercube, Sampler};
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
-use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, FunctionPrior, TrainOptions};
-use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
+use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, TrainOptions};
+use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Matern52, PriorMean};
 use fspace_laplace::{
@@ -306,9 +307,9 @@ fn surrogate(
                 design_seed: seed + it as u64,
                 ..Default::default()
             };
-            let prior = FunctionPrior::centered(Box::new(kernel.clone()));
-            let mut lik = Gaussian::new(noise.sqrt())?;
-            let (post, _) = fsp_fit(start, &mut lik, &prior, x, y, None, &cfg, |_| {})?;
+            let prior = GpPrior::centered(kernel.clone());
+            let lik = LikelihoodSpec::gaussian(noise.sqrt());
+            let (post, _) = fsp_fit(start, lik, &prior, x, y, None, &cfg, |_| {})?;
             warm.net = Some(post.network().clone());
             Box::new(post)
         }

@@ -48,6 +48,7 @@
 //! and runs only the missing ones. `fsp-mnist-halton` ([`run_halton_sweep`]) measures what the
 //! Halton budget (1 000 points instead of the paper's 25 000) changes, on one trained network.
 
+use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -56,9 +57,9 @@ use fspace_core::LikelihoodSpec;
 use fspace_core::{Categorical, Posterior};
 use fspace_fsp_laplace::{
     context_points, fit_classification_prior, laplace as fsp_laplace, train as fsp_train, ContextDesign,
-    FspLaplace, FunctionPrior, LaplaceConfig as FspLaplaceConfig, TrainOptions,
+    FspLaplace, LaplaceConfig as FspLaplaceConfig, TrainOptions,
 };
-use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
+use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{FitConfig, SparseDirichletGp};
 use fspace_kernels::{Independent, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, PriorPrecision, Structure};
@@ -747,18 +748,13 @@ fn seed_data(set: ImageSet, ood_set: ImageSet, budget: &Budget, seed: u64) -> Re
 
 /// The prior: RBF hyperparameters by the Milios et al. marginal likelihood on a seeded subset;
 /// `(prior, [variance, lengthscale], seconds)`.
-fn fit_prior(
-    run: &mut Run,
-    train: &Images,
-    budget: &Budget,
-    seed: u64,
-) -> Result<(FunctionPrior, Vec<f64>, f64)> {
+fn fit_prior(run: &mut Run, train: &Images, budget: &Budget, seed: u64) -> Result<(GpPrior, Vec<f64>, f64)> {
     let t0 = Instant::now();
     let sub = train.subset(budget.n_prior, seed + 5);
     let init = Rbf::new(1.0, (784f64).sqrt())?;
     let fit_cfg =
         FitConfig { iterations: budget.prior_iterations, restarts: 1, seed, ..FitConfig::default() };
-    let prior: FunctionPrior = fit_classification_prior(&init, &sub.x, &sub.y, 10, 0.01, &fit_cfg)?;
+    let prior: GpPrior = fit_classification_prior(&init, &sub.x, &sub.y, 10, 0.01, &fit_cfg)?;
     let hyper: Vec<f64> = prior.kernel.params().iter().map(|p| p.exp()).collect();
     let secs = t0.elapsed().as_secs_f64();
     run.log(format!(
@@ -776,7 +772,7 @@ fn train_fsp(
     budget: &Budget,
     train: &Images,
     val: &Images,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     bbox: &BoundingBox,
     lik: &mut Categorical,
     seed: u64,
@@ -816,7 +812,7 @@ fn train_fsp(
 fn fsp_posterior(
     net: &Cnn,
     lik: &Categorical,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     train: &Images,
     bbox: &BoundingBox,
     n_halton: usize,

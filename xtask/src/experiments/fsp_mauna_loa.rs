@@ -41,6 +41,7 @@
 //! but fit ppm² MSEs and test-set *sums* of log-likelihoods in ppm; we report both those and
 //! the standardised per-point means.
 
+use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -48,8 +49,8 @@ use fspace_context::BoundingBox;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::Standardizer;
-use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, FunctionPrior, TrainOptions};
-use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
+use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, TrainOptions};
+use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, KernelBase, Periodic, PriorMean, RationalQuadratic, Rbf};
 use fspace_laplace::{
@@ -244,10 +245,10 @@ pub fn run(opts: &Options) -> Result<()> {
                         context_box: Some(bbox.clone()),
                         ..Default::default()
                     };
-                    let prior = FunctionPrior::centered(Box::new(kernel.clone()));
-                    let mut lik = Gaussian::new(noise_var.sqrt())?;
+                    let prior = GpPrior::centered(kernel.clone());
+                    let lik = LikelihoodSpec::gaussian(noise_var.sqrt());
                     let (post, summary) =
-                        fsp_fit(net(seed)?, &mut lik, &prior, &t.xtr, &t.ytr, None, &cfg, |_| {})?;
+                        fsp_fit(net(seed)?, lik, &prior, &t.xtr, &t.ytr, None, &cfg, |_| {})?;
                     run.log(format!(
                         "seed {seed}: FSP-Laplace trained {:.1}s, Laplace {:.1}s, rank {}",
                         summary.train_seconds,

@@ -9,11 +9,10 @@
 
 use anyhow::Result;
 use fspace_context::BoundingBox;
-use fspace_core::{Categorical, Posterior};
-use fspace_fsp_laplace::{
-    fit, fit_classification_prior, ContextDesign, FspConfig, FspLaplace, FunctionPrior, TrainOptions,
-};
+use fspace_core::{LikelihoodSpec, Posterior};
+use fspace_fsp_laplace::{fit, fit_classification_prior, ContextDesign, FspConfig, FspLaplace, TrainOptions};
 use fspace_gp::FitConfig;
+use fspace_kernels::GpPrior;
 use fspace_kernels::{Kernel, KernelBase, Matern12, Rbf};
 use fspace_nn::{Mlp, TrainConfig};
 use nalgebra::{DMatrix, DVector};
@@ -44,7 +43,7 @@ pub fn fitted_priors(
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     seed: u64,
-) -> Result<Vec<(&'static str, FunctionPrior, Value)>> {
+) -> Result<Vec<(&'static str, GpPrior, Value)>> {
     let kernels: Vec<(&'static str, Box<dyn Kernel>)> =
         vec![("rbf", Rbf::new(1.0, 1.0)?.boxed()), ("matern12", Matern12::new(1.0, 1.0)?.boxed())];
     kernels
@@ -128,7 +127,7 @@ fn p1_moments(
 /// Trains and evaluates FSP-Laplace on two moons with `n_context` training context points per
 /// step and `laplace_design` for the 100 Laplace context points.
 pub fn moons_run(
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     data: &MoonsData,
     n_context: usize,
     laplace_design: ContextDesign,
@@ -157,7 +156,7 @@ pub fn moons_run(
         ..Default::default()
     };
     let net = tanh_mlp(2, &[100, 100], 2, seed)?;
-    let (post, summary) = fit(net, &mut Categorical::new(2)?, prior, x, y, None, &config, |_| {})?;
+    let (post, summary) = fit(net, LikelihoodSpec::categorical(2), prior, x, y, None, &config, |_| {})?;
     let mut rng = StdRng::seed_from_u64(seed + 7);
     let pred = post.predict(x)?;
     let prior_var = prior.variances(x)?;

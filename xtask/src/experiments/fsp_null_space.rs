@@ -10,8 +10,9 @@
 
 use anyhow::Result;
 use fspace_context::BoundingBox;
-use fspace_core::{Categorical, Gaussian, Likelihood};
-use fspace_fsp_laplace::{fit, FspConfig, FspLaplace, FunctionPrior, TrainOptions};
+use fspace_core::{Categorical, Gaussian, Likelihood, LikelihoodSpec};
+use fspace_fsp_laplace::{fit, FspConfig, FspLaplace, TrainOptions};
+use fspace_kernels::GpPrior;
 use fspace_kernels::{Kernel, Matern12, Rbf};
 use fspace_linalg::{psd_pinv_sqrt, sym_eigh};
 use fspace_nn::{Mlp, TrainConfig};
@@ -28,7 +29,7 @@ use crate::report::{markdown_table, Run};
 fn null_space_ratio(
     post: &FspLaplace<Mlp>,
     likelihood: &dyn Likelihood,
-    prior: &FunctionPrior,
+    prior: &GpPrior,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     context: &DMatrix<f64>,
@@ -66,11 +67,19 @@ pub fn run(opts: &Options) -> Result<()> {
     for (name, k) in [("rbf", Rbf::new(1.0, 0.3)?.boxed()), ("matern12", Matern12::new(1.0, 0.3)?.boxed())] {
         bar.set_message(format!("regression {name}"));
         let (kernel, noise) = fit_sine_prior(&k, &data, opts.seed)?;
-        let prior = FunctionPrior::centered(Box::new(kernel));
-        let mut lik = Gaussian::new(noise.sqrt())?;
+        let prior = GpPrior::centered(kernel);
+        let lik = Gaussian::new(noise.sqrt())?;
         let config = sine_config(100, reg_epochs, 100, fspace_fsp_laplace::ContextDesign::Grid, opts.seed)?;
-        let (post, _) =
-            fit(tanh_mlp(1, &[50, 50], 1, opts.seed)?, &mut lik, &prior, &data.x, &y, None, &config, |_| {})?;
+        let (post, _) = fit(
+            tanh_mlp(1, &[50, 50], 1, opts.seed)?,
+            LikelihoodSpec::gaussian(noise.sqrt()),
+            &prior,
+            &data.x,
+            &y,
+            None,
+            &config,
+            |_| {},
+        )?;
         let context = super::linspace(-2.0, 2.0, 100);
         let ratio = null_space_ratio(&post, &lik, &prior, &data.x, &y, &context)?;
         run.log(format!(
@@ -98,10 +107,10 @@ pub fn run(opts: &Options) -> Result<()> {
             context_box: Some(BoundingBox::cube(2, -BOX, BOX)?),
             ..Default::default()
         };
-        let mut lik = Categorical::new(2)?;
+        let lik = Categorical::new(2)?;
         let (post, _) = fit(
             tanh_mlp(2, &[100, 100], 2, opts.seed)?,
-            &mut lik,
+            LikelihoodSpec::categorical(2),
             &prior,
             &x,
             &labels,

@@ -30,16 +30,15 @@
 //!   21 002 × 21 002 matrix.
 //! * GP: the exact Helmholtz GP.
 
+use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
 use fspace_context::{BoundingBox, DatasetSampler};
 use fspace_core::LikelihoodSpec;
 use fspace_core::{IsotropicGaussian, Posterior};
-use fspace_fsp_laplace::{
-    laplace, train, with_data_points, FunctionPrior, LaplaceConfig as FspLaplaceConfig, TrainOptions,
-};
-use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
+use fspace_fsp_laplace::{laplace, train, with_data_points, LaplaceConfig as FspLaplaceConfig, TrainOptions};
+use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Helmholtz, PriorMean, Rbf};
 use fspace_laplace::{
@@ -175,7 +174,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let post: Box<dyn Posterior> = match *method {
                 "FSP-Laplace" | "FSP-Laplace (grid + drifters)" => {
                     let points = if *method == "FSP-Laplace" { &context } else { &grid_and_drifters };
-                    let prior = FunctionPrior::centered(Box::new(kernel.clone()));
+                    let prior = GpPrior::centered(kernel.clone());
                     let mut lik = IsotropicGaussian::new(sigma, 2)?;
                     let mut net = net;
                     // Every context point at every step (a permutation of all rows).

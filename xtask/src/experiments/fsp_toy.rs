@@ -10,9 +10,10 @@
 //! noise σ = 0.1.
 
 use anyhow::Result;
-use fspace_core::{Gaussian, Posterior};
-use fspace_fsp_laplace::{fit, ContextDesign, FunctionPrior};
+use fspace_core::{LikelihoodSpec, Posterior};
+use fspace_fsp_laplace::{fit, ContextDesign};
 use fspace_gp::{ExactGp, Noise};
+use fspace_kernels::GpPrior;
 use fspace_kernels::{Kernel, KernelBase, Matern12, Matern52, Periodic, PriorMean, Rbf};
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
@@ -76,11 +77,11 @@ pub fn run(opts: &Options) -> Result<()> {
             .zip(kernel.params().into_iter().map(|p| json!(p.exp())))
             .collect();
         run.log(format!("{}: prior {:?}, noise σ = {:.4}", case.name, hyper, noise_var.sqrt()));
-        let prior = FunctionPrior::centered(Box::new(kernel.clone()));
+        let prior = GpPrior::centered(kernel.clone());
         let config = sine_config(n_train, epochs, 100, ContextDesign::Grid, opts.seed)?;
         let net = tanh_mlp(1, &[50, 50], 1, opts.seed)?;
-        let mut lik = Gaussian::new(noise_var.sqrt())?;
-        let (post, summary) = fit(net, &mut lik, &prior, &data.x, &y, None, &config, |_| {})?;
+        let lik = LikelihoodSpec::gaussian(noise_var.sqrt());
+        let (post, summary) = fit(net, lik, &prior, &data.x, &y, None, &config, |_| {})?;
         let seconds = summary.train_seconds + summary.laplace_seconds;
         let gp =
             ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;

@@ -20,14 +20,15 @@
 //! OOD: one threshold on the predictive variance of `f`, ID test fold against as many rows of
 //! the shared substitute [`super::ood_rows`] (the paper's song subset is in no registry).
 
+use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::LikelihoodSpec;
-use fspace_core::{Gaussian, Posterior};
+use fspace_core::Posterior;
 use fspace_data::kfold;
-use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, FunctionPrior, TrainOptions};
-use fspace_gfsvi::{fit_fvi, FviConfig, GpPrior, OptimConfig};
+use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, TrainOptions};
+use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::PriorMean;
 use fspace_laplace::{MarglikConfig, Structure};
@@ -155,11 +156,10 @@ fn run_fold(
                     context_box: Some(widened.clone()),
                     ..Default::default()
                 };
-                let prior = FunctionPrior::centered(Box::new(p.kernel.clone()));
-                let mut lik = Gaussian::new(0.5)?;
-                let (post, _) = fsp_fit(
+                let prior = GpPrior::centered(p.kernel.clone());
+                let (post, summary) = fsp_fit(
                     net.clone(),
-                    &mut lik,
+                    LikelihoodSpec::gaussian_learned(0.5),
                     &prior,
                     &p.xtr,
                     &p.ytr,
@@ -167,7 +167,7 @@ fn run_fold(
                     &cfg,
                     |_| {},
                 )?;
-                (Some(Box::new(post)), lik.sigma())
+                (Some(Box::new(post)), summary.likelihood.noise_std().unwrap_or(0.5))
             }
             "FVI" => {
                 let cfg = FviConfig {

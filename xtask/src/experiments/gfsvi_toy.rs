@@ -15,14 +15,13 @@
 //! over 100 grid points on [−2, 2] of the per-point W2 between 1 000 samples of the method and
 //! 1 000 samples of the exact GP posterior of the same prior.
 
+use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
-use fspace_gfsvi::{
-    fit, fit_fvi, fit_mfvi, FunctionPrior, FviConfig, GfsviConfig, GpPrior, MfviConfig, OptimConfig,
-};
+use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, Matern12, Matern32, Matern52, PriorMean, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision};
@@ -180,7 +179,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let f = fit(
             &net,
             TOY_LIKELIHOOD,
-            &FunctionPrior::Gp(c.prior.clone()),
+            &KlPrior::Gp(c.prior.clone()),
             &c.data.x,
             &c.data.y,
             None,
@@ -267,7 +266,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let tf = fit(
         &net,
         TOY_LIKELIHOOD,
-        &FunctionPrior::WeightPushforward { sigma_p: 0.2 },
+        &KlPrior::WeightPushforward { sigma_p: 0.2 },
         x,
         y,
         None,
@@ -314,7 +313,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             let f = fit(
                 &net,
                 TOY_LIKELIHOOD,
-                &FunctionPrior::Gp(c.prior.clone()),
+                &KlPrior::Gp(c.prior.clone()),
                 &c.data.x,
                 &c.data.y,
                 None,
@@ -345,7 +344,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let f = fit(
         &net,
         TOY_LIKELIHOOD,
-        &FunctionPrior::Gp(noisy.prior.clone()),
+        &KlPrior::Gp(noisy.prior.clone()),
         &noisy.data.x,
         &noisy.data.y,
         None,

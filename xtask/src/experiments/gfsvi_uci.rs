@@ -29,15 +29,14 @@
 //! the test fold (ID) against as many OOD rows — the paper's song subset is in no registry, so
 //! [`super::ood_rows`] (sklearn's digits, shipped) stands in.
 
+use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{FunctionPredictive, Gaussian, Posterior};
 use fspace_data::{boston, concrete, distinct_rows, kfold, wine_quality_red, yacht, Dataset, Standardizer};
-use fspace_gfsvi::{
-    fit, fit_fvi, fit_mfvi, FunctionPrior, FviConfig, GfsviConfig, GpPrior, MfviConfig, OptimConfig,
-};
+use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::{PriorMean, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision, Structure};
@@ -410,9 +409,9 @@ fn run_fold(
         let (post, noise): (Box<dyn Posterior>, f64) = match method {
             "GFSVI" | "TFSVI" => {
                 let fp = if method == "GFSVI" {
-                    FunctionPrior::Gp(prior.clone())
+                    KlPrior::Gp(prior.clone())
                 } else {
-                    FunctionPrior::WeightPushforward { sigma_p: 0.2 }
+                    KlPrior::WeightPushforward { sigma_p: 0.2 }
                 };
                 // One fit per γ of the grid, from the same initialisation; the lowest best
                 // validation NLL wins (ties: the first listed).

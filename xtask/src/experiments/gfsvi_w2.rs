@@ -15,13 +15,14 @@
 //! shipped Boston, concrete, red wine, yacht (the paper's energy is in no registry); `--sets`
 //! and `--folds` run a subset.
 
+use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::kfold;
-use fspace_gfsvi::{fit, fit_fvi, FunctionPrior, FviConfig, GfsviConfig, GpPrior, OptimConfig, OptimReport};
+use fspace_gfsvi::{fit, fit_fvi, FviConfig, GfsviConfig, KlPrior, OptimConfig, OptimReport};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::PriorMean;
 use nalgebra::DMatrix;
@@ -170,7 +171,7 @@ pub fn run(opts: &Options) -> Result<()> {
                         };
                         let lik = LikelihoodSpec::gaussian(noise_std);
                         let fitted =
-                            fit(&net, lik, &FunctionPrior::Gp(prior.clone()), &p.xtr, &p.ytr_m, val, &cfg)?;
+                            fit(&net, lik, &KlPrior::Gp(prior.clone()), &p.xtr, &p.ytr_m, val, &cfg)?;
                         log_stopping(&mut run, ds, f, method, &fitted.report);
                         Box::new(fitted.posterior)
                     }

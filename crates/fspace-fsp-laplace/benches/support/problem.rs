@@ -5,7 +5,7 @@
 
 use fspace_context::{BoundingBox, HaltonSampler, Sampler};
 use fspace_core::Gaussian;
-use fspace_fsp_laplace::FunctionPrior;
+use fspace_kernels::GpPrior;
 use fspace_kernels::Rbf;
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use nalgebra::{DMatrix, DVector};
@@ -22,7 +22,7 @@ pub struct Problem {
     /// Halton context points.
     pub context: DMatrix<f64>,
     /// Centred RBF prior.
-    pub prior: FunctionPrior,
+    pub prior: GpPrior,
     /// Gaussian likelihood.
     pub likelihood: Gaussian,
 }
@@ -41,6 +41,6 @@ pub fn problem(n_c: usize, width: usize) -> Problem {
         seed: 0,
     })
     .unwrap();
-    let prior = FunctionPrior::centered(Box::new(Rbf::new(1.0, 0.3).unwrap()));
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.3).unwrap());
     Problem { net, x, y, context, prior, likelihood: Gaussian::new(0.1).unwrap() }
 }
