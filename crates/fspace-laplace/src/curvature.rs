@@ -308,6 +308,10 @@ impl KronLayer {
 pub struct KronCurvature {
     /// Per layer.
     pub layers: Vec<KronLayer>,
+    /// The network layer (in `Network::layer_infos` order) of each entry of `layers`; empty:
+    /// every layer, in order. The other layers' weights stay at their MAP values.
+    #[serde(default)]
+    pub network_layers: Vec<usize>,
 }
 
 impl KronCurvature {

@@ -157,6 +157,23 @@ impl Structure {
     }
 }
 
+/// Which weights the posterior covers (laplace-torch's `subset_of_weights`); the others stay
+/// at their MAP values.
+///
+/// | weights | structures |
+/// |---|---|
+/// | `All` | every [`Structure`] |
+/// | `LastLayer` | `Kfac`, `Ekfac`, `Full` (the same as `Structure::LastLayer`), `LastLayer` |
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub enum Weights {
+    /// Every weight (laplace-torch's `'all'`).
+    #[default]
+    All,
+    /// The last layer's weights and biases (`'last_layer'`): with a one-output Gaussian head
+    /// its KFAC is exact, `(1/σ²) ⊗ Σ φ̃φ̃ᵀ`.
+    LastLayer,
+}
+
 /// Diagnostics of a fit.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FitReport {
@@ -436,15 +453,27 @@ fn require_layers<N: Network>(net: &N, structure: &'static str) -> Result<Vec<La
 /// `A = Σᵢ Σ_t ã ãᵀ`, `G = Σᵢ Σ_c Σ_t δ δᵀ / (n·T)`, so that `G ⊗ A` is exact for one example at
 /// one position. With `ekfac`, a second pass re-fits the eigenvalues in the Kronecker eigenbasis:
 /// `E_{rj} = Σᵢ Σ_c ((Q_Gᵀ gᵢ_c Q_A)_{rj})²` with `gᵢ_c = Σ_t δ ãᵀ` (George et al. 2018).
-pub(crate) fn kron<N: Network>(net: &N, data: &Data, ekfac: bool) -> Result<(KronCurvature, Vec<usize>)> {
+pub(crate) fn kron<N: Network>(
+    net: &N,
+    data: &Data,
+    ekfac: bool,
+    weights: &Weights,
+) -> Result<(KronCurvature, Vec<usize>)> {
     let structure = if ekfac { "ekfac" } else { "kfac" };
-    let infos = require_layers(net, structure)?;
+    let all_infos = require_layers(net, structure)?;
+    let ids: Vec<usize> = match weights {
+        Weights::All => (0..all_infos.len()).collect(),
+        Weights::LastLayer => vec![all_infos.len() - 1],
+    };
+    let infos: Vec<LayerInfo> = ids.iter().map(|&l| all_infos[l].clone()).collect();
     let n = data.x.nrows();
     let mut a_fac: Vec<DMatrix<f64>> =
         infos.iter().map(|i| DMatrix::zeros(i.fan_in + 1, i.fan_in + 1)).collect();
     let mut g_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_out)).collect();
-    let stats_of = |start: usize, len: usize| {
-        net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])
+    let stats_of = |start: usize, len: usize| -> Result<Vec<fspace_nn::LayerStatistics>> {
+        let all = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
+        let mut all: Vec<Option<_>> = all.into_iter().map(Some).collect();
+        Ok(ids.iter().map(|&l| all[l].take().expect("layer ids are distinct")).collect())
     };
     let factors_of = |start: usize, len: usize| -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
         Ok(stats_of(start, len)?
@@ -527,7 +556,8 @@ pub(crate) fn kron<N: Network>(net: &N, data: &Data, ekfac: bool) -> Result<(Kro
         }
     }
     let indices = infos.iter().flat_map(|i| i.kron_order()).collect();
-    Ok((KronCurvature { layers }, indices))
+    let network_layers = if matches!(weights, Weights::All) { Vec::new() } else { ids };
+    Ok((KronCurvature { layers, network_layers }, indices))
 }
 
 /// The last layer: `C = Σᵢ Hᵢ ⊗ φ̃ᵢφ̃ᵢᵀ` in the layer's `[W | b]` coordinates, `φ̃ = [φ; 1]`
@@ -689,14 +719,38 @@ pub(crate) fn low_rank<N: Network>(
     }
 }
 
-/// Builds the structure; returns it with the flat index of each of its coordinates.
+/// Builds the structure over the chosen weights; returns it with the flat index of each of its
+/// coordinates.
 pub(crate) fn build<N: Network>(
     net: &N,
     data: &Data,
     structure: &Structure,
+    weights: &Weights,
     report: &mut FitReport,
 ) -> Result<(Curvature, Vec<usize>)> {
     let all = || (0..net.n_params()).collect::<Vec<_>>();
+    if let Weights::LastLayer = weights {
+        return match structure {
+            Structure::Kfac | Structure::Ekfac => {
+                let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights)?;
+                Ok((Curvature::Kron(k), idx))
+            }
+            Structure::Full(c) => {
+                let (e, idx, _) = last_layer(net, data, &LastLayerConfig { max_params: c.max_params })?;
+                Ok((Curvature::Eigen(e), idx))
+            }
+            Structure::LastLayer(c) => {
+                let (e, idx, _) = last_layer(net, data, c)?;
+                Ok((Curvature::Eigen(e), idx))
+            }
+            other => Err(LaplaceError::Unsupported {
+                structure: other.name(),
+                reason:
+                    "over the last layer only full (= Structure::LastLayer), KFAC and EKFAC are implemented"
+                        .into(),
+            }),
+        };
+    }
     Ok(match structure {
         Structure::Full(c) => (Curvature::Eigen(full(net, data, c)?), all()),
         Structure::Diag => (Curvature::Diag(DiagCurvature { diag: diagonal(net, data)? }), all()),
@@ -705,7 +759,7 @@ pub(crate) fn build<N: Network>(
             (Curvature::BlockDiag(b), idx)
         }
         Structure::Kfac | Structure::Ekfac => {
-            let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac))?;
+            let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights)?;
             (Curvature::Kron(k), idx)
         }
         Structure::LastLayer(c) => {

@@ -201,21 +201,24 @@ pub(crate) fn kron_covariances<N: Network>(
     t: f64,
     x: &DMatrix<f64>,
 ) -> Result<Vec<DMatrix<f64>>> {
-    let mut offset = 0;
-    let views: Vec<LayerView> = kron
-        .layers
+    let infos = net.layer_infos();
+    // Layers outside the curvature keep their MAP weights: a zero inverse precision.
+    let mut views: Vec<LayerView> = infos
         .iter()
-        .map(|layer| {
-            let (r, c) = layer.shape();
-            let l = lam[offset];
-            offset += r * c;
-            LayerView {
-                q_g: Some(&layer.g_vectors),
-                q_a: Some(&layer.a_vectors),
-                inv: layer.eigenvalues().map(|e| 1.0 / (t * e.max(0.0) + l)),
-            }
-        })
+        .map(|info| LayerView { q_g: None, q_a: None, inv: DMatrix::zeros(info.fan_out, info.fan_in + 1) })
         .collect();
+    let mut offset = 0;
+    for (k, layer) in kron.layers.iter().enumerate() {
+        let l_net = if kron.network_layers.is_empty() { k } else { kron.network_layers[k] };
+        let (r, c) = layer.shape();
+        let l = lam[offset];
+        offset += r * c;
+        views[l_net] = LayerView {
+            q_g: Some(&layer.g_vectors),
+            q_a: Some(&layer.a_vectors),
+            inv: layer.eigenvalues().map(|e| 1.0 / (t * e.max(0.0) + l)),
+        };
+    }
     layerwise_covariances(net, &views, x)
 }
 

@@ -6,7 +6,7 @@ use fspace_core::{ClassProbMethod, Likelihood, Posterior};
 use fspace_core::{LikelihoodSpec, Persist};
 use fspace_laplace::{
     fit, CurvatureApprox, FullConfig, LaplaceConfig, LaplaceError, LaplacePosterior, LowRankConfig,
-    MarglikConfig, Predictive, PriorPrecision, Structure,
+    MarglikConfig, Predictive, PriorPrecision, Structure, Weights,
 };
 use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, HelmholtzNet, Mlp, MlpConfig, Network};
 use fspace_testutil::{rel_frob, rng};
@@ -888,4 +888,64 @@ fn heteroscedastic_laplace_equals_the_dense_fisher_laplace_on_a_trained_toy() {
     let edge = net.forward(&DMatrix::from_column_slice(2, 1, &[-1.9, 0.0])).unwrap();
     assert!(edge[(0, 1)] > edge[(1, 1)], "log-variance at -1.9: {} vs at 0: {}", edge[(0, 1)], edge[(1, 1)]);
     assert!(post.predictive_nll(&x, &y).unwrap().is_finite());
+}
+
+#[test]
+fn last_layer_kfac_equals_the_dense_last_layer_laplace_for_a_one_output_gaussian_head() {
+    // One output and a Gaussian likelihood: G = 1/σ² is a scalar, so the last layer's KFAC
+    // G ⊗ A = (1/σ²) Σ φ̃φ̃ᵀ is its exact GGN — the dense last-layer Laplace.
+    let net = mlp(2, vec![6, 5], 1, 50);
+    let (x, y) = regression(30, 2, 51);
+    let (xt, _) = regression(7, 2, 52);
+    let lik = LikelihoodSpec::gaussian(0.3);
+    let last = LaplaceConfig { weights: Weights::LastLayer, ..config(Structure::Kfac) };
+    let mut kfac = fit(net.clone(), lik, &x, &y, &last).unwrap();
+    let mut dense = fit_with(net.clone(), lik, &x, &y, Structure::last_layer());
+    assert_eq!(kfac.indices(), dense.indices());
+    assert_eq!(kfac.indices().len(), 6);
+    assert!(rel_frob(&kfac.curvature().to_dense(), &dense.curvature().to_dense()) < 1e-12);
+    for post in [&mut kfac, &mut dense] {
+        post.set_prior_precision(PriorPrecision::Scalar(0.7)).unwrap();
+        post.set_temperature(0.8).unwrap();
+    }
+    let (a, b) = (kfac.predict(&xt).unwrap(), dense.predict(&xt).unwrap());
+    assert!(rel_frob(&a.var, &b.var) < 1e-10, "{:?} vs {:?}", a.var, b.var);
+    assert_eq!(a.mean, b.mean);
+    assert!(
+        (kfac.log_marginal_likelihood().unwrap() - dense.log_marginal_likelihood().unwrap()).abs() < 1e-9
+    );
+    // Against the dense Jacobian route over the last layer's columns.
+    let sigma = (kfac.curvature().to_dense() * 0.8 + DMatrix::identity(6, 6) * 0.7).try_inverse().unwrap();
+    let js = net.jacobian(&xt).unwrap().select_columns(kfac.indices());
+    let cov = &js * sigma * js.transpose();
+    for i in 0..7 {
+        assert!((a.var[(i, 0)] - cov[(i, i)]).abs() <= 1e-10 * cov[(i, i)]);
+    }
+    // EKFAC over the last layer matches too; other structures say they are not implemented.
+    let ek = fit(net.clone(), lik, &x, &y, &LaplaceConfig { structure: Structure::Ekfac, ..last.clone() })
+        .unwrap();
+    assert!(rel_frob(&ek.curvature().to_dense(), &dense.curvature().to_dense()) < 1e-10);
+    let diag = LaplaceConfig { structure: Structure::Diag, ..last.clone() };
+    assert!(matches!(fit(net.clone(), lik, &x, &y, &diag), Err(LaplaceError::Unsupported { .. })));
+    // With several outputs last-layer KFAC is an approximation of the last-layer GGN, and the
+    // predictive still equals J_L Σ_KFAC J_Lᵀ.
+    let multi = mlp(2, vec![6, 5], 3, 53);
+    let (xc, yc) = classification(20, 2, 3, 54);
+    let cat = LikelihoodSpec::categorical(3);
+    let mut post = fit(multi.clone(), cat, &xc, &yc, &last).unwrap();
+    post.set_prior_precision(PriorPrecision::Scalar(1.3)).unwrap();
+    let sigma = (post.curvature().to_dense() + DMatrix::identity(18, 18) * 1.3).try_inverse().unwrap();
+    let js = multi.jacobian(&xt).unwrap().select_columns(post.indices());
+    let cov = &js * sigma * js.transpose();
+    let covs = post.glm_covariances(&xt).unwrap();
+    for i in 0..7 {
+        let block = cov.view((3 * i, 3 * i), (3, 3)).into_owned();
+        assert!((&covs[i] - &block).abs().max() <= 1e-10 * block.abs().max());
+    }
+    // Saved and loaded, the layer map survives.
+    let path = std::env::temp_dir().join(format!("fspace-ll-kfac-{}.json", std::process::id()));
+    post.save(&path).unwrap();
+    let back: LaplacePosterior<Mlp> = LaplacePosterior::load(&path).unwrap();
+    assert_eq!(back.predict(&xt).unwrap(), post.predict(&xt).unwrap());
+    std::fs::remove_file(&path).ok();
 }
