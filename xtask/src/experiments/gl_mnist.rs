@@ -139,6 +139,7 @@ pub fn run(opts: &Options) -> Result<()> {
             temperature: scale,
             chunk_points: 100,
             predictive: Predictive::Nonlinear { samples, seed: opts.seed + 11 },
+            ..Default::default()
         };
         let mut post =
             fit(net.clone(), LikelihoodSpec::Categorical { classes: 10 }, &curv.x, &curv.y, &config)?;
