@@ -7,6 +7,8 @@
 //!   [`Categorical`], [`HeteroscedasticGaussian`] — with NLL, gradient and per-point curvature
 //!   blocks (the `H` of the GGN `Σᵢ Jᵢᵀ Hᵢ Jᵢ`).
 //! * [`Persist`]: versioned JSON save/load that every fitted posterior implements.
+//! * The shape of every method's `fit`: [`Data`] (training and optional validation set) in,
+//!   [`Fitted`] `{ posterior, report }` out, progress through an [`Observer`].
 //! * The [`Posterior`] trait: predictive mean and marginal variance of `f`, joint covariance
 //!   for small sets, seeded function samples; [`class_probabilities`] by Monte Carlo, probit or
 //!   Laplace bridge; Gaussian `y`-predictives via [`Gaussian::predictive`].
@@ -17,6 +19,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod error;
+pub mod fit;
 pub mod likelihood;
 pub mod persist;
 pub mod posterior;
@@ -24,6 +27,7 @@ pub mod spec;
 pub mod training;
 
 pub use error::{CoreError, MethodError, Result};
+pub use fit::{Data, Fitted, Observer, Progress, Silent};
 pub use likelihood::{
     logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian,
     IsotropicGaussian, Likelihood,

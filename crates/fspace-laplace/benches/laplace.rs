@@ -5,6 +5,7 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use fspace_core::Data;
 use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, Structure};
 
 #[path = "support/workloads.rs"]
@@ -20,8 +21,14 @@ fn w1(c: &mut Criterion) {
     g.sample_size(10);
     g.bench_function("full_fit_marglik_predict1000", |b| {
         b.iter(|| {
-            let mut post =
-                fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::full())).unwrap();
+            let mut post = fit(
+                w.net.clone(),
+                w.likelihood.clone(),
+                &Data::new(&w.x, &w.y).unwrap(),
+                &config(Structure::full()),
+            )
+            .unwrap()
+            .posterior;
             post.optimize_prior_precision(&MarglikConfig::default()).unwrap();
             post.predict_glm(&w.x_test).unwrap()
         })
@@ -35,7 +42,14 @@ fn w1(c: &mut Criterion) {
     ] {
         g.bench_function(format!("{name}_fit_predict1000"), |b| {
             b.iter(|| {
-                let post = fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(s.clone())).unwrap();
+                let post = fit(
+                    w.net.clone(),
+                    w.likelihood.clone(),
+                    &Data::new(&w.x, &w.y).unwrap(),
+                    &config(s.clone()),
+                )
+                .unwrap()
+                .posterior;
                 post.predict_glm(&w.x_test).unwrap()
             })
         });
@@ -48,16 +62,44 @@ fn w2(c: &mut Criterion) {
     let mut g = c.benchmark_group("w2");
     g.sample_size(10);
     g.bench_function("kfac_fit", |b| {
-        b.iter(|| fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::Kfac)).unwrap())
+        b.iter(|| {
+            fit(
+                w.net.clone(),
+                w.likelihood.clone(),
+                &Data::new(&w.x, &w.y).unwrap(),
+                &config(Structure::Kfac),
+            )
+            .unwrap()
+            .posterior
+        })
     });
-    let post = fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::Kfac)).unwrap();
+    let post =
+        fit(w.net.clone(), w.likelihood.clone(), &Data::new(&w.x, &w.y).unwrap(), &config(Structure::Kfac))
+            .unwrap()
+            .posterior;
     g.bench_function("kfac_predict1000", |b| b.iter(|| post.predict_glm(&w.x_test).unwrap()));
     g.bench_function("diag_fit", |b| {
-        b.iter(|| fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::Diag)).unwrap())
+        b.iter(|| {
+            fit(
+                w.net.clone(),
+                w.likelihood.clone(),
+                &Data::new(&w.x, &w.y).unwrap(),
+                &config(Structure::Diag),
+            )
+            .unwrap()
+            .posterior
+        })
     });
     g.bench_function("low_rank100_fit", |b| {
         b.iter(|| {
-            fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::low_rank(100))).unwrap()
+            fit(
+                w.net.clone(),
+                w.likelihood.clone(),
+                &Data::new(&w.x, &w.y).unwrap(),
+                &config(Structure::low_rank(100)),
+            )
+            .unwrap()
+            .posterior
         })
     });
     g.finish();
@@ -69,7 +111,16 @@ fn kfac_sweep(c: &mut Criterion) {
     for n in [1_000, 4_000, 10_000] {
         let w = workloads::workload(n, 200);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| fit(w.net.clone(), w.likelihood.clone(), &w.x, &w.y, &config(Structure::Kfac)).unwrap())
+            b.iter(|| {
+                fit(
+                    w.net.clone(),
+                    w.likelihood.clone(),
+                    &Data::new(&w.x, &w.y).unwrap(),
+                    &config(Structure::Kfac),
+                )
+                .unwrap()
+                .posterior
+            })
         });
     }
     g.finish();

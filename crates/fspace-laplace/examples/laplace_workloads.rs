@@ -8,6 +8,7 @@
 //!
 //! `cargo run --release -p fspace-laplace --example laplace_workloads`
 
+use fspace_core::Data;
 use std::process::Command;
 use std::time::Instant;
 
@@ -38,7 +39,7 @@ fn child(case: &str, n: usize, width: usize, k: usize) {
     };
     let cfg = LaplaceConfig { structure, ..Default::default() };
     let t = Instant::now();
-    let mut post = fit(w.net, w.likelihood, &w.x, &w.y, &cfg).unwrap();
+    let mut post = fit(w.net, w.likelihood, &Data::new(&w.x, &w.y).unwrap(), &cfg).unwrap().posterior;
     let fit_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     post.optimize_prior_precision(&MarglikConfig::default()).unwrap();

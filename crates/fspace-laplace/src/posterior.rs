@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use fspace_core::{
-    class_probabilities, ClassProbMethod, CoreError, FunctionPredictive, HeteroscedasticGaussian, Likelihood,
-    LikelihoodSpec, Persist, Posterior,
+    class_probabilities, ClassProbMethod, CoreError, Data, Fitted, FunctionPredictive,
+    HeteroscedasticGaussian, Likelihood, LikelihoodSpec, Persist, Posterior,
 };
 use fspace_nn::{LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
@@ -160,14 +160,17 @@ fn forward_chunked<N: Network>(net: &N, x: &DMatrix<f64>, chunk: usize) -> Resul
     Ok(f)
 }
 
-/// Fits the Laplace approximation around `net`'s current (MAP) weights on `(x, y)`.
+/// Fits the Laplace approximation around `net`'s current (MAP) weights on `data`'s training
+/// set (targets `n × t`, `t` the likelihood's targets per point). The validation set, if any,
+/// is not used here: pass it to [`LaplacePosterior::gridsearch_prior_precision`] or
+/// [`LaplacePosterior::select_temperature`]. The report is also kept in the posterior.
 pub fn fit<N: Network>(
     net: N,
     likelihood: LikelihoodSpec,
-    x: &DMatrix<f64>,
-    y: &DVector<f64>,
+    data: &Data,
     config: &LaplaceConfig,
-) -> Result<LaplacePosterior<N>> {
+) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
+    let (x, y) = (data.x(), &data.y_flat());
     let start = Instant::now();
     ensure_positive("temperature", config.temperature)?;
     if config.chunk_points == 0 {
@@ -210,7 +213,7 @@ pub fn fit<N: Network>(
     };
     post.set_prior_precision(config.prior_precision.clone())?;
     post.set_predictive(config.predictive.clone())?;
-    Ok(post)
+    Ok(Fitted { report: post.report.clone(), posterior: post })
 }
 
 /// Options of [`LaplacePosterior::optimize_prior_precision`].

@@ -30,6 +30,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_context::{BoundingBox, LatinHypercube, Sampler};
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, TrainOptions};
@@ -331,15 +332,15 @@ fn surrogate(
             let mut post = laplace_fit(
                 map,
                 LikelihoodSpec::gaussian(noise.sqrt()),
-                x,
-                y,
+                &Data::new(x, &super::targets(y, 1))?,
                 &LaplaceConfig {
                     structure,
                     prior_precision: PriorPrecision::Scalar(1.0),
                     predictive: Predictive::Glm,
                     ..Default::default()
                 },
-            )?;
+            )?
+            .posterior;
             post.optimize_prior_precision(&MarglikConfig::default())?;
             Box::new(post)
         }

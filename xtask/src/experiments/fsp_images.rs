@@ -53,6 +53,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use fspace_context::{BoundingBox, UniformSampler};
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Categorical, Posterior};
 use fspace_fsp_laplace::{
@@ -628,15 +629,15 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 let mut lap = laplace_fit(
                     map.clone(),
                     LikelihoodSpec::Categorical { classes: 10 },
-                    &curv.x,
-                    &curv.y,
+                    &Data::new(&curv.x, &super::targets(&curv.y, 1))?,
                     &LaplaceConfig {
                         structure: Structure::Kfac,
                         prior_precision: PriorPrecision::Scalar(1.0),
                         temperature: n as f64 / curv.x.nrows() as f64,
                         ..LaplaceConfig::default()
                     },
-                )?;
+                )?
+                .posterior;
                 lap.optimize_prior_precision(&MarglikConfig::default())?;
                 let marglik_lambda = lap.prior_precision()[0];
                 // The paper tunes the prior scale on validation ELL; the marginal likelihood's λ alone

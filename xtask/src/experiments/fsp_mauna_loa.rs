@@ -46,6 +46,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use fspace_context::BoundingBox;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::Standardizer;
@@ -299,15 +300,15 @@ pub fn run(opts: &Options) -> Result<()> {
                     let mut post = laplace_fit(
                         map,
                         LikelihoodSpec::gaussian(noise_var.sqrt()),
-                        &t.xtr,
-                        &t.ytr,
+                        &Data::new(&t.xtr, &super::targets(&t.ytr, 1))?,
                         &LaplaceConfig {
                             structure: Structure::full(),
                             prior_precision: PriorPrecision::Scalar(1.0),
                             predictive: Predictive::Glm,
                             ..Default::default()
                         },
-                    )?;
+                    )?
+                    .posterior;
                     post.optimize_prior_precision(&MarglikConfig::default())?;
                     run.log(format!("seed {seed}: Laplace prior precision {:?}", post.prior_precision()));
                     Box::new(post)

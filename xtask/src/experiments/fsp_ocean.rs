@@ -35,6 +35,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_context::{BoundingBox, DatasetSampler};
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{IsotropicGaussian, Posterior};
 use fspace_fsp_laplace::{laplace, train, with_data_points, LaplaceConfig as FspLaplaceConfig, TrainOptions};
@@ -222,18 +223,23 @@ pub fn run(opts: &Options) -> Result<()> {
                     let mut map = net;
                     let mut lik = IsotropicGaussian::new(sigma, 2)?;
                     train_map(&mut map, &mut lik, &xtr, &ytr_pm, None, None, &full_batch(1e-3, 1.0), |_| {})?;
-                    Box::new(laplace_fit(
-                        map,
-                        LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
-                        &xtr,
-                        &ytr_pm,
-                        &LaplaceConfig {
-                            structure: Structure::LowRank(LowRankConfig { rank: 40, ..Default::default() }),
-                            prior_precision: PriorPrecision::Scalar(1.0),
-                            predictive: Predictive::Glm,
-                            ..Default::default()
-                        },
-                    )?)
+                    Box::new(
+                        laplace_fit(
+                            map,
+                            LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
+                            &Data::new(&xtr, &super::targets(&ytr_pm, 2))?,
+                            &LaplaceConfig {
+                                structure: Structure::LowRank(LowRankConfig {
+                                    rank: 40,
+                                    ..Default::default()
+                                }),
+                                prior_precision: PriorPrecision::Scalar(1.0),
+                                predictive: Predictive::Glm,
+                                ..Default::default()
+                            },
+                        )?
+                        .posterior,
+                    )
                 }
                 _ => Box::new(gp.clone()),
             };

@@ -19,6 +19,7 @@ use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
@@ -438,14 +439,14 @@ fn laplace(
     let post = laplace_fit(
         map,
         LikelihoodSpec::gaussian(lik.sigma()),
-        x,
-        &y.column(0).into_owned(),
+        &Data::new(x, &y.columns(0, 1).into_owned())?,
         &LaplaceConfig {
             structure: super::gfsvi_uci::LAPLACE_STRUCTURE,
             prior_precision: PriorPrecision::Scalar(precision),
             predictive: Predictive::Glm,
             ..Default::default()
         },
-    )?;
+    )?
+    .posterior;
     Ok((post, b.steps))
 }

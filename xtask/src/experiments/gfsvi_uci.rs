@@ -33,6 +33,7 @@ use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{FunctionPredictive, Gaussian, Posterior};
 use fspace_data::{boston, concrete, distinct_rows, kfold, wine_quality_red, yacht, Dataset, Standardizer};
@@ -634,15 +635,15 @@ pub fn map_laplace(
     let post = laplace_fit(
         map,
         LikelihoodSpec::gaussian(sigma),
-        x,
-        y,
+        &Data::new(x, &super::targets(y, 1))?,
         &LaplaceConfig {
             structure,
             prior_precision: PriorPrecision::Scalar(precision),
             predictive: Predictive::Glm,
             ..Default::default()
         },
-    )?;
+    )?
+    .posterior;
     Ok((post, sigma))
 }
 

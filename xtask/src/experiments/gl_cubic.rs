@@ -15,6 +15,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure};
@@ -103,7 +104,13 @@ pub fn run(opts: &Options) -> Result<()> {
             ..Default::default()
         };
         let t = Instant::now();
-        let post = fit(net.clone(), LikelihoodSpec::gaussian(sigma), &data.x, &y, &config)?;
+        let post = fit(
+            net.clone(),
+            LikelihoodSpec::gaussian(sigma),
+            &Data::new(&data.x, &super::targets(&y, 1))?,
+            &config,
+        )?
+        .posterior;
         let fit_ms = t.elapsed().as_secs_f64() * 1e3;
         let log_z = post.log_marginal_likelihood()?;
         let mut tuned = post.clone();

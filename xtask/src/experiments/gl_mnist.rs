@@ -21,6 +21,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Categorical, ClassProbMethod};
 use fspace_laplace::{fit, Curvature, LaplaceConfig, Predictive, PriorPrecision, Structure};
@@ -141,8 +142,13 @@ pub fn run(opts: &Options) -> Result<()> {
             predictive: Predictive::Nonlinear { samples, seed: opts.seed + 11 },
             ..Default::default()
         };
-        let mut post =
-            fit(net.clone(), LikelihoodSpec::Categorical { classes: 10 }, &curv.x, &curv.y, &config)?;
+        let mut post = fit(
+            net.clone(),
+            LikelihoodSpec::categorical(10),
+            &Data::new(&curv.x, &super::targets(&curv.y, 1))?,
+            &config,
+        )?
+        .posterior;
         let fit_s = t.elapsed().as_secs_f64();
         let frob = last_layer_frobenius(post.curvature(), post.indices(), &last, scale);
         run.log(format!("{name}: curvature on {m_curv} images in {fit_s:.1}s, ‖C_last‖_F = {frob:.4e}"));

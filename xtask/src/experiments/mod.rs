@@ -261,6 +261,11 @@ pub fn sine_config(
 }
 
 /// A tanh MLP `d → hidden → q` (the papers' toy networks).
+/// Point-major targets (`t` per point) as the `n × t` matrix that `fspace_core::Data` takes.
+pub fn targets(y: &nalgebra::DVector<f64>, t: usize) -> DMatrix<f64> {
+    DMatrix::from_row_slice(y.len() / t, t, y.as_slice())
+}
+
 pub fn tanh_mlp(d: usize, hidden: &[usize], q: usize, seed: u64) -> Result<Mlp> {
     Ok(Mlp::new(MlpConfig {
         input_dim: d,

@@ -30,6 +30,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::ClassProbMethod;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_laplace::{
     fit as laplace_fit, LaplaceConfig, LaplacePosterior, MarglikConfig, PriorPrecision, Structure,
@@ -174,14 +175,14 @@ pub(super) fn laplace(
     let mut post = laplace_fit(
         net.clone(),
         likelihood,
-        x,
-        y,
+        &Data::new(x, &super::targets(y, 1))?,
         &LaplaceConfig {
             structure,
             prior_precision: PriorPrecision::Scalar(lambda0),
             ..LaplaceConfig::default()
         },
-    )?;
+    )?
+    .posterior;
     post.optimize_prior_precision(&MarglikConfig::default())?;
     Ok(post)
 }

@@ -19,6 +19,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_laplace::{
@@ -110,15 +111,15 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let mut lla = laplace_fit(
         net.clone(),
         LikelihoodSpec::gaussian(sigma),
-        &x,
-        &y,
+        &Data::new(&x, &super::targets(&y, 1))?,
         &LaplaceConfig {
             structure: Structure::full(),
             prior_precision: PriorPrecision::Scalar(1.0),
             predictive: Predictive::Glm,
             ..Default::default()
         },
-    )?;
+    )?
+    .posterior;
     lla.optimize_prior_precision(&MarglikConfig::default())?;
     let lambda = lla.prior_precision()[0];
     let lla_secs = t.elapsed().as_secs_f64();

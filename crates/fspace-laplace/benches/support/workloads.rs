@@ -5,14 +5,14 @@
 
 use fspace_core::LikelihoodSpec;
 use fspace_nn::{Activation, Mlp, MlpConfig};
-use nalgebra::{DMatrix, DVector};
+use nalgebra::DMatrix;
 use rand::SeedableRng;
 
 /// A workload: network, inputs, targets, likelihood, 1 000 test inputs.
 pub struct Workload {
     pub net: Mlp,
     pub x: DMatrix<f64>,
-    pub y: DVector<f64>,
+    pub y: DMatrix<f64>,
     pub likelihood: LikelihoodSpec,
     pub x_test: DMatrix<f64>,
 }
@@ -30,7 +30,7 @@ pub fn workload(n: usize, width: usize) -> Workload {
     })
     .expect("network");
     let x_test = DMatrix::from_fn(1000, 1, |i, _| -2.0 + 4.0 * i as f64 / 999.0);
-    Workload { net, y: data.y_vec(), x: data.x, likelihood: LikelihoodSpec::gaussian(0.1), x_test }
+    Workload { net, y: data.y, x: data.x, likelihood: LikelihoodSpec::gaussian(0.1), x_test }
 }
 
 /// W1: the sine toy.

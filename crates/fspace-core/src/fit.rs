@@ -1,0 +1,135 @@
+//! The shape every method's `fit` shares: one data type in, `Fitted { posterior, report }` out,
+//! progress through an optional [`Observer`].
+
+use nalgebra::{DMatrix, DVector};
+
+use crate::error::{ensure_dim, ensure_finite, CoreError, Result};
+
+/// A training set and an optional validation set, as every method takes them.
+///
+/// Inputs are `n × d` (points as rows); targets are `n × t` — `t = 1` for scalar regression and
+/// for class labels (integers stored as `f64`), `t = d'` for vector-valued regression — so one
+/// value serves every likelihood ([`LikelihoodSpec::target_dim`](crate::LikelihoodSpec::target_dim)).
+/// Construction checks that the sets are non-empty, finite and of matching shapes; the
+/// likelihood checks the targets' values.
+#[derive(Debug, Clone, Copy)]
+pub struct Data<'a> {
+    x: &'a DMatrix<f64>,
+    y: &'a DMatrix<f64>,
+    validation: Option<(&'a DMatrix<f64>, &'a DMatrix<f64>)>,
+}
+
+fn check_set(x: &DMatrix<f64>, y: &DMatrix<f64>, inputs: &'static str, targets: &'static str) -> Result<()> {
+    if x.nrows() == 0 {
+        return Err(CoreError::Empty { what: inputs });
+    }
+    ensure_dim(targets, x.nrows(), y.nrows())?;
+    if y.ncols() == 0 {
+        return Err(CoreError::Empty { what: targets });
+    }
+    ensure_finite(inputs, x.iter())?;
+    ensure_finite(targets, y.iter())
+}
+
+impl<'a> Data<'a> {
+    /// A training set: `x` `n × d`, `y` `n × t`.
+    pub fn new(x: &'a DMatrix<f64>, y: &'a DMatrix<f64>) -> Result<Self> {
+        check_set(x, y, "training inputs", "training targets (one row per input)")?;
+        Ok(Self { x, y, validation: None })
+    }
+    /// Adds a validation set of the same widths (early stopping, λ or γ selection).
+    pub fn with_validation(self, x: &'a DMatrix<f64>, y: &'a DMatrix<f64>) -> Result<Self> {
+        check_set(x, y, "validation inputs", "validation targets (one row per input)")?;
+        ensure_dim("validation input columns", self.x.ncols(), x.ncols())?;
+        ensure_dim("validation target columns", self.y.ncols(), y.ncols())?;
+        Ok(Self { validation: Some((x, y)), ..self })
+    }
+    /// Adds `validation` when it is `Some`.
+    pub fn with_optional_validation(
+        self,
+        validation: Option<(&'a DMatrix<f64>, &'a DMatrix<f64>)>,
+    ) -> Result<Self> {
+        match validation {
+            Some((x, y)) => self.with_validation(x, y),
+            None => Ok(self),
+        }
+    }
+    /// Training inputs `n × d`.
+    pub fn x(&self) -> &'a DMatrix<f64> {
+        self.x
+    }
+    /// Training targets `n × t`.
+    pub fn y(&self) -> &'a DMatrix<f64> {
+        self.y
+    }
+    /// The validation set, if any.
+    pub fn validation(&self) -> Option<(&'a DMatrix<f64>, &'a DMatrix<f64>)> {
+        self.validation
+    }
+    /// Training targets as one point-major vector (`y[i·t + c]`), the form the
+    /// [`Likelihood`](crate::Likelihood) trait takes.
+    pub fn y_flat(&self) -> DVector<f64> {
+        flatten(self.y)
+    }
+    /// Validation inputs and point-major targets.
+    pub fn validation_flat(&self) -> Option<(&'a DMatrix<f64>, DVector<f64>)> {
+        self.validation.map(|(x, y)| (x, flatten(y)))
+    }
+    /// Points in the training set.
+    pub fn len(&self) -> usize {
+        self.x.nrows()
+    }
+    /// Never true (construction refuses empty sets); for clippy's `len` convention.
+    pub fn is_empty(&self) -> bool {
+        self.x.nrows() == 0
+    }
+}
+
+/// `n × t` targets as a point-major vector.
+pub fn flatten(y: &DMatrix<f64>) -> DVector<f64> {
+    DVector::from_iterator(y.len(), (0..y.nrows()).flat_map(|i| (0..y.ncols()).map(move |c| y[(i, c)])))
+}
+
+/// What every method's `fit` returns: the posterior and the method's report of what it did.
+#[derive(Debug, Clone)]
+pub struct Fitted<P, R> {
+    /// The fitted posterior (implements [`Posterior`](crate::Posterior) and
+    /// [`Persist`](crate::Persist)).
+    pub posterior: P,
+    /// Timings, iterations, chosen hyperparameters.
+    pub report: R,
+}
+
+/// One progress event of an iterative fit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// The method's step counter (epoch for MAP training, iteration for the VI methods).
+    pub step: usize,
+    /// Its budget.
+    pub total: usize,
+    /// The training objective the method minimises at this step (its own scale), if computed.
+    pub loss: Option<f64>,
+    /// The validation loss at this step, if evaluated.
+    pub validation: Option<f64>,
+}
+
+/// Receives [`Progress`] from an iterative fit (a progress bar, a log, a plot of the loss).
+/// Closures `FnMut(&Progress)` are observers.
+pub trait Observer {
+    /// Called by the method at its reporting points.
+    fn observe(&mut self, progress: &Progress);
+}
+
+impl<F: FnMut(&Progress)> Observer for F {
+    fn observe(&mut self, progress: &Progress) {
+        self(progress)
+    }
+}
+
+/// The observer of `fit` without one: ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Silent;
+
+impl Observer for Silent {
+    fn observe(&mut self, _: &Progress) {}
+}
