@@ -4,11 +4,11 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use fspace_core::LikelihoodSpec;
+use fspace_core::{Data, LikelihoodSpec};
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_valla::internals::iteration;
 use fspace_valla::{fit_ella, EllaConfig, EllaPrior, FeatureRoute, VariationalState};
-use nalgebra::{DMatrix, DVector};
+use nalgebra::DMatrix;
 
 fn net(d: usize, width: usize, q: usize) -> Mlp {
     Mlp::new(MlpConfig {
@@ -79,7 +79,7 @@ fn bench_ella(c: &mut Criterion) {
         let net = net(d, width, q);
         let lik = if q == 1 { LikelihoodSpec::gaussian_learned(0.1) } else { LikelihoodSpec::categorical(q) };
         let x = inputs(n, d, 0.0);
-        let y = DVector::from_fn(n, |i, _| if q == 1 { (i as f64 * 0.1).sin() } else { (i % q) as f64 });
+        let ym = DMatrix::from_fn(n, 1, |i, _| if q == 1 { (i as f64 * 0.1).sin() } else { (i % q) as f64 });
         for &m in ms {
             let config = EllaConfig {
                 num_points: m,
@@ -89,7 +89,7 @@ fn bench_ella(c: &mut Criterion) {
                 route: FeatureRoute::Auto,
             };
             group.bench_with_input(BenchmarkId::new(name, m), &m, |b, _| {
-                b.iter(|| fit_ella(net.clone(), lik, &x, &y, None, &config).unwrap())
+                b.iter(|| fit_ella(net.clone(), lik, &Data::new(&x, &ym).unwrap(), &config).unwrap())
             });
         }
     }

@@ -18,7 +18,9 @@
 use std::time::Instant;
 
 use fspace_core::likelihood::softmax;
-use fspace_core::{ClassProbMethod, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior};
+use fspace_core::{
+    ClassProbMethod, Data, Fitted, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior,
+};
 use fspace_linalg::sym_eigh;
 use fspace_nn::{Network, Outputs};
 use nalgebra::{DMatrix, DVector};
@@ -170,7 +172,41 @@ fn hessian(likelihood: VallaLikelihood, g: &[f64]) -> DMatrix<f64> {
 /// Fits ELLA to a trained network. `validation` is required for [`EllaPrior::Validation`].
 /// Errors: bad data or labels, `M > n`, `K = 0` or `K > M`, a non-positive fixed λ, an empty
 /// validation set.
+///
+/// Targets are `n × 1`; the validation set of `data` is used by [`EllaPrior::Validation`].
 pub fn fit_ella<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &EllaConfig,
+) -> Result<Fitted<EllaPosterior<N>, EllaReport>> {
+    let (x, y) = (data.x(), &data.y_flat());
+    let val_flat = data.validation_flat();
+    let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
+    let post = fit_ella_inner(net, likelihood, x, y, validation, config)?;
+    let report = EllaReport {
+        prior_precision: post.prior_precision,
+        num_features: post.num_features(),
+        grid: post.grid.clone(),
+        seconds: post.seconds,
+    };
+    Ok(Fitted { posterior: post, report })
+}
+
+/// What an ELLA fit did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EllaReport {
+    /// The prior precision `λ` chosen (or given).
+    pub prior_precision: f64,
+    /// Features `K` kept.
+    pub num_features: usize,
+    /// Validation NLL per grid `λ` (empty for a fixed λ).
+    pub grid: Vec<(f64, f64)>,
+    /// Wall-clock seconds of the fit.
+    pub seconds: f64,
+}
+
+fn fit_ella_inner<N: Network + Clone>(
     net: N,
     likelihood: LikelihoodSpec,
     x: &DMatrix<f64>,

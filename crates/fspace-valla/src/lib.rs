@@ -39,10 +39,12 @@ mod error;
 mod objective;
 mod valla;
 
-pub use ella::{fit_ella, EllaConfig, EllaPosterior, EllaPrior, FeatureRoute};
+pub use ella::{fit_ella, EllaConfig, EllaPosterior, EllaPrior, EllaReport, FeatureRoute};
 pub use error::{Result, VallaError};
 pub use objective::{ClassApprox, StateGradient, VariationalState};
-pub use valla::{fit, prop2_optimal_state, ValidationPoint, VallaConfig, VallaPosterior, VallaReport};
+pub use valla::{
+    fit, fit_observed, prop2_optimal_state, ValidationPoint, VallaConfig, VallaPosterior, VallaReport,
+};
 
 /// Objective internals for tests and benchmarks (not a stable API).
 #[doc(hidden)]

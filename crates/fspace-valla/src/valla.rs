@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use fspace_core::{
-    Adam, ClassProbMethod, EarlyStopping, FunctionPredictive, LikelihoodSpec, Minibatches, Persist,
-    PersistError, Posterior, StopDecision,
+    Adam, ClassProbMethod, Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Minibatches,
+    Observer, Persist, PersistError, Posterior, Progress, Silent, StopDecision,
 };
 use fspace_linalg::blocked::{cholesky_lower, solve_lower};
 use fspace_nn::{Network, NnError, Outputs};
@@ -276,16 +276,43 @@ fn mean_nll<N: Network>(
 /// (Prop. 1), with `Z`, `A`, σ₀² and σ² found by Adam on the α-objective (eq. 23) and, with a
 /// validation set, early stopping that restores the best state (App. C).
 ///
-/// `validation` is required when `config.patience` is set. Errors: bad data or labels, more
-/// inducing points than data, non-positive hyperparameters, an empty validation set, `Z`
-/// optimisation on a network without an NTK input gradient.
+/// Targets are `n × 1` (regression values or class labels). A validation set in `data` is
+/// required when `config.patience` is set. Errors: bad data or labels, more inducing points
+/// than data, non-positive hyperparameters, an empty validation set, `Z` optimisation on a
+/// network without an NTK input gradient. The report is also kept in the posterior.
 pub fn fit<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &VallaConfig,
+) -> Result<Fitted<VallaPosterior<N>, VallaReport>> {
+    fit_observed(net, likelihood, data, config, &mut Silent)
+}
+
+/// [`fit`], reporting every validation period to `observer` (`loss`: minus the mean minibatch
+/// objective per point since the previous report; `validation`: the validation mean NLL).
+pub fn fit_observed<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &VallaConfig,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<VallaPosterior<N>, VallaReport>> {
+    let (x, y) = (data.x(), &data.y_flat());
+    let val_flat = data.validation_flat();
+    let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
+    let post = fit_inner(net, likelihood, x, y, validation, config, observer)?;
+    Ok(Fitted { report: post.report.clone(), posterior: post })
+}
+
+fn fit_inner<N: Network + Clone>(
     net: N,
     spec: LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
     config: &VallaConfig,
+    observer: &mut dyn Observer,
 ) -> Result<VallaPosterior<N>> {
     let start = Instant::now();
     config.validate()?;
@@ -401,6 +428,12 @@ pub fn fit<N: Network + Clone>(
                     objective_per_point: running / running_count as f64,
                     validation_nll: vnll,
                     prior_variance: state.prior_variance(),
+                });
+                observer.observe(&Progress {
+                    step: it,
+                    total: config.iterations,
+                    loss: Some(-running / running_count as f64),
+                    validation: vnll,
                 });
                 running = 0.0;
                 running_count = 0;

@@ -201,7 +201,9 @@ fn fit_method(
     lambda0: f64,
     seed: u64,
 ) -> Result<(Fitted, Value)> {
-    let (x, y, validation) = (&train.x, &train.y, Some((&val.x, &val.y)));
+    let (x, y) = (&train.x, &train.y);
+    let (y_m, yv_m) = (super::targets(y, 1), super::targets(&val.y, 1));
+    let data = Data::new(x, &y_m)?.with_validation(&val.x, &yv_m)?;
     let laplace_row = |post: LaplacePosterior<Mlp>| {
         let lambda = post.prior_precision()[0];
         (Fitted::Laplace(Box::new(post)), json!({ "lambda": lambda }))
@@ -222,7 +224,7 @@ fn fit_method(
         "ELLA" => {
             let points = budget.ella_points.min(x.nrows());
             let cfg = EllaConfig { num_points: points, seed, ..EllaConfig::default() };
-            let post = fit_ella(net.clone(), CATEGORICAL, x, y, validation, &cfg)?;
+            let post = fit_ella(net.clone(), CATEGORICAL, &data, &cfg)?.posterior;
             let lambda = post.prior_precision();
             (Fitted::Ella(Box::new(post)), json!({ "lambda": lambda, "points": points }))
         }
@@ -239,7 +241,7 @@ fn fit_method(
                 seed,
                 ..VallaConfig::default()
             };
-            let post = fit(net.clone(), CATEGORICAL, x, y, validation, &cfg)?;
+            let post = fit(net.clone(), CATEGORICAL, &data, &cfg)?.posterior;
             let rep = post.report();
             let extra = json!({
                 "iterations": rep.iterations,

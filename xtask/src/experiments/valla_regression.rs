@@ -23,6 +23,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::{boston, concrete, wine_quality_red, Dataset, Standardizer};
@@ -101,6 +102,8 @@ fn fit_and_predict(
         (p.mean.iter().cloned().collect::<Vec<_>>(), p.var.iter().map(|v| v + extra_var).collect::<Vec<_>>())
     };
     let noise = sigma * sigma;
+    let (y_m, yv_m) = (super::targets(y, 1), super::targets(yv, 1));
+    let data = Data::new(x, &y_m)?.with_validation(xv, &yv_m)?;
     Ok(match method {
         "MAP" => {
             let f = net.forward(xt)?;
@@ -130,8 +133,7 @@ fn fit_and_predict(
         }
         "ELLA" => {
             let cfg = EllaConfig { num_points: 100.min(x.nrows()), seed, ..EllaConfig::default() };
-            let post =
-                fit_ella(net.clone(), LikelihoodSpec::gaussian_learned(sigma), x, y, Some((xv, yv)), &cfg)?;
+            let post = fit_ella(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &data, &cfg)?.posterior;
             let (m, v) = from(Posterior::predict(&post, xt)?, noise);
             (m, v, json!({ "lambda": post.prior_precision() }))
         }
@@ -144,7 +146,7 @@ fn fit_and_predict(
                 seed,
                 ..VallaConfig::default()
             };
-            let post = fit(net.clone(), LikelihoodSpec::gaussian_learned(sigma), x, y, Some((xv, yv)), &cfg)?;
+            let post = fit(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &data, &cfg)?.posterior;
             let st = post.state();
             let (mean, var) = from(Posterior::predict(&post, xt)?, st.noise_variance());
             let rep = post.report();

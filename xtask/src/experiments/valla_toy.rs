@@ -180,7 +180,13 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         };
         // The k-means start (fit draws the same), to report how far Z moved.
         let initial = fspace_gp::kmeans(&x, m, config.kmeans_iterations, config.seed)?;
-        let post = fit(net.clone(), LikelihoodSpec::gaussian(sigma), &x, &y, None, &config)?;
+        let post = fit(
+            net.clone(),
+            LikelihoodSpec::gaussian(sigma),
+            &Data::new(&x, &super::targets(&y, 1))?,
+            &config,
+        )?
+        .posterior;
         let (mean, std, w2) = evaluate(&post)?;
         let rep = post.report();
         run.log(format!("VaLLA M = {m} (LLA hyperparameters): W2 to LLA {w2:.4}, {} iterations in {:.2}s ({:.3} ms/iteration)", rep.iterations, rep.seconds, rep.seconds * 1e3 / rep.iterations as f64));
@@ -217,9 +223,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let ella = fit_ella(
             net.clone(),
             LikelihoodSpec::gaussian_learned(sigma),
-            &x,
-            &y,
-            None,
+            &Data::new(&x, &super::targets(&y, 1))?,
             &EllaConfig {
                 num_points: m,
                 num_eigen: m,
@@ -227,7 +231,8 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 seed: opts.seed,
                 route: FeatureRoute::Auto,
             },
-        )?;
+        )?
+        .posterior;
         let secs = t.elapsed().as_secs_f64();
         let (mean, std, w2) = evaluate(&ella)?;
         run.log(format!("ELLA M = K = {m}: W2 to LLA {w2:.4}, {:.1} ms", secs * 1e3));
@@ -266,8 +271,9 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 seed: opts.seed,
                 ..VallaConfig::default()
             };
-            let post =
-                fit(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &x, &y, Some((&xv, &yv)), &config)?;
+            let (ym, yvm) = (super::targets(&y, 1), super::targets(&yv, 1));
+            let data = Data::new(&x, &ym)?.with_validation(&xv, &yvm)?;
+            let post = fit(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &data, &config)?.posterior;
             let (mean, std, w2) = evaluate(&post)?;
             let rep = post.report();
             let (pv, ns) = (post.state().prior_variance(), post.state().noise_variance().sqrt());
