@@ -5,7 +5,7 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use fspace_core::LikelihoodSpec;
+use fspace_core::{Data, LikelihoodSpec};
 use fspace_gfsvi::{
     fit_fvi, fit_mfvi, objective, FviConfig, KlPrior, MfviConfig, OptimConfig, VariationalParams,
 };
@@ -82,11 +82,17 @@ fn bench_steps(c: &mut Criterion) {
     let gp = GpPrior::centered(Rbf::new(1.0, 0.3).unwrap());
     let fcfg = FviConfig { optim: one.clone(), predictive_samples: 1, ..Default::default() };
     group.bench_function("fvi_2x30_20_steps", |b| {
-        b.iter(|| fit_fvi(&n, LikelihoodSpec::gaussian_learned(1.0), &gp, &x, &y, None, &fcfg).unwrap())
+        b.iter(|| {
+            fit_fvi(n.clone(), LikelihoodSpec::gaussian_learned(1.0), &gp, &Data::new(&x, &y).unwrap(), &fcfg)
+                .unwrap()
+        })
     });
     let mcfg = MfviConfig { optim: one, predictive_samples: 1, ..Default::default() };
     group.bench_function("mfvi_2x30_20_steps", |b| {
-        b.iter(|| fit_mfvi(&n, LikelihoodSpec::gaussian_learned(1.0), &x, &y, None, &mcfg).unwrap())
+        b.iter(|| {
+            fit_mfvi(n.clone(), LikelihoodSpec::gaussian_learned(1.0), &Data::new(&x, &y).unwrap(), &mcfg)
+                .unwrap()
+        })
     });
     group.finish();
 }

@@ -16,7 +16,7 @@
 //! `onehot(yᵢ) − softmax(f)` per sample and no `σ_y`.
 
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
-use fspace_core::{Categorical, Likelihood, LikelihoodSpec};
+use fspace_core::{Categorical, Data, Fitted, Likelihood, LikelihoodSpec, Observer, Silent};
 
 use crate::observation::{observation, Observation};
 use fspace_nn::Network;
@@ -27,10 +27,11 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::divergence::inverse_and_logdet;
-use crate::error::{invalid, GfsviError};
+use crate::error::{invalid, GfsviError, Result};
 use crate::mfvi::check_regression;
 use crate::optim::OptimConfig;
-use crate::sampled::{fit_mean_field, pack, unpack, Fitted};
+use crate::optim::OptimReport;
+use crate::sampled::{fit_mean_field, pack, unpack, WeightSamplePosterior};
 use crate::ssge::Ssge;
 use fspace_kernels::GpPrior;
 
@@ -78,14 +79,27 @@ impl Default for FviConfig {
 /// starts at its σ and is learned if it says so; `Categorical`: labels `n × 1`), starting the
 /// means at the network's current weights.
 pub fn fit_fvi<N: Network + Clone>(
-    net: &N,
+    net: N,
     likelihood: LikelihoodSpec,
     prior: &GpPrior,
-    x: &DMatrix<f64>,
-    y: &DMatrix<f64>,
-    validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
+    data: &Data,
     config: &FviConfig,
-) -> Fitted<N> {
+) -> Result<Fitted<WeightSamplePosterior<N>, OptimReport>> {
+    fit_fvi_observed(net, likelihood, prior, data, config, &mut Silent)
+}
+
+/// [`fit_fvi`], reporting every `eval_every` steps to `observer` (`loss`: minus the minibatch
+/// objective; `validation`: the validation NLL).
+pub fn fit_fvi_observed<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &GpPrior,
+    data: &Data,
+    config: &FviConfig,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<WeightSamplePosterior<N>, OptimReport>> {
+    let (x, y, validation) = (data.x(), data.y(), data.validation());
+    let net = &net;
     let q = net.output_dim();
     let (observation, init_noise_std, learn_noise) = observation(&likelihood, q, "FVI", true)?;
     let categorical = observation == Observation::Categorical;
@@ -214,7 +228,17 @@ pub fn fit_fvi<N: Network + Clone>(
         Ok((ell, grad))
     };
     let theta0 = pack(&net.params(), config.init_std.ln(), init_noise_std.ln());
-    fit_mean_field(net, theta0, n, &config.optim, validation, config.predictive_samples, observation, step)
+    fit_mean_field(
+        net,
+        theta0,
+        n,
+        &config.optim,
+        validation,
+        config.predictive_samples,
+        observation,
+        step,
+        observer,
+    )
 }
 
 /// Labels `0..classes` in an `n × 1` matrix (`fspace_core::Categorical`'s rule), as an

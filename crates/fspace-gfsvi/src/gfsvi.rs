@@ -23,7 +23,10 @@
 //! TFSVI's `J(m) m` through the tangent pull-back as well.
 
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
-use fspace_core::{sample_gaussian, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior};
+use fspace_core::{
+    sample_gaussian, Data, Fitted, FunctionPredictive, LikelihoodSpec, Observer, Persist, PersistError,
+    Posterior, Silent,
+};
 use fspace_nn::{GramCotangent, Network, NnError, Outputs, WeightedGram};
 use nalgebra::{DMatrix, DVector};
 use rand::{RngCore, SeedableRng};
@@ -367,31 +370,33 @@ pub fn objective_with<N: Network>(
     Ok(ObjectiveValue { value: ell - divergence, expected_log_lik: ell, divergence, grad })
 }
 
-/// A fitted GFSVI / TFSVI model.
-#[derive(Debug, Clone)]
-pub struct GfsviFit<N> {
-    /// The linearised posterior over functions.
-    pub posterior: LinearizedPosterior<N>,
-    /// The variational parameters kept.
-    pub params: VariationalParams,
-    /// What the optimiser did.
-    pub report: OptimReport,
-}
-
 /// Fits GFSVI (`KlPrior::Gp`) or TFSVI (`KlPrior::WeightPushforward`) under
 /// `likelihood` — `Gaussian` / `IsotropicGaussian` (`y` `n × d'`; `σ_y` starts at its σ and is
 /// learned if it says so; the paper learns it from 1) or `Categorical` (`y` `n × 1` labels) —
 /// starting from the network's current weights as `m`. With a validation set, the validation NLL of the predictive decides early
 /// stopping.
 pub fn fit<N: Network + Clone>(
-    net: &N,
+    net: N,
     likelihood: LikelihoodSpec,
     prior: &KlPrior,
-    x: &DMatrix<f64>,
-    y: &DMatrix<f64>,
-    validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
+    data: &Data,
     config: &GfsviConfig,
-) -> Result<GfsviFit<N>> {
+) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
+    fit_observed(net, likelihood, prior, data, config, &mut Silent)
+}
+
+/// [`fit`], reporting every `eval_every` steps to `observer` (`loss`: minus the minibatch
+/// objective `L`; `validation`: the validation NLL).
+pub fn fit_observed<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &KlPrior,
+    data: &Data,
+    config: &GfsviConfig,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
+    let (x, y, validation) = (data.x(), data.y(), data.validation());
+    let net = &net;
     config.validate()?;
     let q = net.output_dim();
     let (observation, init_noise_std, learn_noise) = observation(&likelihood, q, "GFSVI / TFSVI", true)?;
@@ -491,12 +496,13 @@ pub fn fit<N: Network + Clone>(
         &config.optim,
         step,
         validation.is_some().then_some(&mut validate as crate::optim::Validator<'_>),
+        observer,
     )?;
     let params = VariationalParams::unflatten(&theta, p);
     let mut fitted = net.clone();
     fitted.set_params(&params.mean)?;
     let posterior = LinearizedPosterior::new(fitted, params.variances(), params.log_noise_std.exp())?;
-    Ok(GfsviFit { posterior, params, report })
+    Ok(Fitted { posterior, report })
 }
 
 /// Mean categorical NLL of class probabilities (`n × C`) at integer labels.

@@ -36,12 +36,12 @@ pub mod ssge;
 
 pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
-pub use fvi::{fit_fvi, sample_data_term, FviConfig};
+pub use fvi::{fit_fvi, fit_fvi_observed, sample_data_term, FviConfig};
 pub use gfsvi::{
-    fit, gaussian_nll, objective, objective_with, DataTerm, GfsviConfig, GfsviFit, KlPrior,
+    fit, fit_observed, gaussian_nll, objective, objective_with, DataTerm, GfsviConfig, KlPrior,
     LinearizedPosterior, ObjectiveValue, VariationalParams,
 };
-pub use mfvi::{fit_mfvi, MfviConfig};
+pub use mfvi::{fit_mfvi, fit_mfvi_observed, MfviConfig};
 pub use optim::{OptimConfig, OptimReport};
-pub use sampled::{SampledFit, WeightSamplePosterior};
+pub use sampled::WeightSamplePosterior;
 pub use ssge::Ssge;

@@ -6,7 +6,7 @@
 //! `Σ_k ½[(σ_k² + m_k²)/σ_p² − 1 − log(σ_k²/σ_p²)]`. Forward and backward are explicit
 //! nalgebra GEMMs on the MLP's documented parameter layout.
 
-use fspace_core::LikelihoodSpec;
+use fspace_core::{Data, Fitted, LikelihoodSpec, Observer, Silent};
 use fspace_nn::{Activation, Mlp};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
 use crate::observation::{observation, Observation};
 use crate::optim::OptimConfig;
-use crate::sampled::{fit_mean_field, pack, unpack, Fitted};
+use crate::optim::OptimReport;
+use crate::sampled::{fit_mean_field, pack, unpack, WeightSamplePosterior};
 
 /// MFVI settings; `Default` holds the paper's values (σ_p = 0.75, App. A.2.1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -146,13 +147,24 @@ fn lrt_forward_backward(
 /// Fits MFVI to a regression set (`Gaussian` / `IsotropicGaussian` likelihood: `σ_y` starts at
 /// its σ and is learned if it says so), starting the means at the network's current weights.
 pub fn fit_mfvi(
-    net: &Mlp,
+    net: Mlp,
     likelihood: LikelihoodSpec,
-    x: &DMatrix<f64>,
-    y: &DMatrix<f64>,
-    validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
+    data: &Data,
     config: &MfviConfig,
-) -> Fitted<Mlp> {
+) -> Result<Fitted<WeightSamplePosterior<Mlp>, OptimReport>> {
+    fit_mfvi_observed(net, likelihood, data, config, &mut Silent)
+}
+
+/// [`fit_mfvi`], reporting every `eval_every` steps to `observer`.
+pub fn fit_mfvi_observed(
+    net: Mlp,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &MfviConfig,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<WeightSamplePosterior<Mlp>, OptimReport>> {
+    let (x, y, validation) = (data.x(), data.y(), data.validation());
+    let net = &net;
     let q = net.output_dim();
     let (_, init_noise_std, learn_noise) = observation(&likelihood, q, "MFVI", false)?;
     check_regression(x, y, net.input_dim(), q, "training inputs")?;
@@ -207,6 +219,7 @@ pub fn fit_mfvi(
         config.predictive_samples,
         Observation::Gaussian,
         step,
+        observer,
     )
 }
 

@@ -3,6 +3,7 @@
 //! patience restoring the best parameters.
 
 use fspace_core::{Adam, Minibatches};
+use fspace_core::{Observer, Progress};
 use nalgebra::DVector;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -83,6 +84,7 @@ pub(crate) fn optimise(
     config: &OptimConfig,
     mut step: impl FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)>,
     mut validate: Option<Validator<'_>>,
+    observer: &mut dyn Observer,
 ) -> Result<(DVector<f64>, OptimReport)> {
     config.validate()?;
     let mut rng = StdRng::seed_from_u64(config.seed);
@@ -105,8 +107,17 @@ pub(crate) fn optimise(
             let t = report.steps;
             if t.is_multiple_of(config.eval_every) || t == config.max_steps {
                 report.objective.push((t, value));
-                if let Some(val) = validate.as_mut() {
-                    let loss = val(&theta)?;
+                let validation = match validate.as_mut() {
+                    Some(val) => Some(val(&theta)?),
+                    None => None,
+                };
+                observer.observe(&Progress {
+                    step: t,
+                    total: config.max_steps,
+                    loss: Some(-value),
+                    validation,
+                });
+                if let Some(loss) = validation {
                     report.validation.push((t, loss));
                     if loss < best.0 {
                         best = (loss, theta.clone());

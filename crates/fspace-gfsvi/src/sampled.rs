@@ -1,7 +1,7 @@
 //! A posterior over functions represented by Monte-Carlo weight samples from a mean-field
 //! Gaussian `q(w) = N(m, diag(σ²))` on the (non-linearised) network — what FVI and MFVI return.
 
-use fspace_core::{FunctionPredictive, Persist, PersistError, Posterior};
+use fspace_core::{Fitted, FunctionPredictive, Observer, Persist, PersistError, Posterior};
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -146,15 +146,6 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for WeightSample
     }
 }
 
-/// A fitted FVI / MFVI model.
-#[derive(Debug, Clone)]
-pub struct SampledFit<N> {
-    /// The Monte-Carlo posterior.
-    pub posterior: WeightSamplePosterior<N>,
-    /// What the optimiser did.
-    pub report: OptimReport,
-}
-
 pub(crate) fn unpack(theta: &DVector<f64>, p: usize) -> (DVector<f64>, DVector<f64>, f64) {
     (theta.rows(0, p).into_owned(), theta.rows(p, p).map(f64::exp), theta[2 * p])
 }
@@ -166,8 +157,6 @@ pub(crate) fn pack(mean: &DVector<f64>, log_std: f64, log_noise: f64) -> DVector
     v[2 * p] = log_noise;
     v
 }
-
-pub(crate) type Fitted<N> = Result<SampledFit<N>>;
 
 /// The loop FVI and MFVI share: Adam on `θ = (m, log σ, log σ_y)` with the method's `step`,
 /// validation NLL of a 20-sample predictive for early stopping, and the fitted
@@ -181,7 +170,8 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
     predictive_samples: usize,
     likelihood: Observation,
     step: impl FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)>,
-) -> Fitted<N> {
+    observer: &mut dyn Observer,
+) -> Result<Fitted<WeightSamplePosterior<N>, OptimReport>> {
     let p = net.n_params();
     let mut val_net = net.clone();
     let mut validate = |theta: &DVector<f64>| -> Result<f64> {
@@ -205,11 +195,12 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
         optim,
         step,
         validation.is_some().then_some(&mut validate as crate::optim::Validator<'_>),
+        observer,
     )?;
     let (m, sd, log_noise) = unpack(&theta, p);
     let mut fitted = net.clone();
     fitted.set_params(&m)?;
     let posterior =
         WeightSamplePosterior::new(fitted, m, sd, log_noise.exp(), predictive_samples, optim.seed ^ 0x5eed);
-    Ok(SampledFit { posterior, report })
+    Ok(Fitted { posterior, report })
 }

@@ -2,7 +2,7 @@
 //! objective gradients against central finite differences, D_KL^γ → KL as γ → 0, SSGE against
 //! an analytic score, MFVI's local reparameterisation against finite differences, bad input.
 
-use fspace_core::LikelihoodSpec;
+use fspace_core::{Data, Fitted, LikelihoodSpec};
 use fspace_gfsvi::*;
 use fspace_kernels::GpPrior;
 
@@ -14,6 +14,50 @@ use fspace_testutil::{fd_gradient, rand_uniform, randn, randn_vec, rng, spd, thr
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
+
+fn data<'a>(
+    x: &'a DMatrix<f64>,
+    y: &'a DMatrix<f64>,
+    validation: Option<(&'a DMatrix<f64>, &'a DMatrix<f64>)>,
+) -> Result<Data<'a>> {
+    Ok(Data::new(x, y)?.with_optional_validation(validation)?)
+}
+
+/// `fit` on borrowed inputs, the form most tests write.
+fn fit_g<N: fspace_nn::Network + Clone>(
+    net: &N,
+    lik: LikelihoodSpec,
+    prior: &KlPrior,
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
+    config: &GfsviConfig,
+) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
+    fit(net.clone(), lik, prior, &data(x, y, validation)?, config)
+}
+
+fn fit_fvi_g<N: fspace_nn::Network + Clone>(
+    net: &N,
+    lik: LikelihoodSpec,
+    prior: &GpPrior,
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
+    config: &FviConfig,
+) -> Result<Fitted<WeightSamplePosterior<N>, OptimReport>> {
+    fit_fvi(net.clone(), lik, prior, &data(x, y, validation)?, config)
+}
+
+fn fit_mfvi_g(
+    net: &Mlp,
+    lik: LikelihoodSpec,
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
+    config: &MfviConfig,
+) -> Result<Fitted<WeightSamplePosterior<Mlp>, OptimReport>> {
+    fit_mfvi(net.clone(), lik, &data(x, y, validation)?, config)
+}
 
 fn small_net(seed: u64) -> Mlp {
     Mlp::new(MlpConfig {
@@ -295,8 +339,10 @@ fn bad_input_gets_typed_errors() {
     let x = rand_uniform(10, 1, -1.0, 1.0, &mut r);
     let y = x.map(|v| v.sin());
     let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
-    let invalid = |e: Result<GfsviFit<Mlp>>| matches!(e, Err(GfsviError::InvalidParameter { .. }));
-    assert!(invalid(fit(
+    let invalid = |e: Result<Fitted<LinearizedPosterior<Mlp>, OptimReport>>| {
+        matches!(e, Err(GfsviError::InvalidParameter { .. }))
+    };
+    assert!(invalid(fit_g(
         &net,
         LEARNED,
         &prior,
@@ -305,7 +351,7 @@ fn bad_input_gets_typed_errors() {
         None,
         &GfsviConfig { gamma: 0.0, ..Default::default() }
     )));
-    assert!(invalid(fit(
+    assert!(invalid(fit_g(
         &net,
         LEARNED,
         &prior,
@@ -314,7 +360,7 @@ fn bad_input_gets_typed_errors() {
         None,
         &GfsviConfig { gamma: -1e-10, ..Default::default() }
     )));
-    assert!(invalid(fit(
+    assert!(invalid(fit_g(
         &net,
         LEARNED,
         &prior,
@@ -323,7 +369,7 @@ fn bad_input_gets_typed_errors() {
         None,
         &GfsviConfig { measurement_points: 0, ..Default::default() }
     )));
-    assert!(invalid(fit(
+    assert!(invalid(fit_g(
         &net,
         LEARNED,
         &KlPrior::WeightPushforward { sigma_p: 0.0 },
@@ -335,25 +381,25 @@ fn bad_input_gets_typed_errors() {
     let mut bad = y.clone();
     bad[(3, 0)] = f64::NAN;
     assert!(matches!(
-        fit(&net, LEARNED, &prior, &x, &bad, None, &GfsviConfig::default()),
-        Err(GfsviError::NonFinite { .. })
+        fit_g(&net, LEARNED, &prior, &x, &bad, None, &GfsviConfig::default()),
+        Err(GfsviError::NonFinite { .. } | GfsviError::Core(fspace_core::CoreError::NonFinite { .. }))
     ));
     let empty = DMatrix::<f64>::zeros(0, 1);
     assert!(matches!(
-        fit(&net, LEARNED, &prior, &empty, &empty, None, &GfsviConfig::default()),
-        Err(GfsviError::Empty { .. })
+        fit_g(&net, LEARNED, &prior, &empty, &empty, None, &GfsviConfig::default()),
+        Err(GfsviError::Empty { .. } | GfsviError::Core(fspace_core::CoreError::Empty { .. }))
     ));
     assert!(matches!(
-        fit(&net, LEARNED, &prior, &x, &y, Some((&empty, &empty)), &GfsviConfig::default()),
-        Err(GfsviError::Empty { .. })
+        fit_g(&net, LEARNED, &prior, &x, &y, Some((&empty, &empty)), &GfsviConfig::default()),
+        Err(GfsviError::Empty { .. } | GfsviError::Core(fspace_core::CoreError::Empty { .. }))
     ));
     assert!(matches!(
-        fit_mfvi(&net, LEARNED, &x, &y, None, &MfviConfig { prior_std: -0.75, ..Default::default() }),
+        fit_mfvi_g(&net, LEARNED, &x, &y, None, &MfviConfig { prior_std: -0.75, ..Default::default() }),
         Err(GfsviError::InvalidParameter { .. })
     ));
     let gp = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
     assert!(matches!(
-        fit_fvi(
+        fit_fvi_g(
             &net,
             LEARNED,
             &gp,
@@ -365,8 +411,8 @@ fn bad_input_gets_typed_errors() {
         Err(GfsviError::InvalidParameter { .. })
     ));
     assert!(matches!(
-        fit_fvi(&net, LEARNED, &gp, &x, &bad, None, &FviConfig::default()),
-        Err(GfsviError::NonFinite { .. })
+        fit_fvi_g(&net, LEARNED, &gp, &x, &bad, None, &FviConfig::default()),
+        Err(GfsviError::NonFinite { .. } | GfsviError::Core(fspace_core::CoreError::NonFinite { .. }))
     ));
 }
 
@@ -462,7 +508,7 @@ fn categorical_objective_gradient_matches_finite_differences_and_fit_runs() {
         optim: OptimConfig { max_steps: 20, ..Default::default() },
         ..Default::default()
     };
-    let f = fit(&net, LikelihoodSpec::categorical(3), &prior, &xb, &yb, Some((&xb, &yb)), &cfg).unwrap();
+    let f = fit_g(&net, LikelihoodSpec::categorical(3), &prior, &xb, &yb, Some((&xb, &yb)), &cfg).unwrap();
     use fspace_core::Posterior;
     let pred = f.posterior.predict(&xm).unwrap();
     assert!(pred.mean.iter().chain(pred.var.iter()).all(|v| v.is_finite()));
@@ -553,7 +599,7 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
         ..FviConfig::default()
     };
     let fit =
-        fit_fvi(&net, LikelihoodSpec::categorical(3), &prior, &x, &y, Some((&xv, &yv)), &config).unwrap();
+        fit_fvi_g(&net, LikelihoodSpec::categorical(3), &prior, &x, &y, Some((&xv, &yv)), &config).unwrap();
     let probs = fit.posterior.class_probabilities(&xv).unwrap();
     let correct = (0..60).filter(|&i| probs.row(i).transpose().imax() == yv[(i, 0)] as usize).count();
     assert!(correct >= 55, "{correct} of 60 validation points");
@@ -563,13 +609,14 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
     // Labels outside 0..3, fractional labels, targets with three columns: typed errors.
     for bad in [DMatrix::from_element(150, 1, 3.0), DMatrix::from_element(150, 1, 0.5)] {
         assert!(matches!(
-            fit_fvi(&net, LikelihoodSpec::categorical(3), &prior, &x, &bad, None, &config),
+            fit_fvi_g(&net, LikelihoodSpec::categorical(3), &prior, &x, &bad, None, &config),
             Err(GfsviError::InvalidParameter { .. })
         ));
     }
     assert!(matches!(
-        fit_fvi(&net, LikelihoodSpec::categorical(3), &prior, &x, &DMatrix::zeros(150, 3), None, &config),
-        Err(GfsviError::DimensionMismatch { .. })
+        fit_fvi_g(&net, LikelihoodSpec::categorical(3), &prior, &x, &DMatrix::zeros(150, 3), None, &config),
+        Err(GfsviError::DimensionMismatch { .. }
+            | GfsviError::Core(fspace_core::CoreError::DimensionMismatch { .. }))
     ));
 }
 
@@ -633,7 +680,7 @@ fn fvi_with_a_shared_output_kernel_equals_the_dense_prior_solve() {
         optim: OptimConfig { batch_size: 20, max_steps: 15, ..OptimConfig::default() },
         ..FviConfig::default()
     };
-    let a = fit_fvi(
+    let a = fit_fvi_g(
         &net,
         LikelihoodSpec::categorical(3),
         &GpPrior::centered(kernel.clone()),
@@ -643,7 +690,7 @@ fn fvi_with_a_shared_output_kernel_equals_the_dense_prior_solve() {
         &config,
     )
     .unwrap();
-    let b = fit_fvi(
+    let b = fit_fvi_g(
         &net,
         LikelihoodSpec::categorical(3),
         &GpPrior::centered(Opaque(kernel)),
@@ -671,12 +718,12 @@ fn the_likelihood_spec_sets_sigma_y_and_refuses_what_a_method_lacks() {
         ..Default::default()
     };
     // A fixed σ stays where it is; a learned one moves.
-    let fixed = fit(&net, LikelihoodSpec::gaussian(0.3), &prior, &x, &y, None, &cfg).unwrap();
+    let fixed = fit_g(&net, LikelihoodSpec::gaussian(0.3), &prior, &x, &y, None, &cfg).unwrap();
     assert_eq!(fixed.posterior.noise_std(), 0.3);
-    let learned = fit(&net, LikelihoodSpec::gaussian_learned(0.3), &prior, &x, &y, None, &cfg).unwrap();
+    let learned = fit_g(&net, LikelihoodSpec::gaussian_learned(0.3), &prior, &x, &y, None, &cfg).unwrap();
     assert!(learned.posterior.noise_std() != 0.3);
     for spec in [LikelihoodSpec::HeteroscedasticGaussian, LikelihoodSpec::Bernoulli] {
-        let e = fit(&net, spec, &prior, &x, &y, None, &cfg).unwrap_err();
+        let e = fit_g(&net, spec, &prior, &x, &y, None, &cfg).unwrap_err();
         // The heteroscedastic one has two outputs (a shape error); Bernoulli is unsupported.
         assert!(
             matches!(
@@ -687,7 +734,8 @@ fn the_likelihood_spec_sets_sigma_y_and_refuses_what_a_method_lacks() {
             "{e}"
         );
     }
-    let e = fit_mfvi(&net, LikelihoodSpec::categorical(2), &x, &y, None, &MfviConfig::default()).unwrap_err();
+    let e =
+        fit_mfvi_g(&net, LikelihoodSpec::categorical(2), &x, &y, None, &MfviConfig::default()).unwrap_err();
     assert!(matches!(e, GfsviError::DimensionMismatch { .. }), "{e}");
 }
 
@@ -711,7 +759,7 @@ fn save_load_round_trips_predict_bit_for_bit() {
 
     let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
     let cfg = GfsviConfig { measurement_points: 5, optim: optim.clone(), ..Default::default() };
-    let g = fit(&net, LEARNED, &prior, &x, &y, None, &cfg).unwrap().posterior;
+    let g = fit_g(&net, LEARNED, &prior, &x, &y, None, &cfg).unwrap().posterior;
     g.save(dir.join("gfsvi.json")).unwrap();
     let back = LinearizedPosterior::<Mlp>::load(dir.join("gfsvi.json")).unwrap();
     same(&g, &back, &xt);
@@ -725,12 +773,12 @@ fn save_load_round_trips_predict_bit_for_bit() {
         predictive_samples: 4,
         ..Default::default()
     };
-    let f = fit_fvi(&net, LEARNED, &gp, &x, &y, None, &fcfg).unwrap().posterior;
+    let f = fit_fvi_g(&net, LEARNED, &gp, &x, &y, None, &fcfg).unwrap().posterior;
     f.save(dir.join("fvi.json")).unwrap();
     let back = WeightSamplePosterior::<Mlp>::load(dir.join("fvi.json")).unwrap();
     same(&f, &back, &xt);
 
-    let m = fit_mfvi(
+    let m = fit_mfvi_g(
         &net,
         LEARNED,
         &x,

@@ -361,12 +361,10 @@ fn surrogate(
                 ..Default::default()
             };
             let f = fit_fvi(
-                &start,
+                start.clone(),
                 LikelihoodSpec::gaussian(noise.sqrt()),
                 &GpPrior::centered(kernel.clone()),
-                x,
-                ym,
-                None,
+                &Data::new(x, ym)?,
                 &cfg,
             )?;
             let mut next = start;

@@ -684,12 +684,10 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 ..FviConfig::default()
             };
             let fvi = fit_fvi(
-                &cnn(seed)?,
+                cnn(seed)?,
                 LikelihoodSpec::categorical(10),
                 &fvi_prior,
-                &train.x,
-                &y_train,
-                Some((&val.x, &y_val)),
+                &Data::new(&train.x, &y_train)?.with_optional_validation(Some((&val.x, &y_val)))?,
                 &fvi_config,
             )?;
             let fvi_seconds = t0.elapsed().as_secs_f64();

@@ -275,7 +275,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     };
                     let prior = GpPrior::centered(kernel.clone());
                     let lik = LikelihoodSpec::gaussian(noise_var.sqrt());
-                    Box::new(fit_fvi(&net(seed)?, lik, &prior, &t.xtr, &ytr_m, None, &cfg)?.posterior)
+                    Box::new(fit_fvi(net(seed)?, lik, &prior, &Data::new(&t.xtr, &ytr_m)?, &cfg)?.posterior)
                 }
                 "Laplace" => {
                     let mut map = net(seed)?;

@@ -208,12 +208,10 @@ pub fn run(opts: &Options) -> Result<()> {
                     };
                     Box::new(
                         fit_fvi(
-                            &net,
+                            net.clone(),
                             LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
                             &GpPrior::centered(kernel.clone()),
-                            &xtr,
-                            &ytr,
-                            None,
+                            &Data::new(&xtr, &ytr)?,
                             &cfg,
                         )?
                         .posterior,

@@ -24,6 +24,7 @@ use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::kfold;
@@ -185,12 +186,10 @@ fn run_fold(
                     ..Default::default()
                 };
                 let f = fit_fvi(
-                    &net,
+                    net.clone(),
                     LikelihoodSpec::gaussian_learned(0.5),
                     &GpPrior::centered(p.kernel.clone()),
-                    &p.xtr,
-                    &p.ytr_m,
-                    Some((&p.xva, &p.yva_m)),
+                    &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(Some((&p.xva, &p.yva_m)))?,
                     &cfg,
                 )?;
                 let s = f.posterior.noise_std();

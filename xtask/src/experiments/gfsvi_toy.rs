@@ -178,12 +178,10 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let c = make()?;
         let t = Instant::now();
         let f = fit(
-            &net,
+            net.clone(),
             TOY_LIKELIHOOD,
             &KlPrior::Gp(c.prior.clone()),
-            &c.data.x,
-            &c.data.y,
-            None,
+            &Data::new(&c.data.x, &c.data.y)?,
             &gfsvi_config(b, b.m, seed)?,
         )?;
         let secs = t.elapsed().as_secs_f64();
@@ -261,26 +259,22 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         optim: optim(b, seed),
         ..Default::default()
     };
-    let fv = fit_fvi(&net, TOY_LIKELIHOOD, &rbf.prior, x, y, None, &fcfg)?;
+    let fv = fit_fvi(net.clone(), TOY_LIKELIHOOD, &rbf.prior, &Data::new(x, y)?, &fcfg)?;
     add(&mut run, "FVI", &fv.posterior, fv.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
     let tf = fit(
-        &net,
+        net.clone(),
         TOY_LIKELIHOOD,
         &KlPrior::WeightPushforward { sigma_p: 0.2 },
-        x,
-        y,
-        None,
+        &Data::new(x, y)?,
         &gfsvi_config(b, b.m, seed)?,
     )?;
     add(&mut run, "TFSVI (σ_p = 0.2)", &tf.posterior, tf.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
     let mf = fit_mfvi(
-        &net,
+        net.clone(),
         TOY_LIKELIHOOD,
-        x,
-        y,
-        None,
+        &Data::new(x, y)?,
         &MfviConfig { optim: optim(b, seed), ..Default::default() },
     )?;
     add(&mut run, "MFVI (σ_p = 0.75)", &mf.posterior, mf.report.steps, t.elapsed().as_secs_f64())?;
@@ -312,12 +306,10 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             }
             let t = Instant::now();
             let f = fit(
-                &net,
+                net.clone(),
                 TOY_LIKELIHOOD,
                 &KlPrior::Gp(c.prior.clone()),
-                &c.data.x,
-                &c.data.y,
-                None,
+                &Data::new(&c.data.x, &c.data.y)?,
                 &gfsvi_config(b, m, seed)?,
             )?;
             let secs = t.elapsed().as_secs_f64();
@@ -343,12 +335,10 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let noisy = case(Rbf::new(1.0, 0.3)?, 1.0, seed)?;
     let t = Instant::now();
     let f = fit(
-        &net,
+        net.clone(),
         TOY_LIKELIHOOD,
         &KlPrior::Gp(noisy.prior.clone()),
-        &noisy.data.x,
-        &noisy.data.y,
-        None,
+        &Data::new(&noisy.data.x, &noisy.data.y)?,
         &gfsvi_config(b, b.m, seed)?,
     )?;
     let secs = t.elapsed().as_secs_f64();

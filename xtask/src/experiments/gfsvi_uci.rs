@@ -425,7 +425,13 @@ fn run_fold(
                         optim: optim(b, seed),
                         ..Default::default()
                     };
-                    let f = fit(&net, BNN_LIKELIHOOD, &fp, &xtr, &ytr_m, val, &cfg)?;
+                    let f = fit(
+                        net.clone(),
+                        BNN_LIKELIHOOD,
+                        &fp,
+                        &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,
+                        &cfg,
+                    )?;
                     let loss = best_validation_loss(&f.report);
                     if gammas.len() > 1 {
                         run.log(format!(
@@ -451,13 +457,24 @@ fn run_fold(
                     optim: optim(b, seed),
                     ..Default::default()
                 };
-                let f = fit_fvi(&net, BNN_LIKELIHOOD, &prior, &xtr, &ytr_m, val, &cfg)?;
+                let f = fit_fvi(
+                    net.clone(),
+                    BNN_LIKELIHOOD,
+                    &prior,
+                    &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,
+                    &cfg,
+                )?;
                 let s = f.posterior.noise_std();
                 (Box::new(f.posterior), s)
             }
             "MFVI" => {
                 let cfg = MfviConfig { optim: optim(b, seed), ..Default::default() };
-                let f = fit_mfvi(&net, BNN_LIKELIHOOD, &xtr, &ytr_m, val, &cfg)?;
+                let f = fit_mfvi(
+                    net.clone(),
+                    BNN_LIKELIHOOD,
+                    &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,
+                    &cfg,
+                )?;
                 let s = f.posterior.noise_std();
                 (Box::new(f.posterior), s)
             }

@@ -19,6 +19,7 @@ use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::kfold;
@@ -170,8 +171,13 @@ pub fn run(opts: &Options) -> Result<()> {
                             ..Default::default()
                         };
                         let lik = LikelihoodSpec::gaussian(noise_std);
-                        let fitted =
-                            fit(&net, lik, &KlPrior::Gp(prior.clone()), &p.xtr, &p.ytr_m, val, &cfg)?;
+                        let fitted = fit(
+                            net.clone(),
+                            lik,
+                            &KlPrior::Gp(prior.clone()),
+                            &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(val)?,
+                            &cfg,
+                        )?;
                         log_stopping(&mut run, ds, f, method, &fitted.report);
                         Box::new(fitted.posterior)
                     }
@@ -182,7 +188,13 @@ pub fn run(opts: &Options) -> Result<()> {
                             ..Default::default()
                         };
                         let lik = LikelihoodSpec::gaussian(noise_std);
-                        let fitted = fit_fvi(&net, lik, &prior, &p.xtr, &p.ytr_m, val, &cfg)?;
+                        let fitted = fit_fvi(
+                            net.clone(),
+                            lik,
+                            &prior,
+                            &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(val)?,
+                            &cfg,
+                        )?;
                         log_stopping(&mut run, ds, f, method, &fitted.report);
                         Box::new(fitted.posterior)
                     }
