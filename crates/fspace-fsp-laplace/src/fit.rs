@@ -6,7 +6,7 @@ use std::time::Instant;
 use fspace_context::{
     BoundingBox, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler, UniformSampler,
 };
-use fspace_core::LikelihoodSpec;
+use fspace_core::{Data, Fitted, LikelihoodSpec, Observer, Progress, Silent};
 use fspace_nn::{Network, TrainProgress, TrainReport};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -122,7 +122,46 @@ pub struct FitSummary {
 ///
 /// `likelihood` decides whether Alg. 1 learns `σ` (its `learn` flag sets
 /// `config.train.train.learn_likelihood`); the summary records the likelihood Alg. 2 used.
+///
+/// Targets are `n × t` (`t` the likelihood's targets per point); a validation set in `data`
+/// enables Alg. 1's early stopping (`config.train.train.patience`).
 pub fn fit<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &GpPrior,
+    data: &Data,
+    config: &FspConfig,
+) -> Result<Fitted<FspLaplace<N>, FitSummary>> {
+    fit_observed(net, likelihood, prior, data, config, &mut Silent)
+}
+
+/// [`fit`], reporting every epoch of Alg. 1 to `observer` (`loss`: the mean training
+/// objective per step; `validation`: the validation NLL per point).
+pub fn fit_observed<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &GpPrior,
+    data: &Data,
+    config: &FspConfig,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<FspLaplace<N>, FitSummary>> {
+    let (x, y) = (data.x(), &data.y_flat());
+    let val_flat = data.validation_flat();
+    let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
+    let total = config.train.train.epochs;
+    let progress = |p: &TrainProgress| {
+        observer.observe(&Progress {
+            step: p.epoch,
+            total,
+            loss: Some(p.train_loss),
+            validation: p.validation_loss,
+        })
+    };
+    let (posterior, report) = fit_inner(net, likelihood, prior, x, y, validation, config, progress)?;
+    Ok(Fitted { posterior, report })
+}
+
+fn fit_inner<N: Network + Clone>(
     mut net: N,
     likelihood: LikelihoodSpec,
     prior: &GpPrior,

@@ -22,7 +22,7 @@
 //! ```
 //! use fspace_fsp_laplace::{fit, FspConfig, TrainOptions};
 //! use fspace_kernels::GpPrior;
-//! use fspace_core::{LikelihoodSpec, Posterior};
+//! use fspace_core::{Data, LikelihoodSpec, Posterior};
 //! use fspace_kernels::Rbf;
 //! use fspace_nn::{Activation, Mlp, MlpConfig, TrainConfig};
 //! use rand::SeedableRng;
@@ -36,10 +36,11 @@
 //!                                                ..Default::default() }, ..Default::default() },
 //!     ..Default::default()
 //! };
-//! let (post, _) = fit(net, LikelihoodSpec::gaussian(0.1), &prior, &data.x, &data.y_vec(),
-//!                     None, &config, |_| {}).unwrap();
+//! let post = fit(net, LikelihoodSpec::gaussian(0.1), &prior, &Data::new(&data.x, &data.y)?, &config)?
+//!     .posterior;
 //! let pred = post.predict(&nalgebra::DMatrix::from_row_slice(2, 1, &[0.75, 3.0])).unwrap();
 //! assert!(pred.var[(1, 0)] > pred.var[(0, 0)]); // far from the data: more uncertain
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod error;
@@ -49,7 +50,7 @@ mod prior;
 mod train;
 
 pub use error::{FspError, Result};
-pub use fit::{context_points, fit, with_data_points, ContextDesign, FitSummary, FspConfig};
+pub use fit::{context_points, fit, fit_observed, with_data_points, ContextDesign, FitSummary, FspConfig};
 pub use laplace::{laplace, FspLaplace, LaplaceConfig, LaplaceReport};
 pub use prior::{fit_classification_prior, fit_regression_prior};
 pub use train::{objective, rkhs_regularizer, train, TrainOptions};

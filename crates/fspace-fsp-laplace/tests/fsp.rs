@@ -2,7 +2,9 @@
 //! against finite differences, the posterior's consistency, and bad input.
 
 use fspace_context::{BoundingBox, GridSampler, Sampler};
-use fspace_core::{Categorical, Gaussian, Likelihood, LikelihoodSpec, Persist, Posterior};
+use fspace_core::{
+    Categorical, Data, Fitted, Gaussian, Likelihood, LikelihoodSpec, Persist, Posterior, Progress,
+};
 use fspace_fsp_laplace::*;
 use fspace_kernels::GpPrior;
 use fspace_kernels::{gram, Independent, Matern12, Rbf};
@@ -457,19 +459,26 @@ fn fit_learns_sigma_when_the_spec_says_so_and_the_posterior_round_trips() {
         n_laplace_context: 30,
         ..Default::default()
     };
-    let y = data.y_vec();
-    let (_, fixed) =
-        fit(mlp(1, 1, 4), LikelihoodSpec::gaussian(0.5), &prior, &data.x, &y, None, &config, |_| {}).unwrap();
+    let train = Data::new(&data.x, &data.y).unwrap();
+    let fixed = fit(mlp(1, 1, 4), LikelihoodSpec::gaussian(0.5), &prior, &train, &config).unwrap().report;
     assert_eq!(fixed.likelihood, LikelihoodSpec::gaussian(0.5));
-    let (post, learned) =
-        fit(mlp(1, 1, 4), LikelihoodSpec::gaussian_learned(0.5), &prior, &data.x, &y, None, &config, |_| {})
-            .unwrap();
+    // The observer sees every epoch of Alg. 1.
+    let mut epochs = Vec::new();
+    let Fitted { posterior: post, report: learned } = fit_observed(
+        mlp(1, 1, 4),
+        LikelihoodSpec::gaussian_learned(0.5),
+        &prior,
+        &train,
+        &config,
+        &mut |p: &Progress| epochs.push((p.step, p.total)),
+    )
+    .unwrap();
+    assert_eq!(epochs, (1..=60).map(|e| (e, 60)).collect::<Vec<_>>());
     let sigma = learned.likelihood.noise_std().unwrap();
     assert!(sigma < 0.45, "σ learned from 0.5 on data with noise 0.1: {sigma}");
     assert!(learned.likelihood.learns_noise());
     // A likelihood that does not fit the network is refused before training.
-    assert!(fit(mlp(1, 1, 4), LikelihoodSpec::categorical(3), &prior, &data.x, &y, None, &config, |_| {})
-        .is_err());
+    assert!(fit(mlp(1, 1, 4), LikelihoodSpec::categorical(3), &prior, &train, &config).is_err());
 
     let path = std::env::temp_dir().join(format!("fspace-fsp-{}.json", std::process::id()));
     post.save(&path).unwrap();

@@ -6,6 +6,8 @@
 //! fewer epochs than those experiments (4000 / 1000) to keep the default suite short.
 
 use anyhow::Result;
+use fspace_core::Data;
+use fspace_core::Fitted;
 use fspace_core::{LikelihoodSpec, Posterior};
 use fspace_fsp_laplace::{fit, ContextDesign};
 use fspace_gp::{ExactGp, Noise};
@@ -41,8 +43,13 @@ pub fn run(opts: &Options) -> Result<()> {
             bar.set_message(format!("regression {name} M={m}"));
             let config = sine_config(100, reg_epochs, m, ContextDesign::Halton, opts.seed)?;
             let net = tanh_mlp(1, &[50, 50], 1, opts.seed)?;
-            let (post, summary) =
-                fit(net, LikelihoodSpec::gaussian(noise.sqrt()), &prior, &data.x, &y, None, &config, |_| {})?;
+            let Fitted { posterior: post, report: summary } = fit(
+                net,
+                LikelihoodSpec::gaussian(noise.sqrt()),
+                &prior,
+                &Data::new(&data.x, &super::targets(&y, 1))?,
+                &config,
+            )?;
             let ev = eval_sine(&post, &gp, &kernel)?;
             let seconds = summary.train_seconds + summary.laplace_seconds;
             run.log(format!(

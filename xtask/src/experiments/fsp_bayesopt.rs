@@ -31,6 +31,7 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_context::{BoundingBox, LatinHypercube, Sampler};
 use fspace_core::Data;
+use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, TrainOptions};
@@ -310,7 +311,8 @@ fn surrogate(
             };
             let prior = GpPrior::centered(kernel.clone());
             let lik = LikelihoodSpec::gaussian(noise.sqrt());
-            let (post, _) = fsp_fit(start, lik, &prior, x, y, None, &cfg, |_| {})?;
+            let Fitted { posterior: post, report: _ } =
+                fsp_fit(start, lik, &prior, &Data::new(x, &super::targets(&y, 1))?, &cfg)?;
             warm.net = Some(post.network().clone());
             Box::new(post)
         }

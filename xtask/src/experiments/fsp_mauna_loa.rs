@@ -47,6 +47,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use fspace_context::BoundingBox;
 use fspace_core::Data;
+use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::Standardizer;
@@ -248,8 +249,13 @@ pub fn run(opts: &Options) -> Result<()> {
                     };
                     let prior = GpPrior::centered(kernel.clone());
                     let lik = LikelihoodSpec::gaussian(noise_var.sqrt());
-                    let (post, summary) =
-                        fsp_fit(net(seed)?, lik, &prior, &t.xtr, &t.ytr, None, &cfg, |_| {})?;
+                    let Fitted { posterior: post, report: summary } = fsp_fit(
+                        net(seed)?,
+                        lik,
+                        &prior,
+                        &Data::new(&t.xtr, &super::targets(&t.ytr, 1))?,
+                        &cfg,
+                    )?;
                     run.log(format!(
                         "seed {seed}: FSP-Laplace trained {:.1}s, Laplace {:.1}s, rank {}",
                         summary.train_seconds,

@@ -9,6 +9,8 @@
 
 use anyhow::Result;
 use fspace_context::BoundingBox;
+use fspace_core::Data;
+use fspace_core::Fitted;
 use fspace_core::{LikelihoodSpec, Posterior};
 use fspace_fsp_laplace::{fit, fit_classification_prior, ContextDesign, FspConfig, FspLaplace, TrainOptions};
 use fspace_gp::FitConfig;
@@ -156,7 +158,8 @@ pub fn moons_run(
         ..Default::default()
     };
     let net = tanh_mlp(2, &[100, 100], 2, seed)?;
-    let (post, summary) = fit(net, LikelihoodSpec::categorical(2), prior, x, y, None, &config, |_| {})?;
+    let Fitted { posterior: post, report: summary } =
+        fit(net, LikelihoodSpec::categorical(2), prior, &Data::new(x, &super::targets(&y, 1))?, &config)?;
     let mut rng = StdRng::seed_from_u64(seed + 7);
     let pred = post.predict(x)?;
     let prior_var = prior.variances(x)?;

@@ -10,6 +10,8 @@
 
 use anyhow::Result;
 use fspace_context::BoundingBox;
+use fspace_core::Data;
+use fspace_core::Fitted;
 use fspace_core::{Categorical, Gaussian, Likelihood, LikelihoodSpec};
 use fspace_fsp_laplace::{fit, FspConfig, FspLaplace, TrainOptions};
 use fspace_kernels::GpPrior;
@@ -70,15 +72,12 @@ pub fn run(opts: &Options) -> Result<()> {
         let prior = GpPrior::centered(kernel);
         let lik = Gaussian::new(noise.sqrt())?;
         let config = sine_config(100, reg_epochs, 100, fspace_fsp_laplace::ContextDesign::Grid, opts.seed)?;
-        let (post, _) = fit(
+        let Fitted { posterior: post, report: _ } = fit(
             tanh_mlp(1, &[50, 50], 1, opts.seed)?,
             LikelihoodSpec::gaussian(noise.sqrt()),
             &prior,
-            &data.x,
-            &y,
-            None,
+            &Data::new(&data.x, &super::targets(&y, 1))?,
             &config,
-            |_| {},
         )?;
         let context = super::linspace(-2.0, 2.0, 100);
         let ratio = null_space_ratio(&post, &lik, &prior, &data.x, &y, &context)?;
@@ -108,15 +107,12 @@ pub fn run(opts: &Options) -> Result<()> {
             ..Default::default()
         };
         let lik = Categorical::new(2)?;
-        let (post, _) = fit(
+        let Fitted { posterior: post, report: _ } = fit(
             tanh_mlp(2, &[100, 100], 2, opts.seed)?,
             LikelihoodSpec::categorical(2),
             &prior,
-            &x,
-            &labels,
-            None,
+            &Data::new(&x, &super::targets(&labels, 1))?,
             &config,
-            |_| {},
         )?;
         let context = fspace_fsp_laplace::context_points(
             fspace_fsp_laplace::ContextDesign::Grid,

@@ -10,6 +10,8 @@
 //! noise σ = 0.1.
 
 use anyhow::Result;
+use fspace_core::Data;
+use fspace_core::Fitted;
 use fspace_core::{LikelihoodSpec, Posterior};
 use fspace_fsp_laplace::{fit, ContextDesign};
 use fspace_gp::{ExactGp, Noise};
@@ -81,7 +83,8 @@ pub fn run(opts: &Options) -> Result<()> {
         let config = sine_config(n_train, epochs, 100, ContextDesign::Grid, opts.seed)?;
         let net = tanh_mlp(1, &[50, 50], 1, opts.seed)?;
         let lik = LikelihoodSpec::gaussian(noise_var.sqrt());
-        let (post, summary) = fit(net, lik, &prior, &data.x, &y, None, &config, |_| {})?;
+        let Fitted { posterior: post, report: summary } =
+            fit(net, lik, &prior, &Data::new(&data.x, &super::targets(&y, 1))?, &config)?;
         let seconds = summary.train_seconds + summary.laplace_seconds;
         let gp =
             ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;

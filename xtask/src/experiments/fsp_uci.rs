@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::Data;
+use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::kfold;
@@ -158,15 +159,13 @@ fn run_fold(
                     ..Default::default()
                 };
                 let prior = GpPrior::centered(p.kernel.clone());
-                let (post, summary) = fsp_fit(
+                let Fitted { posterior: post, report: summary } = fsp_fit(
                     net.clone(),
                     LikelihoodSpec::gaussian_learned(0.5),
                     &prior,
-                    &p.xtr,
-                    &p.ytr,
-                    Some((&p.xva, &yva)),
+                    &Data::new(&p.xtr, &super::targets(&p.ytr, 1))?
+                        .with_validation(&p.xva, &super::targets(&yva, 1))?,
                     &cfg,
-                    |_| {},
                 )?;
                 (Some(Box::new(post)), summary.likelihood.noise_std().unwrap_or(0.5))
             }
