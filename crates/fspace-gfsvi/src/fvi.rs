@@ -11,7 +11,7 @@
 //! minibatch (the paper: 50 + 450).
 //!
 //! The data term is Gaussian (the paper's regression) or categorical over the network's
-//! logits ([`FviLikelihood`]; FSP-Laplace Table 2's FVI column): then it is the Monte-Carlo
+//! logits (a `Categorical` [`LikelihoodSpec`]; FSP-Laplace Table 2's FVI column): then it is the Monte-Carlo
 //! average of `log softmax(f(xᵢ; w))_{yᵢ}` over the same function samples, with the gradient
 //! `onehot(yᵢ) − softmax(f)` per sample and no `σ_y`.
 

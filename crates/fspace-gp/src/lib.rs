@@ -12,7 +12,7 @@
 //!   [`dirichlet_targets`] / [`fit_dirichlet_hyperparameters`]: Milios et al. (2018).
 //! * [`Svgp`]: sparse variational GP (Hensman et al. 2013) with minibatches, natural gradients
 //!   on `q(u)`, Adam on the hyperparameters and optionally on the inducing inputs;
-//!   [`kmeans`] to initialise them.
+//!   [`kmeans()`] to initialise them.
 //! * [`SparseDirichletGp`]: sparse multi-class classification on Milios et al.'s targets —
 //!   `C` heteroscedastic sparse GPs with the closed-form optimal `q(u)` (Titsias 2009).
 //!

@@ -1,6 +1,6 @@
 //! Sparse variational GP regression (Hensman, Fusi & Lawrence 2013) with minibatches.
 //!
-//! Inducing inputs `Z` (`M × d`, initialised by [`kmeans`](crate::kmeans)), `q(u) = N(m, S)`
+//! Inducing inputs `Z` (`M × d`, initialised by [`kmeans`](crate::kmeans())), `q(u) = N(m, S)`
 //! over `u = f(Z)`, and `A = K_bm K_mm⁻¹` for a minibatch `b` of size `B` out of `n`:
 //!
 //! `ELBO = (n/B) Σ_{i∈b} [log N(yᵢ | μᵢ + (Am)ᵢ, σ²) − (kᵢᵢ − (A K_mb)ᵢᵢ + (A S Aᵀ)ᵢᵢ)/2σ²] − KL(q(u) ‖ p(u))`.

@@ -13,7 +13,7 @@
 //!   for their own kernels.
 //! * Kernels: [`Rbf`], [`Matern12`], [`Matern32`], [`Matern52`], [`RationalQuadratic`],
 //!   [`Periodic`], [`Linear`], [`Constant`], [`White`], [`Independent`], [`Helmholtz`].
-//! * Gram matrices: [`gram`], [`gram_diag`], [`gram_grad`] and the matrix-free
+//! * Gram matrices: [`gram()`], [`gram_diag`], [`gram_grad`] and the matrix-free
 //!   [`GramOperator`] (a [`LinearOperator`](fspace_linalg::LinearOperator)).
 //! * Hyperparameters are a flat **log-space** vector with names (`params`, `param_names`,
 //!   `set_params`); gradients of Gram entries are analytic, in the hyperparameters

@@ -21,14 +21,10 @@ fn w1(c: &mut Criterion) {
     g.sample_size(10);
     g.bench_function("full_fit_marglik_predict1000", |b| {
         b.iter(|| {
-            let mut post = fit(
-                w.net.clone(),
-                w.likelihood.clone(),
-                &Data::new(&w.x, &w.y).unwrap(),
-                &config(Structure::full()),
-            )
-            .unwrap()
-            .posterior;
+            let mut post =
+                fit(w.net.clone(), w.likelihood, &Data::new(&w.x, &w.y).unwrap(), &config(Structure::full()))
+                    .unwrap()
+                    .posterior;
             post.optimize_prior_precision(&MarglikConfig::default()).unwrap();
             post.predict_glm(&w.x_test).unwrap()
         })
@@ -42,14 +38,10 @@ fn w1(c: &mut Criterion) {
     ] {
         g.bench_function(format!("{name}_fit_predict1000"), |b| {
             b.iter(|| {
-                let post = fit(
-                    w.net.clone(),
-                    w.likelihood.clone(),
-                    &Data::new(&w.x, &w.y).unwrap(),
-                    &config(s.clone()),
-                )
-                .unwrap()
-                .posterior;
+                let post =
+                    fit(w.net.clone(), w.likelihood, &Data::new(&w.x, &w.y).unwrap(), &config(s.clone()))
+                        .unwrap()
+                        .posterior;
                 post.predict_glm(&w.x_test).unwrap()
             })
         });
@@ -63,38 +55,27 @@ fn w2(c: &mut Criterion) {
     g.sample_size(10);
     g.bench_function("kfac_fit", |b| {
         b.iter(|| {
-            fit(
-                w.net.clone(),
-                w.likelihood.clone(),
-                &Data::new(&w.x, &w.y).unwrap(),
-                &config(Structure::Kfac),
-            )
-            .unwrap()
-            .posterior
+            fit(w.net.clone(), w.likelihood, &Data::new(&w.x, &w.y).unwrap(), &config(Structure::Kfac))
+                .unwrap()
+                .posterior
         })
     });
-    let post =
-        fit(w.net.clone(), w.likelihood.clone(), &Data::new(&w.x, &w.y).unwrap(), &config(Structure::Kfac))
-            .unwrap()
-            .posterior;
+    let post = fit(w.net.clone(), w.likelihood, &Data::new(&w.x, &w.y).unwrap(), &config(Structure::Kfac))
+        .unwrap()
+        .posterior;
     g.bench_function("kfac_predict1000", |b| b.iter(|| post.predict_glm(&w.x_test).unwrap()));
     g.bench_function("diag_fit", |b| {
         b.iter(|| {
-            fit(
-                w.net.clone(),
-                w.likelihood.clone(),
-                &Data::new(&w.x, &w.y).unwrap(),
-                &config(Structure::Diag),
-            )
-            .unwrap()
-            .posterior
+            fit(w.net.clone(), w.likelihood, &Data::new(&w.x, &w.y).unwrap(), &config(Structure::Diag))
+                .unwrap()
+                .posterior
         })
     });
     g.bench_function("low_rank100_fit", |b| {
         b.iter(|| {
             fit(
                 w.net.clone(),
-                w.likelihood.clone(),
+                w.likelihood,
                 &Data::new(&w.x, &w.y).unwrap(),
                 &config(Structure::low_rank(100)),
             )
@@ -112,14 +93,9 @@ fn kfac_sweep(c: &mut Criterion) {
         let w = workloads::workload(n, 200);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {
-                fit(
-                    w.net.clone(),
-                    w.likelihood.clone(),
-                    &Data::new(&w.x, &w.y).unwrap(),
-                    &config(Structure::Kfac),
-                )
-                .unwrap()
-                .posterior
+                fit(w.net.clone(), w.likelihood, &Data::new(&w.x, &w.y).unwrap(), &config(Structure::Kfac))
+                    .unwrap()
+                    .posterior
             })
         });
     }

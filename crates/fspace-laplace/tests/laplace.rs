@@ -115,13 +115,13 @@ fn diag_block_diag_full_and_last_layer_equal_the_dense_ggn() {
     let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
     let scale = ggn.norm();
 
-    let diag = fit_with(net.clone(), lik.clone(), &x, &y, Structure::Diag);
+    let diag = fit_with(net.clone(), lik, &x, &y, Structure::Diag);
     let d = restrict(&ggn, diag.indices()).diagonal();
     let err = (diag.curvature().to_dense().diagonal() - &d).norm() / d.norm();
     println!("diag rel err {err:.2e}");
     assert!(err < 1e-12);
 
-    let bd = fit_with(net.clone(), lik.clone(), &x, &y, Structure::block_diag());
+    let bd = fit_with(net.clone(), lik, &x, &y, Structure::block_diag());
     let err = rel_frob(&bd.curvature().to_dense(), &layer_diagonal_blocks(&net, &ggn));
     println!("block-diag rel err {err:.2e}");
     assert!(err < 1e-10);
@@ -129,13 +129,13 @@ fn diag_block_diag_full_and_last_layer_equal_the_dense_ggn() {
     // Blocks larger than n·d' = 21 (the 8×8 layer's 72) take the thin-SVD route.
     let wide = mlp(2, vec![8, 8], 3, 9);
     let ggn_w = dense_ggn(&wide, lik.build().unwrap().as_ref(), &x, &y);
-    let bdw = fit_with(wide.clone(), lik.clone(), &x, &y, Structure::block_diag());
+    let bdw = fit_with(wide.clone(), lik, &x, &y, Structure::block_diag());
     let err = rel_frob(&bdw.curvature().to_dense(), &layer_diagonal_blocks(&wide, &ggn_w));
     println!("block-diag (SVD route for the 72-parameter block) rel err {err:.2e}");
     assert!(err < 1e-10);
 
     // n·d' = 21 < p: the thin-SVD route.
-    let full = fit_with(net.clone(), lik.clone(), &x, &y, Structure::full());
+    let full = fit_with(net.clone(), lik, &x, &y, Structure::full());
     let err = (full.curvature().to_dense() - restrict(&ggn, full.indices())).norm() / scale;
     println!("full (SVD route) rel err {err:.2e}");
     assert!(err < 1e-10);
@@ -144,12 +144,12 @@ fn diag_block_diag_full_and_last_layer_equal_the_dense_ggn() {
     let small = mlp(2, vec![2], 3, 3);
     let (xb, yb) = classification(20, 2, 3, 4);
     let ggn_b = dense_ggn(&small, lik.build().unwrap().as_ref(), &xb, &yb);
-    let full_b = fit_with(small, lik.clone(), &xb, &yb, Structure::full());
+    let full_b = fit_with(small, lik, &xb, &yb, Structure::full());
     let err = rel_frob(&full_b.curvature().to_dense(), &ggn_b);
     println!("full (Gram route) rel err {err:.2e}");
     assert!(err < 1e-10);
 
-    let ll = fit_with(net.clone(), lik.clone(), &x, &y, Structure::last_layer());
+    let ll = fit_with(net.clone(), lik, &x, &y, Structure::last_layer());
     let err = rel_frob(&ll.curvature().to_dense(), &restrict(&ggn, ll.indices()));
     println!("last-layer rel err {err:.2e}");
     assert!(err < 1e-10);
@@ -164,7 +164,7 @@ fn kfac_is_exact_for_one_point_and_ekfac_matches_the_ggn_in_its_eigenbasis() {
     let (x1, y1) = classification(1, 3, 2, 6);
     let ggn1 = dense_ggn(&net, lik.build().unwrap().as_ref(), &x1, &y1);
     for s in [Structure::Kfac, Structure::Ekfac] {
-        let post = fit_with(net.clone(), lik.clone(), &x1, &y1, s);
+        let post = fit_with(net.clone(), lik, &x1, &y1, s);
         let mut expected = restrict(&ggn1, post.indices());
         // Zero the cross-layer blocks: KFAC is block-diagonal over layers.
         let mut o = 0;
@@ -182,7 +182,7 @@ fn kfac_is_exact_for_one_point_and_ekfac_matches_the_ggn_in_its_eigenbasis() {
     // Many points: EKFAC's eigenvalues are diag(Qᵀ GGN_l Q) in KFAC's eigenbasis Q = Q_G ⊗ Q_A.
     let (x, y) = classification(9, 3, 2, 7);
     let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
-    let post = fit_with(net.clone(), lik.clone(), &x, &y, Structure::Ekfac);
+    let post = fit_with(net.clone(), lik, &x, &y, Structure::Ekfac);
     let fspace_laplace::Curvature::Kron(k) = post.curvature() else { panic!("kron") };
     let mut o = 0;
     for (layer, info) in k.layers.iter().zip(net.layer_infos()) {
@@ -243,7 +243,7 @@ fn cnn_statistics_give_the_exact_jacobian_blocks_diagonal_and_ekfac() {
     assert!(worst < 1e-12);
 
     let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
-    let diag = fit_with(net.clone(), lik.clone(), &x, &y, Structure::Diag);
+    let diag = fit_with(net.clone(), lik, &x, &y, Structure::Diag);
     let err = (diag.curvature().to_dense().diagonal() - ggn.diagonal()).norm() / ggn.diagonal().norm();
     println!("CNN diag rel err {err:.2e}");
     assert!(err < 1e-12);
@@ -310,7 +310,7 @@ fn check_low_rank<N: Network + Clone>(
             statistics_cache_bytes: if cache { usize::MAX } else { 0 },
             ..Default::default()
         };
-        let post = fit_with(net.clone(), lik.clone(), x, y, Structure::LowRank(cfg));
+        let post = fit_with(net.clone(), *lik, x, y, Structure::LowRank(cfg));
         assert_eq!(post.report().cached_statistics, cache);
         let fspace_laplace::Curvature::Eigen(e) = post.curvature() else { panic!("eigen") };
         let vals_err = (0..k).map(|j| (e.values[j] - eig.0[j]).abs() / eig.0[0]).fold(0.0, f64::max);
@@ -377,7 +377,7 @@ fn marginal_likelihood_and_its_optimum_equal_a_dense_evaluation() {
     let (x, y) = regression(25, 1, 14);
     let lik = LikelihoodSpec::gaussian(0.2);
     for s in every_structure(10) {
-        let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
+        let mut post = fit_with(net.clone(), lik, &x, &y, s);
         let name = post.curvature().name();
         for (lam, t) in [(0.5, 1.0), (3.0, 0.3), (40.0, 5.0)] {
             let got = post.log_marginal_likelihood_at(&PriorPrecision::Scalar(lam), t).unwrap();
@@ -453,7 +453,7 @@ fn glm_predictive_equals_dense_j_sigma_jt_for_every_structure() {
     let (xt, _) = classification(6, 2, 3, 17);
     let lik = LikelihoodSpec::Categorical { classes: 3 };
     for s in every_structure(8) {
-        let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
+        let mut post = fit_with(net.clone(), lik, &x, &y, s);
         // Per-layer λ takes the Jacobian/Woodbury route for the eigen structures, a scalar λ
         // the layer-statistics route.
         for scalar in [false, true] {
@@ -467,7 +467,7 @@ fn glm_predictive_equals_dense_j_sigma_jt_for_every_structure() {
     let (xc, yc) = classification(5, 36, 3, 18);
     let (xct, _) = classification(3, 36, 3, 19);
     for s in [Structure::full(), Structure::Diag, Structure::Kfac, Structure::Ekfac, Structure::low_rank(6)] {
-        let mut post = fit_with(cnn.clone(), lik.clone(), &xc, &yc, s);
+        let mut post = fit_with(cnn.clone(), lik, &xc, &yc, s);
         let err = check_glm(&mut post, &xct, &[0.5, 1.5, 3.0], true);
         println!("CNN {}: GLM covariance rel err {err:.2e}", post.curvature().name());
         assert!(err < 1e-9);
@@ -490,7 +490,7 @@ fn samples_have_the_posterior_covariance_and_mc_matches_glm_for_a_linear_model()
         Structure::last_layer(),
         Structure::low_rank(3),
     ] {
-        let mut post = fit_with(net.clone(), lik.clone(), &x, &y, s);
+        let mut post = fit_with(net.clone(), lik, &x, &y, s);
         post.set_prior_precision(PriorPrecision::Scalar(0.8)).unwrap();
         let glm = post.predict_glm(&xt).unwrap();
         let mut r = rng(22);
@@ -597,10 +597,7 @@ fn bad_input_gives_typed_errors() {
     let (x, y) = regression(8, 2, 33);
     let g = LikelihoodSpec::gaussian(0.1);
     let too_big = Structure::Full(FullConfig { max_params: 10 });
-    assert!(matches!(
-        fit_v(net.clone(), g.clone(), &x, &y, &config(too_big)),
-        Err(LaplaceError::TooLarge { .. })
-    ));
+    assert!(matches!(fit_v(net.clone(), g, &x, &y, &config(too_big)), Err(LaplaceError::TooLarge { .. })));
     // KFAC and last-layer on a network without layer structure (the Helmholtz net's outputs
     // are input-derivatives of two MLPs): Unsupported, named.
     let helm = HelmholtzNet::new(vec![4], Activation::Tanh, 0).unwrap();
@@ -608,19 +605,19 @@ fn bad_input_gives_typed_errors() {
     let yh = DVector::from_element(10, 0.1);
     let iso = LikelihoodSpec::IsotropicGaussian { sigma: 0.1, outputs: 2, learn: false };
     for s in [Structure::Kfac, Structure::Ekfac, Structure::last_layer()] {
-        let e = fit_v(helm.clone(), iso.clone(), &xh, &yh, &config(s)).unwrap_err();
+        let e = fit_v(helm.clone(), iso, &xh, &yh, &config(s)).unwrap_err();
         assert!(matches!(e, LaplaceError::Unsupported { .. }), "{e}");
         println!("{e}");
     }
     // …while the Jacobian-based structures work on it.
-    let post = fit_v(helm.clone(), iso.clone(), &xh, &yh, &config(Structure::full())).unwrap();
+    let post = fit_v(helm.clone(), iso, &xh, &yh, &config(Structure::full())).unwrap();
     assert_eq!(post.predict_glm(&xh).unwrap().var.ncols(), 2);
     // A scalar Gaussian does not fit a two-output network.
     assert!(matches!(
-        fit_v(helm, g.clone(), &xh, &yh, &config(Structure::Diag)),
+        fit_v(helm, g, &xh, &yh, &config(Structure::Diag)),
         Err(LaplaceError::DimensionMismatch { .. } | LaplaceError::Core(CoreError::DimensionMismatch { .. }))
     ));
-    let bad = |c: LaplaceConfig| fit_v(net.clone(), g.clone(), &x, &y, &c);
+    let bad = |c: LaplaceConfig| fit_v(net.clone(), g, &x, &y, &c);
     assert!(matches!(
         bad(LaplaceConfig { temperature: 0.0, ..config(Structure::Diag) }),
         Err(LaplaceError::InvalidParameter { what: "temperature", .. })
@@ -640,28 +637,28 @@ fn bad_input_gives_typed_errors() {
     let mut xn = x.clone();
     xn[(0, 0)] = f64::NAN;
     assert!(matches!(
-        fit_v(net.clone(), g.clone(), &xn, &y, &config(Structure::Diag)),
+        fit_v(net.clone(), g, &xn, &y, &config(Structure::Diag)),
         Err(LaplaceError::NonFinite { .. } | LaplaceError::Core(CoreError::NonFinite { .. }))
     ));
     let mut yn = y.clone();
     yn[1] = f64::INFINITY;
     assert!(matches!(
-        fit_v(net.clone(), g.clone(), &x, &yn, &config(Structure::Diag)),
+        fit_v(net.clone(), g, &x, &yn, &config(Structure::Diag)),
         Err(LaplaceError::NonFinite { .. } | LaplaceError::Core(CoreError::NonFinite { .. }))
     ));
     assert!(matches!(
-        fit_v(net.clone(), g.clone(), &x, &y.rows(0, 5).into_owned(), &config(Structure::Diag)),
+        fit_v(net.clone(), g, &x, &y.rows(0, 5).into_owned(), &config(Structure::Diag)),
         Err(LaplaceError::DimensionMismatch { .. } | LaplaceError::Core(CoreError::DimensionMismatch { .. }))
     ));
     assert!(matches!(
-        fit_v(net.clone(), g.clone(), &DMatrix::zeros(0, 2), &DVector::zeros(0), &config(Structure::Diag)),
+        fit_v(net.clone(), g, &DMatrix::zeros(0, 2), &DVector::zeros(0), &config(Structure::Diag)),
         Err(LaplaceError::Empty { .. } | LaplaceError::Core(CoreError::Empty { .. }))
     ));
     assert!(matches!(
         fit_v(net.clone(), LikelihoodSpec::gaussian(0.0), &x, &y, &config(Structure::Diag)),
         Err(LaplaceError::Core(_))
     ));
-    let mut post = fit_v(net.clone(), g.clone(), &x, &y, &config(Structure::Diag)).unwrap();
+    let mut post = fit_v(net.clone(), g, &x, &y, &config(Structure::Diag)).unwrap();
     assert!(post.set_temperature(f64::NAN).is_err());
     assert!(post.set_prior_precision(PriorPrecision::Scalar(0.0)).is_err());
     assert!(post.predict_glm(&DMatrix::zeros(3, 5)).is_err());
@@ -688,10 +685,10 @@ fn conventions_match_laplace_torch() {
     let net = mlp(1, vec![5], 1, 40);
     let (x, y) = regression(12, 1, 41);
     let g = LikelihoodSpec::gaussian(0.2);
-    let once = fit_with(net.clone(), g.clone(), &x, &y, Structure::full());
+    let once = fit_with(net.clone(), g, &x, &y, Structure::full());
     let x2 = DMatrix::from_fn(24, 1, |i, _| x[(i % 12, 0)]);
     let y2 = DVector::from_fn(24, |i, _| y[i % 12]);
-    let twice = fit_with(net.clone(), g.clone(), &x2, &y2, Structure::full());
+    let twice = fit_with(net.clone(), g, &x2, &y2, Structure::full());
     let err = rel_frob(&twice.curvature().to_dense(), &(once.curvature().to_dense() * 2.0));
     assert!(err < 1e-12, "summed GGN: {err}");
     // λ is a precision: with C = 0 (no data influence) the weight variance is 1/λ.
@@ -785,7 +782,7 @@ fn kfc_factors_equal_their_definition_on_a_cnn_with_many_positions() {
     let net = tiny_cnn(7);
     let (x, y) = classification(3, 36, 3, 48);
     let lik = LikelihoodSpec::Categorical { classes: 3 };
-    let post = fit_with(net.clone(), lik.clone(), &x, &y, Structure::Kfac);
+    let post = fit_with(net.clone(), lik, &x, &y, Structure::Kfac);
     let h = lik.build().unwrap().nll_hessian(&net.forward(&x).unwrap(), &y).unwrap();
     let stats = net.kfac_statistics(&x, &vec![DMatrix::identity(3, 3); 3]).unwrap();
     let dense = post.curvature().to_dense();

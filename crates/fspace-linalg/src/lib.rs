@@ -8,9 +8,9 @@
 //! * Operators: [`DenseOperator`], [`FnOperator`], [`SumOperator`], [`ScaledOperator`],
 //!   [`DiagonalOperator`], [`LowRankPlusDiagonal`] (and the kernel Gram operator in
 //!   `fspace-kernels`).
-//! * [`lanczos`] with full reorthogonalisation and embedded LDLᵀ; [`pinv_factor`] gives
+//! * [`lanczos()`] with full reorthogonalisation and embedded LDLᵀ; [`pinv_factor`] gives
 //!   `F Fᵀ ≈ A†` (FSP-Laplace Alg. 2); Ritz pairs for truncated eigendecompositions.
-//! * [`cg`] with [`DiagonalPreconditioner`] or [`PivotedCholeskyPreconditioner`].
+//! * [`cg()`] with [`DiagonalPreconditioner`] or [`PivotedCholeskyPreconditioner`].
 //! * [`cholesky_jitter`] (reports its jitter), triangular solves, exact log-determinants,
 //!   [`slq_logdet`] for operators, rank-k Cholesky [`cholesky_rank_update`]s and downdates.
 //! * Small dense helpers: [`thin_svd`] of tall matrices in `O(p r²)`, [`sym_eigh`],

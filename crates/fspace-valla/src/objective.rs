@@ -405,7 +405,7 @@ fn mc_categorical(
     Ok((t, sbar, 0.0))
 }
 
-/// Test / benchmark entry to [`objective`] with owned inputs: `(F, ∂F)` on the batch
+/// Test / benchmark entry to `objective` with owned inputs: `(F, ∂F)` on the batch
 /// `(x, y)` with `n_total` the data size (`eps`: MC noise per point for
 /// [`ClassApprox::MonteCarlo`]).
 #[allow(clippy::too_many_arguments)]
@@ -429,7 +429,7 @@ pub fn objective_value_and_gradient<N: Network>(
     objective(net, state, &batch, term, n_total, want_z_grad)
 }
 
-/// Test entry to [`point_term`]: `(t, ∂t/∂Σ, ∂t/∂σ²)`.
+/// Test entry to `point_term`: `(t, ∂t/∂Σ, ∂t/∂σ²)`.
 pub fn point_term_public(
     likelihood: LikelihoodSpec,
     approx: ClassApprox,

@@ -312,7 +312,7 @@ fn surrogate(
             let prior = GpPrior::centered(kernel.clone());
             let lik = LikelihoodSpec::gaussian(noise.sqrt());
             let Fitted { posterior: post, report: _ } =
-                fsp_fit(start, lik, &prior, &Data::new(x, &super::targets(&y, 1))?, &cfg)?;
+                fsp_fit(start, lik, &prior, &Data::new(x, &super::targets(y, 1))?, &cfg)?;
             warm.net = Some(post.network().clone());
             Box::new(post)
         }

@@ -74,7 +74,7 @@ pub struct MoonsRun {
     pub on_std: f64,
     /// Grid axis.
     pub axis: Vec<f64>,
-    /// Mean of p(class 1) on the grid (row i at ordinate axis[i]).
+    /// Mean of p(class 1) on the grid (row `i` at ordinate `axis[i]`).
     pub mean: Vec<Vec<f64>>,
     /// Std of p(class 1) on the grid.
     pub std: Vec<f64>,
@@ -159,7 +159,7 @@ pub fn moons_run(
     };
     let net = tanh_mlp(2, &[100, 100], 2, seed)?;
     let Fitted { posterior: post, report: summary } =
-        fit(net, LikelihoodSpec::categorical(2), prior, &Data::new(x, &super::targets(&y, 1))?, &config)?;
+        fit(net, LikelihoodSpec::categorical(2), prior, &Data::new(x, &super::targets(y, 1))?, &config)?;
     let mut rng = StdRng::seed_from_u64(seed + 7);
     let pred = post.predict(x)?;
     let prior_var = prior.variances(x)?;

@@ -513,46 +513,18 @@ fn run_fold(
     Ok(out)
 }
 
-/// The GGN structure of the Laplace column. App. A.2.2: "All the BNN baselines have the same
-/// architecture and fully-factorized Gaussian approximate posterior" — for linearised Laplace a
-/// diagonal posterior precision. Measured on Boston fold 1 (same MAP, σ_y = 0.309): diagonal
-/// ELL −4.56, OOD accuracy 0.688; full GGN ELL −3.16, OOD accuracy 0.970; the paper's −0.81 and
-/// 0.557. Neither matches the paper's ELL: at σ_p = 0.75 and 3 301 weights the GLM predictive's
-/// mean test variance of `f` (≈ 0.83 diagonal, ≈ 0.66 full, from the ELL; σ_y² = 0.095) dominates; the
-/// diagonal is the one the paper states, and its OOD accuracy is the closer.
+/// The GGN structure of the Laplace column: diagonal, App. A.2.2's "fully-factorized Gaussian
+/// approximate posterior" (measurements in `docs/DEVIATIONS.md`, "GFSVI UCI: the Laplace column").
 pub const LAPLACE_STRUCTURE: Structure = Structure::Diag;
 
-/// The regulariser `γ` of GFSVI's and TFSVI's regularised KL on the UCI sets: the paper's 1e-10.
-/// Measured on yacht (fold 1, 3 000 steps, f64): the fitted ARD RBF is nearly one-dimensional
-/// (variance 7.7, lengthscales 1.2 and 2.7 on two features and 9–55 on the other four, in
-/// standardised units), so `K + γM I` at 500 uniform points is conditioned ≈ 1e11 and
-/// `D_KL^γ` starts at ≈ 3.7e4 nats; with γ = 1e-10 GFSVI spends its 3 000 steps shrinking it
-/// (objective −3.7e4 → −1.9e3, validation still falling) and ends at MSE 0.80, σ_y 1.0, ELL −1.32,
-/// where γ = 1e-6 reaches ELL 1.45, MSE 0.002 (the paper: 1.06). TFSVI likewise: γ = 1e-10
-/// stops at step 700 (best 200, validation NLL 0.89 → 1.62 → 1.45) with ELL −0.92, MSE 0.36;
-/// γ = 1e-6 gives ELL 1.41, MSE 0.002. The paper calls γ the jitter
-/// too and asks for it "large enough to avoid numerical errors"; its float32 arithmetic
-/// cannot resolve 5e-8 beside a kernel variance of 7.7, so its effective regulariser was
-/// larger than ours. Kept at the paper's value; the yacht rows state what it costs, and
-/// `--gamma 1e-10,1e-6` lets the validation NLL choose per fold instead (no test data involved).
-/// Measured on yacht folds 1–2 (2026-11-24): validation chose 1e-6 for GFSVI and TFSVI on both
-/// folds (validation NLL ≈ −2 against +0.6 … +1.4 at 1e-10); GFSVI's test ELL 1.68 against −1.27
-/// at 1e-10 (the paper: 1.06), at about twice the GFSVI/TFSVI cost. The default is the grid
-/// [`UCI_GAMMA_GRID`], not this value alone.
+/// The regulariser `γ` of GFSVI's and TFSVI's regularised KL on the UCI sets: the paper's 1e-10
+/// (`--gamma 1e-10`; why the default is the grid [`UCI_GAMMA_GRID`]: `docs/DEVIATIONS.md`,
+/// "GFSVI UCI: γ").
 pub const UCI_GAMMA: f64 = 1e-10;
 
 /// The γ grid `gfsvi-uci` / `gfsvi-ood` choose from by default, per fold and method, by the
-/// lowest validation NLL (no test data involved): the paper's [`UCI_GAMMA`] and 1e-6. The paper
-/// leaves γ to the user ("large enough to avoid numerical errors while remaining sufficiently
-/// small to provide strong regularization", §3.3) and computes in float32, where γM = 5e-8 is
-/// below the resolution of a kernel variance of order 1–10; in f64 the paper's value alone
-/// leaves yacht's GFSVI unfit (ELL −1.27 against the paper's 1.06, see [`UCI_GAMMA`]).
-/// Measured with this grid on fold 1 of Boston, concrete and wine and folds 1–2 of yacht
-/// (2026-11-24/25): validation chose 1e-6 for GFSVI on concrete, wine and yacht and 1e-10 on
-/// Boston, and for TFSVI 1e-10 on Boston, concrete and wine and 1e-6 on yacht. GFSVI's test ELL
-/// was never worse than at the paper's value alone (Boston −0.595 both; concrete −0.450 against
-/// −0.509; yacht 1.680 against −1.268 over two folds). Cost: GFSVI and TFSVI fit twice, a fold
-/// takes ≈ 1.5–2× as long (Boston fold 1: 939 s).
+/// lowest validation NLL (no test data involved): the paper's [`UCI_GAMMA`] and 1e-6
+/// (measurements: `docs/DEVIATIONS.md`, "GFSVI UCI: γ").
 pub const UCI_GAMMA_GRID: [f64; 2] = [UCI_GAMMA, 1e-6];
 
 /// The lowest validation loss an optimisation run saw (`+∞` without one; NaN losses never win).
