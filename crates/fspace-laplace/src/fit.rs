@@ -164,6 +164,7 @@ impl Structure {
 /// |---|---|
 /// | `All` | every [`Structure`] |
 /// | `LastLayer` | `Kfac`, `Ekfac`, `Full` (the same as `Structure::LastLayer`), `LastLayer` |
+/// | `Subnetwork(indices)` | `Full` (the dense GGN over those weights, as laplace-torch's `SubnetLaplace`) |
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub enum Weights {
     /// Every weight (laplace-torch's `'all'`).
@@ -172,6 +173,10 @@ pub enum Weights {
     /// The last layer's weights and biases (`'last_layer'`): with a one-output Gaussian head
     /// its KFAC is exact, `(1/σ²) ⊗ Σ φ̃φ̃ᵀ`.
     LastLayer,
+    /// The weights at these flat parameter indices (strictly increasing, each `< p`), chosen
+    /// by the caller (e.g. the largest-variance weights of a diagonal Laplace, Daxberger et al.
+    /// 2021).
+    Subnetwork(Vec<usize>),
 }
 
 /// Diagnostics of a fit.
@@ -464,6 +469,12 @@ pub(crate) fn kron<N: Network>(
     let ids: Vec<usize> = match weights {
         Weights::All => (0..all_infos.len()).collect(),
         Weights::LastLayer => vec![all_infos.len() - 1],
+        Weights::Subnetwork(_) => {
+            return Err(LaplaceError::Unsupported {
+                structure,
+                reason: "over a subnetwork only the full GGN is implemented".into(),
+            })
+        }
     };
     let infos: Vec<LayerInfo> = ids.iter().map(|&l| all_infos[l].clone()).collect();
     let n = data.x.nrows();
@@ -729,6 +740,43 @@ pub(crate) fn build<N: Network>(
     report: &mut FitReport,
 ) -> Result<(Curvature, Vec<usize>)> {
     let all = || (0..net.n_params()).collect::<Vec<_>>();
+    if let Weights::Subnetwork(idx) = weights {
+        let p = net.n_params();
+        if idx.is_empty() {
+            return Err(LaplaceError::Empty { what: "subnetwork parameter indices" });
+        }
+        if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(LaplaceError::InvalidParameter {
+                what: "subnetwork parameter indices",
+                reason: format!("must be strictly increasing ({} then {})", w[0], w[1]),
+            });
+        }
+        if idx[idx.len() - 1] >= p {
+            return Err(LaplaceError::InvalidParameter {
+                what: "subnetwork parameter indices",
+                reason: format!("index {} is not below the {p} parameters", idx[idx.len() - 1]),
+            });
+        }
+        return match structure {
+            Structure::Full(c) => {
+                if idx.len() > c.max_params {
+                    return Err(LaplaceError::TooLarge {
+                        structure: "full",
+                        what: "subnetwork parameters",
+                        size: idx.len(),
+                        limit: c.max_params,
+                    });
+                }
+                let mut e = factor_blocks(net, data, std::slice::from_ref(idx))?.pop().expect("one block");
+                e.label = "subnetwork".into();
+                Ok((Curvature::Eigen(e), idx.clone()))
+            }
+            other => Err(LaplaceError::Unsupported {
+                structure: other.name(),
+                reason: "over a subnetwork only the full GGN is implemented".into(),
+            }),
+        };
+    }
     if let Weights::LastLayer = weights {
         return match structure {
             Structure::Kfac | Structure::Ekfac => {

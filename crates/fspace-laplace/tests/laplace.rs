@@ -959,3 +959,35 @@ fn last_layer_kfac_equals_the_dense_last_layer_laplace_for_a_one_output_gaussian
     assert_eq!(back.predict(&xt).unwrap(), post.predict(&xt).unwrap());
     std::fs::remove_file(&path).ok();
 }
+
+#[test]
+fn subnetwork_laplace_equals_the_dense_ggn_over_the_chosen_weights() {
+    let net = mlp(2, vec![5, 4], 3, 60);
+    let (x, y) = classification(15, 2, 3, 61);
+    let (xt, _) = classification(6, 2, 3, 62);
+    let lik = LikelihoodSpec::categorical(3);
+    let p = net.n_params();
+    let idx: Vec<usize> = (0..p).filter(|i| i % 3 == 1).collect();
+    let cfg = LaplaceConfig { weights: Weights::Subnetwork(idx.clone()), ..config(Structure::full()) };
+    let mut post = fit_v(net.clone(), lik, &x, &y, &cfg).unwrap();
+    assert_eq!(post.indices(), &idx[..]);
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    assert!(rel_frob(&post.curvature().to_dense(), &restrict(&ggn, &idx)) < 1e-10);
+    post.set_prior_precision(PriorPrecision::Scalar(0.9)).unwrap();
+    let sigma = (restrict(&ggn, &idx) + DMatrix::identity(idx.len(), idx.len()) * 0.9).try_inverse().unwrap();
+    let js = net.jacobian(&xt).unwrap().select_columns(&idx);
+    let cov = &js * sigma * js.transpose();
+    let (_, joint) = post.predict_joint(&xt).unwrap();
+    assert!(rel_frob(&joint, &cov) < 1e-9);
+    // Bad index sets are typed errors; other structures say they are not implemented.
+    for bad in [vec![], vec![3, 3], vec![5, 2], vec![p]] {
+        let cfg = LaplaceConfig { weights: Weights::Subnetwork(bad.clone()), ..config(Structure::full()) };
+        let e = fit_v(net.clone(), lik, &x, &y, &cfg).unwrap_err();
+        assert!(
+            matches!(e, LaplaceError::Empty { .. } | LaplaceError::InvalidParameter { .. }),
+            "{bad:?}: {e}"
+        );
+    }
+    let kfac = LaplaceConfig { weights: Weights::Subnetwork(idx), ..config(Structure::Kfac) };
+    assert!(matches!(fit_v(net, lik, &x, &y, &kfac), Err(LaplaceError::Unsupported { .. })));
+}
