@@ -179,6 +179,22 @@ pub enum Weights {
     Subnetwork(Vec<usize>),
 }
 
+/// Where KFAC / EKFAC put a layer's bias.
+///
+/// `Folded` (default, Martens & Grosse's augmented input `ã = [a; 1]`): one Kronecker block
+/// `G ⊗ Σ ããᵀ` over `[W | b]`, which couples weights and bias. `Separate`: a block `G ⊗ Σ aaᵀ`
+/// for `W` and `n·G = Σ δδᵀ` (the exact bias GGN) for `b`, with no weight–bias coupling — the
+/// convention of laplace-torch's KFAC backends, as far as we can tell from their factor lists
+/// (weight `[G, A]`, bias `[G]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KronBias {
+    /// Bias folded into the input factor.
+    #[default]
+    Folded,
+    /// Weight and bias in separate blocks.
+    Separate,
+}
+
 /// Diagnostics of a fit.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FitReport {
@@ -463,6 +479,7 @@ pub(crate) fn kron<N: Network>(
     data: &Data,
     ekfac: bool,
     weights: &Weights,
+    bias: KronBias,
 ) -> Result<(KronCurvature, Vec<usize>)> {
     let structure = if ekfac { "ekfac" } else { "kfac" };
     let all_infos = require_layers(net, structure)?;
@@ -493,10 +510,12 @@ pub(crate) fn kron<N: Network>(
                 let fi = st.inputs.ncols();
                 let mut a = DMatrix::zeros(fi + 1, fi + 1);
                 a.view_mut((0, 0), (fi, fi)).copy_from(&(st.inputs.transpose() * &st.inputs));
-                let sums = st.inputs.row_sum();
-                for j in 0..fi {
-                    a[(j, fi)] = sums[j];
-                    a[(fi, j)] = sums[j];
+                if bias == KronBias::Folded {
+                    let sums = st.inputs.row_sum();
+                    for j in 0..fi {
+                        a[(j, fi)] = sums[j];
+                        a[(fi, j)] = sums[j];
+                    }
                 }
                 a[(fi, fi)] = st.inputs.nrows() as f64;
                 (a, st.output_grads.transpose() * &st.output_grads)
@@ -737,6 +756,7 @@ pub(crate) fn build<N: Network>(
     data: &Data,
     structure: &Structure,
     weights: &Weights,
+    bias: KronBias,
     report: &mut FitReport,
 ) -> Result<(Curvature, Vec<usize>)> {
     let all = || (0..net.n_params()).collect::<Vec<_>>();
@@ -780,7 +800,7 @@ pub(crate) fn build<N: Network>(
     if let Weights::LastLayer = weights {
         return match structure {
             Structure::Kfac | Structure::Ekfac => {
-                let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights)?;
+                let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights, bias)?;
                 Ok((Curvature::Kron(k), idx))
             }
             Structure::Full(c) => {
@@ -807,7 +827,7 @@ pub(crate) fn build<N: Network>(
             (Curvature::BlockDiag(b), idx)
         }
         Structure::Kfac | Structure::Ekfac => {
-            let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights)?;
+            let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights, bias)?;
             (Curvature::Kron(k), idx)
         }
         Structure::LastLayer(c) => {

@@ -50,5 +50,7 @@ pub use curvature::{
     BlockDiagCurvature, Curvature, CurvatureApprox, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
 };
 pub use error::{LaplaceError, Result};
-pub use fit::{BlockDiagConfig, FitReport, FullConfig, LastLayerConfig, LowRankConfig, Structure, Weights};
+pub use fit::{
+    BlockDiagConfig, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig, Structure, Weights,
+};
 pub use posterior::{fit, LaplaceConfig, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision};

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::curvature::{Curvature, CurvatureApprox};
 use crate::error::{ensure_positive, LaplaceError, Result};
-use crate::fit::{build, data_for, FitReport, Structure, Weights};
+use crate::fit::{build, data_for, FitReport, KronBias, Structure, Weights};
 
 /// The prior precision λ of `N(0, λ⁻¹ I)` on the weights: one value, or one per layer (in
 /// [`Network::layer_infos`] order).
@@ -56,6 +56,7 @@ impl Predictive {
 /// |---|---|---|
 /// | `structure` | `Kfac` | curvature structure |
 /// | `weights` | `All` | which weights the posterior covers (`LastLayer`: laplace-torch's `'last_layer'`) |
+/// | `kron_bias` | `Folded` | KFAC / EKFAC: bias folded into the input factor, or a separate block (laplace-torch) |
 /// | `prior_precision` | `Scalar(1.0)` | λ (laplace-torch's default) |
 /// | `temperature` | 1.0 | `T` of the generalised posterior (`T = 1`: Bayes) |
 /// | `chunk_points` | 256 | points per Jacobian / statistics chunk (memory `chunk·d'·p`) |
@@ -67,6 +68,9 @@ pub struct LaplaceConfig {
     /// Which weights (the others stay at MAP).
     #[serde(default)]
     pub weights: Weights,
+    /// Where KFAC / EKFAC put the bias.
+    #[serde(default)]
+    pub kron_bias: KronBias,
     /// Prior precision λ.
     pub prior_precision: PriorPrecision,
     /// Temperature `T > 0`.
@@ -82,6 +86,7 @@ impl Default for LaplaceConfig {
         Self {
             structure: Structure::Kfac,
             weights: Weights::All,
+            kron_bias: KronBias::Folded,
             prior_precision: PriorPrecision::Scalar(1.0),
             temperature: 1.0,
             chunk_points: 256,
@@ -182,7 +187,8 @@ pub fn fit<N: Network>(
     let log_likelihood = -lik.nll(&f, y)?;
     let data = data_for(x, &f, y, lik.as_ref(), config.chunk_points)?;
     let mut report = FitReport::default();
-    let (curvature, indices) = build(&net, &data, &config.structure, &config.weights, &mut report)?;
+    let (curvature, indices) =
+        build(&net, &data, &config.structure, &config.weights, config.kron_bias, &mut report)?;
     let infos = net.layer_infos();
     let n_groups = infos.len().max(1);
     let mut group_of_flat = vec![0usize; net.n_params()];

@@ -5,7 +5,7 @@
 use fspace_core::{ClassProbMethod, CoreError, Likelihood, Posterior};
 use fspace_core::{Data, LikelihoodSpec, Persist};
 use fspace_laplace::{
-    fit, CurvatureApprox, FullConfig, LaplaceConfig, LaplaceError, LaplacePosterior, LowRankConfig,
+    fit, CurvatureApprox, FullConfig, KronBias, LaplaceConfig, LaplaceError, LaplacePosterior, LowRankConfig,
     MarglikConfig, Predictive, PriorPrecision, Structure, Weights,
 };
 use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, HelmholtzNet, Mlp, MlpConfig, Network};
@@ -990,4 +990,59 @@ fn subnetwork_laplace_equals_the_dense_ggn_over_the_chosen_weights() {
     }
     let kfac = LaplaceConfig { weights: Weights::Subnetwork(idx), ..config(Structure::Kfac) };
     assert!(matches!(fit_v(net, lik, &x, &y, &kfac), Err(LaplaceError::Unsupported { .. })));
+}
+
+#[test]
+fn kfac_with_separate_bias_blocks_drops_only_the_weight_bias_coupling() {
+    // Coordinates of each layer are `[W | b]` row-major (kron_order): column `fan_in` of each
+    // row is the bias. Separate blocks = the folded factors with the W–b cross terms of the
+    // input factor removed: exact for one point up to those terms, and the bias block n·G is
+    // the exact bias GGN for any number of points.
+    let net = mlp(3, vec![5, 4], 1, 70);
+    let lik = LikelihoodSpec::gaussian(0.4);
+    let separate = |s: Structure| LaplaceConfig { kron_bias: KronBias::Separate, ..config(s) };
+    let (x1, y1) = regression(1, 3, 71);
+    let ggn1 = dense_ggn(&net, lik.build().unwrap().as_ref(), &x1, &y1);
+    let post = fit_v(net.clone(), lik, &x1, &y1, &separate(Structure::Kfac)).unwrap();
+    let mut expected = restrict(&ggn1, post.indices());
+    let mut o = 0;
+    let mut mask = DMatrix::zeros(expected.nrows(), expected.ncols());
+    for info in net.layer_infos() {
+        let c = info.fan_in + 1;
+        for a in 0..info.n_params() {
+            for b in 0..info.n_params() {
+                let (bias_a, bias_b) = (a % c == info.fan_in, b % c == info.fan_in);
+                if bias_a == bias_b {
+                    mask[(o + a, o + b)] = 1.0;
+                }
+            }
+        }
+        o += info.n_params();
+    }
+    expected.component_mul_assign(&mask);
+    assert!(rel_frob(&post.curvature().to_dense(), &expected) < 1e-10);
+
+    // Many points: each bias block is exact.
+    let (x, y) = regression(25, 3, 72);
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    for s in [Structure::Kfac, Structure::Ekfac] {
+        let post = fit_v(net.clone(), lik, &x, &y, &separate(s)).unwrap();
+        let dense = post.curvature().to_dense();
+        let mut o = 0;
+        for info in net.layer_infos() {
+            let c = info.fan_in + 1;
+            let local: Vec<usize> = (0..info.fan_out).map(|r| o + r * c + info.fan_in).collect();
+            let flat: Vec<usize> = local.iter().map(|&i| post.indices()[i]).collect();
+            let err = rel_frob(&restrict(&dense, &local), &restrict(&ggn, &flat));
+            assert!(err < 1e-10, "{} bias block of {}: {err:e}", post.curvature().name(), info.name);
+            o += info.n_params();
+        }
+    }
+    // The folded default differs (it couples W and b), and predictions still match J Σ Jᵀ.
+    let folded = fit_v(net.clone(), lik, &x, &y, &config(Structure::Kfac)).unwrap();
+    let mut sep = fit_v(net.clone(), lik, &x, &y, &separate(Structure::Kfac)).unwrap();
+    assert!(rel_frob(&folded.curvature().to_dense(), &sep.curvature().to_dense()) > 1e-3);
+    let (xt, _) = regression(5, 3, 73);
+    let err = check_glm(&mut sep, &xt, &[0.5, 1.5, 3.0], true);
+    assert!(err < 1e-9, "{err:e}");
 }
