@@ -9,7 +9,7 @@
 
 use fspace_core::{Data, LikelihoodSpec, Posterior};
 use fspace_laplace::{fit, KronBias, LaplaceConfig, PriorPrecision, Structure};
-use fspace_nn::{Activation, Mlp, MlpConfig, Network};
+use fspace_nn::{Activation, Mlp, MlpConfig};
 use nalgebra::{DMatrix, DVector};
 use serde_json::Value;
 
