@@ -33,7 +33,7 @@ use fspace_core::ClassProbMethod;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LaplacePosterior, MarglikConfig, PriorPrecision, Structure,
+    fit as laplace_fit, LaplaceConfig, LaplacePosterior, MarglikConfig, PriorPrecision, Structure, Weights,
 };
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use fspace_valla::{fit, fit_ella, EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
@@ -123,11 +123,6 @@ impl Budget {
 enum Fitted {
     Map(Mlp),
     Laplace(Box<LaplacePosterior<Mlp>>),
-    /// Last-layer KFAC: a Laplace posterior of the linear head on the body's features.
-    HeadLaplace {
-        body: Mlp,
-        head: Box<LaplacePosterior<Mlp>>,
-    },
     Ella(Box<EllaPosterior<Mlp>>),
     Valla(Box<VallaPosterior<Mlp>>),
 }
@@ -138,38 +133,21 @@ impl Fitted {
         Ok(match self {
             Fitted::Map(net) => map_probs(net, x)?,
             Fitted::Laplace(post) => post.class_probabilities(x, ClassProbMethod::Probit, &mut rng)?,
-            Fitted::HeadLaplace { body, head } => {
-                head.class_probabilities(&body.last_layer_features(x)?, ClassProbMethod::Probit, &mut rng)?
-            }
             Fitted::Ella(post) => post.class_probabilities(x, ClassProbMethod::Probit, 0)?,
             Fitted::Valla(post) => post.class_probabilities(x, ClassProbMethod::Probit, 0)?,
         })
     }
 }
 
-/// The network's last layer as a one-layer MLP on the last-layer features (same weights).
-pub(super) fn linear_head(net: &Mlp) -> Result<Mlp> {
-    let cfg = net.config();
-    let fan_in = *cfg.hidden.last().expect("hidden layers");
-    let mut head = Mlp::new(fspace_nn::MlpConfig {
-        input_dim: fan_in,
-        hidden: vec![],
-        output_dim: cfg.output_dim,
-        activation: cfg.activation,
-        seed: 0,
-    })?;
-    let (p, ph) = (net.n_params(), head.n_params());
-    head.set_params(&net.params().rows(p - ph, ph).into_owned())?;
-    Ok(head)
-}
-
-/// A Laplace posterior of `structure` around `net` with λ by marginal likelihood (from `lambda0`).
+/// A Laplace posterior of `structure` over `weights` around `net` with λ by marginal likelihood
+/// (from `lambda0`).
 pub(super) fn laplace(
     net: &Mlp,
     likelihood: LikelihoodSpec,
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     structure: Structure,
+    weights: Weights,
     lambda0: f64,
 ) -> Result<LaplacePosterior<Mlp>> {
     let mut post = laplace_fit(
@@ -178,6 +156,7 @@ pub(super) fn laplace(
         &Data::new(x, &super::targets(y, 1))?,
         &LaplaceConfig {
             structure,
+            weights,
             prior_precision: PriorPrecision::Scalar(lambda0),
             ..LaplaceConfig::default()
         },
@@ -210,16 +189,19 @@ fn fit_method(
     };
     Ok(match label {
         "MAP" => (Fitted::Map(net.clone()), json!({})),
-        "LLA Diag" => laplace_row(laplace(net, CATEGORICAL, x, y, Structure::Diag, lambda0)?),
-        "LLA KFAC" => laplace_row(laplace(net, CATEGORICAL, x, y, Structure::Kfac, lambda0)?),
-        "LLA* (last layer)" => {
-            laplace_row(laplace(net, CATEGORICAL, x, y, Structure::LastLayer(Default::default()), lambda0)?)
-        }
+        "LLA Diag" => laplace_row(laplace(net, CATEGORICAL, x, y, Structure::Diag, Weights::All, lambda0)?),
+        "LLA KFAC" => laplace_row(laplace(net, CATEGORICAL, x, y, Structure::Kfac, Weights::All, lambda0)?),
+        "LLA* (last layer)" => laplace_row(laplace(
+            net,
+            CATEGORICAL,
+            x,
+            y,
+            Structure::LastLayer(Default::default()),
+            Weights::All,
+            lambda0,
+        )?),
         "LLA* KFAC" => {
-            let features = net.last_layer_features(x)?;
-            let head = laplace(&linear_head(net)?, CATEGORICAL, &features, y, Structure::Kfac, lambda0)?;
-            let lambda = head.prior_precision()[0];
-            (Fitted::HeadLaplace { body: net.clone(), head: Box::new(head) }, json!({ "lambda": lambda }))
+            laplace_row(laplace(net, CATEGORICAL, x, y, Structure::Kfac, Weights::LastLayer, lambda0)?)
         }
         "ELLA" => {
             let points = budget.ella_points.min(x.nrows());

@@ -27,7 +27,7 @@ use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::{boston, concrete, wine_quality_red, Dataset, Standardizer};
-use fspace_laplace::Structure;
+use fspace_laplace::{Structure, Weights};
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use fspace_valla::{fit, fit_ella, EllaConfig, VallaConfig};
 use nalgebra::{DMatrix, DVector};
@@ -36,7 +36,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
 
-use super::valla_images::{laplace, linear_head};
+use super::valla_images::laplace;
 use super::{tanh_mlp, Options};
 use crate::report::{fmt, markdown_table, mean_se, Run};
 
@@ -115,21 +115,14 @@ fn fit_and_predict(
                 "LLA KFAC" => Structure::Kfac,
                 _ => Structure::LastLayer(Default::default()),
             };
-            let post = laplace(net, gaussian, x, y, structure, lambda)?;
+            let post = laplace(net, gaussian, x, y, structure, Weights::All, lambda)?;
             let (m, v) = from(post.predict(xt)?, noise);
             (m, v, json!({ "lambda": post.prior_precision()[0] }))
         }
         "LLA* KFAC" => {
-            let head = laplace(
-                &linear_head(net)?,
-                gaussian,
-                &net.last_layer_features(x)?,
-                y,
-                Structure::Kfac,
-                lambda,
-            )?;
-            let (m, v) = from(head.predict(&net.last_layer_features(xt)?)?, noise);
-            (m, v, json!({ "lambda": head.prior_precision()[0] }))
+            let post = laplace(net, gaussian, x, y, Structure::Kfac, Weights::LastLayer, lambda)?;
+            let (m, v) = from(post.predict(xt)?, noise);
+            (m, v, json!({ "lambda": post.prior_precision()[0] }))
         }
         "ELLA" => {
             let cfg = EllaConfig { num_points: 100.min(x.nrows()), seed, ..EllaConfig::default() };
