@@ -35,7 +35,7 @@ impl Default for LaplaceConfig {
 }
 
 /// Binary GP classifier with the Laplace approximation; labels in {0, 1}.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct LaplaceGpClassifier<K> {
     kernel: K,
     x: DMatrix<f64>,
@@ -232,4 +232,24 @@ pub fn fit_dirichlet_hyperparameters<K: Kernel + Clone>(
     }
     let (lml, _) = total(&current, false)?;
     Ok((current, lml))
+}
+
+/// Saves the kernel, the training inputs and the Laplace factors. The kernel is saved through serde (the library's kernels derive it; a boxed
+/// kernel goes through its `KernelSpec`).
+impl<K: Kernel + serde::Serialize + serde::de::DeserializeOwned> fspace_core::Persist
+    for LaplaceGpClassifier<K>
+{
+    const KIND: &'static str = "fspace_gp::LaplaceGpClassifier";
+    const VERSION: u32 = 1;
+
+    fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
+        if self.kernel.params().iter().all(|v| v.is_finite()) {
+            Ok(())
+        } else {
+            Err(fspace_core::PersistError::Invalid {
+                kind: Self::KIND,
+                reason: "kernel hyperparameters must be finite and positive".into(),
+            })
+        }
+    }
 }

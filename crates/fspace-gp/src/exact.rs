@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use crate::error::{invalid, point_major, unflatten, Result};
 
 /// Observation noise of a GP regression model.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Noise {
     /// `σ² I` with `σ² > 0` (learnable: its log is the last hyperparameter).
     Homoscedastic(f64),
@@ -31,7 +31,7 @@ pub enum Noise {
 }
 
 /// An exact GP regression posterior.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ExactGp<K> {
     kernel: K,
     mean: PriorMean,
@@ -203,6 +203,24 @@ pub(crate) fn symmetrised(cov: &DMatrix<f64>) -> DMatrix<f64> {
 pub(crate) fn to_core(e: crate::GpError) -> fspace_core::CoreError {
     match e {
         crate::GpError::Core(c) => c,
-        other => fspace_core::CoreError::InvalidParameter { what: "gp posterior", reason: other.to_string() },
+        other => fspace_core::CoreError::method("gp posterior", other),
+    }
+}
+
+/// Saves the kernel, the mean, the noise, the training inputs and the factorisation. The kernel is saved through serde (the library's kernels derive it; a boxed
+/// kernel goes through its `KernelSpec`).
+impl<K: MatrixKernel + serde::Serialize + serde::de::DeserializeOwned> fspace_core::Persist for ExactGp<K> {
+    const KIND: &'static str = "fspace_gp::ExactGp";
+    const VERSION: u32 = 1;
+
+    fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
+        if self.kernel.params().iter().all(|v| v.is_finite()) {
+            Ok(())
+        } else {
+            Err(fspace_core::PersistError::Invalid {
+                kind: Self::KIND,
+                reason: "kernel hyperparameters must be finite and positive".into(),
+            })
+        }
     }
 }

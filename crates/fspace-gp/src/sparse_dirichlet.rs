@@ -35,7 +35,7 @@ struct Latent {
 }
 
 /// `C` sparse heteroscedastic GPs on Milios et al.'s targets, sharing a kernel and `Z`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SparseDirichletGp<K> {
     kernel: K,
     z: DMatrix<f64>,
@@ -171,5 +171,25 @@ impl<K: Kernel + Clone> Posterior for SparseDirichletGp<K> {
             Ok((mean, cov))
         };
         run().map_err(to_core)
+    }
+}
+
+/// Saves the kernel, `Z`, the class means and the factors. The kernel is saved through serde (the library's kernels derive it; a boxed
+/// kernel goes through its `KernelSpec`).
+impl<K: Kernel + Clone + serde::Serialize + serde::de::DeserializeOwned> fspace_core::Persist
+    for SparseDirichletGp<K>
+{
+    const KIND: &'static str = "fspace_gp::SparseDirichletGp";
+    const VERSION: u32 = 1;
+
+    fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
+        if self.kernel.params().iter().all(|v| v.is_finite()) {
+            Ok(())
+        } else {
+            Err(fspace_core::PersistError::Invalid {
+                kind: Self::KIND,
+                reason: "kernel hyperparameters must be finite and positive".into(),
+            })
+        }
     }
 }

@@ -77,7 +77,7 @@ impl Default for SvgpConfig {
 }
 
 /// A sparse variational GP regression model (scalar output).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Svgp<K> {
     kernel: K,
     mean: PriorMean,
@@ -446,5 +446,23 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
             Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), symmetrised(&cov)))
         };
         run().map_err(to_core)
+    }
+}
+
+/// Saves the kernel, the mean, the noise, `Z` and `q(u)`. The kernel is saved through serde (the library's kernels derive it; a boxed
+/// kernel goes through its `KernelSpec`).
+impl<K: Kernel + Clone + serde::Serialize + serde::de::DeserializeOwned> fspace_core::Persist for Svgp<K> {
+    const KIND: &'static str = "fspace_gp::Svgp";
+    const VERSION: u32 = 1;
+
+    fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
+        if self.kernel.params().iter().all(|v| v.is_finite()) {
+            Ok(())
+        } else {
+            Err(fspace_core::PersistError::Invalid {
+                kind: Self::KIND,
+                reason: "kernel hyperparameters must be finite and positive".into(),
+            })
+        }
     }
 }

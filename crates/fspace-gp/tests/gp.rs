@@ -550,3 +550,72 @@ impl Kernel for NoInputGradient {
         Box::new(self.clone())
     }
 }
+
+#[test]
+fn every_gp_posterior_round_trips_through_save_and_load_bit_for_bit() {
+    use fspace_core::{Persist, PersistError};
+    use rand::SeedableRng;
+    let dir = std::env::temp_dir().join(format!("fspace-gp-persist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut r = rng(90);
+    let x = rand_uniform(25, 1, -2.0, 2.0, &mut r);
+    let y = x.map(|v| v.sin());
+    let xt = rand_uniform(6, 1, -3.0, 3.0, &mut r);
+    fn same<P: Posterior>(a: &P, b: &P, xt: &DMatrix<f64>) {
+        assert_eq!(a.predict(xt).unwrap(), b.predict(xt).unwrap());
+        let draw = |p: &P| p.sample_functions(xt, 2, &mut rand::rngs::StdRng::seed_from_u64(3)).unwrap();
+        assert_eq!(draw(a), draw(b));
+    }
+    fn round_trip<P: Persist>(p: &P, path: &std::path::Path) -> P {
+        p.save(path).unwrap();
+        P::load(path).unwrap()
+    }
+
+    let exact = ExactGp::fit(
+        Rbf::new(1.0, 0.5).unwrap(),
+        PriorMean::Constant(0.2),
+        Noise::Homoscedastic(0.01),
+        &x,
+        &y,
+    )
+    .unwrap();
+    same(&exact, &round_trip(&exact, &dir.join("exact.json")), &xt);
+    // A composite kernel (Rasmussen & Williams' shape) is saved through its spec.
+    let sum = Rbf::new(1.0, 1.5).unwrap().boxed() + Periodic::new(0.5, 1.0, 1.3).unwrap().boxed();
+    let composite = ExactGp::fit(sum, PriorMean::Zero, Noise::Homoscedastic(0.02), &x, &y).unwrap();
+    same(&composite, &round_trip(&composite, &dir.join("composite.json")), &xt);
+
+    let mut svgp =
+        Svgp::new(Rbf::new(1.0, 0.5).unwrap(), PriorMean::Zero, 0.05, x.rows(0, 8).into_owned()).unwrap();
+    svgp.train(&x, &y.column(0).into_owned(), &SvgpConfig { iterations: 5, ..Default::default() }).unwrap();
+    same(&svgp, &round_trip(&svgp, &dir.join("svgp.json")), &xt);
+
+    let labels = DVector::from_fn(25, |i, _| if x[(i, 0)] > 0.0 { 1.0 } else { 0.0 });
+    let clf =
+        LaplaceGpClassifier::fit(Rbf::new(2.0, 1.0).unwrap(), &x, &labels, &Default::default()).unwrap();
+    same(&clf, &round_trip(&clf, &dir.join("classifier.json")), &xt);
+
+    let (xb, yb) = three_blobs(30, 0.4, &mut r);
+    let xbt = rand_uniform(5, 2, -2.0, 2.0, &mut r);
+    let sparse =
+        SparseDirichletGp::fit(Rbf::new(1.0, 1.0).unwrap(), xb.rows(0, 10).into_owned(), &xb, &yb, 3, 0.01)
+            .unwrap();
+    same(&sparse, &round_trip(&sparse, &dir.join("sparse.json")), &xbt);
+
+    // Another type's file and a tampered hyperparameter are refused with typed errors.
+    assert!(matches!(
+        Svgp::<Rbf>::load(dir.join("exact.json")),
+        Err(PersistError::WrongType { expected: "fspace_gp::Svgp", .. })
+    ));
+    let text = std::fs::read_to_string(dir.join("exact.json")).unwrap();
+    let tampered = text.replacen("\"variance\":1.0", "\"variance\":-1.0", 1);
+    assert_ne!(tampered, text);
+    assert!(matches!(ExactGp::<Rbf>::from_json(&tampered), Err(PersistError::Invalid { .. })));
+    // A closure mean has no saved form: an error, not a panic.
+    let f: MeanFn = std::sync::Arc::new(|_x: &[f64], out: &mut [f64]| out[0] = 0.0);
+    let closure =
+        ExactGp::fit(Rbf::new(1.0, 0.5).unwrap(), PriorMean::Function(f), Noise::Homoscedastic(0.01), &x, &y)
+            .unwrap();
+    assert!(matches!(closure.to_json(), Err(PersistError::Unserialisable { .. })));
+    std::fs::remove_dir_all(&dir).ok();
+}

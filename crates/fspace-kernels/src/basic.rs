@@ -39,7 +39,7 @@ macro_rules! single_variance_base {
 }
 
 /// Linear (dot-product) kernel `k(x, y) = σ² xᵀy`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Linear {
     variance: f64,
 }
@@ -65,7 +65,7 @@ impl Kernel for Linear {
 }
 
 /// Constant kernel `k(x, y) = σ²` (a random constant offset).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Constant {
     variance: f64,
 }
@@ -95,7 +95,7 @@ impl Kernel for Constant {
 
 /// White-noise kernel `k(x, y) = σ² · [x = y]` (exact equality of all coordinates), so
 /// `K(X, X) = σ² I` for distinct points and cross-covariances between distinct sets vanish.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct White {
     variance: f64,
 }

@@ -64,7 +64,7 @@ fn non_empty(parts: &[Box<dyn Kernel>], what: &'static str) -> Result<()> {
 }
 
 /// `k(x, y) = Σᵢ kᵢ(x, y)`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Sum {
     terms: Vec<Box<dyn Kernel>>,
 }
@@ -145,7 +145,7 @@ impl Kernel for Sum {
 }
 
 /// `k(x, y) = Πᵢ kᵢ(x, y)`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Product {
     factors: Vec<Box<dyn Kernel>>,
 }
@@ -234,7 +234,7 @@ impl Kernel for Product {
 }
 
 /// `k(x, y) = c · k₀(x, y)` with a learnable scale `c > 0` (hyperparameter `scale`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Scaled {
     scale: f64,
     inner: Box<dyn Kernel>,

@@ -60,3 +60,31 @@ impl PriorMean {
         })
     }
 }
+
+/// Zero and constant means serialise as `"zero"` / `{"constant": c}`; a closure mean cannot be
+/// saved (a serialisation error that says so).
+impl serde::Serialize for PriorMean {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Self::Zero => MeanSpec::Zero.serialize(serializer),
+            Self::Constant(c) => MeanSpec::Constant(*c).serialize(serializer),
+            Self::Function(_) => Err(serde::ser::Error::custom("a closure prior mean cannot be saved")),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PriorMean {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        Ok(match MeanSpec::deserialize(deserializer)? {
+            MeanSpec::Zero => Self::Zero,
+            MeanSpec::Constant(c) => Self::Constant(c),
+        })
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum MeanSpec {
+    Zero,
+    Constant(f64),
+}

@@ -5,7 +5,7 @@ use crate::kernel::{Kernel, KernelBase, MatrixKernel, SecondOrderKernel};
 use crate::spec::MatrixKernelSpec;
 
 /// `d'` independent outputs sharing one scalar kernel: `k(x, y) = k₀(x, y) · I_{d'}`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Independent<K> {
     kernel: K,
     outputs: usize,
@@ -85,7 +85,7 @@ impl<K: Kernel> MatrixKernel for Independent<K> {
 ///
 /// the first term the covariance of the curl-free part, the second of the divergence-free part.
 /// Hyperparameters: those of `k_Φ` (prefixed `phi.`) then of `k_Ψ` (`psi.`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Helmholtz {
     phi: Box<dyn SecondOrderKernel>,
     psi: Box<dyn SecondOrderKernel>,

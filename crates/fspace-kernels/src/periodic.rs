@@ -6,7 +6,7 @@ use crate::kernel::{indexed_names, Kernel, KernelBase};
 use crate::spec::KernelSpec;
 
 /// Periodic kernel; hyperparameters (log space): `variance`, `lengthscale` (1 or `d`), `period`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Periodic {
     variance: f64,
     lengthscales: Vec<f64>,

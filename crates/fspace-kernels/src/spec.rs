@@ -182,3 +182,57 @@ impl MatrixKernelSpec {
         })
     }
 }
+
+/// Boxed kernels serialise as their [`KernelSpec`] (natural-scale hyperparameters), so a
+/// composite kernel (`Sum`, `Product`, `Scaled`) or a model holding one can be saved; a user
+/// kernel without a spec is a serialisation error that names it.
+impl Serialize for Box<dyn Kernel> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.spec() {
+            Some(spec) => spec.serialize(serializer),
+            None => Err(serde::ser::Error::custom(format!(
+                "kernel {self:?} has no KernelSpec and cannot be saved"
+            ))),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Box<dyn Kernel> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        KernelSpec::deserialize(deserializer)?.build().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Box<dyn SecondOrderKernel> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.spec() {
+            Some(spec) => spec.serialize(serializer),
+            None => Err(serde::ser::Error::custom(format!(
+                "kernel {self:?} has no KernelSpec and cannot be saved"
+            ))),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Box<dyn SecondOrderKernel> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        KernelSpec::deserialize(deserializer)?.build_second_order().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Box<dyn MatrixKernel> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.matrix_spec() {
+            Some(spec) => spec.serialize(serializer),
+            None => Err(serde::ser::Error::custom(format!(
+                "kernel {self:?} has no MatrixKernelSpec and cannot be saved"
+            ))),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Box<dyn MatrixKernel> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        MatrixKernelSpec::deserialize(deserializer)?.build().map_err(serde::de::Error::custom)
+    }
+}

@@ -235,7 +235,7 @@ impl SmoothProfile for RqProfile {
 }
 
 /// A stationary radial kernel `σ² g(‖(x − y)/ℓ‖²)`; see the module docs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stationary<P> {
     variance: f64,
     lengthscales: Vec<f64>,

@@ -34,7 +34,7 @@ impl Default for JitterConfig {
 
 /// A Cholesky factor of `A + jitter·I`, with the jitter that was needed. Factorisation and
 /// solves are blocked and parallel ([`crate::blocked`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JitteredCholesky {
     l: DMatrix<f64>,
     lt: DMatrix<f64>,
