@@ -7,7 +7,7 @@ use fspace_context::{
     BoundingBox, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler, UniformSampler,
 };
 use fspace_core::{Data, Fitted, LikelihoodSpec, Observer, Progress, Silent};
-use fspace_nn::{Network, TrainProgress, TrainReport};
+use fspace_nn::{Network, TrainConfig, TrainProgress, TrainReport};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -51,13 +51,44 @@ pub fn context_points(
     })
 }
 
-/// FSP-Laplace end to end. `Default` is the paper's toy setup (App. B.1): 100 context points per
-/// training step drawn uniformly from the data box widened by half its range on each side, and
-/// 100 grid points there for the Laplace step, at most 500 Lanczos iterations.
+/// FSP-Laplace end to end, one flat set of options. `Default` is the paper's toy setup
+/// (App. B.1): Adam at 1e-3 for 5 000 epochs of batches of 100, 100 context points per training
+/// step drawn uniformly from the data box widened by half its range on each side, and 100 grid
+/// points there for the Laplace step, at most 500 Lanczos iterations.
+///
+/// | name | default | meaning |
+/// |---|---|---|
+/// | `epochs`, `batch_size`, `learning_rate` | 5 000, 100, 1e-3 | Alg. 1's Adam loop |
+/// | `weight_decay` | 0 | extra `½·wd·‖w‖²` (the paper: none; the prior is the regulariser) |
+/// | `patience` | `None` | early stopping on the validation NLL (epochs without improvement) |
+/// | `seed` | 0 | minibatches and context draws |
+/// | `n_context` | 100 | context points per training step |
+/// | `context_jitter` | 1e-3 | relative jitter on `Σ(C, C)` in Alg. 1 |
+/// | `laplace` | [`LaplaceConfig::default`] | Alg. 2's options (those of [`laplace`](crate::laplace) itself) |
+/// | `design`, `n_laplace_context` | grid, 100 | Alg. 2's context points |
+/// | `context_box`, `widen` | data box, 0.5 | where context points are drawn |
+/// | `design_seed` | 0 | random Laplace designs |
+/// | `context_includes_data` | false | append the training inputs to Alg. 2's context |
+///
+/// Whether Alg. 1 learns σ is the likelihood's `learn` flag.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FspConfig {
-    /// Alg. 1 options.
-    pub train: TrainOptions,
+    /// Alg. 1: epochs.
+    pub epochs: usize,
+    /// Alg. 1: minibatch size.
+    pub batch_size: usize,
+    /// Alg. 1: Adam learning rate.
+    pub learning_rate: f64,
+    /// Alg. 1: weight decay added to the objective.
+    pub weight_decay: f64,
+    /// Alg. 1: early-stopping patience in epochs (needs a validation set).
+    pub patience: Option<usize>,
+    /// Alg. 1: seed of the minibatches and context draws.
+    pub seed: u64,
+    /// Alg. 1: `n_C`, context points per step.
+    pub n_context: usize,
+    /// Alg. 1: first relative jitter added to `Σ(C, C)`.
+    pub context_jitter: f64,
     /// Alg. 2 options.
     pub laplace: LaplaceConfig,
     /// Design of the fixed Laplace context points.
@@ -79,8 +110,16 @@ pub struct FspConfig {
 
 impl Default for FspConfig {
     fn default() -> Self {
+        let train = TrainOptions::default();
         Self {
-            train: TrainOptions::default(),
+            epochs: train.train.epochs,
+            batch_size: train.train.batch_size,
+            learning_rate: train.train.learning_rate,
+            weight_decay: train.train.weight_decay,
+            patience: train.train.patience,
+            seed: train.train.seed,
+            n_context: train.n_context,
+            context_jitter: train.context_jitter,
             laplace: LaplaceConfig::default(),
             design: ContextDesign::Grid,
             n_laplace_context: 100,
@@ -88,6 +127,39 @@ impl Default for FspConfig {
             widen: 0.5,
             design_seed: 0,
             context_includes_data: false,
+        }
+    }
+}
+
+impl FspConfig {
+    /// Takes Alg. 1's epochs, batch size, learning rate, weight decay, patience and seed from a
+    /// MAP-training configuration (`learn_likelihood` is the likelihood's `learn` flag here).
+    pub fn with_training(self, train: &TrainConfig) -> Self {
+        Self {
+            epochs: train.epochs,
+            batch_size: train.batch_size,
+            learning_rate: train.learning_rate,
+            weight_decay: train.weight_decay,
+            patience: train.patience,
+            seed: train.seed,
+            ..self
+        }
+    }
+
+    /// Alg. 1's options, as [`train`](crate::train) takes them.
+    pub fn train_options(&self, learn_likelihood: bool) -> TrainOptions {
+        TrainOptions {
+            train: TrainConfig {
+                epochs: self.epochs,
+                batch_size: self.batch_size,
+                learning_rate: self.learning_rate,
+                weight_decay: self.weight_decay,
+                patience: self.patience,
+                seed: self.seed,
+                learn_likelihood,
+            },
+            n_context: self.n_context,
+            context_jitter: self.context_jitter,
         }
     }
 }
@@ -120,11 +192,11 @@ pub struct FitSummary {
 
 /// Trains `net` under `prior` (Alg. 1) and returns its FSP-Laplace posterior (Alg. 2).
 ///
-/// `likelihood` decides whether Alg. 1 learns `σ` (its `learn` flag sets
-/// `config.train.train.learn_likelihood`); the summary records the likelihood Alg. 2 used.
+/// `likelihood` decides whether Alg. 1 learns `σ` (its `learn` flag); the summary records the
+/// likelihood Alg. 2 used.
 ///
 /// Targets are `n × t` (`t` the likelihood's targets per point); a validation set in `data`
-/// enables Alg. 1's early stopping (`config.train.train.patience`).
+/// enables Alg. 1's early stopping (`config.patience`).
 pub fn fit<N: Network + Clone>(
     net: N,
     likelihood: LikelihoodSpec,
@@ -148,7 +220,7 @@ pub fn fit_observed<N: Network + Clone>(
     let (x, y) = (data.x(), &data.y_flat());
     let val_flat = data.validation_flat();
     let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
-    let total = config.train.train.epochs;
+    let total = config.epochs;
     let progress = |p: &TrainProgress| {
         observer.observe(&Progress {
             step: p.epoch,
@@ -179,8 +251,7 @@ fn fit_inner<N: Network + Clone>(
         None => BoundingBox::from_data(x, config.widen)?,
     };
     let mut lik = likelihood.build()?;
-    let mut train_options = config.train.clone();
-    train_options.train.learn_likelihood = likelihood.learns_noise();
+    let train_options = config.train_options(likelihood.learns_noise());
     let t0 = Instant::now();
     let report = train(
         &mut net,

@@ -20,22 +20,18 @@
 //!   likelihood (exact GP; Milios et al.'s Dirichlet targets for classes), as in App. B.1.
 //!
 //! ```
-//! use fspace_fsp_laplace::{fit, FspConfig, TrainOptions};
+//! use fspace_fsp_laplace::{fit, FspConfig};
 //! use fspace_kernels::GpPrior;
 //! use fspace_core::{Data, LikelihoodSpec, Posterior};
 //! use fspace_kernels::Rbf;
-//! use fspace_nn::{Activation, Mlp, MlpConfig, TrainConfig};
+//! use fspace_nn::{Activation, Mlp, MlpConfig};
 //! use rand::SeedableRng;
 //!
 //! let data = fspace_data::sine(60, 0.1, &mut rand::rngs::StdRng::seed_from_u64(0)).unwrap();
 //! let prior = GpPrior::centered(Rbf::new(1.0, 0.3).unwrap());
 //! let net = Mlp::new(MlpConfig { input_dim: 1, hidden: vec![16, 16], output_dim: 1,
 //!                                activation: Activation::Tanh, seed: 0 }).unwrap();
-//! let config = FspConfig {
-//!     train: TrainOptions { train: TrainConfig { epochs: 50, batch_size: 30, learning_rate: 5e-3,
-//!                                                ..Default::default() }, ..Default::default() },
-//!     ..Default::default()
-//! };
+//! let config = FspConfig { epochs: 50, batch_size: 30, learning_rate: 5e-3, ..Default::default() };
 //! let post = fit(net, LikelihoodSpec::gaussian(0.1), &prior, &Data::new(&data.x, &data.y)?, &config)?
 //!     .posterior;
 //! let pred = post.predict(&nalgebra::DMatrix::from_row_slice(2, 1, &[0.75, 3.0])).unwrap();

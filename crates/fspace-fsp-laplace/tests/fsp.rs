@@ -451,11 +451,10 @@ fn fit_learns_sigma_when_the_spec_says_so_and_the_posterior_round_trips() {
     let data = fspace_data::sine(40, 0.1, &mut rng(3)).unwrap();
     let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
     let config = FspConfig {
-        train: TrainOptions {
-            train: TrainConfig { epochs: 60, batch_size: 20, learning_rate: 1e-2, ..Default::default() },
-            n_context: 20,
-            ..Default::default()
-        },
+        epochs: 60,
+        batch_size: 20,
+        learning_rate: 1e-2,
+        n_context: 20,
         n_laplace_context: 30,
         ..Default::default()
     };

@@ -34,7 +34,7 @@ use fspace_core::Data;
 use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
-use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, TrainOptions};
+use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig};
 use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Matern52, PriorMean};
@@ -302,12 +302,12 @@ fn surrogate(
         "GP" => Box::new(ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise), x, ym)?),
         "FSP-Laplace" => {
             let cfg = FspConfig {
-                train: TrainOptions { train, n_context: 400, ..Default::default() },
+                n_context: 400,
                 design: ContextDesign::LatinHypercube,
                 n_laplace_context: b.covariance_points(d),
                 context_box: Some(unit),
                 design_seed: seed + it as u64,
-                ..Default::default()
+                ..FspConfig::default().with_training(&train)
             };
             let prior = GpPrior::centered(kernel.clone());
             let lik = LikelihoodSpec::gaussian(noise.sqrt());

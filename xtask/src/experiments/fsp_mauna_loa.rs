@@ -51,7 +51,7 @@ use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::Standardizer;
-use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, TrainOptions};
+use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig};
 use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, KernelBase, Periodic, PriorMean, RationalQuadratic, Rbf};
@@ -231,17 +231,11 @@ pub fn run(opts: &Options) -> Result<()> {
             let post: Box<dyn Posterior> = match *method {
                 "FSP-Laplace" => {
                     let cfg = FspConfig {
-                        train: TrainOptions {
-                            train: TrainConfig {
-                                epochs,
-                                batch_size: t.xtr.nrows(),
-                                learning_rate: 1e-3,
-                                seed,
-                                ..Default::default()
-                            },
-                            n_context: 100,
-                            ..Default::default()
-                        },
+                        epochs,
+                        batch_size: t.xtr.nrows(),
+                        learning_rate: 1e-3,
+                        seed,
+                        n_context: 100,
                         design: ContextDesign::Grid,
                         n_laplace_context: 100,
                         context_box: Some(bbox.clone()),

@@ -12,11 +12,11 @@ use fspace_context::BoundingBox;
 use fspace_core::Data;
 use fspace_core::Fitted;
 use fspace_core::{LikelihoodSpec, Posterior};
-use fspace_fsp_laplace::{fit, fit_classification_prior, ContextDesign, FspConfig, FspLaplace, TrainOptions};
+use fspace_fsp_laplace::{fit, fit_classification_prior, ContextDesign, FspConfig, FspLaplace};
 use fspace_gp::FitConfig;
 use fspace_kernels::GpPrior;
 use fspace_kernels::{Kernel, KernelBase, Matern12, Rbf};
-use fspace_nn::{Mlp, TrainConfig};
+use fspace_nn::Mlp;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -139,17 +139,11 @@ pub fn moons_run(
 ) -> Result<MoonsRun> {
     let (x, y, xt, yt) = data;
     let config = FspConfig {
-        train: TrainOptions {
-            train: TrainConfig {
-                epochs,
-                batch_size: x.nrows(),
-                learning_rate: 1e-3,
-                seed,
-                ..Default::default()
-            },
-            n_context,
-            ..Default::default()
-        },
+        epochs,
+        batch_size: x.nrows(),
+        learning_rate: 1e-3,
+        seed,
+        n_context,
         design: laplace_design,
         context_box: Some(BoundingBox::cube(2, -BOX, BOX)?),
         design_seed: seed,

@@ -13,11 +13,11 @@ use fspace_context::BoundingBox;
 use fspace_core::Data;
 use fspace_core::Fitted;
 use fspace_core::{Categorical, Gaussian, Likelihood, LikelihoodSpec};
-use fspace_fsp_laplace::{fit, FspConfig, FspLaplace, TrainOptions};
+use fspace_fsp_laplace::{fit, FspConfig, FspLaplace};
 use fspace_kernels::GpPrior;
 use fspace_kernels::{Kernel, Matern12, Rbf};
 use fspace_linalg::{psd_pinv_sqrt, sym_eigh};
-use fspace_nn::{Mlp, TrainConfig};
+use fspace_nn::Mlp;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -93,16 +93,10 @@ pub fn run(opts: &Options) -> Result<()> {
     for (name, prior, _) in fitted_priors(&x, &labels, opts.seed)? {
         bar.set_message(format!("two moons {name}"));
         let config = FspConfig {
-            train: TrainOptions {
-                train: TrainConfig {
-                    epochs: cls_epochs,
-                    batch_size: x.nrows(),
-                    learning_rate: 1e-3,
-                    seed: opts.seed,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
+            epochs: cls_epochs,
+            batch_size: x.nrows(),
+            learning_rate: 1e-3,
+            seed: opts.seed,
             context_box: Some(BoundingBox::cube(2, -BOX, BOX)?),
             ..Default::default()
         };

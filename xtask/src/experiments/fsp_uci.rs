@@ -29,12 +29,11 @@ use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::kfold;
-use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, TrainOptions};
+use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig};
 use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::PriorMean;
 use fspace_laplace::{MarglikConfig, Structure};
-use fspace_nn::TrainConfig;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -140,19 +139,12 @@ fn run_fold(
         let (post, noise): (Option<Box<dyn Posterior>>, f64) = match method {
             "FSP-Laplace" => {
                 let cfg = FspConfig {
-                    train: TrainOptions {
-                        train: TrainConfig {
-                            epochs: b.epochs,
-                            batch_size: p.xtr.nrows(),
-                            learning_rate: 1e-3,
-                            patience: Some(PATIENCE_EPOCHS),
-                            learn_likelihood: true,
-                            seed,
-                            ..Default::default()
-                        },
-                        n_context: 100,
-                        ..Default::default()
-                    },
+                    epochs: b.epochs,
+                    batch_size: p.xtr.nrows(),
+                    learning_rate: 1e-3,
+                    patience: Some(PATIENCE_EPOCHS),
+                    seed,
+                    n_context: 100,
                     design: ContextDesign::Halton,
                     n_laplace_context: 200,
                     context_box: Some(widened.clone()),

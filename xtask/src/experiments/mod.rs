@@ -253,10 +253,10 @@ pub fn sine_config(
         ..Default::default()
     };
     Ok(fspace_fsp_laplace::FspConfig {
-        train: fspace_fsp_laplace::TrainOptions { train, n_context, ..Default::default() },
+        n_context,
         design,
         context_box: Some(fspace_context::BoundingBox::cube(1, -2.0, 2.0)?),
-        ..Default::default()
+        ..fspace_fsp_laplace::FspConfig::default().with_training(&train)
     })
 }
 
