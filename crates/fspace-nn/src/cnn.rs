@@ -24,8 +24,9 @@ use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::activation::Activation;
+use crate::error::{check_input_batch, check_param_vector, NnError, Result};
 use crate::layers::{LayerInfo, LayerKind, LayerStatistics};
-use crate::mlp::{check_input_batch, check_param_vector, Activation, NnError, Result};
 
 /// One convolutional block: `channels` filters of size `kernel × kernel`, the activation, and
 /// an optional 2×2 max-pool (stride 2, floor).
@@ -615,7 +616,7 @@ impl Cnn {
     /// images one forward trace, then one tangent pass per column, columns in parallel.
     pub fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_inputs(x)?;
-        crate::train::check_columns("parameter directions U (rows = parameters)", u, self.n_params())?;
+        crate::network::check_columns("parameter directions U (rows = parameters)", u, self.n_params())?;
         Ok(self.batched_jvp_columns(x, u))
     }
 
@@ -623,7 +624,7 @@ impl Cnn {
     /// images one forward trace, then one reverse pass per column, columns in parallel.
     pub fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_inputs(x)?;
-        crate::train::check_columns(
+        crate::network::check_columns(
             "cotangents L (rows = points × outputs)",
             l,
             x.nrows() * self.output_dim(),
@@ -687,7 +688,7 @@ impl Cnn {
         factors: &[DMatrix<f64>],
     ) -> Result<Vec<LayerStatistics>> {
         self.check_inputs(x)?;
-        let k = crate::train::check_factors(factors, x.nrows(), self.output_dim())?;
+        let k = crate::network::check_factors(factors, x.nrows(), self.output_dim())?;
         Ok(self.batched_kfac_statistics(x, factors, k))
     }
 
@@ -701,7 +702,7 @@ impl Cnn {
     ) -> Result<Vec<LayerStatistics>> {
         self.check_inputs(x)?;
         let (n, q) = (x.nrows(), self.output_dim());
-        let k = crate::train::check_factors(factors, n, q)?;
+        let k = crate::network::check_factors(factors, n, q)?;
         let infos = self.layer_infos();
         // Per image: (per layer: patches T × fan_in row-major, grads k·T × fan_out row-major).
         let per_image: Vec<Vec<(Vec<f64>, Vec<f64>)>> = Self::images(x)
@@ -803,8 +804,8 @@ impl Cnn {
     /// Hessian blocks `Hᵢ` (`d' × d'`).
     pub fn ggn_diagonal(&self, x: &DMatrix<f64>, hessians: &[DMatrix<f64>]) -> Result<DVector<f64>> {
         let q = self.output_dim();
-        crate::train::check_hessians(hessians, x.nrows(), q)?;
-        Ok(crate::train::ggn_diagonal_from_jacobian(&self.jacobian(x)?, hessians, q))
+        crate::network::check_hessians(hessians, x.nrows(), q)?;
+        Ok(crate::network::ggn_diagonal_from_jacobian(&self.jacobian(x)?, hessians, q))
     }
 
     /// The Jacobian `J(X)` (`n·d' × p`, point-major rows), one reverse pass per row.
@@ -824,4 +825,32 @@ impl Cnn {
             .collect();
         Ok(DMatrix::from_fn(n * q, p, |r, c| rows[r][c]))
     }
+}
+
+/// [`Network`](crate::Network) for [`Cnn`], forwarding to its inherent methods.
+mod network {
+    use super::Cnn;
+    use crate::error::Result;
+    use crate::layers::LayerInfo;
+    use crate::layers::LayerStatistics;
+    use crate::network::network_impl;
+    use nalgebra::DMatrix;
+    use nalgebra::DVector;
+
+    network_impl!(Cnn {
+        fn forward_vjp(
+            &self,
+            x: &DMatrix<f64>,
+            cotangent: &mut dyn FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>>,
+        ) -> Result<(DMatrix<f64>, DVector<f64>)> {
+            <Cnn>::forward_vjp(self, x, cotangent)
+        }
+        fn layer_infos(&self) -> Vec<LayerInfo> { <Cnn>::layer_infos(self) }
+        fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
+            <Cnn>::kfac_statistics(self, x, factors)
+        }
+        fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Cnn>::last_layer_features(self, x) }
+        fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Cnn>::jvp_columns(self, x, u) }
+        fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Cnn>::vjp_columns(self, x, l) }
+    });
 }

@@ -26,9 +26,9 @@ use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
 use crate::cnn::{Cnn, Layer};
+use crate::error::Result;
 use crate::gemm::{gemm, Operand};
 use crate::layers::LayerStatistics;
-use crate::mlp::Result;
 use crate::mlp_batched::{activate, add_column_sums, bias_rows, check_cotangent, row_major, scale_by};
 use crate::scratch::{recycle, recycle_indices, zeroed, zeroed_indices};
 
@@ -674,8 +674,8 @@ impl Cnn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::activation::Activation;
     use crate::cnn::{CnnConfig, ConvBlock};
-    use crate::mlp::Activation;
 
     fn nets() -> Vec<Cnn> {
         let mixed = CnnConfig {

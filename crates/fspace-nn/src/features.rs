@@ -5,7 +5,7 @@
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
-use crate::mlp::{NnError, Result};
+use crate::error::{NnError, Result};
 
 /// A feature map `x ↦ φ(x)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

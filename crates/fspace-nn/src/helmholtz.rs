@@ -9,7 +9,9 @@ use rayon::prelude::*;
 
 use serde::{Deserialize, Serialize};
 
-use crate::mlp::{Activation, Mlp, MlpConfig, NnError, Result};
+use crate::activation::Activation;
+use crate::error::{NnError, Result};
+use crate::mlp::{Mlp, MlpConfig};
 
 /// `f = ∇Φ + rot Ψ`; parameters are `[w_Φ, w_Ψ]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -151,7 +153,7 @@ impl HelmholtzNet {
     /// passes are paid once for all `r` columns instead of once per column. Peak memory per
     /// thread ≈ `2·JVP_CHUNK × p` numbers.
     pub fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        crate::train::check_columns("parameter directions U (rows = parameters)", u, self.n_params())?;
+        crate::network::check_columns("parameter directions U (rows = parameters)", u, self.n_params())?;
         let n = x.nrows();
         let starts: Vec<usize> = (0..n).step_by(JVP_CHUNK).collect();
         let blocks: Vec<DMatrix<f64>> = starts
@@ -171,3 +173,17 @@ impl HelmholtzNet {
 
 /// Points per Jacobian chunk in [`HelmholtzNet::jvp_columns`].
 const JVP_CHUNK: usize = 16;
+
+/// [`Network`](crate::Network) for [`HelmholtzNet`], forwarding to its inherent methods.
+mod network {
+    use super::HelmholtzNet;
+    use crate::error::Result;
+    use crate::network::network_impl;
+    use nalgebra::DMatrix;
+
+    network_impl!(HelmholtzNet {
+        fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+            <HelmholtzNet>::jvp_columns(self, x, u)
+        }
+    });
+}

@@ -22,7 +22,8 @@ use fspace_linalg::blocked::{par_gram, par_matmul};
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
-use crate::mlp::{Mlp, NnError, Result};
+use crate::error::{NnError, Result};
+use crate::mlp::Mlp;
 use crate::ntk::{Outputs, Side};
 
 /// The cotangent of `J S Jᵀ` handed to [`WeightedGram::pullback`].

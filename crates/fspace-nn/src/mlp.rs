@@ -11,171 +11,12 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
-use thiserror::Error;
 
+use crate::activation::{Activation, GELU_C};
+use crate::error::{check_input_batch, check_param_vector, NnError, Result};
 use crate::layers::{LayerInfo, LayerKind, LayerStatistics};
 
-type Dev = Cpu;
-type M = Tensor<(usize, usize), f64, Dev>;
-type V = Tensor<(usize,), f64, Dev>;
-type TM = Tensor<(usize, usize), f64, Dev, OwnedTape<f64, Dev>>;
-
-/// Errors of the network crate.
-#[derive(Debug, Clone, PartialEq, Error)]
-pub enum NnError {
-    /// Sizes that must agree do not.
-    #[error("dimension mismatch in {what}: expected {expected}, found {found}")]
-    DimensionMismatch {
-        /// Which quantity.
-        what: &'static str,
-        /// Required.
-        expected: usize,
-        /// Given.
-        found: usize,
-    },
-    /// NaN or ±∞ in inputs, parameters or vectors.
-    #[error("non-finite value in {what}")]
-    NonFinite {
-        /// Which input.
-        what: &'static str,
-    },
-    /// An empty batch or a zero-width layer.
-    #[error("empty input: {what}")]
-    Empty {
-        /// Which input.
-        what: &'static str,
-    },
-    /// A likelihood / training-loop error (targets, batch sizes, early stopping setup).
-    #[error("training: {0}")]
-    Likelihood(String),
-    /// The regulariser hook of [`train_map`](crate::train_map) failed.
-    #[error("regulariser: {0}")]
-    Regularizer(String),
-    /// The network does not provide this operation (e.g. KFAC statistics for a network
-    /// without dense / convolutional layer structure).
-    #[error("unsupported: {what}")]
-    Unsupported {
-        /// What was asked for.
-        what: String,
-    },
-}
-
-/// Result alias of this crate.
-pub type Result<T, E = NnError> = std::result::Result<T, E>;
-
-/// Hidden-layer activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Activation {
-    /// `tanh z`.
-    Tanh,
-    /// `max(z, 0)`.
-    Relu,
-    /// `1/(1 + e^{−z})`.
-    Sigmoid,
-    /// `log(1 + e^z)`.
-    Softplus,
-    /// GELU, tanh form `½z(1 + tanh(√(2/π)(z + 0.044715z³)))` (dfdx's `fast_gelu`).
-    Gelu,
-}
-
-const GELU_C: f64 = 0.797_884_560_802_865_4; // √(2/π)
-
-impl Activation {
-    /// `σ(z)`.
-    pub fn value(self, z: f64) -> f64 {
-        match self {
-            Self::Tanh => z.tanh(),
-            Self::Relu => z.max(0.0),
-            Self::Sigmoid => 1.0 / (1.0 + (-z).exp()),
-            Self::Softplus => z.max(0.0) + (-z.abs()).exp().ln_1p(),
-            Self::Gelu => 0.5 * z * (1.0 + (GELU_C * (z + 0.044715 * z.powi(3))).tanh()),
-        }
-    }
-    /// `σ'(z)` (ReLU: 0 at z = 0).
-    pub fn slope(self, z: f64) -> f64 {
-        match self {
-            Self::Tanh => 1.0 - z.tanh().powi(2),
-            Self::Relu => (z > 0.0) as u8 as f64,
-            Self::Sigmoid | Self::Softplus => {
-                let s = 1.0 / (1.0 + (-z).exp());
-                if self == Self::Sigmoid {
-                    s * (1.0 - s)
-                } else {
-                    s
-                }
-            }
-            Self::Gelu => {
-                let t = (GELU_C * (z + 0.044715 * z.powi(3))).tanh();
-                0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * 0.044715 * z * z)
-            }
-        }
-    }
-    /// `(σ(z), σ'(z))` together (tanh and the logistic evaluated once).
-    #[inline]
-    pub(crate) fn value_slope(self, z: f64) -> (f64, f64) {
-        match self {
-            Self::Tanh => {
-                let t = z.tanh();
-                (t, 1.0 - t * t)
-            }
-            Self::Sigmoid => {
-                let s = 1.0 / (1.0 + (-z).exp());
-                (s, s * (1.0 - s))
-            }
-            _ => (self.value(z), self.slope(z)),
-        }
-    }
-    /// `(σ(z), σ'(z), σ''(z))` together (tanh evaluated once), for the NTK rules that need all
-    /// three at every hidden unit.
-    pub(crate) fn value_slope_curvature(self, z: f64) -> (f64, f64, f64) {
-        match self {
-            Self::Tanh => {
-                let t = z.tanh();
-                let s = 1.0 - t * t;
-                (t, s, -2.0 * t * s)
-            }
-            _ => (self.value(z), self.slope(z), self.curvature(z)),
-        }
-    }
-    /// `σ''(z)` (ReLU: 0), for derivatives *through* back-propagated gradients (the NTK's
-    /// gradient with respect to inputs).
-    pub(crate) fn curvature(self, z: f64) -> f64 {
-        match self {
-            Self::Tanh => {
-                let t = z.tanh();
-                -2.0 * t * (1.0 - t * t)
-            }
-            Self::Relu => 0.0,
-            Self::Sigmoid => {
-                let s = 1.0 / (1.0 + (-z).exp());
-                s * (1.0 - s) * (1.0 - 2.0 * s)
-            }
-            Self::Softplus => {
-                let s = 1.0 / (1.0 + (-z).exp());
-                s * (1.0 - s)
-            }
-            Self::Gelu => {
-                let (a, c) = (0.044715, GELU_C);
-                let t = (c * (z + a * z.powi(3))).tanh();
-                let (u1, u2) = (c * (1.0 + 3.0 * a * z * z), 6.0 * c * a * z);
-                (1.0 - t * t) * u1 + 0.5 * z * (1.0 - t * t) * (u2 - 2.0 * t * u1 * u1)
-            }
-        }
-    }
-    fn taped(self, z: TM) -> TM {
-        match self {
-            Self::Tanh => z.tanh(),
-            Self::Relu => z.relu(),
-            Self::Sigmoid => z.sigmoid(),
-            Self::Gelu => z.fast_gelu(),
-            Self::Softplus => {
-                // relu(z) + log(1 + e^{−|z|}): stable; both branches end in the returned sum.
-                let branch = z.with_empty_tape();
-                z.relu() + ((branch.abs().negate().exp() + 1.0).ln())
-            }
-        }
-    }
-}
+use crate::tape::{Dev, M, TM, V};
 
 /// Architecture and initialisation of an [`Mlp`].
 ///
@@ -237,41 +78,6 @@ fn to_matrix(t: &M) -> DMatrix<f64> {
 fn bcast(b: &V, n: usize) -> M {
     let o = b.shape().0;
     b.clone().broadcast_like::<_, Axis<0>>(&(n, o))
-}
-
-/// A parameter-space vector of length `p` with finite entries (`what` names it in errors).
-pub(crate) fn check_param_vector(what: &'static str, v: &DVector<f64>, p: usize) -> Result<()> {
-    if v.len() != p {
-        return Err(NnError::DimensionMismatch { what, expected: p, found: v.len() });
-    }
-    if !all_finite(v.as_slice()) {
-        return Err(NnError::NonFinite { what });
-    }
-    Ok(())
-}
-
-/// Whether every entry is finite: a branch-free pass over chunks of 8 (vectorised; the
-/// early-exit `any` is not, and this check runs on every parameter update).
-pub(crate) fn all_finite(v: &[f64]) -> bool {
-    let mut ok = true;
-    for chunk in v.chunks(8) {
-        ok &= chunk.iter().fold(true, |a, x| a & x.is_finite());
-    }
-    ok
-}
-
-/// A non-empty, finite input batch with `d` columns (`width` names the columns in errors).
-pub(crate) fn check_input_batch(x: &DMatrix<f64>, d: usize, width: &'static str) -> Result<()> {
-    if x.nrows() == 0 {
-        return Err(NnError::Empty { what: "input batch" });
-    }
-    if x.ncols() != d {
-        return Err(NnError::DimensionMismatch { what: width, expected: d, found: x.ncols() });
-    }
-    if x.iter().any(|v| !v.is_finite()) {
-        return Err(NnError::NonFinite { what: "inputs" });
-    }
-    Ok(())
 }
 
 impl Mlp {
@@ -553,14 +359,14 @@ impl Mlp {
         hessians: &[DMatrix<f64>],
         v: &DVector<f64>,
     ) -> Result<DVector<f64>> {
-        crate::train::Network::ggn_vector_product(self, x, hessians, v)
+        crate::network::Network::ggn_vector_product(self, x, hessians, v)
     }
 
     /// `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`'s diagonal (length `p`), from the Jacobian rows.
     pub fn ggn_diagonal(&self, x: &DMatrix<f64>, hessians: &[DMatrix<f64>]) -> Result<DVector<f64>> {
         let q = self.config.output_dim;
-        crate::train::check_hessians(hessians, x.nrows(), q)?;
-        Ok(crate::train::ggn_diagonal_from_jacobian(&self.jacobian(x)?, hessians, q))
+        crate::network::check_hessians(hessians, x.nrows(), q)?;
+        Ok(crate::network::ggn_diagonal_from_jacobian(&self.jacobian(x)?, hessians, q))
     }
 
     /// The inputs of the last layer, `a_{L−1}(X)` (`n × width`): the features of a last-layer
@@ -639,7 +445,7 @@ impl Mlp {
         factors: &[DMatrix<f64>],
     ) -> Result<Vec<LayerStatistics>> {
         self.check_inputs(x)?;
-        let k = crate::train::check_factors(factors, x.nrows(), self.config.output_dim)?;
+        let k = crate::network::check_factors(factors, x.nrows(), self.config.output_dim)?;
         Ok(self
             .layer_statistics(x, factors)?
             .into_iter()
@@ -874,4 +680,75 @@ impl Mlp {
         }
         Ok(grad)
     }
+}
+
+/// [`Network`](crate::Network) for [`Mlp`], forwarding to its inherent methods.
+mod network {
+    use super::Mlp;
+    use crate::error::Result;
+    use crate::jsj::WeightedGram;
+    use crate::layers::LayerInfo;
+    use crate::layers::LayerStatistics;
+    use crate::network::network_impl;
+    use crate::ntk::NtkPair;
+    use crate::ntk::Outputs;
+    use nalgebra::DMatrix;
+    use nalgebra::DVector;
+
+    network_impl!(Mlp {
+        fn forward_vjp(
+            &self,
+            x: &DMatrix<f64>,
+            cotangent: &mut dyn FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>>,
+        ) -> Result<(DMatrix<f64>, DVector<f64>)> {
+            <Mlp>::forward_vjp(self, x, cotangent)
+        }
+        fn weighted_gram(&self, x: &DMatrix<f64>, outputs: Outputs, s: &DVector<f64>) -> Result<WeightedGram<'_>> {
+            <Mlp>::weighted_gram(self, x, outputs, s)
+        }
+        fn layer_infos(&self) -> Vec<LayerInfo> { <Mlp>::layer_infos(self) }
+        fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
+            <Mlp>::kfac_statistics(self, x, factors)
+        }
+        fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Mlp>::last_layer_features(self, x) }
+        fn ntk_block(&self, x: &DMatrix<f64>, xo: Outputs, z: &DMatrix<f64>, zo: Outputs) -> Result<DMatrix<f64>> {
+            <Mlp>::ntk_block(self, x, xo, z, zo)
+        }
+        fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> { <Mlp>::ntk_diagonal(self, x) }
+        fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Mlp>::jvp_columns(self, x, u) }
+        fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> { <Mlp>::vjp_columns(self, x, l) }
+        fn ntk_block_pullback_z(
+            &self,
+            x: &DMatrix<f64>,
+            xo: Outputs,
+            z: &DMatrix<f64>,
+            zo: Outputs,
+            c: &DMatrix<f64>,
+        ) -> Result<DMatrix<f64>> {
+            <Mlp>::ntk_block_pullback_z(self, x, xo, z, zo, c)
+        }
+        fn ntk_pair(&self, x: &DMatrix<f64>, xo: Outputs, z: &DMatrix<f64>, zo: Outputs) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+            <Mlp>::ntk_pair(self, x, xo, z, zo)
+        }
+        fn ntk_pair_with_pullback<'a>(
+            &'a self,
+            x: &'a DMatrix<f64>,
+            xo: Outputs<'a>,
+            z: &'a DMatrix<f64>,
+            zo: Outputs<'a>,
+        ) -> Result<NtkPair<'a>> {
+            <Mlp>::ntk_pair_with_pullback(self, x, xo, z, zo)
+        }
+        fn ntk_pair_pullback_z(
+            &self,
+            x: &DMatrix<f64>,
+            xo: Outputs,
+            z: &DMatrix<f64>,
+            zo: Outputs,
+            c_xz: &DMatrix<f64>,
+            c_zz: &DMatrix<f64>,
+        ) -> Result<DMatrix<f64>> {
+            <Mlp>::ntk_pair_pullback_z(self, x, xo, z, zo, c_xz, c_zz)
+        }
+    });
 }

@@ -15,9 +15,11 @@
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
+use crate::activation::Activation;
+use crate::error::{NnError, Result};
 use crate::gemm::{gemm, Operand};
-use crate::mlp::{Activation, Mlp, NnError, Result};
-use crate::train::check_columns;
+use crate::mlp::Mlp;
+use crate::network::check_columns;
 
 /// Element-wise work below this many entries stays on the calling thread.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 14;

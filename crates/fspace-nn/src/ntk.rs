@@ -16,7 +16,8 @@
 
 use nalgebra::{DMatrix, DVector};
 
-use crate::mlp::{Mlp, NnError, Result};
+use crate::error::{NnError, Result};
+use crate::mlp::Mlp;
 
 /// Which outputs of each point enter an NTK block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
