@@ -28,10 +28,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::divergence::inverse_and_logdet;
 use crate::error::{invalid, GfsviError, Result};
-use crate::mfvi::check_regression;
 use crate::optim::OptimConfig;
 use crate::optim::OptimReport;
-use crate::sampled::{fit_mean_field, pack, unpack, WeightSamplePosterior};
+use crate::sampled::{check_regression, fit_mean_field, pack, unpack, WeightSamplePosterior};
 use crate::ssge::Ssge;
 use fspace_kernels::GpPrior;
 

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::divergence::{check_gamma, regularized_kl};
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
+use crate::nll::{categorical_nll, gaussian_nll};
 use crate::observation::{observation, Observation};
 use crate::optim::{optimise, OptimConfig, OptimReport};
 use fspace_kernels::GpPrior;
@@ -503,35 +504,6 @@ pub fn fit_observed<N: Network + Clone>(
     fitted.set_params(&params.mean)?;
     let posterior = LinearizedPosterior::new(fitted, params.variances(), params.log_noise_std.exp())?;
     Ok(Fitted { posterior, report })
-}
-
-/// Mean categorical NLL of class probabilities (`n × C`) at integer labels.
-fn categorical_nll(probs: &DMatrix<f64>, labels: &[f64]) -> Result<f64> {
-    let n = labels.len() as f64;
-    Ok(labels.iter().enumerate().map(|(i, &l)| -probs[(i, l as usize)].max(1e-300).ln()).sum::<f64>() / n)
-}
-
-/// Mean Gaussian NLL per target of a predictive of `f` plus noise `σ_y`.
-pub fn gaussian_nll(pred: &FunctionPredictive, y: &DMatrix<f64>, noise_std: f64) -> Result<f64> {
-    if pred.mean.shape() != y.shape() {
-        return Err(GfsviError::DimensionMismatch {
-            what: "targets for the NLL",
-            expected: pred.mean.len(),
-            found: y.len(),
-        });
-    }
-    let s2 = noise_std * noise_std;
-    let total: f64 = pred
-        .mean
-        .iter()
-        .zip(pred.var.iter())
-        .zip(y.iter())
-        .map(|((m, v), t)| {
-            let var = v + s2;
-            0.5 * ((std::f64::consts::TAU * var).ln() + (t - m) * (t - m) / var)
-        })
-        .sum();
-    Ok(total / y.len() as f64)
 }
 
 /// The linearised network's Gaussian posterior over functions,

@@ -29,6 +29,7 @@ pub mod error;
 pub mod fvi;
 pub mod gfsvi;
 pub mod mfvi;
+mod nll;
 mod observation;
 pub mod optim;
 pub mod sampled;
@@ -38,10 +39,11 @@ pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
 pub use fvi::{fit_fvi, fit_fvi_observed, sample_data_term, FviConfig};
 pub use gfsvi::{
-    fit, fit_observed, gaussian_nll, objective, objective_with, DataTerm, GfsviConfig, KlPrior,
-    LinearizedPosterior, ObjectiveValue, VariationalParams,
+    fit, fit_observed, objective, objective_with, DataTerm, GfsviConfig, KlPrior, LinearizedPosterior,
+    ObjectiveValue, VariationalParams,
 };
 pub use mfvi::{fit_mfvi, fit_mfvi_observed, MfviConfig};
+pub use nll::gaussian_nll;
 pub use optim::{OptimConfig, OptimReport};
 pub use sampled::WeightSamplePosterior;
 pub use ssge::Ssge;

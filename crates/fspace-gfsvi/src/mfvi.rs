@@ -13,11 +13,11 @@ use rand::rngs::StdRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ensure_finite, invalid, GfsviError, Result};
+use crate::error::{invalid, Result};
 use crate::observation::{observation, Observation};
 use crate::optim::OptimConfig;
 use crate::optim::OptimReport;
-use crate::sampled::{fit_mean_field, pack, unpack, WeightSamplePosterior};
+use crate::sampled::{check_regression, fit_mean_field, pack, unpack, WeightSamplePosterior};
 
 /// MFVI settings; `Default` holds the paper's values (σ_p = 0.75, App. A.2.1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,30 +36,6 @@ impl Default for MfviConfig {
     fn default() -> Self {
         Self { prior_std: 0.75, init_std: 1e-2, predictive_samples: 100, optim: OptimConfig::default() }
     }
-}
-
-pub(crate) fn check_regression(
-    x: &DMatrix<f64>,
-    y: &DMatrix<f64>,
-    d: usize,
-    q: usize,
-    what: &'static str,
-) -> Result<()> {
-    if x.nrows() == 0 {
-        return Err(GfsviError::Empty { what });
-    }
-    if x.ncols() != d {
-        return Err(GfsviError::DimensionMismatch { what: "input columns", expected: d, found: x.ncols() });
-    }
-    if y.shape() != (x.nrows(), q) {
-        return Err(GfsviError::DimensionMismatch {
-            what: "targets (n × d')",
-            expected: x.nrows() * q,
-            found: y.len(),
-        });
-    }
-    ensure_finite("inputs", x.iter())?;
-    ensure_finite("targets", y.iter())
 }
 
 /// Layers of an MLP as `(weight offset, bias offset, fan_in, fan_out)`.

@@ -10,7 +10,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{ensure_finite, GfsviError, Result};
 use crate::observation::Observation;
 use crate::optim::{OptimConfig, OptimReport};
 
@@ -180,7 +180,7 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
         val_net.set_params(&m)?;
         let post = WeightSamplePosterior::new(val_net.clone(), m, sd, log_noise.exp(), 20, optim.seed);
         match likelihood {
-            Observation::Gaussian => crate::gfsvi::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp()),
+            Observation::Gaussian => crate::nll::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp()),
             Observation::Categorical => {
                 let probs = post.class_probabilities(xv)?;
                 let nll: f64 =
@@ -203,4 +203,28 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
     let posterior =
         WeightSamplePosterior::new(fitted, m, sd, log_noise.exp(), predictive_samples, optim.seed ^ 0x5eed);
     Ok(Fitted { posterior, report })
+}
+
+pub(crate) fn check_regression(
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    d: usize,
+    q: usize,
+    what: &'static str,
+) -> Result<()> {
+    if x.nrows() == 0 {
+        return Err(GfsviError::Empty { what });
+    }
+    if x.ncols() != d {
+        return Err(GfsviError::DimensionMismatch { what: "input columns", expected: d, found: x.ncols() });
+    }
+    if y.shape() != (x.nrows(), q) {
+        return Err(GfsviError::DimensionMismatch {
+            what: "targets (n × d')",
+            expected: x.nrows() * q,
+            found: y.len(),
+        });
+    }
+    ensure_finite("inputs", x.iter())?;
+    ensure_finite("targets", y.iter())
 }

@@ -90,7 +90,7 @@ pub(crate) fn validate_lengthscales(lengthscales: &[f64]) -> Result<()> {
             found: 0,
         });
     }
-    for (name, &l) in crate::kernel::indexed_names("lengthscale", lengthscales.len()).iter().zip(lengthscales)
+    for (name, &l) in crate::names::indexed_names("lengthscale", lengthscales.len()).iter().zip(lengthscales)
     {
         positive(name.clone(), l)?;
     }

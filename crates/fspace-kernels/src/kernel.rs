@@ -257,14 +257,7 @@ macro_rules! forward_kernel {
 }
 forward_kernel!(Box<K>, &K, Arc<K>);
 
-/// Builds the names `prefix`, or `prefix[i]` for vector-valued parameters.
-pub(crate) fn indexed_names(prefix: &str, len: usize) -> Vec<String> {
-    if len == 1 {
-        vec![prefix.to_string()]
-    } else {
-        (0..len).map(|i| format!("{prefix}[{i}]")).collect()
-    }
-}
+pub(crate) use crate::names::indexed_names;
 
 /// Boxed and borrowed matrix kernels are matrix kernels (a borrowed one lets an operator such
 /// as `GramOperator` use a kernel owned elsewhere; its hyperparameters are read-only).

@@ -33,6 +33,7 @@ pub mod gram;
 pub mod kernel;
 pub mod mean;
 pub mod multi;
+mod names;
 pub mod periodic;
 pub mod prior;
 pub mod spec;

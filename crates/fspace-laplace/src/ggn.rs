@@ -18,8 +18,8 @@
 use fspace_nn::{LayerInfo, LayerStatistics, Network};
 use nalgebra::{DMatrix, DVector};
 
+use crate::data::{for_chunks, Data};
 use crate::error::Result;
-use crate::fit::{for_chunks, Data};
 
 /// Layer statistics of every data chunk, in chunk order.
 pub(crate) struct CachedGgn {

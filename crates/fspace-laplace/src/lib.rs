@@ -40,6 +40,7 @@
 //!   the `T` output positions and `A` summed over them.
 
 mod curvature;
+mod data;
 mod error;
 mod fit;
 mod ggn;

@@ -7,7 +7,7 @@ use fspace_core::{
     class_probabilities, ClassProbMethod, CoreError, Data, Fitted, FunctionPredictive,
     HeteroscedasticGaussian, Likelihood, LikelihoodSpec, Persist, Posterior,
 };
-use fspace_nn::{LayerKind, Network};
+use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -783,7 +783,7 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
             match self.predictive {
                 Predictive::Glm => {
                     let mean = forward_chunked(&self.net, x, 256)?;
-                    let js = crate::predict::subset_jacobian(self, x)?;
+                    let js = crate::predict::subset_jacobian(&self.net, &self.curvature, &self.indices, x)?;
                     let lam = self.lam_vector(&self.lambdas);
                     let sj = self.curvature.solve(self.temperature, &lam, &js.transpose())?;
                     let cov = &js * sj;
@@ -832,9 +832,4 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
         };
         run(rng).map_err(core_err)
     }
-}
-
-/// Whether a layer kind has a rank-one per-example Jacobian block (dense).
-pub(crate) fn is_dense(kind: LayerKind) -> bool {
-    kind == LayerKind::Dense
 }

@@ -1,11 +1,10 @@
 //! GLM predictive covariances `J(x) Σ J(x)ᵀ`, computed per structure without `p × p`.
 
-use fspace_nn::Network;
+use fspace_nn::{LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
 
 use crate::curvature::{Curvature, KronCurvature};
 use crate::error::{LaplaceError, Result};
-use crate::posterior::{is_dense, LaplacePosterior};
 
 /// Per-point `q × q` blocks of `J S` where `J` is `m·q × dim` and `S = Σ Jᵀ` is `dim × m·q`.
 pub(crate) fn blocks(j: &DMatrix<f64>, s: &DMatrix<f64>, q: usize) -> Vec<DMatrix<f64>> {
@@ -82,16 +81,18 @@ pub(crate) fn last_layer_covariances<N: Network>(
 
 /// The Jacobian restricted to the curvature's coordinates (`m·q × dim`).
 pub(crate) fn subset_jacobian<N: Network>(
-    post: &LaplacePosterior<N>,
+    net: &N,
+    curvature: &Curvature,
+    indices: &[usize],
     x: &DMatrix<f64>,
 ) -> Result<DMatrix<f64>> {
-    if let Curvature::Eigen(e) = post.curvature() {
+    if let Curvature::Eigen(e) = curvature {
         if e.label == "last_layer" {
-            return last_layer_jacobian(post.network(), x);
+            return last_layer_jacobian(net, x);
         }
     }
-    let jac = post.network().jacobian(x)?;
-    Ok(jac.select_columns(post.indices()))
+    let jac = net.jacobian(x)?;
+    Ok(jac.select_columns(indices))
 }
 
 /// One layer's view for [`layerwise_covariances`]: rotations `Q_G`, `Q_A` (identity if `None`)
@@ -323,4 +324,9 @@ pub(crate) fn eigen_covariances<N: Network>(
         *ci += scaled * rows.transpose();
     }
     Ok(cov)
+}
+
+/// Whether a layer kind has a rank-one per-example Jacobian block (dense).
+pub(crate) fn is_dense(kind: LayerKind) -> bool {
+    kind == LayerKind::Dense
 }

@@ -6,30 +6,7 @@
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{ensure_dim, ensure_finite, LinalgError, Result};
-use crate::operator::LinearOperator;
-
-/// Access to the diagonal and single columns of a symmetric matrix, without forming it (what a
-/// pivoted Cholesky needs). The kernel Gram operator implements it.
-pub trait SymmetricEntries {
-    /// The size `n`.
-    fn entries_dim(&self) -> usize;
-    /// The diagonal.
-    fn diagonal_entries(&self) -> DVector<f64>;
-    /// Column `j`.
-    fn column_entries(&self, j: usize) -> DVector<f64>;
-}
-
-impl SymmetricEntries for DMatrix<f64> {
-    fn entries_dim(&self) -> usize {
-        self.nrows()
-    }
-    fn diagonal_entries(&self) -> DVector<f64> {
-        self.diagonal()
-    }
-    fn column_entries(&self, j: usize) -> DVector<f64> {
-        self.column(j).into_owned()
-    }
-}
+use crate::operator::{LinearOperator, SymmetricEntries};
 
 /// Applies `M⁻¹ r` for a preconditioner `M ≈ A`.
 pub trait Preconditioner: Send + Sync {

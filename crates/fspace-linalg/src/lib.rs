@@ -34,7 +34,7 @@ pub mod operator;
 
 pub use cg::{
     cg, pivoted_cholesky, CgConfig, CgInfo, DiagonalPreconditioner, PivotedCholeskyPreconditioner,
-    Preconditioner, SymmetricEntries,
+    Preconditioner,
 };
 pub use cholesky::{cholesky_jitter, cholesky_rank_update, JitterConfig, JitteredCholesky, UpdateSign};
 pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, thin_svd_owned, ThinSvd};
@@ -48,5 +48,5 @@ pub use logdet::{slq_logdet, SlqConfig, SlqEstimate};
 pub use lowrank::LowRankPlusDiagonal;
 pub use operator::{
     ensure_symmetric, relative_asymmetry, to_dense, DenseOperator, DiagonalOperator, FnOperator,
-    LinearOperator, ScaledOperator, SumOperator,
+    LinearOperator, ScaledOperator, SumOperator, SymmetricEntries,
 };

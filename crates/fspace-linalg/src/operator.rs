@@ -239,7 +239,7 @@ pub fn ensure_symmetric(what: &'static str, a: &DMatrix<f64>, tol: f64) -> Resul
     }
 }
 
-impl crate::cg::SymmetricEntries for DenseOperator {
+impl SymmetricEntries for DenseOperator {
     fn entries_dim(&self) -> usize {
         self.matrix.nrows()
     }
@@ -248,5 +248,28 @@ impl crate::cg::SymmetricEntries for DenseOperator {
     }
     fn column_entries(&self, j: usize) -> DVector<f64> {
         self.matrix.column(j).into_owned()
+    }
+}
+
+/// Access to the diagonal and single columns of a symmetric matrix, without forming it (what a
+/// pivoted Cholesky needs). The kernel Gram operator implements it.
+pub trait SymmetricEntries {
+    /// The size `n`.
+    fn entries_dim(&self) -> usize;
+    /// The diagonal.
+    fn diagonal_entries(&self) -> DVector<f64>;
+    /// Column `j`.
+    fn column_entries(&self, j: usize) -> DVector<f64>;
+}
+
+impl SymmetricEntries for DMatrix<f64> {
+    fn entries_dim(&self) -> usize {
+        self.nrows()
+    }
+    fn diagonal_entries(&self) -> DVector<f64> {
+        self.diagonal()
+    }
+    fn column_entries(&self, j: usize) -> DVector<f64> {
+        self.column(j).into_owned()
     }
 }
