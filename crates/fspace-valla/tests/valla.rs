@@ -1,7 +1,7 @@
 //! VaLLA and ELLA against the exact linearised-Laplace GP (Prop. 2, Nyström identity), the
 //! objective's gradients against central finite differences, and bad input.
 
-use fspace_core::{CoreError, Data, LikelihoodSpec, Persist, Posterior};
+use fspace_core::{CoreError, Data, LikelihoodSpec, Persist, Posterior, Progress};
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_testutil::{assert_mat_close, fd_gradient, rand_uniform, randn, rng};
 use fspace_valla::internals::{objective_value_and_gradient, point_term_public};
@@ -344,6 +344,17 @@ fn ella_chooses_the_prior_precision_on_validation_data() {
     let best = ella.grid().iter().fold(f64::INFINITY, |m, (_, v)| m.min(*v));
     assert_eq!(ella.grid().len(), 41);
     assert!((ella.predictive_nll(&xv, &yv).unwrap() - best).abs() < 1e-10);
+    // Saved and loaded, it predicts bit for bit; a VaLLA file is refused by type.
+    let path = std::env::temp_dir().join(format!("ella-roundtrip-{}.json", std::process::id()));
+    ella.save(&path).unwrap();
+    let back: EllaPosterior<Mlp> = EllaPosterior::load(&path).unwrap();
+    let xs = rand_uniform(9, 1, -3.0, 3.0, &mut rng(23));
+    assert_eq!(ella.predict(&xs).unwrap(), back.predict(&xs).unwrap());
+    assert!(matches!(
+        VallaPosterior::<Mlp>::load(&path),
+        Err(fspace_core::PersistError::WrongType { found, .. }) if found == "fspace_valla::EllaPosterior"
+    ));
+    std::fs::remove_file(&path).ok();
 }
 
 #[test]
@@ -370,9 +381,22 @@ fn valla_fit_learns_hyperparameters_stops_early_and_round_trips() {
         validate_every: 50,
         ..VallaConfig::default()
     };
-    let post =
-        fit_v(net.clone(), LikelihoodSpec::gaussian_learned(0.3), &x, &y, Some((&xv, &yv)), &config).unwrap();
+    let (ym, yvm) = (column(&y), column(&yv));
+    let data = Data::new(&x, &ym).unwrap().with_validation(&xv, &yvm).unwrap();
+    let mut seen = Vec::new();
+    let fitted = fit_observed(
+        net.clone(),
+        LikelihoodSpec::gaussian_learned(0.3),
+        &data,
+        &config,
+        &mut |p: &Progress| seen.push((p.step, p.validation)),
+    )
+    .unwrap();
+    let post = fitted.posterior;
     let rep = post.report();
+    // The observer saw every validation period, with the same numbers as the history.
+    assert_eq!(seen, rep.history.iter().map(|h| (h.iteration, h.validation_nll)).collect::<Vec<_>>());
+    assert_eq!(&fitted.report, rep);
     assert!(rep.history.len() >= 2);
     let first = rep.history[0].validation_nll.unwrap();
     let best = rep.history.iter().filter_map(|h| h.validation_nll).fold(f64::INFINITY, f64::min);
