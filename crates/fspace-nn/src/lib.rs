@@ -13,8 +13,9 @@
 //! * [`Mlp`] (tanh / ReLU / sigmoid / softplus / GELU, [`Activation`]): `f`, `J·u`, `Jᵀ·V` and
 //!   the fused pass as row-major GEMM rules (`mlp_batched`), the NTK and its `Z` gradient as
 //!   explicit rules (`ntk`, VaLLA App. F.3), `J S Jᵀ` and its pull-back by the tangent-network
-//!   rule (`jsj`). dfdx's taped passes (`jvp_taped`, `vjp_taped`, `ntk_pullback_z`) are the
-//!   independent references the tests compare the GEMM rules against.
+//!   rule (`jsj`). dfdx's taped passes (`jvp_taped`, `vjp_taped`, `jsj_pullback`,
+//!   `ntk_pullback_z`, behind the `taped-reference` feature) are the independent references
+//!   the tests compare the GEMM rules against.
 //! * [`Cnn`] (conv / max-pool / dense: LeNet-5, FSP-Laplace's MNIST net): batched im2col GEMM
 //!   rules (`cnn_batched`) and per-image rules for the Jacobian and as the tests' reference.
 //! * [`HelmholtzNet`]: `f = ∇Φ + rot Ψ` from two scalar MLPs (FSP-Laplace eq. B.2), with `Jᵀ·V`

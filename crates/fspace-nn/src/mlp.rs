@@ -4,6 +4,7 @@
 //! Layer `l` computes `z_l = a_{l−1} W_lᵀ + b_l`, `a_l = σ(z_l)` (the last layer is linear).
 
 use dfdx::prelude::*;
+#[cfg(feature = "taped-reference")]
 use std::ops::AddAssign;
 
 use nalgebra::{DMatrix, DVector};
@@ -238,6 +239,7 @@ impl Mlp {
         Ok(DMatrix::from_row_slice(x.nrows(), self.output_dim(), &out))
     }
 
+    #[cfg(feature = "taped-reference")]
     /// The same as [`jvp`](Self::jvp) through dfdx tensor operations (the reference the tests
     /// compare the GEMM rule with).
     pub fn jvp_taped(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
@@ -275,6 +277,7 @@ impl Mlp {
         Ok(DVector::from_vec(grad))
     }
 
+    #[cfg(feature = "taped-reference")]
     /// `J(X)ᵀ·V` by dfdx's reverse mode on `Σ f(X) ⊙ V`: the independent reference the tests
     /// compare the GEMM rule of [`vjp`](Self::vjp) with.
     pub fn vjp_taped(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
@@ -599,6 +602,7 @@ impl Mlp {
         unreachable!("an MLP has at least one layer")
     }
 
+    #[cfg(feature = "taped-reference")]
     /// Pullback of `Φ(w, s) = ⟨C, J(X; w) diag(s) J(X; w)ᵀ⟩` for a symmetric cotangent `C`
     /// (`n·d' × n·d'`, point-major): returns `(∂Φ/∂w, ∂Φ/∂s)`. GFSVI's KL term depends on the
     /// weights through exactly this covariance. Uses `dΦ = 2 tr(dJ · U)` with `U = diag(s) Jᵀ C`
@@ -645,6 +649,7 @@ impl Mlp {
         Ok((grad_w, grad_s))
     }
 
+    #[cfg(feature = "taped-reference")]
     /// Gradient with respect to the inducing inputs `Z` (`m × d`) of `⟨C, J(X) J(Z)ᵀ⟩` for a
     /// cotangent `C` (`n·d' × m·d'`) of an NTK block (VaLLA optimises `Z`). With `G = J(X)ᵀC`
     /// fixed, this is `∂/∂Z tr(J(Z) G)`: one taped parameter-tangent pass per inducing point and
