@@ -1,8 +1,11 @@
-//! Blocked (parallel) Cholesky and `K⁻¹` against nalgebra's column-wise versions, for n = 500
-//! … 4000 (the exact-GP and LML-gradient hot path).
+//! Blocked (parallel) Cholesky and `K⁻¹` against nalgebra's column-wise versions and faer's
+//! `llt` / `Llt::solve` (both threads), for n = 500 … 4000 (the exact-GP and LML-gradient hot
+//! path). The faer rows include the copy into and out of faer's matrix types that using it
+//! would cost.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use faer::linalg::solvers::Solve;
 use fspace_linalg::{cholesky_jitter, JitterConfig};
 use nalgebra::DMatrix;
 
@@ -25,6 +28,14 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| a.clone().cholesky().unwrap())
             });
         }
+        group.bench_with_input(BenchmarkId::new("faer", n), &n, |b, _| {
+            b.iter(|| {
+                let view = faer::MatRef::from_column_major_slice(a.as_slice(), n, n);
+                let llt = view.llt(faer::Side::Lower).unwrap();
+                let l = llt.L();
+                DMatrix::from_fn(n, n, |i, j| l[(i, j)])
+            })
+        });
     }
     group.finish();
     let mut group = c.benchmark_group("inverse_via_cholesky");
@@ -40,6 +51,14 @@ fn bench(c: &mut Criterion) {
             let nchol = a.clone().cholesky().unwrap();
             group.bench_with_input(BenchmarkId::new("nalgebra", n), &n, |b, _| b.iter(|| nchol.solve(&eye)));
         }
+        let view = faer::MatRef::from_column_major_slice(a.as_slice(), n, n);
+        let llt = view.llt(faer::Side::Lower).unwrap();
+        group.bench_with_input(BenchmarkId::new("faer", n), &n, |b, _| {
+            b.iter(|| {
+                let x = llt.solve(faer::Mat::<f64>::identity(n, n));
+                DMatrix::from_fn(n, n, |i, j| x[(i, j)])
+            })
+        });
     }
     group.finish();
 }
