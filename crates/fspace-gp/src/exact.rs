@@ -224,3 +224,60 @@ impl<K: MatrixKernel + serde::Serialize + serde::de::DeserializeOwned> fspace_co
         }
     }
 }
+
+/// What [`fit_exact`] did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExactGpReport {
+    /// `log p(y | X)` of the training targets.
+    pub log_marginal_likelihood: f64,
+    /// Jitter the Cholesky of `K + σ²I` needed (0 if none).
+    pub jitter: f64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// The exact GP regression posterior in the workspace's call shape: `prior` conditioned on
+/// `data` (targets `n × d'`) under a `Gaussian` (one output) or `IsotropicGaussian` likelihood
+/// with the given σ. The validation set of `data` is not used. The prior's hyperparameters
+/// are taken as given; a likelihood that asks to learn σ is refused — fit σ and the kernel
+/// together with [`fit_hyperparameters`](crate::fit_hyperparameters) on the concrete kernel
+/// first, as the papers' protocols do.
+pub fn fit_exact(
+    prior: &fspace_kernels::GpPrior,
+    likelihood: fspace_core::LikelihoodSpec,
+    data: &fspace_core::Data,
+) -> Result<fspace_core::Fitted<ExactGp<fspace_kernels::SharedKernel>, ExactGpReport>> {
+    use fspace_core::LikelihoodSpec;
+    let start = std::time::Instant::now();
+    likelihood.validate()?;
+    let sigma = match likelihood {
+        LikelihoodSpec::Gaussian { sigma, learn: false }
+        | LikelihoodSpec::IsotropicGaussian { sigma, learn: false, .. } => sigma,
+        LikelihoodSpec::Gaussian { .. } | LikelihoodSpec::IsotropicGaussian { .. } => {
+            return Err(invalid(
+                "likelihood",
+                "the exact GP takes σ as given; learn it with the kernel by fit_hyperparameters",
+            ))
+        }
+        other => return Err(other.unsupported("exact GP regression").into()),
+    };
+    if likelihood.output_dim() != prior.output_dim() {
+        return Err(invalid(
+            "likelihood",
+            format!("{} outputs for a prior with {}", likelihood.output_dim(), prior.output_dim()),
+        ));
+    }
+    let gp = ExactGp::fit(
+        prior.kernel.clone(),
+        prior.mean.clone(),
+        Noise::Homoscedastic(sigma * sigma),
+        data.x(),
+        data.y(),
+    )?;
+    let report = ExactGpReport {
+        log_marginal_likelihood: gp.log_marginal_likelihood(),
+        jitter: gp.jitter(),
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    Ok(fspace_core::Fitted { posterior: gp, report })
+}

@@ -33,7 +33,7 @@ pub use classification::{
     dirichlet_targets, fit_dirichlet_hyperparameters, LaplaceConfig, LaplaceGpClassifier,
 };
 pub use error::{GpError, Result};
-pub use exact::{ExactGp, Noise};
+pub use exact::{fit_exact, ExactGp, ExactGpReport, Noise};
 pub use fit::{fit_hyperparameters, FitConfig, FitReport};
 pub use kmeans::kmeans;
 pub use sparse_dirichlet::SparseDirichletGp;

@@ -619,3 +619,37 @@ fn every_gp_posterior_round_trips_through_save_and_load_bit_for_bit() {
     assert!(matches!(closure.to_json(), Err(PersistError::Unserialisable { .. })));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn fit_exact_is_the_exact_gp_in_the_workspace_call_shape() {
+    use fspace_core::{CoreError, Data, LikelihoodSpec, Persist};
+    let mut r = rng(95);
+    let x = rand_uniform(30, 1, -2.0, 2.0, &mut r);
+    let y = x.map(|v| v.sin());
+    let xt = rand_uniform(7, 1, -3.0, 3.0, &mut r);
+    let kernel = Rbf::new(1.2, 0.6).unwrap();
+    let prior = GpPrior::new(kernel.clone(), PriorMean::Constant(0.1));
+    let data = Data::new(&x, &y).unwrap();
+    let fitted = fit_exact(&prior, LikelihoodSpec::gaussian(0.1), &data).unwrap();
+    // The same numbers as the concrete-kernel constructor.
+    let direct = ExactGp::fit(kernel, PriorMean::Constant(0.1), Noise::Homoscedastic(0.01), &x, &y).unwrap();
+    assert_eq!(fitted.posterior.predict(&xt).unwrap(), direct.predict(&xt).unwrap());
+    assert_eq!(fitted.report.log_marginal_likelihood, direct.log_marginal_likelihood());
+    // It saves and loads through the kernel's spec, and the prior itself serialises.
+    let text = fitted.posterior.to_json().unwrap();
+    let back = ExactGp::<SharedKernel>::from_json(&text).unwrap();
+    assert_eq!(back.predict(&xt).unwrap(), direct.predict(&xt).unwrap());
+    let prior_back: GpPrior = serde_json::from_str(&serde_json::to_string(&prior).unwrap()).unwrap();
+    assert_eq!(prior_back.gram(&xt).unwrap(), prior.gram(&xt).unwrap());
+    // Learning σ, a classification likelihood and mismatched outputs are typed errors.
+    assert!(matches!(
+        fit_exact(&prior, LikelihoodSpec::gaussian_learned(0.1), &data),
+        Err(GpError::InvalidInput { .. })
+    ));
+    assert!(matches!(
+        fit_exact(&prior, LikelihoodSpec::Bernoulli, &data),
+        Err(GpError::Core(CoreError::Unsupported { .. }))
+    ));
+    let iso = LikelihoodSpec::IsotropicGaussian { sigma: 0.1, outputs: 2, learn: false };
+    assert!(matches!(fit_exact(&prior, iso, &data), Err(GpError::InvalidInput { .. })));
+}

@@ -6,19 +6,115 @@ use std::sync::Arc;
 
 use nalgebra::{DMatrix, DVector};
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{KernelError, Result};
 use crate::gram::{gram, gram_diag};
-use crate::kernel::MatrixKernel;
+use crate::kernel::{KernelBase, MatrixKernel};
 use crate::mean::PriorMean;
+use crate::spec::MatrixKernelSpec;
+
+/// A shared, read-only matrix kernel — what a [`GpPrior`] holds. It derefs to
+/// `dyn MatrixKernel`, is itself a [`MatrixKernel`] (so models such as an exact GP can be built
+/// on it), and serialises through its [`MatrixKernelSpec`] (a user kernel without a spec is a
+/// serialisation error). Its hyperparameters cannot be set: fit them on the concrete kernel.
+#[derive(Clone)]
+pub struct SharedKernel(Arc<dyn MatrixKernel>);
+
+impl SharedKernel {
+    /// Shares `kernel`.
+    pub fn new(kernel: Arc<dyn MatrixKernel>) -> Self {
+        Self(kernel)
+    }
+    /// The shared kernel.
+    pub fn arc(&self) -> &Arc<dyn MatrixKernel> {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SharedKernel {
+    type Target = dyn MatrixKernel;
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for SharedKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl KernelBase for SharedKernel {
+    fn input_dim(&self) -> Option<usize> {
+        self.0.input_dim()
+    }
+    fn n_params(&self) -> usize {
+        self.0.n_params()
+    }
+    fn params(&self) -> Vec<f64> {
+        self.0.params()
+    }
+    fn param_names(&self) -> Vec<String> {
+        self.0.param_names()
+    }
+    fn set_params(&mut self, _p: &[f64]) -> Result<()> {
+        Err(KernelError::Unsupported("a shared kernel's hyperparameters are read-only".into()))
+    }
+    fn check_input_dim(&self, d: usize) -> Result<()> {
+        self.0.check_input_dim(d)
+    }
+}
+
+impl MatrixKernel for SharedKernel {
+    fn output_dim(&self) -> usize {
+        self.0.output_dim()
+    }
+    fn eval_block(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
+        self.0.eval_block(x, y, out)
+    }
+    fn eval_block_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
+        self.0.eval_block_grad(x, y, out)
+    }
+    fn matrix_spec(&self) -> Option<MatrixKernelSpec> {
+        self.0.matrix_spec()
+    }
+    fn shared_output_kernel(&self) -> Option<&dyn MatrixKernel> {
+        self.0.shared_output_kernel()
+    }
+    fn eval_block_tile(&self, x: &[f64], y: &[f64], d: usize, out: &mut [f64]) {
+        self.0.eval_block_tile(x, y, d, out)
+    }
+}
+
+impl Serialize for SharedKernel {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.0.matrix_spec() {
+            Some(spec) => spec.serialize(serializer),
+            None => Err(serde::ser::Error::custom(format!(
+                "kernel {:?} has no MatrixKernelSpec and cannot be saved",
+                self.0
+            ))),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedKernel {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let kernel =
+            MatrixKernelSpec::deserialize(deserializer)?.build().map_err(serde::de::Error::custom)?;
+        Ok(Self(Arc::from(kernel)))
+    }
+}
 
 /// A `d'`-output GP prior: a (matrix-valued) covariance function and a mean. Gram matrices and
 /// means are point-major (`i·d' + o`), the order of a network's flattened outputs. Cloning
-/// shares the kernel.
-#[derive(Clone)]
+/// shares the kernel; serde saves the kernel's spec and the mean (zero or constant).
+#[derive(Clone, Serialize, Deserialize)]
 pub struct GpPrior {
     /// `Σ(x, x')`, a `d' × d'` block per pair of points (scalar kernels have `d' = 1`; use
     /// `Independent` for independent outputs and `Helmholtz` for vector fields).
-    pub kernel: Arc<dyn MatrixKernel>,
+    pub kernel: SharedKernel,
     /// `μ(x)`.
     pub mean: PriorMean,
 }
@@ -32,20 +128,20 @@ impl std::fmt::Debug for GpPrior {
 impl GpPrior {
     /// `GP(mean, kernel)`.
     pub fn new(kernel: impl MatrixKernel + 'static, mean: PriorMean) -> Self {
-        Self { kernel: Arc::new(kernel), mean }
+        Self { kernel: SharedKernel(Arc::new(kernel)), mean }
     }
     /// A zero-mean prior (the papers' default).
     pub fn centered(kernel: impl MatrixKernel + 'static) -> Self {
         Self::new(kernel, PriorMean::Zero)
     }
     /// A prior over a boxed kernel (e.g. one built from a
-    /// [`MatrixKernelSpec`](crate::MatrixKernelSpec)).
+    /// [`MatrixKernelSpec`]).
     pub fn from_boxed(kernel: Box<dyn MatrixKernel>, mean: PriorMean) -> Self {
-        Self { kernel: Arc::from(kernel), mean }
+        Self { kernel: SharedKernel(Arc::from(kernel)), mean }
     }
     /// A prior over an already shared kernel.
     pub fn from_shared(kernel: Arc<dyn MatrixKernel>, mean: PriorMean) -> Self {
-        Self { kernel, mean }
+        Self { kernel: SharedKernel(kernel), mean }
     }
     /// Outputs `d'`.
     pub fn output_dim(&self) -> usize {

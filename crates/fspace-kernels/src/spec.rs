@@ -148,9 +148,10 @@ impl KernelSpec {
     }
 }
 
-/// A matrix-valued kernel configuration.
+/// A matrix-valued kernel configuration. Tagged by `kind` (not `type`, which the scalar
+/// [`KernelSpec`] inside `Scalar` already uses).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum MatrixKernelSpec {
     /// A scalar kernel (one output).
     Scalar(KernelSpec),

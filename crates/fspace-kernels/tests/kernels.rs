@@ -390,6 +390,15 @@ fn specs_round_trip_through_json() {
     let rebuilt = back.build().unwrap();
     let x2 = DMatrix::from_row_slice(3, 2, &[0.0, 0.1, 0.5, -0.2, 1.0, 1.0]);
     assert_mat_close(&gram(&rebuilt, &x2, &x2).unwrap(), &gram(&hk, &x2, &x2).unwrap(), 1e-15, 0.0);
+    // Scalar and independent-output specs round-trip too (a `type` tag on both levels once
+    // made the scalar one unreadable).
+    for spec in [
+        Rbf::new(1.0, 0.5).unwrap().matrix_spec().unwrap(),
+        Independent::new(Rbf::new(1.0, 0.5).unwrap(), 3).unwrap().matrix_spec().unwrap(),
+    ] {
+        let text = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<MatrixKernelSpec>(&text).unwrap(), spec, "{text}");
+    }
     // A Helmholtz spec with a rough kernel is rejected with a clear error, not a NaN.
     let rough = MatrixKernelSpec::Helmholtz {
         phi: KernelSpec::Matern12 { variance: 1.0, lengthscales: vec![1.0] },
