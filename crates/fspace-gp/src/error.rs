@@ -47,3 +47,19 @@ pub(crate) fn point_major(m: &nalgebra::DMatrix<f64>) -> nalgebra::DVector<f64> 
 pub(crate) fn unflatten(v: &nalgebra::DVector<f64>, q: usize) -> nalgebra::DMatrix<f64> {
     nalgebra::DMatrix::from_fn(v.len() / q, q, |i, a| v[i * q + a])
 }
+
+/// The check every saved GP model runs on load: a kernel whose log-space hyperparameters are
+/// not all finite (a tampered or corrupt file: a zero or negative scale) is refused.
+pub(crate) fn check_loaded_kernel(
+    kind: &'static str,
+    kernel: &impl fspace_kernels::KernelBase,
+) -> std::result::Result<(), fspace_core::PersistError> {
+    if kernel.params().iter().all(|v| v.is_finite()) {
+        Ok(())
+    } else {
+        Err(fspace_core::PersistError::Invalid {
+            kind,
+            reason: "kernel hyperparameters must be finite and positive".into(),
+        })
+    }
+}

@@ -456,13 +456,6 @@ impl<K: Kernel + Clone + serde::Serialize + serde::de::DeserializeOwned> fspace_
     const VERSION: u32 = 1;
 
     fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
-        if self.kernel.params().iter().all(|v| v.is_finite()) {
-            Ok(())
-        } else {
-            Err(fspace_core::PersistError::Invalid {
-                kind: Self::KIND,
-                reason: "kernel hyperparameters must be finite and positive".into(),
-            })
-        }
+        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)
     }
 }
