@@ -89,13 +89,7 @@ impl MatrixKernel for SharedKernel {
 
 impl Serialize for SharedKernel {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        match self.0.matrix_spec() {
-            Some(spec) => spec.serialize(serializer),
-            None => Err(serde::ser::Error::custom(format!(
-                "kernel {:?} has no MatrixKernelSpec and cannot be saved",
-                self.0
-            ))),
-        }
+        crate::spec::serialize_spec(self.0.matrix_spec(), &self.0, serializer)
     }
 }
 

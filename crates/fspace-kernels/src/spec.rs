@@ -184,17 +184,24 @@ impl MatrixKernelSpec {
     }
 }
 
+/// Writes a kernel's spec, or fails naming the kernel when it has none (a user kernel).
+pub(crate) fn serialize_spec<S: serde::Serializer, T: Serialize>(
+    spec: Option<T>,
+    kernel: &dyn std::fmt::Debug,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match spec {
+        Some(spec) => spec.serialize(serializer),
+        None => Err(serde::ser::Error::custom(format!("kernel {kernel:?} has no spec and cannot be saved"))),
+    }
+}
+
 /// Boxed kernels serialise as their [`KernelSpec`] (natural-scale hyperparameters), so a
 /// composite kernel (`Sum`, `Product`, `Scaled`) or a model holding one can be saved; a user
 /// kernel without a spec is a serialisation error that names it.
 impl Serialize for Box<dyn Kernel> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        match self.spec() {
-            Some(spec) => spec.serialize(serializer),
-            None => Err(serde::ser::Error::custom(format!(
-                "kernel {self:?} has no KernelSpec and cannot be saved"
-            ))),
-        }
+        serialize_spec(self.spec(), self, serializer)
     }
 }
 
@@ -206,12 +213,7 @@ impl<'de> Deserialize<'de> for Box<dyn Kernel> {
 
 impl Serialize for Box<dyn SecondOrderKernel> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        match self.spec() {
-            Some(spec) => spec.serialize(serializer),
-            None => Err(serde::ser::Error::custom(format!(
-                "kernel {self:?} has no KernelSpec and cannot be saved"
-            ))),
-        }
+        serialize_spec(self.spec(), self, serializer)
     }
 }
 
@@ -223,12 +225,7 @@ impl<'de> Deserialize<'de> for Box<dyn SecondOrderKernel> {
 
 impl Serialize for Box<dyn MatrixKernel> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        match self.matrix_spec() {
-            Some(spec) => spec.serialize(serializer),
-            None => Err(serde::ser::Error::custom(format!(
-                "kernel {self:?} has no MatrixKernelSpec and cannot be saved"
-            ))),
-        }
+        serialize_spec(self.matrix_spec(), self, serializer)
     }
 }
 
