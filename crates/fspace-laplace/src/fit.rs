@@ -455,14 +455,33 @@ pub(crate) fn kron<N: Network>(
         }
     };
     let infos: Vec<LayerInfo> = ids.iter().map(|&l| all_infos[l].clone()).collect();
+    let last_only = matches!(weights, Weights::LastLayer);
+    let q = net.output_dim();
+    if last_only && (infos[0].kind != LayerKind::Dense || infos[0].fan_out != q) {
+        return Err(LaplaceError::Unsupported {
+            structure,
+            reason: format!("the last layer {} is not a dense layer onto the {q} outputs", infos[0].name),
+        });
+    }
     let n = data.x.nrows();
     let mut a_fac: Vec<DMatrix<f64>> =
         infos.iter().map(|i| DMatrix::zeros(i.fan_in + 1, i.fan_in + 1)).collect();
     let mut g_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_out)).collect();
     let stats_of = |start: usize, len: usize| -> Result<Vec<fspace_nn::LayerStatistics>> {
-        let all = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
-        let mut all: Vec<Option<_>> = all.into_iter().map(Some).collect();
-        Ok(ids.iter().map(|&l| all[l].take().expect("layer ids are distinct")).collect())
+        if last_only {
+            // The last layer alone: its inputs are the last-layer features, and the gradients
+            // at its (linear) outputs are the factor columns themselves — no pass through the
+            // other layers.
+            let k = data.k();
+            let factors = &data.factors[start..start + len];
+            return Ok(vec![fspace_nn::LayerStatistics {
+                positions: 1,
+                columns: k,
+                inputs: net.last_layer_features(&data.rows(start, len))?,
+                output_grads: DMatrix::from_fn(len * k, q, |r, o| factors[r / k][(o, r % k)]),
+            }]);
+        }
+        Ok(net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?)
     };
     let factors_of = |start: usize, len: usize| -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
         Ok(stats_of(start, len)?
