@@ -37,4 +37,4 @@ pub use exact::{fit_exact, ExactGp, ExactGpReport, Noise};
 pub use fit::{fit_hyperparameters, FitConfig, FitReport};
 pub use kmeans::kmeans;
 pub use sparse_dirichlet::SparseDirichletGp;
-pub use svgp::{Svgp, SvgpConfig};
+pub use svgp::{fit_svgp, InducingPoints, Svgp, SvgpConfig, SvgpReport};

@@ -42,7 +42,8 @@ use fspace_core::Adam;
 /// | `learning_rate` | 0.01 | Adam step for `log θ`, `log σ²` |
 /// | `learn_hyperparameters` | true | whether Adam moves the kernel and noise |
 /// | `learn_inducing_points` | false | whether Adam moves `Z` (same learning rate) |
-/// | `seed` | 0 | minibatch order |
+/// | `inducing` | k-means, 100 points, 20 iterations | where [`fit_svgp`] puts `Z` |
+/// | `seed` | 0 | minibatch order (and k-means) |
 #[derive(Debug, Clone, PartialEq)]
 pub struct SvgpConfig {
     /// Minibatch size.
@@ -53,13 +54,44 @@ pub struct SvgpConfig {
     pub natural_step: f64,
     /// Adam learning rate for the hyperparameters.
     pub learning_rate: f64,
-    /// Fit kernel hyperparameters and noise.
+    /// Fit the kernel hyperparameters (and, in [`Svgp::train`], the noise; [`fit_svgp`] learns
+    /// the noise when the likelihood asks for it).
     pub learn_hyperparameters: bool,
     /// Move the inducing inputs by Adam on the ELBO (needs [`Kernel::eval_grad_x`]). Off by
     /// default so that `Z` stays where the caller put it (k-means centres in the harness).
     pub learn_inducing_points: bool,
+    /// The initial inducing inputs of [`fit_svgp`] ([`Svgp::train`] keeps the model's own).
+    pub inducing: InducingPoints,
     /// Seed.
     pub seed: u64,
+}
+
+/// Where [`fit_svgp`] puts the inducing inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InducingPoints {
+    /// `points` k-means centres of the training inputs (capped at `n`), `iterations` Lloyd
+    /// steps, seeded by [`SvgpConfig::seed`].
+    KMeans {
+        /// `M`.
+        points: usize,
+        /// Lloyd iterations.
+        iterations: usize,
+    },
+    /// These rows (`M × d`).
+    Given(DMatrix<f64>),
+}
+
+/// What [`fit_svgp`] reports besides the posterior.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SvgpReport {
+    /// The full-data ELBO after training (a lower bound on `log p(y | X)`).
+    pub elbo: f64,
+    /// The fitted observation noise `σ`.
+    pub noise_sigma: f64,
+    /// Number of inducing points `M`.
+    pub inducing_points: usize,
+    /// Wall-clock seconds.
+    pub seconds: f64,
 }
 
 impl Default for SvgpConfig {
@@ -71,6 +103,7 @@ impl Default for SvgpConfig {
             learning_rate: 0.01,
             learn_hyperparameters: true,
             learn_inducing_points: false,
+            inducing: InducingPoints::KMeans { points: 100, iterations: 20 },
             seed: 0,
         }
     }
@@ -343,6 +376,17 @@ impl<K: Kernel + Clone> Svgp<K> {
     /// Trains `q(u)` (natural gradients) and, if enabled, the hyperparameters (Adam) on
     /// minibatches; returns the full-data ELBO after training.
     pub fn train(&mut self, x: &DMatrix<f64>, y: &DVector<f64>, config: &SvgpConfig) -> Result<f64> {
+        self.train_with_noise(x, y, config, config.learn_hyperparameters)
+    }
+
+    /// [`train`](Self::train) with the noise learned iff `learn_noise`.
+    fn train_with_noise(
+        &mut self,
+        x: &DMatrix<f64>,
+        y: &DVector<f64>,
+        config: &SvgpConfig,
+        learn_noise: bool,
+    ) -> Result<f64> {
         self.check_data(x, y)?;
         let n = x.nrows();
         if self.z.nrows() > n {
@@ -372,14 +416,21 @@ impl<K: Kernel + Clone> Svgp<K> {
             let idx = sample_indices(&mut rng, n, bsz).into_vec();
             let (xb, yb) = (x.select_rows(&idx), y.select_rows(&idx));
             self.natural_gradient_step(&xb, &yb, n, config.natural_step)?;
-            if !(config.learn_hyperparameters || config.learn_inducing_points) {
+            if !(config.learn_hyperparameters || learn_noise || config.learn_inducing_points) {
                 continue;
             }
             // Both gradients at the same q(u), hyperparameters and Z, then both steps.
             let b = self.batch(&xb, &yb, n)?;
             let weights = self.gram_weights(&b);
-            let g_theta = if config.learn_hyperparameters {
-                Some(self.hyper_gradient(&xb, &b, &weights)?)
+            let g_theta = if config.learn_hyperparameters || learn_noise {
+                let mut g = self.hyper_gradient(&xb, &b, &weights)?;
+                if !config.learn_hyperparameters {
+                    g.rows_mut(0, np).fill(0.0);
+                }
+                if !learn_noise {
+                    g[np] = 0.0;
+                }
+                Some(g)
             } else {
                 None
             };
@@ -447,6 +498,49 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
         };
         run().map_err(to_core)
     }
+}
+
+/// The sparse variational GP in the workspace's call shape: `GP(mean, kernel)` fitted to `data`
+/// (targets `n × 1`) under a `Gaussian` likelihood (σ learned iff `learn`), with the inducing
+/// inputs of `config.inducing`, by [`Svgp::train`]. The validation set of `data` is not used.
+/// The kernel is taken by value and concrete (not a [`GpPrior`](fspace_kernels::GpPrior)'s
+/// shared, read-only kernel) because training moves its hyperparameters.
+pub fn fit_svgp<K: Kernel + Clone>(
+    kernel: K,
+    mean: PriorMean,
+    likelihood: fspace_core::LikelihoodSpec,
+    data: &fspace_core::Data,
+    config: &SvgpConfig,
+) -> Result<fspace_core::Fitted<Svgp<K>, SvgpReport>> {
+    use fspace_core::LikelihoodSpec;
+    let start = std::time::Instant::now();
+    likelihood.validate()?;
+    let (sigma, learn_noise) = match likelihood {
+        LikelihoodSpec::Gaussian { sigma, learn } => (sigma, learn),
+        other => return Err(other.unsupported("SVGP regression").into()),
+    };
+    let (x, y) = (data.x(), data.y());
+    if y.ncols() != 1 {
+        return Err(invalid(
+            "targets",
+            format!("SVGP regression has one output; the targets have {} columns", y.ncols()),
+        ));
+    }
+    let z = match &config.inducing {
+        InducingPoints::KMeans { points, iterations } => {
+            crate::kmeans(x, (*points).min(x.nrows()), *iterations, config.seed)?
+        }
+        InducingPoints::Given(z) => z.clone(),
+    };
+    let mut svgp = Svgp::new(kernel, mean, sigma * sigma, z)?;
+    let elbo = svgp.train_with_noise(x, &y.column(0).into_owned(), config, learn_noise)?;
+    let report = SvgpReport {
+        elbo,
+        noise_sigma: svgp.noise_variance().sqrt(),
+        inducing_points: svgp.inducing_points().nrows(),
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    Ok(fspace_core::Fitted { posterior: svgp, report })
 }
 
 /// Saves the kernel, the mean, the noise, `Z` and `q(u)`. The kernel is saved through serde (the library's kernels derive it; a boxed

@@ -341,6 +341,7 @@ fn learned_inducing_points_tighten_the_collapsed_bound() {
         learn_hyperparameters: false,
         learn_inducing_points: true,
         seed: 3,
+        ..Default::default()
     };
     learned.train(&x, &y, &cfg).unwrap();
     learned.set_optimal_variational(&x, &y).unwrap();
@@ -652,4 +653,65 @@ fn fit_exact_is_the_exact_gp_in_the_workspace_call_shape() {
     ));
     let iso = LikelihoodSpec::IsotropicGaussian { sigma: 0.1, outputs: 2, learn: false };
     assert!(matches!(fit_exact(&prior, iso, &data), Err(GpError::InvalidInput { .. })));
+}
+
+#[test]
+fn fit_svgp_is_the_svgp_in_the_workspace_call_shape() {
+    use fspace_core::{CoreError, Data, LikelihoodSpec};
+    let mut r = rng(96);
+    let x = rand_uniform(300, 1, -4.0, 4.0, &mut r);
+    let y = DMatrix::from_fn(300, 1, |i, _| (1.5 * x[(i, 0)]).sin() + 0.1 * randn_vec(1, &mut r)[0]);
+    let xt = rand_uniform(7, 1, -3.0, 3.0, &mut r);
+    let kernel = Rbf::new(0.5, 2.0).unwrap();
+    let data = Data::new(&x, &y).unwrap();
+    let cfg = SvgpConfig {
+        batch_size: 100,
+        iterations: 100,
+        learning_rate: 0.03,
+        inducing: InducingPoints::KMeans { points: 15, iterations: 30 },
+        seed: 4,
+        ..Default::default()
+    };
+    // σ learned: the same numbers as Svgp::new + train on the same k-means centres.
+    let fitted =
+        fit_svgp(kernel.clone(), PriorMean::Zero, LikelihoodSpec::gaussian_learned(0.7), &data, &cfg)
+            .unwrap();
+    let z = kmeans(&x, 15, 30, 4).unwrap();
+    let mut direct = Svgp::new(kernel.clone(), PriorMean::Zero, 0.7f64 * 0.7, z.clone()).unwrap();
+    let elbo = direct.train(&x, &y.column(0).into_owned(), &cfg).unwrap();
+    assert_eq!(fitted.posterior.predict(&xt).unwrap(), direct.predict(&xt).unwrap());
+    assert_eq!((fitted.report.elbo, fitted.report.inducing_points), (elbo, 15));
+    assert_eq!(fitted.report.noise_sigma, direct.noise_variance().sqrt());
+    assert!(fitted.report.noise_sigma < 0.3, "σ learned: {}", fitted.report.noise_sigma);
+
+    // σ fixed by the likelihood: the kernel still learns, the noise stays where it was put.
+    let given = SvgpConfig { inducing: InducingPoints::Given(z), ..cfg.clone() };
+    let fixed =
+        fit_svgp(kernel.clone(), PriorMean::Zero, LikelihoodSpec::gaussian(0.7), &data, &given).unwrap();
+    assert!((fixed.report.noise_sigma - 0.7).abs() < 1e-15);
+    assert_ne!(fixed.posterior.kernel().params(), kernel.params());
+    // Kernel fixed, σ learned.
+    let kernel_fixed = SvgpConfig { learn_hyperparameters: false, ..given };
+    let only_noise = fit_svgp(
+        kernel.clone(),
+        PriorMean::Zero,
+        LikelihoodSpec::gaussian_learned(0.7),
+        &data,
+        &kernel_fixed,
+    )
+    .unwrap();
+    assert_eq!(only_noise.posterior.kernel().params(), kernel.params());
+    assert!(only_noise.report.noise_sigma < 0.7);
+
+    // A classification likelihood and multi-column targets are typed errors.
+    assert!(matches!(
+        fit_svgp(kernel.clone(), PriorMean::Zero, LikelihoodSpec::Bernoulli, &data, &cfg),
+        Err(GpError::Core(CoreError::Unsupported { .. }))
+    ));
+    let y2 = DMatrix::zeros(300, 2);
+    let data2 = Data::new(&x, &y2).unwrap();
+    assert!(matches!(
+        fit_svgp(kernel, PriorMean::Zero, LikelihoodSpec::gaussian(0.1), &data2, &cfg),
+        Err(GpError::InvalidInput { .. })
+    ));
 }
