@@ -19,6 +19,7 @@
 //! | [`valla`] | `fspace-valla` | VaLLA (sparse variational GP on the NTK, MAP net as mean) and ELLA (Nyström NTK features) |
 //! | [`gfsvi`] | `fspace-gfsvi` | GFSVI (regularised-KL function-space VI), TFSVI, FVI (spectral Stein gradients), mean-field VI |
 //! | [`data`] | `fspace-data` | generators, bundled datasets, CSV/IDX loaders, splits |
+//! | [`interop`] | `fspace-interop` | PyTorch / numpy weights (safetensors, .npz) into `Mlp` / `Cnn`; predictions out as .npz |
 
 pub use fspace_context as context;
 pub use fspace_core as core;
@@ -26,6 +27,7 @@ pub use fspace_data as data;
 pub use fspace_fsp_laplace as fsp_laplace;
 pub use fspace_gfsvi as gfsvi;
 pub use fspace_gp as gp;
+pub use fspace_interop as interop;
 pub use fspace_kernels as kernels;
 pub use fspace_laplace as laplace;
 pub use fspace_linalg as linalg;

@@ -30,6 +30,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
             ],
         ),
         ("fspace-laplace", vec!["fspace-linalg", "fspace-core", "fspace-nn"]),
+        ("fspace-interop", vec!["fspace-core", "fspace-nn"]),
         ("fspace-valla", vec!["fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),
         (
             "fspace-gfsvi",
@@ -50,6 +51,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-laplace",
                 "fspace-valla",
                 "fspace-gfsvi",
+                "fspace-interop",
             ],
         ),
         (
