@@ -70,6 +70,7 @@ fn mlp_forward_reproduces_pytorch_logits() {
         let net = infer_mlp(&tensors, activation, &LayerNames::Natural).unwrap();
         let (x, logits) = io(stem);
         let err = max_abs_diff(&net.forward(&x).unwrap(), &logits);
+        eprintln!("{file}: max |Δlogit| = {err:.1e}");
         assert!(err < tol, "{file}: max |Δlogit| = {err:e} (tolerance {tol:e})");
     }
 }
@@ -82,6 +83,7 @@ fn cnn_forward_reproduces_pytorch_logits() {
         let net = load_cnn(&tensors, &small_cnn_config(), &LayerNames::Natural).unwrap();
         let (x, logits) = io(&format!("cnn_{tag}"));
         let err = max_abs_diff(&net.forward(&x).unwrap(), &logits);
+        eprintln!("cnn_{tag}.safetensors: max |Δlogit| = {err:.1e}");
         assert!(err < tol, "cnn {tag}: max |Δlogit| = {err:e} (tolerance {tol:e})");
         let explicit = LayerNames::Explicit(
             ["features.0", "features.3", "classifier.0", "classifier.2"].map(String::from).to_vec(),
