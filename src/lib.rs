@@ -7,6 +7,7 @@
 //!
 //! | module | crate | contents |
 //! |---|---|---|
+//! | [`input`] | `fspace-input` | `InputError`, the shape / non-finite / empty / invalid-value errors every crate wraps as its `Input` variant |
 //! | [`linalg`] | `fspace-linalg` | `LinearOperator`, Lanczos (+LDLᵀ), CG, Cholesky, SLQ, low-rank updates |
 //! | [`kernels`] | `fspace-kernels` | covariance functions, Gram matrices and operators, prior means |
 //! | [`context`] | `fspace-context` | context-point samplers and boxes |
@@ -27,6 +28,7 @@ pub use fspace_data as data;
 pub use fspace_fsp_laplace as fsp_laplace;
 pub use fspace_gfsvi as gfsvi;
 pub use fspace_gp as gp;
+pub use fspace_input as input;
 pub use fspace_interop as interop;
 pub use fspace_kernels as kernels;
 pub use fspace_laplace as laplace;

@@ -9,18 +9,20 @@ use std::process::Command;
 /// A new crate must be added here, and to the code map in docs/ARCHITECTURE.md.
 fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
     BTreeMap::from([
-        ("fspace-linalg", vec![]),
-        ("fspace-context", vec![]),
+        ("fspace-linalg", vec!["fspace-input"]),
+        ("fspace-context", vec!["fspace-input"]),
         ("fspace-testutil", vec![]),
-        ("fspace-kernels", vec!["fspace-linalg"]),
-        ("fspace-core", vec![]),
-        ("fspace-metrics", vec![]),
-        ("fspace-data", vec!["fspace-context"]),
-        ("fspace-gp", vec!["fspace-linalg", "fspace-kernels", "fspace-core"]),
-        ("fspace-nn", vec!["fspace-core", "fspace-linalg"]),
+        ("fspace-input", vec![]),
+        ("fspace-kernels", vec!["fspace-input", "fspace-linalg"]),
+        ("fspace-core", vec!["fspace-input"]),
+        ("fspace-metrics", vec!["fspace-input"]),
+        ("fspace-data", vec!["fspace-input", "fspace-context"]),
+        ("fspace-gp", vec!["fspace-input", "fspace-linalg", "fspace-kernels", "fspace-core"]),
+        ("fspace-nn", vec!["fspace-input", "fspace-core", "fspace-linalg"]),
         (
             "fspace-fsp-laplace",
             vec![
+                "fspace-input",
                 "fspace-linalg",
                 "fspace-kernels",
                 "fspace-context",
@@ -29,16 +31,24 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-nn",
             ],
         ),
-        ("fspace-laplace", vec!["fspace-linalg", "fspace-core", "fspace-nn"]),
-        ("fspace-interop", vec!["fspace-core", "fspace-nn"]),
-        ("fspace-valla", vec!["fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),
+        ("fspace-laplace", vec!["fspace-input", "fspace-linalg", "fspace-core", "fspace-nn"]),
+        ("fspace-interop", vec!["fspace-input", "fspace-core", "fspace-nn"]),
+        ("fspace-valla", vec!["fspace-input", "fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),
         (
             "fspace-gfsvi",
-            vec!["fspace-linalg", "fspace-kernels", "fspace-context", "fspace-core", "fspace-nn"],
+            vec![
+                "fspace-input",
+                "fspace-linalg",
+                "fspace-kernels",
+                "fspace-context",
+                "fspace-core",
+                "fspace-nn",
+            ],
         ),
         (
             "fspace",
             vec![
+                "fspace-input",
                 "fspace-linalg",
                 "fspace-kernels",
                 "fspace-context",
@@ -57,6 +67,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         (
             "xtask",
             vec![
+                "fspace-input",
                 "fspace",
                 "fspace-linalg",
                 "fspace-kernels",
@@ -111,4 +122,54 @@ fn workspace_dependencies_follow_the_layering() {
             }
         }
     }
+}
+
+/// The input mistakes every crate checks are declared once, in `fspace-input`; no other crate's
+/// error enum declares its own variant for them.
+#[test]
+fn input_errors_are_declared_once() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let banned = [
+        "DimensionMismatch {",
+        "LengthMismatch {",
+        "Empty {",
+        "EmptyPoints {",
+        "InvalidParameter {",
+        "InvalidArgument {",
+        "InvalidConfig {",
+        "InvalidInput {",
+    ];
+    let mut offenders = Vec::new();
+    let mut stack = vec![root];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if !path.ends_with("fspace-input") && !path.ends_with("target") {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if path.extension() != Some(std::ffi::OsStr::new("rs")) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                // A variant declaration: four spaces of indentation inside an enum body.
+                let decl = line.strip_prefix("    ").filter(|l| !l.starts_with(' '));
+                let Some(decl) = decl else { continue };
+                let non_finite_what =
+                    decl == "NonFinite {" && lines.get(i + 2).is_some_and(|l| l.trim().starts_with("what:"));
+                if banned.contains(&decl) || non_finite_what {
+                    offenders.push(format!("{}:{}: {decl}", path.display(), i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "declare these through fspace_input::InputError:\n{}",
+        offenders.join("\n")
+    );
 }

@@ -1,5 +1,6 @@
 //! Axis-aligned boxes that context points are drawn from.
 
+use fspace_input::InputError;
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
@@ -18,17 +19,17 @@ impl BoundingBox {
     /// bounds.
     pub fn new(lower: Vec<f64>, upper: Vec<f64>) -> Result<Self> {
         if lower.is_empty() {
-            return Err(ContextError::Empty { what: "box bounds" });
+            return Err(ContextError::Input(InputError::Empty { what: "box bounds" }));
         }
         if lower.len() != upper.len() {
-            return Err(ContextError::DimensionMismatch {
+            return Err(ContextError::Input(InputError::DimensionMismatch {
                 what: "upper bounds vs. lower bounds",
                 expected: lower.len(),
                 found: upper.len(),
-            });
+            }));
         }
         if lower.iter().chain(&upper).any(|v| !v.is_finite()) {
-            return Err(ContextError::NonFinite { what: "box bounds" });
+            return Err(ContextError::Input(InputError::NonFinite { what: "box bounds" }));
         }
         if let Some(dim) = (0..lower.len()).find(|&i| lower[i] > upper[i]) {
             return Err(ContextError::InvertedBox { dim, lower: lower[dim], upper: upper[dim] });
@@ -46,16 +47,16 @@ impl BoundingBox {
     /// `widen = 0.5`.
     pub fn from_data(x: &DMatrix<f64>, widen: f64) -> Result<Self> {
         if x.nrows() == 0 || x.ncols() == 0 {
-            return Err(ContextError::Empty { what: "data for the context box" });
+            return Err(ContextError::Input(InputError::Empty { what: "data for the context box" }));
         }
         if x.iter().any(|v| !v.is_finite()) {
-            return Err(ContextError::NonFinite { what: "data for the context box" });
+            return Err(ContextError::Input(InputError::NonFinite { what: "data for the context box" }));
         }
         if !(widen.is_finite() && widen >= 0.0) {
-            return Err(ContextError::InvalidArgument {
+            return Err(ContextError::Input(InputError::Invalid {
                 what: "widen",
                 reason: format!("{widen} must be finite and ≥ 0"),
-            });
+            }));
         }
         let (mut lower, mut upper) = (Vec::new(), Vec::new());
         for col in x.column_iter() {

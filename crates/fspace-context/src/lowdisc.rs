@@ -10,6 +10,7 @@
 //! 53 bits of precision). Sobol uses a random digital shift (XOR of a uniform 64-bit word per
 //! dimension), which keeps the (t, m, s)-net structure and makes each point uniform.
 
+use fspace_input::InputError;
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -133,11 +134,11 @@ impl SobolSampler {
     /// Unscrambled Sobol points in `bbox`; errors above [`SOBOL_MAX_DIM`] dimensions.
     pub fn new(bbox: BoundingBox) -> Result<Self> {
         if bbox.dim() > SOBOL_MAX_DIM {
-            return Err(ContextError::DimensionMismatch {
+            return Err(ContextError::Input(InputError::DimensionMismatch {
                 what: "Sobol dimension (Joe–Kuo D6 supports at most 21201)",
                 expected: SOBOL_MAX_DIM,
                 found: bbox.dim(),
-            });
+            }));
         }
         Ok(Self { bbox, skip: 0, shift: None })
     }
@@ -191,13 +192,13 @@ impl Sampler for SobolSampler {
 pub fn centered_l2_discrepancy(u: &DMatrix<f64>) -> Result<f64> {
     let (n, d) = u.shape();
     if n == 0 || d == 0 {
-        return Err(ContextError::Empty { what: "points for the discrepancy" });
+        return Err(ContextError::Input(InputError::Empty { what: "points for the discrepancy" }));
     }
     if u.iter().any(|v| !(0.0..=1.0).contains(v)) {
-        return Err(ContextError::InvalidArgument {
+        return Err(ContextError::Input(InputError::Invalid {
             what: "points",
             reason: "centred discrepancy needs points in the unit cube".into(),
-        });
+        }));
     }
     let c = |v: f64| (v - 0.5).abs();
     let term1 = (13.0f64 / 12.0).powi(d as i32);

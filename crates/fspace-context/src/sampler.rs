@@ -1,6 +1,7 @@
 //! The [`Sampler`] contract and the simple samplers: uniform, grid, Latin hypercube, dataset
 //! rows and the uniform-plus-batch mixture.
 
+use fspace_input::InputError;
 use nalgebra::DMatrix;
 use rand::seq::index::sample as sample_indices;
 use rand::{Rng, RngCore};
@@ -74,11 +75,11 @@ impl GridSampler {
     /// A grid with `counts[i] ≥ 1` points along dimension `i` (e.g. 12 × 8 = 96 points).
     pub fn with_counts(bbox: BoundingBox, counts: Vec<usize>) -> Result<Self> {
         if counts.len() != bbox.dim() {
-            return Err(ContextError::DimensionMismatch {
+            return Err(ContextError::Input(InputError::DimensionMismatch {
                 what: "grid counts vs. box dimension",
                 expected: bbox.dim(),
                 found: counts.len(),
-            });
+            }));
         }
         if counts.contains(&0) {
             return Err(ContextError::ZeroSamples);
@@ -103,10 +104,10 @@ impl GridSampler {
                 if total == n {
                     Ok(c.clone())
                 } else {
-                    Err(ContextError::InvalidArgument {
+                    Err(ContextError::Input(InputError::Invalid {
                         what: "n",
                         reason: format!("this grid has {c:?} = {total} points, {n} requested"),
-                    })
+                    }))
                 }
             }
             None => {
@@ -114,10 +115,10 @@ impl GridSampler {
                 if m.checked_pow(d as u32) == Some(n) {
                     Ok(vec![m; d])
                 } else {
-                    Err(ContextError::InvalidArgument {
+                    Err(ContextError::Input(InputError::Invalid {
                         what: "n",
                         reason: format!("{n} is not a perfect {d}-th power; use GridSampler::with_counts"),
-                    })
+                    }))
                 }
             }
         }
@@ -202,10 +203,10 @@ impl DatasetSampler {
     }
     fn build(data: DMatrix<f64>, replace: bool) -> Result<Self> {
         if data.nrows() == 0 || data.ncols() == 0 {
-            return Err(ContextError::Empty { what: "dataset for context points" });
+            return Err(ContextError::Input(InputError::Empty { what: "dataset for context points" }));
         }
         if data.iter().any(|v| !v.is_finite()) {
-            return Err(ContextError::NonFinite { what: "dataset for context points" });
+            return Err(ContextError::Input(InputError::NonFinite { what: "dataset for context points" }));
         }
         Ok(Self { data, replace })
     }
@@ -222,10 +223,10 @@ pub(crate) fn take_rows(
         (0..n).map(|_| rng.gen_range(0..rows)).collect()
     } else {
         if n > rows {
-            return Err(ContextError::InvalidArgument {
+            return Err(ContextError::Input(InputError::Invalid {
                 what: "n",
                 reason: format!("{n} rows requested without replacement from {rows}"),
-            });
+            }));
         }
         sample_indices(rng, rows, n).into_vec()
     };
@@ -261,14 +262,14 @@ impl MixtureSampler {
     /// Sets the current training batch (its columns must match the box dimension).
     pub fn set_batch(&mut self, batch: DMatrix<f64>) -> Result<()> {
         if batch.ncols() != self.uniform.dim() {
-            return Err(ContextError::DimensionMismatch {
+            return Err(ContextError::Input(InputError::DimensionMismatch {
                 what: "batch columns vs. box dimension",
                 expected: self.uniform.dim(),
                 found: batch.ncols(),
-            });
+            }));
         }
         if batch.iter().any(|v| !v.is_finite()) {
-            return Err(ContextError::NonFinite { what: "training batch" });
+            return Err(ContextError::Input(InputError::NonFinite { what: "training batch" }));
         }
         self.batch = Some(batch);
         Ok(())
@@ -281,10 +282,10 @@ impl Sampler for MixtureSampler {
     }
     fn sample(&self, n: usize, rng: &mut dyn RngCore) -> Result<DMatrix<f64>> {
         nonzero(n)?;
-        let batch = self.batch.as_ref().ok_or(ContextError::InvalidArgument {
+        let batch = self.batch.as_ref().ok_or(ContextError::Input(InputError::Invalid {
             what: "batch",
             reason: "MixtureSampler::set_batch must be called before sampling".into(),
-        })?;
+        }))?;
         let b = self.batch_rows.min(batch.nrows()).min(n);
         let mut out = DMatrix::zeros(n, self.dim());
         if n > b {

@@ -1,6 +1,7 @@
 //! Sampler invariants: support, stratification, published sequences, discrepancy, errors.
 
 use fspace_context::*;
+use fspace_input::InputError;
 use fspace_testutil::{rand_uniform, rng};
 use nalgebra::DMatrix;
 use proptest::prelude::*;
@@ -217,14 +218,17 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(BoundingBox::new(vec![1.0], vec![0.0]), Err(ContextError::InvertedBox { dim: 0, .. })));
     assert!(matches!(
         BoundingBox::new(vec![0.0, f64::NAN], vec![1.0, 1.0]),
-        Err(ContextError::NonFinite { .. })
+        Err(ContextError::Input(InputError::NonFinite { .. }))
     ));
-    assert!(matches!(BoundingBox::new(vec![], vec![]), Err(ContextError::Empty { .. })));
+    assert!(matches!(BoundingBox::new(vec![], vec![]), Err(ContextError::Input(InputError::Empty { .. }))));
     assert!(matches!(
         BoundingBox::new(vec![0.0], vec![1.0, 2.0]),
-        Err(ContextError::DimensionMismatch { .. })
+        Err(ContextError::Input(InputError::DimensionMismatch { .. }))
     ));
-    assert!(matches!(BoundingBox::from_data(&DMatrix::zeros(0, 3), 0.5), Err(ContextError::Empty { .. })));
+    assert!(matches!(
+        BoundingBox::from_data(&DMatrix::zeros(0, 3), 0.5),
+        Err(ContextError::Input(InputError::Empty { .. }))
+    ));
     assert!(BoundingBox::from_data(&DMatrix::from_element(2, 2, f64::INFINITY), 0.5).is_err());
     assert!(BoundingBox::from_data(&DMatrix::from_element(2, 2, 1.0), -1.0).is_err());
     // A constant feature gives a degenerate (zero-width) side, which is allowed.

@@ -1,6 +1,7 @@
 //! The shape every method's `fit` shares: one data type in, `Fitted { posterior, report }` out,
 //! progress through an optional [`Observer`].
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{ensure_dim, ensure_finite, CoreError, Result};
@@ -21,11 +22,11 @@ pub struct Data<'a> {
 
 fn check_set(x: &DMatrix<f64>, y: &DMatrix<f64>, inputs: &'static str, targets: &'static str) -> Result<()> {
     if x.nrows() == 0 {
-        return Err(CoreError::Empty { what: inputs });
+        return Err(CoreError::Input(InputError::Empty { what: inputs }));
     }
     ensure_dim(targets, x.nrows(), y.nrows())?;
     if y.ncols() == 0 {
-        return Err(CoreError::Empty { what: targets });
+        return Err(CoreError::Input(InputError::Empty { what: targets }));
     }
     ensure_finite(inputs, x.iter())?;
     ensure_finite(targets, y.iter())

@@ -20,6 +20,7 @@
 //! implementation; [`LikelihoodSpec`](crate::LikelihoodSpec) is the serialisable description
 //! every method takes.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{ensure_dim, ensure_finite, CoreError, Result};
@@ -66,7 +67,7 @@ fn check_f<L: Likelihood + ?Sized>(lik: &L, f: &DMatrix<f64>, y: &DVector<f64>) 
         y.len(),
     )?;
     if f.nrows() == 0 {
-        return Err(CoreError::Empty { what: "function values" });
+        return Err(CoreError::Input(InputError::Empty { what: "function values" }));
     }
     ensure_finite("function values", f.iter())?;
     lik.check_targets(y)
@@ -83,10 +84,10 @@ impl Gaussian {
     /// Noise standard deviation `σ > 0`.
     pub fn new(sigma: f64) -> Result<Self> {
         if !(sigma.is_finite() && sigma > 0.0) {
-            return Err(CoreError::InvalidParameter {
+            return Err(CoreError::Input(InputError::Invalid {
                 what: "Gaussian noise σ",
                 reason: format!("{sigma} must be > 0"),
-            });
+            }));
         }
         Ok(Self { sigma })
     }
@@ -162,7 +163,7 @@ impl IsotropicGaussian {
     /// `outputs ≥ 1` outputs with noise standard deviation `σ > 0`.
     pub fn new(sigma: f64, outputs: usize) -> Result<Self> {
         if outputs == 0 {
-            return Err(CoreError::Empty { what: "outputs of an isotropic Gaussian" });
+            return Err(CoreError::Input(InputError::Empty { what: "outputs of an isotropic Gaussian" }));
         }
         Ok(Self { sigma: Gaussian::new(sigma)?.sigma(), outputs })
     }
@@ -300,7 +301,10 @@ impl Categorical {
     /// `classes ≥ 2`.
     pub fn new(classes: usize) -> Result<Self> {
         if classes < 2 {
-            return Err(CoreError::InvalidParameter { what: "classes", reason: format!("{classes} < 2") });
+            return Err(CoreError::Input(InputError::Invalid {
+                what: "classes",
+                reason: format!("{classes} < 2"),
+            }));
         }
         Ok(Self { classes })
     }

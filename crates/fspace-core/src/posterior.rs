@@ -1,6 +1,7 @@
 //! The `Posterior` contract that every inference method returns, so that the experiment
 //! harness can run any method in any experiment, and the predictive transforms shared by all.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rand::RngCore;
 use rand_distr::{Distribution, StandardNormal};
@@ -77,9 +78,10 @@ pub fn sample_gaussian(
     ensure_dim("joint covariance columns", n * q, cov.ncols())?;
     ensure_finite("joint covariance", cov.iter())?;
     if s == 0 {
-        return Err(CoreError::InvalidParameter {
-            what: "number of samples", reason: "must be ≥ 1".into()
-        });
+        return Err(CoreError::Input(InputError::Invalid {
+            what: "number of samples",
+            reason: "must be ≥ 1".into(),
+        }));
     }
     let eig = ((cov + cov.transpose()) * 0.5).symmetric_eigen();
     let lmax = eig.eigenvalues.iter().fold(0.0f64, |m, v| m.max(v.abs()));
@@ -127,7 +129,7 @@ pub fn class_probabilities(
 ) -> Result<DMatrix<f64>> {
     let (n, q) = pred.mean.shape();
     if n == 0 {
-        return Err(CoreError::Empty { what: "predictive" });
+        return Err(CoreError::Input(InputError::Empty { what: "predictive" }));
     }
     let binary = q == 1;
     let classes = if binary { 2 } else { q };
@@ -143,10 +145,10 @@ pub fn class_probabilities(
     match method {
         ClassProbMethod::MonteCarlo { samples } => {
             if samples == 0 {
-                return Err(CoreError::InvalidParameter {
+                return Err(CoreError::Input(InputError::Invalid {
                     what: "Monte-Carlo samples",
                     reason: "must be ≥ 1".into(),
-                });
+                }));
             }
             for i in 0..n {
                 let mut acc = vec![0.0; classes];

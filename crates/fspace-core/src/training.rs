@@ -1,5 +1,6 @@
 //! Training-loop pieces that are not network-specific: seeded minibatches and early stopping.
 
+use fspace_input::InputError;
 use nalgebra::DVector;
 use rand::seq::SliceRandom;
 use rand::RngCore;
@@ -19,10 +20,13 @@ impl Minibatches {
     /// skipped (it would weigh its points more in an `n/b`-scaled loss).
     pub fn new(n: usize, batch_size: usize, drop_last: bool) -> Result<Self> {
         if n == 0 {
-            return Err(CoreError::Empty { what: "dataset for minibatches" });
+            return Err(CoreError::Input(InputError::Empty { what: "dataset for minibatches" }));
         }
         if batch_size == 0 {
-            return Err(CoreError::InvalidParameter { what: "batch_size", reason: "must be ≥ 1".into() });
+            return Err(CoreError::Input(InputError::Invalid {
+                what: "batch_size",
+                reason: "must be ≥ 1".into(),
+            }));
         }
         Ok(Self { n, batch_size: batch_size.min(n), drop_last })
     }
@@ -71,10 +75,10 @@ impl EarlyStopping {
     /// Stops after `patience` updates without an improvement larger than `min_delta ≥ 0`.
     pub fn new(patience: usize, min_delta: f64) -> Result<Self> {
         if !(min_delta.is_finite() && min_delta >= 0.0) {
-            return Err(CoreError::InvalidParameter {
+            return Err(CoreError::Input(InputError::Invalid {
                 what: "min_delta",
                 reason: format!("{min_delta} must be ≥ 0"),
-            });
+            }));
         }
         Ok(Self { patience, min_delta, best: f64::INFINITY, best_step: 0, step: 0, bad: 0 })
     }

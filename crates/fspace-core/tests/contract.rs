@@ -3,6 +3,7 @@
 //! save/load envelope, and method errors that keep their source.
 
 use fspace_core::*;
+use fspace_input::InputError;
 use fspace_testutil::{assert_all_close, fd_gradient, randn, randn_vec, rng};
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
@@ -74,7 +75,7 @@ fn heteroscedastic_predictive_adds_the_expected_noise() {
     assert!((v[1] - (0.1 + 2.0 * 0.1f64.exp())).abs() < 1e-12);
     assert!(matches!(
         HeteroscedasticGaussian.predictive(&DMatrix::zeros(2, 1), &DMatrix::zeros(2, 1)),
-        Err(CoreError::DimensionMismatch { .. })
+        Err(CoreError::Input(InputError::DimensionMismatch { .. }))
     ));
 }
 

@@ -2,6 +2,7 @@
 //! Monte Carlo; training pieces against their definitions.
 
 use fspace_core::*;
+use fspace_input::InputError;
 use fspace_testutil::{assert_all_close, fd_gradient, randn, randn_vec, rng};
 use nalgebra::{DMatrix, DVector};
 use proptest::prelude::*;
@@ -134,20 +135,26 @@ fn likelihoods_reject_bad_input() {
     ));
     assert!(matches!(
         Bernoulli.nll(&f, &DVector::from_vec(vec![0.0])),
-        Err(CoreError::DimensionMismatch { .. })
+        Err(CoreError::Input(InputError::DimensionMismatch { .. }))
     ));
     let cat = Categorical::new(3).unwrap();
     assert!(matches!(
         cat.nll(&f, &DVector::from_vec(vec![0.0, 1.0])),
-        Err(CoreError::DimensionMismatch { .. })
+        Err(CoreError::Input(InputError::DimensionMismatch { .. }))
     ));
     let f3 = DMatrix::from_row_slice(1, 3, &[0.0, f64::NAN, 1.0]);
-    assert!(matches!(cat.nll(&f3, &DVector::from_vec(vec![0.0])), Err(CoreError::NonFinite { .. })));
+    assert!(matches!(
+        cat.nll(&f3, &DVector::from_vec(vec![0.0])),
+        Err(CoreError::Input(InputError::NonFinite { .. }))
+    ));
     let g = Gaussian::new(1.0).unwrap();
-    assert!(matches!(g.nll(&DMatrix::zeros(0, 1), &DVector::zeros(0)), Err(CoreError::Empty { .. })));
+    assert!(matches!(
+        g.nll(&DMatrix::zeros(0, 1), &DVector::zeros(0)),
+        Err(CoreError::Input(InputError::Empty { .. }))
+    ));
     assert!(matches!(
         g.nll(&f, &DVector::from_vec(vec![0.0, f64::INFINITY])),
-        Err(CoreError::NonFinite { .. })
+        Err(CoreError::Input(InputError::NonFinite { .. }))
     ));
 }
 

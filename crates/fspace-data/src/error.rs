@@ -7,6 +7,10 @@ use thiserror::Error;
 /// Everything that can go wrong when generating, loading or splitting data.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum DataError {
+    /// A shape, non-finite, empty or out-of-range input (the workspace's shared
+    /// [`InputError`](fspace_input::InputError)).
+    #[error(transparent)]
+    Input(#[from] fspace_input::InputError),
     /// A file could not be opened or read.
     #[error("cannot read {path}: {message}")]
     Io {
@@ -66,14 +70,6 @@ pub enum DataError {
         path: PathBuf,
         /// The column.
         name: String,
-    },
-    /// A split with no rows, or `k` larger than `n`, or another impossible request.
-    #[error("invalid split or argument {what}: {reason}")]
-    InvalidArgument {
-        /// Which argument.
-        what: &'static str,
-        /// Why.
-        reason: String,
     },
 }
 

@@ -1,5 +1,6 @@
 //! The papers' synthetic data, generated exactly as described.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rand::{Rng, RngCore};
 use rand_distr::{Distribution, Normal};
@@ -50,7 +51,7 @@ fn names(prefix: &str, d: usize) -> Vec<String> {
 
 fn nonzero(n: usize) -> Result<()> {
     if n == 0 {
-        Err(DataError::InvalidArgument { what: "n", reason: "must be ≥ 1".into() })
+        Err(DataError::Input(InputError::Invalid { what: "n", reason: "must be ≥ 1".into() }))
     } else {
         Ok(())
     }
@@ -58,13 +59,13 @@ fn nonzero(n: usize) -> Result<()> {
 
 fn noise(sigma: f64) -> Result<Normal<f64>> {
     if !(sigma.is_finite() && sigma >= 0.0) {
-        return Err(DataError::InvalidArgument {
+        return Err(DataError::Input(InputError::Invalid {
             what: "noise σ",
             reason: format!("{sigma} must be finite and ≥ 0"),
-        });
+        }));
     }
     Normal::new(0.0, sigma)
-        .map_err(|e| DataError::InvalidArgument { what: "noise σ", reason: e.to_string() })
+        .map_err(|e| DataError::Input(InputError::Invalid { what: "noise σ", reason: e.to_string() }))
 }
 
 /// FSP-Laplace App. B.1 toy regression: `x ~ U([−1, −0.5] ∪ [0.5, 1])`, `y = sin(2πx) + ε`,
@@ -99,7 +100,10 @@ pub fn cubic(n: usize, rng: &mut dyn RngCore) -> Result<Dataset> {
 /// then standardised per feature. Returns the data and the fitted standardiser.
 pub fn two_moons(n: usize, noise_sd: f64, rng: &mut dyn RngCore) -> Result<(Dataset, Standardizer)> {
     if n < 2 {
-        return Err(DataError::InvalidArgument { what: "n", reason: "two moons need n ≥ 2".into() });
+        return Err(DataError::Input(InputError::Invalid {
+            what: "n",
+            reason: "two moons need n ≥ 2".into(),
+        }));
     }
     let eps = noise(noise_sd)?;
     let (n_out, n_in) = (n / 2, n - n / 2);
@@ -133,13 +137,16 @@ pub const GULF_BOX: ([f64; 2], [f64; 2]) = ([-90.8, 24.0], [-83.8, 27.5]);
 /// Returns the velocity and its curl-free and divergence-free parts at each point (`n × 2`).
 pub fn ocean_current_field(x: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>, DMatrix<f64>)> {
     if x.ncols() != 2 {
-        return Err(DataError::InvalidArgument {
+        return Err(DataError::Input(InputError::Invalid {
             what: "points",
             reason: format!("need 2 columns, got {}", x.ncols()),
-        });
+        }));
     }
     if x.iter().any(|v| !v.is_finite()) {
-        return Err(DataError::InvalidArgument { what: "points", reason: "non-finite coordinate".into() });
+        return Err(DataError::Input(InputError::Invalid {
+            what: "points",
+            reason: "non-finite coordinate".into(),
+        }));
     }
     let n = x.nrows();
     let (mut curl_free, mut div_free) = (DMatrix::zeros(n, 2), DMatrix::zeros(n, 2));

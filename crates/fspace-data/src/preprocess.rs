@@ -1,6 +1,7 @@
 //! Splits and preprocessing: k-fold cross-validation with a validation fraction, the
 //! chronological split, standardisation with an exact inverse, and one-hot encoding.
 
+use fspace_input::InputError;
 use nalgebra::DMatrix;
 use rand::seq::SliceRandom;
 use rand::RngCore;
@@ -21,16 +22,16 @@ impl Standardizer {
     /// Fits on the rows of `x` (non-empty, finite).
     pub fn fit(x: &DMatrix<f64>) -> Result<Self> {
         if x.nrows() == 0 || x.ncols() == 0 {
-            return Err(DataError::InvalidArgument {
+            return Err(DataError::Input(InputError::Invalid {
                 what: "data to standardise",
                 reason: "is empty".into(),
-            });
+            }));
         }
         if x.iter().any(|v| !v.is_finite()) {
-            return Err(DataError::InvalidArgument {
+            return Err(DataError::Input(InputError::Invalid {
                 what: "data to standardise",
                 reason: "has non-finite values".into(),
-            });
+            }));
         }
         let n = x.nrows() as f64;
         let mean: Vec<f64> = x.column_iter().map(|c| c.sum() / n).collect();
@@ -50,10 +51,10 @@ impl Standardizer {
     }
     fn check(&self, x: &DMatrix<f64>) -> Result<()> {
         if x.ncols() != self.mean.len() {
-            return Err(DataError::InvalidArgument {
+            return Err(DataError::Input(InputError::Invalid {
                 what: "columns",
                 reason: format!("standardiser fitted on {} columns, got {}", self.mean.len(), x.ncols()),
-            });
+            }));
         }
         Ok(())
     }
@@ -85,16 +86,16 @@ pub struct Fold {
 /// 5 folds, 10% validation). Every row is in exactly one test fold.
 pub fn kfold(n: usize, k: usize, validation_fraction: f64, rng: &mut dyn RngCore) -> Result<Vec<Fold>> {
     if k < 2 || k > n {
-        return Err(DataError::InvalidArgument {
+        return Err(DataError::Input(InputError::Invalid {
             what: "k",
             reason: format!("need 2 ≤ k ≤ n, got k = {k}, n = {n}"),
-        });
+        }));
     }
     if !(0.0..1.0).contains(&validation_fraction) {
-        return Err(DataError::InvalidArgument {
+        return Err(DataError::Input(InputError::Invalid {
             what: "validation_fraction",
             reason: format!("{validation_fraction} not in [0, 1)"),
-        });
+        }));
     }
     let mut idx: Vec<usize> = (0..n).collect();
     idx.shuffle(rng);
@@ -105,10 +106,10 @@ pub fn kfold(n: usize, k: usize, validation_fraction: f64, rng: &mut dyn RngCore
             let rest: Vec<usize> = idx[..lo].iter().chain(&idx[hi..]).cloned().collect();
             let n_val = (validation_fraction * rest.len() as f64).round() as usize;
             if n_val >= rest.len() {
-                return Err(DataError::InvalidArgument {
+                return Err(DataError::Input(InputError::Invalid {
                     what: "validation_fraction",
                     reason: "leaves no training rows".into(),
-                });
+                }));
             }
             Ok(Fold { validation: rest[..n_val].to_vec(), train: rest[n_val..].to_vec(), test })
         })
@@ -120,10 +121,10 @@ pub fn kfold(n: usize, k: usize, validation_fraction: f64, rng: &mut dyn RngCore
 pub fn chronological_split(n: usize, fraction: f64) -> Result<(Vec<usize>, Vec<usize>)> {
     let cut = (fraction * n as f64).floor() as usize;
     if !(fraction > 0.0 && fraction < 1.0) || cut == 0 || cut >= n {
-        return Err(DataError::InvalidArgument {
+        return Err(DataError::Input(InputError::Invalid {
             what: "chronological split",
             reason: format!("fraction {fraction} of {n} rows leaves an empty part"),
-        });
+        }));
     }
     Ok(((0..cut).collect(), (cut..n).collect()))
 }
@@ -136,10 +137,10 @@ pub type OneHotLayout = Vec<(usize, Option<f64>)>;
 /// column, `(original column, category value or None)`.
 pub fn one_hot(x: &DMatrix<f64>, categorical: &[usize]) -> Result<(DMatrix<f64>, OneHotLayout)> {
     if let Some(&bad) = categorical.iter().find(|&&c| c >= x.ncols()) {
-        return Err(DataError::InvalidArgument {
+        return Err(DataError::Input(InputError::Invalid {
             what: "categorical column",
             reason: format!("{bad} ≥ {} columns", x.ncols()),
-        });
+        }));
     }
     let mut layout = Vec::new();
     for j in 0..x.ncols() {
@@ -169,10 +170,10 @@ pub fn one_hot(x: &DMatrix<f64>, categorical: &[usize]) -> Result<(DMatrix<f64>,
 /// hyperparameters are fitted on the distinct records only.
 pub fn distinct_rows(x: &DMatrix<f64>, y: &DMatrix<f64>) -> Result<Vec<usize>> {
     if x.nrows() != y.nrows() {
-        return Err(DataError::InvalidArgument {
+        return Err(DataError::Input(InputError::Invalid {
             what: "distinct rows",
             reason: format!("inputs have {} rows, targets {}", x.nrows(), y.nrows()),
-        });
+        }));
     }
     // -0.0 and 0.0 are the same record; NaN cells compare by bits (every NaN row stays distinct
     // from non-NaN ones).

@@ -1,6 +1,7 @@
 //! Bundled datasets (counts + checksums), generators (moments, supports), loaders (errors),
 //! splits and preprocessing (invariants).
 
+use fspace_input::InputError;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -230,7 +231,10 @@ fn distinct_rows_drop_exact_duplicate_records_only() {
     let y = DMatrix::from_column_slice(5, 1, &[7.0, 7.0, 8.0, 1.0, 1.0]);
     // Row 1 repeats row 0; row 2 has row 0's inputs but another target (kept); -0.0 == 0.0.
     assert_eq!(distinct_rows(&x, &y).unwrap(), vec![0, 2, 3]);
-    assert!(matches!(distinct_rows(&x, &DMatrix::zeros(4, 1)), Err(DataError::InvalidArgument { .. })));
+    assert!(matches!(
+        distinct_rows(&x, &DMatrix::zeros(4, 1)),
+        Err(DataError::Input(InputError::Invalid { .. }))
+    ));
     // Red wine ships 240 exact duplicate records (1 599 rows, 1 359 distinct), the reason the
     // UCI experiments fit GP hyperparameters on distinct records.
     let wine = wine_quality_red().unwrap();

@@ -1,29 +1,16 @@
 //! Errors of FSP-Laplace: the building blocks' errors, passed through with their messages, and
 //! the method's own configuration and shape checks.
 
+use fspace_input::InputError;
 use thiserror::Error;
 
 /// Everything that can go wrong in FSP-Laplace.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum FspError {
-    /// Sizes that must agree do not (inputs vs. network, outputs vs. kernel, targets vs. inputs).
-    #[error("dimension mismatch in {what}: expected {expected}, found {found}")]
-    DimensionMismatch {
-        /// Which quantity.
-        what: &'static str,
-        /// Required size.
-        expected: usize,
-        /// Given size.
-        found: usize,
-    },
-    /// A configuration value outside its domain.
-    #[error("invalid configuration {what}: {reason}")]
-    InvalidConfig {
-        /// Which option.
-        what: &'static str,
-        /// Why.
-        reason: String,
-    },
+    /// A shape, non-finite, empty or out-of-range input (the workspace's shared
+    /// [`InputError`](fspace_input::InputError)).
+    #[error(transparent)]
+    Input(#[from] fspace_input::InputError),
     /// The network (forward, J·u, Jᵀ·V, training).
     #[error("network: {0}")]
     Network(#[from] fspace_nn::NnError),
@@ -48,13 +35,9 @@ pub enum FspError {
 pub type Result<T, E = FspError> = std::result::Result<T, E>;
 
 pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> FspError {
-    FspError::InvalidConfig { what, reason: reason.into() }
+    FspError::Input(InputError::Invalid { what, reason: reason.into() })
 }
 
 pub(crate) fn ensure_dim(what: &'static str, expected: usize, found: usize) -> Result<()> {
-    if expected == found {
-        Ok(())
-    } else {
-        Err(FspError::DimensionMismatch { what, expected, found })
-    }
+    Ok(fspace_input::ensure_dim(what, expected, found)?)
 }

@@ -6,6 +6,7 @@ use fspace_core::{
     Categorical, Data, Fitted, Gaussian, Likelihood, LikelihoodSpec, Persist, Posterior, Progress,
 };
 use fspace_fsp_laplace::*;
+use fspace_input::InputError;
 use fspace_kernels::GpPrior;
 use fspace_kernels::{gram, Independent, Matern12, Rbf};
 use fspace_nn::{Activation, Mlp, MlpConfig, TrainConfig};
@@ -307,13 +308,17 @@ fn bad_input_is_a_typed_error() {
     // Targets vs inputs, context dimension, prior/likelihood outputs, NaN data, bad options.
     assert!(matches!(
         laplace(&net, &lik, &prior, &x, &DVector::zeros(2), &c, &LaplaceConfig::default()),
-        Err(FspError::DimensionMismatch { .. })
+        Err(FspError::Input(InputError::DimensionMismatch { .. }))
     ));
     assert!(laplace(&net, &lik, &prior, &x, &y, &DMatrix::zeros(4, 2), &LaplaceConfig::default()).is_err());
     let two = GpPrior::centered(Independent::new(Rbf::new(1.0, 0.5).unwrap(), 2).unwrap());
     assert!(matches!(
         laplace(&net, &lik, &two, &x, &y, &c, &LaplaceConfig::default()),
-        Err(FspError::Kernel(fspace_kernels::KernelError::DimensionMismatch { expected: 1, found: 2, .. }))
+        Err(FspError::Kernel(fspace_kernels::KernelError::Input(InputError::DimensionMismatch {
+            expected: 1,
+            found: 2,
+            ..
+        })))
     ));
     assert!(
         laplace(&net, &Categorical::new(2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).is_err()
@@ -322,12 +327,21 @@ fn bad_input_is_a_typed_error() {
     bad[(1, 0)] = f64::NAN;
     assert!(laplace(&net, &lik, &prior, &bad, &y, &c, &LaplaceConfig::default()).is_err());
     let cfg = LaplaceConfig { rank_rtol: 0.0, ..Default::default() };
-    assert!(matches!(laplace(&net, &lik, &prior, &x, &y, &c, &cfg), Err(FspError::InvalidConfig { .. })));
+    assert!(matches!(
+        laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
+        Err(FspError::Input(InputError::Invalid { .. }))
+    ));
     let cfg = LaplaceConfig { max_rank: 0, ..Default::default() };
-    assert!(matches!(laplace(&net, &lik, &prior, &x, &y, &c, &cfg), Err(FspError::InvalidConfig { .. })));
+    assert!(matches!(
+        laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
+        Err(FspError::Input(InputError::Invalid { .. }))
+    ));
     for scale in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         let cfg = LaplaceConfig { ggn_scale: scale, ..Default::default() };
-        assert!(matches!(laplace(&net, &lik, &prior, &x, &y, &c, &cfg), Err(FspError::InvalidConfig { .. })));
+        assert!(matches!(
+            laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
+            Err(FspError::Input(InputError::Invalid { .. }))
+        ));
     }
     // Training: zero context points, bad jitter, context sampler of the wrong dimension.
     let sampler = fspace_context::UniformSampler::new(BoundingBox::cube(1, -2.0, 2.0).unwrap());
@@ -353,7 +367,7 @@ fn bad_input_is_a_typed_error() {
     );
     assert!(matches!(
         with_data_points(&design, &DMatrix::zeros(1, 3)),
-        Err(FspError::DimensionMismatch { .. })
+        Err(FspError::Input(InputError::DimensionMismatch { .. }))
     ));
     let _ = TrainConfig::default();
 }

@@ -11,6 +11,7 @@
 //! measurement points; for `d'` outputs per point the matrices are `M·d'` square and the
 //! shift is still `γM`, the operator regulariser `γ` times the sample count).
 
+use fspace_input::InputError;
 use fspace_linalg::blocked::spd_inverse_and_logdet;
 use nalgebra::{DMatrix, DVector};
 
@@ -42,7 +43,7 @@ fn check(
 ) -> Result<()> {
     let m = mean_q.len();
     if m == 0 {
-        return Err(GfsviError::Empty { what: "Gaussian KL (no dimensions)" });
+        return Err(GfsviError::Input(InputError::Empty { what: "Gaussian KL (no dimensions)" }));
     }
     for (what, found) in [
         ("prior mean length", mean_p.len()),
@@ -52,7 +53,7 @@ fn check(
         ("prior covariance columns", cov_p.ncols()),
     ] {
         if found != m {
-            return Err(GfsviError::DimensionMismatch { what, expected: m, found });
+            return Err(GfsviError::Input(InputError::DimensionMismatch { what, expected: m, found }));
         }
     }
     ensure_finite("variational mean", mean_q.iter())?;

@@ -17,6 +17,7 @@
 
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
 use fspace_core::{Categorical, Data, Fitted, Likelihood, LikelihoodSpec, Observer, Silent};
+use fspace_input::InputError;
 
 use crate::observation::{observation, Observation};
 use fspace_nn::Network;
@@ -114,11 +115,11 @@ pub fn fit_fvi_observed<N: Network + Clone>(
         }
     }
     if prior.output_dim() != q {
-        return Err(GfsviError::DimensionMismatch {
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
             what: "prior outputs (network outputs)",
             expected: q,
             found: prior.output_dim(),
-        });
+        }));
     }
     if config.n_uniform + config.n_batch == 0 {
         return Err(invalid("number of measurement points M", "n_uniform + n_batch must be ≥ 1"));

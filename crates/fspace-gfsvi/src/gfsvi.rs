@@ -27,6 +27,7 @@ use fspace_core::{
     sample_gaussian, Data, Fitted, FunctionPredictive, LikelihoodSpec, Observer, Persist, PersistError,
     Posterior, Silent,
 };
+use fspace_input::InputError;
 use fspace_nn::{GramCotangent, Network, NnError, Outputs, WeightedGram};
 use nalgebra::{DMatrix, DVector};
 use rand::{RngCore, SeedableRng};
@@ -153,17 +154,21 @@ pub struct ObjectiveValue {
 
 fn check_data(x: &DMatrix<f64>, y: &DMatrix<f64>, d: usize, q: usize) -> Result<()> {
     if x.nrows() == 0 {
-        return Err(GfsviError::Empty { what: "training inputs" });
+        return Err(GfsviError::Input(InputError::Empty { what: "training inputs" }));
     }
     if x.ncols() != d {
-        return Err(GfsviError::DimensionMismatch { what: "input columns", expected: d, found: x.ncols() });
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
+            what: "input columns",
+            expected: d,
+            found: x.ncols(),
+        }));
     }
     if y.shape() != (x.nrows(), q) {
-        return Err(GfsviError::DimensionMismatch {
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
             what: "targets (n × d')",
             expected: x.nrows() * q,
             found: y.len(),
-        });
+        }));
     }
     ensure_finite("training inputs", x.iter())?;
     ensure_finite("training targets", y.iter())
@@ -324,11 +329,11 @@ pub fn objective_with<N: Network>(
     let divergence = match prior {
         KlPrior::Gp(gp) => {
             if gp.output_dim() != q {
-                return Err(GfsviError::DimensionMismatch {
+                return Err(GfsviError::Input(InputError::DimensionMismatch {
                     what: "prior outputs (network outputs)",
                     expected: q,
                     found: gp.output_dim(),
-                });
+                }));
             }
             let kl = regularized_kl(&mean_q, &cov_q, &gp.mean_at(x_m)?, &gp.gram(x_m)?, gamma, m_pts, false)?;
             grad_m -= net.vjp(x_m, &as_points(&kl.grad_mean, m_pts, q))?;
@@ -413,7 +418,9 @@ pub fn fit_observed<N: Network + Clone>(
     check_targets(x, y, net.input_dim(), q, &term_kind)?;
     if let Some((xv, yv)) = validation {
         check_targets(xv, yv, net.input_dim(), q, &term_kind).map_err(|e| match e {
-            GfsviError::Empty { .. } => GfsviError::Empty { what: "validation inputs" },
+            GfsviError::Input(InputError::Empty { .. }) => {
+                GfsviError::Input(InputError::Empty { what: "validation inputs" })
+            }
             e => e,
         })?;
     }
@@ -427,11 +434,11 @@ pub fn fit_observed<N: Network + Clone>(
         None => BoundingBox::from_data(x, 0.0)?,
     };
     if bbox.dim() != x.ncols() {
-        return Err(GfsviError::DimensionMismatch {
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
             what: "measurement box dimension",
             expected: x.ncols(),
             found: bbox.dim(),
-        });
+        }));
     }
     let sampler = UniformSampler::new(bbox);
     let p = net.n_params();
@@ -519,14 +526,16 @@ impl<N: Network + Clone> LinearizedPosterior<N> {
     /// The network (weights at `m`), weight variances `s` and likelihood scale `σ_y`.
     pub fn new(net: N, s: DVector<f64>, noise_std: f64) -> Result<Self> {
         if s.len() != net.n_params() {
-            return Err(GfsviError::DimensionMismatch {
+            return Err(GfsviError::Input(InputError::DimensionMismatch {
                 what: "weight variances",
                 expected: net.n_params(),
                 found: s.len(),
-            });
+            }));
         }
         if s.iter().any(|v| !v.is_finite() || *v < 0.0) {
-            return Err(GfsviError::NonFinite { what: "weight variances (must be finite and ≥ 0)" });
+            return Err(GfsviError::Input(InputError::NonFinite {
+                what: "weight variances (must be finite and ≥ 0)",
+            }));
         }
         Ok(Self { net, s, noise_std })
     }

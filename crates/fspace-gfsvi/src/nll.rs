@@ -1,6 +1,7 @@
 //! Validation losses of the VI methods: mean Gaussian and categorical NLL of a predictive.
 
 use fspace_core::FunctionPredictive;
+use fspace_input::InputError;
 use nalgebra::DMatrix;
 
 use crate::error::{GfsviError, Result};
@@ -14,11 +15,11 @@ pub(crate) fn categorical_nll(probs: &DMatrix<f64>, labels: &[f64]) -> Result<f6
 /// Mean Gaussian NLL per target of a predictive of `f` plus noise `σ_y`.
 pub fn gaussian_nll(pred: &FunctionPredictive, y: &DMatrix<f64>, noise_std: f64) -> Result<f64> {
     if pred.mean.shape() != y.shape() {
-        return Err(GfsviError::DimensionMismatch {
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
             what: "targets for the NLL",
             expected: pred.mean.len(),
             found: y.len(),
-        });
+        }));
     }
     let s2 = noise_std * noise_std;
     let total: f64 = pred

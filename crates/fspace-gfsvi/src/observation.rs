@@ -2,6 +2,7 @@
 //! [`LikelihoodSpec`].
 
 use fspace_core::LikelihoodSpec;
+use fspace_input::InputError;
 
 use crate::error::{GfsviError, Result};
 
@@ -26,11 +27,11 @@ pub(crate) fn observation(
 ) -> Result<(Observation, f64, bool)> {
     spec.validate()?;
     if spec.output_dim() != outputs {
-        return Err(GfsviError::DimensionMismatch {
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
             what: "likelihood outputs vs. network outputs (one-output regression is `Gaussian`, several `IsotropicGaussian`)",
             expected: outputs,
             found: spec.output_dim(),
-        });
+        }));
     }
     match *spec {
         LikelihoodSpec::Gaussian { sigma, learn }

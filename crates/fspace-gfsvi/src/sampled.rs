@@ -2,6 +2,7 @@
 //! Gaussian `q(w) = N(m, diag(σ²))` on the (non-linearised) network — what FVI and MFVI return.
 
 use fspace_core::{Fitted, FunctionPredictive, Observer, Persist, PersistError, Posterior};
+use fspace_input::InputError;
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -213,17 +214,21 @@ pub(crate) fn check_regression(
     what: &'static str,
 ) -> Result<()> {
     if x.nrows() == 0 {
-        return Err(GfsviError::Empty { what });
+        return Err(GfsviError::Input(InputError::Empty { what }));
     }
     if x.ncols() != d {
-        return Err(GfsviError::DimensionMismatch { what: "input columns", expected: d, found: x.ncols() });
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
+            what: "input columns",
+            expected: d,
+            found: x.ncols(),
+        }));
     }
     if y.shape() != (x.nrows(), q) {
-        return Err(GfsviError::DimensionMismatch {
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
             what: "targets (n × d')",
             expected: x.nrows() * q,
             found: y.len(),
-        });
+        }));
     }
     ensure_finite("inputs", x.iter())?;
     ensure_finite("targets", y.iter())

@@ -9,6 +9,7 @@
 //! `β_j = −E_q ∇ψ_j ≈ −(1/K) Σ_m ∇ψ_j(x_m)`, and `ĝ(x) = Σ_j β_j ψ_j(x)`. The eigenpairs kept
 //! are the largest ones covering `threshold` of the Gram spectrum (Sun et al.'s 0.99).
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, SymmetricEigen};
 
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
@@ -35,7 +36,9 @@ impl Ssge {
     pub fn score_at_samples(&self, samples: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         let (k, d) = samples.shape();
         if k < 2 || d == 0 {
-            return Err(GfsviError::Empty { what: "SSGE samples (need K ≥ 2 samples of dimension ≥ 1)" });
+            return Err(GfsviError::Input(InputError::Empty {
+                what: "SSGE samples (need K ≥ 2 samples of dimension ≥ 1)",
+            }));
         }
         ensure_finite("SSGE samples", samples.iter())?;
         if !(self.threshold > 0.0 && self.threshold <= 1.0) {

@@ -4,6 +4,7 @@
 
 use fspace_core::{Data, Fitted, LikelihoodSpec};
 use fspace_gfsvi::*;
+use fspace_input::InputError;
 use fspace_kernels::GpPrior;
 
 /// The paper's likelihood: σ_y learned from 1.
@@ -145,15 +146,15 @@ fn regularized_kl_tends_to_the_kl_of_a_linear_model_as_gamma_vanishes() {
     // Bad input.
     assert!(matches!(
         regularized_kl(&a, &aa, &b, &bb, 0.0, 4, false),
-        Err(GfsviError::InvalidParameter { .. })
+        Err(GfsviError::Input(InputError::Invalid { .. }))
     ));
     assert!(matches!(
         regularized_kl(&a, &aa, &b, &bb, -1.0, 4, false),
-        Err(GfsviError::InvalidParameter { .. })
+        Err(GfsviError::Input(InputError::Invalid { .. }))
     ));
     assert!(matches!(
         regularized_kl(&a, &aa, &b, &bb, 1e-3, 0, false),
-        Err(GfsviError::InvalidParameter { .. })
+        Err(GfsviError::Input(InputError::Invalid { .. }))
     ));
     let neg = -DMatrix::<f64>::identity(4, 4);
     assert!(matches!(gaussian_kl(&a, &aa, &b, &neg, false), Err(GfsviError::NotPositiveDefinite { .. })));
@@ -340,7 +341,7 @@ fn bad_input_gets_typed_errors() {
     let y = x.map(|v| v.sin());
     let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
     let invalid = |e: Result<Fitted<LinearizedPosterior<Mlp>, OptimReport>>| {
-        matches!(e, Err(GfsviError::InvalidParameter { .. }))
+        matches!(e, Err(GfsviError::Input(InputError::Invalid { .. })))
     };
     assert!(invalid(fit_g(
         &net,
@@ -382,20 +383,23 @@ fn bad_input_gets_typed_errors() {
     bad[(3, 0)] = f64::NAN;
     assert!(matches!(
         fit_g(&net, LEARNED, &prior, &x, &bad, None, &GfsviConfig::default()),
-        Err(GfsviError::NonFinite { .. } | GfsviError::Core(fspace_core::CoreError::NonFinite { .. }))
+        Err(GfsviError::Input(InputError::NonFinite { .. })
+            | GfsviError::Core(fspace_core::CoreError::Input(InputError::NonFinite { .. })))
     ));
     let empty = DMatrix::<f64>::zeros(0, 1);
     assert!(matches!(
         fit_g(&net, LEARNED, &prior, &empty, &empty, None, &GfsviConfig::default()),
-        Err(GfsviError::Empty { .. } | GfsviError::Core(fspace_core::CoreError::Empty { .. }))
+        Err(GfsviError::Input(InputError::Empty { .. })
+            | GfsviError::Core(fspace_core::CoreError::Input(InputError::Empty { .. })))
     ));
     assert!(matches!(
         fit_g(&net, LEARNED, &prior, &x, &y, Some((&empty, &empty)), &GfsviConfig::default()),
-        Err(GfsviError::Empty { .. } | GfsviError::Core(fspace_core::CoreError::Empty { .. }))
+        Err(GfsviError::Input(InputError::Empty { .. })
+            | GfsviError::Core(fspace_core::CoreError::Input(InputError::Empty { .. })))
     ));
     assert!(matches!(
         fit_mfvi_g(&net, LEARNED, &x, &y, None, &MfviConfig { prior_std: -0.75, ..Default::default() }),
-        Err(GfsviError::InvalidParameter { .. })
+        Err(GfsviError::Input(InputError::Invalid { .. }))
     ));
     let gp = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
     assert!(matches!(
@@ -408,11 +412,12 @@ fn bad_input_gets_typed_errors() {
             None,
             &FviConfig { n_uniform: 0, n_batch: 0, ..Default::default() }
         ),
-        Err(GfsviError::InvalidParameter { .. })
+        Err(GfsviError::Input(InputError::Invalid { .. }))
     ));
     assert!(matches!(
         fit_fvi_g(&net, LEARNED, &gp, &x, &bad, None, &FviConfig::default()),
-        Err(GfsviError::NonFinite { .. } | GfsviError::Core(fspace_core::CoreError::NonFinite { .. }))
+        Err(GfsviError::Input(InputError::NonFinite { .. })
+            | GfsviError::Core(fspace_core::CoreError::Input(InputError::NonFinite { .. })))
     ));
 }
 
@@ -500,7 +505,7 @@ fn categorical_objective_gradient_matches_finite_differences_and_fit_runs() {
     let bad = DMatrix::from_column_slice(6, 1, &[0.0, 3.0, 1.0, 1.0, 0.0, 2.0]);
     assert!(matches!(
         objective_with(&mut n0, &params, &prior, &term, &xb, &bad, 20, &xm, 1e-3),
-        Err(GfsviError::InvalidParameter { .. })
+        Err(GfsviError::Input(InputError::Invalid { .. }))
     ));
     let cfg = GfsviConfig {
         measurement_points: 10,
@@ -610,13 +615,13 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
     for bad in [DMatrix::from_element(150, 1, 3.0), DMatrix::from_element(150, 1, 0.5)] {
         assert!(matches!(
             fit_fvi_g(&net, LikelihoodSpec::categorical(3), &prior, &x, &bad, None, &config),
-            Err(GfsviError::InvalidParameter { .. })
+            Err(GfsviError::Input(InputError::Invalid { .. }))
         ));
     }
     assert!(matches!(
         fit_fvi_g(&net, LikelihoodSpec::categorical(3), &prior, &x, &DMatrix::zeros(150, 3), None, &config),
-        Err(GfsviError::DimensionMismatch { .. }
-            | GfsviError::Core(fspace_core::CoreError::DimensionMismatch { .. }))
+        Err(GfsviError::Input(InputError::DimensionMismatch { .. })
+            | GfsviError::Core(fspace_core::CoreError::Input(InputError::DimensionMismatch { .. })))
     ));
 }
 
@@ -728,7 +733,7 @@ fn the_likelihood_spec_sets_sigma_y_and_refuses_what_a_method_lacks() {
         assert!(
             matches!(
                 e,
-                GfsviError::DimensionMismatch { .. }
+                GfsviError::Input(InputError::DimensionMismatch { .. })
                     | GfsviError::Core(fspace_core::CoreError::Unsupported { method: "GFSVI / TFSVI", .. })
             ),
             "{e}"
@@ -736,7 +741,7 @@ fn the_likelihood_spec_sets_sigma_y_and_refuses_what_a_method_lacks() {
     }
     let e =
         fit_mfvi_g(&net, LikelihoodSpec::categorical(2), &x, &y, None, &MfviConfig::default()).unwrap_err();
-    assert!(matches!(e, GfsviError::DimensionMismatch { .. }), "{e}");
+    assert!(matches!(e, GfsviError::Input(InputError::DimensionMismatch { .. })), "{e}");
 }
 
 #[test]

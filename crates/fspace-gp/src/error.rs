@@ -1,6 +1,7 @@
 //! Error type of the GP crate.
 
 use fspace_core::CoreError;
+use fspace_input::InputError;
 use fspace_kernels::KernelError;
 use fspace_linalg::LinalgError;
 use thiserror::Error;
@@ -8,14 +9,10 @@ use thiserror::Error;
 /// Everything that can go wrong in the GP baselines.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum GpError {
-    /// Inputs of the wrong shape, empty, non-finite, or otherwise invalid.
-    #[error("invalid input {what}: {reason}")]
-    InvalidInput {
-        /// Which input.
-        what: &'static str,
-        /// Why.
-        reason: String,
-    },
+    /// A shape, non-finite, empty or out-of-range input (the workspace's shared
+    /// [`InputError`](fspace_input::InputError)).
+    #[error(transparent)]
+    Input(#[from] fspace_input::InputError),
     /// An optimiser produced non-finite hyperparameters or objective in every restart.
     #[error("hyperparameter optimisation diverged: {0}")]
     Diverged(String),
@@ -34,7 +31,7 @@ pub enum GpError {
 pub type Result<T, E = GpError> = std::result::Result<T, E>;
 
 pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> GpError {
-    GpError::InvalidInput { what, reason: reason.into() }
+    GpError::Input(InputError::Invalid { what, reason: reason.into() })
 }
 
 /// Point-major flattening of an `n × q` matrix (row `i` = outputs of point `i`).

@@ -2,6 +2,7 @@
 
 use fspace_core::{class_probabilities, ClassProbMethod, Posterior};
 use fspace_gp::*;
+use fspace_input::InputError;
 use fspace_kernels::*;
 use fspace_testutil::{assert_mat_close, fd_gradient, rand_uniform, randn, randn_vec, rng, three_blobs};
 use nalgebra::{DMatrix, DVector};
@@ -400,7 +401,7 @@ fn bad_input_is_a_typed_error() {
     let k = Rbf::new(1.0, 1.0).unwrap();
     assert!(matches!(
         ExactGp::fit(k.clone(), PriorMean::Zero, Noise::Homoscedastic(0.1), &x, &y),
-        Err(GpError::InvalidInput { .. })
+        Err(GpError::Input(InputError::Invalid { .. }))
     ));
     let y = DMatrix::from_row_slice(3, 1, &[0.0, 0.5, 1.0]);
     assert!(ExactGp::fit(k.clone(), PriorMean::Zero, Noise::Homoscedastic(-0.1), &x, &y).is_err());
@@ -424,7 +425,7 @@ fn bad_input_is_a_typed_error() {
     assert!(
         matches!(
             svgp.train(&x, &y.column(0).into_owned(), &SvgpConfig::default()),
-            Err(GpError::InvalidInput { .. })
+            Err(GpError::Input(InputError::Invalid { .. }))
         ),
         "more inducing points than data"
     );
@@ -645,14 +646,14 @@ fn fit_exact_is_the_exact_gp_in_the_workspace_call_shape() {
     // Learning σ, a classification likelihood and mismatched outputs are typed errors.
     assert!(matches!(
         fit_exact(&prior, LikelihoodSpec::gaussian_learned(0.1), &data),
-        Err(GpError::InvalidInput { .. })
+        Err(GpError::Input(InputError::Invalid { .. }))
     ));
     assert!(matches!(
         fit_exact(&prior, LikelihoodSpec::Bernoulli, &data),
         Err(GpError::Core(CoreError::Unsupported { .. }))
     ));
     let iso = LikelihoodSpec::IsotropicGaussian { sigma: 0.1, outputs: 2, learn: false };
-    assert!(matches!(fit_exact(&prior, iso, &data), Err(GpError::InvalidInput { .. })));
+    assert!(matches!(fit_exact(&prior, iso, &data), Err(GpError::Input(InputError::Invalid { .. }))));
 }
 
 #[test]
@@ -712,6 +713,6 @@ fn fit_svgp_is_the_svgp_in_the_workspace_call_shape() {
     let data2 = Data::new(&x, &y2).unwrap();
     assert!(matches!(
         fit_svgp(kernel, PriorMean::Zero, LikelihoodSpec::gaussian(0.1), &data2, &cfg),
-        Err(GpError::InvalidInput { .. })
+        Err(GpError::Input(InputError::Invalid { .. }))
     ));
 }

@@ -15,6 +15,7 @@
 //! Hyperparameters of a composite are the concatenation of its parts' (names prefixed with
 //! `term{i}.`, `factor{i}.` or `inner.`).
 
+use fspace_input::InputError;
 use std::ops::{Add, Mul};
 
 use crate::error::{check_param_len, from_log, positive, KernelError, Result};
@@ -57,7 +58,7 @@ fn set_parts(parts: &mut [Box<dyn Kernel>], p: &[f64]) -> Result<()> {
 
 fn non_empty(parts: &[Box<dyn Kernel>], what: &'static str) -> Result<()> {
     if parts.is_empty() {
-        Err(KernelError::DimensionMismatch { what, expected: 1, found: 0 })
+        Err(KernelError::Input(InputError::DimensionMismatch { what, expected: 1, found: 0 }))
     } else {
         Ok(())
     }

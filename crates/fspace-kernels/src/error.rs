@@ -1,11 +1,16 @@
 //! Error type of the kernels crate.
 
+use fspace_input::InputError;
 use fspace_linalg::LinalgError;
 use thiserror::Error;
 
 /// Everything that can go wrong when building or evaluating a kernel.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum KernelError {
+    /// A shape, non-finite, empty or out-of-range input (the workspace's shared
+    /// [`InputError`](fspace_input::InputError)).
+    #[error(transparent)]
+    Input(#[from] fspace_input::InputError),
     /// A hyperparameter is non-positive, non-finite or otherwise out of range.
     #[error("invalid hyperparameter {name} = {value}: {reason}")]
     InvalidHyperparameter {
@@ -15,28 +20,6 @@ pub enum KernelError {
         value: f64,
         /// Why it was rejected.
         reason: &'static str,
-    },
-    /// Points (or another input) contain NaN or ±∞.
-    #[error("non-finite value in {what}")]
-    NonFinite {
-        /// Which input.
-        what: &'static str,
-    },
-    /// A point set with no rows, or no columns.
-    #[error("empty point set: {what}")]
-    EmptyPoints {
-        /// Which input.
-        what: &'static str,
-    },
-    /// Sizes that must agree do not (e.g. ARD lengthscales vs. input dimension).
-    #[error("dimension mismatch in {what}: expected {expected}, found {found}")]
-    DimensionMismatch {
-        /// Which quantity.
-        what: &'static str,
-        /// Required size.
-        expected: usize,
-        /// Given size.
-        found: usize,
     },
     /// The operation is not available for this kernel (e.g. serialising a user kernel).
     #[error("unsupported: {0}")]
@@ -77,18 +60,22 @@ pub fn check_param_len(expected: usize, found: usize) -> Result<()> {
     if expected == found {
         Ok(())
     } else {
-        Err(KernelError::DimensionMismatch { what: "log-hyperparameter vector", expected, found })
+        Err(KernelError::Input(InputError::DimensionMismatch {
+            what: "log-hyperparameter vector",
+            expected,
+            found,
+        }))
     }
 }
 
 /// Checks a lengthscale vector: one value (isotropic) or one per dimension, all positive.
 pub(crate) fn validate_lengthscales(lengthscales: &[f64]) -> Result<()> {
     if lengthscales.is_empty() {
-        return Err(KernelError::DimensionMismatch {
+        return Err(KernelError::Input(InputError::DimensionMismatch {
             what: "lengthscales (need 1 for isotropic or d for ARD)",
             expected: 1,
             found: 0,
-        });
+        }));
     }
     for (name, &l) in crate::names::indexed_names("lengthscale", lengthscales.len()).iter().zip(lengthscales)
     {

@@ -4,6 +4,7 @@
 //! Points are the rows of an `n × d` matrix. For a kernel with `d'` outputs, the Gram matrix
 //! `K(X, Y)` is `(n·d') × (m·d')`, ordered point-major: row `i·d' + a` is output `a` of point `i`.
 
+use fspace_input::InputError;
 use fspace_linalg::LinearOperator;
 use nalgebra::{DMatrix, DMatrixView, DVector};
 use rayon::prelude::*;
@@ -28,10 +29,10 @@ impl PointSet {
     /// Copies the rows of `x` after checking it is non-empty and finite.
     pub fn new(what: &'static str, x: &DMatrix<f64>) -> Result<Self> {
         if x.nrows() == 0 || x.ncols() == 0 {
-            return Err(KernelError::EmptyPoints { what });
+            return Err(KernelError::Input(InputError::Empty { what }));
         }
         if x.iter().any(|v| !v.is_finite()) {
-            return Err(KernelError::NonFinite { what });
+            return Err(KernelError::Input(InputError::NonFinite { what }));
         }
         let (n, d) = x.shape();
         let mut data = Vec::with_capacity(n * d);
@@ -72,11 +73,11 @@ fn check_same_dim(x: &PointSet, y: &PointSet) -> Result<()> {
     if x.dim() == y.dim() {
         Ok(())
     } else {
-        Err(KernelError::DimensionMismatch {
+        Err(KernelError::Input(InputError::DimensionMismatch {
             what: "columns of Y vs. columns of X",
             expected: x.dim(),
             found: y.dim(),
-        })
+        }))
     }
 }
 

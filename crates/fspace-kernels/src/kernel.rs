@@ -13,6 +13,7 @@
 //!
 //! Users add kernels by implementing these traits; nothing here is a closed enum.
 
+use fspace_input::InputError;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -37,11 +38,13 @@ pub trait KernelBase: Send + Sync + Debug {
     /// part, so conflicting ARD dimensions are reported instead of indexing out of bounds).
     fn check_input_dim(&self, d: usize) -> Result<()> {
         match self.input_dim() {
-            Some(expected) if expected != d => Err(crate::KernelError::DimensionMismatch {
-                what: "point dimension vs. kernel input dimension",
-                expected,
-                found: d,
-            }),
+            Some(expected) if expected != d => {
+                Err(crate::KernelError::Input(InputError::DimensionMismatch {
+                    what: "point dimension vs. kernel input dimension",
+                    expected,
+                    found: d,
+                }))
+            }
             _ => Ok(()),
         }
     }

@@ -1,5 +1,6 @@
 //! Prior mean functions `μ(x)` of a Gaussian-process prior.
 
+use fspace_input::InputError;
 use std::fmt;
 use std::sync::Arc;
 
@@ -43,7 +44,7 @@ impl PriorMean {
             Self::Zero => DVector::zeros(n * outputs),
             Self::Constant(c) => {
                 if !c.is_finite() {
-                    return Err(KernelError::NonFinite { what: "constant prior mean" });
+                    return Err(KernelError::Input(InputError::NonFinite { what: "constant prior mean" }));
                 }
                 DVector::from_element(n * outputs, *c)
             }
@@ -53,7 +54,9 @@ impl PriorMean {
                     f(points.row(i), &mut out.as_mut_slice()[i * outputs..(i + 1) * outputs]);
                 }
                 if out.iter().any(|v| !v.is_finite()) {
-                    return Err(KernelError::NonFinite { what: "prior mean function output" });
+                    return Err(KernelError::Input(InputError::NonFinite {
+                        what: "prior mean function output",
+                    }));
                 }
                 out
             }

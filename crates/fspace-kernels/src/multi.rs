@@ -3,6 +3,7 @@
 use crate::error::{check_param_len, KernelError, Result};
 use crate::kernel::{Kernel, KernelBase, MatrixKernel, SecondOrderKernel};
 use crate::spec::MatrixKernelSpec;
+use fspace_input::InputError;
 
 /// `d'` independent outputs sharing one scalar kernel: `k(x, y) = k₀(x, y) · I_{d'}`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -15,11 +16,11 @@ impl<K: Kernel> Independent<K> {
     /// `outputs ≥ 1` independent copies of `kernel`.
     pub fn new(kernel: K, outputs: usize) -> Result<Self> {
         if outputs == 0 {
-            return Err(KernelError::DimensionMismatch {
+            return Err(KernelError::Input(InputError::DimensionMismatch {
                 what: "number of outputs of an independent multi-output kernel",
                 expected: 1,
                 found: 0,
-            });
+            }));
         }
         Ok(Self { kernel, outputs })
     }

@@ -2,6 +2,7 @@
 //! takes: FSP-Laplace regularises with it, GFSVI and FVI measure their KL against it, and the
 //! GP baselines are its posteriors.
 
+use fspace_input::InputError;
 use std::sync::Arc;
 
 use nalgebra::{DMatrix, DVector};
@@ -157,11 +158,11 @@ impl GpPrior {
     /// Checks the prior against a model's input and output dimensions.
     pub fn check(&self, input_dim: usize, output_dim: usize) -> Result<()> {
         if self.output_dim() != output_dim {
-            return Err(KernelError::DimensionMismatch {
+            return Err(KernelError::Input(InputError::DimensionMismatch {
                 what: "prior outputs vs. network outputs",
                 expected: output_dim,
                 found: self.output_dim(),
-            });
+            }));
         }
         self.kernel.check_input_dim(input_dim)
     }

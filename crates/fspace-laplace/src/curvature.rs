@@ -12,6 +12,7 @@
 //! | [`BlockDiagCurvature`] | one dense block per layer | `Σ block²` | per block |
 //! | [`KronCurvature`] (KFAC, EKFAC) | per layer `(Q_G ⊗ Q_A) diag(E) (Q_G ⊗ Q_A)ᵀ` | `Σ fan_in² + fan_out²` | two small GEMMs per side |
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rand::RngCore;
 use rand_distr::{Distribution, StandardNormal};
@@ -332,10 +333,10 @@ impl KronCurvature {
     fn layer_lambda(lam: &DVector<f64>, offset: usize, len: usize) -> Result<f64> {
         let l0 = lam[offset];
         if lam.rows(offset, len).iter().any(|&l| l != l0) {
-            return Err(LaplaceError::InvalidParameter {
+            return Err(LaplaceError::Input(InputError::Invalid {
                 what: "prior precision",
                 reason: "Kronecker-factored curvature needs one prior precision per layer".into(),
-            });
+            }));
         }
         Ok(l0)
     }

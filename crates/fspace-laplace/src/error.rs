@@ -5,6 +5,10 @@ use thiserror::Error;
 /// Everything that can go wrong when fitting or querying a Laplace approximation.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum LaplaceError {
+    /// A shape, non-finite, empty or out-of-range input (the workspace's shared
+    /// [`InputError`](fspace_input::InputError)).
+    #[error(transparent)]
+    Input(#[from] fspace_input::InputError),
     /// From the network crate (shapes, non-finite inputs, unsupported operations).
     #[error(transparent)]
     Nn(#[from] fspace_nn::NnError),
@@ -14,14 +18,6 @@ pub enum LaplaceError {
     /// From the linear algebra (non-PSD, breakdown, non-convergence).
     #[error(transparent)]
     Linalg(#[from] fspace_linalg::LinalgError),
-    /// A hyperparameter or option out of range (λ ≤ 0, T ≤ 0, rank 0, empty grid …).
-    #[error("invalid {what}: {reason}")]
-    InvalidParameter {
-        /// Which parameter.
-        what: &'static str,
-        /// Why it was rejected.
-        reason: String,
-    },
     /// A structure that cannot hold this network (full GGN too large, block too large).
     #[error("{structure} curvature is too large: {what} = {size} exceeds the limit {limit} (raise it in the structure's config, or choose another structure)")]
     TooLarge {
@@ -43,28 +39,6 @@ pub enum LaplaceError {
         /// Why.
         reason: String,
     },
-    /// Sizes that must agree do not.
-    #[error("dimension mismatch in {what}: expected {expected}, found {found}")]
-    DimensionMismatch {
-        /// Which quantity.
-        what: &'static str,
-        /// Required.
-        expected: usize,
-        /// Given.
-        found: usize,
-    },
-    /// NaN or ±∞ where finite values are required.
-    #[error("non-finite value in {what}")]
-    NonFinite {
-        /// Which input.
-        what: &'static str,
-    },
-    /// Empty data.
-    #[error("empty input: {what}")]
-    Empty {
-        /// Which input.
-        what: &'static str,
-    },
 }
 
 /// Result alias of this crate.
@@ -72,8 +46,5 @@ pub type Result<T, E = LaplaceError> = std::result::Result<T, E>;
 
 /// `λ > 0`, finite.
 pub(crate) fn ensure_positive(what: &'static str, v: f64) -> Result<()> {
-    if !(v.is_finite() && v > 0.0) {
-        return Err(LaplaceError::InvalidParameter { what, reason: format!("{v} must be finite and > 0") });
-    }
-    Ok(())
+    Ok(fspace_input::ensure_positive(what, v)?)
 }

@@ -4,6 +4,7 @@
 //! plus one chunk's Jacobian (`chunk·d' × p`) or layer statistics.
 
 use fspace_core::Likelihood;
+use fspace_input::InputError;
 use fspace_linalg::{lanczos, sym_eigh, thin_svd_owned, FnOperator, LanczosConfig, StartVector, StopReason};
 use fspace_nn::{LayerInfo, LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
@@ -642,7 +643,10 @@ pub(crate) fn low_rank<N: Network>(
     report: &mut FitReport,
 ) -> Result<EigenCurvature> {
     if config.rank == 0 {
-        return Err(LaplaceError::InvalidParameter { what: "low-rank rank", reason: "must be ≥ 1".into() });
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "low-rank rank",
+            reason: "must be ≥ 1".into(),
+        }));
     }
     crate::error::ensure_positive("low-rank tolerance", config.tol)?;
     let p = net.n_params();
@@ -743,19 +747,19 @@ pub(crate) fn build<N: Network>(
     if let Weights::Subnetwork(idx) = weights {
         let p = net.n_params();
         if idx.is_empty() {
-            return Err(LaplaceError::Empty { what: "subnetwork parameter indices" });
+            return Err(LaplaceError::Input(InputError::Empty { what: "subnetwork parameter indices" }));
         }
         if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
-            return Err(LaplaceError::InvalidParameter {
+            return Err(LaplaceError::Input(InputError::Invalid {
                 what: "subnetwork parameter indices",
                 reason: format!("must be strictly increasing ({} then {})", w[0], w[1]),
-            });
+            }));
         }
         if idx[idx.len() - 1] >= p {
-            return Err(LaplaceError::InvalidParameter {
+            return Err(LaplaceError::Input(InputError::Invalid {
                 what: "subnetwork parameter indices",
                 reason: format!("index {} is not below the {p} parameters", idx[idx.len() - 1]),
-            });
+            }));
         }
         return match structure {
             Structure::Full(c) => {

@@ -1,6 +1,7 @@
 //! The fitted Laplace posterior: GLM and nonlinear predictives, the marginal likelihood and
 //! its optimisation, grid searches, sampling, save/load.
 
+use fspace_input::InputError;
 use std::time::Instant;
 
 use fspace_core::{
@@ -120,37 +121,37 @@ pub struct LaplacePosterior<N> {
 
 fn check_data<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
     if x.nrows() == 0 {
-        return Err(LaplaceError::Empty { what: "training inputs" });
+        return Err(LaplaceError::Input(InputError::Empty { what: "training inputs" }));
     }
     if x.ncols() != net.input_dim() {
-        return Err(LaplaceError::DimensionMismatch {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
             what: "input columns",
             expected: net.input_dim(),
             found: x.ncols(),
-        });
+        }));
     }
     if x.iter().any(|v| !v.is_finite()) {
-        return Err(LaplaceError::NonFinite { what: "training inputs" });
+        return Err(LaplaceError::Input(InputError::NonFinite { what: "training inputs" }));
     }
     if y.len() != x.nrows() * lik.target_dim() {
-        return Err(LaplaceError::DimensionMismatch {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
             what: "targets (rows × target_dim)",
             expected: x.nrows() * lik.target_dim(),
             found: y.len(),
-        });
+        }));
     }
     if y.iter().any(|v| !v.is_finite()) {
-        return Err(LaplaceError::NonFinite { what: "targets" });
+        return Err(LaplaceError::Input(InputError::NonFinite { what: "targets" }));
     }
     if lik.output_dim() != net.output_dim() {
-        return Err(LaplaceError::DimensionMismatch {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
             what: "likelihood outputs vs network outputs",
             expected: net.output_dim(),
             found: lik.output_dim(),
-        });
+        }));
     }
     if net.params().iter().any(|v| !v.is_finite()) {
-        return Err(LaplaceError::NonFinite { what: "network weights" });
+        return Err(LaplaceError::Input(InputError::NonFinite { what: "network weights" }));
     }
     Ok(())
 }
@@ -179,7 +180,10 @@ pub fn fit<N: Network>(
     let start = Instant::now();
     ensure_positive("temperature", config.temperature)?;
     if config.chunk_points == 0 {
-        return Err(LaplaceError::InvalidParameter { what: "chunk_points", reason: "must be ≥ 1".into() });
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "chunk_points",
+            reason: "must be ≥ 1".into(),
+        }));
     }
     let lik = likelihood.build()?;
     check_data(&net, lik.as_ref(), x, y)?;
@@ -334,11 +338,11 @@ impl<N: Network> LaplacePosterior<N> {
             PriorPrecision::Scalar(l) => vec![*l; self.n_groups],
             PriorPrecision::PerLayer(v) => {
                 if v.len() != self.n_groups {
-                    return Err(LaplaceError::DimensionMismatch {
+                    return Err(LaplaceError::Input(InputError::DimensionMismatch {
                         what: "per-layer prior precisions",
                         expected: self.n_groups,
                         found: v.len(),
-                    });
+                    }));
                 }
                 v.clone()
             }
@@ -359,10 +363,10 @@ impl<N: Network> LaplacePosterior<N> {
     /// Chooses the predictive of the `Posterior` methods.
     pub fn set_predictive(&mut self, p: Predictive) -> Result<()> {
         if let Predictive::Nonlinear { samples: 0, .. } = p {
-            return Err(LaplaceError::InvalidParameter {
+            return Err(LaplaceError::Input(InputError::Invalid {
                 what: "nonlinear predictive samples",
                 reason: "must be ≥ 1".into(),
-            });
+            }));
         }
         self.predictive = p;
         Ok(())
@@ -404,16 +408,16 @@ impl<N: Network> LaplacePosterior<N> {
         let (lo, hi) = config.bounds;
         ensure_positive("λ search lower bound", lo)?;
         if !(hi > lo && hi.is_finite()) {
-            return Err(LaplaceError::InvalidParameter {
+            return Err(LaplaceError::Input(InputError::Invalid {
                 what: "λ search bounds",
                 reason: format!("need 0 < lo < hi, got ({lo}, {hi})"),
-            });
+            }));
         }
         if config.grid_points < 3 {
-            return Err(LaplaceError::InvalidParameter {
+            return Err(LaplaceError::Input(InputError::Invalid {
                 what: "marglik grid_points",
                 reason: "must be ≥ 3".into(),
-            });
+            }));
         }
         let t = self.temperature;
         if !config.per_layer || self.n_groups == 1 {
@@ -509,10 +513,10 @@ impl<N: Network> LaplacePosterior<N> {
     /// `s` weight draws `θ ~ N(w*, Σ)` as flat parameter vectors.
     pub fn sample_weights(&self, s: usize, rng: &mut dyn RngCore) -> Result<Vec<DVector<f64>>> {
         if s == 0 {
-            return Err(LaplaceError::InvalidParameter {
+            return Err(LaplaceError::Input(InputError::Invalid {
                 what: "number of samples",
                 reason: "must be ≥ 1".into(),
-            });
+            }));
         }
         let lam = self.lam_vector(&self.lambdas);
         let z = self.curvature.sample(self.temperature, &lam, s, rng)?;
@@ -600,10 +604,10 @@ impl<N: Network> LaplacePosterior<N> {
         N: Clone,
     {
         if self.is_regression() {
-            return Err(LaplaceError::InvalidParameter {
+            return Err(LaplaceError::Input(InputError::Invalid {
                 what: "likelihood",
                 reason: "class probabilities need a Bernoulli or categorical likelihood".into(),
-            });
+            }));
         }
         match self.predictive {
             Predictive::Glm => Ok(class_probabilities(&self.predict_glm(x)?, link, rng)?),
@@ -636,7 +640,7 @@ impl<N: Network> LaplacePosterior<N> {
         N: Clone,
     {
         if x.nrows() == 0 {
-            return Err(LaplaceError::Empty { what: "validation inputs" });
+            return Err(LaplaceError::Input(InputError::Empty { what: "validation inputs" }));
         }
         match self.likelihood {
             LikelihoodSpec::Gaussian { .. }
@@ -645,11 +649,11 @@ impl<N: Network> LaplacePosterior<N> {
                 let p = self.predict_y(x)?;
                 let q = p.mean.ncols();
                 if y.len() != x.nrows() * q {
-                    return Err(LaplaceError::DimensionMismatch {
+                    return Err(LaplaceError::Input(InputError::DimensionMismatch {
                         what: "validation targets",
                         expected: x.nrows() * q,
                         found: y.len(),
-                    });
+                    }));
                 }
                 let mut total = 0.0;
                 for i in 0..x.nrows() {
@@ -663,11 +667,11 @@ impl<N: Network> LaplacePosterior<N> {
             }
             _ => {
                 if y.len() != x.nrows() {
-                    return Err(LaplaceError::DimensionMismatch {
+                    return Err(LaplaceError::Input(InputError::DimensionMismatch {
                         what: "validation labels",
                         expected: x.nrows(),
                         found: y.len(),
-                    });
+                    }));
                 }
                 let probs =
                     self.class_probabilities(x, ClassProbMethod::Probit, &mut StdRng::seed_from_u64(0))?;
@@ -675,10 +679,10 @@ impl<N: Network> LaplacePosterior<N> {
                 for i in 0..x.nrows() {
                     let c = y[i] as usize;
                     if c >= probs.ncols() {
-                        return Err(LaplaceError::InvalidParameter {
+                        return Err(LaplaceError::Input(InputError::Invalid {
                             what: "validation label",
                             reason: format!("{} is not a class index", y[i]),
-                        });
+                        }));
                     }
                     total -= probs[(i, c)].max(1e-300).ln();
                 }
@@ -726,18 +730,16 @@ impl<N: Network> LaplacePosterior<N> {
         N: Clone,
     {
         if grid.is_empty() {
-            return Err(LaplaceError::Empty { what: "grid" });
+            return Err(LaplaceError::Input(InputError::Empty { what: "grid" }));
         }
         let mut out = Vec::with_capacity(grid.len());
         for &v in grid {
             set(self, v)?;
             out.push((v, self.predictive_nll(x_val, y_val)?));
         }
-        let best = out
-            .iter()
-            .filter(|(_, n)| n.is_finite())
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .ok_or(LaplaceError::NonFinite { what: "validation NLL of every grid value" })?;
+        let best = out.iter().filter(|(_, n)| n.is_finite()).min_by(|a, b| a.1.total_cmp(&b.1)).ok_or(
+            LaplaceError::Input(InputError::NonFinite { what: "validation NLL of every grid value" }),
+        )?;
         set(self, best.0)?;
         Ok(out)
     }

@@ -1,5 +1,6 @@
 //! GLM predictive covariances `J(x) Σ J(x)ᵀ`, computed per structure without `p × p`.
 
+use fspace_input::InputError;
 use fspace_nn::{LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
 
@@ -132,11 +133,11 @@ fn covariances_from_statistics(
 ) -> Result<Vec<DMatrix<f64>>> {
     let m = stats.first().map_or(0, |s| s.examples());
     if stats.len() != views.len() {
-        return Err(LaplaceError::DimensionMismatch {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
             what: "curvature layers vs network layers",
             expected: views.len(),
             found: stats.len(),
-        });
+        }));
     }
     let mut cov = vec![DMatrix::zeros(q, q); m];
     for ((view, st), info) in views.iter().zip(stats).zip(infos) {

@@ -4,6 +4,7 @@
 
 use fspace_core::{ClassProbMethod, CoreError, Likelihood, Posterior};
 use fspace_core::{Data, LikelihoodSpec, Persist};
+use fspace_input::InputError;
 use fspace_laplace::{
     fit, CurvatureApprox, FullConfig, KronBias, LaplaceConfig, LaplaceError, LaplacePosterior, LowRankConfig,
     MarglikConfig, Predictive, PriorPrecision, Structure, Weights,
@@ -615,44 +616,53 @@ fn bad_input_gives_typed_errors() {
     // A scalar Gaussian does not fit a two-output network.
     assert!(matches!(
         fit_v(helm, g, &xh, &yh, &config(Structure::Diag)),
-        Err(LaplaceError::DimensionMismatch { .. } | LaplaceError::Core(CoreError::DimensionMismatch { .. }))
+        Err(LaplaceError::Input(InputError::DimensionMismatch { .. })
+            | LaplaceError::Core(CoreError::Input(InputError::DimensionMismatch { .. })))
     ));
     let bad = |c: LaplaceConfig| fit_v(net.clone(), g, &x, &y, &c);
     assert!(matches!(
         bad(LaplaceConfig { temperature: 0.0, ..config(Structure::Diag) }),
-        Err(LaplaceError::InvalidParameter { what: "temperature", .. })
+        Err(LaplaceError::Input(InputError::Invalid { what: "temperature", .. }))
     ));
     assert!(matches!(
         bad(LaplaceConfig { prior_precision: PriorPrecision::Scalar(-1.0), ..config(Structure::Diag) }),
-        Err(LaplaceError::InvalidParameter { .. })
+        Err(LaplaceError::Input(InputError::Invalid { .. }))
     ));
     assert!(matches!(
         bad(LaplaceConfig {
             prior_precision: PriorPrecision::PerLayer(vec![1.0]),
             ..config(Structure::Diag)
         }),
-        Err(LaplaceError::DimensionMismatch { .. } | LaplaceError::Core(CoreError::DimensionMismatch { .. }))
+        Err(LaplaceError::Input(InputError::DimensionMismatch { .. })
+            | LaplaceError::Core(CoreError::Input(InputError::DimensionMismatch { .. })))
     ));
-    assert!(matches!(bad(config(Structure::low_rank(0))), Err(LaplaceError::InvalidParameter { .. })));
+    assert!(matches!(
+        bad(config(Structure::low_rank(0))),
+        Err(LaplaceError::Input(InputError::Invalid { .. }))
+    ));
     let mut xn = x.clone();
     xn[(0, 0)] = f64::NAN;
     assert!(matches!(
         fit_v(net.clone(), g, &xn, &y, &config(Structure::Diag)),
-        Err(LaplaceError::NonFinite { .. } | LaplaceError::Core(CoreError::NonFinite { .. }))
+        Err(LaplaceError::Input(InputError::NonFinite { .. })
+            | LaplaceError::Core(CoreError::Input(InputError::NonFinite { .. })))
     ));
     let mut yn = y.clone();
     yn[1] = f64::INFINITY;
     assert!(matches!(
         fit_v(net.clone(), g, &x, &yn, &config(Structure::Diag)),
-        Err(LaplaceError::NonFinite { .. } | LaplaceError::Core(CoreError::NonFinite { .. }))
+        Err(LaplaceError::Input(InputError::NonFinite { .. })
+            | LaplaceError::Core(CoreError::Input(InputError::NonFinite { .. })))
     ));
     assert!(matches!(
         fit_v(net.clone(), g, &x, &y.rows(0, 5).into_owned(), &config(Structure::Diag)),
-        Err(LaplaceError::DimensionMismatch { .. } | LaplaceError::Core(CoreError::DimensionMismatch { .. }))
+        Err(LaplaceError::Input(InputError::DimensionMismatch { .. })
+            | LaplaceError::Core(CoreError::Input(InputError::DimensionMismatch { .. })))
     ));
     assert!(matches!(
         fit_v(net.clone(), g, &DMatrix::zeros(0, 2), &DVector::zeros(0), &config(Structure::Diag)),
-        Err(LaplaceError::Empty { .. } | LaplaceError::Core(CoreError::Empty { .. }))
+        Err(LaplaceError::Input(InputError::Empty { .. })
+            | LaplaceError::Core(CoreError::Input(InputError::Empty { .. })))
     ));
     assert!(matches!(
         fit_v(net.clone(), LikelihoodSpec::gaussian(0.0), &x, &y, &config(Structure::Diag)),
@@ -984,7 +994,11 @@ fn subnetwork_laplace_equals_the_dense_ggn_over_the_chosen_weights() {
         let cfg = LaplaceConfig { weights: Weights::Subnetwork(bad.clone()), ..config(Structure::full()) };
         let e = fit_v(net.clone(), lik, &x, &y, &cfg).unwrap_err();
         assert!(
-            matches!(e, LaplaceError::Empty { .. } | LaplaceError::InvalidParameter { .. }),
+            matches!(
+                e,
+                LaplaceError::Input(InputError::Empty { .. })
+                    | LaplaceError::Input(InputError::Invalid { .. })
+            ),
             "{bad:?}: {e}"
         );
     }

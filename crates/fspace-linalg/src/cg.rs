@@ -3,6 +3,7 @@
 //! (diagonal) and partial pivoted-Cholesky preconditioners (Harbrecht et al. 2012; Gardner et
 //! al. 2018).
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{ensure_dim, ensure_finite, LinalgError, Result};
@@ -46,10 +47,10 @@ impl Preconditioner for DiagonalPreconditioner {
 pub fn pivoted_cholesky(k: &dyn SymmetricEntries, max_rank: usize, tol: f64) -> Result<DMatrix<f64>> {
     let n = k.entries_dim();
     if max_rank == 0 || n == 0 {
-        return Err(LinalgError::InvalidArgument {
+        return Err(LinalgError::Input(InputError::Invalid {
             what: "pivoted Cholesky rank",
             reason: "must be ≥ 1 on a non-empty matrix".into(),
-        });
+        }));
     }
     let mut diag = k.diagonal_entries();
     ensure_finite("pivoted Cholesky diagonal", diag.iter())?;
@@ -89,10 +90,10 @@ impl PivotedCholeskyPreconditioner {
     /// For `A = K + σ² I`: a rank-`max_rank` pivoted Cholesky of `K` (its entries, without σ²).
     pub fn new(k: &dyn SymmetricEntries, sigma2: f64, max_rank: usize) -> Result<Self> {
         if !(sigma2.is_finite() && sigma2 > 0.0) {
-            return Err(LinalgError::InvalidArgument {
+            return Err(LinalgError::Input(InputError::Invalid {
                 what: "sigma2",
                 reason: format!("{sigma2} must be > 0"),
-            });
+            }));
         }
         let l = pivoted_cholesky(k, max_rank, 1e-12)?;
         let small = l.tr_mul(&l) + DMatrix::identity(l.ncols(), l.ncols()) * sigma2;
@@ -156,10 +157,10 @@ pub fn cg(
     ensure_dim("cg right-hand side", n, b.len())?;
     ensure_finite("cg right-hand side", b.iter())?;
     if !(config.tol.is_finite() && config.tol > 0.0) {
-        return Err(LinalgError::InvalidArgument {
+        return Err(LinalgError::Input(InputError::Invalid {
             what: "cg tol",
             reason: format!("{} must be > 0", config.tol),
-        });
+        }));
     }
     let b_norm = b.norm();
     let mut x = DVector::zeros(n);

@@ -1,6 +1,7 @@
 //! Cholesky factorization with escalating jitter, triangular solves, exact log-determinants, and
 //! rank-k updates/downdates of a Cholesky factor.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
 use crate::blocked::{cholesky_lower, solve_lower, solve_upper};
@@ -47,7 +48,10 @@ pub struct JitteredCholesky {
 pub fn cholesky_jitter(a: &DMatrix<f64>, config: &JitterConfig) -> Result<JitteredCholesky> {
     ensure_dim("cholesky: columns of a square matrix", a.nrows(), a.ncols())?;
     if a.nrows() == 0 {
-        return Err(LinalgError::InvalidArgument { what: "cholesky input", reason: "is empty".into() });
+        return Err(LinalgError::Input(InputError::Invalid {
+            what: "cholesky input",
+            reason: "is empty".into(),
+        }));
     }
     ensure_finite("cholesky input", a.iter())?;
     ensure_symmetric("cholesky input", a, 1e-10)?;

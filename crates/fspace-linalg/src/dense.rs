@@ -1,6 +1,7 @@
 //! Small dense factorizations: symmetric eigendecomposition, thin SVD of tall matrices, and
 //! pseudo-inverse square roots.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{ensure_finite, LinalgError, Result};
@@ -46,11 +47,11 @@ pub(crate) fn sym_eigh_desc(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f
 /// non-finite or asymmetric (relative asymmetry > 1e-10) input.
 pub fn sym_eigh(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f64>)> {
     if a.nrows() != a.ncols() {
-        return Err(LinalgError::DimensionMismatch {
+        return Err(LinalgError::Input(InputError::DimensionMismatch {
             what: "eigh: columns of a square matrix",
             expected: a.nrows(),
             found: a.ncols(),
-        });
+        }));
     }
     ensure_finite("eigh input", a.iter())?;
     ensure_symmetric("eigh input", a, 1e-10)?;
@@ -79,10 +80,10 @@ pub fn thin_svd(m: &DMatrix<f64>) -> Result<ThinSvd> {
 pub fn thin_svd_owned(m: DMatrix<f64>) -> Result<ThinSvd> {
     let (p, r) = m.shape();
     if r == 0 || p < r {
-        return Err(LinalgError::InvalidArgument {
+        return Err(LinalgError::Input(InputError::Invalid {
             what: "thin_svd input",
             reason: format!("needs p ≥ r ≥ 1, got {p} × {r}"),
-        });
+        }));
     }
     ensure_finite("thin_svd input", m.iter())?;
     let qr = m.qr();

@@ -5,22 +5,10 @@ use thiserror::Error;
 /// Everything that can go wrong in `fspace-linalg`. Each variant names the offending quantity.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum LinalgError {
-    /// Two sizes that must agree do not.
-    #[error("dimension mismatch in {what}: expected {expected}, found {found}")]
-    DimensionMismatch {
-        /// Which argument or quantity.
-        what: &'static str,
-        /// The size that was required.
-        expected: usize,
-        /// The size that was given.
-        found: usize,
-    },
-    /// An input or an operator output contains NaN or ±∞.
-    #[error("non-finite value in {what}")]
-    NonFinite {
-        /// Which argument or quantity.
-        what: &'static str,
-    },
+    /// A shape, non-finite, empty or out-of-range input (the workspace's shared
+    /// [`InputError`](fspace_input::InputError)).
+    #[error(transparent)]
+    Input(#[from] fspace_input::InputError),
     /// A matrix that must be symmetric is not (relative asymmetry ‖A − Aᵀ‖_F / ‖A‖_F).
     #[error("{what} is not symmetric (relative asymmetry {asymmetry:.3e})")]
     NotSymmetric {
@@ -46,14 +34,6 @@ pub enum LinalgError {
         /// Largest jitter tried.
         max_jitter: f64,
     },
-    /// An argument is outside its valid range (zero rank, negative tolerance, …).
-    #[error("invalid argument {what}: {reason}")]
-    InvalidArgument {
-        /// Which argument.
-        what: &'static str,
-        /// Why it is invalid.
-        reason: String,
-    },
     /// An iterative method did not reach its tolerance.
     #[error("{method} did not converge in {iterations} iterations (relative residual {residual:.3e})")]
     NoConvergence {
@@ -71,18 +51,10 @@ pub type Result<T, E = LinalgError> = std::result::Result<T, E>;
 
 /// Returns `NonFinite` if any entry is NaN or infinite.
 pub fn ensure_finite<'a>(what: &'static str, values: impl IntoIterator<Item = &'a f64>) -> Result<()> {
-    if values.into_iter().all(|v| v.is_finite()) {
-        Ok(())
-    } else {
-        Err(LinalgError::NonFinite { what })
-    }
+    Ok(fspace_input::ensure_finite(what, values)?)
 }
 
 /// Returns `DimensionMismatch` unless `found == expected`.
 pub fn ensure_dim(what: &'static str, expected: usize, found: usize) -> Result<()> {
-    if expected == found {
-        Ok(())
-    } else {
-        Err(LinalgError::DimensionMismatch { what, expected, found })
-    }
+    Ok(fspace_input::ensure_dim(what, expected, found)?)
 }

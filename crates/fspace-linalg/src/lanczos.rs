@@ -23,6 +23,7 @@
 //! When the Krylov space contains the range of `A` (rank reached), `Q T† Qᵀ = A†` exactly.
 //! Memory is `O(n·k)`: the `n × n` matrix is never formed.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -151,11 +152,11 @@ fn start_vector(start: &StartVector, n: usize) -> Result<DVector<f64>> {
     let v = match start {
         StartVector::Given(v) => {
             if v.len() != n {
-                return Err(LinalgError::DimensionMismatch {
+                return Err(LinalgError::Input(InputError::DimensionMismatch {
                     what: "Lanczos start vector",
                     expected: n,
                     found: v.len(),
-                });
+                }));
             }
             v.clone()
         }
@@ -166,11 +167,14 @@ fn start_vector(start: &StartVector, n: usize) -> Result<DVector<f64>> {
         StartVector::Ones => DVector::from_element(n, 1.0),
     };
     if v.iter().any(|x| !x.is_finite()) {
-        return Err(LinalgError::NonFinite { what: "Lanczos start vector" });
+        return Err(LinalgError::Input(InputError::NonFinite { what: "Lanczos start vector" }));
     }
     let norm = v.norm();
     if norm == 0.0 {
-        return Err(LinalgError::InvalidArgument { what: "Lanczos start vector", reason: "is zero".into() });
+        return Err(LinalgError::Input(InputError::Invalid {
+            what: "Lanczos start vector",
+            reason: "is zero".into(),
+        }));
     }
     Ok(v / norm)
 }
@@ -198,17 +202,23 @@ pub fn probe_symmetry(op: &dyn LinearOperator, seed: u64) -> Result<f64> {
 pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<LanczosDecomposition> {
     let n = op.dim();
     if n == 0 {
-        return Err(LinalgError::InvalidArgument { what: "operator", reason: "has dimension 0".into() });
+        return Err(LinalgError::Input(InputError::Invalid {
+            what: "operator",
+            reason: "has dimension 0".into(),
+        }));
     }
     if config.max_rank == 0 {
-        return Err(LinalgError::InvalidArgument { what: "max_rank", reason: "must be ≥ 1".into() });
+        return Err(LinalgError::Input(InputError::Invalid {
+            what: "max_rank",
+            reason: "must be ≥ 1".into(),
+        }));
     }
     for (what, tol) in [("breakdown_tol", config.breakdown_tol), ("pivot_tol", config.pivot_tol)] {
         if !(tol.is_finite() && tol >= 0.0) {
-            return Err(LinalgError::InvalidArgument {
+            return Err(LinalgError::Input(InputError::Invalid {
                 what,
                 reason: format!("{tol} must be finite and ≥ 0"),
-            });
+            }));
         }
     }
     if config.check_symmetry {
@@ -221,10 +231,10 @@ pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Lanczo
         v0 = op.apply(&v0)?;
         let norm = v0.norm();
         if norm == 0.0 {
-            return Err(LinalgError::InvalidArgument {
+            return Err(LinalgError::Input(InputError::Invalid {
                 what: "Lanczos start vector",
                 reason: "A·v₀ = 0 (the start vector lies in the null space, or A = 0)".into(),
-            });
+            }));
         }
         v0 /= norm;
     }

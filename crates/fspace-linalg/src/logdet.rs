@@ -4,6 +4,7 @@
 //! tridiagonal started at `zₚ/‖zₚ‖`. Exact log-determinants of dense matrices come from
 //! [`cholesky_jitter`](crate::cholesky_jitter).
 
+use fspace_input::InputError;
 use nalgebra::DVector;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -51,13 +52,13 @@ pub struct SlqEstimate {
 pub fn slq_logdet(op: &dyn LinearOperator, config: &SlqConfig) -> Result<SlqEstimate> {
     let n = op.dim();
     if config.probes < 2 || config.steps == 0 || n == 0 {
-        return Err(LinalgError::InvalidArgument {
+        return Err(LinalgError::Input(InputError::Invalid {
             what: "slq config",
             reason: format!(
                 "needs probes ≥ 2, steps ≥ 1, n ≥ 1 (got {}, {}, {n})",
                 config.probes, config.steps
             ),
-        });
+        }));
     }
     let samples: Vec<f64> = (0..config.probes)
         .into_par_iter()

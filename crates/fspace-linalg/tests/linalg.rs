@@ -1,5 +1,6 @@
 //! fspace-linalg against dense references on matrices with a known spectrum (Q diag Qᵀ).
 
+use fspace_input::InputError;
 use fspace_linalg::*;
 use fspace_testutil::{
     assert_all_close, assert_mat_close, geometric_spectrum, psd_pinv, randn, randn_vec, rel_frob, rng, spd,
@@ -127,16 +128,19 @@ fn lanczos_rejects_bad_operators_and_options() {
     let nonsym = DenseOperator::new(DMatrix::from_row_slice(2, 2, &[1.0, 2.0, 0.0, 1.0])).unwrap();
     assert!(matches!(lanczos(&nonsym, &LanczosConfig::default()), Err(LinalgError::NotSymmetric { .. })));
     let nan = FnOperator::new(3, |v: &DVector<f64>| v * f64::NAN);
-    assert!(matches!(lanczos(&nan, &LanczosConfig::default()), Err(LinalgError::NonFinite { .. })));
+    assert!(matches!(
+        lanczos(&nan, &LanczosConfig::default()),
+        Err(LinalgError::Input(InputError::NonFinite { .. }))
+    ));
     let good = DenseOperator::new(DMatrix::identity(3, 3)).unwrap();
     let zero_rank = LanczosConfig { max_rank: 0, ..Default::default() };
-    assert!(matches!(lanczos(&good, &zero_rank), Err(LinalgError::InvalidArgument { .. })));
+    assert!(matches!(lanczos(&good, &zero_rank), Err(LinalgError::Input(InputError::Invalid { .. }))));
     let zero_start = LanczosConfig { start: StartVector::Given(DVector::zeros(3)), ..Default::default() };
-    assert!(matches!(lanczos(&good, &zero_start), Err(LinalgError::InvalidArgument { .. })));
+    assert!(matches!(lanczos(&good, &zero_start), Err(LinalgError::Input(InputError::Invalid { .. }))));
     let short = LanczosConfig { start: StartVector::Given(DVector::zeros(2)), ..Default::default() };
-    assert!(matches!(lanczos(&good, &short), Err(LinalgError::DimensionMismatch { .. })));
+    assert!(matches!(lanczos(&good, &short), Err(LinalgError::Input(InputError::DimensionMismatch { .. }))));
     let bad_tol = LanczosConfig { pivot_tol: f64::NAN, ..Default::default() };
-    assert!(matches!(lanczos(&good, &bad_tol), Err(LinalgError::InvalidArgument { .. })));
+    assert!(matches!(lanczos(&good, &bad_tol), Err(LinalgError::Input(InputError::Invalid { .. }))));
     assert!(DenseOperator::new(DMatrix::zeros(2, 3)).is_err());
 }
 
@@ -187,7 +191,7 @@ fn cg_reports_failures_as_typed_errors() {
     ));
     assert!(matches!(
         cg(&op, &DVector::zeros(5), None, &CgConfig::default()),
-        Err(LinalgError::DimensionMismatch { .. })
+        Err(LinalgError::Input(InputError::DimensionMismatch { .. }))
     ));
     let (x, info) = cg(&op, &DVector::zeros(60), None, &CgConfig::default()).unwrap();
     assert_eq!((x.norm(), info.iterations), (0.0, 0));
@@ -226,7 +230,10 @@ fn jittered_cholesky_reports_the_jitter_it_used() {
         Err(LinalgError::NotSymmetric { .. })
     ));
     let nan = DMatrix::from_element(2, 2, f64::NAN);
-    assert!(matches!(cholesky_jitter(&nan, &JitterConfig::default()), Err(LinalgError::NonFinite { .. })));
+    assert!(matches!(
+        cholesky_jitter(&nan, &JitterConfig::default()),
+        Err(LinalgError::Input(InputError::NonFinite { .. }))
+    ));
 }
 
 #[test]
@@ -282,8 +289,11 @@ fn sym_eigh_matches_a_known_spectrum_and_nalgebra() {
     assert_eq!((values.len(), vectors.shape()), (0, (0, 0)));
     let mut bad = DMatrix::identity(3, 3);
     bad[(1, 2)] = f64::NAN;
-    assert!(matches!(sym_eigh(&bad), Err(LinalgError::NonFinite { .. })));
-    assert!(matches!(sym_eigh(&DMatrix::zeros(2, 3)), Err(LinalgError::DimensionMismatch { .. })));
+    assert!(matches!(sym_eigh(&bad), Err(LinalgError::Input(InputError::NonFinite { .. }))));
+    assert!(matches!(
+        sym_eigh(&DMatrix::zeros(2, 3)),
+        Err(LinalgError::Input(InputError::DimensionMismatch { .. }))
+    ));
 }
 
 #[test]
@@ -368,8 +378,11 @@ fn operators_compose_and_check_their_inputs() {
     let op = DenseOperator::new(a).unwrap();
     let mut v = DVector::from_element(5, 1.0);
     v[2] = f64::INFINITY;
-    assert!(matches!(op.apply(&v), Err(LinalgError::NonFinite { .. })));
-    assert!(matches!(op.apply_block(&DMatrix::zeros(4, 2)), Err(LinalgError::DimensionMismatch { .. })));
+    assert!(matches!(op.apply(&v), Err(LinalgError::Input(InputError::NonFinite { .. }))));
+    assert!(matches!(
+        op.apply_block(&DMatrix::zeros(4, 2)),
+        Err(LinalgError::Input(InputError::DimensionMismatch { .. }))
+    ));
 }
 
 fn random_psd(n: usize, zeros: usize, seed: u64) -> DMatrix<f64> {

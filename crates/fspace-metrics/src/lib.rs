@@ -19,28 +19,17 @@
 //! | W2 | [`w2_gaussian`], [`mean_w2`] | `√((m₁ − m₂)² + (s₁ − s₂)²)` between 1-D Gaussians |
 //! | mean rank | [`ranks_with_error_bars`], [`mean_rank`] | rank 1 for the best and all overlapping it, recurse |
 
+use fspace_input::InputError;
 use nalgebra::DMatrix;
 use thiserror::Error;
 
 /// Errors of the metrics.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum MetricsError {
-    /// Inputs of different lengths.
-    #[error("length mismatch in {what}: expected {expected}, found {found}")]
-    LengthMismatch {
-        /// Which input.
-        what: &'static str,
-        /// Required length.
-        expected: usize,
-        /// Given length.
-        found: usize,
-    },
-    /// An empty input.
-    #[error("empty input: {what}")]
-    Empty {
-        /// Which input.
-        what: &'static str,
-    },
+    /// A shape, non-finite, empty or out-of-range input (the workspace's shared
+    /// [`InputError`](fspace_input::InputError)).
+    #[error(transparent)]
+    Input(#[from] fspace_input::InputError),
     /// NaN or ±∞, or a negative standard deviation / variance.
     #[error("invalid value in {what} at index {index}: {value}")]
     InvalidValue {
@@ -69,14 +58,6 @@ pub enum MetricsError {
         /// Its sum.
         sum: f64,
     },
-    /// A parameter out of range.
-    #[error("invalid parameter {what}: {reason}")]
-    InvalidParameter {
-        /// Which parameter.
-        what: &'static str,
-        /// Why.
-        reason: String,
-    },
 }
 
 /// Result alias of this crate.
@@ -84,10 +65,10 @@ pub type Result<T, E = MetricsError> = std::result::Result<T, E>;
 
 fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
     if expected != found {
-        return Err(MetricsError::LengthMismatch { what, expected, found });
+        return Err(MetricsError::Input(InputError::DimensionMismatch { what, expected, found }));
     }
     if expected == 0 {
-        return Err(MetricsError::Empty { what });
+        return Err(MetricsError::Input(InputError::Empty { what }));
     }
     Ok(())
 }
@@ -117,7 +98,7 @@ fn check_regression(mean: &[f64], spread: &[f64], y: &[f64], spread_name: &'stat
 
 fn check_probs(probs: &DMatrix<f64>) -> Result<()> {
     if probs.nrows() == 0 || probs.ncols() == 0 {
-        return Err(MetricsError::Empty { what: "class probabilities" });
+        return Err(MetricsError::Input(InputError::Empty { what: "class probabilities" }));
     }
     for (row, r) in probs.row_iter().enumerate() {
         let sum: f64 = r.iter().sum();
@@ -219,10 +200,10 @@ pub fn normal_quantile(p: f64) -> f64 {
 pub fn gaussian_expected_log_likelihood(mean: &[f64], var: &[f64], noise_var: f64, y: &[f64]) -> Result<f64> {
     check_regression(mean, var, y, "predictive variances")?;
     if !(noise_var.is_finite() && noise_var > 0.0) {
-        return Err(MetricsError::InvalidParameter {
+        return Err(MetricsError::Input(InputError::Invalid {
             what: "noise variance",
             reason: format!("{noise_var} must be > 0"),
-        });
+        }));
     }
     let c = -0.5 * (2.0 * std::f64::consts::PI * noise_var).ln();
     Ok((0..y.len()).map(|i| c - ((y[i] - mean[i]).powi(2) + var[i]) / (2.0 * noise_var)).sum::<f64>()
@@ -233,7 +214,7 @@ pub fn gaussian_expected_log_likelihood(mean: &[f64], var: &[f64], noise_var: f6
 /// the mean over points and samples.
 pub fn mc_expected_log_likelihood(log_lik: &DMatrix<f64>) -> Result<f64> {
     if log_lik.is_empty() {
-        return Err(MetricsError::Empty { what: "Monte-Carlo log-likelihoods" });
+        return Err(MetricsError::Input(InputError::Empty { what: "Monte-Carlo log-likelihoods" }));
     }
     check_finite("Monte-Carlo log-likelihoods", log_lik.as_slice())?;
     Ok(log_lik.mean())
@@ -325,7 +306,9 @@ fn argmax(probs: &DMatrix<f64>, i: usize) -> usize {
 /// use 15): `Σ_b (n_b/n) |acc_b − conf_b|`.
 pub fn ece(probs: &DMatrix<f64>, y: &[f64], bins: usize) -> Result<f64> {
     if bins == 0 {
-        return Err(MetricsError::InvalidParameter { what: "bins", reason: "must be ≥ 1".into() });
+        return Err(MetricsError::Input(InputError::Invalid {
+            what: "bins", reason: "must be ≥ 1".into()
+        }));
     }
     let l = labels(probs, y)?;
     let (mut count, mut conf, mut acc) = (vec![0usize; bins], vec![0.0; bins], vec![0.0; bins]);
@@ -363,7 +346,7 @@ pub fn predictive_entropy(probs: &DMatrix<f64>) -> Result<Vec<f64>> {
 /// non-empty and finite.
 fn sorted_labelled(id_scores: &[f64], ood_scores: &[f64]) -> Result<Vec<(f64, bool)>> {
     if id_scores.is_empty() || ood_scores.is_empty() {
-        return Err(MetricsError::Empty { what: "ID or OOD scores" });
+        return Err(MetricsError::Input(InputError::Empty { what: "ID or OOD scores" }));
     }
     check_finite("ID scores", id_scores)?;
     check_finite("OOD scores", ood_scores)?;
@@ -441,7 +424,7 @@ pub fn mean_w2(m1: &[f64], s1: &[f64], m2: &[f64], s2: &[f64]) -> Result<f64> {
 pub fn w2_empirical_1d(a: &[f64], b: &[f64]) -> Result<f64> {
     check_len("second sample", a.len(), b.len())?;
     if a.is_empty() {
-        return Err(MetricsError::Empty { what: "samples for the empirical W2" });
+        return Err(MetricsError::Input(InputError::Empty { what: "samples for the empirical W2" }));
     }
     check_finite("first sample", a)?;
     check_finite("second sample", b)?;

@@ -1,5 +1,6 @@
 //! Metrics against values computed by hand or in closed form.
 
+use fspace_input::InputError;
 use fspace_metrics::*;
 use fspace_testutil::{randn_vec, rng};
 use nalgebra::DMatrix;
@@ -124,8 +125,11 @@ fn wasserstein_and_mean_rank() {
 
 #[test]
 fn bad_input_is_a_typed_error() {
-    assert!(matches!(rmse(&[1.0], &[1.0, 2.0]), Err(MetricsError::LengthMismatch { .. })));
-    assert!(matches!(rmse(&[], &[]), Err(MetricsError::Empty { .. })));
+    assert!(matches!(
+        rmse(&[1.0], &[1.0, 2.0]),
+        Err(MetricsError::Input(InputError::DimensionMismatch { .. }))
+    ));
+    assert!(matches!(rmse(&[], &[]), Err(MetricsError::Input(InputError::Empty { .. }))));
     assert!(matches!(
         crps_gaussian(&[0.0], &[-1.0], &[0.0]),
         Err(MetricsError::InvalidValue { index: 0, .. })
@@ -133,13 +137,13 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(gaussian_nll(&[0.0], &[0.0], &[0.0]), Err(MetricsError::InvalidValue { .. })));
     assert!(matches!(
         gaussian_expected_log_likelihood(&[0.0], &[1.0], 0.0, &[0.0]),
-        Err(MetricsError::InvalidParameter { .. })
+        Err(MetricsError::Input(InputError::Invalid { .. }))
     ));
     let probs = DMatrix::from_row_slice(1, 2, &[0.6, 0.6]);
     assert!(matches!(accuracy(&probs, &[0.0]), Err(MetricsError::NotProbabilities { row: 0, .. })));
     let ok = DMatrix::from_row_slice(1, 2, &[0.4, 0.6]);
     assert!(matches!(ece(&ok, &[2.0], 15), Err(MetricsError::InvalidLabel { .. })));
-    assert!(matches!(ece(&ok, &[1.0], 0), Err(MetricsError::InvalidParameter { .. })));
+    assert!(matches!(ece(&ok, &[1.0], 0), Err(MetricsError::Input(InputError::Invalid { .. }))));
     assert!(matches!(cqm(&[f64::NAN], &[1.0], &[0.0]), Err(MetricsError::InvalidValue { .. })));
     assert!(ranks_with_error_bars(&[1.0], &[-0.1], true).is_err());
 }

@@ -17,6 +17,7 @@
 //! tests. Ties inside a pooling window resolve to the first maximum (the function is not
 //! differentiable there; FD tests use inputs without ties).
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -159,7 +160,7 @@ pub(crate) struct Trace {
 fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
     let (mut c, mut h, mut wd) = config.input_shape;
     if c == 0 || h == 0 || wd == 0 || config.output_dim == 0 || config.hidden.contains(&0) {
-        return Err(NnError::Empty { what: "CNN shapes (all sizes must be ≥ 1)" });
+        return Err(NnError::Input(InputError::Empty { what: "CNN shapes (all sizes must be ≥ 1)" }));
     }
     let mut layers = Vec::new();
     let mut offset = 0;
@@ -331,11 +332,11 @@ impl Cnn {
         self.layers = build_layers(&self.config)?;
         let p = n_params_of(&self.layers);
         if self.params.len() != p {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "CNN parameter vector",
                 expected: p,
                 found: self.params.len(),
-            });
+            }));
         }
         Ok(self)
     }

@@ -2,6 +2,7 @@
 //! `(t, sin(2πt/T), cos(2πt/T))`. They transform inputs only, so the network's parameter
 //! Jacobian is unchanged.
 
+use fspace_input::InputError;
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
@@ -35,14 +36,16 @@ impl FeatureMap {
             Self::Identity => Ok(x.clone()),
             Self::Periodic { column, period } => {
                 if column >= x.ncols() {
-                    return Err(NnError::DimensionMismatch {
+                    return Err(NnError::Input(InputError::DimensionMismatch {
                         what: "periodic feature column",
                         expected: x.ncols(),
                         found: column,
-                    });
+                    }));
                 }
                 if !(period.is_finite() && period > 0.0) {
-                    return Err(NnError::NonFinite { what: "period (must be finite and > 0)" });
+                    return Err(NnError::Input(InputError::NonFinite {
+                        what: "period (must be finite and > 0)",
+                    }));
                 }
                 let d = x.ncols();
                 Ok(DMatrix::from_fn(x.nrows(), d + 2, |i, j| {
@@ -73,11 +76,11 @@ impl<N: crate::Network> Featurized<N> {
     /// Wraps `net`, whose inputs must be `map`'s outputs for `input_dim` raw columns.
     pub fn new(map: FeatureMap, input_dim: usize, net: N) -> Result<Self> {
         if map.output_dim(input_dim) != net.input_dim() {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "feature map output vs. network input",
                 expected: net.input_dim(),
                 found: map.output_dim(input_dim),
-            });
+            }));
         }
         // Validate the map once (column in range, period > 0).
         map.apply(&DMatrix::zeros(1, input_dim))?;
@@ -93,11 +96,11 @@ impl<N: crate::Network> Featurized<N> {
     }
     fn features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         if x.ncols() != self.input_dim {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "input columns",
                 expected: self.input_dim,
                 found: x.ncols(),
-            });
+            }));
         }
         self.map.apply(x)
     }

@@ -4,6 +4,7 @@
 //! by construction, and its parameter derivatives are second-order: `Jᵀ·V` is reverse mode
 //! through the taped input-tangent rules (one pass per potential).
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
@@ -67,11 +68,11 @@ impl HelmholtzNet {
     /// Sets `[w_Φ, w_Ψ]`.
     pub fn set_params(&mut self, p: &DVector<f64>) -> Result<()> {
         if p.len() != self.n_params() {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "parameter vector",
                 expected: self.n_params(),
                 found: p.len(),
-            });
+            }));
         }
         let k = self.phi.n_params();
         self.phi.set_params(&p.rows(0, k).into_owned())?;
@@ -104,14 +105,14 @@ impl HelmholtzNet {
     /// `Σᵢ ∇_w [∇Ψ(xᵢ)·(−Vᵢ₁, Vᵢ₀)]`, each one taped input-tangent pass.
     pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
         if v.shape() != (x.nrows(), 2) {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "cotangent (n × 2)",
                 expected: 2 * x.nrows(),
                 found: v.len(),
-            });
+            }));
         }
         if v.iter().any(|c| !c.is_finite()) {
-            return Err(NnError::NonFinite { what: "cotangent" });
+            return Err(NnError::Input(InputError::NonFinite { what: "cotangent" }));
         }
         let ones = DMatrix::from_element(x.nrows(), 1, 1.0);
         let rotated = DMatrix::from_fn(x.nrows(), 2, |i, j| if j == 0 { -v[(i, 1)] } else { v[(i, 0)] });
@@ -138,11 +139,11 @@ impl HelmholtzNet {
     /// forward rule would avoid them).
     pub fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
         if u.len() != self.n_params() {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "tangent vector u",
                 expected: self.n_params(),
                 found: u.len(),
-            });
+            }));
         }
         let ju = self.jacobian(x)? * u;
         Ok(DMatrix::from_fn(x.nrows(), 2, |i, a| ju[2 * i + a]))

@@ -18,6 +18,7 @@
 //! `Mlp::jsj_pullback` (feature `taped-reference`) (dfdx, one taped pass per row); the tests
 //! check both against central finite differences.
 
+use fspace_input::InputError;
 use fspace_linalg::blocked::{par_gram, par_matmul};
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
@@ -147,10 +148,16 @@ fn scale_rows(m: &mut DMatrix<f64>, d: &DVector<f64>) {
 
 fn check_variances(s: &DVector<f64>, p: usize) -> Result<()> {
     if s.len() != p {
-        return Err(NnError::DimensionMismatch { what: "weight variances s", expected: p, found: s.len() });
+        return Err(NnError::Input(InputError::DimensionMismatch {
+            what: "weight variances s",
+            expected: p,
+            found: s.len(),
+        }));
     }
     if s.iter().any(|v| !v.is_finite() || *v < 0.0) {
-        return Err(NnError::NonFinite { what: "weight variances s (must be finite and ≥ 0)" });
+        return Err(NnError::Input(InputError::NonFinite {
+            what: "weight variances s (must be finite and ≥ 0)",
+        }));
     }
     Ok(())
 }
@@ -162,14 +169,14 @@ fn check_cotangent<'v>(
     cols: usize,
 ) -> Result<()> {
     if shape != (rows, cols) {
-        return Err(NnError::DimensionMismatch {
+        return Err(NnError::Input(InputError::DimensionMismatch {
             what: "cotangent / tangents of J S Jᵀ",
             expected: rows * cols,
             found: shape.0 * shape.1,
-        });
+        }));
     }
     if values.any(|v| !v.is_finite()) {
-        return Err(NnError::NonFinite { what: "cotangent / tangents of J S Jᵀ" });
+        return Err(NnError::Input(InputError::NonFinite { what: "cotangent / tangents of J S Jᵀ" }));
     }
     Ok(())
 }

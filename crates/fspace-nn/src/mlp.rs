@@ -4,6 +4,7 @@
 //! Layer `l` computes `z_l = a_{l−1} W_lᵀ + b_l`, `a_l = σ(z_l)` (the last layer is linear).
 
 use dfdx::prelude::*;
+use fspace_input::InputError;
 #[cfg(feature = "taped-reference")]
 use std::ops::AddAssign;
 
@@ -85,7 +86,7 @@ impl Mlp {
     /// Builds and initialises the network; errors on zero dimensions.
     pub fn new(config: MlpConfig) -> Result<Self> {
         if config.input_dim == 0 || config.output_dim == 0 || config.hidden.contains(&0) {
-            return Err(NnError::Empty { what: "layer widths (all must be ≥ 1)" });
+            return Err(NnError::Input(InputError::Empty { what: "layer widths (all must be ≥ 1)" }));
         }
         let mut net = Self { params: Vec::new(), config, dev: Default::default() };
         let mut rng = StdRng::seed_from_u64(net.config.seed);
@@ -345,7 +346,7 @@ impl Mlp {
     ) -> Result<()> {
         self.check_inputs(x)?;
         if chunk == 0 {
-            return Err(NnError::Empty { what: "Jacobian chunk size" });
+            return Err(NnError::Input(InputError::Empty { what: "Jacobian chunk size" }));
         }
         for start in (0..x.nrows()).step_by(chunk) {
             let len = chunk.min(x.nrows() - start);
@@ -391,15 +392,19 @@ impl Mlp {
         self.check_inputs(x)?;
         let (n, q) = (x.nrows(), self.config.output_dim);
         if hessian_factors.len() != n || hessian_factors.iter().any(|l| l.nrows() != q) {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "Hessian factors (one d' × k per point)",
                 expected: n,
                 found: hessian_factors.len(),
-            });
+            }));
         }
         let k = hessian_factors[0].ncols();
         if hessian_factors.iter().any(|l| l.ncols() != k) {
-            return Err(NnError::DimensionMismatch { what: "Hessian factor columns", expected: k, found: 0 });
+            return Err(NnError::Input(InputError::DimensionMismatch {
+                what: "Hessian factor columns",
+                expected: k,
+                found: 0,
+            }));
         }
         let (trace, _) = self.trace(x);
         let (w, _) = self.tensors(&self.params);
@@ -517,7 +522,9 @@ impl Mlp {
                 (Some(t), None) => t.matmul(wt),
                 (None, Some(lin)) => lin,
                 (None, None) => {
-                    return Err(NnError::Empty { what: "tangent (need an input or a parameter tangent)" })
+                    return Err(NnError::Input(InputError::Empty {
+                        what: "tangent (need an input or a parameter tangent)",
+                    }))
                 }
             };
             if l + 1 == w.len() {
@@ -583,11 +590,11 @@ impl Mlp {
     pub fn input_jvp(&self, x: &DMatrix<f64>, x_dot: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_inputs(x)?;
         if x_dot.shape() != x.shape() || x_dot.iter().any(|v| !v.is_finite()) {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "input tangent (same shape as X, finite)",
                 expected: x.len(),
                 found: x_dot.len(),
-            });
+            }));
         }
         let (trace, _) = self.trace(x);
         let (w, _) = self.tensors(&self.params);
@@ -618,14 +625,14 @@ impl Mlp {
         self.check_vector("diagonal s", s)?;
         let nq = x.nrows() * self.config.output_dim;
         if c.shape() != (nq, nq) {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "cotangent of J S Jᵀ (n·d' square)",
                 expected: nq,
                 found: c.nrows(),
-            });
+            }));
         }
         if c.iter().any(|v| !v.is_finite()) {
-            return Err(NnError::NonFinite { what: "cotangent of J S Jᵀ" });
+            return Err(NnError::Input(InputError::NonFinite { what: "cotangent of J S Jᵀ" }));
         }
         let jac = self.jacobian(x)?;
         let cj = c * &jac; // n·d' × p
@@ -663,14 +670,14 @@ impl Mlp {
         self.check_inputs(z)?;
         let q = self.config.output_dim;
         if c.shape() != (x.nrows() * q, z.nrows() * q) {
-            return Err(NnError::DimensionMismatch {
+            return Err(NnError::Input(InputError::DimensionMismatch {
                 what: "NTK cotangent (n·d' × m·d')",
                 expected: x.nrows() * z.nrows() * q * q,
                 found: c.len(),
-            });
+            }));
         }
         if c.iter().any(|v| !v.is_finite()) {
-            return Err(NnError::NonFinite { what: "NTK cotangent" });
+            return Err(NnError::Input(InputError::NonFinite { what: "NTK cotangent" }));
         }
         let g = self.jacobian(x)?.transpose() * c; // p × m·d'
         let mut grad = DMatrix::zeros(z.nrows(), z.ncols());

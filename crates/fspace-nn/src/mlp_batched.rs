@@ -12,6 +12,7 @@
 //! row-major `d × n`. The dfdx reverse mode (`Mlp::vjp_taped`, feature `taped-reference`) stays as the independent
 //! check of the adjoint rule in the tests, beside finite differences and the adjoint identity.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
@@ -313,14 +314,14 @@ impl Mlp {
 /// A finite `n × d'` cotangent.
 pub(crate) fn check_cotangent(v: &DMatrix<f64>, n: usize, q: usize) -> Result<()> {
     if v.shape() != (n, q) {
-        return Err(NnError::DimensionMismatch {
+        return Err(NnError::Input(InputError::DimensionMismatch {
             what: "cotangent rows × columns",
             expected: n * q,
             found: v.len(),
-        });
+        }));
     }
     if v.iter().any(|c| !c.is_finite()) {
-        return Err(NnError::NonFinite { what: "cotangent" });
+        return Err(NnError::Input(InputError::NonFinite { what: "cotangent" }));
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! network implements it in its own file through [`network_impl!`], which forwards the trait's
 //! methods to the network's inherent ones.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
@@ -261,22 +262,22 @@ pub trait Network: Send + Sync {
 /// Checks one `d' × k` cotangent factor per point, all with the same `k ≥ 1`; returns `k`.
 pub(crate) fn check_factors(factors: &[DMatrix<f64>], n: usize, q: usize) -> Result<usize> {
     if factors.len() != n || factors.iter().any(|l| l.nrows() != q) {
-        return Err(NnError::DimensionMismatch {
+        return Err(NnError::Input(InputError::DimensionMismatch {
             what: "cotangent factors (one d' × k per point)",
             expected: n,
             found: factors.len(),
-        });
+        }));
     }
     let k = factors.first().map_or(0, |l| l.ncols());
     if k == 0 || factors.iter().any(|l| l.ncols() != k) {
-        return Err(NnError::DimensionMismatch {
+        return Err(NnError::Input(InputError::DimensionMismatch {
             what: "cotangent factor columns (equal, ≥ 1)",
             expected: k.max(1),
             found: 0,
-        });
+        }));
     }
     if factors.iter().any(|l| l.iter().any(|v| !v.is_finite())) {
-        return Err(NnError::NonFinite { what: "cotangent factors" });
+        return Err(NnError::Input(InputError::NonFinite { what: "cotangent factors" }));
     }
     Ok(k)
 }
@@ -284,10 +285,10 @@ pub(crate) fn check_factors(factors: &[DMatrix<f64>], n: usize, q: usize) -> Res
 /// A matrix of column vectors of length `rows`, all finite.
 pub(crate) fn check_columns(what: &'static str, m: &DMatrix<f64>, rows: usize) -> Result<()> {
     if m.nrows() != rows {
-        return Err(NnError::DimensionMismatch { what, expected: rows, found: m.nrows() });
+        return Err(NnError::Input(InputError::DimensionMismatch { what, expected: rows, found: m.nrows() }));
     }
     if !all_finite(m.as_slice()) {
-        return Err(NnError::NonFinite { what });
+        return Err(NnError::Input(InputError::NonFinite { what }));
     }
     Ok(())
 }
@@ -295,11 +296,11 @@ pub(crate) fn check_columns(what: &'static str, m: &DMatrix<f64>, rows: usize) -
 /// Checks one `d' × d'` Hessian block per point.
 pub(crate) fn check_hessians(hessians: &[DMatrix<f64>], n: usize, q: usize) -> Result<()> {
     if hessians.len() != n || hessians.iter().any(|h| h.shape() != (q, q)) {
-        return Err(NnError::DimensionMismatch {
+        return Err(NnError::Input(InputError::DimensionMismatch {
             what: "Hessian blocks (one d' × d' per point)",
             expected: n,
             found: hessians.len(),
-        });
+        }));
     }
     Ok(())
 }

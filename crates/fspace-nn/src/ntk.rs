@@ -14,6 +14,7 @@
 //! same quantity one inducing point and output at a time; the tests check both against central
 //! finite differences.
 
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{NnError, Result};
@@ -36,18 +37,18 @@ impl Outputs<'_> {
             Self::All => Ok((0..n * q).map(|r| (r / q, r % q)).collect()),
             Self::One(o) => {
                 if o.len() != n {
-                    return Err(NnError::DimensionMismatch {
+                    return Err(NnError::Input(InputError::DimensionMismatch {
                         what: "output selection (one output per point)",
                         expected: n,
                         found: o.len(),
-                    });
+                    }));
                 }
                 if let Some(&bad) = o.iter().find(|&&v| v >= q) {
-                    return Err(NnError::DimensionMismatch {
+                    return Err(NnError::Input(InputError::DimensionMismatch {
                         what: "selected output index (must be < d')",
                         expected: q,
                         found: bad,
-                    });
+                    }));
                 }
                 Ok(o.iter().enumerate().map(|(i, &v)| (i, v)).collect())
             }
@@ -218,14 +219,14 @@ impl Mlp {
 
 fn check_cotangent(c: &DMatrix<f64>, rows: usize, cols: usize) -> Result<()> {
     if c.shape() != (rows, cols) {
-        return Err(NnError::DimensionMismatch {
+        return Err(NnError::Input(InputError::DimensionMismatch {
             what: "NTK cotangent (rows(X) × rows(Z))",
             expected: rows * cols,
             found: c.len(),
-        });
+        }));
     }
     if c.iter().any(|v| !v.is_finite()) {
-        return Err(NnError::NonFinite { what: "NTK cotangent" });
+        return Err(NnError::Input(InputError::NonFinite { what: "NTK cotangent" }));
     }
     Ok(())
 }

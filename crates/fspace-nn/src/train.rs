@@ -7,6 +7,7 @@
 //! μ(C))` held constant (gradient `J(C)ᵀα`), redrawing `C` each step.
 
 use fspace_core::{Adam, EarlyStopping, Likelihood, Minibatches, StopDecision};
+use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -105,11 +106,11 @@ pub fn train_map<N: Network>(
     let n = x.nrows();
     let t = likelihood.target_dim();
     if y.len() != n * t {
-        return Err(NnError::DimensionMismatch {
+        return Err(NnError::Input(InputError::DimensionMismatch {
             what: "targets vs. inputs × targets per point",
             expected: n * t,
             found: y.len(),
-        });
+        }));
     }
     likelihood.check_targets(y).map_err(|e| NnError::Likelihood(e.to_string()))?;
     if config.patience.is_some() && validation.is_none() {
@@ -168,9 +169,9 @@ pub fn train_map<N: Network>(
                 grad += &theta * config.weight_decay;
             }
             if !loss.is_finite() || !all_finite(grad.as_slice()) || !all_finite(lik_grad.as_slice()) {
-                return Err(NnError::NonFinite {
+                return Err(NnError::Input(InputError::NonFinite {
                     what: "training loss or gradient (diverged; lower the learning rate)",
-                });
+                }));
             }
             if n_lik == 0 {
                 adam.descend(&mut theta, &grad);

@@ -3,6 +3,7 @@
 //! on the bundled digits, and bad input.
 
 use fspace_core::{Categorical, Likelihood};
+use fspace_input::InputError;
 use fspace_nn::*;
 use fspace_testutil::{assert_mat_close, fd_jacobian, rand_uniform, randn, randn_vec, rng};
 use nalgebra::{DMatrix, DVector};
@@ -225,7 +226,7 @@ fn bad_input_is_a_typed_error() {
     assert!(net.forward(&DMatrix::zeros(0, 84)).is_err());
     let mut bad = DMatrix::zeros(1, 84);
     bad[(0, 5)] = f64::NAN;
-    assert!(matches!(net.forward(&bad), Err(NnError::NonFinite { .. })));
+    assert!(matches!(net.forward(&bad), Err(NnError::Input(InputError::NonFinite { .. }))));
     assert!(net.set_params(&DVector::zeros(3)).is_err());
     assert!(net.jvp(&DMatrix::zeros(1, 84), &DVector::zeros(2)).is_err());
     assert!(net.vjp(&DMatrix::zeros(1, 84), &DMatrix::zeros(1, 2)).is_err());

@@ -1,6 +1,7 @@
 //! MLP operators against an independent forward pass, central finite differences and each
 //! other (JVP and VJP are separate code paths; VJP is dfdx's reverse mode).
 
+use fspace_input::InputError;
 use fspace_nn::*;
 use fspace_testutil::{assert_mat_close, fd_jacobian, rand_uniform, randn, randn_vec, rng};
 use nalgebra::{DMatrix, DVector};
@@ -157,13 +158,28 @@ fn parameters_are_seeded_flat_and_serialisable() {
 #[test]
 fn bad_input_is_a_typed_error() {
     let mut mlp = net(Activation::Relu, 2, 1, 0);
-    assert!(matches!(mlp.forward(&DMatrix::zeros(3, 3)), Err(NnError::DimensionMismatch { .. })));
-    assert!(matches!(mlp.forward(&DMatrix::zeros(0, 2)), Err(NnError::Empty { .. })));
-    assert!(matches!(mlp.forward(&DMatrix::from_element(1, 2, f64::NAN)), Err(NnError::NonFinite { .. })));
-    assert!(matches!(mlp.set_params(&DVector::zeros(3)), Err(NnError::DimensionMismatch { .. })));
+    assert!(matches!(
+        mlp.forward(&DMatrix::zeros(3, 3)),
+        Err(NnError::Input(InputError::DimensionMismatch { .. }))
+    ));
+    assert!(matches!(mlp.forward(&DMatrix::zeros(0, 2)), Err(NnError::Input(InputError::Empty { .. }))));
+    assert!(matches!(
+        mlp.forward(&DMatrix::from_element(1, 2, f64::NAN)),
+        Err(NnError::Input(InputError::NonFinite { .. }))
+    ));
+    assert!(matches!(
+        mlp.set_params(&DVector::zeros(3)),
+        Err(NnError::Input(InputError::DimensionMismatch { .. }))
+    ));
     let x = DMatrix::zeros(2, 2);
-    assert!(matches!(mlp.jvp(&x, &DVector::zeros(5)), Err(NnError::DimensionMismatch { .. })));
-    assert!(matches!(mlp.vjp(&x, &DMatrix::zeros(3, 1)), Err(NnError::DimensionMismatch { .. })));
+    assert!(matches!(
+        mlp.jvp(&x, &DVector::zeros(5)),
+        Err(NnError::Input(InputError::DimensionMismatch { .. }))
+    ));
+    assert!(matches!(
+        mlp.vjp(&x, &DMatrix::zeros(3, 1)),
+        Err(NnError::Input(InputError::DimensionMismatch { .. }))
+    ));
     assert!(mlp.ggn_vector(&x, &[DMatrix::identity(1, 1)], &mlp.params()).is_err());
     assert!(Mlp::new(MlpConfig {
         input_dim: 1,
@@ -362,11 +378,11 @@ fn ntk_blocks_with_selected_outputs_match_the_jacobian() {
     let x = DMatrix::zeros(2, 3);
     assert!(matches!(
         mlp.ntk_block(&x, Outputs::One(&[0]), &x, Outputs::All),
-        Err(NnError::DimensionMismatch { .. })
+        Err(NnError::Input(InputError::DimensionMismatch { .. }))
     ));
     assert!(matches!(
         mlp.ntk_block(&x, Outputs::One(&[0, 4]), &x, Outputs::All),
-        Err(NnError::DimensionMismatch { .. })
+        Err(NnError::Input(InputError::DimensionMismatch { .. }))
     ));
 }
 
@@ -420,7 +436,7 @@ fn explicit_ntk_input_gradient_matches_finite_differences_and_the_taped_rule() {
     let bad = DMatrix::from_element(6, 9, f64::NAN);
     assert!(matches!(
         mlp.ntk_block_pullback_z(&DMatrix::zeros(2, 2), Outputs::All, &z, Outputs::All, &bad),
-        Err(NnError::NonFinite { .. })
+        Err(NnError::Input(InputError::NonFinite { .. }))
     ));
     assert!(mlp
         .ntk_block_pullback_z(&DMatrix::zeros(2, 2), Outputs::All, &z, Outputs::All, &DMatrix::zeros(6, 8))
@@ -549,6 +565,6 @@ fn batched_gemm_passes_match_the_dfdx_reference_on_wide_batches() {
         assert_eq!((f2, g2), (f.clone(), g.clone()), "{act:?}: fused pass");
         // Through the trait (training's entry point) and a bad cotangent.
         let r = Network::forward_vjp(&mlp, &x, &mut |_: &DMatrix<f64>| Ok(DMatrix::zeros(3, 7)));
-        assert!(matches!(r, Err(NnError::DimensionMismatch { .. })));
+        assert!(matches!(r, Err(NnError::Input(InputError::DimensionMismatch { .. }))));
     }
 }

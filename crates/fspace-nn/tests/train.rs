@@ -1,6 +1,7 @@
 //! MAP training, the regulariser hook, early stopping and feature maps.
 
 use fspace_core::Gaussian;
+use fspace_input::InputError;
 use fspace_nn::*;
 use fspace_testutil::rng;
 use nalgebra::{DMatrix, DVector};
@@ -300,14 +301,14 @@ fn multi_column_products_equal_one_product_per_column() {
         }
         assert!(matches!(
             net.jvp_columns(&x, &u.rows(0, p - 1).into_owned()),
-            Err(NnError::DimensionMismatch { .. })
+            Err(NnError::Input(InputError::DimensionMismatch { .. }))
         ));
         assert!(matches!(
             net.vjp_columns(&x, &l.rows(0, n).into_owned()),
-            Err(NnError::DimensionMismatch { .. })
+            Err(NnError::Input(InputError::DimensionMismatch { .. }))
         ));
         let mut bad = u.clone();
         bad[(1, 1)] = f64::NAN;
-        assert!(matches!(net.jvp_columns(&x, &bad), Err(NnError::NonFinite { .. })));
+        assert!(matches!(net.jvp_columns(&x, &bad), Err(NnError::Input(InputError::NonFinite { .. }))));
     }
 }

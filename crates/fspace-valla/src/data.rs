@@ -1,6 +1,7 @@
 //! Input checks shared by VaLLA and ELLA, and the per-point quantities both precompute.
 
 use fspace_core::FunctionPredictive;
+use fspace_input::InputError;
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 
@@ -17,27 +18,27 @@ pub(crate) fn check_data<N: Network>(
     what: &'static str,
 ) -> Result<()> {
     if x.nrows() == 0 {
-        return Err(VallaError::Empty { what });
+        return Err(VallaError::Input(InputError::Empty { what }));
     }
     if x.ncols() != net.input_dim() {
-        return Err(VallaError::DimensionMismatch {
+        return Err(VallaError::Input(InputError::DimensionMismatch {
             what: "input columns",
             expected: net.input_dim(),
             found: x.ncols(),
-        });
+        }));
     }
     if y.len() != x.nrows() {
-        return Err(VallaError::DimensionMismatch {
+        return Err(VallaError::Input(InputError::DimensionMismatch {
             what: "targets (one per input row)",
             expected: x.nrows(),
             found: y.len(),
-        });
+        }));
     }
     if x.iter().any(|v| !v.is_finite()) {
-        return Err(VallaError::NonFinite { what: "inputs" });
+        return Err(VallaError::Input(InputError::NonFinite { what: "inputs" }));
     }
     if y.iter().any(|v| !v.is_finite()) {
-        return Err(VallaError::NonFinite { what: "targets" });
+        return Err(VallaError::Input(InputError::NonFinite { what: "targets" }));
     }
     check_likelihood(net, likelihood)?;
     if likelihood == VallaLikelihood::Categorical {
@@ -61,19 +62,19 @@ pub(crate) fn check_likelihood<N: Network>(net: &N, likelihood: VallaLikelihood)
         VallaLikelihood::Gaussian { noise_std } => {
             ensure_positive("noise_std (σ)", noise_std)?;
             if net.output_dim() != 1 {
-                return Err(VallaError::DimensionMismatch {
+                return Err(VallaError::Input(InputError::DimensionMismatch {
                     what: "network outputs for the Gaussian likelihood",
                     expected: 1,
                     found: net.output_dim(),
-                });
+                }));
             }
         }
         VallaLikelihood::Categorical => {
             if net.output_dim() < 2 {
-                return Err(VallaError::InvalidParameter {
+                return Err(VallaError::Input(InputError::Invalid {
                     what: "network outputs for the categorical likelihood",
                     reason: "need ≥ 2 classes (one logit per class)".into(),
-                });
+                }));
             }
         }
     }

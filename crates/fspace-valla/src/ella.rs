@@ -15,6 +15,7 @@
 //! exact linearised-Laplace GP at the training inputs; at a test point it misses exactly the
 //! Nyström residual `σ₀² (κ̂(x, x) − κ̂(x, X) κ̂_X⁻¹ κ̂(X, x))` (tested).
 
+use fspace_input::InputError;
 use std::time::Instant;
 
 use fspace_core::likelihood::softmax;
@@ -220,10 +221,10 @@ fn fit_ella_inner<N: Network + Clone>(
     let (n, q) = (x.nrows(), net.output_dim());
     let m = config.num_points;
     if m == 0 || config.num_eigen == 0 {
-        return Err(VallaError::InvalidParameter {
+        return Err(VallaError::Input(InputError::Invalid {
             what: "ELLA num_points / num_eigen",
             reason: "must be ≥ 1".into(),
-        });
+        }));
     }
     if m > n {
         return Err(VallaError::TooManyPoints { what: "ELLA Nyström points", requested: m, available: n });
@@ -241,16 +242,16 @@ fn fit_ella_inner<N: Network + Clone>(
             ensure_positive("ELLA grid min", *min)?;
             ensure_positive("ELLA grid max", *max)?;
             if *points < 2 || min >= max {
-                return Err(VallaError::InvalidParameter {
+                return Err(VallaError::Input(InputError::Invalid {
                     what: "ELLA grid",
                     reason: "need min < max and ≥ 2 points".into(),
-                });
+                }));
             }
             match validation {
                 None => {
-                    return Err(VallaError::Empty {
+                    return Err(VallaError::Input(InputError::Empty {
                         what: "validation data (ELLA's prior precision is chosen on it)",
-                    })
+                    }))
                 }
                 Some((xv, yv)) => check_data(&net, likelihood, xv, yv, "validation data")?,
             }

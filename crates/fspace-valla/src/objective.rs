@@ -15,6 +15,7 @@
 //! `σ₀² W̄ Lᵀ`, `σ₀² L B̄ Lᵀ` go to the network's NTK input gradient for `Z̄`.
 //! Every piece is checked against central finite differences in the tests.
 
+use fspace_input::InputError;
 use std::f64::consts::PI;
 
 use fspace_core::likelihood::logsumexp;
@@ -48,11 +49,13 @@ impl VallaLikelihood {
         match *spec {
             LikelihoodSpec::Gaussian { sigma, .. } => Ok(Self::Gaussian { noise_std: sigma }),
             LikelihoodSpec::Categorical { classes } if classes == outputs => Ok(Self::Categorical),
-            LikelihoodSpec::Categorical { classes } => Err(VallaError::DimensionMismatch {
-                what: "classes of the categorical likelihood vs. network outputs",
-                expected: outputs,
-                found: classes,
-            }),
+            LikelihoodSpec::Categorical { classes } => {
+                Err(VallaError::Input(InputError::DimensionMismatch {
+                    what: "classes of the categorical likelihood vs. network outputs",
+                    expected: outputs,
+                    found: classes,
+                }))
+            }
             other => Err(other.unsupported("VaLLA / ELLA").into()),
         }
     }
@@ -344,10 +347,10 @@ pub(crate) fn point_term(
                     Ok((t, gs, 0.0))
                 }
                 ClassApprox::MonteCarlo { .. } => {
-                    let eps = eps.ok_or(VallaError::InvalidParameter {
+                    let eps = eps.ok_or(VallaError::Input(InputError::Invalid {
                         what: "Monte Carlo noise",
                         reason: format!("missing for point {index}"),
-                    })?;
+                    }))?;
                     mc_categorical(g, sigma, label, alpha, eps)
                 }
             }

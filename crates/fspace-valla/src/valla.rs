@@ -1,5 +1,6 @@
 //! Fitting VaLLA ([`fit`]) and its posterior ([`VallaPosterior`]).
 
+use fspace_input::InputError;
 use std::time::Instant;
 
 use fspace_core::{
@@ -93,15 +94,16 @@ impl Default for VallaConfig {
 impl VallaConfig {
     fn validate(&self) -> Result<()> {
         if self.num_inducing == 0 {
-            return Err(VallaError::InvalidParameter {
-                what: "num_inducing", reason: "must be ≥ 1".into()
-            });
+            return Err(VallaError::Input(InputError::Invalid {
+                what: "num_inducing",
+                reason: "must be ≥ 1".into(),
+            }));
         }
         if !(self.alpha > 0.0 && self.alpha <= 1.0) {
-            return Err(VallaError::InvalidParameter {
+            return Err(VallaError::Input(InputError::Invalid {
                 what: "alpha",
                 reason: format!("{} must lie in (0, 1]", self.alpha),
-            });
+            }));
         }
         for (what, v) in [
             ("batch_size", self.batch_size),
@@ -110,19 +112,19 @@ impl VallaConfig {
             ("kmeans_iterations", self.kmeans_iterations),
         ] {
             if v == 0 {
-                return Err(VallaError::InvalidParameter { what, reason: "must be ≥ 1".into() });
+                return Err(VallaError::Input(InputError::Invalid { what, reason: "must be ≥ 1".into() }));
             }
         }
         ensure_positive("learning_rate", self.learning_rate)?;
         ensure_positive("prior_variance (σ₀²)", self.prior_variance)?;
         match self.class_approx {
             ClassApprox::MonteCarlo { samples: 0 } => {
-                Err(VallaError::InvalidParameter { what: "class_approx samples", reason: "must be ≥ 1".into() })
+                Err(VallaError::Input(InputError::Invalid { what: "class_approx samples", reason: "must be ≥ 1".into() }))
             }
-            ClassApprox::Probit if self.alpha != 1.0 => Err(VallaError::InvalidParameter {
+            ClassApprox::Probit if self.alpha != 1.0 => Err(VallaError::Input(InputError::Invalid {
                 what: "alpha",
                 reason: "the probit approximation gives log E[p], i.e. α = 1 only; use ClassApprox::MonteCarlo for α < 1".into(),
-            }),
+            })),
             _ => Ok(()),
         }
     }
@@ -321,9 +323,9 @@ fn fit_inner<N: Network + Clone>(
     if let Some((xv, yv)) = validation {
         check_data(&net, likelihood, xv, yv, "validation data")?;
     } else if config.patience.is_some() {
-        return Err(VallaError::Empty {
+        return Err(VallaError::Input(InputError::Empty {
             what: "validation data (early stopping needs it; set patience = None to train without)",
-        });
+        }));
     }
     let n = x.nrows();
     if config.num_inducing > n {
@@ -358,12 +360,12 @@ fn fit_inner<N: Network + Clone>(
             &DMatrix::zeros(q, 1),
         ) {
             Err(NnError::Unsupported { what }) => {
-                return Err(VallaError::InvalidParameter {
+                return Err(VallaError::Input(InputError::Invalid {
                     what: "optimize_inducing",
                     reason: format!(
                         "{what}; set optimize_inducing = false to keep the k-means inducing points"
                     ),
-                })
+                }))
             }
             other => {
                 other?;
@@ -408,7 +410,9 @@ fn fit_inner<N: Network + Clone>(
             let batch = Batch { x: &xb, g: &gb, kxx: &kxx, y: &yb, eps: eps.as_deref() };
             let (value, grad) = objective(&net, &state, &batch, term, n, config.optimize_inducing)?;
             if !value.is_finite() {
-                return Err(VallaError::NonFinite { what: "VaLLA objective (lower the learning rate)" });
+                return Err(VallaError::Input(InputError::NonFinite {
+                    what: "VaLLA objective (lower the learning rate)",
+                }));
             }
             let grad = grad.to_flat(&state, &learn);
             adam.ascend(&mut theta, &grad);
@@ -485,27 +489,27 @@ impl<N: Network + Clone> VallaPosterior<N> {
         check_likelihood(&net, likelihood)?;
         let m = state.z.nrows();
         if m == 0 {
-            return Err(VallaError::Empty { what: "inducing points" });
+            return Err(VallaError::Input(InputError::Empty { what: "inducing points" }));
         }
         if state.z.ncols() != net.input_dim() {
-            return Err(VallaError::DimensionMismatch {
+            return Err(VallaError::Input(InputError::DimensionMismatch {
                 what: "inducing-point columns",
                 expected: net.input_dim(),
                 found: state.z.ncols(),
-            });
+            }));
         }
         if state.outputs.len() != m || state.l.shape() != (m, m) {
-            return Err(VallaError::DimensionMismatch {
+            return Err(VallaError::Input(InputError::DimensionMismatch {
                 what: "inducing outputs / L (one per inducing point)",
                 expected: m,
                 found: state.outputs.len(),
-            });
+            }));
         }
         if state.z.iter().chain(state.l.iter()).any(|v| !v.is_finite())
             || !state.log_prior_var.is_finite()
             || !state.log_noise_var.is_finite()
         {
-            return Err(VallaError::NonFinite { what: "variational state" });
+            return Err(VallaError::Input(InputError::NonFinite { what: "variational state" }));
         }
         let prepared = Prepared::new(&net, state)?;
         let report = VallaReport {
@@ -614,11 +618,11 @@ pub fn prop2_optimal_state<N: Network>(
     ensure_positive("prior_variance (σ₀²)", prior_variance)?;
     ensure_positive("noise_variance (σ²)", noise_variance)?;
     if net.output_dim() != 1 {
-        return Err(VallaError::DimensionMismatch {
+        return Err(VallaError::Input(InputError::DimensionMismatch {
             what: "network outputs (Prop. 2 is stated for regression)",
             expected: 1,
             found: net.output_dim(),
-        });
+        }));
     }
     let m = z.nrows();
     let outputs = vec![0; m];

@@ -2,6 +2,7 @@
 //! objective's gradients against central finite differences, and bad input.
 
 use fspace_core::{CoreError, Data, LikelihoodSpec, Persist, Posterior, Progress};
+use fspace_input::InputError;
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_testutil::{assert_mat_close, fd_gradient, rand_uniform, randn, rng};
 use fspace_valla::internals::{objective_value_and_gradient, point_term_public};
@@ -427,33 +428,36 @@ fn bad_input_gives_typed_errors() {
     let bad_prior = VallaConfig { prior_variance: 0.0, num_inducing: 3, ..no_es.clone() };
     assert!(matches!(
         fit_v(net.clone(), lik, &x, &y, None, &bad_prior),
-        Err(VallaError::InvalidParameter { .. })
+        Err(VallaError::Input(InputError::Invalid { .. }))
     ));
     let ok = VallaConfig { num_inducing: 3, ..no_es.clone() };
     assert!(matches!(
         fit_v(net.clone(), LikelihoodSpec::gaussian_learned(-1.0), &x, &y, None, &ok),
-        Err(VallaError::Core(CoreError::InvalidParameter { .. }))
+        Err(VallaError::Core(CoreError::Input(InputError::Invalid { .. })))
     ));
     let mut xn = x.clone();
     xn[(2, 0)] = f64::NAN;
     assert!(matches!(
         fit_v(net.clone(), lik, &xn, &y, None, &ok),
-        Err(VallaError::NonFinite { .. } | VallaError::Core(CoreError::NonFinite { .. }))
+        Err(VallaError::Input(InputError::NonFinite { .. })
+            | VallaError::Core(CoreError::Input(InputError::NonFinite { .. })))
     ));
     let es = VallaConfig { num_inducing: 3, ..VallaConfig::default() };
     assert!(matches!(
         fit_v(net.clone(), lik, &x, &y, None, &es),
-        Err(VallaError::Empty { .. } | VallaError::Core(CoreError::Empty { .. }))
+        Err(VallaError::Input(InputError::Empty { .. })
+            | VallaError::Core(CoreError::Input(InputError::Empty { .. })))
     ));
     let empty = (DMatrix::zeros(0, 1), DVector::zeros(0));
     assert!(matches!(
         fit_v(net.clone(), lik, &x, &y, Some((&empty.0, &empty.1)), &es),
-        Err(VallaError::Empty { .. } | VallaError::Core(CoreError::Empty { .. }))
+        Err(VallaError::Input(InputError::Empty { .. })
+            | VallaError::Core(CoreError::Input(InputError::Empty { .. })))
     ));
     let alpha = VallaConfig { alpha: 1.5, ..ok.clone() };
     assert!(matches!(
         fit_v(net.clone(), lik, &x, &y, None, &alpha),
-        Err(VallaError::InvalidParameter { .. })
+        Err(VallaError::Input(InputError::Invalid { .. }))
     ));
     // Labels out of range / fractional.
     let cls = mlp(1, 3, 25);
@@ -473,7 +477,7 @@ fn bad_input_gives_typed_errors() {
     labels[4] = 1.0;
     assert!(matches!(
         fit_v(cls, LikelihoodSpec::categorical(3), &x, &labels, None, &probit_alpha),
-        Err(VallaError::InvalidParameter { .. })
+        Err(VallaError::Input(InputError::Invalid { .. }))
     ));
     // ELLA.
     let ella_many = EllaConfig {
@@ -501,7 +505,8 @@ fn bad_input_gives_typed_errors() {
     let ella_val = EllaConfig { num_points: 5, num_eigen: 2, ..EllaConfig::default() };
     assert!(matches!(
         fit_ella_v(net.clone(), lik, &x, &y, None, &ella_val),
-        Err(VallaError::Empty { .. } | VallaError::Core(CoreError::Empty { .. }))
+        Err(VallaError::Input(InputError::Empty { .. })
+            | VallaError::Core(CoreError::Input(InputError::Empty { .. })))
     ));
     let ella_neg = EllaConfig {
         num_points: 5,
@@ -512,7 +517,7 @@ fn bad_input_gives_typed_errors() {
     };
     assert!(matches!(
         fit_ella_v(net, lik, &x, &y, None, &ella_neg),
-        Err(VallaError::InvalidParameter { .. })
+        Err(VallaError::Input(InputError::Invalid { .. }))
     ));
 }
 
@@ -571,5 +576,8 @@ fn likelihoods_other_than_gaussian_and_categorical_are_refused_by_name() {
     }
     // Classes must match the network's outputs.
     let e = fit_v(net, LikelihoodSpec::categorical(3), &x, &y, None, &cfg).unwrap_err();
-    assert!(matches!(e, VallaError::DimensionMismatch { expected: 2, found: 3, .. }), "{e}");
+    assert!(
+        matches!(e, VallaError::Input(InputError::DimensionMismatch { expected: 2, found: 3, .. })),
+        "{e}"
+    );
 }
