@@ -1,10 +1,18 @@
 //! The real datasets shipped in the repository's `datasets/` folder (provenance, licences and
 //! checksums in `datasets/README.md`). Nothing is downloaded: files are read from
-//! `$FSPACE_DATASETS` if set, else from the workspace's `datasets/` directory.
+//! `$FSPACE_DATASETS` if set, else from the workspace's `datasets/` directory. Every loader
+//! here checks the file's SHA-256 against [`BUNDLED_SHA256`] before reading it, so a modified
+//! copy is refused ([`DataError::ChecksumMismatch`](crate::DataError::ChecksumMismatch)) instead of
+//! silently changing the numbers; the general loaders (`read_csv`, `read_idx`, …) read a
+//! user's own files unchecked.
 
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-use crate::error::Result;
+use sha2::{Digest, Sha256};
+
+use crate::error::{DataError, Result};
 use crate::generators::Dataset;
 use crate::loaders::{read_csv, read_idx_images};
 
@@ -15,11 +23,88 @@ pub fn dataset_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../datasets")))
 }
 
+/// `(file under the datasets directory, SHA-256 in hex)` of every bundled file — the values
+/// `datasets/README.md` records.
+pub const BUNDLED_SHA256: &[(&str, &str)] = &[
+    ("boston_housing.csv", "fd6aae7c42ed5998b4157a6149aa35d47c60fc0664c5bcfea5f3df4f423376cc"),
+    ("concrete.csv", "c2690f237285ede14fa54fe05dbe6a83ce510f65de6a8c5f8cafd6cefd9f38e2"),
+    ("mauna_loa_co2.csv", "8e8d277356c7f1e9204e127f52123a77d0bc9db222a994f4adcf4bf3788ef415"),
+    ("gulfdata_train.csv", "dcd75987abb9fb1c35dd3d76c724f330523b1af236fa0a2b113ab0e8b8912751"),
+    ("gulfdata_test.csv", "f4e50eec95fabc687795f3b2021c310fccd1f473e5dadefc653763af6663ab24"),
+    ("yacht_hydrodynamics.data", "1638f9806fefc050259068b3a5d695431b2ed16020b7c57478af02f83081baf0"),
+    ("winequality_red.csv", "f5eb6b494f4f6431698dce8fb15c356d091c2a5dc13f823742dcc9709a327b4a"),
+    ("digits.csv.gz", "46abec6b12486ad9e51943373abcf22bbea1b5a51a1619b361570d8893f1464a"),
+    ("mnist/t10k-images-idx3-ubyte.gz", "1a1a05eab793c14bb050b398624a11b0ffd1a2953baed553b1b9bd079e2a20be"),
+    ("mnist/t10k-labels-idx1-ubyte.gz", "b91679a0acfe4ba0e50a2437a903084cba1f5f92592b016a25a7dfd00455798b"),
+    ("mnist/train-images-idx3-ubyte.gz", "0b367032e93c5d0cea0925647cfdb18614af8ee15f83e6f2fc2ad904a6835971"),
+    ("mnist/train-labels-idx1-ubyte.gz", "1787548bbe0bff1ec2ecdc0ef292b02df999e2d1a6002d27500982c652b17203"),
+    (
+        "fashion_mnist/t10k-images-idx3-ubyte.gz",
+        "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+    ),
+    (
+        "fashion_mnist/t10k-labels-idx1-ubyte.gz",
+        "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+    ),
+    (
+        "fashion_mnist/train-images-idx3-ubyte.gz",
+        "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+    ),
+    (
+        "fashion_mnist/train-labels-idx1-ubyte.gz",
+        "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+    ),
+];
+
+/// The hex SHA-256 of a file.
+pub fn sha256_hex(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| DataError::Io { path: path.to_path_buf(), message: e.to_string() })?;
+    Ok(Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A file as last verified: path, length, modification time.
+type FileStamp = (PathBuf, u64, Option<std::time::SystemTime>);
+
+/// `dir/file` after checking its SHA-256 against [`BUNDLED_SHA256`]; `file` must be one of the
+/// bundled names. A file is hashed once per process (keyed by path, length and modification
+/// time, so an edit during the process is still caught).
+pub fn verified_bundled_file(dir: &Path, file: &str) -> Result<PathBuf> {
+    static VERIFIED: Mutex<Option<HashSet<FileStamp>>> = Mutex::new(None);
+    let Some((_, expected)) = BUNDLED_SHA256.iter().find(|(name, _)| *name == file) else {
+        return Err(fspace_input::invalid(
+            "bundled file",
+            format!("{file:?} is not one of the bundled datasets"),
+        )
+        .into());
+    };
+    let path = dir.join(file);
+    let meta =
+        std::fs::metadata(&path).map_err(|e| DataError::Io { path: path.clone(), message: e.to_string() })?;
+    let key = (path.clone(), meta.len(), meta.modified().ok());
+    if VERIFIED.lock().map(|g| g.as_ref().is_some_and(|s| s.contains(&key))).unwrap_or(false) {
+        return Ok(path);
+    }
+    let found = sha256_hex(&path)?;
+    if found != *expected {
+        return Err(DataError::ChecksumMismatch { path, expected: expected.to_string(), found });
+    }
+    if let Ok(mut guard) = VERIFIED.lock() {
+        guard.get_or_insert_with(HashSet::new).insert(key);
+    }
+    Ok(path)
+}
+
+/// [`verified_bundled_file`] in [`dataset_dir`].
+fn bundled(file: &str) -> Result<PathBuf> {
+    verified_bundled_file(&dataset_dir(), file)
+}
+
 /// Mauna Loa monthly mean CO₂ (ppm), NOAA GML's record from March 1958 to June 2026 (820
 /// months; Scripps before May 1974, NOAA after). Input: NOAA's `decimal date` (mid-month);
 /// target: `average` (the monthly mean the papers model; gaps already interpolated by NOAA).
 pub fn mauna_loa() -> Result<Dataset> {
-    read_csv(dataset_dir().join("mauna_loa_co2.csv"), None)?.select(&["decimal date"], &["average"])
+    read_csv(bundled("mauna_loa_co2.csv")?, None)?.select(&["decimal date"], &["average"])
 }
 
 /// The Gulf of Mexico drifter task of FSP-Laplace App. B.2 / GPJax's "GulfDrifters" example:
@@ -27,8 +112,7 @@ pub fn mauna_loa() -> Result<Dataset> {
 /// `(ubar, vbar)` in m/s. Train: the 20 drifter measurements; test: the 544 averaged velocities
 /// on the regular 34 × 16 grid over [−90.8, −83.8] × [24.0, 27.5].
 pub fn gulf_drifters() -> Result<(Dataset, Dataset)> {
-    let read =
-        |file: &str| read_csv(dataset_dir().join(file), None)?.select(&["lon", "lat"], &["ubar", "vbar"]);
+    let read = |file: &str| read_csv(bundled(file)?, None)?.select(&["lon", "lat"], &["ubar", "vbar"]);
     Ok((read("gulfdata_train.csv")?, read("gulfdata_test.csv")?))
 }
 
@@ -44,7 +128,7 @@ pub fn yacht() -> Result<Dataset> {
         "froude_number",
         "residuary_resistance",
     ];
-    let path = dataset_dir().join("yacht_hydrodynamics.data");
+    let path = bundled("yacht_hydrodynamics.data")?;
     let text = std::fs::read_to_string(&path)
         .map_err(|e| crate::DataError::Io { path: path.clone(), message: e.to_string() })?;
     let table = parse_headerless_table(&path, &text, NAMES.len(), None)?;
@@ -106,24 +190,24 @@ fn parse_headerless_table(
 
 /// Boston housing (506 × 13 features, target `MEDV`).
 pub fn boston() -> Result<Dataset> {
-    read_csv(dataset_dir().join("boston_housing.csv"), None)?.split_targets(&["MEDV"])
+    read_csv(bundled("boston_housing.csv")?, None)?.split_targets(&["MEDV"])
 }
 
 /// Concrete compressive strength (Yeh 1998; 1030 × 8 features, target `compressive_strength`).
 pub fn concrete() -> Result<Dataset> {
-    read_csv(dataset_dir().join("concrete.csv"), None)?.split_targets(&["compressive_strength"])
+    read_csv(bundled("concrete.csv")?, None)?.split_targets(&["compressive_strength"])
 }
 
 /// Red wine quality (Cortez et al. 2009; 1599 × 11 features, target `quality`).
 pub fn wine_quality_red() -> Result<Dataset> {
-    read_csv(dataset_dir().join("winequality_red.csv"), None)?.split_targets(&["quality"])
+    read_csv(bundled("winequality_red.csv")?, None)?.split_targets(&["quality"])
 }
 
 /// scikit-learn's 8×8 digits (1797 × 64 pixel counts 0–16, label 0–9). The file has no header
 /// row, so it is parsed here directly.
 pub fn digits() -> Result<Dataset> {
     use std::io::Read;
-    let path = dataset_dir().join("digits.csv.gz");
+    let path = bundled("digits.csv.gz")?;
     let file = std::fs::File::open(&path)
         .map_err(|e| crate::DataError::Io { path: path.clone(), message: e.to_string() })?;
     let mut text = String::new();
@@ -153,10 +237,9 @@ fn idx_pair(folder: &str, split: Split) -> Result<Dataset> {
         Split::Train => "train",
         Split::Test => "t10k",
     };
-    let dir = dataset_dir().join(folder);
     read_idx_images(
-        dir.join(format!("{prefix}-images-idx3-ubyte.gz")),
-        dir.join(format!("{prefix}-labels-idx1-ubyte.gz")),
+        bundled(&format!("{folder}/{prefix}-images-idx3-ubyte.gz"))?,
+        bundled(&format!("{folder}/{prefix}-labels-idx1-ubyte.gz"))?,
     )
 }
 

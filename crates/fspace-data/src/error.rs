@@ -63,6 +63,17 @@ pub enum DataError {
         /// What was wrong.
         reason: String,
     },
+    /// A bundled file whose SHA-256 differs from the one recorded for it (`datasets/README.md`):
+    /// edited, re-encoded, truncated or replaced. Restore it from the repository.
+    #[error("{path}: the bundled file was modified (SHA-256 {found}, recorded {expected}); restore it from the repository")]
+    ChecksumMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The recorded digest (hex).
+        expected: String,
+        /// The file's digest (hex).
+        found: String,
+    },
     /// A requested column does not exist.
     #[error("{path}: no column named {name:?}")]
     MissingColumn {

@@ -21,8 +21,8 @@ pub mod loaders;
 pub mod preprocess;
 
 pub use bundled::{
-    boston, concrete, dataset_dir, digits, fashion_mnist, gulf_drifters, mauna_loa, mnist, wine_quality_red,
-    yacht, Split,
+    boston, concrete, dataset_dir, digits, fashion_mnist, gulf_drifters, mauna_loa, mnist, sha256_hex,
+    verified_bundled_file, wine_quality_red, yacht, Split, BUNDLED_SHA256,
 };
 pub use error::{DataError, Result};
 pub use fspace_context::BoundingBox;

@@ -9,50 +9,42 @@ use fspace_data::*;
 use fspace_testutil::{rand_uniform, rng};
 use nalgebra::DMatrix;
 use proptest::prelude::*;
-use sha2::{Digest, Sha256};
-
-fn sha256(path: &std::path::Path) -> String {
-    let bytes = std::fs::read(path).unwrap();
-    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// (file, sha256) — the same values as datasets/README.md.
-const CHECKSUMS: &[(&str, &str)] = &[
-    ("boston_housing.csv", "fd6aae7c42ed5998b4157a6149aa35d47c60fc0664c5bcfea5f3df4f423376cc"),
-    ("concrete.csv", "c2690f237285ede14fa54fe05dbe6a83ce510f65de6a8c5f8cafd6cefd9f38e2"),
-    ("mauna_loa_co2.csv", "8e8d277356c7f1e9204e127f52123a77d0bc9db222a994f4adcf4bf3788ef415"),
-    ("gulfdata_train.csv", "dcd75987abb9fb1c35dd3d76c724f330523b1af236fa0a2b113ab0e8b8912751"),
-    ("gulfdata_test.csv", "f4e50eec95fabc687795f3b2021c310fccd1f473e5dadefc653763af6663ab24"),
-    ("yacht_hydrodynamics.data", "1638f9806fefc050259068b3a5d695431b2ed16020b7c57478af02f83081baf0"),
-    ("winequality_red.csv", "f5eb6b494f4f6431698dce8fb15c356d091c2a5dc13f823742dcc9709a327b4a"),
-    ("digits.csv.gz", "46abec6b12486ad9e51943373abcf22bbea1b5a51a1619b361570d8893f1464a"),
-    ("mnist/t10k-images-idx3-ubyte.gz", "1a1a05eab793c14bb050b398624a11b0ffd1a2953baed553b1b9bd079e2a20be"),
-    ("mnist/t10k-labels-idx1-ubyte.gz", "b91679a0acfe4ba0e50a2437a903084cba1f5f92592b016a25a7dfd00455798b"),
-    ("mnist/train-images-idx3-ubyte.gz", "0b367032e93c5d0cea0925647cfdb18614af8ee15f83e6f2fc2ad904a6835971"),
-    ("mnist/train-labels-idx1-ubyte.gz", "1787548bbe0bff1ec2ecdc0ef292b02df999e2d1a6002d27500982c652b17203"),
-    (
-        "fashion_mnist/t10k-images-idx3-ubyte.gz",
-        "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
-    ),
-    (
-        "fashion_mnist/t10k-labels-idx1-ubyte.gz",
-        "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
-    ),
-    (
-        "fashion_mnist/train-images-idx3-ubyte.gz",
-        "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
-    ),
-    (
-        "fashion_mnist/train-labels-idx1-ubyte.gz",
-        "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
-    ),
-];
 
 #[test]
-fn bundled_files_match_their_checksums() {
-    for (file, expected) in CHECKSUMS {
-        assert_eq!(sha256(&dataset_dir().join(file)), *expected, "{file}");
+fn bundled_files_match_their_checksums_and_the_readme_records_them() {
+    let readme = std::fs::read_to_string(dataset_dir().join("README.md")).unwrap();
+    for (file, expected) in BUNDLED_SHA256 {
+        assert_eq!(sha256_hex(&dataset_dir().join(file)).unwrap(), *expected, "{file}");
+        assert!(readme.contains(expected), "datasets/README.md does not record {file}'s SHA-256");
     }
+}
+
+#[test]
+fn a_modified_bundled_file_is_refused_and_names_the_file() {
+    // One digit changed in the yacht file, in a copy of the datasets directory.
+    let dir = std::env::temp_dir().join(format!("fspace-data-tamper-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = "yacht_hydrodynamics.data";
+    let original = std::fs::read_to_string(dataset_dir().join(name)).unwrap();
+    std::fs::write(dir.join(name), &original).unwrap();
+    assert_eq!(verified_bundled_file(&dir, name).unwrap(), dir.join(name));
+    let at = original.find(|c: char| c.is_ascii_digit() && c != '9').unwrap();
+    let mut tampered = original.into_bytes();
+    tampered[at] += 1;
+    std::fs::write(dir.join(name), &tampered).unwrap();
+    match verified_bundled_file(&dir, name) {
+        Err(DataError::ChecksumMismatch { path, expected, found }) => {
+            assert_eq!(path, dir.join(name));
+            assert_eq!(expected, BUNDLED_SHA256.iter().find(|(f, _)| *f == name).unwrap().1);
+            assert_ne!(found, expected);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A truncated copy likewise; a name that is not bundled is an input error.
+    std::fs::write(dir.join(name), &tampered[..100]).unwrap();
+    assert!(matches!(verified_bundled_file(&dir, name), Err(DataError::ChecksumMismatch { .. })));
+    assert!(matches!(verified_bundled_file(&dir, "mine.csv"), Err(DataError::Input(_))));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
