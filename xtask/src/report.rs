@@ -248,9 +248,12 @@ pub fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
     s
 }
 
-/// Compact number formatting for tables.
+/// Compact number formatting for tables; a missing value (NaN) prints as "–", never as `NaN`
+/// (the table's notes say why it is missing).
 pub fn fmt(v: f64) -> String {
-    if v == 0.0 || (1e-3..1e4).contains(&v.abs()) {
+    if v.is_nan() {
+        "–".to_string()
+    } else if v == 0.0 || (1e-3..1e4).contains(&v.abs()) {
         format!("{v:.4}")
     } else {
         format!("{v:.3e}")
@@ -317,6 +320,14 @@ found in this folder (ours beside the paper's numbers; `--quick` runs say so in 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_values_print_as_a_dash_never_nan() {
+        assert_eq!(fmt(f64::NAN), "–");
+        assert_eq!(pm_cell((f64::NAN, f64::NAN)), "–");
+        assert_eq!(pm_cell((0.5, f64::NAN)), "0.5000");
+        assert_eq!(fmt(0.25), "0.2500");
+    }
 
     #[test]
     fn the_index_lists_exactly_the_runs_with_a_table() {
