@@ -4,7 +4,12 @@ Side-by-side reference for `cargo xtask reproduce nn-epoch-timer` (fspace's `tra
 Run it in a throw-away venv outside the repository, on the same machine:
 
     python -m venv /tmp/tv && /tmp/tv/bin/pip install torch numpy
-    /tmp/tv/bin/python scripts/compare/torch_epoch.py [path/to/datasets/mnist]
+    /tmp/tv/bin/python scripts/compare/torch_epoch.py [path/to/datasets/mnist] \
+        [--images N] [--epochs K] [--only mlp,lenet,fsp] [--json]
+
+`--images N` trains on the first N images of the split and scales the epoch time to 54 000
+(`cargo xtask reproduce perf` runs `--images 5400 --epochs 1 --only lenet,fsp --json` live and
+reads the last line, `{"lenet_epoch_s": …, "fsp_cnn_epoch_s": …}`).
 
 Setting (as fspace's timer): the 60 000 MNIST training images standardised by one scalar mean
 and std, a seeded 90/10 split (54 000 for training), batch 100, Adam lr 1e-3, cross-entropy
@@ -14,10 +19,11 @@ MLP 784-200-200-10 tanh, LeNet-5 tanh (conv 6@5x5 same + pool, conv 16@5x5 + poo
 128, 10). Prints the median of 3 epochs per network, and the per-batch times of a forward pass,
 a J.u (torch.func.jvp) and a J^T.V (autograd) on 100 images.
 """
+import argparse
 import gzip
+import json
 import statistics
 import struct
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +34,14 @@ torch.set_default_dtype(torch.float64)
 torch.set_num_threads(2)
 torch.manual_seed(0)
 
-root = Path(sys.argv[1] if len(sys.argv) > 1 else "datasets/mnist")
+ap = argparse.ArgumentParser()
+ap.add_argument("root", nargs="?", default="datasets/mnist")
+ap.add_argument("--images", type=int, default=None)
+ap.add_argument("--epochs", type=int, default=3)
+ap.add_argument("--only", default="mlp,lenet,fsp")
+ap.add_argument("--json", action="store_true")
+args = ap.parse_args()
+root = Path(args.root)
 
 
 def idx_images(path):
@@ -57,7 +70,11 @@ x = (x - x.mean()) / x.std(unbiased=False)
 perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
 train = perm[x.shape[0] // 10 :]
 x, y = x[train], y[train]
+n_full = x.shape[0]
+if args.images:
+    x, y = x[: args.images], y[: args.images]
 n = x.shape[0]
+scale = n_full / n
 
 
 def mlp():
@@ -121,14 +138,21 @@ def per_batch(net):
     return fwd, jv, vj
 
 
-for name, make in [("MLP 784-200-200-10", mlp), ("LeNet-5", lenet5), ("FSP MNIST CNN", fsp_cnn)]:
+keys = {"mlp": "mlp_epoch_s", "lenet": "lenet_epoch_s", "fsp": "fsp_cnn_epoch_s"}
+report = {}
+for key, name, make in [("mlp", "MLP 784-200-200-10", mlp), ("lenet", "LeNet-5", lenet5), ("fsp", "FSP MNIST CNN", fsp_cnn)]:
+    if key not in args.only.split(","):
+        continue
     net = make()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    times = [epoch(net, opt, gen) for _ in range(3)]
+    times = [epoch(net, opt, gen) * scale for _ in range(args.epochs)]
+    report[keys[key]] = statistics.median(times)
     fwd, jv, vj = per_batch(net)
     print(
         f"{name}: epoch median {statistics.median(times):.2f} s (all {', '.join(f'{t:.2f}' for t in times)}); "
         f"per batch of 100: f {fwd:.2f} ms, J.u {jv:.2f} ms, J^T.V {vj:.2f} ms",
         flush=True,
     )
+if args.json:
+    print(json.dumps(report), flush=True)

@@ -20,6 +20,7 @@ mod gl_cubic;
 mod gl_mnist;
 pub mod images;
 mod nn_speed;
+mod perf;
 mod valla_images;
 mod valla_regression;
 mod valla_toy;
@@ -154,6 +155,12 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "issue 15: one MNIST epoch and per-batch f / J·u / Jᵀ·V of MLP, LeNet-5, FSP CNN beside PyTorch 2 CPU",
         in_default_suite: false,
         run: nn_speed::run,
+    },
+    Experiment {
+        name: "perf",
+        paper: "issue 40: GFSVI step against its GEMM bound, LeNet-5 / FSP CNN epochs (beside PyTorch run live when importable), FSP toy prior, W1 full LLA (≤ 3 min)",
+        in_default_suite: false,
+        run: perf::run,
     },
     Experiment {
         name: "valla-toy",

@@ -43,15 +43,23 @@ fn time_call(reps: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
-struct Timing {
-    epoch_s: f64,
+/// One network's epoch and per-batch operator times.
+pub(super) struct Timing {
+    /// Seconds per epoch (scaled).
+    pub(super) epoch_s: f64,
     forward_ms: f64,
     jvp_ms: f64,
     vjp_ms: f64,
     final_loss: f64,
 }
 
-fn time_network<N: Network>(net: &mut N, x: &DMatrix<f64>, y: &DVector<f64>, scale: f64) -> Result<Timing> {
+/// Times `f`, `J·u`, `Jᵀ·V` on 100 images and one epoch of MAP training on `x` (× `scale`).
+pub(super) fn time_network<N: Network>(
+    net: &mut N,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    scale: f64,
+) -> Result<Timing> {
     let batch = x.rows(0, 100).into_owned();
     let u = DVector::from_fn(net.n_params(), |i, _| ((i % 13) as f64 - 6.0) * 1e-2);
     let v = DMatrix::from_fn(100, 10, |i, j| ((i + 3 * j) % 7) as f64 * 0.1 - 0.3);

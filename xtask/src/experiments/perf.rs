@@ -1,0 +1,209 @@
+//! `perf` — the project against the machine and against PyTorch, in one run (≤ 3 minutes on 2
+//! cores). Writes `results/perf/metrics.json` with flat numeric fields:
+//!
+//! | field | what |
+//! |---|---|
+//! | `gfsvi_step_ms` | one GFSVI objective + gradient, M = 500 measurement points, 2×30 tanh (p = 1 021), batch 100 (median of 10) |
+//! | `gfsvi_bound_ms` | a GEMM of the step's dominant flop count `M²·p` (`J S Jᵀ`: 500 × 1 021 times 1 021 × 500) by the workspace's parallel GEMM (`fspace_linalg::blocked::par_matmul`, all rayon threads), timed here (median of 10) |
+//! | `gfsvi_step_over_bound` | their ratio (the target: ≤ 2.5) |
+//! | `lenet_epoch_s`, `fsp_cnn_epoch_s` | one epoch of MAP training (Adam 1e-3, batch 100, f64) on 5 400 MNIST images, × 10 |
+//! | `fsp_toy_prior_s` | FSP-Laplace on the sine toy for one RBF prior: 8 000 full-batch steps + Alg. 2 |
+//! | `w1_full_lla_s` | W1 (sine toy, 2×50 tanh, p = 2 701): full-GGN Laplace fit + λ by marginal likelihood + GLM predictive at 1 000 points |
+//! | `torch_lenet_epoch_s`, `torch_fsp_cnn_epoch_s` | the same epochs in PyTorch (CPU, f64, 2 threads), run live by `scripts/compare/torch_epoch.py` — present only when a python with torch is importable (`$FSPACE_PYTHON`, else `python3`) |
+//!
+//! Every number is measured in this run on this machine; nothing is a recorded reference.
+
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::Result;
+use fspace_core::{Data, Fitted, LikelihoodSpec};
+use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign};
+use fspace_gfsvi::{objective, KlPrior, VariationalParams};
+use fspace_kernels::{GpPrior, Rbf};
+use fspace_laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, Structure};
+use fspace_nn::{Activation, Cnn, CnnConfig};
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde_json::{json, Map, Value};
+
+use super::images::{train_val_test, ImageSet};
+use super::nn_speed::time_network;
+use super::{sine_config, tanh_mlp, targets, Options};
+use crate::report::{markdown_table, Run};
+
+fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    Ok(v[v.len() / 2])
+}
+
+/// `(step ms, bound ms, flop count M²p)` of GFSVI at M = 500 on a 2×30 tanh network.
+fn gfsvi_step() -> Result<(f64, f64, f64)> {
+    let mut net = tanh_mlp(1, &[30, 30], 1, 0)?;
+    let p = net.params().len();
+    let x = DMatrix::from_fn(100, 1, |i, _| -1.0 + 2.0 * ((i as f64 * 0.618_034).fract()));
+    let y = x.map(|v| (std::f64::consts::TAU * v).sin());
+    let xm = DMatrix::from_fn(500, 1, |i, _| -1.0 + 2.0 * ((i as f64 * 0.754_877_666).fract()));
+    let params = VariationalParams {
+        mean: net.params(),
+        log_std: DVector::from_element(p, -3.0),
+        log_noise_std: -2.0,
+    };
+    let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.3)?));
+    let step = median_ms(10, || {
+        objective(&mut net, &params, &prior, &x, &y, 100, &xm, 1e-10)?;
+        Ok(())
+    })?;
+    let a = DMatrix::from_fn(500, p, |i, j| ((i * 7 + j * 3) % 11) as f64 * 0.1);
+    let b = a.transpose();
+    let bound = median_ms(10, || {
+        std::hint::black_box(fspace_linalg::blocked::par_matmul(&a, &b));
+        Ok(())
+    })?;
+    Ok((step, bound, 500.0 * 500.0 * p as f64))
+}
+
+/// Seconds of FSP-Laplace on the sine toy with one RBF prior (8 000 steps + Alg. 2).
+fn fsp_toy_prior() -> Result<f64> {
+    let mut rng = StdRng::seed_from_u64(0);
+    let data = fspace_data::sine(100, 0.1, &mut rng)?;
+    let config = sine_config(100, 8000, 100, ContextDesign::Grid, 0)?;
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.3)?);
+    let t = Instant::now();
+    let Fitted { .. } = fsp_fit(
+        tanh_mlp(1, &[50, 50], 1, 0)?,
+        LikelihoodSpec::gaussian(0.1),
+        &prior,
+        &Data::new(&data.x, &targets(&data.y_vec(), 1))?,
+        &config,
+    )?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Seconds of W1's full-GGN Laplace: fit, λ by marginal likelihood, GLM predictive at 1 000
+/// points (the `laplace_workloads` example's W1 / full case).
+fn w1_full_lla() -> Result<f64> {
+    let mut rng = StdRng::seed_from_u64(0);
+    let data = fspace_data::sine(100, 0.1, &mut rng)?;
+    let x_test = DMatrix::from_fn(1000, 1, |i, _| -2.0 + 4.0 * i as f64 / 999.0);
+    let t = Instant::now();
+    let cfg = LaplaceConfig { structure: Structure::full(), ..Default::default() };
+    let net = tanh_mlp(1, &[50, 50], 1, 0)?;
+    let mut post =
+        laplace_fit(net, LikelihoodSpec::gaussian(0.1), &Data::new(&data.x, &data.y)?, &cfg)?.posterior;
+    post.optimize_prior_precision(&MarglikConfig::default())?;
+    std::hint::black_box(post.predict_glm(&x_test)?);
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// PyTorch's LeNet-5 and FSP CNN epochs on 5 400 images × 10, if a python with torch runs.
+fn torch_epochs(run: &mut Run) -> Option<(f64, f64)> {
+    let python = std::env::var("FSPACE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let importable = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !importable {
+        run.log(format!("PyTorch: `{python} -c 'import torch'` failed; the torch fields are left out"));
+        return None;
+    }
+    let dir = fspace_data::dataset_dir().join("mnist");
+    let out = Command::new(&python)
+        .arg("scripts/compare/torch_epoch.py")
+        .arg(&dir)
+        .args(["--images", "5400", "--epochs", "1", "--json", "--only", "lenet,fsp"])
+        .output();
+    let parsed = out.ok().filter(|o| o.status.success()).and_then(|o| {
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let line = text.lines().rev().find(|l| l.trim_start().starts_with('{'))?.to_string();
+        let v: Value = serde_json::from_str(&line).ok()?;
+        Some((v["lenet_epoch_s"].as_f64()?, v["fsp_cnn_epoch_s"].as_f64()?))
+    });
+    if parsed.is_none() {
+        run.log("PyTorch: scripts/compare/torch_epoch.py did not report; the torch fields are left out");
+    }
+    parsed
+}
+
+/// Runs the measurements.
+pub fn run(opts: &Options) -> Result<()> {
+    let mut run = Run::new(&opts.out, "perf")?;
+    let mut m = Map::new();
+    let (step, bound, flops) = gfsvi_step()?;
+    run.log(format!(
+        "GFSVI step (M = 500, 2×30): {step:.2} ms; GEMM of its {flops:.3e} multiply-adds: {bound:.2} ms ({:.1}× the bound)",
+        step / bound
+    ));
+    m.insert("gfsvi_step_ms".into(), json!(step));
+    m.insert("gfsvi_bound_ms".into(), json!(bound));
+    m.insert("gfsvi_step_over_bound".into(), json!(step / bound));
+
+    let (train, _, _, _) = train_val_test(ImageSet::Mnist, 0)?;
+    let train = train.subset(5_400, 0);
+    let lenet =
+        time_network(&mut Cnn::new(CnnConfig::lenet5(10, Activation::Tanh, 0))?, &train.x, &train.y, 10.0)?;
+    let fsp_cnn = time_network(
+        &mut Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0))?,
+        &train.x,
+        &train.y,
+        10.0,
+    )?;
+    run.log(format!(
+        "epochs (5 400 images × 10): LeNet-5 {:.2} s, FSP CNN {:.2} s",
+        lenet.epoch_s, fsp_cnn.epoch_s
+    ));
+    m.insert("lenet_epoch_s".into(), json!(lenet.epoch_s));
+    m.insert("fsp_cnn_epoch_s".into(), json!(fsp_cnn.epoch_s));
+
+    let toy = fsp_toy_prior()?;
+    run.log(format!("FSP-Laplace sine toy, one RBF prior (8 000 steps + Alg. 2): {toy:.2} s"));
+    m.insert("fsp_toy_prior_s".into(), json!(toy));
+    let w1 = w1_full_lla()?;
+    run.log(format!("W1 full-GGN Laplace (fit + marginal likelihood + 1 000 predictions): {w1:.2} s"));
+    m.insert("w1_full_lla_s".into(), json!(w1));
+
+    let torch = torch_epochs(&mut run);
+    if let Some((t_lenet, t_fsp)) = torch {
+        run.log(format!("PyTorch (live): LeNet-5 {t_lenet:.2} s, FSP CNN {t_fsp:.2} s"));
+        m.insert("torch_lenet_epoch_s".into(), json!(t_lenet));
+        m.insert("torch_fsp_cnn_epoch_s".into(), json!(t_fsp));
+    }
+    let torch_cell = |v: Option<f64>, ours: f64| {
+        v.map_or("– (no python with torch)".to_string(), |t| format!("{t:.2} s (ours {:.2}×)", ours / t))
+    };
+    let rows = vec![
+        vec![
+            "GFSVI step, M = 500, 2×30".into(),
+            format!("{step:.2} ms"),
+            format!("GEMM bound {bound:.2} ms ({:.1}×)", step / bound),
+        ],
+        vec![
+            "LeNet-5 epoch (5 400 × 10)".into(),
+            format!("{:.2} s", lenet.epoch_s),
+            torch_cell(torch.map(|t| t.0), lenet.epoch_s),
+        ],
+        vec![
+            "FSP CNN epoch (5 400 × 10)".into(),
+            format!("{:.2} s", fsp_cnn.epoch_s),
+            torch_cell(torch.map(|t| t.1), fsp_cnn.epoch_s),
+        ],
+        vec!["FSP toy prior (8 000 steps + Alg. 2)".into(), format!("{toy:.2} s"), "–".into()],
+        vec!["W1 full LLA".into(), format!("{w1:.2} s"), "–".into()],
+    ];
+    run.write_table(&format!(
+        "# perf\n\nMeasured in one run on this machine ({} rayon threads). \"–\": no reference for that row.\n\n{}\n",
+        rayon::current_num_threads(),
+        markdown_table(&["measurement", "fspace", "reference"], &rows)
+    ))?;
+    run.write_metrics(&Value::Object(m))?;
+    Ok(())
+}
