@@ -19,7 +19,7 @@
 //!   network's last (linear) layer on the frozen last-layer features;
 //! * ELLA: 2 000 random Nyström points, `K = 20`, λ on a log grid by validation NLL (§5.3);
 //! * VaLLA 100 / 200: `VallaConfig::default()` (batch 100, Adam 1e-3, ≤ 20 000 steps,
-//!   early stopping on validation NLL every 100 steps with patience 5, probit data term), σ₀²
+//!   early stopping on validation NLL every 100 steps at the first worsening (App. D), probit data term), σ₀²
 //!   started at the MAP's prior variance `1/λ` (the paper does not give its starting value);
 //! * all class probabilities by the probit approximation; rotated Fashion-MNIST on a seeded
 //!   2 000-image subset of the test set per angle (0°, 30°, …, 180°), to keep the GLM

@@ -16,7 +16,7 @@
 //! * ELLA: 100 random points, `K = 20`, λ by validation NLL (§5.2: "100 random points");
 //! * VaLLA 100 / 200: up to 40 000 steps (§5.2) of batch 100, Adam 1e-3, σ₀² and σ² learned
 //!   from the MAP's prior `1/λ` and noise, early stopping on validation NLL (every 100 steps,
-//!   patience 5);
+//!   at the first worsening, App. D);
 //! * 5 seeds (`--seeds K` overrides). `--quick`: 1 seed, Boston only, 500 MAP and 300 VaLLA
 //!   steps.
 

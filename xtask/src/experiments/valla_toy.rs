@@ -266,7 +266,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 num_inducing: m,
                 iterations: fig6_steps,
                 prior_variance: prior_var,
-                patience: if early { Some(5) } else { None },
+                patience: if early { VallaConfig::default().patience } else { None },
                 validate_every: 100,
                 seed: opts.seed,
                 ..VallaConfig::default()
