@@ -61,6 +61,8 @@ pub fn context_points(
 /// | `epochs`, `batch_size`, `learning_rate` | 5 000, 100, 1e-3 | Alg. 1's Adam loop |
 /// | `weight_decay` | 0 | extra `½·wd·‖w‖²` (the paper: none; the prior is the regulariser) |
 /// | `patience` | `None` | early stopping on the validation NLL (epochs without improvement) |
+/// | `validate_every` | 1 | epochs between validations |
+/// | `validation_includes_prior` | false | stop on the validation log posterior (NLL + RKHS term at fresh context points) |
 /// | `seed` | 0 | minibatches and context draws |
 /// | `n_context` | 100 | context points per training step |
 /// | `context_jitter` | 1e-3 | relative jitter on `Σ(C, C)` in Alg. 1 |
@@ -83,6 +85,11 @@ pub struct FspConfig {
     pub weight_decay: f64,
     /// Alg. 1: early-stopping patience in epochs (needs a validation set).
     pub patience: Option<usize>,
+    /// Alg. 1: epochs between validations (1: every epoch).
+    pub validate_every: usize,
+    /// Alg. 1: early stopping on the validation log posterior (validation NLL plus the RKHS
+    /// term at fresh context points, as the authors' code) instead of the validation NLL.
+    pub validation_includes_prior: bool,
     /// Alg. 1: seed of the minibatches and context draws.
     pub seed: u64,
     /// Alg. 1: `n_C`, context points per step.
@@ -117,6 +124,8 @@ impl Default for FspConfig {
             learning_rate: train.train.learning_rate,
             weight_decay: train.train.weight_decay,
             patience: train.train.patience,
+            validate_every: train.train.validate_every,
+            validation_includes_prior: train.train.validation_adds_regularizer,
             seed: train.train.seed,
             n_context: train.n_context,
             context_jitter: train.context_jitter,
@@ -141,6 +150,8 @@ impl FspConfig {
             learning_rate: train.learning_rate,
             weight_decay: train.weight_decay,
             patience: train.patience,
+            validate_every: train.validate_every,
+            validation_includes_prior: train.validation_adds_regularizer,
             seed: train.seed,
             ..self
         }
@@ -155,6 +166,8 @@ impl FspConfig {
                 learning_rate: self.learning_rate,
                 weight_decay: self.weight_decay,
                 patience: self.patience,
+                validate_every: self.validate_every,
+                validation_adds_regularizer: self.validation_includes_prior,
                 seed: self.seed,
                 learn_likelihood,
             },

@@ -118,6 +118,87 @@ fn early_stopping_restores_the_best_validation_weights() {
     assert!((now - best).abs() < 1e-12, "restored weights give the best validation loss: {now} vs {best}");
 }
 
+#[test]
+fn sparse_validation_checks_every_kth_epoch_and_counts_patience_in_epochs() {
+    let train = fspace_data::sine(30, 0.3, &mut rng(4)).unwrap();
+    let val = fspace_data::sine(200, 0.3, &mut rng(5)).unwrap();
+    let run = |validate_every: usize, adds: bool, reg_value: f64| {
+        let mut lik = Gaussian::new(0.3).unwrap();
+        let mut net = sine_net(1);
+        let cfg = TrainConfig {
+            epochs: 3000,
+            batch_size: 30,
+            learning_rate: 1e-2,
+            patience: Some(40),
+            validate_every,
+            validation_adds_regularizer: adds,
+            ..Default::default()
+        };
+        let mut reg = |_: &Mlp, _: &mut rand::rngs::StdRng| Ok((reg_value, DVector::zeros(2701)));
+        let rep = train_map(
+            &mut net,
+            &mut lik,
+            &train.x,
+            &train.y_vec(),
+            Some((&val.x, &val.y_vec())),
+            Some(&mut reg),
+            &cfg,
+            |_| {},
+        )
+        .unwrap();
+        (rep, lik.nll_of(&net, &val))
+    };
+    let (rep, restored) = run(10, false, 0.0);
+    // Validated at epochs 1, 11, 21, …; stopped at the first check after ⌈40/10⌉ = 4 checks
+    // without improvement (EarlyStopping stops when the count exceeds the patience).
+    for p in &rep.history {
+        assert_eq!(p.validation_loss.is_some(), (p.epoch - 1) % 10 == 0, "epoch {}", p.epoch);
+    }
+    assert!(rep.stopped_early);
+    let checks: Vec<f64> = rep.history.iter().filter_map(|p| p.validation_loss).collect();
+    let best = checks.iter().cloned().fold(f64::INFINITY, f64::min);
+    let after_best = checks.len() - 1 - checks.iter().position(|&v| v == best).unwrap();
+    assert_eq!(after_best, 5, "{checks:?}");
+    assert!((restored - best).abs() < 1e-12);
+    // The regulariser's value joins the validation loss (per validation point) only when asked.
+    let (with, _) = run(10, true, 50.0);
+    let (without, _) = run(10, false, 50.0);
+    let first = |r: &TrainReport| r.history[0].validation_loss.unwrap();
+    assert!((first(&with) - first(&without) - 50.0 / 200.0).abs() < 1e-12);
+    assert!(matches!(
+        train_map(
+            &mut sine_net(0),
+            &mut Gaussian::new(0.3).unwrap(),
+            &train.x,
+            &train.y_vec(),
+            None,
+            None,
+            &TrainConfig { validate_every: 0, ..Default::default() },
+            |_| {}
+        ),
+        Err(NnError::Input(InputError::Invalid { what: "validate_every", .. }))
+    ));
+    // A regulariser whose gradient has the wrong length is a typed error, not a panic.
+    let mut bad = |_: &Mlp, _: &mut rand::rngs::StdRng| Ok((0.0, DVector::zeros(3)));
+    assert!(matches!(
+        train_map(
+            &mut sine_net(0),
+            &mut Gaussian::new(0.3).unwrap(),
+            &train.x,
+            &train.y_vec(),
+            None,
+            Some(&mut bad),
+            &TrainConfig { epochs: 1, ..Default::default() },
+            |_| {}
+        ),
+        Err(NnError::Input(InputError::DimensionMismatch {
+            what: "regulariser gradient",
+            expected: 2701,
+            found: 3
+        }))
+    ));
+}
+
 trait NllOf {
     fn nll_of(&self, net: &Mlp, d: &fspace_data::Dataset) -> f64;
 }

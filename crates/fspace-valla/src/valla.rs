@@ -37,7 +37,7 @@ use crate::objective::{
 /// | `learn_prior_variance` | true | optimise σ₀² | |
 /// | `optimize_inducing` | true | move `Z` by the NTK's input gradient | |
 /// | `validate_every` | 100 | iterations between validation NLL evaluations | ≥ 1 |
-/// | `patience` | `Some(1)` | evaluations without improvement before stopping: 1 stops at the first worsening, as App. D; `Some(5)` was this crate's earlier default; `None`: no early stopping | |
+/// | `patience` | `Some(0)` | non-improving evaluations tolerated: training stops when more than this many follow the best; 0 stops at the first worsening, as App. D; `Some(5)` was this crate's earlier default; `None`: no early stopping | |
 /// | `class_approx` | probit | `log E_q[p(y|f)]` for classification | |
 /// | `kmeans_iterations` | 100 | Lloyd iterations of the `Z` initialisation | ≥ 1 |
 /// | `seed` | 0 | k-means, minibatches, MC noise | |
@@ -83,7 +83,7 @@ impl Default for VallaConfig {
             learn_prior_variance: true,
             optimize_inducing: true,
             validate_every: 100,
-            patience: Some(1),
+            patience: Some(0),
             class_approx: ClassApprox::Probit,
             kmeans_iterations: 100,
             seed: 0,

@@ -615,6 +615,8 @@ pub fn map_laplace(
             learning_rate: 1e-3,
             weight_decay: precision,
             patience: validation.map(|_| PATIENCE_EPOCHS),
+            validate_every: 1,
+            validation_adds_regularizer: false,
             learn_likelihood: true,
             seed,
         },
