@@ -505,7 +505,7 @@ fn write_outputs(
     let table = format!(
         "# fsp-mauna-loa (FSP-Laplace Table 1, Mauna Loa row){}\n\n\
 NOAA GML monthly CO₂, May 1974 – April 2024: {} training months (first 70 %; per seed a random 90 / 10 train / validation split), {} test months; \
-2×50 tanh on (t, sin 2πt/T, cos 2πt/T), T = 1 year; R&W §5.4.3 kernel fitted by marginal likelihood (GP noise σ = {:.3} ppm). \
+2×50 tanh on (t, sin 2πt/T, cos 2πt/T), T = 1 year; the networks' prior is R&W §5.4.3's kernel at R&W's values, the GP's is fitted by marginal likelihood (GP noise σ = {:.3} ppm; the variant row uses the fitted prior). \
 The authors' recipe: σ learned from 1 (standardised), Adam on minibatches of 100 (FSP-Laplace and Laplace lr 2e-4, FVI 7e-4), validation every 100 epochs, early stopping after {} epochs \
 without improvement, ≤ {} epochs; the variant row is the earlier fixed-σ, full-batch recipe ({} epochs, lr 1e-3). {seeds} split(s), mean ± std.\n\n{}\n\n\
 \"ELL (paper's)\" is the authors' per-point convention (module docs: network σ and var(f) in standardised units against ppm residuals; the GP in ppm); \
