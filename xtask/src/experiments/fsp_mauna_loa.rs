@@ -525,3 +525,48 @@ without improvement, ≤ {} epochs; the variant row is the earlier fixed-σ, ful
     );
     run.write_table(&table)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_is_the_authors_600_months_and_the_splits_partition_the_training_rows() {
+        let t = task().unwrap();
+        assert_eq!((t.xtr.nrows(), t.xte.nrows()), (420, 180));
+        let year = |v: f64| v * t.t_std + t.t_mean;
+        let all: Vec<f64> = t.xtr.iter().chain(t.xte.iter()).map(|&v| year(v)).collect();
+        assert!((all[0] - (1974.0 + 5.0 / 12.0)).abs() < 1e-9, "{}", all[0]);
+        assert!((all[599] - (2024.0 + 4.0 / 12.0)).abs() < 1e-9, "{}", all[599]);
+        assert!(all.windows(2).all(|w| (w[1] - w[0] - 1.0 / 12.0).abs() < 1e-9));
+        let (fit, val) = split(3);
+        assert_eq!((fit.len(), val.len()), (378, 42));
+        let mut every: Vec<usize> = fit.iter().chain(&val).copied().collect();
+        every.sort_unstable();
+        assert_eq!(every, (0..420).collect::<Vec<_>>());
+        assert_eq!(split(3), (fit, val));
+        assert_ne!(split(4).1, split(3).1);
+    }
+
+    #[test]
+    fn the_papers_ell_of_the_gp_is_the_standardised_ell_in_ppm() {
+        // For the GP every quantity is in ppm, so the authors' ELL is ours minus log y_std.
+        let t = task().unwrap();
+        let gp = ExactGp::fit(
+            Rbf::new(1.0, 0.5).unwrap(),
+            PriorMean::Zero,
+            Noise::Homoscedastic(0.01),
+            &t.xtr,
+            &DMatrix::from_column_slice(t.ytr.len(), 1, t.ytr.as_slice()),
+        )
+        .unwrap();
+        let s = score(&gp, 0.1, true, &t, 0.0).unwrap();
+        assert!(
+            (s.ell_paper - (s.ell - t.y_std.ln())).abs() < 1e-9 * s.ell.abs(),
+            "{} vs {}",
+            s.ell_paper,
+            s.ell
+        );
+        assert!((s.mse_ppm - s.mse * t.y_std * t.y_std).abs() < 1e-12 * s.mse_ppm);
+    }
+}
