@@ -2,7 +2,7 @@
 //! checksums in `datasets/README.md`). Nothing is downloaded: files are read from
 //! `$FSPACE_DATASETS` if set, else from the workspace's `datasets/` directory. Every loader
 //! here checks the file's SHA-256 against [`BUNDLED_SHA256`] before reading it, so a modified
-//! copy is refused ([`DataError::ChecksumMismatch`](crate::DataError::ChecksumMismatch)) instead of
+//! copy is refused ([`DataError::ChecksumMismatch`]) instead of
 //! silently changing the numbers; the general loaders (`read_csv`, `read_idx`, …) read a
 //! user's own files unchecked.
 

@@ -8,7 +8,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum DataError {
     /// A shape, non-finite, empty or out-of-range input (the workspace's shared
-    /// [`InputError`](fspace_input::InputError)).
+    /// [`fspace_input::InputError`]).
     #[error(transparent)]
     Input(#[from] fspace_input::InputError),
     /// A file could not be opened or read.

@@ -8,7 +8,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum FspError {
     /// A shape, non-finite, empty or out-of-range input (the workspace's shared
-    /// [`InputError`](fspace_input::InputError)).
+    /// [`fspace_input::InputError`]).
     #[error(transparent)]
     Input(#[from] fspace_input::InputError),
     /// The network (forward, J·u, Jᵀ·V, training).

@@ -10,7 +10,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum GpError {
     /// A shape, non-finite, empty or out-of-range input (the workspace's shared
-    /// [`InputError`](fspace_input::InputError)).
+    /// [`fspace_input::InputError`]).
     #[error(transparent)]
     Input(#[from] fspace_input::InputError),
     /// An optimiser produced non-finite hyperparameters or objective in every restart.

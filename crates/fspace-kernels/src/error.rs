@@ -8,7 +8,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum KernelError {
     /// A shape, non-finite, empty or out-of-range input (the workspace's shared
-    /// [`InputError`](fspace_input::InputError)).
+    /// [`fspace_input::InputError`]).
     #[error(transparent)]
     Input(#[from] fspace_input::InputError),
     /// A hyperparameter is non-positive, non-finite or otherwise out of range.

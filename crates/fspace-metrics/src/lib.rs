@@ -27,7 +27,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum MetricsError {
     /// A shape, non-finite, empty or out-of-range input (the workspace's shared
-    /// [`InputError`](fspace_input::InputError)).
+    /// [`fspace_input::InputError`]).
     #[error(transparent)]
     Input(#[from] fspace_input::InputError),
     /// NaN or ±∞, or a negative standard deviation / variance.
