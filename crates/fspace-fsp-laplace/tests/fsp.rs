@@ -336,6 +336,19 @@ fn bad_input_is_a_typed_error() {
         laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
         Err(FspError::Input(InputError::Invalid { .. }))
     ));
+    for jitter in [-1e-3, f64::NAN, f64::INFINITY] {
+        let cfg = LaplaceConfig { prior_jitter: jitter, ..Default::default() };
+        assert!(matches!(
+            laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
+            Err(FspError::Input(InputError::Invalid { what: "prior_jitter", .. }))
+        ));
+    }
+    // A jittered Σ(C, C) is full rank, so Alg. 2 keeps at least as many directions.
+    let plain = laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
+    let jittered =
+        laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig { prior_jitter: 1e-3, ..Default::default() })
+            .unwrap();
+    assert!(jittered.report().rank >= plain.report().rank);
     for scale in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         let cfg = LaplaceConfig { ggn_scale: scale, ..Default::default() };
         assert!(matches!(
