@@ -2,9 +2,11 @@
 //! 1e-3, batch 100, f64, categorical likelihood) over the 54 000 MNIST training images of the
 //! seed-0 90/10 split, for the three networks of the issue (MLP 784-200-200-10 tanh, LeNet-5
 //! tanh, FSP-Laplace's MNIST CNN tanh), and the per-batch cost of `f`, `J·u` and `Jᵀ·V` on 100
-//! images (median of repeated calls), beside PyTorch 2 on the same two cores
-//! (`scripts/compare/torch_epoch.py`, numbers in [`TORCH_REFERENCE`]). `--quick` trains on 5 400
-//! images and scales the time by 10.
+//! images (median of repeated calls), beside PyTorch 2 on the same two cores: run live by
+//! `scripts/compare/torch_epoch.py` (one epoch, same image count) when a python with torch
+//! imports (`$FSPACE_PYTHON`, else `python3`), otherwise the recorded [`TORCH_REFERENCE`],
+//! labelled as recorded with its date. `--quick` trains on 5 400 images and scales the time by
+//! 10.
 
 use std::time::Instant;
 
@@ -20,7 +22,7 @@ use crate::report::{fmt, markdown_table, Run};
 
 /// PyTorch 2.15 (wheel from PyPI, run on the CPU, f64, `torch.set_num_threads(2)`) on the same 2-core
 /// machine, seconds per epoch of 54 000 images, measured with `scripts/compare/torch_epoch.py`
-/// (median of 3 epochs) in the session that wrote this experiment. Rerun the script to refresh.
+/// (median of 3 epochs) on 2026-11-23. Used only when PyTorch cannot run live.
 pub const TORCH_REFERENCE: [(&str, f64); 3] =
     [("MLP 784-200-200-10", 1.44), ("LeNet-5", 7.09), ("FSP MNIST CNN", 22.32)];
 
@@ -86,11 +88,21 @@ pub fn run(opts: &Options) -> Result<()> {
         rayon::current_num_threads(),
         if opts.quick { " (--quick: epoch time ×10)" } else { "" }
     ));
+    let live = super::perf::torch_epochs_live(&mut run, opts.quick.then_some(5_400), "mlp,lenet,fsp");
+    let keys = ["mlp_epoch_s", "lenet_epoch_s", "fsp_cnn_epoch_s"];
+    let torch_label = if live.is_some() {
+        "PyTorch 2 CPU, run live in this run".to_string()
+    } else {
+        "PyTorch 2 CPU, recorded 2026-11-23 (no python with torch here)".to_string()
+    };
     let mut rows = Vec::new();
     let mut metrics = Map::new();
     // `FSPACE_TIMER_ONLY=<prefix>` times only the networks whose name starts with it (profiling).
     let only = std::env::var("FSPACE_TIMER_ONLY").unwrap_or_default();
-    for (name, torch_s) in TORCH_REFERENCE.into_iter().filter(|(n, _)| n.starts_with(only.as_str())) {
+    for (k, (name, recorded)) in
+        TORCH_REFERENCE.into_iter().enumerate().filter(|(_, (n, _))| n.starts_with(only.as_str()))
+    {
+        let torch_s = live.as_ref().and_then(|v| v[keys[k]].as_f64()).unwrap_or(recorded);
         let timing = match name {
             "MLP 784-200-200-10" => time_network(
                 &mut Mlp::new(MlpConfig {
@@ -143,7 +155,7 @@ pub fn run(opts: &Options) -> Result<()> {
         &[
             "network",
             "epoch s (fspace)",
-            "epoch s (PyTorch 2 CPU)",
+            "epoch s (PyTorch)",
             "fspace / PyTorch",
             "f per batch ms",
             "J·u ms (× f)",
@@ -154,7 +166,7 @@ pub fn run(opts: &Options) -> Result<()> {
     );
     run.write_table(&format!(
         "# Network speed (issue 15)\n\nOne epoch of `train_map` over {} MNIST images{} (batch 100, Adam, f64) on {} threads; \
-         PyTorch measured on the same machine with `scripts/compare/torch_epoch.py`. Per-batch operator times \
+         {torch_label} (`scripts/compare/torch_epoch.py`, the same number of images). Per-batch operator times \
          are medians over 15 calls on 100 images.\n\n{table}\n\nWall time {:.0} s.\n",
         train.x.nrows(),
         if opts.quick { " (×10: --quick)" } else { "" },

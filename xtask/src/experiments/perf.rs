@@ -104,8 +104,11 @@ fn w1_full_lla() -> Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// PyTorch's LeNet-5 and FSP CNN epochs on 5 400 images × 10, if a python with torch runs.
-fn torch_epochs(run: &mut Run) -> Option<(f64, f64)> {
+/// Seconds per 54 000-image epoch that PyTorch reports for the networks `only`
+/// (`mlp,lenet,fsp`), trained on `images` images (`None`: all) and scaled to 54 000, run live by
+/// `scripts/compare/torch_epoch.py` with `$FSPACE_PYTHON` (else `python3`); `None` (with the
+/// reason in the log) when no python with torch imports or the script does not report.
+pub(super) fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str) -> Option<Value> {
     let python = std::env::var("FSPACE_PYTHON").unwrap_or_else(|_| "python3".into());
     let importable = Command::new(&python)
         .args(["-c", "import torch"])
@@ -113,25 +116,30 @@ fn torch_epochs(run: &mut Run) -> Option<(f64, f64)> {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !importable {
-        run.log(format!("PyTorch: `{python} -c 'import torch'` failed; the torch fields are left out"));
+        run.log(format!("PyTorch: `{python} -c 'import torch'` failed; no live PyTorch numbers"));
         return None;
     }
     let dir = fspace_data::dataset_dir().join("mnist");
-    let out = Command::new(&python)
-        .arg("scripts/compare/torch_epoch.py")
-        .arg(&dir)
-        .args(["--images", "5400", "--epochs", "1", "--json", "--only", "lenet,fsp"])
-        .output();
-    let parsed = out.ok().filter(|o| o.status.success()).and_then(|o| {
+    let mut cmd = Command::new(&python);
+    cmd.arg("scripts/compare/torch_epoch.py").arg(&dir).args(["--epochs", "1", "--json", "--only", only]);
+    if let Some(n) = images {
+        cmd.args(["--images", &n.to_string()]);
+    }
+    let parsed = cmd.output().ok().filter(|o| o.status.success()).and_then(|o| {
         let text = String::from_utf8_lossy(&o.stdout).to_string();
         let line = text.lines().rev().find(|l| l.trim_start().starts_with('{'))?.to_string();
-        let v: Value = serde_json::from_str(&line).ok()?;
-        Some((v["lenet_epoch_s"].as_f64()?, v["fsp_cnn_epoch_s"].as_f64()?))
+        serde_json::from_str::<Value>(&line).ok()
     });
     if parsed.is_none() {
-        run.log("PyTorch: scripts/compare/torch_epoch.py did not report; the torch fields are left out");
+        run.log("PyTorch: scripts/compare/torch_epoch.py did not report; no live PyTorch numbers");
     }
     parsed
+}
+
+/// PyTorch's LeNet-5 and FSP CNN epochs on 5 400 images × 10, if a python with torch runs.
+fn torch_epochs(run: &mut Run) -> Option<(f64, f64)> {
+    let v = torch_epochs_live(run, Some(5_400), "lenet,fsp")?;
+    Some((v["lenet_epoch_s"].as_f64()?, v["fsp_cnn_epoch_s"].as_f64()?))
 }
 
 /// Runs the measurements.
