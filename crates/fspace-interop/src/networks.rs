@@ -1,6 +1,7 @@
 //! Matching named tensors to the weight layers of an [`Mlp`] or a [`Cnn`], and back.
 
 use std::cmp::Ordering;
+use std::collections::BTreeSet;
 use std::ops::Range;
 
 use fspace_nn::{Activation, Cnn, CnnConfig, LayerInfo, LayerKind, Mlp, MlpConfig};
@@ -86,9 +87,15 @@ fn available(tensors: &Tensors) -> String {
     tensors.names().collect::<Vec<_>>().join(", ")
 }
 
-/// Takes tensor `name` of shape `shape` out of `tensors`, checked (`all` lists the file's
-/// tensors for the error).
-fn take(tensors: &mut Tensors, name: &str, shape: &[usize], all: &str) -> Result<Tensor> {
+/// Tensor `name` of shape `shape` from `tensors`, checked, and marked as `used` (`all` lists
+/// the file's tensors for the error).
+fn take<'a>(
+    tensors: &'a Tensors,
+    used: &mut BTreeSet<String>,
+    name: &str,
+    shape: &[usize],
+    all: &str,
+) -> Result<&'a Tensor> {
     let file = tensors.source().to_string();
     let Some(t) = tensors.get(name) else {
         return Err(InteropError::MissingTensor { file, name: name.into(), available: all.to_string() });
@@ -104,7 +111,8 @@ fn take(tensors: &mut Tensors, name: &str, shape: &[usize], all: &str) -> Result
     if t.data.iter().any(|v| !v.is_finite()) {
         return Err(InteropError::NonFinite { file, name: name.into() });
     }
-    Ok(tensors.remove(name).expect("present"))
+    used.insert(name.to_string());
+    Ok(t)
 }
 
 /// Assigns tensors to `slots` and returns the flat parameter vector; every tensor must be used.
@@ -137,16 +145,17 @@ fn fill(tensors: &Tensors, slots: &[Slot], names: &LayerNames, n_params: usize) 
         }
     };
     let all = available(tensors);
-    let mut left = tensors.clone();
+    let mut used = BTreeSet::new();
     let mut params = vec![0.0; n_params];
     for (slot, prefix) in slots.iter().zip(&prefixes) {
-        let w = take(&mut left, &format!("{prefix}.weight"), &slot.weight_shape, &all)?;
-        let b = take(&mut left, &format!("{prefix}.bias"), &slot.weight_shape[..1], &all)?;
+        let w = take(tensors, &mut used, &format!("{prefix}.weight"), &slot.weight_shape, &all)?;
+        let b = take(tensors, &mut used, &format!("{prefix}.bias"), &slot.weight_shape[..1], &all)?;
         params[slot.weight.clone()].copy_from_slice(&w.data);
         params[slot.bias.clone()].copy_from_slice(&b.data);
     }
-    if !left.is_empty() {
-        return Err(InteropError::UnusedTensors { file, names: available(&left) });
+    let unused: Vec<&str> = tensors.names().filter(|n| !used.contains(*n)).collect();
+    if !unused.is_empty() {
+        return Err(InteropError::UnusedTensors { file, names: unused.join(", ") });
     }
     Ok(DVector::from_vec(params))
 }

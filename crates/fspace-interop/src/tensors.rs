@@ -32,13 +32,7 @@ pub struct Tensor {
 impl Tensor {
     /// A tensor from its shape and row-major values; errors if the count does not match.
     pub fn new(name: &str, shape: Vec<usize>, data: Vec<f64>, dtype: SourceDtype) -> Result<Self> {
-        let count: usize = shape.iter().product();
-        if count != data.len() {
-            return Err(InteropError::InvalidArray {
-                name: name.to_string(),
-                reason: format!("shape {shape:?} holds {count} values, {} given", data.len()),
-            });
-        }
+        check_count(name, &shape, data.len())?;
         Ok(Self { shape, data, dtype })
     }
 }
@@ -94,17 +88,21 @@ impl Tensors {
         let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(&source, e))?;
         let mut out = Self::new(source);
         for (name, view) in st.tensors() {
-            let data = match view.dtype() {
-                Dtype::F64 => view
-                    .data()
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().expect("8-byte chunk")))
-                    .collect(),
-                Dtype::F32 => view
-                    .data()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().expect("4-byte chunk")) as f64)
-                    .collect(),
+            let (data, dtype) = match view.dtype() {
+                Dtype::F64 => (
+                    view.data()
+                        .chunks_exact(8)
+                        .map(|c| f64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+                        .collect(),
+                    SourceDtype::F64,
+                ),
+                Dtype::F32 => (
+                    view.data()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().expect("4-byte chunk")) as f64)
+                        .collect(),
+                    SourceDtype::F32,
+                ),
                 other => {
                     return Err(InteropError::UnsupportedDtype {
                         file: out.source,
@@ -113,7 +111,6 @@ impl Tensors {
                     })
                 }
             };
-            let dtype = if view.dtype() == Dtype::F64 { SourceDtype::F64 } else { SourceDtype::F32 };
             out.map.insert(name, Tensor { shape: view.shape().to_vec(), data, dtype });
         }
         Ok(out)
@@ -270,6 +267,18 @@ impl Tensors {
     }
 }
 
+/// `shape` holds exactly `len` values, else [`InteropError::InvalidArray`].
+fn check_count(name: &str, shape: &[usize], len: usize) -> Result<()> {
+    let count: usize = shape.iter().product();
+    if count != len {
+        return Err(InteropError::InvalidArray {
+            name: name.to_string(),
+            reason: format!("shape {shape:?} holds {count} values, {len} given"),
+        });
+    }
+    Ok(())
+}
+
 fn safetensors_error(file: &str, e: SafeTensorError) -> InteropError {
     match e {
         SafeTensorError::HeaderTooSmall
@@ -395,13 +404,7 @@ impl NpzBuffer {
     }
 
     pub(crate) fn add_f64(&mut self, name: &str, shape: &[usize], data: &[f64]) -> Result<()> {
-        let count: usize = shape.iter().product();
-        if count != data.len() {
-            return Err(InteropError::InvalidArray {
-                name: name.to_string(),
-                reason: format!("shape {shape:?} holds {count} values, {} given", data.len()),
-            });
-        }
+        check_count(name, shape, data.len())?;
         let mut npy = Vec::new();
         let shape: Vec<u64> = shape.iter().map(|&s| s as u64).collect();
         {
