@@ -26,23 +26,17 @@ use crate::report::{fmt, markdown_table, Run};
 pub const TORCH_REFERENCE: [(&str, f64); 3] =
     [("MLP 784-200-200-10", 1.44), ("LeNet-5", 7.09), ("FSP MNIST CNN", 22.32)];
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// Median milliseconds of `reps` calls of `f` (after one warm-up call).
+pub(super) fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_secs_f64() * 1e3);
+    }
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// Median seconds of `reps` calls of `f` (after one warm-up call).
-fn time_call(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    median(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+    Ok(v[v.len() / 2])
 }
 
 /// One network's epoch and per-batch operator times.
@@ -66,9 +60,18 @@ pub(super) fn time_network<N: Network>(
     let u = DVector::from_fn(net.n_params(), |i, _| ((i % 13) as f64 - 6.0) * 1e-2);
     let v = DMatrix::from_fn(100, 10, |i, j| ((i + 3 * j) % 7) as f64 * 0.1 - 0.3);
     let reps = 15;
-    let forward_ms = time_call(reps, || drop(net.forward(&batch).expect("forward"))) * 1e3;
-    let jvp_ms = time_call(reps, || drop(net.jvp(&batch, &u).expect("jvp"))) * 1e3;
-    let vjp_ms = time_call(reps, || drop(net.vjp(&batch, &v).expect("vjp"))) * 1e3;
+    let forward_ms = median_ms(reps, || {
+        net.forward(&batch)?;
+        Ok(())
+    })?;
+    let jvp_ms = median_ms(reps, || {
+        net.jvp(&batch, &u)?;
+        Ok(())
+    })?;
+    let vjp_ms = median_ms(reps, || {
+        net.vjp(&batch, &v)?;
+        Ok(())
+    })?;
     let mut lik = Categorical::new(10)?;
     let cfg = TrainConfig { epochs: 1, batch_size: 100, learning_rate: 1e-3, seed: 0, ..Default::default() };
     let t = Instant::now();

@@ -29,21 +29,9 @@ use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
 use super::images::{train_val_test, ImageSet};
-use super::nn_speed::time_network;
+use super::nn_speed::{median_ms, time_network};
 use super::{sine_config, tanh_mlp, targets, Options};
 use crate::report::{markdown_table, Run};
-
-fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        f()?;
-        v.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    Ok(v[v.len() / 2])
-}
 
 /// `(step ms, bound ms, flop count M²p)` of GFSVI at M = 500 on a 2×30 tanh network.
 fn gfsvi_step() -> Result<(f64, f64, f64)> {
