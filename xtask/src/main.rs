@@ -1,184 +1,22 @@
 //! `cargo xtask` — the fspace task runner (alias in `.cargo/config.toml`).
 //!
-//! * `cargo xtask list` — the experiments this checkout can run.
-//! * `cargo xtask reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume]
-//!   [--gamma G[,G…]] [--sets S[,S…]] [--folds F[,F…]]` —
-//!   runs the named experiments (no name: the quick default suite) and writes `results/NAME/`;
-//!   `--seeds K` overrides the number of seeds of the multi-seed experiments (the image tables);
-//!   `--resume` keeps the finished units of an earlier run of the same settings and computes
-//!   only the rest (`fsp-mnist`, `fsp-fmnist`, `fsp-uci`, `gfsvi-uci`, `gfsvi-ood`, `gfsvi-w2`,
-//!   `fsp-bayesopt`, `fsp-mauna-loa`:
-//!   hours on 2 cores, so a full run can span several sittings); `--gamma` sets GFSVI's and
-//!   TFSVI's regulariser in `gfsvi-uci` / `gfsvi-ood` (several values: chosen per fold by the
-//!   validation NLL; default {1e-10 (the paper's), 1e-6} chosen so), `--sets` which of their
-//!   data sets run and `--folds` which of the five folds (both also for `gfsvi-w2`).
+//! * `cargo xtask list` — the experiments, their measured full-setting wall time and papers.
+//! * `cargo xtask reproduce [NAME…|--all] [--quick] [--seed N] [--out DIR] […]` — runs them and
+//!   writes `results/NAME/` and `results/README.md`; `cargo xtask reproduce --help` lists every
+//!   experiment with the flags it accepts.
+//! * `cargo xtask report [--out DIR]` — rebuilds `results/README.md` from the tables there.
+//!
+//! Layout: [`harness`] (CLI, registry types, run folder / log / checkpoint, plots),
+//! [`protocols`] (data, splits and evaluation shared by experiments), `experiments` (one file
+//! per experiment and the registry).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 mod experiments;
-mod plot;
-mod report;
+mod harness;
+mod protocols;
 
-use experiments::{Experiment, Options, EXPERIMENTS};
-
-fn parse(args: &[String]) -> Result<Options> {
-    let mut opts = Options {
-        names: vec![],
-        quick: false,
-        seed: 0,
-        seeds: None,
-        out: "results".into(),
-        resume: false,
-        gammas: None,
-        sets: None,
-        folds: None,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => opts.quick = true,
-            "--resume" => opts.resume = true,
-            "--seed" => {
-                let v = it.next().ok_or_else(|| anyhow::anyhow!("--seed needs a value"))?;
-                opts.seed = v
-                    .parse()
-                    .map_err(|e| anyhow::anyhow!("--seed {v:?} is not a non-negative integer: {e}"))?;
-            }
-            "--seeds" => {
-                let v = it.next().ok_or_else(|| anyhow::anyhow!("--seeds needs a value"))?;
-                let k: usize =
-                    v.parse().map_err(|e| anyhow::anyhow!("--seeds {v:?} is not a positive integer: {e}"))?;
-                if k == 0 {
-                    bail!("--seeds must be at least 1");
-                }
-                opts.seeds = Some(k);
-            }
-            "--out" => opts.out = it.next().ok_or_else(|| anyhow::anyhow!("--out needs a value"))?.clone(),
-            "--sets" => {
-                let v = it.next().ok_or_else(|| anyhow::anyhow!("--sets needs a value"))?;
-                opts.sets = Some(comma_list("--sets", v)?.into_iter().map(String::from).collect());
-            }
-            "--gamma" => {
-                let v = it.next().ok_or_else(|| anyhow::anyhow!("--gamma needs a value"))?;
-                opts.gammas = Some(parse_gammas(v)?);
-            }
-            "--folds" => {
-                let v = it.next().ok_or_else(|| anyhow::anyhow!("--folds needs a value"))?;
-                opts.folds = Some(parse_folds(v)?);
-            }
-            flag if flag.starts_with("--") => bail!("unknown option {flag}"),
-            name => opts.names.push(name.to_string()),
-        }
-    }
-    if opts.folds.is_some() && opts.seeds.is_some() {
-        bail!("--folds and --seeds both choose the folds of the GFSVI tables; give one");
-    }
-    Ok(opts)
-}
-
-/// `--folds F[,F…]`: folds of the 5-fold CV, numbered from 1, no repeats; kept in ascending order.
-fn parse_folds(v: &str) -> Result<Vec<usize>> {
-    let mut folds = Vec::new();
-    for part in comma_list("--folds", v)? {
-        let f: usize =
-            part.parse().map_err(|e| anyhow::anyhow!("--folds {part:?} is not a fold number: {e}"))?;
-        if !(1..=5).contains(&f) {
-            bail!("--folds {part:?}: the GFSVI tables have folds 1 to 5");
-        }
-        if folds.contains(&f) {
-            bail!("--folds {v:?} names fold {f} twice");
-        }
-        folds.push(f);
-    }
-    folds.sort_unstable();
-    Ok(folds)
-}
-
-/// The items of a comma-separated `flag` value, trimmed; an empty item or a repeat is an error.
-fn comma_list<'a>(flag: &str, v: &'a str) -> Result<Vec<&'a str>> {
-    let mut items: Vec<&str> = Vec::new();
-    for item in v.split(',').map(str::trim) {
-        if item.is_empty() {
-            bail!("{flag} {v:?}: an item is empty");
-        }
-        if items.contains(&item) {
-            bail!("{flag} {v:?} names {item:?} twice");
-        }
-        items.push(item);
-    }
-    Ok(items)
-}
-
-/// `--gamma G[,G…]`: one or more regularisers, each finite and positive, no repeats.
-fn parse_gammas(v: &str) -> Result<Vec<f64>> {
-    let mut gammas: Vec<f64> = Vec::new();
-    for part in comma_list("--gamma", v)? {
-        let g: f64 = part.parse().map_err(|e| anyhow::anyhow!("--gamma {part:?} is not a number: {e}"))?;
-        if !(g.is_finite() && g > 0.0) {
-            bail!("--gamma {part:?}: γ must be finite and > 0");
-        }
-        if gammas.contains(&g) {
-            bail!("--gamma {v:?} names {g:e} twice");
-        }
-        gammas.push(g);
-    }
-    Ok(gammas)
-}
-
-fn list() {
-    if EXPERIMENTS.is_empty() {
-        println!("No experiments are registered yet: the method crates that provide them");
-        println!("(FSP-Laplace, GFSVI, VaLLA, generalised Laplace) have not landed.");
-        println!("What this checkout provides today is library code and its tests:");
-        println!("  cargo test --workspace --release");
-        return;
-    }
-    println!("{:<28} {:<8} paper", "name", "default");
-    for e in EXPERIMENTS {
-        println!("{:<28} {:<8} {}", e.name, if e.in_default_suite { "yes" } else { "" }, e.paper);
-    }
-}
-
-/// The experiments `--gamma` applies to; naming any other with it is an error, not a silent
-/// no-op.
-const UCI_TABLE_EXPERIMENTS: [&str; 2] = ["gfsvi-uci", "gfsvi-ood"];
-/// The experiments `--sets` and `--folds` apply to (the GFSVI tables over the shipped UCI sets).
-const SET_EXPERIMENTS: [&str; 3] = ["gfsvi-uci", "gfsvi-ood", "gfsvi-w2"];
-
-fn reproduce(opts: &Options) -> Result<()> {
-    for name in &opts.names {
-        if !EXPERIMENTS.iter().any(|e| e.name == name) {
-            bail!("unknown experiment {name:?}; `cargo xtask list` shows the available ones");
-        }
-    }
-    let only =
-        |allowed: &[&str]| !opts.names.is_empty() && opts.names.iter().all(|n| allowed.contains(&n.as_str()));
-    for (flag, given, allowed) in [
-        ("--gamma", opts.gammas.is_some(), &UCI_TABLE_EXPERIMENTS[..]),
-        ("--sets", opts.sets.is_some(), &SET_EXPERIMENTS[..]),
-        ("--folds", opts.folds.is_some(), &SET_EXPERIMENTS[..]),
-    ] {
-        if given && !only(allowed) {
-            bail!("{flag} applies only to {allowed:?}; name only those experiments");
-        }
-    }
-    if EXPERIMENTS.is_empty() {
-        println!("Nothing to reproduce yet: no experiment is registered (see `cargo xtask list`).");
-        println!("(options: quick={}, seed={}, out={})", opts.quick, opts.seed, opts.out);
-        return Ok(());
-    }
-    let selected: Vec<&Experiment> = if opts.names.is_empty() {
-        EXPERIMENTS.iter().filter(|e| e.in_default_suite).collect()
-    } else {
-        EXPERIMENTS.iter().filter(|e| opts.names.iter().any(|n| n == e.name)).collect()
-    };
-    for e in selected {
-        println!("== {} ({})", e.name, e.paper);
-        (e.run)(opts)?;
-        report::write_index(&opts.out, EXPERIMENTS.iter().map(|e| (e.name, e.paper)))?;
-    }
-    Ok(())
-}
+use experiments::EXPERIMENTS;
 
 /// Keeps large freed blocks in the heap for reuse (glibc only).
 ///
@@ -220,103 +58,177 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("list") => {
-            list();
-            Ok(())
-        }
-        Some("reproduce") => reproduce(&parse(&args[1..])?),
-        Some(other) => bail!("unknown task {other:?}; tasks: list, reproduce"),
-        None => {
-            println!(
-                "usage: cargo xtask <list | reproduce [NAME…] [--quick] [--seed N] [--seeds K] [--out DIR] [--resume] [--gamma G[,G…]] [--sets S[,S…]] [--folds F[,F…]]>"
-            );
-            Ok(())
-        }
-    }
+    let cli = match harness::cli::parse(EXPERIMENTS, std::env::args_os().skip(1)) {
+        Ok(cli) => cli,
+        // `--help` and `--version` print and succeed; a usage error prints and fails.
+        Err(e) => e.exit(),
+    };
+    harness::cli::dispatch(EXPERIMENTS, cli)
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The options of a quick run of `name` writing under `out` (fields as the command line's
-    /// defaults otherwise).
-    fn quick(name: &str, out: &std::path::Path) -> Options {
-        Options {
-            names: vec![name.into()],
-            quick: true,
-            seed: 0,
-            seeds: None,
-            out: out.to_string_lossy().into_owned(),
-            resume: false,
-            gammas: None,
-            sets: None,
-            folds: None,
+    /// Runs `cargo xtask ARGS…` in process (parse + dispatch).
+    fn xtask(args: &[&str]) -> Result<()> {
+        let cli =
+            harness::cli::parse(EXPERIMENTS, args.iter().copied()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        harness::cli::dispatch(EXPERIMENTS, cli)
+    }
+
+    /// `reproduce --quick NAME --out OUT` plus `extra`.
+    fn quick(name: &str, out: &std::path::Path, extra: &[&str]) -> Result<()> {
+        let out = out.to_string_lossy().into_owned();
+        let mut args = vec!["reproduce", name, "--quick", "--out", out.as_str()];
+        args.extend_from_slice(extra);
+        xtask(&args)
+    }
+
+    fn parse_err(args: &[&str]) -> String {
+        match harness::cli::parse(EXPERIMENTS, args.iter().copied()) {
+            Ok(cli) => harness::cli::dispatch(EXPERIMENTS, cli).unwrap_err().to_string(),
+            Err(e) => e.to_string(),
         }
     }
 
     #[test]
-    fn options_parse_and_bad_input_is_an_error() {
-        let args: Vec<String> = ["fsp-null-space", "--quick", "--seed", "3", "--out", "x"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let o = parse(&args).unwrap();
-        assert_eq!((o.names.len(), o.quick, o.seed, o.out.as_str()), (1, true, 3, "x"));
-        assert!(parse(&["--seed".to_string(), "-1".to_string()]).is_err());
-        assert!(parse(&["--seeds".to_string(), "0".to_string()]).is_err());
-        assert_eq!(parse(&["--seeds".to_string(), "2".to_string()]).unwrap().seeds, Some(2));
-        assert!(parse(&["--resume".to_string()]).unwrap().resume);
-        assert!(parse(&["--bogus".to_string()]).is_err());
-        let gamma = |v: &str| parse(&["--gamma".to_string(), v.to_string()]).map(|o| o.gammas);
+    fn the_command_line_parses_and_refuses_bad_input() {
+        let cli = harness::cli::parse(
+            EXPERIMENTS,
+            ["reproduce", "fsp-null-space", "--quick", "--seed", "3", "--out", "x"],
+        )
+        .unwrap();
+        let harness::cli::Task::Reproduce(args) = cli.task else { panic!("not reproduce") };
+        let o = args.options();
+        assert_eq!((args.names.len(), o.quick, o.seed, o.out.as_str()), (1, true, 3, "x"));
+        let opts = |a: &[&str]| {
+            let mut argv = vec!["reproduce"];
+            argv.extend_from_slice(a);
+            match harness::cli::parse(EXPERIMENTS, argv).map(|c| c.task) {
+                Ok(harness::cli::Task::Reproduce(r)) => Ok(r.options()),
+                Ok(_) => panic!("not reproduce"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert!(opts(&["--seed", "-1"]).is_err());
+        assert!(opts(&["--seeds", "0"]).is_err());
+        assert_eq!(opts(&["--seeds", "2"]).unwrap().seeds, Some(2));
+        assert!(opts(&["--resume"]).unwrap().resume);
+        assert!(opts(&["--bogus"]).is_err());
+        assert!(opts(&["nope"]).unwrap_err().contains("invalid value 'nope'"));
+        assert!(opts(&["--all", "fsp-uci"]).is_err(), "--all and names are exclusive");
+        let gamma = |v: &str| opts(&["--gamma", v]).map(|o| o.gammas);
         assert_eq!(gamma("1e-10, 1e-6").unwrap(), Some(vec![1e-10, 1e-6]));
         assert_eq!(gamma("0.5").unwrap(), Some(vec![0.5]));
         for bad in ["0", "-1e-6", "nan", "inf", "1e-6,", "x", "1e-6,1e-6"] {
             assert!(gamma(bad).is_err(), "--gamma {bad:?} was accepted");
         }
-        assert!(parse(&["--gamma".to_string()]).is_err());
-        let unknown = quick("nope", std::path::Path::new("x"));
-        assert!(reproduce(&unknown).is_err());
-        // --gamma with an experiment that has no γ (or with the default suite) is refused.
-        for names in [vec![], vec!["gfsvi-uci".to_string(), "gfsvi-toy".to_string()]] {
-            let o = Options { names: names.clone(), gammas: Some(vec![1e-6]), ..unknown.clone() };
-            assert!(reproduce(&o).unwrap_err().to_string().contains("--gamma applies only"));
-            let o = Options { names, sets: Some(vec!["yacht".into()]), ..unknown.clone() };
-            assert!(reproduce(&o).unwrap_err().to_string().contains("--sets applies only"));
-        }
-        let sets = |v: &str| parse(&["--sets".to_string(), v.to_string()]).map(|o| o.sets);
+        assert!(opts(&["--gamma"]).is_err());
+        let sets = |v: &str| opts(&["--sets", v]).map(|o| o.sets);
         assert_eq!(sets("yacht, boston").unwrap(), Some(vec!["yacht".to_string(), "boston".to_string()]));
         assert!(sets("yacht,").is_err());
         assert!(sets("yacht,yacht").is_err());
-        let folds = |v: &str| parse(&["--folds".to_string(), v.to_string()]).map(|o| o.folds);
+        let folds = |v: &str| opts(&["--folds", v]).map(|o| o.folds);
         assert_eq!(folds("5, 4").unwrap(), Some(vec![4, 5]));
-        for bad in ["0", "6", "4,4", "x", "4,", "-1"] {
+        for bad in ["0", "6", "4,4", "x", "4,"] {
             assert!(folds(bad).is_err(), "--folds {bad:?} was accepted");
         }
-        let both = ["--folds", "4", "--seeds", "2"].map(String::from);
-        assert!(parse(&both).unwrap_err().to_string().contains("give one"));
-        let o = Options { names: vec!["fsp-uci".into()], folds: Some(vec![4]), ..unknown.clone() };
-        assert!(reproduce(&o).unwrap_err().to_string().contains("--folds applies only"));
+        // A flag an experiment does not declare is refused, naming the experiment and the ones
+        // that accept it (also for the default suite).
+        for args in [vec!["--gamma", "1e-6"], vec!["gfsvi-uci", "gfsvi-toy", "--gamma", "1e-6"]] {
+            let mut argv = vec!["reproduce"];
+            argv.extend(args);
+            assert!(parse_err(&argv).contains("--gamma does not apply to"), "{argv:?}");
+        }
+        let err = parse_err(&["reproduce", "fsp-uci", "--folds", "4"]);
+        assert!(err.contains("--folds does not apply to fsp-uci") && err.contains("gfsvi-w2"), "{err}");
+        assert!(
+            parse_err(&["reproduce", "fsp-toy-regression", "--resume"]).contains("--resume does not apply")
+        );
+        assert!(parse_err(&["reproduce", "gfsvi-w2", "--folds", "4", "--seeds", "2"]).contains("give one"));
+        // --help lists every experiment and its flags; clap reports it as a DisplayHelp "error".
+        let help =
+            harness::cli::command(EXPERIMENTS).try_get_matches_from(["cargo xtask", "reproduce", "--help"]);
+        let text = help.unwrap_err().to_string();
+        for e in EXPERIMENTS {
+            assert!(text.contains(e.name), "--help misses {}", e.name);
+        }
+        assert!(text.contains("--resume --gamma --sets --folds"), "{text}");
         // An unknown set is named by the experiment before anything runs.
         let out = std::env::temp_dir().join(format!("fspace-xtask-sets-{}", std::process::id()));
-        let o = Options {
-            names: vec!["gfsvi-uci".into()],
-            sets: Some(vec!["energy".into()]),
-            out: out.to_string_lossy().into_owned(),
-            ..unknown.clone()
-        };
-        assert!(reproduce(&o).unwrap_err().to_string().contains("unknown set \"energy\""));
+        let err = quick("gfsvi-uci", &out, &["--sets", "energy"]).unwrap_err().to_string();
+        assert!(err.contains("unknown set \"energy\""), "{err}");
         let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
+    fn the_layers_import_only_downwards() {
+        // harness ← protocols ← experiments: the harness knows no protocol or experiment, a
+        // protocol no experiment, and an experiment no other experiment (`super::` from an
+        // experiment file reaches the registry or a sibling; only a test module's `use super::*`
+        // and a folder experiment's own submodules may use it).
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        let mut dirs = vec![src.clone()];
+        while let Some(d) = dirs.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let p = entry.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|e| e == "rs") {
+                    files.push(p);
+                }
+            }
+        }
+        let mut checked = 0;
+        for f in files {
+            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+            let text = std::fs::read_to_string(&f).unwrap();
+            let forbidden: &[&str] = if rel.starts_with("harness/") {
+                &["crate::protocols", "crate::experiments"]
+            } else if rel.starts_with("protocols/")
+                || (rel.starts_with("experiments/") && rel != "experiments/mod.rs")
+            {
+                &["crate::experiments"]
+            } else {
+                &[]
+            };
+            for bad in forbidden {
+                assert!(!text.contains(bad), "{rel} names {bad}");
+            }
+            let top_level_experiment = rel.starts_with("experiments/")
+                && rel != "experiments/mod.rs"
+                && (rel.matches('/').count() == 1 || rel.ends_with("/mod.rs"));
+            if top_level_experiment {
+                for line in text.lines().filter(|l| l.contains("super::")) {
+                    assert_eq!(line.trim(), "use super::*;", "{rel} reaches up: {line}");
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked > 30, "only {checked} files found");
+    }
+
+    #[test]
+    fn all_restricts_each_experiment_to_the_flags_it_accepts() {
+        let cli =
+            harness::cli::parse(EXPERIMENTS, ["reproduce", "--all", "--resume", "--seeds", "2"]).unwrap();
+        let harness::cli::Task::Reproduce(args) = cli.task else { panic!("not reproduce") };
+        let chosen = harness::cli::selected(EXPERIMENTS, &args);
+        assert!(chosen.iter().all(|e| e.budget_of.is_none()) && chosen.len() + 2 == EXPERIMENTS.len());
+        let opts = args.options();
+        for e in chosen {
+            let own = opts.restricted_to(e);
+            assert_eq!(own.resume, e.flags.contains(&harness::registry::Flag::Resume), "{}", e.name);
+            assert_eq!(own.seeds.is_some(), e.flags.contains(&harness::registry::Flag::Seeds), "{}", e.name);
+        }
     }
 
     #[test]
     fn the_null_space_experiment_runs_end_to_end_in_quick_mode() {
         // The harness end to end on its cheapest experiment: files written, metrics sane.
         let out = std::env::temp_dir().join(format!("fspace-xtask-test-{}", std::process::id()));
-        let opts = quick("fsp-null-space", &out);
-        reproduce(&opts).unwrap();
+        quick("fsp-null-space", &out, &[]).unwrap();
         let dir = out.join("fsp-null-space");
         let metrics: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
@@ -337,8 +249,7 @@ mod tests {
         // of a one-output Gaussian head equals the dense last-layer Laplace (its output factor is
         // 1 × 1, so the Kronecker product is exact).
         let out = std::env::temp_dir().join(format!("fspace-xtask-vreg-{}", std::process::id()));
-        let opts = quick("valla-regression", &out);
-        reproduce(&opts).unwrap();
+        quick("valla-regression", &out, &[]).unwrap();
         let dir = out.join("valla-regression");
         let metrics: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
@@ -370,13 +281,8 @@ mod tests {
         // the log, every score is finite, a resume keeps every unit and choice, and another grid
         // is refused.
         let out = std::env::temp_dir().join(format!("fspace-xtask-gamma-{}", std::process::id()));
-        let mut opts = Options {
-            gammas: Some(vec![1e-10, 1e-6]),
-            sets: Some(vec!["yacht".into()]),
-            folds: Some(vec![2]),
-            ..quick("gfsvi-uci", &out)
-        };
-        reproduce(&opts).unwrap();
+        let flags = ["--gamma", "1e-10,1e-6", "--sets", "yacht", "--folds", "2"];
+        quick("gfsvi-uci", &out, &flags).unwrap();
         let dir = out.join("gfsvi-uci");
         let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
         let (log, table) = (read("log.txt"), read("table.md"));
@@ -403,12 +309,12 @@ mod tests {
                 assert!(m.is_finite(), "{method}/{j}: {m}");
             }
         }
-        opts.resume = true;
-        reproduce(&opts).unwrap();
+        let resumed = [&flags[..], &["--resume"]].concat();
+        quick("gfsvi-uci", &out, &resumed).unwrap();
         assert!(read("log.txt").contains("yacht fold 2: every method in checkpoint.json"));
         assert_eq!(chosen(&read("table.md")), expected.join("; "));
-        opts.gammas = Some(vec![1e-6]);
-        assert!(reproduce(&opts).is_err(), "a resume under another γ grid must be refused");
+        let other = ["--gamma", "1e-6", "--sets", "yacht", "--folds", "2", "--resume"];
+        assert!(quick("gfsvi-uci", &out, &other).is_err(), "a resume under another γ grid must be refused");
         let _ = std::fs::remove_dir_all(&out);
     }
 
@@ -417,8 +323,7 @@ mod tests {
         // Generalized Laplace Fig. 2 with every structure: the full GGN's GLM std is the
         // reference (ratio 1), every structure's uncertainty is finite and positive, plots exist.
         let out = std::env::temp_dir().join(format!("fspace-xtask-cubic-{}", std::process::id()));
-        let opts = quick("gl-cubic-toy", &out);
-        reproduce(&opts).unwrap();
+        quick("gl-cubic-toy", &out, &[]).unwrap();
         let dir = out.join("gl-cubic-toy");
         let metrics: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();

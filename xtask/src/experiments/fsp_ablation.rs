@@ -17,10 +17,12 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::fsp_moons::{fitted_priors, moons, moons_run, PAPER};
-use super::{eval_sine, fit_sine_prior, linspace, sine_config, tanh_mlp, Options};
-use crate::plot::{heatmaps, regression_panels, Heatmap, Panel1d};
-use crate::report::{fmt, markdown_table, Run};
+use crate::harness::plot::{heatmaps, regression_panels, Heatmap, Panel1d};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, Run};
+use crate::protocols::moons::{fitted_priors, moons, moons_run, PAPER};
+use crate::protocols::sine::{eval_sine, fit_sine_prior, sine_config};
+use crate::protocols::{linspace, tanh_mlp};
 
 const MS: [usize; 4] = [3, 5, 10, 100];
 
@@ -47,7 +49,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 net,
                 LikelihoodSpec::gaussian(noise.sqrt()),
                 &prior,
-                &Data::new(&data.x, &super::targets(&y, 1))?,
+                &Data::new(&data.x, &crate::protocols::targets(&y, 1))?,
                 &config,
             )?;
             let ev = eval_sine(&post, &gp, &kernel)?;

@@ -48,9 +48,10 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 use serde_json::{json, Map, Value};
 
-use super::{tanh_mlp, Options};
-use crate::plot::{line_panels, LinePanel};
-use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
+use crate::harness::plot::{line_panels, LinePanel};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
+use crate::protocols::tanh_mlp;
 
 const METHODS: [&str; 4] = ["FSP-Laplace", "Laplace", "FVI", "GP"];
 
@@ -312,7 +313,7 @@ fn surrogate(
             let prior = GpPrior::centered(kernel.clone());
             let lik = LikelihoodSpec::gaussian(noise.sqrt());
             let Fitted { posterior: post, report: _ } =
-                fsp_fit(start, lik, &prior, &Data::new(x, &super::targets(y, 1))?, &cfg)?;
+                fsp_fit(start, lik, &prior, &Data::new(x, &crate::protocols::targets(y, 1))?, &cfg)?;
             warm.net = Some(post.network().clone());
             Box::new(post)
         }
@@ -334,7 +335,7 @@ fn surrogate(
             let mut post = laplace_fit(
                 map,
                 LikelihoodSpec::gaussian(noise.sqrt()),
-                &Data::new(x, &super::targets(y, 1))?,
+                &Data::new(x, &crate::protocols::targets(y, 1))?,
                 &LaplaceConfig {
                     structure,
                     prior_precision: PriorPrecision::Scalar(1.0),

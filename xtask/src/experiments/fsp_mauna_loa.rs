@@ -62,9 +62,10 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::{tanh_mlp, Options};
-use crate::plot::{regression_panels, Panel1d};
-use crate::report::{markdown_table, mean_std, pm_cell, Checkpoint, Run};
+use crate::harness::plot::{regression_panels, Panel1d};
+use crate::harness::registry::Options;
+use crate::harness::report::{markdown_table, mean_std, pm_cell, Checkpoint, Run};
+use crate::protocols::tanh_mlp;
 
 const METHODS: [&str; 5] = ["FSP-Laplace", "FVI", "Laplace", "GP", "FSP-Laplace (fixed σ)"];
 /// The paper's Table 1 row: ELL then MSE, (mean, std) per method (none for the variant row).

@@ -23,9 +23,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::fsp_moons::{fitted_priors, moons, BOX};
-use super::{fit_sine_prior, sine_config, tanh_mlp, Options};
-use crate::report::{markdown_table, Run};
+use crate::harness::registry::Options;
+use crate::harness::report::{markdown_table, Run};
+use crate::protocols::moons::{fitted_priors, moons, BOX};
+use crate::protocols::sine::{fit_sine_prior, sine_config};
+use crate::protocols::tanh_mlp;
 
 /// `‖P₀ΛP₀‖_F / ‖Λ‖_F` at the posterior's network and basis.
 fn null_space_ratio(
@@ -76,10 +78,10 @@ pub fn run(opts: &Options) -> Result<()> {
             tanh_mlp(1, &[50, 50], 1, opts.seed)?,
             LikelihoodSpec::gaussian(noise.sqrt()),
             &prior,
-            &Data::new(&data.x, &super::targets(&y, 1))?,
+            &Data::new(&data.x, &crate::protocols::targets(&y, 1))?,
             &config,
         )?;
-        let context = super::linspace(-2.0, 2.0, 100);
+        let context = crate::protocols::linspace(-2.0, 2.0, 100);
         let ratio = null_space_ratio(&post, &lik, &prior, &data.x, &y, &context)?;
         run.log(format!(
             "regression {name}: ‖P₀ΛP₀‖/‖Λ‖ = {ratio:.3e} (range rank {})",
@@ -105,7 +107,7 @@ pub fn run(opts: &Options) -> Result<()> {
             tanh_mlp(2, &[100, 100], 2, opts.seed)?,
             LikelihoodSpec::categorical(2),
             &prior,
-            &Data::new(&x, &super::targets(&labels, 1))?,
+            &Data::new(&x, &crate::protocols::targets(&labels, 1))?,
             &config,
         )?;
         let context = fspace_fsp_laplace::context_points(

@@ -50,9 +50,9 @@ use nalgebra::{DMatrix, DVector};
 use plotters::style::RGBColor;
 use serde_json::{json, Map, Value};
 
-use super::Options;
-use crate::plot::{heatmaps, quiver_panels, Arrow, Heatmap, QuiverPanel};
-use crate::report::{markdown_table, mean_std, pm_cell, Run};
+use crate::harness::plot::{heatmaps, quiver_panels, Arrow, Heatmap, QuiverPanel};
+use crate::harness::registry::Options;
+use crate::harness::report::{markdown_table, mean_std, pm_cell, Run};
 
 /// The paper's columns, plus FSP-Laplace with the drifters appended to its context points (see
 /// the module docs: with the 96 grid points alone, long training interpolates the drifters).
@@ -225,7 +225,7 @@ pub fn run(opts: &Options) -> Result<()> {
                         laplace_fit(
                             map,
                             LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
-                            &Data::new(&xtr, &super::targets(&ytr_pm, 2))?,
+                            &Data::new(&xtr, &crate::protocols::targets(&ytr_pm, 2))?,
                             &LaplaceConfig {
                                 structure: Structure::LowRank(LowRankConfig {
                                     rank: 40,

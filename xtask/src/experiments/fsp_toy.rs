@@ -22,9 +22,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::{eval_sine, fit_sine_prior, linspace, roughness, sine_config, tanh_mlp, Options};
-use crate::plot::{regression_panels, Panel1d};
-use crate::report::{fmt, markdown_table, Run};
+use crate::harness::plot::{regression_panels, Panel1d};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, Run};
+use crate::protocols::sine::{eval_sine, fit_sine_prior, roughness, sine_config};
+use crate::protocols::{linspace, tanh_mlp};
 
 struct Case {
     name: &'static str,
@@ -84,7 +86,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let net = tanh_mlp(1, &[50, 50], 1, opts.seed)?;
         let lik = LikelihoodSpec::gaussian(noise_var.sqrt());
         let Fitted { posterior: post, report: summary } =
-            fit(net, lik, &prior, &Data::new(&data.x, &super::targets(&y, 1))?, &config)?;
+            fit(net, lik, &prior, &Data::new(&data.x, &crate::protocols::targets(&y, 1))?, &config)?;
         let seconds = summary.train_seconds + summary.laplace_seconds;
         let gp =
             ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;

@@ -4,9 +4,9 @@
 //!
 //! Protocol (App. B.2): 5-fold cross-validation with 10 % of the training folds for validation
 //! (the folds, standardisation and marginal-likelihood ARD-RBF prior of `gfsvi-uci`, see
-//! [`super::gfsvi_uci::prepare`]); 2×50 tanh; learned homoscedastic noise; early stopping on the
+//! [`crate::protocols::uci::prepare`]); 2×50 tanh; learned homoscedastic noise; early stopping on the
 //! validation loss (patience 500 optimiser steps for every network, see
-//! [`super::gfsvi_uci::PATIENCE_EPOCHS`]); the paper's mean-rank rule (standard errors over folds).
+//! [`crate::protocols::uci::PATIENCE_EPOCHS`]); the paper's mean-rank rule (standard errors over folds).
 //! * FSP-Laplace: 100 context points per step uniform on the data box widened by half its range
 //!   (the paper's rule), Laplace at 200 Halton points of the same box, Lanczos ≤ 500.
 //! * FVI: the same prior, 100 uniform measurement points per step in the same box.
@@ -18,7 +18,7 @@
 //! The paper estimates the ELL with 10 posterior samples; we use its exact value
 //! `E_q[log N(y | f, σ²)]` (closed form for Gaussian marginals), which those samples estimate.
 //! OOD: one threshold on the predictive variance of `f`, ID test fold against as many rows of
-//! the shared substitute [`super::ood_rows`] (the paper's song subset is in no registry).
+//! the shared substitute [`crate::protocols::uci::ood_rows`] (the paper's song subset is in no registry).
 
 use fspace_kernels::GpPrior;
 use std::time::Instant;
@@ -39,12 +39,14 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::json;
 
-use super::gfsvi_uci::{
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
+use crate::protocols::tanh_mlp;
+use crate::protocols::uci::ood_rows;
+use crate::protocols::uci::{
     load, map_laplace, prepare, rank_rows, scores, stored_fold, unit_key, Prepared, PATIENCE_EPOCHS,
     PRIOR_FIT,
 };
-use super::{ood_rows, tanh_mlp, Options};
-use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
 
 const METHODS: [&str; 6] = ["FSP-Laplace", "FVI", "Laplace", "MAP", "GP", "Sparse GP"];
 /// Methods with an OOD column in the paper (all but MAP).
@@ -155,8 +157,8 @@ fn run_fold(
                     net.clone(),
                     LikelihoodSpec::gaussian_learned(0.5),
                     &prior,
-                    &Data::new(&p.xtr, &super::targets(&p.ytr, 1))?
-                        .with_validation(&p.xva, &super::targets(&yva, 1))?,
+                    &Data::new(&p.xtr, &crate::protocols::targets(&p.ytr, 1))?
+                        .with_validation(&p.xva, &crate::protocols::targets(&yva, 1))?,
                     &cfg,
                 )?;
                 (Some(Box::new(post)), summary.likelihood.noise_std().unwrap_or(0.5))

@@ -32,9 +32,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::json;
 
-use super::{fit_sine_prior, linspace, tanh_mlp, Options};
-use crate::plot::{regression_panels, Panel1d};
-use crate::report::{fmt, markdown_table, Run};
+use crate::harness::plot::{regression_panels, Panel1d};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, Run};
+use crate::protocols::sine::fit_sine_prior;
+use crate::protocols::{linspace, tanh_mlp};
 
 /// Steps and measurement points of one run mode.
 struct Budget {
@@ -396,7 +398,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
 }
 
 /// MAP with the Gaussian weight prior σ_p = 0.75 (σ learned), then the linearised Laplace with a
-/// diagonal GGN ([`super::gfsvi_uci::LAPLACE_STRUCTURE`]), the same prior precision and the GLM
+/// diagonal GGN ([`crate::protocols::uci::LAPLACE_STRUCTURE`]), the same prior precision and the GLM
 /// predictive.
 fn laplace(
     net: &Mlp,
@@ -431,7 +433,7 @@ fn laplace(
         LikelihoodSpec::gaussian(lik.sigma()),
         &Data::new(x, &y.columns(0, 1).into_owned())?,
         &LaplaceConfig {
-            structure: super::gfsvi_uci::LAPLACE_STRUCTURE,
+            structure: crate::protocols::uci::LAPLACE_STRUCTURE,
             prior_precision: PriorPrecision::Scalar(precision),
             predictive: Predictive::Glm,
             ..Default::default()

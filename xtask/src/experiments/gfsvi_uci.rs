@@ -27,7 +27,7 @@
 //! point and MSE of the predictive mean (Tables 1, 5), mean ± std over folds, the paper's
 //! mean-rank rule; OOD (Table 3): accuracy of one threshold on the epistemic variance `Var[f]`,
 //! the test fold (ID) against as many OOD rows — the paper's song subset is in no registry, so
-//! [`super::ood_rows`] (sklearn's digits, shipped) stands in.
+//! [`crate::protocols::uci::ood_rows`] (sklearn's digits, shipped) stands in.
 
 use fspace_kernels::GpPrior;
 use std::time::Instant;
@@ -35,20 +35,24 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
-use fspace_core::{FunctionPredictive, Gaussian, Posterior};
-use fspace_data::{boston, concrete, distinct_rows, kfold, wine_quality_red, yacht, Dataset, Standardizer};
+use fspace_core::Posterior;
+use fspace_data::{kfold, Dataset};
 use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
-use fspace_kernels::{PriorMean, Rbf};
-use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision, Structure};
-use fspace_nn::{train_map, Mlp, TrainConfig};
+use fspace_kernels::PriorMean;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::json;
 
-use super::{ood_rows, tanh_mlp, Options};
-use crate::report::{fmt, markdown_table, Checkpoint, Run};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, Checkpoint, Run};
+use crate::protocols::tanh_mlp;
+use crate::protocols::uci::{
+    best_validation_loss, folds_label, load, map_laplace, ood_rows, prepare, rank_rows, scores,
+    selected_folds, selected_sets, stored_fold, unit_key, Prepared, LAPLACE_STRUCTURE, PATIENCE_EPOCHS,
+    PRIOR_FIT,
+};
 
 /// The BNNs' likelihood: one σ_y, learned from 0.5.
 const BNN_LIKELIHOOD: LikelihoodSpec = LikelihoodSpec::Gaussian { sigma: 0.5, learn: true };
@@ -179,39 +183,6 @@ const FULL: Budget =
     Budget { steps: 3000, m: 500, folds: 5, datasets: &["boston", "concrete", "wine", "yacht"] };
 const QUICK: Budget = Budget { steps: 300, m: 100, folds: 1, datasets: &["boston"] };
 
-/// The folds to run, numbered from 0: `--folds`, else the first `--seeds` (else `default`) of 5.
-pub(super) fn selected_folds(opts: &Options, default: usize) -> Vec<usize> {
-    match &opts.folds {
-        Some(folds) => folds.iter().map(|f| f - 1).collect(),
-        None => (0..opts.seeds.unwrap_or(default).clamp(1, 5)).collect(),
-    }
-}
-
-/// How a table names its folds: "3 fold(s)" for the first three, else "fold 2" or "folds 4, 5".
-pub(super) fn folds_label(folds: &[usize]) -> String {
-    let names: Vec<String> = folds.iter().map(|f| (f + 1).to_string()).collect();
-    match folds {
-        _ if folds.iter().enumerate().all(|(i, &f)| i == f) => format!("{} fold(s)", folds.len()),
-        [_] => format!("fold {}", names[0]),
-        _ => format!("folds {}", names.join(", ")),
-    }
-}
-
-/// The sets to run: `default`, or `--sets` (any of the full run's, in the order given).
-pub(super) fn selected_sets(opts: &Options, default: &[&'static str]) -> Result<Vec<&'static str>> {
-    match &opts.sets {
-        None => Ok(default.to_vec()),
-        Some(names) => names
-            .iter()
-            .map(|n| {
-                FULL.datasets.iter().copied().find(|d| d == n).ok_or_else(|| {
-                    anyhow::anyhow!("--sets: unknown set {n:?}; the GFSVI tables know {:?}", FULL.datasets)
-                })
-            })
-            .collect(),
-    }
-}
-
 /// `gfsvi-uci`: Tables 1 and 5.
 pub fn run_uci(opts: &Options) -> Result<()> {
     run_tables(opts, "gfsvi-uci", false)
@@ -222,36 +193,8 @@ pub fn run_ood(opts: &Options) -> Result<()> {
     run_tables(opts, "gfsvi-ood", true)
 }
 
-pub fn load(name: &str) -> Result<Dataset> {
-    Ok(match name {
-        "boston" => boston()?,
-        "concrete" => concrete()?,
-        "yacht" => yacht()?,
-        _ => wine_quality_red()?,
-    })
-}
-
 /// Per method: ELL, MSE, OOD accuracy and seconds for one fold.
 type FoldScores = Vec<[f64; 4]>;
-
-/// ELL (closed form), MSE and OOD accuracy (one threshold on `Var[f]`) of a posterior.
-pub fn scores(
-    post: &dyn Posterior,
-    noise_std: f64,
-    xt: &DMatrix<f64>,
-    yt: &DVector<f64>,
-    ood: &DMatrix<f64>,
-) -> Result<[f64; 3]> {
-    let p: FunctionPredictive = post.predict(xt)?;
-    let mean: Vec<f64> = p.mean.iter().cloned().collect();
-    let var: Vec<f64> = p.var.iter().cloned().collect();
-    let y: Vec<f64> = yt.iter().cloned().collect();
-    let ell = fspace_metrics::gaussian_expected_log_likelihood(&mean, &var, noise_std * noise_std, &y)?;
-    let mse = fspace_metrics::mse(&mean, &y)?;
-    let var_ood: Vec<f64> = post.predict(ood)?.var.iter().cloned().collect();
-    let acc = fspace_metrics::stump_accuracy(&var, &var_ood)?;
-    Ok([ell, mse, acc])
-}
 
 fn optim(b: &Budget, seed: u64) -> OptimConfig {
     OptimConfig {
@@ -263,118 +206,6 @@ fn optim(b: &Budget, seed: u64) -> OptimConfig {
         seed,
     }
 }
-
-/// One fold in standardised units with the GP prior fitted on its training rows.
-pub struct Prepared {
-    pub xtr: DMatrix<f64>,
-    pub ytr: DVector<f64>,
-    pub ytr_m: DMatrix<f64>,
-    pub xva: DMatrix<f64>,
-    pub yva_m: DMatrix<f64>,
-    pub xte: DMatrix<f64>,
-    pub yte: DVector<f64>,
-    /// ARD RBF fitted by the exact GP's marginal likelihood.
-    pub kernel: fspace_kernels::Rbf,
-    pub noise_var: f64,
-    pub gp_secs: f64,
-}
-
-/// How [`prepare`] fits the prior (ARD RBF by marginal likelihood on the distinct training
-/// records), named in the checkpoint settings of every experiment that uses it, so `--resume`
-/// refuses units fitted another way.
-pub const PRIOR_FIT: &str = "distinct records";
-
-/// Standardises a fold by its training rows and fits the prior (ARD RBF + noise).
-pub fn prepare(data: &Dataset, fold: &fspace_data::Fold, seed: u64) -> Result<Prepared> {
-    let xs = Standardizer::fit(&data.x.select_rows(&fold.train))?;
-    let yall = data.y_vec();
-    let ytr: Vec<f64> = fold.train.iter().map(|&i| yall[i]).collect();
-    let (ym, ysd) = {
-        let m = ytr.iter().sum::<f64>() / ytr.len() as f64;
-        (m, (ytr.iter().map(|v| (v - m).powi(2)).sum::<f64>() / ytr.len() as f64).sqrt())
-    };
-    let x = |idx: &[usize]| xs.transform(&data.x.select_rows(idx));
-    let y = |idx: &[usize]| DVector::from_iterator(idx.len(), idx.iter().map(|&i| (yall[i] - ym) / ysd));
-    let (xtr, ytr, xva, yva, xte, yte) = (
-        x(&fold.train)?,
-        y(&fold.train),
-        x(&fold.validation)?,
-        y(&fold.validation),
-        x(&fold.test)?,
-        y(&fold.test),
-    );
-    let ytr_m = DMatrix::from_column_slice(ytr.len(), 1, ytr.as_slice());
-    let yva_m = DMatrix::from_column_slice(yva.len(), 1, yva.as_slice());
-    let t = Instant::now();
-    // Hyperparameters from the distinct training records only: counted as independent noisy
-    // observations, red wine's exact duplicates collapse the fitted noise to σ² ≈ 4e-6 and the
-    // exact GP's ELL to ≈ −2e5 (see `fspace_data::distinct_rows`). The GP itself then
-    // conditions on every training row.
-    let distinct = distinct_rows(&xtr, &ytr_m)?;
-    let rep = fspace_gp::fit_hyperparameters(
-        &Rbf::ard(1.0, vec![1.0; xtr.ncols()])?,
-        &PriorMean::Zero,
-        0.1,
-        &xtr.select_rows(&distinct),
-        &ytr_m.select_rows(&distinct),
-        &fspace_gp::FitConfig { seed, ..Default::default() },
-    )?;
-    Ok(Prepared {
-        xtr,
-        ytr,
-        ytr_m,
-        xva,
-        yva_m,
-        xte,
-        yte,
-        kernel: rep.kernel,
-        noise_var: rep.noise_variance,
-        gp_secs: t.elapsed().as_secs_f64(),
-    })
-}
-
-/// The mean-rank row of our table and, under it, the paper's per-set numbers ranked by the same
-/// rule on the same sets (the papers' own mean ranks cover sets we cannot ship, so they are not
-/// comparable with ours); each row padded with `pad` dashes for unranked columns. Means and
-/// errors are methods × sets.
-pub fn rank_rows(
-    label: &str,
-    (means, errors): (&DMatrix<f64>, &DMatrix<f64>),
-    (paper_means, paper_errors): (&DMatrix<f64>, &DMatrix<f64>),
-    higher_is_better: bool,
-    pad: usize,
-) -> Result<[Vec<String>; 2]> {
-    let row = |label: String, ranks: Vec<f64>, wrap: fn(String) -> String| {
-        let mut r = vec![label];
-        r.extend(ranks.iter().map(|v| wrap(format!("{v:.2}"))));
-        r.extend(std::iter::repeat_n("–".to_string(), pad));
-        r
-    };
-    Ok([
-        row(label.to_string(), fspace_metrics::mean_rank(means, errors, higher_is_better)?, |s| s),
-        row(
-            "paper's mean rank on these sets".to_string(),
-            fspace_metrics::mean_rank(paper_means, paper_errors, higher_is_better)?,
-            |s| format!("({s})"),
-        ),
-    ])
-}
-
-/// The checkpoint key of one method's scores on one fold.
-pub fn unit_key(dataset: &str, fold: usize, method: &str) -> String {
-    format!("{dataset}/fold {}/{method}", fold + 1)
-}
-
-/// The scores of every method on a fold when the checkpoint has them all (`--resume`).
-pub fn stored_fold<const N: usize>(
-    ck: &Checkpoint,
-    dataset: &str,
-    fold: usize,
-    methods: &[&str],
-) -> Result<Option<Vec<[f64; N]>>> {
-    methods.iter().map(|m| ck.get_array(&unit_key(dataset, fold, m))).collect()
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run_fold(
     run: &mut Run,
@@ -513,10 +344,6 @@ fn run_fold(
     Ok(out)
 }
 
-/// The GGN structure of the Laplace column: diagonal, App. A.2.2's "fully-factorized Gaussian
-/// approximate posterior" (measurements in `docs/DEVIATIONS.md`, "GFSVI UCI: the Laplace column").
-pub const LAPLACE_STRUCTURE: Structure = Structure::Diag;
-
 /// The regulariser `γ` of GFSVI's and TFSVI's regularised KL on the UCI sets: the paper's 1e-10
 /// (`--gamma 1e-10`; why the default is the grid [`UCI_GAMMA_GRID`]: `docs/DEVIATIONS.md`,
 /// "GFSVI UCI: γ").
@@ -526,11 +353,6 @@ pub const UCI_GAMMA: f64 = 1e-10;
 /// lowest validation NLL (no test data involved): the paper's [`UCI_GAMMA`] and 1e-6
 /// (measurements: `docs/DEVIATIONS.md`, "GFSVI UCI: γ").
 pub const UCI_GAMMA_GRID: [f64; 2] = [UCI_GAMMA, 1e-6];
-
-/// The lowest validation loss an optimisation run saw (`+∞` without one; NaN losses never win).
-pub(super) fn best_validation_loss(report: &fspace_gfsvi::OptimReport) -> f64 {
-    report.validation.iter().map(|&(_, l)| l).filter(|l| !l.is_nan()).fold(f64::INFINITY, f64::min)
-}
 
 /// Where the γ a GFSVI/TFSVI unit chose from a `--gamma` grid is stored.
 fn gamma_key(unit: &str) -> String {
@@ -575,67 +397,6 @@ fn gamma_footnote(
             text
         }
     })
-}
-
-/// Early-stopping patience, in optimiser steps, of every UCI network trained full-batch epoch by
-/// epoch (MAP here, FSP-Laplace in `fsp-uci`): the same 500 steps as the variational methods'
-/// validation every 100 steps with patience 5. A patience of 100 epochs stopped MAP and
-/// FSP-Laplace on yacht folds 2 and 4 after ≈ 110 epochs on a transient rise of the validation
-/// NLL (fold 4's MAP: 0.633 at epoch 10, 0.744 at 100, −0.52 at 800), keeping a network that
-/// had barely left its initialisation (σ_y = 0.507 from 0.5).
-pub const PATIENCE_EPOCHS: usize = 500;
-
-/// MAP with the Gaussian weight prior σ_p = 0.75 (σ learned), then the linearised Laplace with
-/// the given GGN `structure`, that prior precision and the GLM predictive; returns it and σ. With a
-/// validation set the MAP stops early ([`PATIENCE_EPOCHS`], best weights and σ kept):
-/// without it the learned σ collapses onto the training residuals (measured on Boston: σ = 0.07,
-/// test ELL −155).
-pub fn map_laplace(
-    net: &Mlp,
-    x: &DMatrix<f64>,
-    y: &DVector<f64>,
-    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
-    structure: Structure,
-    steps: usize,
-    seed: u64,
-) -> Result<(fspace_laplace::LaplacePosterior<Mlp>, f64)> {
-    let mut map = net.clone();
-    let mut lik = Gaussian::new(0.5)?;
-    let precision = 1.0 / (0.75 * 0.75);
-    train_map(
-        &mut map,
-        &mut lik,
-        x,
-        y,
-        validation,
-        None,
-        &TrainConfig {
-            epochs: steps,
-            batch_size: 2000.min(x.nrows()),
-            learning_rate: 1e-3,
-            weight_decay: precision,
-            patience: validation.map(|_| PATIENCE_EPOCHS),
-            validate_every: 1,
-            validation_adds_regularizer: false,
-            learn_likelihood: true,
-            seed,
-        },
-        |_| {},
-    )?;
-    let sigma = lik.sigma();
-    let post = laplace_fit(
-        map,
-        LikelihoodSpec::gaussian(sigma),
-        &Data::new(x, &super::targets(y, 1))?,
-        &LaplaceConfig {
-            structure,
-            prior_precision: PriorPrecision::Scalar(precision),
-            predictive: Predictive::Glm,
-            ..Default::default()
-        },
-    )?
-    .posterior;
-    Ok((post, sigma))
 }
 
 fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {

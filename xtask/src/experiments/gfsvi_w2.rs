@@ -31,12 +31,13 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::json;
 
-use super::gfsvi_uci::{
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
+use crate::protocols::tanh_mlp;
+use crate::protocols::uci::{
     best_validation_loss, folds_label, load, prepare, selected_folds, selected_sets, stored_fold, unit_key,
     PRIOR_FIT,
 };
-use super::{tanh_mlp, Options};
-use crate::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
 
 const METHODS: [&str; 3] = ["GFSVI", "FVI", "SVGP"];
 

@@ -24,9 +24,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::{linspace, tanh_mlp, Options};
-use crate::plot::{regression_panels, Panel1d};
-use crate::report::{fmt, markdown_table, Run};
+use crate::harness::plot::{regression_panels, Panel1d};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, Run};
+use crate::protocols::{linspace, tanh_mlp};
 
 /// One structure's numbers.
 #[derive(Clone, Copy)]
@@ -107,7 +108,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let post = fit(
             net.clone(),
             LikelihoodSpec::gaussian(sigma),
-            &Data::new(&data.x, &super::targets(&y, 1))?,
+            &Data::new(&data.x, &crate::protocols::targets(&y, 1))?,
             &config,
         )?
         .posterior;

@@ -30,10 +30,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::images::{class_metrics, map_probs, mean_entropy, test_with, train_val_test, ImageSet};
-use super::Options;
-use crate::plot::{line_panels, LinePanel};
-use crate::report::{fmt, markdown_table, Run};
+use crate::harness::plot::{line_panels, LinePanel};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, Run};
+use crate::protocols::images::{class_metrics, map_probs, mean_entropy, test_with, train_val_test, ImageSet};
 
 /// Frobenius norm of the last layer's curvature block (×`scale`): Diag from its entries,
 /// KFAC/EKFAC from the Kronecker eigenvalues (the eigenbasis is orthogonal).
@@ -145,7 +145,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let mut post = fit(
             net.clone(),
             LikelihoodSpec::categorical(10),
-            &Data::new(&curv.x, &super::targets(&curv.y, 1))?,
+            &Data::new(&curv.x, &crate::protocols::targets(&curv.y, 1))?,
             &config,
         )?
         .posterior;

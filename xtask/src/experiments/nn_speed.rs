@@ -8,79 +8,14 @@
 //! labelled as recorded with its date. `--quick` trains on 5 400 images and scales the time by
 //! 10.
 
-use std::time::Instant;
-
 use anyhow::Result;
-use fspace_core::Categorical;
-use fspace_nn::{train_map, Activation, Cnn, CnnConfig, Mlp, MlpConfig, Network, TrainConfig};
-use nalgebra::{DMatrix, DVector};
+use fspace_nn::{Activation, Cnn, CnnConfig, Mlp, MlpConfig};
 use serde_json::{json, Map, Value};
 
-use super::images::{train_val_test, ImageSet};
-use super::Options;
-use crate::report::{fmt, markdown_table, Run};
-
-/// PyTorch 2.15 (wheel from PyPI, run on the CPU, f64, `torch.set_num_threads(2)`) on the same 2-core
-/// machine, seconds per epoch of 54 000 images, measured with `scripts/compare/torch_epoch.py`
-/// (median of 3 epochs) on 2026-11-23. Used only when PyTorch cannot run live.
-pub const TORCH_REFERENCE: [(&str, f64); 3] =
-    [("MLP 784-200-200-10", 1.44), ("LeNet-5", 7.09), ("FSP MNIST CNN", 22.32)];
-
-/// Median milliseconds of `reps` calls of `f` (after one warm-up call).
-pub(super) fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        f()?;
-        v.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    Ok(v[v.len() / 2])
-}
-
-/// One network's epoch and per-batch operator times.
-pub(super) struct Timing {
-    /// Seconds per epoch (scaled).
-    pub(super) epoch_s: f64,
-    forward_ms: f64,
-    jvp_ms: f64,
-    vjp_ms: f64,
-    final_loss: f64,
-}
-
-/// Times `f`, `J·u`, `Jᵀ·V` on 100 images and one epoch of MAP training on `x` (× `scale`).
-pub(super) fn time_network<N: Network>(
-    net: &mut N,
-    x: &DMatrix<f64>,
-    y: &DVector<f64>,
-    scale: f64,
-) -> Result<Timing> {
-    let batch = x.rows(0, 100).into_owned();
-    let u = DVector::from_fn(net.n_params(), |i, _| ((i % 13) as f64 - 6.0) * 1e-2);
-    let v = DMatrix::from_fn(100, 10, |i, j| ((i + 3 * j) % 7) as f64 * 0.1 - 0.3);
-    let reps = 15;
-    let forward_ms = median_ms(reps, || {
-        net.forward(&batch)?;
-        Ok(())
-    })?;
-    let jvp_ms = median_ms(reps, || {
-        net.jvp(&batch, &u)?;
-        Ok(())
-    })?;
-    let vjp_ms = median_ms(reps, || {
-        net.vjp(&batch, &v)?;
-        Ok(())
-    })?;
-    let mut lik = Categorical::new(10)?;
-    let cfg = TrainConfig { epochs: 1, batch_size: 100, learning_rate: 1e-3, seed: 0, ..Default::default() };
-    let t = Instant::now();
-    let rep = train_map(net, &mut lik, x, y, None, None, &cfg, |_| {})?;
-    let epoch_s = t.elapsed().as_secs_f64() * scale;
-    Ok(Timing { epoch_s, forward_ms, jvp_ms, vjp_ms, final_loss: rep.history[0].train_loss })
-}
-
-/// Runs the timer.
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, Run};
+use crate::protocols::images::{train_val_test, ImageSet};
+use crate::protocols::timing::{time_network, TORCH_REFERENCE};
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "nn-epoch-timer")?;
     let (train, _, _, _) = train_val_test(ImageSet::Mnist, 0)?;
@@ -91,7 +26,8 @@ pub fn run(opts: &Options) -> Result<()> {
         rayon::current_num_threads(),
         if opts.quick { " (--quick: epoch time ×10)" } else { "" }
     ));
-    let live = super::perf::torch_epochs_live(&mut run, opts.quick.then_some(5_400), "mlp,lenet,fsp");
+    let live =
+        crate::protocols::timing::torch_epochs_live(&mut run, opts.quick.then_some(5_400), "mlp,lenet,fsp");
     let keys = ["mlp_epoch_s", "lenet_epoch_s", "fsp_cnn_epoch_s"];
     let torch_label = if live.is_some() {
         "PyTorch 2 CPU, run live in this run".to_string()

@@ -13,7 +13,6 @@
 //!
 //! Every number is measured in this run on this machine; nothing is a recorded reference.
 
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -28,10 +27,12 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::images::{train_val_test, ImageSet};
-use super::nn_speed::{median_ms, time_network};
-use super::{sine_config, tanh_mlp, targets, Options};
-use crate::report::{markdown_table, Run};
+use crate::harness::registry::Options;
+use crate::harness::report::{markdown_table, Run};
+use crate::protocols::images::{train_val_test, ImageSet};
+use crate::protocols::sine::sine_config;
+use crate::protocols::timing::{median_ms, time_network, torch_epochs_live};
+use crate::protocols::{tanh_mlp, targets};
 
 /// `(step ms, bound ms, flop count M²p)` of GFSVI at M = 500 on a 2×30 tanh network.
 fn gfsvi_step() -> Result<(f64, f64, f64)> {
@@ -90,38 +91,6 @@ fn w1_full_lla() -> Result<f64> {
     post.optimize_prior_precision(&MarglikConfig::default())?;
     std::hint::black_box(post.predict_glm(&x_test)?);
     Ok(t.elapsed().as_secs_f64())
-}
-
-/// Seconds per 54 000-image epoch that PyTorch reports for the networks `only`
-/// (`mlp,lenet,fsp`), trained on `images` images (`None`: all) and scaled to 54 000, run live by
-/// `scripts/compare/torch_epoch.py` with `$FSPACE_PYTHON` (else `python3`); `None` (with the
-/// reason in the log) when no python with torch imports or the script does not report.
-pub(super) fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str) -> Option<Value> {
-    let python = std::env::var("FSPACE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let importable = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !importable {
-        run.log(format!("PyTorch: `{python} -c 'import torch'` failed; no live PyTorch numbers"));
-        return None;
-    }
-    let dir = fspace_data::dataset_dir().join("mnist");
-    let mut cmd = Command::new(&python);
-    cmd.arg("scripts/compare/torch_epoch.py").arg(&dir).args(["--epochs", "1", "--json", "--only", only]);
-    if let Some(n) = images {
-        cmd.args(["--images", &n.to_string()]);
-    }
-    let parsed = cmd.output().ok().filter(|o| o.status.success()).and_then(|o| {
-        let text = String::from_utf8_lossy(&o.stdout).to_string();
-        let line = text.lines().rev().find(|l| l.trim_start().starts_with('{'))?.to_string();
-        serde_json::from_str::<Value>(&line).ok()
-    });
-    if parsed.is_none() {
-        run.log("PyTorch: scripts/compare/torch_epoch.py did not report; no live PyTorch numbers");
-    }
-    parsed
 }
 
 /// PyTorch's LeNet-5 and FSP CNN epochs on 5 400 images × 10, if a python with torch runs.

@@ -32,20 +32,22 @@ use anyhow::Result;
 use fspace_core::ClassProbMethod;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
-use fspace_laplace::{
-    fit as laplace_fit, LaplaceConfig, LaplacePosterior, MarglikConfig, PriorPrecision, Structure, Weights,
-};
+use fspace_laplace::{LaplacePosterior, Structure, Weights};
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use fspace_valla::{fit, fit_ella, EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
-use nalgebra::{DMatrix, DVector};
+use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Value};
 
-use super::images::{class_metrics, map_probs, rotate, test_with, train_val_test, ImageSet, Images};
-use super::{tanh_mlp, Options};
-use crate::plot::{line_panels, log_box_plot, LinePanel};
-use crate::report::{fmt, markdown_table, mean_se, pm_cell, Run};
+use crate::harness::plot::{line_panels, log_box_plot, LinePanel};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, mean_se, pm_cell, Run};
+use crate::protocols::images::{
+    class_metrics, map_probs, rotate, test_with, train_val_test, ImageSet, Images,
+};
+use crate::protocols::laplace_with_marglik as laplace;
+use crate::protocols::tanh_mlp;
 
 /// The paper's tables (Fig. 3 left: MNIST; Fig. 4 left: FMNIST): ACC (%), NLL, ECE, Brier,
 /// OOD-AUC. "Sampled LLA" is not reproduced.
@@ -139,33 +141,6 @@ impl Fitted {
     }
 }
 
-/// A Laplace posterior of `structure` over `weights` around `net` with λ by marginal likelihood
-/// (from `lambda0`).
-pub(super) fn laplace(
-    net: &Mlp,
-    likelihood: LikelihoodSpec,
-    x: &DMatrix<f64>,
-    y: &DVector<f64>,
-    structure: Structure,
-    weights: Weights,
-    lambda0: f64,
-) -> Result<LaplacePosterior<Mlp>> {
-    let mut post = laplace_fit(
-        net.clone(),
-        likelihood,
-        &Data::new(x, &super::targets(y, 1))?,
-        &LaplaceConfig {
-            structure,
-            weights,
-            prior_precision: PriorPrecision::Scalar(lambda0),
-            ..LaplaceConfig::default()
-        },
-    )?
-    .posterior;
-    post.optimize_prior_precision(&MarglikConfig::default())?;
-    Ok(post)
-}
-
 /// `(angle, ECE, NLL)` on the rotated test images.
 type RotatedPoint = (f64, f64, f64);
 
@@ -181,7 +156,7 @@ fn fit_method(
     seed: u64,
 ) -> Result<(Fitted, Value)> {
     let (x, y) = (&train.x, &train.y);
-    let (y_m, yv_m) = (super::targets(y, 1), super::targets(&val.y, 1));
+    let (y_m, yv_m) = (crate::protocols::targets(y, 1), crate::protocols::targets(&val.y, 1));
     let data = Data::new(x, &y_m)?.with_validation(&val.x, &yv_m)?;
     let laplace_row = |post: LaplacePosterior<Mlp>| {
         let lambda = post.prior_precision()[0];

@@ -36,9 +36,10 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
 
-use super::valla_images::laplace;
-use super::{tanh_mlp, Options};
-use crate::report::{fmt, markdown_table, mean_se, Run};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, mean_se, Run};
+use crate::protocols::laplace_with_marglik as laplace;
+use crate::protocols::tanh_mlp;
 
 const METHODS: [&str; 8] =
     ["MAP", "LLA Diag", "LLA KFAC", "LLA* (last layer)", "LLA* KFAC", "ELLA", "VaLLA 100", "VaLLA 200"];
@@ -102,7 +103,7 @@ fn fit_and_predict(
         (p.mean.iter().cloned().collect::<Vec<_>>(), p.var.iter().map(|v| v + extra_var).collect::<Vec<_>>())
     };
     let noise = sigma * sigma;
-    let (y_m, yv_m) = (super::targets(y, 1), super::targets(yv, 1));
+    let (y_m, yv_m) = (crate::protocols::targets(y, 1), crate::protocols::targets(yv, 1));
     let data = Data::new(x, &y_m)?.with_validation(xv, &yv_m)?;
     Ok(match method {
         "MAP" => {

@@ -31,9 +31,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::{linspace, tanh_mlp, Options};
-use crate::plot::{regression_panels, Panel1d};
-use crate::report::{fmt, markdown_table, Run};
+use crate::harness::plot::{regression_panels, Panel1d};
+use crate::harness::registry::Options;
+use crate::harness::report::{fmt, markdown_table, Run};
+use crate::protocols::{linspace, tanh_mlp};
 
 /// The values of a 1-D matrix, ascending (inducing inputs for the plots and the log).
 fn sorted(m: &nalgebra::DMatrix<f64>) -> Vec<f64> {
@@ -111,7 +112,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let mut lla = laplace_fit(
         net.clone(),
         LikelihoodSpec::gaussian(sigma),
-        &Data::new(&x, &super::targets(&y, 1))?,
+        &Data::new(&x, &crate::protocols::targets(&y, 1))?,
         &LaplaceConfig {
             structure: Structure::full(),
             prior_precision: PriorPrecision::Scalar(1.0),
@@ -183,7 +184,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let post = fit(
             net.clone(),
             LikelihoodSpec::gaussian(sigma),
-            &Data::new(&x, &super::targets(&y, 1))?,
+            &Data::new(&x, &crate::protocols::targets(&y, 1))?,
             &config,
         )?
         .posterior;
@@ -223,7 +224,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let ella = fit_ella(
             net.clone(),
             LikelihoodSpec::gaussian_learned(sigma),
-            &Data::new(&x, &super::targets(&y, 1))?,
+            &Data::new(&x, &crate::protocols::targets(&y, 1))?,
             &EllaConfig {
                 num_points: m,
                 num_eigen: m,
@@ -271,7 +272,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 seed: opts.seed,
                 ..VallaConfig::default()
             };
-            let (ym, yvm) = (super::targets(&y, 1), super::targets(&yv, 1));
+            let (ym, yvm) = (crate::protocols::targets(&y, 1), crate::protocols::targets(&yv, 1));
             let data = Data::new(&x, &ym)?.with_validation(&xv, &yvm)?;
             let post = fit(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &data, &config)?.posterior;
             let (mean, std, w2) = evaluate(&post)?;

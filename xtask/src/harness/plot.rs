@@ -12,7 +12,7 @@ static FONT: Once = Once::new();
 
 fn register_font() {
     FONT.call_once(|| {
-        let bytes: &'static [u8] = include_bytes!("../assets/DejaVuSans.ttf");
+        let bytes: &'static [u8] = include_bytes!("../../assets/DejaVuSans.ttf");
         // The embedded font is valid; if registration failed, plots would still be drawn
         // without text rather than abort the experiment.
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, bytes);

@@ -1,0 +1,74 @@
+//! The protocols experiments share: data, splits, priors and evaluation of the papers' set-ups.
+//! An experiment file imports from here, from [`crate::harness`] and from the library crates,
+//! never from another experiment.
+//!
+//! * [`sine`] — the 1-D sine toy (FSP-Laplace App. B.1, GFSVI App. A.1): prior fit, FSP
+//!   configuration, evaluation against the exact GP.
+//! * [`moons`] — two moons (FSP-Laplace App. C.2): data, fitted priors, one FSP-Laplace fit and
+//!   its heat maps.
+//! * [`uci`] — the UCI regression tables (GFSVI App. A.2, FSP-Laplace App. C.3): 5-fold splits,
+//!   standardisation and prior fit per fold, scores, ranks, the MAP + Laplace baseline, OOD rows.
+//! * [`images`] — MNIST / Fashion-MNIST splits, rotations and classification metrics.
+//! * [`timing`] — medians of repeated calls, network epoch timing, PyTorch run live.
+
+use anyhow::Result;
+use fspace_core::{Data, LikelihoodSpec};
+use fspace_laplace::{
+    fit as laplace_fit, LaplaceConfig, LaplacePosterior, MarglikConfig, PriorPrecision, Structure, Weights,
+};
+use fspace_nn::{Activation, Mlp, MlpConfig};
+use nalgebra::{DMatrix, DVector};
+
+pub mod images;
+pub mod moons;
+pub mod sine;
+pub mod timing;
+pub mod uci;
+
+/// Point-major targets (`t` per point) as the `n × t` matrix that `fspace_core::Data` takes.
+pub fn targets(y: &nalgebra::DVector<f64>, t: usize) -> DMatrix<f64> {
+    DMatrix::from_row_slice(y.len() / t, t, y.as_slice())
+}
+
+/// A tanh MLP `d → hidden → q` (the papers' toy networks).
+pub fn tanh_mlp(d: usize, hidden: &[usize], q: usize, seed: u64) -> Result<Mlp> {
+    Ok(Mlp::new(MlpConfig {
+        input_dim: d,
+        hidden: hidden.to_vec(),
+        output_dim: q,
+        activation: Activation::Tanh,
+        seed,
+    })?)
+}
+
+/// `n` equispaced points on `[lo, hi]` as an `n × 1` matrix.
+pub fn linspace(lo: f64, hi: f64, n: usize) -> DMatrix<f64> {
+    DMatrix::from_fn(n, 1, |i, _| lo + (hi - lo) * i as f64 / (n - 1) as f64)
+}
+
+/// A Laplace posterior of `structure` over `weights` around `net` with λ by marginal likelihood
+/// (from `lambda0`).
+pub fn laplace_with_marglik(
+    net: &Mlp,
+    likelihood: LikelihoodSpec,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    structure: Structure,
+    weights: Weights,
+    lambda0: f64,
+) -> Result<LaplacePosterior<Mlp>> {
+    let mut post = laplace_fit(
+        net.clone(),
+        likelihood,
+        &Data::new(x, &targets(y, 1))?,
+        &LaplaceConfig {
+            structure,
+            weights,
+            prior_precision: PriorPrecision::Scalar(lambda0),
+            ..LaplaceConfig::default()
+        },
+    )?
+    .posterior;
+    post.optimize_prior_precision(&MarglikConfig::default())?;
+    Ok(post)
+}
