@@ -1,0 +1,69 @@
+//! `--resume` after `kill -9`: a run killed between its units and resumed gives the same table
+//! as one that ran straight through (wall time aside).
+//!
+//! The binary itself is run: a quick `gfsvi-uci` on one yacht fold with one γ (≈ 30 s in
+//! release), killed with SIGKILL (`Child::kill`) as soon as its checkpoint holds two of the
+//! seven methods, then resumed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ARGS: [&str; 8] =
+    ["reproduce", "gfsvi-uci", "--quick", "--sets", "yacht", "--gamma", "1e-6", "--folds=1"];
+
+fn xtask(out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
+    cmd.args(ARGS).arg("--out").arg(out).args(extra).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd
+}
+
+/// Units in `checkpoint.json` (0 while it does not exist or is being replaced).
+fn units(checkpoint: &Path) -> usize {
+    std::fs::read_to_string(checkpoint)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["done"].as_object().map(|d| d.keys().filter(|k| !k.ends_with("/γ")).count()))
+        .unwrap_or(0)
+}
+
+/// The table without its wall-time sentence.
+fn table(out: &Path) -> String {
+    let text = std::fs::read_to_string(out.join("gfsvi-uci/table.md")).unwrap();
+    let start = text.find("Wall time").expect("the table states its wall time");
+    let end = start + text[start..].find('.').unwrap();
+    format!("{}{}", &text[..start], &text[end..])
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fspace-kill-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn a_run_killed_between_units_and_resumed_gives_the_uninterrupted_table() {
+    let (straight, killed) = (scratch("straight"), scratch("killed"));
+    assert!(xtask(&straight, &[]).status().unwrap().success());
+
+    let mut child = xtask(&killed, &[]).spawn().unwrap();
+    let checkpoint = killed.join("gfsvi-uci/checkpoint.json");
+    let started = Instant::now();
+    while units(&checkpoint) < 2 {
+        assert!(child.try_wait().unwrap().is_none(), "the run finished before it could be killed");
+        assert!(started.elapsed() < Duration::from_secs(600), "no unit finished in 10 minutes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let kept = units(&checkpoint);
+    assert!((2..7).contains(&kept), "killed with {kept} of 7 units done");
+    assert!(!killed.join("gfsvi-uci/table.md").exists(), "the killed run wrote its table");
+
+    assert!(xtask(&killed, &["--resume"]).status().unwrap().success());
+    let log = std::fs::read_to_string(killed.join("gfsvi-uci/log.txt")).unwrap();
+    assert!(log.contains("finished units kept from checkpoint.json"), "{log}");
+    assert_eq!(table(&killed), table(&straight));
+    let _ = std::fs::remove_dir_all(&straight);
+    let _ = std::fs::remove_dir_all(&killed);
+}
