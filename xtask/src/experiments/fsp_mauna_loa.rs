@@ -510,7 +510,7 @@ NOAA GML monthly CO₂, May 1974 – April 2024: {} training months (first 70 %;
 The authors' recipe: σ learned from 1 (standardised), Adam on minibatches of 100 (FSP-Laplace and Laplace lr 2e-4, FVI 7e-4), validation every 100 epochs, early stopping after {} epochs \
 without improvement, ≤ {} epochs; the variant row is the earlier fixed-σ, full-batch recipe ({} epochs, lr 1e-3). {seeds} split(s), mean ± std.\n\n{}\n\n\
 \"ELL (paper's)\" is the authors' per-point convention (module docs: network σ and var(f) in standardised units against ppm residuals; the GP in ppm); \
-\"ELL/pt (std)\" the consistent per-point value in standardised units. {}.\n\nFigure: `forecasts.png` (Fig. C.9).\n",
+\"ELL/pt (std)\" the consistent per-point value in standardised units. \"–\": the paper has no row for our variant. {}.\n\nFigure: `forecasts.png` (Fig. C.9).\n",
         if quick { " — quick mode" } else { "" },
         t.xtr.nrows(),
         t.xte.nrows(),

@@ -335,7 +335,7 @@ fn write_table(
     md.push_str(&format!(
         "Standardised units; ELL exact (closed form) instead of the paper's 10-sample estimate. The paper's energy, kin8nm, naval, \
 power, protein, wave and Denmark sets are in no package registry. OOD rows: sklearn's digits stand in for the song subset \
-(`ood_rows`). {}.\n",
+(`ood_rows`). \"–\": MAP is a point prediction with no epistemic variance, so it has no OOD detector (its ELL uses σ_y alone). {}.\n",
         ck.wall_time()
     ));
     run.write_table(&md)?;

@@ -514,6 +514,9 @@ fn write_tables(
     );
     md.push_str("OOD rows: the paper's song subset is in no registry; sklearn's digits (shipped) stand in — see `ood_rows` in the harness (the d highest-variance pixel columns, standardised by their own statistics, as many rows as the test fold). ");
     md.push_str(&gamma_footnote(ck, all, folds, gammas)?);
+    md.push_str(
+        "\"–\" in the rank rows: SVGP and the exact GP are not BNNs, and the paper ranks the BNNs only. ",
+    );
     md.push_str(&format!("{}.\n", ck.wall_time()));
     run.write_table(&md)?;
     run.write_metrics(&serde_json::Value::Object(metrics))

@@ -342,6 +342,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
 The paper shows figures only; its claims: (Fig. 7) VaLLA approaches LLA as M grows, faster than ELLA, VaLLA over-estimating and ELLA under-estimating the variance; (Fig. 6) learning σ₀² without early stopping shrinks the uncertainty in the gap, early stopping prevents it.\n\n\
 W2 is the mean pointwise 2-Wasserstein distance of the predictive of f to LLA's on 200 points over [−2, 2]; `std gap` the mean std on |x| < 0.5, `std data` on 0.5 ≤ |x| ≤ 1. \
 LLA: λ* = {} (σ₀² = {}) by the Laplace marginal likelihood, σ = {} from the MAP fit.\n\n{}\n\
+\"–\": LLA and ELLA are closed-form fits with no iterations.\n\n\
 Plots: `fig7_inducing.png` (VaLLA M = 5, 10, 20 with optimised Z as ticks; ELLA below), `fig6_early_stopping.png`.\n",
         opts.seed,
         if quick { " (--quick: 3 000 MAP steps, 2 000 VaLLA steps — a smoke run, not the paper's budget)" } else { "" },

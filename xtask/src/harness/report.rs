@@ -73,10 +73,16 @@ impl Run {
         Ok(())
     }
 
-    /// Writes `table.md`.
+    /// Writes `table.md`. A table with a missing value ("–" in a cell) must say why in a
+    /// footnote that starts `"–":`; one that does not gets a generic footnote (and the log says
+    /// so), so a dash never stands unexplained.
     pub fn write_table(&mut self, markdown: &str) -> Result<()> {
         let path = self.path("table.md");
-        write_atomically(&path, markdown)?;
+        let text = with_dash_footnote(markdown);
+        if text.len() != markdown.len() {
+            self.log("table.md has a \"–\" cell without a footnote saying why; added the generic one");
+        }
+        write_atomically(&path, &text)?;
         self.log(format!("wrote {}", path.display()));
         Ok(())
     }
@@ -239,6 +245,29 @@ fn write_atomically(path: &Path, text: &str) -> Result<()> {
     fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
+/// The footnote that explains the "–" cells of a table.
+pub const DASH_FOOTNOTE: &str = "\"–\":";
+
+/// Whether a markdown table row has a cell that is, or starts with, "–".
+fn has_dash_cell(line: &str) -> bool {
+    let t = line.trim();
+    t.starts_with('|')
+        && t.trim_matches('|').split('|').any(|c| c.trim() == "–" || c.trim().starts_with("– "))
+}
+
+/// `markdown`, with a generic footnote appended when a table cell is "–" and no `"–":` footnote
+/// says why.
+fn with_dash_footnote(markdown: &str) -> String {
+    if markdown.lines().any(has_dash_cell) && !markdown.contains(DASH_FOOTNOTE) {
+        format!(
+            "{}\n\n{DASH_FOOTNOTE} a value this run did not produce (not defined for that method, or not computed);              `metrics.json` and `log.txt` have the details.\n",
+            markdown.trim_end()
+        )
+    } else {
+        markdown.to_string()
+    }
+}
+
 /// A markdown table from a header and rows.
 pub fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut s = format!("| {} |\n|{}\n", header.join(" | "), "---|".repeat(header.len()));
@@ -327,6 +356,20 @@ mod tests {
         assert_eq!(pm_cell((f64::NAN, f64::NAN)), "–");
         assert_eq!(pm_cell((0.5, f64::NAN)), "0.5000");
         assert_eq!(fmt(0.25), "0.2500");
+    }
+
+    #[test]
+    fn a_dash_in_a_table_always_has_a_footnote() {
+        let table = markdown_table(&["m", "x"], &[vec!["MAP".into(), fmt(f64::NAN)]]);
+        let generic = with_dash_footnote(&table);
+        assert!(generic.contains("\"–\": a value this run did not produce"), "{generic}");
+        let own = format!("{table}\n\"–\": MAP has no variance.\n");
+        assert_eq!(with_dash_footnote(&own), own);
+        let none = markdown_table(&["m", "x"], &[vec!["MAP".into(), fmt(0.5)]]);
+        assert_eq!(with_dash_footnote(&none), none);
+        // A dash inside prose or a range ("C.1–C.4") is not a missing value.
+        let prose = "Fig. C.1–C.4\n\n| a | b |\n|---|---|\n| 1–2 | 3 |\n";
+        assert_eq!(with_dash_footnote(prose), prose);
     }
 
     #[test]
