@@ -2,6 +2,8 @@
 //! experiment names are checked against the registry by clap itself, and `reproduce --help`
 //! prints every experiment with the flags it accepts and its measured full-setting wall time.
 
+use std::path::Path;
+
 use anyhow::{bail, Result};
 use clap::builder::PossibleValuesParser;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -39,6 +41,19 @@ pub enum Task {
         /// Output root to index.
         #[arg(long, default_value = "results")]
         out: String,
+    },
+    /// Copy finished runs into docs/results/NAME/ (table, metrics, figures ≤ 300 KB, RUN.md with
+    /// commit, date and wall time): the reference results committed with the code.
+    Publish {
+        /// Experiments to publish.
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        /// Output root the runs were written to.
+        #[arg(long, default_value = "results", value_name = "DIR")]
+        from: String,
+        /// Where the reference results live.
+        #[arg(long, default_value = "docs/results", value_name = "DIR")]
+        to: String,
     },
 }
 
@@ -261,6 +276,16 @@ pub fn dispatch(experiments: &[Experiment], cli: Cli) -> Result<()> {
             Ok(())
         }
         Task::Reproduce(args) => reproduce(experiments, &args),
+        Task::Publish { names, from, to } => {
+            for name in names {
+                if !experiments.iter().any(|e| e.name == name) {
+                    bail!("unknown experiment {name:?}; `cargo xtask list` shows them");
+                }
+                let dst = super::publish::publish(Path::new(&from), Path::new(&to), &name)?;
+                println!("published {}", dst.display());
+            }
+            Ok(())
+        }
         Task::Report { out } => {
             report::write_index(&out, experiments.iter().map(|e| (e.name, e.paper)))?;
             println!("wrote {}/README.md", out);

@@ -1,8 +1,9 @@
 //! The harness every experiment runs in: the command line ([`cli`]), the registry's types
 //! ([`registry`]), an experiment's output folder, log and resumable checkpoint ([`report`]),
-//! and the figures ([`plot`]). Nothing here knows a particular experiment.
+//! the figures ([`plot`]), and the copy of a finished run into `docs/results/` ([`publish`]). Nothing here knows a particular experiment.
 
 pub mod cli;
 pub mod plot;
+pub mod publish;
 pub mod registry;
 pub mod report;

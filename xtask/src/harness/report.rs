@@ -9,6 +9,50 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// The log line that records where a sitting came from (`cargo xtask publish` reads it).
+pub const PROVENANCE: &str = "provenance:";
+
+/// `commit C[ + uncommitted changes], started YYYY-MM-DDTHH:MMZ, `cargo xtask ARGS``.
+fn provenance() -> String {
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = match git(&["rev-parse", "--short=10", "HEAD"]) {
+        Some(c) if git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty()) => {
+            format!("{c} + uncommitted changes")
+        }
+        Some(c) => c,
+        None => "unknown (no git checkout)".into(),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("commit {commit}, started {}, `cargo xtask {}`", utc_now(), args.join(" "))
+}
+
+/// The current UTC time as `YYYY-MM-DDTHH:MMZ` (civil date from days since 1970, Hinnant's
+/// algorithm).
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}Z", rem / 3_600, rem % 3_600 / 60)
+}
+
 /// One experiment's run: its folder and log.
 pub struct Run {
     dir: PathBuf,
@@ -34,7 +78,9 @@ impl Run {
             .truncate(!append)
             .open(dir.join("log.txt"))
             .with_context(|| format!("opening {}/log.txt", dir.display()))?;
-        Ok(Self { dir, log, started: Instant::now(), resumed: append })
+        let mut run = Self { dir, log, started: Instant::now(), resumed: append };
+        run.log(format!("{PROVENANCE} {}", provenance()));
+        Ok(run)
     }
 
     /// A line to the terminal and the log, stamped with the elapsed time.
@@ -349,6 +395,29 @@ found in this folder (ours beside the paper's numbers; `--quick` runs say so in 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_records_its_commit_and_start_in_the_log() {
+        let now = utc_now();
+        let out = std::env::temp_dir().join(format!("fspace-provenance-{}", std::process::id()));
+        let mut run = Run::new(out.to_str().unwrap(), "exp").unwrap();
+        run.log("x");
+        let log = fs::read_to_string(out.join("exp/log.txt")).unwrap();
+        let line = log.lines().next().unwrap();
+        assert!(
+            line.contains(PROVENANCE) && line.contains("commit ") && line.contains("cargo xtask"),
+            "{line}"
+        );
+        // The date agrees with the system's `date -u` where it exists.
+        if let Ok(o) = std::process::Command::new("date").args(["-u", "+%Y-%m-%dT%H"]).output() {
+            let hour = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            assert!(
+                hour.is_empty() || now.starts_with(&hour) || utc_now().starts_with(&hour),
+                "{now} vs {hour}"
+            );
+        }
+        fs::remove_dir_all(&out).unwrap();
+    }
 
     #[test]
     fn missing_values_print_as_a_dash_never_nan() {

@@ -1,0 +1,150 @@
+//! `cargo xtask publish NAME… [--from DIR]`: copies a finished run into `docs/results/NAME/`,
+//! the reference results committed with the code, so a reader sees the tables and figures
+//! without running anything.
+//!
+//! Copied: `table.md`, `metrics.json`, every PNG (re-encoded at the best PNG compression, and
+//! halved in size until it is at most [`MAX_PNG_BYTES`]); written: `RUN.md` with the run's
+//! provenance lines from `log.txt` (commit, start date, command; one per sitting) and its wall
+//! time. A run without a table is refused, and nothing else in the folder survives a publish.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use image::codecs::png::{CompressionType, FilterType, PngEncoder};
+use image::imageops::FilterType as Resize;
+use image::{ImageEncoder, RgbImage};
+
+use super::report::PROVENANCE;
+
+/// The largest PNG kept in `docs/results/` (the issue's limit).
+pub const MAX_PNG_BYTES: usize = 300 * 1024;
+
+/// The PNG `img` at the best compression.
+fn encode(img: &RgbImage) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    PngEncoder::new_with_quality(&mut bytes, CompressionType::Best, FilterType::Adaptive).write_image(
+        img.as_raw(),
+        img.width(),
+        img.height(),
+        image::ColorType::Rgb8,
+    )?;
+    Ok(bytes)
+}
+
+/// `path` re-encoded, halved until it fits [`MAX_PNG_BYTES`]; returns the bytes and the scale.
+fn small_png(path: &Path) -> Result<(Vec<u8>, u32)> {
+    let mut img = image::open(path).with_context(|| format!("reading {}", path.display()))?.to_rgb8();
+    let mut scale = 1;
+    loop {
+        let bytes = encode(&img)?;
+        if bytes.len() <= MAX_PNG_BYTES || img.width() < 200 {
+            return Ok((bytes, scale));
+        }
+        img = image::imageops::resize(&img, img.width() / 2, img.height() / 2, Resize::Triangle);
+        scale *= 2;
+    }
+}
+
+/// The wall-time sentence of a table ("Wall time: N s …"), if it states one.
+fn wall_time(table: &str) -> Option<String> {
+    let start = table.find("Wall time")?;
+    let rest = &table[start..];
+    let end = rest.find(['.', '\n']).unwrap_or(rest.len());
+    Some(rest[..end].trim().to_string())
+}
+
+/// Publishes `from/name` into `to/name`.
+pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
+    let src = from.join(name);
+    let table = fs::read_to_string(src.join("table.md")).with_context(|| {
+        format!("{} has no table.md: run `cargo xtask reproduce {name}` first", src.display())
+    })?;
+    let log = fs::read_to_string(src.join("log.txt")).unwrap_or_default();
+    let sittings: Vec<&str> =
+        log.lines().filter_map(|l| l.split_once(PROVENANCE).map(|(_, rest)| rest.trim())).collect();
+    if sittings.is_empty() {
+        bail!("{}/log.txt names no commit (a run from before runs recorded their provenance)", src.display());
+    }
+    let dst = to.join(name);
+    if dst.exists() {
+        fs::remove_dir_all(&dst).with_context(|| format!("clearing {}", dst.display()))?;
+    }
+    fs::create_dir_all(&dst)?;
+    fs::write(dst.join("table.md"), &table)?;
+    if src.join("metrics.json").exists() {
+        fs::copy(src.join("metrics.json"), dst.join("metrics.json"))?;
+    }
+    let mut figures = Vec::new();
+    let mut pngs: Vec<PathBuf> = fs::read_dir(&src)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "png"))
+        .collect();
+    pngs.sort();
+    for png in pngs {
+        let file = png.file_name().expect("a file").to_string_lossy().into_owned();
+        let (bytes, scale) = small_png(&png)?;
+        fs::write(dst.join(&file), &bytes)?;
+        figures.push(if scale == 1 {
+            format!("`{file}` ({} KB)", bytes.len() / 1024)
+        } else {
+            format!(
+                "`{file}` ({} KB, drawn at {scale}× this size and scaled down to fit {} KB)",
+                bytes.len() / 1024,
+                MAX_PNG_BYTES / 1024
+            )
+        });
+    }
+    let run_md = format!(
+        "# {name}: the committed reference run\n\n\
+         Written by `cargo xtask publish {name}` from `{}`.\n\n\
+         - Sittings (commit, start, command):\n{}\n\
+         - {}\n\
+         - Files: `table.md`, `metrics.json`{}{}\n",
+        src.display(),
+        sittings.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n"),
+        wall_time(&table)
+            .unwrap_or_else(|| "Wall time: not stated in the table; see the log's last stamp".into()),
+        if figures.is_empty() { "" } else { ", " },
+        figures.join(", "),
+    );
+    fs::write(dst.join("RUN.md"), run_md)?;
+    Ok(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_run_keeps_its_table_provenance_and_small_figures() {
+        let root = std::env::temp_dir().join(format!("fspace-publish-{}", std::process::id()));
+        let (from, to) = (root.join("results"), root.join("docs"));
+        let src = from.join("exp");
+        fs::create_dir_all(&src).unwrap();
+        fs::write(src.join("table.md"), "# exp\n\n| a |\n|---|\n| 1 |\n\nWall time: 12 s.\n").unwrap();
+        fs::write(
+            src.join("log.txt"),
+            format!("[    0.0s] {PROVENANCE} abc123, 2026-11-25T21:00Z, `reproduce exp`\n"),
+        )
+        .unwrap();
+        // Noise compresses badly: 1 200 × 900 random pixels are ≈ 3 MB even at the best level.
+        let mut state = 7u64;
+        let img = RgbImage::from_fn(1200, 900, |_, _| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            image::Rgb([(state >> 56) as u8, (state >> 48) as u8, (state >> 40) as u8])
+        });
+        img.save(src.join("noise.png")).unwrap();
+        let dst = publish(&from, &to, "exp").unwrap();
+        assert!(fs::metadata(dst.join("noise.png")).unwrap().len() as usize <= MAX_PNG_BYTES);
+        let run = fs::read_to_string(dst.join("RUN.md")).unwrap();
+        assert!(run.contains("abc123, 2026-11-25T21:00Z") && run.contains("Wall time: 12 s"), "{run}");
+        assert!(run.contains("scaled down"), "{run}");
+        // A run without a table, or without provenance, is refused.
+        fs::create_dir_all(from.join("empty")).unwrap();
+        assert!(publish(&from, &to, "empty").unwrap_err().to_string().contains("no table.md"));
+        fs::write(src.join("log.txt"), "no provenance\n").unwrap();
+        assert!(publish(&from, &to, "exp").unwrap_err().to_string().contains("names no commit"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+}
