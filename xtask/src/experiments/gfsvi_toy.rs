@@ -15,28 +15,24 @@
 //! over 100 grid points on [−2, 2] of the per-point W2 between 1 000 samples of the method and
 //! 1 000 samples of the exact GP posterior of the same prior.
 
-use fspace_kernels::GpPrior;
 use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
-use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
-use fspace_gp::{ExactGp, Noise};
-use fspace_kernels::{Kernel, Matern12, Matern32, Matern52, PriorMean, Rbf};
+use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, KlPrior, MfviConfig};
+use fspace_kernels::{Matern12, Matern32, Matern52, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision};
 use fspace_nn::{train_map, Mlp, TrainConfig};
 use nalgebra::DMatrix;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use serde_json::json;
 
 use crate::harness::plot::{regression_panels, Panel1d};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, Run};
-use crate::protocols::sine::fit_sine_prior;
-use crate::protocols::{linspace, tanh_mlp};
+use crate::protocols::sine::{gfsvi_config, gp_case, optim, w2_panel, GpCase, TOY_LIKELIHOOD};
+use crate::protocols::tanh_mlp;
 
 /// Steps and measurement points of one run mode.
 struct Budget {
@@ -46,8 +42,6 @@ struct Budget {
     learning_rate: f64,
 }
 
-/// σ_y learned from 0.5 by every VI method of the toy.
-const TOY_LIKELIHOOD: LikelihoodSpec = LikelihoodSpec::Gaussian { sigma: 0.5, learn: true };
 const FULL: Budget = Budget { steps: 5000, m: 500, m_sweep: [10, 100, 500], learning_rate: 3e-3 };
 const QUICK: Budget = Budget { steps: 1500, m: 100, m_sweep: [10, 50, 100], learning_rate: 1e-2 };
 
@@ -72,82 +66,8 @@ pub fn run_quick(opts: &Options) -> Result<()> {
     run_named(opts, true, "gfsvi-toy-quick")
 }
 
-/// A fitted posterior's panel and its W2 to the exact GP's samples on the grid.
-fn evaluate(
-    post: &dyn Posterior,
-    gp_samples: &[DMatrix<f64>],
-    title: String,
-    data: &[(f64, f64)],
-    seed: u64,
-) -> Result<(Panel1d, f64)> {
-    let xt = linspace(-2.0, 2.0, 100);
-    let mut rng = StdRng::seed_from_u64(seed);
-    let samples = post.sample_functions(&xt, gp_samples.len(), &mut rng)?;
-    let w2 = (0..xt.nrows())
-        .map(|i| {
-            let a: Vec<f64> = samples.iter().map(|f| f[(i, 0)]).collect();
-            let b: Vec<f64> = gp_samples.iter().map(|f| f[(i, 0)]).collect();
-            fspace_metrics::w2_empirical_1d(&a, &b)
-        })
-        .sum::<Result<f64, _>>()?
-        / xt.nrows() as f64;
-    let pred = post.predict(&xt)?;
-    let panel = Panel1d {
-        title,
-        data: data.to_vec(),
-        x: xt.iter().cloned().collect(),
-        mean: pred.mean.iter().cloned().collect(),
-        std: pred.var.iter().map(|v| v.max(0.0).sqrt()).collect(),
-        samples: samples.iter().take(8).map(|f| f.iter().cloned().collect()).collect(),
-        context: Vec::new(),
-    };
-    Ok((panel, w2))
-}
-
 /// Builds one prior's case (data, fitted kernel, exact GP and its samples).
-type CaseFn = Box<dyn Fn() -> Result<Case>>;
-
-struct Case {
-    data: fspace_data::Dataset,
-    points: Vec<(f64, f64)>,
-    prior: GpPrior,
-    gp: ExactGp<Box<dyn Kernel>>,
-    gp_samples: Vec<DMatrix<f64>>,
-}
-
-fn case<K: Kernel + Clone + 'static>(kernel: K, noise: f64, seed: u64) -> Result<Case> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let data = fspace_data::sine(100, noise, &mut rng)?;
-    let (k, noise_var) = fit_sine_prior(&kernel, &data, seed)?;
-    let boxed: Box<dyn Kernel> = Box::new(k.clone());
-    let gp = ExactGp::fit(boxed, PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;
-    let xt = linspace(-2.0, 2.0, 100);
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37);
-    let gp_samples = gp.sample_functions(&xt, 1000, &mut rng)?;
-    let points = (0..data.len()).map(|i| (data.x[(i, 0)], data.y[(i, 0)])).collect();
-    Ok(Case { data, points, prior: GpPrior::centered(k), gp, gp_samples })
-}
-
-fn gfsvi_config(b: &Budget, m: usize, seed: u64) -> Result<GfsviConfig> {
-    Ok(GfsviConfig {
-        measurement_points: m,
-        gamma: 1e-10,
-        measurement_box: Some(fspace_context::BoundingBox::cube(1, -2.0, 2.0)?),
-        optim: optim(b, seed),
-        ..Default::default()
-    })
-}
-
-fn optim(b: &Budget, seed: u64) -> OptimConfig {
-    OptimConfig {
-        learning_rate: b.learning_rate,
-        batch_size: 100,
-        max_steps: b.steps,
-        eval_every: 500,
-        patience: 0,
-        seed,
-    }
-}
+type CaseFn = Box<dyn Fn() -> Result<GpCase>>;
 
 fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let mut run = Run::new(&opts.out, name)?;
@@ -167,10 +87,10 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     // (a) GFSVI under four priors, beside each exact GP.
     let mut prior_panels = Vec::new();
     let kernels: [(&'static str, CaseFn); 4] = [
-        ("Matérn-1/2", Box::new(move || case(Matern12::new(1.0, 0.3)?, 0.1, seed))),
-        ("Matérn-3/2", Box::new(move || case(Matern32::new(1.0, 0.3)?, 0.1, seed))),
-        ("Matérn-5/2", Box::new(move || case(Matern52::new(1.0, 0.3)?, 0.1, seed))),
-        ("RBF", Box::new(move || case(Rbf::new(1.0, 0.3)?, 0.1, seed))),
+        ("Matérn-1/2", Box::new(move || gp_case(Matern12::new(1.0, 0.3)?, 0.1, seed))),
+        ("Matérn-3/2", Box::new(move || gp_case(Matern32::new(1.0, 0.3)?, 0.1, seed))),
+        ("Matérn-5/2", Box::new(move || gp_case(Matern52::new(1.0, 0.3)?, 0.1, seed))),
+        ("RBF", Box::new(move || gp_case(Rbf::new(1.0, 0.3)?, 0.1, seed))),
     ];
     let mut rbf_case = None;
     let mut m12_case = None;
@@ -184,12 +104,12 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             TOY_LIKELIHOOD,
             &KlPrior::Gp(c.prior.clone()),
             &Data::new(&c.data.x, &c.data.y)?,
-            &gfsvi_config(b, b.m, seed)?,
+            &gfsvi_config(b.steps, b.learning_rate, b.m, seed)?,
         )?;
         let secs = t.elapsed().as_secs_f64();
-        let (panel, w2) = evaluate(&f.posterior, &c.gp_samples, format!("GFSVI, {label}"), &c.points, seed)?;
+        let (panel, w2) = w2_panel(&f.posterior, &c.gp_samples, format!("GFSVI, {label}"), &c.points, seed)?;
         let (gp_panel, _) =
-            evaluate(&c.gp, &c.gp_samples, format!("exact GP, {label}"), &c.points, seed + 1)?;
+            w2_panel(&c.gp, &c.gp_samples, format!("exact GP, {label}"), &c.points, seed + 1)?;
         run.log(format!(
             "(a) GFSVI {label}: W2 to GP {w2:.4}, σ_y {:.3}, {} steps in {secs:.1}s",
             f.posterior.noise_std(),
@@ -240,7 +160,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     }
     let mut add =
         |run: &mut Run, method: &str, post: &dyn Posterior, steps: usize, secs: f64| -> Result<()> {
-            let (panel, w2) = evaluate(post, &rbf.gp_samples, format!("{method}, RBF"), &rbf.points, seed)?;
+            let (panel, w2) = w2_panel(post, &rbf.gp_samples, format!("{method}, RBF"), &rbf.points, seed)?;
             run.log(format!("(b) {method}: W2 to GP {w2:.4}, {steps} steps in {secs:.1}s"));
             method_panels.push(panel);
             rows.push(Row {
@@ -258,7 +178,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     let t = Instant::now();
     let fcfg = FviConfig {
         measurement_box: Some(fspace_context::BoundingBox::cube(1, -2.0, 2.0)?),
-        optim: optim(b, seed),
+        optim: optim(b.steps, b.learning_rate, seed),
         ..Default::default()
     };
     let fv = fit_fvi(net.clone(), TOY_LIKELIHOOD, &rbf.prior, &Data::new(x, y)?, &fcfg)?;
@@ -269,7 +189,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         TOY_LIKELIHOOD,
         &KlPrior::WeightPushforward { sigma_p: 0.2 },
         &Data::new(x, y)?,
-        &gfsvi_config(b, b.m, seed)?,
+        &gfsvi_config(b.steps, b.learning_rate, b.m, seed)?,
     )?;
     add(&mut run, "TFSVI (σ_p = 0.2)", &tf.posterior, tf.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
@@ -277,7 +197,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         net.clone(),
         TOY_LIKELIHOOD,
         &Data::new(x, y)?,
-        &MfviConfig { optim: optim(b, seed), ..Default::default() },
+        &MfviConfig { optim: optim(b.steps, b.learning_rate, seed), ..Default::default() },
     )?;
     add(&mut run, "MFVI (σ_p = 0.75)", &mf.posterior, mf.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
@@ -312,11 +232,11 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 TOY_LIKELIHOOD,
                 &KlPrior::Gp(c.prior.clone()),
                 &Data::new(&c.data.x, &c.data.y)?,
-                &gfsvi_config(b, m, seed)?,
+                &gfsvi_config(b.steps, b.learning_rate, m, seed)?,
             )?;
             let secs = t.elapsed().as_secs_f64();
             let (panel, w2) =
-                evaluate(&f.posterior, &c.gp_samples, format!("GFSVI, {label}, M = {m}"), &c.points, seed)?;
+                w2_panel(&f.posterior, &c.gp_samples, format!("GFSVI, {label}, M = {m}"), &c.points, seed)?;
             run.log(format!("(c) GFSVI {label} M = {m}: W2 to GP {w2:.4}, {secs:.1}s"));
             m_panels.push(panel);
             rows.push(Row {
@@ -334,20 +254,20 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     regression_panels(&run.path("measurement_points.png"), &m_panels, 3, (-3.0, 3.0), ("x", "y"))?;
 
     // Fig. 7: σ_n = 1.
-    let noisy = case(Rbf::new(1.0, 0.3)?, 1.0, seed)?;
+    let noisy = gp_case(Rbf::new(1.0, 0.3)?, 1.0, seed)?;
     let t = Instant::now();
     let f = fit(
         net.clone(),
         TOY_LIKELIHOOD,
         &KlPrior::Gp(noisy.prior.clone()),
         &Data::new(&noisy.data.x, &noisy.data.y)?,
-        &gfsvi_config(b, b.m, seed)?,
+        &gfsvi_config(b.steps, b.learning_rate, b.m, seed)?,
     )?;
     let secs = t.elapsed().as_secs_f64();
     let (panel, w2) =
-        evaluate(&f.posterior, &noisy.gp_samples, "GFSVI, RBF, σ_n = 1".into(), &noisy.points, seed)?;
+        w2_panel(&f.posterior, &noisy.gp_samples, "GFSVI, RBF, σ_n = 1".into(), &noisy.points, seed)?;
     let (gp_panel, _) =
-        evaluate(&noisy.gp, &noisy.gp_samples, "exact GP, RBF, σ_n = 1".into(), &noisy.points, seed + 1)?;
+        w2_panel(&noisy.gp, &noisy.gp_samples, "exact GP, RBF, σ_n = 1".into(), &noisy.points, seed + 1)?;
     run.log(format!("σ_n = 1: GFSVI W2 to GP {w2:.4}, σ_y {:.3}", f.posterior.noise_std()));
     rows.push(Row {
         panel: "σ_n = 1",

@@ -13,6 +13,7 @@ mod fsp_null_space;
 mod fsp_ocean;
 mod fsp_toy;
 mod fsp_uci;
+mod gfsvi_figures;
 mod gfsvi_toy;
 mod gfsvi_uci;
 mod gfsvi_w2;
@@ -232,6 +233,33 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(2.2),
         budget_of: Some("gfsvi-toy"),
         run: gfsvi_toy::run_quick,
+    },
+    Experiment {
+        name: "gfsvi-activations",
+        paper: "GFSVI Fig. 3 (ReLU 2×30 / 2×100 and tanh 2×30 networks under RBF and Matérn-1/2 priors vs the exact GP)",
+        in_default_suite: false,
+        flags: &[],
+        full_minutes: None,
+        budget_of: None,
+        run: gfsvi_figures::run_activations,
+    },
+    Experiment {
+        name: "gfsvi-lengthscale",
+        paper: "GFSVI Fig. 6 (RBF priors with lengthscale 0.1, 0.3, 1: GFSVI against the exact GP, sample roughness)",
+        in_default_suite: false,
+        flags: &[],
+        full_minutes: None,
+        budget_of: None,
+        run: gfsvi_figures::run_lengthscale,
+    },
+    Experiment {
+        name: "gfsvi-gamma",
+        paper: "GFSVI Figs. 10, 12 (fits with γ from 1e-10 to 1; D_KL^γ of a fit over γ and M, RBF and Matérn-1/2)",
+        in_default_suite: false,
+        flags: &[],
+        full_minutes: None,
+        budget_of: None,
+        run: gfsvi_figures::run_gamma,
     },
     Experiment {
         name: "gfsvi-uci",

@@ -1,11 +1,22 @@
 //! The sine toy (FSP-Laplace App. B.1, GFSVI App. A.1): the prior fitted by the exact GP's
 //! marginal likelihood, the FSP-Laplace set-up on [−2, 2], and a posterior's checks against the
-//! exact GP on a grid.
+//! exact GP on a grid; GFSVI's toy cases (a prior's exact GP and its samples, the W2 of a
+//! posterior to them, the GFSVI configuration).
 
 use anyhow::Result;
+use fspace_core::{LikelihoodSpec, Posterior};
+use fspace_gfsvi::{GfsviConfig, OptimConfig};
+use fspace_gp::{ExactGp, Noise};
+use fspace_kernels::{GpPrior, Kernel, PriorMean};
 use nalgebra::DMatrix;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use super::linspace;
+use crate::harness::plot::Panel1d;
+
+/// σ_y learned from 0.5 by every VI method of the GFSVI toy.
+pub const TOY_LIKELIHOOD: LikelihoodSpec = LikelihoodSpec::Gaussian { sigma: 0.5, learn: true };
 
 /// The sine-toy prior protocol (App. B.1): kernel hyperparameters and noise variance by the
 /// exact GP's marginal likelihood (centred prior, initial noise variance 0.05).
@@ -122,4 +133,92 @@ pub fn eval_sine(
         gp_mean,
         gp_std,
     })
+}
+
+/// A fitted posterior's panel and its W2 to the exact GP's samples on the grid.
+pub fn w2_panel(
+    post: &dyn Posterior,
+    gp_samples: &[DMatrix<f64>],
+    title: String,
+    data: &[(f64, f64)],
+    seed: u64,
+) -> Result<(Panel1d, f64)> {
+    let xt = linspace(-2.0, 2.0, 100);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let samples = post.sample_functions(&xt, gp_samples.len(), &mut rng)?;
+    let w2 = (0..xt.nrows())
+        .map(|i| {
+            let a: Vec<f64> = samples.iter().map(|f| f[(i, 0)]).collect();
+            let b: Vec<f64> = gp_samples.iter().map(|f| f[(i, 0)]).collect();
+            fspace_metrics::w2_empirical_1d(&a, &b)
+        })
+        .sum::<Result<f64, _>>()?
+        / xt.nrows() as f64;
+    let pred = post.predict(&xt)?;
+    let panel = Panel1d {
+        title,
+        data: data.to_vec(),
+        x: xt.iter().cloned().collect(),
+        mean: pred.mean.iter().cloned().collect(),
+        std: pred.var.iter().map(|v| v.max(0.0).sqrt()).collect(),
+        samples: samples.iter().take(8).map(|f| f.iter().cloned().collect()).collect(),
+        context: Vec::new(),
+    };
+    Ok((panel, w2))
+}
+
+/// One prior's sine case: data, the prior with its kernel fitted by marginal likelihood, the
+/// exact GP and 1 000 of its posterior samples on 100 points over [−2, 2].
+pub struct GpCase {
+    /// The training data.
+    pub data: fspace_data::Dataset,
+    /// `(x, y)` of the data, for the panels.
+    pub points: Vec<(f64, f64)>,
+    /// The prior with the fitted kernel.
+    pub prior: GpPrior,
+    /// The exact GP posterior.
+    pub gp: ExactGp<Box<dyn Kernel>>,
+    /// Its samples on the grid.
+    pub gp_samples: Vec<DMatrix<f64>>,
+}
+
+/// The case of `kernel`'s family on 100 sine points with noise std `noise` (hyperparameters
+/// and noise variance by [`fit_sine_prior`]).
+pub fn gp_case<K: Kernel + Clone + 'static>(kernel: K, noise: f64, seed: u64) -> Result<GpCase> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let data = fspace_data::sine(100, noise, &mut rng)?;
+    let (k, noise_var) = fit_sine_prior(&kernel, &data, seed)?;
+    case_with(k, noise_var, data, seed)
+}
+
+/// The case of a given `kernel` and noise variance on `data` (nothing fitted).
+pub fn case_with<K: Kernel + Clone + 'static>(
+    k: K,
+    noise_var: f64,
+    data: fspace_data::Dataset,
+    seed: u64,
+) -> Result<GpCase> {
+    let boxed: Box<dyn Kernel> = Box::new(k.clone());
+    let gp = ExactGp::fit(boxed, PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;
+    let xt = linspace(-2.0, 2.0, 100);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37);
+    let gp_samples = gp.sample_functions(&xt, 1000, &mut rng)?;
+    let points = (0..data.len()).map(|i| (data.x[(i, 0)], data.y[(i, 0)])).collect();
+    Ok(GpCase { data, points, prior: GpPrior::centered(k), gp, gp_samples })
+}
+
+/// GFSVI on the toy: `m` measurement points uniform on [−2, 2], γ = 1e-10, full batch.
+pub fn gfsvi_config(steps: usize, learning_rate: f64, m: usize, seed: u64) -> Result<GfsviConfig> {
+    Ok(GfsviConfig {
+        measurement_points: m,
+        gamma: 1e-10,
+        measurement_box: Some(fspace_context::BoundingBox::cube(1, -2.0, 2.0)?),
+        optim: optim(steps, learning_rate, seed),
+        ..Default::default()
+    })
+}
+
+/// Full-batch Adam for `steps` (validation every 500 steps, no early stopping).
+pub fn optim(steps: usize, learning_rate: f64, seed: u64) -> OptimConfig {
+    OptimConfig { learning_rate, batch_size: 100, max_steps: steps, eval_every: 500, patience: 0, seed }
 }
