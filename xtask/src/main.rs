@@ -271,6 +271,16 @@ mod tests {
         }
         assert!((get("LLA* (last layer)", "NLL") - get("LLA* KFAC", "NLL")).abs() < 1e-8);
         assert!(std::fs::read_to_string(dir.join("table.md")).unwrap().contains("Not the paper's data"));
+        // The calibration curves behind CQM: 11 levels, coverage non-decreasing from 0 to 1.
+        assert!(dir.join("calibration.png").exists());
+        for row in metrics["per_seed"].as_array().unwrap() {
+            let curve: Vec<(f64, f64)> = serde_json::from_value(row["cqm_curve"].clone()).unwrap();
+            assert_eq!(curve.len(), 11);
+            assert!(
+                curve.windows(2).all(|w| w[1].1 >= w[0].1) && curve[0].1 == 0.0 && curve[10].1 == 1.0,
+                "{curve:?}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&out);
     }
 

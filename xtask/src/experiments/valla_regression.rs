@@ -36,6 +36,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
 
+use crate::harness::plot::{line_panels, LinePanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, Run};
 use crate::protocols::laplace_with_marglik as laplace;
@@ -74,17 +75,15 @@ fn split(data: &Dataset, seed: u64) -> Result<Split> {
 }
 
 /// NLL, CRPS and CQM of the Gaussian predictive `(mean, var)` (standardised units, `var`
-/// including the noise) in the original target units.
-fn regression_metrics(mean: &[f64], var: &[f64], s: &Split) -> Result<[f64; 3]> {
+/// including the noise) in the original target units, and the calibration curve behind CQM
+/// (`(nominal level α, fraction of test targets inside the central α-interval)`, α = 0, 0.1, …, 1).
+fn regression_metrics(mean: &[f64], var: &[f64], s: &Split) -> Result<([f64; 3], Vec<(f64, f64)>)> {
     let y: Vec<f64> = s.y[2].iter().map(|v| s.y_mean + s.y_sd * v).collect();
     let m: Vec<f64> = mean.iter().map(|v| s.y_mean + s.y_sd * v).collect();
     let v: Vec<f64> = var.iter().map(|v| v * s.y_sd * s.y_sd).collect();
     let sd: Vec<f64> = v.iter().map(|v| v.sqrt()).collect();
-    Ok([
-        fspace_metrics::gaussian_nll(&m, &v, &y)?,
-        fspace_metrics::crps_gaussian(&m, &sd, &y)?,
-        fspace_metrics::cqm(&m, &sd, &y)?.0,
-    ])
+    let (cqm, curve) = fspace_metrics::cqm(&m, &sd, &y)?;
+    Ok(([fspace_metrics::gaussian_nll(&m, &v, &y)?, fspace_metrics::crps_gaussian(&m, &sd, &y)?, cqm], curve))
 }
 
 /// `(mean, var)` of `p(y | x)` for the test rows, per method, and its fit time / extras.
@@ -164,6 +163,7 @@ pub fn run(opts: &Options) -> Result<()> {
         vec![("boston", boston()?), ("concrete", concrete()?), ("wine-red", wine_quality_red()?)]
     };
     let mut rows: Vec<(String, u64, String, [f64; 3], f64, Value)> = Vec::new();
+    let mut curves: Vec<(String, String, Vec<(f64, f64)>)> = Vec::new();
     for (set_name, data) in &sets {
         for k in 0..seeds as u64 {
             let seed = opts.seed + k;
@@ -195,7 +195,8 @@ pub fn run(opts: &Options) -> Result<()> {
                 let (mean, var, extra) =
                     fit_and_predict(method, &net, sigma, lambda, &s, valla_iterations, seed)?;
                 let secs = if method == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
-                let m = regression_metrics(&mean, &var, &s)?;
+                let (m, curve) = regression_metrics(&mean, &var, &s)?;
+                curves.push((set_name.to_string(), method.to_string(), curve));
                 run.log(format!(
                     "  {method:<18} {secs:7.1} s  NLL {:.3}  CRPS {:.3}  CQM {:.3}  {extra}",
                     m[0], m[1], m[2]
@@ -237,12 +238,34 @@ pub fn run(opts: &Options) -> Result<()> {
          80/10/10 split; metrics in the original target units (lower is better).\n\n{}",
         markdown_table(&header, &table)
     );
-    run.write_table(&md)?;
+    run.write_table(&(md + "\nFigure: `calibration.png` — the calibration curves behind CQM (fraction of test targets inside the central α-interval against α, mean over seeds; the diagonal is perfect calibration).\n"))?;
+    // The calibration curves, averaged over seeds: one panel per set, one line per method.
+    let mut panels = Vec::new();
+    for (set_name, _) in &sets {
+        let mut series =
+            vec![("ideal".to_string(), (0..=10).map(|k| (k as f64 / 10.0, k as f64 / 10.0)).collect())];
+        for method in METHODS {
+            let mine: Vec<&Vec<(f64, f64)>> =
+                curves.iter().filter(|c| c.0 == *set_name && c.1 == method).map(|c| &c.2).collect();
+            let mean: Vec<(f64, f64)> = (0..mine[0].len())
+                .map(|k| (mine[0][k].0, mine.iter().map(|c| c[k].1).sum::<f64>() / mine.len() as f64))
+                .collect();
+            series.push((method.to_string(), mean));
+        }
+        panels.push(LinePanel {
+            title: format!("{set_name}: calibration (CQM)"),
+            labels: ("nominal level α".into(), "fraction inside the α-interval".into()),
+            series,
+            log_x: false,
+        });
+    }
+    line_panels(&run.path("calibration.png"), &panels, panels.len().min(3))?;
     let per_seed: Vec<Value> = rows
         .iter()
-        .map(|r| {
+        .zip(&curves)
+        .map(|(r, c)| {
             json!({ "dataset": r.0, "seed": r.1, "method": r.2, "nll": r.3[0], "crps": r.3[1],
-                    "cqm": r.3[2], "fit_seconds": r.4, "extra": r.5 })
+                    "cqm": r.3[2], "cqm_curve": c.2, "fit_seconds": r.4, "extra": r.5 })
         })
         .collect();
     run.write_metrics(
