@@ -154,6 +154,15 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: fsp_images::run_halton_sweep,
     },
     Experiment {
+        name: "fsp-rotated",
+        paper: "FSP-Laplace Fig. C.11: predictive entropy of rotated MNIST / Fashion-MNIST test images (FSP-Laplace, MAP, Laplace KFAC, sparse GP)",
+        in_default_suite: false,
+        flags: &[],
+        full_minutes: None,
+        budget_of: None,
+        run: fsp_images::run_rotated,
+    },
+    Experiment {
         name: "nn-epoch-timer",
         paper: "issue 15: one MNIST epoch and per-batch f / J·u / Jᵀ·V of MLP, LeNet-5, FSP CNN beside PyTorch 2 CPU",
         in_default_suite: false,

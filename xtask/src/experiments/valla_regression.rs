@@ -74,10 +74,13 @@ fn split(data: &Dataset, seed: u64) -> Result<Split> {
     })
 }
 
+/// A calibration curve: `(nominal level α, observed coverage)`.
+type Curve = Vec<(f64, f64)>;
+
 /// NLL, CRPS and CQM of the Gaussian predictive `(mean, var)` (standardised units, `var`
 /// including the noise) in the original target units, and the calibration curve behind CQM
 /// (`(nominal level α, fraction of test targets inside the central α-interval)`, α = 0, 0.1, …, 1).
-fn regression_metrics(mean: &[f64], var: &[f64], s: &Split) -> Result<([f64; 3], Vec<(f64, f64)>)> {
+fn regression_metrics(mean: &[f64], var: &[f64], s: &Split) -> Result<([f64; 3], Curve)> {
     let y: Vec<f64> = s.y[2].iter().map(|v| s.y_mean + s.y_sd * v).collect();
     let m: Vec<f64> = mean.iter().map(|v| s.y_mean + s.y_sd * v).collect();
     let v: Vec<f64> = var.iter().map(|v| v * s.y_sd * s.y_sd).collect();
@@ -163,7 +166,7 @@ pub fn run(opts: &Options) -> Result<()> {
         vec![("boston", boston()?), ("concrete", concrete()?), ("wine-red", wine_quality_red()?)]
     };
     let mut rows: Vec<(String, u64, String, [f64; 3], f64, Value)> = Vec::new();
-    let mut curves: Vec<(String, String, Vec<(f64, f64)>)> = Vec::new();
+    let mut curves: Vec<(String, String, Curve)> = Vec::new();
     for (set_name, data) in &sets {
         for k in 0..seeds as u64 {
             let seed = opts.seed + k;

@@ -154,6 +154,8 @@ pub(super) struct SeedData {
     pub(super) val: Images,
     pub(super) test: Images,
     pub(super) ood: Images,
+    /// The standardised value of a black pixel (the background of rotated images).
+    pub(super) black: f64,
 }
 
 pub(super) fn seed_data(set: ImageSet, ood_set: ImageSet, budget: &Budget, seed: u64) -> Result<SeedData> {
@@ -168,6 +170,7 @@ pub(super) fn seed_data(set: ImageSet, ood_set: ImageSet, budget: &Budget, seed:
         val: keep(val, budget.n_val, seed + 1),
         test: keep(test, budget.n_test, seed + 2),
         ood: keep(ood, budget.n_test, seed + 3),
+        black: -stats.0 / stats.1,
     })
 }
 
@@ -259,4 +262,44 @@ pub(super) fn fsp_posterior(
     };
     let post = fsp_laplace(net, lik, prior, &ggn.x, &ggn.y, &context, &cfg)?;
     Ok((post, t1.elapsed().as_secs_f64()))
+}
+
+/// A KFAC Laplace fit, the marginal likelihood's λ and the validation NLL of each λ tried.
+pub(super) type KfacFit = (fspace_laplace::LaplacePosterior<Cnn>, f64, Vec<(f64, f64)>);
+
+/// Laplace (KFAC) around the MAP `map`: the GGN on a seeded subset of `kfac_points` training
+/// images at temperature `N/m`, λ by the marginal likelihood, then the best of ×1 … ×10⁴ by the
+/// (probit) NLL of `lambda_val` validation images. Returns the posterior, the marginal
+/// likelihood's λ and the validation NLL of each λ tried.
+pub(super) fn kfac_laplace(
+    map: &Cnn,
+    train: &Images,
+    val: &Images,
+    budget: &Budget,
+    seed: u64,
+) -> Result<KfacFit> {
+    let n = train.x.nrows();
+    let curv = train.subset(budget.kfac_points, seed + 7);
+    let mut lap = laplace_fit(
+        map.clone(),
+        LikelihoodSpec::Categorical { classes: 10 },
+        &Data::new(&curv.x, &crate::protocols::targets(&curv.y, 1))?,
+        &LaplaceConfig {
+            structure: Structure::Kfac,
+            prior_precision: PriorPrecision::Scalar(1.0),
+            temperature: n as f64 / curv.x.nrows() as f64,
+            ..LaplaceConfig::default()
+        },
+    )?
+    .posterior;
+    lap.optimize_prior_precision(&MarglikConfig::default())?;
+    let marglik_lambda = lap.prior_precision()[0];
+    // The paper tunes the prior scale on validation ELL; the marginal likelihood's λ alone
+    // leaves the KFAC predictive underconfident here (measured: ECE 0.083 at λ = 12.7 on
+    // MNIST seed 0). So λ is picked by validation NLL from the marginal likelihood's value
+    // upwards (×10 steps).
+    let vsub = val.subset(budget.lambda_val, seed + 9);
+    let grid: Vec<f64> = (0..5).map(|k| marglik_lambda * 10f64.powi(k)).collect();
+    let scores = lap.gridsearch_prior_precision(&grid, &vsub.x, &vsub.y)?;
+    Ok((lap, marglik_lambda, scores))
 }

@@ -12,7 +12,7 @@ pub fn run_halton_sweep(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, name)?;
     run.log(format!("budget: {}; Halton points {sizes:?}", serde_json::to_string(&budget)?));
     let seed = opts.seed;
-    let SeedData { train, val, test, ood } =
+    let SeedData { train, val, test, ood, .. } =
         seed_data(ImageSet::Mnist, ImageSet::FashionMnist, &budget, seed)?;
     let (prior, hyper, _) = fit_prior(&mut run, &train, &budget, seed)?;
     let bbox = BoundingBox::from_data(&train.x, 0.5)?;
