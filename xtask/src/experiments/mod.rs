@@ -25,7 +25,9 @@ mod valla_images;
 mod valla_regression;
 mod valla_toy;
 
-/// Every experiment, in the order the default suite runs them.
+/// Every experiment, in the order the default suite runs them. `full_minutes` is the wall time
+/// of the last full run reported in a closing note (2 cores; `issues stops`), `None` where no full
+/// run was timed.
 pub const EXPERIMENTS: &[Experiment] = &[
     Experiment {
         name: "fsp-toy-regression",
@@ -50,7 +52,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table 1 (ocean current) and Fig. 2: Helmholtz FSP-Laplace, FVI, Laplace, GP on the Gulf drifters",
         in_default_suite: false,
         flags: &[Flag::Seeds],
-        full_minutes: None,
+        full_minutes: Some(27.8),
         budget_of: None,
         run: fsp_ocean::run,
     },
@@ -59,7 +61,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table C.1: ELL and OOD accuracy on the shipped UCI sets (FSP-Laplace, FVI, Laplace, MAP, GP, sparse GP)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        full_minutes: None,
+        full_minutes: Some(21.4),
         budget_of: None,
         run: fsp_uci::run,
     },
@@ -68,7 +70,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Fig. 3: BO on Branin, Ackley-4, Hartmann-6 with FSP-Laplace, Laplace, FVI and GP surrogates",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        full_minutes: Some(95.0),
+        full_minutes: Some(79.6),
         budget_of: None,
         run: fsp_bayesopt::run,
     },
@@ -77,7 +79,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Fig. 3's covariance budget: BO on Hartmann-6 with FSP-Laplace, 500 vs 2 000 Latin-hypercube covariance points (paper: 10 000)",
         in_default_suite: false,
         flags: &[Flag::Seeds],
-        full_minutes: None,
+        full_minutes: Some(38.1),
         budget_of: None,
         run: fsp_bayesopt::run_covariance_sweep,
     },
@@ -122,7 +124,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "Generalized Laplace Fig. 3, 5 (LeNet-5 on MNIST, T from 0.1 to 10, Diag/KFAC/EKFAC)",
         in_default_suite: false,
         flags: &[],
-        full_minutes: Some(20.0),
+        full_minutes: Some(20.4),
         budget_of: None,
         run: gl_mnist::run,
     },
@@ -149,7 +151,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table 2's covariance budget: MNIST FSP-Laplace (RND) with 250 … 4 000 Halton points (paper: 25 000), one trained network",
         in_default_suite: false,
         flags: &[],
-        full_minutes: Some(45.0),
+        full_minutes: Some(27.8),
         budget_of: None,
         run: fsp_images::run_halton_sweep,
     },
@@ -185,7 +187,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Figs. 1, 6, 7 (1-D gap toy: VaLLA M ∈ {5, 10, 20}, ELLA, exact LLA; early stopping)",
         in_default_suite: false,
         flags: &[],
-        full_minutes: Some(6.0),
+        full_minutes: Some(1.5),
         budget_of: None,
         run: valla_toy::run,
     },
@@ -212,7 +214,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 2 left (NLL, CRPS, CQM; 3×200 tanh) on the shipped Boston/concrete/wine sets (Airline/Year/Taxi unavailable)",
         in_default_suite: false,
         flags: &[Flag::Seeds],
-        full_minutes: None,
+        full_minutes: Some(90.4),
         budget_of: None,
         run: valla_regression::run,
     },
