@@ -54,6 +54,13 @@ fn wall_time(table: &str) -> Option<String> {
     Some(rest[..end].trim().to_string())
 }
 
+/// `"Wall time: N s (the log's last stamp)"` from the last `[   N.Ns]` line of a log.
+fn last_stamp(log: &str) -> Option<String> {
+    let line = log.lines().rev().find(|l| l.trim_start().starts_with('['))?;
+    let secs: f64 = line.trim_start().strip_prefix('[')?.split('s').next()?.trim().parse().ok()?;
+    Some(format!("Wall time: {secs:.0} s (the log's last stamp)"))
+}
+
 /// Publishes `from/name` into `to/name`.
 pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
     let src = from.join(name);
@@ -103,8 +110,7 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
          - Files: `table.md`, `metrics.json`{}{}\n",
         src.display(),
         sittings.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n"),
-        wall_time(&table)
-            .unwrap_or_else(|| "Wall time: not stated in the table; see the log's last stamp".into()),
+        wall_time(&table).or_else(|| last_stamp(&log)).unwrap_or_else(|| "Wall time: not recorded".into()),
         if figures.is_empty() { "" } else { ", " },
         figures.join(", "),
     );
@@ -123,6 +129,8 @@ mod tests {
         let src = from.join("exp");
         fs::create_dir_all(&src).unwrap();
         fs::write(src.join("table.md"), "# exp\n\n| a |\n|---|\n| 1 |\n\nWall time: 12 s.\n").unwrap();
+        let stamp = last_stamp("[    0.0s] a\n[   41.6s] wrote x\n");
+        assert_eq!(stamp.as_deref(), Some("Wall time: 42 s (the log's last stamp)"));
         fs::write(
             src.join("log.txt"),
             format!("[    0.0s] {PROVENANCE} abc123, 2026-11-25T21:00Z, `reproduce exp`\n"),
