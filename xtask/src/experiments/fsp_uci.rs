@@ -196,6 +196,7 @@ fn run_fold(
                     Some((&p.xva, &yva)),
                     Structure::full(),
                     b.epochs,
+                    1e-3,
                     seed,
                 )?;
                 post.optimize_prior_precision(&MarglikConfig::default())?;

@@ -19,13 +19,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::Data;
-use fspace_core::LikelihoodSpec;
-use fspace_core::{Gaussian, Posterior};
+use fspace_core::Posterior;
 use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, KlPrior, MfviConfig};
 use fspace_kernels::{Matern12, Matern32, Matern52, Rbf};
-use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision};
-use fspace_nn::{train_map, Mlp, TrainConfig};
-use nalgebra::DMatrix;
 use serde_json::json;
 
 use crate::harness::plot::{regression_panels, Panel1d};
@@ -33,6 +29,7 @@ use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, Run};
 use crate::protocols::sine::{gfsvi_config, gp_case, optim, w2_panel, GpCase, TOY_LIKELIHOOD};
 use crate::protocols::tanh_mlp;
+use crate::protocols::uci::{map_laplace, LAPLACE_STRUCTURE};
 
 /// Steps and measurement points of one run mode.
 struct Budget {
@@ -201,7 +198,18 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     )?;
     add(&mut run, "MFVI (σ_p = 0.75)", &mf.posterior, mf.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
-    let (lap, lap_steps) = laplace(&net, x, y, b, seed)?;
+    // Full batch: the toy's 100 points are fewer than map_laplace's 2 000-row batches.
+    let (lap, _) = map_laplace(
+        &net,
+        x,
+        &y.column(0).into_owned(),
+        None,
+        LAPLACE_STRUCTURE,
+        b.steps,
+        b.learning_rate,
+        seed,
+    )?;
+    let lap_steps = b.steps;
     add(&mut run, "Laplace (σ_p = 0.75)", &lap, lap_steps, t.elapsed().as_secs_f64())?;
     add(&mut run, "exact GP", &rbf.gp, 0, 0.0)?;
     regression_panels(&run.path("methods.png"), &method_panels, 3, (-3.0, 3.0), ("x", "y"))?;
@@ -315,50 +323,4 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         );
     }
     run.write_metrics(&serde_json::Value::Object(metrics))
-}
-
-/// MAP with the Gaussian weight prior σ_p = 0.75 (σ learned), then the linearised Laplace with a
-/// diagonal GGN ([`crate::protocols::uci::LAPLACE_STRUCTURE`]), the same prior precision and the GLM
-/// predictive.
-fn laplace(
-    net: &Mlp,
-    x: &DMatrix<f64>,
-    y: &DMatrix<f64>,
-    b: &Budget,
-    seed: u64,
-) -> Result<(fspace_laplace::LaplacePosterior<Mlp>, usize)> {
-    let mut map = net.clone();
-    let mut lik = Gaussian::new(0.5)?;
-    let precision = 1.0 / (0.75 * 0.75);
-    train_map(
-        &mut map,
-        &mut lik,
-        x,
-        &y.column(0).into_owned(),
-        None,
-        None,
-        &TrainConfig {
-            epochs: b.steps,
-            batch_size: 100,
-            learning_rate: b.learning_rate,
-            weight_decay: precision,
-            learn_likelihood: true,
-            seed,
-            ..Default::default()
-        },
-        |_| {},
-    )?;
-    let post = laplace_fit(
-        map,
-        LikelihoodSpec::gaussian(lik.sigma()),
-        &Data::new(x, &y.columns(0, 1).into_owned())?,
-        &LaplaceConfig {
-            structure: crate::protocols::uci::LAPLACE_STRUCTURE,
-            prior_precision: PriorPrecision::Scalar(precision),
-            predictive: Predictive::Glm,
-            ..Default::default()
-        },
-    )?
-    .posterior;
-    Ok((post, b.steps))
 }

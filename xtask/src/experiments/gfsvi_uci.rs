@@ -311,8 +311,16 @@ fn run_fold(
             }
             "Laplace" => {
                 let yva = DVector::from_column_slice(yva_m.as_slice());
-                let (post, s) =
-                    map_laplace(&net, &xtr, &ytr, Some((&xva, &yva)), LAPLACE_STRUCTURE, b.steps, seed)?;
+                let (post, s) = map_laplace(
+                    &net,
+                    &xtr,
+                    &ytr,
+                    Some((&xva, &yva)),
+                    LAPLACE_STRUCTURE,
+                    b.steps,
+                    1e-3,
+                    seed,
+                )?;
                 (Box::new(post), s)
             }
             "SVGP" => {
