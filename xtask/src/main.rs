@@ -6,17 +6,12 @@
 //!   experiment with the flags it accepts.
 //! * `cargo xtask report [--out DIR]` — rebuilds `results/README.md` from the tables there.
 //!
-//! Layout: [`harness`] (CLI, registry types, run folder / log / checkpoint, plots),
-//! [`protocols`] (data, splits and evaluation shared by experiments), `experiments` (one file
-//! per experiment and the registry).
+//! The harness, protocols and experiments are the `xtask` library (`src/lib.rs`); this binary
+//! parses the command line and dispatches.
 
 use anyhow::Result;
 
-mod experiments;
-mod harness;
-mod protocols;
-
-use experiments::EXPERIMENTS;
+use xtask::{harness, EXPERIMENTS};
 
 /// Keeps large freed blocks in the heap for reuse (glibc only).
 ///
@@ -222,129 +217,5 @@ mod tests {
             assert_eq!(own.resume, e.flags.contains(&harness::registry::Flag::Resume), "{}", e.name);
             assert_eq!(own.seeds.is_some(), e.flags.contains(&harness::registry::Flag::Seeds), "{}", e.name);
         }
-    }
-
-    #[test]
-    fn the_null_space_experiment_runs_end_to_end_in_quick_mode() {
-        // The harness end to end on its cheapest experiment: files written, metrics sane.
-        let out = std::env::temp_dir().join(format!("fspace-xtask-test-{}", std::process::id()));
-        quick("fsp-null-space", &out, &[]).unwrap();
-        let dir = out.join("fsp-null-space");
-        let metrics: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
-        for kernel in ["rbf", "matern12"] {
-            for task in ["regression", "classification"] {
-                let r = metrics[kernel][task].as_f64().unwrap();
-                assert!((0.0..0.1).contains(&r), "{kernel}/{task}: {r}");
-            }
-        }
-        assert!(std::fs::read_to_string(dir.join("table.md")).unwrap().contains("Table C.2"));
-        assert!(dir.join("log.txt").exists());
-        let _ = std::fs::remove_dir_all(&out);
-    }
-
-    #[test]
-    fn the_valla_regression_table_runs_end_to_end_in_quick_mode() {
-        // Every method of VaLLA Fig. 2 (left) on Boston: finite metrics, and the last-layer KFAC
-        // of a one-output Gaussian head equals the dense last-layer Laplace (its output factor is
-        // 1 × 1, so the Kronecker product is exact).
-        let out = std::env::temp_dir().join(format!("fspace-xtask-vreg-{}", std::process::id()));
-        quick("valla-regression", &out, &[]).unwrap();
-        let dir = out.join("valla-regression");
-        let metrics: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
-        let get = |m: &str, k: &str| metrics["summary"][m]["boston"][k]["mean"].as_f64().unwrap();
-        for m in [
-            "MAP",
-            "LLA Diag",
-            "LLA KFAC",
-            "LLA* (last layer)",
-            "LLA* KFAC",
-            "ELLA",
-            "VaLLA 100",
-            "VaLLA 200",
-        ] {
-            for k in ["NLL", "CRPS", "CQM"] {
-                assert!(get(m, k).is_finite(), "{m}/{k}");
-            }
-            assert!((0.0..=0.5).contains(&get(m, "CQM")), "{m}: CQM {}", get(m, "CQM"));
-        }
-        assert!((get("LLA* (last layer)", "NLL") - get("LLA* KFAC", "NLL")).abs() < 1e-8);
-        assert!(std::fs::read_to_string(dir.join("table.md")).unwrap().contains("Not the paper's data"));
-        // The calibration curves behind CQM: 11 levels, coverage non-decreasing from 0 to 1.
-        assert!(dir.join("calibration.png").exists());
-        for row in metrics["per_seed"].as_array().unwrap() {
-            let curve: Vec<(f64, f64)> = serde_json::from_value(row["cqm_curve"].clone()).unwrap();
-            assert_eq!(curve.len(), 11);
-            assert!(
-                curve.windows(2).all(|w| w[1].1 >= w[0].1) && curve[0].1 == 0.0 && curve[10].1 == 1.0,
-                "{curve:?}"
-            );
-        }
-        let _ = std::fs::remove_dir_all(&out);
-    }
-
-    #[test]
-    fn the_gfsvi_tables_choose_gamma_by_validation_and_resume_with_the_choice() {
-        // `--gamma` with two values on one quick yacht fold (the second, by `--folds`): GFSVI
-        // and TFSVI each fit once per γ, the table names the γ with the lower validation NLL in
-        // the log, every score is finite, a resume keeps every unit and choice, and another grid
-        // is refused.
-        let out = std::env::temp_dir().join(format!("fspace-xtask-gamma-{}", std::process::id()));
-        let flags = ["--gamma", "1e-10,1e-6", "--sets", "yacht", "--folds", "2"];
-        quick("gfsvi-uci", &out, &flags).unwrap();
-        let dir = out.join("gfsvi-uci");
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
-        let (log, table) = (read("log.txt"), read("table.md"));
-        assert!(log.contains("yacht: fold 2 (") && !log.contains("yacht: fold 1 ("), "{log}");
-        assert!(table.starts_with("# gfsvi-uci: fold 2 of 5-fold CV"), "{table}");
-        let chosen = |table: &str| {
-            table.split("Chosen, fold by fold: ").nth(1).unwrap().split(". ").next().unwrap().to_string()
-        };
-        let mut expected = Vec::new();
-        for method in ["GFSVI", "TFSVI"] {
-            let nll = |g: &str| -> f64 {
-                let tag = format!("yacht {method} γ = {g}: best validation NLL ");
-                let rest = log.split(&tag).nth(1).unwrap_or_else(|| panic!("no {tag:?} in the log"));
-                rest.split_whitespace().next().unwrap().parse().unwrap()
-            };
-            let best = if nll("1e-6") < nll("1e-10") { "1e-6" } else { "1e-10" };
-            expected.push(format!("yacht {method} {best}"));
-        }
-        assert_eq!(chosen(&table), expected.join("; "));
-        let metrics: serde_json::Value = serde_json::from_str(&read("metrics.json")).unwrap();
-        for method in ["GFSVI", "FVI", "TFSVI", "MFVI", "Laplace", "SVGP", "GP"] {
-            for j in 0..3 {
-                let m = metrics[format!("yacht/{method}/{j}")]["mean"].as_f64().unwrap();
-                assert!(m.is_finite(), "{method}/{j}: {m}");
-            }
-        }
-        let resumed = [&flags[..], &["--resume"]].concat();
-        quick("gfsvi-uci", &out, &resumed).unwrap();
-        assert!(read("log.txt").contains("yacht fold 2: every method in checkpoint.json"));
-        assert_eq!(chosen(&read("table.md")), expected.join("; "));
-        let other = ["--gamma", "1e-6", "--sets", "yacht", "--folds", "2", "--resume"];
-        assert!(quick("gfsvi-uci", &out, &other).is_err(), "a resume under another γ grid must be refused");
-        let _ = std::fs::remove_dir_all(&out);
-    }
-
-    #[test]
-    fn the_cubic_toy_runs_end_to_end_in_quick_mode() {
-        // Generalized Laplace Fig. 2 with every structure: the full GGN's GLM std is the
-        // reference (ratio 1), every structure's uncertainty is finite and positive, plots exist.
-        let out = std::env::temp_dir().join(format!("fspace-xtask-cubic-{}", std::process::id()));
-        quick("gl-cubic-toy", &out, &[]).unwrap();
-        let dir = out.join("gl-cubic-toy");
-        let metrics: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
-        assert_eq!(metrics["full"]["std_in_over_full"].as_f64(), Some(1.0));
-        for s in ["diag", "kfac", "ekfac", "block_diag", "full"] {
-            for key in ["std_in", "std_out", "mc_std_in", "marglik_lambda"] {
-                let v = metrics[s][key].as_f64().unwrap();
-                assert!(v.is_finite() && v > 0.0, "{s}/{key}: {v}");
-            }
-        }
-        assert!(dir.join("predictive.png").exists() && dir.join("predictive_mc.png").exists());
-        let _ = std::fs::remove_dir_all(&out);
     }
 }

@@ -15,7 +15,7 @@ use fspace_kernels::GpPrior;
 use fspace_kernels::{Kernel, Matern12, PriorMean, Rbf};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::harness::plot::{heatmaps, regression_panels, Heatmap, Panel1d};
 use crate::harness::registry::Options;
@@ -26,11 +26,55 @@ use crate::protocols::{linspace, tanh_mlp};
 
 const MS: [usize; 4] = [3, 5, 10, 100];
 
+/// One sine-regression fit with M training context points (Fig. C.7).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RegressionMetrics {
+    /// Mean W2 of the predictive marginals to the exact GP's.
+    pub w2_to_gp: f64,
+    /// Predictive std away from the data over the prior std.
+    pub std_out_over_prior: f64,
+    /// Mean predictive std on the data range.
+    pub std_in: f64,
+    /// RMSE of the mean on the data range.
+    pub rmse_in: f64,
+    /// Training plus Laplace seconds.
+    pub seconds: f64,
+}
+
+/// One two-moons fit with M training context points (Fig. C.8).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MoonsMetrics {
+    /// Test accuracy.
+    pub accuracy: f64,
+    /// Mean std of p(class 1) far from the data.
+    pub far_std: f64,
+    /// Mean std on the data.
+    pub on_data_std: f64,
+    /// Their ratio.
+    pub far_over_on: f64,
+    /// Training plus Laplace seconds.
+    pub seconds: f64,
+}
+
+/// One entry of `metrics.json`: `regression_KERNEL_MM` or `two_moons_KERNEL_MM`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Entry {
+    /// A sine-regression fit.
+    Regression(RegressionMetrics),
+    /// A two-moons fit.
+    TwoMoons(MoonsMetrics),
+}
+
+/// `metrics.json`.
+pub type Metrics = std::collections::BTreeMap<String, Entry>;
+
+/// `fsp-context-ablation`: runs the experiment and writes its folder.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-context-ablation")?;
     let (reg_epochs, cls_epochs) = if opts.quick { (800, 300) } else { (4000, 1000) };
     let bar = run.progress((MS.len() * 4) as u64, "runs");
-    let (mut metrics, mut rows, mut panels, mut maps) = (Map::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut metrics, mut rows, mut panels, mut maps) = (Metrics::new(), Vec::new(), Vec::new(), Vec::new());
 
     // Regression (Fig. C.7).
     let data = fspace_data::sine(100, 0.1, &mut StdRng::seed_from_u64(opts.seed))?;
@@ -60,8 +104,13 @@ pub fn run(opts: &Options) -> Result<()> {
             ));
             metrics.insert(
                 format!("regression_{name}_M{m}"),
-                json!({"w2_to_gp": ev.w2_to_gp, "std_out_over_prior": ev.std_out_over_prior, "std_in": ev.std_in,
-                       "rmse_in": ev.rmse_in, "seconds": seconds}),
+                Entry::Regression(RegressionMetrics {
+                    w2_to_gp: ev.w2_to_gp,
+                    std_out_over_prior: ev.std_out_over_prior,
+                    std_in: ev.std_in,
+                    rmse_in: ev.rmse_in,
+                    seconds,
+                }),
             );
             rows.push(vec![
                 "regression (Fig. C.7)".into(),
@@ -102,7 +151,13 @@ pub fn run(opts: &Options) -> Result<()> {
             ));
             metrics.insert(
                 format!("two_moons_{name}_M{m}"),
-                json!({"accuracy": r.accuracy, "far_std": r.far_std, "on_data_std": r.on_std, "far_over_on": ratio, "seconds": r.seconds}),
+                Entry::TwoMoons(MoonsMetrics {
+                    accuracy: r.accuracy,
+                    far_std: r.far_std,
+                    on_data_std: r.on_std,
+                    far_over_on: ratio,
+                    seconds: r.seconds,
+                }),
             );
             rows.push(vec![
                 "two moons (Fig. C.8)".into(),
@@ -127,7 +182,7 @@ pub fn run(opts: &Options) -> Result<()> {
         }
     }
     bar.finish_and_clear();
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&metrics)?;
     regression_panels(&run.path("regression.png"), &panels, 4, (-3.0, 3.0), ("x", "y"))?;
     heatmaps(&run.path("two_moons.png"), &maps, 4)?;
     run.log("wrote regression.png and two_moons.png (rows: RBF, Matérn-1/2; columns: M = 3, 5, 10, 100)");

@@ -46,11 +46,13 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 
+use crate::harness::checkpoint::{or_nan_vec, Checkpoint, Timed};
 use crate::harness::plot::{line_panels, LinePanel};
 use crate::harness::registry::Options;
-use crate::harness::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
+use crate::harness::report::{fmt, markdown_table, mean_std, Run};
 use crate::protocols::tanh_mlp;
 
 const METHODS: [&str; 4] = ["FSP-Laplace", "Laplace", "FVI", "GP"];
@@ -390,6 +392,27 @@ fn summarise(traces: &[Vec<f64>]) -> (Vec<(f64, f64)>, f64, f64) {
     (curve, m, sd / (finals.len() as f64).sqrt())
 }
 
+/// One surrogate's runs, seed by seed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Traces {
+    /// Per seed, the best reward so far after each evaluation.
+    pub traces: Vec<Vec<f64>>,
+    /// Per seed, the wall seconds of the run.
+    pub seconds: Vec<f64>,
+}
+
+/// `metrics.json`: per `"task/surrogate"` (`fsp-bayesopt`) or per number of covariance points
+/// (`fsp-bayesopt-covariance`).
+pub type Metrics = std::collections::BTreeMap<String, Traces>;
+
+/// One (task, surrogate, seed) run (the checkpoint's unit).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Trace {
+    /// The best reward so far after each evaluation (initial design, then every EI step).
+    #[serde(deserialize_with = "or_nan_vec")]
+    pub trace: Vec<f64>,
+}
+
 /// `fsp-bayesopt`.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::open(&opts.out, "fsp-bayesopt", opts.resume)?;
@@ -397,9 +420,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let seeds = opts.seeds.unwrap_or(b.seeds);
     let tasks = [Task::Branin, Task::Ackley(4), Task::Hartmann6];
     // A unit is one (task, surrogate, seed) run; every setting that changes its trace is here.
-    let mut ck = Checkpoint::open(
+    let mut ck = Checkpoint::<Timed<Trace>>::open(
         &mut run,
-        json!({
+        &json!({
             "n_init": b.n_init, "iterations": b.iterations, "epochs": [b.first_epochs, b.later_epochs],
             "fvi_steps": [b.fvi_steps.0, b.fvi_steps.1],
             "covariance_points": tasks.iter().map(|t| b.covariance_points(t.dim())).collect::<Vec<_>>(),
@@ -414,7 +437,7 @@ pub fn run(opts: &Options) -> Result<()> {
     ));
     let mut panels = Vec::new();
     let mut rows = Vec::new();
-    let mut metrics = Map::new();
+    let mut metrics = Metrics::new();
     for task in tasks {
         let mut series = Vec::new();
         for method in METHODS {
@@ -422,25 +445,20 @@ pub fn run(opts: &Options) -> Result<()> {
             let mut secs = Vec::new();
             for s in 0..seeds {
                 let key = format!("{}/{method}/seed {s}", task.name());
-                // Stored as [seconds, trace…].
-                let (trace, t) = match ck.get_numbers(&key)? {
-                    Some(v) if v.len() == b.n_init + b.iterations + 1 => {
-                        run.log(format!("{key}: kept from checkpoint.json (--resume)"));
-                        (v[1..].to_vec(), v[0])
-                    }
-                    Some(v) => anyhow::bail!("checkpoint unit {key:?} holds {} numbers", v.len()),
-                    None => {
-                        let (trace, t) = bo_run(task, method, b, opts.seed + s as u64)?;
-                        run.log(format!(
-                            "{}: {method} seed {s}: best reward {:.4} (optimum {:.4}) in {t:.1}s",
-                            task.name(),
-                            trace.last().copied().unwrap_or(f64::NAN),
-                            -task.minimum()
-                        ));
-                        ck.put_numbers(&key, &[&[t][..], &trace].concat())?;
-                        (trace, t)
-                    }
-                };
+                let unit = ck.unit(&mut run, &key, |run| {
+                    let (trace, _) = bo_run(task, method, b, opts.seed + s as u64)?;
+                    run.log(format!(
+                        "{}: {method} seed {s}: best reward {:.4} (optimum {:.4})",
+                        task.name(),
+                        trace.last().copied().unwrap_or(f64::NAN),
+                        -task.minimum()
+                    ));
+                    Ok(Trace { trace })
+                })?;
+                let (trace, t) = (unit.value.trace, unit.seconds);
+                if trace.len() != b.n_init + b.iterations {
+                    anyhow::bail!("checkpoint unit {key:?} holds a trace of {} rewards", trace.len());
+                }
                 traces.push(trace);
                 secs.push(t);
             }
@@ -453,7 +471,10 @@ pub fn run(opts: &Options) -> Result<()> {
                 fmt(-task.minimum()),
                 format!("{ts:.1}"),
             ]);
-            metrics.insert(format!("{}/{method}", task.name()), json!({ "traces": traces, "seconds": secs }));
+            metrics.insert(
+                format!("{}/{method}", task.name()),
+                Traces { traces: traces.clone(), seconds: secs },
+            );
             series.push((method.to_string(), curve));
         }
         panels.push(LinePanel {
@@ -462,7 +483,7 @@ pub fn run(opts: &Options) -> Result<()> {
             series,
             log_x: false,
         });
-        run.write_metrics(&Value::Object(metrics.clone()))?;
+        run.write_metrics(&metrics)?;
         run.write_table(&format!(
             "# fsp-bayesopt (FSP-Laplace Fig. 3){}\n\nBest reward (−f) after {} evaluations ({} Latin-hypercube + {} EI), mean ± standard error over {seeds} seed(s); \
 the paper shows these runs as curves only (no numbers). FSP-Laplace's covariance from {} Latin-hypercube points in 2-d \
@@ -493,7 +514,7 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
     let seeds = opts.seeds.unwrap_or(base.seeds);
     let task = Task::Hartmann6;
     run.log(format!("{}: FSP-Laplace with {sizes:?} covariance points, {seeds} seed(s)", task.name()));
-    let (mut rows, mut series, mut metrics) = (Vec::new(), Vec::new(), Map::new());
+    let (mut rows, mut series, mut metrics) = (Vec::new(), Vec::new(), Metrics::new());
     for n_points in sizes {
         let b = Budget { laplace_context: n_points, laplace_context_high_dim: n_points, ..base };
         let (mut traces, mut secs) = (Vec::new(), Vec::new());
@@ -514,8 +535,8 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
             format!("{:.1}", mean_std(&secs).0),
         ]);
         series.push((format!("FSP-Laplace, {n_points} points"), curve));
-        metrics.insert(n_points.to_string(), json!({ "traces": traces, "seconds": secs }));
-        run.write_metrics(&Value::Object(metrics.clone()))?;
+        metrics.insert(n_points.to_string(), Traces { traces: traces.clone(), seconds: secs });
+        run.write_metrics(&metrics)?;
     }
     line_panels(
         &run.path("best_reward.png"),

@@ -9,13 +9,63 @@
 
 use anyhow::Result;
 use fspace_fsp_laplace::ContextDesign;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::harness::plot::heatmaps;
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, Run};
 use crate::protocols::moons::{fitted_priors, gp_reference, moons, moons_maps, moons_run, Variant, PAPER};
 
+/// One FSP-Laplace run (a prior and a context variant).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FspMetrics {
+    /// The context points used by the Laplace step.
+    pub variant: String,
+    /// Test accuracy.
+    pub accuracy: f64,
+    /// Mean std of p(class 1) far from the data.
+    pub far_std: f64,
+    /// Mean std of p(class 1) on the data.
+    pub on_data_std: f64,
+    /// `far_std / on_data_std`.
+    pub far_over_on: f64,
+    /// Largest Var[f] over the prior variance at the training inputs.
+    pub max_var_over_prior_at_data: f64,
+    /// Rank of the posterior covariance factor.
+    pub rank: usize,
+    /// Training plus Laplace seconds.
+    pub seconds: f64,
+    /// The prior's fitted hyperparameters.
+    pub hyperparameters: Value,
+}
+
+/// The exact GP Laplace classifier's spread of p(class 1), for reference.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Spread {
+    /// Mean std far from the data.
+    pub far_std: f64,
+    /// Mean std on the data.
+    pub on_data_std: f64,
+    /// Their ratio.
+    pub far_over_on: f64,
+}
+
+/// One entry of `metrics.json`: `rbf`, `matern12`, `…_context_with_data` are FSP-Laplace runs,
+/// `…_exact_gp` the reference.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Entry {
+    /// An FSP-Laplace run.
+    Fsp(FspMetrics),
+    /// The exact GP reference.
+    ExactGp(Spread),
+}
+
+/// `metrics.json`.
+pub type Metrics = std::collections::BTreeMap<String, Entry>;
+
+/// `fsp-two-moons`: runs the experiment and writes its folder.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-two-moons")?;
     let epochs = if opts.quick { 800 } else { 3000 };
@@ -28,7 +78,7 @@ pub fn run(opts: &Options) -> Result<()> {
         Variant { label: "100 grid points + the 200 training inputs", n_laplace: 100, with_data: true },
     ];
     let bar = run.progress((priors.len() * variants.len()) as u64, "runs");
-    let (mut metrics, mut rows, mut maps) = (Map::new(), Vec::new(), Vec::new());
+    let (mut metrics, mut rows, mut maps) = (Metrics::new(), Vec::new(), Vec::new());
     for (vi, variant) in variants.iter().enumerate() {
         for (name, prior, hyper) in &priors {
             bar.set_message(format!("{name}, {}", variant.label));
@@ -41,9 +91,17 @@ pub fn run(opts: &Options) -> Result<()> {
             let key = if vi == 0 { (*name).to_string() } else { format!("{name}_context_with_data") };
             metrics.insert(
                 key,
-                json!({"variant": variant.label, "accuracy": r.accuracy, "far_std": r.far_std, "on_data_std": r.on_std,
-                       "far_over_on": ratio, "max_var_over_prior_at_data": r.max_var_over_prior,
-                       "rank": r.rank, "seconds": r.seconds, "hyperparameters": hyper}),
+                Entry::Fsp(FspMetrics {
+                    variant: variant.label.to_string(),
+                    accuracy: r.accuracy,
+                    far_std: r.far_std,
+                    on_data_std: r.on_std,
+                    far_over_on: ratio,
+                    max_var_over_prior_at_data: r.max_var_over_prior,
+                    rank: r.rank,
+                    seconds: r.seconds,
+                    hyperparameters: hyper.clone(),
+                }),
             );
             let fig = if *name == "rbf" { "Fig. C.6" } else { "Fig. C.5" };
             rows.push(vec![
@@ -74,7 +132,7 @@ pub fn run(opts: &Options) -> Result<()> {
         ));
         metrics.insert(
             format!("{name}_exact_gp"),
-            json!({"far_std": far, "on_data_std": on, "far_over_on": far / on}),
+            Entry::ExactGp(Spread { far_std: far, on_data_std: on, far_over_on: far / on }),
         );
         rows.push(vec![
             (*name).to_string(),
@@ -87,7 +145,7 @@ pub fn run(opts: &Options) -> Result<()> {
             "".into(),
         ]);
     }
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&metrics)?;
     heatmaps(&run.path("two_moons.png"), &maps, 2)?;
     run.log("wrote two_moons.png (rows: RBF, Matérn-1/2 with the paper's context, then with the training inputs added; left: mean p(class 1), right: 2σ)");
     run.write_table(&format!(

@@ -21,7 +21,7 @@ use fspace_nn::Mlp;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::harness::registry::Options;
 use crate::harness::report::{markdown_table, Run};
@@ -58,12 +58,29 @@ fn null_space_ratio(
     Ok((&wp0 * wp0.transpose()).norm() / (&w * w.transpose()).norm())
 }
 
+/// One kernel's ratios, ours beside the paper's.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KernelRatios {
+    /// ‖P₀ΛP₀ᵀ‖_F / ‖Λ‖_F on the sine regression.
+    pub regression: f64,
+    /// The same on two moons.
+    pub classification: f64,
+    /// Table C.2's regression value.
+    pub paper_regression: f64,
+    /// Table C.2's classification value.
+    pub paper_classification: f64,
+}
+
+/// `metrics.json`: per kernel (`rbf`, `matern12`).
+pub type Metrics = std::collections::BTreeMap<String, KernelRatios>;
+
+/// `fsp-null-space`: runs the experiment and writes its folder.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-null-space")?;
     let (reg_epochs, cls_epochs) = if opts.quick { (800, 300) } else { (4000, 1000) };
     let paper = [("rbf", 1.026e-7, 3.548e-4), ("matern12", 4.305e-6, 1.299e-2)];
     let bar = run.progress(4, "runs");
-    let mut metrics = Map::new();
+    let mut metrics = Metrics::new();
     let mut ours = std::collections::HashMap::new();
 
     let data = fspace_data::sine(100, 0.1, &mut StdRng::seed_from_u64(opts.seed))?;
@@ -130,7 +147,12 @@ pub fn run(opts: &Options) -> Result<()> {
         let (r, c) = (ours[&("regression", name)], ours[&("classification", name)]);
         metrics.insert(
             name.into(),
-            json!({"regression": r, "classification": c, "paper_regression": paper_reg, "paper_classification": paper_cls}),
+            KernelRatios {
+                regression: r,
+                classification: c,
+                paper_regression: paper_reg,
+                paper_classification: paper_cls,
+            },
         );
         rows.push(vec![
             name.into(),
@@ -140,7 +162,7 @@ pub fn run(opts: &Options) -> Result<()> {
             format!("{paper_cls:.3e}"),
         ]);
     }
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&metrics)?;
     run.write_table(&format!(
         "# fsp-null-space\n\n‖P₀ΛP₀ᵀ‖_F / ‖Λ‖_F (paper: Table C.2), seed {}; sine toy ({reg_epochs} epochs) and two moons ({cls_epochs} epochs), 100 grid context points.\n\n{}\n",
         opts.seed,

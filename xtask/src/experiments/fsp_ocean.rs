@@ -31,6 +31,7 @@
 //! * GP: the exact Helmholtz GP.
 
 use fspace_kernels::GpPrior;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -48,7 +49,7 @@ use fspace_laplace::{
 use fspace_nn::{train_map, Activation, HelmholtzNet, TrainConfig};
 use nalgebra::{DMatrix, DVector};
 use plotters::style::RGBColor;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::harness::plot::{heatmaps, quiver_panels, Arrow, Heatmap, QuiverPanel};
 use crate::harness::registry::Options;
@@ -107,6 +108,33 @@ struct Scores {
     seconds: f64,
 }
 
+/// One method's scores, seed by seed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SeedScores {
+    /// MSE of the predicted velocities in (m/s)².
+    pub mse_ms2: Vec<f64>,
+    /// Expected log-likelihood per velocity in m/s units.
+    pub ell_ms: Vec<f64>,
+    /// MSE in standardised units.
+    pub mse_std: Vec<f64>,
+    /// ELL in standardised units.
+    pub ell_std: Vec<f64>,
+    /// Wall seconds of each seed's fit.
+    pub seconds: Vec<f64>,
+}
+
+/// `metrics.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Per method.
+    #[serde(flatten)]
+    pub methods: BTreeMap<String, SeedScores>,
+    /// The Helmholtz prior's fitted hyperparameters (positive scale).
+    pub prior_hyperparameters: BTreeMap<String, f64>,
+    /// The fitted noise σ in m/s.
+    pub noise_std_ms: f64,
+}
+
 /// `fsp-ocean`.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-ocean")?;
@@ -135,9 +163,9 @@ pub fn run(opts: &Options) -> Result<()> {
         &fspace_gp::FitConfig { seed: opts.seed, restarts: 5, ..Default::default() },
     )?;
     let (kernel, noise_var) = (rep.kernel, rep.noise_variance);
-    let hyper: Map<String, Value> = fspace_kernels::KernelBase::param_names(&kernel)
+    let hyper: BTreeMap<String, f64> = fspace_kernels::KernelBase::param_names(&kernel)
         .into_iter()
-        .zip(fspace_kernels::KernelBase::params(&kernel).into_iter().map(|p| json!(p.exp())))
+        .zip(fspace_kernels::KernelBase::params(&kernel).into_iter().map(f64::exp))
         .collect();
     run.log(format!("Helmholtz prior: noise σ = {:.4} (std units), {hyper:?}", noise_var.sqrt()));
     let sigma = noise_var.sqrt();
@@ -341,7 +369,7 @@ pub fn run(opts: &Options) -> Result<()> {
 fn write_outputs(
     run: &mut Run,
     per: &[Vec<Scores>],
-    hyper: &Map<String, Value>,
+    hyper: &BTreeMap<String, f64>,
     noise_ms: f64,
     (epochs, fvi_steps): (usize, usize),
     seeds: usize,
@@ -349,7 +377,7 @@ fn write_outputs(
 ) -> Result<()> {
     let cell = |v: Vec<f64>| pm_cell(mean_std(&v));
     let mut rows = Vec::new();
-    let mut metrics = Map::new();
+    let mut methods = BTreeMap::new();
     for (k, method) in METHODS.iter().enumerate() {
         let col = |f: fn(&Scores) -> f64| per[k].iter().map(f).collect::<Vec<f64>>();
         rows.push(vec![
@@ -362,15 +390,18 @@ fn write_outputs(
             cell(col(|s| s.ell_std)),
             cell(col(|s| s.seconds)),
         ]);
-        metrics.insert(
+        methods.insert(
             method.to_string(),
-            json!({ "mse_ms2": col(|s| s.mse), "ell_ms": col(|s| s.ell), "mse_std": col(|s| s.mse_std),
-                    "ell_std": col(|s| s.ell_std), "seconds": col(|s| s.seconds) }),
+            SeedScores {
+                mse_ms2: col(|s| s.mse),
+                ell_ms: col(|s| s.ell),
+                mse_std: col(|s| s.mse_std),
+                ell_std: col(|s| s.ell_std),
+                seconds: col(|s| s.seconds),
+            },
         );
     }
-    metrics.insert("prior_hyperparameters".into(), Value::Object(hyper.clone()));
-    metrics.insert("noise_std_ms".into(), json!(noise_ms));
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&Metrics { methods, prior_hyperparameters: hyper.clone(), noise_std_ms: noise_ms })?;
     let table = format!(
         "# fsp-ocean (FSP-Laplace Table 1, ocean-current row){}\n\n\
 GulfDrifters (GPJax): 20 drifters for training, 544 grid velocities for testing; Helmholtz nets (2×100 tanh potentials), \

@@ -20,7 +20,10 @@ use fspace_kernels::{Kernel, KernelBase, Matern12, Matern52, Periodic, PriorMean
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::harness::plot::{regression_panels, Panel1d};
 use crate::harness::registry::Options;
@@ -55,6 +58,60 @@ fn cases() -> Result<Vec<Case>> {
     ])
 }
 
+/// One prior's fit against the exact GP (standardised sine toy).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PriorMetrics {
+    /// The paper's figure.
+    pub figure: String,
+    /// Mean W2 of the predictive marginals to the exact GP's.
+    pub w2_to_gp: f64,
+    /// Predictive std away from the data over the prior std.
+    pub std_out_over_prior: f64,
+    /// Mean predictive std on the data range.
+    pub std_in: f64,
+    /// RMSE of the mean to the true function on the data range.
+    pub rmse_in: f64,
+    /// Mean squared second difference of the samples.
+    pub roughness: f64,
+    /// The same for the exact GP's samples.
+    pub gp_roughness: f64,
+    /// The exact GP's `std_out_over_prior`.
+    pub gp_std_out_over_prior: f64,
+    /// The exact GP's `rmse_in`.
+    pub gp_rmse_in: f64,
+    /// Training plus Laplace seconds.
+    pub seconds: f64,
+    /// Training seconds (Alg. 1).
+    pub train_seconds: f64,
+    /// Laplace seconds (Alg. 2).
+    pub laplace_seconds: f64,
+    /// The data's noise σ.
+    pub data_noise: f64,
+    /// The likelihood's σ (fitted with the prior, or the data's).
+    pub noise_sigma: f64,
+    /// Whether the prior's hyperparameters were fitted by marginal likelihood.
+    pub prior_fitted: bool,
+    /// The kernel's hyperparameters (positive scale).
+    pub hyperparameters: BTreeMap<String, f64>,
+    /// FSP-Laplace's report (ranks, Lanczos runs, truncation).
+    pub laplace: Value,
+    /// Epochs trained.
+    pub epochs: usize,
+    /// The last epoch's training loss.
+    pub final_train_loss: Option<f64>,
+}
+
+/// `metrics.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Per prior.
+    #[serde(flatten)]
+    pub priors: BTreeMap<String, PriorMetrics>,
+    /// Roughness of the Matérn-1/2 samples over the RBF's.
+    pub roughness_ratio_matern12_over_rbf: f64,
+}
+
+/// `fsp-toy-regression`: runs the experiment and writes its folder.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "fsp-toy-regression")?;
     let n_train = 100;
@@ -62,7 +119,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let xt = linspace(-2.0, 2.0, 200);
     let cases = cases()?;
     let bar = run.progress(cases.len() as u64, "priors");
-    let mut metrics = Map::new();
+    let mut priors = BTreeMap::new();
     let mut rows = Vec::new();
     let mut panels = Vec::new();
     for case in cases {
@@ -75,11 +132,8 @@ pub fn run(opts: &Options) -> Result<()> {
         } else {
             (case.kernel.clone(), case.data_noise * case.data_noise)
         };
-        let hyper: Map<String, Value> = kernel
-            .param_names()
-            .into_iter()
-            .zip(kernel.params().into_iter().map(|p| json!(p.exp())))
-            .collect();
+        let hyper: BTreeMap<String, f64> =
+            kernel.param_names().into_iter().zip(kernel.params().into_iter().map(f64::exp)).collect();
         run.log(format!("{}: prior {:?}, noise σ = {:.4}", case.name, hyper, noise_var.sqrt()));
         let prior = GpPrior::centered(kernel.clone());
         let config = sine_config(n_train, epochs, 100, ContextDesign::Grid, opts.seed)?;
@@ -102,29 +156,29 @@ pub fn run(opts: &Options) -> Result<()> {
             "{}: w2_to_gp {w2:.4}, std_out/prior {std_out:.3}, std_in {std_in:.4}, rmse_in {rmse_in:.4}, roughness {rough:.3e} (GP {gp_rough:.3e}), rank {} (Lanczos {} in {} runs, truncated {}), {seconds:.1}s",
             case.name, rep.rank, rep.lanczos_rank, rep.lanczos_runs, rep.truncated
         ));
-        metrics.insert(
-            case.name.into(),
-            json!({
-                "figure": case.figure,
-                "w2_to_gp": w2,
-                "std_out_over_prior": std_out,
-                "std_in": std_in,
-                "rmse_in": rmse_in,
-                "roughness": rough,
-                "gp_roughness": gp_rough,
-                "gp_std_out_over_prior": ev.gp_std_out_over_prior,
-                "gp_rmse_in": ev.gp_rmse_in,
-                "seconds": seconds,
-                "train_seconds": summary.train_seconds,
-                "laplace_seconds": summary.laplace_seconds,
-                "data_noise": case.data_noise,
-                "noise_sigma": noise_var.sqrt(),
-                "prior_fitted": case.fit_prior,
-                "hyperparameters": hyper,
-                "laplace": serde_json::to_value(rep)?,
-                "epochs": summary.train.epochs,
-                "final_train_loss": summary.train.history.last().map(|h| h.train_loss),
-            }),
+        priors.insert(
+            case.name.to_string(),
+            PriorMetrics {
+                figure: case.figure.to_string(),
+                w2_to_gp: w2,
+                std_out_over_prior: std_out,
+                std_in,
+                rmse_in,
+                roughness: rough,
+                gp_roughness: gp_rough,
+                gp_std_out_over_prior: ev.gp_std_out_over_prior,
+                gp_rmse_in: ev.gp_rmse_in,
+                seconds,
+                train_seconds: summary.train_seconds,
+                laplace_seconds: summary.laplace_seconds,
+                data_noise: case.data_noise,
+                noise_sigma: noise_var.sqrt(),
+                prior_fitted: case.fit_prior,
+                hyperparameters: hyper,
+                laplace: serde_json::to_value(rep)?,
+                epochs: summary.train.epochs,
+                final_train_loss: summary.train.history.last().map(|h| h.train_loss),
+            },
         );
         rows.push(vec![
             format!("{} ({})", case.name, case.figure),
@@ -162,11 +216,10 @@ pub fn run(opts: &Options) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let rough_ratio = metrics["matern12"]["roughness"].as_f64().unwrap_or(f64::NAN)
-        / metrics["rbf"]["roughness"].as_f64().unwrap_or(f64::NAN);
-    metrics.insert("roughness_ratio_matern12_over_rbf".into(), json!(rough_ratio));
+    let roughness = |name: &str| priors.get(name).map_or(f64::NAN, |p: &PriorMetrics| p.roughness);
+    let rough_ratio = roughness("matern12") / roughness("rbf");
     run.log(format!("roughness Matérn-1/2 / RBF = {rough_ratio:.1}"));
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&Metrics { priors, roughness_ratio_matern12_over_rbf: rough_ratio })?;
     regression_panels(&run.path("posteriors.png"), &panels, 2, (-3.0, 3.0), ("x", "y"))?;
     run.log("wrote posteriors.png (left: FSP-Laplace, right: exact GP; data grey, mean red, ±2σ and 10 samples green, context points as ticks)");
     let table = format!(

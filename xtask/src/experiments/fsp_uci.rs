@@ -21,7 +21,6 @@
 //! the shared substitute [`crate::protocols::uci::ood_rows`] (the paper's song subset is in no registry).
 
 use fspace_kernels::GpPrior;
-use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::Data;
@@ -37,10 +36,12 @@ use fspace_laplace::{MarglikConfig, Structure};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::harness::checkpoint::{or_nan, or_nan_vec, Checkpoint, Timed};
 use crate::harness::registry::Options;
-use crate::harness::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
+use crate::harness::report::{fmt, markdown_table, mean_std, Run};
 use crate::protocols::tanh_mlp;
 use crate::protocols::uci::ood_rows;
 use crate::protocols::uci::{
@@ -108,17 +109,51 @@ const FULL: Budget =
     Budget { epochs: 10_000, fvi_steps: 3000, folds: 5, datasets: &["boston", "concrete", "wine", "yacht"] };
 const QUICK: Budget = Budget { epochs: 300, fvi_steps: 100, folds: 1, datasets: &["yacht"] };
 
-/// Per method: [ELL, OOD accuracy (NaN for MAP), seconds].
-type FoldScores = Vec<[f64; 3]>;
+/// One method's scores on one fold (the checkpoint's unit; standardised units).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FoldScore {
+    /// Expected log-likelihood per test point.
+    #[serde(deserialize_with = "or_nan")]
+    pub ell: f64,
+    /// OOD-detection accuracy (NaN for MAP, which has no epistemic variance).
+    #[serde(deserialize_with = "or_nan")]
+    pub ood_accuracy: f64,
+}
+
+/// One method's score on one set over folds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ColumnStats {
+    /// Mean over folds.
+    #[serde(deserialize_with = "or_nan")]
+    pub mean: f64,
+    /// Standard error over folds.
+    #[serde(deserialize_with = "or_nan")]
+    pub se: f64,
+    /// Each fold's score.
+    #[serde(deserialize_with = "or_nan_vec")]
+    pub folds: Vec<f64>,
+    /// Each fold's seconds.
+    pub seconds: Vec<f64>,
+}
+
+/// `metrics.json`: per `"set/method/ell"` and `"set/method/ood_accuracy"`.
+pub type Metrics = std::collections::BTreeMap<String, ColumnStats>;
+
+impl FoldScore {
+    /// The table's columns: ELL, OOD accuracy, seconds.
+    fn columns(unit: &Timed<FoldScore>) -> [f64; 3] {
+        [unit.value.ell, unit.value.ood_accuracy, unit.seconds]
+    }
+}
 
 fn run_fold(
     run: &mut Run,
-    ck: &mut Checkpoint,
+    ck: &mut Checkpoint<Timed<FoldScore>>,
     (ds, f): (&str, usize),
     p: &Prepared,
     b: &Budget,
     seed: u64,
-) -> Result<FoldScores> {
+) -> Result<Vec<[f64; 3]>> {
     let ood = ood_rows(p.xtr.ncols(), p.xte.nrows(), seed)?;
     let d = p.xtr.ncols();
     let net = tanh_mlp(d, &[50, 50], 1, seed)?;
@@ -127,118 +162,115 @@ fn run_fold(
     let mut out = Vec::new();
     let mut map_net = None;
     for method in METHODS {
-        let key = unit_key(ds, f, method);
-        // MAP is the Laplace's network: Laplace is kept only together with it.
-        let kept = ck.has(&key) && (method != "Laplace" || ck.has(&unit_key(ds, f, "MAP")));
-        if kept && (method != "MAP" || map_net.is_none()) {
-            if let Some(v) = ck.get_array(&key)? {
-                run.log(format!("{ds} {method}: kept from checkpoint.json (--resume)"));
-                out.push(v);
-                continue;
-            }
-        }
-        let t = Instant::now();
-        let (post, noise): (Option<Box<dyn Posterior>>, f64) = match method {
-            "FSP-Laplace" => {
-                let cfg = FspConfig {
-                    epochs: b.epochs,
-                    batch_size: p.xtr.nrows(),
-                    learning_rate: 1e-3,
-                    patience: Some(PATIENCE_EPOCHS),
-                    seed,
-                    n_context: 100,
-                    design: ContextDesign::Halton,
-                    n_laplace_context: 200,
-                    context_box: Some(widened.clone()),
-                    ..Default::default()
-                };
-                let prior = GpPrior::centered(p.kernel.clone());
-                let Fitted { posterior: post, report: summary } = fsp_fit(
-                    net.clone(),
-                    LikelihoodSpec::gaussian_learned(0.5),
-                    &prior,
-                    &Data::new(&p.xtr, &crate::protocols::targets(&p.ytr, 1))?
-                        .with_validation(&p.xva, &crate::protocols::targets(&yva, 1))?,
-                    &cfg,
-                )?;
-                (Some(Box::new(post)), summary.likelihood.noise_std().unwrap_or(0.5))
-            }
-            "FVI" => {
-                let cfg = FviConfig {
-                    n_uniform: 100,
-                    n_batch: 0,
-                    measurement_box: Some(widened.clone()),
-                    optim: OptimConfig {
-                        learning_rate: 1e-3,
+        // MAP is the Laplace's network: Laplace is kept only together with it, and MAP only when
+        // Laplace was not refitted in this sitting.
+        let keep = match method {
+            "Laplace" => ck.has(&unit_key(ds, f, "MAP")),
+            "MAP" => map_net.is_none(),
+            _ => true,
+        };
+        let unit = ck.unit_keeping(run, &unit_key(ds, f, method), keep, |run| {
+            let (post, noise): (Option<Box<dyn Posterior>>, f64) = match method {
+                "FSP-Laplace" => {
+                    let cfg = FspConfig {
+                        epochs: b.epochs,
                         batch_size: p.xtr.nrows(),
-                        max_steps: b.fvi_steps,
-                        eval_every: 100,
-                        patience: 5,
+                        learning_rate: 1e-3,
+                        patience: Some(PATIENCE_EPOCHS),
                         seed,
-                    },
-                    ..Default::default()
-                };
-                let f = fit_fvi(
-                    net.clone(),
-                    LikelihoodSpec::gaussian_learned(0.5),
-                    &GpPrior::centered(p.kernel.clone()),
-                    &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(Some((&p.xva, &p.yva_m)))?,
-                    &cfg,
-                )?;
-                let s = f.posterior.noise_std();
-                (Some(Box::new(f.posterior)), s)
-            }
-            "Laplace" => {
-                let (mut post, s) = map_laplace(
-                    &net,
-                    &p.xtr,
-                    &p.ytr,
-                    Some((&p.xva, &yva)),
-                    Structure::full(),
-                    b.epochs,
-                    1e-3,
-                    seed,
-                )?;
-                post.optimize_prior_precision(&MarglikConfig::default())?;
-                map_net = Some((post.network().clone(), s));
-                (Some(Box::new(post)), s)
-            }
-            "MAP" => (None, map_net.as_ref().map(|m| m.1).unwrap_or(f64::NAN)),
-            "GP" => {
-                let gp = ExactGp::fit(
-                    p.kernel.clone(),
-                    PriorMean::Zero,
-                    Noise::Homoscedastic(p.noise_var),
-                    &p.xtr,
-                    &p.ytr_m,
-                )?;
-                (Some(Box::new(gp)), p.noise_var.sqrt())
-            }
-            _ => {
-                let z = fspace_gp::kmeans(&p.xtr, 100.min(p.xtr.nrows()), 20, seed)?;
-                let mut svgp = Svgp::new(p.kernel.clone(), PriorMean::Zero, p.noise_var, z)?;
-                svgp.train(&p.xtr, &p.ytr, &SvgpConfig { iterations: 2000, seed, ..Default::default() })?;
-                let s = svgp.noise_variance().sqrt();
-                (Some(Box::new(svgp)), s)
-            }
-        };
-        let (ell, acc) = match post {
-            Some(post) => {
-                let [ell, _, acc] = scores(post.as_ref(), noise, &p.xte, &p.yte, &ood)?;
-                (ell, acc)
-            }
-            None => {
-                let (mnet, s) = map_net.as_ref().expect("Laplace runs before MAP");
-                let f: Vec<f64> = mnet.forward(&p.xte)?.iter().cloned().collect();
-                let y: Vec<f64> = p.yte.iter().cloned().collect();
-                let zeros = vec![0.0; y.len()];
-                (fspace_metrics::gaussian_expected_log_likelihood(&f, &zeros, s * s, &y)?, f64::NAN)
-            }
-        };
-        let secs = t.elapsed().as_secs_f64();
-        run.log(format!("{ds} {method}: ELL {ell:.3}, OOD acc {acc:.3}, σ_y {noise:.3}, {secs:.1}s"));
-        ck.put_numbers(&key, &[ell, acc, secs])?;
-        out.push([ell, acc, secs]);
+                        n_context: 100,
+                        design: ContextDesign::Halton,
+                        n_laplace_context: 200,
+                        context_box: Some(widened.clone()),
+                        ..Default::default()
+                    };
+                    let prior = GpPrior::centered(p.kernel.clone());
+                    let Fitted { posterior: post, report: summary } = fsp_fit(
+                        net.clone(),
+                        LikelihoodSpec::gaussian_learned(0.5),
+                        &prior,
+                        &Data::new(&p.xtr, &crate::protocols::targets(&p.ytr, 1))?
+                            .with_validation(&p.xva, &crate::protocols::targets(&yva, 1))?,
+                        &cfg,
+                    )?;
+                    (Some(Box::new(post)), summary.likelihood.noise_std().unwrap_or(0.5))
+                }
+                "FVI" => {
+                    let cfg = FviConfig {
+                        n_uniform: 100,
+                        n_batch: 0,
+                        measurement_box: Some(widened.clone()),
+                        optim: OptimConfig {
+                            learning_rate: 1e-3,
+                            batch_size: p.xtr.nrows(),
+                            max_steps: b.fvi_steps,
+                            eval_every: 100,
+                            patience: 5,
+                            seed,
+                        },
+                        ..Default::default()
+                    };
+                    let f = fit_fvi(
+                        net.clone(),
+                        LikelihoodSpec::gaussian_learned(0.5),
+                        &GpPrior::centered(p.kernel.clone()),
+                        &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(Some((&p.xva, &p.yva_m)))?,
+                        &cfg,
+                    )?;
+                    let s = f.posterior.noise_std();
+                    (Some(Box::new(f.posterior)), s)
+                }
+                "Laplace" => {
+                    let (mut post, s) = map_laplace(
+                        &net,
+                        &p.xtr,
+                        &p.ytr,
+                        Some((&p.xva, &yva)),
+                        Structure::full(),
+                        b.epochs,
+                        1e-3,
+                        seed,
+                    )?;
+                    post.optimize_prior_precision(&MarglikConfig::default())?;
+                    map_net = Some((post.network().clone(), s));
+                    (Some(Box::new(post)), s)
+                }
+                "MAP" => (None, map_net.as_ref().map(|m| m.1).unwrap_or(f64::NAN)),
+                "GP" => {
+                    let gp = ExactGp::fit(
+                        p.kernel.clone(),
+                        PriorMean::Zero,
+                        Noise::Homoscedastic(p.noise_var),
+                        &p.xtr,
+                        &p.ytr_m,
+                    )?;
+                    (Some(Box::new(gp)), p.noise_var.sqrt())
+                }
+                _ => {
+                    let z = fspace_gp::kmeans(&p.xtr, 100.min(p.xtr.nrows()), 20, seed)?;
+                    let mut svgp = Svgp::new(p.kernel.clone(), PriorMean::Zero, p.noise_var, z)?;
+                    svgp.train(&p.xtr, &p.ytr, &SvgpConfig { iterations: 2000, seed, ..Default::default() })?;
+                    let s = svgp.noise_variance().sqrt();
+                    (Some(Box::new(svgp)), s)
+                }
+            };
+            let (ell, acc) = match post {
+                Some(post) => {
+                    let [ell, _, acc] = scores(post.as_ref(), noise, &p.xte, &p.yte, &ood)?;
+                    (ell, acc)
+                }
+                None => {
+                    let (mnet, s) = map_net.as_ref().expect("Laplace runs before MAP");
+                    let f: Vec<f64> = mnet.forward(&p.xte)?.iter().cloned().collect();
+                    let y: Vec<f64> = p.yte.iter().cloned().collect();
+                    let zeros = vec![0.0; y.len()];
+                    (fspace_metrics::gaussian_expected_log_likelihood(&f, &zeros, s * s, &y)?, f64::NAN)
+                }
+            };
+            run.log(format!("{ds} {method}: ELL {ell:.3}, OOD acc {acc:.3}, σ_y {noise:.3}"));
+            Ok(FoldScore { ell, ood_accuracy: acc })
+        })?;
+        out.push(FoldScore::columns(&unit));
     }
     Ok(out)
 }
@@ -249,9 +281,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let b = if opts.quick { &QUICK } else { &FULL };
     let folds = opts.seeds.unwrap_or(b.folds).clamp(1, 5);
     // A unit is one method on one fold; the settings that change its numbers name the file.
-    let mut ck = Checkpoint::open(
+    let mut ck = Checkpoint::<Timed<FoldScore>>::open(
         &mut run,
-        json!({
+        &json!({
             "epochs": b.epochs, "fvi_steps": b.fvi_steps, "seed": opts.seed, "prior_fit": PRIOR_FIT,
             "patience": PATIENCE_EPOCHS,
         }),
@@ -270,7 +302,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let scores = match stored_fold(&ck, ds, f, &METHODS)? {
                 Some(stored) => {
                     run.log(format!("{ds} fold {}: every method in checkpoint.json (--resume)", f + 1));
-                    stored
+                    stored.iter().map(FoldScore::columns).collect()
                 }
                 None => run_fold(&mut run, &mut ck, (ds, f), &prepare(&data, fold, seed)?, b, seed)?,
             };
@@ -286,7 +318,7 @@ pub fn run(opts: &Options) -> Result<()> {
 
 fn write_table(
     run: &mut Run,
-    ck: &Checkpoint,
+    ck: &Checkpoint<Timed<FoldScore>>,
     all: &[(&str, Vec<Vec<[f64; 3]>>)],
     folds: usize,
     quick: bool,
@@ -300,7 +332,7 @@ fn write_table(
         "# fsp-uci (FSP-Laplace Table C.1){}: {folds} fold(s) of 5-fold CV per set, mean ± standard error over folds; paper in parentheses\n\n",
         if quick { " — quick mode" } else { "" }
     );
-    let mut metrics = serde_json::Map::new();
+    let mut metrics = Metrics::new();
     for (j, title, methods) in [
         (0usize, "expected log-likelihood (higher is better)", (0..METHODS.len()).collect::<Vec<_>>()),
         (1, "OOD-detection accuracy (higher is better)", OOD_METHODS.to_vec()),
@@ -322,8 +354,12 @@ fn write_table(
                 row.push(format!("{} ± {} ({} ± {})", fmt(m), fmt(se), pp.0, pp.1));
                 metrics.insert(
                     format!("{ds}/{}/{}", METHODS[k], if j == 0 { "ell" } else { "ood_accuracy" }),
-                    json!({ "mean": m, "se": se, "folds": per[k].iter().map(|s| s[j]).collect::<Vec<_>>(),
-                            "seconds": per[k].iter().map(|s| s[2]).collect::<Vec<_>>() }),
+                    ColumnStats {
+                        mean: m,
+                        se,
+                        folds: per[k].iter().map(|s| s[j]).collect(),
+                        seconds: per[k].iter().map(|s| s[2]).collect(),
+                    },
                 );
             }
             rows.push(row);
@@ -340,5 +376,5 @@ power, protein, wave and Denmark sets are in no package registry. OOD rows: skle
         ck.wall_time()
     ));
     run.write_table(&md)?;
-    run.write_metrics(&serde_json::Value::Object(metrics))
+    run.write_metrics(&metrics)
 }

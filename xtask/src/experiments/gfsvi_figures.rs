@@ -27,7 +27,9 @@ use fspace_kernels::{Matern12, Rbf};
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::harness::plot::{line_panels, regression_panels, LinePanel, Panel1d};
 use crate::harness::registry::Options;
@@ -100,6 +102,61 @@ fn quick_note(opts: &Options) -> &'static str {
     }
 }
 
+/// `gfsvi-activations`: one network under one prior.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ActivationFit {
+    /// Mean per-point W2 of its samples to the exact GP's.
+    pub w2: f64,
+    /// The learned noise σ.
+    pub noise_std: f64,
+    /// Wall seconds of the fit.
+    pub seconds: f64,
+}
+
+/// `gfsvi-activations`' `metrics.json`: per `"prior/architecture"`.
+pub type ActivationMetrics = BTreeMap<String, ActivationFit>;
+
+/// `gfsvi-lengthscale`: one prior lengthscale.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LengthscaleFit {
+    /// Mean per-point W2 of its samples to the exact GP's.
+    pub w2: f64,
+    /// Mean squared second difference of its samples.
+    pub roughness: f64,
+    /// The same for the exact GP's samples.
+    pub gp_roughness: f64,
+    /// Wall seconds of the fit.
+    pub seconds: f64,
+}
+
+/// `gfsvi-lengthscale`'s `metrics.json`: per lengthscale label.
+pub type LengthscaleMetrics = BTreeMap<String, LengthscaleFit>;
+
+/// `gfsvi-gamma`: one fit at one γ (Fig. 10).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GammaFit {
+    /// Mean per-point W2 of its samples to the exact GP's.
+    pub w2: f64,
+    /// Mean predictive std outside the data.
+    pub std_outside: f64,
+    /// Wall seconds of the fit.
+    pub seconds: f64,
+}
+
+/// One entry of `gfsvi-gamma`'s `metrics.json`: `fit/γ=G` a fit, `kl/PRIOR/M=M/γ=G` the
+/// regularised divergence of a fit at that γ and M (Fig. 12).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum GammaEntry {
+    /// A fit.
+    Fit(GammaFit),
+    /// D_KL^γ in nats.
+    Divergence(f64),
+}
+
+/// `gfsvi-gamma`'s `metrics.json`.
+pub type GammaMetrics = BTreeMap<String, GammaEntry>;
+
 /// `gfsvi-activations` (Fig. 3).
 pub fn run_activations(opts: &Options) -> Result<()> {
     let name = "gfsvi-activations";
@@ -115,7 +172,7 @@ pub fn run_activations(opts: &Options) -> Result<()> {
         ("RBF", gp_case(Rbf::new(1.0, 0.3)?, 0.1, seed)?),
         ("Matérn-1/2", gp_case(Matern12::new(1.0, 0.3)?, 0.1, seed)?),
     ];
-    let (mut rows, mut panels, mut metrics) = (Vec::new(), Vec::new(), Map::new());
+    let (mut rows, mut panels, mut metrics) = (Vec::new(), Vec::new(), ActivationMetrics::new());
     let mut w2 = std::collections::HashMap::new();
     for (prior, case) in &cases {
         for (arch, activation, width) in archs {
@@ -143,7 +200,7 @@ pub fn run_activations(opts: &Options) -> Result<()> {
             ]);
             metrics.insert(
                 format!("{prior}/{arch}"),
-                json!({ "w2": f.w2, "noise_std": f.posterior.noise_std(), "seconds": f.seconds }),
+                ActivationFit { w2: f.w2, noise_std: f.posterior.noise_std(), seconds: f.seconds },
             );
             w2.insert((*prior, arch), f.w2);
             panels.push(f.panel);
@@ -171,7 +228,7 @@ pub fn run_activations(opts: &Options) -> Result<()> {
         verdict("Matérn-1/2"),
         markdown_table(&["prior", "network", "W2 to GP", "σ_y", "steps", "seconds"], &rows),
     ))?;
-    run.write_metrics(&Value::Object(metrics))
+    run.write_metrics(&metrics)
 }
 
 /// `gfsvi-lengthscale` (Fig. 6).
@@ -182,7 +239,7 @@ pub fn run_lengthscale(opts: &Options) -> Result<()> {
     header(&mut run, b);
     let data = fspace_data::sine(100, 0.1, &mut StdRng::seed_from_u64(seed))?;
     let xt = linspace(-2.0, 2.0, 100);
-    let (mut rows, mut panels, mut metrics) = (Vec::new(), Vec::new(), Map::new());
+    let (mut rows, mut panels, mut metrics) = (Vec::new(), Vec::new(), LengthscaleMetrics::new());
     let mut rough = Vec::new();
     for ell in [0.1, 0.3, 1.0] {
         let case = case_with(Rbf::new(1.0, ell)?, 0.01, data.clone(), seed)?;
@@ -205,7 +262,7 @@ pub fn run_lengthscale(opts: &Options) -> Result<()> {
         ]);
         metrics.insert(
             label.clone(),
-            json!({ "w2": f.w2, "roughness": r, "gp_roughness": r_gp, "seconds": f.seconds }),
+            LengthscaleFit { w2: f.w2, roughness: r, gp_roughness: r_gp, seconds: f.seconds },
         );
         rough.push(r);
         panels.push(f.panel);
@@ -224,7 +281,7 @@ pub fn run_lengthscale(opts: &Options) -> Result<()> {
         if falls { "holds" } else { "differs" },
         markdown_table(&["prior", "W2 to GP", "roughness", "GP roughness", "steps", "seconds"], &rows),
     ))?;
-    run.write_metrics(&Value::Object(metrics))
+    run.write_metrics(&metrics)
 }
 
 /// `D̂_KL^γ` of `post` (mean and variances of its weights) at `m` uniform points on [−2, 2].
@@ -258,7 +315,7 @@ pub fn run_gamma(opts: &Options) -> Result<()> {
     let m12 = gp_case(Matern12::new(1.0, 0.3)?, 0.1, seed)?;
     let xt = linspace(-2.0, 2.0, 100);
     let outside: Vec<usize> = (0..100).filter(|&i| xt[(i, 0)].abs() >= 1.2).collect();
-    let (mut rows, mut panels, mut metrics) = (Vec::new(), Vec::new(), Map::new());
+    let (mut rows, mut panels, mut metrics) = (Vec::new(), Vec::new(), GammaMetrics::new());
     let mut fitted = Vec::new();
     for gamma in [1e-10, 1e-5, 1e-2, 1.0] {
         let f = fit_gfsvi(
@@ -284,7 +341,7 @@ pub fn run_gamma(opts: &Options) -> Result<()> {
         ]);
         metrics.insert(
             format!("fit/γ={gamma:e}"),
-            json!({ "w2": f.w2, "std_outside": std_out, "seconds": f.seconds }),
+            GammaEntry::Fit(GammaFit { w2: f.w2, std_outside: std_out, seconds: f.seconds }),
         );
         panels.push(f.panel.clone());
         fitted.push(f);
@@ -312,7 +369,7 @@ pub fn run_gamma(opts: &Options) -> Result<()> {
             let mut pts = Vec::new();
             for &g in &gammas {
                 let d = divergence_at(post, case, m, g, seed + 11)?;
-                metrics.insert(format!("kl/{prior}/M={m}/γ={g:e}"), json!(d));
+                metrics.insert(format!("kl/{prior}/M={m}/γ={g:e}"), GammaEntry::Divergence(d));
                 pts.push((g, d));
             }
             monotone &= pts.windows(2).all(|w| w[1].1 <= w[0].1);
@@ -350,7 +407,7 @@ pub fn run_gamma(opts: &Options) -> Result<()> {
         if monotone { "holds" } else { "differs" },
         markdown_table(&kl_header, &kl_rows),
     ))?;
-    run.write_metrics(&Value::Object(metrics))
+    run.write_metrics(&metrics)
 }
 
 #[cfg(test)]

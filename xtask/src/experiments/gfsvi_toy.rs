@@ -22,8 +22,9 @@ use fspace_core::Data;
 use fspace_core::Posterior;
 use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, KlPrior, MfviConfig};
 use fspace_kernels::{Matern12, Matern32, Matern52, Rbf};
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
+use crate::harness::checkpoint::or_nan;
 use crate::harness::plot::{regression_panels, Panel1d};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, Run};
@@ -53,6 +54,21 @@ struct Row {
     seconds: f64,
 }
 
+/// One fit against the exact GP.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Fit {
+    /// Mean per-point W2 of its samples to the exact GP's.
+    #[serde(deserialize_with = "or_nan")]
+    pub w2: f64,
+    /// Optimiser steps taken.
+    pub steps: usize,
+    /// Wall seconds of the fit.
+    pub seconds: f64,
+}
+
+/// `metrics.json`: per `"panel/method/prior/M/σ_n"`.
+pub type Metrics = std::collections::BTreeMap<String, Fit>;
+
 /// `gfsvi-toy`: the paper's settings (or `--quick`'s).
 pub fn run(opts: &Options) -> Result<()> {
     run_named(opts, opts.quick, "gfsvi-toy")
@@ -79,7 +95,6 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         b.m
     ));
     let mut rows: Vec<Row> = Vec::new();
-    let mut metrics = serde_json::Map::new();
 
     // (a) GFSVI under four priors, beside each exact GP.
     let mut prior_panels = Vec::new();
@@ -316,11 +331,12 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         fmt(fvi),
         if gf < fvi { "holds" } else { "does not hold here" }
     ))?;
-    for r in &rows {
-        metrics.insert(
-            format!("{}/{}/{}/{}/{}", r.panel, r.method, r.prior, r.m, r.noise),
-            json!({ "w2": r.w2, "steps": r.steps, "seconds": r.seconds }),
-        );
-    }
-    run.write_metrics(&serde_json::Value::Object(metrics))
+    let metrics: Metrics = rows
+        .iter()
+        .map(|r| {
+            let key = format!("{}/{}/{}/{}/{}", r.panel, r.method, r.prior, r.m, r.noise);
+            (key, Fit { w2: r.w2, steps: r.steps, seconds: r.seconds })
+        })
+        .collect();
+    run.write_metrics(&metrics)
 }

@@ -30,7 +30,6 @@
 //! [`crate::protocols::uci::ood_rows`] (sklearn's digits, shipped) stands in.
 
 use fspace_kernels::GpPrior;
-use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::Data;
@@ -43,10 +42,12 @@ use fspace_kernels::PriorMean;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::harness::checkpoint::{or_nan, or_nan_vec, Checkpoint, Timed};
 use crate::harness::registry::Options;
-use crate::harness::report::{fmt, markdown_table, Checkpoint, Run};
+use crate::harness::report::{fmt, markdown_table, Run};
 use crate::protocols::tanh_mlp;
 use crate::protocols::uci::{
     best_validation_loss, folds_label, load, map_laplace, ood_rows, prepare, rank_rows, scores,
@@ -193,8 +194,52 @@ pub fn run_ood(opts: &Options) -> Result<()> {
     run_tables(opts, "gfsvi-ood", true)
 }
 
-/// Per method: ELL, MSE, OOD accuracy and seconds for one fold.
-type FoldScores = Vec<[f64; 4]>;
+/// One method's scores on one fold (the checkpoint's unit; standardised units).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FoldScore {
+    /// Expected log-likelihood per test point (Table 1).
+    #[serde(deserialize_with = "or_nan")]
+    pub ell: f64,
+    /// MSE of the predictive mean (Table 5).
+    #[serde(deserialize_with = "or_nan")]
+    pub mse: f64,
+    /// OOD accuracy of one threshold on the epistemic variance (Table 3).
+    #[serde(deserialize_with = "or_nan")]
+    pub ood_accuracy: f64,
+    /// Seconds of the fold's GP prior fit, counted in the exact GP's time (0 for the others,
+    /// whose prior is given).
+    pub prior_fit_seconds: f64,
+    /// The γ a GFSVI/TFSVI fit chose from a grid of several (`None` otherwise).
+    pub gamma: Option<f64>,
+}
+
+/// One method's score on one set over folds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ColumnStats {
+    /// Mean over folds.
+    #[serde(deserialize_with = "or_nan")]
+    pub mean: f64,
+    /// Standard deviation over folds.
+    #[serde(deserialize_with = "or_nan")]
+    pub std: f64,
+    /// Each fold's score.
+    #[serde(deserialize_with = "or_nan_vec")]
+    pub folds: Vec<f64>,
+    /// Each fold's seconds.
+    pub seconds: Vec<f64>,
+}
+
+/// `metrics.json`: per `"set/method/j"`, j = 0 ELL, 1 MSE, 2 OOD accuracy.
+pub type Metrics = std::collections::BTreeMap<String, ColumnStats>;
+
+impl FoldScore {
+    /// The table's columns: ELL, MSE, OOD accuracy, seconds (fit and evaluation, the GP's
+    /// prior fit included).
+    fn columns(unit: &Timed<FoldScore>) -> [f64; 4] {
+        let u = &unit.value;
+        [u.ell, u.mse, u.ood_accuracy, unit.seconds + u.prior_fit_seconds]
+    }
+}
 
 fn optim(b: &Budget, seed: u64) -> OptimConfig {
     OptimConfig {
@@ -209,17 +254,17 @@ fn optim(b: &Budget, seed: u64) -> OptimConfig {
 #[allow(clippy::too_many_arguments)]
 fn run_fold(
     run: &mut Run,
-    ck: &mut Checkpoint,
+    ck: &mut Checkpoint<Timed<FoldScore>>,
     dataset: &str,
     data: &Dataset,
     (f, fold): (usize, &fspace_data::Fold),
     b: &Budget,
     gammas: &[f64],
     seed: u64,
-) -> Result<FoldScores> {
+) -> Result<Vec<[f64; 4]>> {
     if let Some(stored) = stored_fold(ck, dataset, f, &METHODS)? {
         run.log(format!("{dataset} fold {}: every method in checkpoint.json (--resume)", f + 1));
-        return Ok(stored);
+        return Ok(stored.iter().map(FoldScore::columns).collect());
     }
     let Prepared { xtr, ytr, ytr_m, xva, yva_m, xte, yte, kernel, noise_var, gp_secs } =
         prepare(data, fold, seed)?;
@@ -231,13 +276,8 @@ fn run_fold(
     let bbox = fspace_context::BoundingBox::from_data(&xtr, 0.0)?;
     let mut out = Vec::new();
     for method in METHODS {
-        let key = unit_key(dataset, f, method);
-        if let Some(v) = ck.get_array(&key)? {
-            run.log(format!("{dataset} {method}: kept from checkpoint.json (--resume)"));
-            out.push(v);
-            continue;
-        }
-        let t = Instant::now();
+        let unit = ck.unit(run, &unit_key(dataset, f, method), |run| {
+        let mut chosen_gamma = None;
         let (post, noise): (Box<dyn Posterior>, f64) = match method {
             "GFSVI" | "TFSVI" => {
                 let fp = if method == "GFSVI" {
@@ -277,7 +317,7 @@ fn run_fold(
                 let (_, gamma, f) =
                     chosen.ok_or_else(|| anyhow::anyhow!("GFSVI/TFSVI need at least one γ"))?;
                 if gammas.len() > 1 {
-                    ck.put_numbers(&gamma_key(&key), &[gamma])?;
+                    chosen_gamma = Some(gamma);
                 }
                 let s = f.posterior.noise_std();
                 (Box::new(f.posterior), s)
@@ -341,13 +381,12 @@ fn run_fold(
                 (Box::new(gp), noise_var.sqrt())
             }
         };
-        let secs = t.elapsed().as_secs_f64() + if method == "GP" { gp_secs } else { 0.0 };
-        let [ell, mse, acc] = scores(post.as_ref(), noise, &xte, &yte, &ood)?;
-        run.log(format!(
-            "{dataset} {method}: ELL {ell:.3}, MSE {mse:.3}, OOD acc {acc:.3}, σ_y {noise:.3}, {secs:.1}s"
-        ));
-        ck.put_numbers(&key, &[ell, mse, acc, secs])?;
-        out.push([ell, mse, acc, secs]);
+        let [ell, mse, ood_accuracy] = scores(post.as_ref(), noise, &xte, &yte, &ood)?;
+        run.log(format!("{dataset} {method}: ELL {ell:.3}, MSE {mse:.3}, OOD acc {ood_accuracy:.3}, σ_y {noise:.3}"));
+        let prior_fit_seconds = if method == "GP" { gp_secs } else { 0.0 };
+        Ok(FoldScore { ell, mse, ood_accuracy, prior_fit_seconds, gamma: chosen_gamma })
+        })?;
+        out.push(FoldScore::columns(&unit));
     }
     Ok(out)
 }
@@ -362,14 +401,9 @@ pub const UCI_GAMMA: f64 = 1e-10;
 /// (measurements: `docs/DEVIATIONS.md`, "GFSVI UCI: γ").
 pub const UCI_GAMMA_GRID: [f64; 2] = [UCI_GAMMA, 1e-6];
 
-/// Where the γ a GFSVI/TFSVI unit chose from a `--gamma` grid is stored.
-fn gamma_key(unit: &str) -> String {
-    format!("{unit}/γ")
-}
-
 /// The table's sentence on γ: the paper's value, a `--gamma` override, or the choice per fold.
 fn gamma_footnote(
-    ck: &Checkpoint,
+    ck: &Checkpoint<Timed<FoldScore>>,
     all: &[(&str, Vec<Vec<[f64; 4]>>)],
     folds: &[usize],
     gammas: &[f64],
@@ -394,8 +428,8 @@ fn gamma_footnote(
                 for method in ["GFSVI", "TFSVI"] {
                     let mut chosen = Vec::new();
                     for &f in folds {
-                        let g = ck.get_numbers(&gamma_key(&unit_key(ds, f, method)))?;
-                        chosen.push(g.and_then(|v| v.first().copied()).map_or("?".into(), |g| format!("{g:e}")));
+                        let g = ck.get(&unit_key(ds, f, method))?.and_then(|u| u.value.gamma);
+                        chosen.push(g.map_or("?".into(), |g| format!("{g:e}")));
                     }
                     entries.push(format!("{ds} {method} {}", chosen.join(", ")));
                 }
@@ -416,9 +450,9 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
     // A unit is one method on one fold; the settings that change its numbers name the file
     // (one γ is stored as a number, as before the grid existed, so older checkpoints resume).
     let gamma_setting = if let [g] = gammas.as_slice() { json!(g) } else { json!(gammas) };
-    let mut ck = Checkpoint::open(
+    let mut ck = Checkpoint::<Timed<FoldScore>>::open(
         &mut run,
-        json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": PRIOR_FIT, "map_patience": PATIENCE_EPOCHS, "laplace": format!("{LAPLACE_STRUCTURE:?}"), "gamma": gamma_setting }),
+        &json!({ "steps": b.steps, "m": b.m, "seed": opts.seed, "prior_fit": PRIOR_FIT, "map_patience": PATIENCE_EPOCHS, "laplace": format!("{LAPLACE_STRUCTURE:?}"), "gamma": gamma_setting }),
     )?;
     run.log(format!(
         "{} of 5 per set, ≤ {} Adam steps, M = {}, γ {:?}, sets {:?}",
@@ -459,7 +493,7 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
 
 fn write_tables(
     run: &mut Run,
-    ck: &Checkpoint,
+    ck: &Checkpoint<Timed<FoldScore>>,
     name: &str,
     all: &[(&str, Vec<Vec<[f64; 4]>>)],
     (folds, gammas): (&[usize], &[f64]),
@@ -489,7 +523,7 @@ fn write_tables(
         "# {name}: {} of 5-fold CV per set (mean ± std over folds); paper in parentheses\n\n",
         folds_label(folds)
     );
-    let mut metrics = serde_json::Map::new();
+    let mut metrics = Metrics::new();
     for (j, title, higher) in tables {
         let mut rows = Vec::new();
         let nm = METHODS.len() - 2; // BNN methods (the gold standards are not ranked)
@@ -507,7 +541,15 @@ fn write_tables(
                     (paper_means[(k, c)], paper_sds[(k, c)]) = pp[k];
                 }
                 row.push(format!("{} ± {} ({} ± {})", fmt(m), fmt(sd), pp[k].0, pp[k].1));
-                metrics.insert(format!("{ds}/{method}/{j}"), json!({ "mean": m, "std": sd, "folds": per[k].iter().map(|s| s[j]).collect::<Vec<_>>(), "seconds": per[k].iter().map(|s| s[3]).collect::<Vec<_>>() }));
+                metrics.insert(
+                    format!("{ds}/{method}/{j}"),
+                    ColumnStats {
+                        mean: m,
+                        std: sd,
+                        folds: per[k].iter().map(|s| s[j]).collect(),
+                        seconds: per[k].iter().map(|s| s[3]).collect(),
+                    },
+                );
             }
             rows.push(row);
         }
@@ -527,5 +569,5 @@ fn write_tables(
     );
     md.push_str(&format!("{}.\n", ck.wall_time()));
     run.write_table(&md)?;
-    run.write_metrics(&serde_json::Value::Object(metrics))
+    run.write_metrics(&metrics)
 }

@@ -16,7 +16,6 @@
 //! and `--folds` run a subset.
 
 use fspace_kernels::GpPrior;
-use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::Data;
@@ -29,10 +28,12 @@ use fspace_kernels::PriorMean;
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::harness::checkpoint::{or_nan, or_nan_vec, Checkpoint, Timed};
 use crate::harness::registry::Options;
-use crate::harness::report::{fmt, markdown_table, mean_std, Checkpoint, Run};
+use crate::harness::report::{fmt, markdown_table, mean_std, Run};
 use crate::protocols::tanh_mlp;
 use crate::protocols::uci::{
     best_validation_loss, folds_label, load, prepare, selected_folds, selected_sets, stored_fold, unit_key,
@@ -40,6 +41,44 @@ use crate::protocols::uci::{
 };
 
 const METHODS: [&str; 3] = ["GFSVI", "FVI", "SVGP"];
+
+/// One method on one set, over folds (standardised units).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct W2Stats {
+    /// Mean over folds of the mean per-point W2.
+    #[serde(deserialize_with = "or_nan")]
+    pub mean_w2: f64,
+    /// Its standard deviation over folds.
+    #[serde(deserialize_with = "or_nan")]
+    pub std_w2: f64,
+    /// Mean over folds of the mean per-point W2².
+    #[serde(deserialize_with = "or_nan")]
+    pub mean_w2_squared: f64,
+    /// Its standard deviation over folds.
+    #[serde(deserialize_with = "or_nan")]
+    pub std_w2_squared: f64,
+    /// Each fold's mean W2.
+    #[serde(deserialize_with = "or_nan_vec")]
+    pub folds_w2: Vec<f64>,
+    /// Each fold's mean W2².
+    #[serde(deserialize_with = "or_nan_vec")]
+    pub folds_w2_squared: Vec<f64>,
+}
+
+/// `metrics.json`: per `"set/method"`.
+pub type Metrics = std::collections::BTreeMap<String, W2Stats>;
+
+/// One method on one fold (the checkpoint's unit): the distance of its function samples to the
+/// exact GP's at the test points.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct W2Unit {
+    /// Mean over test points of the 1-D Wasserstein-2 distance.
+    #[serde(deserialize_with = "or_nan")]
+    pub w2: f64,
+    /// Mean over test points of its square.
+    #[serde(deserialize_with = "or_nan")]
+    pub w2_squared: f64,
+}
 
 /// Named in the checkpoint settings: the SVGP column learns its inducing inputs (from k-means
 /// centres), so units stored when they stayed at the centres are not mixed in on `--resume`.
@@ -101,10 +140,10 @@ pub fn run(opts: &Options) -> Result<()> {
     let datasets = selected_sets(opts, default_sets)?;
     let folds = selected_folds(opts, default_folds);
     let label = folds_label(&folds);
-    // A unit is one method on one fold: [mean W2, mean W2², seconds].
-    let mut ck = Checkpoint::open(
+    // A unit is one method on one fold.
+    let mut ck = Checkpoint::<Timed<W2Unit>>::open(
         &mut run,
-        json!({ "steps": steps, "seed": opts.seed, "prior_fit": PRIOR_FIT, "svgp": SVGP_PROTOCOL,
+        &json!({ "steps": steps, "seed": opts.seed, "prior_fit": PRIOR_FIT, "svgp": SVGP_PROTOCOL,
                 "patience": PATIENCE }),
     )?;
     run.log(format!(
@@ -112,7 +151,7 @@ pub fn run(opts: &Options) -> Result<()> {
         label
     ));
     let mut rows = Vec::new();
-    let mut metrics = serde_json::Map::new();
+    let mut metrics = Metrics::new();
     for &ds in &datasets {
         let data = load(ds)?;
         let splits = kfold(data.x.nrows(), 5, 0.1, &mut StdRng::seed_from_u64(opts.seed))?;
@@ -122,9 +161,9 @@ pub fn run(opts: &Options) -> Result<()> {
             let seed = opts.seed + f as u64;
             if let Some(stored) = stored_fold(&ck, ds, f, &METHODS)? {
                 run.log(format!("{ds} fold {}: every method in checkpoint.json (--resume)", f + 1));
-                for (k, [w2, w2sq, _]) in stored.into_iter().enumerate() {
-                    per[k].push(w2);
-                    per_sq[k].push(w2sq);
+                for (k, unit) in stored.into_iter().enumerate() {
+                    per[k].push(unit.value.w2);
+                    per_sq[k].push(unit.value.w2_squared);
                 }
                 continue;
             }
@@ -151,96 +190,89 @@ pub fn run(opts: &Options) -> Result<()> {
             let bbox = fspace_context::BoundingBox::from_data(&p.xtr, 0.0)?;
             let val = Some((&p.xva, &p.yva_m));
             for (k, method) in METHODS.iter().enumerate() {
-                let key = unit_key(ds, f, method);
-                if let Some([w2, w2sq, _]) = ck.get_array::<3>(&key)? {
-                    run.log(format!("{ds} fold {}: {method} kept from checkpoint.json (--resume)", f + 1));
-                    per[k].push(w2);
-                    per_sq[k].push(w2sq);
-                    continue;
-                }
-                // Each method's own sample stream, so a resumed fold draws what a whole one does.
-                let mut rng = StdRng::seed_from_u64(seed ^ 0x77 ^ ((k as u64 + 1) << 32));
-                let t = Instant::now();
-                let post: Box<dyn Posterior> = match *method {
-                    "GFSVI" => {
-                        let cfg = GfsviConfig {
-                            measurement_points: 50,
-                            measurement_from_batch: 450,
-                            gamma: 1e-15,
-                            measurement_box: Some(bbox.clone()),
-                            optim: optim.clone(),
-                            ..Default::default()
-                        };
-                        let lik = LikelihoodSpec::gaussian(noise_std);
-                        let fitted = fit(
-                            net.clone(),
-                            lik,
-                            &KlPrior::Gp(prior.clone()),
-                            &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(val)?,
-                            &cfg,
-                        )?;
-                        log_stopping(&mut run, ds, f, method, &fitted.report);
-                        Box::new(fitted.posterior)
-                    }
-                    "FVI" => {
-                        let cfg = FviConfig {
-                            measurement_box: Some(bbox.clone()),
-                            optim: optim.clone(),
-                            ..Default::default()
-                        };
-                        let lik = LikelihoodSpec::gaussian(noise_std);
-                        let fitted = fit_fvi(
-                            net.clone(),
-                            lik,
-                            &prior,
-                            &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(val)?,
-                            &cfg,
-                        )?;
-                        log_stopping(&mut run, ds, f, method, &fitted.report);
-                        Box::new(fitted.posterior)
-                    }
-                    _ => {
-                        let z = fspace_gp::kmeans(&p.xtr, 100.min(p.xtr.nrows()), 20, seed)?;
-                        let mut s = Svgp::new(p.kernel.clone(), PriorMean::Zero, p.noise_var, z)?;
-                        s.train(
-                            &p.xtr,
-                            &p.ytr,
-                            &SvgpConfig {
-                                iterations: 2000,
-                                learn_hyperparameters: false,
-                                learn_inducing_points: true,
-                                // Full batch with ρ = 1: q(u) is optimal for Z at every step,
-                                // so Adam follows the exact gradient of Titsias' collapsed bound
-                                // (these sets have ≤ 1 600 rows). On concrete folds 1–2 this
-                                // ends 27 and 43 nats higher than minibatches of 256 with ρ = 0.2.
-                                batch_size: p.xtr.nrows(),
-                                natural_step: 1.0,
-                                seed,
+                let unit = ck.unit(&mut run, &unit_key(ds, f, method), |run| {
+                    // Each method's own sample stream, so a resumed fold draws what a whole one does.
+                    let mut rng = StdRng::seed_from_u64(seed ^ 0x77 ^ ((k as u64 + 1) << 32));
+                    let post: Box<dyn Posterior> = match *method {
+                        "GFSVI" => {
+                            let cfg = GfsviConfig {
+                                measurement_points: 50,
+                                measurement_from_batch: 450,
+                                gamma: 1e-15,
+                                measurement_box: Some(bbox.clone()),
+                                optim: optim.clone(),
                                 ..Default::default()
-                            },
-                        )?;
-                        // Finish at the exact optimal q(u) for the learned inducing points.
-                        s.set_optimal_variational(&p.xtr, &p.ytr)?;
-                        // log p(y) − bound = KL(q(f) ‖ p(f | y)): how far 100 points can get.
-                        run.log(format!(
-                            "{ds} fold {}: SVGP collapsed bound {:.1}, exact log p(y) {:.1}",
-                            f + 1,
-                            s.elbo(&p.xtr, &p.ytr)?,
-                            gp.log_marginal_likelihood()
-                        ));
-                        Box::new(s)
-                    }
-                };
-                let samples = post.sample_functions(&p.xte, 1000, &mut rng)?;
-                let (w2, w2sq) = mean_w2(&samples, &gp_samples)?;
-                let secs = t.elapsed().as_secs_f64();
-                run.log(format!(
-                    "{ds} fold {}: {method} to the exact GP: mean W2 {w2:.4}, mean W2² {w2sq:.4} ({secs:.1}s)",
-                    f + 1
-                ));
-                ck.put_numbers(&key, &[w2, w2sq, secs])?;
-                per[k].push(w2);
-                per_sq[k].push(w2sq);
+                            };
+                            let lik = LikelihoodSpec::gaussian(noise_std);
+                            let fitted = fit(
+                                net.clone(),
+                                lik,
+                                &KlPrior::Gp(prior.clone()),
+                                &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(val)?,
+                                &cfg,
+                            )?;
+                            log_stopping(run, ds, f, method, &fitted.report);
+                            Box::new(fitted.posterior)
+                        }
+                        "FVI" => {
+                            let cfg = FviConfig {
+                                measurement_box: Some(bbox.clone()),
+                                optim: optim.clone(),
+                                ..Default::default()
+                            };
+                            let lik = LikelihoodSpec::gaussian(noise_std);
+                            let fitted = fit_fvi(
+                                net.clone(),
+                                lik,
+                                &prior,
+                                &Data::new(&p.xtr, &p.ytr_m)?.with_optional_validation(val)?,
+                                &cfg,
+                            )?;
+                            log_stopping(run, ds, f, method, &fitted.report);
+                            Box::new(fitted.posterior)
+                        }
+                        _ => {
+                            let z = fspace_gp::kmeans(&p.xtr, 100.min(p.xtr.nrows()), 20, seed)?;
+                            let mut s = Svgp::new(p.kernel.clone(), PriorMean::Zero, p.noise_var, z)?;
+                            s.train(
+                                &p.xtr,
+                                &p.ytr,
+                                &SvgpConfig {
+                                    iterations: 2000,
+                                    learn_hyperparameters: false,
+                                    learn_inducing_points: true,
+                                    // Full batch with ρ = 1: q(u) is optimal for Z at every step,
+                                    // so Adam follows the exact gradient of Titsias' collapsed bound
+                                    // (these sets have ≤ 1 600 rows). On concrete folds 1–2 this
+                                    // ends 27 and 43 nats higher than minibatches of 256 with ρ = 0.2.
+                                    batch_size: p.xtr.nrows(),
+                                    natural_step: 1.0,
+                                    seed,
+                                    ..Default::default()
+                                },
+                            )?;
+                            // Finish at the exact optimal q(u) for the learned inducing points.
+                            s.set_optimal_variational(&p.xtr, &p.ytr)?;
+                            // log p(y) − bound = KL(q(f) ‖ p(f | y)): how far 100 points can get.
+                            run.log(format!(
+                                "{ds} fold {}: SVGP collapsed bound {:.1}, exact log p(y) {:.1}",
+                                f + 1,
+                                s.elbo(&p.xtr, &p.ytr)?,
+                                gp.log_marginal_likelihood()
+                            ));
+                            Box::new(s)
+                        }
+                    };
+                    let samples = post.sample_functions(&p.xte, 1000, &mut rng)?;
+                    let (w2, w2_squared) = mean_w2(&samples, &gp_samples)?;
+                    run.log(format!(
+                        "{ds} fold {}: {method} to the exact GP: mean W2 {w2:.4}, mean W2² {w2_squared:.4}",
+                        f + 1
+                    ));
+                    Ok(W2Unit { w2, w2_squared })
+                })?;
+                per[k].push(unit.value.w2);
+                per_sq[k].push(unit.value.w2_squared);
             }
         }
         let mut row = vec![ds.to_string()];
@@ -259,8 +291,14 @@ pub fn run(opts: &Options) -> Result<()> {
             ));
             metrics.insert(
                 format!("{ds}/{method}"),
-                json!({ "mean_w2": m, "std_w2": sd, "mean_w2_squared": msq, "std_w2_squared": sdsq,
-                        "folds_w2": per[k], "folds_w2_squared": per_sq[k] }),
+                W2Stats {
+                    mean_w2: m,
+                    std_w2: sd,
+                    mean_w2_squared: msq,
+                    std_w2_squared: sdsq,
+                    folds_w2: per[k].clone(),
+                    folds_w2_squared: per_sq[k].clone(),
+                },
             );
         }
         rows.push(row);
@@ -277,7 +315,7 @@ pub fn run(opts: &Options) -> Result<()> {
             markdown_table(&header, &rows),
             ck.wall_time()
         ))?;
-        run.write_metrics(&serde_json::Value::Object(metrics.clone()))?;
+        run.write_metrics(&metrics)?;
     }
     Ok(())
 }

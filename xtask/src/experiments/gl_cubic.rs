@@ -22,7 +22,9 @@ use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecisi
 use fspace_nn::{train_map, TrainConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::harness::plot::{regression_panels, Panel1d};
 use crate::harness::registry::Options;
@@ -50,6 +52,60 @@ fn mean_where(xs: &[f64], v: &[f64], keep: impl Fn(f64) -> bool) -> f64 {
     sel.iter().sum::<f64>() / sel.len() as f64
 }
 
+/// One GGN structure's uncertainty and marginal likelihood.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StructureMetrics {
+    /// Mean GLM predictive std of f on the data range.
+    pub std_in: f64,
+    /// Mean GLM predictive std of f outside the data.
+    pub std_out: f64,
+    /// `std_in` over the full GGN's.
+    pub std_in_over_full: f64,
+    /// `std_out` over the full GGN's.
+    pub std_out_over_full: f64,
+    /// Mean nonlinear Monte-Carlo std on the data range.
+    pub mc_std_in: f64,
+    /// Mean nonlinear Monte-Carlo std outside the data.
+    pub mc_std_out: f64,
+    /// Laplace log marginal likelihood at the weight decay's prior precision.
+    pub log_marglik_at_weight_decay: f64,
+    /// The prior precision that maximises it.
+    pub marglik_lambda: f64,
+    /// The log marginal likelihood there.
+    pub log_marglik_at_optimum: f64,
+    /// Frobenius norm of the last layer's curvature block.
+    pub last_layer_curvature_frobenius: f64,
+    /// Milliseconds of the fit.
+    pub fit_ms: f64,
+}
+
+/// `metrics.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Per structure: `diag`, `kfac`, `ekfac`, `block_diag`, `full`.
+    #[serde(flatten)]
+    pub structures: BTreeMap<String, StructureMetrics>,
+    /// The non-full structures, smallest GLM std on the data range first.
+    #[serde(rename = "uncertainty_order (GLM std on the data range)")]
+    pub order_glm_std_in: Vec<String>,
+    /// The same outside the data.
+    #[serde(rename = "uncertainty_order (GLM std outside the data)")]
+    pub order_glm_std_out: Vec<String>,
+    /// The same by the Monte-Carlo std on the data range.
+    #[serde(rename = "uncertainty_order (MC std on the data range)")]
+    pub order_mc_std_in: Vec<String>,
+    /// The paper's order (Fig. 2).
+    #[serde(rename = "uncertainty_order_paper")]
+    pub order_paper: Vec<String>,
+    /// The learned observation-noise σ in the data's units.
+    pub noise_sigma_learned: f64,
+    /// The targets' scale.
+    pub target_scale: f64,
+    /// The MAP's prediction on the plotting grid.
+    pub map_grid_prediction: Vec<f64>,
+}
+
+/// `gl-cubic-toy`: runs the experiment and writes its folder.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "gl-cubic-toy")?;
     let mut rng = StdRng::seed_from_u64(opts.seed);
@@ -185,18 +241,24 @@ pub fn run(opts: &Options) -> Result<()> {
         });
     }
     let full = *per.iter().find(|p| p.name == "full").expect("full ran");
-    let mut metrics = Map::new();
+    let mut structures = BTreeMap::new();
     let mut rows = Vec::new();
     for p in &per {
-        metrics.insert(
-            p.name.into(),
-            json!({
-                "std_in": p.std_in, "std_out": p.std_out,
-                "std_in_over_full": p.std_in / full.std_in, "std_out_over_full": p.std_out / full.std_out,
-                "mc_std_in": p.mc_in, "mc_std_out": p.mc_out,
-                "log_marglik_at_weight_decay": p.log_z, "marglik_lambda": p.lambda_best, "log_marglik_at_optimum": p.log_z_best,
-                "last_layer_curvature_frobenius": p.frob_last, "fit_ms": p.fit_ms,
-            }),
+        structures.insert(
+            p.name.to_string(),
+            StructureMetrics {
+                std_in: p.std_in,
+                std_out: p.std_out,
+                std_in_over_full: p.std_in / full.std_in,
+                std_out_over_full: p.std_out / full.std_out,
+                mc_std_in: p.mc_in,
+                mc_std_out: p.mc_out,
+                log_marglik_at_weight_decay: p.log_z,
+                marglik_lambda: p.lambda_best,
+                log_marglik_at_optimum: p.log_z_best,
+                last_layer_curvature_frobenius: p.frob_last,
+                fit_ms: p.fit_ms,
+            },
         );
         rows.push(vec![
             p.name.to_string(),
@@ -224,15 +286,18 @@ pub fn run(opts: &Options) -> Result<()> {
         ("MC std on the data range", order_by(|p| p.mc_in)),
     ];
     let paper_order = ["kfac", "diag", "ekfac", "block_diag"];
-    for (what, o) in &orders {
-        metrics.insert(format!("uncertainty_order ({what})"), json!(o));
-    }
-    metrics.insert("uncertainty_order_paper".into(), json!(paper_order));
+    let owned = |o: &[&str]| o.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let order_lines: String = orders.iter().map(|(w, o)| format!("- {w}: {}\n", o.join(" < "))).collect();
-    metrics.insert("noise_sigma_learned".into(), json!(sigma * scale));
-    metrics.insert("target_scale".into(), json!(scale));
-    metrics.insert("map_grid_prediction".into(), json!(map_f));
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&Metrics {
+        structures,
+        order_glm_std_in: owned(&orders[0].1),
+        order_glm_std_out: owned(&orders[1].1),
+        order_mc_std_in: owned(&orders[2].1),
+        order_paper: owned(&paper_order),
+        noise_sigma_learned: sigma * scale,
+        target_scale: scale,
+        map_grid_prediction: map_f.clone(),
+    })?;
     regression_panels(&run.path("predictive.png"), &panels, 3, (-200.0, 200.0), ("x", "y"))?;
     regression_panels(&run.path("predictive_mc.png"), &mc_panels, 3, (-200.0, 200.0), ("x", "y"))?;
     run.log("wrote predictive.png (GLM: mean red, ±2σ band and 10 linearised samples green) and predictive_mc.png (nonlinear MC, 50 weight samples: mean, ±2σ, 10 samples)");

@@ -28,7 +28,9 @@ use fspace_laplace::{fit, Curvature, LaplaceConfig, Predictive, PriorPrecision, 
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::harness::plot::{line_panels, LinePanel};
 use crate::harness::registry::Options;
@@ -61,6 +63,89 @@ fn last_layer_frobenius(
     }
 }
 
+/// The MAP network's test metrics.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MapMetrics {
+    /// Test accuracy.
+    pub accuracy: f64,
+    /// Test NLL.
+    pub nll: f64,
+    /// Expected calibration error.
+    pub ece: f64,
+    /// Brier score.
+    pub brier: f64,
+    /// Mean predictive entropy on the test images.
+    pub entropy: f64,
+    /// Mean predictive entropy on the OOD images.
+    pub ood_entropy: f64,
+    /// Training seconds.
+    pub train_seconds: f64,
+}
+
+/// One temperature's test metrics.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AtTemperature {
+    /// The temperature T.
+    pub temperature: f64,
+    /// Test accuracy.
+    pub accuracy: f64,
+    /// Mean predictive entropy on the test images.
+    pub entropy: f64,
+    /// Mean predictive entropy on the OOD images.
+    pub ood_entropy: f64,
+    /// Test NLL.
+    pub nll: f64,
+    /// Expected calibration error.
+    pub ece: f64,
+    /// Brier score.
+    pub brier: f64,
+}
+
+/// One curvature structure over temperatures.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StructureMetrics {
+    /// Seconds of the curvature fit.
+    pub fit_seconds: f64,
+    /// Frobenius norm of the last layer's curvature block.
+    pub last_layer_curvature_frobenius: f64,
+    /// Per temperature.
+    pub by_temperature: Vec<AtTemperature>,
+}
+
+/// The run's sizes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Setup {
+    /// Training images.
+    pub train_images: usize,
+    /// MAP epochs.
+    pub epochs: usize,
+    /// Images the curvature is computed on.
+    pub curvature_images: usize,
+    /// Test (and OOD) images evaluated.
+    pub eval_images: usize,
+    /// Monte-Carlo samples of the nonlinear predictive.
+    pub mc_samples: usize,
+    /// The temperatures.
+    pub temperatures: Vec<f64>,
+    /// The prior precision (weight decay × N).
+    pub prior_precision: f64,
+    /// The OOD images.
+    pub ood_set: String,
+}
+
+/// `metrics.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metrics {
+    /// The MAP network.
+    pub map: MapMetrics,
+    /// Per structure: `diag`, `kfac`, `ekfac`.
+    #[serde(flatten)]
+    pub structures: BTreeMap<String, StructureMetrics>,
+    /// The run's sizes.
+    pub setup: Setup,
+}
+
+/// `gl-mnist-temperature`: runs the experiment and writes its folder.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "gl-mnist-temperature")?;
     let (n_train, epochs, m_curv, n_eval, samples, temps): (usize, usize, usize, usize, usize, Vec<f64>) =
@@ -111,12 +196,16 @@ pub fn run(opts: &Options) -> Result<()> {
     let curv = train.subset(m_curv, opts.seed + 3);
     let scale = n as f64 / m_curv as f64;
     let last = net.layer_infos().last().expect("layers").clone();
-    let mut metrics = Map::new();
-    metrics.insert(
-        "map".into(),
-        json!({"accuracy": map_test.accuracy, "nll": map_test.nll, "ece": map_test.ece, "brier": map_test.brier,
-               "entropy": map_test.entropy, "ood_entropy": map_ood_entropy, "train_seconds": train_s}),
-    );
+    let map = MapMetrics {
+        accuracy: map_test.accuracy,
+        nll: map_test.nll,
+        ece: map_test.ece,
+        brier: map_test.brier,
+        entropy: map_test.entropy,
+        ood_entropy: map_ood_entropy,
+        train_seconds: train_s,
+    };
+    let mut structures = BTreeMap::new();
     let mut rows = vec![vec![
         "MAP".into(),
         "—".into(),
@@ -184,23 +273,39 @@ pub fn run(opts: &Options) -> Result<()> {
                 fmt(m.nll),
                 fmt(m.ece),
             ]);
-            per_t.push(json!({"temperature": temp, "accuracy": m.accuracy, "entropy": m.entropy, "ood_entropy": ood_ent,
-                              "nll": m.nll, "ece": m.ece, "brier": m.brier}));
+            per_t.push(AtTemperature {
+                temperature: temp,
+                accuracy: m.accuracy,
+                entropy: m.entropy,
+                ood_entropy: ood_ent,
+                nll: m.nll,
+                ece: m.ece,
+                brier: m.brier,
+            });
         }
-        metrics.insert(
-            name.into(),
-            json!({"fit_seconds": fit_s, "last_layer_curvature_frobenius": frob, "by_temperature": per_t}),
+        structures.insert(
+            name.to_string(),
+            StructureMetrics {
+                fit_seconds: fit_s,
+                last_layer_curvature_frobenius: frob,
+                by_temperature: per_t,
+            },
         );
         acc_series.push((name.to_string(), acc_pts));
         ent_series.push((name.to_string(), ent_pts));
         ood_series.push((name.to_string(), ood_pts));
     }
-    metrics.insert(
-        "setup".into(),
-        json!({"train_images": n, "epochs": epochs, "curvature_images": m_curv, "eval_images": n_eval,
-               "mc_samples": samples, "temperatures": temps, "prior_precision": weight_decay, "ood_set": "Fashion-MNIST test"}),
-    );
-    run.write_metrics(&Value::Object(metrics))?;
+    let setup = Setup {
+        train_images: n,
+        epochs,
+        curvature_images: m_curv,
+        eval_images: n_eval,
+        mc_samples: samples,
+        temperatures: temps.clone(),
+        prior_precision: weight_decay,
+        ood_set: "Fashion-MNIST test".into(),
+    };
+    run.write_metrics(&Metrics { map, structures, setup })?;
     let label = |y: &str| ("log10 T".to_string(), y.to_string());
     line_panels(
         &run.path("temperature.png"),

@@ -4,26 +4,26 @@
 
 use crate::harness::registry::{Experiment, Flag};
 
-mod fsp_ablation;
-mod fsp_bayesopt;
-mod fsp_images;
-mod fsp_mauna_loa;
-mod fsp_moons;
-mod fsp_null_space;
-mod fsp_ocean;
-mod fsp_toy;
-mod fsp_uci;
-mod gfsvi_figures;
-mod gfsvi_toy;
-mod gfsvi_uci;
-mod gfsvi_w2;
-mod gl_cubic;
-mod gl_mnist;
-mod nn_speed;
-mod perf;
-mod valla_images;
-mod valla_regression;
-mod valla_toy;
+pub mod fsp_ablation;
+pub mod fsp_bayesopt;
+pub mod fsp_images;
+pub mod fsp_mauna_loa;
+pub mod fsp_moons;
+pub mod fsp_null_space;
+pub mod fsp_ocean;
+pub mod fsp_toy;
+pub mod fsp_uci;
+pub mod gfsvi_figures;
+pub mod gfsvi_toy;
+pub mod gfsvi_uci;
+pub mod gfsvi_w2;
+pub mod gl_cubic;
+pub mod gl_mnist;
+pub mod nn_speed;
+pub mod perf;
+pub mod valla_images;
+pub mod valla_regression;
+pub mod valla_toy;
 
 /// Every experiment, in the order the default suite runs them. `full_minutes` is the wall time
 /// of the last full run reported in a closing note (2 cores; `issues stops`), `None` where no full
@@ -195,7 +195,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "valla-mnist",
         paper: "VaLLA Fig. 3 (MNIST: MAP, LLA Diag/KFAC, last-layer LLA (+KFAC), ELLA, VaLLA 100/200; OOD vs FMNIST; fit times)",
         in_default_suite: false,
-        flags: &[Flag::Seeds],
+        flags: &[Flag::Seeds, Flag::Resume],
         full_minutes: Some(175.0),
         budget_of: None,
         run: valla_images::run_mnist,
@@ -204,7 +204,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "valla-fmnist",
         paper: "VaLLA Fig. 4 (FMNIST: the same methods; OOD vs MNIST; rotated FMNIST ECE/NLL; fit times)",
         in_default_suite: false,
-        flags: &[Flag::Seeds],
+        flags: &[Flag::Seeds, Flag::Resume],
         full_minutes: Some(175.0),
         budget_of: None,
         run: valla_images::run_fmnist,
@@ -213,7 +213,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "valla-regression",
         paper: "VaLLA Fig. 2 left (NLL, CRPS, CQM; 3×200 tanh) on the shipped Boston/concrete/wine sets (Airline/Year/Taxi unavailable)",
         in_default_suite: false,
-        flags: &[Flag::Seeds],
+        flags: &[Flag::Seeds, Flag::Resume],
         full_minutes: Some(90.4),
         budget_of: None,
         run: valla_regression::run,

@@ -10,12 +10,33 @@
 
 use anyhow::Result;
 use fspace_nn::{Activation, Cnn, CnnConfig, Mlp, MlpConfig};
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, Run};
 use crate::protocols::images::{train_val_test, ImageSet};
 use crate::protocols::timing::{time_network, TORCH_REFERENCE};
+/// One network's timings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NetworkTiming {
+    /// Seconds of one epoch of `train_map`.
+    pub epoch_s: f64,
+    /// PyTorch's (live or recorded).
+    pub torch_epoch_s: f64,
+    /// Median milliseconds of f on a batch of 100.
+    pub forward_ms: f64,
+    /// Of J·u.
+    pub jvp_ms: f64,
+    /// Of Jᵀ·V.
+    pub vjp_ms: f64,
+    /// Mean training loss of the epoch.
+    pub mean_train_loss: f64,
+}
+
+/// `metrics.json`: per network.
+pub type Metrics = std::collections::BTreeMap<String, NetworkTiming>;
+
+/// `nn-epoch-timer`: runs the experiment and writes its folder.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "nn-epoch-timer")?;
     let (train, _, _, _) = train_val_test(ImageSet::Mnist, 0)?;
@@ -35,7 +56,7 @@ pub fn run(opts: &Options) -> Result<()> {
         "PyTorch 2 CPU, recorded 2026-11-23 (no python with torch here)".to_string()
     };
     let mut rows = Vec::new();
-    let mut metrics = Map::new();
+    let mut metrics = Metrics::new();
     // `FSPACE_TIMER_ONLY=<prefix>` times only the networks whose name starts with it (profiling).
     let only = std::env::var("FSPACE_TIMER_ONLY").unwrap_or_default();
     for (k, (name, recorded)) in
@@ -84,10 +105,14 @@ pub fn run(opts: &Options) -> Result<()> {
         ]);
         metrics.insert(
             name.to_string(),
-            json!({
-                "epoch_s": timing.epoch_s, "torch_epoch_s": torch_s, "forward_ms": timing.forward_ms,
-                "jvp_ms": timing.jvp_ms, "vjp_ms": timing.vjp_ms, "mean_train_loss": timing.final_loss,
-            }),
+            NetworkTiming {
+                epoch_s: timing.epoch_s,
+                torch_epoch_s: torch_s,
+                forward_ms: timing.forward_ms,
+                jvp_ms: timing.jvp_ms,
+                vjp_ms: timing.vjp_ms,
+                mean_train_loss: timing.final_loss,
+            },
         );
     }
     let table = markdown_table(
@@ -112,6 +137,6 @@ pub fn run(opts: &Options) -> Result<()> {
         rayon::current_num_threads(),
         run.elapsed_seconds()
     ))?;
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&metrics)?;
     Ok(())
 }

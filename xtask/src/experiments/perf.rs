@@ -26,7 +26,7 @@ use fspace_nn::{Activation, Cnn, CnnConfig};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::harness::registry::Options;
 use crate::harness::report::{markdown_table, Run};
@@ -118,21 +118,44 @@ fn torch_epochs(run: &mut Run) -> Option<(f64, f64)> {
     Some((v["lenet_epoch_s"].as_f64()?, v["fsp_cnn_epoch_s"].as_f64()?))
 }
 
+/// `metrics.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Median milliseconds of one GFSVI step (M = 500, 2×30).
+    pub gfsvi_step_ms: f64,
+    /// Milliseconds of one GEMM of the step's GEMM-shaped multiply-adds.
+    pub gfsvi_bound_ms: f64,
+    /// Their ratio.
+    pub gfsvi_step_over_bound: f64,
+    /// The step's GEMM-shaped multiply-adds (2M²p + 2M³).
+    pub gfsvi_step_madds: f64,
+    /// Milliseconds of the GEMM of J S Jᵀ alone.
+    pub gfsvi_gram_bound_ms: f64,
+    /// Seconds of one LeNet-5 epoch (5 400 × 10 images).
+    pub lenet_epoch_s: f64,
+    /// Seconds of one FSP CNN epoch.
+    pub fsp_cnn_epoch_s: f64,
+    /// Seconds of the FSP-Laplace sine toy under one RBF prior.
+    pub fsp_toy_prior_s: f64,
+    /// Seconds of the W1 full-GGN Laplace.
+    pub w1_full_lla_s: f64,
+    /// PyTorch's LeNet-5 epoch, when a python with torch ran.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub torch_lenet_epoch_s: Option<f64>,
+    /// PyTorch's FSP CNN epoch, when a python with torch ran.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub torch_fsp_cnn_epoch_s: Option<f64>,
+}
+
 /// Runs the measurements.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "perf")?;
-    let mut m = Map::new();
     let StepTiming { step, bound, madds, gram_bound } = gfsvi_step()?;
     run.log(format!(
         "GFSVI step (M = 500, 2×30): {step:.2} ms; GEMM of its {madds:.3e} multiply-adds: {bound:.2} ms \
          ({:.1}× the bound); GEMM of J S Jᵀ alone: {gram_bound:.2} ms",
         step / bound
     ));
-    m.insert("gfsvi_step_ms".into(), json!(step));
-    m.insert("gfsvi_bound_ms".into(), json!(bound));
-    m.insert("gfsvi_step_over_bound".into(), json!(step / bound));
-    m.insert("gfsvi_step_madds".into(), json!(madds));
-    m.insert("gfsvi_gram_bound_ms".into(), json!(gram_bound));
 
     let (train, _, _, _) = train_val_test(ImageSet::Mnist, 0)?;
     let train = train.subset(5_400, 0);
@@ -148,21 +171,15 @@ pub fn run(opts: &Options) -> Result<()> {
         "epochs (5 400 images × 10): LeNet-5 {:.2} s, FSP CNN {:.2} s",
         lenet.epoch_s, fsp_cnn.epoch_s
     ));
-    m.insert("lenet_epoch_s".into(), json!(lenet.epoch_s));
-    m.insert("fsp_cnn_epoch_s".into(), json!(fsp_cnn.epoch_s));
 
     let toy = fsp_toy_prior()?;
     run.log(format!("FSP-Laplace sine toy, one RBF prior (8 000 steps + Alg. 2): {toy:.2} s"));
-    m.insert("fsp_toy_prior_s".into(), json!(toy));
     let w1 = w1_full_lla()?;
     run.log(format!("W1 full-GGN Laplace (fit + marginal likelihood + 1 000 predictions): {w1:.2} s"));
-    m.insert("w1_full_lla_s".into(), json!(w1));
 
     let torch = torch_epochs(&mut run);
     if let Some((t_lenet, t_fsp)) = torch {
         run.log(format!("PyTorch (live): LeNet-5 {t_lenet:.2} s, FSP CNN {t_fsp:.2} s"));
-        m.insert("torch_lenet_epoch_s".into(), json!(t_lenet));
-        m.insert("torch_fsp_cnn_epoch_s".into(), json!(t_fsp));
     }
     let torch_cell = |v: Option<f64>, ours: f64| {
         v.map_or("– (no python with torch)".to_string(), |t| format!("{t:.2} s (ours {:.2}×)", ours / t))
@@ -194,6 +211,18 @@ pub fn run(opts: &Options) -> Result<()> {
         rayon::current_num_threads(),
         markdown_table(&["measurement", "fspace", "reference"], &rows)
     ))?;
-    run.write_metrics(&Value::Object(m))?;
+    run.write_metrics(&Metrics {
+        gfsvi_step_ms: step,
+        gfsvi_bound_ms: bound,
+        gfsvi_step_over_bound: step / bound,
+        gfsvi_step_madds: madds,
+        gfsvi_gram_bound_ms: gram_bound,
+        lenet_epoch_s: lenet.epoch_s,
+        fsp_cnn_epoch_s: fsp_cnn.epoch_s,
+        fsp_toy_prior_s: toy,
+        w1_full_lla_s: w1,
+        torch_lenet_epoch_s: torch.map(|t| t.0),
+        torch_fsp_cnn_epoch_s: torch.map(|t| t.1),
+    })?;
     Ok(())
 }

@@ -34,13 +34,17 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::harness::checkpoint::{or_nan, Checkpoint};
 use crate::harness::plot::{line_panels, LinePanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, Run};
 use crate::protocols::laplace_with_marglik as laplace;
-use crate::protocols::tanh_mlp;
+use crate::protocols::{fingerprint, tanh_mlp};
 
 const METHODS: [&str; 8] =
     ["MAP", "LLA Diag", "LLA KFAC", "LLA* (last layer)", "LLA* KFAC", "ELLA", "VaLLA 100", "VaLLA 200"];
@@ -155,8 +159,84 @@ fn fit_and_predict(
     })
 }
 
+/// A mean over seeds and its standard error (NaN with one seed).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MeanSe {
+    /// The mean.
+    #[serde(deserialize_with = "or_nan")]
+    pub mean: f64,
+    /// Its standard error.
+    #[serde(deserialize_with = "or_nan")]
+    pub se: f64,
+}
+
+/// One method on one set, over seeds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SetSummary {
+    /// Gaussian NLL of the test targets.
+    #[serde(rename = "NLL")]
+    pub nll: MeanSe,
+    /// CRPS.
+    #[serde(rename = "CRPS")]
+    pub crps: MeanSe,
+    /// Calibration quality metric (mean distance of the calibration curve to the diagonal).
+    #[serde(rename = "CQM")]
+    pub cqm: MeanSe,
+    /// Seconds of each seed's fit.
+    pub fit_seconds: Vec<f64>,
+}
+
+/// One method on one seed of one set.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SeedRow {
+    /// The set.
+    pub dataset: String,
+    /// The seed of the split and the fits.
+    pub seed: u64,
+    /// The method.
+    pub method: String,
+    /// Gaussian NLL.
+    #[serde(deserialize_with = "or_nan")]
+    pub nll: f64,
+    /// CRPS.
+    #[serde(deserialize_with = "or_nan")]
+    pub crps: f64,
+    /// CQM.
+    #[serde(deserialize_with = "or_nan")]
+    pub cqm: f64,
+    /// The calibration curve behind CQM: (nominal level, fraction inside), 11 levels.
+    pub cqm_curve: Vec<(f64, f64)>,
+    /// Seconds of the fit (MAP: its training).
+    pub fit_seconds: f64,
+    /// The method's own details (σ, λ, VaLLA's iterations…).
+    pub extra: Value,
+}
+
+/// The checkpoint's unit: a row and the [`fingerprint`] of the MAP network it was fitted around
+/// (a resumed (set, seed) retrains its MAP and keeps a stored row only when they agree).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Unit {
+    #[serde(flatten)]
+    row: SeedRow,
+    map: String,
+}
+
+/// `metrics.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Seeds per set.
+    pub seeds: usize,
+    /// Whether this was the `--quick` budget.
+    pub quick: bool,
+    /// Per method, per set.
+    pub summary: BTreeMap<String, BTreeMap<String, SetSummary>>,
+    /// Every (set, seed, method).
+    pub per_seed: Vec<SeedRow>,
+}
+
+/// `valla-regression`: runs the experiment and writes its folder.
 pub fn run(opts: &Options) -> Result<()> {
-    let mut run = Run::new(&opts.out, "valla-regression")?;
+    let mut run = Run::open(&opts.out, "valla-regression", opts.resume)?;
     let (seeds, map_steps, valla_iterations) =
         if opts.quick { (1, 500usize, 300) } else { (5, 20_000, 40_000) };
     let seeds = opts.seeds.unwrap_or(seeds);
@@ -165,11 +245,21 @@ pub fn run(opts: &Options) -> Result<()> {
     } else {
         vec![("boston", boston()?), ("concrete", concrete()?), ("wine-red", wine_quality_red()?)]
     };
-    let mut rows: Vec<(String, u64, String, [f64; 3], f64, Value)> = Vec::new();
-    let mut curves: Vec<(String, String, Curve)> = Vec::new();
+    // A unit is one method on one (set, seed); the settings that change its numbers name the file.
+    let mut ck = Checkpoint::<Unit>::open(
+        &mut run,
+        &json!({ "map_steps": map_steps, "valla_iterations": valla_iterations, "seed": opts.seed }),
+    )?;
+    let mut rows: Vec<SeedRow> = Vec::new();
     for (set_name, data) in &sets {
         for k in 0..seeds as u64 {
             let seed = opts.seed + k;
+            let key = |method: &str| format!("{set_name}/seed {seed}/{method}");
+            if let Some(stored) = ck.all(METHODS.iter().map(|m| key(m)))? {
+                run.log(format!("{set_name} seed {seed}: every method in checkpoint.json (--resume)"));
+                rows.extend(stored.into_iter().map(|u| u.row));
+                continue;
+            }
             let s = split(data, seed)?;
             let (n, d) = s.x[0].shape();
             let lambda = 1e-2 * n as f64;
@@ -189,42 +279,67 @@ pub fn run(opts: &Options) -> Result<()> {
             train_map(&mut net, &mut lik, &s.x[0], &s.y[0], None, None, &cfg, |_| {})?;
             let map_seconds = t0.elapsed().as_secs_f64();
             let sigma = lik.sigma();
+            let map = fingerprint(&net);
             run.log(format!(
-                "{set_name} seed {seed}: {n} train rows, d = {d}; MAP {} steps in {map_seconds:.1} s, σ = {sigma:.3} (standardised)",
+                "{set_name} seed {seed}: {n} train rows, d = {d}; MAP {} steps in {map_seconds:.1} s, σ = {sigma:.3} (standardised, fingerprint {map})",
                 epochs * n.div_ceil(100)
             ));
             for method in METHODS {
+                match ck.get(&key(method))? {
+                    Some(unit) if unit.map == map => {
+                        run.log(format!("  {method}: kept from checkpoint.json (--resume)"));
+                        rows.push(unit.row);
+                        continue;
+                    }
+                    Some(unit) => run.log(format!(
+                        "  {method}: the stored row was fitted around another MAP ({}); fitted again",
+                        unit.map
+                    )),
+                    None => {}
+                }
                 let t0 = Instant::now();
                 let (mean, var, extra) =
                     fit_and_predict(method, &net, sigma, lambda, &s, valla_iterations, seed)?;
                 let secs = if method == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
                 let (m, curve) = regression_metrics(&mean, &var, &s)?;
-                curves.push((set_name.to_string(), method.to_string(), curve));
                 run.log(format!(
                     "  {method:<18} {secs:7.1} s  NLL {:.3}  CRPS {:.3}  CQM {:.3}  {extra}",
                     m[0], m[1], m[2]
                 ));
-                rows.push((set_name.to_string(), seed, method.to_string(), m, secs, extra));
+                let row = SeedRow {
+                    dataset: set_name.to_string(),
+                    seed,
+                    method: method.to_string(),
+                    nll: m[0],
+                    crps: m[1],
+                    cqm: m[2],
+                    cqm_curve: curve,
+                    fit_seconds: secs,
+                    extra,
+                };
+                ck.put(&key(method), &Unit { row: row.clone(), map: map.clone() })?;
+                rows.push(row);
             }
         }
     }
     let mut table = Vec::new();
-    let mut summary = serde_json::Map::new();
+    let mut summary = BTreeMap::new();
     for method in METHODS {
         let mut cells = vec![method.to_string()];
-        let mut entry = serde_json::Map::new();
+        let mut entry = BTreeMap::new();
         for (set_name, _) in &sets {
-            let mine: Vec<_> = rows.iter().filter(|r| r.0 == *set_name && r.2 == method).collect();
-            let mut per = serde_json::Map::new();
-            for (k, metric) in ["NLL", "CRPS", "CQM"].iter().enumerate() {
-                let (m, se) = mean_se(&mine.iter().map(|r| r.3[k]).collect::<Vec<_>>());
-                cells.push(if se.is_nan() { fmt(m) } else { format!("{} ± {}", fmt(m), fmt(se)) });
-                per.insert(metric.to_string(), json!({ "mean": m, "se": se }));
-            }
-            per.insert("fit_seconds".into(), json!(mine.iter().map(|r| r.4).collect::<Vec<_>>()));
-            entry.insert(set_name.to_string(), Value::Object(per));
+            let mine: Vec<&SeedRow> =
+                rows.iter().filter(|r| r.dataset == *set_name && r.method == method).collect();
+            let [nll, crps, cqm] =
+                [|r: &SeedRow| r.nll, |r: &SeedRow| r.crps, |r: &SeedRow| r.cqm].map(|score| {
+                    let (mean, se) = mean_se(&mine.iter().map(|r| score(r)).collect::<Vec<_>>());
+                    cells.push(if se.is_nan() { fmt(mean) } else { format!("{} ± {}", fmt(mean), fmt(se)) });
+                    MeanSe { mean, se }
+                });
+            let fit_seconds = mine.iter().map(|r| r.fit_seconds).collect();
+            entry.insert(set_name.to_string(), SetSummary { nll, crps, cqm, fit_seconds });
         }
-        summary.insert(method.to_string(), Value::Object(entry));
+        summary.insert(method.to_string(), entry);
         table.push(cells);
     }
     let mut header = vec!["method".to_string()];
@@ -248,8 +363,11 @@ pub fn run(opts: &Options) -> Result<()> {
         let mut series =
             vec![("ideal".to_string(), (0..=10).map(|k| (k as f64 / 10.0, k as f64 / 10.0)).collect())];
         for method in METHODS {
-            let mine: Vec<&Vec<(f64, f64)>> =
-                curves.iter().filter(|c| c.0 == *set_name && c.1 == method).map(|c| &c.2).collect();
+            let mine: Vec<&Vec<(f64, f64)>> = rows
+                .iter()
+                .filter(|r| r.dataset == *set_name && r.method == method)
+                .map(|r| &r.cqm_curve)
+                .collect();
             let mean: Vec<(f64, f64)> = (0..mine[0].len())
                 .map(|k| (mine[0][k].0, mine.iter().map(|c| c[k].1).sum::<f64>() / mine.len() as f64))
                 .collect();
@@ -263,16 +381,6 @@ pub fn run(opts: &Options) -> Result<()> {
         });
     }
     line_panels(&run.path("calibration.png"), &panels, panels.len().min(3))?;
-    let per_seed: Vec<Value> = rows
-        .iter()
-        .zip(&curves)
-        .map(|(r, c)| {
-            json!({ "dataset": r.0, "seed": r.1, "method": r.2, "nll": r.3[0], "crps": r.3[1],
-                    "cqm": r.3[2], "cqm_curve": c.2, "fit_seconds": r.4, "extra": r.5 })
-        })
-        .collect();
-    run.write_metrics(
-        &json!({ "seeds": seeds, "quick": opts.quick, "summary": summary, "per_seed": per_seed }),
-    )?;
+    run.write_metrics(&Metrics { seeds, quick: opts.quick, summary, per_seed: rows })?;
     Ok(())
 }

@@ -29,8 +29,9 @@ use fspace_nn::{train_map, TrainConfig};
 use fspace_valla::{fit, fit_ella, EllaConfig, EllaPrior, FeatureRoute, VallaConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
+use crate::harness::checkpoint::or_nan;
 use crate::harness::plot::{regression_panels, Panel1d};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, Run};
@@ -47,17 +48,47 @@ fn round2(v: &[f64]) -> Vec<f64> {
     v.iter().map(|x| (x * 100.0).round() / 100.0).collect()
 }
 
-struct Row {
-    method: String,
-    m: usize,
-    w2: f64,
-    std_gap: f64,
-    std_data: f64,
-    prior_var: f64,
-    noise_std: f64,
-    iterations: usize,
-    best_iteration: usize,
-    seconds: f64,
+/// One fit against the exact LLA.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Row {
+    /// The method (VaLLA, ELLA, LLA).
+    pub method: String,
+    /// Inducing (VaLLA) or basis (ELLA) points.
+    pub m: usize,
+    /// Mean W2 of its predictive marginals to the exact LLA's.
+    #[serde(rename = "w2_to_lla", deserialize_with = "or_nan")]
+    pub w2: f64,
+    /// Mean predictive std in the gap.
+    #[serde(deserialize_with = "or_nan")]
+    pub std_gap: f64,
+    /// Mean predictive std on the data.
+    #[serde(deserialize_with = "or_nan")]
+    pub std_data: f64,
+    /// The prior variance σ₀² it ended with.
+    #[serde(rename = "prior_variance", deserialize_with = "or_nan")]
+    pub prior_var: f64,
+    /// The noise σ it ended with.
+    #[serde(deserialize_with = "or_nan")]
+    pub noise_std: f64,
+    /// Optimiser iterations run (0: not iterative).
+    pub iterations: usize,
+    /// The iteration whose state was kept.
+    pub best_iteration: usize,
+    /// Wall seconds of the fit.
+    pub seconds: f64,
+}
+
+/// `metrics.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Every fit.
+    pub rows: Vec<Row>,
+    /// The exact LLA's prior precision (marginal likelihood).
+    pub lla_prior_precision: f64,
+    /// The MAP's learned noise σ.
+    pub map_noise_std: f64,
+    /// Whether this was the `--quick` budget.
+    pub quick: bool,
 }
 
 /// `valla-toy`: the paper's budgets (or `--quick`'s).
@@ -308,15 +339,8 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             });
         }
     }
-    let mut metrics = Map::new();
     let mut table_rows = Vec::new();
-    let mut list = Vec::new();
     for r in &rows {
-        list.push(json!({
-            "method": r.method, "m": r.m, "w2_to_lla": r.w2, "std_gap": r.std_gap, "std_data": r.std_data,
-            "prior_variance": r.prior_var, "noise_std": r.noise_std, "iterations": r.iterations,
-            "best_iteration": r.best_iteration, "seconds": r.seconds,
-        }));
         table_rows.push(vec![
             r.method.clone(),
             r.m.to_string(),
@@ -329,11 +353,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             format!("{:.2}", r.seconds),
         ]);
     }
-    metrics.insert("rows".into(), Value::Array(list));
-    metrics.insert("lla_prior_precision".into(), json!(lambda));
-    metrics.insert("map_noise_std".into(), json!(sigma));
-    metrics.insert("quick".into(), json!(quick));
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&Metrics { rows, lla_prior_precision: lambda, map_noise_std: sigma, quick })?;
     regression_panels(&run.path("fig7_inducing.png"), &fig7, 3, (-2.5, 2.5), ("x", "y"))?;
     regression_panels(&run.path("fig6_early_stopping.png"), &fig6, 2, (-2.5, 2.5), ("x", "y"))?;
     run.log("wrote fig7_inducing.png (VaLLA row 1, ELLA row 2) and fig6_early_stopping.png; thin lines: LLA's ±2σ around each mean");

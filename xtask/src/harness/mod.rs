@@ -1,7 +1,9 @@
 //! The harness every experiment runs in: the command line ([`cli`]), the registry's types
-//! ([`registry`]), an experiment's output folder, log and resumable checkpoint ([`report`]),
+//! ([`registry`]), an experiment's output folder and log ([`report`]), its resumable typed
+//! checkpoint and per-unit driver ([`checkpoint`]),
 //! the figures ([`plot`]), and the copy of a finished run into `docs/results/` ([`publish`]). Nothing here knows a particular experiment.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod plot;
 pub mod publish;

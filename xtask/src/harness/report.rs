@@ -57,8 +57,8 @@ fn utc_now() -> String {
 pub struct Run {
     dir: PathBuf,
     log: File,
-    started: Instant,
-    resumed: bool,
+    pub(crate) started: Instant,
+    pub(crate) resumed: bool,
 }
 
 impl Run {
@@ -112,7 +112,7 @@ impl Run {
     }
 
     /// Writes `metrics.json` (pretty-printed).
-    pub fn write_metrics(&mut self, metrics: &serde_json::Value) -> Result<()> {
+    pub fn write_metrics(&mut self, metrics: &impl serde::Serialize) -> Result<()> {
         let path = self.path("metrics.json");
         write_atomically(&path, &(serde_json::to_string_pretty(metrics)? + "\n"))?;
         self.log(format!("wrote {}", path.display()));
@@ -146,144 +146,9 @@ impl Run {
     }
 }
 
-/// The finished units of a long experiment (a fold's method, say) in `out/NAME/checkpoint.json`,
-/// saved as each finishes: with `--resume`, a rerun of the same settings keeps them and computes
-/// only the rest, so a run of many hours can span several sittings.
-pub struct Checkpoint {
-    path: PathBuf,
-    settings: serde_json::Value,
-    done: serde_json::Map<String, serde_json::Value>,
-    /// Wall seconds of the earlier sittings that stored units (`None`: a file from before the
-    /// time was stored), and how many sittings there were.
-    earlier: (Option<f64>, u64),
-    /// Whether this sitting stored a unit (a `--resume` that only redraws counts no sitting).
-    stored: bool,
-    /// The start of this sitting (its [`Run`]'s).
-    started: Instant,
-}
-
-impl Checkpoint {
-    /// The run's checkpoint. A fresh run ([`Run::new`]) starts empty (an old file is replaced at
-    /// the first [`Checkpoint::put_numbers`]); a resumed one ([`Run::open`] with `append`) keeps
-    /// the units an earlier run stored under equal `settings`, says how many in the log, and
-    /// refuses a file of other settings with an error that names both.
-    pub fn open(run: &mut Run, settings: serde_json::Value) -> Result<Self> {
-        let path = run.path("checkpoint.json");
-        let mut done = serde_json::Map::new();
-        let mut earlier = (Some(0.0), 0);
-        if run.resumed {
-            match fs::read_to_string(&path) {
-                Ok(text) => {
-                    let old: serde_json::Value =
-                        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-                    if old["settings"] != settings {
-                        anyhow::bail!(
-                            "{} was written with settings {} but this run has {}; --resume only continues \
-                             a run of the same settings",
-                            path.display(),
-                            old["settings"],
-                            settings
-                        );
-                    }
-                    done = old["done"]
-                        .as_object()
-                        .with_context(|| format!("{} has no \"done\" object", path.display()))?
-                        .clone();
-                    // Files from before the wall time was stored: one sitting of unknown time.
-                    earlier = (old["seconds"].as_f64(), old["sittings"].as_u64().unwrap_or(1));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-            }
-            run.log(format!("--resume: {} finished units kept from checkpoint.json", done.len()));
-        }
-        Ok(Self { path, settings, done, earlier, stored: false, started: run.started })
-    }
-
-    /// Wall seconds of every sitting so far, this one included (`None` when an earlier
-    /// sitting's time was not recorded).
-    pub fn total_seconds(&self) -> Option<f64> {
-        self.earlier.0.map(|s| s + self.started.elapsed().as_secs_f64())
-    }
-
-    /// `"Wall time: N s"` for a run of one sitting; for one built over several, their sum and
-    /// this sitting's share (the time between sittings not counted). A `--resume` sitting that
-    /// computed nothing is not counted as one; an earlier sitting whose time the file does not
-    /// hold (written before the time was stored) is named as unrecorded, never counted as 0 s.
-    pub fn wall_time(&self) -> String {
-        let this = self.started.elapsed().as_secs_f64();
-        let (earlier, n) = self.earlier;
-        match (n, self.stored, earlier) {
-            (0, _, _) => format!("Wall time: {this:.0} s"),
-            (1, false, Some(e)) => format!("Wall time: {e:.0} s (this --resume computed nothing new)"),
-            (n, false, Some(e)) => {
-                format!("Wall time: {e:.0} s summed over {n} sittings (this --resume computed nothing new)")
-            }
-            (n, true, Some(e)) => {
-                format!("Wall time: {:.0} s summed over {} sittings (--resume; this one {this:.0} s)", e + this, n + 1)
-            }
-            (n, stored, None) => format!(
-                "Wall time: not recorded for the {n} earlier sitting(s) (checkpoint from before it was stored){}",
-                if stored { format!("; this --resume sitting {this:.0} s") } else { String::new() }
-            ),
-        }
-    }
-
-    /// The numbers stored under `key`, if that unit is finished (NaN is stored as `null`).
-    pub fn get_numbers(&self, key: &str) -> Result<Option<Vec<f64>>> {
-        let Some(v) = self.done.get(key) else { return Ok(None) };
-        let bad =
-            || anyhow::anyhow!("{}: unit {key:?} holds {v}, not a list of numbers", self.path.display());
-        v.as_array()
-            .ok_or_else(bad)?
-            .iter()
-            .map(|x| if x.is_null() { Ok(f64::NAN) } else { x.as_f64().ok_or_else(bad) })
-            .collect::<Result<Vec<f64>>>()
-            .map(Some)
-    }
-
-    /// The `N` numbers stored under `key`, if that unit is finished; another count is an error.
-    pub fn get_array<const N: usize>(&self, key: &str) -> Result<Option<[f64; N]>> {
-        self.get_numbers(key)?
-            .map(|v| {
-                <[f64; N]>::try_from(v.as_slice()).map_err(|_| {
-                    anyhow::anyhow!(
-                        "{}: unit {key:?} holds {} numbers, not {N}",
-                        self.path.display(),
-                        v.len()
-                    )
-                })
-            })
-            .transpose()
-    }
-
-    /// Whether `key` is finished.
-    pub fn has(&self, key: &str) -> bool {
-        self.done.contains_key(key)
-    }
-
-    /// Number of finished units.
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.done.len()
-    }
-
-    /// Stores `key` as finished with its numbers and rewrites the file (a temporary file
-    /// renamed over it, so an interrupted write leaves the previous version).
-    pub fn put_numbers(&mut self, key: &str, values: &[f64]) -> Result<()> {
-        self.done.insert(key.to_string(), serde_json::json!(values));
-        self.stored = true;
-        let text = serde_json::to_string_pretty(&serde_json::json!({
-            "settings": self.settings, "done": self.done,
-            "seconds": self.total_seconds(), "sittings": self.earlier.1 + 1,
-        }))?;
-        write_atomically(&self.path, &(text + "\n"))
-    }
-}
-
 /// Writes `path` through a temporary file renamed over it, so an interrupted run (the results
 /// `--resume` reads) leaves the previous version, never a truncated one.
-fn write_atomically(path: &Path, text: &str) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, text: &str) -> Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -453,60 +318,6 @@ mod tests {
         assert!(md.contains("## [a](a/) — Paper A") && md.contains("| 1 | 2 |") && md.contains("#### sub"));
         assert!(md.contains("*a*") && !md.contains("# a\n"));
         assert!(!md.contains("Paper B") && !md.contains("Paper C"));
-        fs::remove_dir_all(&out).unwrap();
-    }
-
-    #[test]
-    fn a_checkpoint_keeps_units_across_sittings_of_the_same_settings_only() {
-        let out = std::env::temp_dir().join(format!("fspace-checkpoint-{}", std::process::id()));
-        let out_s = out.to_str().unwrap();
-        let settings = serde_json::json!({ "steps": 10 });
-        {
-            let mut run = Run::new(out_s, "exp").unwrap();
-            let mut ck = Checkpoint::open(&mut run, settings.clone()).unwrap();
-            ck.put_numbers("set/fold 1/A", &[-0.5, 0.1 + 0.2, f64::NAN]).unwrap();
-            ck.put_numbers("set/fold 1/B", &[1.0]).unwrap();
-        }
-        let mut resumed = Run::open(out_s, "exp", true).unwrap();
-        let mut ck = Checkpoint::open(&mut resumed, settings.clone()).unwrap();
-        assert_eq!(ck.len(), 2);
-        // A resume that computes nothing counts no sitting; one that stores a unit does.
-        assert!(ck.wall_time().ends_with(" s (this --resume computed nothing new)"), "{}", ck.wall_time());
-        let stored: serde_json::Value =
-            serde_json::from_str(&fs::read_to_string(resumed.path("checkpoint.json")).unwrap()).unwrap();
-        assert_eq!(stored["sittings"], 1);
-        assert!(stored["seconds"].as_f64().unwrap() <= ck.total_seconds().unwrap());
-        ck.put_numbers("set/fold 1/C", &[2.0]).unwrap();
-        assert!(ck.wall_time().contains("summed over 2 sittings"), "{}", ck.wall_time());
-        let stored: serde_json::Value =
-            serde_json::from_str(&fs::read_to_string(resumed.path("checkpoint.json")).unwrap()).unwrap();
-        assert_eq!(stored["sittings"], 2);
-        let a = ck.get_numbers("set/fold 1/A").unwrap().unwrap();
-        // Exact round trip (0.1 + 0.2 is not 0.3), NaN kept as NaN.
-        assert_eq!((a[0], a[1]), (-0.5, 0.1 + 0.2));
-        assert!(a[2].is_nan());
-        assert!(ck.has("set/fold 1/B") && !ck.has("set/fold 2/B"));
-        assert!(ck.get_numbers("set/fold 2/B").unwrap().is_none());
-        assert_eq!(ck.get_array::<1>("set/fold 1/B").unwrap(), Some([1.0]));
-        let err = ck.get_array::<2>("set/fold 1/B").err().unwrap().to_string();
-        assert!(err.contains("holds 1 numbers, not 2"), "{err}");
-        // Without --resume the old units and sittings are not used.
-        let fresh = Checkpoint::open(&mut Run::new(out_s, "exp").unwrap(), settings.clone()).unwrap();
-        assert_eq!(fresh.len(), 0);
-        assert!(fresh.wall_time().starts_with("Wall time: ") && !fresh.wall_time().contains("sittings"));
-        // A file from before the time was stored: the earlier time is named as unrecorded.
-        let legacy = serde_json::json!({ "settings": settings, "done": { "set/fold 1/A": [1.0] } });
-        fs::write(resumed.path("checkpoint.json"), legacy.to_string()).unwrap();
-        let mut old =
-            Checkpoint::open(&mut Run::open(out_s, "exp", true).unwrap(), settings.clone()).unwrap();
-        assert_eq!(old.total_seconds(), None);
-        assert!(old.wall_time().contains("not recorded for the 1 earlier sitting"), "{}", old.wall_time());
-        old.put_numbers("set/fold 1/B", &[1.0]).unwrap();
-        assert!(old.wall_time().contains("this --resume sitting"), "{}", old.wall_time());
-        // Other settings are refused, naming both.
-        let err =
-            Checkpoint::open(&mut resumed, serde_json::json!({ "steps": 20 })).err().unwrap().to_string();
-        assert!(err.contains("\"steps\":10") && err.contains("\"steps\":20"), "{err}");
         fs::remove_dir_all(&out).unwrap();
     }
 }

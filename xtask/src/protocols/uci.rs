@@ -14,8 +14,8 @@ use fspace_nn::{train_map, Mlp, TrainConfig};
 use nalgebra::{DMatrix, DVector};
 
 use super::targets;
+use crate::harness::checkpoint::Checkpoint;
 use crate::harness::registry::Options;
-use crate::harness::report::Checkpoint;
 
 /// The UCI regression sets shipped in `datasets/`, in table order.
 pub const UCI_SETS: [&str; 4] = ["boston", "concrete", "wine", "yacht"];
@@ -84,16 +84,25 @@ pub fn scores(
 
 /// One fold in standardised units with the GP prior fitted on its training rows.
 pub struct Prepared {
+    /// Training features.
     pub xtr: DMatrix<f64>,
+    /// Training targets.
     pub ytr: DVector<f64>,
+    /// Training targets as one column.
     pub ytr_m: DMatrix<f64>,
+    /// Validation features.
     pub xva: DMatrix<f64>,
+    /// Validation targets as one column.
     pub yva_m: DMatrix<f64>,
+    /// Test features.
     pub xte: DMatrix<f64>,
+    /// Test targets.
     pub yte: DVector<f64>,
     /// ARD RBF fitted by the exact GP's marginal likelihood.
     pub kernel: fspace_kernels::Rbf,
+    /// The fitted noise variance.
     pub noise_var: f64,
+    /// Seconds of the prior fit.
     pub gp_secs: f64,
 }
 
@@ -184,13 +193,13 @@ pub fn unit_key(dataset: &str, fold: usize, method: &str) -> String {
 }
 
 /// The scores of every method on a fold when the checkpoint has them all (`--resume`).
-pub fn stored_fold<const N: usize>(
-    ck: &Checkpoint,
+pub fn stored_fold<T: serde::Serialize + serde::de::DeserializeOwned>(
+    ck: &Checkpoint<T>,
     dataset: &str,
     fold: usize,
     methods: &[&str],
-) -> Result<Option<Vec<[f64; N]>>> {
-    methods.iter().map(|m| ck.get_array(&unit_key(dataset, fold, m))).collect()
+) -> Result<Option<Vec<T>>> {
+    ck.all(methods.iter().map(|m| unit_key(dataset, fold, m)))
 }
 
 /// The GGN structure of the Laplace column: diagonal, App. A.2.2's "fully-factorized Gaussian

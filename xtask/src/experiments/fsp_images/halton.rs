@@ -48,10 +48,15 @@ pub fn run_halton_sweep(opts: &Options) -> Result<()> {
             format!("{}", rep.rank),
         ]);
         rows.push(cells);
-        per_size.push(json!({
-            "halton_points": n_halton, "log_likelihood": row.metrics[0], "accuracy": row.metrics[1],
-            "ece": row.metrics[2], "ood_accuracy": row.metrics[3], "alg2_seconds": secs, "laplace": rep,
-        }));
+        per_size.push(HaltonSize {
+            halton_points: n_halton,
+            log_likelihood: row.metrics[0],
+            accuracy: row.metrics[1],
+            ece: row.metrics[2],
+            ood_accuracy: row.metrics[3],
+            alg2_seconds: secs,
+            laplace: serde_json::to_value(rep)?,
+        });
         // After every size, so a long sweep leaves its finished rows behind.
         let paper: Vec<String> = (0..4).map(|k| fmt(PAPER_MNIST[k][1].0)).collect();
         let mut md = format!(
@@ -88,10 +93,50 @@ pub fn run_halton_sweep(opts: &Options) -> Result<()> {
         );
         md += &format!("\n{}.\n", run.wall_time());
         run.write_table(&md)?;
-        run.write_metrics(&json!({
-            "budget": budget, "seed": seed, "prior": hyper, "epochs": report.epochs,
-            "train_seconds": train_seconds, "per_size": per_size,
-        }))?;
+        run.write_metrics(&HaltonMetrics {
+            budget: serde_json::to_value(&budget)?,
+            seed,
+            prior: hyper.clone(),
+            epochs: report.epochs,
+            train_seconds,
+            per_size: per_size.clone(),
+        })?;
     }
     Ok(())
+}
+
+/// One number of Halton covariance points.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HaltonSize {
+    /// Halton points of Alg. 2.
+    pub halton_points: usize,
+    /// Mean log predictive probability of the test label.
+    pub log_likelihood: f64,
+    /// Test accuracy.
+    pub accuracy: f64,
+    /// Expected calibration error.
+    pub ece: f64,
+    /// OOD accuracy.
+    pub ood_accuracy: f64,
+    /// Seconds of Alg. 2.
+    pub alg2_seconds: f64,
+    /// FSP-Laplace's report (ranks, Lanczos stop, truncation).
+    pub laplace: Value,
+}
+
+/// `fsp-mnist-halton`'s `metrics.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HaltonMetrics {
+    /// The run's sizes.
+    pub budget: Value,
+    /// The seed.
+    pub seed: u64,
+    /// The prior's fitted variance and lengthscale.
+    pub prior: Vec<f64>,
+    /// Epochs the network trained.
+    pub epochs: usize,
+    /// Training seconds.
+    pub train_seconds: f64,
+    /// Per number of Halton points.
+    pub per_size: Vec<HaltonSize>,
 }

@@ -51,7 +51,7 @@
 use fspace_kernels::GpPrior;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Result};
 use fspace_context::{BoundingBox, UniformSampler};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
@@ -66,8 +66,10 @@ use fspace_kernels::{Independent, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, PriorPrecision, Structure};
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig, TrainReport};
 use nalgebra::DMatrix;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::harness::checkpoint::{or_nan, or_nan_vec, Checkpoint};
 use crate::harness::plot::{line_panels, LinePanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, pm_cell, Run};
@@ -189,10 +191,12 @@ const NOT_RUN: [(&str, &str); 2] = [
     ("FVI (KMNIST)", "Kuzushiji-MNIST is in no package registry"),
 ];
 
+/// `fsp-mnist`: runs the experiment and writes its folder.
 pub fn run_mnist(opts: &Options) -> Result<()> {
     run(opts, ImageSet::Mnist)
 }
 
+/// `fsp-fmnist`: runs the experiment and writes its folder.
 pub fn run_fmnist(opts: &Options) -> Result<()> {
     run(opts, ImageSet::FashionMnist)
 }
@@ -203,19 +207,17 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         ImageSet::FashionMnist => ("fsp-fmnist", ImageSet::Mnist, &PAPER_FMNIST, "Fashion-MNIST", "MNIST"),
     };
     let budget = Budget::new(opts);
-    let mut rows: Vec<(u64, Row)> = if opts.resume {
-        load_rows(&std::path::Path::new(&opts.out).join(name).join("metrics.json"), &budget)?
-    } else {
-        Vec::new()
-    };
     let mut run = Run::open(&opts.out, name, opts.resume)?;
     run.log(format!("budget: {}", serde_json::to_string(&budget)?));
-    if opts.resume {
-        run.log(format!("--resume: {} (seed, method) results kept from metrics.json", rows.len()));
-    }
+    let mut ck = Checkpoint::<RowRecord>::open(&mut run, &checkpoint_settings(&budget)?)?;
+    let mut rows = stored_rows(&ck, (0..budget.seeds as u64).map(|s| opts.seed + s))?;
     // Tables and figures after every method, so a long run leaves them behind.
     // Rows in (seed, method) order, whatever order a resumed run computed them in.
-    let write = |run: &mut Run, rows: &mut Vec<(u64, Row)>| {
+    let mut keep = |run: &mut Run, rows: &mut Vec<(u64, Row)>, seed: u64, row: Row| -> Result<()> {
+        log_row(run, &row);
+        ck.put(&row_key(seed, row.method), &row.record(seed))?;
+        rows.retain(|(s, r)| !(*s == seed && r.method == row.method));
+        rows.push((seed, row));
         rows.sort_by_key(|(s, r)| (*s, METHODS.iter().position(|m| *m == r.method)));
         report(run, (name, title, ood_title), paper, rows, &budget)
     };
@@ -224,7 +226,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         let todo: Vec<&str> =
             METHODS.into_iter().filter(|m| !rows.iter().any(|(s, r)| *s == seed && r.method == *m)).collect();
         if todo.is_empty() {
-            run.log(format!("seed {seed}: every method already in metrics.json (--resume)"));
+            run.log(format!("seed {seed}: every method in checkpoint.json (--resume)"));
             continue;
         }
         let needs = |m: &str| todo.contains(&m);
@@ -278,9 +280,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 "train_seconds": train_seconds, "laplace_seconds": laplace_seconds, "epochs": report.epochs,
                 "stopped_early": report.stopped_early, "laplace": rep, "metrics": row.extra,
             });
-            log_row(&mut run, &row);
-            rows.push((seed, row));
-            write(&mut run, &mut rows)?;
+            keep(&mut run, &mut rows, seed, row)?;
         }
 
         // MAP and Laplace (KFAC) around it.
@@ -303,18 +303,15 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
             let mut row = evaluate("MAP", Predictor::Map(&map), &test, &ood, budget.samples, seed)?;
             row.fit_seconds = map_seconds;
             row.extra = json!({ "epochs": map_report.epochs, "stopped_early": map_report.stopped_early, "metrics": row.extra });
-            log_row(&mut run, &row);
             // Retrained for a resumed Laplace: the new row replaces the stored one, so the Laplace
             // column is always around the MAP the table shows.
-            if let Some(i) = rows.iter().position(|(s, r)| *s == seed && r.method == "MAP") {
-                let old = rows.remove(i).1;
+            if let Some((_, old)) = rows.iter().find(|(s, r)| *s == seed && r.method == "MAP") {
                 run.log(format!(
                     "  MAP retrained for Laplace; stored row replaced (LL {:.4} → {:.4}, ACC {:.4} → {:.4})",
                     old.metrics[0], row.metrics[0], old.metrics[1], row.metrics[1]
                 ));
             }
-            rows.push((seed, row));
-            write(&mut run, &mut rows)?;
+            keep(&mut run, &mut rows, seed, row)?;
 
             if needs("Laplace") {
                 let t0 = Instant::now();
@@ -327,9 +324,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                     "prior_precision": lambda, "marglik_prior_precision": marglik_lambda, "validation_nll_by_lambda": scores,
                     "kfac_seconds": t0.elapsed().as_secs_f64(), "metrics": row.extra,
                 });
-                log_row(&mut run, &row);
-                rows.push((seed, row));
-                write(&mut run, &mut rows)?;
+                keep(&mut run, &mut rows, seed, row)?;
             }
         }
         // FVI (RND): the stochastic network from a fresh initialisation, the same GP prior on the
@@ -370,9 +365,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 "steps": fvi.report.steps, "best_step": fvi.report.best_step,
                 "validation": fvi.report.validation, "metrics": row.extra,
             });
-            log_row(&mut run, &row);
-            rows.push((seed, row));
-            write(&mut run, &mut rows)?;
+            keep(&mut run, &mut rows, seed, row)?;
         }
 
         // Sparse GP: Milios et al.'s Dirichlet targets, the prior's RBF kernel, a seeded random
@@ -386,12 +379,14 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 evaluate("Sparse GP", Predictor::Marginals(&sgp), &test, &ood, budget.samples, seed)?;
             row.fit_seconds = t0.elapsed().as_secs_f64();
             row.extra = json!({ "inducing": budget.inducing, "metrics": row.extra });
-            log_row(&mut run, &row);
-            rows.push((seed, row));
-            write(&mut run, &mut rows)?;
+            keep(&mut run, &mut rows, seed, row)?;
         }
     }
-    Ok(())
+    // The seeds asked for, also when a resume computed nothing (another seed count, say).
+    if rows.is_empty() {
+        return Ok(());
+    }
+    report(&mut run, (name, title, ood_title), paper, &rows, &budget)
 }
 
 #[cfg(test)]
@@ -434,19 +429,25 @@ mod tests {
     }
 
     #[test]
-    fn resume_reads_back_what_a_run_writes_and_refuses_another_budget() {
+    fn resume_reads_back_what_a_run_stores_and_refuses_another_budget() {
         let dir = std::env::temp_dir().join(format!("fspace-fsp-images-resume-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("metrics.json");
-        assert!(load_rows(&path, &quick_budget()).unwrap().is_empty(), "no file: nothing to keep");
-
+        let out = dir.to_str().unwrap();
         let budget = quick_budget();
         let rows = [(0u64, row("MAP", -0.25)), (1, row("FSP-Laplace (RND)", -0.2))];
-        let per_seed: Vec<Value> = rows.iter().map(|(s, r)| r.to_json(*s)).collect();
-        std::fs::write(&path, json!({ "budget": budget, "per_seed": per_seed }).to_string()).unwrap();
-        // Another seed count is the same run continued.
+        {
+            let mut run = Run::new(out, "fsp-mnist").unwrap();
+            let mut ck =
+                Checkpoint::<RowRecord>::open(&mut run, &checkpoint_settings(&budget).unwrap()).unwrap();
+            assert!(stored_rows(&ck, 0..2).unwrap().is_empty(), "a fresh run keeps nothing");
+            for (s, r) in &rows {
+                ck.put(&row_key(*s, r.method), &r.record(*s)).unwrap();
+            }
+        }
+        // Another seed count is the same run continued; only the seeds asked for come back.
         let more_seeds = Budget { seeds: 5, ..quick_budget() };
-        let back = load_rows(&path, &more_seeds).unwrap();
+        let mut run = Run::open(out, "fsp-mnist", true).unwrap();
+        let ck = Checkpoint::<RowRecord>::open(&mut run, &checkpoint_settings(&more_seeds).unwrap()).unwrap();
+        let back = stored_rows(&ck, 0..5).unwrap();
         assert_eq!(back.len(), 2);
         for ((s0, r0), (s1, r1)) in rows.iter().zip(&back) {
             assert_eq!(
@@ -455,14 +456,17 @@ mod tests {
             );
             assert_eq!((&r0.entropy, &r0.extra, r0.fit_seconds), (&r1.entropy, &r1.extra, r1.fit_seconds));
         }
+        assert_eq!(stored_rows(&ck, 1..2).unwrap().len(), 1);
         // Any other setting is not.
         let other = Budget { n_halton: 999, ..quick_budget() };
-        let err = load_rows(&path, &other).unwrap_err().to_string();
-        assert!(err.contains("another budget"), "{err}");
+        let err = Checkpoint::<RowRecord>::open(&mut run, &checkpoint_settings(&other).unwrap())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("--resume only continues a run of the same settings"), "{err}");
         // An unknown method is an error, not a silently dropped row.
-        let bad = json!({ "budget": budget, "per_seed": [{ "seed": 0, "method": "Oracle" }] });
-        std::fs::write(&path, bad.to_string()).unwrap();
-        let err = load_rows(&path, &budget).unwrap_err().to_string();
+        let bad = RowRecord { method: "Oracle".into(), ..rows[0].1.record(0) };
+        let err = Row::from_record(bad).unwrap_err().to_string();
         assert!(err.contains("Oracle"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

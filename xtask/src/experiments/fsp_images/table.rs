@@ -1,4 +1,7 @@
-//! One (seed, method) row, its resumable storage in `metrics.json`, and the table and figures.
+//! One (seed, method) row, its typed record (`metrics.json` and the checkpoint), and the table
+//! and figures.
+
+use std::collections::BTreeMap;
 
 use super::*;
 
@@ -17,74 +20,161 @@ pub(super) struct Row {
     pub(super) extra: Value,
 }
 
+/// A [`Row`] as `metrics.json`'s `per_seed` entries and the checkpoint's units hold it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowRecord {
+    /// The seed of the data split and the fits.
+    pub seed: u64,
+    /// One of the methods run (a Table 2 column).
+    pub method: String,
+    /// Wall seconds of the fit (for Laplace: its MAP's and its own).
+    pub fit_seconds: f64,
+    /// Mean log predictive probability of the test label.
+    #[serde(deserialize_with = "or_nan")]
+    pub log_likelihood: f64,
+    /// Test accuracy.
+    #[serde(deserialize_with = "or_nan")]
+    pub accuracy: f64,
+    /// Expected calibration error.
+    #[serde(deserialize_with = "or_nan")]
+    pub ece: f64,
+    /// Accuracy of the predictive-entropy threshold between ID and OOD test images.
+    #[serde(deserialize_with = "or_nan")]
+    pub ood_accuracy: f64,
+    /// Mean over samples of the per-sample log-likelihood (the literal expectation).
+    #[serde(deserialize_with = "or_nan")]
+    pub per_sample_expected_log_likelihood: f64,
+    /// The predictive-entropy histograms (`None`: a row from before they were stored).
+    pub entropy_histogram: Option<EntropyRecord>,
+    /// The method's own details (epochs, chosen prior precision, Lanczos report…).
+    pub extra: Value,
+}
+
+/// One Table 2 cell: ours over seeds beside the paper's.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CellStats {
+    /// Mean over seeds.
+    #[serde(deserialize_with = "or_nan")]
+    pub mean: f64,
+    /// Standard error over seeds (NaN with one seed).
+    #[serde(deserialize_with = "or_nan")]
+    pub se: f64,
+    /// The paper's mean and standard error.
+    pub paper: [f64; 2],
+    /// Each seed's value.
+    #[serde(deserialize_with = "or_nan_vec")]
+    pub per_seed: Vec<f64>,
+}
+
+/// A Table 2 column we do not run, and why.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NotRun {
+    /// The column.
+    pub column: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// `metrics.json` of `fsp-mnist` / `fsp-fmnist`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Metrics {
+    /// The run's sizes (epochs, context points, subsets…).
+    pub budget: Value,
+    /// Per column, per metric.
+    pub summary: BTreeMap<String, BTreeMap<String, CellStats>>,
+    /// The columns without our numbers.
+    pub not_run: Vec<NotRun>,
+    /// Every (seed, method) row.
+    pub per_seed: Vec<RowRecord>,
+}
+
+/// Counts of the ID and OOD predictive entropies on `bins` equal bins of `range`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EntropyRecord {
+    /// Number of bins ([`ENTROPY_BINS`]).
+    pub bins: usize,
+    /// `[0, ln 10]`.
+    pub range: [f64; 2],
+    /// Counts of the in-distribution test images.
+    pub id: Vec<u64>,
+    /// Counts of the OOD test images.
+    pub ood: Vec<u64>,
+}
+
 impl Row {
-    pub(super) fn to_json(&self, seed: u64) -> Value {
-        json!({
-            "seed": seed, "method": self.method, "fit_seconds": self.fit_seconds,
-            "log_likelihood": self.metrics[0], "accuracy": self.metrics[1], "ece": self.metrics[2],
-            "ood_accuracy": self.metrics[3], "per_sample_expected_log_likelihood": self.sample_ell,
-            "entropy_histogram": self.entropy.as_ref().map(|(id, ood)| json!({
-                "bins": ENTROPY_BINS, "range": [0.0, 10f64.ln()], "id": id, "ood": ood,
-            })),
-            "extra": self.extra,
-        })
+    pub(super) fn record(&self, seed: u64) -> RowRecord {
+        RowRecord {
+            seed,
+            method: self.method.to_string(),
+            fit_seconds: self.fit_seconds,
+            log_likelihood: self.metrics[0],
+            accuracy: self.metrics[1],
+            ece: self.metrics[2],
+            ood_accuracy: self.metrics[3],
+            per_sample_expected_log_likelihood: self.sample_ell,
+            entropy_histogram: self.entropy.as_ref().map(|(id, ood)| EntropyRecord {
+                bins: ENTROPY_BINS,
+                range: [0.0, 10f64.ln()],
+                id: id.clone(),
+                ood: ood.clone(),
+            }),
+            extra: self.extra.clone(),
+        }
     }
 
-    /// The inverse of [`Row::to_json`] (for `--resume`).
-    pub(super) fn from_json(v: &Value) -> Result<(u64, Row)> {
-        let name = v["method"].as_str().ok_or_else(|| anyhow!("a per_seed row without a method"))?;
+    /// The inverse of [`Row::record`] (for `--resume`): an unknown method is an error, and
+    /// histograms of another binning are dropped (the figure then leaves that row out).
+    pub(super) fn from_record(r: RowRecord) -> Result<(u64, Row)> {
         let method = *METHODS
             .iter()
-            .find(|m| **m == name)
-            .ok_or_else(|| anyhow!("unknown method {name:?} in a per_seed row"))?;
-        let num = |k: &str| v[k].as_f64().ok_or_else(|| anyhow!("the {name} row has no number {k:?}"));
-        let seed = v["seed"].as_u64().ok_or_else(|| anyhow!("the {name} row has no seed"))?;
-        let counts = |k: &str| -> Option<Vec<u64>> {
-            let a = v["entropy_histogram"][k].as_array()?;
-            let c: Vec<u64> = a.iter().filter_map(Value::as_u64).collect();
-            (c.len() == ENTROPY_BINS && c.len() == a.len()).then_some(c)
-        };
+            .find(|m| **m == r.method)
+            .ok_or_else(|| anyhow!("unknown method {:?} in a stored row", r.method))?;
+        let entropy = r
+            .entropy_histogram
+            .filter(|h| h.bins == ENTROPY_BINS && h.id.len() == ENTROPY_BINS && h.ood.len() == ENTROPY_BINS)
+            .map(|h| (h.id, h.ood));
+        let metrics = [r.log_likelihood, r.accuracy, r.ece, r.ood_accuracy];
         let row = Row {
             method,
-            metrics: [num("log_likelihood")?, num("accuracy")?, num("ece")?, num("ood_accuracy")?],
-            sample_ell: num("per_sample_expected_log_likelihood")?,
-            fit_seconds: num("fit_seconds")?,
-            entropy: counts("id").zip(counts("ood")),
-            extra: v["extra"].clone(),
+            metrics,
+            sample_ell: r.per_sample_expected_log_likelihood,
+            fit_seconds: r.fit_seconds,
+            entropy,
+            extra: r.extra,
         };
-        Ok((seed, row))
+        Ok((r.seed, row))
     }
 }
 
-/// The rows of an earlier run's `metrics.json` (none if it does not exist); an error if it was
-/// written with another budget (other than the number of seeds).
-pub(super) fn load_rows(path: &std::path::Path, budget: &Budget) -> Result<Vec<(u64, Row)>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    let old: Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let without_seeds = |b: &Value| {
-        let mut b = b.clone();
-        if let Some(o) = b.as_object_mut() {
-            o.remove("seeds");
-        }
-        b
-    };
-    if without_seeds(&old["budget"]) != without_seeds(&serde_json::to_value(budget)?) {
-        bail!(
-            "{} was written with another budget ({}); --resume only continues a run of the same settings",
-            path.display(),
-            old["budget"]
-        );
+/// The checkpoint key of one (seed, method) row.
+pub(super) fn row_key(seed: u64, method: &str) -> String {
+    format!("seed {seed}/{method}")
+}
+
+/// The settings a stored row depends on: the budget, less the number of seeds (another seed
+/// count is the same run continued).
+pub(super) fn checkpoint_settings(budget: &Budget) -> Result<Value> {
+    let mut b = serde_json::to_value(budget)?;
+    if let Some(o) = b.as_object_mut() {
+        o.remove("seeds");
     }
-    old["per_seed"]
-        .as_array()
-        .ok_or_else(|| anyhow!("{} has no per_seed rows", path.display()))?
-        .iter()
-        .map(Row::from_json)
-        .collect()
+    Ok(b)
+}
+
+/// The rows of `seeds` an earlier sitting stored in the checkpoint, in (seed, method) order.
+pub(super) fn stored_rows(
+    ck: &Checkpoint<RowRecord>,
+    seeds: impl Iterator<Item = u64>,
+) -> Result<Vec<(u64, Row)>> {
+    let mut rows = Vec::new();
+    for seed in seeds {
+        for method in METHODS {
+            if let Some(record) = ck.get(&row_key(seed, method))? {
+                rows.push(Row::from_record(record)?);
+            }
+        }
+    }
+    Ok(rows)
 }
 
 pub(super) fn log_row(run: &mut Run, row: &Row) {
@@ -131,7 +221,7 @@ pub(super) fn report(
         s.dedup();
         s
     };
-    let mut summary = serde_json::Map::new();
+    let mut summary: BTreeMap<String, BTreeMap<String, CellStats>> = BTreeMap::new();
     let mut table = Vec::new();
     for (k, metric) in METRICS.iter().enumerate() {
         let mut cells = vec![metric.to_string()];
@@ -145,13 +235,8 @@ pub(super) fn report(
                 let (m, se) = mean_se(&ours);
                 summary
                     .entry(column.to_string())
-                    .or_insert_with(|| json!({}))
-                    .as_object_mut()
-                    .expect("object")
-                    .insert(
-                        metric.to_string(),
-                        json!({ "mean": m, "se": se, "paper": [pm, pse], "per_seed": ours }),
-                    );
+                    .or_default()
+                    .insert(metric.to_string(), CellStats { mean: m, se, paper: [pm, pse], per_seed: ours });
                 pm_cell((m, se))
             };
             cells.push(format!("{mine} ({} ± {})", fmt(pm), fmt(pse)));
@@ -248,12 +333,15 @@ pub(super) fn report(
         .collect();
     line_panels(&run.path("entropy.png"), &panels, 2)?;
     run.write_table(&md)?;
-    let per_seed: Vec<Value> = rows.iter().map(|(seed, r)| r.to_json(*seed)).collect();
-    run.write_metrics(&json!({
-        "budget": budget,
-        "summary": summary,
-        "not_run": NOT_RUN.iter().map(|(c, w)| json!({ "column": c, "reason": w })).collect::<Vec<_>>(),
-        "per_seed": per_seed,
-    }))?;
+    let per_seed: Vec<RowRecord> = rows.iter().map(|(seed, r)| r.record(*seed)).collect();
+    run.write_metrics(&Metrics {
+        budget: serde_json::to_value(budget)?,
+        summary,
+        not_run: NOT_RUN
+            .iter()
+            .map(|(c, w)| NotRun { column: c.to_string(), reason: w.to_string() })
+            .collect(),
+        per_seed,
+    })?;
     Ok(())
 }

@@ -26,6 +26,7 @@
 //!   predictives of the LLA variants affordable on 2 cores;
 //! * 5 seeds (`--seeds K` overrides); every table entry is the mean ± standard error over seeds.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -38,8 +39,10 @@ use fspace_valla::{fit, fit_ella, EllaConfig, EllaPosterior, VallaConfig, VallaP
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::harness::checkpoint::{or_nan, or_nan_array, Checkpoint};
 use crate::harness::plot::{line_panels, log_box_plot, LinePanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, pm_cell, Run};
@@ -47,7 +50,10 @@ use crate::protocols::images::{
     class_metrics, map_probs, rotate, test_with, train_val_test, ImageSet, Images,
 };
 use crate::protocols::laplace_with_marglik as laplace;
-use crate::protocols::tanh_mlp;
+use crate::protocols::{fingerprint, tanh_mlp};
+
+mod metrics;
+pub use metrics::*;
 
 /// The paper's tables (Fig. 3 left: MNIST; Fig. 4 left: FMNIST): ACC (%), NLL, ECE, Brier,
 /// OOD-AUC. "Sampled LLA" is not reproduced.
@@ -74,6 +80,7 @@ const PAPER_FMNIST: [(&str, [f64; 5]); 8] = [
 
 const CATEGORICAL: LikelihoodSpec = LikelihoodSpec::Categorical { classes: 10 };
 
+#[derive(serde::Serialize)]
 struct Budget {
     seeds: usize,
     /// Training / validation / test-and-OOD images kept (`None`: all; set together).
@@ -211,13 +218,19 @@ fn fit_method(
     })
 }
 
-/// One method's numbers on one seed.
+/// One method's numbers on one seed (the checkpoint's unit).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Row {
     method: String,
     fit_seconds: f64,
+    /// ACC (%), NLL, ECE, Brier, OOD-AUC.
+    #[serde(deserialize_with = "or_nan_array")]
     metrics: [f64; 5],
     rotated: Vec<RotatedPoint>,
     extra: Value,
+    /// [`fingerprint`] of the MAP network the method was fitted around: a resumed seed
+    /// retrains its MAP and keeps a stored row only when the fingerprints agree.
+    map: String,
 }
 
 fn evaluate(
@@ -241,10 +254,12 @@ fn evaluate(
     Ok(([100.0 * m.accuracy, m.nll, m.ece, m.brier, auc], rot))
 }
 
+/// `valla-mnist`: runs the experiment and writes its folder.
 pub fn run_mnist(opts: &Options) -> Result<()> {
     run(opts, ImageSet::Mnist)
 }
 
+/// `valla-fmnist`: runs the experiment and writes its folder.
 pub fn run_fmnist(opts: &Options) -> Result<()> {
     run(opts, ImageSet::FashionMnist)
 }
@@ -254,12 +269,24 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         ImageSet::Mnist => ("valla-mnist", ImageSet::FashionMnist, &PAPER_MNIST),
         ImageSet::FashionMnist => ("valla-fmnist", ImageSet::Mnist, &PAPER_FMNIST),
     };
-    let mut run = Run::new(&opts.out, name)?;
+    let mut run = Run::open(&opts.out, name, opts.resume)?;
     let budget = Budget::new(opts);
     let with_rotation = set == ImageSet::FashionMnist;
+    // A unit is one method on one seed; another seed count is the same run continued.
+    let mut settings = serde_json::to_value(&budget)?;
+    if let Some(o) = settings.as_object_mut() {
+        o.remove("seeds");
+    }
+    let mut ck = Checkpoint::<Row>::open(&mut run, &settings)?;
     let mut rows: Vec<(u64, Row)> = Vec::new();
     for s in 0..budget.seeds as u64 {
         let seed = opts.seed + s;
+        let key = |method: &str| format!("seed {seed}/{method}");
+        if let Some(stored) = ck.all(paper.iter().map(|p| key(p.0)))? {
+            run.log(format!("seed {seed}: every method in checkpoint.json (--resume)"));
+            rows.extend(stored.into_iter().map(|r| (seed, r)));
+            continue;
+        }
         let (train, val, test, stats) = train_val_test(set, seed)?;
         let ood = test_with(ood_set, stats)?;
         let (train, val, test, ood) = match (budget.n_train, budget.n_val, budget.n_test) {
@@ -307,9 +334,22 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         bar.finish_and_clear();
         let map_seconds = t0.elapsed().as_secs_f64();
         let steps = budget.map_epochs * n.div_ceil(100);
-        run.log(format!("  MAP: {steps} Adam steps in {map_seconds:.1} s"));
+        let map = fingerprint(&net);
+        run.log(format!("  MAP: {steps} Adam steps in {map_seconds:.1} s (fingerprint {map})"));
 
         for label in paper.iter().map(|p| p.0) {
+            match ck.get(&key(label))? {
+                Some(row) if row.map == map => {
+                    run.log(format!("  {label}: kept from checkpoint.json (--resume)"));
+                    rows.push((seed, row));
+                    continue;
+                }
+                Some(row) => run.log(format!(
+                    "  {label}: the stored row was fitted around another MAP ({}); fitted again",
+                    row.map
+                )),
+                None => {}
+            }
             let t0 = Instant::now();
             let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed)?;
             let fit_seconds = if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
@@ -324,7 +364,18 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 metrics[3],
                 metrics[4]
             ));
-            rows.push((seed, Row { method: label.to_string(), fit_seconds, metrics, rotated: rot, extra }));
+            let row = Row {
+                method: label.to_string(),
+                fit_seconds,
+                metrics,
+                rotated: rot,
+                extra,
+                map: map.clone(),
+            };
+            ck.put(&key(label), &row)?;
+            rows.push((seed, row));
+            // After every method, so a long run leaves its finished rows behind.
+            report(&mut run, name, paper, &rows, &budget, with_rotation)?;
         }
     }
     report(&mut run, name, paper, &rows, &budget, with_rotation)
@@ -339,9 +390,8 @@ fn report(
     with_rotation: bool,
 ) -> Result<()> {
     let methods: Vec<&str> = paper.iter().map(|p| p.0).collect();
-    let cols = ["ACC (%)", "NLL", "ECE", "Brier", "OOD-AUC"];
     let mut table = Vec::new();
-    let mut summary = serde_json::Map::new();
+    let mut summary = BTreeMap::new();
     let mut times = Vec::new();
     for (method, paper_vals) in paper.iter() {
         let mine: Vec<&Row> = rows.iter().filter(|r| r.1.method == *method).map(|r| &r.1).collect();
@@ -349,18 +399,19 @@ fn report(
             continue;
         }
         let mut cells = vec![method.to_string()];
-        let mut entry = serde_json::Map::new();
-        for (k, col) in cols.iter().enumerate() {
-            let (m, se) = mean_se(&mine.iter().map(|r| r.metrics[k]).collect::<Vec<_>>());
-            let cell = pm_cell((m, se));
-            cells.push(format!("{cell} ({})", fmt(paper_vals[k])));
-            entry.insert(col.to_string(), json!({ "mean": m, "se": se, "paper": paper_vals[k] }));
-        }
+        let stats: [CellStats; 5] = std::array::from_fn(|k| {
+            let (mean, se) = mean_se(&mine.iter().map(|r| r.metrics[k]).collect::<Vec<_>>());
+            cells.push(format!("{} ({})", pm_cell((mean, se)), fmt(paper_vals[k])));
+            CellStats { mean, se, paper: paper_vals[k] }
+        });
         let secs: Vec<f64> = mine.iter().map(|r| r.fit_seconds).collect();
         let (t, _) = mean_se(&secs);
         cells.push(fmt(t));
-        entry.insert("fit_seconds".into(), json!(secs));
-        summary.insert(method.to_string(), Value::Object(entry));
+        let [accuracy_percent, nll, ece, brier, ood_auc] = stats;
+        summary.insert(
+            method.to_string(),
+            MethodSummary { accuracy_percent, nll, ece, brier, ood_auc, fit_seconds: secs.clone() },
+        );
         times.push((method.to_string(), secs));
         table.push(cells);
     }
@@ -391,7 +442,7 @@ fn report(
                 nll.push((angle, l));
                 cells.push(format!("{} / {}", fmt(e), fmt(l)));
             }
-            rotation.push(json!({ "method": method, "ece": ece, "nll": nll }));
+            rotation.push(RotationCurves { method: method.to_string(), ece: ece.clone(), nll: nll.clone() });
             ece_series.push((method.to_string(), ece));
             nll_series.push((method.to_string(), nll));
             rot_rows.push(cells);
@@ -426,22 +477,64 @@ fn report(
     }
     log_box_plot(&run.path("fit_times.png"), &format!("{name}: fit time per method"), "seconds", &times)?;
     run.write_table(&md)?;
-    let per_seed: Vec<Value> = rows
+    let per_seed: Vec<SeedRecord> = rows
         .iter()
-        .map(|(seed, r)| {
-            json!({
-                "seed": seed, "method": r.method, "fit_seconds": r.fit_seconds,
-                "accuracy_percent": r.metrics[0], "nll": r.metrics[1], "ece": r.metrics[2],
-                "brier": r.metrics[3], "ood_auc": r.metrics[4], "rotated": r.rotated, "extra": r.extra,
-            })
+        .map(|(seed, r)| SeedRecord {
+            seed: *seed,
+            method: r.method.clone(),
+            fit_seconds: r.fit_seconds,
+            accuracy_percent: r.metrics[0],
+            nll: r.metrics[1],
+            ece: r.metrics[2],
+            brier: r.metrics[3],
+            ood_auc: r.metrics[4],
+            rotated: r.rotated.clone(),
+            extra: r.extra.clone(),
         })
         .collect();
-    run.write_metrics(&json!({
-        "seeds": budget.seeds,
-        "quick": budget.n_train.is_some(),
-        "summary": summary,
-        "rotation": rotation,
-        "per_seed": per_seed,
-    }))?;
+    run.write_metrics(&Metrics {
+        seeds: budget.seeds,
+        quick: budget.n_train.is_some(),
+        summary,
+        rotation,
+        per_seed,
+    })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_row_round_trips_and_names_the_map_it_was_fitted_around() {
+        let (a, b) = (tanh_mlp(3, &[4], 2, 0).unwrap(), tanh_mlp(3, &[4], 2, 1).unwrap());
+        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        let dir = std::env::temp_dir().join(format!("fspace-valla-images-{}", std::process::id()));
+        let out = dir.to_str().unwrap();
+        let row = Row {
+            method: "VaLLA 100".into(),
+            fit_seconds: 1.5,
+            metrics: [97.5, 0.1 + 0.2, 0.01, 0.04, f64::NAN],
+            rotated: vec![(0.0, 0.01, 0.1), (90.0, 0.2, 1.5)],
+            extra: json!({ "iterations": 200 }),
+            map: fingerprint(&a),
+        };
+        let settings = json!({ "map_epochs": 5 });
+        Checkpoint::<Row>::open(&mut Run::new(out, "valla-mnist").unwrap(), &settings)
+            .unwrap()
+            .put("seed 0/VaLLA 100", &row)
+            .unwrap();
+        let mut run = Run::open(out, "valla-mnist", true).unwrap();
+        let back =
+            Checkpoint::<Row>::open(&mut run, &settings).unwrap().get("seed 0/VaLLA 100").unwrap().unwrap();
+        assert_eq!(
+            (&back.method, back.map.as_str(), &back.rotated),
+            (&row.method, row.map.as_str(), &row.rotated)
+        );
+        assert_eq!(back.metrics[..4], row.metrics[..4]);
+        assert!(back.metrics[4].is_nan());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

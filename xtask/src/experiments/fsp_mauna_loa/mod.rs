@@ -41,6 +41,7 @@
 //! (`authors_kernel`), the GP row's is fitted (sklearn fits theirs).
 
 use fspace_kernels::GpPrior;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -60,12 +61,17 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 
+use crate::harness::checkpoint::{or_nan, or_nan_vec, Checkpoint, Timed};
 use crate::harness::plot::{regression_panels, Panel1d};
 use crate::harness::registry::Options;
-use crate::harness::report::{markdown_table, mean_std, pm_cell, Checkpoint, Run};
+use crate::harness::report::{markdown_table, mean_std, pm_cell, Run};
 use crate::protocols::tanh_mlp;
+
+mod metrics;
+pub use metrics::*;
 
 const METHODS: [&str; 5] = ["FSP-Laplace", "FVI", "Laplace", "GP", "FSP-Laplace (fixed σ)"];
 /// The paper's Table 1 row: ELL then MSE, (mean, std) per method (none for the variant row).
@@ -163,21 +169,9 @@ fn authors_kernel(t: &Task) -> Result<Box<dyn Kernel>> {
         + Rbf::new(v(0.18), 0.134 / ts)?.boxed())
 }
 
-/// Per-method, per-seed scores: standardised per-point ELL and MSE, ppm² MSE, the paper's ELL
-/// convention (module docs), the method's noise σ (ppm) and the fit time.
-#[derive(Clone, Copy)]
-struct Scores {
-    ell: f64,
-    mse: f64,
-    mse_ppm: f64,
-    ell_paper: f64,
-    sigma_ppm: f64,
-    seconds: f64,
-}
-
 /// Scores of `post` with observation noise σ = `sigma` (standardised); `gp`: the paper's GP
 /// ELL is in ppm throughout, the networks' mixes units (module docs).
-fn score(post: &dyn Posterior, sigma: f64, gp: bool, t: &Task, seconds: f64) -> Result<Scores> {
+fn score(post: &dyn Posterior, sigma: f64, gp: bool, t: &Task) -> Result<Scores> {
     let p = post.predict(&t.xte)?;
     let mean: Vec<f64> = p.mean.iter().cloned().collect();
     let var: Vec<f64> = p.var.iter().cloned().collect();
@@ -197,7 +191,7 @@ fn score(post: &dyn Posterior, sigma: f64, gp: bool, t: &Task, seconds: f64) -> 
         })
         .sum::<f64>()
         / y.len() as f64;
-    Ok(Scores { ell, mse, mse_ppm: mse * t.y_std * t.y_std, ell_paper, sigma_ppm: sigma * t.y_std, seconds })
+    Ok(Scores { ell, mse, mse_ppm: mse * t.y_std * t.y_std, ell_paper, sigma_ppm: sigma * t.y_std })
 }
 
 /// `fsp-mauna-loa`.
@@ -220,9 +214,9 @@ pub fn run(opts: &Options) -> Result<()> {
     // A unit is one (seed, method) score; `forecasts.png` comes from the sitting that ran seed 0,
     // so seed 0's units are kept only once that figure exists (a sitting stopped inside seed 0
     // reruns all of it).
-    let mut ck = Checkpoint::open(
+    let mut ck = Checkpoint::<Timed<Scores>>::open(
         &mut run,
-        json!({ "recipe": "authors", "max_epochs": b.max_epochs, "fvi_steps": b.fvi_steps,
+        &json!({ "recipe": "authors", "max_epochs": b.max_epochs, "fvi_steps": b.fvi_steps,
                 "fixed_epochs": b.fixed_epochs, "patience": b.patience, "seed": opts.seed }),
     )?;
     run.log(format!(
@@ -254,8 +248,8 @@ pub fn run(opts: &Options) -> Result<()> {
         },
     )?;
     let (kernel, noise_var) = (rep.kernel, rep.noise_variance);
-    let hyper: Map<String, Value> =
-        kernel.param_names().into_iter().zip(kernel.params().into_iter().map(|p| json!(p.exp()))).collect();
+    let hyper: BTreeMap<String, f64> =
+        kernel.param_names().into_iter().zip(kernel.params().into_iter().map(f64::exp)).collect();
     run.log(format!(
         "prior fitted in {:.1}s: noise σ = {:.4} ({:.3} ppm), hyperparameters {hyper:?}",
         t0.elapsed().as_secs_f64(),
@@ -274,7 +268,7 @@ pub fn run(opts: &Options) -> Result<()> {
         DMatrix::from_iterator(grid_years.len(), 1, grid_years.iter().map(|y| (y - t.t_mean) / t.t_std));
 
     let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &t.xtr, &ytr_m)?;
-    let mut per: Vec<Vec<Scores>> = vec![Vec::new(); METHODS.len()];
+    let mut per: Vec<Vec<Timed<Scores>>> = vec![Vec::new(); METHODS.len()];
     let mut panels: Vec<Panel1d> = Vec::new();
     let figure_done = run.path("forecasts.png").exists();
     for s in 0..seeds {
@@ -286,18 +280,14 @@ pub fn run(opts: &Options) -> Result<()> {
         let data = Data::new(&xf, &yf)?.with_validation(&xv, &yv)?;
         for (k, method) in METHODS.iter().enumerate() {
             if *method == "GP" && s > 0 {
-                let first = per[k][0];
+                let first = per[k][0].clone();
                 per[k].push(first);
                 continue;
             }
             let key = format!("seed {seed}/{method}");
-            let stored = if s > 0 || figure_done { ck.get_array(&key)? } else { None };
-            if let Some([ell, mse, mse_ppm, ell_paper, sigma_ppm, seconds]) = stored {
-                run.log(format!("{key}: kept from checkpoint.json (--resume)"));
-                per[k].push(Scores { ell, mse, mse_ppm, ell_paper, sigma_ppm, seconds });
-                continue;
-            }
-            let tm = Instant::now();
+            // The figure's posterior (seed 0, computed in this sitting).
+            let mut shown: Option<Box<dyn Posterior>> = None;
+            let unit = ck.unit_keeping(&mut run, &key, s > 0 || figure_done, |run| {
             // The authors' rows use their fixed prior; the variant row the fitted one.
             let prior = if *method == "FSP-Laplace (fixed σ)" {
                 GpPrior::centered(kernel.clone())
@@ -408,15 +398,18 @@ pub fn run(opts: &Options) -> Result<()> {
                 }
                 _ => (Box::new(gp.clone()), noise_var.sqrt()),
             };
-            let secs = tm.elapsed().as_secs_f64();
-            let sc = score(post.as_ref(), sigma, *method == "GP", &t, secs)?;
+            let sc = score(post.as_ref(), sigma, *method == "GP", &t)?;
             run.log(format!(
-                "seed {seed}: {method}: ELL {:.3} / point (std units), {:.1} (paper's convention); MSE {:.4} (std units) = {:.2} ppm² ({secs:.1}s)",
+                "seed {seed}: {method}: ELL {:.3} / point (std units), {:.1} (paper's convention); MSE {:.4} (std units) = {:.2} ppm²",
                 sc.ell, sc.ell_paper, sc.mse, sc.mse_ppm
             ));
-            ck.put_numbers(&key, &[sc.ell, sc.mse, sc.mse_ppm, sc.ell_paper, sc.sigma_ppm, sc.seconds])?;
-            per[k].push(sc);
             if s == 0 {
+                shown = Some(post);
+            }
+            Ok(sc)
+            })?;
+            per[k].push(unit);
+            if let Some(post) = shown {
                 let p = post.predict(&grid)?;
                 let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
                 let samples = post.sample_functions(&grid, 5, &mut rng)?;
@@ -466,9 +459,9 @@ struct Budget {
 #[allow(clippy::too_many_arguments)]
 fn write_outputs(
     run: &mut Run,
-    ck: &Checkpoint,
-    per: &[Vec<Scores>],
-    hyper: &Map<String, Value>,
+    ck: &Checkpoint<Timed<Scores>>,
+    per: &[Vec<Timed<Scores>>],
+    hyper: &BTreeMap<String, f64>,
     noise_var: f64,
     t: &Task,
     b: &Budget,
@@ -478,9 +471,10 @@ fn write_outputs(
     let cell = |v: Vec<f64>| pm_cell(mean_std(&v));
     let paper = |v: Option<(f64, f64)>| v.map_or("–".to_string(), |(m, s)| format!("{m} ± {s}"));
     let mut rows = Vec::new();
-    let mut metrics = Map::new();
+    let mut methods = BTreeMap::new();
     for (k, method) in METHODS.iter().enumerate() {
-        let col = |f: fn(&Scores) -> f64| per[k].iter().map(f).collect::<Vec<f64>>();
+        let col = |f: fn(&Scores) -> f64| per[k].iter().map(|u| f(&u.value)).collect::<Vec<f64>>();
+        let seconds: Vec<f64> = per[k].iter().map(|u| u.seconds).collect();
         rows.push(vec![
             method.to_string(),
             cell(col(|s| s.mse_ppm)),
@@ -489,20 +483,25 @@ fn write_outputs(
             paper(PAPER_ELL[k]),
             cell(col(|s| s.ell)),
             cell(col(|s| s.sigma_ppm)),
-            cell(col(|s| s.seconds)),
+            cell(seconds.clone()),
         ]);
-        metrics.insert(
+        methods.insert(
             method.to_string(),
-            json!({
-                "mse_ppm2": col(|s| s.mse_ppm), "ell_paper_convention": col(|s| s.ell_paper),
-                "mse_std": col(|s| s.mse), "ell_std_per_point": col(|s| s.ell),
-                "sigma_ppm": col(|s| s.sigma_ppm), "seconds": col(|s| s.seconds),
-            }),
+            SeedScores {
+                mse_ppm2: col(|s| s.mse_ppm),
+                ell_paper_convention: col(|s| s.ell_paper),
+                mse_std: col(|s| s.mse),
+                ell_std_per_point: col(|s| s.ell),
+                sigma_ppm: col(|s| s.sigma_ppm),
+                seconds,
+            },
         );
     }
-    metrics.insert("prior_hyperparameters".into(), Value::Object(hyper.clone()));
-    metrics.insert("gp_noise_std_ppm".into(), json!(noise_var.sqrt() * t.y_std));
-    run.write_metrics(&Value::Object(metrics))?;
+    run.write_metrics(&Metrics {
+        methods,
+        prior_hyperparameters: hyper.clone(),
+        gp_noise_std_ppm: noise_var.sqrt() * t.y_std,
+    })?;
     let table = format!(
         "# fsp-mauna-loa (FSP-Laplace Table 1, Mauna Loa row){}\n\n\
 NOAA GML monthly CO₂, May 1974 – April 2024: {} training months (first 70 %; per seed a random 90 / 10 train / validation split), {} test months; \
@@ -561,7 +560,7 @@ mod tests {
             &DMatrix::from_column_slice(t.ytr.len(), 1, t.ytr.as_slice()),
         )
         .unwrap();
-        let s = score(&gp, 0.1, true, &t, 0.0).unwrap();
+        let s = score(&gp, 0.1, true, &t).unwrap();
         assert!(
             (s.ell_paper - (s.ell - t.y_std.ln())).abs() < 1e-9 * s.ell.abs(),
             "{} vs {}",
