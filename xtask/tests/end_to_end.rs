@@ -141,26 +141,33 @@ fn the_gfsvi_tables_choose_gamma_by_validation_and_resume_with_the_choice() {
 
 #[test]
 fn the_cubic_toy_runs_end_to_end_in_quick_mode() {
-    // Generalized Laplace Fig. 2 with every structure: the full GGN's GLM std is the reference
-    // (ratio 1), every structure's uncertainty is finite and positive, plots exist.
+    // Generalized Laplace Fig. 2 with every structure, from the empirical Fisher (the paper's)
+    // and from the GGN: the full curvature's GLM std is each source's reference (ratio 1),
+    // every structure's uncertainty is finite and positive, the two sources differ, plots exist.
     let out = scratch("cubic");
     quick("gl-cubic-toy", &out, &[]).unwrap();
     let dir = out.join("gl-cubic-toy");
     let m: gl_cubic::Metrics = metrics(&dir);
-    assert_eq!(m.structures["full"].std_in_over_full, 1.0);
-    assert_eq!(m.structures.len(), 5);
-    for (name, s) in &m.structures {
-        for (key, v) in [
-            ("std_in", s.std_in),
-            ("std_out", s.std_out),
-            ("mc_std_in", s.mc_std_in),
-            ("marglik_lambda", s.marglik_lambda),
-        ] {
-            assert!(v.is_finite() && v > 0.0, "{name}/{key}: {v}");
+    for (source, sm) in [("empirical Fisher", &m.empirical_fisher), ("GGN", &m.ggn)] {
+        assert_eq!(sm.structures["full"].std_in_over_full, 1.0);
+        assert_eq!(sm.structures.len(), 5);
+        for (name, s) in &sm.structures {
+            for (key, v) in [
+                ("std_in", s.std_in),
+                ("std_out", s.std_out),
+                ("mc_std_in", s.mc_std_in),
+                ("marglik_lambda", s.marglik_lambda),
+            ] {
+                assert!(v.is_finite() && v > 0.0, "{source} {name}/{key}: {v}");
+            }
         }
+        assert_eq!(sm.order_glm_std_in.len(), 4);
     }
+    let (ef, ggn) = (&m.empirical_fisher.structures["diag"], &m.ggn.structures["diag"]);
+    assert!((ef.std_in / ggn.std_in - 1.0).abs() > 1e-6, "the two curvatures give the same diagonal");
     assert_eq!(m.order_paper, ["kfac", "diag", "ekfac", "block_diag"]);
-    assert_eq!(m.order_glm_std_in.len(), 4);
-    assert!(dir.join("predictive.png").exists() && dir.join("predictive_mc.png").exists());
+    for png in ["predictive.png", "predictive_mc.png", "predictive_ggn.png"] {
+        assert!(dir.join(png).exists(), "{png}");
+    }
     let _ = std::fs::remove_dir_all(&out);
 }

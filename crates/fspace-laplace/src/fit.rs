@@ -181,6 +181,23 @@ pub enum Weights {
     Subnetwork(Vec<usize>),
 }
 
+/// What the curvature `C` of every structure is built from.
+///
+/// Both are `Σᵢ J(xᵢ)ᵀ Mᵢ J(xᵢ)` with a PSD output-space block `Mᵢ` per point, so every
+/// structure (full, diagonal, block-diagonal, KFAC, EKFAC, last layer, low rank) takes either.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CurvatureSource {
+    /// The generalised Gauss-Newton: `Mᵢ = Hᵢ = ∂²(−log p(yᵢ | f))/∂f²` at `f(xᵢ; w*)` (PSD
+    /// for every likelihood here; laplace-torch's default).
+    #[default]
+    Ggn,
+    /// The empirical Fisher `Σᵢ ∇_w ℓᵢ ∇_w ℓᵢᵀ`: `Mᵢ = gᵢgᵢᵀ` with `gᵢ = ∂(−log p(yᵢ | f))/∂f`
+    /// at the observed label (rank one per point). The Generalized Laplace paper's App. A.1:
+    /// "the expectation of the squared gradients", KFAC's `G = E[ggᵀ]` of the backpropagated
+    /// gradients.
+    EmpiricalFisher,
+}
+
 /// Where KFAC / EKFAC put a layer's bias.
 ///
 /// `Folded` (default, Martens & Grosse's augmented input `ã = [a; 1]`): one Kronecker block
@@ -822,15 +839,31 @@ pub(crate) fn build<N: Network>(
     })
 }
 
-/// Hessian blocks and their square roots at `f(X; w*)`.
+/// The per-point output-space blocks `Mᵢ` of `source` at `f(X; w*)` and their square roots.
 pub(crate) fn data_for<'a>(
     x: &'a DMatrix<f64>,
     f: &DMatrix<f64>,
     y: &DVector<f64>,
     lik: &dyn Likelihood,
     chunk: usize,
+    source: CurvatureSource,
 ) -> Result<Data<'a>> {
-    let hessians = lik.nll_hessian(f, y)?;
-    let factors = hessian_factors(&hessians);
+    let (hessians, factors) = match source {
+        CurvatureSource::Ggn => {
+            let hessians = lik.nll_hessian(f, y)?;
+            let factors = hessian_factors(&hessians);
+            (hessians, factors)
+        }
+        CurvatureSource::EmpiricalFisher => {
+            // Row i of the gradient is gᵢᵀ; its square root is gᵢ itself (k = 1).
+            let grad = lik.nll_grad(f, y)?;
+            let factors: Vec<DMatrix<f64>> = grad
+                .row_iter()
+                .map(|g| DMatrix::from_column_slice(g.len(), 1, g.transpose().as_slice()))
+                .collect();
+            let hessians = factors.iter().map(|g| g * g.transpose()).collect();
+            (hessians, factors)
+        }
+    };
     Ok(Data { x, hessians, factors, chunk })
 }

@@ -7,7 +7,9 @@
 //!
 //! `Σ⁻¹ = T · C + Λ`,  `C ≈ GGN = Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`,
 //!
-//! where `Hᵢ = ∂²(−log p(yᵢ | f))/∂f²` at `f(xᵢ; w*)`, `T` is the temperature of the generalised
+//! where `Hᵢ = ∂²(−log p(yᵢ | f))/∂f²` at `f(xᵢ; w*)` (or, with
+//! [`CurvatureSource::EmpiricalFisher`], `C = Σᵢ J(xᵢ)ᵀ gᵢgᵢᵀ J(xᵢ)` with `gᵢ = ∂(−log p(yᵢ | f))/∂f`,
+//! the empirical Fisher of the Generalized Laplace paper's App. A.1, in every structure), `T` is the temperature of the generalised
 //! posterior (`T = 1`: the ordinary Laplace; Generalized Laplace paper eq. 21) and `Λ = diag(λ)`
 //! the prior precision (one λ, or one per layer). Structures ([`Structure`]):
 //!
@@ -52,6 +54,7 @@ pub use curvature::{
 };
 pub use error::{LaplaceError, Result};
 pub use fit::{
-    BlockDiagConfig, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig, Structure, Weights,
+    BlockDiagConfig, CurvatureSource, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig,
+    Structure, Weights,
 };
 pub use posterior::{fit, LaplaceConfig, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision};

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::curvature::{Curvature, CurvatureApprox};
 use crate::error::{ensure_positive, LaplaceError, Result};
-use crate::fit::{build, data_for, FitReport, KronBias, Structure, Weights};
+use crate::fit::{build, data_for, CurvatureSource, FitReport, KronBias, Structure, Weights};
 
 /// The prior precision λ of `N(0, λ⁻¹ I)` on the weights: one value, or one per layer (in
 /// [`Network::layer_infos`] order).
@@ -56,6 +56,7 @@ impl Predictive {
 /// | name | default | purpose |
 /// |---|---|---|
 /// | `structure` | `Kfac` | curvature structure |
+/// | `curvature` | `Ggn` | the GGN, or the empirical Fisher (`CurvatureSource`) |
 /// | `weights` | `All` | which weights the posterior covers (`LastLayer`: laplace-torch's `'last_layer'`) |
 /// | `kron_bias` | `Folded` | KFAC / EKFAC: bias folded into the input factor, or a separate block (laplace-torch) |
 /// | `prior_precision` | `Scalar(1.0)` | λ (laplace-torch's default) |
@@ -66,6 +67,9 @@ impl Predictive {
 pub struct LaplaceConfig {
     /// Curvature structure.
     pub structure: Structure,
+    /// What the curvature is built from: the GGN or the empirical Fisher.
+    #[serde(default)]
+    pub curvature: CurvatureSource,
     /// Which weights (the others stay at MAP).
     #[serde(default)]
     pub weights: Weights,
@@ -86,6 +90,7 @@ impl Default for LaplaceConfig {
     fn default() -> Self {
         Self {
             structure: Structure::Kfac,
+            curvature: CurvatureSource::Ggn,
             weights: Weights::All,
             kron_bias: KronBias::Folded,
             prior_precision: PriorPrecision::Scalar(1.0),
@@ -189,7 +194,7 @@ pub fn fit<N: Network>(
     check_data(&net, lik.as_ref(), x, y)?;
     let f = forward_chunked(&net, x, config.chunk_points)?;
     let log_likelihood = -lik.nll(&f, y)?;
-    let data = data_for(x, &f, y, lik.as_ref(), config.chunk_points)?;
+    let data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
     let mut report = FitReport::default();
     let (curvature, indices) =
         build(&net, &data, &config.structure, &config.weights, config.kron_bias, &mut report)?;

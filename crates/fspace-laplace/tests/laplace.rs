@@ -6,8 +6,8 @@ use fspace_core::{ClassProbMethod, CoreError, Likelihood, Posterior};
 use fspace_core::{Data, LikelihoodSpec, Persist};
 use fspace_input::InputError;
 use fspace_laplace::{
-    fit, CurvatureApprox, FullConfig, KronBias, LaplaceConfig, LaplaceError, LaplacePosterior, LowRankConfig,
-    MarglikConfig, Predictive, PriorPrecision, Structure, Weights,
+    fit, CurvatureApprox, CurvatureSource, FullConfig, KronBias, LaplaceConfig, LaplaceError,
+    LaplacePosterior, LowRankConfig, MarglikConfig, Predictive, PriorPrecision, Structure, Weights,
 };
 use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, HelmholtzNet, Mlp, MlpConfig, Network};
 use fspace_testutil::{rel_frob, rng};
@@ -46,6 +46,27 @@ fn dense_ggn<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DV
         g += ji.transpose() * &h[i] * ji;
     }
     g
+}
+
+/// The dense empirical Fisher `Σᵢ ∇_w ℓᵢ ∇_w ℓᵢᵀ` with `∇_w ℓᵢ = J(xᵢ)ᵀ gᵢ`, `gᵢ` the
+/// likelihood's gradient in `f` at the observed label; also returns `Σᵢ ∇_w ℓᵢ`.
+fn dense_empirical_fisher<N: Network>(
+    net: &N,
+    lik: &dyn Likelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+) -> (DMatrix<f64>, DVector<f64>) {
+    let f = net.forward(x).unwrap();
+    let g = lik.nll_grad(&f, y).unwrap();
+    let j = net.jacobian(x).unwrap();
+    let (q, p) = (net.output_dim(), net.n_params());
+    let (mut ef, mut total) = (DMatrix::zeros(p, p), DVector::zeros(p));
+    for i in 0..x.nrows() {
+        let grad_i = j.rows(i * q, q).transpose() * g.row(i).transpose();
+        ef += &grad_i * grad_i.transpose();
+        total += grad_i;
+    }
+    (ef, total)
 }
 
 fn restrict(m: &DMatrix<f64>, idx: &[usize]) -> DMatrix<f64> {
@@ -155,6 +176,79 @@ fn diag_block_diag_full_and_last_layer_equal_the_dense_ggn() {
     println!("last-layer rel err {err:.2e}");
     assert!(err < 1e-10);
     assert_eq!(ll.indices().len(), 3 * 4);
+}
+
+/// `m` (in a posterior's index order, layer by layer) with its cross-layer blocks zeroed.
+fn block_diagonal_part(m: &DMatrix<f64>, net: &Mlp) -> DMatrix<f64> {
+    let mut out = DMatrix::zeros(m.nrows(), m.ncols());
+    let mut o = 0;
+    for sz in net.layer_infos().iter().map(|i| i.n_params()) {
+        out.view_mut((o, o), (sz, sz)).copy_from(&m.view((o, o), (sz, sz)));
+        o += sz;
+    }
+    out
+}
+
+#[test]
+fn the_empirical_fisher_is_the_sum_of_squared_gradients_in_every_structure() {
+    let net = mlp(2, vec![4, 3], 3, 1);
+    let (x, y) = classification(7, 2, 3, 2);
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
+    let built = lik.build().unwrap();
+    let (ef, total) = dense_empirical_fisher(&net, built.as_ref(), &x, &y);
+    // The reference's gradients are the loss's: their sum is the central-difference gradient
+    // of the total NLL in the weights.
+    let nll = |w: &[f64]| {
+        let mut n = net.clone();
+        n.set_params(&DVector::from_column_slice(w)).unwrap();
+        built.nll(&n.forward(&x).unwrap(), &y).unwrap()
+    };
+    let fd = DVector::from_vec(fspace_testutil::fd_gradient(nll, net.params().as_slice(), 1e-6));
+    let err = (&fd - &total).norm() / total.norm();
+    println!("Σ ∇ℓᵢ vs finite differences rel err {err:.2e}");
+    assert!(err < 1e-7);
+
+    let ef_config =
+        |structure| LaplaceConfig { curvature: CurvatureSource::EmpiricalFisher, ..config(structure) };
+    let fit_ef = |net: &Mlp, x: &DMatrix<f64>, y: &DVector<f64>, s: Structure| {
+        fit_v(net.clone(), lik, x, y, &ef_config(s)).unwrap()
+    };
+    let full = fit_ef(&net, &x, &y, Structure::full());
+    let err = rel_frob(&full.curvature().to_dense(), &restrict(&ef, full.indices()));
+    println!("EF full rel err {err:.2e}");
+    assert!(err < 1e-10);
+    let diag = fit_ef(&net, &x, &y, Structure::Diag);
+    let d = restrict(&ef, diag.indices()).diagonal();
+    let err = (diag.curvature().to_dense().diagonal() - &d).norm() / d.norm();
+    println!("EF diag rel err {err:.2e}");
+    assert!(err < 1e-12);
+    let bd = fit_ef(&net, &x, &y, Structure::block_diag());
+    let err = rel_frob(&bd.curvature().to_dense(), &layer_diagonal_blocks(&net, &ef));
+    println!("EF block-diag rel err {err:.2e}");
+    assert!(err < 1e-10);
+    let ll = fit_ef(&net, &x, &y, Structure::last_layer());
+    let err = rel_frob(&ll.curvature().to_dense(), &restrict(&ef, ll.indices()));
+    println!("EF last-layer rel err {err:.2e}");
+    assert!(err < 1e-10);
+    // One point: KFAC and EKFAC are the EF's layer blocks exactly (G = ggᵀ of the
+    // backpropagated gradient, A = ããᵀ).
+    let (x1, y1) = classification(1, 2, 3, 6);
+    let (ef1, _) = dense_empirical_fisher(&net, built.as_ref(), &x1, &y1);
+    for s in [Structure::Kfac, Structure::Ekfac] {
+        let post = fit_ef(&net, &x1, &y1, s);
+        let expected = block_diagonal_part(&restrict(&ef1, post.indices()), &net);
+        let err = rel_frob(&post.curvature().to_dense(), &expected);
+        println!("EF {} one-point rel err {err:.2e}", post.curvature().name());
+        assert!(err < 1e-10);
+    }
+    // The GGN is another matrix (the Fisher at the model's own labels, not the observed ones).
+    let ggn = fit_with(net.clone(), lik, &x, &y, Structure::full());
+    assert!(rel_frob(&ggn.curvature().to_dense(), &full.curvature().to_dense()) > 1e-2);
+    // A saved configuration from before the option existed reads as the GGN.
+    let mut old = serde_json::to_value(LaplaceConfig::default()).unwrap();
+    old.as_object_mut().unwrap().remove("curvature");
+    let back: LaplaceConfig = serde_json::from_value(old).unwrap();
+    assert_eq!(back.curvature, CurvatureSource::Ggn);
 }
 
 #[test]

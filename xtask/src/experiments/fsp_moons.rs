@@ -30,7 +30,7 @@ pub struct FspMetrics {
     pub on_data_std: f64,
     /// `far_std / on_data_std`.
     pub far_over_on: f64,
-    /// Largest Var[f] over the prior variance at the training inputs.
+    /// Largest `Var[f]` over the prior variance at the training inputs.
     pub max_var_over_prior_at_data: f64,
     /// Rank of the posterior covariance factor.
     pub rank: usize,

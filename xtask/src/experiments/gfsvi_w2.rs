@@ -7,7 +7,7 @@
 //! jointly from the uniform distribution over the training box and the minibatch (GFSVI:
 //! 50 uniform + 450 from the batch, like FVI's default), γ = 1e-15; σ_y fixed to the GP's noise
 //! (both approximate the GP posterior of the same model); 3 000 steps, the state with the best
-//! validation NLL kept ([`PATIENCE`]).
+//! validation NLL kept (`PATIENCE`).
 //! SVGP: 100 inducing points, initialised at k-means centres and then learned on the full
 //! training fold with `q(u)` optimal at every step, i.e. Adam on Titsias' collapsed bound (the
 //! kernel stays the exact GP's, so only `Z` and `q(u)` move; GPJax, the paper's GP library,

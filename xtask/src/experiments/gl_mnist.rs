@@ -1,6 +1,8 @@
 //! `gl-mnist-temperature` — Generalized Laplace Fig. 3 and Fig. 5: LeNet-5 (ReLU) trained on
 //! MNIST with weight decay 0.01; the generalised Laplace posterior `T·C + λI` for T on a log
-//! grid from 0.1 to 10 with the Diag, KFAC and EKFAC curvatures; 50 weight samples pushed
+//! grid from 0.1 to 10 with the Diag, KFAC and EKFAC curvatures, each built from the empirical
+//! Fisher (the paper's App. A.1, "the expectation of the squared gradients") and, beside it,
+//! from the GGN (`CurvatureSource`); 50 weight samples pushed
 //! through the network (eq. 22); test accuracy and predictive entropy in distribution, and the
 //! entropy on an out-of-distribution set. Kuzushiji-MNIST (the paper's OOD set) is in no
 //! package registry: Fashion-MNIST's test set is the OOD set here.
@@ -13,8 +15,9 @@
 //! * MAP: Adam lr 1e-3, batch 100, 2 epochs over the 54 000 training images (90/10 split by
 //!   seed; `--quick`: 3 000 images, 1 epoch);
 //! * the curvature is accumulated on a seeded subset of `m` = 5 000 training images and scaled
-//!   by `N/m` (an unbiased estimate of the summed GGN; implemented as the temperature
-//!   `T·N/m`), because the exact categorical GGN costs 10 backward passes per image;
+//!   by `N/m` (an unbiased estimate of the summed curvature; implemented as the temperature
+//!   `T·N/m`), because the exact categorical GGN costs 10 backward passes per image (the
+//!   empirical Fisher one);
 //! * evaluation on 1 000 MNIST and 1 000 Fashion-MNIST test images (seeded subsets;
 //!   `--quick`: 200 each, 10 samples, T ∈ {0.1, 1, 10}).
 
@@ -24,7 +27,7 @@ use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Categorical, ClassProbMethod};
-use fspace_laplace::{fit, Curvature, LaplaceConfig, Predictive, PriorPrecision, Structure};
+use fspace_laplace::{fit, Curvature, CurvatureSource, LaplaceConfig, Predictive, PriorPrecision, Structure};
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -138,9 +141,11 @@ pub struct Setup {
 pub struct Metrics {
     /// The MAP network.
     pub map: MapMetrics,
-    /// Per structure: `diag`, `kfac`, `ekfac`.
-    #[serde(flatten)]
-    pub structures: BTreeMap<String, StructureMetrics>,
+    /// Per structure (`diag`, `kfac`, `ekfac`), the curvature from the empirical Fisher (the
+    /// paper's App. A.1).
+    pub empirical_fisher: BTreeMap<String, StructureMetrics>,
+    /// The same from the GGN.
+    pub ggn: BTreeMap<String, StructureMetrics>,
     /// The run's sizes.
     pub setup: Setup,
 }
@@ -205,9 +210,10 @@ pub fn run(opts: &Options) -> Result<()> {
         ood_entropy: map_ood_entropy,
         train_seconds: train_s,
     };
-    let mut structures = BTreeMap::new();
+    let (mut empirical_fisher, mut ggn) = (BTreeMap::new(), BTreeMap::new());
     let mut rows = vec![vec![
         "MAP".into(),
+        "—".into(),
         "—".into(),
         fmt(map_test.accuracy),
         fmt(map_test.entropy),
@@ -219,41 +225,45 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut ent_series = Vec::new();
     let mut ood_series = Vec::new();
     let mut frob_rows = Vec::new();
-    for (name, structure) in
-        [("diag", Structure::Diag), ("kfac", Structure::Kfac), ("ekfac", Structure::Ekfac)]
-    {
-        let t = Instant::now();
-        let config = LaplaceConfig {
-            structure,
-            prior_precision: PriorPrecision::Scalar(weight_decay),
-            temperature: scale,
-            chunk_points: 100,
-            predictive: Predictive::Nonlinear { samples, seed: opts.seed + 11 },
-            ..Default::default()
-        };
-        let mut post = fit(
-            net.clone(),
-            LikelihoodSpec::categorical(10),
-            &Data::new(&curv.x, &crate::protocols::targets(&curv.y, 1))?,
-            &config,
-        )?
-        .posterior;
-        let fit_s = t.elapsed().as_secs_f64();
-        let frob = last_layer_frobenius(post.curvature(), post.indices(), &last, scale);
-        run.log(format!("{name}: curvature on {m_curv} images in {fit_s:.1}s, ‖C_last‖_F = {frob:.4e}"));
-        frob_rows.push(vec![name.to_string(), format!("{frob:.4e}")]);
-        let mut per_t = Vec::new();
-        let (mut acc_pts, mut ent_pts, mut ood_pts) = (Vec::new(), Vec::new(), Vec::new());
-        for &temp in &temps {
-            post.set_temperature(temp * scale)?;
+    for (source, label) in [(CurvatureSource::EmpiricalFisher, "EF"), (CurvatureSource::Ggn, "GGN")] {
+        for (name, structure) in
+            [("diag", Structure::Diag), ("kfac", Structure::Kfac), ("ekfac", Structure::Ekfac)]
+        {
             let t = Instant::now();
-            let mut rng = StdRng::seed_from_u64(opts.seed + 13);
-            let probs = post.class_probabilities(&test.x, ClassProbMethod::Probit, &mut rng)?;
-            let ood_probs = post.class_probabilities(&ood.x, ClassProbMethod::Probit, &mut rng)?;
-            let m = class_metrics(&probs, &test.y)?;
-            let ood_ent = mean_entropy(&ood_probs)?;
+            let config = LaplaceConfig {
+                structure,
+                curvature: source,
+                prior_precision: PriorPrecision::Scalar(weight_decay),
+                temperature: scale,
+                chunk_points: 100,
+                predictive: Predictive::Nonlinear { samples, seed: opts.seed + 11 },
+                ..Default::default()
+            };
+            let mut post = fit(
+                net.clone(),
+                LikelihoodSpec::categorical(10),
+                &Data::new(&curv.x, &crate::protocols::targets(&curv.y, 1))?,
+                &config,
+            )?
+            .posterior;
+            let fit_s = t.elapsed().as_secs_f64();
+            let frob = last_layer_frobenius(post.curvature(), post.indices(), &last, scale);
             run.log(format!(
-                "{name} T = {temp}: acc {:.4}, entropy {:.4}, OOD entropy {:.4}, NLL {:.4}, ECE {:.4} ({:.1}s)",
+                "{name} ({label}): curvature on {m_curv} images in {fit_s:.1}s, ‖C_last‖_F = {frob:.4e}"
+            ));
+            frob_rows.push(vec![name.to_string(), label.to_string(), format!("{frob:.4e}")]);
+            let mut per_t = Vec::new();
+            let (mut acc_pts, mut ent_pts, mut ood_pts) = (Vec::new(), Vec::new(), Vec::new());
+            for &temp in &temps {
+                post.set_temperature(temp * scale)?;
+                let t = Instant::now();
+                let mut rng = StdRng::seed_from_u64(opts.seed + 13);
+                let probs = post.class_probabilities(&test.x, ClassProbMethod::Probit, &mut rng)?;
+                let ood_probs = post.class_probabilities(&ood.x, ClassProbMethod::Probit, &mut rng)?;
+                let m = class_metrics(&probs, &test.y)?;
+                let ood_ent = mean_entropy(&ood_probs)?;
+                run.log(format!(
+                "{name} ({label}) T = {temp}: acc {:.4}, entropy {:.4}, OOD entropy {:.4}, NLL {:.4}, ECE {:.4} ({:.1}s)",
                 m.accuracy,
                 m.entropy,
                 ood_ent,
@@ -261,39 +271,42 @@ pub fn run(opts: &Options) -> Result<()> {
                 m.ece,
                 t.elapsed().as_secs_f64()
             ));
-            acc_pts.push((temp, m.accuracy));
-            ent_pts.push((temp, m.entropy));
-            ood_pts.push((temp, ood_ent));
-            rows.push(vec![
-                name.into(),
-                format!("{temp}"),
-                fmt(m.accuracy),
-                fmt(m.entropy),
-                fmt(ood_ent),
-                fmt(m.nll),
-                fmt(m.ece),
-            ]);
-            per_t.push(AtTemperature {
-                temperature: temp,
-                accuracy: m.accuracy,
-                entropy: m.entropy,
-                ood_entropy: ood_ent,
-                nll: m.nll,
-                ece: m.ece,
-                brier: m.brier,
-            });
+                acc_pts.push((temp, m.accuracy));
+                ent_pts.push((temp, m.entropy));
+                ood_pts.push((temp, ood_ent));
+                rows.push(vec![
+                    name.into(),
+                    label.into(),
+                    format!("{temp}"),
+                    fmt(m.accuracy),
+                    fmt(m.entropy),
+                    fmt(ood_ent),
+                    fmt(m.nll),
+                    fmt(m.ece),
+                ]);
+                per_t.push(AtTemperature {
+                    temperature: temp,
+                    accuracy: m.accuracy,
+                    entropy: m.entropy,
+                    ood_entropy: ood_ent,
+                    nll: m.nll,
+                    ece: m.ece,
+                    brier: m.brier,
+                });
+            }
+            let by_source = if source == CurvatureSource::Ggn { &mut ggn } else { &mut empirical_fisher };
+            by_source.insert(
+                name.to_string(),
+                StructureMetrics {
+                    fit_seconds: fit_s,
+                    last_layer_curvature_frobenius: frob,
+                    by_temperature: per_t,
+                },
+            );
+            acc_series.push((format!("{name} ({label})"), acc_pts));
+            ent_series.push((format!("{name} ({label})"), ent_pts));
+            ood_series.push((format!("{name} ({label})"), ood_pts));
         }
-        structures.insert(
-            name.to_string(),
-            StructureMetrics {
-                fit_seconds: fit_s,
-                last_layer_curvature_frobenius: frob,
-                by_temperature: per_t,
-            },
-        );
-        acc_series.push((name.to_string(), acc_pts));
-        ent_series.push((name.to_string(), ent_pts));
-        ood_series.push((name.to_string(), ood_pts));
     }
     let setup = Setup {
         train_images: n,
@@ -305,7 +318,7 @@ pub fn run(opts: &Options) -> Result<()> {
         prior_precision: weight_decay,
         ood_set: "Fashion-MNIST test".into(),
     };
-    run.write_metrics(&Metrics { map, structures, setup })?;
+    run.write_metrics(&Metrics { map, empirical_fisher, ggn, setup })?;
     let label = |y: &str| ("log10 T".to_string(), y.to_string());
     line_panels(
         &run.path("temperature.png"),
@@ -335,11 +348,12 @@ pub fn run(opts: &Options) -> Result<()> {
     let table = format!(
         "# gl-mnist-temperature\n\nGeneralized Laplace Fig. 3 and 5a: LeNet-5 (ReLU, weight decay 0.01 ⇒ λ = {weight_decay}) on MNIST ({n} training images, {epochs} epochs), \
 curvature on {m_curv} training images scaled by N/m = {scale:.1}, nonlinear predictive with {samples} weight samples (eq. 22), {n_eval} MNIST test images and {n_eval} **Fashion-MNIST** test images as the OOD set \
-(the paper uses Kuzushiji-MNIST, which no package registry carries). Seed {}. The paper reports these as figures (no table); its text says accuracy and entropy improve (entropy falls in distribution) as T grows and converge above T ≈ 1 for Diag and EKFAC, that KFAC's very large curvature blunts T, and that OOD entropy falls with T too (a small T is preferred out of distribution).\n\n{}\n\
+(the paper uses Kuzushiji-MNIST, which no package registry carries). Seed {}. \
+Each structure twice: from the empirical Fisher (EF, the paper's App. A.1: the expectation of the squared gradients at the observed labels) and from the GGN (this project's earlier choice). The paper reports these as figures (no table); its text says accuracy and entropy improve (entropy falls in distribution) as T grows and converge above T ≈ 1 for Diag and EKFAC, that KFAC's very large curvature blunts T, and that OOD entropy falls with T too (a small T is preferred out of distribution).\n\n{}\n\
 Frobenius norm of the last layer's curvature (the paper: 1.0985e9 for KFAC, \"significantly larger than that of Diag and EKFAC\"):\n\n{}\n\nPlot: `temperature.png`.\n",
         opts.seed,
-        markdown_table(&["structure", "T", "accuracy", "entropy", "OOD entropy", "NLL", "ECE"], &rows),
-        markdown_table(&["structure", "‖C_last‖_F"], &frob_rows),
+        markdown_table(&["structure", "curvature", "T", "accuracy", "entropy", "OOD entropy", "NLL", "ECE"], &rows),
+        markdown_table(&["structure", "curvature", "‖C_last‖_F"], &frob_rows),
     );
     run.write_table(&table)?;
     Ok(())

@@ -59,7 +59,7 @@ pub fn fitted_priors(
 pub struct MoonsRun {
     /// Test accuracy of the MC-averaged probabilities.
     pub accuracy: f64,
-    /// Mean std of p(class 1) where `max|xᵢ| > 3` on the [`METRIC_GRID`]² grid.
+    /// Mean std of p(class 1) where `max|xᵢ| > 3` on the `METRIC_GRID`² grid.
     pub far_std: f64,
     /// Mean std of p(class 1) at the training inputs.
     pub on_std: f64,
