@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::harness::checkpoint::{or_nan, Checkpoint};
+use crate::harness::checkpoint::{or_nan, Checkpoint, Timed};
 use crate::harness::plot::{line_panels, LinePanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, Run};
@@ -246,7 +246,7 @@ pub fn run(opts: &Options) -> Result<()> {
         vec![("boston", boston()?), ("concrete", concrete()?), ("wine-red", wine_quality_red()?)]
     };
     // A unit is one method on one (set, seed); the settings that change its numbers name the file.
-    let mut ck = Checkpoint::<Unit>::open(
+    let mut ck = Checkpoint::<Timed<Unit>>::open(
         &mut run,
         &json!({ "map_steps": map_steps, "valla_iterations": valla_iterations, "seed": opts.seed }),
     )?;
@@ -257,7 +257,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let key = |method: &str| format!("{set_name}/seed {seed}/{method}");
             if let Some(stored) = ck.all(METHODS.iter().map(|m| key(m)))? {
                 run.log(format!("{set_name} seed {seed}: every method in checkpoint.json (--resume)"));
-                rows.extend(stored.into_iter().map(|u| u.row));
+                rows.extend(stored.into_iter().map(|u| u.value.row));
                 continue;
             }
             let s = split(data, seed)?;
@@ -285,40 +285,35 @@ pub fn run(opts: &Options) -> Result<()> {
                 epochs * n.div_ceil(100)
             ));
             for method in METHODS {
-                match ck.get(&key(method))? {
-                    Some(unit) if unit.map == map => {
-                        run.log(format!("  {method}: kept from checkpoint.json (--resume)"));
-                        rows.push(unit.row);
-                        continue;
-                    }
-                    Some(unit) => run.log(format!(
-                        "  {method}: the stored row was fitted around another MAP ({}); fitted again",
-                        unit.map
-                    )),
-                    None => {}
-                }
-                let t0 = Instant::now();
-                let (mean, var, extra) =
-                    fit_and_predict(method, &net, sigma, lambda, &s, valla_iterations, seed)?;
-                let secs = if method == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
-                let (m, curve) = regression_metrics(&mean, &var, &s)?;
-                run.log(format!(
-                    "  {method:<18} {secs:7.1} s  NLL {:.3}  CRPS {:.3}  CQM {:.3}  {extra}",
-                    m[0], m[1], m[2]
-                ));
-                let row = SeedRow {
-                    dataset: set_name.to_string(),
-                    seed,
-                    method: method.to_string(),
-                    nll: m[0],
-                    crps: m[1],
-                    cqm: m[2],
-                    cqm_curve: curve,
-                    fit_seconds: secs,
-                    extra,
-                };
-                ck.put(&key(method), &Unit { row: row.clone(), map: map.clone() })?;
-                rows.push(row);
+                let unit = ck.unit_when(
+                    &mut run,
+                    &key(method),
+                    |u| u.map == map,
+                    |run| {
+                        let t0 = Instant::now();
+                        let (mean, var, extra) =
+                            fit_and_predict(method, &net, sigma, lambda, &s, valla_iterations, seed)?;
+                        let secs = if method == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
+                        let (m, curve) = regression_metrics(&mean, &var, &s)?;
+                        run.log(format!(
+                            "  {method:<18} {secs:7.1} s  NLL {:.3}  CRPS {:.3}  CQM {:.3}  {extra}",
+                            m[0], m[1], m[2]
+                        ));
+                        let row = SeedRow {
+                            dataset: set_name.to_string(),
+                            seed,
+                            method: method.to_string(),
+                            nll: m[0],
+                            crps: m[1],
+                            cqm: m[2],
+                            cqm_curve: curve,
+                            fit_seconds: secs,
+                            extra,
+                        };
+                        Ok(Unit { row, map: map.clone() })
+                    },
+                )?;
+                rows.push(unit.value.row);
             }
         }
     }

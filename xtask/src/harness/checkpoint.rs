@@ -198,11 +198,28 @@ impl<T: Serialize + DeserializeOwned> Checkpoint<Timed<T>> {
         keep: bool,
         compute: impl FnOnce(&mut Run) -> Result<T>,
     ) -> Result<Timed<T>> {
-        if keep {
-            if let Some(stored) = self.get(key)? {
+        self.unit_when(run, key, |_| keep, compute)
+    }
+
+    /// [`Checkpoint::unit`], keeping a stored unit only when `current` says it was computed
+    /// from what this sitting has (a network with the same fingerprint, say); a stale one is
+    /// computed again and replaced, and the log says so.
+    pub fn unit_when(
+        &mut self,
+        run: &mut Run,
+        key: &str,
+        current: impl FnOnce(&T) -> bool,
+        compute: impl FnOnce(&mut Run) -> Result<T>,
+    ) -> Result<Timed<T>> {
+        match self.get(key)? {
+            Some(stored) if current(&stored.value) => {
                 run.log(format!("{key}: kept from checkpoint.json (--resume)"));
                 return Ok(stored);
             }
+            Some(_) => {
+                run.log(format!("{key}: the stored unit is stale (its inputs changed); computed again"))
+            }
+            None => {}
         }
         let t = Instant::now();
         let value = compute(run)?;
@@ -267,6 +284,15 @@ mod tests {
         assert!(kept.value.acc.is_nan() && kept.value.trace[1].is_nan());
         let fresh = ck.unit_keeping(&mut resumed, "set/fold 1/B", false, |_| Ok(scores(2.0))).unwrap();
         assert_eq!(fresh.value.ell, 2.0);
+        // A stale unit (by the caller's test) is replaced; a current one kept.
+        let kept =
+            ck.unit_when(&mut resumed, "set/fold 1/B", |s| s.ell == 2.0, |_| panic!("current")).unwrap();
+        assert_eq!(kept.value.ell, 2.0);
+        let redone =
+            ck.unit_when(&mut resumed, "set/fold 1/B", |s| s.ell == 3.0, |_| Ok(scores(3.0))).unwrap();
+        assert_eq!((redone.value.ell, ck.get("set/fold 1/B").unwrap().unwrap().value.ell), (3.0, 3.0));
+        let log = fs::read_to_string(resumed.path("log.txt")).unwrap();
+        assert!(log.contains("set/fold 1/B: the stored unit is stale"), "{log}");
         assert!(ck.wall_time().contains("summed over 2 sittings"), "{}", ck.wall_time());
         assert!(ck.all(["set/fold 1/A", "set/fold 1/B"]).unwrap().is_some_and(|v| v[1].value.ell == 2.0));
         assert!(ck.all(["set/fold 1/A", "set/fold 2/A"]).unwrap().is_none());

@@ -69,7 +69,7 @@ use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::harness::checkpoint::{or_nan, or_nan_vec, Checkpoint};
+use crate::harness::checkpoint::{or_nan, or_nan_vec, Checkpoint, Timed};
 use crate::harness::plot::{line_panels, LinePanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, pm_cell, Run};
@@ -209,13 +209,12 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
     let budget = Budget::new(opts);
     let mut run = Run::open(&opts.out, name, opts.resume)?;
     run.log(format!("budget: {}", serde_json::to_string(&budget)?));
-    let mut ck = Checkpoint::<RowRecord>::open(&mut run, &checkpoint_settings(&budget)?)?;
+    let mut ck = Checkpoint::<Timed<RowRecord>>::open(&mut run, &checkpoint_settings(&budget)?)?;
     let mut rows = stored_rows(&ck, (0..budget.seeds as u64).map(|s| opts.seed + s))?;
     // Tables and figures after every method, so a long run leaves them behind.
     // Rows in (seed, method) order, whatever order a resumed run computed them in.
-    let mut keep = |run: &mut Run, rows: &mut Vec<(u64, Row)>, seed: u64, row: Row| -> Result<()> {
-        log_row(run, &row);
-        ck.put(&row_key(seed, row.method), &row.record(seed))?;
+    let push = |run: &mut Run, rows: &mut Vec<(u64, Row)>, unit: Timed<RowRecord>| -> Result<()> {
+        let (seed, row) = Row::from_record(unit.value)?;
         rows.retain(|(s, r)| !(*s == seed && r.method == row.method));
         rows.push((seed, row));
         rows.sort_by_key(|(s, r)| (*s, METHODS.iter().position(|m| *m == r.method)));
@@ -223,8 +222,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
     };
     for s in 0..budget.seeds as u64 {
         let seed = opts.seed + s;
-        let todo: Vec<&str> =
-            METHODS.into_iter().filter(|m| !rows.iter().any(|(s, r)| *s == seed && r.method == *m)).collect();
+        let todo: Vec<&str> = METHODS.into_iter().filter(|m| !ck.has(&row_key(seed, m))).collect();
         if todo.is_empty() {
             run.log(format!("seed {seed}: every method in checkpoint.json (--resume)"));
             continue;
@@ -252,11 +250,12 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
 
         let bbox = BoundingBox::from_data(&train.x, 0.5)?;
         let mut lik = Categorical::new(10)?;
-        // FSP-Laplace (RND): Alg. 1 then Alg. 2.
-        if needs("FSP-Laplace (RND)") {
+        // Each method through the checkpoint's driver: kept if stored, else fitted, evaluated,
+        // timed and stored. FSP-Laplace (RND): Alg. 1 then Alg. 2.
+        let unit = ck.unit(&mut run, &row_key(seed, "FSP-Laplace (RND)"), |run| {
             let (prior, hyper, prior_seconds) = fitted_prior()?;
             let (net, report, train_seconds) =
-                train_fsp(&mut run, &budget, &train, &val, prior, &bbox, &mut lik, seed)?;
+                train_fsp(run, &budget, &train, &val, prior, &bbox, &mut lik, seed)?;
             let (post, laplace_seconds) =
                 fsp_posterior(&net, &lik, prior, &train, &bbox, budget.n_halton, &budget, seed)?;
             let rep = post.report();
@@ -280,11 +279,16 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 "train_seconds": train_seconds, "laplace_seconds": laplace_seconds, "epochs": report.epochs,
                 "stopped_early": report.stopped_early, "laplace": rep, "metrics": row.extra,
             });
-            keep(&mut run, &mut rows, seed, row)?;
-        }
+            log_row(run, &row);
+            Ok(row.record(seed))
+        })?;
+        push(&mut run, &mut rows, unit)?;
 
-        // MAP and Laplace (KFAC) around it.
-        if needs("MAP") || needs("Laplace") {
+        // MAP and Laplace (KFAC) around it: the Laplace needs the network, so a MAP is kept only
+        // together with its Laplace (else retrained, its stored row replaced).
+        let mut map_net: Option<(Cnn, f64)> = None;
+        let laplace_stored = ck.has(&row_key(seed, "Laplace"));
+        let unit = ck.unit_keeping(&mut run, &row_key(seed, "MAP"), laplace_stored, |run| {
             let mut map = cnn(seed)?;
             let t0 = Instant::now();
             let bar = run.progress(budget.epochs as u64, "MAP epochs");
@@ -303,19 +307,16 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
             let mut row = evaluate("MAP", Predictor::Map(&map), &test, &ood, budget.samples, seed)?;
             row.fit_seconds = map_seconds;
             row.extra = json!({ "epochs": map_report.epochs, "stopped_early": map_report.stopped_early, "metrics": row.extra });
-            // Retrained for a resumed Laplace: the new row replaces the stored one, so the Laplace
-            // column is always around the MAP the table shows.
-            if let Some((_, old)) = rows.iter().find(|(s, r)| *s == seed && r.method == "MAP") {
-                run.log(format!(
-                    "  MAP retrained for Laplace; stored row replaced (LL {:.4} → {:.4}, ACC {:.4} → {:.4})",
-                    old.metrics[0], row.metrics[0], old.metrics[1], row.metrics[1]
-                ));
-            }
-            keep(&mut run, &mut rows, seed, row)?;
-
-            if needs("Laplace") {
+            log_row(run, &row);
+            map_net = Some((map, map_seconds));
+            Ok(row.record(seed))
+        })?;
+        push(&mut run, &mut rows, unit)?;
+        let unit = ck.unit(&mut run, &row_key(seed, "Laplace"), |run| {
+                let (map, map_seconds) =
+                    map_net.as_ref().ok_or_else(|| anyhow!("the MAP network was not trained this sitting"))?;
                 let t0 = Instant::now();
-                let (lap, marglik_lambda, scores) = kfac_laplace(&map, &train, &val, &budget, seed)?;
+                let (lap, marglik_lambda, scores) = kfac_laplace(map, &train, &val, &budget, seed)?;
                 let lambda = lap.prior_precision()[0];
                 let mut row =
                     evaluate("Laplace", Predictor::Samples(&lap), &test, &ood, budget.samples, seed)?;
@@ -324,12 +325,13 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                     "prior_precision": lambda, "marglik_prior_precision": marglik_lambda, "validation_nll_by_lambda": scores,
                     "kfac_seconds": t0.elapsed().as_secs_f64(), "metrics": row.extra,
                 });
-                keep(&mut run, &mut rows, seed, row)?;
-            }
-        }
+                log_row(run, &row);
+                Ok(row.record(seed))
+        })?;
+        push(&mut run, &mut rows, unit)?;
         // FVI (RND): the stochastic network from a fresh initialisation, the same GP prior on the
         // ten logits, measurement points uniform on the widened pixel box plus the batch.
-        if needs("FVI (RND)") {
+        let unit = ck.unit(&mut run, &row_key(seed, "FVI (RND)"), |run| {
             let t0 = Instant::now();
             let labels = |imgs: &Images| DMatrix::from_column_slice(imgs.y.len(), 1, imgs.y.as_slice());
             let (y_train, y_val) = (labels(&train), labels(&val));
@@ -365,12 +367,14 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 "steps": fvi.report.steps, "best_step": fvi.report.best_step,
                 "validation": fvi.report.validation, "metrics": row.extra,
             });
-            keep(&mut run, &mut rows, seed, row)?;
-        }
+            log_row(run, &row);
+            Ok(row.record(seed))
+        })?;
+        push(&mut run, &mut rows, unit)?;
 
         // Sparse GP: Milios et al.'s Dirichlet targets, the prior's RBF kernel, a seeded random
         // subset of the training images as inducing inputs, the closed-form optimal q(u).
-        if needs("Sparse GP") {
+        let unit = ck.unit(&mut run, &row_key(seed, "Sparse GP"), |run| {
             let hyper = &fitted_prior()?.1;
             let t0 = Instant::now();
             let z = train.subset(budget.inducing, seed + 8).x;
@@ -379,8 +383,10 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 evaluate("Sparse GP", Predictor::Marginals(&sgp), &test, &ood, budget.samples, seed)?;
             row.fit_seconds = t0.elapsed().as_secs_f64();
             row.extra = json!({ "inducing": budget.inducing, "metrics": row.extra });
-            keep(&mut run, &mut rows, seed, row)?;
-        }
+            log_row(run, &row);
+            Ok(row.record(seed))
+        })?;
+        push(&mut run, &mut rows, unit)?;
     }
     // The seeds asked for, also when a resume computed nothing (another seed count, say).
     if rows.is_empty() {
@@ -437,16 +443,18 @@ mod tests {
         {
             let mut run = Run::new(out, "fsp-mnist").unwrap();
             let mut ck =
-                Checkpoint::<RowRecord>::open(&mut run, &checkpoint_settings(&budget).unwrap()).unwrap();
+                Checkpoint::<Timed<RowRecord>>::open(&mut run, &checkpoint_settings(&budget).unwrap())
+                    .unwrap();
             assert!(stored_rows(&ck, 0..2).unwrap().is_empty(), "a fresh run keeps nothing");
             for (s, r) in &rows {
-                ck.put(&row_key(*s, r.method), &r.record(*s)).unwrap();
+                ck.put(&row_key(*s, r.method), &Timed { seconds: 1.0, value: r.record(*s) }).unwrap();
             }
         }
         // Another seed count is the same run continued; only the seeds asked for come back.
         let more_seeds = Budget { seeds: 5, ..quick_budget() };
         let mut run = Run::open(out, "fsp-mnist", true).unwrap();
-        let ck = Checkpoint::<RowRecord>::open(&mut run, &checkpoint_settings(&more_seeds).unwrap()).unwrap();
+        let ck = Checkpoint::<Timed<RowRecord>>::open(&mut run, &checkpoint_settings(&more_seeds).unwrap())
+            .unwrap();
         let back = stored_rows(&ck, 0..5).unwrap();
         assert_eq!(back.len(), 2);
         for ((s0, r0), (s1, r1)) in rows.iter().zip(&back) {
@@ -459,7 +467,7 @@ mod tests {
         assert_eq!(stored_rows(&ck, 1..2).unwrap().len(), 1);
         // Any other setting is not.
         let other = Budget { n_halton: 999, ..quick_budget() };
-        let err = Checkpoint::<RowRecord>::open(&mut run, &checkpoint_settings(&other).unwrap())
+        let err = Checkpoint::<Timed<RowRecord>>::open(&mut run, &checkpoint_settings(&other).unwrap())
             .err()
             .unwrap()
             .to_string();

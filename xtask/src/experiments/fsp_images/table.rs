@@ -163,14 +163,14 @@ pub(super) fn checkpoint_settings(budget: &Budget) -> Result<Value> {
 
 /// The rows of `seeds` an earlier sitting stored in the checkpoint, in (seed, method) order.
 pub(super) fn stored_rows(
-    ck: &Checkpoint<RowRecord>,
+    ck: &Checkpoint<Timed<RowRecord>>,
     seeds: impl Iterator<Item = u64>,
 ) -> Result<Vec<(u64, Row)>> {
     let mut rows = Vec::new();
     for seed in seeds {
         for method in METHODS {
-            if let Some(record) = ck.get(&row_key(seed, method))? {
-                rows.push(Row::from_record(record)?);
+            if let Some(unit) = ck.get(&row_key(seed, method))? {
+                rows.push(Row::from_record(unit.value)?);
             }
         }
     }

@@ -42,7 +42,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::harness::checkpoint::{or_nan, or_nan_array, Checkpoint};
+use crate::harness::checkpoint::{or_nan, or_nan_array, Checkpoint, Timed};
 use crate::harness::plot::{line_panels, log_box_plot, LinePanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, pm_cell, Run};
@@ -277,14 +277,14 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
     if let Some(o) = settings.as_object_mut() {
         o.remove("seeds");
     }
-    let mut ck = Checkpoint::<Row>::open(&mut run, &settings)?;
+    let mut ck = Checkpoint::<Timed<Row>>::open(&mut run, &settings)?;
     let mut rows: Vec<(u64, Row)> = Vec::new();
     for s in 0..budget.seeds as u64 {
         let seed = opts.seed + s;
         let key = |method: &str| format!("seed {seed}/{method}");
         if let Some(stored) = ck.all(paper.iter().map(|p| key(p.0)))? {
             run.log(format!("seed {seed}: every method in checkpoint.json (--resume)"));
-            rows.extend(stored.into_iter().map(|r| (seed, r)));
+            rows.extend(stored.into_iter().map(|u| (seed, u.value)));
             continue;
         }
         let (train, val, test, stats) = train_val_test(set, seed)?;
@@ -338,18 +338,8 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         run.log(format!("  MAP: {steps} Adam steps in {map_seconds:.1} s (fingerprint {map})"));
 
         for label in paper.iter().map(|p| p.0) {
-            match ck.get(&key(label))? {
-                Some(row) if row.map == map => {
-                    run.log(format!("  {label}: kept from checkpoint.json (--resume)"));
-                    rows.push((seed, row));
-                    continue;
-                }
-                Some(row) => run.log(format!(
-                    "  {label}: the stored row was fitted around another MAP ({}); fitted again",
-                    row.map
-                )),
-                None => {}
-            }
+            // A stored row counts only if it was fitted around this MAP.
+            let unit = ck.unit_when(&mut run, &key(label), |r| r.map == map, |run| {
             let t0 = Instant::now();
             let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed)?;
             let fit_seconds = if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
@@ -364,16 +354,9 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 metrics[3],
                 metrics[4]
             ));
-            let row = Row {
-                method: label.to_string(),
-                fit_seconds,
-                metrics,
-                rotated: rot,
-                extra,
-                map: map.clone(),
-            };
-            ck.put(&key(label), &row)?;
-            rows.push((seed, row));
+            Ok(Row { method: label.to_string(), fit_seconds, metrics, rotated: rot, extra, map: map.clone() })
+            })?;
+            rows.push((seed, unit.value));
             // After every method, so a long run leaves its finished rows behind.
             report(&mut run, name, paper, &rows, &budget, with_rotation)?;
         }
@@ -522,13 +505,17 @@ mod tests {
             map: fingerprint(&a),
         };
         let settings = json!({ "map_epochs": 5 });
-        Checkpoint::<Row>::open(&mut Run::new(out, "valla-mnist").unwrap(), &settings)
+        Checkpoint::<Timed<Row>>::open(&mut Run::new(out, "valla-mnist").unwrap(), &settings)
             .unwrap()
-            .put("seed 0/VaLLA 100", &row)
+            .put("seed 0/VaLLA 100", &Timed { seconds: 2.0, value: row.clone() })
             .unwrap();
         let mut run = Run::open(out, "valla-mnist", true).unwrap();
-        let back =
-            Checkpoint::<Row>::open(&mut run, &settings).unwrap().get("seed 0/VaLLA 100").unwrap().unwrap();
+        let back = Checkpoint::<Timed<Row>>::open(&mut run, &settings)
+            .unwrap()
+            .get("seed 0/VaLLA 100")
+            .unwrap()
+            .unwrap()
+            .value;
         assert_eq!(
             (&back.method, back.map.as_str(), &back.rotated),
             (&row.method, row.map.as_str(), &row.rotated)
