@@ -32,7 +32,6 @@
 
 use fspace_kernels::GpPrior;
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use anyhow::Result;
 use fspace_context::{BoundingBox, DatasetSampler};
@@ -51,6 +50,7 @@ use nalgebra::{DMatrix, DVector};
 use plotters::style::RGBColor;
 use serde::{Deserialize, Serialize};
 
+use crate::harness::checkpoint::{Checkpoint, Timed};
 use crate::harness::plot::{heatmaps, quiver_panels, Arrow, Heatmap, QuiverPanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{markdown_table, mean_std, pm_cell, Run};
@@ -99,13 +99,13 @@ fn point_major(m: &DMatrix<f64>) -> DVector<f64> {
     DVector::from_iterator(m.len(), m.transpose().iter().cloned())
 }
 
-#[derive(Clone, Copy)]
+/// One method on one seed (the checkpoint's unit).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 struct Scores {
     ell: f64,
     mse: f64,
     ell_std: f64,
     mse_std: f64,
-    seconds: f64,
 }
 
 /// One method's scores, seed by seed.
@@ -137,7 +137,7 @@ pub struct Metrics {
 
 /// `fsp-ocean`.
 pub fn run(opts: &Options) -> Result<()> {
-    let mut run = Run::new(&opts.out, "fsp-ocean")?;
+    let mut run = Run::open(&opts.out, "fsp-ocean", opts.resume)?;
     let (epochs, fvi_steps, seeds) =
         if opts.quick { (300, 100, 1) } else { (5000, 2000, opts.seeds.unwrap_or(5)) };
     let (train_set, test_set) = fspace_data::gulf_drifters()?;
@@ -179,117 +179,157 @@ pub fn run(opts: &Options) -> Result<()> {
     });
     let grid_and_drifters = with_data_points(&context, &xtr)?;
 
-    let mut per: Vec<Vec<Scores>> = vec![Vec::new(); METHODS.len()];
+    // A unit is one (seed, method) score; the figures come from the sitting that ran seed 0, so
+    // seed 0's units are kept only once they exist.
+    let mut ck = Checkpoint::<Timed<Scores>>::open(
+        &mut run,
+        &serde_json::json!({ "epochs": epochs, "fvi_steps": fvi_steps, "seed": opts.seed }),
+    )?;
+    let figures_done = run.path("velocities.png").exists() && run.path("std_and_errors.png").exists();
+    let mut per: Vec<Vec<Timed<Scores>>> = vec![Vec::new(); METHODS.len()];
     let mut quivers = Vec::new();
     let mut maps = Vec::new();
     for s in 0..seeds {
         let seed = opts.seed + s as u64;
         for (k, method) in METHODS.iter().enumerate() {
             if *method == "GP" && s > 0 {
-                let first = per[k][0];
+                let first = per[k][0].clone();
                 per[k].push(first);
                 continue;
             }
-            let t0 = Instant::now();
-            let net = HelmholtzNet::new(vec![100, 100], Activation::Tanh, seed)?;
-            let full_batch = |lr: f64, weight_decay: f64| TrainConfig {
-                epochs,
-                batch_size: xtr.nrows(),
-                learning_rate: lr,
-                weight_decay,
-                seed,
-                ..Default::default()
-            };
-            let post: Box<dyn Posterior> = match *method {
-                "FSP-Laplace" | "FSP-Laplace (grid + drifters)" => {
-                    let points = if *method == "FSP-Laplace" { &context } else { &grid_and_drifters };
-                    let prior = GpPrior::centered(kernel.clone());
-                    let mut lik = IsotropicGaussian::new(sigma, 2)?;
-                    let mut net = net;
-                    // Every context point at every step (a permutation of all rows).
-                    let options = TrainOptions {
-                        train: full_batch(1e-3, 0.0),
-                        n_context: points.nrows(),
+            // Seed 0's predictions at the test grid, for the figures.
+            let mut shown = None;
+            let unit =
+                ck.unit_keeping(&mut run, &format!("seed {seed}/{method}"), s > 0 || figures_done, |run| {
+                    let net = HelmholtzNet::new(vec![100, 100], Activation::Tanh, seed)?;
+                    let full_batch = |lr: f64, weight_decay: f64| TrainConfig {
+                        epochs,
+                        batch_size: xtr.nrows(),
+                        learning_rate: lr,
+                        weight_decay,
+                        seed,
                         ..Default::default()
                     };
-                    let sampler = DatasetSampler::new(points.clone())?;
-                    train(&mut net, &mut lik, &prior, &xtr, &ytr_pm, None, &sampler, &options, |_| {})?;
-                    let post =
-                        laplace(&net, &lik, &prior, &xtr, &ytr_pm, points, &FspLaplaceConfig::default())?;
-                    run.log(format!("seed {seed}: {method} rank {}", post.report().rank));
-                    Box::new(post)
-                }
-                "FVI" => {
-                    let cfg = FviConfig {
-                        n_uniform: 96,
-                        n_batch: 0,
-                        measurement_box: Some(test_box.clone()),
-                        optim: OptimConfig {
-                            learning_rate: 1e-3,
-                            batch_size: xtr.nrows(),
-                            max_steps: fvi_steps,
-                            eval_every: fvi_steps,
-                            patience: usize::MAX,
-                            seed,
-                        },
-                        ..Default::default()
-                    };
-                    Box::new(
-                        fit_fvi(
-                            net.clone(),
-                            LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
-                            &GpPrior::centered(kernel.clone()),
-                            &Data::new(&xtr, &ytr)?,
-                            &cfg,
-                        )?
-                        .posterior,
-                    )
-                }
-                "Laplace" => {
-                    let mut map = net;
-                    let mut lik = IsotropicGaussian::new(sigma, 2)?;
-                    train_map(&mut map, &mut lik, &xtr, &ytr_pm, None, None, &full_batch(1e-3, 1.0), |_| {})?;
-                    Box::new(
-                        laplace_fit(
-                            map,
-                            LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
-                            &Data::new(&xtr, &crate::protocols::targets(&ytr_pm, 2))?,
-                            &LaplaceConfig {
-                                structure: Structure::LowRank(LowRankConfig {
-                                    rank: 40,
-                                    ..Default::default()
-                                }),
-                                prior_precision: PriorPrecision::Scalar(1.0),
-                                predictive: Predictive::Glm,
+                    let post: Box<dyn Posterior> = match *method {
+                        "FSP-Laplace" | "FSP-Laplace (grid + drifters)" => {
+                            let points = if *method == "FSP-Laplace" { &context } else { &grid_and_drifters };
+                            let prior = GpPrior::centered(kernel.clone());
+                            let mut lik = IsotropicGaussian::new(sigma, 2)?;
+                            let mut net = net;
+                            // Every context point at every step (a permutation of all rows).
+                            let options = TrainOptions {
+                                train: full_batch(1e-3, 0.0),
+                                n_context: points.nrows(),
                                 ..Default::default()
-                            },
-                        )?
-                        .posterior,
-                    )
-                }
-                _ => Box::new(gp.clone()),
-            };
-            let seconds = t0.elapsed().as_secs_f64();
-            let p = post.predict(&xte)?;
-            let (mean, var): (Vec<f64>, Vec<f64>) =
-                (p.mean.iter().cloned().collect(), p.var.iter().cloned().collect());
-            let y: Vec<f64> = yte.iter().cloned().collect();
-            let ell_std = fspace_metrics::gaussian_expected_log_likelihood(&mean, &var, noise_var, &y)?;
-            let mse_std = fspace_metrics::mse(&mean, &y)?;
-            // m/s units: squared errors scale by s², the log density shifts by −log s.
-            let sc = Scores {
-                ell: ell_std - sy.scale.ln(),
-                mse: mse_std * sy.scale * sy.scale,
-                ell_std,
-                mse_std,
-                seconds,
-            };
-            run.log(format!(
-                "seed {seed}: {method}: ELL {:.4}, MSE {:.5} (m/s units; std units {:.4} / {:.4}) ({seconds:.1}s)",
-                sc.ell, sc.mse, sc.ell_std, sc.mse_std
-            ));
-            per[k].push(sc);
-            if s == 0 {
+                            };
+                            let sampler = DatasetSampler::new(points.clone())?;
+                            train(
+                                &mut net,
+                                &mut lik,
+                                &prior,
+                                &xtr,
+                                &ytr_pm,
+                                None,
+                                &sampler,
+                                &options,
+                                |_| {},
+                            )?;
+                            let post = laplace(
+                                &net,
+                                &lik,
+                                &prior,
+                                &xtr,
+                                &ytr_pm,
+                                points,
+                                &FspLaplaceConfig::default(),
+                            )?;
+                            run.log(format!("seed {seed}: {method} rank {}", post.report().rank));
+                            Box::new(post)
+                        }
+                        "FVI" => {
+                            let cfg = FviConfig {
+                                n_uniform: 96,
+                                n_batch: 0,
+                                measurement_box: Some(test_box.clone()),
+                                optim: OptimConfig {
+                                    learning_rate: 1e-3,
+                                    batch_size: xtr.nrows(),
+                                    max_steps: fvi_steps,
+                                    eval_every: fvi_steps,
+                                    patience: usize::MAX,
+                                    seed,
+                                },
+                                ..Default::default()
+                            };
+                            Box::new(
+                                fit_fvi(
+                                    net.clone(),
+                                    LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
+                                    &GpPrior::centered(kernel.clone()),
+                                    &Data::new(&xtr, &ytr)?,
+                                    &cfg,
+                                )?
+                                .posterior,
+                            )
+                        }
+                        "Laplace" => {
+                            let mut map = net;
+                            let mut lik = IsotropicGaussian::new(sigma, 2)?;
+                            train_map(
+                                &mut map,
+                                &mut lik,
+                                &xtr,
+                                &ytr_pm,
+                                None,
+                                None,
+                                &full_batch(1e-3, 1.0),
+                                |_| {},
+                            )?;
+                            Box::new(
+                                laplace_fit(
+                                    map,
+                                    LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
+                                    &Data::new(&xtr, &crate::protocols::targets(&ytr_pm, 2))?,
+                                    &LaplaceConfig {
+                                        structure: Structure::LowRank(LowRankConfig {
+                                            rank: 40,
+                                            ..Default::default()
+                                        }),
+                                        prior_precision: PriorPrecision::Scalar(1.0),
+                                        predictive: Predictive::Glm,
+                                        ..Default::default()
+                                    },
+                                )?
+                                .posterior,
+                            )
+                        }
+                        _ => Box::new(gp.clone()),
+                    };
+                    let p = post.predict(&xte)?;
+                    let (mean, var): (Vec<f64>, Vec<f64>) =
+                        (p.mean.iter().cloned().collect(), p.var.iter().cloned().collect());
+                    let y: Vec<f64> = yte.iter().cloned().collect();
+                    let ell_std =
+                        fspace_metrics::gaussian_expected_log_likelihood(&mean, &var, noise_var, &y)?;
+                    let mse_std = fspace_metrics::mse(&mean, &y)?;
+                    // m/s units: squared errors scale by s², the log density shifts by −log s.
+                    let sc = Scores {
+                        ell: ell_std - sy.scale.ln(),
+                        mse: mse_std * sy.scale * sy.scale,
+                        ell_std,
+                        mse_std,
+                    };
+                    run.log(format!(
+                        "seed {seed}: {method}: ELL {:.4}, MSE {:.5} (m/s units; std units {:.4} / {:.4})",
+                        sc.ell, sc.mse, sc.ell_std, sc.mse_std
+                    ));
+                    if s == 0 {
+                        shown = Some(p);
+                    }
+                    Ok(sc)
+                })?;
+            per[k].push(unit);
+            if let Some(p) = shown {
                 let to_deg = |m: &DMatrix<f64>, i: usize| {
                     (m[(i, 0)] * sx.scale + sx.mean[0], m[(i, 1)] * sx.scale + sx.mean[1])
                 };
@@ -355,8 +395,17 @@ pub fn run(opts: &Options) -> Result<()> {
                 });
             }
         }
-        write_outputs(&mut run, &per, &hyper, sigma * sy.scale, (epochs, fvi_steps), s + 1, opts.quick)?;
-        if s == 0 {
+        let wall_time = ck.wall_time();
+        write_outputs(
+            &mut run,
+            &per,
+            &hyper,
+            sigma * sy.scale,
+            (epochs, fvi_steps),
+            (s + 1, &wall_time),
+            opts.quick,
+        )?;
+        if s == 0 && quivers.len() == METHODS.len() {
             // The figures show the first seed; written now so a long run leaves them behind.
             quiver_panels(&run.path("velocities.png"), &quivers, 2)?;
             heatmaps(&run.path("std_and_errors.png"), &maps, 4)?;
@@ -368,18 +417,19 @@ pub fn run(opts: &Options) -> Result<()> {
 
 fn write_outputs(
     run: &mut Run,
-    per: &[Vec<Scores>],
+    per: &[Vec<Timed<Scores>>],
     hyper: &BTreeMap<String, f64>,
     noise_ms: f64,
     (epochs, fvi_steps): (usize, usize),
-    seeds: usize,
+    (seeds, wall_time): (usize, &str),
     quick: bool,
 ) -> Result<()> {
     let cell = |v: Vec<f64>| pm_cell(mean_std(&v));
     let mut rows = Vec::new();
     let mut methods = BTreeMap::new();
     for (k, method) in METHODS.iter().enumerate() {
-        let col = |f: fn(&Scores) -> f64| per[k].iter().map(f).collect::<Vec<f64>>();
+        let col = |f: fn(&Scores) -> f64| per[k].iter().map(|u| f(&u.value)).collect::<Vec<f64>>();
+        let seconds: Vec<f64> = per[k].iter().map(|u| u.seconds).collect();
         rows.push(vec![
             method.to_string(),
             cell(col(|s| s.mse)),
@@ -388,7 +438,7 @@ fn write_outputs(
             format!("{} ± {}", PAPER_ELL[k].0, PAPER_ELL[k].1),
             cell(col(|s| s.mse_std)),
             cell(col(|s| s.ell_std)),
-            cell(col(|s| s.seconds)),
+            cell(seconds.clone()),
         ]);
         methods.insert(
             method.to_string(),
@@ -397,7 +447,7 @@ fn write_outputs(
                 ell_ms: col(|s| s.ell),
                 mse_std: col(|s| s.mse_std),
                 ell_std: col(|s| s.ell_std),
-                seconds: col(|s| s.seconds),
+                seconds,
             },
         );
     }
@@ -410,14 +460,14 @@ Helmholtz RBF prior fitted by marginal likelihood (noise σ = {noise_ms:.4} m/s,
 `FSP-Laplace` uses the paper's 96 grid context points; `FSP-Laplace (grid + drifters)` appends the 20 drifter inputs to them. \
 The prior term acts only at the context points, so on the grid alone long training interpolates the noisy drifters; with them in \
 the context set the maximiser is tied to the GP posterior mean (module docs of `fsp_ocean.rs`). Both rows are compared with the paper's FSP-Laplace.\n\n{}\n\n\
-MSE (m²/s²) and ELL (per point and component, m/s) first; then the same in standardised units. Wall time {:.0} s.\n\n\
+MSE (m²/s²) and ELL (per point and component, m/s) first; then the same in standardised units. {}.\n\n\
 Figures: `velocities.png`, `std_and_errors.png` (Fig. 2).\n",
         if quick { " — quick mode" } else { "" },
         markdown_table(
             &["method", "MSE", "paper MSE", "ELL", "paper ELL", "MSE (std)", "ELL (std)", "seconds"],
             &rows
         ),
-        run.elapsed_seconds()
+        wall_time
     );
     run.write_table(&table)
 }

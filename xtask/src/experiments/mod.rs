@@ -51,7 +51,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "fsp-ocean",
         paper: "FSP-Laplace Table 1 (ocean current) and Fig. 2: Helmholtz FSP-Laplace, FVI, Laplace, GP on the Gulf drifters",
         in_default_suite: false,
-        flags: &[Flag::Seeds],
+        flags: &[Flag::Seeds, Flag::Resume],
         full_minutes: Some(27.8),
         budget_of: None,
         run: fsp_ocean::run,

@@ -198,7 +198,11 @@ impl<T: Serialize + DeserializeOwned> Checkpoint<Timed<T>> {
         keep: bool,
         compute: impl FnOnce(&mut Run) -> Result<T>,
     ) -> Result<Timed<T>> {
-        self.unit_when(run, key, |_| keep, compute)
+        if !keep && self.has(key) {
+            run.log(format!("{key}: stored, but computed again (what goes with it is not kept)"));
+            return self.compute_and_store(run, key, compute);
+        }
+        self.unit_when(run, key, |_| true, compute)
     }
 
     /// [`Checkpoint::unit`], keeping a stored unit only when `current` says it was computed
@@ -221,6 +225,16 @@ impl<T: Serialize + DeserializeOwned> Checkpoint<Timed<T>> {
             }
             None => {}
         }
+        self.compute_and_store(run, key, compute)
+    }
+
+    /// `compute`'s value, timed and stored under `key`.
+    fn compute_and_store(
+        &mut self,
+        run: &mut Run,
+        key: &str,
+        compute: impl FnOnce(&mut Run) -> Result<T>,
+    ) -> Result<Timed<T>> {
         let t = Instant::now();
         let value = compute(run)?;
         let unit = Timed { seconds: t.elapsed().as_secs_f64(), value };
