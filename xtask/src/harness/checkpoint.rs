@@ -308,7 +308,7 @@ mod tests {
         let log = fs::read_to_string(resumed.path("log.txt")).unwrap();
         assert!(log.contains("set/fold 1/B: the stored unit is stale"), "{log}");
         assert!(ck.wall_time().contains("summed over 2 sittings"), "{}", ck.wall_time());
-        assert!(ck.all(["set/fold 1/A", "set/fold 1/B"]).unwrap().is_some_and(|v| v[1].value.ell == 2.0));
+        assert!(ck.all(["set/fold 1/A", "set/fold 1/B"]).unwrap().is_some_and(|v| v[1].value.ell == 3.0));
         assert!(ck.all(["set/fold 1/A", "set/fold 2/A"]).unwrap().is_none());
         // Without --resume the old units and sittings are not used.
         let fresh =
