@@ -277,114 +277,114 @@ fn run_fold(
     let mut out = Vec::new();
     for method in METHODS {
         let unit = ck.unit(run, &unit_key(dataset, f, method), |run| {
-        let mut chosen_gamma = None;
-        let (post, noise): (Box<dyn Posterior>, f64) = match method {
-            "GFSVI" | "TFSVI" => {
-                let fp = if method == "GFSVI" {
-                    KlPrior::Gp(prior.clone())
-                } else {
-                    KlPrior::WeightPushforward { sigma_p: 0.2 }
-                };
-                // One fit per γ of the grid, from the same initialisation; the lowest best
-                // validation NLL wins (ties: the first listed).
-                let mut chosen: Option<(f64, f64, _)> = None;
-                for &gamma in gammas {
-                    let cfg = GfsviConfig {
-                        measurement_points: b.m,
-                        gamma,
+            let mut chosen_gamma = None;
+            let (post, noise): (Box<dyn Posterior>, f64) = match method {
+                "GFSVI" | "TFSVI" => {
+                    let fp = if method == "GFSVI" {
+                        KlPrior::Gp(prior.clone())
+                    } else {
+                        KlPrior::WeightPushforward { sigma_p: 0.2 }
+                    };
+                    // One fit per γ of the grid, from the same initialisation; the lowest best
+                    // validation NLL wins (ties: the first listed).
+                    let mut chosen: Option<(f64, f64, _)> = None;
+                    for &gamma in gammas {
+                        let cfg = GfsviConfig {
+                            measurement_points: b.m,
+                            gamma,
+                            measurement_box: Some(bbox.clone()),
+                            optim: optim(b, seed),
+                            ..Default::default()
+                        };
+                        let f = fit(
+                            net.clone(),
+                            BNN_LIKELIHOOD,
+                            &fp,
+                            &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,
+                            &cfg,
+                        )?;
+                        let loss = best_validation_loss(&f.report);
+                        if gammas.len() > 1 {
+                            run.log(format!(
+                                "{dataset} {method} γ = {gamma:e}: best validation NLL {loss:.4} at step {} of {}",
+                                f.report.best_step, f.report.steps
+                            ));
+                        }
+                        if chosen.as_ref().is_none_or(|(best, _, _)| loss < *best) {
+                            chosen = Some((loss, gamma, f));
+                        }
+                    }
+                    let (_, gamma, f) =
+                        chosen.ok_or_else(|| anyhow::anyhow!("GFSVI/TFSVI need at least one γ"))?;
+                    if gammas.len() > 1 {
+                        chosen_gamma = Some(gamma);
+                    }
+                    let s = f.posterior.noise_std();
+                    (Box::new(f.posterior), s)
+                }
+                "FVI" => {
+                    let cfg = FviConfig {
                         measurement_box: Some(bbox.clone()),
                         optim: optim(b, seed),
                         ..Default::default()
                     };
-                    let f = fit(
+                    let f = fit_fvi(
                         net.clone(),
                         BNN_LIKELIHOOD,
-                        &fp,
+                        &prior,
                         &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,
                         &cfg,
                     )?;
-                    let loss = best_validation_loss(&f.report);
-                    if gammas.len() > 1 {
-                        run.log(format!(
-                            "{dataset} {method} γ = {gamma:e}: best validation NLL {loss:.4} at step {} of {}",
-                            f.report.best_step, f.report.steps
-                        ));
-                    }
-                    if chosen.as_ref().is_none_or(|(best, _, _)| loss < *best) {
-                        chosen = Some((loss, gamma, f));
-                    }
+                    let s = f.posterior.noise_std();
+                    (Box::new(f.posterior), s)
                 }
-                let (_, gamma, f) =
-                    chosen.ok_or_else(|| anyhow::anyhow!("GFSVI/TFSVI need at least one γ"))?;
-                if gammas.len() > 1 {
-                    chosen_gamma = Some(gamma);
+                "MFVI" => {
+                    let cfg = MfviConfig { optim: optim(b, seed), ..Default::default() };
+                    let f = fit_mfvi(
+                        net.clone(),
+                        BNN_LIKELIHOOD,
+                        &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,
+                        &cfg,
+                    )?;
+                    let s = f.posterior.noise_std();
+                    (Box::new(f.posterior), s)
                 }
-                let s = f.posterior.noise_std();
-                (Box::new(f.posterior), s)
-            }
-            "FVI" => {
-                let cfg = FviConfig {
-                    measurement_box: Some(bbox.clone()),
-                    optim: optim(b, seed),
-                    ..Default::default()
-                };
-                let f = fit_fvi(
-                    net.clone(),
-                    BNN_LIKELIHOOD,
-                    &prior,
-                    &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,
-                    &cfg,
-                )?;
-                let s = f.posterior.noise_std();
-                (Box::new(f.posterior), s)
-            }
-            "MFVI" => {
-                let cfg = MfviConfig { optim: optim(b, seed), ..Default::default() };
-                let f = fit_mfvi(
-                    net.clone(),
-                    BNN_LIKELIHOOD,
-                    &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,
-                    &cfg,
-                )?;
-                let s = f.posterior.noise_std();
-                (Box::new(f.posterior), s)
-            }
-            "Laplace" => {
-                let yva = DVector::from_column_slice(yva_m.as_slice());
-                let (post, s) = map_laplace(
-                    &net,
-                    &xtr,
-                    &ytr,
-                    Some((&xva, &yva)),
-                    LAPLACE_STRUCTURE,
-                    b.steps,
-                    1e-3,
-                    seed,
-                )?;
-                (Box::new(post), s)
-            }
-            "SVGP" => {
-                let z = fspace_gp::kmeans(&xtr, 100.min(xtr.nrows()), 20, seed)?;
-                let mut svgp = Svgp::new(kernel.clone(), PriorMean::Zero, noise_var, z)?;
-                svgp.train(&xtr, &ytr, &SvgpConfig { iterations: 2000, seed, ..Default::default() })?;
-                let s = svgp.noise_variance().sqrt();
-                (Box::new(svgp), s)
-            }
-            _ => {
-                let gp = ExactGp::fit(
-                    kernel.clone(),
-                    PriorMean::Zero,
-                    Noise::Homoscedastic(noise_var),
-                    &xtr,
-                    &ytr_m,
-                )?;
-                (Box::new(gp), noise_var.sqrt())
-            }
-        };
-        let [ell, mse, ood_accuracy] = scores(post.as_ref(), noise, &xte, &yte, &ood)?;
-        run.log(format!("{dataset} {method}: ELL {ell:.3}, MSE {mse:.3}, OOD acc {ood_accuracy:.3}, σ_y {noise:.3}"));
-        let prior_fit_seconds = if method == "GP" { gp_secs } else { 0.0 };
-        Ok(FoldScore { ell, mse, ood_accuracy, prior_fit_seconds, gamma: chosen_gamma })
+                "Laplace" => {
+                    let yva = DVector::from_column_slice(yva_m.as_slice());
+                    let (post, s) = map_laplace(
+                        &net,
+                        &xtr,
+                        &ytr,
+                        Some((&xva, &yva)),
+                        LAPLACE_STRUCTURE,
+                        b.steps,
+                        1e-3,
+                        seed,
+                    )?;
+                    (Box::new(post), s)
+                }
+                "SVGP" => {
+                    let z = fspace_gp::kmeans(&xtr, 100.min(xtr.nrows()), 20, seed)?;
+                    let mut svgp = Svgp::new(kernel.clone(), PriorMean::Zero, noise_var, z)?;
+                    svgp.train(&xtr, &ytr, &SvgpConfig { iterations: 2000, seed, ..Default::default() })?;
+                    let s = svgp.noise_variance().sqrt();
+                    (Box::new(svgp), s)
+                }
+                _ => {
+                    let gp = ExactGp::fit(
+                        kernel.clone(),
+                        PriorMean::Zero,
+                        Noise::Homoscedastic(noise_var),
+                        &xtr,
+                        &ytr_m,
+                    )?;
+                    (Box::new(gp), noise_var.sqrt())
+                }
+            };
+            let [ell, mse, ood_accuracy] = scores(post.as_ref(), noise, &xte, &yte, &ood)?;
+            run.log(format!("{dataset} {method}: ELL {ell:.3}, MSE {mse:.3}, OOD acc {ood_accuracy:.3}, σ_y {noise:.3}"));
+            let prior_fit_seconds = if method == "GP" { gp_secs } else { 0.0 };
+            Ok(FoldScore { ell, mse, ood_accuracy, prior_fit_seconds, gamma: chosen_gamma })
         })?;
         out.push(FoldScore::columns(&unit));
     }

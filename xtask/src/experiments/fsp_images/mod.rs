@@ -260,17 +260,17 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 fsp_posterior(&net, &lik, prior, &train, &bbox, budget.n_halton, &budget, seed)?;
             let rep = post.report();
             run.log(format!(
-            "  FSP-Laplace: {} epochs (stopped early: {}) in {train_seconds:.1} s; Alg. 2 in {laplace_seconds:.1} s: \
-             Lanczos rank {} ({} runs, {}), range rank {}, truncated {}, rank {}",
-            report.epochs,
-            report.stopped_early,
-            rep.lanczos_rank,
-            rep.lanczos_runs,
-            rep.lanczos_stop,
-            rep.range_rank,
-            rep.truncated,
-            rep.rank
-        ));
+                "  FSP-Laplace: {} epochs (stopped early: {}) in {train_seconds:.1} s; Alg. 2 in {laplace_seconds:.1} s: \
+                 Lanczos rank {} ({} runs, {}), range rank {}, truncated {}, rank {}",
+                report.epochs,
+                report.stopped_early,
+                rep.lanczos_rank,
+                rep.lanczos_runs,
+                rep.lanczos_stop,
+                rep.range_rank,
+                rep.truncated,
+                rep.rank
+            ));
             let mut row =
                 evaluate("FSP-Laplace (RND)", Predictor::Samples(&post), &test, &ood, budget.samples, seed)?;
             row.fit_seconds = train_seconds + laplace_seconds;
@@ -313,20 +313,20 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         })?;
         push(&mut run, &mut rows, unit)?;
         let unit = ck.unit(&mut run, &row_key(seed, "Laplace"), |run| {
-                let (map, map_seconds) =
-                    map_net.as_ref().ok_or_else(|| anyhow!("the MAP network was not trained this sitting"))?;
-                let t0 = Instant::now();
-                let (lap, marglik_lambda, scores) = kfac_laplace(map, &train, &val, &budget, seed)?;
-                let lambda = lap.prior_precision()[0];
-                let mut row =
-                    evaluate("Laplace", Predictor::Samples(&lap), &test, &ood, budget.samples, seed)?;
-                row.fit_seconds = map_seconds + t0.elapsed().as_secs_f64();
-                row.extra = json!({
-                    "prior_precision": lambda, "marglik_prior_precision": marglik_lambda, "validation_nll_by_lambda": scores,
-                    "kfac_seconds": t0.elapsed().as_secs_f64(), "metrics": row.extra,
-                });
-                log_row(run, &row);
-                Ok(row.record(seed))
+            let (map, map_seconds) =
+                map_net.as_ref().ok_or_else(|| anyhow!("the MAP network was not trained this sitting"))?;
+            let t0 = Instant::now();
+            let (lap, marglik_lambda, scores) = kfac_laplace(map, &train, &val, &budget, seed)?;
+            let lambda = lap.prior_precision()[0];
+            let mut row =
+                evaluate("Laplace", Predictor::Samples(&lap), &test, &ood, budget.samples, seed)?;
+            row.fit_seconds = map_seconds + t0.elapsed().as_secs_f64();
+            row.extra = json!({
+                "prior_precision": lambda, "marglik_prior_precision": marglik_lambda, "validation_nll_by_lambda": scores,
+                "kfac_seconds": t0.elapsed().as_secs_f64(), "metrics": row.extra,
+            });
+            log_row(run, &row);
+            Ok(row.record(seed))
         })?;
         push(&mut run, &mut rows, unit)?;
         // FVI (RND): the stochastic network from a fresh initialisation, the same GP prior on the

@@ -288,125 +288,125 @@ pub fn run(opts: &Options) -> Result<()> {
             // The figure's posterior (seed 0, computed in this sitting).
             let mut shown: Option<Box<dyn Posterior>> = None;
             let unit = ck.unit_keeping(&mut run, &key, s > 0 || figure_done, |run| {
-            // The authors' rows use their fixed prior; the variant row the fitted one.
-            let prior = if *method == "FSP-Laplace (fixed σ)" {
-                GpPrior::centered(kernel.clone())
-            } else {
-                GpPrior::centered(authors_kernel(&t)?)
-            };
-            let fsp = |epochs: usize,
-                       lr: f64,
-                       lik: LikelihoodSpec,
-                       patience: Option<usize>|
-             -> Result<Fitted<FspLaplace<Featurized<Mlp>>, FitSummary>> {
-                let cfg = FspConfig {
-                    epochs,
-                    batch_size: if patience.is_some() { 100 } else { xf.nrows() },
-                    learning_rate: lr,
-                    patience,
-                    validate_every: 100,
-                    validation_includes_prior: patience.is_some(),
-                    seed,
-                    n_context: 100,
-                    design: ContextDesign::Grid,
-                    n_laplace_context: 100,
-                    context_box: Some(bbox.clone()),
-                    ..Default::default()
+                // The authors' rows use their fixed prior; the variant row the fitted one.
+                let prior = if *method == "FSP-Laplace (fixed σ)" {
+                    GpPrior::centered(kernel.clone())
+                } else {
+                    GpPrior::centered(authors_kernel(&t)?)
                 };
-                Ok(fsp_fit(net(seed)?, lik, &prior, &data, &cfg)?)
-            };
-            let (post, sigma): (Box<dyn Posterior>, f64) = match *method {
-                "FSP-Laplace" | "FSP-Laplace (fixed σ)" => {
-                    let Fitted { posterior: post, report: summary } = if *method == "FSP-Laplace" {
-                        fsp(b.max_epochs, 2e-4, LikelihoodSpec::gaussian_learned(1.0), Some(b.patience))?
-                    } else {
-                        fsp(b.fixed_epochs, 1e-3, LikelihoodSpec::gaussian(noise_var.sqrt()), None)?
-                    };
-                    let sigma = summary.likelihood.noise_std().unwrap_or(f64::NAN);
-                    run.log(format!(
-                        "seed {seed}: {method} trained {:.1}s ({} epochs, σ = {sigma:.4}), Laplace {:.1}s, rank {}",
-                        summary.train_seconds,
-                        summary.train.epochs,
-                        summary.laplace_seconds,
-                        post.report().rank
-                    ));
-                    (Box::new(post), sigma)
-                }
-                "FVI" => {
-                    let cfg = FviConfig {
-                        n_uniform: 100,
-                        n_batch: 0,
-                        samples: 10,
-                        measurement_box: Some(bbox.clone()),
-                        // Minibatches of 100: four steps per epoch of the 378 rows.
-                        optim: OptimConfig {
-                            learning_rate: 7e-4,
-                            batch_size: 100,
-                            max_steps: b.fvi_steps,
-                            eval_every: 400,
-                            patience: b.patience / 100,
-                            seed,
-                        },
-                        ..Default::default()
-                    };
-                    let f = fit_fvi(net(seed)?, LikelihoodSpec::gaussian_learned(1.0), &prior, &data, &cfg)?;
-                    let sigma = f.posterior.noise_std();
-                    run.log(format!("seed {seed}: FVI {} steps, σ = {sigma:.4}", f.report.steps));
-                    (Box::new(f.posterior), sigma)
-                }
-                "Laplace" => {
-                    let mut map = net(seed)?;
-                    let mut lik = Gaussian::new(1.0)?;
-                    let cfg = TrainConfig {
-                        epochs: b.max_epochs,
-                        batch_size: 100,
-                        learning_rate: 2e-4,
-                        weight_decay: 1.0,
-                        patience: Some(b.patience),
+                let fsp = |epochs: usize,
+                           lr: f64,
+                           lik: LikelihoodSpec,
+                           patience: Option<usize>|
+                 -> Result<Fitted<FspLaplace<Featurized<Mlp>>, FitSummary>> {
+                    let cfg = FspConfig {
+                        epochs,
+                        batch_size: if patience.is_some() { 100 } else { xf.nrows() },
+                        learning_rate: lr,
+                        patience,
                         validate_every: 100,
-                        learn_likelihood: true,
+                        validation_includes_prior: patience.is_some(),
                         seed,
+                        n_context: 100,
+                        design: ContextDesign::Grid,
+                        n_laplace_context: 100,
+                        context_box: Some(bbox.clone()),
                         ..Default::default()
                     };
-                    let yf_flat = DVector::from_column_slice(yf.as_slice());
-                    let yv_flat = DVector::from_column_slice(yv.as_slice());
-                    let rep = train_map(
-                        &mut map,
-                        &mut lik,
-                        &xf,
-                        &yf_flat,
-                        Some((&xv, &yv_flat)),
-                        None,
-                        &cfg,
-                        |_| {},
-                    )?;
-                    let sigma = lik.sigma();
-                    let post = laplace_fit(
-                        map,
-                        LikelihoodSpec::gaussian(sigma),
-                        &Data::new(&xf, &yf)?,
-                        &LaplaceConfig {
-                            structure: Structure::full(),
-                            prior_precision: PriorPrecision::Scalar(1.0),
-                            predictive: Predictive::Glm,
+                    Ok(fsp_fit(net(seed)?, lik, &prior, &data, &cfg)?)
+                };
+                let (post, sigma): (Box<dyn Posterior>, f64) = match *method {
+                    "FSP-Laplace" | "FSP-Laplace (fixed σ)" => {
+                        let Fitted { posterior: post, report: summary } = if *method == "FSP-Laplace" {
+                            fsp(b.max_epochs, 2e-4, LikelihoodSpec::gaussian_learned(1.0), Some(b.patience))?
+                        } else {
+                            fsp(b.fixed_epochs, 1e-3, LikelihoodSpec::gaussian(noise_var.sqrt()), None)?
+                        };
+                        let sigma = summary.likelihood.noise_std().unwrap_or(f64::NAN);
+                        run.log(format!(
+                            "seed {seed}: {method} trained {:.1}s ({} epochs, σ = {sigma:.4}), Laplace {:.1}s, rank {}",
+                            summary.train_seconds,
+                            summary.train.epochs,
+                            summary.laplace_seconds,
+                            post.report().rank
+                        ));
+                        (Box::new(post), sigma)
+                    }
+                    "FVI" => {
+                        let cfg = FviConfig {
+                            n_uniform: 100,
+                            n_batch: 0,
+                            samples: 10,
+                            measurement_box: Some(bbox.clone()),
+                            // Minibatches of 100: four steps per epoch of the 378 rows.
+                            optim: OptimConfig {
+                                learning_rate: 7e-4,
+                                batch_size: 100,
+                                max_steps: b.fvi_steps,
+                                eval_every: 400,
+                                patience: b.patience / 100,
+                                seed,
+                            },
                             ..Default::default()
-                        },
-                    )?
-                    .posterior;
-                    run.log(format!("seed {seed}: Laplace MAP {} epochs, σ = {sigma:.4}", rep.history.len()));
-                    (Box::new(post), sigma)
+                        };
+                        let f = fit_fvi(net(seed)?, LikelihoodSpec::gaussian_learned(1.0), &prior, &data, &cfg)?;
+                        let sigma = f.posterior.noise_std();
+                        run.log(format!("seed {seed}: FVI {} steps, σ = {sigma:.4}", f.report.steps));
+                        (Box::new(f.posterior), sigma)
+                    }
+                    "Laplace" => {
+                        let mut map = net(seed)?;
+                        let mut lik = Gaussian::new(1.0)?;
+                        let cfg = TrainConfig {
+                            epochs: b.max_epochs,
+                            batch_size: 100,
+                            learning_rate: 2e-4,
+                            weight_decay: 1.0,
+                            patience: Some(b.patience),
+                            validate_every: 100,
+                            learn_likelihood: true,
+                            seed,
+                            ..Default::default()
+                        };
+                        let yf_flat = DVector::from_column_slice(yf.as_slice());
+                        let yv_flat = DVector::from_column_slice(yv.as_slice());
+                        let rep = train_map(
+                            &mut map,
+                            &mut lik,
+                            &xf,
+                            &yf_flat,
+                            Some((&xv, &yv_flat)),
+                            None,
+                            &cfg,
+                            |_| {},
+                        )?;
+                        let sigma = lik.sigma();
+                        let post = laplace_fit(
+                            map,
+                            LikelihoodSpec::gaussian(sigma),
+                            &Data::new(&xf, &yf)?,
+                            &LaplaceConfig {
+                                structure: Structure::full(),
+                                prior_precision: PriorPrecision::Scalar(1.0),
+                                predictive: Predictive::Glm,
+                                ..Default::default()
+                            },
+                        )?
+                        .posterior;
+                        run.log(format!("seed {seed}: Laplace MAP {} epochs, σ = {sigma:.4}", rep.history.len()));
+                        (Box::new(post), sigma)
+                    }
+                    _ => (Box::new(gp.clone()), noise_var.sqrt()),
+                };
+                let sc = score(post.as_ref(), sigma, *method == "GP", &t)?;
+                run.log(format!(
+                    "seed {seed}: {method}: ELL {:.3} / point (std units), {:.1} (paper's convention); MSE {:.4} (std units) = {:.2} ppm²",
+                    sc.ell, sc.ell_paper, sc.mse, sc.mse_ppm
+                ));
+                if s == 0 {
+                    shown = Some(post);
                 }
-                _ => (Box::new(gp.clone()), noise_var.sqrt()),
-            };
-            let sc = score(post.as_ref(), sigma, *method == "GP", &t)?;
-            run.log(format!(
-                "seed {seed}: {method}: ELL {:.3} / point (std units), {:.1} (paper's convention); MSE {:.4} (std units) = {:.2} ppm²",
-                sc.ell, sc.ell_paper, sc.mse, sc.mse_ppm
-            ));
-            if s == 0 {
-                shown = Some(post);
-            }
-            Ok(sc)
+                Ok(sc)
             })?;
             per[k].push(unit);
             if let Some(post) = shown {

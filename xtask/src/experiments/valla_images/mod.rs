@@ -340,21 +340,21 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         for label in paper.iter().map(|p| p.0) {
             // A stored row counts only if it was fitted around this MAP.
             let unit = ck.unit_when(&mut run, &key(label), |r| r.map == map, |run| {
-            let t0 = Instant::now();
-            let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed)?;
-            let fit_seconds = if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
-            let t1 = Instant::now();
-            let (metrics, rot) = evaluate(&fitted, &test, &ood, &rotated)?;
-            run.log(format!(
-                "  {label:<18} fit {fit_seconds:8.1} s  predict {:6.1} s  ACC {:.2}  NLL {:.4}  ECE {:.4}  Brier {:.4}  OOD-AUC {:.3}  {extra}",
-                t1.elapsed().as_secs_f64(),
-                metrics[0],
-                metrics[1],
-                metrics[2],
-                metrics[3],
-                metrics[4]
-            ));
-            Ok(Row { method: label.to_string(), fit_seconds, metrics, rotated: rot, extra, map: map.clone() })
+                let t0 = Instant::now();
+                let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed)?;
+                let fit_seconds = if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
+                let t1 = Instant::now();
+                let (metrics, rot) = evaluate(&fitted, &test, &ood, &rotated)?;
+                run.log(format!(
+                    "  {label:<18} fit {fit_seconds:8.1} s  predict {:6.1} s  ACC {:.2}  NLL {:.4}  ECE {:.4}  Brier {:.4}  OOD-AUC {:.3}  {extra}",
+                    t1.elapsed().as_secs_f64(),
+                    metrics[0],
+                    metrics[1],
+                    metrics[2],
+                    metrics[3],
+                    metrics[4]
+                ));
+                Ok(Row { method: label.to_string(), fit_seconds, metrics, rotated: rot, extra, map: map.clone() })
             })?;
             rows.push((seed, unit.value));
             // After every method, so a long run leaves its finished rows behind.
