@@ -44,7 +44,7 @@ use crate::harness::plot::{line_panels, LinePanel};
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, Run};
 use crate::protocols::laplace_with_marglik as laplace;
-use crate::protocols::{fingerprint, tanh_mlp};
+use crate::protocols::{fingerprint, tanh_mlp, AroundMap};
 
 const METHODS: [&str; 8] =
     ["MAP", "LLA Diag", "LLA KFAC", "LLA* (last layer)", "LLA* KFAC", "ELLA", "VaLLA 100", "VaLLA 200"];
@@ -212,15 +212,6 @@ pub struct SeedRow {
     pub extra: Value,
 }
 
-/// The checkpoint's unit: a row and the [`fingerprint`] of the MAP network it was fitted around
-/// (a resumed (set, seed) retrains its MAP and keeps a stored row only when they agree).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Unit {
-    #[serde(flatten)]
-    row: SeedRow,
-    map: String,
-}
-
 /// `metrics.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Metrics {
@@ -246,7 +237,8 @@ pub fn run(opts: &Options) -> Result<()> {
         vec![("boston", boston()?), ("concrete", concrete()?), ("wine-red", wine_quality_red()?)]
     };
     // A unit is one method on one (set, seed); the settings that change its numbers name the file.
-    let mut ck = Checkpoint::<Timed<Unit>>::open(
+    // A resumed (set, seed) retrains its MAP and keeps a stored row only around the same one.
+    let mut ck = Checkpoint::<Timed<AroundMap<SeedRow>>>::open(
         &mut run,
         &json!({ "map_steps": map_steps, "valla_iterations": valla_iterations, "seed": opts.seed }),
     )?;
@@ -257,7 +249,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let key = |method: &str| format!("{set_name}/seed {seed}/{method}");
             if let Some(stored) = ck.all(METHODS.iter().map(|m| key(m)))? {
                 run.log(format!("{set_name} seed {seed}: every method in checkpoint.json (--resume)"));
-                rows.extend(stored.into_iter().map(|u| u.value.row));
+                rows.extend(stored.into_iter().map(|u| u.value.unit));
                 continue;
             }
             let s = split(data, seed)?;
@@ -310,10 +302,10 @@ pub fn run(opts: &Options) -> Result<()> {
                             fit_seconds: secs,
                             extra,
                         };
-                        Ok(Unit { row, map: map.clone() })
+                        Ok(AroundMap { unit: row, map: map.clone() })
                     },
                 )?;
-                rows.push(unit.value.row);
+                rows.push(unit.value.unit);
             }
         }
     }

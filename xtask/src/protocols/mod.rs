@@ -73,9 +73,21 @@ pub fn laplace_with_marglik(
     Ok(post)
 }
 
+/// A checkpoint unit fitted around a shared network (a MAP), stored with that network's
+/// [`fingerprint`] beside the unit's own fields: a resumed run retrains the network and keeps
+/// the unit only when `map` equals the retrained network's fingerprint.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct AroundMap<T> {
+    /// The unit.
+    #[serde(flatten)]
+    pub unit: T,
+    /// The fingerprint of the network it was fitted around.
+    pub map: String,
+}
+
 /// A fingerprint of a network's parameters (FNV-1a over their bits, as 16 hex digits): a
 /// resumed run that retrains a shared network (a MAP) keeps the units fitted around it only when
-/// the retrained one has the same fingerprint.
+/// the retrained one has the same fingerprint ([`AroundMap`]).
 pub fn fingerprint(net: &impl fspace_nn::Network) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in net.params().iter() {

@@ -50,7 +50,7 @@ use crate::protocols::images::{
     class_metrics, map_probs, rotate, test_with, train_val_test, ImageSet, Images,
 };
 use crate::protocols::laplace_with_marglik as laplace;
-use crate::protocols::{fingerprint, tanh_mlp};
+use crate::protocols::{fingerprint, tanh_mlp, AroundMap};
 
 mod metrics;
 pub use metrics::*;
@@ -228,9 +228,6 @@ struct Row {
     metrics: [f64; 5],
     rotated: Vec<RotatedPoint>,
     extra: Value,
-    /// [`fingerprint`] of the MAP network the method was fitted around: a resumed seed
-    /// retrains its MAP and keeps a stored row only when the fingerprints agree.
-    map: String,
 }
 
 fn evaluate(
@@ -277,14 +274,15 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
     if let Some(o) = settings.as_object_mut() {
         o.remove("seeds");
     }
-    let mut ck = Checkpoint::<Timed<Row>>::open(&mut run, &settings)?;
+    // A resumed seed retrains its MAP and keeps a stored row only around the same one.
+    let mut ck = Checkpoint::<Timed<AroundMap<Row>>>::open(&mut run, &settings)?;
     let mut rows: Vec<(u64, Row)> = Vec::new();
     for s in 0..budget.seeds as u64 {
         let seed = opts.seed + s;
         let key = |method: &str| format!("seed {seed}/{method}");
         if let Some(stored) = ck.all(paper.iter().map(|p| key(p.0)))? {
             run.log(format!("seed {seed}: every method in checkpoint.json (--resume)"));
-            rows.extend(stored.into_iter().map(|u| (seed, u.value)));
+            rows.extend(stored.into_iter().map(|u| (seed, u.value.unit)));
             continue;
         }
         let (train, val, test, stats) = train_val_test(set, seed)?;
@@ -339,7 +337,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
 
         for label in paper.iter().map(|p| p.0) {
             // A stored row counts only if it was fitted around this MAP.
-            let unit = ck.unit_when(&mut run, &key(label), |r| r.map == map, |run| {
+            let unit = ck.unit_when(&mut run, &key(label), |u| u.map == map, |run| {
                 let t0 = Instant::now();
                 let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed)?;
                 let fit_seconds = if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
@@ -354,9 +352,10 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                     metrics[3],
                     metrics[4]
                 ));
-                Ok(Row { method: label.to_string(), fit_seconds, metrics, rotated: rot, extra, map: map.clone() })
+                let row = Row { method: label.to_string(), fit_seconds, metrics, rotated: rot, extra };
+                Ok(AroundMap { unit: row, map: map.clone() })
             })?;
-            rows.push((seed, unit.value));
+            rows.push((seed, unit.value.unit));
             // After every method, so a long run leaves its finished rows behind.
             report(&mut run, name, paper, &rows, &budget, with_rotation)?;
         }
@@ -502,24 +501,23 @@ mod tests {
             metrics: [97.5, 0.1 + 0.2, 0.01, 0.04, f64::NAN],
             rotated: vec![(0.0, 0.01, 0.1), (90.0, 0.2, 1.5)],
             extra: json!({ "iterations": 200 }),
-            map: fingerprint(&a),
         };
+        let stored = AroundMap { unit: row.clone(), map: fingerprint(&a) };
         let settings = json!({ "map_epochs": 5 });
-        Checkpoint::<Timed<Row>>::open(&mut Run::new(out, "valla-mnist").unwrap(), &settings)
+        Checkpoint::<Timed<AroundMap<Row>>>::open(&mut Run::new(out, "valla-mnist").unwrap(), &settings)
             .unwrap()
-            .put("seed 0/VaLLA 100", &Timed { seconds: 2.0, value: row.clone() })
+            .put("seed 0/VaLLA 100", &Timed { seconds: 2.0, value: stored.clone() })
             .unwrap();
         let mut run = Run::open(out, "valla-mnist", true).unwrap();
-        let back = Checkpoint::<Timed<Row>>::open(&mut run, &settings)
+        let back = Checkpoint::<Timed<AroundMap<Row>>>::open(&mut run, &settings)
             .unwrap()
             .get("seed 0/VaLLA 100")
             .unwrap()
             .unwrap()
             .value;
-        assert_eq!(
-            (&back.method, back.map.as_str(), &back.rotated),
-            (&row.method, row.map.as_str(), &row.rotated)
-        );
+        assert_eq!(back.map, stored.map);
+        let back = back.unit;
+        assert_eq!((&back.method, &back.rotated), (&row.method, &row.rotated));
         assert_eq!(back.metrics[..4], row.metrics[..4]);
         assert!(back.metrics[4].is_nan());
         std::fs::remove_dir_all(&dir).unwrap();
