@@ -7,7 +7,7 @@
 //! (`A₂₂ −= L₂₁L₂₁ᵀ`), split over column chunks in parallel. Triangular solves with many
 //! right-hand sides are blocked the same way and parallel over right-hand-side columns.
 
-use nalgebra::{Cholesky, DMatrix, DMatrixViewMut};
+use nalgebra::{DMatrix, DMatrixViewMut};
 use rayon::prelude::*;
 
 /// Diagonal block size.
@@ -23,11 +23,16 @@ pub fn cholesky_lower(a: &DMatrix<f64>) -> Option<DMatrix<f64>> {
     let mut k = 0;
     while k < n {
         let b = NB.min(n - k);
-        let l11 = Cholesky::new(l.view((k, k), (b, b)).clone_owned())?.l();
-        if !l11.diagonal().iter().all(|d| d.is_finite() && *d > 0.0) {
-            return None;
+        // The diagonal block, copied column by column (a strided view's `clone_owned` goes
+        // through an element iterator).
+        let mut block = DMatrix::zeros(b, b);
+        for (c, col) in block.as_mut_slice().chunks_exact_mut(b).enumerate() {
+            col.copy_from_slice(&l.as_slice()[(k + c) * n + k..(k + c) * n + k + b]);
         }
-        l.view_mut((k, k), (b, b)).copy_from(&l11);
+        let l11 = diagonal_block_cholesky(block)?;
+        for (c, col) in l11.as_slice().chunks_exact(b).enumerate() {
+            l.as_mut_slice()[(k + c) * n + k..(k + c) * n + k + b].copy_from_slice(col);
+        }
         let kb = k + b;
         if kb < n {
             let m = n - kb;
@@ -53,6 +58,55 @@ pub fn cholesky_lower(a: &DMatrix<f64>) -> Option<DMatrix<f64>> {
     }
     l.fill_upper_triangle(0.0, 1);
     Some(l)
+}
+
+/// Left-looking, column-by-column Cholesky of a small block in place (column-major, `n × n`,
+/// lower triangle read and written): column `j` receives `a_{·j} −= l_{jk} l_{·k}` for
+/// `k = 0, …, j−1` in that order, one rounded product and one rounded sum per term, then
+/// `l_{jj} = √a_{jj}` and the division of the rest of the column. These are the operations of
+/// nalgebra's `Cholesky::new` in the same order (so the same bits, tested), on contiguous
+/// columns, compiled by `pulp` for the widest vector unit the CPU has. `false` if a pivot is not
+/// positive (or NaN).
+struct LeftLooking<'a> {
+    a: &'a mut [f64],
+    n: usize,
+}
+
+impl pulp::WithSimd for LeftLooking<'_> {
+    type Output = bool;
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) -> bool {
+        let (a, n) = (self.a, self.n);
+        for j in 0..n {
+            let (done, rest) = a.split_at_mut(j * n);
+            let col_j = &mut rest[j..n];
+            for k in 0..j {
+                let col_k = &done[k * n + j..(k + 1) * n];
+                let factor = -col_k[0];
+                col_j.iter_mut().zip(col_k).for_each(|(y, x)| *y += factor * x);
+            }
+            let pivot = col_j[0];
+            // NaN fails this test too.
+            if pivot.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+                return false;
+            }
+            let root = pivot.sqrt();
+            col_j[0] = root;
+            col_j[1..].iter_mut().for_each(|v| *v /= root);
+        }
+        true
+    }
+}
+
+/// The lower Cholesky factor of a diagonal block (upper triangle zeroed); `None` unless every
+/// pivot is positive and finite.
+fn diagonal_block_cholesky(mut block: DMatrix<f64>) -> Option<DMatrix<f64>> {
+    let n = block.nrows();
+    if !pulp::Arch::new().dispatch(LeftLooking { a: block.as_mut_slice(), n }) {
+        return None;
+    }
+    block.fill_upper_triangle(0.0, 1);
+    block.diagonal().iter().all(|d| d.is_finite()).then_some(block)
 }
 
 fn par_columns(b: &DMatrix<f64>, f: impl Fn(&mut DMatrix<f64>) + Sync) -> DMatrix<f64> {
@@ -186,4 +240,37 @@ pub fn spd_inverse_and_logdet(a: &DMatrix<f64>) -> Option<(DMatrix<f64>, f64)> {
     let l = cholesky_lower(a)?;
     let logdet = 2.0 * l.diagonal().iter().map(|v| v.ln()).sum::<f64>();
     Some((par_gram(&lower_triangular_inverse(&l)), logdet))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An SPD test matrix with entries of mixed sign and magnitude.
+    fn spd(n: usize) -> DMatrix<f64> {
+        let g = DMatrix::from_fn(n, n, |i, j| {
+            ((i * 31 + j * 17) % 23) as f64 / 7.0 - 1.5 + (i as f64 * 0.37).sin()
+        });
+        &g * g.transpose() + DMatrix::identity(n, n) * 0.1
+    }
+
+    #[test]
+    fn the_diagonal_block_kernel_gives_nalgebras_bits() {
+        for n in [1, 2, 5, 17, 96] {
+            let a = spd(n);
+            let ours = diagonal_block_cholesky(a.clone()).unwrap();
+            let theirs = nalgebra::Cholesky::new(a).unwrap().l();
+            assert!(ours.iter().zip(theirs.iter()).all(|(x, y)| x.to_bits() == y.to_bits()), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn the_diagonal_block_kernel_refuses_what_nalgebra_refuses() {
+        let mut a = spd(6);
+        a[(3, 3)] = -1.0;
+        assert!(nalgebra::Cholesky::new(a.clone()).is_none());
+        assert!(diagonal_block_cholesky(a.clone()).is_none());
+        a[(3, 3)] = f64::NAN;
+        assert!(diagonal_block_cholesky(a).is_none());
+    }
 }

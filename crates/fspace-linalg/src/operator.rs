@@ -219,14 +219,22 @@ pub fn to_dense(op: &dyn LinearOperator) -> DMatrix<f64> {
     op.matmat(&DMatrix::identity(op.dim(), op.dim()))
 }
 
-/// Relative asymmetry ‖A − Aᵀ‖_F / ‖A‖_F (0 for the zero matrix).
+/// Relative asymmetry ‖A − Aᵀ‖_F / ‖A‖_F (0 for the zero matrix, ∞ for a non-square one).
 pub fn relative_asymmetry(a: &DMatrix<f64>) -> f64 {
     let norm = a.norm();
-    if norm == 0.0 {
-        0.0
-    } else {
-        (a - a.transpose()).norm() / norm
+    if norm == 0.0 || !a.is_square() {
+        return if norm == 0.0 { 0.0 } else { f64::INFINITY };
     }
+    // ‖A − Aᵀ‖_F without forming Aᵀ.
+    let n = a.nrows();
+    let mut sq = 0.0;
+    for j in 0..n {
+        for i in 0..n {
+            let d = a[(i, j)] - a[(j, i)];
+            sq += d * d;
+        }
+    }
+    sq.sqrt() / norm
 }
 
 /// Errors with `NotSymmetric` unless ‖A − Aᵀ‖_F ≤ tol·‖A‖_F.
