@@ -70,44 +70,74 @@ pub(crate) fn fast_tanh(x: f64) -> f64 {
     (e / (e + 2.0)).copysign(x)
 }
 
-/// `z ← σ(z)` and, if asked, `slopes ← σ'(z)` (parallel in chunks for large batches).
-pub(crate) fn activate(act: Activation, z: &mut [f64], slopes: Option<&mut Vec<f64>>) {
-    const CHUNK: usize = 4096;
-    match slopes {
-        Some(s) => {
-            s.resize(z.len(), 0.0);
-            let body = |(zc, sc): (&mut [f64], &mut [f64])| {
-                if act == Activation::Tanh {
-                    for (zv, sv) in zc.iter_mut().zip(sc.iter_mut()) {
+/// `tanh` of a block in place, with `1 − tanh²` into `slopes` if given (same length), compiled
+/// for the widest vector unit the CPU has: `pulp`'s safe run-time dispatch builds
+/// [`pulp::WithSimd::with_simd`] once for AVX2 and once for the SSE2 baseline. Only the vector
+/// width differs between the two: the compiler neither fuses multiply-adds nor reorders
+/// operations, so both give the same bits (tested).
+struct TanhBlock<'a> {
+    z: &'a mut [f64],
+    slopes: Option<&'a mut [f64]>,
+}
+
+impl pulp::WithSimd for TanhBlock<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        // Blocks of `LANES` independent evaluations give the out-of-order core several
+        // vectors' polynomial chains to overlap.
+        const LANES: usize = 16;
+        let tanh_all = |z: &mut [f64]| z.iter_mut().for_each(|v| *v = fast_tanh(*v));
+        match self.slopes {
+            Some(s) => {
+                let mut zc = self.z.chunks_exact_mut(LANES);
+                let mut sc = s.chunks_exact_mut(LANES);
+                for (zb, sb) in (&mut zc).zip(&mut sc) {
+                    let zb: &mut [f64; LANES] = zb.try_into().expect("chunk of LANES");
+                    let sb: &mut [f64; LANES] = sb.try_into().expect("chunk of LANES");
+                    for (zv, sv) in zb.iter_mut().zip(sb.iter_mut()) {
                         let t = fast_tanh(*zv);
                         (*zv, *sv) = (t, 1.0 - t * t);
                     }
-                    return;
                 }
-                for (zv, sv) in zc.iter_mut().zip(sc.iter_mut()) {
-                    (*zv, *sv) = act.value_slope(*zv);
+                for (zv, sv) in zc.into_remainder().iter_mut().zip(sc.into_remainder().iter_mut()) {
+                    let t = fast_tanh(*zv);
+                    (*zv, *sv) = (t, 1.0 - t * t);
                 }
-            };
-            if z.len() >= PARALLEL_MIN_ELEMENTS {
-                z.par_chunks_mut(CHUNK).zip(s.par_chunks_mut(CHUNK)).for_each(body);
-            } else {
-                body((z, s));
+            }
+            None => {
+                let mut zc = self.z.chunks_exact_mut(LANES);
+                for zb in &mut zc {
+                    let zb: &mut [f64; LANES] = zb.try_into().expect("chunk of LANES");
+                    tanh_all(zb);
+                }
+                tanh_all(zc.into_remainder());
             }
         }
-        None => {
-            let body = |zc: &mut [f64]| {
-                if act == Activation::Tanh {
-                    zc.iter_mut().for_each(|v| *v = fast_tanh(*v));
-                } else {
-                    zc.iter_mut().for_each(|v| *v = act.value(*v));
-                }
-            };
+    }
+}
+
+/// `z ← σ(z)` and, if asked, `slopes ← σ'(z)` (parallel in chunks for large batches).
+pub(crate) fn activate(act: Activation, z: &mut [f64], slopes: Option<&mut Vec<f64>>) {
+    const CHUNK: usize = 4096;
+    let body = |zc: &mut [f64], sc: Option<&mut [f64]>| match (act, sc) {
+        (Activation::Tanh, slopes) => pulp::Arch::new().dispatch(TanhBlock { z: zc, slopes }),
+        (_, Some(sc)) => {
+            zc.iter_mut().zip(sc.iter_mut()).for_each(|(zv, sv)| (*zv, *sv) = act.value_slope(*zv))
+        }
+        (_, None) => zc.iter_mut().for_each(|v| *v = act.value(*v)),
+    };
+    match slopes {
+        Some(s) => {
+            s.resize(z.len(), 0.0);
             if z.len() >= PARALLEL_MIN_ELEMENTS {
-                z.par_chunks_mut(CHUNK).for_each(body);
+                z.par_chunks_mut(CHUNK).zip(s.par_chunks_mut(CHUNK)).for_each(|(zc, sc)| body(zc, Some(sc)));
             } else {
-                body(z);
+                body(z, Some(s));
             }
         }
+        None if z.len() >= PARALLEL_MIN_ELEMENTS => z.par_chunks_mut(CHUNK).for_each(|zc| body(zc, None)),
+        None => body(z, None),
     }
 }
 
@@ -328,7 +358,38 @@ pub(crate) fn check_cotangent(v: &DMatrix<f64>, n: usize, q: usize) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::fast_tanh;
+    use super::{activate, fast_tanh};
+    use crate::activation::Activation;
+
+    #[test]
+    fn the_vector_unit_tanh_gives_the_scalar_bits() {
+        // Lengths around the block of 16 and the parallel threshold; special values included.
+        for n in [1, 15, 16, 17, 100, 1 << 14, (1 << 14) + 37] {
+            let z: Vec<f64> = (0..n)
+                .map(|i| match i % 11 {
+                    0 => -0.0,
+                    1 => f64::INFINITY,
+                    2 => 1e-300,
+                    3 => 30.0,
+                    _ => ((i as f64) * 0.37).sin() * 4.0,
+                })
+                .collect();
+            let mut values = z.clone();
+            let mut slopes = Vec::new();
+            activate(Activation::Tanh, &mut values, Some(&mut slopes));
+            let mut plain = z.clone();
+            activate(Activation::Tanh, &mut plain, None);
+            for (i, &x) in z.iter().enumerate() {
+                let t = fast_tanh(x);
+                assert_eq!(values[i].to_bits(), t.to_bits(), "tanh({x}) at {i} of {n}");
+                assert_eq!(plain[i].to_bits(), t.to_bits(), "tanh({x}) at {i} of {n}, no slopes");
+                assert_eq!(slopes[i].to_bits(), (1.0 - t * t).to_bits(), "slope at {x}");
+            }
+        }
+        let mut nan = vec![f64::NAN; 20];
+        activate(Activation::Tanh, &mut nan, None);
+        assert!(nan.iter().all(|v| v.is_nan()));
+    }
 
     #[test]
     fn fast_tanh_is_within_a_few_ulp_of_libm() {
