@@ -14,6 +14,9 @@ use crate::kernel::MatrixKernel;
 
 /// Points per row block of a tile (rows are parallelised over blocks).
 const ROW_BLOCK: usize = 64;
+/// Gram matrices with fewer entries are filled on the calling thread: waking a second thread
+/// costs more than it saves (one FSP-Laplace training step factorises a fresh 100 × 100 Gram).
+const PARALLEL_MIN_ENTRIES: usize = 1 << 15;
 /// Points per column block of a tile (bounds the tile buffer to `ROW_BLOCK·COL_BLOCK·d'²`).
 const COL_BLOCK: usize = 512;
 
@@ -109,11 +112,16 @@ pub fn gram<K: MatrixKernel + ?Sized>(k: &K, x: &DMatrix<f64>, y: &DMatrix<f64>)
     let q = k.output_dim();
     let height = xs.len() * q;
     let mut data = vec![0.0; ys.len() * q * height];
-    data.par_chunks_mut(ROW_BLOCK * q * height).enumerate().for_each(|(b, chunk)| {
+    let block = |(b, chunk): (usize, &mut [f64])| {
         let r0 = b * ROW_BLOCK;
         let r1 = (r0 + ROW_BLOCK).min(ys.len());
         fill_rows(k, ys.rows(r0, r1), &xs, chunk);
-    });
+    };
+    if data.len() < PARALLEL_MIN_ENTRIES {
+        data.chunks_mut(ROW_BLOCK * q * height).enumerate().for_each(block);
+    } else {
+        data.par_chunks_mut(ROW_BLOCK * q * height).enumerate().for_each(block);
+    }
     Ok(DMatrix::from_vec(height, ys.len() * q, data))
 }
 
