@@ -30,7 +30,7 @@ use crate::error::Result;
 use crate::gemm::{gemm, Operand};
 use crate::layers::LayerStatistics;
 use crate::mlp_batched::{activate, add_column_sums, bias_rows, check_cotangent, row_major, scale_by};
-use crate::scratch::{recycle, recycle_indices, zeroed, zeroed_indices};
+use crate::scratch::{overwritten, recycle, recycle_indices, zeroed, zeroed_indices};
 
 /// Images per chunk of a batched pass.
 pub(crate) const CHUNK_IMAGES: usize = 128;
@@ -93,7 +93,9 @@ fn for_each_patch_copy(g: &Conv, mut copy: impl FnMut(usize, usize)) {
 /// im2col: patches `n·H_o·W_o × k·k·C_in` of an NHWC batch `a` (zero padding).
 fn im2col(a: &[f64], n: usize, g: &Conv) -> Vec<f64> {
     let (per_image_in, per_image_p) = (g.h * g.wd * g.cin, g.ho * g.wo * g.patch_width());
-    let mut patches = zeroed(n * per_image_p);
+    // Padding entries are skipped by the copy and must be zero; without padding every entry is
+    // written.
+    let mut patches = if g.pad == 0 { overwritten(n * per_image_p) } else { zeroed(n * per_image_p) };
     patches.par_chunks_mut(per_image_p).zip(a.par_chunks(per_image_in)).for_each(|(img, ai)| {
         for_each_patch_copy(g, |dst, src| img[dst..dst + g.cin].copy_from_slice(&ai[src..src + g.cin]));
     });
@@ -118,7 +120,7 @@ fn col2im(dp: &[f64], n: usize, g: &Conv) -> Vec<f64> {
 fn max_pool(z: &[f64], n: usize, g: &Conv) -> (Vec<f64>, Vec<usize>) {
     let (hp, wp, c) = (g.ho / 2, g.wo / 2, g.cout);
     let (per_in, per_out) = (g.ho * g.wo * c, hp * wp * c);
-    let mut out = zeroed(n * per_out);
+    let mut out = overwritten(n * per_out);
     let mut arg = zeroed_indices(n * per_out);
     out.par_chunks_mut(per_out).zip(arg.par_chunks_mut(per_out)).enumerate().for_each(|(i, (o, a))| {
         let base = i * per_in;
@@ -244,7 +246,7 @@ impl Cnn {
     fn nhwc_input(&self, x: &DMatrix<f64>, start: usize, n: usize) -> Vec<f64> {
         let (c, h, w) = self.config.input_shape;
         let hw = h * w;
-        let mut out = zeroed(n * hw * c);
+        let mut out = overwritten(n * hw * c);
         for ch in 0..c {
             for s in 0..hw {
                 let col = x.column(ch * hw + s);
@@ -283,7 +285,7 @@ impl Cnn {
                         1.0,
                         1.0,
                     );
-                    let mut slopes = if keep { zeroed(z.len()) } else { Vec::new() };
+                    let mut slopes = if keep { overwritten(z.len()) } else { Vec::new() };
                     activate(act, &mut z, keep.then_some(&mut slopes));
                     recycle(std::mem::take(&mut a));
                     if g.pool {
@@ -317,7 +319,7 @@ impl Cnn {
                         1.0,
                         1.0,
                     );
-                    let mut slopes = if keep && !last { zeroed(z.len()) } else { Vec::new() };
+                    let mut slopes = if keep && !last { overwritten(z.len()) } else { Vec::new() };
                     if !last {
                         activate(act, &mut z, keep.then_some(&mut slopes));
                     }
@@ -368,7 +370,7 @@ impl Cnn {
                     }
                     scale_by(&mut zd, slopes);
                     ad = Some(if g.pool {
-                        let mut pooled = zeroed(trace.argmax[l].len());
+                        let mut pooled = overwritten(trace.argmax[l].len());
                         pooled.iter_mut().zip(&trace.argmax[l]).for_each(|(o, &i)| *o = zd[i]);
                         recycle(zd);
                         pooled
@@ -456,7 +458,7 @@ impl Cnn {
                         gemm(&mut grad[w..b], d.t(), Operand::new(&trace.inputs[l], rows, width_in), 1.0, 1.0)
                     }
                     Some(map) => {
-                        let mut gperm = zeroed(width_out * width_in);
+                        let mut gperm = overwritten(width_out * width_in);
                         gemm(&mut gperm, d.t(), Operand::new(&trace.inputs[l], rows, width_in), 1.0, 0.0);
                         for (grow, prow) in
                             grad[w..b].chunks_exact_mut(width_in).zip(gperm.chunks_exact(width_in))
@@ -469,7 +471,7 @@ impl Cnn {
                 add_column_sums(&dz, width_out, &mut grad[b..b + width_out]);
             }
             let next = (l > 0).then(|| {
-                let mut back = zeroed(rows * width_in);
+                let mut back = overwritten(rows * width_in);
                 gemm(&mut back, d, Operand::new(&gw.w[l], width_out, width_in), 1.0, 0.0);
                 match Self::conv_geometry(layer) {
                     Some(g) => {
@@ -608,7 +610,7 @@ impl Cnn {
                 }
             }
             for c in 0..k {
-                let mut v = zeroed(n * q);
+                let mut v = overwritten(n * q);
                 for (i, row) in v.chunks_exact_mut(q).enumerate() {
                     row.iter_mut().enumerate().for_each(|(o, r)| *r = factors[s + i][(o, c)]);
                 }
@@ -699,6 +701,37 @@ mod tests {
 
     fn inputs(net: &Cnn, n: usize) -> DMatrix<f64> {
         DMatrix::from_fn(n, net.input_dim(), |i, j| (((i * 37 + j * 11) % 23) as f64 / 23.0 - 0.5) * 2.0)
+    }
+
+    /// Buffers from the scratch pool that the passes overwrite without clearing: a pool full of
+    /// NaN must not change a single bit of any pass.
+    #[test]
+    fn stale_scratch_buffers_do_not_leak_into_the_passes() {
+        for net in nets() {
+            let x = inputs(&net, 40);
+            let v = DMatrix::from_fn(40, net.output_dim(), |i, j| ((i + 3 * j) % 7) as f64 * 0.1 - 0.3);
+            let u: Vec<f64> = (0..net.n_params()).map(|i| ((i % 17) as f64 - 8.0) * 0.01).collect();
+            let passes = || {
+                let (f, g) =
+                    crate::Network::forward_vjp(&net, &x, &mut |_: &DMatrix<f64>| Ok(v.clone())).unwrap();
+                (f, net.batched_jvp(&x, &u), g)
+            };
+            // One-thread pools, so every chunk runs on the thread whose pool was filled.
+            let pool = || rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            let clean = pool().install(passes);
+            let dirty = pool().install(|| {
+                let mut size = 1;
+                while size < 1 << 22 {
+                    crate::scratch::recycle(vec![f64::NAN; size]);
+                    size *= 3;
+                }
+                passes()
+            });
+            let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same(clean.0.as_slice(), dirty.0.as_slice()), "forward");
+            assert!(same(clean.1.as_slice(), dirty.1.as_slice()), "jvp");
+            assert!(same(clean.2.as_slice(), dirty.2.as_slice()), "vjp");
+        }
     }
 
     /// The batched passes against the per-image rules (which the FD tests check), on batches

@@ -161,7 +161,7 @@ pub(crate) fn add_column_sums(rows: &[f64], m: usize, out: &mut [f64]) {
 
 /// `rows` copies of `flat[b..b + width]` (a bias broadcast over a batch), from the scratch pool.
 pub(crate) fn bias_rows(flat: &[f64], b: usize, width: usize, rows: usize) -> Vec<f64> {
-    let mut z = crate::scratch::zeroed(rows * width);
+    let mut z = crate::scratch::overwritten(rows * width);
     for row in z.chunks_exact_mut(width) {
         row.copy_from_slice(&flat[b..b + width]);
     }

@@ -2,7 +2,7 @@
 //! patches, pre-activations and cotangents; fresh allocations of that size come from the
 //! kernel as new zero pages each step, and clearing and faulting them in cost more than the
 //! arithmetic (measured with perf on LeNet-5: a third of the step). Buffers handed back with
-//! [`recycle`] are reused by later [`zeroed`] calls on the same thread.
+//! [`recycle`] are reused by later [`zeroed`] and [`overwritten`] calls on the same thread.
 
 use std::cell::RefCell;
 
@@ -14,12 +14,18 @@ thread_local! {
     static USIZE: RefCell<Vec<Vec<usize>>> = const { RefCell::new(Vec::new()) };
 }
 
-fn take<T: Clone + Default>(pool: &RefCell<Vec<Vec<T>>>, len: usize) -> Vec<T> {
+/// A kept buffer of `len` entries: all `T::default()` if `clear`, else whatever the recycled
+/// buffer held (entries beyond its old length are `T::default()`).
+fn take<T: Clone + Default>(pool: &RefCell<Vec<Vec<T>>>, len: usize, clear: bool) -> Vec<T> {
     let mut pool = pool.borrow_mut();
     // Best fit: the smallest kept buffer that holds `len`.
     let pick = (0..pool.len()).filter(|&i| pool[i].capacity() >= len).min_by_key(|&i| pool[i].capacity());
     let mut v = pick.map(|i| pool.swap_remove(i)).unwrap_or_default();
-    v.clear();
+    if clear {
+        v.clear();
+    } else {
+        v.truncate(len);
+    }
     v.resize(len, T::default());
     v
 }
@@ -39,12 +45,18 @@ fn give<T>(pool: &RefCell<Vec<Vec<T>>>, v: Vec<T>) {
 
 /// A zero-filled buffer of `len` values.
 pub(crate) fn zeroed(len: usize) -> Vec<f64> {
-    F64.with(|p| take(p, len))
+    F64.with(|p| take(p, len, true))
+}
+
+/// A buffer of `len` values with unspecified (finite or not) contents, for callers that write
+/// every entry before reading any: it skips [`zeroed`]'s clearing pass.
+pub(crate) fn overwritten(len: usize) -> Vec<f64> {
+    F64.with(|p| take(p, len, false))
 }
 
 /// A zero-filled index buffer of `len` entries.
 pub(crate) fn zeroed_indices(len: usize) -> Vec<usize> {
-    USIZE.with(|p| take(p, len))
+    USIZE.with(|p| take(p, len, true))
 }
 
 /// Hands a buffer back for reuse.
@@ -73,5 +85,15 @@ mod tests {
         let i = zeroed_indices(5);
         assert_eq!(i, vec![0; 5]);
         recycle_indices(i);
+        let mut c = zeroed(500);
+        c.iter_mut().for_each(|v| *v = 7.0);
+        recycle(c);
+        // Stale contents come back; entries past the old length are zero.
+        let d = overwritten(400);
+        assert!(d.len() == 400 && d.iter().all(|&v| v == 7.0));
+        recycle(d);
+        let e = overwritten(450);
+        assert!(e[..400].iter().all(|&v| v == 7.0) && e[400..].iter().all(|&v| v == 0.0));
+        recycle(e);
     }
 }
