@@ -3,10 +3,13 @@
 //!
 //! | field | what |
 //! |---|---|
-//! | `gfsvi_step_ms` | one GFSVI objective + gradient, M = 500 measurement points, 2×30 tanh (p = 1 021), batch 100 (median of 10) |
-//! | `gfsvi_bound_ms` | a GEMM of the step's GEMM-shaped multiply-adds `gfsvi_step_madds` = 2M²p + 2M³ (`J S Jᵀ` and its pullback `J·C`, M²p each; the KL's two SPD inverses, M³ each by LAPACK's count; 7.6e8): 500 × 3 042 times 3 042 × 500 by the workspace's parallel GEMM (`fspace_linalg::blocked::par_matmul`, all rayon threads), timed here (median of 10) |
+//! | `gfsvi_step_ms` | one GFSVI objective + gradient, M = 500 measurement points, 2×30 tanh (p = 1 021), batch 100 (median of 7) |
+//! | `gfsvi_bound_ms` | a GEMM of the step's GEMM-shaped multiply-adds `gfsvi_step_madds` = 2M²p + 2M³ (`J S Jᵀ` and its pullback `J·C`, M²p each; the KL's two SPD inverses, M³ each by LAPACK's count; 7.6e8): 500 × 3 042 times 3 042 × 500 by the workspace's parallel GEMM (`fspace_linalg::blocked::par_matmul`, all rayon threads), timed here |
 //! | `gfsvi_gram_bound_ms` | the same GEMM of `J S Jᵀ` alone (M²p, 500 × 1 021 times 1 021 × 500), the yardstick of earlier rounds |
 //! | `gfsvi_step_over_bound` | their ratio (the issue's target: ≤ 2.5) |
+//! | `tfsvi_step_ms`, `tfsvi_bound_ms` | the same for TFSVI (the prior's pushforward `J σ² Jᵀ` and its pullback add 2M²p) |
+//! | `valla_iteration_ms`, `valla_bound_ms` | one VaLLA iteration (objective + gradient including `Z`) on the MNIST MLP 784-200-200-10, batch 100, M = 200, and the GEMM of its multiply-adds counted from the NTK and objective code ([`valla_madds`]) |
+//! | `sweeps` | every M measured: GFSVI 100 … 1 000, TFSVI 100 … 500, VaLLA 50 … 200 (`m`, `step_ms`, `madds`, `bound_ms`, `ratio`) |
 //! | `lenet_epoch_s`, `fsp_cnn_epoch_s` | one epoch of MAP training (Adam 1e-3, batch 100, f64) on 5 400 MNIST images, × 10 |
 //! | `fsp_toy_prior_s` | FSP-Laplace on the sine toy for one RBF prior: 8 000 full-batch steps + Alg. 2 |
 //! | `w1_full_lla_s` | W1 (sine toy, 2×50 tanh, p = 2 701): full-GGN Laplace fit + λ by marginal likelihood + GLM predictive at 1 000 points |
@@ -23,6 +26,8 @@ use fspace_gfsvi::{objective, KlPrior, VariationalParams};
 use fspace_kernels::{GpPrior, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, Structure};
 use fspace_nn::{Activation, Cnn, CnnConfig};
+use fspace_valla::internals::iteration as valla_iteration;
+use fspace_valla::VariationalState;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -35,48 +40,139 @@ use crate::protocols::sine::sine_config;
 use crate::protocols::timing::{median_ms, time_network, torch_epochs_live};
 use crate::protocols::{tanh_mlp, targets};
 
-/// GFSVI's step against GEMMs of its flop count.
-struct StepTiming {
-    /// Median ms of one objective + gradient.
-    step: f64,
-    /// Median ms of a GEMM of the step's GEMM-shaped multiply-adds ([`Self::madds`]).
-    bound: f64,
-    /// The step's GEMM-shaped multiply-adds: `J S Jᵀ` (M²p), its pullback `J·C` (M²p) and the two
-    /// SPD inverses of the KL (M³ each: Cholesky M³/3 plus the inverse 2M³/3, LAPACK's count).
-    madds: f64,
-    /// Median ms of a GEMM of `J S Jᵀ` alone (M²p), the yardstick of earlier rounds.
-    gram_bound: f64,
+/// One method's iteration at one size against a GEMM of the iteration's GEMM-shaped work.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BoundPoint {
+    /// The number of measurement / inducing points `M`.
+    pub m: usize,
+    /// Median milliseconds of one objective + gradient.
+    pub step_ms: f64,
+    /// The iteration's GEMM-shaped multiply-adds, counted from the code (see the counting
+    /// functions in `perf.rs`).
+    pub madds: f64,
+    /// Median milliseconds of one GEMM (`M × k` times `k × M`, `k = madds / M²`) of the same
+    /// multiply-adds by the workspace's parallel GEMM.
+    pub bound_ms: f64,
+    /// `step_ms / bound_ms` (issue 40's target: ≤ 2.5).
+    pub ratio: f64,
 }
 
-/// [`StepTiming`] of GFSVI at M = 500 on a 2×30 tanh network.
-fn gfsvi_step() -> Result<StepTiming> {
+/// Median milliseconds of a GEMM of `madds` multiply-adds shaped `m × k` times `k × m`.
+fn gemm_bound_ms(m: usize, madds: f64, reps: usize) -> Result<f64> {
+    let k = ((madds / (m * m) as f64).round() as usize).max(1);
+    let a = DMatrix::from_fn(m, k, |i, j| ((i * 7 + j * 3) % 11) as f64 * 0.1);
+    let b = a.transpose();
+    median_ms(reps, || {
+        std::hint::black_box(fspace_linalg::blocked::par_matmul(&a, &b));
+        Ok(())
+    })
+}
+
+/// GFSVI's GEMM-shaped multiply-adds per step: `J S Jᵀ` and its pullback `J·C` (`M²p` each),
+/// the KL's two SPD inverses (`M³` each by LAPACK's count: Cholesky `M³/3` plus the inverse
+/// `2M³/3`).
+fn gfsvi_madds(m: usize, p: usize) -> f64 {
+    let (m, p) = (m as f64, p as f64);
+    2.0 * m * m * p + 2.0 * m * m * m
+}
+
+/// TFSVI's: GFSVI's plus the prior's pushforward `J σ_p² Jᵀ` and its pullback (`M²p` each).
+fn tfsvi_madds(m: usize, p: usize) -> f64 {
+    gfsvi_madds(m, p) + 2.0 * (m * m * p) as f64
+}
+
+/// VaLLA's GEMM-shaped multiply-adds per iteration for an MLP with layer sizes `sizes`
+/// (`d, h₁, …, d'`), a batch of `n` points (all `d'` outputs: `n·d'` rows) and `m` inducing
+/// points (one output each), counted from `fspace_nn::ntk` and `fspace_valla::objective`:
+/// * each side of the NTK: the hidden layers' forward GEMMs and the δ recursion
+///   `δ_{j+1} W_{j+1}`;
+/// * the layer products `a_j(X) a_j(Z)ᵀ`, `δ_j(X) δ_j(Z)ᵀ` of `κ(X, Z)` and `κ(Z, Z)`, and the
+///   same shapes again in their cotangents;
+/// * the pull-back through `Z`'s δ recursion and forward pass;
+/// * the objective's `M × M` algebra, `25/3 M³` (`K_Z L`, `Lᵀ K_Z L`, the Cholesky of `B`,
+///   `B⁻¹` by two triangular solves, `B⁻²`, `Lᵀ K_Z L` again, `K_Z L B̄`, `L B̄ Lᵀ`), and its
+///   `n·d' × M` algebra, `5·n d' M²` (`κ(X, Z) L`, two triangular solves, `Y Yᵀ`,
+///   `κ(X, Z)ᵀ W̄`, `W̄ Lᵀ`).
+fn valla_madds(sizes: &[usize], n: usize, m: usize) -> f64 {
+    let q = *sizes.last().expect("layer sizes");
+    let layers: Vec<(f64, f64)> = sizes.windows(2).map(|w| (w[0] as f64, w[1] as f64)).collect();
+    let hidden = &layers[..layers.len() - 1];
+    let forward: f64 = hidden.iter().map(|(i, o)| i * o).sum();
+    let delta: f64 = (0..hidden.len()).map(|j| layers[j + 1].1 * layers[j].1).sum();
+    let (sum_in, sum_out): (f64, f64) = (layers.iter().map(|l| l.0).sum(), layers.iter().map(|l| l.1).sum());
+    let (n, m, rows_x) = (n as f64, m as f64, (n * q) as f64);
+    let sides = n * forward + rows_x * delta + m * (forward + delta);
+    let products = 2.0 * (n * m * sum_in + rows_x * m * sum_out) + 2.0 * m * m * (sum_in + sum_out);
+    let backprop = m * (delta + forward);
+    let algebra = 25.0 / 3.0 * m * m * m + 5.0 * rows_x * m * m;
+    sides + products + backprop + algebra
+}
+
+/// GFSVI (`tfsvi = false`) or TFSVI steps at each `M` on a 2×30 tanh network, batch 100.
+fn fsvi_sweep(ms: &[usize], tfsvi: bool) -> Result<Vec<BoundPoint>> {
     let mut net = tanh_mlp(1, &[30, 30], 1, 0)?;
     let p = net.params().len();
     let x = DMatrix::from_fn(100, 1, |i, _| -1.0 + 2.0 * ((i as f64 * 0.618_034).fract()));
     let y = x.map(|v| (std::f64::consts::TAU * v).sin());
-    let xm = DMatrix::from_fn(500, 1, |i, _| -1.0 + 2.0 * ((i as f64 * 0.754_877_666).fract()));
     let params = VariationalParams {
         mean: net.params(),
         log_std: DVector::from_element(p, -3.0),
         log_noise_std: -2.0,
     };
-    let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.3)?));
-    let step = median_ms(10, || {
-        objective(&mut net, &params, &prior, &x, &y, 100, &xm, 1e-10)?;
-        Ok(())
-    })?;
-    let m = 500usize;
-    let gemm_ms = |k: usize| {
-        let a = DMatrix::from_fn(m, k, |i, j| ((i * 7 + j * 3) % 11) as f64 * 0.1);
-        let b = a.transpose();
-        median_ms(10, || {
-            std::hint::black_box(fspace_linalg::blocked::par_matmul(&a, &b));
-            Ok(())
-        })
+    let prior = if tfsvi {
+        KlPrior::WeightPushforward { sigma_p: 1.0 }
+    } else {
+        KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.3)?))
     };
-    // A GEMM of M² · k multiply-adds with k = 2p + 2M has the step's count.
-    let madds = (m * m * (2 * p + 2 * m)) as f64;
-    Ok(StepTiming { step, bound: gemm_ms(2 * p + 2 * m)?, madds, gram_bound: gemm_ms(p)? })
+    ms.iter()
+        .map(|&m| {
+            let xm = DMatrix::from_fn(m, 1, |i, _| -1.0 + 2.0 * ((i as f64 * 0.754_877_666).fract()));
+            let reps = if m >= 1000 { 3 } else { 7 };
+            let step_ms = median_ms(reps, || {
+                objective(&mut net, &params, &prior, &x, &y, 100, &xm, 1e-10)?;
+                Ok(())
+            })?;
+            let madds = if tfsvi { tfsvi_madds(m, p) } else { gfsvi_madds(m, p) };
+            let bound_ms = gemm_bound_ms(m, madds, reps)?;
+            Ok(BoundPoint { m, step_ms, madds, bound_ms, ratio: step_ms / bound_ms })
+        })
+        .collect()
+}
+
+/// VaLLA iterations (objective + exact gradient including `Z`, as `fit` runs them) on the MNIST
+/// MLP 784-200-200-10, batch 100, at each `M` (the `valla_iteration` bench's case).
+fn valla_sweep(ms: &[usize]) -> Result<Vec<BoundPoint>> {
+    let sizes = [784, 200, 200, 10];
+    let net = tanh_mlp(784, &[200, 200], 10, 0)?;
+    let inputs =
+        |n: usize, phase: f64| DMatrix::from_fn(n, 784, |i, j| ((i * 784 + j) as f64 * 0.618 + phase).sin());
+    let x = inputs(100, 0.0);
+    let y: Vec<f64> = (0..100).map(|i| (i % 10) as f64).collect();
+    let g = net.forward(&x)?;
+    let kxx = net.ntk_diagonal(&x)?;
+    ms.iter()
+        .map(|&m| {
+            let mut l = DMatrix::identity(m, m);
+            for r in 1..m {
+                l[(r, r - 1)] = 0.1;
+            }
+            let state = VariationalState {
+                outputs: (0..m).map(|i| i % 10).collect(),
+                z: inputs(m, 0.3),
+                log_prior_var: 0.0,
+                log_noise_var: -2.0,
+                l,
+            };
+            let lik = LikelihoodSpec::categorical(10);
+            let step_ms = median_ms(5, || {
+                valla_iteration(&net, &state, lik, &x, &g, &kxx, &y, 10_000)?;
+                Ok(())
+            })?;
+            let madds = valla_madds(&sizes, 100, m);
+            let bound_ms = gemm_bound_ms(m, madds, 5)?;
+            Ok(BoundPoint { m, step_ms, madds, bound_ms, ratio: step_ms / bound_ms })
+        })
+        .collect()
 }
 
 /// Seconds of FSP-Laplace on the sine toy with one RBF prior (8 000 steps + Alg. 2).
@@ -118,6 +214,17 @@ fn torch_epochs(run: &mut Run) -> Option<(f64, f64)> {
     Some((v["lenet_epoch_s"].as_f64()?, v["fsp_cnn_epoch_s"].as_f64()?))
 }
 
+/// The M-sweeps against their GEMM bounds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Sweeps {
+    /// GFSVI, 2×30 tanh, M = 100 … 1 000.
+    pub gfsvi: Vec<BoundPoint>,
+    /// TFSVI, the same network.
+    pub tfsvi: Vec<BoundPoint>,
+    /// VaLLA on the MNIST MLP, M = 50 … 200.
+    pub valla: Vec<BoundPoint>,
+}
+
 /// `metrics.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Metrics {
@@ -131,6 +238,16 @@ pub struct Metrics {
     pub gfsvi_step_madds: f64,
     /// Milliseconds of the GEMM of J S Jᵀ alone.
     pub gfsvi_gram_bound_ms: f64,
+    /// Median milliseconds of one TFSVI step (M = 500, 2×30).
+    pub tfsvi_step_ms: f64,
+    /// Milliseconds of one GEMM of its GEMM-shaped multiply-adds.
+    pub tfsvi_bound_ms: f64,
+    /// Median milliseconds of one VaLLA iteration (M = 200, MNIST MLP, batch 100).
+    pub valla_iteration_ms: f64,
+    /// Milliseconds of one GEMM of its GEMM-shaped multiply-adds.
+    pub valla_bound_ms: f64,
+    /// Every size measured, per method.
+    pub sweeps: Sweeps,
     /// Seconds of one LeNet-5 epoch (5 400 × 10 images).
     pub lenet_epoch_s: f64,
     /// Seconds of one FSP CNN epoch.
@@ -150,12 +267,25 @@ pub struct Metrics {
 /// Runs the measurements.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::new(&opts.out, "perf")?;
-    let StepTiming { step, bound, madds, gram_bound } = gfsvi_step()?;
-    run.log(format!(
-        "GFSVI step (M = 500, 2×30): {step:.2} ms; GEMM of its {madds:.3e} multiply-adds: {bound:.2} ms \
-         ({:.1}× the bound); GEMM of J S Jᵀ alone: {gram_bound:.2} ms",
-        step / bound
-    ));
+    let sweeps = Sweeps {
+        gfsvi: fsvi_sweep(&[100, 200, 500, 1000], false)?,
+        tfsvi: fsvi_sweep(&[100, 200, 500], true)?,
+        valla: valla_sweep(&[50, 100, 200])?,
+    };
+    let at =
+        |points: &[BoundPoint], m: usize| points.iter().find(|b| b.m == m).cloned().expect("measured size");
+    let (gfsvi, tfsvi, valla) = (at(&sweeps.gfsvi, 500), at(&sweeps.tfsvi, 500), at(&sweeps.valla, 200));
+    let gram_bound =
+        gemm_bound_ms(500, (500 * 500 * tanh_mlp(1, &[30, 30], 1, 0)?.params().len()) as f64, 7)?;
+    for (name, points) in [("GFSVI", &sweeps.gfsvi), ("TFSVI", &sweeps.tfsvi), ("VaLLA", &sweeps.valla)] {
+        for b in points {
+            run.log(format!(
+                "{name} M = {}: {:.2} ms; GEMM of its {:.3e} multiply-adds {:.2} ms ({:.1}× the bound)",
+                b.m, b.step_ms, b.madds, b.bound_ms, b.ratio
+            ));
+        }
+    }
+    run.log(format!("GFSVI M = 500: GEMM of J S Jᵀ alone {gram_bound:.2} ms"));
 
     let (train, _, _, _) = train_val_test(ImageSet::Mnist, 0)?;
     let train = train.subset(5_400, 0);
@@ -184,15 +314,22 @@ pub fn run(opts: &Options) -> Result<()> {
     let torch_cell = |v: Option<f64>, ours: f64| {
         v.map_or("– (no python with torch)".to_string(), |t| format!("{t:.2} s (ours {:.2}×)", ours / t))
     };
-    let rows = vec![
+    let bound_row = |name: &str, b: &BoundPoint| {
         vec![
-            "GFSVI step, M = 500, 2×30".into(),
-            format!("{step:.2} ms"),
-            format!(
-                "GEMM bound of its {madds:.2e} multiply-adds {bound:.2} ms ({:.1}×); J S Jᵀ alone {gram_bound:.2} ms",
-                step / bound
-            ),
-        ],
+            format!("{name}, M = {}", b.m),
+            format!("{:.2} ms", b.step_ms),
+            format!("GEMM bound of its {:.2e} multiply-adds {:.2} ms ({:.1}×)", b.madds, b.bound_ms, b.ratio),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for (name, points) in [
+        ("GFSVI step, 2×30", &sweeps.gfsvi),
+        ("TFSVI step, 2×30", &sweeps.tfsvi),
+        ("VaLLA iteration, MNIST MLP", &sweeps.valla),
+    ] {
+        rows.extend(points.iter().map(|b| bound_row(name, b)));
+    }
+    rows.extend([
         vec![
             "LeNet-5 epoch (5 400 × 10)".into(),
             format!("{:.2} s", lenet.epoch_s),
@@ -205,24 +342,29 @@ pub fn run(opts: &Options) -> Result<()> {
         ],
         vec!["FSP toy prior (8 000 steps + Alg. 2)".into(), format!("{toy:.2} s"), "–".into()],
         vec!["W1 full LLA".into(), format!("{w1:.2} s"), "–".into()],
-    ];
+    ]);
     run.write_table(&format!(
         "# perf\n\nMeasured in one run on this machine ({} rayon threads). \"–\": no reference for that row.\n\n{}\n",
         rayon::current_num_threads(),
         markdown_table(&["measurement", "fspace", "reference"], &rows)
     ))?;
     run.write_metrics(&Metrics {
-        gfsvi_step_ms: step,
-        gfsvi_bound_ms: bound,
-        gfsvi_step_over_bound: step / bound,
-        gfsvi_step_madds: madds,
+        gfsvi_step_ms: gfsvi.step_ms,
+        gfsvi_bound_ms: gfsvi.bound_ms,
+        gfsvi_step_over_bound: gfsvi.ratio,
+        gfsvi_step_madds: gfsvi.madds,
         gfsvi_gram_bound_ms: gram_bound,
+        tfsvi_step_ms: tfsvi.step_ms,
+        tfsvi_bound_ms: tfsvi.bound_ms,
+        valla_iteration_ms: valla.step_ms,
+        valla_bound_ms: valla.bound_ms,
         lenet_epoch_s: lenet.epoch_s,
         fsp_cnn_epoch_s: fsp_cnn.epoch_s,
         fsp_toy_prior_s: toy,
         w1_full_lla_s: w1,
         torch_lenet_epoch_s: torch.map(|t| t.0),
         torch_fsp_cnn_epoch_s: torch.map(|t| t.1),
+        sweeps,
     })?;
     Ok(())
 }
