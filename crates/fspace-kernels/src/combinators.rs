@@ -128,6 +128,9 @@ impl Kernel for Sum {
     fn is_stationary(&self) -> bool {
         self.terms.iter().all(|k| k.is_stationary())
     }
+    fn exactly_symmetric(&self) -> bool {
+        self.terms.iter().all(|k| k.exactly_symmetric())
+    }
     fn clone_box(&self) -> Box<dyn Kernel> {
         Box::new(self.clone())
     }
@@ -217,6 +220,9 @@ impl Kernel for Product {
     fn is_stationary(&self) -> bool {
         self.factors.iter().all(|k| k.is_stationary())
     }
+    fn exactly_symmetric(&self) -> bool {
+        self.factors.iter().all(|k| k.exactly_symmetric())
+    }
     fn clone_box(&self) -> Box<dyn Kernel> {
         Box::new(self.clone())
     }
@@ -298,6 +304,9 @@ impl Kernel for Scaled {
     }
     fn is_stationary(&self) -> bool {
         self.inner.is_stationary()
+    }
+    fn exactly_symmetric(&self) -> bool {
+        self.inner.exactly_symmetric()
     }
     fn clone_box(&self) -> Box<dyn Kernel> {
         Box::new(self.clone())

@@ -74,6 +74,13 @@ pub trait Kernel: KernelBase {
         false
     }
 
+    /// Whether `k(x, y)` and `k(y, x)` are the same floating-point number for every pair (not
+    /// only mathematically): then the Gram matrix of a point set against itself fills one
+    /// triangle and mirrors it, with the same bits as filling both. Default `false`.
+    fn exactly_symmetric(&self) -> bool {
+        false
+    }
+
     /// A boxed clone (lets `Box<dyn Kernel>` be `Clone`).
     fn clone_box(&self) -> Box<dyn Kernel>;
 
@@ -128,6 +135,12 @@ pub trait MatrixKernel: KernelBase {
         None
     }
 
+    /// Whether the Gram matrix of a point set against itself may fill one triangle and mirror
+    /// it: scalar kernels with `k(x, y) = k(y, x)` bit for bit ([`Kernel::exactly_symmetric`]).
+    fn gram_mirrors(&self) -> bool {
+        false
+    }
+
     /// Fills the `(nx·d') × (ny·d')` row-major tile of the Gram matrix between point blocks.
     fn eval_block_tile(&self, x: &[f64], y: &[f64], d: usize, out: &mut [f64]) {
         let q = self.output_dim();
@@ -161,6 +174,9 @@ impl<K: Kernel + ?Sized> MatrixKernel for K {
     }
     fn eval_block_tile(&self, x: &[f64], y: &[f64], d: usize, out: &mut [f64]) {
         self.eval_tile(x, y, d, out);
+    }
+    fn gram_mirrors(&self) -> bool {
+        self.exactly_symmetric()
     }
 }
 
@@ -252,6 +268,7 @@ macro_rules! forward_kernel {
             fn eval_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) { (**self).eval_grad(x, y, out) }
             fn eval_grad_x(&self, x: &[f64], y: &[f64], out: &mut [f64]) -> Result<()> { (**self).eval_grad_x(x, y, out) }
             fn is_stationary(&self) -> bool { (**self).is_stationary() }
+            fn exactly_symmetric(&self) -> bool { (**self).exactly_symmetric() }
             fn clone_box(&self) -> Box<dyn Kernel> { (**self).clone_box() }
             fn spec(&self) -> Option<KernelSpec> { (**self).spec() }
             fn eval_tile(&self, x: &[f64], y: &[f64], d: usize, out: &mut [f64]) { (**self).eval_tile(x, y, d, out) }

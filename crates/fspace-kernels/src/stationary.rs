@@ -382,6 +382,11 @@ impl<P: RadialProfile> Kernel for Stationary<P> {
     fn eval(&self, x: &[f64], y: &[f64]) -> f64 {
         self.variance * self.profile.value(self.scaled_sq_dist(x, y))
     }
+    /// `Σ_d ((x_d − y_d)/ℓ_d)²` (and the tile's pre-scaled `Σ_d (x_d/ℓ_d − y_d/ℓ_d)²`) is the
+    /// same number with `x` and `y` swapped: `a − b = −(b − a)` exactly in IEEE arithmetic.
+    fn exactly_symmetric(&self) -> bool {
+        true
+    }
 
     fn eval_grad(&self, x: &[f64], y: &[f64], out: &mut [f64]) {
         let s = self.scaled_sq_dist(x, y);
