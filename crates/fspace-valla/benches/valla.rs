@@ -87,6 +87,7 @@ fn bench_ella(c: &mut Criterion) {
                 prior: EllaPrior::Fixed(1.0),
                 seed: 0,
                 route: FeatureRoute::Auto,
+                early_stopping: None,
             };
             group.bench_with_input(BenchmarkId::new(name, m), &m, |b, _| {
                 b.iter(|| fit_ella(net.clone(), lik, &Data::new(&x, &ym).unwrap(), &config).unwrap())

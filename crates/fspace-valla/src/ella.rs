@@ -26,6 +26,7 @@ use fspace_linalg::sym_eigh;
 use fspace_nn::{Network, Outputs};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -69,8 +70,9 @@ pub enum FeatureRoute {
 /// | `num_points` | 2 000 | `M`, random training points of the Nyström approximation |
 /// | `num_eigen` | 20 | `K`, eigenvectors kept (Deng et al.'s default) |
 /// | `prior` | validation grid `10⁻⁴ … 10⁴`, 41 points | prior precision |
-/// | `seed` | 0 | choice of the points and their outputs |
+/// | `seed` | 0 | choice of the points and their outputs, and the visiting order of the search |
 /// | `route` | `Auto` | feature evaluation ([`FeatureRoute`]) |
+/// | `early_stopping` | every 1 000 points, patience 5 | Deng et al.'s validation search over how much of the training set enters `G` ([`EllaEarlyStopping`]); `None`: all of it |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EllaConfig {
     /// Nyström points `M`.
@@ -83,6 +85,10 @@ pub struct EllaConfig {
     pub seed: u64,
     /// Feature evaluation.
     pub route: FeatureRoute,
+    /// ELLA's own early stopping (needs validation data); `None` accumulates `G` over the whole
+    /// training set.
+    #[serde(default)]
+    pub early_stopping: Option<EllaEarlyStopping>,
 }
 
 impl Default for EllaConfig {
@@ -93,7 +99,30 @@ impl Default for EllaConfig {
             prior: EllaPrior::Validation { min: 1e-4, max: 1e4, points: 41 },
             seed: 0,
             route: FeatureRoute::Auto,
+            early_stopping: Some(EllaEarlyStopping::default()),
         }
+    }
+}
+
+/// ELLA's early stopping (Deng et al. 2022, §4: the posterior over-fits as more of the training
+/// set enters `G = Σ ΦᵢᵀHᵢΦᵢ`; their code's `--search-freq` / `--early-stop`): the training
+/// points are visited in a seeded random order, and every `check_every` points (and at the end)
+/// the posterior from the points so far is scored by its validation NLL (at the best grid `λ`
+/// for [`EllaPrior::Validation`], at the given `λ` otherwise). The best prefix is kept; the
+/// pass ends after `patience` checks without improvement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EllaEarlyStopping {
+    /// Training points between checks (≥ 1).
+    pub check_every: usize,
+    /// Checks without improvement before the pass ends (≥ 1).
+    pub patience: usize,
+}
+
+impl Default for EllaEarlyStopping {
+    /// Every 1 000 points, patience 5. Deng et al. do not state their search frequency; this
+    /// gives MNIST's 54 000 training images 54 checks.
+    fn default() -> Self {
+        Self { check_every: 1000, patience: 5 }
     }
 }
 
@@ -184,11 +213,13 @@ pub fn fit_ella<N: Network + Clone>(
     let (x, y) = (data.x(), &data.y_flat());
     let val_flat = data.validation_flat();
     let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
-    let post = fit_ella_inner(net, likelihood, x, y, validation, config)?;
+    let (post, points_used, search) = fit_ella_inner(net, likelihood, x, y, validation, config)?;
     let report = EllaReport {
         prior_precision: post.prior_precision,
         num_features: post.num_features(),
         grid: post.grid.clone(),
+        points_used,
+        search,
         seconds: post.seconds,
     };
     Ok(Fitted { posterior: post, report })
@@ -203,6 +234,10 @@ pub struct EllaReport {
     pub num_features: usize,
     /// Validation NLL per grid `λ` (empty for a fixed λ).
     pub grid: Vec<(f64, f64)>,
+    /// Training points that entered `G` (all of them without early stopping).
+    pub points_used: usize,
+    /// The early-stopping search: `(points visited, validation NLL)` per check (empty without).
+    pub search: Vec<(usize, f64)>,
     /// Wall-clock seconds of the fit.
     pub seconds: f64,
 }
@@ -214,7 +249,7 @@ fn fit_ella_inner<N: Network + Clone>(
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
     config: &EllaConfig,
-) -> Result<EllaPosterior<N>> {
+) -> Result<(EllaPosterior<N>, usize, EllaSearch)> {
     let start = Instant::now();
     let likelihood = VallaLikelihood::from_spec(&likelihood, net.output_dim())?;
     check_data(&net, likelihood, x, y, "training data")?;
@@ -235,6 +270,21 @@ fn fit_ella_inner<N: Network + Clone>(
             requested: config.num_eigen,
             available: m,
         });
+    }
+    if let Some(es) = config.early_stopping {
+        if es.check_every == 0 || es.patience == 0 {
+            return Err(VallaError::Input(InputError::Invalid {
+                what: "ELLA early stopping",
+                reason: format!("check_every {} and patience {} must be ≥ 1", es.check_every, es.patience),
+            }));
+        }
+        match validation {
+            None => return Err(VallaError::Input(InputError::Empty {
+                what:
+                    "validation data (ELLA's early stopping scores on it; set early_stopping: None without)",
+            })),
+            Some((xv, yv)) => check_data(&net, likelihood, xv, yv, "validation data")?,
+        }
     }
     match &config.prior {
         EllaPrior::Fixed(l) => ensure_positive("ELLA prior precision", *l)?,
@@ -292,54 +342,142 @@ fn fit_ella_inner<N: Network + Clone>(
         }
         FeatureMap::Directions(directions)
     };
+    // The validation set's MAP outputs and features, rotated into `G`'s eigenbasis per check.
+    let scored = match (&config.prior, config.early_stopping) {
+        (EllaPrior::Fixed(_), None) => None,
+        _ => {
+            let (xv, yv) = validation.expect("checked above");
+            Some((net.forward(xv)?, feature_map.eval(&net, xv)?, yv))
+        }
+    };
+    let mut post = EllaPosterior {
+        net,
+        likelihood,
+        feature_map,
+        ggn_eigenvalues: DVector::zeros(k),
+        ggn_eigenvectors: DMatrix::identity(k, k),
+        prior_precision: 1.0,
+        grid: Vec::new(),
+        seconds: 0.0,
+    };
+    // Without early stopping the rows are visited in the data order (the sum is the same);
+    // with it, in a seeded random order so that a prefix is a random subset.
+    let order: Option<Vec<usize>> = config.early_stopping.map(|_| {
+        let mut o: Vec<usize> = (0..n).collect();
+        o.shuffle(&mut rng);
+        o
+    });
+    let check_every = config.early_stopping.map_or(n, |es| es.check_every);
     let mut ggn = DMatrix::zeros(k, k);
-    for s in (0..n).step_by(512) {
-        let len = 512.min(n - s);
-        let xs = x.rows(s, len).into_owned();
-        let g = net.forward(&xs)?;
-        let phi = feature_map.eval(&net, &xs)?;
+    let mut search = Vec::new();
+    let mut best: Option<(f64, usize, EllaState)> = None;
+    let mut since_best = 0;
+    let mut s = 0;
+    while s < n {
+        let len = 512.min(n - s).min(check_every - s % check_every);
+        let xs = match &order {
+            None => x.rows(s, len).into_owned(),
+            Some(o) => x.select_rows(&o[s..s + len]),
+        };
+        let g = post.net.forward(&xs)?;
+        let phi = post.feature_map.eval(&post.net, &xs)?;
         for i in 0..len {
             let h = hessian(likelihood, g.row(i).transpose().as_slice());
             let pi = phi.rows(i * q, q);
             ggn += pi.transpose() * h * pi;
         }
-    }
-    let (d, qv) = sym_eigh(&((&ggn + ggn.transpose()) * 0.5))?;
-    let mut post = EllaPosterior {
-        net,
-        likelihood,
-        feature_map,
-        ggn_eigenvalues: d.map(|v| v.max(0.0)),
-        ggn_eigenvectors: qv,
-        prior_precision: 1.0,
-        grid: Vec::new(),
-        seconds: 0.0,
-    };
-    match config.prior {
-        EllaPrior::Fixed(l) => post.prior_precision = l,
-        EllaPrior::Validation { min, max, points } => {
-            let (xv, yv) = validation.expect("checked above");
-            let g = post.net.forward(xv)?;
-            let phi = post.feature_map.eval(&post.net, xv)?;
-            let rot = phi * &post.ggn_eigenvectors; // n·q × K, in G's eigenbasis
-            let mut best = (f64::INFINITY, 1.0);
-            for t in 0..points {
-                let lam = (min.ln() + (max.ln() - min.ln()) * t as f64 / (points - 1) as f64).exp();
-                post.prior_precision = lam;
-                let nll = post.nll_from_rotated(&g, &rot, yv)?;
-                post.grid.push((lam, nll));
-                if nll < best.0 {
-                    best = (nll, lam);
+        s += len;
+        if let Some(es) = config.early_stopping {
+            if s % es.check_every == 0 || s == n {
+                post.set_curvature(&ggn)?;
+                let nll = post.choose_prior(&config.prior, scored.as_ref())?;
+                search.push((s, nll));
+                if best.as_ref().is_none_or(|b| nll < b.0) {
+                    best = Some((nll, s, post.state()));
+                    since_best = 0;
+                } else {
+                    since_best += 1;
+                    if since_best >= es.patience {
+                        break;
+                    }
                 }
             }
-            post.prior_precision = best.1;
         }
     }
+    let points_used = match best {
+        Some((_, used, state)) => {
+            post.restore(state);
+            used
+        }
+        None => {
+            post.set_curvature(&ggn)?;
+            post.choose_prior(&config.prior, scored.as_ref())?;
+            n
+        }
+    };
     post.seconds = start.elapsed().as_secs_f64();
-    Ok(post)
+    Ok((post, points_used, search))
 }
 
+/// The early-stopping search: `(points visited, validation NLL)` per check.
+type EllaSearch = Vec<(usize, f64)>;
+
+/// What a check of the early-stopping search keeps: `G`'s eigenpairs, `λ` and its grid.
+type EllaState = (DVector<f64>, DMatrix<f64>, f64, Vec<(f64, f64)>);
+
 impl<N: Network + Clone> EllaPosterior<N> {
+    /// Stores the eigenpairs of the accumulated `G` (negative rounding clipped to 0).
+    fn set_curvature(&mut self, ggn: &DMatrix<f64>) -> Result<()> {
+        let (d, qv) = sym_eigh(&((ggn + ggn.transpose()) * 0.5))?;
+        self.ggn_eigenvalues = d.map(|v| v.max(0.0));
+        self.ggn_eigenvectors = qv;
+        Ok(())
+    }
+
+    /// Sets `λ` by `prior` and returns the validation NLL at it (NaN for a fixed `λ` without
+    /// validation data). `scored`: the validation MAP outputs, features and targets.
+    fn choose_prior(
+        &mut self,
+        prior: &EllaPrior,
+        scored: Option<&(DMatrix<f64>, DMatrix<f64>, &DVector<f64>)>,
+    ) -> Result<f64> {
+        self.grid.clear();
+        let rot = scored.map(|(_, phi, _)| phi * &self.ggn_eigenvectors); // n·q × K
+        let nll_at = |post: &Self, rot: &DMatrix<f64>| {
+            let (g, _, yv) = scored.expect("validation data");
+            post.nll_from_rotated(g, rot, yv)
+        };
+        match (prior, rot) {
+            (&EllaPrior::Fixed(l), rot) => {
+                self.prior_precision = l;
+                rot.map_or(Ok(f64::NAN), |rot| nll_at(self, &rot))
+            }
+            (&EllaPrior::Validation { min, max, points }, Some(rot)) => {
+                let mut best = (f64::INFINITY, 1.0);
+                for t in 0..points {
+                    let lam = (min.ln() + (max.ln() - min.ln()) * t as f64 / (points - 1) as f64).exp();
+                    self.prior_precision = lam;
+                    let nll = nll_at(self, &rot)?;
+                    self.grid.push((lam, nll));
+                    if nll < best.0 {
+                        best = (nll, lam);
+                    }
+                }
+                self.prior_precision = best.1;
+                Ok(best.0)
+            }
+            (EllaPrior::Validation { .. }, None) => unreachable!("validation data checked above"),
+        }
+    }
+
+    fn state(&self) -> EllaState {
+        (self.ggn_eigenvalues.clone(), self.ggn_eigenvectors.clone(), self.prior_precision, self.grid.clone())
+    }
+
+    fn restore(&mut self, (d, qv, lam, grid): EllaState) {
+        (self.ggn_eigenvalues, self.ggn_eigenvectors, self.prior_precision, self.grid) = (d, qv, lam, grid);
+    }
+
     /// The prior precision `λ = 1/σ₀²` in use.
     pub fn prior_precision(&self) -> f64 {
         self.prior_precision

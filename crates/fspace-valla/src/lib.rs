@@ -39,7 +39,7 @@ mod error;
 mod objective;
 mod valla;
 
-pub use ella::{fit_ella, EllaConfig, EllaPosterior, EllaPrior, EllaReport, FeatureRoute};
+pub use ella::{fit_ella, EllaConfig, EllaEarlyStopping, EllaPosterior, EllaPrior, EllaReport, FeatureRoute};
 pub use error::{Result, VallaError};
 pub use objective::{ClassApprox, StateGradient, VariationalState};
 pub use valla::{

@@ -316,8 +316,14 @@ fn ella_with_all_points_and_eigenvectors_is_exact_on_the_data_and_misses_the_nys
     let (s0, noise): (f64, f64) = (0.8, 0.04);
     // Both feature routes (K JVPs along parameter directions; the NTK block) give the same numbers.
     for route in [FeatureRoute::Jvp, FeatureRoute::Kernel] {
-        let config =
-            EllaConfig { num_points: 12, num_eigen: 12, prior: EllaPrior::Fixed(1.0 / s0), seed: 0, route };
+        let config = EllaConfig {
+            num_points: 12,
+            num_eigen: 12,
+            prior: EllaPrior::Fixed(1.0 / s0),
+            seed: 0,
+            route,
+            early_stopping: None,
+        };
         let ella =
             fit_ella_v(net.clone(), LikelihoodSpec::gaussian_learned(noise.sqrt()), &x, &y, None, &config)
                 .unwrap();
@@ -332,6 +338,73 @@ fn ella_with_all_points_and_eigenvectors_is_exact_on_the_data_and_misses_the_nys
         let residual = (&js * js.transpose() - &ksx * kx.cholesky().unwrap().solve(&ksx.transpose())) * s0;
         assert_mat_close(&(exact - cov_s), &residual, 1e-6, 1e-9);
     }
+}
+
+/// Deng et al.'s early stopping: every check scores the prefix of a random visiting order; the
+/// best prefix is kept, the search ends after `patience` checks without improvement, and a
+/// single check at the end is the full pass in another summation order.
+#[test]
+fn ella_early_stopping_keeps_the_best_prefix_of_the_training_set() {
+    let net = mlp(1, 1, 16);
+    let (x, y) = sine_data(60, 17);
+    let (xv, yv) = sine_data(20, 18);
+    let lik = LikelihoodSpec::gaussian_learned(0.1);
+    let (ym, yvm) = (column(&y), column(&yv));
+    let data = Data::new(&x, &ym).unwrap().with_validation(&xv, &yvm).unwrap();
+    let es = EllaEarlyStopping { check_every: 7, patience: 2 };
+    let base = EllaConfig { num_points: 20, num_eigen: 8, ..EllaConfig::default() };
+    let fitted =
+        fit_ella(net.clone(), lik, &data, &EllaConfig { early_stopping: Some(es), ..base.clone() }).unwrap();
+    let report = &fitted.report;
+    let visited: Vec<usize> = report.search.iter().map(|s| s.0).collect();
+    let expected: Vec<usize> = (1..=visited.len()).map(|c| (7 * c).min(60)).collect();
+    assert_eq!(visited, expected, "a check every 7 points and at the end");
+    let (best_at, best) =
+        report.search.iter().enumerate().fold(
+            (0, f64::INFINITY),
+            |b, (i, s)| {
+                if s.1 < b.1 {
+                    (i, s.1)
+                } else {
+                    b
+                }
+            },
+        );
+    assert_eq!(report.points_used, report.search[best_at].0);
+    assert!(
+        visited.len() == best_at + 1 + 2 || *visited.last().unwrap() == 60,
+        "stops after 2 checks without improvement"
+    );
+    assert!((fitted.posterior.predictive_nll(&xv, &yv).unwrap() - best).abs() < 1e-12);
+    // One check at the end: all points, the same posterior as the plain pass up to rounding.
+    let once = EllaConfig {
+        early_stopping: Some(EllaEarlyStopping { check_every: 60, patience: 1 }),
+        ..base.clone()
+    };
+    let all = fit_ella(net.clone(), lik, &data, &once).unwrap();
+    let plain =
+        fit_ella(net.clone(), lik, &data, &EllaConfig { early_stopping: None, ..base.clone() }).unwrap();
+    assert_eq!((all.report.points_used, plain.report.points_used), (60, 60));
+    assert!(plain.report.search.is_empty());
+    let (pa, pp) =
+        (all.posterior.predict_blocks(&xv).unwrap().1, plain.posterior.predict_blocks(&xv).unwrap().1);
+    for (a, b) in pa.iter().zip(&pp) {
+        assert!((a[(0, 0)] - b[(0, 0)]).abs() <= 1e-9 * b[(0, 0)].abs().max(1e-12));
+    }
+    // Bad settings and a missing validation set are errors.
+    let zero = EllaConfig {
+        early_stopping: Some(EllaEarlyStopping { check_every: 0, patience: 1 }),
+        ..base.clone()
+    };
+    assert!(matches!(
+        fit_ella(net.clone(), lik, &data, &zero),
+        Err(VallaError::Input(InputError::Invalid { .. }))
+    ));
+    let fixed = EllaConfig { prior: EllaPrior::Fixed(1.0), ..base };
+    assert!(matches!(
+        fit_ella(net, lik, &Data::new(&x, &ym).unwrap(), &fixed),
+        Err(VallaError::Input(InputError::Empty { .. }))
+    ));
 }
 
 #[test]
@@ -486,6 +559,7 @@ fn bad_input_gives_typed_errors() {
         prior: EllaPrior::Fixed(1.0),
         seed: 0,
         route: FeatureRoute::Auto,
+        early_stopping: None,
     };
     assert!(matches!(
         fit_ella_v(net.clone(), lik, &x, &y, None, &ella_many),
@@ -497,6 +571,7 @@ fn bad_input_gives_typed_errors() {
         prior: EllaPrior::Fixed(1.0),
         seed: 0,
         route: FeatureRoute::Auto,
+        early_stopping: None,
     };
     assert!(matches!(
         fit_ella_v(net.clone(), lik, &x, &y, None, &ella_k),
@@ -514,6 +589,7 @@ fn bad_input_gives_typed_errors() {
         prior: EllaPrior::Fixed(-1.0),
         seed: 0,
         route: FeatureRoute::Auto,
+        early_stopping: None,
     };
     assert!(matches!(
         fit_ella_v(net, lik, &x, &y, None, &ella_neg),

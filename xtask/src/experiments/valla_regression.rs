@@ -133,9 +133,13 @@ fn fit_and_predict(
         }
         "ELLA" => {
             let cfg = EllaConfig { num_points: 100.min(x.nrows()), seed, ..EllaConfig::default() };
-            let post = fit_ella(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &data, &cfg)?.posterior;
-            let (m, v) = from(Posterior::predict(&post, xt)?, noise);
-            (m, v, json!({ "lambda": post.prior_precision() }))
+            let fitted = fit_ella(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &data, &cfg)?;
+            let (m, v) = from(Posterior::predict(&fitted.posterior, xt)?, noise);
+            (
+                m,
+                v,
+                json!({ "lambda": fitted.posterior.prior_precision(), "training_points_used": fitted.report.points_used }),
+            )
         }
         _ => {
             let m: usize = method.trim_start_matches("VaLLA ").parse()?;

@@ -262,6 +262,9 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 prior: EllaPrior::Fixed(lambda),
                 seed: opts.seed,
                 route: FeatureRoute::Auto,
+                // The toy compares ELLA's Nyström posterior with LLA's at LLA's
+                // hyperparameters on all the data (no validation set).
+                early_stopping: None,
             },
         )?
         .posterior;

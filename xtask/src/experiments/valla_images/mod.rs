@@ -188,9 +188,12 @@ fn fit_method(
         "ELLA" => {
             let points = budget.ella_points.min(x.nrows());
             let cfg = EllaConfig { num_points: points, seed, ..EllaConfig::default() };
-            let post = fit_ella(net.clone(), CATEGORICAL, &data, &cfg)?.posterior;
-            let lambda = post.prior_precision();
-            (Fitted::Ella(Box::new(post)), json!({ "lambda": lambda, "points": points }))
+            let fitted = fit_ella(net.clone(), CATEGORICAL, &data, &cfg)?;
+            let (lambda, used) = (fitted.posterior.prior_precision(), fitted.report.points_used);
+            (
+                Fitted::Ella(Box::new(fitted.posterior)),
+                json!({ "lambda": lambda, "points": points, "training_points_used": used }),
+            )
         }
         _ => {
             let m: usize = label.trim_start_matches("VaLLA ").parse()?;
