@@ -4,10 +4,10 @@
 //! | field | what |
 //! |---|---|
 //! | `gfsvi_step_ms` | one GFSVI objective + gradient, M = 500 measurement points, 2×30 tanh (p = 1 021), batch 100 (median of 7) |
-//! | `gfsvi_bound_ms` | a GEMM of the step's GEMM-shaped multiply-adds `gfsvi_step_madds` = 2M²p + 2M³ (`J S Jᵀ` and its pullback `J·C`, M²p each; the KL's two SPD inverses, M³ each by LAPACK's count; 7.6e8): 500 × 3 042 times 3 042 × 500 by the workspace's parallel GEMM (`fspace_linalg::blocked::par_matmul`, all rayon threads), timed here |
+//! | `gfsvi_bound_ms` | a GEMM of the step's GEMM-shaped multiply-adds `gfsvi_step_madds` = 1.5 M²p + 2M³ (`J S Jᵀ`'s lower triangle M²p/2, its pullback `Jᵀ C` M²p, the KL's two SPD inverses M³ each by LAPACK's count; 6.3e8): 500 × 2 532 times 2 532 × 500 by the workspace's parallel GEMM (`fspace_linalg::blocked::par_matmul`, all rayon threads), timed here |
 //! | `gfsvi_gram_bound_ms` | the same GEMM of `J S Jᵀ` alone (M²p, 500 × 1 021 times 1 021 × 500), the yardstick of earlier rounds |
 //! | `gfsvi_step_over_bound` | their ratio (the target: ≤ 2.5) |
-//! | `tfsvi_step_ms`, `tfsvi_bound_ms` | the same for TFSVI (the prior's pushforward `J σ² Jᵀ` and its pullback add 2M²p) |
+//! | `tfsvi_step_ms`, `tfsvi_bound_ms` | the same for TFSVI (the prior's pushforward `J σ² Jᵀ` and its pullback add 1.5 M²p) |
 //! | `valla_iteration_ms`, `valla_bound_ms` | one VaLLA iteration (objective + gradient including `Z`) on the MNIST MLP 784-200-200-10, batch 100, M = 200, and the GEMM of its multiply-adds counted from the NTK and objective code ([`valla_madds`]) |
 //! | `sweeps` | every M measured: GFSVI 100 … 1 000, TFSVI 100 … 500, VaLLA 50 … 200 (`m`, `step_ms`, `madds`, `bound_ms`, `ratio`) |
 //! | `lenet_epoch_s`, `fsp_cnn_epoch_s` | one epoch of MAP training (Adam 1e-3, batch 100, f64) on 5 400 MNIST images, × 10 |
@@ -68,17 +68,17 @@ fn gemm_bound_ms(m: usize, madds: f64, reps: usize) -> Result<f64> {
     })
 }
 
-/// GFSVI's GEMM-shaped multiply-adds per step: `J S Jᵀ` and its pullback `J·C` (`M²p` each),
-/// the KL's two SPD inverses (`M³` each by LAPACK's count: Cholesky `M³/3` plus the inverse
-/// `2M³/3`).
+/// GFSVI's GEMM-shaped multiply-adds per step: `J S Jᵀ` (`M²p/2`: `par_gram` computes the lower
+/// triangle's blocks only), its pullback `Jᵀ C` (`M²p`), the KL's two SPD inverses (`M³` each by
+/// LAPACK's count: Cholesky `M³/3` plus the inverse `2M³/3`).
 fn gfsvi_madds(m: usize, p: usize) -> f64 {
     let (m, p) = (m as f64, p as f64);
-    2.0 * m * m * p + 2.0 * m * m * m
+    1.5 * m * m * p + 2.0 * m * m * m
 }
 
-/// TFSVI's: GFSVI's plus the prior's pushforward `J σ_p² Jᵀ` and its pullback (`M²p` each).
+/// TFSVI's: GFSVI's plus the prior's pushforward `J σ_p² Jᵀ` and its pullback (`1.5 M²p`).
 fn tfsvi_madds(m: usize, p: usize) -> f64 {
-    gfsvi_madds(m, p) + 2.0 * (m * m * p) as f64
+    gfsvi_madds(m, p) + 1.5 * (m * m * p) as f64
 }
 
 /// VaLLA's GEMM-shaped multiply-adds per iteration for an MLP with layer sizes `sizes`
@@ -234,7 +234,7 @@ pub struct Metrics {
     pub gfsvi_bound_ms: f64,
     /// Their ratio.
     pub gfsvi_step_over_bound: f64,
-    /// The step's GEMM-shaped multiply-adds (2M²p + 2M³).
+    /// The step's GEMM-shaped multiply-adds (1.5 M²p + 2M³).
     pub gfsvi_step_madds: f64,
     /// Milliseconds of the GEMM of J S Jᵀ alone.
     pub gfsvi_gram_bound_ms: f64,
