@@ -67,10 +67,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
     },
     Experiment {
         name: "fsp-bayesopt",
-        paper: "FSP-Laplace Fig. 3: BO on Branin, Ackley-4, Hartmann-6 with FSP-Laplace, Laplace, FVI and GP surrogates",
+        paper: "FSP-Laplace Fig. 3: BO on Branin, Ackley-4, Hartmann-6, polynomial-8, BNN-draw-10 and the Brusselator PDE with FSP-Laplace, Laplace, FVI and GP surrogates",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        full_minutes: Some(79.6),
+        // 79.6 min for the first three tasks; the full run with all six is not timed yet.
+        full_minutes: None,
         budget_of: None,
         run: fsp_bayesopt::run,
     },
