@@ -33,13 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         context_box: Some(BoundingBox::cube(1, -2.0, 2.0)?),
         ..FspConfig::default()
     };
-    let net = Mlp::new(MlpConfig {
-        input_dim: 1,
-        hidden: vec![50, 50],
-        output_dim: 1,
-        activation: Activation::Tanh,
-        seed: 0,
-    })?;
+    let net = toy_net()?;
     let prior = GpPrior::centered(Rbf::new(1.0, 0.3)?);
     let t = std::time::Instant::now();
     let fitted = fit(net, LikelihoodSpec::gaussian(0.1), &prior, &Data::new(&data.x, &data.y)?, &config)?;
@@ -67,16 +61,21 @@ fn us(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// Per-call cost of the pieces of one Alg. 1 step (`--parts`).
-fn parts(only: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
-    use nalgebra::DMatrix;
-    let net = Mlp::new(MlpConfig {
+/// The toy's 1-50-50-1 tanh MLP (seed 0).
+fn toy_net() -> Result<Mlp, fspace_nn::NnError> {
+    Mlp::new(MlpConfig {
         input_dim: 1,
         hidden: vec![50, 50],
         output_dim: 1,
         activation: Activation::Tanh,
         seed: 0,
-    })?;
+    })
+}
+
+/// Per-call cost of the pieces of one Alg. 1 step (`--parts`).
+fn parts(only: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
+    use nalgebra::DMatrix;
+    let net = toy_net()?;
     let c = DMatrix::from_fn(100, 1, |i, _| -2.0 + 4.0 * ((i as f64 * 0.618_034).fract()));
     let rbf = Rbf::new(1.0, 0.3)?;
     let k = fspace_kernels::gram(&rbf, &c, &c)?;
