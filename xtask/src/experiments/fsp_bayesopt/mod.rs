@@ -1,6 +1,6 @@
 //! `fsp-bayesopt` — FSP-Laplace Fig. 3: Bayesian optimisation with FSP-Laplace, linearised
 //! Laplace, FVI and the exact GP as surrogates, on the tasks of Li et al. (2024) the authors'
-//! code runs ([`tasks`]): Branin (2-d), Ackley (4-d), Hartmann (6-d), a random polynomial (8-d),
+//! code runs ([`Task`]): Branin (2-d), Ackley (4-d), Hartmann (6-d), a random polynomial (8-d),
 //! a random 256-256 tanh network (10-d) and a Brusselator PDE's variance (4-d). The paper's text
 //! names none of the dimensions; the last three are those of the authors' configurations
 //! (`poly_8`, `bnn_10_1`, `pde`), the first three ours.
