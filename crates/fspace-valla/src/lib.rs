@@ -29,7 +29,9 @@
 //! keep `Z` fixed (`optimize_inducing = false`).
 //!
 //! ELLA ([`fit_ella`]): Nyström features of the NTK from `M` random points and `K`
-//! eigenvectors, the Laplace posterior in feature space, prior precision on validation data.
+//! eigenvectors, the Laplace posterior in feature space, prior precision on validation data,
+//! and Deng et al.'s early stopping over how much of the training set enters the curvature
+//! ([`EllaEarlyStopping`], on by default; it needs the validation set too).
 //!
 //! Both posteriors implement `fspace_core::Posterior` and save / load as JSON.
 
