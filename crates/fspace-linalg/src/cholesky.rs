@@ -7,6 +7,7 @@ use nalgebra::{DMatrix, DVector};
 use crate::blocked::{cholesky_lower, solve_lower, solve_upper};
 
 use crate::error::{ensure_dim, ensure_finite, LinalgError, Result};
+use crate::operator::symmetric_part;
 
 /// Jitter schedule: try `A`, then `A + εI` with `ε = initial·mean(diag A)`, multiplied by
 /// `factor` each retry, for at most `max_tries` retries.
@@ -74,34 +75,6 @@ pub fn cholesky_jitter(a: &DMatrix<f64>, config: &JitterConfig) -> Result<Jitter
         }
     }
     Err(LinalgError::CholeskyFailed { what: "cholesky input", max_jitter: jitter })
-}
-
-/// `(A + Aᵀ)/2` of a square matrix, in one pass that also checks that `A` is finite
-/// (`NonFinite`) and symmetric to `‖A − Aᵀ‖_F ≤ tol·‖A‖_F` (`NotSymmetric`), without forming
-/// `Aᵀ`.
-fn symmetric_part(what: &'static str, a: &DMatrix<f64>, tol: f64) -> Result<DMatrix<f64>> {
-    let n = a.nrows();
-    let src = a.as_slice();
-    let mut sym = DMatrix::zeros(n, n);
-    let (mut finite, mut norm_sq, mut asym_sq) = (true, 0.0, 0.0);
-    for (j, col) in sym.as_mut_slice().chunks_exact_mut(n).enumerate() {
-        for (i, out) in col.iter_mut().enumerate() {
-            let (x, y) = (src[j * n + i], src[i * n + j]);
-            finite &= x.is_finite();
-            norm_sq += x * x;
-            asym_sq += (x - y) * (x - y);
-            *out = (x + y) * 0.5;
-        }
-    }
-    if !finite {
-        return Err(LinalgError::Input(InputError::NonFinite { what }));
-    }
-    let asymmetry = if norm_sq == 0.0 { 0.0 } else { (asym_sq / norm_sq).sqrt() };
-    if asymmetry <= tol {
-        Ok(sym)
-    } else {
-        Err(LinalgError::NotSymmetric { what, asymmetry })
-    }
 }
 
 impl JitteredCholesky {

@@ -219,32 +219,70 @@ pub fn to_dense(op: &dyn LinearOperator) -> DMatrix<f64> {
     op.matmat(&DMatrix::identity(op.dim(), op.dim()))
 }
 
-/// Relative asymmetry ‖A − Aᵀ‖_F / ‖A‖_F (0 for the zero matrix, ∞ for a non-square one).
-pub fn relative_asymmetry(a: &DMatrix<f64>) -> f64 {
-    let norm = a.norm();
-    if norm == 0.0 || !a.is_square() {
-        return if norm == 0.0 { 0.0 } else { f64::INFINITY };
-    }
-    // ‖A − Aᵀ‖_F without forming Aᵀ.
-    let n = a.nrows();
-    let mut sq = 0.0;
+/// One column-major pass over a square `A`: `visit(k, a_ij, a_ji)` for every entry (`k` its
+/// column-major index) and the squared norms `(‖A‖_F², ‖A − Aᵀ‖_F²)`, without forming `Aᵀ`.
+fn symmetry_sweep(a: &DMatrix<f64>, mut visit: impl FnMut(usize, f64, f64)) -> (f64, f64) {
+    let (n, src) = (a.nrows(), a.as_slice());
+    let (mut norm_sq, mut asym_sq) = (0.0, 0.0);
     for j in 0..n {
         for i in 0..n {
-            let d = a[(i, j)] - a[(j, i)];
-            sq += d * d;
+            let (x, y) = (src[j * n + i], src[i * n + j]);
+            norm_sq += x * x;
+            asym_sq += (x - y) * (x - y);
+            visit(j * n + i, x, y);
         }
     }
-    sq.sqrt() / norm
+    (norm_sq, asym_sq)
 }
 
-/// Errors with `NotSymmetric` unless ‖A − Aᵀ‖_F ≤ tol·‖A‖_F.
-pub fn ensure_symmetric(what: &'static str, a: &DMatrix<f64>, tol: f64) -> Result<()> {
-    let asymmetry = relative_asymmetry(a);
+/// `‖A − Aᵀ‖_F / ‖A‖_F` from the squared norms (0 for the zero matrix).
+fn asymmetry_ratio((norm_sq, asym_sq): (f64, f64)) -> f64 {
+    if norm_sq == 0.0 {
+        0.0
+    } else {
+        (asym_sq / norm_sq).sqrt()
+    }
+}
+
+/// `NotSymmetric` unless `asymmetry ≤ tol`.
+fn check_asymmetry(what: &'static str, asymmetry: f64, tol: f64) -> Result<()> {
     if asymmetry <= tol {
         Ok(())
     } else {
         Err(LinalgError::NotSymmetric { what, asymmetry })
     }
+}
+
+/// Relative asymmetry ‖A − Aᵀ‖_F / ‖A‖_F (0 for the zero matrix, ∞ for a non-square one).
+pub fn relative_asymmetry(a: &DMatrix<f64>) -> f64 {
+    if !a.is_square() {
+        return f64::INFINITY;
+    }
+    asymmetry_ratio(symmetry_sweep(a, |_, _, _| {}))
+}
+
+/// Errors with `NotSymmetric` unless ‖A − Aᵀ‖_F ≤ tol·‖A‖_F.
+pub fn ensure_symmetric(what: &'static str, a: &DMatrix<f64>, tol: f64) -> Result<()> {
+    check_asymmetry(what, relative_asymmetry(a), tol)
+}
+
+/// `(A + Aᵀ)/2` of a square matrix in the same pass that checks it: `NonFinite` unless every
+/// entry is finite, `NotSymmetric` unless ‖A − Aᵀ‖_F ≤ tol·‖A‖_F (the test of
+/// [`ensure_symmetric`]).
+pub(crate) fn symmetric_part(what: &'static str, a: &DMatrix<f64>, tol: f64) -> Result<DMatrix<f64>> {
+    let n = a.nrows();
+    let mut sym = DMatrix::zeros(n, n);
+    let mut finite = true;
+    let out = sym.as_mut_slice();
+    let sums = symmetry_sweep(a, |k, x, y| {
+        finite &= x.is_finite();
+        out[k] = (x + y) * 0.5;
+    });
+    if !finite {
+        return Err(LinalgError::Input(fspace_input::InputError::NonFinite { what }));
+    }
+    check_asymmetry(what, asymmetry_ratio(sums), tol)?;
+    Ok(sym)
 }
 
 impl SymmetricEntries for DenseOperator {
