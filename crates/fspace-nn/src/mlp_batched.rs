@@ -88,6 +88,12 @@ impl pulp::WithSimd for TanhBlock<'_> {
         // vectors' polynomial chains to overlap.
         const LANES: usize = 16;
         let tanh_all = |z: &mut [f64]| z.iter_mut().for_each(|v| *v = fast_tanh(*v));
+        let with_slopes = |z: &mut [f64], s: &mut [f64]| {
+            for (zv, sv) in z.iter_mut().zip(s.iter_mut()) {
+                let t = fast_tanh(*zv);
+                (*zv, *sv) = (t, 1.0 - t * t);
+            }
+        };
         match self.slopes {
             Some(s) => {
                 let mut zc = self.z.chunks_exact_mut(LANES);
@@ -95,15 +101,9 @@ impl pulp::WithSimd for TanhBlock<'_> {
                 for (zb, sb) in (&mut zc).zip(&mut sc) {
                     let zb: &mut [f64; LANES] = zb.try_into().expect("chunk of LANES");
                     let sb: &mut [f64; LANES] = sb.try_into().expect("chunk of LANES");
-                    for (zv, sv) in zb.iter_mut().zip(sb.iter_mut()) {
-                        let t = fast_tanh(*zv);
-                        (*zv, *sv) = (t, 1.0 - t * t);
-                    }
+                    with_slopes(zb, sb);
                 }
-                for (zv, sv) in zc.into_remainder().iter_mut().zip(sc.into_remainder().iter_mut()) {
-                    let t = fast_tanh(*zv);
-                    (*zv, *sv) = (t, 1.0 - t * t);
-                }
+                with_slopes(zc.into_remainder(), sc.into_remainder());
             }
             None => {
                 let mut zc = self.z.chunks_exact_mut(LANES);
