@@ -20,7 +20,8 @@ use std::time::Instant;
 
 use fspace_core::likelihood::softmax;
 use fspace_core::{
-    ClassProbMethod, Data, Fitted, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior,
+    ClassProbMethod, Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Persist, PersistError,
+    Posterior, StopDecision,
 };
 use fspace_linalg::sym_eigh;
 use fspace_nn::{Network, Outputs};
@@ -370,8 +371,12 @@ fn fit_ella_inner<N: Network + Clone>(
     let check_every = config.early_stopping.map_or(n, |es| es.check_every);
     let mut ggn = DMatrix::zeros(k, k);
     let mut search = Vec::new();
-    let mut best: Option<(f64, usize, EllaState)> = None;
-    let mut since_best = 0;
+    let mut best: Option<(usize, EllaState)> = None;
+    // `EarlyStopping` stops at the (p + 1)-th check without improvement; ours at the
+    // `patience`-th (patience ≥ 1, checked above).
+    let mut stopper = config
+        .early_stopping
+        .map(|es| EarlyStopping::new(es.patience - 1, 0.0).expect("min_delta 0 is valid"));
     let mut s = 0;
     while s < n {
         let len = 512.min(n - s).min(check_every - s % check_every);
@@ -387,25 +392,21 @@ fn fit_ella_inner<N: Network + Clone>(
             ggn += pi.transpose() * h * pi;
         }
         s += len;
-        if let Some(es) = config.early_stopping {
-            if s % es.check_every == 0 || s == n {
+        if let Some(stopper) = stopper.as_mut() {
+            if s % check_every == 0 || s == n {
                 post.set_curvature(&ggn)?;
                 let nll = post.choose_prior(&config.prior, scored.as_ref())?;
                 search.push((s, nll));
-                if best.as_ref().is_none_or(|b| nll < b.0) {
-                    best = Some((nll, s, post.state()));
-                    since_best = 0;
-                } else {
-                    since_best += 1;
-                    if since_best >= es.patience {
-                        break;
-                    }
+                match stopper.update(nll) {
+                    StopDecision::Improved => best = Some((s, post.state())),
+                    StopDecision::Continue => {}
+                    StopDecision::Stop => break,
                 }
             }
         }
     }
     let points_used = match best {
-        Some((_, used, state)) => {
+        Some((used, state)) => {
             post.restore(state);
             used
         }
