@@ -11,8 +11,7 @@
 //! machine without internet cannot fetch, so the tasks are the same random functions in
 //! distribution, not the same functions.
 
-use std::sync::OnceLock;
-
+use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
@@ -136,55 +135,27 @@ fn normals(n: usize, seed: u64) -> Vec<f64> {
     (0..n).map(|_| Distribution::<f64>::sample(&StandardNormal, &mut rng)).collect()
 }
 
-/// The polynomial's centres `c` (`d` values).
-fn poly_centres(d: usize) -> &'static [f64] {
-    static C: OnceLock<Vec<f64>> = OnceLock::new();
-    let c = C.get_or_init(|| normals(d, 0));
-    assert_eq!(c.len(), d, "one polynomial dimension per process");
-    c
+/// The polynomial's centres `c` (`d` values), drawn from seed 0 at every call (cheaper than the
+/// evaluation around it).
+fn poly_centres(d: usize) -> Vec<f64> {
+    normals(d, 0)
 }
 
 /// The network's parameters, layer by layer `W₀ (256 × d), b₀, W₁ (256 × 256), b₁, W₂ (1 × 256), b₂`
-/// (torch's `named_parameters` order, weights row-major).
-fn network_params(d: usize) -> &'static [f64] {
-    static P: OnceLock<Vec<f64>> = OnceLock::new();
+/// (torch's `named_parameters` order, weights row-major), drawn from seed 0 at every call
+/// (under a millisecond; a BO run evaluates the task a few dozen times).
+fn network_params(d: usize) -> Vec<f64> {
     let h = NETWORK_WIDTH;
-    let n = h * d + h + h * h + h + h + 1;
-    let p = P.get_or_init(|| normals(n, 0));
-    assert_eq!(p.len(), n, "one network dimension per process");
-    p
+    normals(h * d + h + h * h + h + h + 1, 0)
 }
 
-/// The random network at `x`.
+/// The random network at `x`: the workspace's tanh MLP (its flat layout is torch's) with the
+/// drawn parameters.
 fn network(x: &[f64]) -> f64 {
-    let (d, h) = (x.len(), NETWORK_WIDTH);
-    let p = network_params(d);
-    let layer = |input: &[f64], w: &[f64], b: &[f64], act: bool| -> Vec<f64> {
-        b.iter()
-            .enumerate()
-            .map(|(o, bo)| {
-                let z = bo
-                    + w[o * input.len()..(o + 1) * input.len()]
-                        .iter()
-                        .zip(input)
-                        .map(|(a, v)| a * v)
-                        .sum::<f64>();
-                if act {
-                    z.tanh()
-                } else {
-                    z
-                }
-            })
-            .collect()
-    };
-    let (w0, rest) = p.split_at(h * d);
-    let (b0, rest) = rest.split_at(h);
-    let (w1, rest) = rest.split_at(h * h);
-    let (b1, rest) = rest.split_at(h);
-    let (w2, b2) = rest.split_at(h);
-    let a0 = layer(x, w0, b0, true);
-    let a1 = layer(&a0, w1, b1, true);
-    layer(&a1, w2, b2, false)[0]
+    let d = x.len();
+    let mut net = crate::protocols::tanh_mlp(d, &[NETWORK_WIDTH, NETWORK_WIDTH], 1, 0).expect("a valid MLP");
+    net.set_params(&DVector::from_vec(network_params(d))).expect("the MLP's parameter count");
+    net.forward(&DMatrix::from_row_slice(1, d, x)).expect("one point of the task's dimension")[(0, 0)]
 }
 
 /// The polynomial at `x`.
