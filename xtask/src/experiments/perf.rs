@@ -7,7 +7,7 @@
 //! | `gfsvi_bound_ms` | a GEMM of the step's GEMM-shaped multiply-adds `gfsvi_step_madds` = 1.5 M²p + 2M³ (`J S Jᵀ`'s lower triangle M²p/2, its pullback `Jᵀ C` M²p, the KL's two SPD inverses M³ each by LAPACK's count; 6.3e8): 500 × 2 532 times 2 532 × 500 by the workspace's parallel GEMM (`fspace_linalg::blocked::par_matmul`, all rayon threads), timed here |
 //! | `gfsvi_gram_bound_ms` | the same GEMM of `J S Jᵀ` alone (M²p, 500 × 1 021 times 1 021 × 500), the yardstick of earlier rounds |
 //! | `gfsvi_step_over_bound` | their ratio (the target: ≤ 2.5) |
-//! | `tfsvi_step_ms`, `tfsvi_bound_ms` | the same for TFSVI (the prior's pushforward `J σ² Jᵀ` and its pullback add 1.5 M²p) |
+//! | `tfsvi_step_ms`, `tfsvi_bound_ms` | the same for TFSVI (the prior's pushforward `J σ² Jᵀ` and its pullback add 1.5 M²p, the KL's gradient in the prior covariance `Σ_p⁻¹ Σ_q Σ_p⁻¹` 2M³) |
 //! | `valla_iteration_ms`, `valla_bound_ms` | one VaLLA iteration (objective + gradient including `Z`) on the MNIST MLP 784-200-200-10, batch 100, M = 200, and the GEMM of its multiply-adds counted from the NTK and objective code (`valla_madds` in this file) |
 //! | `sweeps` | every M measured: GFSVI 100 … 1 000, TFSVI 100 … 500, VaLLA 50 … 200 (`m`, `step_ms`, `madds`, `bound_ms`, `ratio`) |
 //! | `lenet_epoch_s`, `fsp_cnn_epoch_s` | one epoch of MAP training (Adam 1e-3, batch 100, f64) on 5 400 MNIST images, × 10 |
@@ -76,9 +76,12 @@ fn gfsvi_madds(m: usize, p: usize) -> f64 {
     1.5 * m * m * p + 2.0 * m * m * m
 }
 
-/// TFSVI's: GFSVI's plus the prior's pushforward `J σ_p² Jᵀ` and its pullback (`1.5 M²p`).
+/// TFSVI's: GFSVI's plus the prior's pushforward `J σ_p² Jᵀ` and its pullback (`1.5 M²p`), and
+/// the KL's gradient in the prior covariance, whose `Σ_p⁻¹ Σ_q Σ_p⁻¹` is two `M³` products
+/// (`fspace_gfsvi::gaussian_kl` with `with_prior_grad`).
 fn tfsvi_madds(m: usize, p: usize) -> f64 {
-    gfsvi_madds(m, p) + 1.5 * (m * m * p) as f64
+    let mf = m as f64;
+    gfsvi_madds(m, p) + 1.5 * (m * m * p) as f64 + 2.0 * mf * mf * mf
 }
 
 /// VaLLA's GEMM-shaped multiply-adds per iteration for an MLP with layer sizes `sizes`
