@@ -483,7 +483,7 @@ pub fn run(opts: &Options) -> Result<()> {
 struct Budget {
     /// Epoch cap of the early-stopped FSP-Laplace and MAP fits.
     max_epochs: usize,
-    /// Step cap of FVI (four steps per epoch).
+    /// Step cap of FVI (full batch: one step per epoch).
     fvi_steps: usize,
     /// Epochs of the fixed-σ variant (no early stopping).
     fixed_epochs: usize,
