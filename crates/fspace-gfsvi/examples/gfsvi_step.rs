@@ -24,8 +24,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let x = DMatrix::from_fn(100, 1, |i, _| -1.0 + 2.0 * ((i as f64 * 0.618_034).fract()));
     let y = x.map(|v| (std::f64::consts::TAU * v).sin());
     let xm = DMatrix::from_fn(m, 1, |i, _| -1.0 + 2.0 * ((i as f64 * 0.754_877_666).fract()));
-    let params =
-        VariationalParams { mean: net.params(), log_std: DVector::from_element(p, -3.0), log_noise_std: -2.0 };
+    let params = VariationalParams {
+        mean: net.params(),
+        log_std: DVector::from_element(p, -3.0),
+        log_noise_std: -2.0,
+    };
     let prior = if tfsvi {
         KlPrior::WeightPushforward { sigma_p: 1.0 }
     } else {
