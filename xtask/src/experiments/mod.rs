@@ -251,7 +251,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "GFSVI Fig. 3 (ReLU 2×30 / 2×100 and tanh 2×30 networks under RBF and Matérn-1/2 priors vs the exact GP)",
         in_default_suite: false,
         flags: &[],
-        full_minutes: None,
+        full_minutes: Some(43.6),
         budget_of: None,
         run: gfsvi_figures::run_activations,
     },
