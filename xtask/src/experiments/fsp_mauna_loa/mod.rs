@@ -315,7 +315,7 @@ pub fn run(opts: &Options) -> Result<()> {
             // The figure's posterior (seed 0, computed in this sitting).
             let mut shown: Option<Box<dyn Posterior>> = None;
             let unit = ck.unit_keeping(&mut run, &key, s > 0 || figure_done, |run| {
-                // The authors' rows use their fixed prior; the variant row the fitted one.
+                // The authors' rows use their fixed prior; the fixed-σ row the fitted one.
                 let prior_kernel =
                     if *method == "FSP-Laplace (fixed σ)" { kernel.clone() } else { authors_kernel(&t)? };
                 // The authors' jitter, relative to the prior variance (FspConfig's convention).
