@@ -198,3 +198,169 @@ pub fn cg(
     let residual = (b - op.apply(&x)?).norm() / b_norm;
     Err(LinalgError::NoConvergence { method: "cg", iterations: max_iter, residual })
 }
+
+/// A map of `n × r` blocks, `V ↦ A V` or `V ↦ M⁻¹ V`, that can fail with `E`.
+pub type BlockMap<'a, E> = &'a mut dyn FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>, E>;
+
+/// Diagnostics of [`cg_columns`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CgColumnsInfo {
+    /// Iterations of each column until it converged.
+    pub iterations: Vec<usize>,
+    /// Products with `A` (one per lockstep iteration, on the columns still running).
+    pub products: usize,
+    /// Largest final relative residual `‖bⱼ − A xⱼ‖ / ‖bⱼ‖` (recomputed, not the recurrence's).
+    pub residual: f64,
+}
+
+/// Solves `A X = B` for SPD `A`, one independent (preconditioned) CG recurrence per column of
+/// `B`, run in lockstep: every iteration applies `A` (and `M⁻¹`) once to the block of columns
+/// not yet converged, so a matrix-free `A` whose cost is dominated by reading its data (a GGN
+/// from cached layer statistics, a kernel matrix) does that once per iteration for all
+/// columns. `x0` warm-starts the solve (zeros otherwise). Column `j` stops when
+/// `‖bⱼ − A xⱼ‖ ≤ tol·‖bⱼ‖`, confirmed on the recomputed residual.
+///
+/// `apply` and `precondition` map a `n × r` block to `A V` / `M⁻¹ V`; their errors pass
+/// through. Errors: shape mismatch or non-finite `B` / `x0`; `NotPositiveDefinite` if a search
+/// direction has `pᵀAp ≤ 0`; `NoConvergence` (worst relative residual) after `max_iter`
+/// iterations.
+pub fn cg_columns<E: From<LinalgError>>(
+    mut apply: impl FnMut(&DMatrix<f64>) -> Result<DMatrix<f64>, E>,
+    mut precondition: Option<BlockMap<'_, E>>,
+    b: &DMatrix<f64>,
+    x0: Option<&DMatrix<f64>>,
+    config: &CgConfig,
+) -> Result<(DMatrix<f64>, CgColumnsInfo), E> {
+    let (n, r) = b.shape();
+    ensure_finite("cg_columns right-hand sides", b.iter())?;
+    if !(config.tol.is_finite() && config.tol > 0.0) {
+        return Err(LinalgError::Input(InputError::Invalid {
+            what: "cg tol",
+            reason: format!("{} must be > 0", config.tol),
+        })
+        .into());
+    }
+    let mut x = match x0 {
+        Some(x0) => {
+            if x0.shape() != (n, r) {
+                return Err(LinalgError::Input(InputError::DimensionMismatch {
+                    what: "cg_columns start (rows × columns)",
+                    expected: n * r,
+                    found: x0.nrows() * x0.ncols(),
+                })
+                .into());
+            }
+            ensure_finite("cg_columns start", x0.iter())?;
+            x0.clone()
+        }
+        None => DMatrix::zeros(n, r),
+    };
+    let max_iter = config.max_iter.unwrap_or(10 * n);
+    let b_norms: Vec<f64> = b.column_iter().map(|c| c.norm()).collect();
+    let mut info = CgColumnsInfo { iterations: vec![0; r], products: 0, residual: 0.0 };
+    // The residual of the start; columns with b = 0 are solved by x = 0.
+    let res = if x0.is_some() {
+        info.products += 1;
+        b - apply(&x)?
+    } else {
+        b.clone()
+    };
+    let mut active: Vec<usize> = Vec::with_capacity(r);
+    for j in 0..r {
+        if b_norms[j] == 0.0 {
+            x.column_mut(j).fill(0.0);
+        } else if res.column(j).norm() > config.tol * b_norms[j] {
+            active.push(j);
+        } else {
+            info.residual = info.residual.max(res.column(j).norm() / b_norms[j]);
+        }
+    }
+    let mut precond = |v: &DMatrix<f64>| -> Result<DMatrix<f64>, E> {
+        match precondition.as_mut() {
+            Some(m) => m(v),
+            None => Ok(v.clone()),
+        }
+    };
+    if active.is_empty() {
+        return Ok((x, info));
+    }
+    // State of the active columns, in `active` order.
+    let mut rr = res.select_columns(&active);
+    let mut z = precond(&rr)?;
+    let mut p = z.clone();
+    let mut rz: Vec<f64> = (0..active.len()).map(|a| rr.column(a).dot(&z.column(a))).collect();
+    let mut it = 0;
+    while !active.is_empty() {
+        if it == max_iter {
+            let xa = x.select_columns(&active);
+            let ra = b.select_columns(&active) - apply(&xa)?;
+            let worst = active
+                .iter()
+                .enumerate()
+                .map(|(a, &j)| ra.column(a).norm() / b_norms[j])
+                .fold(info.residual, f64::max);
+            return Err(LinalgError::NoConvergence {
+                method: "cg_columns",
+                iterations: max_iter,
+                residual: worst,
+            }
+            .into());
+        }
+        it += 1;
+        let ap = apply(&p)?;
+        info.products += 1;
+        let mut done = Vec::new();
+        for (a, &j) in active.iter().enumerate() {
+            let pap = p.column(a).dot(&ap.column(a));
+            if pap.is_nan() || pap <= 0.0 {
+                return Err(LinalgError::NotPositiveDefinite {
+                    what: "cg_columns operator (pᵀAp)",
+                    value: pap,
+                }
+                .into());
+            }
+            let alpha = rz[a] / pap;
+            x.column_mut(j).axpy(alpha, &p.column(a), 1.0);
+            rr.column_mut(a).axpy(-alpha, &ap.column(a), 1.0);
+            if rr.column(a).norm() <= config.tol * b_norms[j] {
+                done.push(a);
+            }
+        }
+        if !done.is_empty() {
+            // Confirm on the true residuals (the recurrence can drift); reset the others.
+            let cols: Vec<usize> = done.iter().map(|&a| active[a]).collect();
+            let true_res = b.select_columns(&cols) - apply(&x.select_columns(&cols))?;
+            info.products += 1;
+            let mut finished = Vec::new();
+            for (d, &a) in done.iter().enumerate() {
+                let rel = true_res.column(d).norm() / b_norms[active[a]];
+                if rel <= config.tol {
+                    info.iterations[active[a]] = it;
+                    info.residual = info.residual.max(rel);
+                    finished.push(a);
+                } else {
+                    rr.set_column(a, &true_res.column(d));
+                }
+            }
+            if !finished.is_empty() {
+                let keep: Vec<usize> = (0..active.len()).filter(|a| !finished.contains(a)).collect();
+                active = keep.iter().map(|&a| active[a]).collect();
+                rr = rr.select_columns(&keep);
+                p = p.select_columns(&keep);
+                rz = keep.iter().map(|&a| rz[a]).collect();
+                if active.is_empty() {
+                    break;
+                }
+            }
+        }
+        z = precond(&rr)?;
+        for a in 0..active.len() {
+            let rz_new = rr.column(a).dot(&z.column(a));
+            let beta = rz_new / rz[a];
+            let pa = z.column(a) + p.column(a) * beta;
+            p.set_column(a, &pa);
+            rz[a] = rz_new;
+        }
+    }
+    Ok((x, info))
+}

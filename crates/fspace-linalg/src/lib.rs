@@ -33,8 +33,8 @@ pub mod lowrank;
 pub mod operator;
 
 pub use cg::{
-    cg, pivoted_cholesky, CgConfig, CgInfo, DiagonalPreconditioner, PivotedCholeskyPreconditioner,
-    Preconditioner,
+    cg, cg_columns, pivoted_cholesky, BlockMap, CgColumnsInfo, CgConfig, CgInfo, DiagonalPreconditioner,
+    PivotedCholeskyPreconditioner, Preconditioner,
 };
 pub use cholesky::{cholesky_jitter, cholesky_rank_update, JitterConfig, JitteredCholesky, UpdateSign};
 pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, thin_svd_owned, ThinSvd};

@@ -199,6 +199,65 @@ fn cg_reports_failures_as_typed_errors() {
 }
 
 #[test]
+fn cg_columns_matches_per_column_solves_and_warm_starts() {
+    let mut r = rng(6);
+    let a = spd(90, 1.0, 1e-4, &mut r);
+    let mut b = randn(90, 5, &mut r);
+    b.column_mut(3).fill(0.0);
+    let apply = |v: &DMatrix<f64>| -> Result<DMatrix<f64>> { Ok(&a * v) };
+    let cfg = CgConfig { tol: 1e-10, max_iter: Some(2000) };
+    let (x, info) = cg_columns(apply, None, &b, None, &cfg).unwrap();
+    let exact = a.clone().cholesky().unwrap().solve(&b);
+    assert!(rel_frob(&x, &exact) < 1e-5, "{}", rel_frob(&x, &exact));
+    assert!(info.residual <= 1e-10 && info.iterations[3] == 0 && x.column(3).norm() == 0.0);
+    for j in [0, 1, 2, 4] {
+        let res = (&a * x.column(j) - b.column(j)).norm() / b.column(j).norm();
+        assert!(res <= 1e-10, "column {j}: {res}");
+    }
+    // Each column runs the recurrence of the single-vector CG (same iteration counts ± 1).
+    let single =
+        cg(&DenseOperator::new(a.clone()).unwrap(), &b.column(0).into_owned(), None, &cfg).unwrap().1;
+    assert!(single.iterations.abs_diff(info.iterations[0]) <= 1, "{single:?} {info:?}");
+
+    // A Jacobi preconditioner, and a warm start at a nearby solution, cut the iterations.
+    let d = a.diagonal().map(|v| 1.0 / v);
+    let mut jacobi = |v: &DMatrix<f64>| -> Result<DMatrix<f64>> {
+        Ok(DMatrix::from_fn(v.nrows(), v.ncols(), |i, j| d[i] * v[(i, j)]))
+    };
+    let (xp, pre) = cg_columns(apply, Some(&mut jacobi), &b, None, &cfg).unwrap();
+    assert!(rel_frob(&xp, &exact) < 1e-5 && pre.residual <= 1e-10);
+    let near = &exact + randn(90, 5, &mut r) * 1e-6;
+    let (xw, warm) = cg_columns(apply, None, &b, Some(&near), &cfg).unwrap();
+    assert!(rel_frob(&xw, &exact) < 1e-5);
+    assert!(warm.products < info.products, "warm {} vs cold {}", warm.products, info.products);
+
+    // Typed errors: no convergence, indefinite operator, shapes, non-finite input.
+    match cg_columns(apply, None, &b, None, &CgConfig { tol: 1e-12, max_iter: Some(3) }) {
+        Err(LinalgError::NoConvergence { iterations: 3, residual, .. }) => assert!(residual > 1e-12),
+        other => panic!("expected NoConvergence, got {other:?}"),
+    }
+    let ind = with_spectrum(&[1.0, -2.0, 3.0], &mut r).0;
+    let bad = cg_columns(
+        |v: &DMatrix<f64>| -> Result<DMatrix<f64>> { Ok(&ind * v) },
+        None,
+        &randn(3, 2, &mut r),
+        None,
+        &cfg,
+    );
+    assert!(matches!(bad, Err(LinalgError::NotPositiveDefinite { .. })), "{bad:?}");
+    assert!(matches!(
+        cg_columns(apply, None, &b, Some(&DMatrix::zeros(90, 4)), &cfg),
+        Err(LinalgError::Input(InputError::DimensionMismatch { .. }))
+    ));
+    let mut nan = b.clone();
+    nan[(0, 0)] = f64::NAN;
+    assert!(matches!(
+        cg_columns(apply, None, &nan, None, &cfg),
+        Err(LinalgError::Input(InputError::NonFinite { .. }))
+    ));
+}
+
+#[test]
 fn jittered_cholesky_reports_the_jitter_it_used() {
     let mut r = rng(6);
     let a = spd(31, 2.0, 0.1, &mut r);
@@ -414,6 +473,19 @@ proptest! {
         let (x, info) = cg(&DenseOperator::new(a.clone()).unwrap(), &b, None, &CgConfig::default()).unwrap();
         prop_assert!(info.residual <= 1e-10);
         prop_assert!((&a * x - &b).norm() <= 1e-10 * b.norm() * 1.0001);
+    }
+
+    #[test]
+    fn cg_columns_residuals_are_below_tolerance(n in 1usize..50, cols in 1usize..6, seed in 0u64..1000) {
+        let mut r = rng(seed);
+        let a = spd(n, 1.0, 1e-3, &mut r);
+        let b = randn(n, cols, &mut r);
+        let apply = |v: &DMatrix<f64>| -> Result<DMatrix<f64>> { Ok(&a * v) };
+        let (x, info) = cg_columns(apply, None, &b, None, &CgConfig::default()).unwrap();
+        prop_assert!(info.residual <= 1e-10);
+        for j in 0..cols {
+            prop_assert!((&a * x.column(j) - b.column(j)).norm() <= 1e-10 * b.column(j).norm() * 1.0001);
+        }
     }
 
     #[test]
