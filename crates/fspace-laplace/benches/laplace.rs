@@ -1,12 +1,12 @@
 //! Criterion benchmarks of the Laplace structures on the workloads (W1 = sine toy,
-//! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801) and a sweep over the number of
-//! data points for KFAC. `cargo bench -p fspace-laplace`; peak memory per case:
+//! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801), a sweep over the number of
+//! data points for KFAC and one over the number of draws for the sampled posterior. `cargo bench -p fspace-laplace`; peak memory per case:
 //! `cargo run --release -p fspace-laplace --example laplace_workloads`.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_core::Data;
-use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, Structure};
+use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, SampledConfig, Structure};
 
 #[path = "support/workloads.rs"]
 mod workloads;
@@ -102,5 +102,24 @@ fn kfac_sweep(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, w1, w2, kfac_sweep);
+/// Sampled LLA (one EM step: two preconditioned solves plus the rank-100 Lanczos
+/// preconditioner) against the number of draws: the products' GEMMs are `K` columns wide.
+fn sampled_sweep(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sampled_fit_vs_draws_2x200_n1000");
+    g.sample_size(10);
+    let w = workloads::workload(1_000, 200);
+    for k in [4, 16, 64] {
+        let s = Structure::Sampled(SampledConfig { samples: k, em_steps: 1, ..Default::default() });
+        g.bench_with_input(BenchmarkId::from_parameter(k), &k, |b, _| {
+            b.iter(|| {
+                fit(w.net.clone(), w.likelihood, &Data::new(&w.x, &w.y).unwrap(), &config(s.clone()))
+                    .unwrap()
+                    .posterior
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, w1, w2, kfac_sweep, sampled_sweep);
 criterion_main!(benches);

@@ -11,6 +11,7 @@
 //! | [`DiagCurvature`] | `diag(d)` | `dim` | `O(dim)` |
 //! | [`BlockDiagCurvature`] | one dense block per layer | `Σ block²` | per block |
 //! | [`KronCurvature`] (KFAC, EKFAC) | per layer `(Q_G ⊗ Q_A) diag(E) (Q_G ⊗ Q_A)ᵀ` | `Σ fan_in² + fan_out²` | two small GEMMs per side |
+//! | [`SampleCurvature`] (sampled) | none: `P⁻¹ ≈ Z Zᵀ / K` from `K` draws at one `(T, λ)` | `dim × K` | `O(dim·K)`; no `log|P|` |
 
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
@@ -428,6 +429,19 @@ impl CurvatureApprox for KronCurvature {
     }
 }
 
+/// `K` draws `zⱼ ~ N(0, (T·GGN + λI)⁻¹)` of the linearised posterior at one `(T, λ)`
+/// (`crate::sampled`): the covariance is their second moment `Z Zᵀ / K`. Solves and samples
+/// at any other `(T, λ)`, and the log-determinant, are errors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleCurvature {
+    /// The draws, `p × K`.
+    pub samples: DMatrix<f64>,
+    /// `T` of the draws.
+    pub temperature: f64,
+    /// λ of the draws (EM's last value).
+    pub prior_precision: f64,
+}
+
 /// A fitted curvature of any structure (serialisable; dispatches [`CurvatureApprox`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Curvature {
@@ -439,6 +453,8 @@ pub enum Curvature {
     BlockDiag(BlockDiagCurvature),
     /// KFAC or EKFAC.
     Kron(KronCurvature),
+    /// Posterior draws (sampled linearised Laplace).
+    Samples(SampleCurvature),
 }
 
 impl Curvature {
@@ -448,6 +464,7 @@ impl Curvature {
             Self::Diag(c) => c,
             Self::BlockDiag(c) => c,
             Self::Kron(c) => c,
+            Self::Samples(c) => c,
         }
     }
 }

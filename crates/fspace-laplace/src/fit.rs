@@ -16,6 +16,7 @@ use crate::curvature::{
 use crate::data::{for_chunks, Data};
 use crate::error::{LaplaceError, Result};
 use crate::ggn::CachedGgn;
+use crate::sampled::{sampled, validate, Precond, SampledConfig, SampledPreconditioner};
 
 /// Options of the full GGN.
 ///
@@ -126,6 +127,8 @@ pub enum Structure {
     LastLayer(LastLayerConfig),
     /// Top-`k` eigenpairs of the GGN by matrix-free Lanczos.
     LowRank(LowRankConfig),
+    /// Posterior draws by sample-then-optimise, λ by EM (Antorán et al. 2023; `crate::sampled`).
+    Sampled(SampledConfig),
 }
 
 impl Structure {
@@ -145,7 +148,8 @@ impl Structure {
     pub fn low_rank(k: usize) -> Self {
         Self::LowRank(LowRankConfig { rank: k, ..Default::default() })
     }
-    /// Short name (`full`, `block_diag`, `diag`, `kfac`, `ekfac`, `last_layer`, `low_rank`).
+    /// Short name (`full`, `block_diag`, `diag`, `kfac`, `ekfac`, `last_layer`, `low_rank`,
+    /// `sampled`).
     pub fn name(&self) -> &'static str {
         match self {
             Self::Full(_) => "full",
@@ -155,6 +159,7 @@ impl Structure {
             Self::Ekfac => "ekfac",
             Self::LastLayer(_) => "last_layer",
             Self::LowRank(_) => "low_rank",
+            Self::Sampled(_) => "sampled",
         }
     }
 }
@@ -231,6 +236,13 @@ pub struct FitReport {
     pub cached_statistics: bool,
     /// Seconds spent building the curvature.
     pub seconds: f64,
+    /// Sampled: λ after each EM step.
+    #[serde(default)]
+    pub em_prior_precisions: Vec<f64>,
+    /// Sampled: products with the posterior precision in each solve (one per CG iteration,
+    /// plus residual checks).
+    #[serde(default)]
+    pub cg_products: Vec<usize>,
 }
 
 /// Per-point square roots `Lᵢ` (`d' × k`, `LᵢLᵢᵀ = Hᵢ`) of PSD Hessian blocks; `k = d'`
@@ -752,12 +764,16 @@ pub(crate) fn low_rank<N: Network>(
 
 /// Builds the structure over the chosen weights; returns it with the flat index of each of its
 /// coordinates.
+/// `lambda0` and `t` matter only to `Sampled`, whose draws are made at one `(T, λ)` (EM's start).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build<N: Network>(
     net: &N,
     data: &Data,
     structure: &Structure,
     weights: &Weights,
     bias: KronBias,
+    lambda0: f64,
+    t: f64,
     report: &mut FitReport,
 ) -> Result<(Curvature, Vec<usize>)> {
     let all = || (0..net.n_params()).collect::<Vec<_>>();
@@ -836,6 +852,34 @@ pub(crate) fn build<N: Network>(
             (Curvature::Eigen(e), idx)
         }
         Structure::LowRank(c) => (Curvature::Eigen(low_rank(net, data, c, report)?), all()),
+        Structure::Sampled(c) => {
+            validate(c)?;
+            let precond = match c.preconditioner {
+                SampledPreconditioner::Kfac => {
+                    let (k, idx) = kron(net, data, false, &Weights::All, KronBias::Folded)?;
+                    Precond::Kron(k, idx)
+                }
+                SampledPreconditioner::Diag => Precond::Diag(diagonal(net, data)?),
+                SampledPreconditioner::LowRank(rank) => {
+                    // Any Ritz pairs precondition: one Lanczos run, no residual target.
+                    let cfg = LowRankConfig {
+                        rank,
+                        tol: f64::MAX,
+                        statistics_cache_bytes: c.statistics_cache_bytes,
+                        seed: c.seed,
+                        ..Default::default()
+                    };
+                    let e = low_rank(net, data, &cfg, report)?;
+                    Precond::LowRank { vt: e.vectors.transpose(), v: e.vectors, s: e.values }
+                }
+                SampledPreconditioner::Identity => Precond::Identity,
+            };
+            let run = sampled(net, data, c, precond, lambda0, t)?;
+            report.cached_statistics = run.cached;
+            report.em_prior_precisions = run.em_prior_precisions;
+            report.cg_products = run.cg_products;
+            (Curvature::Samples(run.curvature), all())
+        }
     })
 }
 

@@ -153,3 +153,213 @@ impl CachedGgn {
 fn columns(m: &DMatrix<f64>) -> std::slice::ChunksExact<'_, f64> {
     m.as_slice().chunks_exact(m.nrows().max(1))
 }
+
+/// The whitened Jacobian `R` of the training data (row `i·k + c` is `Lᵢ[:, c]ᵀ J(xᵢ)`, so
+/// `RᵀR` is the GGN) applied to blocks of vectors: from cached layer statistics when they fit
+/// (one GEMM per layer and direction, all `K` columns side by side), otherwise streamed through
+/// [`Network::jvp_columns`] / [`Network::vjp_columns`] chunk by chunk.
+pub(crate) struct WhitenedJacobian<'a, N> {
+    net: &'a N,
+    cache: Option<CachedGgn>,
+}
+
+impl<'a, N: Network> WhitenedJacobian<'a, N> {
+    /// Caches the layer statistics when they take at most `budget` bytes.
+    pub(crate) fn new(net: &'a N, data: &Data, budget: usize) -> Result<Self> {
+        Ok(Self { net, cache: CachedGgn::build(net, data, budget)? })
+    }
+
+    /// Whether the products use cached layer statistics.
+    pub(crate) fn cached(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// `R V` (`n·k × K`) for parameter directions `V` (`p × K`).
+    pub(crate) fn jvp(&self, data: &Data, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let k = data.k();
+        let mut out = DMatrix::zeros(data.x.nrows() * k, v.ncols());
+        for_chunks(
+            data,
+            |s, l| match &self.cache {
+                Some(c) => Ok(c.chunk_jvp(&c.chunks[s / data.chunk], v)),
+                None => {
+                    let q = self.net.output_dim();
+                    let jv = self.net.jvp_columns(&data.rows(s, l), v)?; // row i·q + o
+                    let mut u = DMatrix::zeros(l * k, v.ncols());
+                    for i in 0..l {
+                        u.rows_mut(i * k, k).gemm_tr(1.0, &data.factors[s + i], &jv.rows(i * q, q), 0.0);
+                    }
+                    Ok(u)
+                }
+            },
+            |s, l, u| {
+                out.rows_mut(s * k, l * k).copy_from(&u);
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// `Rᵀ U` (`p × K`) for whitened output directions `U` (`n·k × K`).
+    pub(crate) fn vjp(&self, data: &Data, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let k = data.k();
+        let mut out = DMatrix::zeros(self.net.n_params(), u.ncols());
+        for_chunks(
+            data,
+            |s, l| {
+                let uc = u.rows(s * k, l * k);
+                match &self.cache {
+                    Some(c) => Ok(c.chunk_vjp(&c.chunks[s / data.chunk], &uc.into_owned())),
+                    None => {
+                        let q = self.net.output_dim();
+                        let mut cot = DMatrix::zeros(l * q, u.ncols());
+                        for i in 0..l {
+                            cot.rows_mut(i * q, q).gemm(1.0, &data.factors[s + i], &uc.rows(i * k, k), 0.0);
+                        }
+                        Ok(self.net.vjp_columns(&data.rows(s, l), &cot)?)
+                    }
+                }
+            },
+            |_, _, part| {
+                out += part;
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    }
+}
+
+impl CachedGgn {
+    /// One chunk's `R V`: per layer `Ã [W₁ᵀ … W_Kᵀ]` (one GEMM, the weight blocks of `V`'s
+    /// columns are contiguous `fan_in × fan_out` column-major slices), then contracted with `δ`.
+    fn chunk_jvp(&self, stats: &[LayerStatistics], v: &DMatrix<f64>) -> DMatrix<f64> {
+        let (n, k, cols) = (stats[0].examples(), stats[0].columns, v.ncols());
+        let mut u = DMatrix::zeros(n * k, cols);
+        for (info, st) in self.infos.iter().zip(stats) {
+            let (t, fo, fi) = (info.positions(), info.fan_out, info.fan_in);
+            let column = |m: usize| &v.as_slice()[m * self.p..(m + 1) * self.p];
+            let mut stack = DMatrix::zeros(fi, fo * cols);
+            for m in 0..cols {
+                stack.columns_mut(m * fo, fo).copy_from_slice(&column(m)[info.weight.clone()]);
+            }
+            // Rows (m, r) of preᵀ: Σ_j W_m[r, j] a_{it, j} + b_m[r], column i·T + t.
+            let mut pre_t = (&st.inputs * stack).transpose();
+            for m in 0..cols {
+                let b = &column(m)[info.bias.clone()];
+                for mut col in pre_t.column_iter_mut() {
+                    for (x, bi) in col.rows_mut(m * fo, fo).iter_mut().zip(b) {
+                        *x += bi;
+                    }
+                }
+            }
+            let grads_t = st.output_grads.transpose(); // fan_out × (n·k·T), column (i·k + c)·T + t
+            for i in 0..n {
+                for c in 0..k {
+                    for s in 0..t {
+                        let g = grads_t.column((i * k + c) * t + s);
+                        let a = pre_t.column(i * t + s);
+                        for m in 0..cols {
+                            u[(i * k + c, m)] += g.dot(&a.rows(m * fo, fo));
+                        }
+                    }
+                }
+            }
+        }
+        u
+    }
+
+    /// One chunk's `Rᵀ U`: per layer `Dᵀ Ã` with `D[(i, t), (m, r)] = Σ_c U[(i, c), m] δ_{(i, c, t), r}`
+    /// (one GEMM for all columns), scattered into the flat `[W | b]` coordinates.
+    fn chunk_vjp(&self, stats: &[LayerStatistics], u: &DMatrix<f64>) -> DMatrix<f64> {
+        let (n, k, cols) = (stats[0].examples(), stats[0].columns, u.ncols());
+        let mut out = DMatrix::zeros(self.p, cols);
+        for (info, st) in self.infos.iter().zip(stats) {
+            let (t, fo, fi) = (info.positions(), info.fan_out, info.fan_in);
+            let grads_t = st.output_grads.transpose();
+            let mut dt = DMatrix::zeros(fo * cols, n * t);
+            for i in 0..n {
+                for s in 0..t {
+                    let mut col = dt.column_mut(i * t + s);
+                    for c in 0..k {
+                        let g = grads_t.column((i * k + c) * t + s);
+                        for m in 0..cols {
+                            col.rows_mut(m * fo, fo).axpy(u[(i * k + c, m)], &g, 1.0);
+                        }
+                    }
+                }
+            }
+            // (fan_in × fan_out·K): column (m, r) is row r of W's gradient for direction m.
+            let wt = (&dt * &st.inputs).transpose();
+            let bias = dt.column_sum();
+            for m in 0..cols {
+                let slice = &mut out.as_mut_slice()[m * self.p..(m + 1) * self.p];
+                slice[info.weight.clone()].copy_from_slice(&wt.as_slice()[m * fo * fi..(m + 1) * fo * fi]);
+                slice[info.bias.clone()].copy_from_slice(&bias.as_slice()[m * fo..(m + 1) * fo]);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fit::{data_for, CurvatureSource};
+    use fspace_core::LikelihoodSpec;
+    use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, Mlp, MlpConfig};
+    use fspace_testutil::{randn, rel_frob, rng};
+    use rand::Rng;
+
+    /// `R` from the explicit Jacobian: row `i·k + c` is `Lᵢ[:, c]ᵀ J(xᵢ)`.
+    fn dense_r<N: Network>(net: &N, data: &Data) -> DMatrix<f64> {
+        let (q, k) = (net.output_dim(), data.k());
+        let j = net.jacobian(data.x).unwrap();
+        let mut r = DMatrix::zeros(data.x.nrows() * k, net.n_params());
+        for i in 0..data.x.nrows() {
+            r.rows_mut(i * k, k).copy_from(&(data.factors[i].transpose() * j.rows(i * q, q)));
+        }
+        r
+    }
+
+    fn check<N: Network>(net: &N, x: &DMatrix<f64>, classes: usize, seed: u64) {
+        let mut g = rng(seed);
+        let y = DVector::from_fn(x.nrows(), |_, _| g.gen_range(0..classes) as f64);
+        let lik = LikelihoodSpec::Categorical { classes }.build().unwrap();
+        let f = net.forward(x).unwrap();
+        let data = data_for(x, &f, &y, lik.as_ref(), 3, CurvatureSource::Ggn).unwrap();
+        let r = dense_r(net, &data);
+        let v = randn(net.n_params(), 4, &mut g);
+        let u = randn(r.nrows(), 4, &mut g);
+        for budget in [usize::MAX, 0] {
+            let wj = WhitenedJacobian::new(net, &data, budget).unwrap();
+            assert_eq!(wj.cached(), budget > 0);
+            let (jv, vj) = (wj.jvp(&data, &v).unwrap(), wj.vjp(&data, &u).unwrap());
+            let (e1, e2) = (rel_frob(&jv, &(&r * &v)), rel_frob(&vj, &(r.transpose() * &u)));
+            assert!(e1 < 1e-12 && e2 < 1e-12, "cached {}: R V {e1:.2e}, Rᵀ U {e2:.2e}", wj.cached());
+        }
+    }
+
+    #[test]
+    fn whitened_jacobian_products_equal_the_explicit_jacobian() {
+        let mlp = Mlp::new(MlpConfig {
+            input_dim: 3,
+            hidden: vec![5, 4],
+            output_dim: 3,
+            activation: Activation::Tanh,
+            seed: 1,
+        })
+        .unwrap();
+        let mut g = rng(2);
+        check(&mlp, &DMatrix::from_fn(11, 3, |_, _| g.gen_range(-2.0..2.0)), 3, 3);
+        let cnn = Cnn::new(CnnConfig {
+            input_shape: (1, 6, 6),
+            convs: vec![ConvBlock { channels: 2, kernel: 3, same_padding: true, pool: true }],
+            hidden: vec![4],
+            output_dim: 3,
+            activation: Activation::Tanh,
+            seed: 4,
+        })
+        .unwrap();
+        check(&cnn, &DMatrix::from_fn(5, 36, |_, _| g.gen_range(-1.0..1.0)), 3, 5);
+    }
+}

@@ -22,6 +22,7 @@
 //! | `Ekfac` | KFAC's eigenbasis, eigenvalues re-fitted to `Σᵢ (Q_Gᵀ gᵢ Q_A)²` | `+ p` |
 //! | `LastLayer` | the last layer's GGN `Σ Hᵢ ⊗ φ̃φ̃ᵀ`, other weights fixed | `(d'(h+1))²` |
 //! | `LowRank` | top-`k` GGN eigenpairs by Lanczos (+ optional diagonal remainder) | `p·k` (+ cached layer statistics, bounded) |
+//! | `Sampled` | none: `K` posterior draws `z = (T·GGN + λI)⁻¹(√λ ε₀ + √T Rᵀε)` by preconditioned CG, λ by EM (Antorán et al. 2023) | `p·K` (+ cached layer statistics, bounded) |
 //!
 //! Predictives ([`LaplacePosterior`] implements `fspace_core::Posterior`): the linearised (GLM)
 //! `f(x) ~ N(f(x; w*), J(x) Σ J(x)ᵀ)` — with probit, Laplace bridge or MC class probabilities —
@@ -48,9 +49,11 @@ mod fit;
 mod ggn;
 mod posterior;
 mod predict;
+mod sampled;
 
 pub use curvature::{
     BlockDiagCurvature, Curvature, CurvatureApprox, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
+    SampleCurvature,
 };
 pub use error::{LaplaceError, Result};
 pub use fit::{
@@ -58,3 +61,4 @@ pub use fit::{
     Structure, Weights,
 };
 pub use posterior::{fit, LaplaceConfig, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision};
+pub use sampled::{SampledConfig, SampledPreconditioner};

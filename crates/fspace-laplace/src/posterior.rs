@@ -192,12 +192,34 @@ pub fn fit<N: Network>(
     }
     let lik = likelihood.build()?;
     check_data(&net, lik.as_ref(), x, y)?;
+    // The sampled structure starts EM from one λ and draws at one (T, λ).
+    let lambda0 = match (&config.structure, &config.prior_precision) {
+        (Structure::Sampled(_), PriorPrecision::PerLayer(_)) => {
+            return Err(LaplaceError::Unsupported {
+                structure: "sampled",
+                reason: "EM sets one prior precision; pass PriorPrecision::Scalar (its start)".into(),
+            })
+        }
+        (_, PriorPrecision::Scalar(l)) => {
+            ensure_positive("prior precision λ", *l)?;
+            *l
+        }
+        (_, PriorPrecision::PerLayer(_)) => 1.0,
+    };
     let f = forward_chunked(&net, x, config.chunk_points)?;
     let log_likelihood = -lik.nll(&f, y)?;
     let data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
     let mut report = FitReport::default();
-    let (curvature, indices) =
-        build(&net, &data, &config.structure, &config.weights, config.kron_bias, &mut report)?;
+    let (curvature, indices) = build(
+        &net,
+        &data,
+        &config.structure,
+        &config.weights,
+        config.kron_bias,
+        lambda0,
+        config.temperature,
+        &mut report,
+    )?;
     let infos = net.layer_infos();
     let n_groups = infos.len().max(1);
     let mut group_of_flat = vec![0usize; net.n_params()];
@@ -227,6 +249,9 @@ pub fn fit<N: Network>(
         report,
     };
     post.set_prior_precision(config.prior_precision.clone())?;
+    if let Curvature::Samples(s) = &post.curvature {
+        post.lambdas = vec![s.prior_precision; post.n_groups];
+    }
     post.set_predictive(config.predictive.clone())?;
     Ok(Fitted { report: post.report.clone(), posterior: post })
 }
@@ -471,6 +496,16 @@ impl<N: Network> LaplacePosterior<N> {
             match &self.curvature {
                 Curvature::Kron(k) => {
                     out.extend(crate::predict::kron_covariances(&self.net, k, &lam, t, &xc)?)
+                }
+                Curvature::Samples(sc) => {
+                    sc.check(t, &lam)?;
+                    // J(xᵢ) Z Zᵀ J(xᵢ)ᵀ / K from the draws' JVPs.
+                    let jz = self.net.jvp_columns(&xc, &sc.samples)?;
+                    let k = sc.samples.ncols() as f64;
+                    out.extend((0..l).map(|i| {
+                        let r = jz.rows(i * q, q);
+                        r * r.transpose() / k
+                    }));
                 }
                 Curvature::Diag(d) if layered => {
                     out.extend(crate::predict::diag_covariances(&self.net, &d.diag, &lam, t, &xc)?)
