@@ -226,6 +226,7 @@ pub struct FitReport {
     pub dim: usize,
     /// Low-rank: Lanczos iterations, the largest relative Ritz residual of the kept pairs, and
     /// the rank actually kept (smaller than asked when the GGN's numerical rank is smaller).
+    /// Sampled with the `LowRank` preconditioner: the same for the preconditioner's pairs.
     pub lanczos_iterations: usize,
     /// See `lanczos_iterations`.
     pub max_ritz_residual: f64,
