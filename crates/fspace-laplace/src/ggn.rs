@@ -161,12 +161,28 @@ fn columns(m: &DMatrix<f64>) -> std::slice::ChunksExact<'_, f64> {
 pub(crate) struct WhitenedJacobian<'a, N> {
     net: &'a N,
     cache: Option<CachedGgn>,
+    /// Per chunk and layer, a dense layer's inputs transposed (`fan_in × n`).
+    inputs_t: Vec<Vec<Option<DMatrix<f64>>>>,
 }
 
 impl<'a, N: Network> WhitenedJacobian<'a, N> {
-    /// Caches the layer statistics when they take at most `budget` bytes.
+    /// Caches the layer statistics, and the dense layers' inputs transposed, when together
+    /// they take at most `budget` bytes.
     pub(crate) fn new(net: &'a N, data: &Data, budget: usize) -> Result<Self> {
-        Ok(Self { net, cache: CachedGgn::build(net, data, budget)? })
+        let infos = net.layer_infos();
+        let n = data.x.nrows();
+        let transposed: usize = infos.iter().filter(|i| i.positions() == 1).map(|i| 8 * n * i.fan_in).sum();
+        let bytes = cache_bytes(&infos, n, data.k()).saturating_add(transposed);
+        let cache = if bytes <= budget { CachedGgn::build(net, data, usize::MAX)? } else { None };
+        let inputs_t = cache.as_ref().map_or_else(Vec::new, |c| {
+            c.chunks
+                .iter()
+                .map(|stats| {
+                    stats.iter().map(|st| (st.positions == 1).then(|| st.inputs.transpose())).collect()
+                })
+                .collect()
+        });
+        Ok(Self { net, cache, inputs_t })
     }
 
     /// Whether the products use cached layer statistics.
@@ -209,7 +225,10 @@ impl<'a, N: Network> WhitenedJacobian<'a, N> {
             |s, l| {
                 let uc = u.rows(s * k, l * k);
                 match &self.cache {
-                    Some(c) => Ok(c.chunk_vjp(&c.chunks[s / data.chunk], &uc.into_owned())),
+                    Some(c) => {
+                        let j = s / data.chunk;
+                        Ok(c.chunk_vjp(&c.chunks[j], &self.inputs_t[j], &uc.into_owned()))
+                    }
                     None => {
                         let q = self.net.output_dim();
                         let mut cot = DMatrix::zeros(l * q, u.ncols());
@@ -234,7 +253,8 @@ impl CachedGgn {
     /// columns are contiguous `fan_in × fan_out` column-major slices), then contracted with `δ`.
     fn chunk_jvp(&self, stats: &[LayerStatistics], v: &DMatrix<f64>) -> DMatrix<f64> {
         let (n, k, cols) = (stats[0].examples(), stats[0].columns, v.ncols());
-        let mut u = DMatrix::zeros(n * k, cols);
+        let nk = n * k;
+        let mut u = DMatrix::zeros(nk, cols);
         for (info, st) in self.infos.iter().zip(stats) {
             let (t, fo, fi) = (info.positions(), info.fan_out, info.fan_in);
             let column = |m: usize| &v.as_slice()[m * self.p..(m + 1) * self.p];
@@ -242,8 +262,29 @@ impl CachedGgn {
             for m in 0..cols {
                 stack.columns_mut(m * fo, fo).copy_from_slice(&column(m)[info.weight.clone()]);
             }
-            // Rows (m, r) of preᵀ: Σ_j W_m[r, j] a_{it, j} + b_m[r], column i·T + t.
-            let mut pre_t = (&st.inputs * stack).transpose();
+            // pre[(i, t), (m, r)] = Σ_j W_m[r, j] a_{it, j}, without the bias b_m[r].
+            let pre = &st.inputs * stack;
+            let grads = st.output_grads.as_slice();
+            if t == 1 {
+                // u[(i, c), m] += Σ_r δ[(i, c), r] (pre[i, (m, r)] + b_m[r]): contiguous columns
+                // of δ, pre and u, no transposes.
+                for m in 0..cols {
+                    let b = &column(m)[info.bias.clone()];
+                    let um = &mut u.as_mut_slice()[m * nk..(m + 1) * nk];
+                    for (r, br) in b.iter().enumerate() {
+                        let d = &grads[r * nk..(r + 1) * nk];
+                        let a = pre.column(m * fo + r);
+                        for ((ui, di), ai) in um.chunks_exact_mut(k).zip(d.chunks_exact(k)).zip(a.iter()) {
+                            let x = ai + br;
+                            for (uc, dc) in ui.iter_mut().zip(di) {
+                                *uc += dc * x;
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            let mut pre_t = pre.transpose(); // column i·T + t holds rows (m, r)
             for m in 0..cols {
                 let b = &column(m)[info.bias.clone()];
                 for mut col in pre_t.column_iter_mut() {
@@ -268,13 +309,44 @@ impl CachedGgn {
         u
     }
 
-    /// One chunk's `Rᵀ U`: per layer `Dᵀ Ã` with `D[(i, t), (m, r)] = Σ_c U[(i, c), m] δ_{(i, c, t), r}`
-    /// (one GEMM for all columns), scattered into the flat `[W | b]` coordinates.
-    fn chunk_vjp(&self, stats: &[LayerStatistics], u: &DMatrix<f64>) -> DMatrix<f64> {
+    /// One chunk's `Rᵀ U`: per layer with `D[(i, t), (m, r)] = Σ_c U[(i, c), m] δ_{(i, c, t), r}`,
+    /// the weight gradients `Ãᵀ D` (one GEMM for all columns; `inputs_t` holds a dense layer's
+    /// `Ãᵀ`, so its result's columns are the flat weight rows) and the bias gradients `Σ_(i, t) D`.
+    fn chunk_vjp(
+        &self,
+        stats: &[LayerStatistics],
+        inputs_t: &[Option<DMatrix<f64>>],
+        u: &DMatrix<f64>,
+    ) -> DMatrix<f64> {
         let (n, k, cols) = (stats[0].examples(), stats[0].columns, u.ncols());
+        let nk = n * k;
         let mut out = DMatrix::zeros(self.p, cols);
-        for (info, st) in self.infos.iter().zip(stats) {
+        for ((info, st), at) in self.infos.iter().zip(stats).zip(inputs_t) {
             let (t, fo, fi) = (info.positions(), info.fan_out, info.fan_in);
+            let grads = st.output_grads.as_slice();
+            if let (1, Some(at)) = (t, at) {
+                let mut d = DMatrix::zeros(n, fo * cols);
+                for m in 0..cols {
+                    let um = &u.as_slice()[m * nk..(m + 1) * nk];
+                    for r in 0..fo {
+                        let g = &grads[r * nk..(r + 1) * nk];
+                        let col = &mut d.as_mut_slice()[(m * fo + r) * n..(m * fo + r + 1) * n];
+                        for ((x, uc), gc) in col.iter_mut().zip(um.chunks_exact(k)).zip(g.chunks_exact(k)) {
+                            *x = uc.iter().zip(gc).map(|(a, b)| a * b).sum();
+                        }
+                    }
+                }
+                let wg = at * &d; // fan_in × fan_out·K: column (m, r) is row r of W's gradient
+                for m in 0..cols {
+                    let slice = &mut out.as_mut_slice()[m * self.p..(m + 1) * self.p];
+                    slice[info.weight.clone()]
+                        .copy_from_slice(&wg.as_slice()[m * fo * fi..(m + 1) * fo * fi]);
+                    for (r, x) in slice[info.bias.clone()].iter_mut().enumerate() {
+                        *x = d.column(m * fo + r).sum();
+                    }
+                }
+                continue;
+            }
             let grads_t = st.output_grads.transpose();
             let mut dt = DMatrix::zeros(fo * cols, n * t);
             for i in 0..n {
