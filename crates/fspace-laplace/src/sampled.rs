@@ -56,7 +56,7 @@ pub enum SampledPreconditioner {
 /// | `max_iterations` | 1 000 | CG iterations per solve at most |
 /// | `preconditioner` | `LowRank(100)` | `M ≈ P` of the solves |
 /// | `seed` | 0 | the draws' noise `ε₀`, `ε` |
-/// | `statistics_cache_bytes` | 1 GiB | cache the layer statistics for the products when they fit; `0` streams |
+/// | `statistics_cache_bytes` | 1 GiB | cache the layer statistics (and the dense layers' inputs transposed) for the products when they fit; `0` streams |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampledConfig {
     /// Posterior draws.

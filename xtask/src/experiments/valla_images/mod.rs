@@ -193,8 +193,9 @@ fn fit_method(
                 // The defaults are Fig. 3's 32 draws and 8 EM steps.
                 structure: Structure::Sampled(SampledConfig {
                     seed,
-                    // The layer statistics of 54 000 images take 2.3 GB; cached, each product
-                    // is two GEMMs per layer instead of a JVP and a VJP.
+                    // The layer statistics of 54 000 images take 2.8 GB with the transposed
+                    // inputs; cached, each product is two GEMMs per layer instead of a JVP and
+                    // a VJP.
                     statistics_cache_bytes: 4 << 30,
                     ..SampledConfig::default()
                 }),
