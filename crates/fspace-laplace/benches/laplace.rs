@@ -1,6 +1,7 @@
 //! Criterion benchmarks of the Laplace structures on the workloads (W1 = sine toy,
 //! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801), a sweep over the number of
-//! data points for KFAC and one over the number of draws for the sampled posterior. `cargo bench -p fspace-laplace`; peak memory per case:
+//! data points for KFAC and one over the number of draws for the sampled posterior.
+//! `cargo bench -p fspace-laplace`; peak memory per case:
 //! `cargo run --release -p fspace-laplace --example laplace_workloads`.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 

@@ -116,7 +116,6 @@ pub(crate) struct SampledRun {
 impl Precond {
     fn apply(&self, t: f64, lambda: f64, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         match self {
-            _ if v.ncols() == 0 => Ok(v.clone()),
             Self::Identity => Ok(v.clone()),
             Self::Diag(d) => {
                 Ok(DMatrix::from_fn(v.nrows(), v.ncols(), |i, j| v[(i, j)] / (t * d[i] + lambda)))
@@ -131,19 +130,18 @@ impl Precond {
             }
             Self::Kron(k, idx) => {
                 let lam = DVector::from_element(idx.len(), lambda);
-                let cols: Vec<DVector<f64>> = (0..v.ncols())
-                    .into_par_iter()
-                    .map(|j| {
+                let mut out = DMatrix::zeros(v.nrows(), v.ncols());
+                out.as_mut_slice().par_chunks_exact_mut(v.nrows().max(1)).enumerate().try_for_each(
+                    |(j, col)| -> Result<()> {
                         let vk = DMatrix::from_fn(idx.len(), 1, |c, _| v[(idx[c], j)]);
                         let s = k.solve(t, &lam, &vk)?;
-                        let mut out = DVector::zeros(v.nrows());
                         for (c, &i) in idx.iter().enumerate() {
-                            out[i] = s[(c, 0)];
+                            col[i] = s[(c, 0)];
                         }
-                        Ok(out)
-                    })
-                    .collect::<Result<_>>()?;
-                Ok(DMatrix::from_columns(&cols))
+                        Ok(())
+                    },
+                )?;
+                Ok(out)
             }
         }
     }
@@ -164,7 +162,8 @@ pub(crate) fn validate(config: &SampledConfig) -> Result<()> {
     crate::error::ensure_positive("sampled posterior tol", config.tol)
 }
 
-/// Runs EM from `lambda0` and returns the draws at the final λ.
+/// Runs EM from `lambda0` and returns the draws at the final λ (`config` already passed
+/// [`validate`], before its preconditioner was built).
 pub(crate) fn sampled<N: Network>(
     net: &N,
     data: &Data,
@@ -173,7 +172,6 @@ pub(crate) fn sampled<N: Network>(
     lambda0: f64,
     t: f64,
 ) -> Result<SampledRun> {
-    validate(config)?;
     let p = net.n_params();
     let w2 = net.params().norm_squared();
     if config.em_steps > 0 && w2 == 0.0 {

@@ -1,9 +1,10 @@
 //! `valla-mnist` and `valla-fmnist` — VaLLA Figs. 3 and 4: the 2×200 tanh MLP trained as in
 //! App. F.1, then MAP, LLA Diag, LLA KFAC, last-layer LLA, last-layer LLA KFAC, ELLA, Sampled
-//! LLA (MNIST only: Fig. 4's table has no such row), VaLLA 100 and VaLLA 200 on the same network; ACC, NLL, ECE, Brier and OOD ROC-AUC (predictive entropy
-//! as the score; MNIST vs Fashion-MNIST test images, and the other direction for
-//! `valla-fmnist`), each method's fit time as a box plot, and (Fashion-MNIST, Fig. 4 right) ECE
-//! and NLL of the test images rotated by 0°–180°.
+//! LLA (MNIST only: Fig. 4's table has no such row), VaLLA 100 and VaLLA 200 on the same
+//! network; ACC, NLL, ECE, Brier and OOD ROC-AUC (predictive entropy as the score; MNIST vs
+//! Fashion-MNIST test images, and the other direction for `valla-fmnist`), each method's fit
+//! time as a box plot, and (Fashion-MNIST, Fig. 4 right) ECE and NLL of the test images
+//! rotated by 0°–180°.
 //!
 //! Protocol (full run; `--quick` is a smoke test on 3 000 images whose numbers are not the
 //! paper's):
