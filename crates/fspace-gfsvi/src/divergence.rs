@@ -72,8 +72,13 @@ pub fn gaussian_kl(
 ) -> Result<GaussianKl> {
     check(mean_q, cov_q, mean_p, cov_p)?;
     let m = mean_q.len() as f64;
-    let (p_inv, logdet_p) = inverse_and_logdet(cov_p, "prior covariance (K + γM·I)")?;
-    let (q_inv, logdet_q) = inverse_and_logdet(cov_q, "variational covariance (J S Jᵀ + γM·I)")?;
+    // The two inverses are independent: side by side, each keeps its own operation order.
+    let (prior, variational) = rayon::join(
+        || inverse_and_logdet(cov_p, "prior covariance (K + γM·I)"),
+        || inverse_and_logdet(cov_q, "variational covariance (J S Jᵀ + γM·I)"),
+    );
+    let (p_inv, logdet_p) = prior?;
+    let (q_inv, logdet_q) = variational?;
     let delta = mean_q - mean_p;
     let alpha = &p_inv * &delta;
     let trace = p_inv.component_mul(cov_q).sum();

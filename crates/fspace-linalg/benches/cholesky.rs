@@ -1,7 +1,7 @@
 //! Blocked (parallel) Cholesky and `K⁻¹` against nalgebra's column-wise versions and faer's
 //! `llt` / `Llt::solve` (both threads), for n = 500 … 4000 (the exact-GP and LML-gradient hot
 //! path). The faer rows include the copy into and out of faer's matrix types that using it
-//! would cost.
+//! would cost. Then `A⁻¹` with `log|A|` at n = 100 … 1000, the KL's piece of a GFSVI step.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -58,6 +58,16 @@ fn bench(c: &mut Criterion) {
                 let x = llt.solve(faer::Mat::<f64>::identity(n, n));
                 DMatrix::from_fn(n, n, |i, j| x[(i, j)])
             })
+        });
+    }
+    group.finish();
+    // GFSVI's and TFSVI's KL inverts two such matrices per step (M = measurement points).
+    let mut group = c.benchmark_group("spd_inverse_and_logdet");
+    group.sample_size(10);
+    for n in [100usize, 200, 500, 1000] {
+        let a = spd(n);
+        group.bench_with_input(BenchmarkId::new("blocked", n), &n, |b, _| {
+            b.iter(|| fspace_linalg::blocked::spd_inverse_and_logdet(&a).unwrap())
         });
     }
     group.finish();
