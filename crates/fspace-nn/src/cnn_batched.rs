@@ -63,41 +63,64 @@ impl Conv {
     }
 }
 
-/// Calls `copy(patch_offset, input_offset)` for every in-bounds `(position, ky, kx)` of one
-/// image: `cin` values at `input_offset` of its NHWC map belong at `patch_offset` of its patch
-/// rows (padding entries are skipped — they stay zero). Shared by [`im2col`] and [`col2im`].
-fn for_each_patch_copy(g: &Conv, mut copy: impl FnMut(usize, usize)) {
-    let kw = g.patch_width();
+/// Calls `run(patch_offset, Some(input_offset), len)` for every in-bounds run of one image's
+/// patches, in the order `(position, ky)`: for a fixed position and `ky`, the in-bounds `kx`
+/// and all channels are `len` consecutive values both in the NHWC map (adjacent positions of one
+/// row) and in the patch row (columns `(ky, kx, c)`); `run(patch_offset, None, len)` for the
+/// runs of padding entries. Shared by [`im2col`] and [`col2im`]; within a run `kx` ascends, so
+/// col2im's sums are accumulated in the order of a per-`(ky, kx)` loop.
+fn for_each_patch_run(g: &Conv, mut run: impl FnMut(usize, Option<usize>, usize)) {
+    let (kw, c) = (g.patch_width(), g.cin);
     for y in 0..g.ho {
         for x in 0..g.wo {
+            let row = (y * g.wo + x) * kw;
+            // In-bounds kx: pad ≤ x + kx < pad + wd.
+            let kx_lo = g.pad.saturating_sub(x).min(g.k);
+            let kx_hi = g.k.min((g.pad + g.wd).saturating_sub(x)).max(kx_lo);
             for ky in 0..g.k {
                 let yy = y + ky;
-                if yy < g.pad || yy - g.pad >= g.h {
+                let first = row + ky * g.k * c;
+                if yy < g.pad || yy - g.pad >= g.h || kx_lo == kx_hi {
+                    run(first, None, g.k * c);
                     continue;
                 }
-                for kx in 0..g.k {
-                    let xx = x + kx;
-                    if xx < g.pad || xx - g.pad >= g.wd {
-                        continue;
-                    }
-                    copy(
-                        (y * g.wo + x) * kw + (ky * g.k + kx) * g.cin,
-                        ((yy - g.pad) * g.wd + xx - g.pad) * g.cin,
-                    );
+                if kx_lo > 0 {
+                    run(first, None, kx_lo * c);
+                }
+                let src = ((yy - g.pad) * g.wd + x + kx_lo - g.pad) * c;
+                run(first + kx_lo * c, Some(src), (kx_hi - kx_lo) * c);
+                if kx_hi < g.k {
+                    run(first + kx_hi * c, None, (g.k - kx_hi) * c);
                 }
             }
         }
     }
 }
 
+/// `dst ← src` for the short runs of im2col (often 3 or 5 values): blocks of 4 as fixed-size
+/// copies and the rest one by one, instead of a `memcpy` call per run.
+fn copy_short(dst: &mut [f64], src: &[f64]) {
+    let mut d = dst.chunks_exact_mut(4);
+    let mut s = src.chunks_exact(4);
+    for (d4, s4) in (&mut d).zip(&mut s) {
+        let d4: &mut [f64; 4] = d4.try_into().expect("a block of 4");
+        *d4 = s4.try_into().expect("a block of 4");
+    }
+    for (v, w) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *v = *w;
+    }
+}
+
 /// im2col: patches `n·H_o·W_o × k·k·C_in` of an NHWC batch `a` (zero padding).
 fn im2col(a: &[f64], n: usize, g: &Conv) -> Vec<f64> {
     let (per_image_in, per_image_p) = (g.h * g.wd * g.cin, g.ho * g.wo * g.patch_width());
-    // Padding entries are skipped by the copy and must be zero; without padding every entry is
-    // written.
-    let mut patches = if g.pad == 0 { overwritten(n * per_image_p) } else { zeroed(n * per_image_p) };
+    // Every entry is written: the in-bounds runs by copies, the padding by zeros.
+    let mut patches = overwritten(n * per_image_p);
     patches.par_chunks_mut(per_image_p).zip(a.par_chunks(per_image_in)).for_each(|(img, ai)| {
-        for_each_patch_copy(g, |dst, src| img[dst..dst + g.cin].copy_from_slice(&ai[src..src + g.cin]));
+        for_each_patch_run(g, |dst, src, len| match src {
+            Some(src) => copy_short(&mut img[dst..dst + len], &ai[src..src + len]),
+            None => img[dst..dst + len].iter_mut().for_each(|v| *v = 0.0),
+        });
     });
     patches
 }
@@ -107,8 +130,10 @@ fn col2im(dp: &[f64], n: usize, g: &Conv) -> Vec<f64> {
     let (per_image_in, per_image_p) = (g.h * g.wd * g.cin, g.ho * g.wo * g.patch_width());
     let mut da = zeroed(n * per_image_in);
     da.par_chunks_mut(per_image_in).zip(dp.par_chunks(per_image_p)).for_each(|(img, dpi)| {
-        for_each_patch_copy(g, |src, dst| {
-            img[dst..dst + g.cin].iter_mut().zip(&dpi[src..src + g.cin]).for_each(|(d, s)| *d += s)
+        for_each_patch_run(g, |src, dst, len| {
+            if let Some(dst) = dst {
+                img[dst..dst + len].iter_mut().zip(&dpi[src..src + len]).for_each(|(d, s)| *d += s)
+            }
         });
     });
     da
@@ -791,6 +816,61 @@ mod tests {
                 let err = (&r.output_grads - &b.output_grads).abs().max();
                 assert!(err <= 1e-11 * scale, "output grads: {err} vs scale {scale}");
             }
+        }
+    }
+
+    /// im2col against its definition (every entry, padding included, with the scratch pool full
+    /// of NaN) and col2im as its adjoint, summed in the per-`(ky, kx)` order, bit for bit.
+    #[test]
+    fn im2col_and_col2im_follow_their_definitions() {
+        let geometries =
+            [(1, 5, 2, 7, 6), (3, 3, 1, 5, 4), (2, 3, 0, 6, 6), (2, 5, 2, 3, 4), (1, 7, 3, 2, 2)];
+        for (cin, k, pad, h, wd) in geometries {
+            let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
+            let g = Conv { cin, cout: 1, k, pad, h, wd, ho, wo, pool: false };
+            let n = 2;
+            let a: Vec<f64> = (0..n * h * wd * cin).map(|i| ((i * 7) % 13) as f64 - 6.0).collect();
+            recycle(vec![f64::NAN; n * ho * wo * g.patch_width()]);
+            let patches = im2col(&a, n, &g);
+            let kw = g.patch_width();
+            let mut expected_back = vec![0.0; a.len()];
+            let dp: Vec<f64> = (0..patches.len()).map(|i| ((i * 5) % 11) as f64 * 0.25 - 1.0).collect();
+            for img in 0..n {
+                for y in 0..ho {
+                    for x in 0..wo {
+                        for ky in 0..k {
+                            for kx in 0..k {
+                                for c in 0..cin {
+                                    let at = (img * ho * wo + y * wo + x) * kw + (ky * k + kx) * cin + c;
+                                    let (yy, xx) =
+                                        ((y + ky) as isize - pad as isize, (x + kx) as isize - pad as isize);
+                                    let inside =
+                                        yy >= 0 && xx >= 0 && (yy as usize) < h && (xx as usize) < wd;
+                                    let want = if inside {
+                                        let src = ((img * h + yy as usize) * wd + xx as usize) * cin + c;
+                                        expected_back[src] += dp[at];
+                                        a[src]
+                                    } else {
+                                        0.0
+                                    };
+                                    assert_eq!(
+                                        patches[at].to_bits(),
+                                        want.to_bits(),
+                                        "{:?}",
+                                        (cin, k, pad, at)
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let back = col2im(&dp, n, &g);
+            assert!(
+                back.iter().zip(&expected_back).all(|(u, v)| u.to_bits() == v.to_bits()),
+                "{:?}",
+                (cin, k, pad)
+            );
         }
     }
 }
