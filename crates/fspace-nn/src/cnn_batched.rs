@@ -29,7 +29,9 @@ use crate::cnn::{Cnn, Layer};
 use crate::error::Result;
 use crate::gemm::{gemm, Operand};
 use crate::layers::LayerStatistics;
-use crate::mlp_batched::{activate, add_column_sums, bias_rows, check_cotangent, row_major, scale_by};
+use crate::mlp_batched::{
+    activate, add_column_sums, bias_rows, check_cotangent, copy_short, row_major, scale_by,
+};
 use crate::scratch::{overwritten, recycle, recycle_indices, zeroed, zeroed_indices};
 
 /// Images per chunk of a batched pass.
@@ -94,20 +96,6 @@ fn for_each_patch_run(g: &Conv, mut run: impl FnMut(usize, Option<usize>, usize)
                 }
             }
         }
-    }
-}
-
-/// `dst ← src` for the short runs of im2col (often 3 or 5 values): blocks of 4 as fixed-size
-/// copies and the rest one by one, instead of a `memcpy` call per run.
-fn copy_short(dst: &mut [f64], src: &[f64]) {
-    let mut d = dst.chunks_exact_mut(4);
-    let mut s = src.chunks_exact(4);
-    for (d4, s4) in (&mut d).zip(&mut s) {
-        let d4: &mut [f64; 4] = d4.try_into().expect("a block of 4");
-        *d4 = s4.try_into().expect("a block of 4");
-    }
-    for (v, w) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *v = *w;
     }
 }
 

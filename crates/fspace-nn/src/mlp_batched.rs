@@ -163,9 +163,29 @@ pub(crate) fn add_column_sums(rows: &[f64], m: usize, out: &mut [f64]) {
 pub(crate) fn bias_rows(flat: &[f64], b: usize, width: usize, rows: usize) -> Vec<f64> {
     let mut z = crate::scratch::overwritten(rows * width);
     for row in z.chunks_exact_mut(width) {
-        row.copy_from_slice(&flat[b..b + width]);
+        copy_short(row, &flat[b..b + width]);
     }
     z
+}
+
+/// `dst ← src` for the short runs of im2col and the bias rows of narrow layers (often 3 to 6
+/// values): blocks of 4 as fixed-size copies and the rest one by one, instead of a `memcpy`
+/// call per run; longer runs go to `copy_from_slice`.
+pub(crate) fn copy_short(dst: &mut [f64], src: &[f64]) {
+    debug_assert_eq!(dst.len(), src.len());
+    if dst.len() > 16 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let mut d = dst.chunks_exact_mut(4);
+    let mut s = src.chunks_exact(4);
+    for (d4, s4) in (&mut d).zip(&mut s) {
+        let d4: &mut [f64; 4] = d4.try_into().expect("a block of 4");
+        *d4 = s4.try_into().expect("a block of 4");
+    }
+    for (v, w) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *v = *w;
+    }
 }
 
 /// A row-major copy of a column-major matrix.

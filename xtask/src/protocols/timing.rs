@@ -68,20 +68,43 @@ pub fn time_network<N: Network>(
         net.vjp(&batch, &v)?;
         Ok(())
     })?;
+    let (seconds, final_loss) = one_epoch(net, x, y)?;
+    Ok(Timing { epoch_s: seconds * scale, forward_ms, jvp_ms, vjp_ms, final_loss })
+}
+
+/// Seconds and training loss of one MAP epoch (Adam 1e-3, batch 100, categorical, seed 0).
+fn one_epoch<N: Network>(net: &mut N, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<(f64, f64)> {
     let mut lik = Categorical::new(10)?;
     let cfg = TrainConfig { epochs: 1, batch_size: 100, learning_rate: 1e-3, seed: 0, ..Default::default() };
     let t = Instant::now();
     let rep = train_map(net, &mut lik, x, y, None, None, &cfg, |_| {})?;
-    let epoch_s = t.elapsed().as_secs_f64() * scale;
-    Ok(Timing { epoch_s, forward_ms, jvp_ms, vjp_ms, final_loss: rep.history[0].train_loss })
+    Ok((t.elapsed().as_secs_f64(), rep.history[0].train_loss))
 }
 
-/// Runs the timer.
+/// The median over `epochs` successive MAP epochs (Adam 1e-3, batch 100, categorical, one
+/// `train_map` call each) of `net` on `(x, y)`, in seconds times `scale` — the protocol of
+/// `scripts/compare/torch_epoch.py --epochs K`, whose number it is set beside.
+pub fn median_epoch_s<N: Network>(
+    net: &mut N,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    scale: f64,
+    epochs: usize,
+) -> Result<f64> {
+    let mut times = Vec::with_capacity(epochs);
+    for _ in 0..epochs.max(1) {
+        times.push(one_epoch(net, x, y)?.0 * scale);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
+
 /// Seconds per 54 000-image epoch that PyTorch reports for the networks `only`
-/// (`mlp,lenet,fsp`), trained on `images` images (`None`: all) and scaled to 54 000, run live by
-/// `scripts/compare/torch_epoch.py` with `$FSPACE_PYTHON` (else `python3`); `None` (with the
-/// reason in the log) when no python with torch imports or the script does not report.
-pub fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str) -> Option<Value> {
+/// (`mlp,lenet,fsp`), trained on `images` images (`None`: all) and scaled to 54 000 — the median
+/// of `epochs` epochs — run live by `scripts/compare/torch_epoch.py` with `$FSPACE_PYTHON` (else
+/// `python3`); `None` (with the reason in the log) when no python with torch imports or the
+/// script does not report.
+pub fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str, epochs: usize) -> Option<Value> {
     let python = std::env::var("FSPACE_PYTHON").unwrap_or_else(|_| "python3".into());
     let importable = Command::new(&python)
         .args(["-c", "import torch"])
@@ -94,7 +117,13 @@ pub fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str) -> Op
     }
     let dir = fspace_data::dataset_dir().join("mnist");
     let mut cmd = Command::new(&python);
-    cmd.arg("scripts/compare/torch_epoch.py").arg(&dir).args(["--epochs", "1", "--json", "--only", only]);
+    cmd.arg("scripts/compare/torch_epoch.py").arg(&dir).args([
+        "--epochs",
+        &epochs.to_string(),
+        "--json",
+        "--only",
+        only,
+    ]);
     if let Some(n) = images {
         cmd.args(["--images", &n.to_string()]);
     }
