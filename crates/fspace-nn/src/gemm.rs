@@ -49,32 +49,22 @@ impl<'a> Operand<'a> {
     }
     /// Logical rows `start..start + len` as a strided nalgebra view.
     fn view_rows(&self, start: usize, len: usize) -> MatrixView<'a, f64, Dyn, Dyn, Dyn, Dyn> {
-        let (_, lc) = self.shape();
-        // Stored (r, c) lives at r·cols + c; logical (i, j) is stored (i, j) or (j, i).
-        let (rs, cs) = if self.transposed { (1, self.cols) } else { (self.cols, 1) };
-        let offset = start * rs;
-        let span = if len == 0 || lc == 0 { 0 } else { (len - 1) * rs + (lc - 1) * cs + 1 };
-        MatrixView::from_slice_with_strides_generic(
-            &self.data[offset..offset + span],
-            Dyn(len),
-            Dyn(lc),
-            Dyn(rs),
-            Dyn(cs),
-        )
+        self.view((start, len), (0, self.shape().1))
     }
-}
-
-impl<'a> Operand<'a> {
     /// Logical columns `start..start + len` (all rows) as a strided nalgebra view.
     fn view_cols(&self, start: usize, len: usize) -> MatrixView<'a, f64, Dyn, Dyn, Dyn, Dyn> {
-        let (lr, _) = self.shape();
+        self.view((0, self.shape().0), (start, len))
+    }
+    /// The logical block of `rows = (first, count)` and `cols = (first, count)`.
+    fn view(&self, rows: (usize, usize), cols: (usize, usize)) -> MatrixView<'a, f64, Dyn, Dyn, Dyn, Dyn> {
+        // Stored (r, c) lives at r·cols + c; logical (i, j) is stored (i, j) or (j, i).
         let (rs, cs) = if self.transposed { (1, self.cols) } else { (self.cols, 1) };
-        let offset = start * cs;
-        let span = if len == 0 || lr == 0 { 0 } else { (lr - 1) * rs + (len - 1) * cs + 1 };
+        let offset = rows.0 * rs + cols.0 * cs;
+        let span = if rows.1 == 0 || cols.1 == 0 { 0 } else { (rows.1 - 1) * rs + (cols.1 - 1) * cs + 1 };
         MatrixView::from_slice_with_strides_generic(
             &self.data[offset..offset + span],
-            Dyn(lr),
-            Dyn(len),
+            Dyn(rows.1),
+            Dyn(cols.1),
             Dyn(rs),
             Dyn(cs),
         )
