@@ -6,8 +6,9 @@
 //! slice with its strides swapped, never a copy — and calls nalgebra's `gemm`, which hands
 //! strided `f64` products above 5×5 to `matrixmultiply`'s packed, vectorised kernel (safe code;
 //! the workspace forbids `unsafe`). Products large enough to pay for it are split over rayon by
-//! blocks of output rows: every output entry is still the same sequence of floating-point
-//! operations, so results do not depend on the thread count.
+//! blocks of output rows, or of output columns when they are wider than tall and deep (the
+//! convolutions' weight gradients): every output entry is still the same sequence of
+//! floating-point operations, so results do not depend on the thread count.
 //!
 //! Why this kernel (issue 15, measured on the 2-core development machine, GFLOP/s, shapes
 //! `m×k×n` of the MNIST networks' products; the table is in `docs/ARCHITECTURE.md`, "Network
