@@ -451,10 +451,20 @@ impl Cnn {
                     let g = Self::conv_geometry(layer).expect("a convolution");
                     let rows = n * g.ho * g.wo;
                     let mut dz = if g.pool {
-                        let mut dz = zeroed(rows * g.cout);
-                        for (&i, d) in trace.argmax[l].iter().zip(&delta) {
-                            dz[i] += d;
-                        }
+                        // Image by image in parallel: an image's arg-max indices point into its
+                        // own block of `Z`, and no entry is the maximum of two windows.
+                        let per_in = g.ho * g.wo * g.cout;
+                        let per_out = g.out_positions() * g.cout;
+                        let mut dz = overwritten(rows * g.cout);
+                        dz.par_chunks_mut(per_in)
+                            .zip(trace.argmax[l].par_chunks(per_out).zip(delta.par_chunks(per_out)))
+                            .enumerate()
+                            .for_each(|(img, (dzi, (arg, d)))| {
+                                dzi.iter_mut().for_each(|v| *v = 0.0);
+                                for (&i, dv) in arg.iter().zip(d) {
+                                    dzi[i - img * per_in] += dv;
+                                }
+                            });
                         recycle(delta);
                         dz
                     } else {

@@ -161,9 +161,14 @@ pub(crate) fn add_column_sums(rows: &[f64], m: usize, out: &mut [f64]) {
 
 /// `rows` copies of `flat[b..b + width]` (a bias broadcast over a batch), from the scratch pool.
 pub(crate) fn bias_rows(flat: &[f64], b: usize, width: usize, rows: usize) -> Vec<f64> {
+    const ROWS_PER_TASK: usize = 1024;
     let mut z = crate::scratch::overwritten(rows * width);
-    for row in z.chunks_exact_mut(width) {
-        copy_short(row, &flat[b..b + width]);
+    let bias = &flat[b..b + width];
+    let fill = |block: &mut [f64]| block.chunks_exact_mut(width).for_each(|row| copy_short(row, bias));
+    if z.len() >= PARALLEL_MIN_ELEMENTS && width > 0 {
+        z.par_chunks_mut(width * ROWS_PER_TASK).for_each(fill);
+    } else {
+        fill(&mut z);
     }
     z
 }
