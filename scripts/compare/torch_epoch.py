@@ -5,11 +5,13 @@ Run it in a throw-away venv outside the repository, on the same machine:
 
     python -m venv /tmp/tv && /tmp/tv/bin/pip install torch numpy
     /tmp/tv/bin/python scripts/compare/torch_epoch.py [path/to/datasets/mnist] \
-        [--images N] [--epochs K] [--only mlp,lenet,fsp] [--json]
+        [--images N] [--epochs K] [--warmup W] [--no-per-batch] [--only mlp,lenet,fsp] [--json]
 
-`--images N` trains on the first N images of the split and scales the epoch time to 54 000
-(`cargo xtask reproduce perf` runs `--images 5400 --epochs 1 --only lenet,fsp --json` live and
-reads the last line, `{"lenet_epoch_s": …, "fsp_cnn_epoch_s": …}`).
+`--images N` trains on the first N images of the split and scales the epoch time to 54 000;
+`--warmup W` trains W untimed epochs first; `--no-per-batch` skips the per-batch operator
+timings. `cargo xtask reproduce perf` runs `--images 5400 --warmup 1 --epochs 1 --no-per-batch
+--only lenet --json` (and `--only fsp`) live, once per round between fspace's own epochs, and
+reads the last line, `{"lenet_epoch_s": …}`.
 
 Setting (as fspace's timer): the 60 000 MNIST training images standardised by one scalar mean
 and std, a seeded 90/10 split (54 000 for training), batch 100, Adam lr 1e-3, cross-entropy
@@ -38,6 +40,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("root", nargs="?", default="datasets/mnist")
 ap.add_argument("--images", type=int, default=None)
 ap.add_argument("--epochs", type=int, default=3)
+ap.add_argument("--warmup", type=int, default=0)
+ap.add_argument("--no-per-batch", action="store_true")
 ap.add_argument("--only", default="mlp,lenet,fsp")
 ap.add_argument("--json", action="store_true")
 args = ap.parse_args()
@@ -146,13 +150,14 @@ for key, name, make in [("mlp", "MLP 784-200-200-10", mlp), ("lenet", "LeNet-5",
     net = make()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
+    for _ in range(args.warmup):
+        epoch(net, opt, gen)
     times = [epoch(net, opt, gen) * scale for _ in range(args.epochs)]
     report[keys[key]] = statistics.median(times)
-    fwd, jv, vj = per_batch(net)
-    print(
-        f"{name}: epoch median {statistics.median(times):.2f} s (all {', '.join(f'{t:.2f}' for t in times)}); "
-        f"per batch of 100: f {fwd:.2f} ms, J.u {jv:.2f} ms, J^T.V {vj:.2f} ms",
-        flush=True,
-    )
+    line = f"{name}: epoch median {statistics.median(times):.2f} s (all {', '.join(f'{t:.2f}' for t in times)})"
+    if not args.no_per_batch:
+        fwd, jv, vj = per_batch(net)
+        line += f"; per batch of 100: f {fwd:.2f} ms, J.u {jv:.2f} ms, J^T.V {vj:.2f} ms"
+    print(line, flush=True)
 if args.json:
     print(json.dumps(report), flush=True)

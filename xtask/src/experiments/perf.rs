@@ -10,11 +10,11 @@
 //! | `tfsvi_step_ms`, `tfsvi_bound_ms` | the same for TFSVI (the prior's pushforward `J σ² Jᵀ` and its pullback add 1.5 M²p, the KL's gradient in the prior covariance `Σ_p⁻¹ Σ_q Σ_p⁻¹` 2M³) |
 //! | `valla_iteration_ms`, `valla_bound_ms` | one VaLLA iteration (objective + gradient including `Z`) on the MNIST MLP 784-200-200-10, batch 100, M = 200, and the GEMM of its multiply-adds counted from the NTK and objective code (`valla_madds` in this file) |
 //! | `sweeps` | every M measured: GFSVI 100 … 1 000, TFSVI 100 … 500, VaLLA 50 … 200 (`m`, `step_ms`, `madds`, `bound_ms`, `ratio`) |
-//! | `lenet_epoch_s`, `fsp_cnn_epoch_s` | one epoch of MAP training (Adam 1e-3, batch 100, f64) on 5 400 MNIST images, × 10; the median of 3 epochs |
+//! | `lenet_epoch_s`, `fsp_cnn_epoch_s` | one epoch of MAP training (Adam 1e-3, batch 100, f64) on 5 400 MNIST images, × 10; the median of 3 rounds (below) |
 //! | `fsp_toy_prior_s` | FSP-Laplace on the sine toy for one RBF prior: 8 000 full-batch steps + Alg. 2 |
 //! | `w1_full_lla_s` | W1 (sine toy, 2×50 tanh, p = 2 701): full-GGN Laplace fit + λ by marginal likelihood + GLM predictive at 1 000 points |
-//! | `torch_lenet_epoch_s`, `torch_fsp_cnn_epoch_s` | the same epochs in PyTorch (CPU, f64, 2 threads; median of 3), run live by `scripts/compare/torch_epoch.py` — present only when a python with torch is importable (`$FSPACE_PYTHON`, else `python3`) |
-//! | `lenet_over_torch`, `fsp_cnn_over_torch` | fspace's epoch over PyTorch's (present with them) |
+//! | `torch_lenet_epoch_s`, `torch_fsp_cnn_epoch_s` | the same epochs in PyTorch (CPU, f64, 2 threads), run live by `scripts/compare/torch_epoch.py` — present only when a python with torch is importable (`$FSPACE_PYTHON`, else `python3`). Each of the 3 rounds times one fspace epoch and then one PyTorch epoch, each after an untimed warm-up epoch, so both sides see the same state of the machine |
+//! | `lenet_over_torch`, `fsp_cnn_over_torch` | the median over rounds of fspace's epoch over PyTorch's (present with them) |
 //!
 //! Every number is measured in this run on this machine; nothing is a recorded reference.
 
@@ -36,9 +36,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::harness::registry::Options;
 use crate::harness::report::{markdown_table, Run};
-use crate::protocols::images::{train_val_test, ImageSet};
+use crate::protocols::images::{train_val_test, ImageSet, Images};
 use crate::protocols::sine::sine_config;
-use crate::protocols::timing::{median_epoch_s, median_ms, torch_epochs_live};
+use crate::protocols::timing::{median_epoch_s, median_ms, torch_epoch_script, torch_python};
 use crate::protocols::{tanh_mlp, targets};
 
 /// One method's iteration at one size against a GEMM of the iteration's GEMM-shaped work.
@@ -212,14 +212,62 @@ fn w1_full_lla() -> Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// Epochs per timed network, fspace and PyTorch alike: the median is reported (one epoch of
-/// PyTorch alone varied by ±12 % between runs).
-const EPOCHS: usize = 3;
+/// Timed rounds per network. A round is one fspace epoch and then one PyTorch epoch (each side
+/// after one untimed warm-up epoch), so both sides see the same state of the machine: timed
+/// minutes apart, single epochs of either side varied by up to 40 % on the 2-core machine.
+const ROUNDS: usize = 3;
 
-/// PyTorch's LeNet-5 and FSP CNN epochs on 5 400 images × 10, if a python with torch runs.
-fn torch_epochs(run: &mut Run) -> Option<(f64, f64)> {
-    let v = torch_epochs_live(run, Some(5_400), "lenet,fsp", EPOCHS)?;
-    Some((v["lenet_epoch_s"].as_f64()?, v["fsp_cnn_epoch_s"].as_f64()?))
+/// The middle value (upper middle for an even count) of a non-empty list.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// One network's epochs beside PyTorch's, 5 400 images × 10.
+struct EpochComparison {
+    /// Median over rounds of fspace's epoch.
+    ours_s: f64,
+    /// Median over rounds of PyTorch's epoch, with the median of the rounds' ratios.
+    torch: Option<(f64, f64)>,
+}
+
+/// [`ROUNDS`] alternated rounds of fspace's and (with `python`) PyTorch's epoch of `network`
+/// (`lenet` or `fsp` in `scripts/compare/torch_epoch.py`).
+fn compare_epochs(
+    run: &mut Run,
+    python: Option<&str>,
+    config: CnnConfig,
+    network: &str,
+    train: &Images,
+) -> Result<EpochComparison> {
+    let key = if network == "lenet" { "lenet_epoch_s" } else { "fsp_cnn_epoch_s" };
+    let mut net = Cnn::new(config)?;
+    median_epoch_s(&mut net, &train.x, &train.y, 10.0, 1)?; // warm-up
+    let (mut ours, mut torch) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        ours.push(median_epoch_s(&mut net, &train.x, &train.y, 10.0, 1)?);
+        if let Some(py) = python {
+            let args = ["--warmup", "1", "--epochs", "1", "--no-per-batch"];
+            if let Some(t) =
+                torch_epoch_script(run, py, Some(5_400), network, &args).and_then(|v| v[key].as_f64())
+            {
+                torch.push(t);
+            }
+        }
+    }
+    run.log(format!(
+        "{network} epochs (5 400 images × 10), fspace / PyTorch by round: {}",
+        ours.iter()
+            .enumerate()
+            .map(|(r, o)| torch.get(r).map_or(format!("{o:.2} s"), |t| format!("{o:.2} / {t:.2} s")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let torch = (torch.len() == ours.len()).then(|| {
+        let ratios = ours.iter().zip(&torch).map(|(o, t)| o / t).collect();
+        (median(torch.clone()), median(ratios))
+    });
+    Ok(EpochComparison { ours_s: median(ours), torch })
 }
 
 /// The M-sweeps against their GEMM bounds.
@@ -303,11 +351,24 @@ pub fn run(opts: &Options) -> Result<()> {
 
     let (train, _, _, _) = train_val_test(ImageSet::Mnist, 0)?;
     let train = train.subset(5_400, 0);
-    let epoch = |config| median_epoch_s(&mut Cnn::new(config)?, &train.x, &train.y, 10.0, EPOCHS);
-    let lenet_s = epoch(CnnConfig::lenet5(10, Activation::Tanh, 0))?;
-    let fsp_cnn_s = epoch(CnnConfig::fsp_mnist(10, Activation::Tanh, 0))?;
+    let python = torch_python(&mut run);
+    let lenet = compare_epochs(
+        &mut run,
+        python.as_deref(),
+        CnnConfig::lenet5(10, Activation::Tanh, 0),
+        "lenet",
+        &train,
+    )?;
+    let fsp_cnn = compare_epochs(
+        &mut run,
+        python.as_deref(),
+        CnnConfig::fsp_mnist(10, Activation::Tanh, 0),
+        "fsp",
+        &train,
+    )?;
+    let (lenet_s, fsp_cnn_s) = (lenet.ours_s, fsp_cnn.ours_s);
     run.log(format!(
-        "epochs (5 400 images × 10, median of {EPOCHS}): LeNet-5 {lenet_s:.2} s, FSP CNN {fsp_cnn_s:.2} s"
+        "epochs (5 400 images × 10, median of {ROUNDS} rounds): LeNet-5 {lenet_s:.2} s, FSP CNN {fsp_cnn_s:.2} s"
     ));
 
     let toy = fsp_toy_prior()?;
@@ -315,12 +376,15 @@ pub fn run(opts: &Options) -> Result<()> {
     let w1 = w1_full_lla()?;
     run.log(format!("W1 full-GGN Laplace (fit + marginal likelihood + 1 000 predictions): {w1:.2} s"));
 
-    let torch = torch_epochs(&mut run);
-    if let Some((t_lenet, t_fsp)) = torch {
-        run.log(format!("PyTorch (live): LeNet-5 {t_lenet:.2} s, FSP CNN {t_fsp:.2} s"));
+    for (name, c) in [("LeNet-5", &lenet), ("FSP CNN", &fsp_cnn)] {
+        if let Some((t, ratio)) = c.torch {
+            run.log(format!("PyTorch (live, alternated): {name} {t:.2} s; fspace / PyTorch {ratio:.2}"));
+        }
     }
-    let torch_cell = |v: Option<f64>, ours: f64| {
-        v.map_or("– (no python with torch)".to_string(), |t| format!("{t:.2} s (ours {:.2}×)", ours / t))
+    let torch_cell = |c: &EpochComparison| {
+        c.torch.map_or("– (no python with torch)".to_string(), |(t, r)| {
+            format!("PyTorch {t:.2} s (ours {r:.2}×, median of {ROUNDS} alternated rounds)")
+        })
     };
     let bound_row = |name: &str, b: &BoundPoint| {
         vec![
@@ -338,16 +402,8 @@ pub fn run(opts: &Options) -> Result<()> {
         rows.extend(points.iter().map(|b| bound_row(name, b)));
     }
     rows.extend([
-        vec![
-            "LeNet-5 epoch (5 400 × 10)".into(),
-            format!("{lenet_s:.2} s"),
-            torch_cell(torch.map(|t| t.0), lenet_s),
-        ],
-        vec![
-            "FSP CNN epoch (5 400 × 10)".into(),
-            format!("{fsp_cnn_s:.2} s"),
-            torch_cell(torch.map(|t| t.1), fsp_cnn_s),
-        ],
+        vec!["LeNet-5 epoch (5 400 × 10)".into(), format!("{lenet_s:.2} s"), torch_cell(&lenet)],
+        vec!["FSP CNN epoch (5 400 × 10)".into(), format!("{fsp_cnn_s:.2} s"), torch_cell(&fsp_cnn)],
         vec!["FSP toy prior (8 000 steps + Alg. 2)".into(), format!("{toy:.2} s"), "–".into()],
         vec!["W1 full LLA".into(), format!("{w1:.2} s"), "–".into()],
     ]);
@@ -370,10 +426,10 @@ pub fn run(opts: &Options) -> Result<()> {
         fsp_cnn_epoch_s: fsp_cnn_s,
         fsp_toy_prior_s: toy,
         w1_full_lla_s: w1,
-        torch_lenet_epoch_s: torch.map(|t| t.0),
-        torch_fsp_cnn_epoch_s: torch.map(|t| t.1),
-        lenet_over_torch: torch.map(|t| lenet_s / t.0),
-        fsp_cnn_over_torch: torch.map(|t| fsp_cnn_s / t.1),
+        torch_lenet_epoch_s: lenet.torch.map(|t| t.0),
+        torch_fsp_cnn_epoch_s: fsp_cnn.torch.map(|t| t.0),
+        lenet_over_torch: lenet.torch.map(|t| t.1),
+        fsp_cnn_over_torch: fsp_cnn.torch.map(|t| t.1),
         sweeps,
     })?;
     Ok(())

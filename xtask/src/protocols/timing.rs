@@ -99,12 +99,9 @@ pub fn median_epoch_s<N: Network>(
     Ok(times[times.len() / 2])
 }
 
-/// Seconds per 54 000-image epoch that PyTorch reports for the networks `only`
-/// (`mlp,lenet,fsp`), trained on `images` images (`None`: all) and scaled to 54 000 — the median
-/// of `epochs` epochs — run live by `scripts/compare/torch_epoch.py` with `$FSPACE_PYTHON` (else
-/// `python3`); `None` (with the reason in the log) when no python with torch imports or the
-/// script does not report.
-pub fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str, epochs: usize) -> Option<Value> {
+/// The python (`$FSPACE_PYTHON`, else `python3`) if it imports torch; `None` (with the reason
+/// in the log) otherwise.
+pub fn torch_python(run: &mut Run) -> Option<String> {
     let python = std::env::var("FSPACE_PYTHON").unwrap_or_else(|_| "python3".into());
     let importable = Command::new(&python)
         .args(["-c", "import torch"])
@@ -115,15 +112,31 @@ pub fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str, epoch
         run.log(format!("PyTorch: `{python} -c 'import torch'` failed; no live PyTorch numbers"));
         return None;
     }
+    Some(python)
+}
+
+/// Seconds per 54 000-image epoch that PyTorch reports for the networks `only`
+/// (`mlp,lenet,fsp`), trained on `images` images (`None`: all) and scaled to 54 000 — the median
+/// of `epochs` epochs — run live by `scripts/compare/torch_epoch.py` with `$FSPACE_PYTHON` (else
+/// `python3`); `None` (with the reason in the log) when no python with torch imports or the
+/// script does not report.
+pub fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str, epochs: usize) -> Option<Value> {
+    let python = torch_python(run)?;
+    torch_epoch_script(run, &python, images, only, &["--epochs", &epochs.to_string()])
+}
+
+/// One run of `scripts/compare/torch_epoch.py` for the networks `only` with `extra` arguments;
+/// its JSON line, or `None` (logged) if it does not report.
+pub fn torch_epoch_script(
+    run: &mut Run,
+    python: &str,
+    images: Option<usize>,
+    only: &str,
+    extra: &[&str],
+) -> Option<Value> {
     let dir = fspace_data::dataset_dir().join("mnist");
-    let mut cmd = Command::new(&python);
-    cmd.arg("scripts/compare/torch_epoch.py").arg(&dir).args([
-        "--epochs",
-        &epochs.to_string(),
-        "--json",
-        "--only",
-        only,
-    ]);
+    let mut cmd = Command::new(python);
+    cmd.arg("scripts/compare/torch_epoch.py").arg(&dir).args(["--json", "--only", only]).args(extra);
     if let Some(n) = images {
         cmd.args(["--images", &n.to_string()]);
     }
