@@ -179,7 +179,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "issue 40: GFSVI step against its GEMM bound, LeNet-5 / FSP CNN epochs (beside PyTorch run live when importable), FSP toy prior, W1 full LLA (≤ 3 min)",
         in_default_suite: false,
         flags: &[],
-        full_minutes: Some(0.75),
+        full_minutes: Some(1.2),
         budget_of: None,
         run: perf::run,
     },
