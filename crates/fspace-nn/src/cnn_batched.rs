@@ -107,7 +107,7 @@ fn im2col(a: &[f64], n: usize, g: &Conv) -> Vec<f64> {
     patches.par_chunks_mut(per_image_p).zip(a.par_chunks(per_image_in)).for_each(|(img, ai)| {
         for_each_patch_run(g, |dst, src, len| match src {
             Some(src) => copy_short(&mut img[dst..dst + len], &ai[src..src + len]),
-            None => img[dst..dst + len].iter_mut().for_each(|v| *v = 0.0),
+            None => img[dst..dst + len].fill(0.0),
         });
     });
     patches
@@ -460,7 +460,7 @@ impl Cnn {
                             .zip(trace.argmax[l].par_chunks(per_out).zip(delta.par_chunks(per_out)))
                             .enumerate()
                             .for_each(|(img, (dzi, (arg, d)))| {
-                                dzi.iter_mut().for_each(|v| *v = 0.0);
+                                dzi.fill(0.0);
                                 for (&i, dv) in arg.iter().zip(d) {
                                     dzi[i - img * per_in] += dv;
                                 }

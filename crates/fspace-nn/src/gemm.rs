@@ -155,9 +155,8 @@ const PARALLEL_MIN_MACS: usize = 1 << 18;
 
 /// A product wider than tall is split by columns when its depth `k` is at least this many times
 /// its height `m`: the packing of `B` it saves (`k·n` per extra block) then outweighs copying
-/// the blocks into `C` (`m·n`). Measured on 2 threads (ms, column blocks against row blocks):
-/// `6 × 78 400 × 25` 1.32 against 2.62, `32 × 19 600 × 144` 3.03 against 4.22, but
-/// `128 × 100 × 3 136` 1.55 against 0.87.
+/// the blocks into `C` (`m·n`); below it, row blocks were faster (measured in
+/// `docs/PERFORMANCE.md`, issue 40's fourth round).
 const COLUMN_SPLIT_DEPTH: usize = 16;
 
 /// `C ← β C + α A B` for a row-major `C` (`m × n`, `c.len() == m·n`). With `β = 0`, `C` is

@@ -47,12 +47,8 @@ pub fn run(opts: &Options) -> Result<()> {
         rayon::current_num_threads(),
         if opts.quick { " (--quick: epoch time ×10)" } else { "" }
     ));
-    let live = crate::protocols::timing::torch_epochs_live(
-        &mut run,
-        opts.quick.then_some(5_400),
-        "mlp,lenet,fsp",
-        1,
-    );
+    let live =
+        crate::protocols::timing::torch_epochs_live(&mut run, opts.quick.then_some(5_400), "mlp,lenet,fsp");
     let keys = ["mlp_epoch_s", "lenet_epoch_s", "fsp_cnn_epoch_s"];
     let torch_label = if live.is_some() {
         "PyTorch 2 CPU, run live in this run".to_string()

@@ -38,7 +38,7 @@ use crate::harness::registry::Options;
 use crate::harness::report::{markdown_table, Run};
 use crate::protocols::images::{train_val_test, ImageSet, Images};
 use crate::protocols::sine::sine_config;
-use crate::protocols::timing::{median_epoch_s, median_ms, torch_epoch_script, torch_python};
+use crate::protocols::timing::{median_ms, one_epoch, torch_epoch_script, torch_python};
 use crate::protocols::{tanh_mlp, targets};
 
 /// One method's iteration at one size against a GEMM of the iteration's GEMM-shaped work.
@@ -213,8 +213,8 @@ fn w1_full_lla() -> Result<f64> {
 }
 
 /// Timed rounds per network. A round is one fspace epoch and then one PyTorch epoch (each side
-/// after one untimed warm-up epoch), so both sides see the same state of the machine: timed
-/// minutes apart, single epochs of either side varied by up to 40 % on the 2-core machine.
+/// after one untimed warm-up epoch), so both sides see the same state of the machine (why:
+/// `docs/PERFORMANCE.md`, issue 40's fourth round).
 const ROUNDS: usize = 3;
 
 /// The middle value (upper middle for an even count) of a non-empty list.
@@ -242,10 +242,12 @@ fn compare_epochs(
 ) -> Result<EpochComparison> {
     let key = if network == "lenet" { "lenet_epoch_s" } else { "fsp_cnn_epoch_s" };
     let mut net = Cnn::new(config)?;
-    median_epoch_s(&mut net, &train.x, &train.y, 10.0, 1)?; // warm-up
+    // 5 400 images, timed ×10 as a 54 000-image epoch.
+    let mut epoch_s = || one_epoch(&mut net, &train.x, &train.y).map(|(s, _)| s * 10.0);
+    epoch_s()?; // warm-up
     let (mut ours, mut torch) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        ours.push(median_epoch_s(&mut net, &train.x, &train.y, 10.0, 1)?);
+        ours.push(epoch_s()?);
         if let Some(py) = python {
             let args = ["--warmup", "1", "--epochs", "1", "--no-per-batch"];
             if let Some(t) =
@@ -263,10 +265,12 @@ fn compare_epochs(
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let torch = (torch.len() == ours.len()).then(|| {
+    let torch = if torch.len() == ours.len() {
         let ratios = ours.iter().zip(&torch).map(|(o, t)| o / t).collect();
-        (median(torch.clone()), median(ratios))
-    });
+        Some((median(torch), median(ratios)))
+    } else {
+        None
+    };
     Ok(EpochComparison { ours_s: median(ours), torch })
 }
 

@@ -72,31 +72,14 @@ pub fn time_network<N: Network>(
     Ok(Timing { epoch_s: seconds * scale, forward_ms, jvp_ms, vjp_ms, final_loss })
 }
 
-/// Seconds and training loss of one MAP epoch (Adam 1e-3, batch 100, categorical, seed 0).
-fn one_epoch<N: Network>(net: &mut N, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<(f64, f64)> {
+/// Seconds and training loss of one MAP epoch (Adam 1e-3, batch 100, categorical, seed 0; one
+/// `train_map` call) of `net` on `(x, y)`.
+pub fn one_epoch<N: Network>(net: &mut N, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<(f64, f64)> {
     let mut lik = Categorical::new(10)?;
     let cfg = TrainConfig { epochs: 1, batch_size: 100, learning_rate: 1e-3, seed: 0, ..Default::default() };
     let t = Instant::now();
     let rep = train_map(net, &mut lik, x, y, None, None, &cfg, |_| {})?;
     Ok((t.elapsed().as_secs_f64(), rep.history[0].train_loss))
-}
-
-/// The median over `epochs` successive MAP epochs (Adam 1e-3, batch 100, categorical, one
-/// `train_map` call each) of `net` on `(x, y)`, in seconds times `scale` — the protocol of
-/// `scripts/compare/torch_epoch.py --epochs K`, whose number it is set beside.
-pub fn median_epoch_s<N: Network>(
-    net: &mut N,
-    x: &DMatrix<f64>,
-    y: &DVector<f64>,
-    scale: f64,
-    epochs: usize,
-) -> Result<f64> {
-    let mut times = Vec::with_capacity(epochs);
-    for _ in 0..epochs.max(1) {
-        times.push(one_epoch(net, x, y)?.0 * scale);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
 }
 
 /// The python (`$FSPACE_PYTHON`, else `python3`) if it imports torch; `None` (with the reason
@@ -116,13 +99,12 @@ pub fn torch_python(run: &mut Run) -> Option<String> {
 }
 
 /// Seconds per 54 000-image epoch that PyTorch reports for the networks `only`
-/// (`mlp,lenet,fsp`), trained on `images` images (`None`: all) and scaled to 54 000 — the median
-/// of `epochs` epochs — run live by `scripts/compare/torch_epoch.py` with `$FSPACE_PYTHON` (else
-/// `python3`); `None` (with the reason in the log) when no python with torch imports or the
-/// script does not report.
-pub fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str, epochs: usize) -> Option<Value> {
+/// (`mlp,lenet,fsp`), trained on `images` images (`None`: all) and scaled to 54 000, run live by
+/// `scripts/compare/torch_epoch.py` with `$FSPACE_PYTHON` (else `python3`); `None` (with the
+/// reason in the log) when no python with torch imports or the script does not report.
+pub fn torch_epochs_live(run: &mut Run, images: Option<usize>, only: &str) -> Option<Value> {
     let python = torch_python(run)?;
-    torch_epoch_script(run, &python, images, only, &["--epochs", &epochs.to_string()])
+    torch_epoch_script(run, &python, images, only, &["--epochs", "1"])
 }
 
 /// One run of `scripts/compare/torch_epoch.py` for the networks `only` with `extra` arguments;
