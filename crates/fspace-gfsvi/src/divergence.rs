@@ -12,7 +12,7 @@
 //! shift is still `γM`, the operator regulariser `γ` times the sample count).
 
 use fspace_input::InputError;
-use fspace_linalg::blocked::spd_inverse_and_logdet;
+use fspace_linalg::{blocked, fast};
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
@@ -30,9 +30,15 @@ pub struct GaussianKl {
     pub grad_cov_p: Option<DMatrix<f64>>,
 }
 
-/// `Σ⁻¹` and `log|Σ|` by Cholesky; a typed error names `what` if `Σ` is not positive definite.
+/// `Σ⁻¹` and `log|Σ|` by Cholesky in nalgebra's operation order (FVI's prior, whose published
+/// numbers were computed with it); a typed error names `what` if `Σ` is not positive definite.
 pub(crate) fn inverse_and_logdet(a: &DMatrix<f64>, what: &'static str) -> Result<(DMatrix<f64>, f64)> {
-    spd_inverse_and_logdet(a).ok_or(GfsviError::NotPositiveDefinite { what })
+    blocked::spd_inverse_and_logdet(a).ok_or(GfsviError::NotPositiveDefinite { what })
+}
+
+/// [`inverse_and_logdet`] by faer's kernels (`fspace_linalg::fast`): the KL's inverses.
+fn fast_inverse_and_logdet(a: &DMatrix<f64>, what: &'static str) -> Result<(DMatrix<f64>, f64)> {
+    fast::spd_inverse_and_logdet(a).ok_or(GfsviError::NotPositiveDefinite { what })
 }
 
 fn check(
@@ -72,10 +78,10 @@ pub fn gaussian_kl(
 ) -> Result<GaussianKl> {
     check(mean_q, cov_q, mean_p, cov_p)?;
     let m = mean_q.len() as f64;
-    // The two inverses are independent: side by side, each keeps its own operation order.
+    // The two inverses are independent: side by side.
     let (prior, variational) = rayon::join(
-        || inverse_and_logdet(cov_p, "prior covariance (K + γM·I)"),
-        || inverse_and_logdet(cov_q, "variational covariance (J S Jᵀ + γM·I)"),
+        || fast_inverse_and_logdet(cov_p, "prior covariance (K + γM·I)"),
+        || fast_inverse_and_logdet(cov_q, "variational covariance (J S Jᵀ + γM·I)"),
     );
     let (p_inv, logdet_p) = prior?;
     let (q_inv, logdet_q) = variational?;
@@ -85,7 +91,7 @@ pub fn gaussian_kl(
     let value = 0.5 * (trace - m + delta.dot(&alpha) + logdet_p - logdet_q);
     let grad_cov_q = (&p_inv - &q_inv) * 0.5;
     let grad_cov_p = with_prior_grad.then(|| {
-        let pq = &p_inv * cov_q * &p_inv;
+        let pq = fast::matmul(&fast::matmul(&p_inv, cov_q), &p_inv);
         (&p_inv - (&pq + pq.transpose()) * 0.5 - &alpha * alpha.transpose()) * 0.5
     });
     Ok(GaussianKl { value, grad_mean: alpha, grad_cov_q, grad_cov_p })

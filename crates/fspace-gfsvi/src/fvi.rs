@@ -25,6 +25,7 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::seq::index::sample as sample_indices;
 use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::divergence::inverse_and_logdet;
@@ -140,7 +141,6 @@ pub fn fit_fvi_observed<N: Network + Clone>(
     let sampler = UniformSampler::new(bbox);
     let p = net.n_params();
     let n = x.nrows();
-    let mut work = net.clone();
     let step = |theta: &DVector<f64>, batch: &[usize], rng: &mut StdRng| {
         let (m, sd, log_noise) = unpack(theta, p);
         let sigma2 = (2.0 * log_noise).exp();
@@ -191,18 +191,24 @@ pub fn fit_fvi_observed<N: Network + Clone>(
         let k = config.samples;
         let eps: Vec<DVector<f64>> =
             (0..k).map(|_| DVector::from_fn(p, |_, _| StandardNormal.sample(rng))).collect();
-        let mut outs = Vec::with_capacity(k);
-        for e in &eps {
-            work.set_params(&(&m + sd.component_mul(e)))?;
-            outs.push(work.forward(&all)?);
-        }
+        // One network per sample: the samples' passes run side by side (each sample's
+        // arithmetic is its own, and the sums below keep the sample order).
+        let nets = eps
+            .iter()
+            .map(|e| {
+                let mut w = net.clone();
+                w.set_params(&(&m + sd.component_mul(e)))?;
+                Ok(w)
+            })
+            .collect::<Result<Vec<N>>>()?;
+        let outs = nets.par_iter().map(|w| w.forward(&all)).collect::<fspace_nn::Result<Vec<_>>>()?;
         let fm = DMatrix::from_fn(k, mpts * q, |s, r| outs[s][(b + r / q, r % q)]);
         let score_q = config.ssge.score_at_samples(&fm)?;
         let mut grad = DVector::zeros(2 * p + 1);
         let mut ell = 0.0;
         let mut sq_total = 0.0;
-        for (s, e) in eps.iter().enumerate() {
-            let f = &outs[s];
+        let mut cots = Vec::with_capacity(k);
+        for (s, f) in outs.iter().enumerate() {
             let (logp, grad_f, sq) = data_term(observation, &f.rows(0, b).into_owned(), &yb, sigma2)?;
             ell += scale * logp / k as f64;
             sq_total += sq;
@@ -214,8 +220,14 @@ pub fn fit_fvi_observed<N: Network + Clone>(
             for r in 0..mpts * q {
                 cot[(b + r / q, r % q)] = -(score_q[(s, r)] - grad_logp[r]);
             }
-            work.set_params(&(&m + sd.component_mul(e)))?;
-            let gw = work.vjp(&all, &cot)?;
+            cots.push(cot);
+        }
+        let gws = nets
+            .par_iter()
+            .zip(cots.par_iter())
+            .map(|(w, cot)| w.vjp(&all, cot))
+            .collect::<fspace_nn::Result<Vec<_>>>()?;
+        for (gw, e) in gws.iter().zip(&eps) {
             for j in 0..p {
                 grad[j] += gw[j] / k as f64;
                 grad[p + j] += gw[j] * e[j] * sd[j] / k as f64;

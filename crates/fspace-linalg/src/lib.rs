@@ -13,13 +13,14 @@
 //! * [`cg()`] with [`DiagonalPreconditioner`] or [`PivotedCholeskyPreconditioner`].
 //! * [`cholesky_jitter`] (reports its jitter), triangular solves, exact log-determinants,
 //!   [`slq_logdet`] for operators, rank-k Cholesky [`cholesky_rank_update`]s and downdates.
+//! * faer-backed dense products and SPD inverse in [`fast`] (GFSVI's `J S Jᵀ` and its KL).
 //! * Small dense helpers: [`thin_svd`] of tall matrices in `O(p r²)`, [`sym_eigh`],
 //!   [`psd_pinv_sqrt`].
 //!
 //! Every failure is a [`LinalgError`] naming what was wrong — iteration breakdown is reported
 //! as an outcome in the info structs, never as a panic or a silent NaN.
 //!
-//! This crate is the bottom of the workspace: it depends on nalgebra, rand and rayon only.
+//! This crate is the bottom of the workspace: it depends on nalgebra, faer, pulp, rand and rayon.
 #![doc = include_str!("../README.md")]
 
 pub mod blocked;
@@ -27,6 +28,7 @@ pub mod cg;
 pub mod cholesky;
 pub mod dense;
 pub mod error;
+pub mod fast;
 pub mod lanczos;
 pub mod logdet;
 pub mod lowrank;

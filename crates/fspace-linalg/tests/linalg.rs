@@ -563,3 +563,56 @@ fn parallel_products_and_spd_inverse_match_plain_nalgebra() {
     }
     assert!(spd_inverse_and_logdet(&(-nalgebra::DMatrix::<f64>::identity(4, 4))).is_none());
 }
+
+#[test]
+fn faer_products_and_spd_inverse_match_plain_nalgebra() {
+    use fspace_linalg::fast::{gram, matmul, spd_inverse_and_logdet};
+    let mut r = fspace_testutil::rng(79);
+    for (p, n) in [(3, 1), (40, 7), (300, 257), (2_000, 40)] {
+        let a = fspace_testutil::randn(p, n, &mut r);
+        let g = gram(&a);
+        fspace_testutil::assert_mat_close(&g, &(a.transpose() * &a), 1e-12, 1e-12);
+        assert_eq!(g, g.transpose(), "AᵀA is exactly symmetric");
+        let b = fspace_testutil::randn(n, n + 3, &mut r);
+        fspace_testutil::assert_mat_close(&matmul(&a, &b), &(&a * &b), 1e-12, 1e-12);
+    }
+    for n in [1, 50, 250] {
+        let s = fspace_testutil::spd(n, 10.0, 0.01, &mut r);
+        let (inv, logdet) = spd_inverse_and_logdet(&s).unwrap();
+        assert_eq!(inv, inv.transpose());
+        fspace_testutil::assert_mat_close(&(&s * &inv), &nalgebra::DMatrix::identity(n, n), 1e-9, 1e-9);
+        assert!((logdet - s.determinant().ln()).abs() < 1e-9 * logdet.abs().max(1.0));
+    }
+    assert!(spd_inverse_and_logdet(&(-nalgebra::DMatrix::<f64>::identity(4, 4))).is_none());
+    let mut nan = nalgebra::DMatrix::<f64>::identity(3, 3);
+    nan[(2, 1)] = f64::NAN;
+    assert!(spd_inverse_and_logdet(&nan).is_none());
+    assert!(spd_inverse_and_logdet(&nalgebra::DMatrix::<f64>::zeros(3, 2)).is_none());
+    // An empty depth gives zeros.
+    let empty = nalgebra::DMatrix::<f64>::zeros(0, 4);
+    assert_eq!(gram(&empty), nalgebra::DMatrix::zeros(4, 4));
+    assert_eq!(matmul(&empty.transpose(), &empty), nalgebra::DMatrix::zeros(4, 4));
+}
+
+/// faer splits a product's output, never its sums: GFSVI's numbers must not depend on the
+/// machine's core count.
+#[test]
+fn faer_products_give_the_same_bits_on_any_number_of_threads() {
+    use fspace_linalg::fast::{gram, matmul, spd_inverse_and_logdet};
+    let mut r = fspace_testutil::rng(78);
+    let a = fspace_testutil::randn(1_500, 301, &mut r);
+    let b = fspace_testutil::randn(301, 257, &mut r);
+    let s = fspace_testutil::spd(301, 10.0, 0.01, &mut r);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| (gram(&a), matmul(&a, &b), spd_inverse_and_logdet(&s).unwrap()))
+    };
+    let one = run(1);
+    for threads in [2, 3] {
+        let other = run(threads);
+        assert_eq!(one.0, other.0, "AᵀA on {threads} threads");
+        assert_eq!(one.1, other.1, "AB on {threads} threads");
+        assert_eq!(one.2 .0, other.2 .0, "SPD inverse on {threads} threads");
+        assert_eq!(one.2 .1.to_bits(), other.2 .1.to_bits(), "log-determinant on {threads} threads");
+    }
+}

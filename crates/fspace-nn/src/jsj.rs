@@ -19,7 +19,7 @@
 //! check both against central finite differences.
 
 use fspace_input::InputError;
-use fspace_linalg::blocked::{par_gram, par_matmul};
+use fspace_linalg::fast;
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
@@ -74,13 +74,10 @@ impl<'a> WeightedGram<'a> {
         &self.s
     }
 
-    /// `J S Jᵀ` (`rows × rows`): the lower-triangle blocks of `(S^{1/2}Jᵀ)ᵀ(S^{1/2}Jᵀ)`, one
-    /// GEMM each, in parallel, mirrored.
+    /// `J S Jᵀ` (`rows × rows`): the lower triangle of `(S^{1/2}Jᵀ)ᵀ(S^{1/2}Jᵀ)` by faer's GEMM
+    /// (`fspace_linalg::fast::gram`), mirrored.
     pub fn gram(&self) -> DMatrix<f64> {
-        let root = self.s.map(f64::sqrt);
-        let mut js = self.jt.clone();
-        scale_rows(&mut js, &root);
-        par_gram(&js)
+        fast::gram(&scaled_rows(&self.jt, &self.s.map(f64::sqrt)))
     }
 
     /// The diagonal of `J S Jᵀ` (`rows`): the marginal variances of the linearised outputs.
@@ -97,30 +94,22 @@ impl<'a> WeightedGram<'a> {
 
     /// `(∂Φ/∂w, ∂Φ/∂s)` of `Φ = ⟨C, J(w) S J(w)ᵀ⟩`.
     pub fn pullback(&self, c: GramCotangent) -> Result<(DVector<f64>, DVector<f64>)> {
-        let (p, rows) = self.jt.shape();
-        let jtc = match c {
+        let rows = self.rows();
+        // `JᵀC` (`p × rows`), then in one pass `∂Φ/∂s = Σ_r Jᵀ ⊙ JᵀC` and `U = S JᵀC` in place.
+        let (u, grad_s) = match c {
             GramCotangent::Dense(c) => {
                 check_cotangent(c.shape(), c.iter(), rows, rows)?;
-                par_matmul(&self.jt, &((c + c.transpose()) * 0.5))
+                let mut jtc = fast::matmul(&self.jt, &((c + c.transpose()) * 0.5));
+                let grad_s = dot_columns_then_scale(&self.jt, &mut jtc, &self.s, |_, _, jtc| jtc);
+                (jtc, grad_s)
             }
             GramCotangent::Diagonal(c) => {
                 check_cotangent((c.len(), 1), c.iter(), rows, 1)?;
-                let mut m = self.jt.clone();
-                for (r, mut col) in m.column_iter_mut().enumerate() {
-                    col *= c[r];
-                }
-                m
+                let mut jtc = DMatrix::zeros(self.jt.nrows(), rows);
+                let grad_s = dot_columns_then_scale(&self.jt, &mut jtc, &self.s, |r, jt, _| jt * c[r]);
+                (jtc, grad_s)
             }
         };
-        let mut grad_s = vec![0.0; p];
-        for (jc, cc) in self.jt.as_slice().chunks(p).zip(jtc.as_slice().chunks(p)) {
-            for ((g, a), b) in grad_s.iter_mut().zip(jc).zip(cc) {
-                *g += a * b;
-            }
-        }
-        let grad_s = DVector::from_vec(grad_s);
-        let mut u = jtc;
-        scale_rows(&mut u, &self.s);
         Ok(((self.second_order)(&u)? * 2.0, grad_s))
     }
 
@@ -134,16 +123,59 @@ impl<'a> WeightedGram<'a> {
 }
 
 /// `diag(d) · M` for a column-major `M`, column by column (contiguous) and in parallel.
-fn scale_rows(m: &mut DMatrix<f64>, d: &DVector<f64>) {
+fn scaled_rows(m: &DMatrix<f64>, d: &DVector<f64>) -> DMatrix<f64> {
     let p = m.nrows();
-    if p == 0 {
-        return;
+    let mut out = DMatrix::zeros(p, m.ncols());
+    if p > 0 {
+        out.as_mut_slice().par_chunks_mut(p).zip(m.as_slice().par_chunks(p)).for_each(|(o, col)| {
+            for ((o, v), s) in o.iter_mut().zip(col).zip(d.iter()) {
+                *o = v * s;
+            }
+        });
     }
-    m.as_mut_slice().par_chunks_mut(p).for_each(|col| {
-        for (v, s) in col.iter_mut().zip(d.iter()) {
-            *v *= s;
+    out
+}
+
+/// Weight rows per task of [`dot_columns_then_scale`] (a few pages of each column).
+const WEIGHT_CHUNK: usize = 2048;
+
+/// For `X = Jᵀ` and `Y` (both `p × rows`): with `v_kr = value(r, X_kr, Y_kr)` (for a given
+/// `Y = JᵀC` the entry itself; for a diagonal `C`, `X_kr c_r`), returns `Σ_r X_kr v_kr` per `k`
+/// and writes `Y_kr = s_k v_kr`. One pass, parallel over blocks of weight rows `k`; each sum
+/// runs over `r` in order.
+fn dot_columns_then_scale(
+    x: &DMatrix<f64>,
+    y: &mut DMatrix<f64>,
+    s: &DVector<f64>,
+    value: impl Fn(usize, f64, f64) -> f64 + Sync,
+) -> DVector<f64> {
+    let p = x.nrows();
+    let mut sums = vec![0.0; p];
+    if p == 0 {
+        return DVector::from_vec(sums);
+    }
+    // Task `b` gets block `b` of every column of `Y`.
+    let mut blocks: Vec<Vec<&mut [f64]>> = (0..p.div_ceil(WEIGHT_CHUNK)).map(|_| Vec::new()).collect();
+    for col in y.as_mut_slice().chunks_mut(p) {
+        for (b, piece) in col.chunks_mut(WEIGHT_CHUNK).enumerate() {
+            blocks[b].push(piece);
         }
-    });
+    }
+    sums.par_chunks_mut(WEIGHT_CHUNK).zip(blocks.into_par_iter()).enumerate().for_each(
+        |(b, (acc, ycols))| {
+            let k0 = b * WEIGHT_CHUNK;
+            let ss = &s.as_slice()[k0..k0 + acc.len()];
+            for (r, yc) in ycols.into_iter().enumerate() {
+                let xc = &x.as_slice()[r * p + k0..r * p + k0 + acc.len()];
+                for (((g, &xv), yv), &sv) in acc.iter_mut().zip(xc).zip(yc.iter_mut()).zip(ss) {
+                    let v = value(r, xv, *yv);
+                    *g += xv * v;
+                    *yv = sv * v;
+                }
+            }
+        },
+    );
+    DVector::from_vec(sums)
 }
 
 fn check_variances(s: &DVector<f64>, p: usize) -> Result<()> {
@@ -333,4 +365,38 @@ fn tangent_network_pullback(
         }
     }
     grad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The blocked pass gives the bits of the plain loops it replaced (a sum over rows in order,
+    /// then the scaling), across several blocks of weight rows.
+    #[test]
+    fn the_blocked_pass_gives_the_plain_loops_bits() {
+        let (p, rows) = (2 * WEIGHT_CHUNK + 37, 5);
+        let x = DMatrix::from_fn(p, rows, |k, r| ((k * 7 + r * 3) % 19) as f64 / 7.0 - 1.1);
+        let y = DMatrix::from_fn(p, rows, |k, r| ((k * 5 + r * 11) % 23) as f64 / 9.0 - 0.9);
+        let s = DVector::from_fn(p, |k, _| 0.1 + (k % 13) as f64 / 17.0);
+        let c = DVector::from_fn(rows, |r, _| 0.3 - r as f64 * 0.41);
+        for diagonal in [false, true] {
+            let v = |k: usize, r: usize| if diagonal { x[(k, r)] * c[r] } else { y[(k, r)] };
+            let mut want_sum = vec![0.0; p];
+            for r in 0..rows {
+                for (k, g) in want_sum.iter_mut().enumerate() {
+                    *g += x[(k, r)] * v(k, r);
+                }
+            }
+            let want_y = DMatrix::from_fn(p, rows, |k, r| v(k, r) * s[k]);
+            let mut got_y = y.clone();
+            let got_sum = if diagonal {
+                dot_columns_then_scale(&x, &mut got_y, &s, |r, xv, _| xv * c[r])
+            } else {
+                dot_columns_then_scale(&x, &mut got_y, &s, |_, _, yv| yv)
+            };
+            assert_eq!(got_sum.as_slice(), want_sum.as_slice(), "diagonal: {diagonal}");
+            assert_eq!(got_y, want_y, "diagonal: {diagonal}");
+        }
+    }
 }

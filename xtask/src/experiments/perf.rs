@@ -4,8 +4,9 @@
 //! | field | what |
 //! |---|---|
 //! | `gfsvi_step_ms` | one GFSVI objective + gradient, M = 500 measurement points, 2×30 tanh (p = 1 021), batch 100 (median of 7) |
-//! | `gfsvi_bound_ms` | a GEMM of the step's GEMM-shaped multiply-adds `gfsvi_step_madds` = 1.5 M²p + 2M³ (`J S Jᵀ`'s lower triangle M²p/2, its pullback `Jᵀ C` M²p, the KL's two SPD inverses M³ each by LAPACK's count; 6.3e8): 500 × 2 532 times 2 532 × 500 by the workspace's parallel GEMM (`fspace_linalg::blocked::par_matmul`, all rayon threads), timed here |
+//! | `gfsvi_bound_ms` | a GEMM of the step's GEMM-shaped multiply-adds `gfsvi_step_madds` = 1.5 M²p + 2M³ (`J S Jᵀ`'s lower triangle M²p/2, its pullback `Jᵀ C` M²p, the KL's two SPD inverses M³ each by LAPACK's count; 6.3e8): 500 × 2 532 times 2 532 × 500 by the workspace's fastest GEMM (faer's, `fspace_linalg::fast::matmul`, all rayon threads — the one the GFSVI and TFSVI steps use), timed here |
 //! | `gfsvi_gram_bound_ms` | the same GEMM of `J S Jᵀ` alone (M²p, 500 × 1 021 times 1 021 × 500), the yardstick of earlier rounds |
+//! | `gfsvi_bound_nalgebra_ms` | `gfsvi_bound_ms`'s GEMM by `fspace_linalg::blocked::par_matmul` (nalgebra's `matrixmultiply` on column blocks): the bound of the rounds before the GFSVI steps moved to faer |
 //! | `gfsvi_step_over_bound` | their ratio (the issue's target: ≤ 2.5) |
 //! | `tfsvi_step_ms`, `tfsvi_bound_ms` | the same for TFSVI (the prior's pushforward `J σ² Jᵀ` and its pullback add 1.5 M²p, the KL's gradient in the prior covariance `Σ_p⁻¹ Σ_q Σ_p⁻¹` 2M³) |
 //! | `valla_iteration_ms`, `valla_bound_ms` | one VaLLA iteration (objective + gradient including `Z`) on the MNIST MLP 784-200-200-10, batch 100, M = 200, and the GEMM of its multiply-adds counted from the NTK and objective code (`valla_madds` in this file) |
@@ -52,25 +53,33 @@ pub struct BoundPoint {
     /// functions in `perf.rs`).
     pub madds: f64,
     /// Median milliseconds of one GEMM (`M × k` times `k × M`, `k = madds / M²`) of the same
-    /// multiply-adds by the workspace's parallel GEMM.
+    /// multiply-adds by faer's parallel GEMM.
     pub bound_ms: f64,
     /// `step_ms / bound_ms` (issue 40's target: ≤ 2.5).
     pub ratio: f64,
 }
 
-/// Median milliseconds of a GEMM of `madds` multiply-adds shaped `m × k` times `k × m`.
-fn gemm_bound_ms(m: usize, madds: f64, reps: usize) -> Result<f64> {
+/// A parallel GEMM of the workspace.
+type Product = fn(&DMatrix<f64>, &DMatrix<f64>) -> DMatrix<f64>;
+
+/// Median milliseconds of `product` on `madds` multiply-adds shaped `m × k` times `k × m`.
+fn gemm_ms(product: Product, m: usize, madds: f64, reps: usize) -> Result<f64> {
     let k = ((madds / (m * m) as f64).round() as usize).max(1);
     let a = DMatrix::from_fn(m, k, |i, j| ((i * 7 + j * 3) % 11) as f64 * 0.1);
     let b = a.transpose();
     median_ms(reps, || {
-        std::hint::black_box(fspace_linalg::blocked::par_matmul(&a, &b));
+        std::hint::black_box(product(&a, &b));
         Ok(())
     })
 }
 
-/// GFSVI's GEMM-shaped multiply-adds per step: `J S Jᵀ` (`M²p/2`: `par_gram` computes the lower
-/// triangle's blocks only), its pullback `Jᵀ C` (`M²p`), the KL's two SPD inverses (`M³` each by
+/// [`gemm_ms`] by faer's GEMM, the fastest of the workspace (the GFSVI / TFSVI steps use it).
+fn gemm_bound_ms(m: usize, madds: f64, reps: usize) -> Result<f64> {
+    gemm_ms(fspace_linalg::fast::matmul, m, madds, reps)
+}
+
+/// GFSVI's GEMM-shaped multiply-adds per step: `J S Jᵀ` (`M²p/2`: `fast::gram` computes the lower
+/// triangle only), its pullback `Jᵀ C` (`M²p`), the KL's two SPD inverses (`M³` each by
 /// LAPACK's count: Cholesky `M³/3` plus the inverse `2M³/3`).
 fn gfsvi_madds(m: usize, p: usize) -> f64 {
     let (m, p) = (m as f64, p as f64);
@@ -298,6 +307,8 @@ pub struct Metrics {
     pub gfsvi_step_madds: f64,
     /// Milliseconds of the GEMM of J S Jᵀ alone.
     pub gfsvi_gram_bound_ms: f64,
+    /// `gfsvi_bound_ms`'s GEMM by nalgebra's `matrixmultiply` (the earlier rounds' bound).
+    pub gfsvi_bound_nalgebra_ms: f64,
     /// Median milliseconds of one TFSVI step (M = 500, 2×30).
     pub tfsvi_step_ms: f64,
     /// Milliseconds of one GEMM of its GEMM-shaped multiply-adds.
@@ -352,6 +363,11 @@ pub fn run(opts: &Options) -> Result<()> {
         }
     }
     run.log(format!("GFSVI M = 500: GEMM of J S Jᵀ alone {gram_bound:.2} ms"));
+    let nalgebra_bound = gemm_ms(fspace_linalg::blocked::par_matmul, 500, gfsvi.madds, 7)?;
+    run.log(format!(
+        "GFSVI M = 500: its GEMM by nalgebra's matrixmultiply {nalgebra_bound:.2} ms (faer's: {:.2} ms)",
+        gfsvi.bound_ms
+    ));
 
     let (train, _, _, _) = train_val_test(ImageSet::Mnist, 0)?;
     let train = train.subset(5_400, 0);
@@ -422,6 +438,7 @@ pub fn run(opts: &Options) -> Result<()> {
         gfsvi_step_over_bound: gfsvi.ratio,
         gfsvi_step_madds: gfsvi.madds,
         gfsvi_gram_bound_ms: gram_bound,
+        gfsvi_bound_nalgebra_ms: nalgebra_bound,
         tfsvi_step_ms: tfsvi.step_ms,
         tfsvi_bound_ms: tfsvi.bound_ms,
         valla_iteration_ms: valla.step_ms,
