@@ -1,7 +1,9 @@
 //! Blocked (parallel) Cholesky and `K⁻¹` against nalgebra's column-wise versions and faer's
 //! `llt` / `Llt::solve` (both threads), for n = 500 … 4000 (the exact-GP and LML-gradient hot
 //! path). The faer rows include the copy into and out of faer's matrix types that using it
-//! would cost. Then `A⁻¹` with `log|A|` at n = 100 … 1000, the KL's piece of a GFSVI step.
+//! would cost. Then `A⁻¹` with `log|A|` at n = 100 … 1000, the KL's piece of a GFSVI step
+//! (`blocked` against `fast`, faer's kernels), and GFSVI's `J S Jᵀ` and `Jᵀ C` at M = 500 for
+//! p = 1 000 … 11 600 weights.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -68,6 +70,30 @@ fn bench(c: &mut Criterion) {
         let a = spd(n);
         group.bench_with_input(BenchmarkId::new("blocked", n), &n, |b, _| {
             b.iter(|| fspace_linalg::blocked::spd_inverse_and_logdet(&a).unwrap())
+        });
+        group.bench_with_input(BenchmarkId::new("fast (faer)", n), &n, |b, _| {
+            b.iter(|| fspace_linalg::fast::spd_inverse_and_logdet(&a).unwrap())
+        });
+    }
+    group.finish();
+    // GFSVI's `J S Jᵀ` (AᵀA) and its pull-back `Jᵀ C` (A C) at M = 500 measurement points, against
+    // the weight count p: nalgebra's `matrixmultiply` in column blocks against faer.
+    let mut group = c.benchmark_group("gfsvi_products_m500");
+    group.sample_size(10);
+    for p in [1_000usize, 3_300, 11_600] {
+        let a = DMatrix::from_fn(p, 500, |i, j| ((i * 7 + j * 13) % 17) as f64 / 17.0 - 0.4);
+        let cm = spd(500);
+        group.bench_with_input(BenchmarkId::new("gram blocked", p), &p, |b, _| {
+            b.iter(|| fspace_linalg::blocked::par_gram(&a))
+        });
+        group.bench_with_input(BenchmarkId::new("gram fast (faer)", p), &p, |b, _| {
+            b.iter(|| fspace_linalg::fast::gram(&a))
+        });
+        group.bench_with_input(BenchmarkId::new("matmul blocked", p), &p, |b, _| {
+            b.iter(|| fspace_linalg::blocked::par_matmul(&a, &cm))
+        });
+        group.bench_with_input(BenchmarkId::new("matmul fast (faer)", p), &p, |b, _| {
+            b.iter(|| fspace_linalg::fast::matmul(&a, &cm))
         });
     }
     group.finish();
