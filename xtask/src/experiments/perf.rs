@@ -39,7 +39,7 @@ use crate::harness::registry::Options;
 use crate::harness::report::{markdown_table, Run};
 use crate::protocols::images::{train_val_test, ImageSet, Images};
 use crate::protocols::sine::sine_config;
-use crate::protocols::timing::{median_ms, one_epoch, torch_epoch_script, torch_python};
+use crate::protocols::timing::{median, median_ms, one_epoch, torch_epoch_script, torch_python};
 use crate::protocols::{tanh_mlp, targets};
 
 /// One method's iteration at one size against a GEMM of the iteration's GEMM-shaped work.
@@ -225,12 +225,6 @@ fn w1_full_lla() -> Result<f64> {
 /// after one untimed warm-up epoch), so both sides see the same state of the machine (why:
 /// `docs/PERFORMANCE.md`, issue 40's fourth round).
 const ROUNDS: usize = 3;
-
-/// The middle value (upper middle for an even count) of a non-empty list.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// One network's epochs beside PyTorch's, 5 400 images × 10.
 struct EpochComparison {

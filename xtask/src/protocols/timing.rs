@@ -27,8 +27,13 @@ pub fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> 
         f()?;
         v.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    Ok(median(v))
+}
+
+/// The middle value (upper middle for an even count) of a non-empty list.
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    Ok(v[v.len() / 2])
+    v[v.len() / 2]
 }
 
 /// One network's epoch and per-batch operator times.
