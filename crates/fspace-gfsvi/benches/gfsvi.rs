@@ -1,7 +1,8 @@
 //! One GFSVI step (objective + exact gradient, as `fit` runs it, measurement points redrawn)
 //! against the number of measurement points `M` and the network width (2×30 … 2×400, batch
 //! 100 on the 1-D sine toy), beside one MAP step (forward + `Jᵀ·v` on the same batch), and one
-//! TFSVI, FVI and MFVI step at the toy size.
+//! TFSVI, FVI and MFVI step at the toy size; FVI steps of FSP-Laplace Table 2's CNN (batch 100,
+//! 50 uniform measurement points, 5 weight samples: `fsp-mnist`'s setting).
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -10,8 +11,8 @@ use fspace_gfsvi::{
     fit_fvi, fit_mfvi, objective, FviConfig, KlPrior, MfviConfig, OptimConfig, VariationalParams,
 };
 use fspace_kernels::GpPrior;
-use fspace_kernels::Rbf;
-use fspace_nn::{Activation, Mlp, MlpConfig};
+use fspace_kernels::{Independent, Rbf};
+use fspace_nn::{Activation, Cnn, CnnConfig, Mlp, MlpConfig};
 use nalgebra::{DMatrix, DVector};
 
 fn net(width: usize) -> Mlp {
@@ -97,5 +98,28 @@ fn bench_steps(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_steps);
+fn bench_fvi_cnn(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fvi_cnn");
+    group.sample_size(10);
+    let n = 200;
+    let x = DMatrix::from_fn(n, 784, |i, j| (((i * 37 + j * 11) % 23) as f64 / 23.0 - 0.5) * 2.0);
+    let y = DMatrix::from_fn(n, 1, |i, _| (i % 10) as f64);
+    let prior = GpPrior::centered(Independent::new(Rbf::new(5.0, 23.0).unwrap(), 10).unwrap());
+    let cnn = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
+    for samples in [2, 5] {
+        let config = FviConfig {
+            samples,
+            predictive_samples: 1,
+            optim: OptimConfig { max_steps: 2, batch_size: 100, ..Default::default() },
+            ..Default::default()
+        };
+        let data = Data::new(&x, &y).unwrap();
+        group.bench_with_input(BenchmarkId::new("two_steps_samples", samples), &samples, |b, _| {
+            b.iter(|| fit_fvi(cnn.clone(), LikelihoodSpec::categorical(10), &prior, &data, &config).unwrap())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_steps, bench_fvi_cnn);
 criterion_main!(benches);

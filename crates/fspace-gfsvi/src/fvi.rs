@@ -25,7 +25,6 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::seq::index::sample as sample_indices;
 use rand_distr::{Distribution, StandardNormal};
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::divergence::inverse_and_logdet;
@@ -201,32 +200,43 @@ pub fn fit_fvi_observed<N: Network + Clone>(
                 Ok(w)
             })
             .collect::<Result<Vec<N>>>()?;
-        let outs = nets.par_iter().map(|w| w.forward(&all)).collect::<fspace_nn::Result<Vec<_>>>()?;
-        let fm = DMatrix::from_fn(k, mpts * q, |s, r| outs[s][(b + r / q, r % q)]);
-        let score_q = config.ssge.score_at_samples(&fm)?;
-        let mut grad = DVector::zeros(2 * p + 1);
         let mut ell = 0.0;
         let mut sq_total = 0.0;
-        let mut cots = Vec::with_capacity(k);
-        for (s, f) in outs.iter().enumerate() {
-            let (logp, grad_f, sq) = data_term(observation, &f.rows(0, b).into_owned(), &yb, sigma2)?;
-            ell += scale * logp / k as f64;
-            sq_total += sq;
-            let mut cot = DMatrix::zeros(b + mpts, q);
-            cot.rows_mut(0, b).copy_from(&(grad_f * scale));
-            // −(∇ log q − ∇ log p) at this sample.
-            let fvec = DVector::from_fn(mpts * q, |r, _| fm[(s, r)]);
-            let grad_logp = grad_log_prior(&fvec);
-            for r in 0..mpts * q {
-                cot[(b + r / q, r % q)] = -(score_q[(s, r)] - grad_logp[r]);
-            }
-            cots.push(cot);
-        }
-        let gws = nets
-            .par_iter()
-            .zip(cots.par_iter())
-            .map(|(w, cot)| w.vjp(&all, cot))
-            .collect::<fspace_nn::Result<Vec<_>>>()?;
+        // The cotangents need every sample's outputs (SSGE); a failure keeps its own error.
+        let mut failure: Option<GfsviError> = None;
+        let mut cotangents = |outs: &[DMatrix<f64>]| -> fspace_nn::Result<Vec<DMatrix<f64>>> {
+            let mut run = || -> Result<Vec<DMatrix<f64>>> {
+                let fm = DMatrix::from_fn(k, mpts * q, |s, r| outs[s][(b + r / q, r % q)]);
+                let score_q = config.ssge.score_at_samples(&fm)?;
+                let mut cots = Vec::with_capacity(k);
+                for (s, f) in outs.iter().enumerate() {
+                    let (logp, grad_f, sq) = data_term(observation, &f.rows(0, b).into_owned(), &yb, sigma2)?;
+                    ell += scale * logp / k as f64;
+                    sq_total += sq;
+                    let mut cot = DMatrix::zeros(b + mpts, q);
+                    cot.rows_mut(0, b).copy_from(&(grad_f * scale));
+                    // −(∇ log q − ∇ log p) at this sample.
+                    let fvec = DVector::from_fn(mpts * q, |r, _| fm[(s, r)]);
+                    let grad_logp = grad_log_prior(&fvec);
+                    for r in 0..mpts * q {
+                        cot[(b + r / q, r % q)] = -(score_q[(s, r)] - grad_logp[r]);
+                    }
+                    cots.push(cot);
+                }
+                Ok(cots)
+            };
+            run().map_err(|e| {
+                let msg = e.to_string();
+                failure = Some(e);
+                fspace_nn::NnError::Regularizer(msg)
+            })
+        };
+        let passes = N::forward_vjp_many(&nets, &all, &mut cotangents);
+        let gws = match (passes, failure) {
+            (_, Some(e)) => return Err(e),
+            (r, None) => r?.1,
+        };
+        let mut grad = DVector::zeros(2 * p + 1);
         for (gw, e) in gws.iter().zip(&eps) {
             for j in 0..p {
                 grad[j] += gw[j] / k as f64;

@@ -199,22 +199,26 @@ pub fn fit_dirichlet_hyperparameters<K: Kernel + Clone>(
 ) -> Result<(K, f64)> {
     let (y, var) = dirichlet_targets(labels, classes, alpha_eps)?;
     let total = |k: &K, with_grad: bool| -> Result<(f64, DVector<f64>)> {
+        // One Gram matrix and one pass of kernel derivatives serve every class (the classes
+        // differ in targets and noise only); each class's numbers are those of its own fit.
+        let gram_xx = gram(k, x, x)?;
+        let gps = (0..classes)
+            .map(|c| {
+                let yc = y.column(c).into_owned();
+                let mean = PriorMean::Constant(yc.mean());
+                let noise = Noise::PerPoint(var.column(c).into_owned());
+                let yc = DMatrix::from_column_slice(yc.len(), 1, yc.as_slice());
+                ExactGp::fit_with_gram(k.clone(), mean, noise, x, &yc, gram_xx.clone())
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut lml = 0.0;
         let mut grad = DVector::zeros(k.n_params());
-        for c in 0..classes {
-            let yc = y.column(c).into_owned();
-            let mean = PriorMean::Constant(yc.mean());
-            let noise = Noise::PerPoint(var.column(c).into_owned());
-            let gp = ExactGp::fit(
-                k.clone(),
-                mean,
-                noise,
-                x,
-                &DMatrix::from_column_slice(yc.len(), 1, yc.as_slice()),
-            )?;
+        for gp in &gps {
             lml += gp.log_marginal_likelihood();
-            if with_grad {
-                grad += gp.lml_gradient()?;
+        }
+        if with_grad {
+            for g in ExactGp::lml_gradients(&gps)? {
+                grad += g;
             }
         }
         Ok((lml, grad))

@@ -48,6 +48,32 @@ impl<K: MatrixKernel> ExactGp<K> {
     /// non-positive-definite after the jitter schedule (the jitter used is reported by
     /// [`jitter`](Self::jitter)).
     pub fn fit(kernel: K, mean: PriorMean, noise: Noise, x: &DMatrix<f64>, y: &DMatrix<f64>) -> Result<Self> {
+        Self::check(&kernel, &noise, x, y)?;
+        let k = gram(&kernel, x, x)?;
+        Self::fit_checked(kernel, mean, noise, x, y, k)
+    }
+
+    /// [`fit`](Self::fit) with `K(X, X)` given: models of one kernel at the same inputs (the
+    /// per-class GPs of [`crate::fit_dirichlet_hyperparameters`]) compute it once. `k` must be
+    /// `gram(&kernel, x, x)`.
+    pub(crate) fn fit_with_gram(
+        kernel: K,
+        mean: PriorMean,
+        noise: Noise,
+        x: &DMatrix<f64>,
+        y: &DMatrix<f64>,
+        k: DMatrix<f64>,
+    ) -> Result<Self> {
+        Self::check(&kernel, &noise, x, y)?;
+        let n = x.nrows() * kernel.output_dim();
+        if k.shape() != (n, n) {
+            return Err(invalid("Gram matrix", format!("need {n} × {n}, got {} × {}", k.nrows(), k.ncols())));
+        }
+        Self::fit_checked(kernel, mean, noise, x, y, k)
+    }
+
+    /// The targets' shape and values and the noise model's variances.
+    fn check(kernel: &K, noise: &Noise, x: &DMatrix<f64>, y: &DMatrix<f64>) -> Result<()> {
         let q = kernel.output_dim();
         if y.ncols() != q || y.nrows() != x.nrows() {
             return Err(invalid(
@@ -59,16 +85,26 @@ impl<K: MatrixKernel> ExactGp<K> {
             return Err(invalid("targets", "contain NaN or ±∞"));
         }
         let n = x.nrows() * q;
-        match &noise {
+        match noise {
             Noise::Homoscedastic(s2) if !(s2.is_finite() && *s2 > 0.0) => {
-                return Err(invalid("noise variance", format!("{s2} must be > 0")))
+                Err(invalid("noise variance", format!("{s2} must be > 0")))
             }
             Noise::PerPoint(v) if v.len() != n || v.iter().any(|s| !(s.is_finite() && *s > 0.0)) => {
-                return Err(invalid("per-point noise", format!("need {n} positive finite variances")))
+                Err(invalid("per-point noise", format!("need {n} positive finite variances")))
             }
-            _ => {}
+            _ => Ok(()),
         }
-        let mut k = gram(&kernel, x, x)?;
+    }
+
+    fn fit_checked(
+        kernel: K,
+        mean: PriorMean,
+        noise: Noise,
+        x: &DMatrix<f64>,
+        y: &DMatrix<f64>,
+        mut k: DMatrix<f64>,
+    ) -> Result<Self> {
+        let (q, n) = (kernel.output_dim(), k.nrows());
         match &noise {
             Noise::Homoscedastic(s2) => (0..n).for_each(|i| k[(i, i)] += s2),
             Noise::PerPoint(v) => (0..n).for_each(|i| k[(i, i)] += v[i]),
@@ -103,40 +139,64 @@ impl<K: MatrixKernel> ExactGp<K> {
     /// `∂ log p(y)/∂θ` for the kernel's log-hyperparameters followed, for homoscedastic noise,
     /// by `∂/∂ log σ²`.
     pub fn lml_gradient(&self) -> Result<DVector<f64>> {
-        let n = self.residual.len();
-        let k_inv = self.chol.solve(&DMatrix::identity(n, n))?;
-        let w = &self.alpha * self.alpha.transpose() - k_inv;
-        let np = self.kernel.n_params();
-        let q = self.kernel.output_dim();
-        let pts = PointSet::new("training inputs", &self.x)?;
+        Ok(Self::lml_gradients(std::slice::from_ref(self))?.remove(0))
+    }
+
+    /// [`lml_gradient`](Self::lml_gradient) of several models that share the kernel (same
+    /// hyperparameters) and the inputs, differing in targets, mean or noise: each kernel
+    /// derivative `∂K_ab/∂θ` is evaluated once for all of them. Every model's gradient is
+    /// summed in the order `lml_gradient` sums it alone, so the numbers are the same.
+    pub(crate) fn lml_gradients(gps: &[Self]) -> Result<Vec<DVector<f64>>> {
+        let Some(first) = gps.first() else { return Ok(Vec::new()) };
+        let ws = gps
+            .iter()
+            .map(|gp| {
+                let n = gp.residual.len();
+                let k_inv = gp.chol.solve(&DMatrix::identity(n, n))?;
+                Ok(&gp.alpha * gp.alpha.transpose() - k_inv)
+            })
+            .collect::<Result<Vec<DMatrix<f64>>>>()?;
+        let np = first.kernel.n_params();
+        let q = first.kernel.output_dim();
+        let pts = PointSet::new("training inputs", &first.x)?;
         // ½ Σ_ab W_ab ∂K_ab/∂θ, accumulated row by row in parallel.
-        let grad_k: Vec<f64> = (0..pts.len())
+        let per_row: Vec<Vec<Vec<f64>>> = (0..pts.len())
             .into_par_iter()
             .map(|i| {
                 let mut g = vec![0.0; np * q * q];
-                let mut acc = vec![0.0; np];
+                let mut acc = vec![vec![0.0; np]; ws.len()];
                 for j in 0..pts.len() {
-                    self.kernel.eval_block_grad(pts.row(i), pts.row(j), &mut g);
-                    for p in 0..np {
-                        for a in 0..q {
-                            for b in 0..q {
-                                acc[p] += w[(i * q + a, j * q + b)] * g[p * q * q + a * q + b];
+                    first.kernel.eval_block_grad(pts.row(i), pts.row(j), &mut g);
+                    for (acc, w) in acc.iter_mut().zip(&ws) {
+                        for p in 0..np {
+                            for a in 0..q {
+                                for b in 0..q {
+                                    acc[p] += w[(i * q + a, j * q + b)] * g[p * q * q + a * q + b];
+                                }
                             }
                         }
                     }
                 }
                 acc
             })
-            .collect::<Vec<Vec<f64>>>()
-            // Summed in row order, not by rayon's `reduce` (whose association depends on work
-            // stealing): the same inputs give bit-identical gradients, so fits are reproducible.
-            .into_iter()
-            .fold(vec![0.0; np], |a, b| a.iter().zip(&b).map(|(x, y)| x + y).collect());
-        let mut grad: Vec<f64> = grad_k.into_iter().map(|g| 0.5 * g).collect();
-        if let Noise::Homoscedastic(s2) = self.noise {
-            grad.push(0.5 * s2 * w.trace());
-        }
-        Ok(DVector::from_vec(grad))
+            .collect();
+        Ok(gps
+            .iter()
+            .zip(&ws)
+            .enumerate()
+            .map(|(m, (gp, w))| {
+                // Summed in row order, not by rayon's `reduce` (whose association depends on
+                // work stealing): the same inputs give bit-identical gradients.
+                let grad_k = per_row
+                    .iter()
+                    .fold(vec![0.0; np], |a, b| a.iter().zip(&b[m]).map(|(x, y)| x + y).collect());
+                let mut grad: Vec<f64> = grad_k.into_iter().map(|g| 0.5 * g).collect();
+                if let Noise::Homoscedastic(s2) = gp.noise {
+                    grad.push(0.5 * s2 * w.trace());
+                }
+                DVector::from_vec(grad)
+            })
+            .collect())
     }
 
     fn cross(&self, xs: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
@@ -273,4 +333,45 @@ pub fn fit_exact(
         seconds: start.elapsed().as_secs_f64(),
     };
     Ok(fspace_core::Fitted { posterior: gp, report })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fspace_kernels::Matern32;
+
+    #[test]
+    fn gradients_sharing_the_kernel_pass_are_each_models_own_bits() {
+        let x = DMatrix::from_fn(23, 3, |i, j| ((i * 7 + j * 3) % 11) as f64 / 5.0 - 1.0);
+        let kernel = Matern32::new(1.3, 0.8).unwrap();
+        let models: Vec<(DMatrix<f64>, PriorMean, Noise)> = (0..3)
+            .map(|c| {
+                let y = DMatrix::from_fn(23, 1, |i, _| ((i + c) as f64 * 0.37).sin());
+                let noise = DVector::from_fn(23, |i, _| 0.05 + 0.01 * ((i + 2 * c) % 5) as f64);
+                (y, PriorMean::Constant(0.1 * c as f64), Noise::PerPoint(noise))
+            })
+            .collect();
+        let k = gram(&kernel, &x, &x).unwrap();
+        let gps: Vec<ExactGp<Matern32>> = models
+            .iter()
+            .map(|(y, m, n)| {
+                ExactGp::fit_with_gram(kernel.clone(), m.clone(), n.clone(), &x, y, k.clone()).unwrap()
+            })
+            .collect();
+        let shared = ExactGp::lml_gradients(&gps).unwrap();
+        for ((y, m, n), (gp, g)) in models.iter().zip(gps.iter().zip(&shared)) {
+            let alone = ExactGp::fit(kernel.clone(), m.clone(), n.clone(), &x, y).unwrap();
+            assert_eq!(alone.lml_gradient().unwrap(), *g);
+            assert_eq!(alone.log_marginal_likelihood(), gp.log_marginal_likelihood());
+        }
+        let bad = ExactGp::fit_with_gram(
+            kernel.clone(),
+            PriorMean::Zero,
+            Noise::Homoscedastic(0.1),
+            &x,
+            &DMatrix::zeros(23, 1),
+            DMatrix::zeros(22, 22),
+        );
+        assert!(bad.unwrap_err().to_string().contains("Gram matrix"));
+    }
 }

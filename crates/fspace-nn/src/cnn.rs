@@ -610,7 +610,7 @@ impl Cnn {
     pub fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
         self.check_inputs(x)?;
         crate::mlp_batched::check_cotangent(v, x.nrows(), self.output_dim())?;
-        Ok(self.batched_forward_vjp(x, &mut |_| Ok(v.clone()))?.1)
+        Ok(self.batched_vjp(x, v))
     }
 
     /// `J(X)·U` point-major (`n·d' × r`) for the columns of `U` (`p × r`): per chunk of
@@ -839,6 +839,16 @@ mod network {
     use nalgebra::DVector;
 
     network_impl!(Cnn {
+        fn forward_vjp_many(
+            nets: &[Cnn],
+            x: &DMatrix<f64>,
+            cotangents: &mut crate::network::JointCotangents<'_>,
+        ) -> Result<crate::network::OutputsAndGradients> {
+            for net in nets {
+                net.check_inputs(x)?;
+            }
+            Cnn::batched_forward_vjp_many(nets, x, cotangents)
+        }
         fn forward_vjp(
             &self,
             x: &DMatrix<f64>,

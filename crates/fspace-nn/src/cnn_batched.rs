@@ -686,13 +686,75 @@ impl Cnn {
         let f = self.batched_forward(x);
         let v = cotangent(&f)?;
         check_cotangent(&v, n_all, q)?;
-        let v_rows = row_major(&v);
-        for (s, n) in Self::chunks(n_all) {
-            let trace = self.chunk_trace(x, s, n, &gw, true);
-            self.chunk_adjoint(&trace, &gw, v_rows[s * q..(s + n) * q].to_vec(), &mut grad);
+        self.chunked_adjoints(x, &gw, &row_major(&v), &mut grad);
+        Ok((f, DVector::from_vec(grad)))
+    }
+
+    /// `J(X)ᵀ V` for a cotangent known beforehand: per chunk one forward trace and its adjoint
+    /// (no separate forward pass for the outputs). Inputs are checked by the caller.
+    pub(crate) fn batched_vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> DVector<f64> {
+        let gw = self.prepared_weights(&self.params);
+        let mut grad = vec![0.0; self.n_params()];
+        self.chunked_adjoints(x, &gw, &row_major(v), &mut grad);
+        DVector::from_vec(grad)
+    }
+
+    /// Adds `J(X)ᵀ V` to `grad` chunk by chunk (`v_rows`: `V` row-major), a trace at a time.
+    fn chunked_adjoints(&self, x: &DMatrix<f64>, gw: &GemmWeights, v_rows: &[f64], grad: &mut [f64]) {
+        let q = self.output_dim();
+        for (s, n) in Self::chunks(x.nrows()) {
+            let trace = self.chunk_trace(x, s, n, gw, true);
+            self.chunk_adjoint(&trace, gw, v_rows[s * q..(s + n) * q].to_vec(), grad);
             Self::recycle_trace(trace);
         }
-        Ok((f, DVector::from_vec(grad)))
+    }
+
+    /// [`Network::forward_vjp_many`] for CNNs: each network's chunk traces are kept from the
+    /// forward pass to the reverse pass, so each image is traced once. Inputs are checked by
+    /// the caller.
+    pub(crate) fn batched_forward_vjp_many(
+        nets: &[Cnn],
+        x: &DMatrix<f64>,
+        cotangents: &mut crate::network::JointCotangents<'_>,
+    ) -> Result<crate::network::OutputsAndGradients> {
+        let n_all = x.nrows();
+        let traced: Vec<(GemmWeights, Vec<CnnBatchTrace>)> = nets
+            .par_iter()
+            .map(|net| {
+                let gw = net.prepared_weights(&net.params);
+                let traces = Self::chunks(n_all).map(|(s, n)| net.chunk_trace(x, s, n, &gw, true)).collect();
+                (gw, traces)
+            })
+            .collect();
+        let fs: Vec<DMatrix<f64>> = nets
+            .iter()
+            .zip(&traced)
+            .map(|(net, (_, traces))| {
+                let out: Vec<f64> = traces.iter().flat_map(|t| t.output.iter().copied()).collect();
+                DMatrix::from_row_slice(n_all, net.output_dim(), &out)
+            })
+            .collect();
+        let vs = cotangents(&fs)?;
+        crate::network::check_one_per_network(vs.len(), nets.len())?;
+        for (net, v) in nets.iter().zip(&vs) {
+            check_cotangent(v, n_all, net.output_dim())?;
+        }
+        let grads = nets
+            .par_iter()
+            .zip(traced)
+            .zip(&vs)
+            .map(|((net, (gw, traces)), v)| {
+                let q = net.output_dim();
+                let v_rows = row_major(v);
+                let mut grad = vec![0.0; net.n_params()];
+                for (trace, (s, n)) in traces.into_iter().zip(Self::chunks(n_all)) {
+                    net.chunk_adjoint(&trace, &gw, v_rows[s * q..(s + n) * q].to_vec(), &mut grad);
+                    Self::recycle_trace(trace);
+                }
+                DVector::from_vec(grad)
+            })
+            .collect();
+        Ok((fs, grads))
     }
 }
 
@@ -724,6 +786,66 @@ mod tests {
 
     fn inputs(net: &Cnn, n: usize) -> DMatrix<f64> {
         DMatrix::from_fn(n, net.input_dim(), |i, j| (((i * 37 + j * 11) % 23) as f64 / 23.0 - 0.5) * 2.0)
+    }
+
+    /// The traced passes give the bits of the separate ones: `forward_vjp_many` (traces kept
+    /// from the forward to the reverse pass) against `forward` and `vjp` per network, and `vjp`
+    /// (one trace per chunk) against `forward_vjp`, across a chunk boundary.
+    #[test]
+    fn kept_traces_give_the_separate_passes_bits() {
+        use crate::network::Network;
+        let base = nets().swap_remove(0);
+        let n = CHUNK_IMAGES + 9;
+        let x = inputs(&base, n);
+        let samples: Vec<Cnn> = (0..3)
+            .map(|s| {
+                let mut w = base.clone();
+                w.set_params(&base.params().map(|v| v * (1.0 + 0.1 * s as f64))).unwrap();
+                w
+            })
+            .collect();
+        // Cotangents that mix the networks' outputs, as FVI's score estimate does.
+        let mut mix = |fs: &[DMatrix<f64>]| -> Result<Vec<DMatrix<f64>>> {
+            Ok((0..fs.len()).map(|s| &fs[s] * 0.5 - &fs[(s + 1) % fs.len()]).collect())
+        };
+        let (fs, gs) = Cnn::forward_vjp_many(&samples, &x, &mut mix).unwrap();
+        let vs = mix(&fs).unwrap();
+        for ((net, (f, g)), v) in samples.iter().zip(fs.iter().zip(&gs)).zip(&vs) {
+            assert_eq!(*f, net.forward(&x).unwrap());
+            assert_eq!(*g, net.vjp(&x, v).unwrap());
+            assert_eq!(*g, Network::forward_vjp(net, &x, &mut |_| Ok(v.clone())).unwrap().1);
+        }
+        // So does the MLP's.
+        let mlps: Vec<crate::Mlp> = (0..3)
+            .map(|seed| {
+                let config = crate::MlpConfig {
+                    input_dim: base.input_dim(),
+                    hidden: vec![5],
+                    output_dim: 3,
+                    activation: Activation::Tanh,
+                    seed,
+                };
+                crate::Mlp::new(config).unwrap()
+            })
+            .collect();
+        let (fs, gs) = crate::Mlp::forward_vjp_many(&mlps, &x, &mut mix).unwrap();
+        let vs = mix(&fs).unwrap();
+        for ((net, (f, g)), v) in mlps.iter().zip(fs.iter().zip(&gs)).zip(&vs) {
+            assert_eq!((f, g), (&net.forward(&x).unwrap(), &net.vjp(&x, v).unwrap()));
+        }
+        // And the trait's default (separate passes; the Helmholtz network keeps it).
+        let fields: Vec<crate::HelmholtzNet> =
+            (0..3).map(|seed| crate::HelmholtzNet::new(vec![4], Activation::Tanh, seed).unwrap()).collect();
+        let xy = DMatrix::from_fn(7, 2, |i, j| (i as f64 - 3.0) * 0.3 + j as f64 * 0.1);
+        let (fs, gs) = crate::HelmholtzNet::forward_vjp_many(&fields, &xy, &mut mix).unwrap();
+        let vs = mix(&fs).unwrap();
+        for ((net, (f, g)), v) in fields.iter().zip(fs.iter().zip(&gs)).zip(&vs) {
+            assert_eq!((f, g), (&net.forward(&xy).unwrap(), &net.vjp(&xy, v).unwrap()));
+        }
+        let err = crate::Mlp::forward_vjp_many(&mlps, &x, &mut |_| Ok(vec![])).unwrap_err();
+        assert!(err.to_string().contains("one per network"), "{err}");
+        let err = Cnn::forward_vjp_many(&samples, &x, &mut |_| Ok(vec![])).unwrap_err();
+        assert!(err.to_string().contains("one per network"), "{err}");
     }
 
     /// Buffers from the scratch pool that the passes overwrite without clearing: a pool full of

@@ -54,6 +54,6 @@ pub use helmholtz::HelmholtzNet;
 pub use jsj::{GramCotangent, WeightedGram};
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Mlp, MlpConfig};
-pub use network::Network;
+pub use network::{JointCotangents, Network, OutputsAndGradients};
 pub use ntk::{NtkPair, Outputs};
 pub use train::{train_map, Regularizer, TrainConfig, TrainProgress, TrainReport};

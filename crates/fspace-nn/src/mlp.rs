@@ -708,6 +708,13 @@ mod network {
     use nalgebra::DVector;
 
     network_impl!(Mlp {
+        fn forward_vjp_many(
+            nets: &[Mlp],
+            x: &DMatrix<f64>,
+            cotangents: &mut crate::network::JointCotangents<'_>,
+        ) -> Result<crate::network::OutputsAndGradients> {
+            <Mlp>::forward_vjp_many(nets, x, cotangents)
+        }
         fn forward_vjp(
             &self,
             x: &DMatrix<f64>,

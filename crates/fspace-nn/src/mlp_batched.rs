@@ -334,6 +334,41 @@ impl Mlp {
         Ok((f, DVector::from_vec(grad)))
     }
 
+    /// [`Network::forward_vjp_many`](crate::Network::forward_vjp_many) for MLPs: each
+    /// network's forward trace is kept for its reverse pass.
+    pub fn forward_vjp_many(
+        nets: &[Mlp],
+        x: &DMatrix<f64>,
+        cotangents: &mut crate::network::JointCotangents<'_>,
+    ) -> Result<crate::network::OutputsAndGradients> {
+        for net in nets {
+            net.check_inputs(x)?;
+        }
+        let n = x.nrows();
+        let traces: Vec<BatchTrace> = nets.par_iter().map(|net| net.batch_trace(x, true)).collect();
+        let fs: Vec<DMatrix<f64>> = nets
+            .iter()
+            .zip(&traces)
+            .map(|(net, t)| DMatrix::from_row_slice(n, net.output_dim(), t.output()))
+            .collect();
+        let vs = cotangents(&fs)?;
+        crate::network::check_one_per_network(vs.len(), nets.len())?;
+        for (net, v) in nets.iter().zip(&vs) {
+            check_cotangent(v, n, net.output_dim())?;
+        }
+        let gs = nets
+            .par_iter()
+            .zip(traces)
+            .zip(&vs)
+            .map(|((net, trace), v)| {
+                let mut grad = vec![0.0; net.n_params()];
+                net.batch_adjoint(x, &trace, row_major(v), &mut grad);
+                DVector::from_vec(grad)
+            })
+            .collect();
+        Ok((fs, gs))
+    }
+
     /// `J(X)·U` point-major (`n·d' × r`) for the columns of `U` (`p × r`): one forward trace,
     /// then one tangent pass per column, columns in parallel.
     pub fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {

@@ -11,6 +11,13 @@ use crate::jsj::WeightedGram;
 use crate::layers::{LayerInfo, LayerStatistics};
 use crate::ntk::{NtkPair, Outputs};
 
+/// The cotangent rule of [`Network::forward_vjp_many`]: every network's outputs in, one
+/// cotangent per network out.
+pub type JointCotangents<'a> = dyn FnMut(&[DMatrix<f64>]) -> Result<Vec<DMatrix<f64>>> + 'a;
+
+/// What [`Network::forward_vjp_many`] returns: each network's outputs and weight gradient.
+pub type OutputsAndGradients = (Vec<DMatrix<f64>>, Vec<DVector<f64>>);
+
 /// What training and linearised inference need from a network: flat parameters, `f(X)`,
 /// `J(X)·u` and `J(X)ᵀ·V` — all exact. `Send + Sync` so posteriors built on a network can be
 /// shared across threads.
@@ -96,6 +103,28 @@ pub trait Network: Send + Sync {
         let v = cotangent(&f)?;
         let g = self.vjp(x, &v)?;
         Ok((f, g))
+    }
+
+    /// [`forward_vjp`](Self::forward_vjp) for several networks at the same inputs (the weight
+    /// samples of a stochastic network, say) whose cotangents may depend on every network's
+    /// outputs: `f_s = f(X; w_s)` for all `s`, then `g = cotangents(&[f_s])` (one `n × d'`
+    /// matrix per network) and `J_s(X)ᵀ g_s`. Returns the outputs and the weight gradients, in
+    /// the networks' order. The default runs the forward passes, then the reverse passes,
+    /// networks in parallel; the MLP and the CNN keep each network's forward trace between the
+    /// two.
+    fn forward_vjp_many(
+        nets: &[Self],
+        x: &DMatrix<f64>,
+        cotangents: &mut crate::network::JointCotangents<'_>,
+    ) -> Result<crate::network::OutputsAndGradients>
+    where
+        Self: Sized,
+    {
+        let fs = nets.par_iter().map(|net| net.forward(x)).collect::<Result<Vec<_>>>()?;
+        let vs = cotangents(&fs)?;
+        check_one_per_network(vs.len(), nets.len())?;
+        let gs = nets.par_iter().zip(&vs).map(|(net, v)| net.vjp(x, v)).collect::<Result<Vec<_>>>()?;
+        Ok((fs, gs))
     }
 
     /// The GGN-vector product `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` for per-point Hessian blocks `Hᵢ`
@@ -260,6 +289,18 @@ pub trait Network: Send + Sync {
 }
 
 /// Checks one `d' × k` cotangent factor per point, all with the same `k ≥ 1`; returns `k`.
+/// [`Network::forward_vjp_many`]'s rule: one cotangent per network.
+pub(crate) fn check_one_per_network(cotangents: usize, nets: usize) -> Result<()> {
+    if cotangents != nets {
+        return Err(NnError::Input(InputError::DimensionMismatch {
+            what: "cotangents (one per network)",
+            expected: nets,
+            found: cotangents,
+        }));
+    }
+    Ok(())
+}
+
 pub(crate) fn check_factors(factors: &[DMatrix<f64>], n: usize, q: usize) -> Result<usize> {
     if factors.len() != n || factors.iter().any(|l| l.nrows() != q) {
         return Err(NnError::Input(InputError::DimensionMismatch {
