@@ -134,7 +134,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table 2, Fig. C.10 (MNIST CNN: FSP-Laplace RND, Laplace KFAC, MAP; LL, ACC, ECE, OOD vs FMNIST)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        full_minutes: Some(175.0),
+        // 5 seeds × 1 352 s (seed 0 at `bcab956`, docs/PERFORMANCE.md).
+        full_minutes: Some(112.7),
         budget_of: None,
         run: fsp_images::run_mnist,
     },
