@@ -718,43 +718,27 @@ impl Cnn {
         cotangents: &mut crate::network::JointCotangents<'_>,
     ) -> Result<crate::network::OutputsAndGradients> {
         let n_all = x.nrows();
-        let traced: Vec<(GemmWeights, Vec<CnnBatchTrace>)> = nets
-            .par_iter()
-            .map(|net| {
+        crate::network::forward_vjp_traced(
+            nets,
+            n_all,
+            cotangents,
+            |net| {
                 let gw = net.prepared_weights(&net.params);
-                let traces = Self::chunks(n_all).map(|(s, n)| net.chunk_trace(x, s, n, &gw, true)).collect();
+                let traces: Vec<CnnBatchTrace> =
+                    Self::chunks(n_all).map(|(s, n)| net.chunk_trace(x, s, n, &gw, true)).collect();
                 (gw, traces)
-            })
-            .collect();
-        let fs: Vec<DMatrix<f64>> = nets
-            .iter()
-            .zip(&traced)
-            .map(|(net, (_, traces))| {
-                let out: Vec<f64> = traces.iter().flat_map(|t| t.output.iter().copied()).collect();
-                DMatrix::from_row_slice(n_all, net.output_dim(), &out)
-            })
-            .collect();
-        let vs = cotangents(&fs)?;
-        crate::network::check_one_per_network(vs.len(), nets.len())?;
-        for (net, v) in nets.iter().zip(&vs) {
-            check_cotangent(v, n_all, net.output_dim())?;
-        }
-        let grads = nets
-            .par_iter()
-            .zip(traced)
-            .zip(&vs)
-            .map(|((net, (gw, traces)), v)| {
+            },
+            |(_, traces)| traces.iter().flat_map(|t| t.output.iter().copied()).collect(),
+            |net, (gw, traces), v_rows| {
                 let q = net.output_dim();
-                let v_rows = row_major(v);
                 let mut grad = vec![0.0; net.n_params()];
                 for (trace, (s, n)) in traces.into_iter().zip(Self::chunks(n_all)) {
                     net.chunk_adjoint(&trace, &gw, v_rows[s * q..(s + n) * q].to_vec(), &mut grad);
                     Self::recycle_trace(trace);
                 }
-                DVector::from_vec(grad)
-            })
-            .collect();
-        Ok((fs, grads))
+                grad
+            },
+        )
     }
 }
 

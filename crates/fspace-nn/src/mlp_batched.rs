@@ -344,29 +344,18 @@ impl Mlp {
         for net in nets {
             net.check_inputs(x)?;
         }
-        let n = x.nrows();
-        let traces: Vec<BatchTrace> = nets.par_iter().map(|net| net.batch_trace(x, true)).collect();
-        let fs: Vec<DMatrix<f64>> = nets
-            .iter()
-            .zip(&traces)
-            .map(|(net, t)| DMatrix::from_row_slice(n, net.output_dim(), t.output()))
-            .collect();
-        let vs = cotangents(&fs)?;
-        crate::network::check_one_per_network(vs.len(), nets.len())?;
-        for (net, v) in nets.iter().zip(&vs) {
-            check_cotangent(v, n, net.output_dim())?;
-        }
-        let gs = nets
-            .par_iter()
-            .zip(traces)
-            .zip(&vs)
-            .map(|((net, trace), v)| {
+        crate::network::forward_vjp_traced(
+            nets,
+            x.nrows(),
+            cotangents,
+            |net| net.batch_trace(x, true),
+            |trace| trace.output().to_vec(),
+            |net, trace, v_rows| {
                 let mut grad = vec![0.0; net.n_params()];
-                net.batch_adjoint(x, &trace, row_major(v), &mut grad);
-                DVector::from_vec(grad)
-            })
-            .collect();
-        Ok((fs, gs))
+                net.batch_adjoint(x, &trace, v_rows, &mut grad);
+                grad
+            },
+        )
     }
 
     /// `J(X)·U` point-major (`n·d' × r`) for the columns of `U` (`p × r`): one forward trace,

@@ -289,6 +289,38 @@ pub trait Network: Send + Sync {
 }
 
 /// Checks one `d' × k` cotangent factor per point, all with the same `k ≥ 1`; returns `k`.
+/// [`Network::forward_vjp_many`] for a network that can keep its forward trace `T`: every
+/// network's trace (in parallel), the outputs read from the traces (`rows × d'`, row-major),
+/// the cotangents, then every network's adjoint on its kept trace for its cotangent (row-major
+/// in, the weight gradient out; in parallel).
+pub(crate) fn forward_vjp_traced<N: Network, T: Send>(
+    nets: &[N],
+    rows: usize,
+    cotangents: &mut JointCotangents<'_>,
+    trace: impl Fn(&N) -> T + Sync,
+    output: impl Fn(&T) -> Vec<f64>,
+    adjoint: impl Fn(&N, T, Vec<f64>) -> Vec<f64> + Sync,
+) -> Result<OutputsAndGradients> {
+    let traces: Vec<T> = nets.par_iter().map(&trace).collect();
+    let fs: Vec<DMatrix<f64>> = nets
+        .iter()
+        .zip(&traces)
+        .map(|(net, t)| DMatrix::from_row_slice(rows, net.output_dim(), &output(t)))
+        .collect();
+    let vs = cotangents(&fs)?;
+    check_one_per_network(vs.len(), nets.len())?;
+    for (net, v) in nets.iter().zip(&vs) {
+        crate::mlp_batched::check_cotangent(v, rows, net.output_dim())?;
+    }
+    let gs = nets
+        .par_iter()
+        .zip(traces)
+        .zip(&vs)
+        .map(|((net, t), v)| DVector::from_vec(adjoint(net, t, crate::mlp_batched::row_major(v))))
+        .collect();
+    Ok((fs, gs))
+}
+
 /// [`Network::forward_vjp_many`]'s rule: one cotangent per network.
 pub(crate) fn check_one_per_network(cotangents: usize, nets: usize) -> Result<()> {
     if cotangents != nets {
