@@ -115,8 +115,8 @@ pub trait Network: Send + Sync {
     fn forward_vjp_many(
         nets: &[Self],
         x: &DMatrix<f64>,
-        cotangents: &mut crate::network::JointCotangents<'_>,
-    ) -> Result<crate::network::OutputsAndGradients>
+        cotangents: &mut JointCotangents<'_>,
+    ) -> Result<OutputsAndGradients>
     where
         Self: Sized,
     {
@@ -288,7 +288,6 @@ pub trait Network: Send + Sync {
     }
 }
 
-/// Checks one `d' × k` cotangent factor per point, all with the same `k ≥ 1`; returns `k`.
 /// [`Network::forward_vjp_many`] for a network that can keep its forward trace `T`: every
 /// network's trace (in parallel), the outputs read from the traces (`rows × d'`, row-major),
 /// the cotangents, then every network's adjoint on its kept trace for its cotangent (row-major
@@ -333,6 +332,7 @@ pub(crate) fn check_one_per_network(cotangents: usize, nets: usize) -> Result<()
     Ok(())
 }
 
+/// Checks one `d' × k` cotangent factor per point, all with the same `k ≥ 1`; returns `k`.
 pub(crate) fn check_factors(factors: &[DMatrix<f64>], n: usize, q: usize) -> Result<usize> {
     if factors.len() != n || factors.iter().any(|l| l.nrows() != q) {
         return Err(NnError::Input(InputError::DimensionMismatch {
