@@ -1,13 +1,17 @@
 //! Criterion benchmarks of the Laplace structures on the workloads (W1 = sine toy,
 //! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801), a sweep over the number of
-//! data points for KFAC and one over the number of draws for the sampled posterior.
+//! data points for KFAC, one over the number of draws for the sampled posterior, and KFAC's λ
+//! grid search on the FSP MNIST CNN against the number of validation images.
 //! `cargo bench -p fspace-laplace`; peak memory per case:
 //! `cargo run --release -p fspace-laplace --example laplace_workloads`.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_core::Data;
+use fspace_core::LikelihoodSpec;
 use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, SampledConfig, Structure};
+use fspace_nn::{Activation, Cnn, CnnConfig};
+use nalgebra::{DMatrix, DVector};
 
 #[path = "support/workloads.rs"]
 mod workloads;
@@ -122,5 +126,35 @@ fn sampled_sweep(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, w1, w2, kfac_sweep, sampled_sweep);
+/// KFAC's λ grid search (5 candidates, categorical, the FSP MNIST CNN fitted on 200 synthetic
+/// images) against the number of validation images, beside one candidate's validation NLL: the
+/// candidates share the forward pass and the layer statistics, so the search costs about one
+/// candidate plus five cheap contractions.
+fn kfac_gridsearch_cnn(c: &mut Criterion) {
+    let images = |n: usize, shift: usize| {
+        let x = DMatrix::from_fn(n, 784, |i, j| (((i + shift) * 31 + j * 7) % 255) as f64 / 255.0 - 0.3);
+        let y = DMatrix::from_fn(n, 1, |i, _| ((i + shift) % 10) as f64);
+        (x, y)
+    };
+    let (x, y) = images(200, 0);
+    let net = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
+    let lik = LikelihoodSpec::categorical(10);
+    let post = fit(net, lik, &Data::new(&x, &y).unwrap(), &config(Structure::Kfac)).unwrap().posterior;
+    let grid = [1.0, 10.0, 100.0, 1e3, 1e4];
+    let mut g = c.benchmark_group("kfac_gridsearch_fsp_cnn");
+    g.sample_size(10);
+    for n in [50, 200] {
+        let (xv, yv) = images(n, 7);
+        let yv = DVector::from_column_slice(yv.as_slice());
+        g.bench_with_input(BenchmarkId::new("one_candidate", n), &n, |b, _| {
+            b.iter(|| post.predictive_nll(&xv, &yv).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("grid_of_5", n), &n, |b, _| {
+            b.iter(|| post.clone().gridsearch_prior_precision(&grid, &xv, &yv).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, w1, w2, kfac_sweep, sampled_sweep, kfac_gridsearch_cnn);
 criterion_main!(benches);

@@ -484,7 +484,7 @@ impl<N: Network> LaplacePosterior<N> {
         let lam = self.lam_vector(&self.lambdas);
         let t = self.temperature;
         let q = self.net.output_dim();
-        let chunk = 256usize;
+        let chunk = GLM_CHUNK;
         let layered = !self.net.layer_infos().is_empty();
         let all_params = self.indices.len() == self.net.n_params()
             && self.indices.iter().enumerate().all(|(a, &b)| a == b);
@@ -494,9 +494,9 @@ impl<N: Network> LaplacePosterior<N> {
             let l = chunk.min(x.nrows() - s);
             let xc = x.rows(s, l).into_owned();
             match &self.curvature {
-                Curvature::Kron(k) => {
-                    out.extend(crate::predict::kron_covariances(&self.net, k, &lam, t, &xc)?)
-                }
+                Curvature::Kron(k) => out.extend(
+                    crate::predict::kron_covariances(&self.net, k, &[(lam.clone(), t)], &xc)?.swap_remove(0),
+                ),
                 Curvature::Samples(sc) => {
                     sc.check(t, &lam)?;
                     // J(xᵢ) Z Zᵀ J(xᵢ)ᵀ / K from the draws' JVPs.
@@ -507,9 +507,10 @@ impl<N: Network> LaplacePosterior<N> {
                         r * r.transpose() / k
                     }));
                 }
-                Curvature::Diag(d) if layered => {
-                    out.extend(crate::predict::diag_covariances(&self.net, &d.diag, &lam, t, &xc)?)
-                }
+                Curvature::Diag(d) if layered => out.extend(
+                    crate::predict::diag_covariances(&self.net, &d.diag, &[(lam.clone(), t)], &xc)?
+                        .swap_remove(0),
+                ),
                 Curvature::Eigen(e) if layered && all_params && iso && e.remainder.is_none() => {
                     let l = self.lambdas[0];
                     let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
@@ -544,7 +545,7 @@ impl<N: Network> LaplacePosterior<N> {
 
     /// The GLM predictive of `f` (mean `f(x; w*)`, marginal variances).
     pub fn predict_glm(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive> {
-        let mean = forward_chunked(&self.net, x, 256)?;
+        let mean = forward_chunked(&self.net, x, GLM_CHUNK)?;
         let covs = self.glm_covariances(x)?;
         let var = DMatrix::from_fn(x.nrows(), self.net.output_dim(), |i, o| covs[i][(o, o)].max(0.0));
         Ok(FunctionPredictive::new(mean, var)?)
@@ -614,7 +615,11 @@ impl<N: Network> LaplacePosterior<N> {
     where
         N: Clone,
     {
-        let mut p = Posterior::predict(self, x).map_err(LaplaceError::Core)?;
+        self.observed(Posterior::predict(self, x).map_err(LaplaceError::Core)?)
+    }
+
+    /// The predictive of `y` from that of `f`: the Gaussian likelihoods' noise added.
+    fn observed(&self, mut p: FunctionPredictive) -> Result<FunctionPredictive> {
         match self.likelihood {
             LikelihoodSpec::Gaussian { sigma, .. } | LikelihoodSpec::IsotropicGaussian { sigma, .. } => {
                 p.var.add_scalar_mut(sigma * sigma);
@@ -682,57 +687,22 @@ impl<N: Network> LaplacePosterior<N> {
         if x.nrows() == 0 {
             return Err(LaplaceError::Input(InputError::Empty { what: "validation inputs" }));
         }
-        match self.likelihood {
-            LikelihoodSpec::Gaussian { .. }
-            | LikelihoodSpec::IsotropicGaussian { .. }
-            | LikelihoodSpec::HeteroscedasticGaussian => {
-                let p = self.predict_y(x)?;
-                let q = p.mean.ncols();
-                if y.len() != x.nrows() * q {
-                    return Err(LaplaceError::Input(InputError::DimensionMismatch {
-                        what: "validation targets",
-                        expected: x.nrows() * q,
-                        found: y.len(),
-                    }));
-                }
-                let mut total = 0.0;
-                for i in 0..x.nrows() {
-                    for o in 0..q {
-                        let (m, v) = (p.mean[(i, o)], p.var[(i, o)]);
-                        total +=
-                            0.5 * ((2.0 * std::f64::consts::PI * v).ln() + (y[i * q + o] - m).powi(2) / v);
-                    }
-                }
-                Ok(total / x.nrows() as f64)
-            }
-            _ => {
-                if y.len() != x.nrows() {
-                    return Err(LaplaceError::Input(InputError::DimensionMismatch {
-                        what: "validation labels",
-                        expected: x.nrows(),
-                        found: y.len(),
-                    }));
-                }
-                let probs =
-                    self.class_probabilities(x, ClassProbMethod::Probit, &mut StdRng::seed_from_u64(0))?;
-                let mut total = 0.0;
-                for i in 0..x.nrows() {
-                    let c = y[i] as usize;
-                    if c >= probs.ncols() {
-                        return Err(LaplaceError::Input(InputError::Invalid {
-                            what: "validation label",
-                            reason: format!("{} is not a class index", y[i]),
-                        }));
-                    }
-                    total -= probs[(i, c)].max(1e-300).ln();
-                }
-                Ok(total / x.nrows() as f64)
-            }
+        if self.is_regression() {
+            gaussian_nll(&self.predict_y(x)?, y)
+        } else {
+            check_label_count(x, y)?;
+            categorical_nll(
+                &self.class_probabilities(x, ClassProbMethod::Probit, &mut StdRng::seed_from_u64(0))?,
+                y,
+            )
         }
     }
 
     /// Sets λ to the grid value with the lowest validation NLL (laplace-torch's
     /// `optimize_prior_precision(method='gridsearch')`); returns `(λ, NLL)` per candidate.
+    /// Under the GLM predictive with a KFAC, EKFAC or diagonal curvature, the candidates share
+    /// one forward pass and one set of layer statistics at `x_val` (each NLL is still the one
+    /// [`predictive_nll`](Self::predictive_nll) gives at that λ).
     pub fn gridsearch_prior_precision(
         &mut self,
         grid: &[f64],
@@ -746,7 +716,8 @@ impl<N: Network> LaplacePosterior<N> {
     }
 
     /// Sets `T` to the grid value with the lowest validation NLL; returns `(T, NLL)` per
-    /// candidate.
+    /// candidate (sharing the statistics as
+    /// [`gridsearch_prior_precision`](Self::gridsearch_prior_precision)).
     pub fn select_temperature(
         &mut self,
         grid: &[f64],
@@ -757,6 +728,55 @@ impl<N: Network> LaplacePosterior<N> {
         N: Clone,
     {
         self.gridsearch(grid, x_val, y_val, |post, v| post.set_temperature(v))
+    }
+
+    /// The GLM predictives of `f` at `x` under every grid value (`set` applies one), for
+    /// `gridsearch`: with a Kronecker or layered diagonal curvature, only the inverse precisions
+    /// depend on `(λ, T)`, so the forward pass, the layer statistics and their projections are
+    /// computed once for all candidates, each candidate's numbers those of its own
+    /// [`predict_glm`](Self::predict_glm). `None` for the other structures and the nonlinear mode.
+    fn shared_glm_predictives(
+        &mut self,
+        grid: &[f64],
+        x: &DMatrix<f64>,
+        set: &impl Fn(&mut Self, f64) -> Result<()>,
+    ) -> Result<Option<Vec<FunctionPredictive>>> {
+        let layered = !self.net.layer_infos().is_empty();
+        let shared = match self.curvature {
+            Curvature::Kron(_) => true,
+            Curvature::Diag(_) => layered,
+            _ => false,
+        };
+        if self.predictive != Predictive::Glm || !shared || x.nrows() == 0 {
+            return Ok(None);
+        }
+        let mut settings = Vec::with_capacity(grid.len());
+        for &v in grid {
+            set(self, v)?;
+            settings.push((self.lam_vector(&self.lambdas), self.temperature));
+        }
+        let mean = forward_chunked(&self.net, x, GLM_CHUNK)?;
+        let mut covs = vec![Vec::with_capacity(x.nrows()); settings.len()];
+        for s in (0..x.nrows()).step_by(GLM_CHUNK) {
+            let xc = x.rows(s, GLM_CHUNK.min(x.nrows() - s)).into_owned();
+            let chunk = match &self.curvature {
+                Curvature::Kron(k) => crate::predict::kron_covariances(&self.net, k, &settings, &xc)?,
+                Curvature::Diag(d) => crate::predict::diag_covariances(&self.net, &d.diag, &settings, &xc)?,
+                _ => unreachable!("checked above: Kron or layered Diag"),
+            };
+            for (all, part) in covs.iter_mut().zip(chunk) {
+                all.extend(part);
+            }
+        }
+        let q = self.net.output_dim();
+        let predictives = covs
+            .into_iter()
+            .map(|c| {
+                let var = DMatrix::from_fn(x.nrows(), q, |i, o| c[i][(o, o)].max(0.0));
+                Ok(FunctionPredictive::new(mean.clone(), var)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(predictives))
     }
 
     fn gridsearch(
@@ -772,10 +792,29 @@ impl<N: Network> LaplacePosterior<N> {
         if grid.is_empty() {
             return Err(LaplaceError::Input(InputError::Empty { what: "grid" }));
         }
+        if !self.is_regression() {
+            check_label_count(x_val, y_val)?;
+        }
         let mut out = Vec::with_capacity(grid.len());
-        for &v in grid {
-            set(self, v)?;
-            out.push((v, self.predictive_nll(x_val, y_val)?));
+        match self.shared_glm_predictives(grid, x_val, &set)? {
+            Some(predictives) => {
+                for (&v, p) in grid.iter().zip(predictives) {
+                    let nll = if self.is_regression() {
+                        gaussian_nll(&self.observed(p)?, y_val)?
+                    } else {
+                        let probs =
+                            class_probabilities(&p, ClassProbMethod::Probit, &mut StdRng::seed_from_u64(0))?;
+                        categorical_nll(&probs, y_val)?
+                    };
+                    out.push((v, nll));
+                }
+            }
+            None => {
+                for &v in grid {
+                    set(self, v)?;
+                    out.push((v, self.predictive_nll(x_val, y_val)?));
+                }
+            }
         }
         let best = out.iter().filter(|(_, n)| n.is_finite()).min_by(|a, b| a.1.total_cmp(&b.1)).ok_or(
             LaplaceError::Input(InputError::NonFinite { what: "validation NLL of every grid value" }),
@@ -799,6 +838,60 @@ pub(crate) fn moments(draws: &[DMatrix<f64>]) -> (DMatrix<f64>, DMatrix<f64>) {
         draws.iter().fold(DMatrix::zeros(mean.nrows(), mean.ncols()), |a, d| a + (d - &mean).map(|v| v * v))
             / s;
     (mean, var)
+}
+
+/// Points per chunk of the GLM predictive (forward pass and layer statistics).
+const GLM_CHUNK: usize = 256;
+
+/// `−log N(y; μ, v)` per point (mean over points) of a predictive of `y` (`n × q`, `y`
+/// point-major).
+fn gaussian_nll(p: &FunctionPredictive, y: &DVector<f64>) -> Result<f64> {
+    let (n, q) = p.mean.shape();
+    if y.len() != n * q {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
+            what: "validation targets",
+            expected: n * q,
+            found: y.len(),
+        }));
+    }
+    let mut total = 0.0;
+    for i in 0..n {
+        for o in 0..q {
+            let (m, v) = (p.mean[(i, o)], p.var[(i, o)]);
+            total += 0.5 * ((2.0 * std::f64::consts::PI * v).ln() + (y[i * q + o] - m).powi(2) / v);
+        }
+    }
+    Ok(total / n as f64)
+}
+
+/// One validation label per input row (checked before any prediction is computed).
+fn check_label_count(x: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
+    if y.len() != x.nrows() {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
+            what: "validation labels",
+            expected: x.nrows(),
+            found: y.len(),
+        }));
+    }
+    Ok(())
+}
+
+/// `−log p(y)` per point (mean over points) from class probabilities (`n × C`, one label per
+/// row: [`check_label_count`]).
+fn categorical_nll(probs: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
+    let n = probs.nrows();
+    let mut total = 0.0;
+    for i in 0..n {
+        let c = y[i] as usize;
+        if c >= probs.ncols() {
+            return Err(LaplaceError::Input(InputError::Invalid {
+                what: "validation label",
+                reason: format!("{} is not a class index", y[i]),
+            }));
+        }
+        total -= probs[(i, c)].max(1e-300).ln();
+    }
+    Ok(total / n as f64)
 }
 
 fn core_err(e: LaplaceError) -> CoreError {

@@ -3,6 +3,7 @@
 use fspace_input::InputError;
 use fspace_nn::{LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
+use rayon::prelude::*;
 
 use crate::curvature::{Curvature, KronCurvature};
 use crate::error::{LaplaceError, Result};
@@ -97,11 +98,12 @@ pub(crate) fn subset_jacobian<N: Network>(
 }
 
 /// One layer's view for [`layerwise_covariances`]: rotations `Q_G`, `Q_A` (identity if `None`)
-/// and the inverse precision eigenvalues `1/(T·E + λ)` (`fan_out × (fan_in + 1)`).
+/// and, per `(λ, T)` setting, the inverse precision eigenvalues `1/(T·E + λ)`
+/// (`fan_out × (fan_in + 1)` each).
 pub(crate) struct LayerView<'a> {
     pub q_g: Option<&'a DMatrix<f64>>,
     pub q_a: Option<&'a DMatrix<f64>>,
-    pub inv: DMatrix<f64>,
+    pub inv: Vec<DMatrix<f64>>,
 }
 
 /// `cov_i[o, o'] = Σ_l Σ_{rj} P_{io}[r,j] P_{io'}[r,j] · inv_l[r,j]` with
@@ -110,12 +112,23 @@ pub(crate) struct LayerView<'a> {
 /// `P = (Q_Gᵀδ)(Q_Aᵀã)ᵀ`, so the sum is `Σ_r u_{o,r} u_{o',r} w_r` with `w = inv · (Q_Aᵀã)²`: a
 /// GEMM per layer for the whole chunk. Exact for KFAC / EKFAC (their covariance is diagonal in
 /// that basis) and for the diagonal structure (`Q = I`).
+///
+/// Only `inv` depends on `(λ, T)`: the statistics and the projections `P_{io}` are computed once
+/// for all `settings` (a grid search's candidates). Returns `[setting][point]`; each setting's
+/// covariances are the arithmetic of a call with that setting alone.
 pub(crate) fn layerwise_covariances<N: Network>(
     net: &N,
     views: &[LayerView],
+    settings: usize,
     x: &DMatrix<f64>,
-) -> Result<Vec<DMatrix<f64>>> {
-    covariances_from_statistics(&net.layer_infos(), &unit_statistics(net, x)?, views, net.output_dim())
+) -> Result<Vec<Vec<DMatrix<f64>>>> {
+    covariances_from_statistics(
+        &net.layer_infos(),
+        &unit_statistics(net, x)?,
+        views,
+        settings,
+        net.output_dim(),
+    )
 }
 
 /// Layer statistics at `x` for unit cotangents (`k = d'`): the Jacobian's layer blocks.
@@ -124,13 +137,15 @@ fn unit_statistics<N: Network>(net: &N, x: &DMatrix<f64>) -> Result<Vec<fspace_n
     Ok(net.kfac_statistics(x, &vec![DMatrix::identity(q, q); x.nrows()])?)
 }
 
-/// [`layerwise_covariances`] from statistics already computed at the `m` test points.
+/// [`layerwise_covariances`] from statistics already computed at the `m` test points. Points
+/// run in parallel; each point's entries are summed layer by layer, as in a serial loop.
 fn covariances_from_statistics(
     infos: &[fspace_nn::LayerInfo],
     stats: &[fspace_nn::LayerStatistics],
     views: &[LayerView],
+    settings: usize,
     q: usize,
-) -> Result<Vec<DMatrix<f64>>> {
+) -> Result<Vec<Vec<DMatrix<f64>>>> {
     let m = stats.first().map_or(0, |s| s.examples());
     if stats.len() != views.len() {
         return Err(LaplaceError::Input(InputError::DimensionMismatch {
@@ -139,33 +154,45 @@ fn covariances_from_statistics(
             found: stats.len(),
         }));
     }
-    let mut cov = vec![DMatrix::zeros(q, q); m];
+    if let Some(view) = views.iter().find(|v| v.inv.len() != settings) {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
+            what: "inverse precisions per layer vs (λ, T) settings",
+            expected: settings,
+            found: view.inv.len(),
+        }));
+    }
+    // Each point's `q × q` blocks, one per setting.
+    let mut cov = vec![vec![DMatrix::zeros(q, q); settings]; m];
     for ((view, st), info) in views.iter().zip(stats).zip(infos) {
-        let r = view.inv.nrows();
         if is_dense(info.kind) {
             let at = st.augmented_inputs();
             let v = match view.q_a {
                 Some(qa) => at * qa,
                 None => at,
             };
-            let w = v.map(|v| v * v) * view.inv.transpose(); // m × r
+            let squared = v.map(|v| v * v);
+            let ws: Vec<DMatrix<f64>> = view.inv.iter().map(|inv| &squared * inv.transpose()).collect(); // m × r each
             let u = match view.q_g {
                 Some(qg) => &st.output_grads * qg,
                 None => st.output_grads.clone(),
             }; // m·q × r
-            for (i, ci) in cov.iter_mut().enumerate() {
-                for o in 0..q {
-                    for o2 in o..q {
-                        let s: f64 = (0..r).map(|k| u[(i * q + o, k)] * u[(i * q + o2, k)] * w[(i, k)]).sum();
-                        ci[(o, o2)] += s;
-                        if o2 != o {
-                            ci[(o2, o)] += s;
+            cov.par_iter_mut().enumerate().for_each(|(i, point)| {
+                for (ci, w) in point.iter_mut().zip(&ws) {
+                    let r = w.ncols();
+                    for o in 0..q {
+                        for o2 in o..q {
+                            let s: f64 =
+                                (0..r).map(|k| u[(i * q + o, k)] * u[(i * q + o2, k)] * w[(i, k)]).sum();
+                            ci[(o, o2)] += s;
+                            if o2 != o {
+                                ci[(o2, o)] += s;
+                            }
                         }
                     }
                 }
-            }
+            });
         } else {
-            for (i, ci) in cov.iter_mut().enumerate() {
+            cov.par_iter_mut().enumerate().for_each(|(i, point)| {
                 let proj: Vec<DMatrix<f64>> = (0..q)
                     .map(|o| {
                         let g = st.example_gradient(i, o);
@@ -179,72 +206,94 @@ fn covariances_from_statistics(
                         }
                     })
                     .collect();
-                for o in 0..q {
-                    let scaled = proj[o].component_mul(&view.inv);
-                    for o2 in o..q {
-                        let s = scaled.dot(&proj[o2]);
-                        ci[(o, o2)] += s;
-                        if o2 != o {
-                            ci[(o2, o)] += s;
+                for (ci, inv) in point.iter_mut().zip(&view.inv) {
+                    for o in 0..q {
+                        let scaled = proj[o].component_mul(inv);
+                        for o2 in o..q {
+                            let s = scaled.dot(&proj[o2]);
+                            ci[(o, o2)] += s;
+                            if o2 != o {
+                                ci[(o2, o)] += s;
+                            }
                         }
                     }
                 }
-            }
+            });
         }
     }
-    Ok(cov)
+    let mut by_setting = vec![Vec::with_capacity(m); settings];
+    for point in cov {
+        for (setting, ci) in by_setting.iter_mut().zip(point) {
+            setting.push(ci);
+        }
+    }
+    Ok(by_setting)
 }
 
-/// KFAC / EKFAC covariances (see [`layerwise_covariances`]).
+/// KFAC / EKFAC covariances (see [`layerwise_covariances`]) for each `(λ, T)` of `settings`.
 pub(crate) fn kron_covariances<N: Network>(
     net: &N,
     kron: &KronCurvature,
-    lam: &DVector<f64>,
-    t: f64,
+    settings: &[(DVector<f64>, f64)],
     x: &DMatrix<f64>,
-) -> Result<Vec<DMatrix<f64>>> {
+) -> Result<Vec<Vec<DMatrix<f64>>>> {
     let infos = net.layer_infos();
     // Layers outside the curvature keep their MAP weights: a zero inverse precision.
     let mut views: Vec<LayerView> = infos
         .iter()
-        .map(|info| LayerView { q_g: None, q_a: None, inv: DMatrix::zeros(info.fan_out, info.fan_in + 1) })
+        .map(|info| LayerView {
+            q_g: None,
+            q_a: None,
+            inv: vec![DMatrix::zeros(info.fan_out, info.fan_in + 1); settings.len()],
+        })
         .collect();
     let mut offset = 0;
     for (k, layer) in kron.layers.iter().enumerate() {
         let l_net = if kron.network_layers.is_empty() { k } else { kron.network_layers[k] };
         let (r, c) = layer.shape();
-        let l = lam[offset];
-        offset += r * c;
+        let eigenvalues = layer.eigenvalues();
         views[l_net] = LayerView {
             q_g: Some(&layer.g_vectors),
             q_a: Some(&layer.a_vectors),
-            inv: layer.eigenvalues().map(|e| 1.0 / (t * e.max(0.0) + l)),
+            inv: settings
+                .iter()
+                .map(|(lam, t)| {
+                    let l = lam[offset];
+                    eigenvalues.map(|e| 1.0 / (t * e.max(0.0) + l))
+                })
+                .collect(),
         };
+        offset += r * c;
     }
-    layerwise_covariances(net, &views, x)
+    layerwise_covariances(net, &views, settings.len(), x)
 }
 
-/// Diagonal-structure covariances (coordinates = flat parameters), layer by layer with `Q = I`.
+/// Diagonal-structure covariances (coordinates = flat parameters), layer by layer with `Q = I`,
+/// for each `(λ, T)` of `settings`.
 pub(crate) fn diag_covariances<N: Network>(
     net: &N,
     diag: &DVector<f64>,
-    lam: &DVector<f64>,
-    t: f64,
+    settings: &[(DVector<f64>, f64)],
     x: &DMatrix<f64>,
-) -> Result<Vec<DMatrix<f64>>> {
+) -> Result<Vec<Vec<DMatrix<f64>>>> {
     let views: Vec<LayerView> = net
         .layer_infos()
         .iter()
         .map(|info| LayerView {
             q_g: None,
             q_a: None,
-            inv: DMatrix::from_fn(info.fan_out, info.fan_in + 1, |r, j| {
-                let i = info.flat_index(r, j);
-                1.0 / (t * diag[i] + lam[i])
-            }),
+            inv: settings
+                .iter()
+                .map(|(lam, t)| {
+                    DMatrix::from_fn(info.fan_out, info.fan_in + 1, |r, j| {
+                        let i = info.flat_index(r, j);
+                        1.0 / (t * diag[i] + lam[i])
+                    })
+                })
+                .collect(),
         })
         .collect();
-    layerwise_covariances(net, &views, x)
+    layerwise_covariances(net, &views, settings.len(), x)
 }
 
 /// Covariances of an isotropic eigen structure over all parameters (full, low-rank):
@@ -268,12 +317,12 @@ pub(crate) fn eigen_covariances<N: Network>(
         .map(|info| LayerView {
             q_g: None,
             q_a: None,
-            inv: DMatrix::from_element(info.fan_out, info.fan_in + 1, 1.0),
+            inv: vec![DMatrix::from_element(info.fan_out, info.fan_in + 1, 1.0)],
         })
         .collect();
     // One set of statistics serves both terms.
     let stats = unit_statistics(net, x)?;
-    let mut cov = covariances_from_statistics(&infos, &stats, &ones, q)?;
+    let mut cov = covariances_from_statistics(&infos, &stats, &ones, 1, q)?.swap_remove(0);
     for ci in cov.iter_mut() {
         *ci /= lambda;
     }

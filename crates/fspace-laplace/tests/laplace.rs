@@ -687,6 +687,53 @@ fn temperature_scales_the_curvature_and_grid_searches_pick_the_best_value() {
     println!("λ grid {table:?}; T grid {t_table:?}");
 }
 
+/// The grid searches of KFAC, EKFAC and the diagonal structure share one set of layer statistics
+/// among their candidates; each candidate's validation NLL must still be the bits of its own
+/// `predictive_nll`. 300 validation points span two of the GLM predictive's 256-point chunks.
+#[test]
+fn grid_searches_sharing_the_statistics_give_each_candidates_own_bits() {
+    fn check<N: Network + Clone>(
+        post: &LaplacePosterior<N>,
+        xv: &DMatrix<f64>,
+        yv: &DVector<f64>,
+        what: &str,
+    ) {
+        let grid = [0.3, 1.0, 30.0];
+        let own = |set: &dyn Fn(&mut LaplacePosterior<N>, f64)| -> Vec<u64> {
+            grid.iter()
+                .map(|&v| {
+                    let mut p = post.clone();
+                    set(&mut p, v);
+                    p.predictive_nll(xv, yv).unwrap().to_bits()
+                })
+                .collect()
+        };
+        let bits = |t: Vec<(f64, f64)>| t.iter().map(|(_, n)| n.to_bits()).collect::<Vec<_>>();
+        let mut searched = post.clone();
+        let lambdas = bits(searched.gridsearch_prior_precision(&grid, xv, yv).unwrap());
+        assert_eq!(
+            lambdas,
+            own(&|p, v| p.set_prior_precision(PriorPrecision::Scalar(v)).unwrap()),
+            "{what}: λ"
+        );
+        let mut searched = post.clone();
+        let temperatures = bits(searched.select_temperature(&grid, xv, yv).unwrap());
+        assert_eq!(temperatures, own(&|p, v| p.set_temperature(v).unwrap()), "{what}: T");
+    }
+    let (xc, yc) = classification(60, 36, 3, 40);
+    let (xcv, ycv) = classification(300, 36, 3, 41);
+    for s in [Structure::Kfac, Structure::Ekfac, Structure::Diag] {
+        let post = fit_with(tiny_cnn(42), LikelihoodSpec::Categorical { classes: 3 }, &xc, &yc, s.clone());
+        check(&post, &xcv, &ycv, &format!("CNN {s:?}"));
+    }
+    let (xr, yr) = regression(40, 2, 43);
+    let (xrv, yrv) = regression(300, 2, 44);
+    for s in [Structure::Kfac, Structure::Diag] {
+        let post = fit_with(mlp(2, vec![5], 1, 45), LikelihoodSpec::gaussian(0.3), &xr, &yr, s.clone());
+        check(&post, &xrv, &yrv, &format!("MLP {s:?}"));
+    }
+}
+
 #[test]
 fn bad_input_gives_typed_errors() {
     let net = mlp(2, vec![4], 1, 32);
