@@ -1,9 +1,14 @@
-//! Alg. 2 (`laplace`) time against the number of context points and the network size
-//! (criterion, 10 samples). Larger sweeps with peak memory: the `laplace_scaling` example.
+//! Alg. 2 (`laplace`) time against the number of context points and the network size, and
+//! Alg. 1 steps of the MNIST CNN and a small MLP (criterion, 10 samples). Larger sweeps with peak memory: the `laplace_scaling` example.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use fspace_fsp_laplace::{laplace, LaplaceConfig};
+use fspace_context::{BoundingBox, UniformSampler};
+use fspace_core::Categorical;
+use fspace_fsp_laplace::{laplace, train, LaplaceConfig, TrainOptions};
+use fspace_kernels::{GpPrior, Independent, Rbf};
+use fspace_nn::{Activation, Cnn, CnnConfig, TrainConfig};
+use nalgebra::{DMatrix, DVector};
 
 #[path = "support/problem.rs"]
 mod problem;
@@ -26,5 +31,40 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// Alg. 1 steps (`train`, batch 100, 100 uniform context points per step): the FSP MNIST CNN
+/// on synthetic 28 × 28 images (10 steps) and the 2×50 MLP on the scaling problem's data
+/// (100 steps). Each step runs the data pass and the context pass side by side.
+fn alg1(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fsp_laplace_alg1");
+    g.sample_size(10);
+    let x = DMatrix::from_fn(1000, 784, |i, j| (((i * 31 + j * 7) % 255) as f64 / 255.0 - 0.5).max(0.0));
+    let y = DVector::from_fn(1000, |i, _| (i % 10) as f64);
+    let prior = GpPrior::centered(Independent::new(Rbf::new(4.0, 20.0).unwrap(), 10).unwrap());
+    let context = UniformSampler::new(BoundingBox::cube(784, 0.0, 1.0).unwrap());
+    let options = TrainOptions {
+        train: TrainConfig { epochs: 1, batch_size: 100, ..Default::default() },
+        ..Default::default()
+    };
+    let cnn = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
+    g.bench_function("fsp_cnn_10_steps", |b| {
+        b.iter(|| {
+            let mut net = cnn.clone();
+            let mut lik = Categorical::new(10).unwrap();
+            train(&mut net, &mut lik, &prior, &x, &y, None, &context, &options, |_| {}).unwrap()
+        })
+    });
+    let p = problem::problem(100, 50);
+    let context = UniformSampler::new(BoundingBox::cube(2, -3.0, 3.0).unwrap());
+    let options = TrainOptions { train: TrainConfig { epochs: 20, ..options.train }, ..Default::default() };
+    g.bench_function("mlp_2x50_100_steps", |b| {
+        b.iter(|| {
+            let mut net = p.net.clone();
+            let mut lik = p.likelihood;
+            train(&mut net, &mut lik, &p.prior, &p.x, &p.y, None, &context, &options, |_| {}).unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, alg1);
 criterion_main!(benches);

@@ -19,8 +19,6 @@
 //! (`cargo xtask reproduce fsp-toy-regression`). The jitter acts like white noise of that
 //! relative variance added to the prior at the context points.
 
-use std::cell::RefCell;
-
 use fspace_context::Sampler;
 use fspace_core::Likelihood;
 use fspace_kernels::gram;
@@ -164,7 +162,7 @@ pub fn train<N: Network>(
         return Err(invalid("context_jitter", format!("{} must be finite and ≥ 0", options.context_jitter)));
     }
     // The hook speaks `NnError`; keep the original error to return it unchanged.
-    let failure: RefCell<Option<FspError>> = RefCell::new(None);
+    let mut failure: Option<FspError> = None;
     let mut hook = |net: &N, rng: &mut rand::rngs::StdRng| -> fspace_nn::Result<(f64, DVector<f64>)> {
         let step = context
             .sample(options.n_context, rng)
@@ -174,16 +172,18 @@ pub fn train<N: Network>(
             Ok((value, grad, _)) => Ok((value, grad)),
             Err(e) => {
                 let msg = e.to_string();
-                *failure.borrow_mut() = Some(e);
+                failure = Some(e);
                 Err(NnError::Regularizer(msg))
             }
         }
     };
     let hook: &mut fspace_nn::Regularizer<'_, N> = &mut hook;
     let result = train_map(net, likelihood, x, y, validation, Some(hook), &options.train, progress);
-    match (result, failure.into_inner()) {
+    match (result, failure) {
         (Ok(report), _) => Ok(report),
-        (Err(_), Some(original)) => Err(original),
-        (Err(e), None) => Err(e.into()),
+        // The regulariser runs beside the data pass: its failure is the one reported only
+        // when it is the error `train_map` returns.
+        (Err(NnError::Regularizer(_)), Some(original)) => Err(original),
+        (Err(e), _) => Err(e.into()),
     }
 }

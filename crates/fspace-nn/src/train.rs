@@ -17,8 +17,9 @@ use crate::mlp::Mlp;
 use crate::network::Network;
 
 /// A regulariser `R(w)`: returns `(R(w), ∇_w R(w))` for the current network; called once per
-/// step with the step's RNG (e.g. to redraw context points).
-pub type Regularizer<'a, N = Mlp> = dyn FnMut(&N, &mut StdRng) -> Result<(f64, DVector<f64>)> + 'a;
+/// step with the step's RNG (e.g. to redraw context points). It runs on a rayon thread beside
+/// the data term's pass (both read the same weights), hence `Send`.
+pub type Regularizer<'a, N = Mlp> = dyn FnMut(&N, &mut StdRng) -> Result<(f64, DVector<f64>)> + Send + 'a;
 
 /// Options of [`train_map`].
 ///
@@ -166,17 +167,31 @@ pub fn train_map<N: Network>(
             let scale = n as f64 / idx.len() as f64;
             let (mut nll, mut lik_grad) = (0.0, DVector::zeros(0));
             let lik = &*likelihood;
-            let (_, mut grad) = net.forward_vjp(&xb, &mut |f: &DMatrix<f64>| {
-                let lik_err = |e: fspace_core::CoreError| NnError::Likelihood(e.to_string());
-                nll = lik.nll(f, &yb).map_err(lik_err)?;
-                if n_lik > 0 {
-                    lik_grad = lik.nll_param_grad(f, &yb).map_err(lik_err)? * scale;
+            let shared: &N = net;
+            let mut data_pass = || {
+                shared.forward_vjp(&xb, &mut |f: &DMatrix<f64>| {
+                    let lik_err = |e: fspace_core::CoreError| NnError::Likelihood(e.to_string());
+                    nll = lik.nll(f, &yb).map_err(lik_err)?;
+                    if n_lik > 0 {
+                        lik_grad = lik.nll_param_grad(f, &yb).map_err(lik_err)? * scale;
+                    }
+                    Ok(lik.nll_grad(f, &yb).map_err(lik_err)? * scale)
+                })
+            };
+            // The regulariser's pass (FSP-Laplace's context points) runs beside the data pass:
+            // neither changes the weights, and each one's arithmetic is its own whatever thread
+            // runs it, so the sums below are those of the two passes run one after the other.
+            let (data, regularized) = match regularizer.as_deref_mut() {
+                Some(reg) => {
+                    let (data, r) = rayon::join(data_pass, || reg(shared, &mut rng));
+                    (data, Some(r))
                 }
-                Ok(lik.nll_grad(f, &yb).map_err(lik_err)? * scale)
-            })?;
+                None => (data_pass(), None),
+            };
+            let (_, mut grad) = data?;
             let mut loss = scale * nll;
-            if let Some(reg) = regularizer.as_deref_mut() {
-                let (r, g) = reg(net, &mut rng)?;
+            if let Some(r) = regularized {
+                let (r, g) = r?;
                 if g.len() != p {
                     return Err(NnError::Input(InputError::DimensionMismatch {
                         what: "regulariser gradient",

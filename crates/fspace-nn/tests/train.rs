@@ -80,6 +80,46 @@ fn the_regularizer_hook_steers_the_network_with_its_own_gradient() {
     assert!(rmse(&net, &x, &y) < 0.05);
 }
 
+/// The regulariser runs beside the data pass on a rayon thread; on a one-thread pool the two
+/// run one after the other. Both must give the same weights, bit for bit, with the regulariser
+/// drawing from the step's RNG (as FSP-Laplace's context points do) and failing on cue.
+#[test]
+fn the_regularizer_beside_the_data_pass_gives_the_bits_of_one_thread() {
+    let data = fspace_data::sine(300, 0.1, &mut rng(11)).unwrap();
+    let cfg = TrainConfig { epochs: 3, batch_size: 100, learning_rate: 1e-2, ..Default::default() };
+    let run = |threads: usize, fail_at: Option<usize>| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let mut calls = 0;
+            let mut reg = |net: &Mlp, rng: &mut rand::rngs::StdRng| -> Result<(f64, DVector<f64>)> {
+                calls += 1;
+                if Some(calls) == fail_at {
+                    return Err(NnError::Regularizer("asked to fail".into()));
+                }
+                let c = DMatrix::from_fn(60, 1, |_, _| rand::Rng::gen_range(rng, -2.0..2.0));
+                let f = net.forward(&c)?;
+                Ok((0.5 * f.norm_squared(), net.vjp(&c, &f)?))
+            };
+            let mut net = sine_net(12);
+            let mut lik = Gaussian::new(0.1).unwrap();
+            train_map(
+                &mut net,
+                &mut lik,
+                &data.x,
+                &data.y.column(0).into_owned(),
+                None,
+                Some(&mut reg),
+                &cfg,
+                |_| {},
+            )
+            .map(|_| net.params())
+        })
+    };
+    let (one, two) = (run(1, None).unwrap(), run(2, None).unwrap());
+    assert!(one.iter().zip(&two).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(matches!(run(2, Some(5)), Err(NnError::Regularizer(m)) if m == "asked to fail"));
+}
+
 #[test]
 fn early_stopping_restores_the_best_validation_weights() {
     let train = fspace_data::sine(30, 0.3, &mut rng(4)).unwrap();
