@@ -135,7 +135,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
         // 5 seeds × 1 352 s (seed 0 at `bcab956`, docs/PERFORMANCE.md).
-        full_minutes: Some(112.7),
+        full_minutes: Some(100.1),
         budget_of: None,
         run: fsp_images::run_mnist,
     },

@@ -43,7 +43,7 @@
 //! * KMNIST context points: the paper's values are shown, ours are empty, with the reason in
 //!   `table.md`.
 //!
-//! A full run is ≈ 23 minutes per seed on 2 cores (MNIST seed 0: 1 352 s; `docs/PERFORMANCE.md`). Every (seed, method) row is written to
+//! A full run is ≈ 20 minutes per seed on 2 cores (MNIST seed 0: 1 201 s; `docs/PERFORMANCE.md`). Every (seed, method) row is written to
 //! `metrics.json` as it finishes, with its entropy histograms, and `--resume` keeps those rows
 //! and runs only the missing ones. `fsp-mnist-halton` ([`run_halton_sweep`]) measures what the
 //! Halton budget (1 000 points instead of the paper's 25 000) changes, on one trained network.
