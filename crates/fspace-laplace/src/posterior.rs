@@ -493,10 +493,11 @@ impl<N: Network> LaplacePosterior<N> {
         for s in (0..x.nrows()).step_by(chunk) {
             let l = chunk.min(x.nrows() - s);
             let xc = x.rows(s, l).into_owned();
+            if let Some(covs) = self.layered_covariances(&[(lam.clone(), t)], &xc) {
+                out.extend(covs?.swap_remove(0));
+                continue;
+            }
             match &self.curvature {
-                Curvature::Kron(k) => out.extend(
-                    crate::predict::kron_covariances(&self.net, k, &[(lam.clone(), t)], &xc)?.swap_remove(0),
-                ),
                 Curvature::Samples(sc) => {
                     sc.check(t, &lam)?;
                     // J(xᵢ) Z Zᵀ J(xᵢ)ᵀ / K from the draws' JVPs.
@@ -507,10 +508,6 @@ impl<N: Network> LaplacePosterior<N> {
                         r * r.transpose() / k
                     }));
                 }
-                Curvature::Diag(d) if layered => out.extend(
-                    crate::predict::diag_covariances(&self.net, &d.diag, &[(lam.clone(), t)], &xc)?
-                        .swap_remove(0),
-                ),
                 Curvature::Eigen(e) if layered && all_params && iso && e.remainder.is_none() => {
                     let l = self.lambdas[0];
                     let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
@@ -543,12 +540,26 @@ impl<N: Network> LaplacePosterior<N> {
         Ok(out)
     }
 
+    /// Covariances from layer statistics (KFAC, EKFAC, the layered diagonal structure) for each
+    /// `(λ, T)` of `settings`, sharing the statistics; `None` for the other structures.
+    fn layered_covariances(
+        &self,
+        settings: &[(DVector<f64>, f64)],
+        x: &DMatrix<f64>,
+    ) -> Option<Result<Vec<Vec<DMatrix<f64>>>>> {
+        match &self.curvature {
+            Curvature::Kron(k) => Some(crate::predict::kron_covariances(&self.net, k, settings, x)),
+            Curvature::Diag(d) if !self.net.layer_infos().is_empty() => {
+                Some(crate::predict::diag_covariances(&self.net, &d.diag, settings, x))
+            }
+            _ => None,
+        }
+    }
+
     /// The GLM predictive of `f` (mean `f(x; w*)`, marginal variances).
     pub fn predict_glm(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive> {
         let mean = forward_chunked(&self.net, x, GLM_CHUNK)?;
-        let covs = self.glm_covariances(x)?;
-        let var = DMatrix::from_fn(x.nrows(), self.net.output_dim(), |i, o| covs[i][(o, o)].max(0.0));
-        Ok(FunctionPredictive::new(mean, var)?)
+        marginals(mean, &self.glm_covariances(x)?)
     }
 
     /// `s` weight draws `θ ~ N(w*, Σ)` as flat parameter vectors.
@@ -741,13 +752,7 @@ impl<N: Network> LaplacePosterior<N> {
         x: &DMatrix<f64>,
         set: &impl Fn(&mut Self, f64) -> Result<()>,
     ) -> Result<Option<Vec<FunctionPredictive>>> {
-        let layered = !self.net.layer_infos().is_empty();
-        let shared = match self.curvature {
-            Curvature::Kron(_) => true,
-            Curvature::Diag(_) => layered,
-            _ => false,
-        };
-        if self.predictive != Predictive::Glm || !shared || x.nrows() == 0 {
+        if self.predictive != Predictive::Glm || x.nrows() == 0 {
             return Ok(None);
         }
         let mut settings = Vec::with_capacity(grid.len());
@@ -755,28 +760,19 @@ impl<N: Network> LaplacePosterior<N> {
             set(self, v)?;
             settings.push((self.lam_vector(&self.lambdas), self.temperature));
         }
-        let mean = forward_chunked(&self.net, x, GLM_CHUNK)?;
         let mut covs = vec![Vec::with_capacity(x.nrows()); settings.len()];
         for s in (0..x.nrows()).step_by(GLM_CHUNK) {
             let xc = x.rows(s, GLM_CHUNK.min(x.nrows() - s)).into_owned();
-            let chunk = match &self.curvature {
-                Curvature::Kron(k) => crate::predict::kron_covariances(&self.net, k, &settings, &xc)?,
-                Curvature::Diag(d) => crate::predict::diag_covariances(&self.net, &d.diag, &settings, &xc)?,
-                _ => unreachable!("checked above: Kron or layered Diag"),
+            // Other structures leave at the first chunk, before any statistics are computed.
+            let Some(chunk) = self.layered_covariances(&settings, &xc) else {
+                return Ok(None);
             };
-            for (all, part) in covs.iter_mut().zip(chunk) {
+            for (all, part) in covs.iter_mut().zip(chunk?) {
                 all.extend(part);
             }
         }
-        let q = self.net.output_dim();
-        let predictives = covs
-            .into_iter()
-            .map(|c| {
-                let var = DMatrix::from_fn(x.nrows(), q, |i, o| c[i][(o, o)].max(0.0));
-                Ok(FunctionPredictive::new(mean.clone(), var)?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Some(predictives))
+        let mean = forward_chunked(&self.net, x, GLM_CHUNK)?;
+        Ok(Some(covs.iter().map(|c| marginals(mean.clone(), c)).collect::<Result<Vec<_>>>()?))
     }
 
     fn gridsearch(
@@ -842,6 +838,12 @@ pub(crate) fn moments(draws: &[DMatrix<f64>]) -> (DMatrix<f64>, DMatrix<f64>) {
 
 /// Points per chunk of the GLM predictive (forward pass and layer statistics).
 const GLM_CHUNK: usize = 256;
+
+/// The GLM predictive from the mean and the per-point covariances: their diagonals, clamped at 0.
+fn marginals(mean: DMatrix<f64>, covs: &[DMatrix<f64>]) -> Result<FunctionPredictive> {
+    let var = DMatrix::from_fn(mean.nrows(), mean.ncols(), |i, o| covs[i][(o, o)].max(0.0));
+    Ok(FunctionPredictive::new(mean, var)?)
+}
 
 /// `−log N(y; μ, v)` per point (mean over points) of a predictive of `y` (`n × q`, `y`
 /// point-major).
