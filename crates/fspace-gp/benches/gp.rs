@@ -1,5 +1,6 @@
 //! Exact GP fit + predict against n, and one SVGP step (natural gradient + hyperparameter
-//! gradient on a 256-point minibatch) against the number of inducing points M.
+//! gradient on a 256-point minibatch) against the number of inducing points M, and k-means
+//! on image-sized points against n and k.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -67,6 +68,16 @@ fn bench(c: &mut Criterion) {
         let model = Svgp::new(kernel.clone(), PriorMean::Zero, 0.1, data(m, 4).0).unwrap();
         group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, _| {
             b.iter(|| model.elbo_gradient_inducing(&x, &y, 10_000).unwrap())
+        });
+    }
+    group.finish();
+    // k-means at image size (VaLLA's per-class inducing points: 5 400 images per class).
+    let mut group = c.benchmark_group("kmeans_d784_20_iterations");
+    group.sample_size(10);
+    for (n, k) in [(1_350usize, 10usize), (1_350, 20), (5_400, 10), (5_400, 20)] {
+        let (x, _) = data(n, 784);
+        group.bench_with_input(BenchmarkId::new(format!("n{n}"), k), &k, |b, &k| {
+            b.iter(|| fspace_gp::kmeans(&x, k, 20, 0).unwrap())
         });
     }
     group.finish();
