@@ -1,7 +1,8 @@
 //! Criterion benchmarks of the Laplace structures on the workloads (W1 = sine toy,
 //! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801), a sweep over the number of
 //! data points for KFAC, one over the number of draws for the sampled posterior, and KFAC's λ
-//! grid search on the FSP MNIST CNN against the number of validation images.
+//! grid search on the FSP MNIST CNN against the number of validation images, and the last-layer
+//! GLM predictive of the MNIST MLP against the number of test images.
 //! `cargo bench -p fspace-laplace`; peak memory per case:
 //! `cargo run --release -p fspace-laplace --example laplace_workloads`.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
@@ -10,7 +11,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, SampledConfig, Structure};
-use fspace_nn::{Activation, Cnn, CnnConfig};
+use fspace_nn::{Activation, Cnn, CnnConfig, Mlp, MlpConfig};
 use nalgebra::{DMatrix, DVector};
 
 #[path = "support/workloads.rs"]
@@ -156,5 +157,45 @@ fn kfac_gridsearch_cnn(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, w1, w2, kfac_sweep, sampled_sweep, kfac_gridsearch_cnn);
+/// The last-layer GLM predictive of VaLLA Fig. 3's MLP (784-200-200-10, categorical, all
+/// 2 010 last-layer eigenvectors) against the number of test images: one GEMM per output, then
+/// 55 per-point dot products over the eigenvectors.
+fn last_layer_predict_mnist_mlp(c: &mut Criterion) {
+    let images = |n: usize, shift: usize| {
+        let x = DMatrix::from_fn(n, 784, |i, j| (((i + shift) * 31 + j * 7) % 255) as f64 / 255.0 - 0.3);
+        let y = DMatrix::from_fn(n, 1, |i, _| ((i + shift) % 10) as f64);
+        (x, y)
+    };
+    let (x, y) = images(500, 0);
+    let net = Mlp::new(MlpConfig {
+        input_dim: 784,
+        hidden: vec![200, 200],
+        output_dim: 10,
+        activation: Activation::Tanh,
+        seed: 0,
+    })
+    .unwrap();
+    let lik = LikelihoodSpec::categorical(10);
+    let post =
+        fit(net, lik, &Data::new(&x, &y).unwrap(), &config(Structure::last_layer())).unwrap().posterior;
+    let mut g = c.benchmark_group("last_layer_predict_mnist_mlp");
+    g.sample_size(10);
+    for n in [500, 2_000] {
+        let (xt, _) = images(n, 3);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| post.glm_covariances(&xt).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    w1,
+    w2,
+    kfac_sweep,
+    sampled_sweep,
+    kfac_gridsearch_cnn,
+    last_layer_predict_mnist_mlp
+);
 criterion_main!(benches);

@@ -63,22 +63,63 @@ pub(crate) fn last_layer_covariances<N: Network>(
             s
         })
         .collect();
+    let pairs: Vec<(usize, usize)> = (0..q).flat_map(|o| (o..q).map(move |o2| (o, o2))).collect();
+    let dots = row_dots(&scaled, &u, &pairs);
     Ok((0..m)
         .map(|i| {
             let base = aug.row(i).norm_squared() / lambda;
             let mut ci = DMatrix::from_diagonal_element(q, q, base);
-            for o in 0..q {
-                for o2 in o..q {
-                    let v = scaled[o].row(i).dot(&u[o2].row(i));
-                    ci[(o, o2)] += v;
-                    if o2 != o {
-                        ci[(o2, o)] += v;
-                    }
+            for (p, &(o, o2)) in pairs.iter().enumerate() {
+                let v = dots[(i, p)];
+                ci[(o, o2)] += v;
+                if o2 != o {
+                    ci[(o2, o)] += v;
                 }
             }
             ci
         })
         .collect())
+}
+
+/// Points per block of [`row_dots`]: their sums run side by side, down contiguous columns.
+const DOT_ROWS: usize = 16;
+
+/// `D[(i, p)] = ⟨a[o](i, ·), b[o2](i, ·)⟩` for each pair `p = (o, o2)`, every row `i` summed over
+/// the columns in order from `+0.0`, as nalgebra's `dot` of two row views does, so the bits are
+/// the same; the rows of a block accumulate side by side (contiguous in the column-major
+/// storage) and the blocks run in parallel.
+fn row_dots(a: &[DMatrix<f64>], b: &[DMatrix<f64>], pairs: &[(usize, usize)]) -> DMatrix<f64> {
+    let (m, k) = a[0].shape();
+    let mut out = DMatrix::zeros(m, pairs.len());
+    let blocks: Vec<(usize, Vec<f64>)> = (0..m)
+        .step_by(DOT_ROWS)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|r0| {
+            let rows = DOT_ROWS.min(m - r0);
+            let mut sums = vec![0.0; rows * pairs.len()];
+            for (p, &(o, o2)) in pairs.iter().enumerate() {
+                let (x, y) = (a[o].as_slice(), b[o2].as_slice());
+                let acc = &mut sums[p * rows..(p + 1) * rows];
+                for j in 0..k {
+                    let (xc, yc) = (&x[j * m + r0..j * m + r0 + rows], &y[j * m + r0..j * m + r0 + rows]);
+                    for ((s, xv), yv) in acc.iter_mut().zip(xc).zip(yc) {
+                        *s += xv * yv;
+                    }
+                }
+            }
+            (r0, sums)
+        })
+        .collect();
+    for (r0, sums) in blocks {
+        let rows = sums.len() / pairs.len();
+        for p in 0..pairs.len() {
+            for r in 0..rows {
+                out[(r0 + r, p)] = sums[p * rows + r];
+            }
+        }
+    }
+    out
 }
 
 /// The Jacobian restricted to the curvature's coordinates (`m·q × dim`).
@@ -379,4 +420,26 @@ pub(crate) fn eigen_covariances<N: Network>(
 /// Whether a layer kind has a rank-one per-example Jacobian block (dense).
 pub(crate) fn is_dense(kind: LayerKind) -> bool {
     kind == LayerKind::Dense
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fspace_testutil::{randn, rng};
+
+    #[test]
+    fn row_dots_give_the_bits_of_dot_on_row_views() {
+        // 37 rows: two full blocks and a partial one; the products' signs cancel in the sums.
+        let (m, k) = (37, 50);
+        let a: Vec<DMatrix<f64>> = (0..3).map(|s| randn(m, k, &mut rng(s))).collect();
+        let b: Vec<DMatrix<f64>> = (3..6).map(|s| randn(m, k, &mut rng(s))).collect();
+        let pairs = [(0, 0), (0, 2), (1, 1), (2, 0), (2, 2)];
+        let dots = row_dots(&a, &b, &pairs);
+        for (p, &(o, o2)) in pairs.iter().enumerate() {
+            for i in 0..m {
+                let expected = a[o].row(i).dot(&b[o2].row(i));
+                assert_eq!(dots[(i, p)].to_bits(), expected.to_bits(), "row {i}, pair {p}");
+            }
+        }
+    }
 }
