@@ -206,6 +206,24 @@ fn the_data_bound_extension_also_caps_the_variance_at_the_training_inputs() {
 }
 
 #[test]
+fn kept_kernel_tiles_give_the_matrix_free_posteriors_bits() {
+    // 600 context points cross the Gram operator's 512-point tile boundary; two outputs.
+    let net = mlp(2, 2, 21);
+    let x = rand_uniform(30, 2, -1.0, 1.0, &mut rng(22));
+    let y = DVector::from_fn(60, |i, _| (i as f64 * 0.37).sin());
+    let c = rand_uniform(600, 2, -2.0, 2.0, &mut rng(23));
+    let prior = GpPrior::centered(Independent::new(Rbf::new(1.0, 0.6).unwrap(), 2).unwrap());
+    let lik = fspace_core::IsotropicGaussian::new(0.3, 2).unwrap();
+    let cfg = LaplaceConfig { max_rank: 60, ..Default::default() };
+    let kept = laplace(&net, &lik, &prior, &x, &y, &c, &cfg).unwrap();
+    let free =
+        laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig { gram_cache_bytes: 0, ..cfg }).unwrap();
+    let bits = |m: &DMatrix<f64>| m.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(kept.covariance_factor()), bits(free.covariance_factor()));
+    assert_eq!(kept.report(), free.report());
+}
+
+#[test]
 fn the_training_gradient_equals_finite_differences_of_the_objective() {
     let mut net = mlp(1, 1, 11);
     let xb = rand_uniform(10, 1, -1.0, 1.0, &mut rng(4));

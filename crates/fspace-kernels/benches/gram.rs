@@ -1,6 +1,7 @@
 //! Gram construction and matrix-free Gram products against n (d = 8, ARD RBF; and d = 784,
 //! isotropic RBF, the image workloads), showing how the cost grows with n (both are O(n²·d));
-//! memory of the matrix-free product stays O(n·d).
+//! memory of the matrix-free product stays O(n·d); and the product from kept tiles
+//! (`with_tile_cache`, O(n²) memory).
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -44,6 +45,18 @@ fn bench_gram(c: &mut Criterion) {
     let m32 = Matern32::ard(1.0, vec![0.7; 8]).unwrap();
     for n in [1_000, 4_000, 16_000] {
         let op = GramOperator::new(m32.clone(), &points(n)).unwrap();
+        let v = DVector::from_element(n, 1.0);
+        group.throughput(Throughput::Elements((n * n) as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &v, |b, v| b.iter(|| op.matvec(v)));
+    }
+    group.finish();
+
+    // The same products from kept tiles (`with_tile_cache`): a GEMV over the stored Gram, the
+    // kernel evaluated once when the operator is built (not timed here).
+    let mut group = c.benchmark_group("gram_matvec_matern32_d8_tile_cache");
+    group.sample_size(10);
+    for n in [1_000, 4_000] {
+        let op = GramOperator::new(m32.clone(), &points(n)).unwrap().with_tile_cache(usize::MAX);
         let v = DVector::from_element(n, 1.0);
         group.throughput(Throughput::Elements((n * n) as u64));
         group.bench_with_input(BenchmarkId::from_parameter(n), &v, |b, v| b.iter(|| op.matvec(v)));

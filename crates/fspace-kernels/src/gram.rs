@@ -206,19 +206,71 @@ pub fn gram_grad<K: MatrixKernel + ?Sized>(
 ///
 /// Products are computed tile by tile (`64 × 512` points), in parallel over row blocks, so
 /// memory stays `O(n·d + threads·tile)`: the `n × n` matrix is never held. Each product costs
-/// `O(n²·d)` kernel evaluations.
+/// `O(n²·d)` kernel evaluations. [`with_tile_cache`](Self::with_tile_cache) trades memory for
+/// those evaluations when the tiles fit a budget.
 #[derive(Debug, Clone)]
 pub struct GramOperator<K> {
     kernel: K,
     points: PointSet,
     shift: f64,
+    tiles: Option<TileCache>,
+}
+
+/// Every tile of `K(X, X)`, row block by row block, each as the product loop evaluates it.
+#[derive(Clone)]
+struct TileCache(Vec<Vec<f64>>);
+
+impl std::fmt::Debug for TileCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let entries: usize = self.0.iter().map(Vec::len).sum();
+        write!(f, "TileCache({} tiles, {entries} entries)", self.0.len())
+    }
 }
 
 impl<K: MatrixKernel> GramOperator<K> {
     /// The operator `K(X, X)` for points as rows of `x`.
     pub fn new(kernel: K, x: &DMatrix<f64>) -> Result<Self> {
         let points = validated(&kernel, "points X", x)?;
-        Ok(Self { kernel, points, shift: 0.0 })
+        Ok(Self { kernel, points, shift: 0.0, tiles: None })
+    }
+
+    /// Keeps every tile of `K(X, X)` (`8·(n·d')²` bytes) when that is at most `max_bytes`, so
+    /// that each product reuses them instead of evaluating the kernel again (Lanczos and CG
+    /// apply the operator hundreds of times). The products run the same accumulation on the
+    /// same tiles, so their results are bit for bit those of the matrix-free operator; only
+    /// memory grows, from `O(n·d)` to `O(n²d'²)`. Over the budget the operator stays matrix-free.
+    pub fn with_tile_cache(mut self, max_bytes: usize) -> Self {
+        let (n, q) = (self.points.len(), self.kernel.output_dim());
+        let bytes = (n * q).saturating_mul(n * q).saturating_mul(std::mem::size_of::<f64>());
+        if bytes > max_bytes || n == 0 {
+            return self;
+        }
+        let d = self.points.dim();
+        let tiles = (0..n.div_ceil(ROW_BLOCK))
+            .into_par_iter()
+            .flat_map_iter(|b| {
+                let (r0, r1) = (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(n));
+                let this = &self;
+                (0..n).step_by(COL_BLOCK).map(move |c0| {
+                    let c1 = (c0 + COL_BLOCK).min(n);
+                    let mut tile = vec![0.0; (r1 - r0) * q * (c1 - c0) * q];
+                    this.kernel.eval_block_tile(
+                        this.points.rows(r0, r1),
+                        this.points.rows(c0, c1),
+                        d,
+                        &mut tile,
+                    );
+                    tile
+                })
+            })
+            .collect();
+        self.tiles = Some(TileCache(tiles));
+        self
+    }
+
+    /// Whether [`with_tile_cache`](Self::with_tile_cache) kept the tiles.
+    pub fn is_tile_cached(&self) -> bool {
+        self.tiles.is_some()
     }
 
     /// Adds `σ² I` (observation noise or jitter); `shift` must be finite and ≥ 0.
@@ -284,12 +336,22 @@ impl<K: MatrixKernel> GramOperator<K> {
         let r1 = (r0 + ROW_BLOCK).min(n);
         let rows = (r1 - r0) * q;
         let mut out = DMatrix::zeros(rows, v.ncols());
-        let mut tile = vec![0.0; rows * COL_BLOCK.min(n) * q];
-        for c0 in (0..n).step_by(COL_BLOCK) {
+        let per_row_block = n.div_ceil(COL_BLOCK);
+        let mut scratch = match self.tiles {
+            Some(_) => Vec::new(),
+            None => vec![0.0; rows * COL_BLOCK.min(n) * q],
+        };
+        for (cb, c0) in (0..n).step_by(COL_BLOCK).enumerate() {
             let c1 = (c0 + COL_BLOCK).min(n);
             let cols = (c1 - c0) * q;
-            let tile = &mut tile[..rows * cols];
-            self.kernel.eval_block_tile(self.points.rows(r0, r1), self.points.rows(c0, c1), d, tile);
+            let tile: &[f64] = match &self.tiles {
+                Some(cache) => &cache.0[b * per_row_block + cb],
+                None => {
+                    let tile = &mut scratch[..rows * cols];
+                    self.kernel.eval_block_tile(self.points.rows(r0, r1), self.points.rows(c0, c1), d, tile);
+                    tile
+                }
+            };
             // The row-major (rows × cols) tile is the column-major (cols × rows) matrix Tᵀ.
             let t_transposed = DMatrixView::from_slice(tile, cols, rows);
             out.gemm_tr(1.0, &t_transposed, &v.rows(c0 * q, cols), 1.0);

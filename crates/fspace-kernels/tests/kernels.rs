@@ -366,6 +366,40 @@ fn gram_operator_equals_dense_gram_times_vectors() {
 }
 
 #[test]
+fn the_tile_cache_gives_the_matrix_free_products_bits() {
+    let same_bits = |a: &DMatrix<f64>, b: &DMatrix<f64>| {
+        a.shape() == b.shape() && a.iter().zip(b.iter()).all(|(p, q)| p.to_bits() == q.to_bits())
+    };
+    let mut r = rng(16);
+    // 700 points cross both tile boundaries; a sum kernel fills its tile in two passes.
+    let x = rand_uniform(700, 3, -1.0, 1.0, &mut r);
+    let sum = Matern52::ard(1.5, vec![0.4, 0.9, 1.3]).unwrap().boxed() + Rbf::new(0.3, 0.2).unwrap().boxed();
+    let plain = GramOperator::new(&sum, &x).unwrap().with_shift(0.1).unwrap();
+    let cached = plain.clone().with_tile_cache(700 * 700 * 8);
+    assert!(cached.is_tile_cached() && !plain.is_tile_cached());
+    for cols in [1, 3] {
+        let v = randn(700, cols, &mut r);
+        assert!(
+            same_bits(&cached.apply_block(&v).unwrap(), &plain.apply_block(&v).unwrap()),
+            "{cols} columns"
+        );
+    }
+    // One byte short of the tiles: stays matrix-free.
+    assert!(!plain.clone().with_tile_cache(700 * 700 * 8 - 1).is_tile_cached());
+    // Matrix-valued (Helmholtz, point-major rows).
+    let x2 = rand_uniform(90, 2, -1.0, 1.0, &mut r);
+    let hk =
+        Helmholtz::new(Box::new(Rbf::new(1.0, 0.5).unwrap()), Box::new(Rbf::new(0.5, 0.7).unwrap())).unwrap();
+    let plain = GramOperator::new(hk, &x2).unwrap();
+    let cached = plain.clone().with_tile_cache(usize::MAX);
+    let v = randn(180, 2, &mut r);
+    assert!(
+        cached.is_tile_cached()
+            && same_bits(&cached.apply_block(&v).unwrap(), &plain.apply_block(&v).unwrap())
+    );
+}
+
+#[test]
 fn gram_gradients_equal_finite_differences_of_the_gram_matrix() {
     let mut r = rng(7);
     let x = rand_uniform(6, 2, -1.0, 1.0, &mut r);
