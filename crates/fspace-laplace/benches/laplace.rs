@@ -127,17 +127,20 @@ fn sampled_sweep(c: &mut Criterion) {
     g.finish();
 }
 
+/// `n` deterministic 28 × 28 "images" (pixels in [−0.3, 0.7]) with labels `0..10`, shifted by
+/// `shift` rows.
+fn synthetic_images(n: usize, shift: usize) -> (DMatrix<f64>, DMatrix<f64>) {
+    let x = DMatrix::from_fn(n, 784, |i, j| (((i + shift) * 31 + j * 7) % 255) as f64 / 255.0 - 0.3);
+    let y = DMatrix::from_fn(n, 1, |i, _| ((i + shift) % 10) as f64);
+    (x, y)
+}
+
 /// KFAC's λ grid search (5 candidates, categorical, the FSP MNIST CNN fitted on 200 synthetic
 /// images) against the number of validation images, beside one candidate's validation NLL: the
 /// candidates share the forward pass and the layer statistics, so the search costs about one
 /// candidate plus five cheap contractions.
 fn kfac_gridsearch_cnn(c: &mut Criterion) {
-    let images = |n: usize, shift: usize| {
-        let x = DMatrix::from_fn(n, 784, |i, j| (((i + shift) * 31 + j * 7) % 255) as f64 / 255.0 - 0.3);
-        let y = DMatrix::from_fn(n, 1, |i, _| ((i + shift) % 10) as f64);
-        (x, y)
-    };
-    let (x, y) = images(200, 0);
+    let (x, y) = synthetic_images(200, 0);
     let net = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
     let lik = LikelihoodSpec::categorical(10);
     let post = fit(net, lik, &Data::new(&x, &y).unwrap(), &config(Structure::Kfac)).unwrap().posterior;
@@ -145,7 +148,7 @@ fn kfac_gridsearch_cnn(c: &mut Criterion) {
     let mut g = c.benchmark_group("kfac_gridsearch_fsp_cnn");
     g.sample_size(10);
     for n in [50, 200] {
-        let (xv, yv) = images(n, 7);
+        let (xv, yv) = synthetic_images(n, 7);
         let yv = DVector::from_column_slice(yv.as_slice());
         g.bench_with_input(BenchmarkId::new("one_candidate", n), &n, |b, _| {
             b.iter(|| post.predictive_nll(&xv, &yv).unwrap())
@@ -161,12 +164,7 @@ fn kfac_gridsearch_cnn(c: &mut Criterion) {
 /// 2 010 last-layer eigenvectors) against the number of test images: one GEMM per output, then
 /// 55 per-point dot products over the eigenvectors.
 fn last_layer_predict_mnist_mlp(c: &mut Criterion) {
-    let images = |n: usize, shift: usize| {
-        let x = DMatrix::from_fn(n, 784, |i, j| (((i + shift) * 31 + j * 7) % 255) as f64 / 255.0 - 0.3);
-        let y = DMatrix::from_fn(n, 1, |i, _| ((i + shift) % 10) as f64);
-        (x, y)
-    };
-    let (x, y) = images(500, 0);
+    let (x, y) = synthetic_images(500, 0);
     let net = Mlp::new(MlpConfig {
         input_dim: 784,
         hidden: vec![200, 200],
@@ -181,7 +179,7 @@ fn last_layer_predict_mnist_mlp(c: &mut Criterion) {
     let mut g = c.benchmark_group("last_layer_predict_mnist_mlp");
     g.sample_size(10);
     for n in [500, 2_000] {
-        let (xt, _) = images(n, 3);
+        let (xt, _) = synthetic_images(n, 3);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| post.glm_covariances(&xt).unwrap())
         });

@@ -70,7 +70,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Fig. 3: BO on Branin, Ackley-4, Hartmann-6, polynomial-8, BNN-draw-10 and the Brusselator PDE with FSP-Laplace, Laplace, FVI and GP surrogates",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 79.6 min for the first three tasks; the full run with all six is not timed yet.
+        // 79.6 min for the first three tasks before Alg. 2 kept its kernel tiles (issue 40's
+        // eighth round, which cut fsp-bayesopt-covariance by 66 %); the full run is not timed.
         full_minutes: None,
         budget_of: None,
         run: fsp_bayesopt::run,
@@ -80,7 +81,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Fig. 3's covariance budget: BO on Hartmann-6 with FSP-Laplace, 500 vs 2 000 Latin-hypercube covariance points (paper: 10 000)",
         in_default_suite: false,
         flags: &[Flag::Seeds],
-        full_minutes: Some(38.1),
+        // 5 seeds of 193 s (seed 0, docs/PERFORMANCE.md, issue 40's eighth round).
+        full_minutes: Some(16.1),
         budget_of: None,
         run: fsp_bayesopt::run_covariance_sweep,
     },
@@ -198,8 +200,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 3 (MNIST: MAP, LLA Diag/KFAC, last-layer LLA (+KFAC), ELLA, Sampled LLA, VaLLA 100/200; OOD vs FMNIST; fit times)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 35 min per seed was measured before the Sampled LLA row, which adds ≈ 90 min per
-        // seed by extrapolation from `--quick` (DEVIATIONS V5); the full setting is untimed.
+        // The other rows take ≈ 8 min per seed (valla-fmnist's 475 s); the Sampled LLA row adds
+        // ≈ 90 min per seed by extrapolation from `--quick` (DEVIATIONS V5); untimed in full.
         full_minutes: None,
         budget_of: None,
         run: valla_images::run_mnist,
@@ -209,7 +211,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 4 (FMNIST: the same methods; OOD vs MNIST; rotated FMNIST ECE/NLL; fit times)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        full_minutes: Some(175.0),
+        // 5 seeds of 475 s (seed 0, docs/PERFORMANCE.md, issue 40's eighth round).
+        full_minutes: Some(39.6),
         budget_of: None,
         run: valla_images::run_fmnist,
     },
@@ -218,7 +221,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 2 left (NLL, CRPS, CQM; 3×200 tanh) on the shipped Boston/concrete/wine sets (Airline/Year/Taxi unavailable)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        full_minutes: Some(90.4),
+        // 5 seeds of 203 s (seed 0, docs/PERFORMANCE.md, issue 40's eighth round).
+        full_minutes: Some(16.9),
         budget_of: None,
         run: valla_regression::run,
     },

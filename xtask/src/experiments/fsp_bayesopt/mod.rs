@@ -17,8 +17,9 @@
 //!   500 on Branin, 2 000 on Ackley-4 and Hartmann-6 (the paper: 10 000; Alg. 2 runs Lanczos on
 //!   the Matérn Gram, up to 500 steps). `fsp-bayesopt-covariance` measured what 500 points cost
 //!   in 6-d: the best Hartmann-6 reward after 50 evaluations was 1.58 ± 0.21 with 500 points
-//!   and 2.32 ± 0.25 with 2 000 (5 seeds; 97 vs 360 s per 40-fit run), because the predictive
-//!   std, not the mean, degrades (correlation with the GP's std 0.47 vs 0.57 on one snapshot).
+//!   and 2.32 ± 0.25 with 2 000 (5 seeds; 97 vs 360 s per 40-fit run then, 82 vs 111 s since
+//!   Alg. 2 keeps its kernel tiles), because the predictive std, not the mean, degrades
+//!   (correlation with the GP's std 0.47 vs 0.57 on one snapshot).
 //! * Laplace: MAP (σ_p = 1) and the GGN with KFAC on Branin and the PDE, diagonal on the others
 //!   (as the paper), prior precision by the Laplace marginal likelihood.
 //! * FVI: the same prior, 400 uniform measurement points per step.
