@@ -3,7 +3,7 @@
 //! (linfa-clustering) would bring ndarray and the linfa stack for it.
 //!
 //! Speed without changing a bit: points are read as contiguous rows, the distances from one
-//! point to [`LANES`] centroids accumulate side by side (each one still summed over the
+//! point to 8 centroids accumulate side by side (each one still summed over the
 //! coordinates in order, so each distance is the plain loop's), and points are assigned in
 //! parallel. The centroid sums keep the points' order.
 
