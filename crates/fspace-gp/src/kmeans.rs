@@ -92,11 +92,10 @@ pub fn kmeans(x: &DMatrix<f64>, k: usize, max_iter: usize, seed: u64) -> Result<
             }
         }
         let mut changed = false;
-        let (cent_ref, cent_t_ref) = (&cent, &cent_t);
         let best: Vec<usize> = (0..n)
             .into_par_iter()
             .with_min_len(POINTS_PER_TASK)
-            .map(|i| nearest(point(i), cent_ref, cent_t_ref, k))
+            .map(|i| nearest(point(i), &cent, &cent_t, k))
             .collect();
         for (a, b) in assign.iter_mut().zip(best) {
             changed |= *a != b;

@@ -245,21 +245,14 @@ impl<K: MatrixKernel> GramOperator<K> {
         if bytes > max_bytes || n == 0 {
             return self;
         }
-        let d = self.points.dim();
         let tiles = (0..n.div_ceil(ROW_BLOCK))
             .into_par_iter()
             .flat_map_iter(|b| {
-                let (r0, r1) = (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(n));
                 let this = &self;
+                let rows = (((b + 1) * ROW_BLOCK).min(n) - b * ROW_BLOCK) * q;
                 (0..n).step_by(COL_BLOCK).map(move |c0| {
-                    let c1 = (c0 + COL_BLOCK).min(n);
-                    let mut tile = vec![0.0; (r1 - r0) * q * (c1 - c0) * q];
-                    this.kernel.eval_block_tile(
-                        this.points.rows(r0, r1),
-                        this.points.rows(c0, c1),
-                        d,
-                        &mut tile,
-                    );
+                    let mut tile = vec![0.0; rows * ((c0 + COL_BLOCK).min(n) - c0) * q];
+                    this.eval_tile(b, c0, &mut tile);
                     tile
                 })
             })
@@ -330,8 +323,21 @@ impl<K: MatrixKernel> GramOperator<K> {
         col
     }
 
+    /// Tile `(b, c0)` of `K(X, X)`: the points of row block `b` against the column block that
+    /// starts at point `c0`, row-major into `out` (the products' and the cache's one route).
+    fn eval_tile(&self, b: usize, c0: usize, out: &mut [f64]) {
+        let n = self.points.len();
+        let (r0, r1, c1) = (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(n), (c0 + COL_BLOCK).min(n));
+        self.kernel.eval_block_tile(
+            self.points.rows(r0, r1),
+            self.points.rows(c0, c1),
+            self.points.dim(),
+            out,
+        );
+    }
+
     fn row_block_product(&self, b: usize, v: &DMatrix<f64>) -> DMatrix<f64> {
-        let (q, n, d) = (self.kernel.output_dim(), self.points.len(), self.points.dim());
+        let (q, n) = (self.kernel.output_dim(), self.points.len());
         let r0 = b * ROW_BLOCK;
         let r1 = (r0 + ROW_BLOCK).min(n);
         let rows = (r1 - r0) * q;
@@ -348,7 +354,7 @@ impl<K: MatrixKernel> GramOperator<K> {
                 Some(cache) => &cache.0[b * per_row_block + cb],
                 None => {
                     let tile = &mut scratch[..rows * cols];
-                    self.kernel.eval_block_tile(self.points.rows(r0, r1), self.points.rows(c0, c1), d, tile);
+                    self.eval_tile(b, c0, tile);
                     tile
                 }
             };

@@ -91,11 +91,10 @@ const DOT_ROWS: usize = 16;
 fn row_dots(a: &[DMatrix<f64>], b: &[DMatrix<f64>], pairs: &[(usize, usize)]) -> DMatrix<f64> {
     let (m, k) = a[0].shape();
     let mut out = DMatrix::zeros(m, pairs.len());
-    let blocks: Vec<(usize, Vec<f64>)> = (0..m)
-        .step_by(DOT_ROWS)
-        .collect::<Vec<_>>()
+    let blocks: Vec<(usize, Vec<f64>)> = (0..m.div_ceil(DOT_ROWS))
         .into_par_iter()
-        .map(|r0| {
+        .map(|block| {
+            let r0 = block * DOT_ROWS;
             let rows = DOT_ROWS.min(m - r0);
             let mut sums = vec![0.0; rows * pairs.len()];
             for (p, &(o, o2)) in pairs.iter().enumerate() {
