@@ -70,9 +70,9 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Fig. 3: BO on Branin, Ackley-4, Hartmann-6, polynomial-8, BNN-draw-10 and the Brusselator PDE with FSP-Laplace, Laplace, FVI and GP surrogates",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 79.6 min for the first three tasks before Alg. 2 kept its kernel tiles (issue 40's
-        // eighth round, which cut fsp-bayesopt-covariance by 66 %); the full run is not timed.
-        full_minutes: None,
+        // 5 seeds of 859 s (seed 0 at e291b1e; 2 804 s before Alg. 2 kept its kernel tiles,
+        // docs/PERFORMANCE.md, issue 40's ninth round).
+        full_minutes: Some(71.6),
         budget_of: None,
         run: fsp_bayesopt::run,
     },
