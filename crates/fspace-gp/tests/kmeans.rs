@@ -1,7 +1,7 @@
 //! k-means against the plain Lloyd loop it replaced: the same centroids bit for bit.
 
 use fspace_gp::kmeans;
-use fspace_testutil::{randn, rng};
+use fspace_testutil::{randn, rng, same_bits};
 use nalgebra::DMatrix;
 use rand::distributions::{Distribution, WeightedIndex};
 use rand::rngs::StdRng;
@@ -55,10 +55,6 @@ fn plain_kmeans(x: &DMatrix<f64>, k: usize, max_iter: usize, seed: u64) -> DMatr
         }
     }
     centroids
-}
-
-fn same_bits(a: &DMatrix<f64>, b: &DMatrix<f64>) -> bool {
-    a.shape() == b.shape() && a.iter().zip(b.iter()).all(|(p, q)| p.to_bits() == q.to_bits())
 }
 
 #[test]

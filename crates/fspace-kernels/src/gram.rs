@@ -242,7 +242,7 @@ impl<K: MatrixKernel> GramOperator<K> {
     pub fn with_tile_cache(mut self, max_bytes: usize) -> Self {
         let (n, q) = (self.points.len(), self.kernel.output_dim());
         let bytes = (n * q).saturating_mul(n * q).saturating_mul(std::mem::size_of::<f64>());
-        if bytes > max_bytes || n == 0 {
+        if bytes > max_bytes {
             return self;
         }
         let tiles = (0..n.div_ceil(ROW_BLOCK))

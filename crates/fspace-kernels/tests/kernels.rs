@@ -4,7 +4,7 @@
 use fspace_input::InputError;
 use fspace_kernels::*;
 use fspace_linalg::LinearOperator;
-use fspace_testutil::{assert_all_close, assert_mat_close, fd_gradient, rand_uniform, randn, rng};
+use fspace_testutil::{assert_all_close, assert_mat_close, fd_gradient, rand_uniform, randn, rng, same_bits};
 use nalgebra::{DMatrix, DVector};
 use proptest::prelude::*;
 
@@ -318,7 +318,7 @@ fn mirrored_gram_matrices_have_the_bits_of_the_full_evaluation() {
         for (name, k) in kernels {
             let (mirrored, full) = (gram(&k, &x, &x).unwrap(), gram(&k, &x, &copy).unwrap());
             assert!(
-                mirrored.iter().zip(full.iter()).all(|(a, b)| a.to_bits() == b.to_bits()),
+                same_bits(&mirrored, &full),
                 "{name}, d = {d} (exactly_symmetric: {})",
                 k.exactly_symmetric()
             );
@@ -367,9 +367,6 @@ fn gram_operator_equals_dense_gram_times_vectors() {
 
 #[test]
 fn the_tile_cache_gives_the_matrix_free_products_bits() {
-    let same_bits = |a: &DMatrix<f64>, b: &DMatrix<f64>| {
-        a.shape() == b.shape() && a.iter().zip(b.iter()).all(|(p, q)| p.to_bits() == q.to_bits())
-    };
     let mut r = rng(16);
     // 700 points cross both tile boundaries; a sum kernel fills its tile in two passes.
     let x = rand_uniform(700, 3, -1.0, 1.0, &mut r);

@@ -165,14 +165,7 @@ fn kfac_gridsearch_cnn(c: &mut Criterion) {
 /// 55 per-point dot products over the eigenvectors.
 fn last_layer_predict_mnist_mlp(c: &mut Criterion) {
     let (x, y) = synthetic_images(500, 0);
-    let net = Mlp::new(MlpConfig {
-        input_dim: 784,
-        hidden: vec![200, 200],
-        output_dim: 10,
-        activation: Activation::Tanh,
-        seed: 0,
-    })
-    .unwrap();
+    let net = Mlp::new(MlpConfig::mnist(10, Activation::Tanh, 0)).unwrap();
     let lik = LikelihoodSpec::categorical(10);
     let post =
         fit(net, lik, &Data::new(&x, &y).unwrap(), &config(Structure::last_layer())).unwrap().posterior;

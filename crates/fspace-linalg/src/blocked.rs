@@ -317,6 +317,7 @@ pub fn spd_inverse_and_logdet(a: &DMatrix<f64>) -> Option<(DMatrix<f64>, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fspace_testutil::same_bits;
 
     /// An SPD test matrix with entries of mixed sign and magnitude.
     fn spd(n: usize) -> DMatrix<f64> {
@@ -332,12 +333,8 @@ mod tests {
             let a = spd(n);
             let ours = diagonal_block_cholesky(a.clone()).unwrap();
             let theirs = nalgebra::Cholesky::new(a).unwrap().l();
-            assert!(ours.iter().zip(theirs.iter()).all(|(x, y)| x.to_bits() == y.to_bits()), "n = {n}");
+            assert!(same_bits(&ours, &theirs), "n = {n}");
         }
-    }
-
-    fn same_bits(a: &DMatrix<f64>, b: &DMatrix<f64>) -> bool {
-        a.shape() == b.shape() && a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
     #[test]

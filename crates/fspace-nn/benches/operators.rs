@@ -48,14 +48,7 @@ fn bench(c: &mut Criterion) {
 /// of 28×28 images: `f`, `J·u`, `Jᵀ·V` and the fused training pass `forward_vjp`.
 fn bench_cnn(c: &mut Criterion) {
     use fspace_nn::{Cnn, CnnConfig, Network};
-    let mlp = Mlp::new(MlpConfig {
-        input_dim: 784,
-        hidden: vec![200, 200],
-        output_dim: 10,
-        activation: Activation::Tanh,
-        seed: 0,
-    })
-    .unwrap();
+    let mlp = Mlp::new(MlpConfig::mnist(10, Activation::Tanh, 0)).unwrap();
     let lenet = Cnn::new(CnnConfig::lenet5(10, Activation::Tanh, 0)).unwrap();
     let cnn = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
     let nets: [(&str, &dyn Network); 3] =

@@ -162,6 +162,12 @@ pub fn assert_mat_close(actual: &DMatrix<f64>, expected: &DMatrix<f64>, rtol: f6
     assert!(diff <= tol, "‖A − B‖_F = {diff:.3e} > {tol:.3e} (‖B‖_F = {:.3e})", expected.norm());
 }
 
+/// Whether two matrices have the same shape and every entry the same bits (the check for a
+/// rewrite that promises to keep the arithmetic of the code it replaces).
+pub fn same_bits(a: &DMatrix<f64>, b: &DMatrix<f64>) -> bool {
+    a.shape() == b.shape() && a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// Relative Frobenius error ‖A − B‖_F / ‖B‖_F.
 pub fn rel_frob(actual: &DMatrix<f64>, expected: &DMatrix<f64>) -> f64 {
     (actual - expected).norm() / expected.norm().max(f64::MIN_POSITIVE)

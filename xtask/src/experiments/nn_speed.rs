@@ -65,13 +65,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let torch_s = live.as_ref().and_then(|v| v[keys[k]].as_f64()).unwrap_or(recorded);
         let timing = match name {
             "MLP 784-200-200-10" => time_network(
-                &mut Mlp::new(MlpConfig {
-                    input_dim: 784,
-                    hidden: vec![200, 200],
-                    output_dim: 10,
-                    activation: Activation::Tanh,
-                    seed: 0,
-                })?,
+                &mut Mlp::new(MlpConfig::mnist(10, Activation::Tanh, 0))?,
                 &train.x,
                 &train.y,
                 scale,
