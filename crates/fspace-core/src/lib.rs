@@ -32,7 +32,9 @@ pub use likelihood::{
     logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian,
     IsotropicGaussian, Likelihood,
 };
-pub use persist::{Persist, PersistError};
-pub use posterior::{class_probabilities, sample_gaussian, ClassProbMethod, FunctionPredictive, Posterior};
+pub use persist::{LoadCheck, LoadLimits, Persist, PersistError};
+pub use posterior::{
+    class_probabilities, finite_samples, sample_gaussian, ClassProbMethod, FunctionPredictive, Posterior,
+};
 pub use spec::LikelihoodSpec;
 pub use training::{Adam, EarlyStopping, Minibatches, StopDecision};

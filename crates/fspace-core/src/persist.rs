@@ -6,6 +6,26 @@
 //! another format version is a [`PersistError`] that names both, never a panic or a
 //! half-filled value. Numbers are written with `serde_json`'s `float_roundtrip`, so a
 //! save → load round trip reproduces every `f64` bit for bit.
+//!
+//! # The load invariant
+//!
+//! A file may come from anywhere (a colleague, a model zoo, a pickle), so nothing in it is
+//! trusted. Loading runs three gates, in order, and a value that passes them all cannot reach a
+//! panic in any method of the type:
+//!
+//! 1. **Size.** [`Persist::load`] refuses a file longer than [`LoadLimits::max_bytes`] before
+//!    reading it ([`PersistError::TooLarge`]); [`Persist::load_with_limits`] raises the bound.
+//!    JSON declares no sizes, so every array held after parsing was spelled out in the text.
+//! 2. **Self-checking parts.** The building blocks check themselves while they are deserialised:
+//!    networks (parameter count against the configuration, finite weights), kernels
+//!    (hyperparameters), Cholesky factors (square, triangular, positive diagonal), likelihood
+//!    specs (σ > 0, ≥ 2 classes).
+//! 3. **The type's own invariants.** [`Persist::validate_loaded`], which every persisted type
+//!    must implement (there is no default), checks what ties the parts together: every
+//!    matrix's shape against the dimensions it is used with, the likelihood against the
+//!    network's outputs, finite values and positive scales where the maths needs them. It is
+//!    written with [`LoadCheck`], so every refusal is a [`PersistError::Invalid`] that names the
+//!    type and the field.
 
 use std::path::{Path, PathBuf};
 
@@ -60,12 +80,26 @@ pub enum PersistError {
     },
     /// The payload parsed but describes an invalid value (e.g. a likelihood that does not fit
     /// the saved network).
-    #[error("saved {kind} is invalid: {reason}")]
+    #[error("saved {kind} is invalid: {field}: {reason}")]
     Invalid {
         /// The type.
         kind: &'static str,
+        /// The field (a path such as `curvature.eigenvalues`).
+        field: String,
         /// What is wrong.
         reason: String,
+    },
+    /// The file is longer than the caller allows ([`LoadLimits`]); nothing was read.
+    #[error(
+        "{path} is {bytes} bytes, more than the {limit}-byte limit (raise LoadLimits::max_bytes to read it)"
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        bytes: u64,
+        /// The limit in force.
+        limit: u64,
     },
     /// A value that cannot be written. (Non-finite numbers have no JSON form: serde_json
     /// writes them as `null`, and loading such a file is a [`PersistError::Json`].)
@@ -79,6 +113,115 @@ pub enum PersistError {
 }
 
 const FORMAT: &str = "fspace";
+
+/// Bounds on what [`Persist::load_with_limits`] reads from an untrusted file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadLimits {
+    /// The longest file read, in bytes (default 2 GiB: a saved last-layer Laplace of the
+    /// 784-200-200-10 MNIST MLP is ≈ 0.1 GB). Parsing needs a few times this in memory.
+    pub max_bytes: u64,
+}
+
+impl Default for LoadLimits {
+    fn default() -> Self {
+        Self { max_bytes: 2 << 30 }
+    }
+}
+
+/// The checks a [`Persist::validate_loaded`] is written with. Each returns
+/// [`PersistError::Invalid`] naming the type and the field.
+///
+/// ```
+/// use fspace_core::LoadCheck;
+/// let check = LoadCheck::new("my::Posterior");
+/// assert!(check.len("weights", 3, 3).is_ok());
+/// let e = check.shape("factor", (2, 3), (3, 2)).unwrap_err();
+/// assert_eq!(e.to_string(), "saved my::Posterior is invalid: factor: is 2 × 3, must be 3 × 2");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct LoadCheck {
+    kind: &'static str,
+}
+
+impl LoadCheck {
+    /// Checks for the type `kind` (its [`Persist::KIND`]).
+    pub fn new(kind: &'static str) -> Self {
+        Self { kind }
+    }
+
+    /// The error for `field`.
+    pub fn invalid(&self, field: impl Into<String>, reason: impl Into<String>) -> PersistError {
+        PersistError::Invalid { kind: self.kind, field: field.into(), reason: reason.into() }
+    }
+
+    /// `Err(invalid(field, reason()))` unless `ok`.
+    pub fn ensure(&self, ok: bool, field: &str, reason: impl FnOnce() -> String) -> Result<(), PersistError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.invalid(field, reason()))
+        }
+    }
+
+    /// `field` has `expected` entries.
+    pub fn len(&self, field: &str, found: usize, expected: usize) -> Result<(), PersistError> {
+        self.ensure(found == expected, field, || format!("has {found} entries, must have {expected}"))
+    }
+
+    /// `field` is a `rows × cols` matrix.
+    pub fn shape(
+        &self,
+        field: &str,
+        found: (usize, usize),
+        expected: (usize, usize),
+    ) -> Result<(), PersistError> {
+        self.ensure(found == expected, field, || {
+            format!("is {} × {}, must be {} × {}", found.0, found.1, expected.0, expected.1)
+        })
+    }
+
+    /// Every value of `field` is finite.
+    pub fn finite<'a>(
+        &self,
+        field: &str,
+        values: impl IntoIterator<Item = &'a f64>,
+    ) -> Result<(), PersistError> {
+        self.ensure(values.into_iter().all(|v| v.is_finite()), field, || "has non-finite entries".into())
+    }
+
+    /// Every value of `field` is finite and ≥ 0.
+    pub fn non_negative<'a>(
+        &self,
+        field: &str,
+        values: impl IntoIterator<Item = &'a f64>,
+    ) -> Result<(), PersistError> {
+        self.ensure(values.into_iter().all(|v| v.is_finite() && *v >= 0.0), field, || {
+            "must be finite and ≥ 0".into()
+        })
+    }
+
+    /// `value` is finite and > 0.
+    pub fn positive(&self, field: &str, value: f64) -> Result<(), PersistError> {
+        self.ensure(value.is_finite() && value > 0.0, field, || format!("is {value}, must be finite and > 0"))
+    }
+
+    /// `spec` is valid and describes a network with `outputs` outputs.
+    pub fn likelihood(
+        &self,
+        field: &str,
+        spec: &crate::LikelihoodSpec,
+        outputs: usize,
+    ) -> Result<(), PersistError> {
+        spec.validate().map_err(|e| self.invalid(field, e.to_string()))?;
+        self.ensure(spec.output_dim() == outputs, field, || {
+            format!(
+                "the {} likelihood needs {} outputs, the network has {outputs}",
+                spec.name(),
+                spec.output_dim()
+            )
+        })
+    }
+}
 
 #[derive(Serialize)]
 struct EnvelopeOut<'a, T> {
@@ -106,11 +249,11 @@ pub trait Persist: Serialize + DeserializeOwned {
     /// The payload format version; bump it when the serialised fields change.
     const VERSION: u32;
 
-    /// Checks a freshly parsed value (shapes that serde cannot check); the default accepts
-    /// everything. Return [`PersistError::Invalid`] to refuse.
-    fn validate_loaded(&self) -> Result<(), PersistError> {
-        Ok(())
-    }
+    /// Checks a freshly parsed value: every invariant a constructor of the type would
+    /// establish and serde cannot (shapes against each other, the likelihood against the
+    /// network, finite and positive values). Required, so that no persisted type forgets it;
+    /// write it with [`LoadCheck`]. [`from_json`](Self::from_json) returns its error.
+    fn validate_loaded(&self) -> Result<(), PersistError>;
 
     /// The JSON text of the envelope and payload.
     fn to_json(&self) -> Result<String, PersistError> {
@@ -148,11 +291,31 @@ pub trait Persist: Serialize + DeserializeOwned {
         std::fs::write(path, self.to_json()?).map_err(|source| PersistError::Io { path: path.into(), source })
     }
 
-    /// Reads a file written by [`save`](Self::save).
+    /// Reads a file written by [`save`](Self::save), within the default [`LoadLimits`].
     fn load(path: impl AsRef<Path>) -> Result<Self, PersistError> {
+        Self::load_with_limits(path, &LoadLimits::default())
+    }
+
+    /// [`load`](Self::load) with the caller's limits: a longer file is refused before it is read.
+    fn load_with_limits(path: impl AsRef<Path>, limits: &LoadLimits) -> Result<Self, PersistError> {
+        use std::io::Read;
         let path = path.as_ref();
-        let text =
-            std::fs::read_to_string(path).map_err(|source| PersistError::Io { path: path.into(), source })?;
+        let io = |source| PersistError::Io { path: path.into(), source };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let bytes = file.metadata().map_err(io)?.len();
+        if bytes > limits.max_bytes {
+            return Err(PersistError::TooLarge { path: path.into(), bytes, limit: limits.max_bytes });
+        }
+        // `take` also bounds a file that grows while it is read.
+        let mut text = String::new();
+        file.take(limits.max_bytes.saturating_add(1)).read_to_string(&mut text).map_err(io)?;
+        if text.len() as u64 > limits.max_bytes {
+            return Err(PersistError::TooLarge {
+                path: path.into(),
+                bytes: text.len() as u64,
+                limit: limits.max_bytes,
+            });
+        }
         Self::from_json(&text)
     }
 }

@@ -76,6 +76,7 @@ pub fn sample_gaussian(
     let (n, q) = mean.shape();
     ensure_dim("joint covariance size", n * q, cov.nrows())?;
     ensure_dim("joint covariance columns", n * q, cov.ncols())?;
+    ensure_finite("joint mean", mean.iter())?;
     ensure_finite("joint covariance", cov.iter())?;
     if s == 0 {
         return Err(CoreError::Input(InputError::Invalid {
@@ -92,13 +93,25 @@ pub fn sample_gaussian(
     for (j, l) in eig.eigenvalues.iter().enumerate() {
         root.column_mut(j).scale_mut(l.max(0.0).sqrt());
     }
-    Ok((0..s)
-        .map(|_| {
-            let z = DVector::from_fn(n * q, |_, _| StandardNormal.sample(rng));
-            let flat = &root * z;
-            DMatrix::from_fn(n, q, |i, a| mean[(i, a)] + flat[i * q + a])
-        })
-        .collect())
+    finite_samples(
+        (0..s)
+            .map(|_| {
+                let z = DVector::from_fn(n * q, |_, _| StandardNormal.sample(rng));
+                let flat = &root * z;
+                DMatrix::from_fn(n, q, |i, a| mean[(i, a)] + flat[i * q + a])
+            })
+            .collect(),
+    )
+}
+
+/// `draws` unchanged when every entry is finite; otherwise the typed error a
+/// [`Posterior::sample_functions`] returns instead of non-finite draws (weights so large that
+/// the network overflows, say).
+pub fn finite_samples(draws: Vec<DMatrix<f64>>) -> Result<Vec<DMatrix<f64>>> {
+    for d in &draws {
+        ensure_finite("function samples", d.iter())?;
+    }
+    Ok(draws)
 }
 
 /// How class probabilities are computed from a Gaussian over logits.

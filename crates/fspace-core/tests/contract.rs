@@ -122,6 +122,11 @@ struct Saved {
 impl Persist for Saved {
     const KIND: &'static str = "test::Saved";
     const VERSION: u32 = 2;
+    fn validate_loaded(&self) -> Result<(), PersistError> {
+        let check = LoadCheck::new(Self::KIND);
+        check.finite("values", &self.values)?;
+        check.likelihood("spec", &self.spec, self.spec.output_dim())
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -132,6 +137,9 @@ struct Other {
 impl Persist for Other {
     const KIND: &'static str = "test::Other";
     const VERSION: u32 = 1;
+    fn validate_loaded(&self) -> Result<(), PersistError> {
+        LoadCheck::new(Self::KIND).finite("values", &self.values)
+    }
 }
 
 #[test]
@@ -165,6 +173,25 @@ fn persist_round_trips_bit_for_bit_and_refuses_other_files() {
     // JSON has no NaN: serde_json writes `null`, and loading such a file is an error.
     let nan = Saved { values: vec![f64::NAN], spec: LikelihoodSpec::Bernoulli }.to_json().unwrap();
     assert!(matches!(Saved::from_json(&nan), Err(PersistError::Json { .. })));
+    // validate_loaded runs on every load and names the field.
+    let one_class =
+        text.replacen(r#"{"type":"heteroscedastic_gaussian"}"#, r#"{"type":"categorical","classes":1}"#, 1);
+    assert_ne!(one_class, text);
+    match Saved::from_json(&one_class) {
+        Err(PersistError::Invalid { kind: "test::Saved", field, .. }) => assert_eq!(field, "spec"),
+        other => panic!("{other:?}"),
+    }
+    // A file longer than the caller's limit is refused before it is read.
+    let limits = LoadLimits { max_bytes: text.len() as u64 - 1 };
+    match Saved::load_with_limits(&path, &limits) {
+        Err(PersistError::TooLarge { bytes, limit, .. }) => {
+            assert_eq!((bytes, limit), (text.len() as u64, limits.max_bytes))
+        }
+        other => panic!("{other:?}"),
+    }
+    let exact = LoadLimits { max_bytes: text.len() as u64 };
+    assert_eq!(Saved::load_with_limits(&path, &exact).unwrap(), saved);
+    assert_eq!(LoadLimits::default().max_bytes, 2 << 30);
     std::fs::remove_dir_all(&dir).ok();
 }
 

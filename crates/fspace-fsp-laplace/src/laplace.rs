@@ -325,15 +325,17 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for FspLaplace<N
     const KIND: &'static str = "fspace_fsp_laplace::FspLaplace";
     const VERSION: u32 = 1;
 
+    /// The network checked itself while it was read; here: `S` (`p × rank`) and `U`
+    /// (`p × range_rank`) against the network and the report, finite.
     fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
-        if self.s.nrows() == self.net.n_params() {
-            Ok(())
-        } else {
-            Err(PersistError::Invalid {
-                kind: Self::KIND,
-                reason: format!("S has {} rows, the network {} weights", self.s.nrows(), self.net.n_params()),
-            })
-        }
+        let check = fspace_core::LoadCheck::new(Self::KIND);
+        let p = self.net.n_params();
+        check.shape("s", self.s.shape(), (p, self.report.rank))?;
+        check.finite("s", self.s.iter())?;
+        check.ensure(self.report.range_rank >= 1, "report.range_rank", || "must be ≥ 1".into())?;
+        check.shape("u", self.u.shape(), (p, self.report.range_rank))?;
+        check.finite("u", self.u.iter())?;
+        check.finite("report.precision_eigenvalues", self.report.precision_eigenvalues.iter())
     }
 }
 
@@ -408,6 +410,6 @@ impl<N: Network> Posterior for FspLaplace<N> {
         let z = DMatrix::from_fn(self.s.ncols(), s, |_, _| StandardNormal.sample(rng));
         let dw = &self.s * z;
         let ju = self.net.jvp_blocks(x, &dw).map_err(|e| to_core(e.into()))?;
-        Ok(ju.into_iter().map(|j| &mean + j).collect())
+        fspace_core::finite_samples(ju.into_iter().map(|j| &mean + j).collect())
     }
 }

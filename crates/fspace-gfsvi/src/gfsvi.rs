@@ -565,15 +565,13 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for LinearizedPo
     const KIND: &'static str = "fspace_gfsvi::LinearizedPosterior";
     const VERSION: u32 = 1;
 
+    /// The network checked itself while it was read; here: one finite variance ≥ 0 per weight
+    /// and `σ_y > 0`.
     fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
-        if self.s.len() == self.net.n_params() && self.s.iter().all(|v| v.is_finite() && *v >= 0.0) {
-            Ok(())
-        } else {
-            Err(PersistError::Invalid {
-                kind: Self::KIND,
-                reason: "weight variances do not fit the network".into(),
-            })
-        }
+        let check = fspace_core::LoadCheck::new(Self::KIND);
+        check.len("s", self.s.len(), self.net.n_params())?;
+        check.non_negative("s", self.s.iter())?;
+        check.positive("noise_std", self.noise_std)
     }
 }
 
@@ -641,6 +639,6 @@ impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
             e * self.s[k].sqrt()
         });
         let ju = self.net.jvp_blocks(x, &u).map_err(core_err)?;
-        Ok(ju.into_iter().map(|j| &mean + j).collect())
+        fspace_core::finite_samples(ju.into_iter().map(|j| &mean + j).collect())
     }
 }

@@ -123,7 +123,7 @@ impl<N: Network + Clone> Posterior for WeightSamplePosterior<N> {
         rng: &mut dyn RngCore,
     ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
         let w: Vec<DVector<f64>> = (0..s).map(|_| draw(&self.mean, &self.std, rng)).collect();
-        self.outputs(x, &w)
+        fspace_core::finite_samples(self.outputs(x, &w)?)
     }
 }
 
@@ -133,17 +133,22 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for WeightSample
     const KIND: &'static str = "fspace_gfsvi::WeightSamplePosterior";
     const VERSION: u32 = 1;
 
+    /// The network checked itself while it was read; here: the mean, the standard deviations
+    /// and every predictive sample have the network's `p` finite entries (deviations ≥ 0), at
+    /// least one sample, and `σ_y > 0`.
     fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
+        let check = fspace_core::LoadCheck::new(Self::KIND);
         let p = self.net.n_params();
-        let ok = self.mean.len() == p && self.std.len() == p && self.samples.iter().all(|w| w.len() == p);
-        if ok {
-            Ok(())
-        } else {
-            Err(PersistError::Invalid {
-                kind: Self::KIND,
-                reason: format!("weight vectors do not have the network's {p} entries"),
-            })
+        check.len("mean", self.mean.len(), p)?;
+        check.finite("mean", self.mean.iter())?;
+        check.len("std", self.std.len(), p)?;
+        check.non_negative("std", self.std.iter())?;
+        check.ensure(!self.samples.is_empty(), "samples", || "must hold ≥ 1 weight sample".into())?;
+        for w in &self.samples {
+            check.len("samples", w.len(), p)?;
+            check.finite("samples", w.iter())?;
         }
+        check.positive("noise_std", self.noise_std)
     }
 }
 

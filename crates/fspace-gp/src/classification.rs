@@ -247,6 +247,15 @@ impl<K: Kernel + serde::Serialize + serde::de::DeserializeOwned> fspace_core::Pe
     const VERSION: u32 = 1;
 
     fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
-        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)
+        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)?;
+        let check = fspace_core::LoadCheck::new(Self::KIND);
+        crate::error::check_loaded_inputs(&check, "x", &self.x, self.kernel.input_dim())?;
+        let n = self.x.nrows();
+        check.len("grad_log_lik", self.grad_log_lik.len(), n)?;
+        check.finite("grad_log_lik", self.grad_log_lik.iter())?;
+        check.len("sqrt_w", self.sqrt_w.len(), n)?;
+        check.non_negative("sqrt_w", self.sqrt_w.iter())?;
+        check.shape("b_chol", (self.b_chol.dim(), self.b_chol.dim()), (n, n))?;
+        check.finite("log_marginal", [self.log_marginal].iter())
     }
 }

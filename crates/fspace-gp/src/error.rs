@@ -51,12 +51,22 @@ pub(crate) fn check_loaded_kernel(
     kind: &'static str,
     kernel: &impl fspace_kernels::KernelBase,
 ) -> std::result::Result<(), fspace_core::PersistError> {
-    if kernel.params().iter().all(|v| v.is_finite()) {
-        Ok(())
-    } else {
-        Err(fspace_core::PersistError::Invalid {
-            kind,
-            reason: "kernel hyperparameters must be finite and positive".into(),
-        })
+    fspace_core::LoadCheck::new(kind).ensure(kernel.params().iter().all(|v| v.is_finite()), "kernel", || {
+        "kernel hyperparameters must be finite and positive".into()
+    })
+}
+
+/// The training or inducing inputs `x` of a saved GP: at least one row, finite, and as many
+/// columns as the kernel takes (when it says).
+pub(crate) fn check_loaded_inputs(
+    check: &fspace_core::LoadCheck,
+    field: &str,
+    x: &nalgebra::DMatrix<f64>,
+    kernel_input_dim: Option<usize>,
+) -> std::result::Result<(), fspace_core::PersistError> {
+    check.ensure(x.nrows() >= 1 && x.ncols() >= 1, field, || "must have ≥ 1 row and column".into())?;
+    if let Some(d) = kernel_input_dim {
+        check.ensure(x.ncols() == d, field, || format!("has {} columns, the kernel takes {d}", x.ncols()))?;
     }
+    check.finite(field, x.iter())
 }

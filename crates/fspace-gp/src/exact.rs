@@ -274,7 +274,28 @@ impl<K: MatrixKernel + serde::Serialize + serde::de::DeserializeOwned> fspace_co
     const VERSION: u32 = 1;
 
     fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
-        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)
+        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)?;
+        let check = fspace_core::LoadCheck::new(Self::KIND);
+        crate::error::check_loaded_inputs(&check, "x", &self.x, self.kernel.input_dim())?;
+        let q = self.kernel.output_dim();
+        check.ensure(q >= 1, "kernel", || "must have ≥ 1 output".into())?;
+        let n = self.x.nrows().checked_mul(q).unwrap_or(usize::MAX);
+        check.len("residual", self.residual.len(), n)?;
+        check.finite("residual", self.residual.iter())?;
+        check.len("alpha", self.alpha.len(), n)?;
+        check.finite("alpha", self.alpha.iter())?;
+        check.shape("chol", (self.chol.dim(), self.chol.dim()), (n, n))?;
+        match &self.noise {
+            Noise::Homoscedastic(s2) => check.positive("noise", *s2),
+            Noise::PerPoint(v) => {
+                check.len("noise", v.len(), n)?;
+                v.iter().try_for_each(|s| check.positive("noise", *s))
+            }
+        }?;
+        if let PriorMean::Constant(c) = self.mean {
+            check.finite("mean", [c].iter())?;
+        }
+        Ok(())
     }
 }
 

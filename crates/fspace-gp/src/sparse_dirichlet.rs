@@ -183,6 +183,18 @@ impl<K: Kernel + Clone + serde::Serialize + serde::de::DeserializeOwned> fspace_
     const VERSION: u32 = 1;
 
     fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
-        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)
+        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)?;
+        let check = fspace_core::LoadCheck::new(Self::KIND);
+        crate::error::check_loaded_inputs(&check, "z", &self.z, self.kernel.input_dim())?;
+        let (m, c) = (self.z.nrows(), self.means.len());
+        check.ensure(c >= 2, "means", || format!("has {c} classes, need ≥ 2"))?;
+        check.finite("means", self.means.iter())?;
+        check.shape("kmm", (self.kmm.dim(), self.kmm.dim()), (m, m))?;
+        check.len("sigma", self.sigma.len(), c)?;
+        for s in &self.sigma {
+            check.shape("sigma", (s.dim(), s.dim()), (m, m))?;
+        }
+        check.shape("weights", self.weights.shape(), (m, c))?;
+        check.finite("weights", self.weights.iter())
     }
 }

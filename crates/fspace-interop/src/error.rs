@@ -107,6 +107,19 @@ pub enum InteropError {
         /// Why.
         reason: String,
     },
+    /// The file, a tensor or an archive member is larger than the caller allows
+    /// ([`TensorLimits`](crate::TensorLimits)); refused before anything of that size is allocated.
+    #[error("{file}: {what} is {size}, more than the limit of {limit} (raise TensorLimits to read it)")]
+    TooLarge {
+        /// The file.
+        file: String,
+        /// What is too large (`file bytes`, `elements of tensor `w``, `inflated bytes of member `w.npy``).
+        what: String,
+        /// Its size (as declared, or as read so far).
+        size: u64,
+        /// The limit in force.
+        limit: u64,
+    },
     /// NaN or ±∞ in a tensor.
     #[error("{file}: tensor `{name}` contains a non-finite value")]
     NonFinite {

@@ -8,7 +8,9 @@
 //!   **`.npz`** (`numpy.savez` / `savez_compressed`) or `.npy` files. 64-bit floats are read
 //!   exactly; 32-bit floats are upcast (exactly — the network then computes in f64 on the
 //!   f32-rounded weights). Any other dtype, a truncated or malformed file gets a typed
-//!   [`InteropError`].
+//!   [`InteropError`]. Files are untrusted: a file, tensor or zip member larger than
+//!   [`TensorLimits`] allows, or a header that declares more data than the file holds, is
+//!   refused before anything of that size is allocated.
 //! * [`load_mlp`], [`infer_mlp`], [`load_cnn`]: the tensors assigned to the network's weight
 //!   layers. The layouts are PyTorch's: `Linear.weight` is `out × in` and a layer computes
 //!   `a Wᵀ + b`; `Conv2d.weight` is `out × in × k × k` (cross-correlation, as `Conv2d`), and
@@ -53,4 +55,4 @@ mod tensors;
 pub use error::{InteropError, Result};
 pub use export::{write_posterior_npz, NpzWriter, PosteriorExport};
 pub use networks::{cnn_tensors, infer_mlp, infer_mlp_config, load_cnn, load_mlp, mlp_tensors, LayerNames};
-pub use tensors::{SourceDtype, Tensor, Tensors};
+pub use tensors::{SourceDtype, Tensor, TensorLimits, Tensors};

@@ -37,6 +37,54 @@ impl Tensor {
     }
 }
 
+/// Bounds on what the readers take from an untrusted file. Headers are checked against them
+/// (and against the bytes actually present) before anything is allocated, so a file that
+/// declares a tensor of 10¹² entries, or a zip member that inflates without end, is an
+/// [`InteropError::TooLarge`] or [`InteropError::Truncated`], never an abort.
+///
+/// | limit | default | bounds |
+/// |---|---|---|
+/// | `max_file_bytes` | 4 GiB | the file read by [`Tensors::read`] |
+/// | `max_elements` | 2²⁹ (4 GiB as f64) | the elements of one tensor |
+/// | `max_member_bytes` | 4 GiB | one `.npz` member, inflated |
+///
+/// The defaults hold every network fspace runs with room to spare (a ResNet-152's weights are
+/// 60 M elements); raise them for larger files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorLimits {
+    /// The longest file read, in bytes.
+    pub max_file_bytes: u64,
+    /// The most elements one tensor may have.
+    pub max_elements: u64,
+    /// The largest inflated `.npz` member, in bytes.
+    pub max_member_bytes: u64,
+}
+
+impl Default for TensorLimits {
+    fn default() -> Self {
+        Self { max_file_bytes: 4 << 30, max_elements: 1 << 29, max_member_bytes: 4 << 30 }
+    }
+}
+
+impl TensorLimits {
+    fn too_large(file: &str, what: String, size: u64, limit: u64) -> InteropError {
+        InteropError::TooLarge { file: file.to_string(), what, size, limit }
+    }
+
+    fn check_elements(&self, file: &str, name: &str, shape: &[u64]) -> Result<u64> {
+        let count = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+        match count {
+            Some(n) if n <= self.max_elements => Ok(n),
+            _ => Err(Self::too_large(
+                file,
+                format!("tensor `{name}` of shape {shape:?}"),
+                count.unwrap_or(u64::MAX),
+                self.max_elements,
+            )),
+        }
+    }
+}
+
 /// A set of named tensors and the file they came from (named in every error).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensors {
@@ -49,8 +97,20 @@ fn file_label(path: &Path) -> String {
     path.display().to_string()
 }
 
-fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| io_error(&file_label(path), &e))
+/// The file's bytes, refusing one longer than `limit` before reading it.
+fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let label = file_label(path);
+    let file = std::fs::File::open(path).map_err(|e| io_error(&label, &e))?;
+    let len = file.metadata().map_err(|e| io_error(&label, &e))?.len();
+    if len > limit {
+        return Err(TensorLimits::too_large(&label, "the file".into(), len, limit));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| io_error(&label, &e))?;
+    if bytes.len() as u64 > limit {
+        return Err(TensorLimits::too_large(&label, "the file".into(), bytes.len() as u64, limit));
+    }
+    Ok(bytes)
 }
 
 fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -64,30 +124,53 @@ impl Tensors {
     }
 
     /// Reads a `.safetensors`, `.npz` or `.npy` file (by extension; a `.npy` file becomes one
-    /// tensor named after the file stem).
+    /// tensor named after the file stem), within the default [`TensorLimits`].
     pub fn read(path: impl AsRef<Path>) -> Result<Self> {
+        Self::read_with_limits(path, &TensorLimits::default())
+    }
+
+    /// [`read`](Self::read) within the caller's limits.
+    pub fn read_with_limits(path: impl AsRef<Path>, limits: &TensorLimits) -> Result<Self> {
         let path = path.as_ref();
         let label = file_label(path);
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("safetensors") => Self::from_safetensors_bytes(&read_bytes(path)?, label),
-            Some("npz") => Self::from_npz_bytes(&read_bytes(path)?, label),
-            Some("npy") => {
+        let ext = path.extension().and_then(|e| e.to_str());
+        if !matches!(ext, Some("safetensors" | "npz" | "npy")) {
+            return Err(InteropError::UnknownFormat { file: label });
+        }
+        let bytes = read_bytes(path, limits.max_file_bytes)?;
+        match ext {
+            Some("safetensors") => Self::from_safetensors_bytes_with_limits(&bytes, label, limits),
+            Some("npz") => Self::from_npz_bytes_with_limits(&bytes, label, limits),
+            _ => {
                 let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("array").to_string();
                 let mut out = Self::new(label);
-                let parsed = parse_npy(&read_bytes(path)?, &out.source, &name)?;
+                let parsed = parse_npy(&bytes, &out.source, &name, limits)?;
                 out.add_parsed(name, parsed);
                 Ok(out)
             }
-            _ => Err(InteropError::UnknownFormat { file: label }),
         }
     }
 
-    /// Parses safetensors bytes (`source` names them in errors).
+    /// Parses safetensors bytes (`source` names them in errors), within the default
+    /// [`TensorLimits`].
     pub fn from_safetensors_bytes(bytes: &[u8], source: impl Into<String>) -> Result<Self> {
+        Self::from_safetensors_bytes_with_limits(bytes, source, &TensorLimits::default())
+    }
+
+    /// [`from_safetensors_bytes`](Self::from_safetensors_bytes) within the caller's limits. The
+    /// safetensors parser checks that the header fits the buffer and that every tensor's byte
+    /// range matches its shape, so no declared size exceeds the bytes present.
+    pub fn from_safetensors_bytes_with_limits(
+        bytes: &[u8],
+        source: impl Into<String>,
+        limits: &TensorLimits,
+    ) -> Result<Self> {
         let source = source.into();
         let st = SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(&source, e))?;
         let mut out = Self::new(source);
         for (name, view) in st.tensors() {
+            let shape: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
+            limits.check_elements(&out.source, &name, &shape)?;
             let (data, dtype) = match view.dtype() {
                 Dtype::F64 => (
                     view.data()
@@ -117,8 +200,19 @@ impl Tensors {
     }
 
     /// Parses `.npz` bytes (a zip of `.npy` files, stored or deflated as `numpy.savez` /
-    /// `savez_compressed` write them).
+    /// `savez_compressed` write them), within the default [`TensorLimits`].
     pub fn from_npz_bytes(bytes: &[u8], source: impl Into<String>) -> Result<Self> {
+        Self::from_npz_bytes_with_limits(bytes, source, &TensorLimits::default())
+    }
+
+    /// [`from_npz_bytes`](Self::from_npz_bytes) within the caller's limits: a member whose
+    /// declared or actual inflated size passes `max_member_bytes` is refused, and each member's
+    /// header is checked against its bytes before its data is read.
+    pub fn from_npz_bytes_with_limits(
+        bytes: &[u8],
+        source: impl Into<String>,
+        limits: &TensorLimits,
+    ) -> Result<Self> {
         let source = source.into();
         let mut archive = zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| {
             // A zip's directory is at its end: a file that starts like a zip but has no
@@ -140,9 +234,22 @@ impl Tensors {
                 reason: e.to_string(),
             })?;
             let name = entry.name().strip_suffix(".npy").unwrap_or(entry.name()).to_string();
-            let mut buf = Vec::with_capacity(entry.size() as usize);
-            entry.read_to_end(&mut buf).map_err(|e| read_failure(&out.source, &name, &e))?;
-            let parsed = parse_npy(&buf, &out.source, &name)?;
+            let limit = limits.max_member_bytes;
+            let too_large =
+                |size| TensorLimits::too_large(&out.source, format!("inflated member `{name}`"), size, limit);
+            if entry.size() > limit {
+                return Err(too_large(entry.size()));
+            }
+            // The declared size may lie: read at most one byte past the limit.
+            let mut buf = Vec::with_capacity((entry.size() as usize).min(bytes.len().saturating_mul(4)));
+            (&mut entry)
+                .take(limit + 1)
+                .read_to_end(&mut buf)
+                .map_err(|e| read_failure(&out.source, &name, &e))?;
+            if buf.len() as u64 > limit {
+                return Err(too_large(buf.len() as u64));
+            }
+            let parsed = parse_npy(&buf, &out.source, &name, limits)?;
             out.add_parsed(name, parsed);
         }
         Ok(out)
@@ -310,8 +417,67 @@ enum Parsed {
     Text(String),
 }
 
+/// Checks a `.npy` array's header without allocating and returns the number of data bytes
+/// after it: the header length is checked against the bytes present and the shape's element
+/// count against `limits` and against the data bytes, before `npyz` (which preallocates the
+/// declared count) sees the bytes.
+fn check_npy_header(bytes: &[u8], file: &str, name: &str, limits: &TensorLimits) -> Result<u64> {
+    let truncated = |reason: String| InteropError::Truncated { file: file.to_string(), reason };
+    let corrupt = |reason: String| InteropError::Corrupt {
+        file: file.to_string(),
+        format: "npy",
+        reason: format!("`{name}`: {reason}"),
+    };
+    if bytes.len() < 10 {
+        return Err(truncated(format!("header of `{name}` ends early")));
+    }
+    if &bytes[..6] != b"\x93NUMPY" {
+        return Err(corrupt("not an .npy array (bad magic string)".into()));
+    }
+    let (len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => {
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
+        2 | 3 => return Err(truncated(format!("header of `{name}` ends early"))),
+        v => return Err(corrupt(format!("unknown .npy format version {v}"))),
+    };
+    if len > bytes.len() - start {
+        return Err(truncated(format!(
+            "header of `{name}` declares {len} bytes, {} remain",
+            bytes.len() - start
+        )));
+    }
+    let header = String::from_utf8_lossy(&bytes[start..start + len]);
+    let Some(at) = header.find("'shape'").or_else(|| header.find("\"shape\"")) else {
+        return Err(corrupt("header has no 'shape'".into()));
+    };
+    let rest = &header[at..];
+    let (Some(open), Some(close)) = (rest.find('('), rest.find(')')) else {
+        return Err(corrupt("header's shape is not a tuple".into()));
+    };
+    if close < open {
+        return Err(corrupt("header's shape is not a tuple".into()));
+    }
+    let shape = rest[open + 1..close]
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('L').parse::<u64>())
+        .collect::<std::result::Result<Vec<u64>, _>>()
+        .map_err(|e| corrupt(format!("header's shape: {e}")))?;
+    let count = limits.check_elements(file, name, &shape)?;
+    // Every dtype read here takes ≥ 1 byte per element (f4, f8, a string of ≥ 1 code point).
+    let data = (bytes.len() - start - len) as u64;
+    if count > data {
+        return Err(truncated(format!("`{name}` declares {count} elements, {data} bytes remain")));
+    }
+    Ok(data)
+}
+
 /// One `.npy` array: f8 or f4 (either byte order), C or Fortran order; or one unicode string.
-fn parse_npy(bytes: &[u8], file: &str, name: &str) -> Result<Parsed> {
+fn parse_npy(bytes: &[u8], file: &str, name: &str, limits: &TensorLimits) -> Result<Parsed> {
+    let data_bytes = check_npy_header(bytes, file, name, limits)?;
     let npy = npyz::NpyFile::new(bytes).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             InteropError::Truncated {
@@ -323,6 +489,17 @@ fn parse_npy(bytes: &[u8], file: &str, name: &str) -> Result<Parsed> {
         }
     })?;
     let shape: Vec<usize> = npy.shape().iter().map(|&s| s as usize).collect();
+    // `into_vec` preallocates the declared count: it must fit the bytes after the header.
+    let check_data_bytes = |npy: &npyz::NpyFile<&[u8]>, item: u64| -> Result<()> {
+        let need = npy.len().saturating_mul(item);
+        if need > data_bytes {
+            return Err(InteropError::Truncated {
+                file: file.to_string(),
+                reason: format!("array `{name}` needs {need} data bytes, {data_bytes} remain"),
+            });
+        }
+        Ok(())
+    };
     let fortran = npy.order() == npyz::Order::Fortran;
     let unsupported = |dtype: String| InteropError::UnsupportedDtype {
         file: file.to_string(),
@@ -331,9 +508,11 @@ fn parse_npy(bytes: &[u8], file: &str, name: &str) -> Result<Parsed> {
     };
     let (data, dtype) = match npy.dtype() {
         npyz::DType::Plain(ts) if ts.type_char() == npyz::TypeChar::Float && ts.size_field() == 8 => {
+            check_data_bytes(&npy, 8)?;
             (npy.into_vec::<f64>().map_err(|e| read_failure(file, name, &e))?, SourceDtype::F64)
         }
         npyz::DType::Plain(ts) if ts.type_char() == npyz::TypeChar::Float && ts.size_field() == 4 => {
+            check_data_bytes(&npy, 4)?;
             let v = npy.into_vec::<f32>().map_err(|e| read_failure(file, name, &e))?;
             (v.into_iter().map(f64::from).collect(), SourceDtype::F32)
         }

@@ -20,6 +20,8 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{LaplaceError, Result};
+use fspace_core::{LoadCheck, PersistError};
+use fspace_nn::{LayerInfo, LayerKind};
 
 pub(crate) fn randn(r: usize, c: usize, rng: &mut dyn RngCore) -> DMatrix<f64> {
     DMatrix::from_fn(r, c, |_, _| StandardNormal.sample(rng))
@@ -488,4 +490,124 @@ impl CurvatureApprox for Curvature {
     fn to_dense(&self) -> DMatrix<f64> {
         self.inner().to_dense()
     }
+}
+
+/// The load checks of a saved curvature, against the network it belongs to (`p` parameters,
+/// `infos` its layers) and the flat index of each curvature coordinate.
+pub(crate) fn check_loaded(
+    curvature: &Curvature,
+    check: &LoadCheck,
+    p: usize,
+    infos: &[LayerInfo],
+    indices: &[usize],
+) -> std::result::Result<(), PersistError> {
+    let field = |f: &str| format!("curvature.{f}");
+    let dim = indices.len();
+    match curvature {
+        Curvature::Eigen(e) => {
+            check_eigen(check, &field("Eigen"), e, dim)?;
+            if e.label == "last_layer" {
+                // The predictive takes this structure's Jacobian from the last layer's features.
+                let last = infos.last().ok_or_else(|| {
+                    check.invalid(field("Eigen.label"), "a last-layer curvature on a network without layers")
+                })?;
+                check.ensure(
+                    last.kind == LayerKind::Dense && indices == last.kron_order().as_slice(),
+                    "indices",
+                    || format!("must be the last layer {}'s [W | b] coordinates", last.name),
+                )?;
+            }
+        }
+        Curvature::Diag(d) => {
+            check.len(&field("Diag.diag"), d.diag.len(), dim)?;
+            check.non_negative(&field("Diag.diag"), d.diag.iter())?;
+            // The layer-wise predictive reads the diagonal by flat parameter index.
+            check.ensure(indices.iter().copied().eq(0..p), "indices", || {
+                format!("a diagonal curvature covers all {p} parameters in order")
+            })?;
+        }
+        Curvature::BlockDiag(b) => {
+            let mut next = 0;
+            for (k, (offset, block)) in b.blocks.iter().enumerate() {
+                let f = field(&format!("BlockDiag.blocks[{k}]"));
+                check.ensure(*offset == next, &f, || format!("starts at {offset}, must start at {next}"))?;
+                check.ensure(block.dim() <= dim - next, &f, || format!("overruns the {dim} coordinates"))?;
+                check_eigen(check, &f, block, block.dim())?;
+                next += block.dim();
+            }
+            check.ensure(next == dim, &field("BlockDiag.blocks"), || {
+                format!("cover {next} of {dim} coordinates")
+            })?;
+        }
+        Curvature::Kron(k) => {
+            let ids: Vec<usize> = if k.network_layers.is_empty() {
+                (0..k.layers.len()).collect()
+            } else {
+                k.network_layers.clone()
+            };
+            check.len(&field("Kron.network_layers"), ids.len(), k.layers.len())?;
+            let mut expected = Vec::new();
+            for (j, (&l, layer)) in ids.iter().zip(&k.layers).enumerate() {
+                let f = field(&format!("Kron.layers[{j}]"));
+                let info = infos.get(l).ok_or_else(|| {
+                    check.invalid(
+                        field("Kron.network_layers"),
+                        format!("layer {l} of a {}-layer network", infos.len()),
+                    )
+                })?;
+                check.ensure(ids[..j].iter().all(|&m| m < l), &field("Kron.network_layers"), || {
+                    "must be increasing".into()
+                })?;
+                let (r, c) = (info.fan_out, info.fan_in + 1);
+                check.len(&format!("{f}.g_values"), layer.g_values.len(), r)?;
+                check.shape(&format!("{f}.g_vectors"), layer.g_vectors.shape(), (r, r))?;
+                check.len(&format!("{f}.a_values"), layer.a_values.len(), c)?;
+                check.shape(&format!("{f}.a_vectors"), layer.a_vectors.shape(), (c, c))?;
+                for (name, v) in [
+                    ("g_values", layer.g_values.as_slice()),
+                    ("g_vectors", layer.g_vectors.as_slice()),
+                    ("a_values", layer.a_values.as_slice()),
+                    ("a_vectors", layer.a_vectors.as_slice()),
+                ] {
+                    check.finite(&format!("{f}.{name}"), v)?;
+                }
+                if let Some(e) = &layer.fitted {
+                    check.shape(&format!("{f}.fitted"), e.shape(), (r, c))?;
+                    check.finite(&format!("{f}.fitted"), e.iter())?;
+                }
+                expected.extend(info.kron_order());
+            }
+            check.ensure(indices == expected.as_slice(), "indices", || {
+                "must be the Kronecker layers' [W | b] coordinates, layer by layer".into()
+            })?;
+        }
+        Curvature::Samples(s) => {
+            check.ensure(
+                s.samples.nrows() == dim && s.samples.ncols() >= 1,
+                &field("Samples.samples"),
+                || format!("is {} × {}, must be {dim} × K with K ≥ 1", s.samples.nrows(), s.samples.ncols()),
+            )?;
+            check.finite(&field("Samples.samples"), s.samples.iter())?;
+            check.positive(&field("Samples.temperature"), s.temperature)?;
+            check.positive(&field("Samples.prior_precision"), s.prior_precision)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_eigen(
+    check: &LoadCheck,
+    field: &str,
+    e: &EigenCurvature,
+    dim: usize,
+) -> std::result::Result<(), PersistError> {
+    let k = e.values.len();
+    check.shape(&format!("{field}.vectors"), e.vectors.shape(), (dim, k))?;
+    check.finite(&format!("{field}.vectors"), e.vectors.iter())?;
+    check.non_negative(&format!("{field}.values"), e.values.iter())?;
+    if let Some(r) = &e.remainder {
+        check.len(&format!("{field}.remainder"), r.len(), dim)?;
+        check.non_negative(&format!("{field}.remainder"), r.iter())?;
+    }
+    Ok(())
 }

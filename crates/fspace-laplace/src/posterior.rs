@@ -824,6 +824,52 @@ impl<N: Network> LaplacePosterior<N> {
 impl<N: Network + Serialize + DeserializeOwned> Persist for LaplacePosterior<N> {
     const KIND: &'static str = "fspace_laplace::LaplacePosterior";
     const VERSION: u32 = 2;
+
+    /// The network checked itself while it was read; here: the likelihood against its outputs,
+    /// each curvature coordinate a distinct parameter, the prior groups recomputed from the
+    /// network's layers, λ, `T` and the predictive's sample count, and the curvature's shapes
+    /// against the network's layers (`curvature::check_loaded`).
+    fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
+        let check = fspace_core::LoadCheck::new(Self::KIND);
+        let p = self.net.n_params();
+        check.likelihood("likelihood", &self.likelihood, self.net.output_dim())?;
+        check.len("indices", self.indices.len(), self.curvature.dim())?;
+        let mut seen = vec![false; p];
+        for &i in &self.indices {
+            check.ensure(i < p && !std::mem::replace(&mut seen[i], true), "indices", || {
+                format!("must be distinct parameter indices below {p} ({i} is not)")
+            })?;
+        }
+        let infos = self.net.layer_infos();
+        check.ensure(self.n_groups == infos.len().max(1), "n_groups", || {
+            format!("is {}, the network has {} layers", self.n_groups, infos.len())
+        })?;
+        let mut group_of_flat = vec![0usize; p];
+        for (g, info) in infos.iter().enumerate() {
+            for i in info.weight.clone().chain(info.bias.clone()) {
+                if let Some(slot) = group_of_flat.get_mut(i) {
+                    *slot = g;
+                }
+            }
+        }
+        check.ensure(
+            self.groups.len() == self.indices.len()
+                && self.groups.iter().zip(&self.indices).all(|(&g, &i)| g == group_of_flat[i]),
+            "groups",
+            || "must be the layer of each curvature coordinate".into(),
+        )?;
+        check.len("lambdas", self.lambdas.len(), self.n_groups)?;
+        for &l in &self.lambdas {
+            check.positive("lambdas", l)?;
+        }
+        check.positive("temperature", self.temperature)?;
+        check.finite("log_likelihood", [self.log_likelihood].iter())?;
+        check.ensure(self.n_data >= 1, "n_data", || "must be ≥ 1".into())?;
+        if let Predictive::Nonlinear { samples, .. } = self.predictive {
+            check.ensure(samples >= 1, "predictive.Nonlinear.samples", || "must be ≥ 1".into())?;
+        }
+        crate::curvature::check_loaded(&self.curvature, &check, p, &infos, &self.indices)
+    }
 }
 
 /// Sample mean and (biased) variance of function draws, summed in draw order.
@@ -967,6 +1013,6 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
                 Predictive::Nonlinear { .. } => self.nonlinear_samples(x, s, rng),
             }
         };
-        run(rng).map_err(core_err)
+        fspace_core::finite_samples(run(rng).map_err(core_err)?)
     }
 }

@@ -35,11 +35,60 @@ impl Default for JitterConfig {
 
 /// A Cholesky factor of `A + jitter·I`, with the jitter that was needed. Factorisation and
 /// solves are blocked and parallel ([`crate::blocked`]).
+///
+/// Deserialising checks what a factorisation establishes: `L` square, non-empty, lower
+/// triangular with a finite positive diagonal and finite entries, the stored `Lᵀ` exactly its
+/// transpose, and a finite jitter ≥ 0. A saved factor is used by solves that index it freely,
+/// so a file that breaks any of these is refused.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "CholeskyData")]
 pub struct JitteredCholesky {
     l: DMatrix<f64>,
     lt: DMatrix<f64>,
     jitter: f64,
+}
+
+/// The serialised form of a [`JitteredCholesky`].
+#[derive(serde::Deserialize)]
+struct CholeskyData {
+    l: DMatrix<f64>,
+    lt: DMatrix<f64>,
+    jitter: f64,
+}
+
+impl TryFrom<CholeskyData> for JitteredCholesky {
+    type Error = LinalgError;
+    fn try_from(d: CholeskyData) -> Result<Self> {
+        let invalid = |reason: &str| {
+            LinalgError::Input(InputError::Invalid { what: "saved Cholesky factor", reason: reason.into() })
+        };
+        let n = d.l.nrows();
+        if n == 0 || d.l.ncols() != n || d.lt.shape() != (n, n) {
+            return Err(invalid("L and Lᵀ must be square, non-empty and of one size"));
+        }
+        if !(d.jitter.is_finite() && d.jitter >= 0.0) {
+            return Err(invalid("the jitter must be finite and ≥ 0"));
+        }
+        for j in 0..n {
+            for i in 0..n {
+                let v = d.l[(i, j)];
+                let ok = match i.cmp(&j) {
+                    std::cmp::Ordering::Less => v == 0.0,
+                    std::cmp::Ordering::Equal => v.is_finite() && v > 0.0,
+                    std::cmp::Ordering::Greater => v.is_finite(),
+                };
+                if !ok {
+                    return Err(invalid(
+                        "L must be lower triangular with finite entries and a positive diagonal",
+                    ));
+                }
+                if d.lt[(j, i)].to_bits() != v.to_bits() {
+                    return Err(invalid("the stored Lᵀ is not L's transpose"));
+                }
+            }
+        }
+        Ok(Self { l: d.l, lt: d.lt, jitter: d.jitter })
+    }
 }
 
 /// Factorizes a symmetric PSD matrix, adding the least jitter of the schedule that succeeds.
@@ -78,6 +127,10 @@ pub fn cholesky_jitter(a: &DMatrix<f64>, config: &JitterConfig) -> Result<Jitter
 }
 
 impl JitteredCholesky {
+    /// The size `n` of the factored `n × n` matrix.
+    pub fn dim(&self) -> usize {
+        self.l.nrows()
+    }
     /// The jitter added to the diagonal (0 if none was needed).
     pub fn jitter(&self) -> f64 {
         self.jitter

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::activation::Activation;
-use crate::error::{check_input_batch, check_param_vector, NnError, Result};
+use crate::error::{check_input_batch, check_param_slice, check_param_vector, size_mul_add, NnError, Result};
 use crate::layers::{LayerInfo, LayerKind, LayerStatistics};
 
 /// One convolutional block: `channels` filters of size `kernel × kernel`, the activation, and
@@ -163,7 +163,11 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
         return Err(NnError::Input(InputError::Empty { what: "CNN shapes (all sizes must be ≥ 1)" }));
     }
     let mut layers = Vec::new();
-    let mut offset = 0;
+    let mut offset = 0usize;
+    // Sizes come from a configuration that may have been read from a file: every product and
+    // sum is checked, so an absurd width is an error, never an overflow.
+    let size = |what, a: usize, b: usize, c: usize| size_mul_add(what, a, b, c);
+    size("CNN input shape", c, h, 0).and_then(|ch| size("CNN input shape", ch, wd, 0))?;
     for block in &config.convs {
         let k = block.kernel;
         if block.channels == 0 || k == 0 || (block.same_padding && k % 2 == 0) {
@@ -172,17 +176,23 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
             )));
         }
         let pad = if block.same_padding { k / 2 } else { 0 };
-        if h + 2 * pad < k || wd + 2 * pad < k {
+        let (hp, wp) = (size("CNN padded map", 2, pad, h)?, size("CNN padded map", 2, pad, wd)?);
+        if hp < k || wp < k {
             return Err(NnError::Likelihood(format!("a {k}×{k} kernel does not fit a {h}×{wd} map")));
         }
         let (ho, wo) = (Layer::conv_out(h, k, pad), Layer::conv_out(wd, k, pad));
         if block.pool && (ho < 2 || wo < 2) {
             return Err(NnError::Likelihood(format!("cannot 2×2-pool a {ho}×{wo} map")));
         }
-        let nw = block.channels * c * k * k;
+        let nw = size("CNN conv weights", block.channels, c, 0)
+            .and_then(|v| size("CNN conv weights", v, k, 0))
+            .and_then(|v| size("CNN conv weights", v, k, 0))?;
+        let b = size("CNN parameter count", 1, offset, nw)?;
+        // The layer's output map must be addressable too.
+        size("CNN feature map", block.channels, ho, 0).and_then(|v| size("CNN feature map", v, wo, 0))?;
         layers.push(Layer::Conv {
             w: offset,
-            b: offset + nw,
+            b,
             cin: c,
             cout: block.channels,
             k,
@@ -191,22 +201,18 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
             wd,
             pool: block.pool,
         });
-        offset += nw + block.channels;
+        offset = size("CNN parameter count", 1, b, block.channels)?;
         c = block.channels;
         (h, wd) = if block.pool { (ho / 2, wo / 2) } else { (ho, wo) };
     }
-    let mut fan_in = c * h * wd;
+    let mut fan_in =
+        size("CNN flattened features", c, h, 0).and_then(|v| size("CNN flattened features", v, wd, 0))?;
     let widths: Vec<usize> =
         config.hidden.iter().cloned().chain(std::iter::once(config.output_dim)).collect();
     for (i, &fan_out) in widths.iter().enumerate() {
-        layers.push(Layer::Dense {
-            w: offset,
-            b: offset + fan_in * fan_out,
-            fan_in,
-            fan_out,
-            last: i + 1 == widths.len(),
-        });
-        offset += fan_in * fan_out + fan_out;
+        let b = size("CNN parameter count", fan_in, fan_out, offset)?;
+        layers.push(Layer::Dense { w: offset, b, fan_in, fan_out, last: i + 1 == widths.len() });
+        offset = size("CNN parameter count", 1, b, fan_out)?;
         fan_in = fan_out;
     }
     Ok(layers)
@@ -327,17 +333,11 @@ impl Cnn {
         Ok(Self { config, params, layers })
     }
 
-    /// Rebuilds the layer table after deserialisation (serde skips it); checks the length.
+    /// Rebuilds the layer table after deserialisation (serde skips it); checks the length and
+    /// that every weight is finite.
     pub fn validated(mut self) -> Result<Self> {
         self.layers = build_layers(&self.config)?;
-        let p = n_params_of(&self.layers);
-        if self.params.len() != p {
-            return Err(NnError::Input(InputError::DimensionMismatch {
-                what: "CNN parameter vector",
-                expected: p,
-                found: self.params.len(),
-            }));
-        }
+        check_param_slice("CNN parameter vector", &self.params, n_params_of(&self.layers))?;
         Ok(self)
     }
 

@@ -30,11 +30,25 @@ pub enum NnError {
 pub type Result<T, E = NnError> = std::result::Result<T, E>;
 
 /// A parameter-space vector of length `p` with finite entries (`what` names it in errors).
+/// `a · b + c` for sizes read from a configuration, or an error naming `what` when it does not
+/// fit a `usize` (a corrupted or hostile file can declare any width).
+pub(crate) fn size_mul_add(what: &'static str, a: usize, b: usize, c: usize) -> Result<usize> {
+    a.checked_mul(b).and_then(|ab| ab.checked_add(c)).ok_or(NnError::Input(InputError::Invalid {
+        what,
+        reason: format!("{a} × {b} + {c} overflows the address space"),
+    }))
+}
+
 pub(crate) fn check_param_vector(what: &'static str, v: &DVector<f64>, p: usize) -> Result<()> {
+    check_param_slice(what, v.as_slice(), p)
+}
+
+/// `p` finite parameters.
+pub(crate) fn check_param_slice(what: &'static str, v: &[f64], p: usize) -> Result<()> {
     if v.len() != p {
         return Err(NnError::Input(InputError::DimensionMismatch { what, expected: p, found: v.len() }));
     }
-    if !all_finite(v.as_slice()) {
+    if !all_finite(v) {
         return Err(NnError::Input(InputError::NonFinite { what }));
     }
     Ok(())

@@ -27,7 +27,7 @@ impl FeatureMap {
     pub fn output_dim(&self, d: usize) -> usize {
         match self {
             Self::Identity => d,
-            Self::Periodic { .. } => d + 2,
+            Self::Periodic { .. } => d.saturating_add(2),
         }
     }
     /// `φ(X)` row by row.
@@ -65,11 +65,35 @@ impl FeatureMap {
 /// data stay in the raw input space (e.g. time `t`) while the network sees `φ(t)` (Mauna Loa:
 /// `(t, sin 2πt/T, cos 2πt/T)`). Parameters, and so every parameter derivative (`J·u`, `Jᵀ·V`,
 /// the Jacobian, GGN products, layer statistics), are the inner network's at `φ(X)`.
+///
+/// Deserialising checks what [`new`](Featurized::new) checks.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(
+    try_from = "FeaturizedData<N>",
+    bound(deserialize = "N: crate::Network + serde::de::DeserializeOwned")
+)]
 pub struct Featurized<N> {
     map: FeatureMap,
     input_dim: usize,
     net: N,
+}
+
+/// The serialised form of a [`Featurized`].
+#[derive(Deserialize)]
+struct FeaturizedData<N> {
+    map: FeatureMap,
+    input_dim: usize,
+    net: N,
+}
+
+impl<N: crate::Network> TryFrom<FeaturizedData<N>> for Featurized<N> {
+    type Error = NnError;
+    fn try_from(d: FeaturizedData<N>) -> Result<Self> {
+        if d.input_dim == 0 {
+            return Err(NnError::Input(InputError::Empty { what: "feature map input columns" }));
+        }
+        Self::new(d.map, d.input_dim, d.net)
+    }
 }
 
 impl<N: crate::Network> Featurized<N> {

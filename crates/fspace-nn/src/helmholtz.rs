@@ -14,11 +14,39 @@ use crate::activation::Activation;
 use crate::error::{NnError, Result};
 use crate::mlp::{Mlp, MlpConfig};
 
-/// `f = ∇Φ + rot Ψ`; parameters are `[w_Φ, w_Ψ]`.
+/// `f = ∇Φ + rot Ψ`; parameters are `[w_Φ, w_Ψ]` (serde: both potentials; deserialising
+/// checks that each is a scalar network on ℝ²).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(try_from = "HelmholtzData")]
 pub struct HelmholtzNet {
     phi: Mlp,
     psi: Mlp,
+}
+
+/// The serialised form of a [`HelmholtzNet`].
+#[derive(Deserialize)]
+struct HelmholtzData {
+    phi: Mlp,
+    psi: Mlp,
+}
+
+impl TryFrom<HelmholtzData> for HelmholtzNet {
+    type Error = NnError;
+    fn try_from(d: HelmholtzData) -> Result<Self> {
+        for (name, net) in [("Φ", &d.phi), ("Ψ", &d.psi)] {
+            if net.input_dim() != 2 || net.output_dim() != 1 {
+                return Err(NnError::Input(InputError::Invalid {
+                    what: "Helmholtz potential",
+                    reason: format!(
+                        "{name} maps {} → {} values; a potential maps ℝ² → ℝ",
+                        net.input_dim(),
+                        net.output_dim()
+                    ),
+                }));
+            }
+        }
+        Ok(Self { phi: d.phi, psi: d.psi })
+    }
 }
 
 fn column_tangent(n: usize, j: usize) -> DMatrix<f64> {

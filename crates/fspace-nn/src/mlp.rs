@@ -15,7 +15,7 @@ use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 
 use crate::activation::{Activation, GELU_C};
-use crate::error::{check_input_batch, check_param_vector, NnError, Result};
+use crate::error::{check_input_batch, check_param_slice, check_param_vector, size_mul_add, NnError, Result};
 use crate::layers::{LayerInfo, LayerKind, LayerStatistics};
 
 use crate::tape::{Dev, M, TM, V};
@@ -50,13 +50,49 @@ impl MlpConfig {
     }
 }
 
-/// A multi-layer perceptron with flat parameters (serde: config + parameters).
+/// A multi-layer perceptron with flat parameters (serde: config + parameters; deserialising
+/// checks the widths, the parameter count and that every weight is finite).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(try_from = "MlpData")]
 pub struct Mlp {
     config: MlpConfig,
     params: Vec<f64>,
     #[serde(skip)]
     dev: Dev,
+}
+
+/// The serialised form of an [`Mlp`].
+#[derive(Deserialize)]
+struct MlpData {
+    config: MlpConfig,
+    params: Vec<f64>,
+}
+
+impl TryFrom<MlpData> for Mlp {
+    type Error = NnError;
+    fn try_from(d: MlpData) -> Result<Self> {
+        check_widths(&d.config)?;
+        let p = param_count(&d.config)?;
+        check_param_slice("MLP parameter vector", &d.params, p)?;
+        Ok(Self { config: d.config, params: d.params, dev: Default::default() })
+    }
+}
+
+fn check_widths(config: &MlpConfig) -> Result<()> {
+    if config.input_dim == 0 || config.output_dim == 0 || config.hidden.contains(&0) {
+        return Err(NnError::Input(InputError::Empty { what: "layer widths (all must be ≥ 1)" }));
+    }
+    Ok(())
+}
+
+/// `Σ_l (w_l + 1) w_{l+1}`, or an error when a width is so large that it overflows.
+fn param_count(config: &MlpConfig) -> Result<usize> {
+    let mut widths = vec![config.input_dim];
+    widths.extend(&config.hidden);
+    widths.push(config.output_dim);
+    widths.windows(2).try_fold(0usize, |total, w| {
+        size_mul_add("MLP widths", w[0].checked_add(1).unwrap_or(usize::MAX), w[1], total)
+    })
 }
 
 /// Offsets of one layer in the flat parameter vector.
@@ -93,9 +129,8 @@ fn bcast(b: &V, n: usize) -> M {
 impl Mlp {
     /// Builds and initialises the network; errors on zero dimensions.
     pub fn new(config: MlpConfig) -> Result<Self> {
-        if config.input_dim == 0 || config.output_dim == 0 || config.hidden.contains(&0) {
-            return Err(NnError::Input(InputError::Empty { what: "layer widths (all must be ≥ 1)" }));
-        }
+        check_widths(&config)?;
+        param_count(&config)?;
         let mut net = Self { params: Vec::new(), config, dev: Default::default() };
         let mut rng = StdRng::seed_from_u64(net.config.seed);
         let mut params = vec![0.0; net.n_params()];

@@ -7,6 +7,8 @@
 //!
 //! This crate is a dev-dependency only; library crates never depend on it.
 
+pub mod mutate;
+
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

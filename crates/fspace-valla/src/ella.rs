@@ -559,9 +559,39 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for EllaPosterio
     const KIND: &'static str = "fspace_valla::EllaPosterior";
     const VERSION: u32 = 2;
 
+    /// The network checked itself while it was read; here: the likelihood against the
+    /// network, the feature map's shapes (`p × K` directions, or `M` Nyström points with the
+    /// network's inputs, one output index below `d'` each, `M × K` coefficients), the `K`
+    /// eigenpairs, `λ > 0`, all finite.
     fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
+        let check = fspace_core::LoadCheck::new(Self::KIND);
         check_likelihood(&self.net, self.likelihood)
-            .map_err(|e| PersistError::Invalid { kind: Self::KIND, reason: e.to_string() })
+            .map_err(|e| check.invalid("likelihood", e.to_string()))?;
+        let k = self.ggn_eigenvalues.len();
+        check.ensure(k >= 1, "ggn_eigenvalues", || "must hold ≥ 1 eigenvalue".into())?;
+        check.finite("ggn_eigenvalues", self.ggn_eigenvalues.iter())?;
+        check.shape("ggn_eigenvectors", self.ggn_eigenvectors.shape(), (k, k))?;
+        check.finite("ggn_eigenvectors", self.ggn_eigenvectors.iter())?;
+        check.positive("prior_precision", self.prior_precision)?;
+        match &self.feature_map {
+            FeatureMap::Directions(v) => {
+                check.shape("feature_map.Directions", v.shape(), (self.net.n_params(), k))?;
+                check.finite("feature_map.Directions", v.iter())
+            }
+            FeatureMap::Kernel { points, outputs, coefficients } => {
+                let m = points.nrows();
+                check.ensure(m >= 1, "feature_map.Kernel.points", || "must hold ≥ 1 point".into())?;
+                check.shape("feature_map.Kernel.points", points.shape(), (m, self.net.input_dim()))?;
+                check.finite("feature_map.Kernel.points", points.iter())?;
+                check.len("feature_map.Kernel.outputs", outputs.len(), m)?;
+                let q = self.net.output_dim();
+                check.ensure(outputs.iter().all(|&o| o < q), "feature_map.Kernel.outputs", || {
+                    format!("each must be an output index below {q}")
+                })?;
+                check.shape("feature_map.Kernel.coefficients", coefficients.shape(), (m, k))?;
+                check.finite("feature_map.Kernel.coefficients", coefficients.iter())
+            }
+        }
     }
 }
 

@@ -481,36 +481,50 @@ pub struct VallaPosterior<N> {
     report: VallaReport,
 }
 
+/// The shapes and values [`VallaPosterior::from_state`] requires of a state: `M ≥ 1` inducing
+/// points with the network's input columns, one output index (below `d'`) per point, `L`
+/// `M × M`, everything finite.
+fn check_state<N: Network>(net: &N, state: &VariationalState) -> Result<()> {
+    let m = state.z.nrows();
+    if m == 0 {
+        return Err(VallaError::Input(InputError::Empty { what: "inducing points" }));
+    }
+    if state.z.ncols() != net.input_dim() {
+        return Err(VallaError::Input(InputError::DimensionMismatch {
+            what: "inducing-point columns",
+            expected: net.input_dim(),
+            found: state.z.ncols(),
+        }));
+    }
+    if state.outputs.len() != m || state.l.shape() != (m, m) {
+        return Err(VallaError::Input(InputError::DimensionMismatch {
+            what: "inducing outputs / L (one per inducing point)",
+            expected: m,
+            found: state.outputs.len(),
+        }));
+    }
+    if state.z.iter().chain(state.l.iter()).any(|v| !v.is_finite())
+        || !state.log_prior_var.is_finite()
+        || !state.log_noise_var.is_finite()
+    {
+        return Err(VallaError::Input(InputError::NonFinite { what: "variational state" }));
+    }
+    if state.outputs.iter().any(|&o| o >= net.output_dim()) {
+        return Err(VallaError::Input(InputError::Invalid {
+            what: "inducing outputs",
+            reason: format!("each must be an output index below {}", net.output_dim()),
+        }));
+    }
+    Ok(())
+}
+
 impl<N: Network + Clone> VallaPosterior<N> {
     /// Builds a posterior from a given state (e.g. Prop. 2's optimal `A`, or a saved one);
     /// checks shapes and positivity.
     pub fn from_state(net: N, spec: LikelihoodSpec, state: VariationalState) -> Result<Self> {
         let likelihood = VallaLikelihood::from_spec(&spec, net.output_dim())?;
         check_likelihood(&net, likelihood)?;
-        let m = state.z.nrows();
-        if m == 0 {
-            return Err(VallaError::Input(InputError::Empty { what: "inducing points" }));
-        }
-        if state.z.ncols() != net.input_dim() {
-            return Err(VallaError::Input(InputError::DimensionMismatch {
-                what: "inducing-point columns",
-                expected: net.input_dim(),
-                found: state.z.ncols(),
-            }));
-        }
-        if state.outputs.len() != m || state.l.shape() != (m, m) {
-            return Err(VallaError::Input(InputError::DimensionMismatch {
-                what: "inducing outputs / L (one per inducing point)",
-                expected: m,
-                found: state.outputs.len(),
-            }));
-        }
-        if state.z.iter().chain(state.l.iter()).any(|v| !v.is_finite())
-            || !state.log_prior_var.is_finite()
-            || !state.log_noise_var.is_finite()
-        {
-            return Err(VallaError::Input(InputError::NonFinite { what: "variational state" }));
-        }
+        check_state(&net, &state)?;
         let prepared = Prepared::new(&net, state)?;
         let report = VallaReport {
             iterations: 0,
@@ -572,9 +586,23 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for VallaPosteri
     const KIND: &'static str = "fspace_valla::VallaPosterior";
     const VERSION: u32 = 2;
 
+    /// The network checked itself while it was read; here: the spec against the network and
+    /// the stored observation model, the state as [`VallaPosterior::from_state`] checks it, and
+    /// `R` (`M × M`, finite).
     fn validate_loaded(&self) -> std::result::Result<(), PersistError> {
+        let check = fspace_core::LoadCheck::new(Self::KIND);
+        let from_spec = VallaLikelihood::from_spec(&self.spec, self.net.output_dim())
+            .map_err(|e| check.invalid("spec", e.to_string()))?;
+        check.ensure(from_spec == self.likelihood, "likelihood", || {
+            format!("{:?} does not match the spec {:?}", self.likelihood, self.spec)
+        })?;
         check_likelihood(&self.net, self.likelihood)
-            .map_err(|e| PersistError::Invalid { kind: Self::KIND, reason: e.to_string() })
+            .map_err(|e| check.invalid("likelihood", e.to_string()))?;
+        let state = &self.prepared.state;
+        check_state(&self.net, state).map_err(|e| check.invalid("prepared.state", e.to_string()))?;
+        let m = state.z.nrows();
+        check.shape("prepared.r", self.prepared.r.shape(), (m, m))?;
+        check.finite("prepared.r", self.prepared.r.iter())
     }
 }
 
