@@ -24,6 +24,9 @@ fn check_set(x: &DMatrix<f64>, y: &DMatrix<f64>, inputs: &'static str, targets: 
     if x.nrows() == 0 {
         return Err(CoreError::Input(InputError::Empty { what: inputs }));
     }
+    if x.ncols() == 0 {
+        return Err(CoreError::Input(InputError::Invalid { what: inputs, reason: "have no columns".into() }));
+    }
     ensure_dim(targets, x.nrows(), y.nrows())?;
     if y.ncols() == 0 {
         return Err(CoreError::Input(InputError::Empty { what: targets }));

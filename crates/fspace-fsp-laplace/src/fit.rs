@@ -259,6 +259,13 @@ fn fit_inner<N: Network + Clone>(
     if !(config.widen.is_finite() && config.widen >= 0.0) {
         return Err(invalid("widen", format!("{} must be finite and ≥ 0", config.widen)));
     }
+    if config.epochs == 0 {
+        return Err(invalid(
+            "epochs",
+            "must be ≥ 1: fit trains the network under the prior (Alg. 1) first; for a network \
+             trained elsewhere call fsp_laplace::laplace (Alg. 2 alone)",
+        ));
+    }
     let bbox = match &config.context_box {
         Some(b) => b.clone(),
         None => BoundingBox::from_data(x, config.widen)?,

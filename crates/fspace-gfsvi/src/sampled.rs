@@ -34,7 +34,10 @@ fn draw(mean: &DVector<f64>, std: &DVector<f64>, rng: &mut dyn RngCore) -> DVect
 }
 
 impl<N: Network + Clone> WeightSamplePosterior<N> {
-    /// `n_samples` seeded draws from `N(mean, diag(std²))`.
+    /// `n_samples` seeded draws from `N(mean, diag(std²))`. Errors: `mean` or `std` without the
+    /// network's `p` entries, non-finite values, a negative deviation, `σ_y ≤ 0`, and
+    /// `n_samples = 0` (the predictive is a Monte-Carlo average over the draws: with none it
+    /// has no variance).
     pub fn new(
         net: N,
         mean: DVector<f64>,
@@ -42,10 +45,33 @@ impl<N: Network + Clone> WeightSamplePosterior<N> {
         noise_std: f64,
         n_samples: usize,
         seed: u64,
-    ) -> Self {
+    ) -> Result<Self> {
+        let p = net.n_params();
+        for (what, v) in [("weight means", &mean), ("weight standard deviations", &std)] {
+            if v.len() != p {
+                return Err(GfsviError::Input(InputError::DimensionMismatch {
+                    what,
+                    expected: p,
+                    found: v.len(),
+                }));
+            }
+            ensure_finite(what, v.iter())?;
+        }
+        if std.iter().any(|&s| s < 0.0) || !(noise_std.is_finite() && noise_std > 0.0) {
+            return Err(GfsviError::Input(InputError::Invalid {
+                what: "weight standard deviations / σ_y",
+                reason: "deviations must be ≥ 0 and σ_y > 0".into(),
+            }));
+        }
+        if n_samples == 0 {
+            return Err(GfsviError::Input(InputError::Invalid {
+                what: "predictive_samples",
+                reason: "must be ≥ 1: the predictive averages over that many weight draws".into(),
+            }));
+        }
         let mut rng = StdRng::seed_from_u64(seed);
-        let samples = (0..n_samples.max(1)).map(|_| draw(&mean, &std, &mut rng)).collect();
-        Self { net, mean, std, samples, noise_std }
+        let samples = (0..n_samples).map(|_| draw(&mean, &std, &mut rng)).collect();
+        Ok(Self { net, mean, std, samples, noise_std })
     }
     /// Weight means.
     pub fn mean(&self) -> &DVector<f64> {
@@ -178,13 +204,19 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
     step: impl FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)>,
     observer: &mut dyn Observer,
 ) -> Result<Fitted<WeightSamplePosterior<N>, OptimReport>> {
+    if predictive_samples == 0 {
+        return Err(GfsviError::Input(InputError::Invalid {
+            what: "predictive_samples",
+            reason: "must be ≥ 1: the predictive averages over that many weight draws".into(),
+        }));
+    }
     let p = net.n_params();
     let mut val_net = net.clone();
     let mut validate = |theta: &DVector<f64>| -> Result<f64> {
         let (xv, yv) = validation.expect("only called with a validation set");
         let (m, sd, log_noise) = unpack(theta, p);
         val_net.set_params(&m)?;
-        let post = WeightSamplePosterior::new(val_net.clone(), m, sd, log_noise.exp(), 20, optim.seed);
+        let post = WeightSamplePosterior::new(val_net.clone(), m, sd, log_noise.exp(), 20, optim.seed)?;
         match likelihood {
             Observation::Gaussian => crate::nll::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp()),
             Observation::Categorical => {
@@ -207,7 +239,7 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
     let mut fitted = net.clone();
     fitted.set_params(&m)?;
     let posterior =
-        WeightSamplePosterior::new(fitted, m, sd, log_noise.exp(), predictive_samples, optim.seed ^ 0x5eed);
+        WeightSamplePosterior::new(fitted, m, sd, log_noise.exp(), predictive_samples, optim.seed ^ 0x5eed)?;
     Ok(Fitted { posterior, report })
 }
 

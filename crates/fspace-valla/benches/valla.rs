@@ -77,7 +77,7 @@ fn bench_ella(c: &mut Criterion) {
     ];
     for (name, d, width, q, n, ms) in cases {
         let net = net(d, width, q);
-        let lik = if q == 1 { LikelihoodSpec::gaussian_learned(0.1) } else { LikelihoodSpec::categorical(q) };
+        let lik = if q == 1 { LikelihoodSpec::gaussian(0.1) } else { LikelihoodSpec::categorical(q) };
         let x = inputs(n, d, 0.0);
         let ym = DMatrix::from_fn(n, 1, |i, _| if q == 1 { (i as f64 * 0.1).sin() } else { (i % q) as f64 });
         for &m in ms {

@@ -252,6 +252,15 @@ fn fit_ella_inner<N: Network + Clone>(
     config: &EllaConfig,
 ) -> Result<(EllaPosterior<N>, usize, EllaSearch)> {
     let start = Instant::now();
+    if likelihood.learns_noise() {
+        // ELLA is post-hoc: σ comes with the trained network and is never re-fitted here.
+        return Err(VallaError::Input(InputError::Invalid {
+            what: "likelihood",
+            reason: "ELLA does not learn σ (learn: true); pass the trained network's σ with \
+                     LikelihoodSpec::gaussian(σ)"
+                .into(),
+        }));
+    }
     let likelihood = VallaLikelihood::from_spec(&likelihood, net.output_dim())?;
     check_data(&net, likelihood, x, y, "training data")?;
     let (n, q) = (x.nrows(), net.output_dim());

@@ -325,8 +325,7 @@ fn ella_with_all_points_and_eigenvectors_is_exact_on_the_data_and_misses_the_nys
             early_stopping: None,
         };
         let ella =
-            fit_ella_v(net.clone(), LikelihoodSpec::gaussian_learned(noise.sqrt()), &x, &y, None, &config)
-                .unwrap();
+            fit_ella_v(net.clone(), LikelihoodSpec::gaussian(noise.sqrt()), &x, &y, None, &config).unwrap();
         assert_eq!(ella.num_features(), 12);
         let (_, cov_x) = ella.predict_joint(&x).unwrap();
         assert_mat_close(&cov_x, &exact_lla(&net, &x, &x, s0, noise), 1e-7, 1e-10);
@@ -348,7 +347,7 @@ fn ella_early_stopping_keeps_the_best_prefix_of_the_training_set() {
     let net = mlp(1, 1, 16);
     let (x, y) = sine_data(60, 17);
     let (xv, yv) = sine_data(20, 18);
-    let lik = LikelihoodSpec::gaussian_learned(0.1);
+    let lik = LikelihoodSpec::gaussian(0.1);
     let (ym, yvm) = (column(&y), column(&yv));
     let data = Data::new(&x, &ym).unwrap().with_validation(&xv, &yvm).unwrap();
     let es = EllaEarlyStopping { check_every: 7, patience: 2 };
@@ -413,8 +412,7 @@ fn ella_chooses_the_prior_precision_on_validation_data() {
     let (x, y) = sine_data(40, 17);
     let (xv, yv) = sine_data(20, 18);
     let config = EllaConfig { num_points: 30, num_eigen: 10, ..EllaConfig::default() };
-    let ella =
-        fit_ella_v(net, LikelihoodSpec::gaussian_learned(0.1), &x, &y, Some((&xv, &yv)), &config).unwrap();
+    let ella = fit_ella_v(net, LikelihoodSpec::gaussian(0.1), &x, &y, Some((&xv, &yv)), &config).unwrap();
     let best = ella.grid().iter().fold(f64::INFINITY, |m, (_, v)| m.min(*v));
     assert_eq!(ella.grid().len(), 41);
     assert!((ella.predictive_nll(&xv, &yv).unwrap() - best).abs() < 1e-10);
@@ -561,8 +559,13 @@ fn bad_input_gives_typed_errors() {
         route: FeatureRoute::Auto,
         early_stopping: None,
     };
+    // ELLA is post-hoc: a spec that asks to learn σ is refused, never silently ignored.
+    let fixed_sigma = LikelihoodSpec::gaussian(0.1);
+    let e = fit_ella_v(net.clone(), lik, &x, &y, None, &EllaConfig { num_points: 5, ..ella_many.clone() })
+        .unwrap_err();
+    assert!(matches!(e, VallaError::Input(InputError::Invalid { what: "likelihood", .. })), "{e}");
     assert!(matches!(
-        fit_ella_v(net.clone(), lik, &x, &y, None, &ella_many),
+        fit_ella_v(net.clone(), fixed_sigma, &x, &y, None, &ella_many),
         Err(VallaError::TooManyPoints { .. })
     ));
     let ella_k = EllaConfig {
@@ -574,12 +577,12 @@ fn bad_input_gives_typed_errors() {
         early_stopping: None,
     };
     assert!(matches!(
-        fit_ella_v(net.clone(), lik, &x, &y, None, &ella_k),
+        fit_ella_v(net.clone(), fixed_sigma, &x, &y, None, &ella_k),
         Err(VallaError::TooManyPoints { .. })
     ));
     let ella_val = EllaConfig { num_points: 5, num_eigen: 2, ..EllaConfig::default() };
     assert!(matches!(
-        fit_ella_v(net.clone(), lik, &x, &y, None, &ella_val),
+        fit_ella_v(net.clone(), fixed_sigma, &x, &y, None, &ella_val),
         Err(VallaError::Input(InputError::Empty { .. })
             | VallaError::Core(CoreError::Input(InputError::Empty { .. })))
     ));
@@ -592,7 +595,7 @@ fn bad_input_gives_typed_errors() {
         early_stopping: None,
     };
     assert!(matches!(
-        fit_ella_v(net, lik, &x, &y, None, &ella_neg),
+        fit_ella_v(net, fixed_sigma, &x, &y, None, &ella_neg),
         Err(VallaError::Input(InputError::Invalid { .. }))
     ));
 }

@@ -133,7 +133,7 @@ fn fit_and_predict(
         }
         "ELLA" => {
             let cfg = EllaConfig { num_points: 100.min(x.nrows()), seed, ..EllaConfig::default() };
-            let fitted = fit_ella(net.clone(), LikelihoodSpec::gaussian_learned(sigma), &data, &cfg)?;
+            let fitted = fit_ella(net.clone(), LikelihoodSpec::gaussian(sigma), &data, &cfg)?;
             let (m, v) = from(Posterior::predict(&fitted.posterior, xt)?, noise);
             (
                 m,

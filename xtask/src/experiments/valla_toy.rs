@@ -254,7 +254,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         let t = Instant::now();
         let ella = fit_ella(
             net.clone(),
-            LikelihoodSpec::gaussian_learned(sigma),
+            LikelihoodSpec::gaussian(sigma),
             &Data::new(&x, &crate::protocols::targets(&y, 1))?,
             &EllaConfig {
                 num_points: m,
