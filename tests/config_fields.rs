@@ -100,8 +100,8 @@ fn silent<C: Serialize + DeserializeOwned>(
             // A value the field's type cannot hold (−1 for a count) is refused by the type.
             let Ok(config) = serde_json::from_value::<C>(d) else { continue };
             let field = dotted(&path);
-            let listed =
-                MEANINGFUL.iter().any(|(c, f, v, _)| *c == name && *f == field && *v == value.to_string());
+            let shown = value.to_string();
+            let listed = MEANINGFUL.iter().any(|(c, f, v, _)| *c == name && *f == field && *v == shown);
             if fit(config).is_ok() && !listed {
                 out.push(format!("{name}.{field} = {value} is accepted"));
             }

@@ -66,12 +66,13 @@ enum Verdict {
 }
 
 type Exercise = Box<dyn Fn(&str) -> Result<Verdict, String>>;
+type Parse = Box<dyn Fn(&str) -> Result<(), String>>;
 
 /// A saved file and how to load and use it.
 struct Case {
     name: String,
     doc: Value,
-    parse: Box<dyn Fn(&str) -> Result<(), String>>,
+    parse: Parse,
     exercise: Exercise,
 }
 

@@ -128,6 +128,93 @@ impl Default for LoadLimits {
     }
 }
 
+/// What an array frame of [`check_matrix_sizes`] has seen.
+#[derive(Clone, Copy)]
+enum Seen {
+    /// An array of this many entries.
+    Array(usize),
+    /// An unsigned integer.
+    Unsigned(u64),
+    /// Anything else.
+    Other,
+}
+
+/// One pass over a payload's text (already known to be JSON) that refuses every nalgebra
+/// matrix, serialised as `[data, rows, cols]`, whose `rows × cols` overflows or differs from
+/// the number of values it holds. Numbers are skipped, not parsed, so the pass costs a fraction
+/// of the typed parse; it allocates one frame per nesting level.
+fn check_matrix_sizes(text: &str) -> Result<(), String> {
+    struct Frame {
+        array: bool,
+        count: usize,
+        first: [Seen; 3],
+    }
+    let bytes = text.as_bytes();
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut i = 0;
+    // A value has started in the innermost frame: count it (arrays only).
+    fn element(stack: &mut [Frame], seen: Seen) {
+        if let Some(f) = stack.last_mut() {
+            if f.array {
+                if let Some(slot) = f.first.get_mut(f.count) {
+                    *slot = seen;
+                }
+                f.count += 1;
+            }
+        }
+    }
+    while i < bytes.len() {
+        match bytes[i] {
+            b'[' | b'{' => {
+                stack.push(Frame { array: bytes[i] == b'[', count: 0, first: [Seen::Other; 3] });
+                i += 1;
+            }
+            b']' | b'}' => {
+                let Some(f) = stack.pop() else { return Err("unbalanced brackets".into()) };
+                let seen = if f.array {
+                    if let (3, [Seen::Array(len), Seen::Unsigned(r), Seen::Unsigned(c)]) = (f.count, f.first)
+                    {
+                        if r.checked_mul(c) != Some(len as u64) {
+                            return Err(format!("a matrix declares {r} × {c} entries and holds {len}"));
+                        }
+                    }
+                    Seen::Array(f.count)
+                } else {
+                    Seen::Other
+                };
+                element(&mut stack, seen);
+                i += 1;
+            }
+            b'"' => {
+                // A string (an object key or a value); keys sit in object frames, not counted.
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                element(&mut stack, Seen::Other);
+            }
+            b',' | b':' | b' ' | b'\n' | b'\r' | b'\t' => i += 1,
+            _ => {
+                let start = i;
+                while i < bytes.len()
+                    && !matches!(bytes[i], b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t')
+                {
+                    i += 1;
+                }
+                let token = &text[start..i];
+                let seen = if token.bytes().all(|b| b.is_ascii_digit()) {
+                    token.parse::<u64>().map(Seen::Unsigned).unwrap_or(Seen::Other)
+                } else {
+                    Seen::Other
+                };
+                element(&mut stack, seen);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The checks a [`Persist::validate_loaded`] is written with. Each returns
 /// [`PersistError::Invalid`] naming the type and the field.
 ///
@@ -279,6 +366,13 @@ pub trait Persist: Serialize + DeserializeOwned {
                 found: env.version,
             });
         }
+        // Matrices first: nalgebra multiplies a matrix's declared dimensions without checking
+        // for overflow, so `[[], 2^32, 2^32]` would pass as a 2^32 × 2^32 matrix with no data.
+        check_matrix_sizes(env.payload.get()).map_err(|reason| PersistError::Invalid {
+            kind: Self::KIND,
+            field: "a matrix".into(),
+            reason,
+        })?;
         let value: Self = serde_json::from_str(env.payload.get())
             .map_err(|source| PersistError::Json { what: Self::KIND.to_string(), source })?;
         value.validate_loaded()?;

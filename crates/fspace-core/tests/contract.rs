@@ -211,3 +211,42 @@ fn method_errors_keep_their_source() {
     }
     assert_eq!(e.clone(), e);
 }
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct WithMatrix {
+    m: DMatrix<f64>,
+}
+
+impl Persist for WithMatrix {
+    const KIND: &'static str = "test::WithMatrix";
+    const VERSION: u32 = 1;
+    fn validate_loaded(&self) -> Result<(), PersistError> {
+        LoadCheck::new(Self::KIND).finite("m", self.m.iter())
+    }
+}
+
+/// nalgebra multiplies a matrix's declared dimensions without an overflow check: a saved
+/// `[[], 2^32, 2^32]` would be a 2^32 × 2^32 matrix holding nothing. The envelope refuses every
+/// matrix whose dimensions do not multiply to its data before the payload is parsed.
+#[test]
+fn a_matrix_whose_dimensions_overflow_or_disagree_with_its_data_is_refused() {
+    let ok = WithMatrix { m: DMatrix::from_row_slice(2, 3, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) };
+    let text = ok.to_json().unwrap();
+    assert_eq!(WithMatrix::from_json(&text).unwrap(), ok);
+    let payload = |m: &str| {
+        format!(r#"{{"format":"fspace","type":"test::WithMatrix","version":1,"payload":{{"m":{m}}}}}"#)
+    };
+    for bad in [
+        "[[], 4294967296, 4294967296]",
+        "[[1.0], 9223372036854775808, 2]",
+        "[[1.0, 2.0], 3, 1]",
+        r#"[[1.0, "x\"]", 2.5e-3], 1, 2]"#,
+    ] {
+        match WithMatrix::from_json(&payload(bad)) {
+            Err(PersistError::Invalid { reason, .. }) => {
+                assert!(reason.contains("a matrix declares"), "{reason}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}

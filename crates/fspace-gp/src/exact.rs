@@ -279,7 +279,7 @@ impl<K: MatrixKernel + serde::Serialize + serde::de::DeserializeOwned> fspace_co
         crate::error::check_loaded_inputs(&check, "x", &self.x, self.kernel.input_dim())?;
         let q = self.kernel.output_dim();
         check.ensure(q >= 1, "kernel", || "must have ≥ 1 output".into())?;
-        let n = self.x.nrows().checked_mul(q).unwrap_or(usize::MAX);
+        let n = self.x.nrows().saturating_mul(q);
         check.len("residual", self.residual.len(), n)?;
         check.finite("residual", self.residual.iter())?;
         check.len("alpha", self.alpha.len(), n)?;

@@ -9,7 +9,7 @@ use fspace_interop::{InteropError, TensorLimits, Tensors};
 /// An `.npy` (format 1.0) with the given header dictionary and data bytes.
 fn npy(dict: &str, data: &[u8]) -> Vec<u8> {
     let mut header = dict.to_string();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');

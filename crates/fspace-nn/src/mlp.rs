@@ -90,9 +90,9 @@ fn param_count(config: &MlpConfig) -> Result<usize> {
     let mut widths = vec![config.input_dim];
     widths.extend(&config.hidden);
     widths.push(config.output_dim);
-    widths.windows(2).try_fold(0usize, |total, w| {
-        size_mul_add("MLP widths", w[0].checked_add(1).unwrap_or(usize::MAX), w[1], total)
-    })
+    widths
+        .windows(2)
+        .try_fold(0usize, |total, w| size_mul_add("MLP widths", w[0].saturating_add(1), w[1], total))
 }
 
 /// Offsets of one layer in the flat parameter vector.

@@ -211,7 +211,7 @@ fn repair(
             // variants' fields take.
             if message.contains("expected a boolean") {
                 if let Some(Edit::Replace(_, v)) = edits.last_mut() {
-                    if *v == Value::from(5) {
+                    if v.as_u64() == Some(5) {
                         *v = Value::Bool(true);
                         continue;
                     }
