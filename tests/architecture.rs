@@ -173,3 +173,57 @@ fn input_errors_are_declared_once() {
         offenders.join("\n")
     );
 }
+
+/// The declared minimum Rust version is true: every workspace package declares it, and no
+/// package of the locked build graph (Linux) requires a newer one. Our own code is kept within it
+/// by clippy's `incompatible_msrv` lint, which reads the same field (`.ci/run` denies warnings).
+#[test]
+fn the_declared_rust_version_covers_the_locked_dependencies() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let info = Command::new(rustc).arg("-vV").output().expect("rustc -vV runs");
+    let info = String::from_utf8_lossy(&info.stdout).to_string();
+    let host = info.lines().find_map(|l| l.strip_prefix("host: ")).expect("rustc names its host").to_string();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--offline", "--locked", "--filter-platform", &host])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let version = |v: &str| -> Vec<u32> {
+        let mut parts: Vec<u32> = v.split('.').map(|x| x.parse().unwrap()).collect();
+        parts.resize(3, 0);
+        parts
+    };
+    let members: Vec<&str> =
+        meta["workspace_members"].as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();
+    let built: Vec<&str> =
+        meta["resolve"]["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_str().unwrap()).collect();
+    let mut declared = None;
+    let mut needed = (vec![0, 0, 0], String::new());
+    for pkg in meta["packages"].as_array().unwrap() {
+        let (id, name) = (pkg["id"].as_str().unwrap(), pkg["name"].as_str().unwrap());
+        let rv = pkg["rust_version"].as_str();
+        if members.contains(&id) {
+            let rv = rv
+                .unwrap_or_else(|| panic!("{name} declares no rust-version (rust-version.workspace = true)"));
+            assert!(
+                declared.is_none_or(|d| d == rv),
+                "{name} declares rust-version {rv}, others {declared:?}"
+            );
+            declared = Some(rv);
+        } else if let (Some(rv), true) = (rv, built.contains(&id)) {
+            if version(rv) > needed.0 {
+                needed = (version(rv), format!("{name} {}", pkg["version"].as_str().unwrap()));
+            }
+        }
+    }
+    let declared = declared.expect("workspace members");
+    assert!(
+        version(declared) >= needed.0,
+        "rust-version {declared} is below what {} requires ({:?})",
+        needed.1,
+        needed.0
+    );
+}

@@ -1,6 +1,7 @@
 //! Loading a saved value: the whole `from_json` (envelope, matrix scan, typed parse, validation)
 //! against the typed parse alone, for payloads of one `n × n` matrix (n = 100 … 1 000, i.e.
 //! 10⁴ … 10⁶ numbers), so the load invariant's cost is visible as the payload grows.
+#![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_core::{LoadCheck, Persist, PersistError};
