@@ -227,3 +227,62 @@ fn the_declared_rust_version_covers_the_locked_dependencies() {
         needed.0
     );
 }
+
+/// No two crates export a public type of the same name (a user who imports from several crates
+/// never has to rename one); each crate's `Result` alias is the one shared exception.
+#[test]
+fn public_type_names_are_unique_across_crates() {
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut clashes = Vec::new();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let mut crates: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
+    crates.sort();
+    for krate in crates {
+        let name = krate.file_name().unwrap().to_string_lossy().to_string();
+        let mut files = vec![krate.join("src")];
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                let Some(rest) = ["pub struct ", "pub enum ", "pub trait ", "pub type "]
+                    .iter()
+                    .find_map(|p| line.strip_prefix(p))
+                else {
+                    continue;
+                };
+                let ty: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                if ty == "Result" {
+                    continue;
+                }
+                match seen.get(&ty) {
+                    Some(other) if *other != name => clashes.push(format!("{ty}: {other} and {name}")),
+                    _ => {
+                        seen.insert(ty, name.clone());
+                    }
+                }
+            }
+        }
+    }
+    assert!(clashes.is_empty(), "public types sharing a name across crates: {clashes:?}");
+}
+
+/// Every method's report serialises (experiment logs and the Python layer write them as JSON).
+#[test]
+fn every_report_is_serialisable() {
+    fn serialisable<T: serde::Serialize + serde::de::DeserializeOwned>() {}
+    serialisable::<fspace::laplace::FitReport>();
+    serialisable::<fspace::fsp_laplace::FitSummary>();
+    serialisable::<fspace::fsp_laplace::LaplaceReport>();
+    serialisable::<fspace::valla::VallaReport>();
+    serialisable::<fspace::valla::EllaReport>();
+    serialisable::<fspace::gfsvi::OptimReport>();
+    serialisable::<fspace::gp::ExactGpReport>();
+    serialisable::<fspace::gp::SvgpReport>();
+    serialisable::<fspace::gp::HyperparameterReport<fspace::kernels::Rbf>>();
+    serialisable::<fspace::nn::TrainReport>();
+}

@@ -5,7 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_context::{BoundingBox, UniformSampler};
 use fspace_core::Categorical;
-use fspace_fsp_laplace::{laplace, train, LaplaceConfig, TrainOptions};
+use fspace_fsp_laplace::{laplace, train, FspLaplaceConfig, TrainOptions};
 use fspace_kernels::{GpPrior, Independent, Rbf};
 use fspace_nn::{Activation, Cnn, CnnConfig, TrainConfig};
 use nalgebra::{DMatrix, DVector};
@@ -14,7 +14,7 @@ use nalgebra::{DMatrix, DVector};
 mod problem;
 
 fn bench(c: &mut Criterion) {
-    let cfg = LaplaceConfig { max_rank: 200, ..Default::default() };
+    let cfg = FspLaplaceConfig { max_rank: 200, ..Default::default() };
     let mut g = c.benchmark_group("fsp_laplace_alg2");
     g.sample_size(10);
     let cases = [100usize, 400, 1600]

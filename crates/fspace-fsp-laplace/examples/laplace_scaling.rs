@@ -14,7 +14,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use fspace_fsp_laplace::{laplace, LaplaceConfig};
+use fspace_fsp_laplace::{laplace, FspLaplaceConfig};
 
 #[path = "../benches/support/problem.rs"]
 mod problem;
@@ -23,7 +23,7 @@ use fspace_testutil::proc_status_kib as status_kib;
 
 fn child(n_c: usize, width: usize, rank: usize) {
     let p = problem::problem(n_c, width);
-    let cfg = LaplaceConfig { max_rank: rank, ..Default::default() };
+    let cfg = FspLaplaceConfig { max_rank: rank, ..Default::default() };
     let base = status_kib("VmRSS:");
     let t = Instant::now();
     let post = laplace(&p.net, &p.likelihood, &p.prior, &p.x, &p.y, &p.context, &cfg).unwrap();

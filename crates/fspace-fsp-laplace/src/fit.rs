@@ -14,7 +14,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::error::{ensure_dim, invalid, Result};
-use crate::laplace::{laplace, FspLaplace, LaplaceConfig};
+use crate::laplace::{laplace, FspLaplace, FspLaplaceConfig};
 use crate::train::{train, TrainOptions};
 use fspace_kernels::GpPrior;
 
@@ -66,7 +66,7 @@ pub fn context_points(
 /// | `seed` | 0 | minibatches and context draws |
 /// | `n_context` | 100 | context points per training step |
 /// | `context_jitter` | 1e-3 | relative jitter on `Σ(C, C)` in Alg. 1 |
-/// | `laplace` | [`LaplaceConfig::default`] | Alg. 2's options (those of [`laplace`](crate::laplace) itself) |
+/// | `laplace` | [`FspLaplaceConfig::default`] | Alg. 2's options (those of [`laplace`](crate::laplace) itself) |
 /// | `design`, `n_laplace_context` | grid, 100 | Alg. 2's context points |
 /// | `context_box`, `widen` | data box, 0.5 | where context points are drawn |
 /// | `design_seed` | 0 | random Laplace designs |
@@ -97,7 +97,7 @@ pub struct FspConfig {
     /// Alg. 1: first relative jitter added to `Σ(C, C)`.
     pub context_jitter: f64,
     /// Alg. 2 options.
-    pub laplace: LaplaceConfig,
+    pub laplace: FspLaplaceConfig,
     /// Design of the fixed Laplace context points.
     pub design: ContextDesign,
     /// Number of Laplace context points (a perfect `d`-th power for `Grid`).
@@ -129,7 +129,7 @@ impl Default for FspConfig {
             seed: train.train.seed,
             n_context: train.n_context,
             context_jitter: train.context_jitter,
-            laplace: LaplaceConfig::default(),
+            laplace: FspLaplaceConfig::default(),
             design: ContextDesign::Grid,
             n_laplace_context: 100,
             context_box: None,
@@ -189,7 +189,7 @@ pub fn with_data_points(design: &DMatrix<f64>, x: &DMatrix<f64>) -> Result<DMatr
 }
 
 /// What [`fit`] did, with timings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct FitSummary {
     /// Alg. 1's report.
     pub train: TrainReport,

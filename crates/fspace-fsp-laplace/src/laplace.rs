@@ -65,7 +65,7 @@ use fspace_kernels::GpPrior;
 /// | `prior_jitter` | 0 | `ε / mean diag Σ(C, C)` added to `Σ(C, C)` before step 1 (0: the paper's pseudo-inverse) |
 /// | `gram_cache_bytes` | 256 MiB | step 1 keeps `Σ(C, C)`'s kernel tiles when they fit (same bits, fewer kernel evaluations) |
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LaplaceConfig {
+pub struct FspLaplaceConfig {
     /// Maximum Lanczos rank `r`.
     pub max_rank: usize,
     /// Data points per batch in step 4 (and context points per batch in step 6).
@@ -102,7 +102,7 @@ pub struct LaplaceConfig {
     pub gram_cache_bytes: usize,
 }
 
-impl Default for LaplaceConfig {
+impl Default for FspLaplaceConfig {
     fn default() -> Self {
         Self {
             max_rank: 500,
@@ -163,7 +163,7 @@ pub fn laplace<N: Network + Clone>(
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     context: &DMatrix<f64>,
-    config: &LaplaceConfig,
+    config: &FspLaplaceConfig,
 ) -> Result<FspLaplace<N>> {
     let (d, q) = (net.input_dim(), net.output_dim());
     prior.check(d, q)?;

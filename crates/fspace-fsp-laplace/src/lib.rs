@@ -47,6 +47,6 @@ mod train;
 
 pub use error::{FspError, Result};
 pub use fit::{context_points, fit, fit_observed, with_data_points, ContextDesign, FitSummary, FspConfig};
-pub use laplace::{laplace, FspLaplace, LaplaceConfig, LaplaceReport};
+pub use laplace::{laplace, FspLaplace, FspLaplaceConfig, LaplaceReport};
 pub use prior::{fit_classification_prior, fit_regression_prior};
 pub use train::{objective, rkhs_regularizer, train, TrainOptions};

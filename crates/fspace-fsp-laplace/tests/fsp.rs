@@ -60,8 +60,8 @@ fn dense_reference<N: fspace_nn::Network>(
     (&u * a.try_inverse().unwrap() * u.transpose(), lambda)
 }
 
-fn no_truncation() -> LaplaceConfig {
-    LaplaceConfig { truncate: false, rank_rtol: 1e-14, ..Default::default() }
+fn no_truncation() -> FspLaplaceConfig {
+    FspLaplaceConfig { truncate: false, rank_rtol: 1e-14, ..Default::default() }
 }
 
 /// `S Sᵀ = U (Uᵀ Λ U)⁻¹ Uᵀ` holds iff `S` spans `range(U)` with `Sᵀ Λ S = I`; the covariance
@@ -147,7 +147,7 @@ fn alg2_with_a_helmholtz_prior_and_net_equals_the_dense_reference() {
     eprintln!("Helmholtz: {:?}", post.report());
     assert_matches_dense(&post, jac, &reference, &lambda, &grid(2, 16, -2.0, 2.0));
     // And the truncated posterior keeps both velocity components below the prior at C.
-    let trunc = laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
+    let trunc = laplace(&net, &lik, &prior, &x, &y, &c, &FspLaplaceConfig::default()).unwrap();
     let var = trunc.predict(&c).unwrap().var;
     let prior_var = prior.variances(&c).unwrap();
     assert!((0..18).all(|k| var[(k / 2, k % 2)] <= prior_var[k] * (1.0 + 1e-9)));
@@ -163,7 +163,7 @@ fn the_truncation_rule_keeps_every_context_variance_at_or_below_the_prior() {
     let c = grid(1, 40, -2.0, 2.0);
     let prior = GpPrior::centered(Rbf::new(1.5, 0.4).unwrap());
     let lik = Gaussian::new(0.1).unwrap();
-    let post = laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
+    let post = laplace(&net, &lik, &prior, &x, &y, &c, &FspLaplaceConfig::default()).unwrap();
     let var = post.predict(&c).unwrap().var;
     let worst = var.iter().fold(0.0f64, |m, &v| m.max(v / 1.5));
     let rep = post.report();
@@ -194,7 +194,7 @@ fn the_data_bound_extension_also_caps_the_variance_at_the_training_inputs() {
     let c = grid(1, 5, -2.0, 2.0);
     let prior = GpPrior::centered(Matern12::new(1.0, 0.3).unwrap());
     let lik = Gaussian::new(0.5).unwrap();
-    let cfg = LaplaceConfig { truncate_at_data: true, ..Default::default() };
+    let cfg = FspLaplaceConfig { truncate_at_data: true, ..Default::default() };
     let post = laplace(&net, &lik, &prior, &x, &y, &c, &cfg).unwrap();
     let worst_data = post.predict(&x).unwrap().var.max();
     let worst_ctx = post.predict(&c).unwrap().var.max();
@@ -214,10 +214,10 @@ fn kept_kernel_tiles_give_the_matrix_free_posteriors_bits() {
     let c = rand_uniform(600, 2, -2.0, 2.0, &mut rng(23));
     let prior = GpPrior::centered(Independent::new(Rbf::new(1.0, 0.6).unwrap(), 2).unwrap());
     let lik = fspace_core::IsotropicGaussian::new(0.3, 2).unwrap();
-    let cfg = LaplaceConfig { max_rank: 60, ..Default::default() };
+    let cfg = FspLaplaceConfig { max_rank: 60, ..Default::default() };
     let kept = laplace(&net, &lik, &prior, &x, &y, &c, &cfg).unwrap();
     let free =
-        laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig { gram_cache_bytes: 0, ..cfg }).unwrap();
+        laplace(&net, &lik, &prior, &x, &y, &c, &FspLaplaceConfig { gram_cache_bytes: 0, ..cfg }).unwrap();
     assert!(same_bits(kept.covariance_factor(), free.covariance_factor()));
     assert_eq!(kept.report(), free.report());
 }
@@ -292,8 +292,8 @@ fn the_posterior_is_consistent_and_samples_have_its_covariance() {
     let y = DVector::from_fn(25, |i, _| x[(i, 0)]);
     let c = grid(1, 20, -2.0, 2.0);
     let prior = GpPrior::centered(Matern12::new(1.0, 0.5).unwrap());
-    let post =
-        laplace(&net, &Gaussian::new(0.2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
+    let post = laplace(&net, &Gaussian::new(0.2).unwrap(), &prior, &x, &y, &c, &FspLaplaceConfig::default())
+        .unwrap();
     let xt = grid(1, 7, -3.0, 3.0);
     let pred = post.predict(&xt).unwrap();
     let (mean, cov) = post.predict_joint(&xt).unwrap();
@@ -324,50 +324,56 @@ fn bad_input_is_a_typed_error() {
     let lik = Gaussian::new(0.1).unwrap();
     // Targets vs inputs, context dimension, prior/likelihood outputs, NaN data, bad options.
     assert!(matches!(
-        laplace(&net, &lik, &prior, &x, &DVector::zeros(2), &c, &LaplaceConfig::default()),
+        laplace(&net, &lik, &prior, &x, &DVector::zeros(2), &c, &FspLaplaceConfig::default()),
         Err(FspError::Input(InputError::DimensionMismatch { .. }))
     ));
-    assert!(laplace(&net, &lik, &prior, &x, &y, &DMatrix::zeros(4, 2), &LaplaceConfig::default()).is_err());
+    assert!(laplace(&net, &lik, &prior, &x, &y, &DMatrix::zeros(4, 2), &FspLaplaceConfig::default()).is_err());
     let two = GpPrior::centered(Independent::new(Rbf::new(1.0, 0.5).unwrap(), 2).unwrap());
     assert!(matches!(
-        laplace(&net, &lik, &two, &x, &y, &c, &LaplaceConfig::default()),
+        laplace(&net, &lik, &two, &x, &y, &c, &FspLaplaceConfig::default()),
         Err(FspError::Kernel(fspace_kernels::KernelError::Input(InputError::DimensionMismatch {
             expected: 1,
             found: 2,
             ..
         })))
     ));
-    assert!(
-        laplace(&net, &Categorical::new(2).unwrap(), &prior, &x, &y, &c, &LaplaceConfig::default()).is_err()
-    );
+    assert!(laplace(&net, &Categorical::new(2).unwrap(), &prior, &x, &y, &c, &FspLaplaceConfig::default())
+        .is_err());
     let mut bad = x.clone();
     bad[(1, 0)] = f64::NAN;
-    assert!(laplace(&net, &lik, &prior, &bad, &y, &c, &LaplaceConfig::default()).is_err());
-    let cfg = LaplaceConfig { rank_rtol: 0.0, ..Default::default() };
+    assert!(laplace(&net, &lik, &prior, &bad, &y, &c, &FspLaplaceConfig::default()).is_err());
+    let cfg = FspLaplaceConfig { rank_rtol: 0.0, ..Default::default() };
     assert!(matches!(
         laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
         Err(FspError::Input(InputError::Invalid { .. }))
     ));
-    let cfg = LaplaceConfig { max_rank: 0, ..Default::default() };
+    let cfg = FspLaplaceConfig { max_rank: 0, ..Default::default() };
     assert!(matches!(
         laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
         Err(FspError::Input(InputError::Invalid { .. }))
     ));
     for jitter in [-1e-3, f64::NAN, f64::INFINITY] {
-        let cfg = LaplaceConfig { prior_jitter: jitter, ..Default::default() };
+        let cfg = FspLaplaceConfig { prior_jitter: jitter, ..Default::default() };
         assert!(matches!(
             laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
             Err(FspError::Input(InputError::Invalid { what: "prior_jitter", .. }))
         ));
     }
     // A jittered Σ(C, C) is full rank, so Alg. 2 keeps at least as many directions.
-    let plain = laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig::default()).unwrap();
-    let jittered =
-        laplace(&net, &lik, &prior, &x, &y, &c, &LaplaceConfig { prior_jitter: 1e-3, ..Default::default() })
-            .unwrap();
+    let plain = laplace(&net, &lik, &prior, &x, &y, &c, &FspLaplaceConfig::default()).unwrap();
+    let jittered = laplace(
+        &net,
+        &lik,
+        &prior,
+        &x,
+        &y,
+        &c,
+        &FspLaplaceConfig { prior_jitter: 1e-3, ..Default::default() },
+    )
+    .unwrap();
     assert!(jittered.report().rank >= plain.report().rank);
     for scale in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-        let cfg = LaplaceConfig { ggn_scale: scale, ..Default::default() };
+        let cfg = FspLaplaceConfig { ggn_scale: scale, ..Default::default() };
         assert!(matches!(
             laplace(&net, &lik, &prior, &x, &y, &c, &cfg),
             Err(FspError::Input(InputError::Invalid { .. }))
@@ -385,7 +391,7 @@ fn bad_input_is_a_typed_error() {
         .is_err());
     // A kernel with the wrong input dimension is caught before any work.
     let ard = GpPrior::centered(Rbf::ard(1.0, vec![0.5, 0.5]).unwrap());
-    assert!(laplace(&net, &lik, &ard, &x, &y, &c, &LaplaceConfig::default()).is_err());
+    assert!(laplace(&net, &lik, &ard, &x, &y, &c, &FspLaplaceConfig::default()).is_err());
     // Grid designs need m^d points.
     assert!(context_points(ContextDesign::Grid, &BoundingBox::cube(2, 0.0, 1.0).unwrap(), 10, 0).is_err());
     // The dataset context: design rows first, then the data rows; columns must agree.
@@ -473,7 +479,7 @@ fn ggn_scale_equals_repeating_the_data() {
     let c = grid(2, 9, -3.0, 3.0);
     let prior = GpPrior::centered(Independent::new(Matern12::new(2.0, 1.0).unwrap(), 2).unwrap());
     let lik = Categorical::new(2).unwrap();
-    let scaled = LaplaceConfig { ggn_scale: 3.0, ..no_truncation() };
+    let scaled = FspLaplaceConfig { ggn_scale: 3.0, ..no_truncation() };
     let a = laplace(&net, &lik, &prior, &x, &y, &c, &scaled).unwrap();
     let b = laplace(&net, &lik, &prior, &x3, &y3, &c, &no_truncation()).unwrap();
     let plain = laplace(&net, &lik, &prior, &x, &y, &c, &no_truncation()).unwrap();

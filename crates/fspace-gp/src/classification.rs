@@ -21,14 +21,14 @@ use fspace_core::Adam;
 
 /// Options of the Newton iteration for the posterior mode.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LaplaceConfig {
+pub struct GpClassifierConfig {
     /// Maximum Newton steps (default 100).
     pub max_iter: usize,
     /// Stop when the objective improves by less than this (default 1e-10).
     pub tol: f64,
 }
 
-impl Default for LaplaceConfig {
+impl Default for GpClassifierConfig {
     fn default() -> Self {
         Self { max_iter: 100, tol: 1e-10 }
     }
@@ -49,7 +49,7 @@ pub struct LaplaceGpClassifier<K> {
 impl<K: Kernel> LaplaceGpClassifier<K> {
     /// Finds the posterior mode by Newton's method (with step halving when the objective
     /// `Ψ(f) = log p(y | f) − ½ fᵀK⁻¹f` would decrease) and builds the Laplace posterior.
-    pub fn fit(kernel: K, x: &DMatrix<f64>, y: &DVector<f64>, config: &LaplaceConfig) -> Result<Self> {
+    pub fn fit(kernel: K, x: &DMatrix<f64>, y: &DVector<f64>, config: &GpClassifierConfig) -> Result<Self> {
         let n = x.nrows();
         if y.len() != n || n == 0 {
             return Err(invalid("labels", format!("need {n} labels, got {}", y.len())));

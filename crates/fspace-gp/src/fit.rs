@@ -65,8 +65,8 @@ impl Default for FitConfig {
 }
 
 /// The outcome of [`fit_hyperparameters`].
-#[derive(Debug, Clone)]
-pub struct FitReport<K> {
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct HyperparameterReport<K> {
     /// The kernel with the best hyperparameters.
     pub kernel: K,
     /// The fitted noise variance.
@@ -92,7 +92,7 @@ pub fn fit_hyperparameters<K: MatrixKernel + Clone>(
     x: &DMatrix<f64>,
     y: &DMatrix<f64>,
     config: &FitConfig,
-) -> Result<FitReport<K>> {
+) -> Result<HyperparameterReport<K>> {
     if config.restarts == 0 || config.iterations == 0 {
         return Err(invalid("fit config", "restarts and iterations must be ≥ 1"));
     }
@@ -165,7 +165,7 @@ pub fn fit_hyperparameters<K: MatrixKernel + Clone>(
     }
     let (lml, theta) =
         best.ok_or_else(|| GpError::Diverged(format!("every restart diverged: {restart_lml:?}")))?;
-    Ok(FitReport {
+    Ok(HyperparameterReport {
         kernel: with_params(kernel, &theta, np)?,
         noise_variance: theta[np].exp(),
         log_marginal_likelihood: lml,

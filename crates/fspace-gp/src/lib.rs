@@ -30,11 +30,11 @@ pub mod sparse_dirichlet;
 pub mod svgp;
 
 pub use classification::{
-    dirichlet_targets, fit_dirichlet_hyperparameters, LaplaceConfig, LaplaceGpClassifier,
+    dirichlet_targets, fit_dirichlet_hyperparameters, GpClassifierConfig, LaplaceGpClassifier,
 };
 pub use error::{GpError, Result};
 pub use exact::{fit_exact, ExactGp, ExactGpReport, Noise};
-pub use fit::{fit_hyperparameters, FitConfig, FitReport};
+pub use fit::{fit_hyperparameters, FitConfig, HyperparameterReport};
 pub use kmeans::kmeans;
 pub use sparse_dirichlet::SparseDirichletGp;
 pub use svgp::{fit_svgp, InducingPoints, Svgp, SvgpConfig, SvgpReport};

@@ -82,7 +82,7 @@ pub enum InducingPoints {
 }
 
 /// What [`fit_svgp`] reports besides the posterior.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SvgpReport {
     /// The full-data ELBO after training (a lower bound on `log p(y | X)`).
     pub elbo: f64,

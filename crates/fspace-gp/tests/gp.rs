@@ -176,7 +176,7 @@ fn gp_classification_separates_two_moons() {
         Rbf::new(4.0, 0.5).unwrap(),
         &train.x,
         &train.y_vec(),
-        &LaplaceConfig::default(),
+        &GpClassifierConfig::default(),
     )
     .unwrap();
     let pred = clf.predict(&test.x).unwrap();
@@ -192,7 +192,7 @@ fn gp_classification_separates_two_moons() {
         Rbf::new(1.0, 1.0).unwrap(),
         &train.x,
         &DVector::from_element(200, 2.0),
-        &LaplaceConfig::default()
+        &GpClassifierConfig::default()
     )
     .is_err());
 }

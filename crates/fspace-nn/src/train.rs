@@ -77,7 +77,7 @@ impl Default for TrainConfig {
 }
 
 /// Progress after each epoch (for a progress bar or a log).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainProgress {
     /// Epoch just finished (1-based).
     pub epoch: usize,
@@ -88,7 +88,7 @@ pub struct TrainProgress {
 }
 
 /// What [`train_map`] did.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainReport {
     /// Epochs run.
     pub epochs: usize,

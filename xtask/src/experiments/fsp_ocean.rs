@@ -38,7 +38,7 @@ use fspace_context::{BoundingBox, DatasetSampler};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{IsotropicGaussian, Posterior};
-use fspace_fsp_laplace::{laplace, train, with_data_points, LaplaceConfig as FspLaplaceConfig, TrainOptions};
+use fspace_fsp_laplace::{laplace, train, with_data_points, FspLaplaceConfig, TrainOptions};
 use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Helmholtz, PriorMean, Rbf};

@@ -58,7 +58,7 @@ use fspace_core::LikelihoodSpec;
 use fspace_core::{Categorical, Posterior};
 use fspace_fsp_laplace::{
     context_points, fit_classification_prior, laplace as fsp_laplace, train as fsp_train, ContextDesign,
-    FspLaplace, LaplaceConfig as FspLaplaceConfig, TrainOptions,
+    FspLaplace, FspLaplaceConfig, TrainOptions,
 };
 use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{FitConfig, SparseDirichletGp};

@@ -58,7 +58,7 @@ use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::Standardizer;
 use fspace_fsp_laplace::{
-    fit as fsp_fit, ContextDesign, FitSummary, FspConfig, FspLaplace, LaplaceConfig as FspLaplaceConfig,
+    fit as fsp_fit, ContextDesign, FitSummary, FspConfig, FspLaplace, FspLaplaceConfig,
 };
 use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
