@@ -247,9 +247,7 @@ impl<K: Kernel + serde::Serialize + serde::de::DeserializeOwned> fspace_core::Pe
     const VERSION: u32 = 1;
 
     fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
-        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)?;
-        let check = fspace_core::LoadCheck::new(Self::KIND);
-        crate::error::check_loaded_inputs(&check, "x", &self.x, self.kernel.input_dim())?;
+        let check = crate::error::check_loaded_kernel_and_inputs(Self::KIND, &self.kernel, "x", &self.x)?;
         let n = self.x.nrows();
         check.len("grad_log_lik", self.grad_log_lik.len(), n)?;
         check.finite("grad_log_lik", self.grad_log_lik.iter())?;

@@ -45,28 +45,38 @@ pub(crate) fn unflatten(v: &nalgebra::DVector<f64>, q: usize) -> nalgebra::DMatr
     nalgebra::DMatrix::from_fn(v.len() / q, q, |i, a| v[i * q + a])
 }
 
-/// The check every saved GP model runs on load: a kernel whose log-space hyperparameters are
-/// not all finite (a tampered or corrupt file: a zero or negative scale) is refused.
-pub(crate) fn check_loaded_kernel(
+/// The checks every saved GP model starts its load with, returning the [`LoadCheck`] for the
+/// rest: a kernel whose log-space hyperparameters are not all finite (a tampered or corrupt
+/// file: a zero or negative scale) is refused, and so are training or inducing inputs `x`
+/// without rows or columns, with non-finite entries, or with other columns than the kernel
+/// takes (when it says).
+///
+/// [`LoadCheck`]: fspace_core::LoadCheck
+pub(crate) fn check_loaded_kernel_and_inputs(
     kind: &'static str,
     kernel: &impl fspace_kernels::KernelBase,
-) -> std::result::Result<(), fspace_core::PersistError> {
-    fspace_core::LoadCheck::new(kind).ensure(kernel.params().iter().all(|v| v.is_finite()), "kernel", || {
-        "kernel hyperparameters must be finite and positive".into()
-    })
-}
-
-/// The training or inducing inputs `x` of a saved GP: at least one row, finite, and as many
-/// columns as the kernel takes (when it says).
-pub(crate) fn check_loaded_inputs(
-    check: &fspace_core::LoadCheck,
     field: &str,
     x: &nalgebra::DMatrix<f64>,
-    kernel_input_dim: Option<usize>,
-) -> std::result::Result<(), fspace_core::PersistError> {
+) -> std::result::Result<fspace_core::LoadCheck, fspace_core::PersistError> {
+    let check = fspace_core::LoadCheck::new(kind);
+    check.ensure(kernel.params().iter().all(|v| v.is_finite()), "kernel", || {
+        "kernel hyperparameters must be finite and positive".into()
+    })?;
     check.ensure(x.nrows() >= 1 && x.ncols() >= 1, field, || "must have ≥ 1 row and column".into())?;
-    if let Some(d) = kernel_input_dim {
+    if let Some(d) = kernel.input_dim() {
         check.ensure(x.ncols() == d, field, || format!("has {} columns, the kernel takes {d}", x.ncols()))?;
     }
-    check.finite(field, x.iter())
+    check.finite(field, x.iter())?;
+    Ok(check)
+}
+
+/// A saved constant prior mean is finite.
+pub(crate) fn check_loaded_mean(
+    check: &fspace_core::LoadCheck,
+    mean: &fspace_kernels::PriorMean,
+) -> std::result::Result<(), fspace_core::PersistError> {
+    match mean {
+        fspace_kernels::PriorMean::Constant(c) => check.finite("mean", [*c].iter()),
+        _ => Ok(()),
+    }
 }

@@ -274,9 +274,7 @@ impl<K: MatrixKernel + serde::Serialize + serde::de::DeserializeOwned> fspace_co
     const VERSION: u32 = 1;
 
     fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
-        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)?;
-        let check = fspace_core::LoadCheck::new(Self::KIND);
-        crate::error::check_loaded_inputs(&check, "x", &self.x, self.kernel.input_dim())?;
+        let check = crate::error::check_loaded_kernel_and_inputs(Self::KIND, &self.kernel, "x", &self.x)?;
         let q = self.kernel.output_dim();
         check.ensure(q >= 1, "kernel", || "must have ≥ 1 output".into())?;
         let n = self.x.nrows().saturating_mul(q);
@@ -292,10 +290,7 @@ impl<K: MatrixKernel + serde::Serialize + serde::de::DeserializeOwned> fspace_co
                 v.iter().try_for_each(|s| check.positive("noise", *s))
             }
         }?;
-        if let PriorMean::Constant(c) = self.mean {
-            check.finite("mean", [c].iter())?;
-        }
-        Ok(())
+        crate::error::check_loaded_mean(&check, &self.mean)
     }
 }
 

@@ -183,9 +183,7 @@ impl<K: Kernel + Clone + serde::Serialize + serde::de::DeserializeOwned> fspace_
     const VERSION: u32 = 1;
 
     fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
-        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)?;
-        let check = fspace_core::LoadCheck::new(Self::KIND);
-        crate::error::check_loaded_inputs(&check, "z", &self.z, self.kernel.input_dim())?;
+        let check = crate::error::check_loaded_kernel_and_inputs(Self::KIND, &self.kernel, "z", &self.z)?;
         let (m, c) = (self.z.nrows(), self.means.len());
         check.ensure(c >= 2, "means", || format!("has {c} classes, need ≥ 2"))?;
         check.finite("means", self.means.iter())?;

@@ -550,18 +550,13 @@ impl<K: Kernel + Clone + serde::Serialize + serde::de::DeserializeOwned> fspace_
     const VERSION: u32 = 1;
 
     fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
-        crate::error::check_loaded_kernel(Self::KIND, &self.kernel)?;
-        let check = fspace_core::LoadCheck::new(Self::KIND);
-        crate::error::check_loaded_inputs(&check, "z", &self.z, self.kernel.input_dim())?;
+        let check = crate::error::check_loaded_kernel_and_inputs(Self::KIND, &self.kernel, "z", &self.z)?;
         let m = self.z.nrows();
         check.len("m", self.m.len(), m)?;
         check.finite("m", self.m.iter())?;
         check.shape("s", self.s.shape(), (m, m))?;
         check.finite("s", self.s.iter())?;
         check.positive("noise_variance", self.noise_variance)?;
-        if let PriorMean::Constant(c) = self.mean {
-            check.finite("mean", [c].iter())?;
-        }
-        Ok(())
+        crate::error::check_loaded_mean(&check, &self.mean)
     }
 }

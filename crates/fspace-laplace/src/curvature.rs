@@ -555,7 +555,7 @@ pub(crate) fn check_loaded(
                         format!("layer {l} of a {}-layer network", infos.len()),
                     )
                 })?;
-                check.ensure(ids[..j].iter().all(|&m| m < l), &field("Kron.network_layers"), || {
+                check.ensure(j == 0 || ids[j - 1] < l, &field("Kron.network_layers"), || {
                     "must be increasing".into()
                 })?;
                 let (r, c) = (info.fan_out, info.fan_in + 1);

@@ -124,6 +124,18 @@ pub struct LaplacePosterior<N> {
     report: FitReport,
 }
 
+/// The prior group (layer) of each curvature coordinate: the layer whose weight or bias range
+/// holds its flat index (group 0 for a network without layer structure).
+fn prior_groups(infos: &[fspace_nn::LayerInfo], p: usize, indices: &[usize]) -> Vec<usize> {
+    let mut group_of_flat = vec![0usize; p];
+    for (g, info) in infos.iter().enumerate() {
+        for i in info.weight.clone().chain(info.bias.clone()) {
+            group_of_flat[i] = g;
+        }
+    }
+    indices.iter().map(|&i| group_of_flat[i]).collect()
+}
+
 fn check_data<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
     if x.nrows() == 0 {
         return Err(LaplaceError::Input(InputError::Empty { what: "training inputs" }));
@@ -222,13 +234,7 @@ pub fn fit<N: Network>(
     )?;
     let infos = net.layer_infos();
     let n_groups = infos.len().max(1);
-    let mut group_of_flat = vec![0usize; net.n_params()];
-    for (g, info) in infos.iter().enumerate() {
-        for i in info.weight.clone().chain(info.bias.clone()) {
-            group_of_flat[i] = g;
-        }
-    }
-    let groups = indices.iter().map(|&i| group_of_flat[i]).collect();
+    let groups = prior_groups(&infos, net.n_params(), &indices);
     report.dim = curvature.dim();
     if report.rank == 0 {
         report.rank = curvature.dim();
@@ -844,20 +850,11 @@ impl<N: Network + Serialize + DeserializeOwned> Persist for LaplacePosterior<N> 
         check.ensure(self.n_groups == infos.len().max(1), "n_groups", || {
             format!("is {}, the network has {} layers", self.n_groups, infos.len())
         })?;
-        let mut group_of_flat = vec![0usize; p];
-        for (g, info) in infos.iter().enumerate() {
-            for i in info.weight.clone().chain(info.bias.clone()) {
-                if let Some(slot) = group_of_flat.get_mut(i) {
-                    *slot = g;
-                }
-            }
-        }
-        check.ensure(
-            self.groups.len() == self.indices.len()
-                && self.groups.iter().zip(&self.indices).all(|(&g, &i)| g == group_of_flat[i]),
-            "groups",
-            || "must be the layer of each curvature coordinate".into(),
-        )?;
+        // `indices` are distinct and below p (checked above), and the network's layer ranges lie
+        // in 0..p (it checked itself while it was read).
+        check.ensure(self.groups == prior_groups(&infos, p, &self.indices), "groups", || {
+            "must be the layer of each curvature coordinate".into()
+        })?;
         check.len("lambdas", self.lambdas.len(), self.n_groups)?;
         for &l in &self.lambdas {
             check.positive("lambdas", l)?;

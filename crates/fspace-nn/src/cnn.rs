@@ -26,7 +26,9 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::activation::Activation;
-use crate::error::{check_input_batch, check_param_slice, check_param_vector, size_mul_add, NnError, Result};
+use crate::error::{
+    check_input_batch, check_param_slice, check_param_vector, size_mul_add, size_product, NnError, Result,
+};
 use crate::layers::{LayerInfo, LayerKind, LayerStatistics};
 
 /// One convolutional block: `channels` filters of size `kernel × kernel`, the activation, and
@@ -166,8 +168,7 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
     let mut offset = 0usize;
     // Sizes come from a configuration that may have been read from a file: every product and
     // sum is checked, so an absurd width is an error, never an overflow.
-    let size = |what, a: usize, b: usize, c: usize| size_mul_add(what, a, b, c);
-    size("CNN input shape", c, h, 0).and_then(|ch| size("CNN input shape", ch, wd, 0))?;
+    size_product("CNN input shape", &[c, h, wd])?;
     for block in &config.convs {
         let k = block.kernel;
         if block.channels == 0 || k == 0 || (block.same_padding && k % 2 == 0) {
@@ -176,7 +177,8 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
             )));
         }
         let pad = if block.same_padding { k / 2 } else { 0 };
-        let (hp, wp) = (size("CNN padded map", 2, pad, h)?, size("CNN padded map", 2, pad, wd)?);
+        let (hp, wp) =
+            (size_mul_add("CNN padded map", 2, pad, h)?, size_mul_add("CNN padded map", 2, pad, wd)?);
         if hp < k || wp < k {
             return Err(NnError::Likelihood(format!("a {k}×{k} kernel does not fit a {h}×{wd} map")));
         }
@@ -184,12 +186,10 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
         if block.pool && (ho < 2 || wo < 2) {
             return Err(NnError::Likelihood(format!("cannot 2×2-pool a {ho}×{wo} map")));
         }
-        let nw = size("CNN conv weights", block.channels, c, 0)
-            .and_then(|v| size("CNN conv weights", v, k, 0))
-            .and_then(|v| size("CNN conv weights", v, k, 0))?;
-        let b = size("CNN parameter count", 1, offset, nw)?;
+        let nw = size_product("CNN conv weights", &[block.channels, c, k, k])?;
+        let b = size_mul_add("CNN parameter count", 1, offset, nw)?;
         // The layer's output map must be addressable too.
-        size("CNN feature map", block.channels, ho, 0).and_then(|v| size("CNN feature map", v, wo, 0))?;
+        size_product("CNN feature map", &[block.channels, ho, wo])?;
         layers.push(Layer::Conv {
             w: offset,
             b,
@@ -201,18 +201,17 @@ fn build_layers(config: &CnnConfig) -> Result<Vec<Layer>> {
             wd,
             pool: block.pool,
         });
-        offset = size("CNN parameter count", 1, b, block.channels)?;
+        offset = size_mul_add("CNN parameter count", 1, b, block.channels)?;
         c = block.channels;
         (h, wd) = if block.pool { (ho / 2, wo / 2) } else { (ho, wo) };
     }
-    let mut fan_in =
-        size("CNN flattened features", c, h, 0).and_then(|v| size("CNN flattened features", v, wd, 0))?;
+    let mut fan_in = size_product("CNN flattened features", &[c, h, wd])?;
     let widths: Vec<usize> =
         config.hidden.iter().cloned().chain(std::iter::once(config.output_dim)).collect();
     for (i, &fan_out) in widths.iter().enumerate() {
-        let b = size("CNN parameter count", fan_in, fan_out, offset)?;
+        let b = size_mul_add("CNN parameter count", fan_in, fan_out, offset)?;
         layers.push(Layer::Dense { w: offset, b, fan_in, fan_out, last: i + 1 == widths.len() });
-        offset = size("CNN parameter count", 1, b, fan_out)?;
+        offset = size_mul_add("CNN parameter count", 1, b, fan_out)?;
         fan_in = fan_out;
     }
     Ok(layers)

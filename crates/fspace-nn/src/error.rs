@@ -39,6 +39,12 @@ pub(crate) fn size_mul_add(what: &'static str, a: usize, b: usize, c: usize) -> 
     }))
 }
 
+/// The product of `factors` (sizes read from a configuration), or the same error as
+/// [`size_mul_add`] when it does not fit a `usize`.
+pub(crate) fn size_product(what: &'static str, factors: &[usize]) -> Result<usize> {
+    factors.iter().try_fold(1, |n, &f| size_mul_add(what, n, f, 0))
+}
+
 pub(crate) fn check_param_vector(what: &'static str, v: &DVector<f64>, p: usize) -> Result<()> {
     check_param_slice(what, v.as_slice(), p)
 }
