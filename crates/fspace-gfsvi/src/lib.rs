@@ -1,7 +1,8 @@
 //! # fspace-gfsvi
 //!
 //! Function-space variational inference for neural networks with Gaussian-process priors
-//! (`../shared/papers/gfsvi-regularized-kl.txt`) and its VI baselines:
+//! (Cinquin & Bamler, *Well-Defined Function-Space Variational Inference in Bayesian Neural
+//! Networks via Regularized KL-Divergence*, UAI 2025, arXiv:2406.04317) and its VI baselines:
 //!
 //! * [`gfsvi::fit`] with [`KlPrior::Gp`] — **GFSVI**: `q(w) = N(m, diag(s))` on a network
 //!   linearised at `m`, so that `q` induces the GP `GP(f(·; m), J S Jᵀ)`; the function-space KL

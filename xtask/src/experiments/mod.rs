@@ -26,8 +26,8 @@ pub mod valla_regression;
 pub mod valla_toy;
 
 /// Every experiment, in the order the default suite runs them. `full_minutes` is the wall time
-/// of the last full run reported in a closing note (2 cores; `issues stops`), `None` where no full
-/// run was timed.
+/// of the last timed full run on 2 cores (the commit and date are in `docs/results/README.md` or
+/// the run's `RUN.md`), `None` where no full run was timed.
 pub const EXPERIMENTS: &[Experiment] = &[
     Experiment {
         name: "fsp-toy-regression",
