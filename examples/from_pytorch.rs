@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use fspace::core::{ClassProbMethod, Data, LikelihoodSpec};
+use fspace::core::{Data, LikelihoodSpec, Link, Posterior};
 use fspace::data::{fashion_mnist, mnist, Dataset, Split};
 use fspace::interop::{infer_mlp, write_posterior_npz, LayerNames, NpzWriter, PosteriorExport, Tensors};
 use fspace::laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, PriorPrecision, Structure};
@@ -125,13 +125,13 @@ fn main() -> Result<(), Error> {
         prior_precision: PriorPrecision::Scalar(lambda0),
         ..LaplaceConfig::default()
     };
-    let mut lla = laplace_fit(net.clone(), likelihood, &data, &cfg)?.posterior;
+    let mut lla = laplace_fit(net.clone(), likelihood, &Data::new(&x, &y)?, &cfg)?.posterior;
     let log_marglik = lla.optimize_prior_precision(&MarglikConfig::default())?;
     let lambda = lla.prior_precision()[0];
     let secs = start.elapsed().as_secs_f64();
     let mut rng = StdRng::seed_from_u64(0);
-    let p = lla.class_probabilities(&x_test, ClassProbMethod::Probit, &mut rng)?;
-    let p_ood = lla.class_probabilities(&x_ood, ClassProbMethod::Probit, &mut rng)?;
+    let p = lla.class_probabilities(&x_test, &Link::Probit)?;
+    let p_ood = lla.class_probabilities(&x_ood, &Link::Probit)?;
     rows_out.push(("LLA KFAC", metrics(&p, ys, &p_ood)?, secs));
     npz.matrix("probs.lla_kfac", &p)?.scalar("summary.lla_kfac.prior_precision", lambda)?;
     npz.scalar("summary.lla_kfac.log_marginal_likelihood", log_marglik)?;
@@ -153,8 +153,8 @@ fn main() -> Result<(), Error> {
     };
     let valla = valla_fit(net, likelihood, &data, &cfg)?.posterior;
     let secs = start.elapsed().as_secs_f64();
-    let p = valla.class_probabilities(&x_test, ClassProbMethod::Probit, 0)?;
-    let p_ood = valla.class_probabilities(&x_ood, ClassProbMethod::Probit, 0)?;
+    let p = valla.class_probabilities(&x_test, &Link::Probit)?;
+    let p_ood = valla.class_probabilities(&x_ood, &Link::Probit)?;
     rows_out.push(("VaLLA 100", metrics(&p, ys, &p_ood)?, secs));
     let rep = valla.report();
     npz.matrix("probs.valla_100", &p)?.scalar("summary.valla_100.iterations", rep.iterations as f64)?;

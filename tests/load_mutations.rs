@@ -167,6 +167,8 @@ fn cases() -> Vec<Case> {
     // files matter here.
     let data = Data::new(&x, &y).unwrap().with_validation(&x, &y).unwrap();
     let cdata = Data::new(&xc, &yc).unwrap().with_validation(&xc, &yc).unwrap();
+    // Laplace refuses a validation set (it would not use it).
+    let (plain, cplain) = (Data::new(&x, &y).unwrap(), Data::new(&xc, &yc).unwrap());
     let gauss = LikelihoodSpec::gaussian(0.2);
     let mut out = Vec::new();
 
@@ -182,12 +184,12 @@ fn cases() -> Vec<Case> {
     ];
     for (name, s) in structures {
         let cfg = LaplaceConfig { structure: s, ..Default::default() };
-        let post = fspace::laplace::fit(mlp(1, 4, 1), gauss, &data, &cfg).unwrap().posterior;
+        let post = fspace::laplace::fit(mlp(1, 4, 1), gauss, &plain, &cfg).unwrap().posterior;
         out.push(case(&format!("Laplace {name}"), &post, &xt));
     }
     let cfg = LaplaceConfig { structure: Structure::Kfac, ..Default::default() };
     let post =
-        fspace::laplace::fit(mlp(2, 3, 3), LikelihoodSpec::categorical(3), &cdata, &cfg).unwrap().posterior;
+        fspace::laplace::fit(mlp(2, 3, 3), LikelihoodSpec::categorical(3), &cplain, &cfg).unwrap().posterior;
     out.push(case("Laplace categorical kfac", &post, &xct));
     let cnn = Cnn::new(tiny_cnn_config()).unwrap();
     let mut r = rng(5);
@@ -218,7 +220,7 @@ fn cases() -> Vec<Case> {
     out.push(case::<VallaPosterior<Mlp>>("VaLLA categorical", &valla_c, &xct));
     for route in [FeatureRoute::Jvp, FeatureRoute::Kernel] {
         let ecfg = EllaConfig { num_points: 6, num_eigen: 3, route, ..Default::default() };
-        let ella = fspace::valla::fit_ella(mlp(1, 4, 1), gauss, &data, &ecfg).unwrap().posterior;
+        let ella = fspace::valla::ella::fit(mlp(1, 4, 1), gauss, &data, &ecfg).unwrap().posterior;
         out.push(case::<EllaPosterior<Mlp>>(&format!("ELLA {route:?}"), &ella, &xt));
     }
 
@@ -237,10 +239,10 @@ fn cases() -> Vec<Case> {
         predictive_samples: 3,
         ..Default::default()
     };
-    let fvi = fspace::gfsvi::fit_fvi(mlp(1, 4, 1), gauss, &prior, &data, &vcfg).unwrap();
+    let fvi = fspace::gfsvi::fvi::fit(mlp(1, 4, 1), gauss, &prior, &data, &vcfg).unwrap();
     out.push(case::<WeightSamplePosterior<Mlp>>("FVI", &fvi.posterior, &xt));
     let mcfg = MfviConfig { optim, predictive_samples: 3, ..Default::default() };
-    let mfvi = fspace::gfsvi::fit_mfvi(mlp(1, 4, 1), gauss, &data, &mcfg).unwrap();
+    let mfvi = fspace::gfsvi::mfvi::fit(mlp(1, 4, 1), gauss, &data, &mcfg).unwrap();
     out.push(case::<WeightSamplePosterior<Mlp>>("MFVI", &mfvi.posterior, &xt));
 
     let exact = ExactGp::fit(

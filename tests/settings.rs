@@ -131,7 +131,11 @@ fn zero_or_negative_settings_are_refused_unless_documented() {
     silent(
         "LaplaceConfig",
         &LaplaceConfig::default(),
-        &|c| fspace::laplace::fit(net(), g, &data, &c).map(|_| ()).map_err(|e| e.to_string()),
+        &|c| {
+            fspace::laplace::fit(net(), g, &Data::new(&x, &y).unwrap(), &c)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
         &mut out,
     );
     let valla = VallaConfig {
@@ -151,7 +155,7 @@ fn zero_or_negative_settings_are_refused_unless_documented() {
     silent(
         "EllaConfig",
         &ella,
-        &|c| fspace::valla::fit_ella(net(), g, &data, &c).map(|_| ()).map_err(|e| e.to_string()),
+        &|c| fspace::valla::ella::fit(net(), g, &data, &c).map(|_| ()).map_err(|e| e.to_string()),
         &mut out,
     );
     let gfsvi = GfsviConfig { measurement_points: 3, optim: optim.clone(), ..Default::default() };
@@ -171,14 +175,14 @@ fn zero_or_negative_settings_are_refused_unless_documented() {
     silent(
         "FviConfig",
         &fvi,
-        &|c| fspace::gfsvi::fit_fvi(net(), g, &prior, &data, &c).map(|_| ()).map_err(|e| e.to_string()),
+        &|c| fspace::gfsvi::fvi::fit(net(), g, &prior, &data, &c).map(|_| ()).map_err(|e| e.to_string()),
         &mut out,
     );
     let mfvi = MfviConfig { optim, predictive_samples: 3, ..Default::default() };
     silent(
         "MfviConfig",
         &mfvi,
-        &|c| fspace::gfsvi::fit_mfvi(net(), g, &data, &c).map(|_| ()).map_err(|e| e.to_string()),
+        &|c| fspace::gfsvi::mfvi::fit(net(), g, &data, &c).map(|_| ()).map_err(|e| e.to_string()),
         &mut out,
     );
     assert!(out.is_empty(), "settings accepted without a documented meaning:\n{}", out.join("\n"));
@@ -197,10 +201,10 @@ fn zero_predictive_samples_in_fvi_and_mfvi_are_refused() {
         predictive_samples: 0,
         ..Default::default()
     };
-    let e = fspace::gfsvi::fit_fvi(net(), LikelihoodSpec::gaussian(0.1), &prior, &data, &fvi).unwrap_err();
+    let e = fspace::gfsvi::fvi::fit(net(), LikelihoodSpec::gaussian(0.1), &prior, &data, &fvi).unwrap_err();
     assert!(matches!(e, GfsviError::Input(InputError::Invalid { what: "predictive_samples", .. })), "{e}");
     let mfvi = MfviConfig { optim, predictive_samples: 0, ..Default::default() };
-    let e = fspace::gfsvi::fit_mfvi(net(), LikelihoodSpec::gaussian(0.1), &data, &mfvi).unwrap_err();
+    let e = fspace::gfsvi::mfvi::fit(net(), LikelihoodSpec::gaussian(0.1), &data, &mfvi).unwrap_err();
     assert!(matches!(e, GfsviError::Input(InputError::Invalid { what: "predictive_samples", .. })), "{e}");
 }
 
@@ -209,9 +213,9 @@ fn ella_refuses_to_learn_sigma_instead_of_ignoring_it() {
     let (x, y) = set();
     let data = Data::new(&x, &y).unwrap().with_validation(&x, &y).unwrap();
     let cfg = EllaConfig { num_points: 6, num_eigen: 3, ..Default::default() };
-    let e = fspace::valla::fit_ella(net(), LikelihoodSpec::gaussian_learned(0.1), &data, &cfg).unwrap_err();
+    let e = fspace::valla::ella::fit(net(), LikelihoodSpec::gaussian_learned(0.1), &data, &cfg).unwrap_err();
     assert!(matches!(e, VallaError::Input(InputError::Invalid { what: "likelihood", .. })), "{e}");
-    assert!(fspace::valla::fit_ella(net(), LikelihoodSpec::gaussian(0.1), &data, &cfg).is_ok());
+    assert!(fspace::valla::ella::fit(net(), LikelihoodSpec::gaussian(0.1), &data, &cfg).is_ok());
 }
 
 #[test]

@@ -6,8 +6,13 @@ use nalgebra::{DMatrix, DVector};
 use rand::RngCore;
 use rand_distr::{Distribution, StandardNormal};
 
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
 use crate::error::{ensure_dim, ensure_finite, CoreError, Result};
-use crate::likelihood::{sigmoid, softmax};
+use crate::likelihood::{sigmoid, softmax, HeteroscedasticGaussian};
+use crate::spec::LikelihoodSpec;
 
 /// Marginal predictive of the latent function at `n` points of a `d'`-output model.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,6 +65,72 @@ pub trait Posterior: Send + Sync {
     ) -> Result<Vec<DMatrix<f64>>> {
         let (mean, cov) = self.predict_joint(x)?;
         sample_gaussian(&mean, &cov, s, rng)
+    }
+
+    /// The observation model the posterior was fitted under, with any learned parameter (σ)
+    /// at its fitted value; `None` for a posterior over `f` alone.
+    fn likelihood(&self) -> Option<LikelihoodSpec> {
+        None
+    }
+
+    /// The predictive of the observations `y` at the rows of `x`: [`predict`](Self::predict)
+    /// with the likelihood's noise added ([`observation_predictive`]). A classification
+    /// likelihood, or none, is [`CoreError::Unsupported`]: use
+    /// [`class_probabilities`](Self::class_probabilities).
+    fn predict_y(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive> {
+        let spec = self.likelihood().ok_or(CoreError::Unsupported {
+            method: "predict_y of a posterior without a likelihood",
+            likelihood: "none",
+        })?;
+        observation_predictive(&spec, self.predict(x)?)
+    }
+
+    /// Class probabilities (`n × C`) at the rows of `x` under a Bernoulli or categorical
+    /// likelihood, by the given [`Link`] applied to [`predict`](Self::predict) (methods whose
+    /// predictive is not Gaussian in the logits override this). A regression likelihood, or
+    /// none, is [`CoreError::Unsupported`].
+    fn class_probabilities(&self, x: &DMatrix<f64>, link: &Link) -> Result<DMatrix<f64>> {
+        ensure_classifier(self.likelihood())?;
+        class_probabilities(&self.predict(x)?, link)
+    }
+}
+
+/// `Ok` for a Bernoulli or categorical likelihood; [`CoreError::Unsupported`] otherwise (the
+/// check every [`Posterior::class_probabilities`] starts with).
+pub fn ensure_classifier(likelihood: Option<LikelihoodSpec>) -> Result<()> {
+    match likelihood {
+        Some(LikelihoodSpec::Bernoulli | LikelihoodSpec::Categorical { .. }) => Ok(()),
+        Some(other) => {
+            Err(other.unsupported("class probabilities (a classification posterior's predictive)"))
+        }
+        None => Err(CoreError::Unsupported {
+            method: "class probabilities of a posterior without a likelihood",
+            likelihood: "none",
+        }),
+    }
+}
+
+/// The predictive of `y` from that of `f` under `likelihood`: `f`'s variance plus σ² for the
+/// Gaussian likelihoods; for the heteroscedastic Gaussian one column, the mean output's mean
+/// and its variance plus `E[e^η] = exp(m_η + v_η/2)` under the predictive of the
+/// log-variance output. Classification likelihoods are [`CoreError::Unsupported`].
+pub fn observation_predictive(
+    likelihood: &LikelihoodSpec,
+    mut f: FunctionPredictive,
+) -> Result<FunctionPredictive> {
+    match *likelihood {
+        LikelihoodSpec::Gaussian { sigma, .. } | LikelihoodSpec::IsotropicGaussian { sigma, .. } => {
+            f.var.add_scalar_mut(sigma * sigma);
+            Ok(f)
+        }
+        LikelihoodSpec::HeteroscedasticGaussian => {
+            let (m, v) = HeteroscedasticGaussian.predictive(&f.mean, &f.var)?;
+            FunctionPredictive::new(
+                DMatrix::from_column_slice(m.len(), 1, m.as_slice()),
+                DMatrix::from_column_slice(v.len(), 1, v.as_slice()),
+            )
+        }
+        other => Err(other.unsupported("predict_y (the predictive of regression targets)")),
     }
 }
 
@@ -114,20 +185,24 @@ pub fn finite_samples(draws: Vec<DMatrix<f64>>) -> Result<Vec<DMatrix<f64>>> {
     Ok(draws)
 }
 
-/// How class probabilities are computed from a Gaussian over logits.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ClassProbMethod {
-    /// Average of sigmoid/softmax over `samples` draws of independent per-output Gaussians.
-    MonteCarlo {
-        /// Number of draws (≥ 1).
-        samples: usize,
-    },
+/// How class probabilities are computed from a Gaussian over logits (laplace-torch's
+/// `link_approx`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Link {
     /// Probit approximation: `σ(m / √(1 + πv/8))` (binary); softmax of the scaled means
     /// (multi-class).
     Probit,
     /// Laplace bridge (Hobbhahn, Kristiadi & Hennig 2022): the Dirichlet matched to the logit
     /// Gaussian, `αₖ = (1 − 2/K + e^{mₖ}/K² Σₗ e^{−mₗ}) / vₖ`, probabilities `αₖ / Σα`.
     LaplaceBridge,
+    /// Average of sigmoid/softmax over `samples` draws of independent per-output Gaussians,
+    /// drawn from `StdRng::seed_from_u64(seed)` (the same call gives the same numbers).
+    MonteCarlo {
+        /// Number of draws (≥ 1).
+        samples: usize,
+        /// Seed of the draws.
+        seed: u64,
+    },
 }
 
 /// Class probabilities (`n × C`) from a Gaussian over logits.
@@ -135,79 +210,100 @@ pub enum ClassProbMethod {
 /// One output (`d' = 1`) is a binary model with logit `f`: columns are `[1 − p, p]`. Otherwise
 /// `d' = C` logits per point. Outputs are treated as independent given their marginal
 /// variances (the per-point covariance is not part of [`FunctionPredictive`]).
-pub fn class_probabilities(
+pub fn class_probabilities(pred: &FunctionPredictive, link: &Link) -> Result<DMatrix<f64>> {
+    match *link {
+        Link::MonteCarlo { samples, seed } => {
+            mc_class_probabilities(pred, samples, &mut StdRng::seed_from_u64(seed))
+        }
+        Link::Probit => link_probabilities(pred, false),
+        Link::LaplaceBridge => link_probabilities(pred, true),
+    }
+}
+
+/// [`Link::MonteCarlo`] with the caller's RNG (a running stream shared with other draws).
+pub fn mc_class_probabilities(
     pred: &FunctionPredictive,
-    method: ClassProbMethod,
+    samples: usize,
     rng: &mut dyn RngCore,
 ) -> Result<DMatrix<f64>> {
+    let (n, q) = check_logits(pred)?;
+    if samples == 0 {
+        return Err(CoreError::Input(InputError::Invalid {
+            what: "Monte-Carlo samples",
+            reason: "must be ≥ 1".into(),
+        }));
+    }
+    let classes = if q == 1 { 2 } else { q };
+    let mut out = DMatrix::zeros(n, classes);
+    for i in 0..n {
+        let mut acc = vec![0.0; classes];
+        for _ in 0..samples {
+            let logits: Vec<f64> = (0..q)
+                .map(|a| {
+                    let z: f64 = StandardNormal.sample(rng);
+                    pred.mean[(i, a)] + pred.var[(i, a)].sqrt() * z
+                })
+                .collect();
+            probs_of(&logits).iter().zip(acc.iter_mut()).for_each(|(p, a)| *a += p);
+        }
+        for k in 0..classes {
+            out[(i, k)] = acc[k] / samples as f64;
+        }
+    }
+    Ok(out)
+}
+
+fn check_logits(pred: &FunctionPredictive) -> Result<(usize, usize)> {
     let (n, q) = pred.mean.shape();
     if n == 0 {
         return Err(CoreError::Input(InputError::Empty { what: "predictive" }));
     }
+    Ok((n, q))
+}
+
+/// Sigmoid as `[1 − p, p]` for one logit, softmax otherwise.
+fn probs_of(logits: &[f64]) -> Vec<f64> {
+    if logits.len() == 1 {
+        let p = sigmoid(logits[0]);
+        vec![1.0 - p, p]
+    } else {
+        softmax(logits)
+    }
+}
+
+/// The deterministic links: probit, or the Laplace bridge with `bridge`.
+fn link_probabilities(pred: &FunctionPredictive, bridge: bool) -> Result<DMatrix<f64>> {
+    let (n, q) = check_logits(pred)?;
     let binary = q == 1;
     let classes = if binary { 2 } else { q };
     let mut out = DMatrix::zeros(n, classes);
-    let probs_of = |logits: &[f64]| -> Vec<f64> {
-        if binary {
-            let p = sigmoid(logits[0]);
-            vec![1.0 - p, p]
-        } else {
-            softmax(logits)
+    if !bridge {
+        for i in 0..n {
+            let scaled: Vec<f64> = (0..q)
+                .map(|a| pred.mean[(i, a)] / (1.0 + std::f64::consts::PI * pred.var[(i, a)] / 8.0).sqrt())
+                .collect();
+            probs_of(&scaled).iter().enumerate().for_each(|(k, p)| out[(i, k)] = *p);
         }
-    };
-    match method {
-        ClassProbMethod::MonteCarlo { samples } => {
-            if samples == 0 {
-                return Err(CoreError::Input(InputError::Invalid {
-                    what: "Monte-Carlo samples",
-                    reason: "must be ≥ 1".into(),
-                }));
-            }
-            for i in 0..n {
-                let mut acc = vec![0.0; classes];
-                for _ in 0..samples {
-                    let logits: Vec<f64> = (0..q)
-                        .map(|a| {
-                            let z: f64 = StandardNormal.sample(rng);
-                            pred.mean[(i, a)] + pred.var[(i, a)].sqrt() * z
-                        })
-                        .collect();
-                    probs_of(&logits).iter().zip(acc.iter_mut()).for_each(|(p, a)| *a += p);
-                }
-                for k in 0..classes {
-                    out[(i, k)] = acc[k] / samples as f64;
-                }
-            }
-        }
-        ClassProbMethod::Probit => {
-            for i in 0..n {
-                let scaled: Vec<f64> = (0..q)
-                    .map(|a| pred.mean[(i, a)] / (1.0 + std::f64::consts::PI * pred.var[(i, a)] / 8.0).sqrt())
-                    .collect();
-                probs_of(&scaled).iter().enumerate().for_each(|(k, p)| out[(i, k)] = *p);
-            }
-        }
-        ClassProbMethod::LaplaceBridge => {
-            for i in 0..n {
-                // Binary: the logit f is the two-class softmax of (−f/2, f/2), variances v/4.
-                let (m, v): (Vec<f64>, Vec<f64>) = if binary {
-                    let (f, var) = (pred.mean[(i, 0)], pred.var[(i, 0)]);
-                    (vec![-f / 2.0, f / 2.0], vec![var / 4.0; 2])
-                } else {
-                    ((0..q).map(|a| pred.mean[(i, a)]).collect(), (0..q).map(|a| pred.var[(i, a)]).collect())
-                };
-                let k = classes as f64;
-                // Shift logits (the bridge is shift-invariant only approximately; the shift by
-                // the mean logit keeps e^{±m} finite, as in the reference implementation).
-                let shift = m.iter().sum::<f64>() / k;
-                let m: Vec<f64> = m.iter().map(|x| x - shift).collect();
-                let sum_neg: f64 = m.iter().map(|x| (-x).exp()).sum();
-                let alpha: Vec<f64> = (0..classes)
-                    .map(|c| (1.0 - 2.0 / k + m[c].exp() * sum_neg / (k * k)) / v[c].max(1e-12))
-                    .collect();
-                let total: f64 = alpha.iter().sum();
-                alpha.iter().enumerate().for_each(|(c, a)| out[(i, c)] = a / total);
-            }
+    } else {
+        for i in 0..n {
+            // Binary: the logit f is the two-class softmax of (−f/2, f/2), variances v/4.
+            let (m, v): (Vec<f64>, Vec<f64>) = if binary {
+                let (f, var) = (pred.mean[(i, 0)], pred.var[(i, 0)]);
+                (vec![-f / 2.0, f / 2.0], vec![var / 4.0; 2])
+            } else {
+                ((0..q).map(|a| pred.mean[(i, a)]).collect(), (0..q).map(|a| pred.var[(i, a)]).collect())
+            };
+            let k = classes as f64;
+            // Shift logits (the bridge is shift-invariant only approximately; the shift by
+            // the mean logit keeps e^{±m} finite, as in the reference implementation).
+            let shift = m.iter().sum::<f64>() / k;
+            let m: Vec<f64> = m.iter().map(|x| x - shift).collect();
+            let sum_neg: f64 = m.iter().map(|x| (-x).exp()).sum();
+            let alpha: Vec<f64> = (0..classes)
+                .map(|c| (1.0 - 2.0 / k + m[c].exp() * sum_neg / (k * k)) / v[c].max(1e-12))
+                .collect();
+            let total: f64 = alpha.iter().sum();
+            alpha.iter().enumerate().for_each(|(c, a)| out[(i, c)] = a / total);
         }
     }
     Ok(out)

@@ -131,6 +131,18 @@ impl LikelihoodSpec {
         }
     }
 
+    /// The same description with σ held fixed (`learn: false`): what a fit that learned σ
+    /// hands on to a post-hoc method, which takes σ as given.
+    pub fn fixed(self) -> Self {
+        match self {
+            Self::Gaussian { sigma, .. } => Self::Gaussian { sigma, learn: false },
+            Self::IsotropicGaussian { sigma, outputs, .. } => {
+                Self::IsotropicGaussian { sigma, outputs, learn: false }
+            }
+            other => other,
+        }
+    }
+
     /// A short name for errors and tables.
     pub fn name(&self) -> &'static str {
         match self {

@@ -163,10 +163,13 @@ fn class_probabilities_agree_with_monte_carlo_and_closed_forms() {
     let mean = DMatrix::from_row_slice(3, 1, &[0.0, 1.5, -3.0]);
     let var = DMatrix::from_row_slice(3, 1, &[0.0, 2.0, 0.5]);
     let pred = FunctionPredictive::new(mean.clone(), var).unwrap();
-    let mut r = rng(1);
-    let mc = class_probabilities(&pred, ClassProbMethod::MonteCarlo { samples: 200_000 }, &mut r).unwrap();
-    let probit = class_probabilities(&pred, ClassProbMethod::Probit, &mut r).unwrap();
-    let bridge = class_probabilities(&pred, ClassProbMethod::LaplaceBridge, &mut r).unwrap();
+    let mc = class_probabilities(&pred, &Link::MonteCarlo { samples: 200_000, seed: 1 }).unwrap();
+    // The seed fixes the draws: the same call gives the same bits, the running-RNG form agrees.
+    let mc_small = class_probabilities(&pred, &Link::MonteCarlo { samples: 500, seed: 7 }).unwrap();
+    assert_eq!(mc_small, class_probabilities(&pred, &Link::MonteCarlo { samples: 500, seed: 7 }).unwrap());
+    assert_eq!(mc_small, mc_class_probabilities(&pred, 500, &mut rng(7)).unwrap());
+    let probit = class_probabilities(&pred, &Link::Probit).unwrap();
+    let bridge = class_probabilities(&pred, &Link::LaplaceBridge).unwrap();
     for i in 0..3 {
         assert!((mc[(i, 0)] + mc[(i, 1)] - 1.0).abs() < 1e-12);
         // The probit approximation of E[σ(f)] is accurate to ~0.02 (MacKay 1992).
@@ -185,18 +188,18 @@ fn class_probabilities_agree_with_monte_carlo_and_closed_forms() {
     let m3 = DMatrix::from_row_slice(1, 3, &[2.0, 0.0, -1.0]);
     let certain = FunctionPredictive::new(m3.clone(), DMatrix::from_element(1, 3, 1e-9)).unwrap();
     let unsure = FunctionPredictive::new(m3, DMatrix::from_element(1, 3, 5.0)).unwrap();
-    for method in [ClassProbMethod::Probit, ClassProbMethod::MonteCarlo { samples: 50_000 }] {
-        let p_c = class_probabilities(&certain, method, &mut r).unwrap();
-        let p_u = class_probabilities(&unsure, method, &mut r).unwrap();
+    for method in [Link::Probit, Link::MonteCarlo { samples: 50_000, seed: 3 }] {
+        let p_c = class_probabilities(&certain, &method).unwrap();
+        let p_u = class_probabilities(&unsure, &method).unwrap();
         let plugin = softmax(&[2.0, 0.0, -1.0]);
         assert!((p_c[(0, 0)] - plugin[0]).abs() < 1e-3);
         assert!(p_u[(0, 0)] < p_c[(0, 0)] && p_u[(0, 0)] > p_u[(0, 1)] && p_u[(0, 1)] > p_u[(0, 2)]);
     }
     // Laplace bridge with equal variances and equal means is uniform.
     let eq = FunctionPredictive::new(DMatrix::zeros(1, 4), DMatrix::from_element(1, 4, 1.0)).unwrap();
-    let p = class_probabilities(&eq, ClassProbMethod::LaplaceBridge, &mut r).unwrap();
+    let p = class_probabilities(&eq, &Link::LaplaceBridge).unwrap();
     assert_all_close(p.row(0).iter().cloned().collect::<Vec<_>>().as_slice(), &[0.25; 4], 0.0, 1e-15);
-    assert!(class_probabilities(&eq, ClassProbMethod::MonteCarlo { samples: 0 }, &mut r).is_err());
+    assert!(class_probabilities(&eq, &Link::MonteCarlo { samples: 0, seed: 0 }).is_err());
     assert!(FunctionPredictive::new(DMatrix::zeros(1, 1), DMatrix::from_element(1, 1, -1.0)).is_err());
 }
 

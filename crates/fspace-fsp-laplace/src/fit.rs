@@ -14,7 +14,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::error::{ensure_dim, invalid, Result};
-use crate::laplace::{laplace, FspLaplace, FspLaplaceConfig};
+use crate::laplace::{laplace, FspLaplace, FspLaplaceConfig, LaplaceReport};
 use crate::train::{train, TrainOptions};
 use fspace_kernels::GpPrior;
 
@@ -246,6 +246,49 @@ pub fn fit_observed<N: Network + Clone>(
     Ok(Fitted { posterior, report })
 }
 
+/// Post-hoc FSP-Laplace: Alg. 2 alone at the weights of a network trained elsewhere (by
+/// [`fspace_nn::fit_map`], say, or loaded from PyTorch), in the workspace's call shape. The
+/// context points are `config`'s (`design`, `n_laplace_context`, `design_seed`, in
+/// `context_box` or the data's box widened by `widen`, plus the training inputs when
+/// `context_includes_data`); Alg. 1's settings are not used, and a validation set is refused
+/// (Alg. 2 has no use for one). A likelihood that learns σ is refused: σ is Alg. 2's input,
+/// pass the learned value (`fit_map`'s report carries it).
+pub fn fit_posthoc<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &GpPrior,
+    data: &Data,
+    config: &FspConfig,
+) -> Result<Fitted<FspLaplace<N>, LaplaceReport>> {
+    if data.validation().is_some() {
+        return Err(invalid(
+            "validation data",
+            "post-hoc FSP-Laplace (Alg. 2) does not use a validation set; leave it out",
+        ));
+    }
+    if likelihood.learns_noise() {
+        return Err(invalid(
+            "likelihood",
+            "post-hoc FSP-Laplace takes σ as given (learn: false); Alg. 1 learns it in fsp_laplace::fit",
+        ));
+    }
+    if !(config.widen.is_finite() && config.widen >= 0.0) {
+        return Err(invalid("widen", format!("{} must be finite and ≥ 0", config.widen)));
+    }
+    let (x, y) = (data.x(), &data.y_flat());
+    let bbox = match &config.context_box {
+        Some(b) => b.clone(),
+        None => BoundingBox::from_data(x, config.widen)?,
+    };
+    let design = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
+    let context = if config.context_includes_data { with_data_points(&design, x)? } else { design };
+    let lik = likelihood.build()?;
+    let posterior =
+        laplace(&net, lik.as_ref(), prior, x, y, &context, &config.laplace)?.with_likelihood(likelihood)?;
+    let report = posterior.report().clone();
+    Ok(Fitted { posterior, report })
+}
+
 fn fit_inner<N: Network + Clone>(
     mut net: N,
     likelihood: LikelihoodSpec,
@@ -292,7 +335,8 @@ fn fit_inner<N: Network + Clone>(
     let t1 = Instant::now();
     let design = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
     let context = if config.context_includes_data { with_data_points(&design, x)? } else { design };
-    let post = laplace(&net, lik.as_ref(), prior, x, y, &context, &config.laplace)?;
+    let post =
+        laplace(&net, lik.as_ref(), prior, x, y, &context, &config.laplace)?.with_likelihood(fitted)?;
     let summary = FitSummary {
         train: report,
         train_seconds,

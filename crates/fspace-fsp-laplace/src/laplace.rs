@@ -33,7 +33,9 @@
 //! `Σ†` (observed: rank 3 of 8 on a 2×2 grid with two outputs). We restart Lanczos on the
 //! deflated operator until `max_rank` or the numerical range is exhausted.
 
-use fspace_core::{CoreError, FunctionPredictive, Likelihood, Persist, PersistError, Posterior};
+use fspace_core::{
+    CoreError, FunctionPredictive, Likelihood, LikelihoodSpec, Persist, PersistError, Posterior,
+};
 use fspace_kernels::GramOperator;
 use fspace_linalg::{
     pinv_factor_restarted, sym_eigh, thin_svd_owned, DiagonalOperator, LanczosConfig, PinvMethod,
@@ -147,6 +149,10 @@ pub struct FspLaplace<N> {
     s: DMatrix<f64>,
     u: DMatrix<f64>,
     report: LaplaceReport,
+    /// The observation model (`None` in files written before it was stored, and from
+    /// [`laplace`], which takes a `dyn Likelihood`; see [`FspLaplace::with_likelihood`]).
+    #[serde(default)]
+    likelihood: Option<LikelihoodSpec>,
 }
 
 /// Row-batches `[start, end)` of `n` rows.
@@ -209,15 +215,24 @@ pub fn laplace<N: Network + Clone>(
     };
     let info = restarted.runs[0].clone();
 
-    // 2–3. M = J(C)ᵀL and its range.
-    let svd = thin_svd_owned(net.vjp_columns(context, &l)?)?;
-    let smax = svd.s[0];
-    let k = svd.s.iter().take_while(|&&s| s > config.rank_rtol * smax).count();
+    // 2–3. M = J(C)ᵀL (p × r) and its range: the left singular vectors of M, or, when the
+    // prior's rank r exceeds the weights p (a small network with many context points), the
+    // right singular vectors of Mᵀ.
+    let m = net.vjp_columns(context, &l)?;
+    let (left, singular) = if m.nrows() >= m.ncols() {
+        let svd = thin_svd_owned(m)?;
+        (svd.u, svd.s)
+    } else {
+        let svd = thin_svd_owned(m.transpose())?;
+        (svd.v, svd.s)
+    };
+    let smax = singular[0];
+    let k = singular.iter().take_while(|&&s| s > config.rank_rtol * smax).count();
     if k == 0 {
         return Err(invalid("context points", "J(C)ᵀ Σ(C,C)† J(C) vanishes: the network is constant there"));
     }
-    let d2 = svd.s.rows(0, k).map(|s| s * s);
-    let u = if k == svd.u.ncols() { svd.u } else { svd.u.columns(0, k).into_owned() };
+    let d2 = singular.rows(0, k).map(|s| s * s);
+    let u = if k == left.ncols() { left } else { left.columns(0, k).into_owned() };
 
     // 4. A = D² + Σ_B (J_B U)ᵀ H_B (J_B U).
     let mut a = DMatrix::from_diagonal(&d2);
@@ -270,7 +285,7 @@ pub fn laplace<N: Network + Clone>(
         truncated,
         rank: s.ncols(),
     };
-    Ok(FspLaplace { net: net.clone(), s, u, report })
+    Ok(FspLaplace { net: net.clone(), s, u, report, likelihood: None })
 }
 
 /// The smallest `k` such that `diag(J(P) S_{:,k:} S_{:,k:}ᵀ J(P)ᵀ) ≤ diag Σ(P, P)` at every
@@ -335,11 +350,25 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for FspLaplace<N
         check.ensure(self.report.range_rank >= 1, "report.range_rank", || "must be ≥ 1".into())?;
         check.shape("u", self.u.shape(), (p, self.report.range_rank))?;
         check.finite("u", self.u.iter())?;
-        check.finite("report.precision_eigenvalues", self.report.precision_eigenvalues.iter())
+        check.finite("report.precision_eigenvalues", self.report.precision_eigenvalues.iter())?;
+        match &self.likelihood {
+            Some(spec) => check.likelihood("likelihood", spec, self.net.output_dim()),
+            None => Ok(()),
+        }
     }
 }
 
 impl<N: Network> FspLaplace<N> {
+    /// The same posterior with the observation model Alg. 2 used, for
+    /// [`Posterior::predict_y`] and [`Posterior::class_probabilities`] ([`fit`](crate::fit)
+    /// and [`fit_posthoc`](crate::fit_posthoc) attach it). Errors: a spec whose outputs differ
+    /// from the network's.
+    pub fn with_likelihood(self, likelihood: LikelihoodSpec) -> Result<Self> {
+        likelihood.validate()?;
+        ensure_dim("likelihood outputs vs. network outputs", self.net.output_dim(), likelihood.output_dim())?;
+        Ok(Self { likelihood: Some(likelihood), ..self })
+    }
+
     /// The network at the MAP weights `w*` (the posterior mean).
     pub fn network(&self) -> &N {
         &self.net
@@ -384,6 +413,10 @@ impl<N: Network> FspLaplace<N> {
 impl<N: Network> Posterior for FspLaplace<N> {
     fn output_dim(&self) -> usize {
         self.net.output_dim()
+    }
+
+    fn likelihood(&self) -> Option<LikelihoodSpec> {
+        self.likelihood
     }
 
     /// Mean `f(x; w*)`, variance `‖J(x) S‖²` per output.

@@ -46,7 +46,9 @@ mod prior;
 mod train;
 
 pub use error::{FspError, Result};
-pub use fit::{context_points, fit, fit_observed, with_data_points, ContextDesign, FitSummary, FspConfig};
+pub use fit::{
+    context_points, fit, fit_observed, fit_posthoc, with_data_points, ContextDesign, FitSummary, FspConfig,
+};
 pub use laplace::{laplace, FspLaplace, FspLaplaceConfig, LaplaceReport};
 pub use prior::{fit_classification_prior, fit_regression_prior};
 pub use train::{objective, rkhs_regularizer, train, TrainOptions};

@@ -110,6 +110,32 @@ fn alg2_covariance_equals_the_pseudo_inverse_of_the_projected_dense_hessian_regr
 }
 
 #[test]
+fn alg2_with_more_context_directions_than_weights_equals_the_dense_reference() {
+    // 3 outputs at 16 context points: r = 48 prior directions for p = 39 weights, so M = J(C)ᵀL
+    // is wide and its range is all of ℝᵖ (taken from the SVD of Mᵀ).
+    let net = Mlp::new(MlpConfig {
+        input_dim: 2,
+        hidden: vec![6],
+        output_dim: 3,
+        activation: Activation::Tanh,
+        seed: 4,
+    })
+    .unwrap();
+    assert_eq!(net.n_params(), 39);
+    let x = rand_uniform(12, 2, -1.0, 1.0, &mut rng(3));
+    let y = DVector::from_fn(12, |i, _| (i % 3) as f64);
+    let c = grid(2, 16, -3.0, 3.0);
+    let prior = GpPrior::centered(Independent::new(Matern12::new(1.0, 1.0).unwrap(), 3).unwrap());
+    let lik = Categorical::new(3).unwrap();
+    let post = laplace(&net, &lik, &prior, &x, &y, &c, &no_truncation()).unwrap();
+    let jac = |p: &DMatrix<f64>| net.jacobian(p).unwrap();
+    let (reference, lambda) = dense_reference(&net, jac, &lik, &prior, &x, &y, &c);
+    let report = post.report();
+    assert!(report.lanczos_rank > net.n_params() && report.range_rank <= net.n_params(), "{report:?}");
+    assert_matches_dense(&post, jac, &reference, &lambda, &grid(2, 25, -2.0, 2.0));
+}
+
+#[test]
 fn alg2_covariance_equals_the_dense_reference_for_two_outputs() {
     // Categorical (d' = 2) with an independent-output prior: exercises the point-major layout
     // of Σ(C,C), J(C) and the per-point Hessian blocks (which are singular for a softmax).

@@ -7,9 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_core::{Data, LikelihoodSpec};
-use fspace_gfsvi::{
-    fit_fvi, fit_mfvi, objective, FviConfig, KlPrior, MfviConfig, OptimConfig, VariationalParams,
-};
+use fspace_gfsvi::{fvi, mfvi, objective, FviConfig, KlPrior, MfviConfig, OptimConfig, VariationalParams};
 use fspace_kernels::GpPrior;
 use fspace_kernels::{Independent, Rbf};
 use fspace_nn::{Activation, Cnn, CnnConfig, Mlp, MlpConfig};
@@ -84,14 +82,20 @@ fn bench_steps(c: &mut Criterion) {
     let fcfg = FviConfig { optim: one.clone(), predictive_samples: 1, ..Default::default() };
     group.bench_function("fvi_2x30_20_steps", |b| {
         b.iter(|| {
-            fit_fvi(n.clone(), LikelihoodSpec::gaussian_learned(1.0), &gp, &Data::new(&x, &y).unwrap(), &fcfg)
-                .unwrap()
+            fvi::fit(
+                n.clone(),
+                LikelihoodSpec::gaussian_learned(1.0),
+                &gp,
+                &Data::new(&x, &y).unwrap(),
+                &fcfg,
+            )
+            .unwrap()
         })
     });
     let mcfg = MfviConfig { optim: one, predictive_samples: 1, ..Default::default() };
     group.bench_function("mfvi_2x30_20_steps", |b| {
         b.iter(|| {
-            fit_mfvi(n.clone(), LikelihoodSpec::gaussian_learned(1.0), &Data::new(&x, &y).unwrap(), &mcfg)
+            mfvi::fit(n.clone(), LikelihoodSpec::gaussian_learned(1.0), &Data::new(&x, &y).unwrap(), &mcfg)
                 .unwrap()
         })
     });
@@ -115,7 +119,7 @@ fn bench_fvi_cnn(c: &mut Criterion) {
         };
         let data = Data::new(&x, &y).unwrap();
         group.bench_with_input(BenchmarkId::new("two_steps_samples", samples), &samples, |b, _| {
-            b.iter(|| fit_fvi(cnn.clone(), LikelihoodSpec::categorical(10), &prior, &data, &config).unwrap())
+            b.iter(|| fvi::fit(cnn.clone(), LikelihoodSpec::categorical(10), &prior, &data, &config).unwrap())
         });
     }
     group.finish();

@@ -78,19 +78,19 @@ impl Default for FviConfig {
 /// Fits FVI with the GP `prior` under `likelihood` (`Gaussian` / `IsotropicGaussian`: `σ_y`
 /// starts at its σ and is learned if it says so; `Categorical`: labels `n × 1`), starting the
 /// means at the network's current weights.
-pub fn fit_fvi<N: Network + Clone>(
+pub fn fit<N: Network + Clone>(
     net: N,
     likelihood: LikelihoodSpec,
     prior: &GpPrior,
     data: &Data,
     config: &FviConfig,
 ) -> Result<Fitted<WeightSamplePosterior<N>, OptimReport>> {
-    fit_fvi_observed(net, likelihood, prior, data, config, &mut Silent)
+    fit_observed(net, likelihood, prior, data, config, &mut Silent)
 }
 
-/// [`fit_fvi`], reporting every `eval_every` steps to `observer` (`loss`: minus the minibatch
+/// [`fit`], reporting every `eval_every` steps to `observer` (`loss`: minus the minibatch
 /// objective; `validation`: the validation NLL).
-pub fn fit_fvi_observed<N: Network + Clone>(
+pub fn fit_observed<N: Network + Clone>(
     net: N,
     likelihood: LikelihoodSpec,
     prior: &GpPrior,
@@ -258,6 +258,7 @@ pub fn fit_fvi_observed<N: Network + Clone>(
         validation,
         config.predictive_samples,
         observation,
+        likelihood,
         step,
         observer,
     )

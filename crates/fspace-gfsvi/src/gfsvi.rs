@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::divergence::{check_gamma, regularized_kl};
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
 use crate::nll::{categorical_nll, gaussian_nll};
-use crate::observation::{observation, Observation};
+use crate::observation::{attach_likelihood, check_attached, observation, Observation};
 use crate::optim::{optimise, OptimConfig, OptimReport};
 use fspace_kernels::GpPrior;
 
@@ -488,11 +488,7 @@ pub fn fit_observed<N: Network + Clone>(
             DataTerm::Gaussian => gaussian_nll(&post.predict(xv)?, yv, post.noise_std()),
             DataTerm::Categorical { .. } => {
                 let mut r = rand::rngs::StdRng::seed_from_u64(config.optim.seed);
-                let probs = fspace_core::class_probabilities(
-                    &post.predict(xv)?,
-                    fspace_core::ClassProbMethod::MonteCarlo { samples: 100 },
-                    &mut r,
-                )?;
+                let probs = fspace_core::mc_class_probabilities(&post.predict(xv)?, 100, &mut r)?;
                 let labels: Vec<f64> = yv.iter().cloned().collect();
                 categorical_nll(&probs, &labels)
             }
@@ -509,7 +505,8 @@ pub fn fit_observed<N: Network + Clone>(
     let params = VariationalParams::unflatten(&theta, p);
     let mut fitted = net.clone();
     fitted.set_params(&params.mean)?;
-    let posterior = LinearizedPosterior::new(fitted, params.variances(), params.log_noise_std.exp())?;
+    let posterior = LinearizedPosterior::new(fitted, params.variances(), params.log_noise_std.exp())?
+        .with_likelihood(likelihood)?;
     Ok(Fitted { posterior, report })
 }
 
@@ -520,6 +517,9 @@ pub struct LinearizedPosterior<N> {
     net: N,
     s: DVector<f64>,
     noise_std: f64,
+    /// The observation model (`None` in files written before it was stored).
+    #[serde(default)]
+    likelihood: Option<LikelihoodSpec>,
 }
 
 impl<N: Network + Clone> LinearizedPosterior<N> {
@@ -537,7 +537,14 @@ impl<N: Network + Clone> LinearizedPosterior<N> {
                 what: "weight variances (must be finite and ≥ 0)",
             }));
         }
-        Ok(Self { net, s, noise_std })
+        Ok(Self { net, s, noise_std, likelihood: None })
+    }
+    /// The same posterior with its observation model, for [`Posterior::predict_y`] and
+    /// [`Posterior::class_probabilities`]; a Gaussian spec takes the posterior's `σ_y`.
+    /// Errors: a spec whose outputs differ from the network's.
+    pub fn with_likelihood(self, likelihood: LikelihoodSpec) -> Result<Self> {
+        let likelihood = attach_likelihood(likelihood, self.net.output_dim(), self.noise_std)?;
+        Ok(Self { likelihood: Some(likelihood), ..self })
     }
     /// The network at the variational mean.
     pub fn network(&self) -> &N {
@@ -571,13 +578,17 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for LinearizedPo
         let check = fspace_core::LoadCheck::new(Self::KIND);
         check.len("s", self.s.len(), self.net.n_params())?;
         check.non_negative("s", self.s.iter())?;
-        check.positive("noise_std", self.noise_std)
+        check.positive("noise_std", self.noise_std)?;
+        check_attached(&check, self.likelihood, self.net.output_dim(), self.noise_std)
     }
 }
 
 impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
     fn output_dim(&self) -> usize {
         self.net.output_dim()
+    }
+    fn likelihood(&self) -> Option<LikelihoodSpec> {
+        self.likelihood
     }
     fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
         let q = self.net.output_dim();

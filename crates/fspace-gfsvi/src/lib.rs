@@ -12,10 +12,10 @@
 //!   closed form (eq. 10) and every gradient is exact — through `J` too.
 //! * [`KlPrior::WeightPushforward`] — **TFSVI** (Rudner et al. 2022): the same
 //!   linearised function-space KL with the prior `N(0, σ_p² I)` pushed forward.
-//! * [`fit_fvi`] — **FVI** (Sun et al. 2019): the functional ELBO on the stochastic network
+//! * [`fvi::fit`] — **FVI** (Sun et al. 2019): the functional ELBO on the stochastic network
 //!   (not linearised); the KL gradient uses the spectral Stein gradient estimator ([`Ssge`]) of
 //!   `∇ log q` from function samples; measurement points mix uniform draws and the batch.
-//! * [`fit_mfvi`] — **MFVI** (Bayes by Backprop, Blundell et al. 2015) with the local
+//! * [`mfvi::fit`] — **MFVI** (Bayes by Backprop, Blundell et al. 2015) with the local
 //!   reparameterisation trick and a weight prior `N(0, σ_p² I)`.
 //!
 //! All return the shared [`fspace_core::Posterior`]: GFSVI/TFSVI in closed form
@@ -38,12 +38,12 @@ pub mod ssge;
 
 pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
-pub use fvi::{fit_fvi, fit_fvi_observed, sample_data_term, FviConfig};
+pub use fvi::{sample_data_term, FviConfig};
 pub use gfsvi::{
     fit, fit_observed, objective, objective_with, DataTerm, GfsviConfig, KlPrior, LinearizedPosterior,
     ObjectiveValue, VariationalParams,
 };
-pub use mfvi::{fit_mfvi, fit_mfvi_observed, MfviConfig};
+pub use mfvi::MfviConfig;
 pub use nll::gaussian_nll;
 pub use optim::{OptimConfig, OptimReport};
 pub use sampled::WeightSamplePosterior;

@@ -122,17 +122,17 @@ fn lrt_forward_backward(
 
 /// Fits MFVI to a regression set (`Gaussian` / `IsotropicGaussian` likelihood: `σ_y` starts at
 /// its σ and is learned if it says so), starting the means at the network's current weights.
-pub fn fit_mfvi(
+pub fn fit(
     net: Mlp,
     likelihood: LikelihoodSpec,
     data: &Data,
     config: &MfviConfig,
 ) -> Result<Fitted<WeightSamplePosterior<Mlp>, OptimReport>> {
-    fit_mfvi_observed(net, likelihood, data, config, &mut Silent)
+    fit_observed(net, likelihood, data, config, &mut Silent)
 }
 
-/// [`fit_mfvi`], reporting every `eval_every` steps to `observer`.
-pub fn fit_mfvi_observed(
+/// [`fit`], reporting every `eval_every` steps to `observer`.
+pub fn fit_observed(
     net: Mlp,
     likelihood: LikelihoodSpec,
     data: &Data,
@@ -194,6 +194,7 @@ pub fn fit_mfvi_observed(
         validation,
         config.predictive_samples,
         Observation::Gaussian,
+        likelihood,
         step,
         observer,
     )

@@ -40,3 +40,39 @@ pub(crate) fn observation(
         other => Err(other.unsupported(method).into()),
     }
 }
+
+/// `likelihood` as a fitted posterior keeps it: its outputs checked against the network's and,
+/// for the Gaussian likelihoods, σ set to the posterior's `σ_y` (learned or given).
+pub(crate) fn attach_likelihood(
+    likelihood: LikelihoodSpec,
+    outputs: usize,
+    noise_std: f64,
+) -> Result<LikelihoodSpec> {
+    likelihood.validate()?;
+    if likelihood.output_dim() != outputs {
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
+            what: "likelihood outputs vs. network outputs",
+            expected: outputs,
+            found: likelihood.output_dim(),
+        }));
+    }
+    Ok(match likelihood.noise_std() {
+        Some(_) => likelihood.with_noise_std(noise_std),
+        None => likelihood,
+    })
+}
+
+/// The load-time twin of [`attach_likelihood`]: a stored likelihood must be valid, have the
+/// network's outputs and carry the stored `σ_y`.
+pub(crate) fn check_attached(
+    check: &fspace_core::LoadCheck,
+    likelihood: Option<LikelihoodSpec>,
+    outputs: usize,
+    noise_std: f64,
+) -> std::result::Result<(), fspace_core::PersistError> {
+    let Some(spec) = likelihood else { return Ok(()) };
+    check.likelihood("likelihood", &spec, outputs)?;
+    check.ensure(spec.noise_std().is_none_or(|s| s == noise_std), "likelihood", || {
+        format!("σ {:?} differs from noise_std {noise_std}", spec.noise_std())
+    })
+}

@@ -1,7 +1,9 @@
 //! A posterior over functions represented by Monte-Carlo weight samples from a mean-field
 //! Gaussian `q(w) = N(m, diag(σ²))` on the (non-linearised) network — what FVI and MFVI return.
 
-use fspace_core::{Fitted, FunctionPredictive, Observer, Persist, PersistError, Posterior};
+use fspace_core::{
+    Fitted, FunctionPredictive, LikelihoodSpec, Link, Observer, Persist, PersistError, Posterior,
+};
 use fspace_input::InputError;
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
@@ -24,6 +26,9 @@ pub struct WeightSamplePosterior<N> {
     std: DVector<f64>,
     samples: Vec<DVector<f64>>,
     noise_std: f64,
+    /// The observation model (`None` in files written before it was stored).
+    #[serde(default)]
+    likelihood: Option<LikelihoodSpec>,
 }
 
 fn draw(mean: &DVector<f64>, std: &DVector<f64>, rng: &mut dyn RngCore) -> DVector<f64> {
@@ -71,7 +76,15 @@ impl<N: Network + Clone> WeightSamplePosterior<N> {
         }
         let mut rng = StdRng::seed_from_u64(seed);
         let samples = (0..n_samples).map(|_| draw(&mean, &std, &mut rng)).collect();
-        Ok(Self { net, mean, std, samples, noise_std })
+        Ok(Self { net, mean, std, samples, noise_std, likelihood: None })
+    }
+    /// The same posterior with its observation model, for [`Posterior::predict_y`] and
+    /// [`Posterior::class_probabilities`]; a Gaussian spec takes the posterior's `σ_y`.
+    /// Errors: a spec whose outputs differ from the network's.
+    pub fn with_likelihood(self, likelihood: LikelihoodSpec) -> Result<Self> {
+        let likelihood =
+            crate::observation::attach_likelihood(likelihood, self.net.output_dim(), self.noise_std)?;
+        Ok(Self { likelihood: Some(likelihood), ..self })
     }
     /// Weight means.
     pub fn mean(&self) -> &DVector<f64> {
@@ -85,20 +98,24 @@ impl<N: Network + Clone> WeightSamplePosterior<N> {
     pub fn noise_std(&self) -> f64 {
         self.noise_std
     }
-    /// Class probabilities (`n × d'`): the mean softmax of the logits over the stored weight
-    /// samples (a categorical model's predictive).
-    pub fn class_probabilities(&self, x: &DMatrix<f64>) -> fspace_core::Result<DMatrix<f64>> {
+    /// Class probabilities (`n × C`): the mean sigmoid (one output) or softmax of the logits
+    /// over the stored weight samples — the predictive of a classifier; the link
+    /// approximations of Gaussian logits do not apply to a sample average.
+    fn sample_average_probabilities(&self, x: &DMatrix<f64>) -> fspace_core::Result<DMatrix<f64>> {
         let fs = self.outputs(x, &self.samples)?;
-        let mut probs = DMatrix::zeros(x.nrows(), self.net.output_dim());
+        let mut probs: Option<DMatrix<f64>> = None;
         for f in &fs {
-            for i in 0..f.nrows() {
-                let row: Vec<f64> = f.row(i).iter().cloned().collect();
-                for (c, v) in fspace_core::softmax(&row).into_iter().enumerate() {
-                    probs[(i, c)] += v / fs.len() as f64;
-                }
-            }
+            let zero = DMatrix::zeros(f.nrows(), f.ncols());
+            let p = fspace_core::class_probabilities(
+                &FunctionPredictive { mean: f.clone(), var: zero },
+                &Link::Probit,
+            )?;
+            probs = Some(match probs {
+                Some(a) => a + p,
+                None => p,
+            });
         }
-        Ok(probs)
+        Ok(probs.expect("at least one weight sample") / fs.len() as f64)
     }
     fn outputs(&self, x: &DMatrix<f64>, weights: &[DVector<f64>]) -> fspace_core::Result<Vec<DMatrix<f64>>> {
         let mut net = self.net.clone();
@@ -119,6 +136,15 @@ fn err(e: impl std::error::Error + Send + Sync + 'static) -> fspace_core::CoreEr
 impl<N: Network + Clone> Posterior for WeightSamplePosterior<N> {
     fn output_dim(&self) -> usize {
         self.net.output_dim()
+    }
+    fn likelihood(&self) -> Option<LikelihoodSpec> {
+        self.likelihood
+    }
+    /// The average over the stored weight samples whatever the `link` (see
+    /// `sample_average_probabilities`).
+    fn class_probabilities(&self, x: &DMatrix<f64>, _link: &Link) -> fspace_core::Result<DMatrix<f64>> {
+        fspace_core::ensure_classifier(self.likelihood)?;
+        self.sample_average_probabilities(x)
     }
     fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
         let fs = self.outputs(x, &self.samples)?;
@@ -174,7 +200,8 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for WeightSample
             check.len("samples", w.len(), p)?;
             check.finite("samples", w.iter())?;
         }
-        check.positive("noise_std", self.noise_std)
+        check.positive("noise_std", self.noise_std)?;
+        crate::observation::check_attached(&check, self.likelihood, self.net.output_dim(), self.noise_std)
     }
 }
 
@@ -201,6 +228,7 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
     validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
     predictive_samples: usize,
     likelihood: Observation,
+    spec: LikelihoodSpec,
     step: impl FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)>,
     observer: &mut dyn Observer,
 ) -> Result<Fitted<WeightSamplePosterior<N>, OptimReport>> {
@@ -220,7 +248,7 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
         match likelihood {
             Observation::Gaussian => crate::nll::gaussian_nll(&post.predict(xv)?, yv, log_noise.exp()),
             Observation::Categorical => {
-                let probs = post.class_probabilities(xv)?;
+                let probs = post.sample_average_probabilities(xv)?;
                 let nll: f64 =
                     (0..xv.nrows()).map(|i| -probs[(i, yv[(i, 0)] as usize)].max(1e-300).ln()).sum();
                 Ok(nll / xv.nrows() as f64)
@@ -239,7 +267,8 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
     let mut fitted = net.clone();
     fitted.set_params(&m)?;
     let posterior =
-        WeightSamplePosterior::new(fitted, m, sd, log_noise.exp(), predictive_samples, optim.seed ^ 0x5eed)?;
+        WeightSamplePosterior::new(fitted, m, sd, log_noise.exp(), predictive_samples, optim.seed ^ 0x5eed)?
+            .with_likelihood(spec)?;
     Ok(Fitted { posterior, report })
 }
 

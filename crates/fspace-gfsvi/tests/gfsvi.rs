@@ -2,7 +2,7 @@
 //! objective gradients against central finite differences, D_KL^γ → KL as γ → 0, SSGE against
 //! an analytic score, MFVI's local reparameterisation against finite differences, bad input.
 
-use fspace_core::{Data, Fitted, LikelihoodSpec};
+use fspace_core::{Data, Fitted, LikelihoodSpec, Link, Posterior};
 use fspace_gfsvi::*;
 use fspace_input::InputError;
 use fspace_kernels::GpPrior;
@@ -46,7 +46,7 @@ fn fit_fvi_g<N: fspace_nn::Network + Clone>(
     validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
     config: &FviConfig,
 ) -> Result<Fitted<WeightSamplePosterior<N>, OptimReport>> {
-    fit_fvi(net.clone(), lik, prior, &data(x, y, validation)?, config)
+    fvi::fit(net.clone(), lik, prior, &data(x, y, validation)?, config)
 }
 
 fn fit_mfvi_g(
@@ -57,7 +57,7 @@ fn fit_mfvi_g(
     validation: Option<(&DMatrix<f64>, &DMatrix<f64>)>,
     config: &MfviConfig,
 ) -> Result<Fitted<WeightSamplePosterior<Mlp>, OptimReport>> {
-    fit_mfvi(net.clone(), lik, &data(x, y, validation)?, config)
+    mfvi::fit(net.clone(), lik, &data(x, y, validation)?, config)
 }
 
 fn small_net(seed: u64) -> Mlp {
@@ -605,7 +605,7 @@ fn categorical_fvi_classifies_blobs_and_rejects_bad_labels() {
     };
     let fit =
         fit_fvi_g(&net, LikelihoodSpec::categorical(3), &prior, &x, &y, Some((&xv, &yv)), &config).unwrap();
-    let probs = fit.posterior.class_probabilities(&xv).unwrap();
+    let probs = fit.posterior.class_probabilities(&xv, &Link::Probit).unwrap();
     let correct = (0..60).filter(|&i| probs.row(i).transpose().imax() == yv[(i, 0)] as usize).count();
     assert!(correct >= 55, "{correct} of 60 validation points");
     for i in 0..60 {

@@ -135,6 +135,9 @@ impl<K: Kernel> Posterior for LaplaceGpClassifier<K> {
     fn output_dim(&self) -> usize {
         1
     }
+    fn likelihood(&self) -> Option<fspace_core::LikelihoodSpec> {
+        Some(fspace_core::LikelihoodSpec::Bernoulli)
+    }
     fn predict(&self, xs: &DMatrix<f64>) -> Result<FunctionPredictive, fspace_core::CoreError> {
         let run = || -> Result<FunctionPredictive> {
             let (mean, v) = self.latent(xs)?;
@@ -154,6 +157,66 @@ impl<K: Kernel> Posterior for LaplaceGpClassifier<K> {
         };
         run().map_err(to_core)
     }
+}
+
+/// What [`fit`] did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GpClassifierReport {
+    /// The Laplace approximation of `log p(y)`.
+    pub log_marginal_likelihood: f64,
+    /// Newton steps to the posterior mode.
+    pub iterations: usize,
+    /// Wall time (s).
+    pub seconds: f64,
+}
+
+/// The binary GP classifier in the workspace's call shape: the zero-mean scalar `prior`
+/// conditioned on labels `n × 1` in {0, 1} under the `Bernoulli` (logistic) likelihood by the
+/// Laplace approximation. The kernel is copied from its spec and used as given (fit its
+/// hyperparameters first). Refused with a typed error: another likelihood, a non-zero prior
+/// mean (the classifier's latent has mean zero), targets with several columns and a validation
+/// set (it would not be used).
+pub fn fit(
+    likelihood: fspace_core::LikelihoodSpec,
+    prior: &fspace_kernels::GpPrior,
+    data: &fspace_core::Data,
+    config: &GpClassifierConfig,
+) -> Result<fspace_core::Fitted<LaplaceGpClassifier<Box<dyn Kernel>>, GpClassifierReport>> {
+    let start = std::time::Instant::now();
+    if likelihood != fspace_core::LikelihoodSpec::Bernoulli {
+        return Err(likelihood.unsupported("the Laplace GP classifier").into());
+    }
+    check_classifier_inputs(prior, data, "the Laplace GP classifier")?;
+    let kernel = crate::svgp::scalar_kernel(prior, "the Laplace GP classifier", "LaplaceGpClassifier::fit")?;
+    let posterior = LaplaceGpClassifier::fit(kernel, data.x(), &data.y().column(0).into_owned(), config)?;
+    let report = GpClassifierReport {
+        log_marginal_likelihood: posterior.log_marginal_likelihood(),
+        iterations: posterior.iterations(),
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    Ok(fspace_core::Fitted { posterior, report })
+}
+
+/// The checks the two GP classifiers' `fit` share: zero prior mean, one target column, no
+/// validation set.
+pub(crate) fn check_classifier_inputs(
+    prior: &fspace_kernels::GpPrior,
+    data: &fspace_core::Data,
+    method: &str,
+) -> Result<()> {
+    if !matches!(prior.mean, PriorMean::Zero) {
+        return Err(invalid("prior mean", format!("{method} takes a zero-mean prior")));
+    }
+    if data.y().ncols() != 1 {
+        return Err(invalid("targets", format!("{method} takes one label column, got {}", data.y().ncols())));
+    }
+    if data.validation().is_some() {
+        return Err(invalid(
+            "validation data",
+            format!("{method} does not use a validation set; leave it out"),
+        ));
+    }
+    Ok(())
 }
 
 /// Milios et al. (2018) regression targets for labels `0..classes`: returns `ỹ` (`n × C`) and

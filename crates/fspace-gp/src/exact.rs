@@ -216,6 +216,18 @@ impl<K: MatrixKernel> Posterior for ExactGp<K> {
     fn output_dim(&self) -> usize {
         self.kernel.output_dim()
     }
+    /// `Gaussian` / `IsotropicGaussian` with the homoscedastic σ; `None` for per-point noise
+    /// (it has no value at new inputs, so the GP has no predictive of `y` there).
+    fn likelihood(&self) -> Option<fspace_core::LikelihoodSpec> {
+        use fspace_core::LikelihoodSpec;
+        match &self.noise {
+            Noise::Homoscedastic(var) => Some(match self.kernel.output_dim() {
+                1 => LikelihoodSpec::gaussian(var.sqrt()),
+                outputs => LikelihoodSpec::IsotropicGaussian { sigma: var.sqrt(), outputs, learn: false },
+            }),
+            Noise::PerPoint(_) => None,
+        }
+    }
 
     fn predict(&self, xs: &DMatrix<f64>) -> Result<FunctionPredictive, fspace_core::CoreError> {
         let run = || -> Result<FunctionPredictive> {
@@ -294,7 +306,7 @@ impl<K: MatrixKernel + serde::Serialize + serde::de::DeserializeOwned> fspace_co
     }
 }
 
-/// What [`fit_exact`] did.
+/// What [`fit`] did.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ExactGpReport {
     /// `log p(y | X)` of the training targets.
@@ -307,18 +319,21 @@ pub struct ExactGpReport {
 
 /// The exact GP regression posterior in the workspace's call shape: `prior` conditioned on
 /// `data` (targets `n × d'`) under a `Gaussian` (one output) or `IsotropicGaussian` likelihood
-/// with the given σ. The validation set of `data` is not used. The prior's hyperparameters
-/// are taken as given; a likelihood that asks to learn σ is refused — fit σ and the kernel
-/// together with [`fit_hyperparameters`](crate::fit_hyperparameters) on the concrete kernel
-/// first, as the papers' protocols do.
-pub fn fit_exact(
-    prior: &fspace_kernels::GpPrior,
+/// with the given σ. The prior's hyperparameters are taken as given; a likelihood that asks to
+/// learn σ is refused — fit σ and the kernel together with
+/// [`fit_hyperparameters`](crate::fit_hyperparameters) on the concrete kernel first, as the
+/// papers' protocols do. A validation set is refused (conditioning does not use one).
+pub fn fit(
     likelihood: fspace_core::LikelihoodSpec,
+    prior: &fspace_kernels::GpPrior,
     data: &fspace_core::Data,
 ) -> Result<fspace_core::Fitted<ExactGp<fspace_kernels::SharedKernel>, ExactGpReport>> {
     use fspace_core::LikelihoodSpec;
     let start = std::time::Instant::now();
     likelihood.validate()?;
+    if data.validation().is_some() {
+        return Err(invalid("validation data", "the exact GP does not use a validation set; leave it out"));
+    }
     let sigma = match likelihood {
         LikelihoodSpec::Gaussian { sigma, learn: false }
         | LikelihoodSpec::IsotropicGaussian { sigma, learn: false, .. } => sigma,

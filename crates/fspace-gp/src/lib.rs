@@ -30,11 +30,12 @@ pub mod sparse_dirichlet;
 pub mod svgp;
 
 pub use classification::{
-    dirichlet_targets, fit_dirichlet_hyperparameters, GpClassifierConfig, LaplaceGpClassifier,
+    dirichlet_targets, fit_dirichlet_hyperparameters, GpClassifierConfig, GpClassifierReport,
+    LaplaceGpClassifier,
 };
 pub use error::{GpError, Result};
-pub use exact::{fit_exact, ExactGp, ExactGpReport, Noise};
+pub use exact::{ExactGp, ExactGpReport, Noise};
 pub use fit::{fit_hyperparameters, FitConfig, HyperparameterReport};
 pub use kmeans::kmeans;
-pub use sparse_dirichlet::SparseDirichletGp;
-pub use svgp::{fit_svgp, InducingPoints, Svgp, SvgpConfig, SvgpReport};
+pub use sparse_dirichlet::{SparseDirichletConfig, SparseDirichletGp, SparseDirichletReport};
+pub use svgp::{InducingPoints, Svgp, SvgpConfig, SvgpReport};

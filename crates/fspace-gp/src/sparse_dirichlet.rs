@@ -48,6 +48,73 @@ pub struct SparseDirichletGp<K> {
     weights: DMatrix<f64>,
 }
 
+/// Settings of [`fit`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseDirichletConfig {
+    /// The inducing inputs: k-means centres of the training inputs (default 100 points, 20
+    /// iterations) or given.
+    pub inducing: crate::InducingPoints,
+    /// Milios et al.'s `α_ε` (0.01, their suggestion).
+    pub alpha_eps: f64,
+    /// Seed of the k-means initialisation.
+    pub seed: u64,
+}
+
+impl Default for SparseDirichletConfig {
+    fn default() -> Self {
+        Self {
+            inducing: crate::InducingPoints::KMeans { points: 100, iterations: 20 },
+            alpha_eps: 0.01,
+            seed: 0,
+        }
+    }
+}
+
+/// What [`fit`] did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SparseDirichletReport {
+    /// Inducing inputs used.
+    pub inducing_points: usize,
+    /// Wall time (s).
+    pub seconds: f64,
+}
+
+/// The sparse Dirichlet-based GP classifier in the workspace's call shape: `C` sparse GPs
+/// sharing the zero-mean scalar `prior`'s kernel (copied from its spec, used as given),
+/// fitted to labels `n × 1` in `0..C` under `Categorical { classes: C }`; each class's prior
+/// mean is set from its transformed targets, as in the marginal-likelihood fit. Refused with
+/// a typed error: another likelihood, a non-zero prior mean, several target columns and a
+/// validation set.
+pub fn fit(
+    likelihood: fspace_core::LikelihoodSpec,
+    prior: &fspace_kernels::GpPrior,
+    data: &fspace_core::Data,
+    config: &SparseDirichletConfig,
+) -> Result<fspace_core::Fitted<SparseDirichletGp<Box<dyn Kernel>>, SparseDirichletReport>> {
+    let start = std::time::Instant::now();
+    let classes = match likelihood {
+        fspace_core::LikelihoodSpec::Categorical { classes } => classes,
+        other => return Err(other.unsupported("the sparse Dirichlet GP classifier").into()),
+    };
+    crate::classification::check_classifier_inputs(prior, data, "the sparse Dirichlet GP classifier")?;
+    let kernel =
+        crate::svgp::scalar_kernel(prior, "the sparse Dirichlet GP classifier", "SparseDirichletGp::fit")?;
+    let x = data.x();
+    let z = match &config.inducing {
+        crate::InducingPoints::KMeans { points, iterations } => {
+            crate::kmeans(x, (*points).min(x.nrows()), *iterations, config.seed)?
+        }
+        crate::InducingPoints::Given(z) => z.clone(),
+    };
+    let labels = data.y().column(0).into_owned();
+    let posterior = SparseDirichletGp::fit(kernel, z, x, &labels, classes, config.alpha_eps)?;
+    let report = SparseDirichletReport {
+        inducing_points: posterior.inducing_points().nrows(),
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    Ok(fspace_core::Fitted { posterior, report })
+}
+
 impl<K: Kernel + Clone> SparseDirichletGp<K> {
     /// Fits the model to `labels` (`0..classes`) at the rows of `x` with inducing inputs `z`
     /// and Milios et al.'s `alpha_eps` (they suggest 0.01). The kernel is used as given (fit it
@@ -137,6 +204,12 @@ impl<K: Kernel + Clone> SparseDirichletGp<K> {
 impl<K: Kernel + Clone> Posterior for SparseDirichletGp<K> {
     fn output_dim(&self) -> usize {
         self.classes()
+    }
+    /// Categorical over the `C` latent GPs: Milios et al.'s class probabilities are the
+    /// expected softmax of the latents, which [`Link::MonteCarlo`](fspace_core::Link) estimates
+    /// and the probit and bridge links approximate.
+    fn likelihood(&self) -> Option<fspace_core::LikelihoodSpec> {
+        Some(fspace_core::LikelihoodSpec::categorical(self.classes()))
     }
 
     fn predict(&self, xs: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {

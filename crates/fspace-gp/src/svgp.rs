@@ -42,7 +42,7 @@ use fspace_core::Adam;
 /// | `learning_rate` | 0.01 | Adam step for `log θ`, `log σ²` |
 /// | `learn_hyperparameters` | true | whether Adam moves the kernel and noise |
 /// | `learn_inducing_points` | false | whether Adam moves `Z` (same learning rate) |
-/// | `inducing` | k-means, 100 points, 20 iterations | where [`fit_svgp`] puts `Z` |
+/// | `inducing` | k-means, 100 points, 20 iterations | where [`fit`] puts `Z` |
 /// | `seed` | 0 | minibatch order (and k-means) |
 #[derive(Debug, Clone, PartialEq)]
 pub struct SvgpConfig {
@@ -54,19 +54,19 @@ pub struct SvgpConfig {
     pub natural_step: f64,
     /// Adam learning rate for the hyperparameters.
     pub learning_rate: f64,
-    /// Fit the kernel hyperparameters (and, in [`Svgp::train`], the noise; [`fit_svgp`] learns
+    /// Fit the kernel hyperparameters (and, in [`Svgp::train`], the noise; [`fit`] learns
     /// the noise when the likelihood asks for it).
     pub learn_hyperparameters: bool,
     /// Move the inducing inputs by Adam on the ELBO (needs [`Kernel::eval_grad_x`]). Off by
     /// default so that `Z` stays where the caller put it (k-means centres in the harness).
     pub learn_inducing_points: bool,
-    /// The initial inducing inputs of [`fit_svgp`] ([`Svgp::train`] keeps the model's own).
+    /// The initial inducing inputs of [`fit`] ([`Svgp::train`] keeps the model's own).
     pub inducing: InducingPoints,
     /// Seed.
     pub seed: u64,
 }
 
-/// Where [`fit_svgp`] puts the inducing inputs.
+/// Where [`fit`] puts the inducing inputs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum InducingPoints {
     /// `points` k-means centres of the training inputs (capped at `n`), `iterations` Lloyd
@@ -81,7 +81,7 @@ pub enum InducingPoints {
     Given(DMatrix<f64>),
 }
 
-/// What [`fit_svgp`] reports besides the posterior.
+/// What [`fit`] reports besides the posterior.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SvgpReport {
     /// The full-data ELBO after training (a lower bound on `log p(y | X)`).
@@ -479,6 +479,9 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
     fn output_dim(&self) -> usize {
         1
     }
+    fn likelihood(&self) -> Option<fspace_core::LikelihoodSpec> {
+        Some(fspace_core::LikelihoodSpec::gaussian(self.noise_variance.sqrt()))
+    }
     fn predict(&self, xs: &DMatrix<f64>) -> Result<FunctionPredictive, fspace_core::CoreError> {
         let run = || -> Result<FunctionPredictive> {
             let Latent { mean, reduction, .. } = self.latent(xs)?;
@@ -500,21 +503,55 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
     }
 }
 
-/// The sparse variational GP in the workspace's call shape: `GP(mean, kernel)` fitted to `data`
-/// (targets `n × 1`) under a `Gaussian` likelihood (σ learned iff `learn`), with the inducing
-/// inputs of `config.inducing`, by [`Svgp::train`]. The validation set of `data` is not used.
-/// The kernel is taken by value and concrete (not a [`GpPrior`](fspace_kernels::GpPrior)'s
-/// shared, read-only kernel) because training moves its hyperparameters.
-pub fn fit_svgp<K: Kernel + Clone>(
+/// The sparse variational GP in the workspace's call shape: the scalar `prior` fitted to
+/// `data` (targets `n × 1`) under a `Gaussian` likelihood (σ learned iff `learn`), with the
+/// inducing inputs of `config.inducing`, by [`Svgp::train`]. Training moves the kernel's
+/// hyperparameters (unless `config.learn_hyperparameters` is off), so the posterior holds its
+/// own copy of the prior's kernel, rebuilt from its spec (`Box<dyn Kernel>`); a kernel without
+/// a spec, or with several outputs, is refused — [`fit_kernel`] takes a concrete kernel. A
+/// validation set is refused (SVGP training does not use one).
+pub fn fit(
+    likelihood: fspace_core::LikelihoodSpec,
+    prior: &fspace_kernels::GpPrior,
+    data: &fspace_core::Data,
+    config: &SvgpConfig,
+) -> Result<fspace_core::Fitted<Svgp<Box<dyn Kernel>>, SvgpReport>> {
+    let kernel = scalar_kernel(prior, "SVGP regression", "svgp::fit_kernel")?;
+    fit_kernel(likelihood, kernel, prior.mean.clone(), data, config)
+}
+
+/// The prior's kernel as an owned scalar kernel, rebuilt from its spec (the GP methods that
+/// train or store a concrete kernel); `alternative` names the entry that takes one directly.
+pub(crate) fn scalar_kernel(
+    prior: &fspace_kernels::GpPrior,
+    method: &str,
+    alternative: &str,
+) -> Result<Box<dyn Kernel>> {
+    match prior.kernel.matrix_spec() {
+        Some(fspace_kernels::MatrixKernelSpec::Scalar(spec)) => Ok(spec.build()?),
+        Some(_) => Err(invalid("prior", format!("{method} takes a scalar (one-output) kernel"))),
+        None => Err(invalid(
+            "prior",
+            format!("the kernel has no spec to copy; call {alternative} with the concrete kernel"),
+        )),
+    }
+}
+
+/// [`fit`] with a concrete kernel `K` (trained in place) and its mean: for kernels outside the
+/// library's specs, or to read the trained hyperparameters through `K`'s own type.
+pub fn fit_kernel<K: Kernel + Clone>(
+    likelihood: fspace_core::LikelihoodSpec,
     kernel: K,
     mean: PriorMean,
-    likelihood: fspace_core::LikelihoodSpec,
     data: &fspace_core::Data,
     config: &SvgpConfig,
 ) -> Result<fspace_core::Fitted<Svgp<K>, SvgpReport>> {
     use fspace_core::LikelihoodSpec;
     let start = std::time::Instant::now();
     likelihood.validate()?;
+    if data.validation().is_some() {
+        return Err(invalid("validation data", "SVGP training does not use a validation set; leave it out"));
+    }
     let (sigma, learn_noise) = match likelihood {
         LikelihoodSpec::Gaussian { sigma, learn } => (sigma, learn),
         other => return Err(other.unsupported("SVGP regression").into()),

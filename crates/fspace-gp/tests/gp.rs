@@ -1,6 +1,6 @@
 //! GP baselines against dense computations, finite differences and known hyperparameters.
 
-use fspace_core::{class_probabilities, ClassProbMethod, Posterior};
+use fspace_core::{class_probabilities, Link, Posterior};
 use fspace_gp::*;
 use fspace_input::InputError;
 use fspace_kernels::*;
@@ -180,7 +180,7 @@ fn gp_classification_separates_two_moons() {
     )
     .unwrap();
     let pred = clf.predict(&test.x).unwrap();
-    let probs = class_probabilities(&pred, ClassProbMethod::Probit, &mut rng(0)).unwrap();
+    let probs = class_probabilities(&pred, &Link::Probit).unwrap();
     let acc = fspace_metrics::accuracy(&probs, test.y.as_slice()).unwrap();
     eprintln!("two-moons test accuracy {acc:.4}");
     assert!(acc >= 0.95, "accuracy {acc}");
@@ -495,8 +495,7 @@ fn sparse_dirichlet_gp_classifies_and_rejects_bad_input() {
     let z = kmeans(&x, 12, 50, 0).unwrap();
     let gp = SparseDirichletGp::fit(Rbf::new(2.0, 1.0).unwrap(), z, &x, &labels, 3, 0.01).unwrap();
     let pred = gp.predict(&x).unwrap();
-    let probs =
-        class_probabilities(&pred, ClassProbMethod::MonteCarlo { samples: 200 }, &mut rng(44)).unwrap();
+    let probs = class_probabilities(&pred, &Link::MonteCarlo { samples: 200, seed: 44 }).unwrap();
     let correct = (0..n).filter(|&i| probs.row(i).transpose().imax() == labels[i] as usize).count();
     assert!(correct as f64 / n as f64 > 0.95, "{correct} of {n}");
     let far = gp.predict(&DMatrix::from_row_slice(1, 2, &[20.0, -20.0])).unwrap();
@@ -623,7 +622,7 @@ fn every_gp_posterior_round_trips_through_save_and_load_bit_for_bit() {
 }
 
 #[test]
-fn fit_exact_is_the_exact_gp_in_the_workspace_call_shape() {
+fn exact_fit_is_the_exact_gp_in_the_workspace_call_shape() {
     use fspace_core::{CoreError, Data, LikelihoodSpec, Persist};
     let mut r = rng(95);
     let x = rand_uniform(30, 1, -2.0, 2.0, &mut r);
@@ -632,7 +631,7 @@ fn fit_exact_is_the_exact_gp_in_the_workspace_call_shape() {
     let kernel = Rbf::new(1.2, 0.6).unwrap();
     let prior = GpPrior::new(kernel.clone(), PriorMean::Constant(0.1));
     let data = Data::new(&x, &y).unwrap();
-    let fitted = fit_exact(&prior, LikelihoodSpec::gaussian(0.1), &data).unwrap();
+    let fitted = fspace_gp::exact::fit(LikelihoodSpec::gaussian(0.1), &prior, &data).unwrap();
     // The same numbers as the concrete-kernel constructor.
     let direct = ExactGp::fit(kernel, PriorMean::Constant(0.1), Noise::Homoscedastic(0.01), &x, &y).unwrap();
     assert_eq!(fitted.posterior.predict(&xt).unwrap(), direct.predict(&xt).unwrap());
@@ -645,19 +644,22 @@ fn fit_exact_is_the_exact_gp_in_the_workspace_call_shape() {
     assert_eq!(prior_back.gram(&xt).unwrap(), prior.gram(&xt).unwrap());
     // Learning σ, a classification likelihood and mismatched outputs are typed errors.
     assert!(matches!(
-        fit_exact(&prior, LikelihoodSpec::gaussian_learned(0.1), &data),
+        fspace_gp::exact::fit(LikelihoodSpec::gaussian_learned(0.1), &prior, &data),
         Err(GpError::Input(InputError::Invalid { .. }))
     ));
     assert!(matches!(
-        fit_exact(&prior, LikelihoodSpec::Bernoulli, &data),
+        fspace_gp::exact::fit(LikelihoodSpec::Bernoulli, &prior, &data),
         Err(GpError::Core(CoreError::Unsupported { .. }))
     ));
     let iso = LikelihoodSpec::IsotropicGaussian { sigma: 0.1, outputs: 2, learn: false };
-    assert!(matches!(fit_exact(&prior, iso, &data), Err(GpError::Input(InputError::Invalid { .. }))));
+    assert!(matches!(
+        fspace_gp::exact::fit(iso, &prior, &data),
+        Err(GpError::Input(InputError::Invalid { .. }))
+    ));
 }
 
 #[test]
-fn fit_svgp_is_the_svgp_in_the_workspace_call_shape() {
+fn svgp_fit_is_the_svgp_in_the_workspace_call_shape() {
     use fspace_core::{CoreError, Data, LikelihoodSpec};
     let mut r = rng(96);
     let x = rand_uniform(300, 1, -4.0, 4.0, &mut r);
@@ -674,9 +676,14 @@ fn fit_svgp_is_the_svgp_in_the_workspace_call_shape() {
         ..Default::default()
     };
     // σ learned: the same numbers as Svgp::new + train on the same k-means centres.
-    let fitted =
-        fit_svgp(kernel.clone(), PriorMean::Zero, LikelihoodSpec::gaussian_learned(0.7), &data, &cfg)
-            .unwrap();
+    let fitted = fspace_gp::svgp::fit_kernel(
+        LikelihoodSpec::gaussian_learned(0.7),
+        kernel.clone(),
+        PriorMean::Zero,
+        &data,
+        &cfg,
+    )
+    .unwrap();
     let z = kmeans(&x, 15, 30, 4).unwrap();
     let mut direct = Svgp::new(kernel.clone(), PriorMean::Zero, 0.7f64 * 0.7, z.clone()).unwrap();
     let elbo = direct.train(&x, &y.column(0).into_owned(), &cfg).unwrap();
@@ -684,19 +691,38 @@ fn fit_svgp_is_the_svgp_in_the_workspace_call_shape() {
     assert_eq!((fitted.report.elbo, fitted.report.inducing_points), (elbo, 15));
     assert_eq!(fitted.report.noise_sigma, direct.noise_variance().sqrt());
     assert!(fitted.report.noise_sigma < 0.3, "σ learned: {}", fitted.report.noise_sigma);
+    // Through a GpPrior: the kernel is rebuilt from its spec, the same numbers.
+    let prior = fspace_kernels::GpPrior::centered(kernel.clone());
+    let via_prior = fspace_gp::svgp::fit(LikelihoodSpec::gaussian_learned(0.7), &prior, &data, &cfg).unwrap();
+    assert_eq!(via_prior.posterior.predict(&xt).unwrap(), direct.predict(&xt).unwrap());
+    assert_eq!(via_prior.posterior.kernel().params(), direct.kernel().params());
+    // A validation set is refused, not ignored.
+    let xv = x.rows(0, 10).into_owned();
+    let yv = y.rows(0, 10).into_owned();
+    let with_val = Data::new(&x, &y).unwrap().with_validation(&xv, &yv).unwrap();
+    assert!(matches!(
+        fspace_gp::svgp::fit(LikelihoodSpec::gaussian(0.7), &prior, &with_val, &cfg),
+        Err(GpError::Input(InputError::Invalid { what: "validation data", .. }))
+    ));
 
     // σ fixed by the likelihood: the kernel still learns, the noise stays where it was put.
     let given = SvgpConfig { inducing: InducingPoints::Given(z), ..cfg.clone() };
-    let fixed =
-        fit_svgp(kernel.clone(), PriorMean::Zero, LikelihoodSpec::gaussian(0.7), &data, &given).unwrap();
+    let fixed = fspace_gp::svgp::fit_kernel(
+        LikelihoodSpec::gaussian(0.7),
+        kernel.clone(),
+        PriorMean::Zero,
+        &data,
+        &given,
+    )
+    .unwrap();
     assert!((fixed.report.noise_sigma - 0.7).abs() < 1e-15);
     assert_ne!(fixed.posterior.kernel().params(), kernel.params());
     // Kernel fixed, σ learned.
     let kernel_fixed = SvgpConfig { learn_hyperparameters: false, ..given };
-    let only_noise = fit_svgp(
+    let only_noise = fspace_gp::svgp::fit_kernel(
+        LikelihoodSpec::gaussian_learned(0.7),
         kernel.clone(),
         PriorMean::Zero,
-        LikelihoodSpec::gaussian_learned(0.7),
         &data,
         &kernel_fixed,
     )
@@ -706,13 +732,13 @@ fn fit_svgp_is_the_svgp_in_the_workspace_call_shape() {
 
     // A classification likelihood and multi-column targets are typed errors.
     assert!(matches!(
-        fit_svgp(kernel.clone(), PriorMean::Zero, LikelihoodSpec::Bernoulli, &data, &cfg),
+        fspace_gp::svgp::fit_kernel(LikelihoodSpec::Bernoulli, kernel.clone(), PriorMean::Zero, &data, &cfg),
         Err(GpError::Core(CoreError::Unsupported { .. }))
     ));
     let y2 = DMatrix::zeros(300, 2);
     let data2 = Data::new(&x, &y2).unwrap();
     assert!(matches!(
-        fit_svgp(kernel, PriorMean::Zero, LikelihoodSpec::gaussian(0.1), &data2, &cfg),
+        fspace_gp::svgp::fit_kernel(LikelihoodSpec::gaussian(0.1), kernel, PriorMean::Zero, &data2, &cfg),
         Err(GpError::Input(InputError::Invalid { .. }))
     ));
 }

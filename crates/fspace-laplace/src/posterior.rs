@@ -5,8 +5,8 @@ use fspace_input::InputError;
 use std::time::Instant;
 
 use fspace_core::{
-    class_probabilities, ClassProbMethod, CoreError, Data, Fitted, FunctionPredictive,
-    HeteroscedasticGaussian, Likelihood, LikelihoodSpec, Persist, Posterior,
+    class_probabilities, CoreError, Data, Fitted, FunctionPredictive, Likelihood, LikelihoodSpec, Link,
+    Persist, Posterior,
 };
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
@@ -184,9 +184,11 @@ fn forward_chunked<N: Network>(net: &N, x: &DMatrix<f64>, chunk: usize) -> Resul
 }
 
 /// Fits the Laplace approximation around `net`'s current (MAP) weights on `data`'s training
-/// set (targets `n × t`, `t` the likelihood's targets per point). The validation set, if any,
-/// is not used here: pass it to [`LaplacePosterior::gridsearch_prior_precision`] or
-/// [`LaplacePosterior::select_temperature`]. The report is also kept in the posterior.
+/// set (targets `n × t`, `t` the likelihood's targets per point). The report is also kept in
+/// the posterior. Refused with a typed error rather than ignored: a validation set in `data`
+/// (pass it to [`LaplacePosterior::gridsearch_prior_precision`] or
+/// [`LaplacePosterior::select_temperature`]) and a likelihood that learns σ (the
+/// approximation takes σ as given: learn it in MAP training, `fspace_nn::fit_map`).
 pub fn fit<N: Network>(
     net: N,
     likelihood: LikelihoodSpec,
@@ -195,6 +197,22 @@ pub fn fit<N: Network>(
 ) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
     let (x, y) = (data.x(), &data.y_flat());
     let start = Instant::now();
+    if data.validation().is_some() {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "validation data",
+            reason: "the Laplace fit does not use a validation set; pass it to \
+                     gridsearch_prior_precision or select_temperature after the fit"
+                .into(),
+        }));
+    }
+    if likelihood.learns_noise() {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "likelihood",
+            reason: "the Laplace approximation takes σ as given (learn: false); learn it with the \
+                     network in fspace_nn::fit_map, whose report holds the learned likelihood"
+                .into(),
+        }));
+    }
     ensure_positive("temperature", config.temperature)?;
     if config.chunk_points == 0 {
         return Err(LaplaceError::Input(InputError::Invalid {
@@ -325,10 +343,6 @@ impl<N: Network> LaplacePosterior<N> {
     /// The network at its MAP weights.
     pub fn network(&self) -> &N {
         &self.net
-    }
-    /// The likelihood.
-    pub fn likelihood(&self) -> &LikelihoodSpec {
-        &self.likelihood
     }
     fn is_regression(&self) -> bool {
         matches!(
@@ -624,65 +638,24 @@ impl<N: Network> LaplacePosterior<N> {
         Ok(FunctionPredictive::new(mean, var)?)
     }
 
-    /// Regression: the predictive of `y` — `f`'s variance plus σ² for the Gaussian
-    /// likelihoods; for the heteroscedastic Gaussian one column, the mean output's mean and
-    /// its variance plus `E[e^η] = exp(m_η + v_η/2)` under the predictive of the log-variance
-    /// output. Classification likelihoods get `f`'s predictive unchanged.
-    pub fn predict_y(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive>
-    where
-        N: Clone,
-    {
-        self.observed(Posterior::predict(self, x).map_err(LaplaceError::Core)?)
-    }
-
-    /// The predictive of `y` from that of `f`: the Gaussian likelihoods' noise added.
-    fn observed(&self, mut p: FunctionPredictive) -> Result<FunctionPredictive> {
-        match self.likelihood {
-            LikelihoodSpec::Gaussian { sigma, .. } | LikelihoodSpec::IsotropicGaussian { sigma, .. } => {
-                p.var.add_scalar_mut(sigma * sigma);
-            }
-            LikelihoodSpec::HeteroscedasticGaussian => {
-                let (m, v) = HeteroscedasticGaussian.predictive(&p.mean, &p.var)?;
-                p = FunctionPredictive::new(
-                    DMatrix::from_column_slice(m.len(), 1, m.as_slice()),
-                    DMatrix::from_column_slice(v.len(), 1, v.as_slice()),
-                )?;
-            }
-            _ => {}
-        }
-        Ok(p)
-    }
-
     /// Class probabilities (`n × C`): GLM with the given link approximation (laplace-torch's
     /// `link_approx`: probit, Laplace bridge, MC), or — in the nonlinear mode — the average of
     /// the softmax (sigmoid) over the weight samples.
-    pub fn class_probabilities(
-        &self,
-        x: &DMatrix<f64>,
-        link: ClassProbMethod,
-        rng: &mut dyn RngCore,
-    ) -> Result<DMatrix<f64>>
+    fn class_probabilities_inner(&self, x: &DMatrix<f64>, link: &Link) -> Result<DMatrix<f64>>
     where
         N: Clone,
     {
-        if self.is_regression() {
-            return Err(LaplaceError::Input(InputError::Invalid {
-                what: "likelihood",
-                reason: "class probabilities need a Bernoulli or categorical likelihood".into(),
-            }));
-        }
+        fspace_core::ensure_classifier(Some(self.likelihood))?;
         match self.predictive {
-            Predictive::Glm => Ok(class_probabilities(&self.predict_glm(x)?, link, rng)?),
+            Predictive::Glm => Ok(class_probabilities(&self.predict_glm(x)?, link)?),
             Predictive::Nonlinear { samples, seed } => {
                 let draws = self.nonlinear_samples(x, samples, &mut StdRng::seed_from_u64(seed))?;
-                let zero =
-                    FunctionPredictive::new(draws[0].clone(), DMatrix::zeros(x.nrows(), draws[0].ncols()))?;
+                let zero = DMatrix::zeros(x.nrows(), draws[0].ncols());
                 let mut acc: Option<DMatrix<f64>> = None;
                 for d in &draws {
                     let p = class_probabilities(
-                        &FunctionPredictive { mean: d.clone(), var: zero.var.clone() },
-                        ClassProbMethod::Probit,
-                        rng,
+                        &FunctionPredictive { mean: d.clone(), var: zero.clone() },
+                        &Link::Probit,
                     )?;
                     acc = Some(match acc {
                         Some(a) => a + p,
@@ -705,13 +678,10 @@ impl<N: Network> LaplacePosterior<N> {
             return Err(LaplaceError::Input(InputError::Empty { what: "validation inputs" }));
         }
         if self.is_regression() {
-            gaussian_nll(&self.predict_y(x)?, y)
+            gaussian_nll(&Posterior::predict_y(self, x)?, y)
         } else {
             check_label_count(x, y)?;
-            categorical_nll(
-                &self.class_probabilities(x, ClassProbMethod::Probit, &mut StdRng::seed_from_u64(0))?,
-                y,
-            )
+            categorical_nll(&self.class_probabilities_inner(x, &Link::Probit)?, y)
         }
     }
 
@@ -802,10 +772,9 @@ impl<N: Network> LaplacePosterior<N> {
             Some(predictives) => {
                 for (&v, p) in grid.iter().zip(predictives) {
                     let nll = if self.is_regression() {
-                        gaussian_nll(&self.observed(p)?, y_val)?
+                        gaussian_nll(&fspace_core::observation_predictive(&self.likelihood, p)?, y_val)?
                     } else {
-                        let probs =
-                            class_probabilities(&p, ClassProbMethod::Probit, &mut StdRng::seed_from_u64(0))?;
+                        let probs = class_probabilities(&p, &Link::Probit)?;
                         categorical_nll(&probs, y_val)?
                     };
                     out.push((v, nll));
@@ -1011,5 +980,11 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
             }
         };
         fspace_core::finite_samples(run(rng).map_err(core_err)?)
+    }
+    fn likelihood(&self) -> Option<LikelihoodSpec> {
+        Some(self.likelihood)
+    }
+    fn class_probabilities(&self, x: &DMatrix<f64>, link: &Link) -> fspace_core::Result<DMatrix<f64>> {
+        self.class_probabilities_inner(x, link).map_err(core_err)
     }
 }

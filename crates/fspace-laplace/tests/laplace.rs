@@ -2,7 +2,7 @@
 //! `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)` from the explicit Jacobian and the likelihood's Hessian blocks, dense
 //! log-determinants, dense `J Σ Jᵀ`, and sample moments.
 
-use fspace_core::{ClassProbMethod, CoreError, Likelihood, Posterior};
+use fspace_core::{CoreError, Likelihood, Link, Posterior};
 use fspace_core::{Data, LikelihoodSpec, Persist};
 use fspace_input::InputError;
 use fspace_laplace::{
@@ -828,7 +828,7 @@ fn bad_input_gives_typed_errors() {
     let e = format!("{}", e.unwrap_err());
     assert!(e.contains("parameters") && e.contains("100"), "{e}");
     // Probabilities for a regression model are refused.
-    assert!(post.class_probabilities(&x, fspace_core::ClassProbMethod::Probit, &mut rng(0)).is_err());
+    assert!(post.class_probabilities(&x, &fspace_core::Link::Probit).is_err());
 }
 
 #[test]
@@ -869,12 +869,8 @@ fn bernoulli_classification_and_link_approximations() {
     let diag = fit_with(post.network().clone(), LikelihoodSpec::Bernoulli, &x, &y, Structure::Diag);
     let err = (diag.curvature().to_dense().diagonal() - ggn.diagonal()).norm() / ggn.diagonal().norm();
     assert!(err < 1e-12, "Bernoulli diagonal {err}");
-    for link in [
-        ClassProbMethod::Probit,
-        ClassProbMethod::LaplaceBridge,
-        ClassProbMethod::MonteCarlo { samples: 2000 },
-    ] {
-        let p = post.class_probabilities(&x, link, &mut rng(46)).unwrap();
+    for link in [Link::Probit, Link::LaplaceBridge, Link::MonteCarlo { samples: 2000, seed: 46 }] {
+        let p = post.class_probabilities(&x, &link).unwrap();
         assert_eq!(p.ncols(), 2);
         for i in 0..x.nrows() {
             assert!(
@@ -883,9 +879,8 @@ fn bernoulli_classification_and_link_approximations() {
         }
     }
     // Probit and MC agree to MC error on the GLM predictive.
-    let pp = post.class_probabilities(&x, ClassProbMethod::Probit, &mut rng(47)).unwrap();
-    let pm =
-        post.class_probabilities(&x, ClassProbMethod::MonteCarlo { samples: 20_000 }, &mut rng(47)).unwrap();
+    let pp = post.class_probabilities(&x, &Link::Probit).unwrap();
+    let pm = post.class_probabilities(&x, &Link::MonteCarlo { samples: 20_000, seed: 47 }).unwrap();
     let diff = (&pp - &pm).abs().max();
     println!("Bernoulli probit vs MC max diff {diff:.4}");
     assert!(diff < 0.03);

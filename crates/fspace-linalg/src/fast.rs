@@ -2,7 +2,7 @@
 //! ([`matmul`]) and `(A⁻¹, log|A|)` ([`spd_inverse_and_logdet`]).
 //!
 //! faer's kernels beat `matrixmultiply`'s on this workspace's shapes by 1.04–1.9× (products) and
-//! 2.2–2.7× (the inverse at n ≥ 500; `docs/PERFORMANCE.md`), and faer splits a product's output
+//! 2.2–2.7× (the inverse at n ≥ 500; `docs/performance-history.md`, fifth round), and faer splits a product's output
 //! between threads, never a sum, so the bits do not depend on the number of threads. Its rounding is
 //! not nalgebra's: the [`blocked`](crate::blocked) routines keep nalgebra's operation order for
 //! the computations whose published numbers were produced with it (FSP-Laplace, FVI, the GPs).

@@ -24,7 +24,9 @@
 //!   with priors and context points staying in raw inputs.
 //! * [`train_map`]: minibatch MAP with Adam, any `fspace_core::Likelihood` (learnable
 //!   parameters optional), a regulariser hook with its own gradient (FSP-Laplace's Alg. 1),
-//!   weight decay, validation early stopping that restores the best weights, a progress callback.
+//!   weight decay, validation early stopping that restores the best weights, a progress callback;
+//!   [`fit_map`] is the same training in the workspace's call shape (`Data`, `LikelihoodSpec`,
+//!   a [`MapReport`] holding the trained likelihood).
 //!
 //! Errors are [`NnError`] values (module `error`, with the input checks every network shares).
 //! Not yet: second-order operators (`J S Jᵀ` pull-back, NTK input gradients) for the CNN.
@@ -56,4 +58,6 @@ pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Mlp, MlpConfig};
 pub use network::{JointCotangents, Network, OutputsAndGradients};
 pub use ntk::{NtkPair, Outputs};
-pub use train::{train_map, Regularizer, TrainConfig, TrainProgress, TrainReport};
+pub use train::{
+    fit_map, fit_map_observed, train_map, MapReport, Regularizer, TrainConfig, TrainProgress, TrainReport,
+};

@@ -6,7 +6,10 @@
 //! own parameter-space gradient — FSP-Laplace supplies `αᵀ f(C; w)` with `α = K(C,C)⁻¹(f(C) −
 //! μ(C))` held constant (gradient `J(C)ᵀα`), redrawing `C` each step.
 
-use fspace_core::{Adam, EarlyStopping, Likelihood, Minibatches, StopDecision};
+use fspace_core::{
+    Adam, Data, EarlyStopping, Fitted, Likelihood, LikelihoodSpec, Minibatches, Observer, Progress, Silent,
+    StopDecision,
+};
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -264,4 +267,80 @@ pub fn train_map<N: Network>(
         }
     }
     Ok(TrainReport { epochs: history.len(), stopped_early, history })
+}
+
+/// What [`fit_map`] did: the training report and the likelihood after training.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MapReport {
+    /// Epochs, early stopping and the per-epoch history.
+    pub train: TrainReport,
+    /// The likelihood with σ at its trained value where the spec learned it, held fixed
+    /// (`learn: false`), ready for a post-hoc method (Laplace, post-hoc FSP-Laplace, VaLLA,
+    /// ELLA) on the returned network.
+    pub likelihood: LikelihoodSpec,
+    /// Wall time (s).
+    pub seconds: f64,
+}
+
+/// MAP training in the workspace's call shape: `net` trained on `data` under `likelihood`
+/// (σ learned iff the spec's `learn`), returned with a [`MapReport`]. A validation set in
+/// `data` is used: it is evaluated every `validate_every` epochs, enables early stopping with
+/// `patience`, and the best-validation weights are restored at the end. `config`'s
+/// `learn_likelihood` must be left `false` (the spec decides) or agree with the spec.
+pub fn fit_map<N: Network>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &TrainConfig,
+) -> Result<Fitted<N, MapReport>> {
+    fit_map_observed(net, likelihood, data, config, &mut Silent)
+}
+
+/// [`fit_map`], reporting every epoch to `observer` (`loss`: the mean training objective per
+/// step; `validation`: the validation NLL per point on validated epochs).
+pub fn fit_map_observed<N: Network>(
+    mut net: N,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &TrainConfig,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<N, MapReport>> {
+    let start = std::time::Instant::now();
+    if config.learn_likelihood && !likelihood.learns_noise() {
+        return Err(NnError::Input(InputError::Invalid {
+            what: "TrainConfig::learn_likelihood",
+            reason: format!(
+                "is true but the {} likelihood spec does not learn σ; set learn: true in the spec instead",
+                likelihood.name()
+            ),
+        }));
+    }
+    let mut lik = likelihood.build().map_err(|e| NnError::Likelihood(e.to_string()))?;
+    let config = TrainConfig { learn_likelihood: likelihood.learns_noise(), ..config.clone() };
+    let (x, y) = (data.x(), data.y_flat());
+    let validation = data.validation_flat();
+    let total = config.epochs;
+    let train = train_map(
+        &mut net,
+        lik.as_mut(),
+        x,
+        &y,
+        validation.as_ref().map(|(xv, yv)| (*xv, yv)),
+        None,
+        &config,
+        |p: &TrainProgress| {
+            observer.observe(&Progress {
+                step: p.epoch,
+                total,
+                loss: Some(p.train_loss),
+                validation: p.validation_loss,
+            })
+        },
+    )?;
+    let trained = match likelihood.noise_std() {
+        Some(_) if likelihood.learns_noise() => likelihood.with_noise_std(lik.params()[0].exp()),
+        _ => likelihood,
+    };
+    let report = MapReport { train, likelihood: trained.fixed(), seconds: start.elapsed().as_secs_f64() };
+    Ok(Fitted { posterior: net, report })
 }

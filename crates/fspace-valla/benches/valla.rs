@@ -7,7 +7,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_core::{Data, LikelihoodSpec};
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_valla::internals::iteration;
-use fspace_valla::{fit_ella, EllaConfig, EllaPrior, FeatureRoute, VariationalState};
+use fspace_valla::{ella, EllaConfig, EllaPrior, FeatureRoute, VariationalState};
 use nalgebra::DMatrix;
 
 fn net(d: usize, width: usize, q: usize) -> Mlp {
@@ -90,7 +90,7 @@ fn bench_ella(c: &mut Criterion) {
                 early_stopping: None,
             };
             group.bench_with_input(BenchmarkId::new(name, m), &m, |b, _| {
-                b.iter(|| fit_ella(net.clone(), lik, &Data::new(&x, &ym).unwrap(), &config).unwrap())
+                b.iter(|| ella::fit(net.clone(), lik, &Data::new(&x, &ym).unwrap(), &config).unwrap())
             });
         }
     }

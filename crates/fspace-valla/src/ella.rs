@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use fspace_core::likelihood::softmax;
 use fspace_core::{
-    ClassProbMethod, Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Persist, PersistError,
-    Posterior, StopDecision,
+    Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior,
+    StopDecision,
 };
 use fspace_linalg::sym_eigh;
 use fspace_nn::{Network, Outputs};
@@ -64,7 +64,7 @@ pub enum FeatureRoute {
     Kernel,
 }
 
-/// Options of [`fit_ella`]; `Default` is §5.3's MNIST setting.
+/// Options of [`fit`]; `Default` is §5.3's MNIST setting.
 ///
 /// | name | default | purpose |
 /// |---|---|---|
@@ -205,7 +205,7 @@ fn hessian(likelihood: VallaLikelihood, g: &[f64]) -> DMatrix<f64> {
 /// validation set.
 ///
 /// Targets are `n × 1`; the validation set of `data` is used by [`EllaPrior::Validation`].
-pub fn fit_ella<N: Network + Clone>(
+pub fn fit<N: Network + Clone>(
     net: N,
     likelihood: LikelihoodSpec,
     data: &Data,
@@ -549,18 +549,6 @@ impl<N: Network + Clone> EllaPosterior<N> {
         let rot = self.feature_map.eval(&self.net, x)? * &self.ggn_eigenvectors;
         self.nll_from_rotated(&g, &rot, y)
     }
-
-    /// Class probabilities (`n × C`).
-    pub fn class_probabilities(
-        &self,
-        x: &DMatrix<f64>,
-        method: ClassProbMethod,
-        seed: u64,
-    ) -> Result<DMatrix<f64>> {
-        let pred = Posterior::predict(self, x).map_err(VallaError::Core)?;
-        let mut rng = StdRng::seed_from_u64(seed);
-        Ok(fspace_core::class_probabilities(&pred, method, &mut rng)?)
-    }
 }
 
 /// Saves the network, the likelihood, the feature map and the curvature's eigenpairs.
@@ -611,6 +599,12 @@ fn core_err(e: VallaError) -> fspace_core::CoreError {
 impl<N: Network + Clone> Posterior for EllaPosterior<N> {
     fn output_dim(&self) -> usize {
         self.net.output_dim()
+    }
+    fn likelihood(&self) -> Option<LikelihoodSpec> {
+        Some(match self.likelihood {
+            VallaLikelihood::Gaussian { noise_std } => LikelihoodSpec::gaussian(noise_std),
+            VallaLikelihood::Categorical => LikelihoodSpec::categorical(self.net.output_dim()),
+        })
     }
 
     fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {

@@ -28,7 +28,7 @@
 //! is stored for MLPs. Any [`fspace_nn::Network`] works: networks without an NTK input gradient
 //! keep `Z` fixed (`optimize_inducing = false`).
 //!
-//! ELLA ([`fit_ella`]): Nyström features of the NTK from `M` random points and `K`
+//! ELLA ([`ella::fit`]): Nyström features of the NTK from `M` random points and `K`
 //! eigenvectors, the Laplace posterior in feature space, prior precision on validation data,
 //! and Deng et al.'s early stopping over how much of the training set enters the curvature
 //! ([`EllaEarlyStopping`], on by default; it needs the validation set too).
@@ -36,12 +36,12 @@
 //! Both posteriors implement `fspace_core::Posterior` and save / load as JSON.
 
 mod data;
-mod ella;
+pub mod ella;
 mod error;
 mod objective;
-mod valla;
+pub mod valla;
 
-pub use ella::{fit_ella, EllaConfig, EllaEarlyStopping, EllaPosterior, EllaPrior, EllaReport, FeatureRoute};
+pub use ella::{EllaConfig, EllaEarlyStopping, EllaPosterior, EllaPrior, EllaReport, FeatureRoute};
 pub use error::{Result, VallaError};
 pub use objective::{ClassApprox, StateGradient, VariationalState};
 pub use valla::{

@@ -4,8 +4,8 @@ use fspace_input::InputError;
 use std::time::Instant;
 
 use fspace_core::{
-    Adam, ClassProbMethod, Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Minibatches,
-    Observer, Persist, PersistError, Posterior, Progress, Silent, StopDecision,
+    Adam, Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Minibatches, Observer, Persist,
+    PersistError, Posterior, Progress, Silent, StopDecision,
 };
 use fspace_linalg::blocked::{cholesky_lower, solve_lower};
 use fspace_nn::{Network, NnError, Outputs};
@@ -544,10 +544,6 @@ impl<N: Network + Clone> VallaPosterior<N> {
     pub fn network(&self) -> &N {
         &self.net
     }
-    /// The likelihood, with σ the fitted one for Gaussian models.
-    pub fn likelihood(&self) -> LikelihoodSpec {
-        self.spec.with_noise_std(self.state().noise_variance().sqrt())
-    }
     /// What the fit did.
     pub fn report(&self) -> &VallaReport {
         &self.report
@@ -558,19 +554,6 @@ impl<N: Network + Clone> VallaPosterior<N> {
         let (g, kxx) = outputs_and_ntk_diagonal(&self.net, x)?;
         let blocks = self.prepared.blocks(&self.net, x, &kxx)?;
         Ok((g, blocks))
-    }
-
-    /// Class probabilities (`n × C`) of the predictive (`method`: the probit approximation
-    /// VaLLA trains with, the Laplace bridge, or MC with the given RNG seed).
-    pub fn class_probabilities(
-        &self,
-        x: &DMatrix<f64>,
-        method: ClassProbMethod,
-        seed: u64,
-    ) -> Result<DMatrix<f64>> {
-        let pred = Posterior::predict(self, x)?;
-        let mut rng = StdRng::seed_from_u64(seed);
-        Ok(fspace_core::class_probabilities(&pred, method, &mut rng)?)
     }
 
     /// Mean NLL of `y` under the predictive (Gaussian: `N(g, σ² + Σ)`; categorical: probit).
@@ -613,6 +596,10 @@ fn core_err(e: VallaError) -> fspace_core::CoreError {
 impl<N: Network + Clone> Posterior for VallaPosterior<N> {
     fn output_dim(&self) -> usize {
         self.net.output_dim()
+    }
+    /// The spec with σ the fitted one for Gaussian models.
+    fn likelihood(&self) -> Option<LikelihoodSpec> {
+        Some(self.spec.with_noise_std(self.state().noise_variance().sqrt()))
     }
 
     fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {

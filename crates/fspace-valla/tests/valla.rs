@@ -38,7 +38,7 @@ fn fit_ella_v<N: fspace_nn::Network + Clone>(
 ) -> Result<EllaPosterior<N>> {
     let (ym, vm) = (column(y), validation.map(|(xv, yv)| (xv, column(yv))));
     let data = Data::new(x, &ym)?.with_optional_validation(vm.as_ref().map(|(xv, yv)| (*xv, yv)))?;
-    Ok(fit_ella(net, lik, &data, config)?.posterior)
+    Ok(ella::fit(net, lik, &data, config)?.posterior)
 }
 
 fn mlp(d: usize, q: usize, seed: u64) -> Mlp {
@@ -353,7 +353,7 @@ fn ella_early_stopping_keeps_the_best_prefix_of_the_training_set() {
     let es = EllaEarlyStopping { check_every: 7, patience: 2 };
     let base = EllaConfig { num_points: 20, num_eigen: 8, ..EllaConfig::default() };
     let fitted =
-        fit_ella(net.clone(), lik, &data, &EllaConfig { early_stopping: Some(es), ..base.clone() }).unwrap();
+        ella::fit(net.clone(), lik, &data, &EllaConfig { early_stopping: Some(es), ..base.clone() }).unwrap();
     let report = &fitted.report;
     let visited: Vec<usize> = report.search.iter().map(|s| s.0).collect();
     let expected: Vec<usize> = (1..=visited.len()).map(|c| (7 * c).min(60)).collect();
@@ -380,9 +380,9 @@ fn ella_early_stopping_keeps_the_best_prefix_of_the_training_set() {
         early_stopping: Some(EllaEarlyStopping { check_every: 60, patience: 1 }),
         ..base.clone()
     };
-    let all = fit_ella(net.clone(), lik, &data, &once).unwrap();
+    let all = ella::fit(net.clone(), lik, &data, &once).unwrap();
     let plain =
-        fit_ella(net.clone(), lik, &data, &EllaConfig { early_stopping: None, ..base.clone() }).unwrap();
+        ella::fit(net.clone(), lik, &data, &EllaConfig { early_stopping: None, ..base.clone() }).unwrap();
     assert_eq!((all.report.points_used, plain.report.points_used), (60, 60));
     assert!(plain.report.search.is_empty());
     let (pa, pp) =
@@ -396,12 +396,12 @@ fn ella_early_stopping_keeps_the_best_prefix_of_the_training_set() {
         ..base.clone()
     };
     assert!(matches!(
-        fit_ella(net.clone(), lik, &data, &zero),
+        ella::fit(net.clone(), lik, &data, &zero),
         Err(VallaError::Input(InputError::Invalid { .. }))
     ));
     let fixed = EllaConfig { prior: EllaPrior::Fixed(1.0), ..base };
     assert!(matches!(
-        fit_ella(net, lik, &Data::new(&x, &ym).unwrap(), &fixed),
+        ella::fit(net, lik, &Data::new(&x, &ym).unwrap(), &fixed),
         Err(VallaError::Input(InputError::Empty { .. }))
     ));
 }
@@ -638,7 +638,7 @@ fn classification_fit_assigns_inducing_points_per_class() {
         counts[o] += 1;
     }
     assert_eq!(counts, [3, 3, 3]);
-    let probs = post.class_probabilities(&x, fspace_core::ClassProbMethod::Probit, 0).unwrap();
+    let probs = post.class_probabilities(&x, &fspace_core::Link::Probit).unwrap();
     for i in 0..90 {
         assert!((probs.row(i).sum() - 1.0).abs() < 1e-12);
     }

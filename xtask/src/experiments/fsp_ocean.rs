@@ -39,7 +39,7 @@ use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{IsotropicGaussian, Posterior};
 use fspace_fsp_laplace::{laplace, train, with_data_points, FspLaplaceConfig, TrainOptions};
-use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
+use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Helmholtz, PriorMean, Rbf};
 use fspace_laplace::{
@@ -262,7 +262,7 @@ pub fn run(opts: &Options) -> Result<()> {
                                 ..Default::default()
                             };
                             Box::new(
-                                fit_fvi(
+                                fvi::fit(
                                     net.clone(),
                                     LikelihoodSpec::IsotropicGaussian { sigma, outputs: 2, learn: false },
                                     &GpPrior::centered(kernel.clone()),

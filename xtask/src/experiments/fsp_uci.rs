@@ -29,7 +29,7 @@ use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::kfold;
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig};
-use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
+use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::PriorMean;
 use fspace_laplace::{MarglikConfig, Structure};
@@ -210,7 +210,7 @@ fn run_fold(
                         },
                         ..Default::default()
                     };
-                    let f = fit_fvi(
+                    let f = fvi::fit(
                         net.clone(),
                         LikelihoodSpec::gaussian_learned(0.5),
                         &GpPrior::centered(p.kernel.clone()),

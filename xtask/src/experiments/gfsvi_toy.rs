@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::Posterior;
-use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, KlPrior, MfviConfig};
+use fspace_gfsvi::{fit, fvi, mfvi, FviConfig, KlPrior, MfviConfig};
 use fspace_kernels::{Matern12, Matern32, Matern52, Rbf};
 use serde::{Deserialize, Serialize};
 
@@ -193,7 +193,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         optim: optim(b.steps, b.learning_rate, seed),
         ..Default::default()
     };
-    let fv = fit_fvi(net.clone(), TOY_LIKELIHOOD, &rbf.prior, &Data::new(x, y)?, &fcfg)?;
+    let fv = fvi::fit(net.clone(), TOY_LIKELIHOOD, &rbf.prior, &Data::new(x, y)?, &fcfg)?;
     add(&mut run, "FVI", &fv.posterior, fv.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
     let tf = fit(
@@ -205,7 +205,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     )?;
     add(&mut run, "TFSVI (σ_p = 0.2)", &tf.posterior, tf.report.steps, t.elapsed().as_secs_f64())?;
     let t = Instant::now();
-    let mf = fit_mfvi(
+    let mf = mfvi::fit(
         net.clone(),
         TOY_LIKELIHOOD,
         &Data::new(x, y)?,

@@ -36,7 +36,7 @@ use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::{kfold, Dataset};
-use fspace_gfsvi::{fit, fit_fvi, fit_mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
+use fspace_gfsvi::{fit, fvi, mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::PriorMean;
 use nalgebra::{DMatrix, DVector};
@@ -328,7 +328,7 @@ fn run_fold(
                         optim: optim(b, seed),
                         ..Default::default()
                     };
-                    let f = fit_fvi(
+                    let f = fvi::fit(
                         net.clone(),
                         BNN_LIKELIHOOD,
                         &prior,
@@ -340,7 +340,7 @@ fn run_fold(
                 }
                 "MFVI" => {
                     let cfg = MfviConfig { optim: optim(b, seed), ..Default::default() };
-                    let f = fit_mfvi(
+                    let f = mfvi::fit(
                         net.clone(),
                         BNN_LIKELIHOOD,
                         &Data::new(&xtr, &ytr_m)?.with_optional_validation(val)?,

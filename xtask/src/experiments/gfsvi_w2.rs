@@ -22,7 +22,7 @@ use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
 use fspace_data::kfold;
-use fspace_gfsvi::{fit, fit_fvi, FviConfig, GfsviConfig, KlPrior, OptimConfig, OptimReport};
+use fspace_gfsvi::{fit, fvi, FviConfig, GfsviConfig, KlPrior, OptimConfig, OptimReport};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::PriorMean;
 use nalgebra::DMatrix;
@@ -221,7 +221,7 @@ pub fn run(opts: &Options) -> Result<()> {
                                 ..Default::default()
                             };
                             let lik = LikelihoodSpec::gaussian(noise_std);
-                            let fitted = fit_fvi(
+                            let fitted = fvi::fit(
                                 net.clone(),
                                 lik,
                                 &prior,

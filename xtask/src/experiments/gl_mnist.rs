@@ -26,11 +26,9 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
-use fspace_core::{Categorical, ClassProbMethod};
+use fspace_core::{Categorical, Link, Posterior};
 use fspace_laplace::{fit, Curvature, CurvatureSource, LaplaceConfig, Predictive, PriorPrecision, Structure};
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -257,9 +255,8 @@ pub fn run(opts: &Options) -> Result<()> {
             for &temp in &temps {
                 post.set_temperature(temp * scale)?;
                 let t = Instant::now();
-                let mut rng = StdRng::seed_from_u64(opts.seed + 13);
-                let probs = post.class_probabilities(&test.x, ClassProbMethod::Probit, &mut rng)?;
-                let ood_probs = post.class_probabilities(&ood.x, ClassProbMethod::Probit, &mut rng)?;
+                let probs = post.class_probabilities(&test.x, &Link::Probit)?;
+                let ood_probs = post.class_probabilities(&ood.x, &Link::Probit)?;
                 let m = class_metrics(&probs, &test.y)?;
                 let ood_ent = mean_entropy(&ood_probs)?;
                 run.log(format!(

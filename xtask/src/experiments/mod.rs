@@ -71,7 +71,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
         // 5 seeds of 859 s (seed 0 at e291b1e; 2 804 s before Alg. 2 kept its kernel tiles,
-        // docs/PERFORMANCE.md, issue 40's ninth round).
+        // docs/performance-history.md, issue 40's ninth round).
         full_minutes: Some(71.6),
         budget_of: None,
         run: fsp_bayesopt::run,
@@ -81,7 +81,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Fig. 3's covariance budget: BO on Hartmann-6 with FSP-Laplace, 500 vs 2 000 Latin-hypercube covariance points (paper: 10 000)",
         in_default_suite: false,
         flags: &[Flag::Seeds],
-        // 5 seeds of 193 s (seed 0, docs/PERFORMANCE.md, issue 40's eighth round).
+        // 5 seeds of 193 s (seed 0, docs/performance-history.md, issue 40's eighth round).
         full_minutes: Some(16.1),
         budget_of: None,
         run: fsp_bayesopt::run_covariance_sweep,
@@ -136,7 +136,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table 2, Fig. C.10 (MNIST CNN: FSP-Laplace RND, Laplace KFAC, MAP; LL, ACC, ECE, OOD vs FMNIST)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 5 seeds × 1 352 s (seed 0 at `bcab956`, docs/PERFORMANCE.md).
+        // 5 seeds × 1 352 s (seed 0 at `bcab956`, docs/performance-history.md).
         full_minutes: Some(100.1),
         budget_of: None,
         run: fsp_images::run_mnist,
@@ -211,7 +211,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 4 (FMNIST: the same methods; OOD vs MNIST; rotated FMNIST ECE/NLL; fit times)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 5 seeds of 475 s (seed 0, docs/PERFORMANCE.md, issue 40's eighth round).
+        // 5 seeds of 475 s (seed 0, docs/performance-history.md, issue 40's eighth round).
         full_minutes: Some(39.6),
         budget_of: None,
         run: valla_images::run_fmnist,
@@ -221,7 +221,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 2 left (NLL, CRPS, CQM; 3×200 tanh) on the shipped Boston/concrete/wine sets (Airline/Year/Taxi unavailable)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 5 seeds of 203 s (seed 0, docs/PERFORMANCE.md, issue 40's eighth round).
+        // 5 seeds of 203 s (seed 0, docs/performance-history.md, issue 40's eighth round).
         full_minutes: Some(16.9),
         budget_of: None,
         run: valla_regression::run,

@@ -29,7 +29,7 @@ use fspace_core::{Gaussian, Posterior};
 use fspace_data::{boston, concrete, wine_quality_red, Dataset, Standardizer};
 use fspace_laplace::{Structure, Weights};
 use fspace_nn::{train_map, Mlp, TrainConfig};
-use fspace_valla::{fit, fit_ella, EllaConfig, VallaConfig};
+use fspace_valla::{ella, fit, EllaConfig, VallaConfig};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -133,7 +133,7 @@ fn fit_and_predict(
         }
         "ELLA" => {
             let cfg = EllaConfig { num_points: 100.min(x.nrows()), seed, ..EllaConfig::default() };
-            let fitted = fit_ella(net.clone(), LikelihoodSpec::gaussian(sigma), &data, &cfg)?;
+            let fitted = ella::fit(net.clone(), LikelihoodSpec::gaussian(sigma), &data, &cfg)?;
             let (m, v) = from(Posterior::predict(&fitted.posterior, xt)?, noise);
             (
                 m,

@@ -26,7 +26,7 @@ use fspace_laplace::{
     fit as laplace_fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
 };
 use fspace_nn::{train_map, TrainConfig};
-use fspace_valla::{fit, fit_ella, EllaConfig, EllaPrior, FeatureRoute, VallaConfig};
+use fspace_valla::{ella, fit, EllaConfig, EllaPrior, FeatureRoute, VallaConfig};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -252,7 +252,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             context,
         });
         let t = Instant::now();
-        let ella = fit_ella(
+        let ella = ella::fit(
             net.clone(),
             LikelihoodSpec::gaussian(sigma),
             &Data::new(&x, &crate::protocols::targets(&y, 1))?,

@@ -38,7 +38,7 @@ use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig};
-use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
+use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Matern52, PriorMean};
 use fspace_laplace::{
@@ -284,7 +284,7 @@ fn surrogate(
                 },
                 ..Default::default()
             };
-            let f = fit_fvi(
+            let f = fvi::fit(
                 start.clone(),
                 LikelihoodSpec::gaussian(noise.sqrt()),
                 &GpPrior::centered(kernel.clone()),

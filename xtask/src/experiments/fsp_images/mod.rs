@@ -60,7 +60,7 @@ use fspace_fsp_laplace::{
     context_points, fit_classification_prior, laplace as fsp_laplace, train as fsp_train, ContextDesign,
     FspLaplace, FspLaplaceConfig, TrainOptions,
 };
-use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
+use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
 use fspace_gp::{FitConfig, SparseDirichletGp};
 use fspace_kernels::{Independent, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, PriorPrecision, Structure};
@@ -352,7 +352,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 },
                 ..FviConfig::default()
             };
-            let fvi = fit_fvi(
+            let fvi = fvi::fit(
                 cnn(seed)?,
                 LikelihoodSpec::categorical(10),
                 &fvi_prior,

@@ -60,7 +60,7 @@ use fspace_data::Standardizer;
 use fspace_fsp_laplace::{
     fit as fsp_fit, ContextDesign, FitSummary, FspConfig, FspLaplace, FspLaplaceConfig,
 };
-use fspace_gfsvi::{fit_fvi, FviConfig, OptimConfig};
+use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, KernelBase, Periodic, PriorMean, RationalQuadratic, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision, Structure};
@@ -386,7 +386,7 @@ pub fn run(opts: &Options) -> Result<()> {
                             },
                             ..Default::default()
                         };
-                        let f = fit_fvi(net(seed)?, LikelihoodSpec::gaussian_learned(1.0), &prior, &data, &cfg)?;
+                        let f = fvi::fit(net(seed)?, LikelihoodSpec::gaussian_learned(1.0), &prior, &data, &cfg)?;
                         let sigma = f.posterior.noise_std();
                         run.log(format!("seed {seed}: FVI {} steps, σ = {sigma:.4}", f.report.steps));
                         (Box::new(f.posterior), sigma)

@@ -33,15 +33,13 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::Result;
-use fspace_core::ClassProbMethod;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
+use fspace_core::{Link, Posterior};
 use fspace_laplace::{LaplaceConfig, LaplacePosterior, PriorPrecision, SampledConfig, Structure, Weights};
 use fspace_nn::{train_map, Mlp, TrainConfig};
-use fspace_valla::{fit, fit_ella, EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
+use fspace_valla::{ella, fit, EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
 use nalgebra::DMatrix;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -142,12 +140,11 @@ enum Fitted {
 
 impl Fitted {
     fn probs(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        let mut rng = StdRng::seed_from_u64(0);
         Ok(match self {
             Fitted::Map(net) => map_probs(net, x)?,
-            Fitted::Laplace(post) => post.class_probabilities(x, ClassProbMethod::Probit, &mut rng)?,
-            Fitted::Ella(post) => post.class_probabilities(x, ClassProbMethod::Probit, 0)?,
-            Fitted::Valla(post) => post.class_probabilities(x, ClassProbMethod::Probit, 0)?,
+            Fitted::Laplace(post) => post.class_probabilities(x, &Link::Probit)?,
+            Fitted::Ella(post) => post.class_probabilities(x, &Link::Probit)?,
+            Fitted::Valla(post) => post.class_probabilities(x, &Link::Probit)?,
         })
     }
 }
@@ -203,7 +200,7 @@ fn fit_method(
                 prior_precision: PriorPrecision::Scalar(lambda0),
                 ..LaplaceConfig::default()
             };
-            let post = fspace_laplace::fit(net.clone(), CATEGORICAL, &data, &cfg)?.posterior;
+            let post = fspace_laplace::fit(net.clone(), CATEGORICAL, &Data::new(x, &y_m)?, &cfg)?.posterior;
             let rep = post.report();
             let extra = json!({
                 "lambda": post.prior_precision()[0],
@@ -215,7 +212,7 @@ fn fit_method(
         "ELLA" => {
             let points = budget.ella_points.min(x.nrows());
             let cfg = EllaConfig { num_points: points, seed, ..EllaConfig::default() };
-            let fitted = fit_ella(net.clone(), CATEGORICAL, &data, &cfg)?;
+            let fitted = ella::fit(net.clone(), CATEGORICAL, &data, &cfg)?;
             let (lambda, used) = (fitted.posterior.prior_precision(), fitted.report.points_used);
             (
                 Fitted::Ella(Box::new(fitted.posterior)),
