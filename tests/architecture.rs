@@ -285,4 +285,118 @@ fn every_report_is_serialisable() {
     serialisable::<fspace::gp::SvgpReport>();
     serialisable::<fspace::gp::HyperparameterReport<fspace::kernels::Rbf>>();
     serialisable::<fspace::nn::TrainReport>();
+    serialisable::<fspace::nn::MapReport>();
+    serialisable::<fspace::gp::GpClassifierReport>();
+    serialisable::<fspace::gp::SparseDirichletReport>();
+}
+
+/// The top-level modules a file of `src/` refers to through `crate::…` paths (`use` items,
+/// grouped imports and inline paths; comments are skipped).
+fn module_references(text: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                // `crate::{a, b::c, D}`: the lowercase first segments are modules.
+                let inner = group.split('}').next().unwrap_or("");
+                for item in inner.split(',') {
+                    let first = ident(item.trim());
+                    if first.starts_with(|c: char| c.is_ascii_lowercase())
+                        && item.trim()[first.len()..].starts_with("::")
+                    {
+                        out.insert(first);
+                    }
+                }
+            } else {
+                let first = ident(rest);
+                if first.starts_with(|c: char| c.is_ascii_lowercase())
+                    && rest[first.len()..].starts_with("::")
+                {
+                    out.insert(first);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Inside every crate the top-level modules import each other without a cycle (a module's own
+/// children — `posterior/evidence.rs` under `posterior` — count as the module), so each file can
+/// be read knowing only what it imports. Multi-line grouped imports are read line by line, which
+/// sees every `crate::module::` path they contain.
+#[test]
+fn modules_inside_a_crate_import_each_other_without_a_cycle() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let mut crates: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
+    crates.sort();
+    let mut cycles = Vec::new();
+    for krate in crates {
+        let src = krate.join("src");
+        let mut graph: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        let mut files = vec![src.clone()];
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&src).unwrap();
+            let top = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string();
+            if top == "lib" || top == "main" {
+                continue;
+            }
+            let refs = module_references(&std::fs::read_to_string(&path).unwrap());
+            graph.entry(top).or_default().extend(refs);
+        }
+        let modules: Vec<String> = graph.keys().cloned().collect();
+        for g in graph.values_mut() {
+            g.retain(|m| modules.contains(m));
+        }
+        // A module is on a cycle if it reaches itself.
+        for start in &modules {
+            let mut stack: Vec<(&String, Vec<&String>)> =
+                graph[start].iter().filter(|m| *m != start).map(|m| (m, vec![start, m])).collect();
+            let mut seen = std::collections::BTreeSet::new();
+            while let Some((m, path)) = stack.pop() {
+                if m == start {
+                    cycles.push(format!(
+                        "{}: {}",
+                        krate.file_name().unwrap().to_string_lossy(),
+                        path.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" → ")
+                    ));
+                    break;
+                }
+                if !seen.insert(m.clone()) {
+                    continue;
+                }
+                for next in graph[m].iter().filter(|n| *n != m) {
+                    let mut p = path.clone();
+                    p.push(next);
+                    stack.push((next, p));
+                }
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles between modules:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_module_reference_reader_sees_paths_and_groups() {
+    let refs = module_references(
+        "use crate::a::X;\nuse crate::{b::Y, Z, c::{d, e}};\nlet v = crate::f::g(); // crate::h::i\n",
+    );
+    assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["a", "b", "c", "f"]);
 }

@@ -27,6 +27,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod basic;
+mod builders;
 pub mod combinators;
 pub mod error;
 pub mod gram;

@@ -2,52 +2,44 @@
 //!
 //! [`KernelSpec`] describes any kernel built from this library's parts (natural-scale
 //! hyperparameters, so a JSON file reads like the paper's tables). `kernel.spec()` produces one;
-//! [`KernelSpec::build`] turns it back into a kernel. User kernels return `None` from `spec()`
-//! and simply do not serialise — the [`Kernel`] trait itself stays open.
+//! [`KernelSpec::build`] (module `builders`) turns it back into a kernel. User kernels return `None` from `spec()`
+//! and simply do not serialise — the [`Kernel`](crate::Kernel) trait itself stays open.
 
 use serde::{Deserialize, Serialize};
-
-use crate::basic::{Constant, Linear, White};
-use crate::combinators::{Product, Scaled, Sum};
-use crate::error::{KernelError, Result};
-use crate::kernel::{Kernel, MatrixKernel, SecondOrderKernel};
-use crate::multi::{Helmholtz, Independent};
-use crate::periodic::Periodic;
-use crate::stationary::{Matern12, Matern32, Matern52, RationalQuadratic, Rbf, RqProfile, Stationary};
 
 /// A scalar kernel configuration (natural-scale hyperparameters).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum KernelSpec {
-    /// [`Rbf`].
+    /// [`Rbf`](crate::Rbf).
     Rbf {
         /// σ².
         variance: f64,
         /// One (isotropic) or `d` (ARD) lengthscales.
         lengthscales: Vec<f64>,
     },
-    /// [`Matern12`].
+    /// [`Matern12`](crate::Matern12).
     Matern12 {
         /// σ².
         variance: f64,
         /// Lengthscales.
         lengthscales: Vec<f64>,
     },
-    /// [`Matern32`].
+    /// [`Matern32`](crate::Matern32).
     Matern32 {
         /// σ².
         variance: f64,
         /// Lengthscales.
         lengthscales: Vec<f64>,
     },
-    /// [`Matern52`].
+    /// [`Matern52`](crate::Matern52).
     Matern52 {
         /// σ².
         variance: f64,
         /// Lengthscales.
         lengthscales: Vec<f64>,
     },
-    /// [`RationalQuadratic`].
+    /// [`RationalQuadratic`](crate::RationalQuadratic).
     RationalQuadratic {
         /// σ².
         variance: f64,
@@ -56,7 +48,7 @@ pub enum KernelSpec {
         /// Shape α.
         alpha: f64,
     },
-    /// [`Periodic`].
+    /// [`Periodic`](crate::Periodic).
     Periodic {
         /// σ².
         variance: f64,
@@ -65,87 +57,38 @@ pub enum KernelSpec {
         /// Period p.
         period: f64,
     },
-    /// [`Linear`].
+    /// [`Linear`](crate::Linear).
     Linear {
         /// σ².
         variance: f64,
     },
-    /// [`Constant`].
+    /// [`Constant`](crate::Constant).
     Constant {
         /// σ².
         variance: f64,
     },
-    /// [`White`].
+    /// [`White`](crate::White).
     White {
         /// σ².
         variance: f64,
     },
-    /// [`Sum`].
+    /// [`Sum`](crate::Sum).
     Sum {
         /// Summands.
         terms: Vec<KernelSpec>,
     },
-    /// [`Product`].
+    /// [`Product`](crate::Product).
     Product {
         /// Factors.
         factors: Vec<KernelSpec>,
     },
-    /// [`Scaled`].
+    /// [`Scaled`](crate::Scaled).
     Scaled {
         /// Scale c.
         scale: f64,
         /// Inner kernel.
         kernel: Box<KernelSpec>,
     },
-}
-
-impl KernelSpec {
-    /// Builds the kernel, validating every hyperparameter.
-    pub fn build(&self) -> Result<Box<dyn Kernel>> {
-        Ok(match self {
-            Self::Rbf { variance, lengthscales } => Rbf::ard(*variance, lengthscales.clone())?.boxed(),
-            Self::Matern12 { variance, lengthscales } => {
-                Matern12::ard(*variance, lengthscales.clone())?.boxed()
-            }
-            Self::Matern32 { variance, lengthscales } => {
-                Matern32::ard(*variance, lengthscales.clone())?.boxed()
-            }
-            Self::Matern52 { variance, lengthscales } => {
-                Matern52::ard(*variance, lengthscales.clone())?.boxed()
-            }
-            Self::RationalQuadratic { variance, lengthscales, alpha } => {
-                RationalQuadratic::ard(*variance, lengthscales.clone(), *alpha)?.boxed()
-            }
-            Self::Periodic { variance, lengthscales, period } => {
-                Periodic::ard(*variance, lengthscales.clone(), *period)?.boxed()
-            }
-            Self::Linear { variance } => Linear::new(*variance)?.boxed(),
-            Self::Constant { variance } => Constant::new(*variance)?.boxed(),
-            Self::White { variance } => White::new(*variance)?.boxed(),
-            Self::Sum { terms } => Sum::new(terms.iter().map(|t| t.build()).collect::<Result<_>>()?)?.boxed(),
-            Self::Product { factors } => {
-                Product::new(factors.iter().map(|t| t.build()).collect::<Result<_>>()?)?.boxed()
-            }
-            Self::Scaled { scale, kernel } => Scaled::new(*scale, kernel.build()?)?.boxed(),
-        })
-    }
-
-    /// Builds a kernel with analytic cross second derivatives (RBF, Matérn-5/2, rational
-    /// quadratic); other kernels are rejected with [`KernelError::Unsupported`].
-    pub fn build_second_order(&self) -> Result<Box<dyn SecondOrderKernel>> {
-        Ok(match self {
-            Self::Rbf { variance, lengthscales } => Box::new(Rbf::ard(*variance, lengthscales.clone())?),
-            Self::Matern52 { variance, lengthscales } => Box::new(Matern52::ard(*variance, lengthscales.clone())?),
-            Self::RationalQuadratic { variance, lengthscales, alpha } => Box::new(
-                Stationary::with_profile(*variance, lengthscales.clone(), RqProfile::new(*alpha)?)?,
-            ),
-            other => {
-                return Err(KernelError::Unsupported(format!(
-                    "kernel {other:?} has no analytic second derivatives (use rbf, matern52 or rational_quadratic)"
-                )))
-            }
-        })
-    }
 }
 
 /// A matrix-valued kernel configuration. Tagged by `kind` (not `type`, which the scalar
@@ -155,33 +98,20 @@ impl KernelSpec {
 pub enum MatrixKernelSpec {
     /// A scalar kernel (one output).
     Scalar(KernelSpec),
-    /// [`Independent`] outputs sharing a kernel.
+    /// [`Independent`](crate::Independent) outputs sharing a kernel.
     Independent {
         /// The shared kernel.
         kernel: KernelSpec,
         /// Number of outputs.
         outputs: usize,
     },
-    /// [`Helmholtz`] kernel for 2-D vector fields.
+    /// [`Helmholtz`](crate::Helmholtz) kernel for 2-D vector fields.
     Helmholtz {
         /// Kernel of the potential Φ.
         phi: KernelSpec,
         /// Kernel of the stream function Ψ.
         psi: KernelSpec,
     },
-}
-
-impl MatrixKernelSpec {
-    /// Builds the kernel.
-    pub fn build(&self) -> Result<Box<dyn MatrixKernel>> {
-        Ok(match self {
-            Self::Scalar(k) => Box::new(k.build()?),
-            Self::Independent { kernel, outputs } => Box::new(Independent::new(kernel.build()?, *outputs)?),
-            Self::Helmholtz { phi, psi } => {
-                Box::new(Helmholtz::new(phi.build_second_order()?, psi.build_second_order()?)?)
-            }
-        })
-    }
 }
 
 /// Writes a kernel's spec, or fails naming the kernel when it has none (a user kernel).
@@ -193,44 +123,5 @@ pub(crate) fn serialize_spec<S: serde::Serializer, T: Serialize>(
     match spec {
         Some(spec) => spec.serialize(serializer),
         None => Err(serde::ser::Error::custom(format!("kernel {kernel:?} has no spec and cannot be saved"))),
-    }
-}
-
-/// Boxed kernels serialise as their [`KernelSpec`] (natural-scale hyperparameters), so a
-/// composite kernel (`Sum`, `Product`, `Scaled`) or a model holding one can be saved; a user
-/// kernel without a spec is a serialisation error that names it.
-impl Serialize for Box<dyn Kernel> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        serialize_spec(self.spec(), self, serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for Box<dyn Kernel> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        KernelSpec::deserialize(deserializer)?.build().map_err(serde::de::Error::custom)
-    }
-}
-
-impl Serialize for Box<dyn SecondOrderKernel> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        serialize_spec(self.spec(), self, serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for Box<dyn SecondOrderKernel> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        KernelSpec::deserialize(deserializer)?.build_second_order().map_err(serde::de::Error::custom)
-    }
-}
-
-impl Serialize for Box<dyn MatrixKernel> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        serialize_spec(self.matrix_spec(), self, serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for Box<dyn MatrixKernel> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        MatrixKernelSpec::deserialize(deserializer)?.build().map_err(serde::de::Error::custom)
     }
 }

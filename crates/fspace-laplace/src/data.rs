@@ -1,7 +1,9 @@
 //! The per-point data every curvature structure is built from, and the chunked parallel map
 //! over it.
 
-use nalgebra::DMatrix;
+use fspace_core::Likelihood;
+use nalgebra::{DMatrix, DVector};
+use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 
@@ -43,4 +45,69 @@ pub(crate) fn for_chunks<T: Send>(
         }
     }
     Ok(())
+}
+
+/// What the curvature `C` of every structure is built from.
+///
+/// Both are `Σᵢ J(xᵢ)ᵀ Mᵢ J(xᵢ)` with a PSD output-space block `Mᵢ` per point, so every
+/// structure (full, diagonal, block-diagonal, KFAC, EKFAC, last layer, low rank) takes either.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CurvatureSource {
+    /// The generalised Gauss-Newton: `Mᵢ = Hᵢ = ∂²(−log p(yᵢ | f))/∂f²` at `f(xᵢ; w*)` (PSD
+    /// for every likelihood here; laplace-torch's default).
+    #[default]
+    Ggn,
+    /// The empirical Fisher `Σᵢ ∇_w ℓᵢ ∇_w ℓᵢᵀ`: `Mᵢ = gᵢgᵢᵀ` with `gᵢ = ∂(−log p(yᵢ | f))/∂f`
+    /// at the observed label (rank one per point). The Generalized Laplace paper's App. A.1:
+    /// "the expectation of the squared gradients", KFAC's `G = E[ggᵀ]` of the backpropagated
+    /// gradients.
+    EmpiricalFisher,
+}
+
+/// Per-point square roots `Lᵢ` (`d' × k`, `LᵢLᵢᵀ = Hᵢ`) of PSD Hessian blocks; `k = d'`
+/// (`k = 1` for scalar outputs). Eigenvalues below zero (rounding) are clamped.
+pub(crate) fn hessian_factors(hessians: &[DMatrix<f64>]) -> Vec<DMatrix<f64>> {
+    hessians
+        .iter()
+        .map(|h| {
+            if h.nrows() == 1 {
+                return DMatrix::from_element(1, 1, h[(0, 0)].max(0.0).sqrt());
+            }
+            let eig = ((h + h.transpose()) * 0.5).symmetric_eigen();
+            let mut l = eig.eigenvectors.clone();
+            for (j, mut col) in l.column_iter_mut().enumerate() {
+                col *= eig.eigenvalues[j].max(0.0).sqrt();
+            }
+            l
+        })
+        .collect()
+}
+
+/// The per-point output-space blocks `Mᵢ` of `source` at `f(X; w*)` and their square roots.
+pub(crate) fn data_for<'a>(
+    x: &'a DMatrix<f64>,
+    f: &DMatrix<f64>,
+    y: &DVector<f64>,
+    lik: &dyn Likelihood,
+    chunk: usize,
+    source: CurvatureSource,
+) -> Result<Data<'a>> {
+    let (hessians, factors) = match source {
+        CurvatureSource::Ggn => {
+            let hessians = lik.nll_hessian(f, y)?;
+            let factors = hessian_factors(&hessians);
+            (hessians, factors)
+        }
+        CurvatureSource::EmpiricalFisher => {
+            // Row i of the gradient is gᵢᵀ; its square root is gᵢ itself (k = 1).
+            let grad = lik.nll_grad(f, y)?;
+            let factors: Vec<DMatrix<f64>> = grad
+                .row_iter()
+                .map(|g| DMatrix::from_column_slice(g.len(), 1, g.transpose().as_slice()))
+                .collect();
+            let hessians = factors.iter().map(|g| g * g.transpose()).collect();
+            (hessians, factors)
+        }
+    };
+    Ok(Data { x, hessians, factors, chunk })
 }

@@ -1,914 +1,151 @@
-//! Building each curvature structure from a network at its MAP weights and the training data.
-//!
-//! Everything streams over the data in chunks of points, so memory is that of the structure
-//! plus one chunk's Jacobian (`chunk·d' × p`) or layer statistics.
+//! The entry point: a Laplace approximation around a network's MAP weights, in the
+//! workspace's call shape.
 
-use fspace_core::Likelihood;
+use std::time::Instant;
+
+use fspace_core::{Data, Fitted, Likelihood, LikelihoodSpec};
 use fspace_input::InputError;
-use fspace_linalg::{lanczos, sym_eigh, thin_svd_owned, FnOperator, LanczosConfig, StartVector, StopReason};
-use fspace_nn::{LayerInfo, LayerKind, Network};
+use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
-use serde::{Deserialize, Serialize};
 
-use crate::curvature::{
-    BlockDiagCurvature, Curvature, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
-};
-use crate::data::{for_chunks, Data};
-use crate::error::{LaplaceError, Result};
-use crate::ggn::CachedGgn;
-use crate::sampled::{sampled, validate, Precond, SampledConfig, SampledPreconditioner};
+use crate::config::{LaplaceConfig, PriorPrecision};
+use crate::construct::build;
+use crate::curvature::{Curvature, CurvatureApprox};
+use crate::data::data_for;
+use crate::error::{ensure_positive, LaplaceError, Result};
+use crate::posterior::{forward_chunked, prior_groups, LaplacePosterior};
+use crate::structure::{FitReport, Structure};
 
-/// Options of the full GGN.
-///
-/// | name | default | purpose |
-/// |---|---|---|
-/// | `max_params` | 12 000 | refuse networks with more parameters (a dense `p × p` would need `8p²` bytes) |
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FullConfig {
-    /// Largest `p` accepted.
-    pub max_params: usize,
-}
-impl Default for FullConfig {
-    fn default() -> Self {
-        Self { max_params: 12_000 }
+fn check_data<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
+    if x.nrows() == 0 {
+        return Err(LaplaceError::Input(InputError::Empty { what: "training inputs" }));
     }
-}
-
-/// Options of the layer-block-diagonal GGN (B-Diag).
-///
-/// | name | default | purpose |
-/// |---|---|---|
-/// | `max_block_params` | 6 000 | refuse layers with more parameters (one dense block each) |
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BlockDiagConfig {
-    /// Largest block accepted.
-    pub max_block_params: usize,
-}
-impl Default for BlockDiagConfig {
-    fn default() -> Self {
-        Self { max_block_params: 6_000 }
+    if x.ncols() != net.input_dim() {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
+            what: "input columns",
+            expected: net.input_dim(),
+            found: x.ncols(),
+        }));
     }
-}
-
-/// Options of the last-layer GGN.
-///
-/// | name | default | purpose |
-/// |---|---|---|
-/// | `max_params` | 12 000 | refuse last layers with more parameters (`d'·(width + 1)`) |
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LastLayerConfig {
-    /// Largest last layer accepted.
-    pub max_params: usize,
-}
-impl Default for LastLayerConfig {
-    fn default() -> Self {
-        Self { max_params: 12_000 }
+    if x.iter().any(|v| !v.is_finite()) {
+        return Err(LaplaceError::Input(InputError::NonFinite { what: "training inputs" }));
     }
-}
-
-/// Options of the low-rank GGN (top-`k` eigenpairs by Lanczos with full reorthogonalisation).
-///
-/// | name | default | purpose |
-/// |---|---|---|
-/// | `rank` | 100 | `k`, eigenpairs kept (laplax's default scale) |
-/// | `diag_remainder` | false | add `max(diag(GGN) − diag(V S Vᵀ), 0)` so the diagonal is exact |
-/// | `tol` | 1e-8 | relative Ritz residual every kept pair must reach |
-/// | `max_iterations` | 1 000 | Lanczos steps at most (the Krylov space grows ×1.5 until converged) |
-/// | `seed` | 0 | Lanczos start vector |
-/// | `statistics_cache_bytes` | 1 GiB | cache the layer statistics for the GGN products when they fit (two GEMMs per layer and product instead of a JVP + VJP); `0` always streams |
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LowRankConfig {
-    /// Eigenpairs kept.
-    pub rank: usize,
-    /// Add the diagonal remainder.
-    pub diag_remainder: bool,
-    /// Relative residual tolerance of the kept Ritz pairs.
-    pub tol: f64,
-    /// Most Lanczos iterations.
-    pub max_iterations: usize,
-    /// Start-vector seed.
-    pub seed: u64,
-    /// Largest layer-statistics cache (bytes) used for the GGN products; see
-    /// `crate::ggn` — networks without layer structure always stream.
-    #[serde(default = "default_cache_bytes")]
-    pub statistics_cache_bytes: usize,
-}
-fn default_cache_bytes() -> usize {
-    1 << 30
-}
-impl Default for LowRankConfig {
-    fn default() -> Self {
-        Self {
-            rank: 100,
-            diag_remainder: false,
-            tol: 1e-8,
-            max_iterations: 1_000,
-            seed: 0,
-            statistics_cache_bytes: default_cache_bytes(),
-        }
+    if y.len() != x.nrows() * lik.target_dim() {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
+            what: "targets (rows × target_dim)",
+            expected: x.nrows() * lik.target_dim(),
+            found: y.len(),
+        }));
     }
-}
-
-/// The curvature structure, chosen with one word (laplace-torch's `hessian_structure` and
-/// `subset_of_weights`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Structure {
-    /// Dense GGN over all weights.
-    Full(FullConfig),
-    /// One dense GGN block per layer.
-    BlockDiag(BlockDiagConfig),
-    /// The GGN's diagonal.
-    Diag,
-    /// Kronecker factors per layer (bias folded into the input factor; KFC for convolutions).
-    Kfac,
-    /// KFAC eigenbasis with eigenvalues re-fitted to the per-example curvature.
-    Ekfac,
-    /// Dense GGN of the last layer over the last-layer features; other weights fixed at MAP.
-    LastLayer(LastLayerConfig),
-    /// Top-`k` eigenpairs of the GGN by matrix-free Lanczos.
-    LowRank(LowRankConfig),
-    /// Posterior draws by sample-then-optimise, λ by EM (Antorán et al. 2023; `crate::sampled`).
-    Sampled(SampledConfig),
-}
-
-impl Structure {
-    /// `Full` with its defaults.
-    pub fn full() -> Self {
-        Self::Full(FullConfig::default())
+    if y.iter().any(|v| !v.is_finite()) {
+        return Err(LaplaceError::Input(InputError::NonFinite { what: "targets" }));
     }
-    /// `BlockDiag` with its defaults.
-    pub fn block_diag() -> Self {
-        Self::BlockDiag(BlockDiagConfig::default())
+    if lik.output_dim() != net.output_dim() {
+        return Err(LaplaceError::Input(InputError::DimensionMismatch {
+            what: "likelihood outputs vs network outputs",
+            expected: net.output_dim(),
+            found: lik.output_dim(),
+        }));
     }
-    /// `LastLayer` with its defaults.
-    pub fn last_layer() -> Self {
-        Self::LastLayer(LastLayerConfig::default())
+    if net.params().iter().any(|v| !v.is_finite()) {
+        return Err(LaplaceError::Input(InputError::NonFinite { what: "network weights" }));
     }
-    /// `LowRank` with rank `k` and the other defaults.
-    pub fn low_rank(k: usize) -> Self {
-        Self::LowRank(LowRankConfig { rank: k, ..Default::default() })
-    }
-    /// Short name (`full`, `block_diag`, `diag`, `kfac`, `ekfac`, `last_layer`, `low_rank`,
-    /// `sampled`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Full(_) => "full",
-            Self::BlockDiag(_) => "block_diag",
-            Self::Diag => "diag",
-            Self::Kfac => "kfac",
-            Self::Ekfac => "ekfac",
-            Self::LastLayer(_) => "last_layer",
-            Self::LowRank(_) => "low_rank",
-            Self::Sampled(_) => "sampled",
-        }
-    }
+    Ok(())
 }
 
-/// Which weights the posterior covers (laplace-torch's `subset_of_weights`); the others stay
-/// at their MAP values.
-///
-/// | weights | structures |
-/// |---|---|
-/// | `All` | every [`Structure`] |
-/// | `LastLayer` | `Kfac`, `Ekfac`, `Full` (the same as `Structure::LastLayer`), `LastLayer` |
-/// | `Subnetwork(indices)` | `Full` (the dense GGN over those weights, as laplace-torch's `SubnetLaplace`) |
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub enum Weights {
-    /// Every weight (laplace-torch's `'all'`).
-    #[default]
-    All,
-    /// The last layer's weights and biases (`'last_layer'`): with a one-output Gaussian head
-    /// its KFAC is exact, `(1/σ²) ⊗ Σ φ̃φ̃ᵀ`.
-    LastLayer,
-    /// The weights at these flat parameter indices (strictly increasing, each `< p`), chosen
-    /// by the caller (e.g. the largest-variance weights of a diagonal Laplace, Daxberger et al.
-    /// 2021).
-    Subnetwork(Vec<usize>),
-}
-
-/// What the curvature `C` of every structure is built from.
-///
-/// Both are `Σᵢ J(xᵢ)ᵀ Mᵢ J(xᵢ)` with a PSD output-space block `Mᵢ` per point, so every
-/// structure (full, diagonal, block-diagonal, KFAC, EKFAC, last layer, low rank) takes either.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CurvatureSource {
-    /// The generalised Gauss-Newton: `Mᵢ = Hᵢ = ∂²(−log p(yᵢ | f))/∂f²` at `f(xᵢ; w*)` (PSD
-    /// for every likelihood here; laplace-torch's default).
-    #[default]
-    Ggn,
-    /// The empirical Fisher `Σᵢ ∇_w ℓᵢ ∇_w ℓᵢᵀ`: `Mᵢ = gᵢgᵢᵀ` with `gᵢ = ∂(−log p(yᵢ | f))/∂f`
-    /// at the observed label (rank one per point). The Generalized Laplace paper's App. A.1:
-    /// "the expectation of the squared gradients", KFAC's `G = E[ggᵀ]` of the backpropagated
-    /// gradients.
-    EmpiricalFisher,
-}
-
-/// Where KFAC / EKFAC put a layer's bias.
-///
-/// `Folded` (default, Martens & Grosse's augmented input `ã = [a; 1]`): one Kronecker block
-/// `G ⊗ Σ ããᵀ` over `[W | b]`, which couples weights and bias. `Separate`: a block `G ⊗ Σ aaᵀ`
-/// for `W` and `n·G = Σ δδᵀ` (the exact bias GGN) for `b`, with no weight–bias coupling — the
-/// convention of laplace-torch's KFAC backends, as far as we can tell from their factor lists
-/// (weight `[G, A]`, bias `[G]`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum KronBias {
-    /// Bias folded into the input factor.
-    #[default]
-    Folded,
-    /// Weight and bias in separate blocks.
-    Separate,
-}
-
-/// Diagnostics of a fit.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct FitReport {
-    /// Parameters the curvature covers.
-    pub dim: usize,
-    /// Low-rank: Lanczos iterations, the largest relative Ritz residual of the kept pairs, and
-    /// the rank actually kept (smaller than asked when the GGN's numerical rank is smaller).
-    /// Sampled with the `LowRank` preconditioner: the same for the preconditioner's pairs.
-    pub lanczos_iterations: usize,
-    /// See `lanczos_iterations`.
-    pub max_ritz_residual: f64,
-    /// See `lanczos_iterations`.
-    pub rank: usize,
-    /// Low-rank: whether the GGN products used cached layer statistics (`crate::ggn`).
-    #[serde(default)]
-    pub cached_statistics: bool,
-    /// Seconds spent building the curvature.
-    pub seconds: f64,
-    /// Sampled: λ after each EM step.
-    #[serde(default)]
-    pub em_prior_precisions: Vec<f64>,
-    /// Sampled: products with the posterior precision in each solve (one per CG iteration,
-    /// plus residual checks).
-    #[serde(default)]
-    pub cg_products: Vec<usize>,
-}
-
-/// Per-point square roots `Lᵢ` (`d' × k`, `LᵢLᵢᵀ = Hᵢ`) of PSD Hessian blocks; `k = d'`
-/// (`k = 1` for scalar outputs). Eigenvalues below zero (rounding) are clamped.
-pub(crate) fn hessian_factors(hessians: &[DMatrix<f64>]) -> Vec<DMatrix<f64>> {
-    hessians
-        .iter()
-        .map(|h| {
-            if h.nrows() == 1 {
-                return DMatrix::from_element(1, 1, h[(0, 0)].max(0.0).sqrt());
-            }
-            let eig = ((h + h.transpose()) * 0.5).symmetric_eigen();
-            let mut l = eig.eigenvectors.clone();
-            for (j, mut col) in l.column_iter_mut().enumerate() {
-                col *= eig.eigenvalues[j].max(0.0).sqrt();
-            }
-            l
-        })
-        .collect()
-}
-
-/// `R` rows `Lᵢ[:, c]ᵀ J(xᵢ)` (`len·k × p`) for a chunk: `RᵀR = Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`.
-fn whitened_jacobian<N: Network>(net: &N, data: &Data, start: usize, len: usize) -> Result<DMatrix<f64>> {
-    let (q, k) = (net.output_dim(), data.k());
-    let jac = net.jacobian(&data.rows(start, len))?;
-    let mut r = DMatrix::zeros(len * k, jac.ncols());
-    for i in 0..len {
-        let l = &data.factors[start + i];
-        // rows i·k .. i·k + k = Lᵢᵀ J_i
-        let ji = jac.rows(i * q, q);
-        r.rows_mut(i * k, k).gemm_tr(1.0, l, &ji, 0.0);
-    }
-    Ok(r)
-}
-
-/// The full GGN: thin SVD of the whitened Jacobian `Rᵀ` when `n·k < p` (exact, `O(p·(nk)²)`),
-/// otherwise the dense `RᵀR` accumulated over chunks and its eigendecomposition.
-pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Result<EigenCurvature> {
-    let p = net.n_params();
-    if p > config.max_params {
-        return Err(LaplaceError::TooLarge {
-            structure: "full",
-            what: "parameters",
-            size: p,
-            limit: config.max_params,
-        });
-    }
-    let all: Vec<usize> = (0..p).collect();
-    let mut factors = factor_blocks(net, data, std::slice::from_ref(&all))?;
-    let mut full = factors.pop().expect("one block");
-    full.label = "full".into();
-    Ok(full)
-}
-
-/// The GGN's diagonal: from layer statistics when the network has them (`Σ (δ_r ã_j)²` as one
-/// GEMM per dense layer), otherwise from Jacobian chunks.
-pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>> {
-    let p = net.n_params();
-    let infos = net.layer_infos();
-    let mut diag = DVector::zeros(p);
-    if infos.is_empty() {
-        for_chunks(
-            data,
-            |s, l| {
-                let r = whitened_jacobian(net, data, s, l)?;
-                Ok(DVector::from_iterator(r.ncols(), r.column_iter().map(|c| c.norm_squared())))
-            },
-            |_, _, part| {
-                diag += part;
-                Ok(())
-            },
-        )?;
-        return Ok(diag);
-    }
-    let k = data.k();
-    let per_chunk = |start: usize, len: usize| -> Result<Vec<DMatrix<f64>>> {
-        let stats = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
-        Ok(infos
-            .iter()
-            .zip(&stats)
-            .map(|(info, st)| {
-                if info.positions() == 1 {
-                    // Σ_{i,c} δ²_{(i,c), r} ã²_{i, j}: rows of ã repeated per column c.
-                    let at = st.augmented_inputs();
-                    let a2 = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| at[(row / k, j)].powi(2));
-                    st.output_grads.map(|d| d * d).transpose() * a2
-                } else {
-                    let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
-                    for i in 0..len {
-                        for c in 0..k {
-                            acc += st.example_gradient(i, c).map(|g| g * g);
-                        }
-                    }
-                    acc
-                }
-            })
-            .collect())
-    };
-    for_chunks(data, per_chunk, |_, _, parts| {
-        for (info, sq) in infos.iter().zip(parts) {
-            for r in 0..info.fan_out {
-                for j in 0..=info.fan_in {
-                    diag[info.flat_index(r, j)] += sq[(r, j)];
-                }
-            }
-        }
-        Ok(())
-    })?;
-    Ok(diag)
-}
-
-/// Flat indices of a layer's weights then biases.
-fn layer_flat(info: &LayerInfo) -> Vec<usize> {
-    info.weight.clone().chain(info.bias.clone()).collect()
-}
-
-/// The GGN restricted to each block of flat indices, factorised exactly: a block with fewer
-/// whitened Jacobian rows (`n·k`) than parameters by the thin SVD of its rows
-/// (`O(block·(nk)²)`), otherwise by accumulating its dense Gram and an eigendecomposition
-/// (`O(block³)`). One pass over the data serves every block.
-fn factor_blocks<N: Network>(net: &N, data: &Data, blocks: &[Vec<usize>]) -> Result<Vec<EigenCurvature>> {
-    let nk = data.x.nrows() * data.k();
-    let by_svd: Vec<bool> = blocks.iter().map(|b| nk < b.len()).collect();
-    // A block that is every parameter in order (the full GGN) needs no column selection.
-    let whole: Vec<bool> = blocks
-        .iter()
-        .map(|b| b.len() == net.n_params() && b.iter().enumerate().all(|(i, &c)| i == c))
-        .collect();
-    let mut grams: Vec<DMatrix<f64>> = blocks
-        .iter()
-        .zip(&by_svd)
-        .map(|(b, &svd)| if svd { DMatrix::zeros(b.len(), nk) } else { DMatrix::zeros(b.len(), b.len()) })
-        .collect();
-    for_chunks(
-        data,
-        |s, l| whitened_jacobian(net, data, s, l),
-        |start, len, r| {
-            for (((b, g), &svd), &whole) in blocks.iter().zip(grams.iter_mut()).zip(&by_svd).zip(&whole) {
-                let selected;
-                let rb = if whole {
-                    &r
-                } else {
-                    selected = r.select_columns(b);
-                    &selected
-                };
-                if svd {
-                    g.columns_mut(start * data.k(), len * data.k()).copy_from(&rb.transpose());
-                } else {
-                    g.gemm(1.0, &rb.transpose(), rb, 1.0);
-                }
-            }
-            Ok(())
-        },
-    )?;
-    grams
-        .into_iter()
-        .zip(by_svd)
-        .map(|(g, svd)| {
-            let (values, vectors) = if svd {
-                let f = thin_svd_owned(g)?;
-                (f.s.map(|s| s * s), f.u)
-            } else {
-                sym_eigh(&g)?
-            };
-            Ok(EigenCurvature {
-                label: "block".into(),
-                vectors,
-                values: values.map(|v| v.max(0.0)),
-                remainder: None,
-            })
-        })
-        .collect()
-}
-
-/// One dense block per layer (all parameters as one block for a network without layers);
-/// returns the structure and the flat index of each coordinate.
-pub(crate) fn block_diag<N: Network>(
-    net: &N,
+/// Fits the Laplace approximation around `net`'s current (MAP) weights on `data`'s training
+/// set (targets `n × t`, `t` the likelihood's targets per point). The report is also kept in
+/// the posterior. Refused with a typed error rather than ignored: a validation set in `data`
+/// (pass it to [`LaplacePosterior::gridsearch_prior_precision`] or
+/// [`LaplacePosterior::select_temperature`]) and a likelihood that learns σ (the
+/// approximation takes σ as given: learn it in MAP training, `fspace_nn::fit_map`).
+pub fn fit<N: Network>(
+    net: N,
+    likelihood: LikelihoodSpec,
     data: &Data,
-    config: &BlockDiagConfig,
-) -> Result<(BlockDiagCurvature, Vec<usize>)> {
-    let infos = net.layer_infos();
-    let blocks: Vec<Vec<usize>> = if infos.is_empty() {
-        vec![(0..net.n_params()).collect()]
-    } else {
-        infos.iter().map(layer_flat).collect()
-    };
-    if let Some(big) = blocks.iter().map(|b| b.len()).max().filter(|&m| m > config.max_block_params) {
-        return Err(LaplaceError::TooLarge {
-            structure: "block_diag",
-            what: "parameters in one layer block",
-            size: big,
-            limit: config.max_block_params,
-        });
-    }
-    let mut out = Vec::with_capacity(blocks.len());
-    let mut offset = 0;
-    for eig in factor_blocks(net, data, &blocks)? {
-        let dim = eig.vectors.nrows();
-        out.push((offset, eig));
-        offset += dim;
-    }
-    Ok((BlockDiagCurvature { blocks: out }, blocks.concat()))
-}
-
-fn require_layers<N: Network>(net: &N, structure: &'static str) -> Result<Vec<LayerInfo>> {
-    let infos = net.layer_infos();
-    if infos.is_empty() {
-        return Err(LaplaceError::Unsupported {
-            structure,
-            reason:
-                "the network exposes no dense/convolutional layer structure (Network::layer_infos is empty)"
-                    .into(),
-        });
-    }
-    Ok(infos)
-}
-
-/// KFAC (Martens & Grosse 2015) and, for convolutions, KFC (Grosse & Martens 2016):
-/// `A = Σᵢ Σ_t ã ãᵀ`, `G = Σᵢ Σ_c Σ_t δ δᵀ / (n·T)`, so that `G ⊗ A` is exact for one example at
-/// one position. With `ekfac`, a second pass re-fits the eigenvalues in the Kronecker eigenbasis:
-/// `E_{rj} = Σᵢ Σ_c ((Q_Gᵀ gᵢ_c Q_A)_{rj})²` with `gᵢ_c = Σ_t δ ãᵀ` (George et al. 2018).
-pub(crate) fn kron<N: Network>(
-    net: &N,
-    data: &Data,
-    ekfac: bool,
-    weights: &Weights,
-    bias: KronBias,
-) -> Result<(KronCurvature, Vec<usize>)> {
-    let structure = if ekfac { "ekfac" } else { "kfac" };
-    let all_infos = require_layers(net, structure)?;
-    let ids: Vec<usize> = match weights {
-        Weights::All => (0..all_infos.len()).collect(),
-        Weights::LastLayer => vec![all_infos.len() - 1],
-        Weights::Subnetwork(_) => {
-            return Err(LaplaceError::Unsupported {
-                structure,
-                reason: "over a subnetwork only the full GGN is implemented".into(),
-            })
-        }
-    };
-    let infos: Vec<LayerInfo> = ids.iter().map(|&l| all_infos[l].clone()).collect();
-    let last_only = matches!(weights, Weights::LastLayer);
-    let q = net.output_dim();
-    if last_only && (infos[0].kind != LayerKind::Dense || infos[0].fan_out != q) {
-        return Err(LaplaceError::Unsupported {
-            structure,
-            reason: format!("the last layer {} is not a dense layer onto the {q} outputs", infos[0].name),
-        });
-    }
-    let n = data.x.nrows();
-    let mut a_fac: Vec<DMatrix<f64>> =
-        infos.iter().map(|i| DMatrix::zeros(i.fan_in + 1, i.fan_in + 1)).collect();
-    let mut g_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_out)).collect();
-    let stats_of = |start: usize, len: usize| -> Result<Vec<fspace_nn::LayerStatistics>> {
-        if last_only {
-            // The last layer alone: its inputs are the last-layer features, and the gradients
-            // at its (linear) outputs are the factor columns themselves — no pass through the
-            // other layers.
-            let k = data.k();
-            let factors = &data.factors[start..start + len];
-            return Ok(vec![fspace_nn::LayerStatistics {
-                positions: 1,
-                columns: k,
-                inputs: net.last_layer_features(&data.rows(start, len))?,
-                output_grads: DMatrix::from_fn(len * k, q, |r, o| factors[r / k][(o, r % k)]),
-            }]);
-        }
-        Ok(net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?)
-    };
-    let factors_of = |start: usize, len: usize| -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
-        Ok(stats_of(start, len)?
-            .iter()
-            .map(|st| {
-                let fi = st.inputs.ncols();
-                let mut a = DMatrix::zeros(fi + 1, fi + 1);
-                a.view_mut((0, 0), (fi, fi)).copy_from(&(st.inputs.transpose() * &st.inputs));
-                if bias == KronBias::Folded {
-                    let sums = st.inputs.row_sum();
-                    for j in 0..fi {
-                        a[(j, fi)] = sums[j];
-                        a[(fi, j)] = sums[j];
-                    }
-                }
-                a[(fi, fi)] = st.inputs.nrows() as f64;
-                (a, st.output_grads.transpose() * &st.output_grads)
-            })
-            .collect())
-    };
-    for_chunks(data, factors_of, |_, _, parts| {
-        for (l, (a, g)) in parts.into_iter().enumerate() {
-            a_fac[l] += a;
-            g_fac[l] += g;
-        }
-        Ok(())
-    })?;
-    let mut layers = Vec::with_capacity(infos.len());
-    for ((info, a), g) in infos.iter().zip(a_fac).zip(g_fac) {
-        let g = g / (n * info.positions()) as f64;
-        let (a_values, a_vectors) = sym_eigh(&a)?;
-        let (g_values, g_vectors) = sym_eigh(&g)?;
-        layers.push(KronLayer {
-            a_values: a_values.map(|v| v.max(0.0)),
-            a_vectors,
-            g_values: g_values.map(|v| v.max(0.0)),
-            g_vectors,
-            fitted: None,
-        });
-    }
-    if ekfac {
-        let k = data.k();
-        let mut fitted: Vec<DMatrix<f64>> =
-            infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_in + 1)).collect();
-        let layers_ref = &layers;
-        let fit_of = |start: usize, len: usize| -> Result<Vec<DMatrix<f64>>> {
-            let stats = stats_of(start, len)?;
-            Ok(stats
-                .iter()
-                .zip(&infos)
-                .zip(layers_ref)
-                .map(|((st, info), layer)| {
-                    if info.positions() == 1 {
-                        // (Q_Gᵀ δ)_r² (Q_Aᵀ ã)_j² summed over (i, c): one GEMM.
-                        let va = (st.augmented_inputs() * &layer.a_vectors).map(|v| v * v);
-                        let va_rep = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| va[(row / k, j)]);
-                        let ug = (&st.output_grads * &layer.g_vectors).map(|v| v * v);
-                        ug.transpose() * va_rep
-                    } else {
-                        let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
-                        for i in 0..len {
-                            for c in 0..k {
-                                let proj = layer.g_vectors.transpose()
-                                    * st.example_gradient(i, c)
-                                    * &layer.a_vectors;
-                                acc += proj.map(|v| v * v);
-                            }
-                        }
-                        acc
-                    }
-                })
-                .collect())
-        };
-        for_chunks(data, fit_of, |_, _, parts| {
-            for (f, part) in fitted.iter_mut().zip(parts) {
-                *f += part;
-            }
-            Ok(())
-        })?;
-        for (layer, e) in layers.iter_mut().zip(fitted) {
-            layer.fitted = Some(e);
-        }
-    }
-    let indices = infos.iter().flat_map(|i| i.kron_order()).collect();
-    let network_layers = if matches!(weights, Weights::All) { Vec::new() } else { ids };
-    Ok((KronCurvature { layers, network_layers }, indices))
-}
-
-/// The last layer: `C = Σᵢ Hᵢ ⊗ φ̃ᵢφ̃ᵢᵀ` in the layer's `[W | b]` coordinates, `φ̃ = [φ; 1]`
-/// the last-layer features, by one GEMM per output pair; then its eigendecomposition.
-pub(crate) fn last_layer<N: Network>(
-    net: &N,
-    data: &Data,
-    config: &LastLayerConfig,
-) -> Result<(EigenCurvature, Vec<usize>, LayerInfo)> {
-    let infos = require_layers(net, "last_layer")?;
-    let last = infos.last().expect("non-empty").clone();
-    let q = net.output_dim();
-    if last.kind != LayerKind::Dense || last.fan_out != q {
-        return Err(LaplaceError::Unsupported {
-            structure: "last_layer",
-            reason: format!("the last layer {} is not a dense layer onto the {q} outputs", last.name),
-        });
-    }
-    let dim = last.n_params();
-    if dim > config.max_params {
-        return Err(LaplaceError::TooLarge {
-            structure: "last_layer",
-            what: "last-layer parameters",
-            size: dim,
-            limit: config.max_params,
-        });
-    }
-    let h1 = last.fan_in + 1;
-    let mut c = DMatrix::zeros(dim, dim);
-    for (start, len) in data.chunks() {
-        let phi = net.last_layer_features(&data.rows(start, len))?;
-        let phit = DMatrix::from_fn(len, h1, |i, j| if j < last.fan_in { phi[(i, j)] } else { 1.0 });
-        for o in 0..q {
-            for o2 in o..q {
-                let w: Vec<f64> = (0..len).map(|i| data.hessians[start + i][(o, o2)]).collect();
-                if w.iter().all(|&v| v == 0.0) {
-                    continue;
-                }
-                let weighted = DMatrix::from_fn(len, h1, |i, j| phit[(i, j)] * w[i]);
-                let block = weighted.transpose() * &phit;
-                c.view_mut((o * h1, o2 * h1), (h1, h1)).add_assign(&block);
-                if o2 != o {
-                    c.view_mut((o2 * h1, o * h1), (h1, h1)).add_assign(&block.transpose());
-                }
-            }
-        }
-    }
-    let (values, vectors) = sym_eigh(&c)?;
-    let indices = last.kron_order();
-    Ok((
-        EigenCurvature {
-            label: "last_layer".into(),
-            vectors,
-            values: values.map(|v| v.max(0.0)),
-            remainder: None,
-        },
-        indices,
-        last,
-    ))
-}
-
-use std::ops::AddAssign;
-
-/// Top-`k` eigenpairs of the GGN by Lanczos with full reorthogonalisation on the matrix-free
-/// product `v ↦ Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` (one forward and one reverse pass per chunk). The Krylov
-/// space grows (×1.5) until every kept Ritz pair has a relative residual below `tol`, or the
-/// GGN's numerical rank is reached, so the kept pairs are eigenpairs, not just Ritz pairs.
-pub(crate) fn low_rank<N: Network>(
-    net: &N,
-    data: &Data,
-    config: &LowRankConfig,
-    report: &mut FitReport,
-) -> Result<EigenCurvature> {
-    if config.rank == 0 {
+    config: &LaplaceConfig,
+) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
+    let (x, y) = (data.x(), &data.y_flat());
+    let start = Instant::now();
+    if data.validation().is_some() {
         return Err(LaplaceError::Input(InputError::Invalid {
-            what: "low-rank rank",
+            what: "validation data",
+            reason: "the Laplace fit does not use a validation set; pass it to \
+                     gridsearch_prior_precision or select_temperature after the fit"
+                .into(),
+        }));
+    }
+    if likelihood.learns_noise() {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "likelihood",
+            reason: "the Laplace approximation takes σ as given (learn: false); learn it with the \
+                     network in fspace_nn::fit_map, whose report holds the learned likelihood"
+                .into(),
+        }));
+    }
+    ensure_positive("temperature", config.temperature)?;
+    if config.chunk_points == 0 {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "chunk_points",
             reason: "must be ≥ 1".into(),
         }));
     }
-    crate::error::ensure_positive("low-rank tolerance", config.tol)?;
-    let p = net.n_params();
-    let k = config.rank.min(p);
-    let cache = CachedGgn::build(net, data, config.statistics_cache_bytes)?;
-    report.cached_statistics = cache.is_some();
-    let failure = std::sync::Mutex::new(None);
-    let streamed = |v: &DVector<f64>| -> Result<DVector<f64>> {
-        let mut out = DVector::zeros(p);
-        for_chunks(
-            data,
-            |s, l| Ok(net.ggn_vector_product(&data.rows(s, l), &data.hessians[s..s + l], v)?),
-            |_, _, g| {
-                out += g;
-                Ok(())
-            },
-        )?;
-        Ok(out)
+    let lik = likelihood.build()?;
+    check_data(&net, lik.as_ref(), x, y)?;
+    // The sampled structure starts EM from one λ and draws at one (T, λ).
+    let lambda0 = match (&config.structure, &config.prior_precision) {
+        (Structure::Sampled(_), PriorPrecision::PerLayer(_)) => {
+            return Err(LaplaceError::Unsupported {
+                structure: "sampled",
+                reason: "EM sets one prior precision; pass PriorPrecision::Scalar (its start)".into(),
+            })
+        }
+        (_, PriorPrecision::Scalar(l)) => {
+            ensure_positive("prior precision λ", *l)?;
+            *l
+        }
+        (_, PriorPrecision::PerLayer(_)) => 1.0,
     };
-    let op = FnOperator::new(p, |v: &DVector<f64>| {
-        let result = match &cache {
-            Some(c) => c.product(data, v),
-            None => streamed(v),
-        };
-        match result {
-            Ok(out) => out,
-            Err(e) => {
-                *failure.lock().expect("not poisoned") = Some(e);
-                DVector::from_element(p, f64::NAN)
-            }
-        }
-    });
-    let mut m = (k + k / 2 + 10).min(p).min(config.max_iterations.max(k));
-    loop {
-        let cfg = LanczosConfig {
-            max_rank: m,
-            start: StartVector::Random(config.seed),
-            check_symmetry: false,
-            pivot_tol: 1e-13,
-            breakdown_tol: 1e-13,
-            ..Default::default()
-        };
-        let dec = lanczos(&op, &cfg);
-        if let Some(e) = failure.lock().expect("not poisoned").take() {
-            return Err(e);
-        }
-        let dec = dec?;
-        let (theta, vectors) = dec.ritz();
-        let res = dec.ritz_residuals();
-        let exhausted = dec.info().stop != StopReason::MaxRank;
-        // Keep pairs whose Ritz value is numerically non-zero (rank ≤ numerical rank).
-        let cutoff = 1e-12 * theta[0].abs();
-        let kept = (0..k.min(theta.len())).filter(|&j| theta[j] > cutoff).count().max(1);
-        let worst = (0..kept).map(|j| res[j]).fold(0.0, f64::max);
-        let converged = exhausted || worst <= config.tol;
-        if converged || m >= config.max_iterations.min(p) {
-            if !converged {
-                return Err(LaplaceError::Linalg(fspace_linalg::LinalgError::NoConvergence {
-                    method: "low-rank Lanczos (top-k Ritz residuals)",
-                    iterations: m,
-                    residual: worst,
-                }));
-            }
-            report.lanczos_iterations = dec.info().iterations;
-            report.max_ritz_residual = worst;
-            report.rank = kept;
-            let v = vectors.columns(0, kept).into_owned();
-            let s = theta.rows(0, kept).map(|x| x.max(0.0));
-            let remainder = if config.diag_remainder {
-                let d = diagonal(net, data)?;
-                let mut vs2 = DVector::zeros(p);
-                for j in 0..kept {
-                    for i in 0..p {
-                        vs2[i] += s[j] * v[(i, j)] * v[(i, j)];
-                    }
-                }
-                Some((d - vs2).map(|x| x.max(0.0)))
-            } else {
-                None
-            };
-            return Ok(EigenCurvature { label: "low_rank".into(), vectors: v, values: s, remainder });
-        }
-        m = ((m * 3) / 2).min(config.max_iterations).min(p);
+    let f = forward_chunked(&net, x, config.chunk_points)?;
+    let log_likelihood = -lik.nll(&f, y)?;
+    let data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
+    let mut report = FitReport::default();
+    let (curvature, indices) = build(
+        &net,
+        &data,
+        &config.structure,
+        &config.weights,
+        config.kron_bias,
+        lambda0,
+        config.temperature,
+        &mut report,
+    )?;
+    let infos = net.layer_infos();
+    let n_groups = infos.len().max(1);
+    let groups = prior_groups(&infos, net.n_params(), &indices);
+    report.dim = curvature.dim();
+    if report.rank == 0 {
+        report.rank = curvature.dim();
     }
-}
-
-/// Builds the structure over the chosen weights; returns it with the flat index of each of its
-/// coordinates.
-/// `lambda0` and `t` matter only to `Sampled`, whose draws are made at one `(T, λ)` (EM's start).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn build<N: Network>(
-    net: &N,
-    data: &Data,
-    structure: &Structure,
-    weights: &Weights,
-    bias: KronBias,
-    lambda0: f64,
-    t: f64,
-    report: &mut FitReport,
-) -> Result<(Curvature, Vec<usize>)> {
-    let all = || (0..net.n_params()).collect::<Vec<_>>();
-    if let Weights::Subnetwork(idx) = weights {
-        let p = net.n_params();
-        if idx.is_empty() {
-            return Err(LaplaceError::Input(InputError::Empty { what: "subnetwork parameter indices" }));
-        }
-        if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
-            return Err(LaplaceError::Input(InputError::Invalid {
-                what: "subnetwork parameter indices",
-                reason: format!("must be strictly increasing ({} then {})", w[0], w[1]),
-            }));
-        }
-        if idx[idx.len() - 1] >= p {
-            return Err(LaplaceError::Input(InputError::Invalid {
-                what: "subnetwork parameter indices",
-                reason: format!("index {} is not below the {p} parameters", idx[idx.len() - 1]),
-            }));
-        }
-        return match structure {
-            Structure::Full(c) => {
-                if idx.len() > c.max_params {
-                    return Err(LaplaceError::TooLarge {
-                        structure: "full",
-                        what: "subnetwork parameters",
-                        size: idx.len(),
-                        limit: c.max_params,
-                    });
-                }
-                let mut e = factor_blocks(net, data, std::slice::from_ref(idx))?.pop().expect("one block");
-                e.label = "subnetwork".into();
-                Ok((Curvature::Eigen(e), idx.clone()))
-            }
-            other => Err(LaplaceError::Unsupported {
-                structure: other.name(),
-                reason: "over a subnetwork only the full GGN is implemented".into(),
-            }),
-        };
-    }
-    if let Weights::LastLayer = weights {
-        return match structure {
-            Structure::Kfac | Structure::Ekfac => {
-                let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights, bias)?;
-                Ok((Curvature::Kron(k), idx))
-            }
-            Structure::Full(c) => {
-                let (e, idx, _) = last_layer(net, data, &LastLayerConfig { max_params: c.max_params })?;
-                Ok((Curvature::Eigen(e), idx))
-            }
-            Structure::LastLayer(c) => {
-                let (e, idx, _) = last_layer(net, data, c)?;
-                Ok((Curvature::Eigen(e), idx))
-            }
-            other => Err(LaplaceError::Unsupported {
-                structure: other.name(),
-                reason:
-                    "over the last layer only full (= Structure::LastLayer), KFAC and EKFAC are implemented"
-                        .into(),
-            }),
-        };
-    }
-    Ok(match structure {
-        Structure::Full(c) => (Curvature::Eigen(full(net, data, c)?), all()),
-        Structure::Diag => (Curvature::Diag(DiagCurvature { diag: diagonal(net, data)? }), all()),
-        Structure::BlockDiag(c) => {
-            let (b, idx) = block_diag(net, data, c)?;
-            (Curvature::BlockDiag(b), idx)
-        }
-        Structure::Kfac | Structure::Ekfac => {
-            let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights, bias)?;
-            (Curvature::Kron(k), idx)
-        }
-        Structure::LastLayer(c) => {
-            let (e, idx, _) = last_layer(net, data, c)?;
-            (Curvature::Eigen(e), idx)
-        }
-        Structure::LowRank(c) => (Curvature::Eigen(low_rank(net, data, c, report)?), all()),
-        Structure::Sampled(c) => {
-            validate(c)?;
-            let precond = match c.preconditioner {
-                SampledPreconditioner::Kfac => {
-                    let (k, idx) = kron(net, data, false, &Weights::All, KronBias::Folded)?;
-                    Precond::Kron(k, idx)
-                }
-                SampledPreconditioner::Diag => Precond::Diag(diagonal(net, data)?),
-                SampledPreconditioner::LowRank(rank) => {
-                    // Any Ritz pairs precondition: one Lanczos run, no residual target.
-                    let cfg = LowRankConfig {
-                        rank,
-                        tol: f64::MAX,
-                        statistics_cache_bytes: c.statistics_cache_bytes,
-                        seed: c.seed,
-                        ..Default::default()
-                    };
-                    let e = low_rank(net, data, &cfg, report)?;
-                    Precond::LowRank { vt: e.vectors.transpose(), v: e.vectors, s: e.values }
-                }
-                SampledPreconditioner::Identity => Precond::Identity,
-            };
-            let run = sampled(net, data, c, precond, lambda0, t)?;
-            report.cached_statistics = run.cached;
-            report.em_prior_precisions = run.em_prior_precisions;
-            report.cg_products = run.cg_products;
-            (Curvature::Samples(run.curvature), all())
-        }
-    })
-}
-
-/// The per-point output-space blocks `Mᵢ` of `source` at `f(X; w*)` and their square roots.
-pub(crate) fn data_for<'a>(
-    x: &'a DMatrix<f64>,
-    f: &DMatrix<f64>,
-    y: &DVector<f64>,
-    lik: &dyn Likelihood,
-    chunk: usize,
-    source: CurvatureSource,
-) -> Result<Data<'a>> {
-    let (hessians, factors) = match source {
-        CurvatureSource::Ggn => {
-            let hessians = lik.nll_hessian(f, y)?;
-            let factors = hessian_factors(&hessians);
-            (hessians, factors)
-        }
-        CurvatureSource::EmpiricalFisher => {
-            // Row i of the gradient is gᵢᵀ; its square root is gᵢ itself (k = 1).
-            let grad = lik.nll_grad(f, y)?;
-            let factors: Vec<DMatrix<f64>> = grad
-                .row_iter()
-                .map(|g| DMatrix::from_column_slice(g.len(), 1, g.transpose().as_slice()))
-                .collect();
-            let hessians = factors.iter().map(|g| g * g.transpose()).collect();
-            (hessians, factors)
-        }
+    report.seconds = start.elapsed().as_secs_f64();
+    let mut post = LaplacePosterior {
+        net,
+        likelihood,
+        curvature,
+        indices,
+        groups,
+        n_groups,
+        lambdas: vec![1.0; n_groups],
+        temperature: config.temperature,
+        log_likelihood,
+        n_data: x.nrows(),
+        predictive: config.predictive.clone(),
+        report,
     };
-    Ok(Data { x, hessians, factors, chunk })
+    post.set_prior_precision(config.prior_precision.clone())?;
+    if let Curvature::Samples(s) = &post.curvature {
+        post.lambdas = vec![s.prior_precision; post.n_groups];
+    }
+    post.set_predictive(config.predictive.clone())?;
+    Ok(Fitted { report: post.report.clone(), posterior: post })
 }

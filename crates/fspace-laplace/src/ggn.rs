@@ -376,7 +376,7 @@ impl CachedGgn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fit::{data_for, CurvatureSource};
+    use crate::data::{data_for, CurvatureSource};
     use fspace_core::LikelihoodSpec;
     use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, Mlp, MlpConfig};
     use fspace_testutil::{randn, rel_frob, rng};

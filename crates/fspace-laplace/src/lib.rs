@@ -42,6 +42,8 @@
 //!   exact for one example; for convolutions (Grosse & Martens 2016) `G` is also averaged over
 //!   the `T` output positions and `A` summed over them.
 
+mod config;
+mod construct;
 mod curvature;
 mod data;
 mod error;
@@ -50,15 +52,18 @@ mod ggn;
 mod posterior;
 mod predict;
 mod sampled;
+mod structure;
 
+pub use config::{LaplaceConfig, MarglikConfig, Predictive, PriorPrecision};
 pub use curvature::{
     BlockDiagCurvature, Curvature, CurvatureApprox, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
     SampleCurvature,
 };
+pub use data::CurvatureSource;
 pub use error::{LaplaceError, Result};
-pub use fit::{
-    BlockDiagConfig, CurvatureSource, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig,
-    Structure, Weights,
-};
-pub use posterior::{fit, LaplaceConfig, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision};
+pub use fit::fit;
+pub use posterior::LaplacePosterior;
 pub use sampled::{SampledConfig, SampledPreconditioner};
+pub use structure::{
+    BlockDiagConfig, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig, Structure, Weights,
+};

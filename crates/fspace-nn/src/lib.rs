@@ -11,13 +11,13 @@
 //!   layer structure and KFAC statistics ([`LayerInfo`], [`LayerStatistics`]), last-layer
 //!   features. Each network implements it in its own file.
 //! * [`Mlp`] (tanh / ReLU / sigmoid / softplus / GELU, [`Activation`]): `f`, `J·u`, `Jᵀ·V` and
-//!   the fused pass as row-major GEMM rules (`mlp_batched`), the NTK and its `Z` gradient as
+//!   the fused pass as row-major GEMM rules (`mlp::batched`), the NTK and its `Z` gradient as
 //!   explicit rules (`ntk`, VaLLA App. F.3), `J S Jᵀ` and its pull-back by the tangent-network
 //!   rule (`jsj`). dfdx's taped passes (`jvp_taped`, `vjp_taped`, `jsj_pullback`,
 //!   `ntk_pullback_z`, behind the `taped-reference` feature) are the independent references
 //!   the tests compare the GEMM rules against.
 //! * [`Cnn`] (conv / max-pool / dense: LeNet-5, FSP-Laplace's MNIST net): batched im2col GEMM
-//!   rules (`cnn_batched`) and per-image rules for the Jacobian and as the tests' reference.
+//!   rules (`cnn::batched`) and per-image rules for the Jacobian and as the tests' reference.
 //! * [`HelmholtzNet`]: `f = ∇Φ + rot Ψ` from two scalar MLPs (FSP-Laplace eq. B.2), with `Jᵀ·V`
 //!   by second-order reverse passes and `J·u` through its Jacobian.
 //! * [`Featurized`]: a network on features `φ(x)` ([`FeatureMap`], e.g. `sin/cos(2πt/T)`),
@@ -32,18 +32,15 @@
 //! Not yet: second-order operators (`J S Jᵀ` pull-back, NTK input gradients) for the CNN.
 
 mod activation;
+mod batch;
 mod cnn;
-mod cnn_batched;
 mod error;
 mod features;
 mod gemm;
 mod helmholtz;
-mod jsj;
 mod layers;
 mod mlp;
-mod mlp_batched;
 mod network;
-mod ntk;
 mod scratch;
 mod tape;
 mod train;
@@ -53,11 +50,11 @@ pub use cnn::{Cnn, CnnConfig, ConvBlock};
 pub use error::{NnError, Result};
 pub use features::{FeatureMap, Featurized};
 pub use helmholtz::HelmholtzNet;
-pub use jsj::{GramCotangent, WeightedGram};
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Mlp, MlpConfig};
-pub use network::{JointCotangents, Network, OutputsAndGradients};
-pub use ntk::{NtkPair, Outputs};
+pub use network::{
+    GramCotangent, JointCotangents, Network, NtkPair, Outputs, OutputsAndGradients, WeightedGram,
+};
 pub use train::{
     fit_map, fit_map_observed, train_map, MapReport, Regularizer, TrainConfig, TrainProgress, TrainReport,
 };

@@ -25,13 +25,11 @@
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
+use crate::batch::{activate, add_column_sums, bias_rows, check_cotangent, copy_short, row_major, scale_by};
 use crate::cnn::{Cnn, Layer};
 use crate::error::Result;
 use crate::gemm::{gemm, Operand};
 use crate::layers::LayerStatistics;
-use crate::mlp_batched::{
-    activate, add_column_sums, bias_rows, check_cotangent, copy_short, row_major, scale_by,
-};
 use crate::scratch::{overwritten, recycle, recycle_indices, zeroed, zeroed_indices};
 
 /// Images per chunk of a batched pass.

@@ -2,14 +2,19 @@
 //! network implements it in its own file through [`network_impl!`], which forwards the trait's
 //! methods to the network's inherent ones.
 
+mod gram;
+mod ntk;
+
+pub(crate) use gram::check_variances;
+pub use gram::{GramCotangent, WeightedGram};
+pub use ntk::{NtkPair, Outputs};
+
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
 use crate::error::{all_finite, NnError, Result};
-use crate::jsj::WeightedGram;
 use crate::layers::{LayerInfo, LayerStatistics};
-use crate::ntk::{NtkPair, Outputs};
 
 /// The cotangent rule of [`Network::forward_vjp_many`]: every network's outputs in, one
 /// cotangent per network out.
@@ -309,13 +314,13 @@ pub(crate) fn forward_vjp_traced<N: Network, T: Send>(
     let vs = cotangents(&fs)?;
     check_one_per_network(vs.len(), nets.len())?;
     for (net, v) in nets.iter().zip(&vs) {
-        crate::mlp_batched::check_cotangent(v, rows, net.output_dim())?;
+        crate::batch::check_cotangent(v, rows, net.output_dim())?;
     }
     let gs = nets
         .par_iter()
         .zip(traces)
         .zip(&vs)
-        .map(|((net, t), v)| DVector::from_vec(adjoint(net, t, crate::mlp_batched::row_major(v))))
+        .map(|((net, t), v)| DVector::from_vec(adjoint(net, t, crate::batch::row_major(v))))
         .collect();
     Ok((fs, gs))
 }

@@ -1,0 +1,639 @@
+//! Building each curvature structure from a network at its MAP weights and the training data.
+//!
+//! Everything streams over the data in chunks of points, so memory is that of the structure
+//! plus one chunk's Jacobian (`chunk·d' × p`) or layer statistics.
+
+use fspace_input::InputError;
+use fspace_linalg::{lanczos, sym_eigh, thin_svd_owned, FnOperator, LanczosConfig, StartVector, StopReason};
+use fspace_nn::{LayerInfo, LayerKind, Network};
+use nalgebra::{DMatrix, DVector};
+
+use crate::curvature::{
+    BlockDiagCurvature, Curvature, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
+};
+use crate::data::{for_chunks, Data};
+use crate::error::{LaplaceError, Result};
+use crate::ggn::CachedGgn;
+use crate::sampled::{sampled, validate, Precond, SampledPreconditioner};
+use crate::structure::{
+    BlockDiagConfig, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig, Structure, Weights,
+};
+
+/// `R` rows `Lᵢ[:, c]ᵀ J(xᵢ)` (`len·k × p`) for a chunk: `RᵀR = Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)`.
+fn whitened_jacobian<N: Network>(net: &N, data: &Data, start: usize, len: usize) -> Result<DMatrix<f64>> {
+    let (q, k) = (net.output_dim(), data.k());
+    let jac = net.jacobian(&data.rows(start, len))?;
+    let mut r = DMatrix::zeros(len * k, jac.ncols());
+    for i in 0..len {
+        let l = &data.factors[start + i];
+        // rows i·k .. i·k + k = Lᵢᵀ J_i
+        let ji = jac.rows(i * q, q);
+        r.rows_mut(i * k, k).gemm_tr(1.0, l, &ji, 0.0);
+    }
+    Ok(r)
+}
+
+/// The full GGN: thin SVD of the whitened Jacobian `Rᵀ` when `n·k < p` (exact, `O(p·(nk)²)`),
+/// otherwise the dense `RᵀR` accumulated over chunks and its eigendecomposition.
+pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Result<EigenCurvature> {
+    let p = net.n_params();
+    if p > config.max_params {
+        return Err(LaplaceError::TooLarge {
+            structure: "full",
+            what: "parameters",
+            size: p,
+            limit: config.max_params,
+        });
+    }
+    let all: Vec<usize> = (0..p).collect();
+    let mut factors = factor_blocks(net, data, std::slice::from_ref(&all))?;
+    let mut full = factors.pop().expect("one block");
+    full.label = "full".into();
+    Ok(full)
+}
+
+/// The GGN's diagonal: from layer statistics when the network has them (`Σ (δ_r ã_j)²` as one
+/// GEMM per dense layer), otherwise from Jacobian chunks.
+pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>> {
+    let p = net.n_params();
+    let infos = net.layer_infos();
+    let mut diag = DVector::zeros(p);
+    if infos.is_empty() {
+        for_chunks(
+            data,
+            |s, l| {
+                let r = whitened_jacobian(net, data, s, l)?;
+                Ok(DVector::from_iterator(r.ncols(), r.column_iter().map(|c| c.norm_squared())))
+            },
+            |_, _, part| {
+                diag += part;
+                Ok(())
+            },
+        )?;
+        return Ok(diag);
+    }
+    let k = data.k();
+    let per_chunk = |start: usize, len: usize| -> Result<Vec<DMatrix<f64>>> {
+        let stats = net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?;
+        Ok(infos
+            .iter()
+            .zip(&stats)
+            .map(|(info, st)| {
+                if info.positions() == 1 {
+                    // Σ_{i,c} δ²_{(i,c), r} ã²_{i, j}: rows of ã repeated per column c.
+                    let at = st.augmented_inputs();
+                    let a2 = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| at[(row / k, j)].powi(2));
+                    st.output_grads.map(|d| d * d).transpose() * a2
+                } else {
+                    let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
+                    for i in 0..len {
+                        for c in 0..k {
+                            acc += st.example_gradient(i, c).map(|g| g * g);
+                        }
+                    }
+                    acc
+                }
+            })
+            .collect())
+    };
+    for_chunks(data, per_chunk, |_, _, parts| {
+        for (info, sq) in infos.iter().zip(parts) {
+            for r in 0..info.fan_out {
+                for j in 0..=info.fan_in {
+                    diag[info.flat_index(r, j)] += sq[(r, j)];
+                }
+            }
+        }
+        Ok(())
+    })?;
+    Ok(diag)
+}
+
+/// Flat indices of a layer's weights then biases.
+fn layer_flat(info: &LayerInfo) -> Vec<usize> {
+    info.weight.clone().chain(info.bias.clone()).collect()
+}
+
+/// The GGN restricted to each block of flat indices, factorised exactly: a block with fewer
+/// whitened Jacobian rows (`n·k`) than parameters by the thin SVD of its rows
+/// (`O(block·(nk)²)`), otherwise by accumulating its dense Gram and an eigendecomposition
+/// (`O(block³)`). One pass over the data serves every block.
+fn factor_blocks<N: Network>(net: &N, data: &Data, blocks: &[Vec<usize>]) -> Result<Vec<EigenCurvature>> {
+    let nk = data.x.nrows() * data.k();
+    let by_svd: Vec<bool> = blocks.iter().map(|b| nk < b.len()).collect();
+    // A block that is every parameter in order (the full GGN) needs no column selection.
+    let whole: Vec<bool> = blocks
+        .iter()
+        .map(|b| b.len() == net.n_params() && b.iter().enumerate().all(|(i, &c)| i == c))
+        .collect();
+    let mut grams: Vec<DMatrix<f64>> = blocks
+        .iter()
+        .zip(&by_svd)
+        .map(|(b, &svd)| if svd { DMatrix::zeros(b.len(), nk) } else { DMatrix::zeros(b.len(), b.len()) })
+        .collect();
+    for_chunks(
+        data,
+        |s, l| whitened_jacobian(net, data, s, l),
+        |start, len, r| {
+            for (((b, g), &svd), &whole) in blocks.iter().zip(grams.iter_mut()).zip(&by_svd).zip(&whole) {
+                let selected;
+                let rb = if whole {
+                    &r
+                } else {
+                    selected = r.select_columns(b);
+                    &selected
+                };
+                if svd {
+                    g.columns_mut(start * data.k(), len * data.k()).copy_from(&rb.transpose());
+                } else {
+                    g.gemm(1.0, &rb.transpose(), rb, 1.0);
+                }
+            }
+            Ok(())
+        },
+    )?;
+    grams
+        .into_iter()
+        .zip(by_svd)
+        .map(|(g, svd)| {
+            let (values, vectors) = if svd {
+                let f = thin_svd_owned(g)?;
+                (f.s.map(|s| s * s), f.u)
+            } else {
+                sym_eigh(&g)?
+            };
+            Ok(EigenCurvature {
+                label: "block".into(),
+                vectors,
+                values: values.map(|v| v.max(0.0)),
+                remainder: None,
+            })
+        })
+        .collect()
+}
+
+/// One dense block per layer (all parameters as one block for a network without layers);
+/// returns the structure and the flat index of each coordinate.
+pub(crate) fn block_diag<N: Network>(
+    net: &N,
+    data: &Data,
+    config: &BlockDiagConfig,
+) -> Result<(BlockDiagCurvature, Vec<usize>)> {
+    let infos = net.layer_infos();
+    let blocks: Vec<Vec<usize>> = if infos.is_empty() {
+        vec![(0..net.n_params()).collect()]
+    } else {
+        infos.iter().map(layer_flat).collect()
+    };
+    if let Some(big) = blocks.iter().map(|b| b.len()).max().filter(|&m| m > config.max_block_params) {
+        return Err(LaplaceError::TooLarge {
+            structure: "block_diag",
+            what: "parameters in one layer block",
+            size: big,
+            limit: config.max_block_params,
+        });
+    }
+    let mut out = Vec::with_capacity(blocks.len());
+    let mut offset = 0;
+    for eig in factor_blocks(net, data, &blocks)? {
+        let dim = eig.vectors.nrows();
+        out.push((offset, eig));
+        offset += dim;
+    }
+    Ok((BlockDiagCurvature { blocks: out }, blocks.concat()))
+}
+
+fn require_layers<N: Network>(net: &N, structure: &'static str) -> Result<Vec<LayerInfo>> {
+    let infos = net.layer_infos();
+    if infos.is_empty() {
+        return Err(LaplaceError::Unsupported {
+            structure,
+            reason:
+                "the network exposes no dense/convolutional layer structure (Network::layer_infos is empty)"
+                    .into(),
+        });
+    }
+    Ok(infos)
+}
+
+/// KFAC (Martens & Grosse 2015) and, for convolutions, KFC (Grosse & Martens 2016):
+/// `A = Σᵢ Σ_t ã ãᵀ`, `G = Σᵢ Σ_c Σ_t δ δᵀ / (n·T)`, so that `G ⊗ A` is exact for one example at
+/// one position. With `ekfac`, a second pass re-fits the eigenvalues in the Kronecker eigenbasis:
+/// `E_{rj} = Σᵢ Σ_c ((Q_Gᵀ gᵢ_c Q_A)_{rj})²` with `gᵢ_c = Σ_t δ ãᵀ` (George et al. 2018).
+pub(crate) fn kron<N: Network>(
+    net: &N,
+    data: &Data,
+    ekfac: bool,
+    weights: &Weights,
+    bias: KronBias,
+) -> Result<(KronCurvature, Vec<usize>)> {
+    let structure = if ekfac { "ekfac" } else { "kfac" };
+    let all_infos = require_layers(net, structure)?;
+    let ids: Vec<usize> = match weights {
+        Weights::All => (0..all_infos.len()).collect(),
+        Weights::LastLayer => vec![all_infos.len() - 1],
+        Weights::Subnetwork(_) => {
+            return Err(LaplaceError::Unsupported {
+                structure,
+                reason: "over a subnetwork only the full GGN is implemented".into(),
+            })
+        }
+    };
+    let infos: Vec<LayerInfo> = ids.iter().map(|&l| all_infos[l].clone()).collect();
+    let last_only = matches!(weights, Weights::LastLayer);
+    let q = net.output_dim();
+    if last_only && (infos[0].kind != LayerKind::Dense || infos[0].fan_out != q) {
+        return Err(LaplaceError::Unsupported {
+            structure,
+            reason: format!("the last layer {} is not a dense layer onto the {q} outputs", infos[0].name),
+        });
+    }
+    let n = data.x.nrows();
+    let mut a_fac: Vec<DMatrix<f64>> =
+        infos.iter().map(|i| DMatrix::zeros(i.fan_in + 1, i.fan_in + 1)).collect();
+    let mut g_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_out)).collect();
+    let stats_of = |start: usize, len: usize| -> Result<Vec<fspace_nn::LayerStatistics>> {
+        if last_only {
+            // The last layer alone: its inputs are the last-layer features, and the gradients
+            // at its (linear) outputs are the factor columns themselves — no pass through the
+            // other layers.
+            let k = data.k();
+            let factors = &data.factors[start..start + len];
+            return Ok(vec![fspace_nn::LayerStatistics {
+                positions: 1,
+                columns: k,
+                inputs: net.last_layer_features(&data.rows(start, len))?,
+                output_grads: DMatrix::from_fn(len * k, q, |r, o| factors[r / k][(o, r % k)]),
+            }]);
+        }
+        Ok(net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?)
+    };
+    let factors_of = |start: usize, len: usize| -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
+        Ok(stats_of(start, len)?
+            .iter()
+            .map(|st| {
+                let fi = st.inputs.ncols();
+                let mut a = DMatrix::zeros(fi + 1, fi + 1);
+                a.view_mut((0, 0), (fi, fi)).copy_from(&(st.inputs.transpose() * &st.inputs));
+                if bias == KronBias::Folded {
+                    let sums = st.inputs.row_sum();
+                    for j in 0..fi {
+                        a[(j, fi)] = sums[j];
+                        a[(fi, j)] = sums[j];
+                    }
+                }
+                a[(fi, fi)] = st.inputs.nrows() as f64;
+                (a, st.output_grads.transpose() * &st.output_grads)
+            })
+            .collect())
+    };
+    for_chunks(data, factors_of, |_, _, parts| {
+        for (l, (a, g)) in parts.into_iter().enumerate() {
+            a_fac[l] += a;
+            g_fac[l] += g;
+        }
+        Ok(())
+    })?;
+    let mut layers = Vec::with_capacity(infos.len());
+    for ((info, a), g) in infos.iter().zip(a_fac).zip(g_fac) {
+        let g = g / (n * info.positions()) as f64;
+        let (a_values, a_vectors) = sym_eigh(&a)?;
+        let (g_values, g_vectors) = sym_eigh(&g)?;
+        layers.push(KronLayer {
+            a_values: a_values.map(|v| v.max(0.0)),
+            a_vectors,
+            g_values: g_values.map(|v| v.max(0.0)),
+            g_vectors,
+            fitted: None,
+        });
+    }
+    if ekfac {
+        let k = data.k();
+        let mut fitted: Vec<DMatrix<f64>> =
+            infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_in + 1)).collect();
+        let layers_ref = &layers;
+        let fit_of = |start: usize, len: usize| -> Result<Vec<DMatrix<f64>>> {
+            let stats = stats_of(start, len)?;
+            Ok(stats
+                .iter()
+                .zip(&infos)
+                .zip(layers_ref)
+                .map(|((st, info), layer)| {
+                    if info.positions() == 1 {
+                        // (Q_Gᵀ δ)_r² (Q_Aᵀ ã)_j² summed over (i, c): one GEMM.
+                        let va = (st.augmented_inputs() * &layer.a_vectors).map(|v| v * v);
+                        let va_rep = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| va[(row / k, j)]);
+                        let ug = (&st.output_grads * &layer.g_vectors).map(|v| v * v);
+                        ug.transpose() * va_rep
+                    } else {
+                        let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
+                        for i in 0..len {
+                            for c in 0..k {
+                                let proj = layer.g_vectors.transpose()
+                                    * st.example_gradient(i, c)
+                                    * &layer.a_vectors;
+                                acc += proj.map(|v| v * v);
+                            }
+                        }
+                        acc
+                    }
+                })
+                .collect())
+        };
+        for_chunks(data, fit_of, |_, _, parts| {
+            for (f, part) in fitted.iter_mut().zip(parts) {
+                *f += part;
+            }
+            Ok(())
+        })?;
+        for (layer, e) in layers.iter_mut().zip(fitted) {
+            layer.fitted = Some(e);
+        }
+    }
+    let indices = infos.iter().flat_map(|i| i.kron_order()).collect();
+    let network_layers = if matches!(weights, Weights::All) { Vec::new() } else { ids };
+    Ok((KronCurvature { layers, network_layers }, indices))
+}
+
+/// The last layer: `C = Σᵢ Hᵢ ⊗ φ̃ᵢφ̃ᵢᵀ` in the layer's `[W | b]` coordinates, `φ̃ = [φ; 1]`
+/// the last-layer features, by one GEMM per output pair; then its eigendecomposition.
+pub(crate) fn last_layer<N: Network>(
+    net: &N,
+    data: &Data,
+    config: &LastLayerConfig,
+) -> Result<(EigenCurvature, Vec<usize>, LayerInfo)> {
+    let infos = require_layers(net, "last_layer")?;
+    let last = infos.last().expect("non-empty").clone();
+    let q = net.output_dim();
+    if last.kind != LayerKind::Dense || last.fan_out != q {
+        return Err(LaplaceError::Unsupported {
+            structure: "last_layer",
+            reason: format!("the last layer {} is not a dense layer onto the {q} outputs", last.name),
+        });
+    }
+    let dim = last.n_params();
+    if dim > config.max_params {
+        return Err(LaplaceError::TooLarge {
+            structure: "last_layer",
+            what: "last-layer parameters",
+            size: dim,
+            limit: config.max_params,
+        });
+    }
+    let h1 = last.fan_in + 1;
+    let mut c = DMatrix::zeros(dim, dim);
+    for (start, len) in data.chunks() {
+        let phi = net.last_layer_features(&data.rows(start, len))?;
+        let phit = DMatrix::from_fn(len, h1, |i, j| if j < last.fan_in { phi[(i, j)] } else { 1.0 });
+        for o in 0..q {
+            for o2 in o..q {
+                let w: Vec<f64> = (0..len).map(|i| data.hessians[start + i][(o, o2)]).collect();
+                if w.iter().all(|&v| v == 0.0) {
+                    continue;
+                }
+                let weighted = DMatrix::from_fn(len, h1, |i, j| phit[(i, j)] * w[i]);
+                let block = weighted.transpose() * &phit;
+                c.view_mut((o * h1, o2 * h1), (h1, h1)).add_assign(&block);
+                if o2 != o {
+                    c.view_mut((o2 * h1, o * h1), (h1, h1)).add_assign(&block.transpose());
+                }
+            }
+        }
+    }
+    let (values, vectors) = sym_eigh(&c)?;
+    let indices = last.kron_order();
+    Ok((
+        EigenCurvature {
+            label: "last_layer".into(),
+            vectors,
+            values: values.map(|v| v.max(0.0)),
+            remainder: None,
+        },
+        indices,
+        last,
+    ))
+}
+
+use std::ops::AddAssign;
+
+/// Top-`k` eigenpairs of the GGN by Lanczos with full reorthogonalisation on the matrix-free
+/// product `v ↦ Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` (one forward and one reverse pass per chunk). The Krylov
+/// space grows (×1.5) until every kept Ritz pair has a relative residual below `tol`, or the
+/// GGN's numerical rank is reached, so the kept pairs are eigenpairs, not just Ritz pairs.
+pub(crate) fn low_rank<N: Network>(
+    net: &N,
+    data: &Data,
+    config: &LowRankConfig,
+    report: &mut FitReport,
+) -> Result<EigenCurvature> {
+    if config.rank == 0 {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "low-rank rank",
+            reason: "must be ≥ 1".into(),
+        }));
+    }
+    crate::error::ensure_positive("low-rank tolerance", config.tol)?;
+    let p = net.n_params();
+    let k = config.rank.min(p);
+    let cache = CachedGgn::build(net, data, config.statistics_cache_bytes)?;
+    report.cached_statistics = cache.is_some();
+    let failure = std::sync::Mutex::new(None);
+    let streamed = |v: &DVector<f64>| -> Result<DVector<f64>> {
+        let mut out = DVector::zeros(p);
+        for_chunks(
+            data,
+            |s, l| Ok(net.ggn_vector_product(&data.rows(s, l), &data.hessians[s..s + l], v)?),
+            |_, _, g| {
+                out += g;
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    };
+    let op = FnOperator::new(p, |v: &DVector<f64>| {
+        let result = match &cache {
+            Some(c) => c.product(data, v),
+            None => streamed(v),
+        };
+        match result {
+            Ok(out) => out,
+            Err(e) => {
+                *failure.lock().expect("not poisoned") = Some(e);
+                DVector::from_element(p, f64::NAN)
+            }
+        }
+    });
+    let mut m = (k + k / 2 + 10).min(p).min(config.max_iterations.max(k));
+    loop {
+        let cfg = LanczosConfig {
+            max_rank: m,
+            start: StartVector::Random(config.seed),
+            check_symmetry: false,
+            pivot_tol: 1e-13,
+            breakdown_tol: 1e-13,
+            ..Default::default()
+        };
+        let dec = lanczos(&op, &cfg);
+        if let Some(e) = failure.lock().expect("not poisoned").take() {
+            return Err(e);
+        }
+        let dec = dec?;
+        let (theta, vectors) = dec.ritz();
+        let res = dec.ritz_residuals();
+        let exhausted = dec.info().stop != StopReason::MaxRank;
+        // Keep pairs whose Ritz value is numerically non-zero (rank ≤ numerical rank).
+        let cutoff = 1e-12 * theta[0].abs();
+        let kept = (0..k.min(theta.len())).filter(|&j| theta[j] > cutoff).count().max(1);
+        let worst = (0..kept).map(|j| res[j]).fold(0.0, f64::max);
+        let converged = exhausted || worst <= config.tol;
+        if converged || m >= config.max_iterations.min(p) {
+            if !converged {
+                return Err(LaplaceError::Linalg(fspace_linalg::LinalgError::NoConvergence {
+                    method: "low-rank Lanczos (top-k Ritz residuals)",
+                    iterations: m,
+                    residual: worst,
+                }));
+            }
+            report.lanczos_iterations = dec.info().iterations;
+            report.max_ritz_residual = worst;
+            report.rank = kept;
+            let v = vectors.columns(0, kept).into_owned();
+            let s = theta.rows(0, kept).map(|x| x.max(0.0));
+            let remainder = if config.diag_remainder {
+                let d = diagonal(net, data)?;
+                let mut vs2 = DVector::zeros(p);
+                for j in 0..kept {
+                    for i in 0..p {
+                        vs2[i] += s[j] * v[(i, j)] * v[(i, j)];
+                    }
+                }
+                Some((d - vs2).map(|x| x.max(0.0)))
+            } else {
+                None
+            };
+            return Ok(EigenCurvature { label: "low_rank".into(), vectors: v, values: s, remainder });
+        }
+        m = ((m * 3) / 2).min(config.max_iterations).min(p);
+    }
+}
+
+/// Builds the structure over the chosen weights; returns it with the flat index of each of its
+/// coordinates.
+/// `lambda0` and `t` matter only to `Sampled`, whose draws are made at one `(T, λ)` (EM's start).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn build<N: Network>(
+    net: &N,
+    data: &Data,
+    structure: &Structure,
+    weights: &Weights,
+    bias: KronBias,
+    lambda0: f64,
+    t: f64,
+    report: &mut FitReport,
+) -> Result<(Curvature, Vec<usize>)> {
+    let all = || (0..net.n_params()).collect::<Vec<_>>();
+    if let Weights::Subnetwork(idx) = weights {
+        let p = net.n_params();
+        if idx.is_empty() {
+            return Err(LaplaceError::Input(InputError::Empty { what: "subnetwork parameter indices" }));
+        }
+        if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(LaplaceError::Input(InputError::Invalid {
+                what: "subnetwork parameter indices",
+                reason: format!("must be strictly increasing ({} then {})", w[0], w[1]),
+            }));
+        }
+        if idx[idx.len() - 1] >= p {
+            return Err(LaplaceError::Input(InputError::Invalid {
+                what: "subnetwork parameter indices",
+                reason: format!("index {} is not below the {p} parameters", idx[idx.len() - 1]),
+            }));
+        }
+        return match structure {
+            Structure::Full(c) => {
+                if idx.len() > c.max_params {
+                    return Err(LaplaceError::TooLarge {
+                        structure: "full",
+                        what: "subnetwork parameters",
+                        size: idx.len(),
+                        limit: c.max_params,
+                    });
+                }
+                let mut e = factor_blocks(net, data, std::slice::from_ref(idx))?.pop().expect("one block");
+                e.label = "subnetwork".into();
+                Ok((Curvature::Eigen(e), idx.clone()))
+            }
+            other => Err(LaplaceError::Unsupported {
+                structure: other.name(),
+                reason: "over a subnetwork only the full GGN is implemented".into(),
+            }),
+        };
+    }
+    if let Weights::LastLayer = weights {
+        return match structure {
+            Structure::Kfac | Structure::Ekfac => {
+                let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights, bias)?;
+                Ok((Curvature::Kron(k), idx))
+            }
+            Structure::Full(c) => {
+                let (e, idx, _) = last_layer(net, data, &LastLayerConfig { max_params: c.max_params })?;
+                Ok((Curvature::Eigen(e), idx))
+            }
+            Structure::LastLayer(c) => {
+                let (e, idx, _) = last_layer(net, data, c)?;
+                Ok((Curvature::Eigen(e), idx))
+            }
+            other => Err(LaplaceError::Unsupported {
+                structure: other.name(),
+                reason:
+                    "over the last layer only full (= Structure::LastLayer), KFAC and EKFAC are implemented"
+                        .into(),
+            }),
+        };
+    }
+    Ok(match structure {
+        Structure::Full(c) => (Curvature::Eigen(full(net, data, c)?), all()),
+        Structure::Diag => (Curvature::Diag(DiagCurvature { diag: diagonal(net, data)? }), all()),
+        Structure::BlockDiag(c) => {
+            let (b, idx) = block_diag(net, data, c)?;
+            (Curvature::BlockDiag(b), idx)
+        }
+        Structure::Kfac | Structure::Ekfac => {
+            let (k, idx) = kron(net, data, matches!(structure, Structure::Ekfac), weights, bias)?;
+            (Curvature::Kron(k), idx)
+        }
+        Structure::LastLayer(c) => {
+            let (e, idx, _) = last_layer(net, data, c)?;
+            (Curvature::Eigen(e), idx)
+        }
+        Structure::LowRank(c) => (Curvature::Eigen(low_rank(net, data, c, report)?), all()),
+        Structure::Sampled(c) => {
+            validate(c)?;
+            let precond = match c.preconditioner {
+                SampledPreconditioner::Kfac => {
+                    let (k, idx) = kron(net, data, false, &Weights::All, KronBias::Folded)?;
+                    Precond::Kron(k, idx)
+                }
+                SampledPreconditioner::Diag => Precond::Diag(diagonal(net, data)?),
+                SampledPreconditioner::LowRank(rank) => {
+                    // Any Ritz pairs precondition: one Lanczos run, no residual target.
+                    let cfg = LowRankConfig {
+                        rank,
+                        tol: f64::MAX,
+                        statistics_cache_bytes: c.statistics_cache_bytes,
+                        seed: c.seed,
+                        ..Default::default()
+                    };
+                    let e = low_rank(net, data, &cfg, report)?;
+                    Precond::LowRank { vt: e.vectors.transpose(), v: e.vectors, s: e.values }
+                }
+                SampledPreconditioner::Identity => Precond::Identity,
+            };
+            let run = sampled(net, data, c, precond, lambda0, t)?;
+            report.cached_statistics = run.cached;
+            report.em_prior_precisions = run.em_prior_precisions;
+            report.cg_products = run.cg_products;
+            (Curvature::Samples(run.curvature), all())
+        }
+    })
+}

@@ -1,0 +1,275 @@
+//! The fitted Laplace posterior: the type, its accessors and settings, save/load and the
+//! `Posterior` contract. Its predictives (`predictive.rs`) and its evidence and searches
+//! (`evidence.rs`) are child modules.
+
+mod evidence;
+mod predictive;
+
+use fspace_core::{CoreError, FunctionPredictive, LikelihoodSpec, Link, Persist, Posterior};
+use fspace_input::InputError;
+use fspace_nn::Network;
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Predictive, PriorPrecision};
+use crate::curvature::{Curvature, CurvatureApprox};
+use crate::error::{ensure_positive, LaplaceError, Result};
+use crate::structure::FitReport;
+pub(crate) use predictive::{forward_chunked, moments};
+
+/// A fitted (generalised) Laplace approximation `N(w*, (T·C + Λ)⁻¹)` around a network's MAP
+/// weights. Conventions (as laplace-torch): the GGN `C` is **summed** over the data, λ is a
+/// **precision**, and [`Posterior::predict`] returns the distribution of `f` **without** the
+/// observation noise (add σ² with [`predict_y`](Self::predict_y)).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaplacePosterior<N> {
+    pub(crate) net: N,
+    pub(crate) likelihood: LikelihoodSpec,
+    pub(crate) curvature: Curvature,
+    /// Flat network index of each curvature coordinate.
+    pub(crate) indices: Vec<usize>,
+    /// Prior group (layer) of each curvature coordinate.
+    pub(crate) groups: Vec<usize>,
+    pub(crate) n_groups: usize,
+    pub(crate) lambdas: Vec<f64>,
+    pub(crate) temperature: f64,
+    /// `log p(D | w*)` (untempered).
+    pub(crate) log_likelihood: f64,
+    pub(crate) n_data: usize,
+    pub(crate) predictive: Predictive,
+    pub(crate) report: FitReport,
+}
+
+/// The prior group (layer) of each curvature coordinate: the layer whose weight or bias range
+/// holds its flat index (group 0 for a network without layer structure).
+pub(crate) fn prior_groups(infos: &[fspace_nn::LayerInfo], p: usize, indices: &[usize]) -> Vec<usize> {
+    let mut group_of_flat = vec![0usize; p];
+    for (g, info) in infos.iter().enumerate() {
+        for i in info.weight.clone().chain(info.bias.clone()) {
+            group_of_flat[i] = g;
+        }
+    }
+    indices.iter().map(|&i| group_of_flat[i]).collect()
+}
+
+impl<N: Network> LaplacePosterior<N> {
+    /// The network at its MAP weights.
+    pub fn network(&self) -> &N {
+        &self.net
+    }
+
+    fn is_regression(&self) -> bool {
+        matches!(
+            self.likelihood,
+            LikelihoodSpec::Gaussian { .. }
+                | LikelihoodSpec::IsotropicGaussian { .. }
+                | LikelihoodSpec::HeteroscedasticGaussian
+        )
+    }
+
+    /// The fitted curvature.
+    pub fn curvature(&self) -> &Curvature {
+        &self.curvature
+    }
+
+    /// Flat network index of each curvature coordinate.
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+
+    /// Diagnostics of the fit.
+    pub fn report(&self) -> &FitReport {
+        &self.report
+    }
+
+    /// λ per layer (all equal for a scalar prior).
+    pub fn prior_precision(&self) -> &[f64] {
+        &self.lambdas
+    }
+
+    /// The temperature `T`.
+    pub fn temperature(&self) -> f64 {
+        self.temperature
+    }
+
+    /// `log p(D | w*)` at the MAP (untempered).
+    pub fn log_likelihood(&self) -> f64 {
+        self.log_likelihood
+    }
+
+    /// Sets λ (scalar, or one per layer); errors on λ ≤ 0 or a wrong count.
+    pub fn set_prior_precision(&mut self, prior: PriorPrecision) -> Result<()> {
+        self.lambdas = self.resolve(&prior)?;
+        Ok(())
+    }
+
+    fn resolve(&self, prior: &PriorPrecision) -> Result<Vec<f64>> {
+        let l = match prior {
+            PriorPrecision::Scalar(l) => vec![*l; self.n_groups],
+            PriorPrecision::PerLayer(v) => {
+                if v.len() != self.n_groups {
+                    return Err(LaplaceError::Input(InputError::DimensionMismatch {
+                        what: "per-layer prior precisions",
+                        expected: self.n_groups,
+                        found: v.len(),
+                    }));
+                }
+                v.clone()
+            }
+        };
+        for &v in &l {
+            ensure_positive("prior precision λ", v)?;
+        }
+        Ok(l)
+    }
+
+    /// Sets the temperature `T > 0`.
+    pub fn set_temperature(&mut self, t: f64) -> Result<()> {
+        ensure_positive("temperature", t)?;
+        self.temperature = t;
+        Ok(())
+    }
+
+    /// Chooses the predictive of the `Posterior` methods.
+    pub fn set_predictive(&mut self, p: Predictive) -> Result<()> {
+        if let Predictive::Nonlinear { samples: 0, .. } = p {
+            return Err(LaplaceError::Input(InputError::Invalid {
+                what: "nonlinear predictive samples",
+                reason: "must be ≥ 1".into(),
+            }));
+        }
+        self.predictive = p;
+        Ok(())
+    }
+
+    fn lam_vector(&self, lambdas: &[f64]) -> DVector<f64> {
+        DVector::from_iterator(self.groups.len(), self.groups.iter().map(|&g| lambdas[g]))
+    }
+}
+
+/// Saves the network, the likelihood, the curvature, λ, `T` and the predictive mode.
+impl<N: Network + Serialize + DeserializeOwned> Persist for LaplacePosterior<N> {
+    const KIND: &'static str = "fspace_laplace::LaplacePosterior";
+    const VERSION: u32 = 2;
+
+    /// The network checked itself while it was read; here: the likelihood against its outputs,
+    /// each curvature coordinate a distinct parameter, the prior groups recomputed from the
+    /// network's layers, λ, `T` and the predictive's sample count, and the curvature's shapes
+    /// against the network's layers (`curvature::check_loaded`).
+    fn validate_loaded(&self) -> std::result::Result<(), fspace_core::PersistError> {
+        let check = fspace_core::LoadCheck::new(Self::KIND);
+        let p = self.net.n_params();
+        check.likelihood("likelihood", &self.likelihood, self.net.output_dim())?;
+        check.len("indices", self.indices.len(), self.curvature.dim())?;
+        let mut seen = vec![false; p];
+        for &i in &self.indices {
+            check.ensure(i < p && !std::mem::replace(&mut seen[i], true), "indices", || {
+                format!("must be distinct parameter indices below {p} ({i} is not)")
+            })?;
+        }
+        let infos = self.net.layer_infos();
+        check.ensure(self.n_groups == infos.len().max(1), "n_groups", || {
+            format!("is {}, the network has {} layers", self.n_groups, infos.len())
+        })?;
+        // `indices` are distinct and below p (checked above), and the network's layer ranges lie
+        // in 0..p (it checked itself while it was read).
+        check.ensure(self.groups == prior_groups(&infos, p, &self.indices), "groups", || {
+            "must be the layer of each curvature coordinate".into()
+        })?;
+        check.len("lambdas", self.lambdas.len(), self.n_groups)?;
+        for &l in &self.lambdas {
+            check.positive("lambdas", l)?;
+        }
+        check.positive("temperature", self.temperature)?;
+        check.finite("log_likelihood", [self.log_likelihood].iter())?;
+        check.ensure(self.n_data >= 1, "n_data", || "must be ≥ 1".into())?;
+        if let Predictive::Nonlinear { samples, .. } = self.predictive {
+            check.ensure(samples >= 1, "predictive.Nonlinear.samples", || "must be ≥ 1".into())?;
+        }
+        crate::curvature::check_loaded(&self.curvature, &check, p, &infos, &self.indices)
+    }
+}
+
+fn core_err(e: LaplaceError) -> CoreError {
+    match e {
+        LaplaceError::Core(c) => c,
+        other => CoreError::method("Laplace posterior", other),
+    }
+}
+
+impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+    fn predict(&self, x: &DMatrix<f64>) -> fspace_core::Result<FunctionPredictive> {
+        match self.predictive {
+            Predictive::Glm => self.predict_glm(x).map_err(core_err),
+            Predictive::Nonlinear { samples, seed } => {
+                self.predict_nonlinear(x, samples, &mut StdRng::seed_from_u64(seed)).map_err(core_err)
+            }
+        }
+    }
+    fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+            match self.predictive {
+                Predictive::Glm => {
+                    let mean = forward_chunked(&self.net, x, 256)?;
+                    let js = crate::predict::subset_jacobian(&self.net, &self.curvature, &self.indices, x)?;
+                    let lam = self.lam_vector(&self.lambdas);
+                    let sj = self.curvature.solve(self.temperature, &lam, &js.transpose())?;
+                    let cov = &js * sj;
+                    Ok((mean, (&cov + cov.transpose()) * 0.5))
+                }
+                Predictive::Nonlinear { samples, seed } => {
+                    let draws = self.nonlinear_samples(x, samples, &mut StdRng::seed_from_u64(seed))?;
+                    let (mean, _) = moments(&draws);
+                    let nq = mean.len();
+                    let mut cov = DMatrix::zeros(nq, nq);
+                    for d in &draws {
+                        let c = DVector::from_fn(nq, |r, _| {
+                            d[(r / mean.ncols(), r % mean.ncols())]
+                                - mean[(r / mean.ncols(), r % mean.ncols())]
+                        });
+                        cov.ger(1.0 / draws.len() as f64, &c, &c, 1.0);
+                    }
+                    Ok((mean, cov))
+                }
+            }
+        };
+        run().map_err(core_err)
+    }
+    fn sample_functions(
+        &self,
+        x: &DMatrix<f64>,
+        s: usize,
+        rng: &mut dyn RngCore,
+    ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
+        let run = |rng: &mut dyn RngCore| -> Result<Vec<DMatrix<f64>>> {
+            match self.predictive {
+                // Exact linearised samples f(x; w*) + J(x)(θ − w*): the s JVPs share one
+                // forward trace (`Network::jvp_blocks`).
+                Predictive::Glm => {
+                    let mean = forward_chunked(&self.net, x, 256)?;
+                    let w = self.net.params();
+                    let thetas = self.sample_weights(s, rng)?;
+                    let mut dirs = DMatrix::zeros(w.len(), thetas.len());
+                    for (mut col, th) in dirs.column_iter_mut().zip(&thetas) {
+                        col.copy_from(&(th - &w));
+                    }
+                    Ok(self.net.jvp_blocks(x, &dirs)?.into_iter().map(|j| &mean + j).collect())
+                }
+                Predictive::Nonlinear { .. } => self.nonlinear_samples(x, s, rng),
+            }
+        };
+        fspace_core::finite_samples(run(rng).map_err(core_err)?)
+    }
+    fn likelihood(&self) -> Option<LikelihoodSpec> {
+        Some(self.likelihood)
+    }
+    fn class_probabilities(&self, x: &DMatrix<f64>, link: &Link) -> fspace_core::Result<DMatrix<f64>> {
+        self.class_probabilities_inner(x, link).map_err(core_err)
+    }
+}

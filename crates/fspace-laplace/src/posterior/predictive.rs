@@ -1,0 +1,213 @@
+//! The posterior's predictives: GLM covariances per structure, weight samples, the nonlinear
+//! Monte-Carlo predictive and class probabilities.
+
+use fspace_core::{class_probabilities, FunctionPredictive, Link};
+use fspace_nn::Network;
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+use super::{LaplacePosterior, Predictive};
+use crate::curvature::{Curvature, CurvatureApprox};
+use fspace_input::InputError;
+
+use crate::error::{LaplaceError, Result};
+
+impl<N: Network> LaplacePosterior<N> {
+    /// Per-point `d' × d'` GLM covariances `J(xᵢ) Σ J(xᵢ)ᵀ` at the current λ, T.
+    pub fn glm_covariances(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
+        let lam = self.lam_vector(&self.lambdas);
+        let t = self.temperature;
+        let q = self.net.output_dim();
+        let chunk = GLM_CHUNK;
+        let layered = !self.net.layer_infos().is_empty();
+        let all_params = self.indices.len() == self.net.n_params()
+            && self.indices.iter().enumerate().all(|(a, &b)| a == b);
+        let iso = self.lambdas.iter().all(|&l| l == self.lambdas[0]);
+        let mut out = Vec::with_capacity(x.nrows());
+        for s in (0..x.nrows()).step_by(chunk) {
+            let l = chunk.min(x.nrows() - s);
+            let xc = x.rows(s, l).into_owned();
+            if let Some(covs) = self.layered_covariances(&[(lam.clone(), t)], &xc) {
+                out.extend(covs?.swap_remove(0));
+                continue;
+            }
+            match &self.curvature {
+                Curvature::Samples(sc) => {
+                    sc.check(t, &lam)?;
+                    // J(xᵢ) Z Zᵀ J(xᵢ)ᵀ / K from the draws' JVPs.
+                    let jz = self.net.jvp_columns(&xc, &sc.samples)?;
+                    let k = sc.samples.ncols() as f64;
+                    out.extend((0..l).map(|i| {
+                        let r = jz.rows(i * q, q);
+                        r * r.transpose() / k
+                    }));
+                }
+                Curvature::Eigen(e) if layered && all_params && iso && e.remainder.is_none() => {
+                    let l = self.lambdas[0];
+                    let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
+                    out.extend(crate::predict::eigen_covariances(&self.net, &e.vectors, &c, l, &xc)?)
+                }
+                Curvature::Eigen(e) if e.label == "last_layer" && iso && e.remainder.is_none() => {
+                    let l = self.lambdas[0];
+                    let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
+                    out.extend(crate::predict::last_layer_covariances(&self.net, &e.vectors, &c, l, &xc)?)
+                }
+                Curvature::Eigen(e) if e.label == "last_layer" => {
+                    let js = crate::predict::last_layer_jacobian(&self.net, &xc)?;
+                    out.extend(crate::predict::blocks(
+                        &js,
+                        &self.curvature.solve(t, &lam, &js.transpose())?,
+                        q,
+                    ));
+                }
+                _ => {
+                    let jac = self.net.jacobian(&xc)?;
+                    let js = if all_params { jac } else { jac.select_columns(&self.indices) };
+                    out.extend(crate::predict::blocks(
+                        &js,
+                        &self.curvature.solve(t, &lam, &js.transpose())?,
+                        q,
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Covariances from layer statistics (KFAC, EKFAC, the layered diagonal structure) for each
+    /// `(λ, T)` of `settings`, sharing the statistics; `None` for the other structures.
+    pub(super) fn layered_covariances(
+        &self,
+        settings: &[(DVector<f64>, f64)],
+        x: &DMatrix<f64>,
+    ) -> Option<Result<Vec<Vec<DMatrix<f64>>>>> {
+        match &self.curvature {
+            Curvature::Kron(k) => Some(crate::predict::kron_covariances(&self.net, k, settings, x)),
+            Curvature::Diag(d) if !self.net.layer_infos().is_empty() => {
+                Some(crate::predict::diag_covariances(&self.net, &d.diag, settings, x))
+            }
+            _ => None,
+        }
+    }
+
+    /// The GLM predictive of `f` (mean `f(x; w*)`, marginal variances).
+    pub fn predict_glm(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive> {
+        let mean = forward_chunked(&self.net, x, GLM_CHUNK)?;
+        marginals(mean, &self.glm_covariances(x)?)
+    }
+
+    /// `s` weight draws `θ ~ N(w*, Σ)` as flat parameter vectors.
+    pub fn sample_weights(&self, s: usize, rng: &mut dyn RngCore) -> Result<Vec<DVector<f64>>> {
+        if s == 0 {
+            return Err(LaplaceError::Input(InputError::Invalid {
+                what: "number of samples",
+                reason: "must be ≥ 1".into(),
+            }));
+        }
+        let lam = self.lam_vector(&self.lambdas);
+        let z = self.curvature.sample(self.temperature, &lam, s, rng)?;
+        let w = self.net.params();
+        Ok((0..s)
+            .map(|j| {
+                let mut th = w.clone();
+                for (c, &i) in self.indices.iter().enumerate() {
+                    th[i] += z[(c, j)];
+                }
+                th
+            })
+            .collect())
+    }
+
+    /// Function values of the network at `s` weight samples (the nonlinear predictive's draws).
+    pub fn nonlinear_samples(
+        &self,
+        x: &DMatrix<f64>,
+        s: usize,
+        rng: &mut dyn RngCore,
+    ) -> Result<Vec<DMatrix<f64>>>
+    where
+        N: Clone,
+    {
+        let mut net = self.net.clone();
+        let mut out = Vec::with_capacity(s);
+        for th in self.sample_weights(s, rng)? {
+            net.set_params(&th)?;
+            out.push(forward_chunked(&net, x, 256)?);
+        }
+        Ok(out)
+    }
+
+    /// The nonlinear Monte-Carlo predictive's moments from `s` weight samples.
+    pub fn predict_nonlinear(
+        &self,
+        x: &DMatrix<f64>,
+        s: usize,
+        rng: &mut dyn RngCore,
+    ) -> Result<FunctionPredictive>
+    where
+        N: Clone,
+    {
+        let draws = self.nonlinear_samples(x, s, rng)?;
+        let (mean, var) = moments(&draws);
+        Ok(FunctionPredictive::new(mean, var)?)
+    }
+
+    /// Class probabilities (`n × C`): GLM with the given link approximation (laplace-torch's
+    /// `link_approx`: probit, Laplace bridge, MC), or — in the nonlinear mode — the average of
+    /// the softmax (sigmoid) over the weight samples.
+    pub(super) fn class_probabilities_inner(&self, x: &DMatrix<f64>, link: &Link) -> Result<DMatrix<f64>>
+    where
+        N: Clone,
+    {
+        fspace_core::ensure_classifier(Some(self.likelihood))?;
+        match self.predictive {
+            Predictive::Glm => Ok(class_probabilities(&self.predict_glm(x)?, link)?),
+            Predictive::Nonlinear { samples, seed } => {
+                let draws = self.nonlinear_samples(x, samples, &mut StdRng::seed_from_u64(seed))?;
+                let zero = DMatrix::zeros(x.nrows(), draws[0].ncols());
+                let mut acc: Option<DMatrix<f64>> = None;
+                for d in &draws {
+                    let p = class_probabilities(
+                        &FunctionPredictive { mean: d.clone(), var: zero.clone() },
+                        &Link::Probit,
+                    )?;
+                    acc = Some(match acc {
+                        Some(a) => a + p,
+                        None => p,
+                    });
+                }
+                Ok(acc.expect("samples ≥ 1") / draws.len() as f64)
+            }
+        }
+    }
+}
+
+/// Forward pass in chunks (bounded memory for CNNs on large sets).
+pub(crate) fn forward_chunked<N: Network>(net: &N, x: &DMatrix<f64>, chunk: usize) -> Result<DMatrix<f64>> {
+    let mut f = DMatrix::zeros(x.nrows(), net.output_dim());
+    for s in (0..x.nrows()).step_by(chunk) {
+        let l = chunk.min(x.nrows() - s);
+        f.rows_mut(s, l).copy_from(&net.forward(&x.rows(s, l).into_owned())?);
+    }
+    Ok(f)
+}
+
+/// Sample mean and (biased) variance of function draws, summed in draw order.
+pub(crate) fn moments(draws: &[DMatrix<f64>]) -> (DMatrix<f64>, DMatrix<f64>) {
+    let s = draws.len() as f64;
+    let mean = draws.iter().fold(DMatrix::zeros(draws[0].nrows(), draws[0].ncols()), |a, d| a + d) / s;
+    let var =
+        draws.iter().fold(DMatrix::zeros(mean.nrows(), mean.ncols()), |a, d| a + (d - &mean).map(|v| v * v))
+            / s;
+    (mean, var)
+}
+
+/// Points per chunk of the GLM predictive (forward pass and layer statistics).
+pub(super) const GLM_CHUNK: usize = 256;
+
+/// The GLM predictive from the mean and the per-point covariances: their diagonals, clamped at 0.
+pub(super) fn marginals(mean: DMatrix<f64>, covs: &[DMatrix<f64>]) -> Result<FunctionPredictive> {
+    let var = DMatrix::from_fn(mean.nrows(), mean.ncols(), |i, o| covs[i][(o, o)].max(0.0));
+    Ok(FunctionPredictive::new(mean, var)?)
+}
