@@ -228,26 +228,37 @@ fn the_declared_rust_version_covers_the_locked_dependencies() {
     );
 }
 
+/// Every crate directory under `crates/` (sorted) with the `.rs` files below its `src/`.
+fn crate_sources() -> Vec<(std::path::PathBuf, Vec<std::path::PathBuf>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let mut crates: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
+    crates.sort();
+    crates
+        .into_iter()
+        .map(|krate| {
+            let (mut stack, mut files) = (vec![krate.join("src")], Vec::new());
+            while let Some(path) = stack.pop() {
+                if path.is_dir() {
+                    stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+                    files.push(path);
+                }
+            }
+            files.sort();
+            (krate, files)
+        })
+        .collect()
+}
+
 /// No two crates export a public type of the same name (a user who imports from several crates
 /// never has to rename one); each crate's `Result` alias is the one shared exception.
 #[test]
 fn public_type_names_are_unique_across_crates() {
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
     let mut clashes = Vec::new();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
-    let mut crates: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
-    crates.sort();
-    for krate in crates {
+    for (krate, files) in crate_sources() {
         let name = krate.file_name().unwrap().to_string_lossy().to_string();
-        let mut files = vec![krate.join("src")];
-        while let Some(path) = files.pop() {
-            if path.is_dir() {
-                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
-                continue;
-            }
-            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
-                continue;
-            }
+        for path in files {
             for line in std::fs::read_to_string(&path).unwrap().lines() {
                 let Some(rest) = ["pub struct ", "pub enum ", "pub trait ", "pub type "]
                     .iter()
@@ -330,22 +341,11 @@ fn module_references(text: &str) -> std::collections::BTreeSet<String> {
 /// sees every `crate::module::` path they contain.
 #[test]
 fn modules_inside_a_crate_import_each_other_without_a_cycle() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
-    let mut crates: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
-    crates.sort();
     let mut cycles = Vec::new();
-    for krate in crates {
+    for (krate, files) in crate_sources() {
         let src = krate.join("src");
         let mut graph: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
-        let mut files = vec![src.clone()];
-        while let Some(path) = files.pop() {
-            if path.is_dir() {
-                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
-                continue;
-            }
-            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
-                continue;
-            }
+        for path in files {
             let rel = path.strip_prefix(&src).unwrap();
             let top = rel
                 .components()
