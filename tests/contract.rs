@@ -260,6 +260,13 @@ fn every_method_follows_the_call_shape_and_the_predictive_contract() {
     check("GP classifier", &gpc.posterior, &xb, bern);
 }
 
+/// The fit returned an error that names the unusable input (the validation set or `learn`).
+fn refused<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) {
+    let Err(e) = r else { panic!("{what}: accepted") };
+    let e = e.to_string();
+    assert!(e.contains("validation") || e.contains("learn"), "{what}: {e}");
+}
+
 #[test]
 fn data_a_method_cannot_use_is_refused_not_ignored() {
     let (x, y) = regression();
@@ -268,50 +275,36 @@ fn data_a_method_cannot_use_is_refused_not_ignored() {
     let prior = GpPrior::centered(Rbf::new(1.0, 0.7).unwrap());
     let g = LikelihoodSpec::gaussian(0.2);
     let learned = LikelihoodSpec::gaussian_learned(0.2);
-    let refused = |r: Result<(), String>, what: &str| {
-        let e = r.expect_err(what);
-        assert!(e.contains("validation") || e.contains("learn"), "{what}: {e}");
-    };
     let la = LaplaceConfig::default();
-    refused(
-        fspace::laplace::fit(mlp(1, 1), g, &with_val, &la).map(|_| ()).map_err(|e| e.to_string()),
-        "Laplace, validation",
-    );
-    refused(
-        fspace::laplace::fit(mlp(1, 1), learned, &data, &la).map(|_| ()).map_err(|e| e.to_string()),
-        "Laplace, learn",
-    );
+    refused(fspace::laplace::fit(mlp(1, 1), g, &with_val, &la), "Laplace, validation");
+    refused(fspace::laplace::fit(mlp(1, 1), learned, &data, &la), "Laplace, learn");
     let fsp = FspConfig::default();
     refused(
-        fspace::fsp_laplace::fit_posthoc(mlp(1, 1), g, &prior, &with_val, &fsp)
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
+        fspace::fsp_laplace::fit_posthoc(mlp(1, 1), g, &prior, &with_val, &fsp),
         "post-hoc FSP-Laplace, validation",
     );
     refused(
-        fspace::fsp_laplace::fit_posthoc(mlp(1, 1), learned, &prior, &data, &fsp)
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
+        fspace::fsp_laplace::fit_posthoc(mlp(1, 1), learned, &prior, &data, &fsp),
         "post-hoc FSP-Laplace, learn",
     );
+    refused(fspace::gp::exact::fit(g, &prior, &with_val), "exact GP, validation");
+    refused(fspace::gp::exact::fit(learned, &prior, &data), "exact GP, learn");
+    refused(fspace::gp::svgp::fit(g, &prior, &with_val, &SvgpConfig::default()), "SVGP, validation");
+    let (xb, yb) = classification(true);
+    let bval = Data::new(&xb, &yb).unwrap().with_validation(&xb, &yb).unwrap();
+    let bern = LikelihoodSpec::Bernoulli;
     refused(
-        fspace::gp::exact::fit(g, &prior, &with_val).map(|_| ()).map_err(|e| e.to_string()),
-        "exact GP, validation",
+        fspace::gp::classification::fit(bern, &prior, &bval, &Default::default()),
+        "GP classifier, validation",
     );
     refused(
-        fspace::gp::exact::fit(learned, &prior, &data).map(|_| ()).map_err(|e| e.to_string()),
-        "exact GP, learn",
-    );
-    refused(
-        fspace::gp::svgp::fit(g, &prior, &with_val, &SvgpConfig::default())
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
-        "SVGP, validation",
+        fspace::gp::sparse_dirichlet::fit(LikelihoodSpec::categorical(2), &prior, &bval, &Default::default()),
+        "sparse Dirichlet GP, validation",
     );
     // fit_map: the spec decides whether σ is learned; a config that asks for it against the
     // spec is refused.
     let asks = TrainConfig { learn_likelihood: true, ..train() };
-    refused(fit_map(mlp(1, 1), g, &data, &asks).map(|_| ()).map_err(|e| e.to_string()), "fit_map, learn");
+    refused(fit_map(mlp(1, 1), g, &data, &asks), "fit_map, learn");
     // With a validation set fit_map keeps the best-validation weights.
     let fitted = fit_map(mlp(1, 1), g, &with_val, &TrainConfig { patience: Some(5), ..train() }).unwrap();
     assert!(fitted.report.train.history.iter().all(|p| p.validation_loss.is_some()));

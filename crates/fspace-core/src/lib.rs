@@ -34,8 +34,8 @@ pub use likelihood::{
 };
 pub use persist::{LoadCheck, LoadLimits, Persist, PersistError};
 pub use posterior::{
-    class_probabilities, ensure_classifier, finite_samples, mc_class_probabilities, observation_predictive,
-    sample_gaussian, FunctionPredictive, Link, Posterior,
+    class_probabilities, ensure_classifier, finite_samples, mc_class_probabilities, mean_class_probabilities,
+    observation_predictive, sample_gaussian, FunctionPredictive, Link, Posterior,
 };
 pub use spec::LikelihoodSpec;
 pub use training::{Adam, EarlyStopping, Minibatches, StopDecision};

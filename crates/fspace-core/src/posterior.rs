@@ -220,6 +220,27 @@ pub fn class_probabilities(pred: &FunctionPredictive, link: &Link) -> Result<DMa
     }
 }
 
+/// Class probabilities (`n × C`) of a predictive given by function draws (each `n × d'`): the
+/// mean over the draws of the sigmoid (one output) or softmax of each draw's logits, summed in
+/// draw order — the predictive of a weight-sample posterior, to which the link approximations
+/// of Gaussian logits do not apply. Errors on an empty set of draws.
+pub fn mean_class_probabilities(draws: &[DMatrix<f64>]) -> Result<DMatrix<f64>> {
+    let Some(first) = draws.first() else {
+        return Err(CoreError::Input(InputError::Empty { what: "function draws" }));
+    };
+    let zero = DMatrix::zeros(first.nrows(), first.ncols());
+    let mut acc: Option<DMatrix<f64>> = None;
+    for d in draws {
+        let p =
+            class_probabilities(&FunctionPredictive { mean: d.clone(), var: zero.clone() }, &Link::Probit)?;
+        acc = Some(match acc {
+            Some(a) => a + p,
+            None => p,
+        });
+    }
+    Ok(acc.expect("checked non-empty") / draws.len() as f64)
+}
+
 /// [`Link::MonteCarlo`] with the caller's RNG (a running stream shared with other draws).
 pub fn mc_class_probabilities(
     pred: &FunctionPredictive,

@@ -272,3 +272,23 @@ fn minibatches_cover_each_row_once_per_epoch_and_early_stopping_keeps_patience()
     assert_eq!((es.best(), es.best_step()), (1.0, 5));
     assert!(EarlyStopping::new(1, -1.0).is_err());
 }
+
+#[test]
+fn mean_class_probabilities_average_the_draws_sigmoid_or_softmax() {
+    // One logit: columns [1 − σ(f), σ(f)], averaged over the two draws.
+    let draws = [DMatrix::from_row_slice(2, 1, &[0.0, 2.0]), DMatrix::from_row_slice(2, 1, &[1.0, -2.0])];
+    let p = mean_class_probabilities(&draws).unwrap();
+    for i in 0..2 {
+        let want = (sigmoid(draws[0][(i, 0)]) + sigmoid(draws[1][(i, 0)])) / 2.0;
+        assert!((p[(i, 1)] - want).abs() < 1e-15 && (p[(i, 0)] - (1.0 - want)).abs() < 1e-15);
+    }
+    // Three logits: the mean of the softmaxes, not the softmax of the mean.
+    let draws =
+        [DMatrix::from_row_slice(1, 3, &[2.0, 0.0, -1.0]), DMatrix::from_row_slice(1, 3, &[-1.0, 0.5, 0.0])];
+    let p = mean_class_probabilities(&draws).unwrap();
+    let (a, b) = (softmax(&[2.0, 0.0, -1.0]), softmax(&[-1.0, 0.5, 0.0]));
+    for k in 0..3 {
+        assert!((p[(0, k)] - (a[k] + b[k]) / 2.0).abs() < 1e-15);
+    }
+    assert!(mean_class_probabilities(&[]).is_err());
+}

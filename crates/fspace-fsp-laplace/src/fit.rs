@@ -175,6 +175,29 @@ impl FspConfig {
             context_jitter: self.context_jitter,
         }
     }
+
+    /// The box of Alg. 1's context points: `context_box`, or the training inputs' box widened
+    /// by `widen` (checked finite and ≥ 0).
+    fn context_box_for(&self, x: &DMatrix<f64>) -> Result<BoundingBox> {
+        if !(self.widen.is_finite() && self.widen >= 0.0) {
+            return Err(invalid("widen", format!("{} must be finite and ≥ 0", self.widen)));
+        }
+        Ok(match &self.context_box {
+            Some(b) => b.clone(),
+            None => BoundingBox::from_data(x, self.widen)?,
+        })
+    }
+
+    /// Alg. 2's fixed context points: `n_laplace_context` points of `design` in `bbox`, followed
+    /// by the training inputs when `context_includes_data`.
+    fn laplace_context(&self, bbox: &BoundingBox, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        let design = context_points(self.design, bbox, self.n_laplace_context, self.design_seed)?;
+        if self.context_includes_data {
+            with_data_points(&design, x)
+        } else {
+            Ok(design)
+        }
+    }
 }
 
 /// The "dataset" context of the paper's §3.2: the rows of `design` followed by the training
@@ -272,16 +295,8 @@ pub fn fit_posthoc<N: Network + Clone>(
             "post-hoc FSP-Laplace takes σ as given (learn: false); Alg. 1 learns it in fsp_laplace::fit",
         ));
     }
-    if !(config.widen.is_finite() && config.widen >= 0.0) {
-        return Err(invalid("widen", format!("{} must be finite and ≥ 0", config.widen)));
-    }
     let (x, y) = (data.x(), &data.y_flat());
-    let bbox = match &config.context_box {
-        Some(b) => b.clone(),
-        None => BoundingBox::from_data(x, config.widen)?,
-    };
-    let design = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
-    let context = if config.context_includes_data { with_data_points(&design, x)? } else { design };
+    let context = config.laplace_context(&config.context_box_for(x)?, x)?;
     let lik = likelihood.build()?;
     let posterior =
         laplace(&net, lik.as_ref(), prior, x, y, &context, &config.laplace)?.with_likelihood(likelihood)?;
@@ -299,20 +314,14 @@ fn fit_inner<N: Network + Clone>(
     config: &FspConfig,
     progress: impl FnMut(&TrainProgress),
 ) -> Result<(FspLaplace<N>, FitSummary)> {
-    if !(config.widen.is_finite() && config.widen >= 0.0) {
-        return Err(invalid("widen", format!("{} must be finite and ≥ 0", config.widen)));
-    }
+    let bbox = config.context_box_for(x)?;
     if config.epochs == 0 {
         return Err(invalid(
             "epochs",
             "must be ≥ 1: fit trains the network under the prior (Alg. 1) first; for a network \
-             trained elsewhere call fsp_laplace::laplace (Alg. 2 alone)",
+             trained elsewhere call fsp_laplace::fit_posthoc (Alg. 2 alone)",
         ));
     }
-    let bbox = match &config.context_box {
-        Some(b) => b.clone(),
-        None => BoundingBox::from_data(x, config.widen)?,
-    };
     let mut lik = likelihood.build()?;
     let train_options = config.train_options(likelihood.learns_noise());
     let t0 = Instant::now();
@@ -333,8 +342,7 @@ fn fit_inner<N: Network + Clone>(
     };
     let train_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let design = context_points(config.design, &bbox, config.n_laplace_context, config.design_seed)?;
-    let context = if config.context_includes_data { with_data_points(&design, x)? } else { design };
+    let context = config.laplace_context(&bbox, x)?;
     let post =
         laplace(&net, lik.as_ref(), prior, x, y, &context, &config.laplace)?.with_likelihood(fitted)?;
     let summary = FitSummary {

@@ -102,20 +102,7 @@ impl<N: Network + Clone> WeightSamplePosterior<N> {
     /// over the stored weight samples — the predictive of a classifier; the link
     /// approximations of Gaussian logits do not apply to a sample average.
     fn sample_average_probabilities(&self, x: &DMatrix<f64>) -> fspace_core::Result<DMatrix<f64>> {
-        let fs = self.outputs(x, &self.samples)?;
-        let mut probs: Option<DMatrix<f64>> = None;
-        for f in &fs {
-            let zero = DMatrix::zeros(f.nrows(), f.ncols());
-            let p = fspace_core::class_probabilities(
-                &FunctionPredictive { mean: f.clone(), var: zero },
-                &Link::Probit,
-            )?;
-            probs = Some(match probs {
-                Some(a) => a + p,
-                None => p,
-            });
-        }
-        Ok(probs.expect("at least one weight sample") / fs.len() as f64)
+        fspace_core::mean_class_probabilities(&self.outputs(x, &self.samples)?)
     }
     fn outputs(&self, x: &DMatrix<f64>, weights: &[DVector<f64>]) -> fspace_core::Result<Vec<DMatrix<f64>>> {
         let mut net = self.net.clone();

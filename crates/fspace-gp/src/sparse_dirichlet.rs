@@ -100,12 +100,7 @@ pub fn fit(
     let kernel =
         crate::svgp::scalar_kernel(prior, "the sparse Dirichlet GP classifier", "SparseDirichletGp::fit")?;
     let x = data.x();
-    let z = match &config.inducing {
-        crate::InducingPoints::KMeans { points, iterations } => {
-            crate::kmeans(x, (*points).min(x.nrows()), *iterations, config.seed)?
-        }
-        crate::InducingPoints::Given(z) => z.clone(),
-    };
+    let z = config.inducing.resolve(x, config.seed)?;
     let labels = data.y().column(0).into_owned();
     let posterior = SparseDirichletGp::fit(kernel, z, x, &labels, classes, config.alpha_eps)?;
     let report = SparseDirichletReport {

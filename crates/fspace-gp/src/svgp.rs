@@ -81,6 +81,19 @@ pub enum InducingPoints {
     Given(DMatrix<f64>),
 }
 
+impl InducingPoints {
+    /// The inducing inputs for training inputs `x`: the k-means centres (seeded by `seed`), or
+    /// a copy of the given rows.
+    pub(crate) fn resolve(&self, x: &DMatrix<f64>, seed: u64) -> Result<DMatrix<f64>> {
+        Ok(match self {
+            Self::KMeans { points, iterations } => {
+                crate::kmeans(x, (*points).min(x.nrows()), *iterations, seed)?
+            }
+            Self::Given(z) => z.clone(),
+        })
+    }
+}
+
 /// What [`fit`] reports besides the posterior.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SvgpReport {
@@ -563,12 +576,7 @@ pub fn fit_kernel<K: Kernel + Clone>(
             format!("SVGP regression has one output; the targets have {} columns", y.ncols()),
         ));
     }
-    let z = match &config.inducing {
-        InducingPoints::KMeans { points, iterations } => {
-            crate::kmeans(x, (*points).min(x.nrows()), *iterations, config.seed)?
-        }
-        InducingPoints::Given(z) => z.clone(),
-    };
+    let z = config.inducing.resolve(x, config.seed)?;
     let mut svgp = Svgp::new(kernel, mean, sigma * sigma, z)?;
     let elbo = svgp.train_with_noise(x, &y.column(0).into_owned(), config, learn_noise)?;
     let report = SvgpReport {

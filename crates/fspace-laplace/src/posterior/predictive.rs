@@ -1,7 +1,7 @@
 //! The posterior's predictives: GLM covariances per structure, weight samples, the nonlinear
 //! Monte-Carlo predictive and class probabilities.
 
-use fspace_core::{class_probabilities, FunctionPredictive, Link};
+use fspace_core::{class_probabilities, mean_class_probabilities, FunctionPredictive, Link};
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -165,19 +165,7 @@ impl<N: Network> LaplacePosterior<N> {
             Predictive::Glm => Ok(class_probabilities(&self.predict_glm(x)?, link)?),
             Predictive::Nonlinear { samples, seed } => {
                 let draws = self.nonlinear_samples(x, samples, &mut StdRng::seed_from_u64(seed))?;
-                let zero = DMatrix::zeros(x.nrows(), draws[0].ncols());
-                let mut acc: Option<DMatrix<f64>> = None;
-                for d in &draws {
-                    let p = class_probabilities(
-                        &FunctionPredictive { mean: d.clone(), var: zero.clone() },
-                        &Link::Probit,
-                    )?;
-                    acc = Some(match acc {
-                        Some(a) => a + p,
-                        None => p,
-                    });
-                }
-                Ok(acc.expect("samples ≥ 1") / draws.len() as f64)
+                Ok(mean_class_probabilities(&draws)?)
             }
         }
     }
