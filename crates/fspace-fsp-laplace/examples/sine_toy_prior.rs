@@ -94,7 +94,7 @@ fn parts(only: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
     };
     show("gram 100×100", &mut || drop(fspace_kernels::gram(&rbf, &c, &c)));
     show("cholesky_jitter 100", &mut || drop(fspace_linalg::cholesky_jitter(&kj, &cfg)));
-    show("blocked::cholesky 100", &mut || drop(fspace_linalg::blocked::cholesky_lower(&kj)));
+    show("fast::cholesky_lower 100", &mut || drop(fspace_linalg::fast::cholesky_lower(&kj)));
     show("nalgebra cholesky 100", &mut || drop(kj.clone().cholesky()));
     show("chol.solve 100×1", &mut || drop(chol.solve(&r)));
     show("forward 100", &mut || drop(net.forward(&c)));

@@ -12,7 +12,7 @@
 //! shift is still `γM`, the operator regulariser `γ` times the sample count).
 
 use fspace_input::InputError;
-use fspace_linalg::{blocked, fast};
+use fspace_linalg::fast;
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{ensure_finite, invalid, GfsviError, Result};
@@ -30,14 +30,9 @@ pub struct GaussianKl {
     pub grad_cov_p: Option<DMatrix<f64>>,
 }
 
-/// `Σ⁻¹` and `log|Σ|` by Cholesky in nalgebra's operation order (FVI's prior, whose published
-/// numbers were computed with it); a typed error names `what` if `Σ` is not positive definite.
+/// `Σ⁻¹` and `log|Σ|` by faer's Cholesky (`fspace_linalg::fast`); a typed error names `what`
+/// if `Σ` is not positive definite.
 pub(crate) fn inverse_and_logdet(a: &DMatrix<f64>, what: &'static str) -> Result<(DMatrix<f64>, f64)> {
-    blocked::spd_inverse_and_logdet(a).ok_or(GfsviError::NotPositiveDefinite { what })
-}
-
-/// [`inverse_and_logdet`] by faer's kernels (`fspace_linalg::fast`): the KL's inverses.
-fn fast_inverse_and_logdet(a: &DMatrix<f64>, what: &'static str) -> Result<(DMatrix<f64>, f64)> {
     fast::spd_inverse_and_logdet(a).ok_or(GfsviError::NotPositiveDefinite { what })
 }
 
@@ -80,8 +75,8 @@ pub fn gaussian_kl(
     let m = mean_q.len() as f64;
     // The two inverses are independent: side by side.
     let (prior, variational) = rayon::join(
-        || fast_inverse_and_logdet(cov_p, "prior covariance (K + γM·I)"),
-        || fast_inverse_and_logdet(cov_q, "variational covariance (J S Jᵀ + γM·I)"),
+        || inverse_and_logdet(cov_p, "prior covariance (K + γM·I)"),
+        || inverse_and_logdet(cov_q, "variational covariance (J S Jᵀ + γM·I)"),
     );
     let (p_inv, logdet_p) = prior?;
     let (q_inv, logdet_q) = variational?;

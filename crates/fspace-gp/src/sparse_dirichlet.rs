@@ -149,7 +149,7 @@ impl<K: Kernel + Clone> SparseDirichletGp<K> {
                 scaled.row_mut(i).scale_mut(w.sqrt());
                 rhs[i] = w * (targets[(i, c)] - means[c]);
             }
-            let s = &kmm_dense + fspace_linalg::blocked::par_gram(&scaled);
+            let s = &kmm_dense + fspace_linalg::fast::gram(&scaled);
             let chol = cholesky_jitter(&((&s + s.transpose()) * 0.5), &JitterConfig::default())?;
             weights.set_column(c, &chol.solve_vec(&knm.tr_mul(&rhs))?);
             sigma.push(chol);

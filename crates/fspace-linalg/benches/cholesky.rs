@@ -1,13 +1,11 @@
-//! Blocked (parallel) Cholesky and `K⁻¹` against nalgebra's column-wise versions and faer's
-//! `llt` / `Llt::solve` (both threads), for n = 500 … 4000 (the exact-GP and LML-gradient hot
-//! path). The faer rows include the copy into and out of faer's matrix types that using it
-//! would cost. Then `A⁻¹` with `log|A|` at n = 100 … 1000, the KL's piece of a GFSVI step
-//! (`blocked` against `fast`, faer's kernels), and GFSVI's `J S Jᵀ` and `Jᵀ C` at M = 500 for
-//! p = 1 000 … 11 600 weights.
+//! `cholesky_jitter` (faer's blocked parallel Cholesky) and `K⁻¹` by its solves against
+//! nalgebra's column-wise versions, for n = 500 … 4000 (the exact-GP and LML-gradient hot path);
+//! then `A⁻¹` with `log|A|` at n = 100 … 1000 (the KL's piece of a GFSVI step), and GFSVI's
+//! `J S Jᵀ` and `Jᵀ C` at M = 500 for p = 1 000 … 11 600 weights, faer against nalgebra's
+//! product.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use faer::linalg::solvers::Solve;
 use fspace_linalg::{cholesky_jitter, JitterConfig};
 use nalgebra::DMatrix;
 
@@ -22,7 +20,7 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     for n in [500usize, 1000, 2000, 4000] {
         let a = spd(n);
-        group.bench_with_input(BenchmarkId::new("blocked", n), &n, |b, _| {
+        group.bench_with_input(BenchmarkId::new("cholesky_jitter (faer)", n), &n, |b, _| {
             b.iter(|| cholesky_jitter(&a, &JitterConfig::default()).unwrap())
         });
         if n <= 2000 {
@@ -30,14 +28,6 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| a.clone().cholesky().unwrap())
             });
         }
-        group.bench_with_input(BenchmarkId::new("faer", n), &n, |b, _| {
-            b.iter(|| {
-                let view = faer::MatRef::from_column_major_slice(a.as_slice(), n, n);
-                let llt = view.llt(faer::Side::Lower).unwrap();
-                let l = llt.L();
-                DMatrix::from_fn(n, n, |i, j| l[(i, j)])
-            })
-        });
     }
     group.finish();
     let mut group = c.benchmark_group("inverse_via_cholesky");
@@ -46,21 +36,13 @@ fn bench(c: &mut Criterion) {
         let a = spd(n);
         let chol = cholesky_jitter(&a, &JitterConfig::default()).unwrap();
         let eye = DMatrix::identity(n, n);
-        group.bench_with_input(BenchmarkId::new("blocked", n), &n, |b, _| {
+        group.bench_with_input(BenchmarkId::new("JitteredCholesky::solve (faer)", n), &n, |b, _| {
             b.iter(|| chol.solve(&eye).unwrap())
         });
         if n <= 1000 {
             let nchol = a.clone().cholesky().unwrap();
             group.bench_with_input(BenchmarkId::new("nalgebra", n), &n, |b, _| b.iter(|| nchol.solve(&eye)));
         }
-        let view = faer::MatRef::from_column_major_slice(a.as_slice(), n, n);
-        let llt = view.llt(faer::Side::Lower).unwrap();
-        group.bench_with_input(BenchmarkId::new("faer", n), &n, |b, _| {
-            b.iter(|| {
-                let x = llt.solve(faer::Mat::<f64>::identity(n, n));
-                DMatrix::from_fn(n, n, |i, j| x[(i, j)])
-            })
-        });
     }
     group.finish();
     // GFSVI's and TFSVI's KL inverts two such matrices per step (M = measurement points).
@@ -68,30 +50,29 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     for n in [100usize, 200, 500, 1000] {
         let a = spd(n);
-        group.bench_with_input(BenchmarkId::new("blocked", n), &n, |b, _| {
-            b.iter(|| fspace_linalg::blocked::spd_inverse_and_logdet(&a).unwrap())
-        });
         group.bench_with_input(BenchmarkId::new("fast (faer)", n), &n, |b, _| {
             b.iter(|| fspace_linalg::fast::spd_inverse_and_logdet(&a).unwrap())
+        });
+        group.bench_with_input(BenchmarkId::new("nalgebra", n), &n, |b, _| {
+            b.iter(|| {
+                let c = a.clone().cholesky().unwrap();
+                (c.inverse(), c.determinant().ln())
+            })
         });
     }
     group.finish();
     // GFSVI's `J S Jᵀ` (AᵀA) and its pull-back `Jᵀ C` (A C) at M = 500 measurement points, against
-    // the weight count p: nalgebra's `matrixmultiply` in column blocks against faer.
+    // the weight count p: nalgebra's product against faer.
     let mut group = c.benchmark_group("gfsvi_products_m500");
     group.sample_size(10);
     for p in [1_000usize, 3_300, 11_600] {
         let a = DMatrix::from_fn(p, 500, |i, j| ((i * 7 + j * 13) % 17) as f64 / 17.0 - 0.4);
         let cm = spd(500);
-        group.bench_with_input(BenchmarkId::new("gram blocked", p), &p, |b, _| {
-            b.iter(|| fspace_linalg::blocked::par_gram(&a))
-        });
+        group.bench_with_input(BenchmarkId::new("gram nalgebra", p), &p, |b, _| b.iter(|| a.transpose() * &a));
         group.bench_with_input(BenchmarkId::new("gram fast (faer)", p), &p, |b, _| {
             b.iter(|| fspace_linalg::fast::gram(&a))
         });
-        group.bench_with_input(BenchmarkId::new("matmul blocked", p), &p, |b, _| {
-            b.iter(|| fspace_linalg::blocked::par_matmul(&a, &cm))
-        });
+        group.bench_with_input(BenchmarkId::new("matmul nalgebra", p), &p, |b, _| b.iter(|| &a * &cm));
         group.bench_with_input(BenchmarkId::new("matmul fast (faer)", p), &p, |b, _| {
             b.iter(|| fspace_linalg::fast::matmul(&a, &cm))
         });

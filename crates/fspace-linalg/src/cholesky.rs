@@ -4,7 +4,7 @@
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
-use crate::blocked::{cholesky_lower, solve_lower, solve_upper};
+use crate::fast::{cholesky_lower, solve_lower, solve_upper_of_lower};
 
 use crate::error::{ensure_dim, ensure_finite, LinalgError, Result};
 use crate::operator::symmetric_part;
@@ -34,25 +34,26 @@ impl Default for JitterConfig {
 }
 
 /// A Cholesky factor of `A + jitter·I`, with the jitter that was needed. Factorisation and
-/// solves are blocked and parallel ([`crate::blocked`]).
+/// solves are faer's, blocked and parallel ([`crate::fast`]).
 ///
 /// Deserialising checks what a factorisation establishes: `L` square, non-empty, lower
-/// triangular with a finite positive diagonal and finite entries, the stored `Lᵀ` exactly its
-/// transpose, and a finite jitter ≥ 0. A saved factor is used by solves that index it freely,
-/// so a file that breaks any of these is refused.
+/// triangular with a finite positive diagonal and finite entries, and a finite jitter ≥ 0. A
+/// saved factor is used by solves that index it freely, so a file that breaks any of these is
+/// refused. Files written before the factor stopped storing `Lᵀ` beside `L` still load; their
+/// `lt` must be exactly `L`'s transpose.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "CholeskyData")]
 pub struct JitteredCholesky {
     l: DMatrix<f64>,
-    lt: DMatrix<f64>,
     jitter: f64,
 }
 
-/// The serialised form of a [`JitteredCholesky`].
+/// The serialised form of a [`JitteredCholesky`] (`lt`: older files only).
 #[derive(serde::Deserialize)]
 struct CholeskyData {
     l: DMatrix<f64>,
-    lt: DMatrix<f64>,
+    #[serde(default)]
+    lt: Option<DMatrix<f64>>,
     jitter: f64,
 }
 
@@ -63,7 +64,7 @@ impl TryFrom<CholeskyData> for JitteredCholesky {
             LinalgError::Input(InputError::Invalid { what: "saved Cholesky factor", reason: reason.into() })
         };
         let n = d.l.nrows();
-        if n == 0 || d.l.ncols() != n || d.lt.shape() != (n, n) {
+        if n == 0 || d.l.ncols() != n || d.lt.as_ref().is_some_and(|lt| lt.shape() != (n, n)) {
             return Err(invalid("L and Lᵀ must be square, non-empty and of one size"));
         }
         if !(d.jitter.is_finite() && d.jitter >= 0.0) {
@@ -82,12 +83,12 @@ impl TryFrom<CholeskyData> for JitteredCholesky {
                         "L must be lower triangular with finite entries and a positive diagonal",
                     ));
                 }
-                if d.lt[(j, i)].to_bits() != v.to_bits() {
+                if d.lt.as_ref().is_some_and(|lt| lt[(j, i)].to_bits() != v.to_bits()) {
                     return Err(invalid("the stored Lᵀ is not L's transpose"));
                 }
             }
         }
-        Ok(Self { l: d.l, lt: d.lt, jitter: d.jitter })
+        Ok(Self { l: d.l, jitter: d.jitter })
     }
 }
 
@@ -119,8 +120,7 @@ pub fn cholesky_jitter(a: &DMatrix<f64>, config: &JitterConfig) -> Result<Jitter
             cholesky_lower(&m)
         };
         if let Some(l) = factor {
-            let lt = l.transpose();
-            return Ok(JitteredCholesky { l, lt, jitter });
+            return Ok(JitteredCholesky { l, jitter });
         }
     }
     Err(LinalgError::CholeskyFailed { what: "cholesky input", max_jitter: jitter })
@@ -143,16 +143,15 @@ impl JitteredCholesky {
     pub fn solve(&self, b: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         ensure_dim("cholesky solve right-hand side rows", self.l.nrows(), b.nrows())?;
         ensure_finite("cholesky solve right-hand side", b.iter())?;
-        Ok(solve_upper(&self.lt, &solve_lower(&self.l, b)))
+        Ok(solve_upper_of_lower(&self.l, &solve_lower(&self.l, b)))
     }
     /// `(A + jitter·I)⁻¹ b` for a vector.
     pub fn solve_vec(&self, b: &DVector<f64>) -> Result<DVector<f64>> {
         ensure_dim("cholesky solve right-hand side", self.l.nrows(), b.len())?;
         ensure_finite("cholesky solve right-hand side", b.iter())?;
-        let mut x = b.clone();
-        self.l.solve_lower_triangular_mut(&mut x);
-        self.lt.solve_upper_triangular_mut(&mut x);
-        Ok(x)
+        let b = DMatrix::from_column_slice(b.len(), 1, b.as_slice());
+        let x = solve_upper_of_lower(&self.l, &solve_lower(&self.l, &b));
+        Ok(DVector::from_column_slice(x.as_slice()))
     }
     /// `L⁻¹ b` (forward substitution).
     pub fn solve_lower(&self, b: &DMatrix<f64>) -> Result<DMatrix<f64>> {

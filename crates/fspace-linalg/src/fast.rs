@@ -1,15 +1,18 @@
-//! Dense products and the SPD inverse through faer's kernels: `AᵀA` ([`gram`]), `AB`
-//! ([`matmul`]) and `(A⁻¹, log|A|)` ([`spd_inverse_and_logdet`]).
+//! Every dense factorisation and product of the workspace, through faer's kernels: the Cholesky
+//! factor ([`cholesky_lower`]), triangular solves ([`solve_lower`], [`solve_upper_of_lower`]),
+//! `AᵀA` ([`gram`]), `AB` ([`matmul`]) and `(A⁻¹, log|A|)` ([`spd_inverse_and_logdet`]).
 //!
-//! faer's kernels beat `matrixmultiply`'s on this workspace's shapes by 1.04–1.9× (products) and
-//! 2.2–2.7× (the inverse at n ≥ 500; `docs/performance-history.md`, fifth round), and faer splits a product's output
-//! between threads, never a sum, so the bits do not depend on the number of threads. Its rounding is
-//! not nalgebra's: the [`blocked`](crate::blocked) routines keep nalgebra's operation order for
-//! the computations whose published numbers were produced with it (FSP-Laplace, FVI, the GPs).
-//! GFSVI and TFSVI (`J S Jᵀ`, its pull-back and the KL's inverses) use these.
+//! faer's kernels beat nalgebra's (column by column) and the workspace's earlier blocked
+//! routines on every shape measured: 1.04–1.9× for the products, 2–5× for the Cholesky factor
+//! and the triangular solves (`cargo bench -p fspace-linalg --bench cholesky`,
+//! `docs/PERFORMANCE.md`). faer splits a product's output between threads, never a sum, and its
+//! Cholesky blocking does not depend on the thread count, so the bits do not depend on the
+//! machine's cores (`faer_routines_give_the_same_bits_on_any_number_of_threads`).
 
 use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::cholesky::llt::factor as llt_factor;
 use faer::linalg::cholesky::llt::inverse as llt_inverse;
+use faer::linalg::triangular_solve;
 use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::{Accum, MatMut, MatRef, Par};
 use nalgebra::DMatrix;
@@ -22,6 +25,59 @@ fn view(a: &DMatrix<f64>) -> MatRef<'_, f64> {
 fn view_mut(a: &mut DMatrix<f64>) -> MatMut<'_, f64> {
     let (r, c) = a.shape();
     MatMut::from_column_major_slice_mut(a.as_mut_slice(), r, c)
+}
+
+/// The lower Cholesky factor `L` (`LLᵀ = A`, upper triangle zero) of a symmetric matrix given
+/// by its lower triangle, on all rayon threads; `None` if `A` is not square, not finite or not
+/// numerically positive definite (a pivot ≤ 0).
+pub fn cholesky_lower(a: &DMatrix<f64>) -> Option<DMatrix<f64>> {
+    let n = a.nrows();
+    if a.ncols() != n || a.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
+    let mut l = a.clone();
+    let par = Par::rayon(0);
+    let mut mem = MemBuffer::new(llt_factor::cholesky_in_place_scratch::<f64>(n, par, Default::default()));
+    llt_factor::cholesky_in_place(
+        view_mut(&mut l),
+        Default::default(),
+        par,
+        MemStack::new(&mut mem),
+        Default::default(),
+    )
+    .ok()?;
+    // faer leaves the strict upper triangle as scratch.
+    for j in 1..n {
+        l.as_mut_slice()[j * n..j * n + j].fill(0.0);
+    }
+    if (0..n).any(|i| !(l[(i, i)] > 0.0 && l[(i, i)].is_finite())) {
+        return None;
+    }
+    Some(l)
+}
+
+/// `L⁻¹ B` for a lower-triangular `L` with a positive diagonal (forward substitution), on all
+/// rayon threads.
+///
+/// # Panics
+/// If `L` is not square or `B`'s rows differ from its size.
+pub fn solve_lower(l: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+    assert!(l.is_square() && l.nrows() == b.nrows(), "solve_lower: L {:?}, B {:?}", l.shape(), b.shape());
+    let mut x = b.clone();
+    triangular_solve::solve_lower_triangular_in_place(view(l), view_mut(&mut x), Par::rayon(0));
+    x
+}
+
+/// `L⁻ᵀ B` for a lower-triangular `L` with a positive diagonal (back substitution against `Lᵀ`,
+/// read from `L` without forming the transpose), on all rayon threads.
+///
+/// # Panics
+/// If `L` is not square or `B`'s rows differ from its size.
+pub fn solve_upper_of_lower(l: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
+    assert!(l.is_square() && l.nrows() == b.nrows(), "solve_upper_of_lower: L {:?}, B {:?}", l.shape(), b.shape());
+    let mut x = b.clone();
+    triangular_solve::solve_upper_triangular_in_place(view(l).transpose(), view_mut(&mut x), Par::rayon(0));
+    x
 }
 
 /// `AᵀA` (`n × n`) of a tall `A` (`p × n`): the lower triangle by one GEMM on all rayon
@@ -64,13 +120,12 @@ pub fn spd_inverse_and_logdet(a: &DMatrix<f64>) -> Option<(DMatrix<f64>, f64)> {
     if a.ncols() != n || a.iter().any(|v| !v.is_finite()) {
         return None;
     }
-    let llt = view(a).llt(faer::Side::Lower).ok()?;
-    let l = llt.L();
+    let l = cholesky_lower(a)?;
     let logdet = 2.0 * (0..n).map(|i| l[(i, i)].ln()).sum::<f64>();
     let par = Par::rayon(0);
     let mut inv = DMatrix::zeros(n, n);
     let mut mem = MemBuffer::new(llt_inverse::inverse_scratch::<f64>(n, par));
-    llt_inverse::inverse(view_mut(&mut inv), l, par, MemStack::new(&mut mem));
+    llt_inverse::inverse(view_mut(&mut inv), view(&l), par, MemStack::new(&mut mem));
     inv.fill_upper_triangle_with_lower_triangle();
     Some((inv, logdet))
 }

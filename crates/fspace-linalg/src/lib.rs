@@ -13,17 +13,16 @@
 //! * [`cg()`] with [`DiagonalPreconditioner`] or [`PivotedCholeskyPreconditioner`].
 //! * [`cholesky_jitter`] (reports its jitter), triangular solves, exact log-determinants,
 //!   [`slq_logdet`] for operators, rank-k Cholesky [`cholesky_rank_update`]s and downdates.
-//! * faer-backed dense products and SPD inverse in [`fast`] (GFSVI's `J S Jᵀ` and its KL).
+//! * faer-backed Cholesky factor, triangular solves, dense products and SPD inverse in [`fast`].
 //! * Small dense helpers: [`thin_svd`] of tall matrices in `O(p r²)`, [`sym_eigh`],
 //!   [`psd_pinv_sqrt`].
 //!
 //! Every failure is a [`LinalgError`] naming what was wrong — iteration breakdown is reported
 //! as an outcome in the info structs, never as a panic or a silent NaN.
 //!
-//! This crate is the bottom of the workspace: it depends on nalgebra, faer, pulp, rand and rayon.
+//! This crate is the bottom of the workspace: it depends on nalgebra, faer, rand and rayon.
 #![doc = include_str!("../README.md")]
 
-pub mod blocked;
 pub mod cg;
 pub mod cholesky;
 pub mod dense;

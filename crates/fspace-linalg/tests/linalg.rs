@@ -514,11 +514,11 @@ proptest! {
 }
 
 #[test]
-fn blocked_cholesky_and_solves_equal_the_unblocked_ones() {
-    use fspace_linalg::blocked::{cholesky_lower, solve_lower, solve_upper};
+fn faer_cholesky_and_solves_equal_nalgebras() {
+    use fspace_linalg::fast::{cholesky_lower, solve_lower, solve_upper_of_lower};
     let mut r = rng(11);
-    // Sizes around the 96-row block and the 64-column right-hand-side chunks.
-    for n in [1usize, 2, 95, 96, 97, 193, 300] {
+    // Sizes around faer's recursion threshold (64) and block size (128).
+    for n in [1usize, 2, 63, 64, 65, 129, 300] {
         let a = spd(n, 3.0, 1e-3, &mut r);
         let l = cholesky_lower(&a).unwrap();
         let reference = a.clone().cholesky().unwrap().l();
@@ -528,40 +528,22 @@ fn blocked_cholesky_and_solves_equal_the_unblocked_ones() {
             let b = randn(n, cols, &mut r);
             let x = solve_lower(&l, &b);
             assert_mat_close(&(&l * &x), &b, 1e-10, 1e-12);
-            let lt = l.transpose();
-            let y = solve_upper(&lt, &b);
-            assert_mat_close(&(&lt * &y), &b, 1e-10, 1e-12);
+            let y = solve_upper_of_lower(&l, &b);
+            assert_mat_close(&(l.transpose() * &y), &b, 1e-10, 1e-12);
         }
     }
-    // Indefinite and singular matrices are rejected, in the first block or a later one.
+    // Indefinite and singular matrices are rejected, in the first block or a later one, and so
+    // are non-finite and non-square ones.
     for n in [5usize, 150] {
         let mut spectrum = geometric_spectrum(n, 1.0, 0.1);
         spectrum[n - 1] = -0.5;
         assert!(cholesky_lower(&with_spectrum(&spectrum, &mut r).0).is_none(), "n={n}");
     }
-}
-
-#[test]
-fn parallel_products_and_spd_inverse_match_plain_nalgebra() {
-    use fspace_linalg::blocked::{lower_triangular_inverse, par_gram, par_matmul, spd_inverse_and_logdet};
-    let mut r = fspace_testutil::rng(77);
-    for (p, n) in [(3, 1), (40, 7), (300, 257)] {
-        let a = fspace_testutil::randn(p, n, &mut r);
-        let g = par_gram(&a);
-        fspace_testutil::assert_mat_close(&g, &(a.transpose() * &a), 1e-12, 1e-12);
-        let b = fspace_testutil::randn(n, n + 3, &mut r);
-        fspace_testutil::assert_mat_close(&par_matmul(&a, &b), &(&a * &b), 1e-12, 1e-12);
-    }
-    for n in [1, 50, 250] {
-        let s = fspace_testutil::spd(n, 10.0, 0.01, &mut r);
-        let l = s.clone().cholesky().unwrap().l();
-        let li = lower_triangular_inverse(&l);
-        fspace_testutil::assert_mat_close(&(&l * &li), &nalgebra::DMatrix::identity(n, n), 1e-10, 1e-10);
-        let (inv, logdet) = spd_inverse_and_logdet(&s).unwrap();
-        fspace_testutil::assert_mat_close(&inv, &s.clone().try_inverse().unwrap(), 1e-9, 1e-9);
-        assert!((logdet - s.determinant().ln()).abs() < 1e-9 * logdet.abs().max(1.0));
-    }
-    assert!(spd_inverse_and_logdet(&(-nalgebra::DMatrix::<f64>::identity(4, 4))).is_none());
+    let mut nan = DMatrix::<f64>::identity(3, 3);
+    nan[(1, 1)] = f64::NAN;
+    assert!(cholesky_lower(&nan).is_none());
+    assert!(cholesky_lower(&DMatrix::<f64>::zeros(3, 2)).is_none());
+    assert!(cholesky_lower(&DMatrix::<f64>::zeros(3, 3)).is_none(), "singular");
 }
 
 #[test]
@@ -594,11 +576,11 @@ fn faer_products_and_spd_inverse_match_plain_nalgebra() {
     assert_eq!(matmul(&empty.transpose(), &empty), nalgebra::DMatrix::zeros(4, 4));
 }
 
-/// faer splits a product's output, never its sums: GFSVI's numbers must not depend on the
-/// machine's core count.
+/// faer splits a product's output, never its sums, and blocks its Cholesky factor the same way
+/// on any thread count: no number of the workspace may depend on the machine's core count.
 #[test]
-fn faer_products_give_the_same_bits_on_any_number_of_threads() {
-    use fspace_linalg::fast::{gram, matmul, spd_inverse_and_logdet};
+fn faer_routines_give_the_same_bits_on_any_number_of_threads() {
+    use fspace_linalg::fast::{cholesky_lower, gram, matmul, solve_lower, solve_upper_of_lower, spd_inverse_and_logdet};
     let mut r = fspace_testutil::rng(78);
     let a = fspace_testutil::randn(1_500, 301, &mut r);
     let b = fspace_testutil::randn(301, 257, &mut r);
@@ -607,9 +589,22 @@ fn faer_products_give_the_same_bits_on_any_number_of_threads() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         pool.install(|| (gram(&a), matmul(&a, &b), spd_inverse_and_logdet(&s).unwrap()))
     };
-    let one = run(1);
+    let big = fspace_testutil::spd(700, 10.0, 0.01, &mut r);
+    let rhs = fspace_testutil::randn(700, 300, &mut r);
+    let solves = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let l = cholesky_lower(&big).unwrap();
+            let x = solve_upper_of_lower(&l, &solve_lower(&l, &rhs));
+            (l, x)
+        })
+    };
+    let (one, one_solves) = (run(1), solves(1));
     for threads in [2, 3] {
         let other = run(threads);
+        let other_solves = solves(threads);
+        assert_eq!(one_solves.0, other_solves.0, "Cholesky factor on {threads} threads");
+        assert_eq!(one_solves.1, other_solves.1, "Cholesky solves on {threads} threads");
         assert_eq!(one.0, other.0, "AᵀA on {threads} threads");
         assert_eq!(one.1, other.1, "AB on {threads} threads");
         assert_eq!(one.2 .0, other.2 .0, "SPD inverse on {threads} threads");

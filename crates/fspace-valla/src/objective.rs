@@ -20,7 +20,7 @@ use std::f64::consts::PI;
 
 use fspace_core::likelihood::logsumexp;
 use fspace_core::LikelihoodSpec;
-use fspace_linalg::blocked::{cholesky_lower, solve_lower, solve_upper};
+use fspace_linalg::fast::{cholesky_lower, solve_lower, solve_upper_of_lower};
 use fspace_nn::{Network, Outputs};
 use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
@@ -242,8 +242,7 @@ pub(crate) fn objective<N: Network>(
     let l = &state.l;
     let kzl = kz * l;
     let r = factor_b(l, &kzl, s0)?;
-    let rt = r.transpose();
-    let binv = solve_upper(&rt, &solve_lower(&r, &DMatrix::identity(m, m)));
+    let binv = solve_upper_of_lower(&r, &solve_lower(&r, &DMatrix::identity(m, m)));
     let logdet: f64 = 2.0 * r.diagonal().iter().map(|d| d.ln()).sum::<f64>();
     let kl = 0.5 * (logdet - m as f64 + binv.trace());
     let kxzl = kxz * l;
@@ -266,7 +265,7 @@ pub(crate) fn objective<N: Network>(
     let value = scale * data - kl;
     // Cotangents. Σᵢ = σ₀² κ̂ᵢᵢ − Wᵢ B⁻¹ Wᵢᵀ, so with Y = B⁻¹Wᵀ:
     // W̄ᵢ = −2·scale·Σ̄ᵢ Yᵢᵀ, B̄ += scale·Σᵢ Yᵢ Σ̄ᵢ Yᵢᵀ.
-    let y = solve_upper(&rt, &v); // M × b·q
+    let y = solve_upper_of_lower(&r, &v); // M × b·q
     let mut wbar = DMatrix::zeros(b * q, m);
     let mut ys = DMatrix::zeros(m, b * q);
     let mut d_s0 = 0.0;

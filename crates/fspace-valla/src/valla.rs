@@ -7,7 +7,7 @@ use fspace_core::{
     Adam, Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Minibatches, Observer, Persist,
     PersistError, Posterior, Progress, Silent, StopDecision,
 };
-use fspace_linalg::blocked::{cholesky_lower, solve_lower};
+use fspace_linalg::fast::{cholesky_lower, solve_lower, solve_upper_of_lower};
 use fspace_nn::{Network, NnError, Outputs};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -646,7 +646,7 @@ pub fn prop2_optimal_state<N: Network>(
     let kzx = net.ntk_block(z, sel, x, Outputs::All)? * prior_variance;
     let rz = cholesky_lower(&kz).ok_or(VallaError::NotPositiveDefinite { what: "K_Z (Prop. 2)" })?;
     // K_Z⁻¹ K_ZX, then A = σ⁻² (K_Z⁻¹K_ZX)(K_Z⁻¹K_ZX)ᵀ.
-    let s = fspace_linalg::blocked::solve_upper(&rz.transpose(), &solve_lower(&rz, &kzx));
+    let s = solve_upper_of_lower(&rz, &solve_lower(&rz, &kzx));
     let a = &s * s.transpose() / noise_variance;
     let l = cholesky_lower(&((&a + a.transpose()) * 0.5))
         .ok_or(VallaError::NotPositiveDefinite { what: "Prop. 2's A" })?;
