@@ -147,7 +147,10 @@ fn main() -> Result<(), Error> {
     let start = Instant::now();
     let cfg = VallaConfig {
         num_inducing: 100,
-        iterations: args.valla_iterations,
+        schedule: fspace_core::Schedule {
+            length: fspace_core::Span::Steps(args.valla_iterations),
+            ..VallaConfig::default().schedule
+        },
         prior_variance: 1.0 / lambda0,
         ..VallaConfig::default()
     };

@@ -10,7 +10,7 @@
 //!   reproducible from its seed, and `predict_y` is `Unsupported`;
 //! * the loaded posterior gives the same bits for every predictive and the same likelihood.
 
-use fspace::core::{CoreError, Data, LikelihoodSpec, Link, Persist, Posterior};
+use fspace::core::{CoreError, Data, LikelihoodSpec, Link, Persist, Posterior, Schedule};
 use fspace::fsp_laplace::FspConfig;
 use fspace::gfsvi::{FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
 use fspace::gp::{InducingPoints, SparseDirichletConfig, SvgpConfig};
@@ -126,20 +126,31 @@ fn check<P: Posterior + Persist>(name: &str, post: &P, x: &DMatrix<f64>, likelih
 }
 
 fn train() -> TrainConfig {
-    TrainConfig { epochs: 60, batch_size: 30, learning_rate: 1e-2, weight_decay: 1e-2, ..Default::default() }
+    TrainConfig {
+        schedule: Schedule::epochs(60),
+        batch_size: 30,
+        learning_rate: 1e-2,
+        weight_decay: 1e-2,
+        ..Default::default()
+    }
 }
 
 fn optim() -> OptimConfig {
-    OptimConfig { max_steps: 20, batch_size: 30, eval_every: 10, ..Default::default() }
+    OptimConfig { schedule: Schedule::steps(20).every_steps(10), batch_size: 30, ..Default::default() }
 }
 
 #[test]
 fn every_method_follows_the_call_shape_and_the_predictive_contract() {
     let prior = GpPrior::centered(Rbf::new(1.0, 0.7).unwrap());
-    let fsp_cfg =
-        FspConfig { epochs: 10, batch_size: 30, n_context: 8, n_laplace_context: 16, ..Default::default() };
+    let fsp_cfg = FspConfig {
+        schedule: Schedule::epochs(10),
+        batch_size: 30,
+        n_context: 8,
+        n_laplace_context: 16,
+        ..Default::default()
+    };
     let valla_cfg =
-        VallaConfig { num_inducing: 6, iterations: 30, batch_size: 30, patience: None, ..Default::default() };
+        VallaConfig { num_inducing: 6, schedule: Schedule::steps(30), batch_size: 30, ..Default::default() };
     let ella_cfg = EllaConfig {
         num_points: 10,
         num_eigen: 4,
@@ -200,7 +211,7 @@ fn every_method_follows_the_call_shape_and_the_predictive_contract() {
     let exact = fspace::gp::exact::fit(g, &prior, &data).unwrap();
     check("exact GP", &exact.posterior, &x, g);
     let svgp_cfg = SvgpConfig {
-        iterations: 20,
+        schedule: Schedule::steps(20),
         batch_size: 30,
         inducing: InducingPoints::KMeans { points: 6, iterations: 10 },
         ..Default::default()
@@ -306,6 +317,12 @@ fn data_a_method_cannot_use_is_refused_not_ignored() {
     let asks = TrainConfig { learn_likelihood: true, ..train() };
     refused(fit_map(mlp(1, 1), g, &data, &asks), "fit_map, learn");
     // With a validation set fit_map keeps the best-validation weights.
-    let fitted = fit_map(mlp(1, 1), g, &with_val, &TrainConfig { patience: Some(5), ..train() }).unwrap();
+    let fitted = fit_map(
+        mlp(1, 1),
+        g,
+        &with_val,
+        &TrainConfig { schedule: Schedule::epochs(60).patience(5), ..train() },
+    )
+    .unwrap();
     assert!(fitted.report.train.history.iter().all(|p| p.validation_loss.is_some()));
 }

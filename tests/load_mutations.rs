@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use fspace::core::{Data, LikelihoodSpec, Persist, Posterior};
+use fspace::core::{Data, LikelihoodSpec, Persist, Posterior, Schedule};
 use fspace::fsp_laplace::{FspConfig, FspLaplace};
 use fspace::gfsvi::{
     FviConfig, GfsviConfig, KlPrior, LinearizedPosterior, MfviConfig, OptimConfig, WeightSamplePosterior,
@@ -200,17 +200,20 @@ fn cases() -> Vec<Case> {
     out.push(case::<LaplacePosterior<Cnn>>("Laplace CNN kfac", &post, &ximg.rows(0, 3).into_owned()));
 
     let prior = GpPrior::centered(Rbf::new(1.0, 0.7).unwrap());
-    let fcfg =
-        FspConfig { epochs: 3, batch_size: 8, n_context: 6, n_laplace_context: 8, ..Default::default() };
+    let fcfg = FspConfig {
+        schedule: Schedule::epochs(3),
+        batch_size: 8,
+        n_context: 6,
+        n_laplace_context: 8,
+        ..Default::default()
+    };
     let fsp = fspace::fsp_laplace::fit(mlp(1, 4, 1), gauss, &prior, &data, &fcfg).unwrap().posterior;
     out.push(case::<FspLaplace<Mlp>>("FSP-Laplace", &fsp, &xt));
 
     let vcfg = VallaConfig {
         num_inducing: 4,
-        iterations: 10,
+        schedule: Schedule::steps(10).every_steps(5),
         batch_size: 8,
-        validate_every: 5,
-        patience: None,
         ..Default::default()
     };
     let valla = fspace::valla::fit(mlp(1, 4, 1), gauss, &data, &vcfg).unwrap().posterior;
@@ -224,7 +227,7 @@ fn cases() -> Vec<Case> {
         out.push(case::<EllaPosterior<Mlp>>(&format!("ELLA {route:?}"), &ella, &xt));
     }
 
-    let optim = OptimConfig { max_steps: 3, batch_size: 8, ..Default::default() };
+    let optim = OptimConfig { schedule: Schedule::steps(3), batch_size: 8, ..Default::default() };
     let gcfg = GfsviConfig { measurement_points: 4, optim: optim.clone(), ..Default::default() };
     let gfsvi = fspace::gfsvi::fit(mlp(1, 4, 1), gauss, &KlPrior::Gp(prior.clone()), &data, &gcfg).unwrap();
     out.push(case::<LinearizedPosterior<Mlp>>("GFSVI", &gfsvi.posterior, &xt));
@@ -256,7 +259,12 @@ fn cases() -> Vec<Case> {
     out.push(case::<ExactGp<Rbf>>("exact GP", &exact, &xt));
     let mut svgp =
         Svgp::new(Rbf::new(1.0, 0.5).unwrap(), PriorMean::Zero, 0.05, x.rows(0, 5).into_owned()).unwrap();
-    svgp.train(&x, &y.column(0).into_owned(), &SvgpConfig { iterations: 3, ..Default::default() }).unwrap();
+    svgp.train(
+        &x,
+        &y.column(0).into_owned(),
+        &SvgpConfig { schedule: Schedule::steps(3), ..Default::default() },
+    )
+    .unwrap();
     out.push(case::<Svgp<Rbf>>("SVGP", &svgp, &xt));
     let labels = x.column(0).map(|v| if v > 0.0 { 1.0 } else { 0.0 });
     let clf =

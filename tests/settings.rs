@@ -4,7 +4,7 @@
 //! meaning listed below. A field added later is covered without being named: it fails here
 //! until it is refused or documented.
 
-use fspace::core::{CoreError, Data, LikelihoodSpec};
+use fspace::core::{CoreError, Data, LikelihoodSpec, Schedule};
 use fspace::fsp_laplace::{FspConfig, FspError};
 use fspace::gfsvi::{FviConfig, GfsviConfig, GfsviError, KlPrior, MfviConfig, OptimConfig};
 use fspace::input::InputError;
@@ -126,7 +126,7 @@ fn zero_or_negative_settings_are_refused_unless_documented() {
     let g = LikelihoodSpec::gaussian(0.1);
     let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
     let kl = KlPrior::Gp(prior.clone());
-    let optim = OptimConfig { max_steps: 2, batch_size: 6, ..Default::default() };
+    let optim = OptimConfig { schedule: Schedule::steps(2), batch_size: 6, ..Default::default() };
     let mut out = Vec::new();
     silent(
         "LaplaceConfig",
@@ -140,9 +140,8 @@ fn zero_or_negative_settings_are_refused_unless_documented() {
     );
     let valla = VallaConfig {
         num_inducing: 3,
-        iterations: 4,
+        schedule: Schedule::steps(4).every_steps(2).patience(1),
         batch_size: 6,
-        validate_every: 2,
         ..Default::default()
     };
     silent(
@@ -192,7 +191,7 @@ fn zero_or_negative_settings_are_refused_unless_documented() {
 fn zero_predictive_samples_in_fvi_and_mfvi_are_refused() {
     let (x, y) = set();
     let data = Data::new(&x, &y).unwrap();
-    let optim = OptimConfig { max_steps: 2, batch_size: 6, ..Default::default() };
+    let optim = OptimConfig { schedule: Schedule::steps(2), batch_size: 6, ..Default::default() };
     let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
     let fvi = FviConfig {
         n_uniform: 3,
@@ -219,13 +218,16 @@ fn ella_refuses_to_learn_sigma_instead_of_ignoring_it() {
 }
 
 #[test]
-fn fsp_laplace_with_zero_epochs_is_refused() {
+fn fsp_laplace_with_a_zero_length_schedule_is_refused() {
     let (x, y) = set();
     let data = Data::new(&x, &y).unwrap();
     let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
-    let cfg = FspConfig { epochs: 0, n_context: 4, n_laplace_context: 6, ..Default::default() };
-    let e = fspace::fsp_laplace::fit(net(), LikelihoodSpec::gaussian(0.1), &prior, &data, &cfg).unwrap_err();
-    assert!(matches!(e, FspError::Input(InputError::Invalid { what: "epochs", .. })), "{e}");
+    for length in [Schedule::epochs(0), Schedule::steps(0)] {
+        let cfg = FspConfig { schedule: length, n_context: 4, n_laplace_context: 6, ..Default::default() };
+        let e =
+            fspace::fsp_laplace::fit(net(), LikelihoodSpec::gaussian(0.1), &prior, &data, &cfg).unwrap_err();
+        assert!(matches!(e, FspError::Input(InputError::Invalid { what: "schedule length", .. })), "{e}");
+    }
 }
 
 #[test]

@@ -12,7 +12,9 @@
 //! * The [`Posterior`] trait: predictive mean and marginal variance of `f`, joint covariance
 //!   for small sets, seeded function samples; [`class_probabilities`] by Monte Carlo, probit or
 //!   Laplace bridge; Gaussian `y`-predictives via [`Gaussian::predictive`].
-//! * Training pieces that are not network-specific: [`Minibatches`], [`EarlyStopping`].
+//! * The one [`Schedule`] of every iterative fit (steps or epochs, evaluate every k, patience
+//!   in evaluations, best-state restore) and its loop-side [`ScheduleRun`]; [`Minibatches`],
+//!   [`Adam`].
 //!
 //! Function values at `n` points of a `d'`-output model are `n × d'` matrices (point-major).
 //! Bad input is a [`CoreError`], never a panic.
@@ -23,6 +25,7 @@ pub mod fit;
 pub mod likelihood;
 pub mod persist;
 pub mod posterior;
+pub mod schedule;
 pub mod spec;
 pub mod training;
 
@@ -37,5 +40,6 @@ pub use posterior::{
     class_probabilities, ensure_classifier, finite_samples, mc_class_probabilities, mean_class_probabilities,
     observation_predictive, sample_gaussian, FunctionPredictive, Link, Posterior,
 };
+pub use schedule::{Schedule, ScheduleRun, Span, StopDecision};
 pub use spec::LikelihoodSpec;
-pub use training::{Adam, EarlyStopping, Minibatches, StopDecision};
+pub use training::{Adam, Minibatches};

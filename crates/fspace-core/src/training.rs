@@ -1,4 +1,5 @@
-//! Training-loop pieces that are not network-specific: seeded minibatches and early stopping.
+//! Training-loop pieces that are not network-specific: seeded minibatches and Adam (the
+//! schedule and early stopping are in [`crate::schedule`]).
 
 use fspace_input::InputError;
 use nalgebra::DVector;
@@ -46,66 +47,6 @@ impl Minibatches {
         } else {
             self.n.div_ceil(self.batch_size)
         }
-    }
-}
-
-/// What [`EarlyStopping::update`] advises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopDecision {
-    /// A new best validation loss: keep (a copy of) the current parameters.
-    Improved,
-    /// No improvement, patience not exhausted.
-    Continue,
-    /// Patience exhausted: stop and restore the best parameters.
-    Stop,
-}
-
-/// Early stopping on a validation loss with patience and a minimum improvement.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EarlyStopping {
-    patience: usize,
-    min_delta: f64,
-    best: f64,
-    best_step: usize,
-    step: usize,
-    bad: usize,
-}
-
-impl EarlyStopping {
-    /// Stops after `patience` updates without an improvement larger than `min_delta ≥ 0`.
-    pub fn new(patience: usize, min_delta: f64) -> Result<Self> {
-        if !(min_delta.is_finite() && min_delta >= 0.0) {
-            return Err(CoreError::Input(InputError::Invalid {
-                what: "min_delta",
-                reason: format!("{min_delta} must be ≥ 0"),
-            }));
-        }
-        Ok(Self { patience, min_delta, best: f64::INFINITY, best_step: 0, step: 0, bad: 0 })
-    }
-    /// Records a validation loss (a non-finite loss counts as no improvement).
-    pub fn update(&mut self, loss: f64) -> StopDecision {
-        self.step += 1;
-        if loss.is_finite() && loss < self.best - self.min_delta {
-            self.best = loss;
-            self.best_step = self.step;
-            self.bad = 0;
-            StopDecision::Improved
-        } else {
-            self.bad += 1;
-            if self.bad > self.patience {
-                StopDecision::Stop
-            } else {
-                StopDecision::Continue
-            }
-        }
-    }
-    /// The best loss so far.
-    pub fn best(&self) -> f64 {
-        self.best
-    }
-    /// The update (1-based) at which the best loss was seen.
-    pub fn best_step(&self) -> usize {
-        self.best_step
     }
 }
 

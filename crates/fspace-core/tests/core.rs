@@ -263,14 +263,42 @@ fn minibatches_cover_each_row_once_per_epoch_and_early_stopping_keeps_patience()
     assert_eq!(Minibatches::new(10, 3, true).unwrap().epoch(&mut rng(3)).len(), 3);
     assert_ne!(mb.epoch(&mut rng(3)), mb.epoch(&mut rng(4)));
     assert!(Minibatches::new(0, 3, false).is_err() && Minibatches::new(5, 0, false).is_err());
+}
 
-    let mut es = EarlyStopping::new(2, 0.0).unwrap();
+#[test]
+fn a_schedule_evaluates_every_interval_and_at_the_end_and_stops_at_the_patienceth_bad_evaluation() {
+    // 10 epochs of 4 steps, evaluated every 3 epochs (steps 12, 24, 36) and at the last step 40.
+    let run = ScheduleRun::new(&Schedule::epochs(10).every_epochs(3), 4, false).unwrap();
+    assert_eq!(run.total_steps(), 40);
+    let evaluated: Vec<usize> = (1..=40).filter(|&s| run.evaluates_after(s)).collect();
+    assert_eq!(evaluated, vec![12, 24, 36, 40]);
+    let run = ScheduleRun::new(&Schedule::steps(250).every_steps(100), 7, false).unwrap();
+    assert_eq!((1..=250).filter(|&s| run.evaluates_after(s)).collect::<Vec<_>>(), vec![100, 200, 250]);
+    assert!(run.is_last(250) && !run.is_last(249));
+
+    // Patience 2: stops at the second evaluation in a row without improvement; NaN never improves.
+    let mut run = ScheduleRun::new(&Schedule::steps(100).every_steps(1).patience(2), 1, true).unwrap();
     let decisions: Vec<StopDecision> =
-        [3.0, 2.0, 2.5, f64::NAN, 1.0, 1.5, 1.2, 1.1].iter().map(|&l| es.update(l)).collect();
+        [3.0, 2.0, 2.5, 1.0, f64::NAN, 1.5].iter().enumerate().map(|(i, &l)| run.record(i + 1, l)).collect();
     use StopDecision::*;
-    assert_eq!(decisions, vec![Improved, Improved, Continue, Continue, Improved, Continue, Continue, Stop]);
-    assert_eq!((es.best(), es.best_step()), (1.0, 5));
-    assert!(EarlyStopping::new(1, -1.0).is_err());
+    assert_eq!(decisions, vec![Improved, Improved, Continue, Improved, Continue, Stop]);
+    assert_eq!((run.best(), run.best_step()), (1.0, Some(4)));
+    assert!(run.restores_best());
+    // Without patience it never stops; keep_last or no validation set keeps the last state.
+    let mut run = ScheduleRun::new(&Schedule::steps(10).every_steps(1), 1, true).unwrap();
+    assert!((0..50).all(|i| run.record(i, 5.0 + i as f64) != Stop));
+    let mut last = ScheduleRun::new(&Schedule::steps(10).keep_last(), 1, true).unwrap();
+    last.record(1, 1.0);
+    assert!(!last.restores_best());
+    assert!(!ScheduleRun::new(&Schedule::steps(10), 1, false).unwrap().restores_best());
+
+    // Refused: zero length, zero interval, zero patience, patience without validation data.
+    for bad in [Schedule::steps(0), Schedule::epochs(3).every_steps(0), Schedule::epochs(3).patience(0)] {
+        assert!(matches!(ScheduleRun::new(&bad, 1, true), Err(CoreError::Input(_))), "{bad:?}");
+    }
+    let err = ScheduleRun::new(&Schedule::epochs(3).patience(2), 1, false).unwrap_err();
+    assert!(err.to_string().contains("validation"), "{err}");
+    assert!(ScheduleRun::new(&Schedule::epochs(3), 0, true).is_err());
 }
 
 #[test]

@@ -42,7 +42,11 @@ fn alg1(c: &mut Criterion) {
     let prior = GpPrior::centered(Independent::new(Rbf::new(4.0, 20.0).unwrap(), 10).unwrap());
     let context = UniformSampler::new(BoundingBox::cube(784, 0.0, 1.0).unwrap());
     let options = TrainOptions {
-        train: TrainConfig { epochs: 1, batch_size: 100, ..Default::default() },
+        train: TrainConfig {
+            schedule: fspace_core::Schedule::epochs(1),
+            batch_size: 100,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let cnn = Cnn::new(CnnConfig::fsp_mnist(10, Activation::Tanh, 0)).unwrap();
@@ -55,7 +59,10 @@ fn alg1(c: &mut Criterion) {
     });
     let p = problem::problem(100, 50);
     let context = UniformSampler::new(BoundingBox::cube(2, -3.0, 3.0).unwrap());
-    let options = TrainOptions { train: TrainConfig { epochs: 20, ..options.train }, ..Default::default() };
+    let options = TrainOptions {
+        train: TrainConfig { schedule: fspace_core::Schedule::epochs(20), ..options.train },
+        ..Default::default()
+    };
     g.bench_function("mlp_2x50_100_steps", |b| {
         b.iter(|| {
             let mut net = p.net.clone();

@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = StdRng::seed_from_u64(0);
     let data = fspace_data::sine(100, 0.1, &mut rng)?;
     let config = FspConfig {
-        epochs,
+        schedule: fspace_core::Schedule::epochs(epochs),
         batch_size: 100,
         n_context: 100,
         design: ContextDesign::Grid,

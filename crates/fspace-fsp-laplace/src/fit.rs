@@ -6,7 +6,7 @@ use std::time::Instant;
 use fspace_context::{
     BoundingBox, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler, UniformSampler,
 };
-use fspace_core::{Data, Fitted, LikelihoodSpec, Observer, Progress, Silent};
+use fspace_core::{Data, Fitted, LikelihoodSpec, Observer, Progress, Schedule, Silent, Span};
 use fspace_nn::{Network, TrainConfig, TrainProgress, TrainReport};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -58,10 +58,9 @@ pub fn context_points(
 ///
 /// | name | default | meaning |
 /// |---|---|---|
-/// | `epochs`, `batch_size`, `learning_rate` | 5 000, 100, 1e-3 | Alg. 1's Adam loop |
+/// | `schedule` | 5 000 epochs, validated after each, no early stopping, best restored | Alg. 1's length, validation interval, patience (in validations) and best-state restore ([`Schedule`]) |
+/// | `batch_size`, `learning_rate` | 100, 1e-3 | Alg. 1's Adam loop |
 /// | `weight_decay` | 0 | extra `½·wd·‖w‖²` (the paper: none; the prior is the regulariser) |
-/// | `patience` | `None` | early stopping on the validation NLL (epochs without improvement) |
-/// | `validate_every` | 1 | epochs between validations |
 /// | `validation_includes_prior` | false | stop on the validation log posterior (NLL + RKHS term at fresh context points) |
 /// | `seed` | 0 | minibatches and context draws |
 /// | `n_context` | 100 | context points per training step |
@@ -75,18 +74,14 @@ pub fn context_points(
 /// Whether Alg. 1 learns σ is the likelihood's `learn` flag.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FspConfig {
-    /// Alg. 1: epochs.
-    pub epochs: usize,
+    /// Alg. 1: length, validation interval, early stopping and best-state restore.
+    pub schedule: Schedule,
     /// Alg. 1: minibatch size.
     pub batch_size: usize,
     /// Alg. 1: Adam learning rate.
     pub learning_rate: f64,
     /// Alg. 1: weight decay added to the objective.
     pub weight_decay: f64,
-    /// Alg. 1: early-stopping patience in epochs (needs a validation set).
-    pub patience: Option<usize>,
-    /// Alg. 1: epochs between validations (1: every epoch).
-    pub validate_every: usize,
     /// Alg. 1: early stopping on the validation log posterior (validation NLL plus the RKHS
     /// term at fresh context points, as the authors' code) instead of the validation NLL.
     pub validation_includes_prior: bool,
@@ -119,12 +114,10 @@ impl Default for FspConfig {
     fn default() -> Self {
         let train = TrainOptions::default();
         Self {
-            epochs: train.train.epochs,
+            schedule: train.train.schedule,
             batch_size: train.train.batch_size,
             learning_rate: train.train.learning_rate,
             weight_decay: train.train.weight_decay,
-            patience: train.train.patience,
-            validate_every: train.train.validate_every,
             validation_includes_prior: train.train.validation_adds_regularizer,
             seed: train.train.seed,
             n_context: train.n_context,
@@ -141,16 +134,14 @@ impl Default for FspConfig {
 }
 
 impl FspConfig {
-    /// Takes Alg. 1's epochs, batch size, learning rate, weight decay, patience and seed from a
+    /// Takes Alg. 1's schedule, batch size, learning rate, weight decay and seed from a
     /// MAP-training configuration (`learn_likelihood` is the likelihood's `learn` flag here).
     pub fn with_training(self, train: &TrainConfig) -> Self {
         Self {
-            epochs: train.epochs,
+            schedule: train.schedule,
             batch_size: train.batch_size,
             learning_rate: train.learning_rate,
             weight_decay: train.weight_decay,
-            patience: train.patience,
-            validate_every: train.validate_every,
             validation_includes_prior: train.validation_adds_regularizer,
             seed: train.seed,
             ..self
@@ -161,12 +152,10 @@ impl FspConfig {
     pub fn train_options(&self, learn_likelihood: bool) -> TrainOptions {
         TrainOptions {
             train: TrainConfig {
-                epochs: self.epochs,
+                schedule: self.schedule,
                 batch_size: self.batch_size,
                 learning_rate: self.learning_rate,
                 weight_decay: self.weight_decay,
-                patience: self.patience,
-                validate_every: self.validate_every,
                 validation_adds_regularizer: self.validation_includes_prior,
                 seed: self.seed,
                 learn_likelihood,
@@ -256,7 +245,8 @@ pub fn fit_observed<N: Network + Clone>(
     let (x, y) = (data.x(), &data.y_flat());
     let val_flat = data.validation_flat();
     let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
-    let total = config.epochs;
+    let steps_per_epoch = x.nrows().max(1).div_ceil(config.batch_size.clamp(1, x.nrows().max(1)));
+    let total = config.schedule.length.in_epochs(steps_per_epoch);
     let progress = |p: &TrainProgress| {
         observer.observe(&Progress {
             step: p.epoch,
@@ -315,9 +305,9 @@ fn fit_inner<N: Network + Clone>(
     progress: impl FnMut(&TrainProgress),
 ) -> Result<(FspLaplace<N>, FitSummary)> {
     let bbox = config.context_box_for(x)?;
-    if config.epochs == 0 {
+    if matches!(config.schedule.length, Span::Steps(0) | Span::Epochs(0)) {
         return Err(invalid(
-            "epochs",
+            "schedule length",
             "must be ≥ 1: fit trains the network under the prior (Alg. 1) first; for a network \
              trained elsewhere call fsp_laplace::fit_posthoc (Alg. 2 alone)",
         ));

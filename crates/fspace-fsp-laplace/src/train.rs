@@ -116,7 +116,7 @@ pub fn objective<N: Network + ?Sized>(
 ///
 /// | name | default | meaning |
 /// |---|---|---|
-/// | `train` | 5000 epochs, batch 100, lr 1e-3, no patience | the minibatch/Adam loop ([`TrainConfig`]) |
+/// | `train` | 5000 epochs (validated after each), batch 100, lr 1e-3, no patience | the minibatch/Adam loop ([`TrainConfig`]) |
 /// | `n_context` | 100 | context points drawn per step (paper: 100 on the toys) |
 /// | `context_jitter` | 1e-3 | relative jitter on `Σ(C, C)` (see the module docs) |
 #[derive(Debug, Clone, PartialEq)]
@@ -132,7 +132,12 @@ pub struct TrainOptions {
 impl Default for TrainOptions {
     fn default() -> Self {
         Self {
-            train: TrainConfig { epochs: 5000, batch_size: 100, learning_rate: 1e-3, ..Default::default() },
+            train: TrainConfig {
+                schedule: fspace_core::Schedule::epochs(5000),
+                batch_size: 100,
+                learning_rate: 1e-3,
+                ..Default::default()
+            },
             n_context: 100,
             context_jitter: 1e-3,
         }

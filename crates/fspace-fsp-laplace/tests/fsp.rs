@@ -442,7 +442,12 @@ fn training_pulls_the_network_towards_the_prior_away_from_the_data() {
     let data = fspace_data::sine(100, 0.1, &mut rng(8)).unwrap();
     let prior = GpPrior::centered(Rbf::new(1.0, 0.25).unwrap());
     let sampler = fspace_context::UniformSampler::new(BoundingBox::cube(1, -2.0, 2.0).unwrap());
-    let train_cfg = TrainConfig { epochs: 2500, batch_size: 100, learning_rate: 1e-2, ..Default::default() };
+    let train_cfg = TrainConfig {
+        schedule: fspace_core::Schedule::epochs(2500),
+        batch_size: 100,
+        learning_rate: 1e-2,
+        ..Default::default()
+    };
     let opts = TrainOptions { train: train_cfg.clone(), ..Default::default() };
     let new_net = || {
         Mlp::new(MlpConfig {
@@ -527,7 +532,7 @@ fn fit_learns_sigma_when_the_spec_says_so_and_the_posterior_round_trips() {
     let data = fspace_data::sine(40, 0.1, &mut rng(3)).unwrap();
     let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
     let config = FspConfig {
-        epochs: 60,
+        schedule: fspace_core::Schedule::epochs(60),
         batch_size: 20,
         learning_rate: 1e-2,
         n_context: 20,

@@ -77,7 +77,8 @@ fn bench_steps(c: &mut Criterion) {
         b.iter(|| objective(&mut n, &pr, &tfsvi, &x, &y, 100, &xm, 1e-10).unwrap())
     });
     // FVI and MFVI: 20 steps of `fit` (measured per fit; divide by 20 for one step).
-    let one = OptimConfig { max_steps: 20, batch_size: 100, ..Default::default() };
+    let one =
+        OptimConfig { schedule: fspace_core::Schedule::steps(20), batch_size: 100, ..Default::default() };
     let gp = GpPrior::centered(Rbf::new(1.0, 0.3).unwrap());
     let fcfg = FviConfig { optim: one.clone(), predictive_samples: 1, ..Default::default() };
     group.bench_function("fvi_2x30_20_steps", |b| {
@@ -114,7 +115,11 @@ fn bench_fvi_cnn(c: &mut Criterion) {
         let config = FviConfig {
             samples,
             predictive_samples: 1,
-            optim: OptimConfig { max_steps: 2, batch_size: 100, ..Default::default() },
+            optim: OptimConfig {
+                schedule: fspace_core::Schedule::steps(2),
+                batch_size: 100,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let data = Data::new(&x, &y).unwrap();

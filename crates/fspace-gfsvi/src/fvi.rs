@@ -88,7 +88,7 @@ pub fn fit<N: Network + Clone>(
     fit_observed(net, likelihood, prior, data, config, &mut Silent)
 }
 
-/// [`fit`], reporting every `eval_every` steps to `observer` (`loss`: minus the minibatch
+/// [`fit`], reporting at every evaluation of the schedule to `observer` (`loss`: minus the minibatch
 /// objective; `validation`: the validation NLL).
 pub fn fit_observed<N: Network + Clone>(
     net: N,

@@ -15,8 +15,9 @@
 //! * [`fvi::fit`] — **FVI** (Sun et al. 2019): the functional ELBO on the stochastic network
 //!   (not linearised); the KL gradient uses the spectral Stein gradient estimator ([`Ssge`]) of
 //!   `∇ log q` from function samples; measurement points mix uniform draws and the batch.
-//! * [`mfvi::fit`] — **MFVI** (Bayes by Backprop, Blundell et al. 2015) with the local
-//!   reparameterisation trick and a weight prior `N(0, σ_p² I)`.
+//! * [`mfvi::fit`] — **MFVI** (Bayes by Backprop, Blundell et al. 2015) on any network, with
+//!   a weight prior `N(0, σ_p² I)`: the local reparameterisation trick on an MLP, one
+//!   reparameterised weight draw per step through the network's own `forward_vjp` otherwise.
 //!
 //! All return the shared [`fspace_core::Posterior`]: GFSVI/TFSVI in closed form
 //! ([`LinearizedPosterior`]), FVI/MFVI by Monte Carlo over stored weight samples
@@ -43,7 +44,7 @@ pub use gfsvi::{
     fit, fit_observed, objective, objective_with, DataTerm, GfsviConfig, KlPrior, LinearizedPosterior,
     ObjectiveValue, VariationalParams,
 };
-pub use mfvi::MfviConfig;
+pub use mfvi::{MfviConfig, MfviGradient};
 pub use nll::gaussian_nll;
 pub use optim::{OptimConfig, OptimReport};
 pub use sampled::WeightSamplePosterior;

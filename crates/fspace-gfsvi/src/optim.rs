@@ -1,8 +1,8 @@
 //! The optimisation loop every method of this crate shares: Adam ascent on a flat parameter
-//! vector over shuffled minibatches, validation every `eval_every` steps, early stopping with
-//! patience restoring the best parameters.
+//! vector over shuffled minibatches under a [`Schedule`]: validation at its evaluations, early
+//! stopping with its patience, the best parameters restored.
 
-use fspace_core::{Adam, Minibatches};
+use fspace_core::{Adam, Minibatches, Schedule, ScheduleRun, StopDecision};
 use fspace_core::{Observer, Progress};
 use nalgebra::DVector;
 use rand::rngs::StdRng;
@@ -18,13 +18,9 @@ pub struct OptimConfig {
     pub learning_rate: f64,
     /// Minibatch size (the whole training set if larger; App. A.2.2: 2 000).
     pub batch_size: usize,
-    /// Maximum number of Adam steps.
-    pub max_steps: usize,
-    /// Validation every this many steps (when a validation set is given).
-    pub eval_every: usize,
-    /// Stop after this many validations without improvement (0: never stop early); the
-    /// parameters of the best validation are restored.
-    pub patience: usize,
+    /// Length (steps or epochs), evaluation interval, patience in evaluations (needs a
+    /// validation set) and best-state restore.
+    pub schedule: Schedule,
     /// Seed of minibatch order, measurement points and Monte-Carlo draws.
     pub seed: u64,
 }
@@ -34,9 +30,7 @@ impl Default for OptimConfig {
         Self {
             learning_rate: 1e-3,
             batch_size: 2000,
-            max_steps: 10_000,
-            eval_every: 100,
-            patience: 10,
+            schedule: Schedule::steps(10_000).every_steps(100),
             seed: 0,
         }
     }
@@ -50,12 +44,7 @@ impl OptimConfig {
         if self.batch_size == 0 {
             return Err(invalid("batch size", "must be ≥ 1"));
         }
-        if self.max_steps == 0 {
-            return Err(invalid("maximum number of steps", "must be ≥ 1"));
-        }
-        if self.eval_every == 0 {
-            return Err(invalid("validation interval", "must be ≥ 1"));
-        }
+        self.schedule.validate()?;
         Ok(())
     }
 }
@@ -67,7 +56,7 @@ pub struct OptimReport {
     pub steps: usize,
     /// Step whose parameters were kept (the best validation; the last step without one).
     pub best_step: usize,
-    /// `(step, objective on that step's minibatch)` every `eval_every` steps.
+    /// `(step, objective on that step's minibatch)` at every evaluation of the schedule.
     pub objective: Vec<(usize, f64)>,
     /// `(step, validation loss)` at each validation.
     pub validation: Vec<(usize, f64)>,
@@ -77,7 +66,8 @@ pub struct OptimReport {
 pub(crate) type Validator<'a> = &'a mut dyn FnMut(&DVector<f64>) -> Result<f64>;
 
 /// Maximises a stochastic objective: `step(θ, batch, rng)` returns the minibatch objective and
-/// its gradient; `validate(θ)` (if any) a loss to minimise.
+/// its gradient; `validate(θ)` (if any) a loss to minimise. A schedule with a patience needs
+/// `validate`.
 pub(crate) fn optimise(
     mut theta: DVector<f64>,
     n: usize,
@@ -89,10 +79,11 @@ pub(crate) fn optimise(
     config.validate()?;
     let mut rng = StdRng::seed_from_u64(config.seed);
     let batches = Minibatches::new(n, config.batch_size.min(n), false)?;
+    let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), validate.is_some())?;
+    let total = schedule.total_steps();
     let mut adam = Adam::new(theta.len(), config.learning_rate);
     let mut report = OptimReport { steps: 0, best_step: 0, objective: Vec::new(), validation: Vec::new() };
-    let mut best = (f64::INFINITY, theta.clone());
-    let mut since_best = 0;
+    let mut best = theta.clone();
     'outer: loop {
         for batch in batches.epoch(&mut rng) {
             let (value, grad) = step(&theta, &batch, &mut rng)?;
@@ -105,40 +96,35 @@ pub(crate) fn optimise(
             adam.ascend(&mut theta, &grad);
             report.steps += 1;
             let t = report.steps;
-            if t.is_multiple_of(config.eval_every) || t == config.max_steps {
+            if schedule.evaluates_after(t) {
                 report.objective.push((t, value));
                 let validation = match validate.as_mut() {
                     Some(val) => Some(val(&theta)?),
                     None => None,
                 };
-                observer.observe(&Progress {
-                    step: t,
-                    total: config.max_steps,
-                    loss: Some(-value),
-                    validation,
-                });
+                observer.observe(&Progress { step: t, total, loss: Some(-value), validation });
                 if let Some(loss) = validation {
                     report.validation.push((t, loss));
-                    if loss < best.0 {
-                        best = (loss, theta.clone());
-                        report.best_step = t;
-                        since_best = 0;
-                    } else {
-                        since_best += 1;
-                        if config.patience > 0 && since_best >= config.patience {
-                            break 'outer;
-                        }
+                    match schedule.record(t, loss) {
+                        StopDecision::Improved => best = theta.clone(),
+                        StopDecision::Continue => {}
+                        StopDecision::Stop => break 'outer,
                     }
                 }
             }
-            if t >= config.max_steps {
+            if schedule.is_last(t) {
                 break 'outer;
             }
         }
     }
-    if report.validation.is_empty() || !best.0.is_finite() {
-        report.best_step = report.steps;
-        return Ok((theta, report));
+    match schedule.best_step() {
+        Some(at) if schedule.restores_best() => {
+            report.best_step = at;
+            Ok((best, report))
+        }
+        _ => {
+            report.best_step = report.steps;
+            Ok((theta, report))
+        }
     }
-    Ok((best.1, report))
 }

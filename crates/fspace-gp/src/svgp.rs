@@ -30,14 +30,14 @@ use rand::SeedableRng;
 
 use crate::error::{invalid, GpError, Result};
 use crate::exact::{posterior_variances, scalar_predictive, symmetrised, to_core};
-use fspace_core::Adam;
+use fspace_core::{Adam, Schedule, ScheduleRun};
 
 /// Options of [`Svgp::train`].
 ///
 /// | name | default | purpose |
 /// |---|---|---|
 /// | `batch_size` | 256 | minibatch size `B` |
-/// | `iterations` | 500 | steps (one natural-gradient step on `q(u)` + one Adam step each) |
+/// | `schedule` | 500 steps | length in steps (one natural-gradient step on `q(u)` + one Adam step each) or epochs (`⌈n / B⌉` steps); SVGP has no validation set, so a patience is refused ([`Schedule`]) |
 /// | `natural_step` | 0.2 | `ρ` of the natural-gradient update |
 /// | `learning_rate` | 0.01 | Adam step for `log θ`, `log σ²` |
 /// | `learn_hyperparameters` | true | whether Adam moves the kernel and noise |
@@ -48,8 +48,8 @@ use fspace_core::Adam;
 pub struct SvgpConfig {
     /// Minibatch size.
     pub batch_size: usize,
-    /// Training steps.
-    pub iterations: usize,
+    /// Training length (steps or epochs); no validation, so no patience.
+    pub schedule: Schedule,
     /// Natural-gradient step size `ρ ∈ (0, 1]`.
     pub natural_step: f64,
     /// Adam learning rate for the hyperparameters.
@@ -111,7 +111,7 @@ impl Default for SvgpConfig {
     fn default() -> Self {
         Self {
             batch_size: 256,
-            iterations: 500,
+            schedule: Schedule::steps(500),
             natural_step: 0.2,
             learning_rate: 0.01,
             learn_hyperparameters: true,
@@ -412,6 +412,7 @@ impl<K: Kernel + Clone> Svgp<K> {
             return Err(invalid("batch_size", "must be ≥ 1"));
         }
         let bsz = config.batch_size.min(n);
+        let schedule = ScheduleRun::new(&config.schedule, n.div_ceil(bsz), false)?;
         let mut rng = StdRng::seed_from_u64(config.seed);
         let np = self.kernel.n_params();
         let mut theta = DVector::from_vec(self.kernel.params()).push(self.noise_variance.ln());
@@ -425,7 +426,7 @@ impl<K: Kernel + Clone> Svgp<K> {
             let z0: Vec<f64> = self.z.row(0).iter().copied().collect();
             self.kernel.eval_grad_x(&z0, &z0, &mut probe)?;
         }
-        for _ in 0..config.iterations {
+        for _ in 0..schedule.total_steps() {
             let idx = sample_indices(&mut rng, n, bsz).into_vec();
             let (xb, yb) = (x.select_rows(&idx), y.select_rows(&idx));
             self.natural_gradient_step(&xb, &yb, n, config.natural_step)?;

@@ -1,6 +1,6 @@
 //! GP baselines against dense computations, finite differences and known hyperparameters.
 
-use fspace_core::{class_probabilities, Link, Posterior};
+use fspace_core::{class_probabilities, Link, Posterior, Schedule};
 use fspace_gp::*;
 use fspace_input::InputError;
 use fspace_kernels::*;
@@ -336,7 +336,7 @@ fn learned_inducing_points_tighten_the_collapsed_bound() {
     let mut learned = Svgp::new(k.clone(), PriorMean::Zero, s2, z0.clone()).unwrap();
     let cfg = SvgpConfig {
         batch_size: n,
-        iterations: 400,
+        schedule: Schedule::steps(400),
         natural_step: 1.0,
         learning_rate: 0.05,
         learn_hyperparameters: false,
@@ -384,7 +384,12 @@ fn svgp_training_improves_the_elbo() {
     let z = kmeans(&x, 20, 50, 1).unwrap();
     let mut svgp = Svgp::new(Rbf::new(0.5, 2.0).unwrap(), PriorMean::Zero, 0.5, z).unwrap();
     let before = svgp.elbo(&x, &y).unwrap();
-    let cfg = SvgpConfig { batch_size: 100, iterations: 300, learning_rate: 0.03, ..Default::default() };
+    let cfg = SvgpConfig {
+        batch_size: 100,
+        schedule: Schedule::steps(300),
+        learning_rate: 0.03,
+        ..Default::default()
+    };
     let after = svgp.train(&x, &y, &cfg).unwrap();
     assert!(after > before + 100.0, "{before} → {after}");
     assert!(svgp.noise_variance() < 0.1, "noise learned: {}", svgp.noise_variance());
@@ -434,7 +439,7 @@ fn bad_input_is_a_typed_error() {
     let mut opaque =
         Svgp::new(NoInputGradient(k.clone()), PriorMean::Zero, 0.1, x.rows(0, 2).into_owned()).unwrap();
     let before = opaque.inducing_points().clone();
-    let cfg = SvgpConfig { learn_inducing_points: true, iterations: 5, ..Default::default() };
+    let cfg = SvgpConfig { learn_inducing_points: true, schedule: Schedule::steps(5), ..Default::default() };
     assert!(matches!(
         opaque.train(&x, &y.column(0).into_owned(), &cfg),
         Err(GpError::Kernel(KernelError::Unsupported(_)))
@@ -588,7 +593,12 @@ fn every_gp_posterior_round_trips_through_save_and_load_bit_for_bit() {
 
     let mut svgp =
         Svgp::new(Rbf::new(1.0, 0.5).unwrap(), PriorMean::Zero, 0.05, x.rows(0, 8).into_owned()).unwrap();
-    svgp.train(&x, &y.column(0).into_owned(), &SvgpConfig { iterations: 5, ..Default::default() }).unwrap();
+    svgp.train(
+        &x,
+        &y.column(0).into_owned(),
+        &SvgpConfig { schedule: Schedule::steps(5), ..Default::default() },
+    )
+    .unwrap();
     same(&svgp, &round_trip(&svgp, &dir.join("svgp.json")), &xt);
 
     let labels = DVector::from_fn(25, |i, _| if x[(i, 0)] > 0.0 { 1.0 } else { 0.0 });
@@ -669,7 +679,7 @@ fn svgp_fit_is_the_svgp_in_the_workspace_call_shape() {
     let data = Data::new(&x, &y).unwrap();
     let cfg = SvgpConfig {
         batch_size: 100,
-        iterations: 100,
+        schedule: Schedule::steps(100),
         learning_rate: 0.03,
         inducing: InducingPoints::KMeans { points: 15, iterations: 30 },
         seed: 4,

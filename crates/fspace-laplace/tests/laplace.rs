@@ -993,8 +993,12 @@ fn heteroscedastic_laplace_equals_the_dense_fisher_laplace_on_a_trained_toy() {
     let mut net = mlp(1, vec![8], 2, 41);
     let lik = LikelihoodSpec::HeteroscedasticGaussian;
     let mut built = lik.build().unwrap();
-    let cfg =
-        fspace_nn::TrainConfig { epochs: 300, batch_size: 40, learning_rate: 1e-2, ..Default::default() };
+    let cfg = fspace_nn::TrainConfig {
+        schedule: fspace_core::Schedule::epochs(300),
+        batch_size: 40,
+        learning_rate: 1e-2,
+        ..Default::default()
+    };
     let before = built.nll(&net.forward(&x).unwrap(), &y).unwrap();
     fspace_nn::train_map(&mut net, built.as_mut(), &x, &y, None, None, &cfg, |_| {}).unwrap();
     let after = built.nll(&net.forward(&x).unwrap(), &y).unwrap();

@@ -68,7 +68,8 @@ fn bench(c: &mut Criterion) {
     for p in [1_000usize, 3_300, 11_600] {
         let a = DMatrix::from_fn(p, 500, |i, j| ((i * 7 + j * 13) % 17) as f64 / 17.0 - 0.4);
         let cm = spd(500);
-        group.bench_with_input(BenchmarkId::new("gram nalgebra", p), &p, |b, _| b.iter(|| a.transpose() * &a));
+        group
+            .bench_with_input(BenchmarkId::new("gram nalgebra", p), &p, |b, _| b.iter(|| a.transpose() * &a));
         group.bench_with_input(BenchmarkId::new("gram fast (faer)", p), &p, |b, _| {
             b.iter(|| fspace_linalg::fast::gram(&a))
         });

@@ -12,8 +12,8 @@
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor as llt_factor;
 use faer::linalg::cholesky::llt::inverse as llt_inverse;
-use faer::linalg::triangular_solve;
 use faer::linalg::matmul::triangular::{self, BlockStructure};
+use faer::linalg::triangular_solve;
 use faer::{Accum, MatMut, MatRef, Par};
 use nalgebra::DMatrix;
 
@@ -74,7 +74,12 @@ pub fn solve_lower(l: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
 /// # Panics
 /// If `L` is not square or `B`'s rows differ from its size.
 pub fn solve_upper_of_lower(l: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
-    assert!(l.is_square() && l.nrows() == b.nrows(), "solve_upper_of_lower: L {:?}, B {:?}", l.shape(), b.shape());
+    assert!(
+        l.is_square() && l.nrows() == b.nrows(),
+        "solve_upper_of_lower: L {:?}, B {:?}",
+        l.shape(),
+        b.shape()
+    );
     let mut x = b.clone();
     triangular_solve::solve_upper_triangular_in_place(view(l).transpose(), view_mut(&mut x), Par::rayon(0));
     x

@@ -580,7 +580,9 @@ fn faer_products_and_spd_inverse_match_plain_nalgebra() {
 /// on any thread count: no number of the workspace may depend on the machine's core count.
 #[test]
 fn faer_routines_give_the_same_bits_on_any_number_of_threads() {
-    use fspace_linalg::fast::{cholesky_lower, gram, matmul, solve_lower, solve_upper_of_lower, spd_inverse_and_logdet};
+    use fspace_linalg::fast::{
+        cholesky_lower, gram, matmul, solve_lower, solve_upper_of_lower, spd_inverse_and_logdet,
+    };
     let mut r = fspace_testutil::rng(78);
     let a = fspace_testutil::randn(1_500, 301, &mut r);
     let b = fspace_testutil::randn(301, 257, &mut r);

@@ -26,7 +26,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let x = DMatrix::from_fn(n, 784, |i, j| (((i * 31 + j * 7) % 255) as f64 / 255.0 - 0.5).max(0.0));
     let y = DVector::from_fn(n, |i, _| (i % 10) as f64);
     let mut lik = Categorical::new(10)?;
-    let cfg = TrainConfig { epochs: 1, batch_size: 100, learning_rate: 1e-3, seed: 0, ..Default::default() };
+    let cfg = TrainConfig {
+        schedule: fspace_core::Schedule::epochs(1),
+        batch_size: 100,
+        learning_rate: 1e-3,
+        seed: 0,
+        ..Default::default()
+    };
     for _ in 0..epochs {
         let t = std::time::Instant::now();
         let report = train_map(&mut net, &mut lik, &x, &y, None, None, &cfg, |_| {})?;

@@ -7,8 +7,8 @@
 //! μ(C))` held constant (gradient `J(C)ᵀα`), redrawing `C` each step.
 
 use fspace_core::{
-    Adam, Data, EarlyStopping, Fitted, Likelihood, LikelihoodSpec, Minibatches, Observer, Progress, Silent,
-    StopDecision,
+    Adam, Data, Fitted, Likelihood, LikelihoodSpec, Minibatches, Observer, Progress, Schedule, ScheduleRun,
+    Silent, StopDecision,
 };
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
@@ -28,30 +28,23 @@ pub type Regularizer<'a, N = Mlp> = dyn FnMut(&N, &mut StdRng) -> Result<(f64, D
 ///
 /// | name | default | purpose |
 /// |---|---|---|
-/// | `epochs` | 1000 | passes over the data (upper bound with early stopping) |
+/// | `schedule` | 1 000 epochs, validated after each, no early stopping, best restored | length, validation interval, patience (in validations; needs validation data), best-state restore ([`Schedule`]) |
 /// | `batch_size` | 100 | minibatch size `b` |
 /// | `learning_rate` | 1e-3 | Adam step |
 /// | `weight_decay` | 0 | `λ` of `(λ/2)‖w‖²` (an isotropic Gaussian weight prior) |
-/// | `patience` | `None` | early stopping on the validation loss (needs validation data), in epochs |
-/// | `validate_every` | 1 | epochs between validation losses (the first epoch is always validated) |
 /// | `validation_adds_regularizer` | false | the validation loss is the validation NLL plus the regulariser's value (a validation log posterior) |
 /// | `seed` | 0 | shuffling and the regulariser's RNG |
 /// | `learn_likelihood` | false | also fit the likelihood's own parameters (Gaussian `log σ`) |
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
-    /// Epochs.
-    pub epochs: usize,
+    /// Length, validation interval, early stopping and best-state restore.
+    pub schedule: Schedule,
     /// Minibatch size.
     pub batch_size: usize,
     /// Adam learning rate.
     pub learning_rate: f64,
     /// L2 weight decay λ.
     pub weight_decay: f64,
-    /// Early-stopping patience in epochs.
-    pub patience: Option<usize>,
-    /// Epochs between validations (≥ 1): epochs 1, 1 + k, 1 + 2k, … are validated, and training
-    /// stops once more than `⌈patience / k⌉` validations in a row did not improve.
-    pub validate_every: usize,
     /// Add the regulariser's value (drawn with the training RNG, e.g. at fresh context points)
     /// to the summed validation NLL: early stopping on a validation log posterior, as
     /// FSP-Laplace's public code does, instead of the validation NLL.
@@ -66,12 +59,10 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
-            epochs: 1000,
+            schedule: Schedule::epochs(1000),
             batch_size: 100,
             learning_rate: 1e-3,
             weight_decay: 0.0,
-            patience: None,
-            validate_every: 1,
             validation_adds_regularizer: false,
             seed: 0,
             learn_likelihood: false,
@@ -79,23 +70,32 @@ impl Default for TrainConfig {
     }
 }
 
-/// Progress after each epoch (for a progress bar or a log).
+/// Progress after each epoch (for a progress bar or a log); a step-length schedule's last epoch
+/// may be partial.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainProgress {
     /// Epoch just finished (1-based).
     pub epoch: usize,
     /// Mean training objective per step over the epoch.
     pub train_loss: f64,
-    /// Validation NLL per point, if validation data was given.
+    /// Validation NLL per point, if the schedule evaluated at this epoch's end (or at its
+    /// steps: the last evaluation within the epoch) and validation data was given.
     pub validation_loss: Option<f64>,
 }
 
 /// What [`train_map`] did.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainReport {
-    /// Epochs run.
+    /// Epochs run (the last one may be partial under a step-length schedule).
     pub epochs: usize,
-    /// Whether early stopping ended training (the best parameters were restored).
+    /// Optimiser steps run.
+    #[serde(default)]
+    pub steps: usize,
+    /// Step whose parameters were returned (the best validation with `restore_best`, else the
+    /// last step).
+    #[serde(default)]
+    pub best_step: usize,
+    /// Whether early stopping ended training.
     pub stopped_early: bool,
     /// Per-epoch progress.
     pub history: Vec<TrainProgress>,
@@ -105,9 +105,11 @@ fn nll_loss<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVe
     lik.nll(&net.forward(x)?, y).map_err(|e| NnError::Likelihood(e.to_string()))
 }
 
-/// Trains `net` (and, with `learn_likelihood`, the likelihood's parameters) in place.
-/// `validation` enables early stopping (restores the best weights and likelihood
-/// parameters, also when the epochs run out first); `progress` is called after every epoch.
+/// Trains `net` (and, with `learn_likelihood`, the likelihood's parameters) in place under
+/// `config.schedule`: `validation` is evaluated at the schedule's evaluations, stops training
+/// after `patience` of them without improvement, and with `restore_best` the best evaluation's
+/// weights and likelihood parameters are returned (also when the schedule runs out first). A
+/// patience without `validation` is an error. `progress` is called after every epoch.
 pub fn train_map<N: Network>(
     net: &mut N,
     likelihood: &mut dyn Likelihood,
@@ -128,17 +130,10 @@ pub fn train_map<N: Network>(
         }));
     }
     likelihood.check_targets(y).map_err(|e| NnError::Likelihood(e.to_string()))?;
-    if config.patience.is_some() && validation.is_none() {
-        return Err(NnError::Likelihood("early stopping needs validation data".into()));
-    }
     let batches =
         Minibatches::new(n, config.batch_size, false).map_err(|e| NnError::Likelihood(e.to_string()))?;
-    if config.validate_every == 0 {
-        return Err(NnError::Input(fspace_input::invalid("validate_every", "must be ≥ 1")));
-    }
-    let mut stopper = config
-        .patience
-        .map(|p| EarlyStopping::new(p.div_ceil(config.validate_every), 0.0).expect("valid min_delta"));
+    let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), validation.is_some())
+        .map_err(schedule_error)?;
     let mut rng = StdRng::seed_from_u64(config.seed);
     // Minibatch rows are gathered from a point-major copy: a column-major gather touches
     // every column of the whole data set per batch (cache misses dominate on MNIST).
@@ -152,9 +147,10 @@ pub fn train_map<N: Network>(
     let mut joint = DVector::zeros(p + n_lik);
     let mut best = (theta.clone(), lik_theta.clone());
     let mut history = Vec::new();
-    let mut stopped_early = false;
-    for epoch in 1..=config.epochs {
-        let mut total = 0.0;
+    let (mut step, mut stopped_early, mut done) = (0usize, false, false);
+    for epoch in 1.. {
+        let (mut total, mut steps_in_epoch) = (0.0, 0usize);
+        let mut validation_loss = None;
         let epoch_batches = batches.epoch(&mut rng);
         for idx in &epoch_batches {
             // Contiguous row copies from the point-major copy, then one transposition.
@@ -227,46 +223,55 @@ pub fn train_map<N: Network>(
             }
             net.set_params(&theta)?;
             total += loss;
-        }
-        let validation_loss = match validation {
-            Some((xv, yv)) if (epoch - 1) % config.validate_every == 0 => {
+            step += 1;
+            steps_in_epoch += 1;
+            if let Some((xv, yv)) = validation.filter(|_| schedule.evaluates_after(step)) {
                 let mut v = nll_loss(net, &*likelihood, xv, yv)?;
                 if config.validation_adds_regularizer {
                     if let Some(reg) = regularizer.as_deref_mut() {
                         v += reg(net, &mut rng)?.0;
                     }
                 }
-                Some(v / xv.nrows() as f64)
-            }
-            _ => None,
-        };
-        let p = TrainProgress { epoch, train_loss: total / epoch_batches.len() as f64, validation_loss };
-        progress(&p);
-        history.push(p);
-        if let (Some(stopper), Some(v)) = (stopper.as_mut(), validation_loss) {
-            match stopper.update(v) {
-                StopDecision::Improved => best = (theta.clone(), lik_theta.clone()),
-                StopDecision::Continue => {}
-                StopDecision::Stop => {
-                    net.set_params(&best.0)?;
-                    if n_lik > 0 {
-                        likelihood.set_params(&best.1).map_err(|e| NnError::Likelihood(e.to_string()))?;
-                    }
-                    stopped_early = true;
-                    break;
+                let v = v / xv.nrows() as f64;
+                validation_loss = Some(v);
+                match schedule.record(step, v) {
+                    StopDecision::Improved => best = (theta.clone(), lik_theta.clone()),
+                    StopDecision::Continue => {}
+                    StopDecision::Stop => (stopped_early, done) = (true, true),
                 }
             }
+            if done || schedule.is_last(step) {
+                done = true;
+                break;
+            }
+        }
+        let p = TrainProgress { epoch, train_loss: total / steps_in_epoch as f64, validation_loss };
+        progress(&p);
+        history.push(p);
+        if done {
+            break;
         }
     }
-    // Out of epochs with validation data: the best epoch's parameters too (the last epochs may
-    // have been worse without exhausting the patience).
-    if !stopped_early && stopper.is_some() && validation.is_some() {
-        net.set_params(&best.0)?;
-        if n_lik > 0 {
-            likelihood.set_params(&best.1).map_err(|e| NnError::Likelihood(e.to_string()))?;
+    // The best evaluation's parameters, also when the schedule ran out first (the last
+    // evaluations may have been worse without exhausting the patience).
+    let best_step = match schedule.best_step() {
+        Some(at) if schedule.restores_best() => {
+            net.set_params(&best.0)?;
+            if n_lik > 0 {
+                likelihood.set_params(&best.1).map_err(|e| NnError::Likelihood(e.to_string()))?;
+            }
+            at
         }
+        _ => step,
+    };
+    Ok(TrainReport { epochs: history.len(), steps: step, best_step, stopped_early, history })
+}
+
+fn schedule_error(e: fspace_core::CoreError) -> NnError {
+    match e {
+        fspace_core::CoreError::Input(i) => NnError::Input(i),
+        other => NnError::Likelihood(other.to_string()),
     }
-    Ok(TrainReport { epochs: history.len(), stopped_early, history })
 }
 
 /// What [`fit_map`] did: the training report and the likelihood after training.
@@ -284,8 +289,8 @@ pub struct MapReport {
 
 /// MAP training in the workspace's call shape: `net` trained on `data` under `likelihood`
 /// (σ learned iff the spec's `learn`), returned with a [`MapReport`]. A validation set in
-/// `data` is used: it is evaluated every `validate_every` epochs, enables early stopping with
-/// `patience`, and the best-validation weights are restored at the end. `config`'s
+/// `data` is used: it is evaluated at the schedule's evaluations, enables early stopping with
+/// its `patience`, and with `restore_best` the best-validation weights are returned. `config`'s
 /// `learn_likelihood` must be left `false` (the spec decides) or agree with the spec.
 pub fn fit_map<N: Network>(
     net: N,
@@ -319,7 +324,8 @@ pub fn fit_map_observed<N: Network>(
     let config = TrainConfig { learn_likelihood: likelihood.learns_noise(), ..config.clone() };
     let (x, y) = (data.x(), data.y_flat());
     let validation = data.validation_flat();
-    let total = config.epochs;
+    let steps_per_epoch = x.nrows().max(1).div_ceil(config.batch_size.clamp(1, x.nrows().max(1)));
+    let total = config.schedule.length.in_epochs(steps_per_epoch);
     let train = train_map(
         &mut net,
         lik.as_mut(),

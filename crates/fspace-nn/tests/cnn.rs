@@ -209,7 +209,12 @@ fn a_small_cnn_learns_the_bundled_digits() {
         seed: 0,
     })
     .unwrap();
-    let cfg = TrainConfig { epochs: 15, batch_size: 64, learning_rate: 3e-3, ..Default::default() };
+    let cfg = TrainConfig {
+        schedule: fspace_core::Schedule::epochs(15),
+        batch_size: 64,
+        learning_rate: 3e-3,
+        ..Default::default()
+    };
     let mut lik = Categorical::new(10).unwrap();
     train_map(&mut net, &mut lik, &xtr, &ytr, None, None, &cfg, |_| {}).unwrap();
     let f = net.forward(&xte).unwrap();

@@ -119,7 +119,7 @@ fn the_helmholtz_net_fits_ocean_currents_with_train_map() {
     let before = sq_err(&net);
     let mut lik = fspace_core::IsotropicGaussian::new(0.5, 2).unwrap();
     let cfg = TrainConfig {
-        epochs: 1500,
+        schedule: fspace_core::Schedule::epochs(1500),
         batch_size: 20,
         learning_rate: 5e-3,
         learn_likelihood: true,

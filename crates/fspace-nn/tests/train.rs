@@ -1,6 +1,6 @@
 //! MAP training, the regulariser hook, early stopping and feature maps.
 
-use fspace_core::Gaussian;
+use fspace_core::{Gaussian, Schedule};
 use fspace_input::InputError;
 use fspace_nn::*;
 use fspace_testutil::rng;
@@ -29,7 +29,12 @@ fn a_2x50_tanh_mlp_fits_the_sine_toy_to_the_noise_level() {
     let test = fspace_data::sine(1000, 0.1, &mut rng(2)).unwrap();
     let mut net = sine_net(0);
     let mut lik = Gaussian::new(0.1).unwrap();
-    let cfg = TrainConfig { epochs: 600, batch_size: 100, learning_rate: 5e-3, ..Default::default() };
+    let cfg = TrainConfig {
+        schedule: Schedule::epochs(600),
+        batch_size: 100,
+        learning_rate: 5e-3,
+        ..Default::default()
+    };
     let report = train_map(&mut net, &mut lik, &train.x, &train.y_vec(), None, None, &cfg, |_| {}).unwrap();
     let test_rmse = rmse(&net, &test.x, &test.y_vec());
     eprintln!("sine toy: test RMSE {test_rmse:.4} after {} epochs (noise 0.1)", report.epochs);
@@ -43,7 +48,7 @@ fn a_2x50_tanh_mlp_fits_the_sine_toy_to_the_noise_level() {
         &train.y_vec(),
         None,
         None,
-        &TrainConfig { epochs: 3, ..cfg.clone() },
+        &TrainConfig { schedule: Schedule::epochs(3), ..cfg.clone() },
         |_| {},
     )
     .unwrap();
@@ -55,7 +60,7 @@ fn a_2x50_tanh_mlp_fits_the_sine_toy_to_the_noise_level() {
         &train.y_vec(),
         None,
         None,
-        &TrainConfig { epochs: 3, ..cfg },
+        &TrainConfig { schedule: Schedule::epochs(3), ..cfg },
         |_| {},
     )
     .unwrap();
@@ -73,7 +78,12 @@ fn the_regularizer_hook_steers_the_network_with_its_own_gradient() {
         Ok((50.0 * r * r, net.vjp(&anchor, &DMatrix::from_element(1, 1, 100.0 * r))?))
     };
     let mut net = sine_net(3);
-    let cfg = TrainConfig { epochs: 400, batch_size: 40, learning_rate: 1e-2, ..Default::default() };
+    let cfg = TrainConfig {
+        schedule: Schedule::epochs(400),
+        batch_size: 40,
+        learning_rate: 1e-2,
+        ..Default::default()
+    };
     train_map(&mut net, &mut Gaussian::new(0.1).unwrap(), &x, &y, None, Some(&mut reg), &cfg, |_| {})
         .unwrap();
     assert!((net.forward(&anchor).unwrap()[(0, 0)] - 3.0).abs() < 0.05);
@@ -86,7 +96,12 @@ fn the_regularizer_hook_steers_the_network_with_its_own_gradient() {
 #[test]
 fn the_regularizer_beside_the_data_pass_gives_the_bits_of_one_thread() {
     let data = fspace_data::sine(300, 0.1, &mut rng(11)).unwrap();
-    let cfg = TrainConfig { epochs: 3, batch_size: 100, learning_rate: 1e-2, ..Default::default() };
+    let cfg = TrainConfig {
+        schedule: Schedule::epochs(3),
+        batch_size: 100,
+        learning_rate: 1e-2,
+        ..Default::default()
+    };
     let run = |threads: usize, fail_at: Option<usize>| {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         pool.install(|| {
@@ -134,10 +149,9 @@ fn early_stopping_restores_the_best_validation_weights() {
     })
     .unwrap();
     let cfg = TrainConfig {
-        epochs: 3000,
+        schedule: Schedule::epochs(3000).patience(20),
         batch_size: 30,
         learning_rate: 1e-2,
-        patience: Some(20),
         ..Default::default()
     };
     let mut seen = 0;
@@ -159,18 +173,16 @@ fn early_stopping_restores_the_best_validation_weights() {
 }
 
 #[test]
-fn sparse_validation_checks_every_kth_epoch_and_counts_patience_in_epochs() {
+fn sparse_validation_checks_every_kth_epoch_and_counts_patience_in_evaluations() {
     let train = fspace_data::sine(30, 0.3, &mut rng(4)).unwrap();
     let val = fspace_data::sine(200, 0.3, &mut rng(5)).unwrap();
     let run = |validate_every: usize, adds: bool, reg_value: f64| {
         let mut lik = Gaussian::new(0.3).unwrap();
         let mut net = sine_net(1);
         let cfg = TrainConfig {
-            epochs: 3000,
+            schedule: Schedule::epochs(3000).every_epochs(validate_every).patience(4),
             batch_size: 30,
             learning_rate: 1e-2,
-            patience: Some(40),
-            validate_every,
             validation_adds_regularizer: adds,
             ..Default::default()
         };
@@ -189,16 +201,16 @@ fn sparse_validation_checks_every_kth_epoch_and_counts_patience_in_epochs() {
         (rep, lik.nll_of(&net, &val))
     };
     let (rep, restored) = run(10, false, 0.0);
-    // Validated at epochs 1, 11, 21, …; stopped at the first check after ⌈40/10⌉ = 4 checks
-    // without improvement (EarlyStopping stops when the count exceeds the patience).
+    // Validated at epochs 10, 20, 30, …; stopped at the 4th check in a row without improvement.
     for p in &rep.history {
-        assert_eq!(p.validation_loss.is_some(), (p.epoch - 1) % 10 == 0, "epoch {}", p.epoch);
+        assert_eq!(p.validation_loss.is_some(), p.epoch % 10 == 0, "epoch {}", p.epoch);
     }
     assert!(rep.stopped_early);
     let checks: Vec<f64> = rep.history.iter().filter_map(|p| p.validation_loss).collect();
     let best = checks.iter().cloned().fold(f64::INFINITY, f64::min);
     let after_best = checks.len() - 1 - checks.iter().position(|&v| v == best).unwrap();
-    assert_eq!(after_best, 5, "{checks:?}");
+    assert_eq!(after_best, 4, "{checks:?}");
+    assert_eq!(rep.best_step, 10 * (checks.len() - 4), "30 points in one batch: a step per epoch");
     assert!((restored - best).abs() < 1e-12);
     // The regulariser's value joins the validation loss (per validation point) only when asked.
     let (with, _) = run(10, true, 50.0);
@@ -213,10 +225,10 @@ fn sparse_validation_checks_every_kth_epoch_and_counts_patience_in_epochs() {
             &train.y_vec(),
             None,
             None,
-            &TrainConfig { validate_every: 0, ..Default::default() },
+            &TrainConfig { schedule: Schedule::epochs(5).every_epochs(0), ..Default::default() },
             |_| {}
         ),
-        Err(NnError::Input(InputError::Invalid { what: "validate_every", .. }))
+        Err(NnError::Input(InputError::Invalid { what: "schedule evaluation interval", .. }))
     ));
     // A regulariser whose gradient has the wrong length is a typed error, not a panic.
     let mut bad = |_: &Mlp, _: &mut rand::rngs::StdRng| Ok((0.0, DVector::zeros(3)));
@@ -228,7 +240,7 @@ fn sparse_validation_checks_every_kth_epoch_and_counts_patience_in_epochs() {
             &train.y_vec(),
             None,
             Some(&mut bad),
-            &TrainConfig { epochs: 1, ..Default::default() },
+            &TrainConfig { schedule: Schedule::epochs(1), ..Default::default() },
             |_| {}
         ),
         Err(NnError::Input(InputError::DimensionMismatch {
@@ -346,7 +358,7 @@ fn training_rejects_bad_setups() {
         |_| {}
     )
     .is_err());
-    let cfg = TrainConfig { patience: Some(3), ..Default::default() };
+    let cfg = TrainConfig { schedule: Schedule::epochs(10).patience(3), ..Default::default() };
     assert!(train_map(&mut net, &mut lik, &x, &DVector::zeros(5), None, None, &cfg, |_| {}).is_err());
     let bad = DVector::from_element(5, f64::NAN);
     assert!(train_map(&mut net, &mut lik, &x, &bad, None, None, &TrainConfig::default(), |_| {}).is_err());
@@ -360,7 +372,7 @@ fn the_gaussian_noise_scale_is_learned_jointly() {
     let mut net = sine_net(1);
     let mut lik = Gaussian::new(1.0).unwrap();
     let cfg = TrainConfig {
-        epochs: 1500,
+        schedule: Schedule::epochs(1500),
         batch_size: 100,
         learning_rate: 5e-3,
         learn_likelihood: true,
@@ -370,7 +382,7 @@ fn the_gaussian_noise_scale_is_learned_jointly() {
     eprintln!("learned σ = {:.4} (true 0.1)", lik.sigma());
     assert!((0.07..0.13).contains(&lik.sigma()), "learned σ {}", lik.sigma());
     let mut fixed = Gaussian::new(1.0).unwrap();
-    let cfg = TrainConfig { epochs: 2, learn_likelihood: false, ..cfg };
+    let cfg = TrainConfig { schedule: Schedule::epochs(2), learn_likelihood: false, ..cfg };
     train_map(&mut sine_net(1), &mut fixed, &train.x, &train.y_vec(), None, None, &cfg, |_| {}).unwrap();
     assert_eq!(fixed.sigma(), 1.0);
 }

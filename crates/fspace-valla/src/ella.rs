@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use fspace_core::likelihood::softmax;
 use fspace_core::{
-    Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior,
-    StopDecision,
+    Data, Fitted, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior, Schedule,
+    ScheduleRun, StopDecision,
 };
 use fspace_linalg::sym_eigh;
 use fspace_nn::{Network, Outputs};
@@ -110,7 +110,10 @@ impl Default for EllaConfig {
 /// points are visited in a seeded random order, and every `check_every` points (and at the end)
 /// the posterior from the points so far is scored by its validation NLL (at the best grid `λ`
 /// for [`EllaPrior::Validation`], at the given `λ` otherwise). The best prefix is kept; the
-/// pass ends after `patience` checks without improvement.
+/// pass ends at the `patience`-th check in a row without improvement. This is the workspace's
+/// [`Schedule`] over one pass with one training point per step (`Schedule::steps(n)
+/// .every_steps(check_every).patience(patience)`, best restored); ELLA has no optimiser steps,
+/// so its length is always the one pass and only these two numbers are settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EllaEarlyStopping {
     /// Training points between checks (≥ 1).
@@ -381,11 +384,16 @@ fn fit_ella_inner<N: Network + Clone>(
     let mut ggn = DMatrix::zeros(k, k);
     let mut search = Vec::new();
     let mut best: Option<(usize, EllaState)> = None;
-    // `EarlyStopping` stops at the (p + 1)-th check without improvement; ours at the
-    // `patience`-th (patience ≥ 1, checked above).
-    let mut stopper = config
-        .early_stopping
-        .map(|es| EarlyStopping::new(es.patience - 1, 0.0).expect("min_delta 0 is valid"));
+    // The workspace's schedule over the pass, one training point per step: checks every
+    // `check_every` points and at the end, stops at the `patience`-th without improvement.
+    let mut stopper = match config.early_stopping {
+        Some(es) => Some(ScheduleRun::new(
+            &Schedule::steps(n).every_steps(es.check_every).patience(es.patience),
+            1,
+            true,
+        )?),
+        None => None,
+    };
     let mut s = 0;
     while s < n {
         let len = 512.min(n - s).min(check_every - s % check_every);
@@ -402,11 +410,11 @@ fn fit_ella_inner<N: Network + Clone>(
         }
         s += len;
         if let Some(stopper) = stopper.as_mut() {
-            if s % check_every == 0 || s == n {
+            if stopper.evaluates_after(s) {
                 post.set_curvature(&ggn)?;
                 let nll = post.choose_prior(&config.prior, scored.as_ref())?;
                 search.push((s, nll));
-                match stopper.update(nll) {
+                match stopper.record(s, nll) {
                     StopDecision::Improved => best = Some((s, post.state())),
                     StopDecision::Continue => {}
                     StopDecision::Stop => break,

@@ -4,8 +4,8 @@ use fspace_input::InputError;
 use std::time::Instant;
 
 use fspace_core::{
-    Adam, Data, EarlyStopping, Fitted, FunctionPredictive, LikelihoodSpec, Minibatches, Observer, Persist,
-    PersistError, Posterior, Progress, Silent, StopDecision,
+    Adam, Data, Fitted, FunctionPredictive, LikelihoodSpec, Minibatches, Observer, Persist, PersistError,
+    Posterior, Progress, Schedule, ScheduleRun, Silent, StopDecision,
 };
 use fspace_linalg::fast::{cholesky_lower, solve_lower, solve_upper_of_lower};
 use fspace_nn::{Network, NnError, Outputs};
@@ -32,12 +32,10 @@ use crate::objective::{
 /// | `alpha` | 1.0 | α of the objective (eq. 22); 1 = log predictive of the data | `(0, 1]` |
 /// | `batch_size` | 100 | minibatch `|b|` (eq. 23) | ≥ 1 |
 /// | `learning_rate` | 1e-3 | Adam step | > 0 |
-/// | `iterations` | 20 000 | maximum Adam steps | ≥ 1 |
+/// | `schedule` | 20 000 steps, validated every 100, patience 1, best restored | length, validation interval, patience in evaluations (App. D: 1, stop at the first evaluation that does not improve; needs a validation set, `with_patience(None)` trains without) and best-state restore ([`Schedule`]) | |
 /// | `prior_variance` | 1.0 | initial σ₀² of `κ = σ₀² J Jᵀ` | > 0 |
 /// | `learn_prior_variance` | true | optimise σ₀² | |
 /// | `optimize_inducing` | true | move `Z` by the NTK's input gradient | |
-/// | `validate_every` | 100 | iterations between validation NLL evaluations | ≥ 1 |
-/// | `patience` | `Some(0)` | non-improving evaluations tolerated: training stops when more than this many follow the best; 0 stops at the first worsening, as App. D; `Some(5)` was this crate's earlier default; `None`: no early stopping | |
 /// | `class_approx` | probit | `log E_q[p(y|f)]` for classification | |
 /// | `kmeans_iterations` | 100 | Lloyd iterations of the `Z` initialisation | ≥ 1 |
 /// | `seed` | 0 | k-means, minibatches, MC noise | |
@@ -51,18 +49,15 @@ pub struct VallaConfig {
     pub batch_size: usize,
     /// Adam learning rate.
     pub learning_rate: f64,
-    /// Maximum iterations.
-    pub iterations: usize,
+    /// Length, validation interval, early stopping (App. D: patience 1, which needs a
+    /// validation set) and best-state restore.
+    pub schedule: Schedule,
     /// Initial σ₀².
     pub prior_variance: f64,
     /// Optimise σ₀².
     pub learn_prior_variance: bool,
     /// Optimise `Z`.
     pub optimize_inducing: bool,
-    /// Iterations between validation evaluations.
-    pub validate_every: usize,
-    /// Early-stopping patience in evaluations.
-    pub patience: Option<usize>,
     /// Class-probability approximation in the objective.
     pub class_approx: ClassApprox,
     /// k-means iterations.
@@ -78,12 +73,10 @@ impl Default for VallaConfig {
             alpha: 1.0,
             batch_size: 100,
             learning_rate: 1e-3,
-            iterations: 20_000,
+            schedule: Schedule::steps(20_000).every_steps(100).patience(1),
             prior_variance: 1.0,
             learn_prior_variance: true,
             optimize_inducing: true,
-            validate_every: 100,
-            patience: Some(0),
             class_approx: ClassApprox::Probit,
             kmeans_iterations: 100,
             seed: 0,
@@ -105,16 +98,12 @@ impl VallaConfig {
                 reason: format!("{} must lie in (0, 1]", self.alpha),
             }));
         }
-        for (what, v) in [
-            ("batch_size", self.batch_size),
-            ("iterations", self.iterations),
-            ("validate_every", self.validate_every),
-            ("kmeans_iterations", self.kmeans_iterations),
-        ] {
+        for (what, v) in [("batch_size", self.batch_size), ("kmeans_iterations", self.kmeans_iterations)] {
             if v == 0 {
                 return Err(VallaError::Input(InputError::Invalid { what, reason: "must be ≥ 1".into() }));
             }
         }
+        self.schedule.validate()?;
         ensure_positive("learning_rate", self.learning_rate)?;
         ensure_positive("prior_variance (σ₀²)", self.prior_variance)?;
         match self.class_approx {
@@ -322,7 +311,7 @@ fn fit_inner<N: Network + Clone>(
     check_data(&net, likelihood, x, y, "training data")?;
     if let Some((xv, yv)) = validation {
         check_data(&net, likelihood, xv, yv, "validation data")?;
-    } else if config.patience.is_some() {
+    } else if config.schedule.patience.is_some() {
         return Err(VallaError::Input(InputError::Empty {
             what: "validation data (early stopping needs it; set patience = None to train without)",
         }));
@@ -383,14 +372,12 @@ fn fit_inner<N: Network + Clone>(
     let term = DataTerm { likelihood, approx: config.class_approx, alpha: config.alpha };
     let learn = Learn { prior_variance: config.learn_prior_variance, noise: spec.learns_noise() };
     let batches = Minibatches::new(n, config.batch_size, false)?;
+    let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), val.is_some())?;
+    let total = schedule.total_steps();
     let mut rng = StdRng::seed_from_u64(config.seed);
     let mut adam = Adam::new(state.flat_len(), config.learning_rate);
     let mut theta = state.to_flat();
-    let mut stopper = match config.patience {
-        Some(p) => Some(EarlyStopping::new(p, 0.0)?),
-        None => None,
-    };
-    let mut best = (state.clone(), 0usize);
+    let mut best = state.clone();
     let mut history = Vec::new();
     let (mut it, mut running, mut running_count, mut stopped_early) = (0usize, 0.0, 0usize, false);
     'outer: loop {
@@ -420,7 +407,7 @@ fn fit_inner<N: Network + Clone>(
             it += 1;
             running += value / n as f64;
             running_count += 1;
-            if it % config.validate_every == 0 || it == config.iterations {
+            if schedule.evaluates_after(it) {
                 let vnll = match &val {
                     Some((xv, yv, g, k)) => {
                         Some(mean_nll(&net, &Prepared::new(&net, state.clone())?, likelihood, xv, g, k, yv)?)
@@ -435,30 +422,32 @@ fn fit_inner<N: Network + Clone>(
                 });
                 observer.observe(&Progress {
                     step: it,
-                    total: config.iterations,
+                    total,
                     loss: Some(-running / running_count as f64),
                     validation: vnll,
                 });
                 running = 0.0;
                 running_count = 0;
-                match (&mut stopper, vnll) {
-                    (Some(s), Some(v)) => match s.update(v) {
-                        StopDecision::Improved => best = (state.clone(), it),
+                if let Some(v) = vnll {
+                    match schedule.record(it, v) {
+                        StopDecision::Improved => best = state.clone(),
                         StopDecision::Continue => {}
                         StopDecision::Stop => {
                             stopped_early = true;
                             break 'outer;
                         }
-                    },
-                    _ => best = (state.clone(), it),
+                    }
                 }
             }
-            if it >= config.iterations {
+            if schedule.is_last(it) {
                 break 'outer;
             }
         }
     }
-    let (state, best_iteration) = best;
+    let (state, best_iteration) = match schedule.best_step() {
+        Some(at) if schedule.restores_best() => (best, at),
+        _ => (state, it),
+    };
     let prepared = Prepared::new(&net, state)?;
     let report = VallaReport {
         iterations: it,

@@ -1,7 +1,7 @@
 //! VaLLA and ELLA against the exact linearised-Laplace GP (Prop. 2, Nyström identity), the
 //! objective's gradients against central finite differences, and bad input.
 
-use fspace_core::{CoreError, Data, LikelihoodSpec, Persist, Posterior, Progress};
+use fspace_core::{CoreError, Data, LikelihoodSpec, Persist, Posterior, Progress, Schedule};
 use fspace_input::InputError;
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_testutil::{assert_mat_close, fd_gradient, rand_uniform, randn, rng};
@@ -441,16 +441,20 @@ fn valla_fit_learns_hyperparameters_stops_early_and_round_trips() {
         &y,
         None,
         None,
-        &fspace_nn::TrainConfig { epochs: 300, batch_size: 40, learning_rate: 1e-2, ..Default::default() },
+        &fspace_nn::TrainConfig {
+            schedule: Schedule::epochs(300),
+            batch_size: 40,
+            learning_rate: 1e-2,
+            ..Default::default()
+        },
         |_| {},
     )
     .unwrap();
     let config = VallaConfig {
         num_inducing: 10,
-        iterations: 600,
+        schedule: Schedule::steps(600).every_steps(50).patience(1),
         learning_rate: 1e-2,
         batch_size: 40,
-        validate_every: 50,
         ..VallaConfig::default()
     };
     let (ym, yvm) = (column(&y), column(&yv));
@@ -490,7 +494,10 @@ fn bad_input_gives_typed_errors() {
     let net = mlp(1, 1, 23);
     let (x, y) = sine_data(10, 24);
     let lik = LikelihoodSpec::gaussian_learned(0.1);
-    let no_es = VallaConfig { patience: None, ..VallaConfig::default() };
+    let no_es = VallaConfig {
+        schedule: VallaConfig::default().schedule.with_patience(None),
+        ..VallaConfig::default()
+    };
     let too_many = VallaConfig { num_inducing: 11, ..no_es.clone() };
     assert!(matches!(
         fit_v(net.clone(), lik, &x, &y, None, &too_many),
@@ -620,15 +627,19 @@ fn classification_fit_assigns_inducing_points_per_class() {
         &y,
         None,
         None,
-        &fspace_nn::TrainConfig { epochs: 100, batch_size: 30, learning_rate: 1e-2, ..Default::default() },
+        &fspace_nn::TrainConfig {
+            schedule: Schedule::epochs(100),
+            batch_size: 30,
+            learning_rate: 1e-2,
+            ..Default::default()
+        },
         |_| {},
     )
     .unwrap();
     let config = VallaConfig {
         num_inducing: 9,
-        iterations: 60,
+        schedule: Schedule::steps(60).every_steps(100),
         batch_size: 30,
-        patience: None,
         learning_rate: 1e-2,
         ..VallaConfig::default()
     };
@@ -648,7 +659,11 @@ fn classification_fit_assigns_inducing_points_per_class() {
 fn likelihoods_other_than_gaussian_and_categorical_are_refused_by_name() {
     let net = mlp(1, 2, 30);
     let (x, y) = sine_data(10, 31);
-    let cfg = VallaConfig { num_inducing: 3, patience: None, ..VallaConfig::default() };
+    let cfg = VallaConfig {
+        num_inducing: 3,
+        schedule: VallaConfig::default().schedule.with_patience(None),
+        ..VallaConfig::default()
+    };
     for spec in [LikelihoodSpec::HeteroscedasticGaussian, LikelihoodSpec::Bernoulli] {
         let e = fit_v(net.clone(), spec, &x, &y, None, &cfg).unwrap_err();
         assert!(matches!(e, VallaError::Core(CoreError::Unsupported { method: "VaLLA / ELLA", .. })), "{e}");

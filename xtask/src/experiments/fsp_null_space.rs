@@ -12,6 +12,7 @@ use anyhow::Result;
 use fspace_context::BoundingBox;
 use fspace_core::Data;
 use fspace_core::Fitted;
+use fspace_core::Schedule;
 use fspace_core::{Categorical, Gaussian, Likelihood, LikelihoodSpec};
 use fspace_fsp_laplace::{fit, FspConfig, FspLaplace};
 use fspace_kernels::GpPrior;
@@ -112,7 +113,7 @@ pub fn run(opts: &Options) -> Result<()> {
     for (name, prior, _) in fitted_priors(&x, &labels, opts.seed)? {
         bar.set_message(format!("two moons {name}"));
         let config = FspConfig {
-            epochs: cls_epochs,
+            schedule: Schedule::epochs(cls_epochs),
             batch_size: x.nrows(),
             learning_rate: 1e-3,
             seed: opts.seed,

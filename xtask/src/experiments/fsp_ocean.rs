@@ -37,6 +37,7 @@ use anyhow::Result;
 use fspace_context::{BoundingBox, DatasetSampler};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
+use fspace_core::Schedule;
 use fspace_core::{IsotropicGaussian, Posterior};
 use fspace_fsp_laplace::{laplace, train, with_data_points, FspLaplaceConfig, TrainOptions};
 use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
@@ -203,7 +204,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 ck.unit_keeping(&mut run, &format!("seed {seed}/{method}"), s > 0 || figures_done, |run| {
                     let net = HelmholtzNet::new(vec![100, 100], Activation::Tanh, seed)?;
                     let full_batch = |lr: f64, weight_decay: f64| TrainConfig {
-                        epochs,
+                        schedule: Schedule::epochs(epochs),
                         batch_size: xtr.nrows(),
                         learning_rate: lr,
                         weight_decay,
@@ -254,9 +255,7 @@ pub fn run(opts: &Options) -> Result<()> {
                                 optim: OptimConfig {
                                     learning_rate: 1e-3,
                                     batch_size: xtr.nrows(),
-                                    max_steps: fvi_steps,
-                                    eval_every: fvi_steps,
-                                    patience: usize::MAX,
+                                    schedule: Schedule::steps(fvi_steps),
                                     seed,
                                 },
                                 ..Default::default()

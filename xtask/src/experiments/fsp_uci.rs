@@ -27,6 +27,7 @@ use fspace_core::Data;
 use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
+use fspace_core::Schedule;
 use fspace_data::kfold;
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig};
 use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
@@ -173,10 +174,9 @@ fn run_fold(
             let (post, noise): (Option<Box<dyn Posterior>>, f64) = match method {
                 "FSP-Laplace" => {
                     let cfg = FspConfig {
-                        epochs: b.epochs,
+                        schedule: Schedule::epochs(b.epochs).patience(PATIENCE_EPOCHS),
                         batch_size: p.xtr.nrows(),
                         learning_rate: 1e-3,
-                        patience: Some(PATIENCE_EPOCHS),
                         seed,
                         n_context: 100,
                         design: ContextDesign::Halton,
@@ -203,9 +203,7 @@ fn run_fold(
                         optim: OptimConfig {
                             learning_rate: 1e-3,
                             batch_size: p.xtr.nrows(),
-                            max_steps: b.fvi_steps,
-                            eval_every: 100,
-                            patience: 5,
+                            schedule: Schedule::steps(b.fvi_steps).every_steps(100).patience(5),
                             seed,
                         },
                         ..Default::default()
@@ -249,7 +247,11 @@ fn run_fold(
                 _ => {
                     let z = fspace_gp::kmeans(&p.xtr, 100.min(p.xtr.nrows()), 20, seed)?;
                     let mut svgp = Svgp::new(p.kernel.clone(), PriorMean::Zero, p.noise_var, z)?;
-                    svgp.train(&p.xtr, &p.ytr, &SvgpConfig { iterations: 2000, seed, ..Default::default() })?;
+                    svgp.train(
+                        &p.xtr,
+                        &p.ytr,
+                        &SvgpConfig { schedule: Schedule::steps(2000), seed, ..Default::default() },
+                    )?;
                     let s = svgp.noise_variance().sqrt();
                     (Some(Box::new(svgp)), s)
                 }

@@ -35,6 +35,7 @@ use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Posterior;
+use fspace_core::Schedule;
 use fspace_data::{kfold, Dataset};
 use fspace_gfsvi::{fit, fvi, mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
@@ -245,9 +246,7 @@ fn optim(b: &Budget, seed: u64) -> OptimConfig {
     OptimConfig {
         learning_rate: 1e-3,
         batch_size: 2000,
-        max_steps: b.steps,
-        eval_every: 100,
-        patience: 5,
+        schedule: Schedule::steps(b.steps).every_steps(100).patience(5),
         seed,
     }
 }
@@ -366,7 +365,7 @@ fn run_fold(
                 "SVGP" => {
                     let z = fspace_gp::kmeans(&xtr, 100.min(xtr.nrows()), 20, seed)?;
                     let mut svgp = Svgp::new(kernel.clone(), PriorMean::Zero, noise_var, z)?;
-                    svgp.train(&xtr, &ytr, &SvgpConfig { iterations: 2000, seed, ..Default::default() })?;
+                    svgp.train(&xtr, &ytr, &SvgpConfig { schedule: Schedule::steps(2000), seed, ..Default::default() })?;
                     let s = svgp.noise_variance().sqrt();
                     (Box::new(svgp), s)
                 }

@@ -18,6 +18,7 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
+use fspace_core::Schedule;
 use fspace_core::{Gaussian, Posterior};
 use fspace_laplace::{
     fit, CurvatureSource, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
@@ -318,7 +319,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut lik = Gaussian::new(0.5)?;
     let weight_decay = 1.0;
     let train = TrainConfig {
-        epochs,
+        schedule: Schedule::epochs(epochs),
         batch_size: 100,
         learning_rate: 1e-2,
         weight_decay,

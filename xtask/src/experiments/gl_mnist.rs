@@ -26,6 +26,7 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
+use fspace_core::Schedule;
 use fspace_core::{Categorical, Link, Posterior};
 use fspace_laplace::{fit, Curvature, CurvatureSource, LaplaceConfig, Predictive, PriorPrecision, Structure};
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig};
@@ -169,7 +170,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut net = Cnn::new(CnnConfig::lenet5(10, Activation::Relu, opts.seed))?;
     let mut lik = Categorical::new(10)?;
     let cfg = TrainConfig {
-        epochs,
+        schedule: Schedule::epochs(epochs),
         batch_size: 100,
         learning_rate: 1e-3,
         weight_decay,

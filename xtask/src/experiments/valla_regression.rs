@@ -26,6 +26,7 @@ use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
+use fspace_core::{Schedule, Span};
 use fspace_data::{boston, concrete, wine_quality_red, Dataset, Standardizer};
 use fspace_laplace::{Structure, Weights};
 use fspace_nn::{train_map, Mlp, TrainConfig};
@@ -145,7 +146,10 @@ fn fit_and_predict(
             let m: usize = method.trim_start_matches("VaLLA ").parse()?;
             let cfg = VallaConfig {
                 num_inducing: m.min(x.nrows()),
-                iterations: valla_iterations,
+                schedule: Schedule {
+                    length: Span::Steps(valla_iterations),
+                    ..VallaConfig::default().schedule
+                },
                 prior_variance: 1.0 / lambda,
                 seed,
                 ..VallaConfig::default()
@@ -263,7 +267,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let mut lik = Gaussian::new(1.0)?;
             let epochs = map_steps.div_ceil(n.div_ceil(100));
             let cfg = TrainConfig {
-                epochs,
+                schedule: Schedule::epochs(epochs),
                 batch_size: 100,
                 learning_rate: 1e-2,
                 weight_decay: lambda,

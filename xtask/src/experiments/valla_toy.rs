@@ -21,6 +21,7 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
+use fspace_core::Schedule;
 use fspace_core::{Gaussian, Posterior};
 use fspace_laplace::{
     fit as laplace_fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
@@ -121,7 +122,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         None,
         None,
         &TrainConfig {
-            epochs: map_steps,
+            schedule: Schedule::epochs(map_steps),
             batch_size: 100,
             learning_rate: 1e-3,
             weight_decay: 0.1,
@@ -202,11 +203,10 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
     for &m in &ms {
         let config = VallaConfig {
             num_inducing: m,
-            iterations: fig7_steps,
+            // No early stopping, the last state kept (validation only records the history).
+            schedule: Schedule::steps(fig7_steps).every_steps(500).keep_last(),
             prior_variance: prior_var,
             learn_prior_variance: false,
-            patience: None,
-            validate_every: 500,
             seed: opts.seed,
             ..VallaConfig::default()
         };
@@ -299,10 +299,14 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
         for early in [true, false] {
             let config = VallaConfig {
                 num_inducing: m,
-                iterations: fig6_steps,
+                // With early stopping App. D's patience (the best state restored); without, the
+                // last state.
+                schedule: if early {
+                    Schedule::steps(fig6_steps).every_steps(100).patience(1)
+                } else {
+                    Schedule::steps(fig6_steps).every_steps(100).keep_last()
+                },
                 prior_variance: prior_var,
-                patience: if early { VallaConfig::default().patience } else { None },
-                validate_every: 100,
                 seed: opts.seed,
                 ..VallaConfig::default()
             };

@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use fspace_context::BoundingBox;
+use fspace_core::Schedule;
 use fspace_core::{Data, Fitted, LikelihoodSpec, Posterior};
 use fspace_fsp_laplace::{fit, fit_classification_prior, ContextDesign, FspConfig, FspLaplace};
 use fspace_gp::FitConfig;
@@ -142,7 +143,7 @@ pub fn moons_run(
 ) -> Result<MoonsRun> {
     let (x, y, xt, yt) = data;
     let config = FspConfig {
-        epochs,
+        schedule: Schedule::epochs(epochs),
         batch_size: x.nrows(),
         learning_rate: 1e-3,
         seed,

@@ -4,6 +4,7 @@
 //! posterior to them, the GFSVI configuration).
 
 use anyhow::Result;
+use fspace_core::Schedule;
 use fspace_core::{LikelihoodSpec, Posterior};
 use fspace_gfsvi::{GfsviConfig, OptimConfig};
 use fspace_gp::{ExactGp, Noise};
@@ -47,7 +48,7 @@ pub fn sine_config(
     seed: u64,
 ) -> Result<fspace_fsp_laplace::FspConfig> {
     let train = fspace_nn::TrainConfig {
-        epochs,
+        schedule: Schedule::epochs(epochs),
         batch_size: n_train,
         learning_rate: 1e-3,
         seed,
@@ -220,5 +221,5 @@ pub fn gfsvi_config(steps: usize, learning_rate: f64, m: usize, seed: u64) -> Re
 
 /// Full-batch Adam for `steps` (validation every 500 steps, no early stopping).
 pub fn optim(steps: usize, learning_rate: f64, seed: u64) -> OptimConfig {
-    OptimConfig { learning_rate, batch_size: 100, max_steps: steps, eval_every: 500, patience: 0, seed }
+    OptimConfig { learning_rate, batch_size: 100, schedule: Schedule::steps(steps).every_steps(500), seed }
 }

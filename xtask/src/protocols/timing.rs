@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use fspace_core::Categorical;
+use fspace_core::Schedule;
 use fspace_nn::{train_map, Network, TrainConfig};
 use nalgebra::{DMatrix, DVector};
 use serde_json::Value;
@@ -81,7 +82,13 @@ pub fn time_network<N: Network>(
 /// `train_map` call) of `net` on `(x, y)`.
 pub fn one_epoch<N: Network>(net: &mut N, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<(f64, f64)> {
     let mut lik = Categorical::new(10)?;
-    let cfg = TrainConfig { epochs: 1, batch_size: 100, learning_rate: 1e-3, seed: 0, ..Default::default() };
+    let cfg = TrainConfig {
+        schedule: Schedule::epochs(1),
+        batch_size: 100,
+        learning_rate: 1e-3,
+        seed: 0,
+        ..Default::default()
+    };
     let t = Instant::now();
     let rep = train_map(net, &mut lik, x, y, None, None, &cfg, |_| {})?;
     Ok((t.elapsed().as_secs_f64(), rep.history[0].train_loss))

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use fspace_core::Schedule;
 use fspace_core::{Data, FunctionPredictive, Gaussian, LikelihoodSpec, Posterior};
 use fspace_data::{boston, concrete, distinct_rows, wine_quality_red, yacht, Dataset, Standardizer};
 use fspace_kernels::{PriorMean, Rbf};
@@ -211,7 +212,7 @@ pub fn best_validation_loss(report: &fspace_gfsvi::OptimReport) -> f64 {
     report.validation.iter().map(|&(_, l)| l).filter(|l| !l.is_nan()).fold(f64::INFINITY, f64::min)
 }
 
-/// Early-stopping patience, in optimiser steps, of every UCI network trained full-batch epoch by
+/// Early-stopping patience, in evaluations (epochs, each one full-batch optimiser step), of every UCI network trained full-batch epoch by
 /// epoch (MAP here, FSP-Laplace in `fsp-uci`): the same 500 steps as the variational methods'
 /// validation every 100 steps with patience 5. A patience of 100 epochs stopped MAP and
 /// FSP-Laplace on yacht folds 2 and 4 after ≈ 110 epochs on a transient rise of the validation
@@ -246,12 +247,10 @@ pub fn map_laplace(
         validation,
         None,
         &TrainConfig {
-            epochs: steps,
+            schedule: Schedule::epochs(steps).with_patience(validation.map(|_| PATIENCE_EPOCHS)),
             batch_size: 2000.min(x.nrows()),
             learning_rate,
             weight_decay: precision,
-            patience: validation.map(|_| PATIENCE_EPOCHS),
-            validate_every: 1,
             validation_adds_regularizer: false,
             learn_likelihood: true,
             seed,

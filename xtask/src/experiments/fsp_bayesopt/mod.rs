@@ -36,6 +36,7 @@ use fspace_context::{BoundingBox, LatinHypercube, Sampler};
 use fspace_core::Data;
 use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
+use fspace_core::Schedule;
 use fspace_core::{Gaussian, Posterior};
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig};
 use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
@@ -213,7 +214,7 @@ fn surrogate(
     };
     let unit = BoundingBox::cube(d, 0.0, 1.0)?;
     let train = TrainConfig {
-        epochs,
+        schedule: Schedule::epochs(epochs),
         batch_size: x.nrows(),
         learning_rate: 3e-3,
         seed: seed + it as u64,
@@ -277,9 +278,7 @@ fn surrogate(
                 optim: OptimConfig {
                     learning_rate: 3e-3,
                     batch_size: x.nrows(),
-                    max_steps: steps,
-                    eval_every: steps,
-                    patience: usize::MAX,
+                    schedule: Schedule::steps(steps),
                     seed: seed + it as u64,
                 },
                 ..Default::default()

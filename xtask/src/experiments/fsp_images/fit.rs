@@ -138,11 +138,10 @@ pub(super) fn cnn(seed: u64) -> Result<Cnn> {
 
 pub(super) fn train_config(budget: &Budget, weight_decay: f64, seed: u64) -> TrainConfig {
     TrainConfig {
-        epochs: budget.epochs,
+        schedule: Schedule::epochs(budget.epochs).patience(budget.patience),
         batch_size: 100,
         learning_rate: 1e-3,
         weight_decay,
-        patience: Some(budget.patience),
         seed,
         ..TrainConfig::default()
     }

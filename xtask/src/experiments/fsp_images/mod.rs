@@ -55,6 +55,7 @@ use anyhow::{anyhow, Result};
 use fspace_context::{BoundingBox, UniformSampler};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
+use fspace_core::Schedule;
 use fspace_core::{Categorical, Posterior};
 use fspace_fsp_laplace::{
     context_points, fit_classification_prior, laplace as fsp_laplace, train as fsp_train, ContextDesign,
@@ -345,9 +346,9 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
                 optim: OptimConfig {
                     learning_rate: 1e-3,
                     batch_size: 100,
-                    max_steps: budget.fvi_epochs * steps_per_epoch,
-                    eval_every: steps_per_epoch.div_ceil(2),
-                    patience: 2,
+                    schedule: Schedule::epochs(budget.fvi_epochs)
+                        .every_steps(steps_per_epoch.div_ceil(2))
+                        .patience(2),
                     seed,
                 },
                 ..FviConfig::default()

@@ -55,6 +55,7 @@ use fspace_context::BoundingBox;
 use fspace_core::Data;
 use fspace_core::Fitted;
 use fspace_core::LikelihoodSpec;
+use fspace_core::Schedule;
 use fspace_core::{Gaussian, Posterior};
 use fspace_data::Standardizer;
 use fspace_fsp_laplace::{
@@ -332,12 +333,13 @@ pub fn run(opts: &Options) -> Result<()> {
                         "FSP-Laplace (jitter 1e-3)" => (bbox.clone(), FspConfig::default().context_jitter),
                         _ => (bbox.clone(), authors_jitter),
                     };
+                    // Validation every 100 epochs; a patience of `p` epochs is `p / 100` of them.
+                    // Without early stopping (the fixed-σ row) the last epoch's weights are kept.
+                    let schedule = Schedule::epochs(epochs).every_epochs(100).with_patience(patience.map(|p| p / 100));
                     let cfg = FspConfig {
-                        epochs,
+                        schedule: if patience.is_some() { schedule } else { schedule.keep_last() },
                         batch_size: if patience.is_some() { 100 } else { xf.nrows() },
                         learning_rate: lr,
-                        patience,
-                        validate_every: 100,
                         validation_includes_prior: patience.is_some(),
                         seed,
                         n_context: 100,
@@ -379,9 +381,7 @@ pub fn run(opts: &Options) -> Result<()> {
                             optim: OptimConfig {
                                 learning_rate: 7e-4,
                                 batch_size: xf.nrows(),
-                                max_steps: b.fvi_steps,
-                                eval_every: 100,
-                                patience: b.patience / 100,
+                                schedule: Schedule::steps(b.fvi_steps).every_steps(100).patience(b.patience / 100),
                                 seed,
                             },
                             ..Default::default()
@@ -395,12 +395,10 @@ pub fn run(opts: &Options) -> Result<()> {
                         let mut map = net(seed)?;
                         let mut lik = Gaussian::new(1.0)?;
                         let cfg = TrainConfig {
-                            epochs: b.max_epochs,
+                            schedule: Schedule::epochs(b.max_epochs).every_epochs(100).patience(b.patience / 100),
                             batch_size: 100,
                             learning_rate: 2e-4,
                             weight_decay: 1.0,
-                            patience: Some(b.patience),
-                            validate_every: 100,
                             learn_likelihood: true,
                             seed,
                             ..Default::default()

@@ -35,6 +35,7 @@ use std::time::Instant;
 use anyhow::Result;
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
+use fspace_core::Schedule;
 use fspace_core::{Link, Posterior};
 use fspace_laplace::{LaplaceConfig, LaplacePosterior, PriorPrecision, SampledConfig, Structure, Weights};
 use fspace_nn::{train_map, Mlp, TrainConfig};
@@ -226,8 +227,9 @@ fn fit_method(
             // needs thousands of steps just to shrink the prior.
             let cfg = VallaConfig {
                 num_inducing: m,
-                iterations: budget.valla_iterations,
-                validate_every: budget.validate_every,
+                schedule: Schedule::steps(budget.valla_iterations)
+                    .every_steps(budget.validate_every)
+                    .patience(1),
                 prior_variance: 1.0 / lambda0,
                 seed,
                 ..VallaConfig::default()
@@ -347,7 +349,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         let mut lik = fspace_core::Categorical::new(10)?;
         let t0 = Instant::now();
         let cfg = TrainConfig {
-            epochs: budget.map_epochs,
+            schedule: Schedule::epochs(budget.map_epochs),
             batch_size: 100,
             learning_rate: 1e-3,
             weight_decay: lambda0,
