@@ -33,6 +33,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ),
         ("fspace-laplace", vec!["fspace-input", "fspace-linalg", "fspace-core", "fspace-nn"]),
         ("fspace-interop", vec!["fspace-input", "fspace-core", "fspace-nn"]),
+        ("fspace-py", vec!["fspace-core", "fspace-nn", "fspace-laplace", "fspace-interop"]),
         ("fspace-valla", vec!["fspace-input", "fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),
         (
             "fspace-gfsvi",

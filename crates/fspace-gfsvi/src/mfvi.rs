@@ -228,8 +228,7 @@ pub fn fit_observed<N: Network + Clone + 'static>(
         r * (scale / sigma2)
     };
     let theta0 = pack(&net.params(), config.init_std.ln(), init_noise_std.ln());
-    let fit = |step: &mut dyn FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)>,
-               observer: &mut dyn Observer| {
+    let fit = |step: &mut StepFn<'_>, observer: &mut dyn Observer| {
         fit_mean_field(
             net,
             theta0.clone(),
@@ -280,6 +279,9 @@ pub fn fit_observed<N: Network + Clone + 'static>(
         }
     }
 }
+
+/// One step's objective and gradient from `(θ, minibatch rows, RNG)`.
+type StepFn<'a> = dyn FnMut(&DVector<f64>, &[usize], &mut StdRng) -> Result<(f64, DVector<f64>)> + 'a;
 
 /// One reparameterised pass: draws `ε ~ N(0, I)`, sets `work`'s weights to `w = m + σ ⊙ ε`
 /// and runs its `forward_vjp` with the cotangent from `cotangent(f, &mut sq)`; returns

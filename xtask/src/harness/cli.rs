@@ -42,6 +42,19 @@ pub enum Task {
         #[arg(long, default_value = "results")]
         out: String,
     },
+    /// Every test, Rust and Python: `cargo test --workspace --release`, then the `fspace`
+    /// Python package built into target/python-venv and its pytest suite.
+    Test {
+        /// Only the Python suite.
+        #[arg(long, conflicts_with = "rust_only")]
+        python_only: bool,
+        /// Only the Rust suite.
+        #[arg(long)]
+        rust_only: bool,
+        /// Also install torch (≈ 3 GB once per machine) for the PyTorch-conversion tests.
+        #[arg(long)]
+        torch: bool,
+    },
     /// Copy finished runs into docs/results/NAME/ (table, metrics, figures ≤ 300 KB, RUN.md with
     /// commit, date and wall time): the reference results committed with the code.
     Publish {
@@ -285,6 +298,9 @@ pub fn dispatch(experiments: &[Experiment], cli: Cli) -> Result<()> {
                 println!("published {}", dst.display());
             }
             Ok(())
+        }
+        Task::Test { python_only, rust_only, torch } => {
+            super::test::test(super::test::TestPlan { python_only, rust_only, torch })
         }
         Task::Report { out } => {
             report::write_index(&out, experiments.iter().map(|e| (e.name, e.paper)))?;

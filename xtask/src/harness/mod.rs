@@ -9,3 +9,4 @@ pub mod plot;
 pub mod publish;
 pub mod registry;
 pub mod report;
+pub mod test;

@@ -1,0 +1,245 @@
+"""The Python layer against independent numbers: a dense GGN Laplace in numpy, pickling,
+error classes, and the GIL released during fit. Runs without torch; the torch conversion
+tests run where torch is importable."""
+
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fspace
+
+
+def tanh_mlp(rng, sizes):
+    """A state_dict (PyTorch names and layouts: weight out × in) of a tanh MLP."""
+    state = {}
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        state[f"{2 * i}.weight"] = rng.normal(0, 1 / np.sqrt(a), size=(b, a))
+        state[f"{2 * i}.bias"] = rng.normal(0, 0.1, size=b)
+    return state
+
+
+def forward(state, x):
+    n_layers = len(state) // 2
+    h = x
+    for i in range(n_layers):
+        w, b = state[f"{2 * i}.weight"], state[f"{2 * i}.bias"]
+        h = h @ w.T + b
+        if i < n_layers - 1:
+            h = np.tanh(h)
+    return h
+
+
+def jacobian(state, x, eps=1e-6):
+    """∂f/∂θ (n × p) by central differences, θ in state order (weights row-major, then bias)."""
+    names = list(state)
+    theta = np.concatenate([state[k].ravel() for k in names])
+
+    def f(t):
+        s, o = {}, 0
+        for k in names:
+            s[k] = t[o:o + state[k].size].reshape(state[k].shape)
+            o += state[k].size
+        return forward(s, x)[:, 0]
+
+    cols = []
+    for j in range(theta.size):
+        e = np.zeros_like(theta)
+        e[j] = eps
+        cols.append((f(theta + e) - f(theta - e)) / (2 * eps))
+    return np.stack(cols, axis=1)
+
+
+@pytest.fixture
+def toy():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, size=(40, 1))
+    y = np.sin(3 * x) + 0.1 * rng.normal(size=x.shape)
+    state = tanh_mlp(rng, [1, 8, 1])
+    return state, x, y
+
+
+def test_full_glm_predictive_equals_a_dense_numpy_laplace(toy):
+    state, x, y = toy
+    sigma, lam = 0.1, 2.0
+    la = fspace.Laplace((state, "tanh"), "regression", hessian_structure="full", prior_precision=lam, sigma_noise=sigma)
+    la.fit(x, y)
+    xt = np.linspace(-2, 2, 7).reshape(-1, 1)
+    mean, var = la(xt)
+    # Independent: GGN = Jᵀ J / σ² + λ I, f-variance = J* Σ J*ᵀ.
+    j = jacobian(state, x)
+    precision = j.T @ j / sigma**2 + lam * np.eye(j.shape[1])
+    jt = jacobian(state, xt)
+    want = np.einsum("ip,pq,iq->i", jt, np.linalg.inv(precision), jt)
+    np.testing.assert_allclose(mean[:, 0], forward(state, xt)[:, 0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(var[:, 0], want, rtol=1e-6)
+    # The evidence: log p(y | θ) + log p(θ) + p/2 log 2π − ½ log|P|.
+    r = y[:, 0] - forward(state, x)[:, 0]
+    theta = np.concatenate([v.ravel() for v in state.values()])
+    p = theta.size
+    loglik = -0.5 * np.sum(r**2) / sigma**2 - x.shape[0] * np.log(sigma * np.sqrt(2 * np.pi))
+    logprior = -0.5 * lam * theta @ theta + 0.5 * p * np.log(lam / (2 * np.pi))
+    lml = loglik + logprior + 0.5 * p * np.log(2 * np.pi) - 0.5 * np.linalg.slogdet(precision)[1]
+    assert la.log_marginal_likelihood() == pytest.approx(lml, rel=1e-8)
+
+
+def test_marglik_and_gridsearch_choose_a_prior_precision(toy):
+    state, x, y = toy
+    la = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1)
+    la.fit(x, y)
+    before = la.log_marginal_likelihood()
+    lam = la.optimize_prior_precision("marglik")
+    assert lam > 0 and la.prior_precision[0] == pytest.approx(lam)
+    assert la.log_marginal_likelihood() >= before - 1e-9
+    lam_grid = la.optimize_prior_precision("gridsearch", x_val=x, y_val=y, grid=[0.01, 0.1, 1.0, 10.0])
+    assert lam_grid in (0.01, 0.1, 1.0, 10.0)
+
+
+def test_classification_probabilities_sum_to_one_for_every_link():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(60, 2))
+    labels = (x[:, 0] > 0).astype(float) + (x[:, 1] > 0)
+    state = tanh_mlp(rng, [2, 6, 3])
+    la = fspace.Laplace((state, "tanh"), "classification", hessian_structure="diag")
+    la.fit(x, labels)
+    for link in ["probit", "bridge", "mc"]:
+        p = la(x[:5], link_approx=link, n_samples=200)
+        assert p.shape == (5, 3)
+        np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+    nn = la(x[:5], pred_type="nn", link_approx="mc", n_samples=50)
+    np.testing.assert_allclose(nn.sum(axis=1), 1.0, rtol=1e-12)
+    assert la.sample(4).shape == (4, sum(v.size for v in state.values()))
+
+
+def test_pickle_round_trip_gives_bit_identical_predictions(toy):
+    state, x, y = toy
+    la = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1)
+    la.fit(x, y)
+    back = pickle.loads(pickle.dumps(la))
+    xt = np.linspace(-3, 3, 11).reshape(-1, 1)
+    for a, b in zip(la(xt), back(xt)):
+        assert np.array_equal(a, b)
+    assert back.log_marginal_likelihood() == la.log_marginal_likelihood()
+
+
+BAD = [
+    (lambda s: fspace.Laplace((s, "swish"), "regression"), ValueError),
+    (lambda s: fspace.Laplace((s, "tanh"), "poisson"), ValueError),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", hessian_structure="kronecker"), ValueError),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", subset_of_weights="subnetwork"), ValueError),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", prior_precision=-1.0), ValueError),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", prior_precision=float("nan")), ValueError),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", sigma_noise=0.0), ValueError),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", temperature=0.0), ValueError),
+    (lambda s: fspace.Laplace((s, "tanh"), "classification"), ValueError),  # one output
+    (lambda s: fspace.Laplace(({**s, "0.weight": np.zeros((5, 1))}, "tanh"), "regression"), ValueError),
+    (lambda s: fspace.Laplace(({**s, "9.weight": np.zeros((1, 1))}, "tanh"), "regression"), ValueError),
+    (lambda s: fspace.Laplace(({k: v.astype(np.int64) for k, v in s.items()}, "tanh"), "regression"), ValueError),
+    (lambda s: fspace.Laplace(object(), "regression"), TypeError),
+]
+
+
+@pytest.mark.parametrize("make,error", BAD)
+def test_bad_construction_raises_the_documented_exception(toy, make, error):
+    state, _, _ = toy
+    with pytest.raises(error):
+        make(state)
+
+
+def test_bad_data_and_calls_raise_the_documented_exception(toy):
+    state, x, y = toy
+    la = fspace.Laplace((state, "tanh"), "regression")
+    with pytest.raises(RuntimeError, match="fit"):
+        la(x)
+    with pytest.raises(RuntimeError, match="fit"):
+        la.log_marginal_likelihood()
+    bad_inputs = [
+        (x, y[:10]),  # row mismatch
+        (np.hstack([x, x]), y),  # input width
+        (x, np.hstack([y, y])),  # output width
+        (np.full_like(x, np.nan), y),
+        (x, np.full_like(y, np.inf)),
+        (np.zeros((0, 1)), np.zeros((0, 1))),
+        (np.zeros((2, 2, 2)), y),
+    ]
+    for bx, by in bad_inputs:
+        with pytest.raises(ValueError):
+            la.fit(bx, by)
+    la.fit(x, y)
+    with pytest.raises(ValueError):
+        la(np.hstack([x, x]))
+    with pytest.raises(ValueError):
+        la(x, pred_type="laplace")
+    with pytest.raises(ValueError):
+        la(x, link_approx="sigmoid")
+    with pytest.raises(ValueError):
+        la.optimize_prior_precision("gridsearch")
+    with pytest.raises(ValueError):
+        la.optimize_prior_precision("evidence")
+    clf = fspace.Laplace((tanh_mlp(np.random.default_rng(3), [1, 4, 2]), "tanh"), "classification")
+    with pytest.raises(ValueError):
+        clf.fit(x, np.full(40, 2.5))  # not a class label
+    with pytest.raises(ValueError):
+        fspace._fspace.Laplace.from_json("{}")
+
+
+def test_fit_releases_the_gil():
+    """While one thread fits, another thread keeps running Python (it could not if the GIL
+    were held for the whole fit)."""
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, size=(40000, 4))
+    y = np.sin(x.sum(axis=1, keepdims=True))
+    la = fspace.Laplace((tanh_mlp(rng, [4, 32, 32, 1]), "tanh"), "regression", hessian_structure="kron", sigma_noise=0.1)
+    ticks = []
+    done = threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    start = time.perf_counter()
+    la.fit(x, y)
+    elapsed = time.perf_counter() - start
+    done.set()
+    t.join()
+    during = [s for s in ticks if start < s < start + elapsed]
+    assert elapsed > 0.05, "the fit is too short to tell"
+    assert len(during) >= 10, f"{len(during)} ticks during a {elapsed:.3f} s fit"
+
+
+
+
+def test_an_nn_sequential_converts_and_its_mean_is_torchs_forward():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+    x = torch.randn(20, 2, dtype=torch.float64)
+    labels = torch.randint(0, 3, (20,)).double()
+    la = fspace.Laplace(model, "regression", sigma_noise=0.5)
+    la.fit(x, torch.randn(20, 3, dtype=torch.float64))
+    mean, _ = la(x)
+    assert isinstance(mean, torch.Tensor)
+    assert torch.max(torch.abs(mean - model(x))).item() <= 1e-12
+    clf = fspace.Laplace(model, "classification")
+    clf.fit(x, labels)
+    with pytest.raises(TypeError, match="BatchNorm"):
+        fspace.Laplace(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4)), "regression")
+    with pytest.raises(ValueError, match="one activation"):
+        fspace.Laplace(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)), "regression")
+
+
+def test_the_readme_python_quickstart_runs_as_printed():
+    pytest.importorskip("torch")
+    import pathlib
+    import re
+
+    readme = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    section = text[text.index("## Python"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md (Python quickstart)", "exec"), {})
