@@ -31,7 +31,8 @@
 //! let prior = GpPrior::centered(Rbf::new(1.0, 0.3).unwrap());
 //! let net = Mlp::new(MlpConfig { input_dim: 1, hidden: vec![16, 16], output_dim: 1,
 //!                                activation: Activation::Tanh, seed: 0 }).unwrap();
-//! let config = FspConfig { epochs: 50, batch_size: 30, learning_rate: 5e-3, ..Default::default() };
+//! let config =
+//!     FspConfig { schedule: fspace_core::Schedule::epochs(50), batch_size: 30, learning_rate: 5e-3, ..Default::default() };
 //! let post = fit(net, LikelihoodSpec::gaussian(0.1), &prior, &Data::new(&data.x, &data.y)?, &config)?
 //!     .posterior;
 //! let pred = post.predict(&nalgebra::DMatrix::from_row_slice(2, 1, &[0.75, 3.0])).unwrap();

@@ -634,6 +634,16 @@ pub fn prop2_optimal_state<N: Network>(
     let kz = net.ntk_block(z, sel, z, sel)? * prior_variance;
     let kzx = net.ntk_block(z, sel, x, Outputs::All)? * prior_variance;
     let rz = cholesky_lower(&kz).ok_or(VallaError::NotPositiveDefinite { what: "K_Z (Prop. 2)" })?;
+    // The squared smallest pivot relative to K_Z's largest diagonal entry bounds K_Z's
+    // condition number from below; at 1e-12 or less, K_Z⁻¹K_ZX keeps fewer than four correct
+    // digits, so a numerically singular K_Z is refused whatever the rounding's sign (a last
+    // pivot of −1e-17 fails the factorisation, one of +1e-17 would pass it). 15 points of a 1-D
+    // input give 9e-15; a well-spread 3-D set 3e-5.
+    let scale = kz.diagonal().max();
+    let smallest = rz.diagonal().min();
+    if smallest * smallest <= 1e-12 * scale {
+        return Err(VallaError::NotPositiveDefinite { what: "K_Z (Prop. 2): numerically singular" });
+    }
     // K_Z⁻¹ K_ZX, then A = σ⁻² (K_Z⁻¹K_ZX)(K_Z⁻¹K_ZX)ᵀ.
     let s = solve_upper_of_lower(&rz, &solve_lower(&rz, &kzx));
     let a = &s * s.transpose() / noise_variance;
