@@ -199,15 +199,24 @@ pub fn fit_observed<N: Network + Clone + 'static>(
     };
     // The objective from `(m, s = σ², σ_y²)` and the likelihood part's gradients in `m` and in
     // `ρ = log σ`, both estimators sharing the KL, the noise term and the packing.
-    let assemble = |m: &DVector<f64>,
-                    s: &DVector<f64>,
-                    sigma2: f64,
-                    batch: usize,
-                    sq: f64,
-                    gm: DVector<f64>,
-                    grho: DVector<f64>| {
-        let scale = n as f64 / batch as f64;
-        let count = (batch * q) as f64;
+    // One step's unpacked parameters and minibatch, shared by both estimators.
+    let draw = |theta: &DVector<f64>, batch: &[usize]| {
+        let (m, sd, log_noise) = unpack(theta, p);
+        let s = sd.map(|v| v * v);
+        StepInputs {
+            m,
+            sd,
+            s,
+            sigma2: (2.0 * log_noise).exp(),
+            xb: x.select_rows(batch),
+            yb: y.select_rows(batch),
+            scale: n as f64 / batch.len() as f64,
+        }
+    };
+    let assemble = |d: &StepInputs, sq: f64, gm: DVector<f64>, grho: DVector<f64>| {
+        let StepInputs { m, s, sigma2, scale, .. } = d;
+        let (sigma2, scale) = (*sigma2, *scale);
+        let count = (d.xb.nrows() * q) as f64;
         let ell = scale * (-0.5 * count * (std::f64::consts::TAU * sigma2).ln() - sq / (2.0 * sigma2));
         let kl: f64 =
             (0..p).map(|k| 0.5 * ((s[k] + m[k] * m[k]) / prior_var - 1.0 - (s[k] / prior_var).ln())).sum();
@@ -246,38 +255,42 @@ pub fn fit_observed<N: Network + Clone + 'static>(
         Some(mlp) => {
             let (layers, act) = (layout(mlp), mlp.config().activation);
             let mut step = |theta: &DVector<f64>, batch: &[usize], rng: &mut StdRng| {
-                let (m, sd, log_noise) = unpack(theta, p);
-                let s = sd.map(|v| v * v);
-                let sigma2 = (2.0 * log_noise).exp();
-                let (xb, yb) = (x.select_rows(batch), y.select_rows(batch));
-                let scale = n as f64 / batch.len() as f64;
+                let d = draw(theta, batch);
                 let mut sq = 0.0;
-                let (_, gm, gs) = lrt_forward_backward(&layers, act, &m, &s, &xb, rng, |f| {
-                    residual_cotangent(&yb, f, scale, sigma2, &mut sq)
+                let (_, gm, gs) = lrt_forward_backward(&layers, act, &d.m, &d.s, &d.xb, rng, |f| {
+                    residual_cotangent(&d.yb, f, d.scale, d.sigma2, &mut sq)
                 });
                 // ∂/∂ρ = 2s ∂/∂s.
-                let grho = DVector::from_fn(p, |k, _| 2.0 * s[k] * gs[k]);
-                Ok(assemble(&m, &s, sigma2, batch.len(), sq, gm, grho))
+                let grho = DVector::from_fn(p, |k, _| 2.0 * d.s[k] * gs[k]);
+                Ok(assemble(&d, sq, gm, grho))
             };
             fit(&mut step, observer)
         }
         None => {
             let mut work = net.clone();
             let mut step = |theta: &DVector<f64>, batch: &[usize], rng: &mut StdRng| {
-                let (m, sd, log_noise) = unpack(theta, p);
-                let s = sd.map(|v| v * v);
-                let sigma2 = (2.0 * log_noise).exp();
-                let (xb, yb) = (x.select_rows(batch), y.select_rows(batch));
-                let scale = n as f64 / batch.len() as f64;
-                let (gw, eps, sq) = reparameterized_pass(&mut work, &m, &sd, &xb, rng, |f, sq| {
-                    residual_cotangent(&yb, f, scale, sigma2, sq)
+                let d = draw(theta, batch);
+                let (gw, eps, sq) = reparameterized_pass(&mut work, &d.m, &d.sd, &d.xb, rng, |f, sq| {
+                    residual_cotangent(&d.yb, f, d.scale, d.sigma2, sq)
                 })?;
-                let grho = DVector::from_fn(p, |k, _| gw[k] * eps[k] * sd[k]);
-                Ok(assemble(&m, &s, sigma2, batch.len(), sq, gw, grho))
+                let grho = DVector::from_fn(p, |k, _| gw[k] * eps[k] * d.sd[k]);
+                Ok(assemble(&d, sq, gw, grho))
             };
             fit(&mut step, observer)
         }
     }
+}
+
+/// One MFVI step's inputs: the means, deviations `σ` and variances `s = σ²`, `σ_y²`, the
+/// minibatch and the `N/B` scale of its data term.
+struct StepInputs {
+    m: DVector<f64>,
+    sd: DVector<f64>,
+    s: DVector<f64>,
+    sigma2: f64,
+    xb: DMatrix<f64>,
+    yb: DMatrix<f64>,
+    scale: f64,
 }
 
 /// One step's objective and gradient from `(θ, minibatch rows, RNG)`.
