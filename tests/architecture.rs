@@ -33,7 +33,23 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ),
         ("fspace-laplace", vec!["fspace-input", "fspace-linalg", "fspace-core", "fspace-nn"]),
         ("fspace-interop", vec!["fspace-input", "fspace-core", "fspace-nn"]),
-        ("fspace-py", vec!["fspace-core", "fspace-nn", "fspace-laplace", "fspace-interop"]),
+        (
+            "fspace-py",
+            vec![
+                "fspace-input",
+                "fspace-linalg",
+                "fspace-kernels",
+                "fspace-context",
+                "fspace-core",
+                "fspace-gp",
+                "fspace-nn",
+                "fspace-fsp-laplace",
+                "fspace-laplace",
+                "fspace-valla",
+                "fspace-gfsvi",
+                "fspace-interop",
+            ],
+        ),
         ("fspace-valla", vec!["fspace-input", "fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),
         (
             "fspace-gfsvi",
@@ -82,6 +98,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-laplace",
                 "fspace-valla",
                 "fspace-gfsvi",
+                "fspace-interop",
             ],
         ),
     ])

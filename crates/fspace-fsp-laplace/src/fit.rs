@@ -11,7 +11,7 @@ use fspace_nn::{Network, TrainConfig, TrainProgress, TrainReport};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{ensure_dim, invalid, Result};
 use crate::laplace::{laplace, FspLaplace, FspLaplaceConfig, LaplaceReport};
@@ -19,7 +19,7 @@ use crate::train::{train, TrainOptions};
 use fspace_kernels::GpPrior;
 
 /// How the fixed context points of Alg. 2 are placed in their box.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ContextDesign {
     /// A regular grid (`n = m^d`, corners included) — the paper's toys.
     Grid,
@@ -72,7 +72,7 @@ pub fn context_points(
 /// | `context_includes_data` | false | append the training inputs to Alg. 2's context |
 ///
 /// Whether Alg. 1 learns σ is the likelihood's `learn` flag.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FspConfig {
     /// Alg. 1: length, validation interval, early stopping and best-state restore.
     pub schedule: Schedule,

@@ -66,7 +66,7 @@ use fspace_kernels::GpPrior;
 /// | `ggn_scale` | 1 | multiplies the data term `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ)` (subset estimates) |
 /// | `prior_jitter` | 0 | `ε / mean diag Σ(C, C)` added to `Σ(C, C)` before step 1 (0: the paper's pseudo-inverse) |
 /// | `gram_cache_bytes` | 256 MiB | step 1 keeps `Σ(C, C)`'s kernel tiles when they fit (same bits, fewer kernel evaluations) |
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FspLaplaceConfig {
     /// Maximum Lanczos rank `r`.
     pub max_rank: usize,

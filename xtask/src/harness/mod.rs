@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod plot;
 pub mod publish;
+pub mod python_reference;
 pub mod registry;
 pub mod report;
 pub mod test;

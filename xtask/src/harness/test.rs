@@ -4,8 +4,10 @@
 //! 2. a virtual environment at `target/python-venv` (`python3 -m venv`, made once), with
 //!    maturin, numpy and pytest from PyPI — and torch with `--torch` (a 3 GB download, once per
 //!    machine; without it the tests that convert a PyTorch model are skipped, and pytest says so);
-//! 3. `maturin develop --release` of `crates/fspace-py` into it (the `fspace` package), then
-//!    `python -m pytest crates/fspace-py/tests`.
+//! 3. `maturin develop --release` of `crates/fspace-py` into it (the `fspace` package);
+//! 4. the Rust API's numbers on a seeded toy problem for every Python class
+//!    ([`super::python_reference`], `target/python-reference.json`), then
+//!    `python -m pytest crates/fspace-py/tests` with `$FSPACE_RUST_REFERENCE` pointing at them.
 //!
 //! `$FSPACE_PYTHON` names the interpreter that makes the environment (default `python3`).
 
@@ -81,8 +83,14 @@ pub fn test(plan: TestPlan) -> Result<()> {
             .env("VIRTUAL_ENV", &venv)
             .env("PATH", &path),
     )?;
+    let reference = root.join("target").join("python-reference.json");
+    println!("== Rust reference numbers for the Python tests: {}", reference.display());
+    super::python_reference::write(&reference)?;
     run(
         "Python tests",
-        Command::new(&py).args(["-m", "pytest", "-q", "-rs", "crates/fspace-py/tests"]).current_dir(&root),
+        Command::new(&py)
+            .args(["-m", "pytest", "-q", "-rs", "crates/fspace-py/tests"])
+            .env("FSPACE_RUST_REFERENCE", &reference)
+            .current_dir(&root),
     )
 }

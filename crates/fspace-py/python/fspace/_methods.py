@@ -1,0 +1,360 @@
+"""The function-space methods no other Python library has, in one shape.
+
+``FSPLaplace``, ``GFSVI``, ``VaLLA``, ``ELLA`` and ``ExactGP`` share laplace-torch's calls:
+construct, ``fit(X, y)`` (arrays, tensors or a loader; ``val=(X_val, y_val)`` for early
+stopping; ``progress=`` a callable or ``True`` for a tqdm bar), then ``model(X)`` →
+``(f_mean, f_var)`` (regression) or class probabilities (classification),
+``predictive_samples(X, n)``, ``pickle``. Each method's remaining settings are keyword
+arguments named as the fields of its Rust ``Config`` (``default_config()`` lists them with the
+paper's values); an unknown name is a ``TypeError`` that lists the known ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _fspace
+from ._convert import array2, back, data_arrays, is_torch, model_state, tensors, unflatten
+from .kernels import Kernel, MatrixKernel
+
+__all__ = ["GPPrior", "FSPLaplace", "GFSVI", "VaLLA", "ELLA", "ExactGP", "default_config"]
+
+Progress = Union[None, bool, Callable[[int, int, Optional[float], Optional[float]], Any]]
+
+
+class GPPrior:
+    """``GP(mean, kernel)``: ``kernel`` a ``fspace.kernels`` kernel (scalar, or
+    ``Independent`` / ``Helmholtz`` for several outputs), ``mean`` 0 or a constant."""
+
+    def __init__(self, kernel: MatrixKernel, mean: float = 0.0) -> None:
+        if not isinstance(kernel, MatrixKernel):
+            raise TypeError(f"GPPrior needs a fspace.kernels kernel, got {kernel!r}")
+        self.kernel, self.mean = kernel, float(mean)
+
+    @property
+    def output_dim(self) -> int:
+        return self.kernel.output_dim
+
+    def spec(self) -> Dict[str, Any]:
+        """The JSON object of fspace's ``GpPrior``."""
+        mean: Any = "zero" if self.mean == 0.0 else {"constant": self.mean}
+        return {"kernel": self.kernel.spec(), "mean": mean}
+
+    def __repr__(self) -> str:
+        return f"GPPrior({self.kernel!r}, mean={self.mean})"
+
+
+def _prior(prior: Any) -> GPPrior:
+    if isinstance(prior, GPPrior):
+        return prior
+    if isinstance(prior, MatrixKernel):
+        return GPPrior(prior)
+    raise TypeError(f"prior must be a fspace.GPPrior or a fspace.kernels kernel, got {prior!r}")
+
+
+def default_config(method: str) -> Dict[str, Any]:
+    """The default settings (the paper's values) of ``method``: ``"fsp_laplace"``, ``"gfsvi"``,
+    ``"valla"``, ``"ella"``."""
+    return json.loads(_fspace.default_config(method))
+
+
+def _overlay(base: Dict[str, Any], options: Dict[str, Any], where: str) -> Dict[str, Any]:
+    out = dict(base)
+    for key, value in options.items():
+        if key not in base:
+            known = ", ".join(sorted(base))
+            raise TypeError(f"{where} has no setting {key!r}; the settings are: {known}")
+        if isinstance(base[key], dict) and isinstance(value, dict) and set(value) <= set(base[key]):
+            out[key] = _overlay(base[key], value, f"{where}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def _span(value: Any, unit: str) -> Dict[str, int]:
+    if isinstance(value, dict):
+        return value
+    return {unit: int(value)}
+
+
+def _schedule(base: Dict[str, Any], epochs: Optional[int], steps: Optional[int],
+              evaluate_every: Optional[int], patience: Any) -> Dict[str, Any]:
+    """The Rust ``Schedule`` with the shortcuts: a length in epochs or steps, an evaluation
+    interval in the same unit, and the patience (evaluations without improvement; ``None``: off)."""
+    out = dict(base)
+    if epochs is not None and steps is not None:
+        raise ValueError("give epochs or steps, not both")
+    unit = "Epochs" if epochs is not None else "Steps" if steps is not None else next(iter(base["length"]))
+    if epochs is not None:
+        out["length"] = {"Epochs": int(epochs)}
+    if steps is not None:
+        out["length"] = {"Steps": int(steps)}
+    if evaluate_every is not None:
+        out["evaluate_every"] = _span(evaluate_every, unit)
+    elif epochs is not None or steps is not None:
+        # A length in another unit than the default's: evaluate at its end (and every unit).
+        every_unit = next(iter(base["evaluate_every"]))
+        if every_unit != unit:
+            out["evaluate_every"] = {unit: 1}
+    if patience != "default":
+        out["patience"] = None if patience is None else int(patience)
+    return out
+
+
+def _schedule_holder(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The dict of ``config`` that holds its ``schedule`` (top level, or GFSVI's ``optim``)."""
+    if "schedule" in config:
+        return config
+    optim = config.get("optim")
+    if isinstance(optim, dict) and "schedule" in optim:
+        return optim
+    return None
+
+
+class _Progress:
+    """A fit's progress reports: a user callable, a tqdm bar (``True``, when tqdm is
+    installed; otherwise a line per report on stderr) or nothing."""
+
+    def __init__(self, progress: Progress, title: str) -> None:
+        self.callback: Optional[Callable[..., Any]] = None
+        self.bar: Any = None
+        if callable(progress):
+            self.callback = progress
+        elif progress:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(desc=title, unit="step")
+                self.callback = self._tqdm
+            except ImportError:
+                import sys
+
+                def line(step: int, total: int, loss: Optional[float], val: Optional[float]) -> None:
+                    print(f"{title}: {step}/{total} loss {loss} validation {val}", file=sys.stderr)
+
+                self.callback = line
+
+    def _tqdm(self, step: int, total: int, loss: Optional[float], val: Optional[float]) -> None:
+        if self.bar.total != total:
+            self.bar.total = total
+        self.bar.update(step - self.bar.n)
+        post = {}
+        if loss is not None:
+            post["loss"] = f"{loss:.4g}"
+        if val is not None:
+            post["val"] = f"{val:.4g}"
+        self.bar.set_postfix(post)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class _Fitted:
+    """The calls every method shares once fitted."""
+
+    _method = ""
+    _title = ""
+    likelihood: str
+    _post: Any
+
+    def _ensure(self) -> Any:
+        if getattr(self, "_post", None) is None:
+            raise RuntimeError(f"call fit(X, y) first: this {type(self).__name__} is not fitted")
+        return self._post
+
+    def __call__(self, x: Any, pred_type: str = "glm", link_approx: str = "probit",
+                 n_samples: int = 100, seed: int = 0) -> Any:
+        """Regression: ``(f_mean, f_var)`` (``n × d'`` each); classification: class
+        probabilities (``n × C``) by ``link_approx`` ``"probit" | "bridge" | "mc"``. Only the
+        GLM (linearised) predictive: ``pred_type="glm"``."""
+        post = self._ensure()
+        if pred_type != "glm":
+            raise ValueError(f"pred_type {pred_type!r}: {type(self).__name__} has the linearised (\"glm\") predictive only")
+        xa = array2(x, "X")
+        if self.likelihood == "classification":
+            out = post.class_probabilities(xa, link_approx, int(n_samples), int(seed))
+        else:
+            out = post.predict(xa)
+        return back(out, is_torch(x))
+
+    predictive = __call__
+
+    def predictive_samples(self, x: Any, n_samples: int = 100, seed: int = 0) -> Any:
+        """``n_samples`` joint draws of ``f`` at the rows of ``X`` (``n_samples × n × d'``)."""
+        out = self._ensure().sample_functions(array2(x, "X"), int(n_samples), int(seed))
+        return back(out, is_torch(x))
+
+    @property
+    def report(self) -> Dict[str, Any]:
+        """What the fit did (iterations, timings, chosen hyperparameters), from Rust's report."""
+        self._ensure()
+        return self._report
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        post = state.pop("_post", None)
+        state["_post_json"] = None if post is None else (post.method, post.to_json())
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        saved = state.pop("_post_json")
+        self.__dict__.update(state)
+        self._post = None if saved is None else _fspace.Posterior.from_json(*saved)
+
+
+class _NetworkMethod(_Fitted):
+    _learn_sigma_default = False
+
+    def __init__(self, model: Any, likelihood: str, gp_prior: Any = None, sigma_noise: float = 1.0,
+                 learn_sigma: Optional[bool] = None, epochs: Optional[int] = None,
+                 steps: Optional[int] = None, evaluate_every: Optional[int] = None,
+                 patience: Any = "default", **options: Any) -> None:
+        state, self._activation = model_state(model)
+        self._tensors, self._layout = tensors(state)
+        self._prior = None if gp_prior is None else _prior(gp_prior)
+        self.likelihood = likelihood
+        self.sigma_noise = float(sigma_noise)
+        self.learn_sigma = self._learn_sigma_default if learn_sigma is None else bool(learn_sigma)
+        config = _overlay(default_config(self._method), options, type(self).__name__)
+        holder = _schedule_holder(config)
+        if holder is not None:
+            holder["schedule"] = _schedule(holder["schedule"], epochs, steps, evaluate_every, patience)
+        elif any(v is not None for v in (epochs, steps, evaluate_every)) or patience != "default":
+            raise TypeError(f"{type(self).__name__} has no training schedule (epochs, steps, evaluate_every, patience)")
+        given = options.get("schedule", options.get("optim", {}).get("schedule", {}))
+        self._patience_given = patience != "default" or (isinstance(given, dict) and "patience" in given)
+        self._config = config
+        self._post = None
+        self._report: Dict[str, Any] = {}
+
+    def _fit_method(self) -> str:
+        return self._method
+
+    def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None) -> "_NetworkMethod":
+        """Fits on ``(X, y)`` (or every ``(x, y)`` batch of a loader); ``val`` is a pair
+        ``(X_val, y_val)`` or a loader, used for early stopping. Returns ``self``."""
+        x, yy = data_arrays(data, y)
+        config = json.loads(json.dumps(self._config))
+        xv = yv = None
+        if val is not None:
+            xv, yv = data_arrays(*val) if isinstance(val, tuple) else data_arrays(val)
+        else:
+            holder = _schedule_holder(config)
+            if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
+                # The paper's early stopping needs validation data; without it, run the whole schedule.
+                holder["schedule"] = dict(holder["schedule"], patience=None)
+        bar = _Progress(progress, type(self).__name__)
+        try:
+            self._post, report = _fspace.fit(
+                self._fit_method(), x, yy, self.likelihood, self.sigma_noise, self.learn_sigma,
+                self._tensors, self._activation,
+                None if self._prior is None else json.dumps(self._prior.spec()),
+                json.dumps(config), xv, yv, bar.callback,
+            )
+        finally:
+            bar.close()
+        self._report = json.loads(report)
+        return self
+
+    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        """The network's weights after the fit (float64), under the model's parameter names:
+        the trained weights where the method trains them, the given ones otherwise. Load them
+        with ``model.load_state_dict({k: torch.from_numpy(v) for k, v in ...})``."""
+        trained = self._ensure().trained_params()
+        if trained is None:
+            return OrderedDict((name, self._tensors[name][1].reshape(shape).copy()) for name, shape in self._layout)
+        return unflatten(trained, self._layout)
+
+
+class FSPLaplace(_NetworkMethod):
+    """FSP-Laplace (Cinquin et al. 2024): trains the network under the GP ``prior`` (Alg. 1:
+    the negative log likelihood plus the prior's RKHS norm at context points), then the
+    matrix-free Laplace approximation of the same objective (Alg. 2). ``train=False`` skips
+    Alg. 1 and runs Alg. 2 at the given weights (post hoc). ``state_dict()`` returns the
+    trained weights. Settings: ``epochs``/``steps``, ``batch_size``, ``learning_rate``,
+    ``n_context``, ``n_laplace_context``, ``design``, ``laplace={"max_rank": …}``, … (the
+    fields of Rust's ``FspConfig``)."""
+
+    _method = "fsp_laplace"
+
+    def __init__(self, model: Any, likelihood: str, prior: Any, train: bool = True, **kwargs: Any) -> None:
+        if prior is None:
+            raise TypeError("FSPLaplace needs a prior: fspace.GPPrior(kernel) or a kernel")
+        self.train = bool(train)
+        super().__init__(model, likelihood, prior, **kwargs)
+
+    def _fit_method(self) -> str:
+        return "fsp_laplace" if self.train else "fsp_laplace_posthoc"
+
+
+class GFSVI(_NetworkMethod):
+    """Generalised function-space VI (Cinquin & Bamler): ``q(w) = N(m, diag(s²))`` on the
+    weights, linearised, fitted by the regularised KL to the GP ``prior`` at measurement
+    points. σ is learned from ``sigma_noise`` as in the paper (``learn_sigma=False`` fixes it).
+    ``state_dict()`` returns the variational mean. Settings: the fields of Rust's
+    ``GfsviConfig`` (``measurement_points``, ``gamma``, ``optim={"schedule": …}``, …)."""
+
+    _method = "gfsvi"
+    _learn_sigma_default = True
+
+    def __init__(self, model: Any, likelihood: str, prior: Any, **kwargs: Any) -> None:
+        if prior is None:
+            raise TypeError("GFSVI needs a prior: fspace.GPPrior(kernel) or a kernel")
+        super().__init__(model, likelihood, prior, **kwargs)
+
+
+class VaLLA(_NetworkMethod):
+    """Variational linearised Laplace (Ortega et al. 2024): a sparse variational GP whose
+    prior is the network's linearisation, fitted to the trained network's weights (which stay
+    its mean). Early stopping on ``val`` as the paper; without ``val`` the whole schedule runs.
+    Settings: the fields of Rust's ``VallaConfig`` (``num_inducing``, ``alpha``, ``batch_size``,
+    ``learning_rate``, …)."""
+
+    _method = "valla"
+
+    def __init__(self, model: Any, likelihood: str, **kwargs: Any) -> None:
+        super().__init__(model, likelihood, **kwargs)
+
+
+class ELLA(_NetworkMethod):
+    """ELLA (Deng et al. 2022): the linearised Laplace approximation through a Nyström
+    approximation of the NTK on ``num_points`` points with ``num_eigen`` features. Settings:
+    the fields of Rust's ``EllaConfig``."""
+
+    _method = "ella"
+
+    def __init__(self, model: Any, likelihood: str, **kwargs: Any) -> None:
+        super().__init__(model, likelihood, **kwargs)
+
+
+class ExactGP(_Fitted):
+    """The exact GP regression posterior of ``prior`` given ``(X, y)`` and noise ``sigma_noise``
+    (hyperparameters as given): the reference every network method is compared with."""
+
+    _method = "exact_gp"
+
+    def __init__(self, prior: Any, sigma_noise: float = 1.0) -> None:
+        self._prior = _prior(prior)
+        self.sigma_noise = float(sigma_noise)
+        self.likelihood = "regression"
+        self._post = None
+        self._report = {}
+
+    def fit(self, data: Any, y: Any = None) -> "ExactGP":
+        """Conditions the prior on ``(X, y)``. Returns ``self``."""
+        x, yy = data_arrays(data, y)
+        self._post, report = _fspace.fit(
+            "exact_gp", x, yy, "regression", self.sigma_noise, False, None, None,
+            json.dumps(self._prior.spec()), None, None, None, None,
+        )
+        self._report = json.loads(report)
+        return self
+
+    def log_marginal_likelihood(self) -> float:
+        """``log p(y | X)`` of the training targets."""
+        return float(self.report["log_marginal_likelihood"])

@@ -1,0 +1,236 @@
+"""Covariance functions for GP priors, composable as in Rust.
+
+``RBF(variance, lengthscale)``, ``Matern12`` / ``Matern32`` / ``Matern52``,
+``RationalQuadratic(variance, lengthscale, alpha)``, ``Periodic(variance, lengthscale, period)``,
+``Linear(variance)``, ``Constant(variance)``, ``White(variance)``: ``k1 + k2`` is their sum,
+``k1 * k2`` their product, ``c * k`` the kernel scaled by ``c > 0``. A lengthscale is a number
+or one per input dimension (ARD). Hyperparameters are on their natural scale (σ², ℓ), as in the
+papers' tables; they are checked when the kernel is used (a ``ValueError`` naming the
+hyperparameter). ``k(X, Y)`` evaluates the Gram matrix in Rust.
+
+Matrix-valued kernels for vector outputs: ``Independent(k, outputs)`` (outputs that share
+``k``) and ``Helmholtz(phi, psi)`` (2-D vector fields: the gradient of a potential with kernel
+``phi`` plus the curl of a stream function with kernel ``psi``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Sequence, Union
+
+import numpy as np
+
+from . import _fspace
+
+__all__ = [
+    "Kernel",
+    "MatrixKernel",
+    "RBF",
+    "Matern12",
+    "Matern32",
+    "Matern52",
+    "RationalQuadratic",
+    "Periodic",
+    "Linear",
+    "Constant",
+    "White",
+    "Independent",
+    "Helmholtz",
+]
+
+Lengthscale = Union[float, Sequence[float]]
+
+
+def _lengthscales(value: Lengthscale) -> List[float]:
+    if isinstance(value, (int, float, np.floating, np.integer)):
+        return [float(value)]
+    return [float(v) for v in value]
+
+
+class MatrixKernel:
+    """A kernel with ``d'`` outputs: ``spec()`` is the JSON object of fspace's
+    ``MatrixKernelSpec``."""
+
+    def spec(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def output_dim(self) -> int:
+        return 1
+
+    def __call__(self, x: Any, y: Any = None) -> np.ndarray:
+        """The Gram matrix ``K(X, Y)`` (``n·d' × m·d'``, point-major); ``Y`` defaults to ``X``."""
+        from ._convert import array2
+
+        xa = array2(x, "X")
+        ya = xa if y is None else array2(y, "Y")
+        return _fspace.gram(json.dumps(self.spec()), xa, ya)
+
+
+class Kernel(MatrixKernel):
+    """A scalar kernel: ``scalar_spec()`` is the JSON object of fspace's ``KernelSpec``."""
+
+    def scalar_spec(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def spec(self) -> Dict[str, Any]:
+        return {"kind": "scalar", **self.scalar_spec()}
+
+    def __add__(self, other: "Kernel") -> "Kernel":
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        return _Composite("sum", "terms", [self, other])
+
+    def __mul__(self, other: Union["Kernel", float]) -> "Kernel":
+        if isinstance(other, Kernel):
+            return _Composite("product", "factors", [self, other])
+        if isinstance(other, (int, float, np.floating, np.integer)):
+            return _Scaled(float(other), self)
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.scalar_spec()})"
+
+
+class _Stationary(Kernel):
+    _type = ""
+
+    def __init__(self, variance: float = 1.0, lengthscale: Lengthscale = 1.0) -> None:
+        self.variance = float(variance)
+        self.lengthscale = _lengthscales(lengthscale)
+
+    def scalar_spec(self) -> Dict[str, Any]:
+        return {"type": self._type, "variance": self.variance, "lengthscales": self.lengthscale}
+
+
+class RBF(_Stationary):
+    """``σ² exp(−r²/2)``, ``r = ‖(x − y)/ℓ‖``: infinitely smooth paths."""
+
+    _type = "rbf"
+
+
+class Matern12(_Stationary):
+    """``σ² exp(−r)``: continuous, nowhere-differentiable paths (Ornstein–Uhlenbeck)."""
+
+    _type = "matern12"
+
+
+class Matern32(_Stationary):
+    """``σ² (1 + √3 r) exp(−√3 r)``: once-differentiable paths."""
+
+    _type = "matern32"
+
+
+class Matern52(_Stationary):
+    """``σ² (1 + √5 r + 5r²/3) exp(−√5 r)``: twice-differentiable paths."""
+
+    _type = "matern52"
+
+
+class RationalQuadratic(Kernel):
+    """``σ² (1 + r²/(2α))^(−α)``: a scale mixture of RBFs."""
+
+    def __init__(self, variance: float = 1.0, lengthscale: Lengthscale = 1.0, alpha: float = 1.0) -> None:
+        self.variance, self.lengthscale, self.alpha = float(variance), _lengthscales(lengthscale), float(alpha)
+
+    def scalar_spec(self) -> Dict[str, Any]:
+        return {"type": "rational_quadratic", "variance": self.variance, "lengthscales": self.lengthscale, "alpha": self.alpha}
+
+
+class Periodic(Kernel):
+    """``σ² exp(−2 Σ sin²(π|x − y|/p)/ℓ²)``: periodic functions of period ``p``."""
+
+    def __init__(self, variance: float = 1.0, lengthscale: Lengthscale = 1.0, period: float = 1.0) -> None:
+        self.variance, self.lengthscale, self.period = float(variance), _lengthscales(lengthscale), float(period)
+
+    def scalar_spec(self) -> Dict[str, Any]:
+        return {"type": "periodic", "variance": self.variance, "lengthscales": self.lengthscale, "period": self.period}
+
+
+class _Variance(Kernel):
+    _type = ""
+
+    def __init__(self, variance: float = 1.0) -> None:
+        self.variance = float(variance)
+
+    def scalar_spec(self) -> Dict[str, Any]:
+        return {"type": self._type, "variance": self.variance}
+
+
+class Linear(_Variance):
+    """``σ² xᵀy``: linear functions through the origin."""
+
+    _type = "linear"
+
+
+class Constant(_Variance):
+    """``σ²``: constant functions."""
+
+    _type = "constant"
+
+
+class White(_Variance):
+    """``σ² [x = y]``: independent noise."""
+
+    _type = "white"
+
+
+class _Composite(Kernel):
+    def __init__(self, kind: str, key: str, parts: List[Kernel]) -> None:
+        flat: List[Kernel] = []
+        for p in parts:  # (a + b) + c is one sum of three terms, as in Rust's builders
+            flat.extend(p.parts if isinstance(p, _Composite) and p.kind == kind else [p])
+        self.kind, self.key, self.parts = kind, key, flat
+
+    def scalar_spec(self) -> Dict[str, Any]:
+        return {"type": self.kind, self.key: [p.scalar_spec() for p in self.parts]}
+
+    def __repr__(self) -> str:
+        op = " + " if self.kind == "sum" else " * "
+        return "(" + op.join(repr(p) for p in self.parts) + ")"
+
+
+class _Scaled(Kernel):
+    def __init__(self, scale: float, kernel: Kernel) -> None:
+        self.scale, self.kernel = scale, kernel
+
+    def scalar_spec(self) -> Dict[str, Any]:
+        return {"type": "scaled", "scale": self.scale, "kernel": self.kernel.scalar_spec()}
+
+    def __repr__(self) -> str:
+        return f"{self.scale} * {self.kernel!r}"
+
+
+class Independent(MatrixKernel):
+    """``outputs`` independent outputs that share the scalar kernel ``kernel``."""
+
+    def __init__(self, kernel: Kernel, outputs: int) -> None:
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"Independent needs a scalar kernel, got {kernel!r}")
+        self.kernel, self.outputs = kernel, int(outputs)
+
+    @property
+    def output_dim(self) -> int:
+        return self.outputs
+
+    def spec(self) -> Dict[str, Any]:
+        return {"kind": "independent", "kernel": self.kernel.scalar_spec(), "outputs": self.outputs}
+
+
+class Helmholtz(MatrixKernel):
+    """2-D vector fields ``∇Φ + rot Ψ`` with ``Φ ~ GP(0, phi)``, ``Ψ ~ GP(0, psi)`` (FSP-Laplace's
+    ocean currents): divergence-free where ``phi`` vanishes, curl-free where ``psi`` does."""
+
+    def __init__(self, phi: Kernel, psi: Kernel) -> None:
+        if not (isinstance(phi, Kernel) and isinstance(psi, Kernel)):
+            raise TypeError("Helmholtz needs two scalar kernels (phi, psi)")
+        self.phi, self.psi = phi, psi
+
+    @property
+    def output_dim(self) -> int:
+        return 2
+
+    def spec(self) -> Dict[str, Any]:
+        return {"kind": "helmholtz", "phi": self.phi.scalar_spec(), "psi": self.psi.scalar_spec()}

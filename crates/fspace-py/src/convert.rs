@@ -1,0 +1,92 @@
+//! Conversions between Python's arguments and fspace's types: numpy arrays ↔ matrices, a
+//! `state_dict` → an [`Mlp`], laplace-torch's likelihood names → a [`LikelihoodSpec`].
+
+use fspace_core::LikelihoodSpec;
+use fspace_interop::{infer_mlp, LayerNames, SourceDtype, Tensor, Tensors};
+use fspace_nn::{Activation, Mlp};
+use nalgebra::DMatrix;
+use numpy::ndarray::{Array2, Array3};
+use numpy::{PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{raise, value_error};
+
+/// A 2-D float64 numpy array as a matrix (any strides; copied).
+pub(crate) fn matrix(a: &PyReadonlyArray2<'_, f64>) -> DMatrix<f64> {
+    let v = a.as_array();
+    DMatrix::from_fn(v.nrows(), v.ncols(), |i, j| v[[i, j]])
+}
+
+/// A matrix as a new 2-D numpy array.
+pub(crate) fn to_numpy<'py>(py: Python<'py>, m: &DMatrix<f64>) -> Bound<'py, PyArray2<f64>> {
+    PyArray2::from_owned_array(py, Array2::from_shape_fn((m.nrows(), m.ncols()), |(i, j)| m[(i, j)]))
+}
+
+/// Equal-shaped matrices stacked as a 3-D numpy array (`len × rows × cols`).
+pub(crate) fn stack_to_numpy<'py>(
+    py: Python<'py>,
+    ms: &[DMatrix<f64>],
+    rows: usize,
+    cols: usize,
+) -> Bound<'py, PyArray3<f64>> {
+    PyArray3::from_owned_array(py, Array3::from_shape_fn((ms.len(), rows, cols), |(s, i, j)| ms[s][(i, j)]))
+}
+
+/// fspace's activation of a name the Python layer derived from a torch module.
+pub(crate) fn activation(name: &str) -> PyResult<Activation> {
+    Ok(match name {
+        "tanh" => Activation::Tanh,
+        "relu" => Activation::Relu,
+        "sigmoid" => Activation::Sigmoid,
+        "softplus" => Activation::Softplus,
+        "gelu_tanh" => Activation::Gelu,
+        other => {
+            return Err(value_error(format!(
+                "activation {other:?} is not supported; fspace's MLP has tanh, relu, sigmoid, softplus and gelu_tanh \
+                 (nn.GELU(approximate=\"tanh\"))"
+            )))
+        }
+    })
+}
+
+/// The network of a `state_dict`: name → (shape, row-major float64 values as a 1-D array,
+/// whether the source was float32).
+pub(crate) fn network(state: &Bound<'_, PyDict>, act: Activation) -> PyResult<Mlp> {
+    let mut tensors = Tensors::new("state_dict");
+    for (key, value) in state.iter() {
+        let name: String = key.extract()?;
+        let (shape, values, f32_source): (Vec<usize>, PyReadonlyArray1<'_, f64>, bool) = value.extract()?;
+        let data = values.as_array().iter().copied().collect();
+        let dtype = if f32_source { SourceDtype::F32 } else { SourceDtype::F64 };
+        tensors.insert(&name, Tensor::new(&name, shape, data, dtype).map_err(raise)?);
+    }
+    infer_mlp(&tensors, act, &LayerNames::Natural).map_err(raise)
+}
+
+/// laplace-torch's likelihood name for a network (or GP) with `outputs` outputs:
+/// `"regression"` → Gaussian noise σ (isotropic over several outputs, σ learned where the
+/// method learns it and `learn_sigma`), `"classification"` → categorical over `outputs ≥ 2`
+/// classes. σ is checked here, before any work.
+pub(crate) fn likelihood(
+    name: &str,
+    outputs: usize,
+    sigma: f64,
+    learn_sigma: bool,
+) -> PyResult<LikelihoodSpec> {
+    let spec = match name {
+        "regression" if outputs == 1 => LikelihoodSpec::Gaussian { sigma, learn: learn_sigma },
+        "regression" => LikelihoodSpec::IsotropicGaussian { sigma, outputs, learn: learn_sigma },
+        "classification" if outputs >= 2 => LikelihoodSpec::categorical(outputs),
+        "classification" => {
+            return Err(value_error("classification needs a network with one output per class (≥ 2 logits)"))
+        }
+        other => {
+            return Err(value_error(format!(
+                "likelihood {other:?} is not \"regression\" or \"classification\""
+            )))
+        }
+    };
+    spec.build().map_err(raise)?;
+    Ok(spec)
+}

@@ -1,0 +1,252 @@
+//! `fspace._fspace.Laplace`: laplace-torch's `Laplace` on an MLP (crate docs).
+
+use fspace_core::{Data, LikelihoodSpec, Link, Persist, Posterior};
+use fspace_laplace::{
+    LaplaceConfig, LaplaceError, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision, Structure,
+    Weights,
+};
+use fspace_nn::Mlp;
+use nalgebra::{DMatrix, DVector};
+use numpy::{PyArray2, PyReadonlyArray2};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, to_numpy};
+use crate::errors::{persist_error, raise, value_error};
+
+fn structure(name: &str) -> PyResult<Structure> {
+    Ok(match name {
+        "full" => Structure::Full(Default::default()),
+        "kron" => Structure::Kfac,
+        "ekfac" => Structure::Ekfac,
+        "diag" => Structure::Diag,
+        "lowrank" => Structure::LowRank(Default::default()),
+        other => {
+            return Err(value_error(format!(
+            "hessian_structure {other:?} is not one of \"full\", \"kron\", \"ekfac\", \"diag\", \"lowrank\""
+        )))
+        }
+    })
+}
+
+/// The linearised Laplace approximation of an MLP (module docs).
+#[pyclass(name = "Laplace", module = "fspace._fspace")]
+pub(crate) struct PyLaplace {
+    net: Mlp,
+    likelihood: LikelihoodSpec,
+    config: LaplaceConfig,
+    posterior: Option<LaplacePosterior<Mlp>>,
+}
+
+impl PyLaplace {
+    fn fitted(&self) -> PyResult<&LaplacePosterior<Mlp>> {
+        self.posterior.as_ref().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
+    }
+    fn fitted_mut(&mut self) -> PyResult<&mut LaplacePosterior<Mlp>> {
+        self.posterior.as_mut().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
+    }
+    fn classification(&self) -> bool {
+        matches!(self.likelihood, LikelihoodSpec::Categorical { .. })
+    }
+}
+
+#[pymethods]
+impl PyLaplace {
+    /// `Laplace(state, activation, likelihood, hessian_structure, subset_of_weights,
+    /// prior_precision, sigma_noise, temperature)`; `state` maps each tensor name to
+    /// `(shape, row-major float64 values, was_float32)`.
+    #[new]
+    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0))]
+    fn new(
+        state: &Bound<'_, PyDict>,
+        activation_name: &str,
+        likelihood: &str,
+        hessian_structure: &str,
+        subset_of_weights: &str,
+        prior_precision: f64,
+        sigma_noise: f64,
+        temperature: f64,
+    ) -> PyResult<Self> {
+        let net = network(state, activation(activation_name)?)?;
+        let q = net.output_dim();
+        let likelihood = likelihood_spec(likelihood, q, sigma_noise, false)?;
+        let weights = match subset_of_weights {
+            "all" => Weights::All,
+            "last_layer" => Weights::LastLayer,
+            other => {
+                return Err(value_error(format!(
+                    "subset_of_weights {other:?} is not \"all\" or \"last_layer\""
+                )))
+            }
+        };
+        let config = LaplaceConfig {
+            structure: structure(hessian_structure)?,
+            weights,
+            prior_precision: PriorPrecision::Scalar(prior_precision),
+            temperature,
+            ..Default::default()
+        };
+        // Checks λ, T and σ now rather than at fit.
+        if !(prior_precision.is_finite() && prior_precision > 0.0) {
+            return Err(value_error(format!("prior_precision {prior_precision} must be finite and > 0")));
+        }
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Err(value_error(format!("temperature {temperature} must be finite and > 0")));
+        }
+        Ok(Self { net, likelihood, config, posterior: None })
+    }
+
+    /// Fits the curvature at the network's weights on `(X, y)`: `X` is `n × d`, `y` is `n × d'`
+    /// (regression) or `n` class labels (classification).
+    fn fit(
+        &mut self,
+        py: Python<'_>,
+        x: PyReadonlyArray2<'_, f64>,
+        y: PyReadonlyArray2<'_, f64>,
+    ) -> PyResult<()> {
+        let (x, y) = (matrix(&x), matrix(&y));
+        let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
+        let posterior = py.detach(move || -> Result<_, LaplaceError> {
+            let data = Data::new(&x, &y).map_err(LaplaceError::Core)?;
+            Ok(fspace_laplace::fit(net, lik, &data, &config)?.posterior)
+        });
+        self.posterior = Some(posterior.map_err(raise)?);
+        Ok(())
+    }
+
+    /// λ by the marginal likelihood (`"marglik"`) or by the validation NLL over `grid`
+    /// (`"gridsearch"`, needs `x_val`, `y_val`); returns the chosen λ.
+    #[pyo3(signature = (method="marglik", x_val=None, y_val=None, grid=None))]
+    fn optimize_prior_precision(
+        &mut self,
+        py: Python<'_>,
+        method: &str,
+        x_val: Option<PyReadonlyArray2<'_, f64>>,
+        y_val: Option<PyReadonlyArray2<'_, f64>>,
+        grid: Option<Vec<f64>>,
+    ) -> PyResult<f64> {
+        let post = self.fitted_mut()?;
+        match method {
+            "marglik" => {
+                py.detach(|| post.optimize_prior_precision(&MarglikConfig::default())).map_err(raise)?;
+                Ok(post.prior_precision()[0])
+            }
+            "gridsearch" => {
+                let (Some(xv), Some(yv)) = (x_val, y_val) else {
+                    return Err(value_error("gridsearch needs x_val and y_val"));
+                };
+                let (xv, yv) = (matrix(&xv), matrix(&yv));
+                let yv = DVector::from_iterator(yv.len(), yv.transpose().iter().copied());
+                let grid =
+                    grid.unwrap_or_else(|| (0..21).map(|i| 10f64.powf(-4.0 + 0.4 * i as f64)).collect());
+                py.detach(|| post.gridsearch_prior_precision(&grid, &xv, &yv)).map_err(raise)?;
+                Ok(post.prior_precision()[0])
+            }
+            other => Err(value_error(format!("method {other:?} is not \"marglik\" or \"gridsearch\""))),
+        }
+    }
+
+    /// Regression: `(mean, variance)` of `f` (`n × d'` each). Classification: class
+    /// probabilities (`n × C`) by `link_approx` `"probit" | "bridge" | "mc"` (`n_samples`
+    /// draws from `seed`). `pred_type` `"glm"` (the linearised predictive) or `"nn"`
+    /// (the network at weight samples).
+    #[pyo3(signature = (x, pred_type="glm", link_approx="probit", n_samples=100, seed=0))]
+    fn predict<'py>(
+        &mut self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+        pred_type: &str,
+        link_approx: &str,
+        n_samples: usize,
+        seed: u64,
+    ) -> PyResult<Py<PyAny>> {
+        let classification = self.classification();
+        let predictive = match pred_type {
+            "glm" => Predictive::Glm,
+            "nn" => Predictive::Nonlinear { samples: n_samples, seed },
+            other => return Err(value_error(format!("pred_type {other:?} is not \"glm\" or \"nn\""))),
+        };
+        let link = match link_approx {
+            "probit" => Link::Probit,
+            "bridge" => Link::LaplaceBridge,
+            "mc" => Link::MonteCarlo { samples: n_samples, seed },
+            other => {
+                return Err(value_error(format!(
+                    "link_approx {other:?} is not \"probit\", \"bridge\" or \"mc\""
+                )))
+            }
+        };
+        let post = self.fitted_mut()?;
+        post.set_predictive(predictive).map_err(raise)?;
+        let x = matrix(&x);
+        if classification {
+            let p = py.detach(|| post.class_probabilities(&x, &link)).map_err(raise)?;
+            Ok(to_numpy(py, &p).into_any().unbind())
+        } else {
+            let f = py.detach(|| post.predict(&x)).map_err(raise)?;
+            Ok(PyTuple::new(py, [to_numpy(py, &f.mean), to_numpy(py, &f.var)])?.into_any().unbind())
+        }
+    }
+
+    /// The Laplace log marginal likelihood at the current λ and T.
+    fn log_marginal_likelihood(&self, py: Python<'_>) -> PyResult<f64> {
+        let post = self.fitted()?;
+        py.detach(|| post.log_marginal_likelihood()).map_err(raise)
+    }
+
+    /// `n` weight samples from the posterior (`n × p`, the weights in PyTorch's
+    /// `named_parameters()` order; weights outside the subset at their MAP values).
+    #[pyo3(signature = (n_samples=100, seed=0))]
+    fn sample<'py>(
+        &self,
+        py: Python<'py>,
+        n_samples: usize,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        use rand::SeedableRng;
+        let post = self.fitted()?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let draws = py.detach(|| post.sample_weights(n_samples, &mut rng)).map_err(raise)?;
+        let p = self.net.n_params();
+        let m = DMatrix::from_fn(draws.len(), p, |i, j| draws[i][j]);
+        Ok(to_numpy(py, &m))
+    }
+
+    /// The prior precision λ (per layer when it was optimised per layer).
+    #[getter]
+    fn prior_precision(&self) -> PyResult<Vec<f64>> {
+        Ok(self.fitted()?.prior_precision().to_vec())
+    }
+
+    /// Whether `fit` has run.
+    #[getter]
+    fn is_fitted(&self) -> bool {
+        self.posterior.is_some()
+    }
+
+    /// The fitted posterior as fspace's versioned JSON (what `pickle` stores).
+    fn to_json(&self) -> PyResult<String> {
+        self.fitted()?.to_json().map_err(|e| persist_error("Laplace posterior", e))
+    }
+
+    /// A fitted posterior from [`to_json`](Self::to_json)'s text (checked as every fspace load is).
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Self> {
+        let post =
+            LaplacePosterior::<Mlp>::from_json(text).map_err(|e| persist_error("Laplace posterior", e))?;
+        let likelihood =
+            post.likelihood().ok_or_else(|| value_error("the saved posterior names no likelihood"))?;
+        Ok(Self {
+            net: post.network().clone(),
+            likelihood,
+            config: LaplaceConfig::default(),
+            posterior: Some(post),
+        })
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let from_json = slf.get_type().getattr("from_json")?;
+        Ok((from_json, (slf.borrow().to_json()?,)))
+    }
+}

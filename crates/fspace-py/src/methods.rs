@@ -1,0 +1,401 @@
+//! The function-space methods in one call shape: `fit(method, X, y, …)` returns a
+//! `fspace._fspace.Posterior` (FSP-Laplace, post-hoc FSP-Laplace, GFSVI, VaLLA, ELLA or the exact
+//! GP) with one predictive surface.
+//!
+//! A method's settings arrive as the JSON of its Rust `Config` (`default_config(method)` gives
+//! the paper's values; the Python layer overlays the user's keyword arguments and refuses
+//! unknown keys), its prior as the JSON of a `GpPrior` (the Python `fspace.GPPrior`'s `spec()`).
+
+use fspace_core::{Data, LikelihoodSpec, Link, Observer, Persist, Posterior, Progress};
+use fspace_fsp_laplace::{FspConfig, FspLaplace};
+use fspace_gfsvi::{GfsviConfig, KlPrior, LinearizedPosterior};
+use fspace_gp::ExactGp;
+use fspace_kernels::{GpPrior, SharedKernel};
+use fspace_nn::Mlp;
+use fspace_valla::{EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
+use nalgebra::DMatrix;
+use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy};
+use crate::errors::{persist_error, raise, value_error};
+
+/// The methods `fit` knows, by their Python names.
+const METHODS: &str =
+    "\"fsp_laplace\", \"fsp_laplace_posthoc\", \"gfsvi\", \"valla\", \"ella\", \"exact_gp\"";
+
+/// A fitted posterior of one of the methods.
+#[derive(Clone)]
+enum Fit {
+    Fsp(FspLaplace<Mlp>),
+    Gfsvi(LinearizedPosterior<Mlp>),
+    Valla(VallaPosterior<Mlp>),
+    Ella(EllaPosterior<Mlp>),
+    Gp(ExactGp<SharedKernel>),
+}
+
+impl Fit {
+    fn method(&self) -> &'static str {
+        match self {
+            Fit::Fsp(_) => "fsp_laplace",
+            Fit::Gfsvi(_) => "gfsvi",
+            Fit::Valla(_) => "valla",
+            Fit::Ella(_) => "ella",
+            Fit::Gp(_) => "exact_gp",
+        }
+    }
+
+    fn posterior(&self) -> &dyn Posterior {
+        match self {
+            Fit::Fsp(p) => p,
+            Fit::Gfsvi(p) => p,
+            Fit::Valla(p) => p,
+            Fit::Ella(p) => p,
+            Fit::Gp(p) => p,
+        }
+    }
+
+    /// The network's weights where the method trains them (FSP-Laplace: the MAP under the
+    /// prior; GFSVI: the variational mean); `None` for the GP and the post-hoc methods, whose
+    /// weights are the caller's.
+    fn trained_params(&self) -> Option<Vec<f64>> {
+        match self {
+            Fit::Fsp(p) => Some(p.network().params().as_slice().to_vec()),
+            Fit::Gfsvi(p) => Some(p.network().params().as_slice().to_vec()),
+            Fit::Valla(_) | Fit::Ella(_) | Fit::Gp(_) => None,
+        }
+    }
+
+    fn to_json(&self) -> Result<String, fspace_core::PersistError> {
+        match self {
+            Fit::Fsp(p) => p.to_json(),
+            Fit::Gfsvi(p) => p.to_json(),
+            Fit::Valla(p) => p.to_json(),
+            Fit::Ella(p) => p.to_json(),
+            Fit::Gp(p) => p.to_json(),
+        }
+    }
+
+    fn from_json(method: &str, text: &str) -> PyResult<Self> {
+        let what = format!("{method} posterior");
+        let e = |e| persist_error(&what, e);
+        Ok(match method {
+            "fsp_laplace" => Fit::Fsp(FspLaplace::from_json(text).map_err(e)?),
+            "gfsvi" => Fit::Gfsvi(LinearizedPosterior::from_json(text).map_err(e)?),
+            "valla" => Fit::Valla(VallaPosterior::from_json(text).map_err(e)?),
+            "ella" => Fit::Ella(EllaPosterior::from_json(text).map_err(e)?),
+            "exact_gp" => Fit::Gp(ExactGp::from_json(text).map_err(e)?),
+            other => return Err(value_error(format!("method {other:?} is not one of {METHODS}"))),
+        })
+    }
+}
+
+/// Calls the Python `callback(step, total, loss, validation)` at each of a fit's reports,
+/// taking the GIL for the call only. The first exception the callback raises is kept and
+/// raised when the fit returns (the Rust loop itself runs to its end).
+struct PyProgress {
+    callback: Option<Py<PyAny>>,
+    error: Option<PyErr>,
+}
+
+impl Observer for PyProgress {
+    fn observe(&mut self, p: &Progress) {
+        let (Some(callback), None) = (&self.callback, &self.error) else { return };
+        Python::attach(|py| {
+            if let Err(e) = callback.call1(py, (p.step, p.total, p.loss, p.validation)) {
+                self.error = Some(e);
+            }
+        });
+    }
+}
+
+/// A method's configuration from its JSON (every field present: the Python layer starts from
+/// [`default_config`]).
+fn config<T: DeserializeOwned>(method: &str, text: &str) -> PyResult<T> {
+    serde_json::from_str(text).map_err(|e| value_error(format!("the {method} configuration: {e}")))
+}
+
+fn json<T: Serialize>(value: &T) -> PyResult<String> {
+    serde_json::to_string(value).map_err(|e| value_error(e.to_string()))
+}
+
+/// The JSON of `method`'s default configuration (the paper's values; see each crate's `Config`).
+#[pyfunction]
+pub(crate) fn default_config(method: &str) -> PyResult<String> {
+    match method {
+        "fsp_laplace" | "fsp_laplace_posthoc" => json(&FspConfig::default()),
+        "gfsvi" => json(&GfsviConfig::default()),
+        "valla" => json(&VallaConfig::default()),
+        "ella" => json(&EllaConfig::default()),
+        "exact_gp" => Ok("{}".into()),
+        other => Err(value_error(format!("method {other:?} is not one of {METHODS}"))),
+    }
+}
+
+/// A GP prior from the JSON of a `GpPrior` (kernel spec and mean).
+fn gp_prior(text: &str) -> PyResult<GpPrior> {
+    serde_json::from_str(text).map_err(|e| value_error(format!("the GP prior: {e}")))
+}
+
+/// The Gram matrix `K(X, Y)` (`n·d' × m·d'`, point-major) of a kernel given as the JSON of a
+/// `MatrixKernelSpec`.
+#[pyfunction]
+pub(crate) fn gram<'py>(
+    py: Python<'py>,
+    kernel: &str,
+    x: PyReadonlyArray2<'py, f64>,
+    y: PyReadonlyArray2<'py, f64>,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let spec: fspace_kernels::MatrixKernelSpec =
+        serde_json::from_str(kernel).map_err(|e| value_error(format!("the kernel: {e}")))?;
+    let k = spec.build().map_err(raise)?;
+    let (x, y) = (matrix(&x), matrix(&y));
+    let g = py.detach(|| fspace_kernels::gram(&*k, &x, &y)).map_err(raise)?;
+    Ok(to_numpy(py, &g))
+}
+
+/// Fits `method` on `(x, y)` (validation `(x_val, y_val)` where the method early-stops) and
+/// returns `(posterior, report JSON)`; see the module docs. Network methods take the MLP as
+/// `state` + `activation_name`, the GP its prior.
+#[pyfunction]
+#[pyo3(signature = (method, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config_json=None, x_val=None, y_val=None, progress=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fit<'py>(
+    py: Python<'py>,
+    method: &str,
+    x: PyReadonlyArray2<'py, f64>,
+    y: PyReadonlyArray2<'py, f64>,
+    likelihood: &str,
+    sigma_noise: f64,
+    learn_sigma: bool,
+    state: Option<&Bound<'py, PyDict>>,
+    activation_name: Option<&str>,
+    prior: Option<&str>,
+    config_json: Option<&str>,
+    x_val: Option<PyReadonlyArray2<'py, f64>>,
+    y_val: Option<PyReadonlyArray2<'py, f64>>,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<(PyPosterior, String)> {
+    let config_text = match config_json {
+        Some(text) => text.to_string(),
+        None => default_config(method)?,
+    };
+    let prior = prior.map(gp_prior).transpose()?;
+    let net = match (state, activation_name) {
+        (Some(state), Some(act)) => Some(network(state, activation(act)?)?),
+        (None, None) => None,
+        _ => return Err(value_error("a network needs both its state_dict and its activation")),
+    };
+    let outputs = match (&net, &prior) {
+        (Some(net), _) => net.output_dim(),
+        (None, Some(prior)) => prior.output_dim(),
+        (None, None) => return Err(value_error(format!("{method} needs a network or a GP prior"))),
+    };
+    let lik = likelihood_spec(likelihood, outputs, sigma_noise, learn_sigma)?;
+    let (x, y) = (matrix(&x), matrix(&y));
+    let validation = match (x_val, y_val) {
+        (Some(xv), Some(yv)) => Some((matrix(&xv), matrix(&yv))),
+        (None, None) => None,
+        _ => return Err(value_error("validation data needs both x_val and y_val")),
+    };
+    let mut observer = PyProgress { callback: progress, error: None };
+    let method_owned = method.to_string();
+    let result = py.detach(|| {
+        run(&method_owned, net, prior, lik, &x, &y, validation.as_ref(), &config_text, &mut observer)
+    });
+    if let Some(e) = observer.error.take() {
+        return Err(e);
+    }
+    let (fit, report) = result?;
+    Ok((PyPosterior { fit }, report))
+}
+
+fn need<T>(value: Option<T>, method: &str, what: &str) -> PyResult<T> {
+    value.ok_or_else(|| value_error(format!("{method} needs {what}")))
+}
+
+fn refuse<T>(value: &Option<T>, method: &str, what: &str) -> PyResult<()> {
+    match value {
+        Some(_) => Err(value_error(format!("{method} does not take {what}"))),
+        None => Ok(()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    method: &str,
+    net: Option<Mlp>,
+    prior: Option<GpPrior>,
+    lik: LikelihoodSpec,
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    validation: Option<&(DMatrix<f64>, DMatrix<f64>)>,
+    config_text: &str,
+    observer: &mut PyProgress,
+) -> PyResult<(Fit, String)> {
+    let data = Data::new(x, y).map_err(raise)?;
+    let data = data.with_optional_validation(validation.map(|(xv, yv)| (xv, yv))).map_err(raise)?;
+    match method {
+        "fsp_laplace" | "fsp_laplace_posthoc" => {
+            let net = need(net, method, "a network")?;
+            let prior = need(prior, method, "a GP prior")?;
+            let cfg: FspConfig = config(method, config_text)?;
+            if method == "fsp_laplace" {
+                let fitted = fspace_fsp_laplace::fit_observed(net, lik, &prior, &data, &cfg, observer)
+                    .map_err(raise)?;
+                Ok((Fit::Fsp(fitted.posterior), json(&fitted.report)?))
+            } else {
+                let fitted = fspace_fsp_laplace::fit_posthoc(net, lik, &prior, &data, &cfg).map_err(raise)?;
+                Ok((Fit::Fsp(fitted.posterior), json(&fitted.report)?))
+            }
+        }
+        "gfsvi" => {
+            let net = need(net, method, "a network")?;
+            let prior = need(prior, method, "a GP prior")?;
+            let cfg: GfsviConfig = config(method, config_text)?;
+            let fitted = fspace_gfsvi::fit_observed(net, lik, &KlPrior::Gp(prior), &data, &cfg, observer)
+                .map_err(raise)?;
+            Ok((Fit::Gfsvi(fitted.posterior), json(&fitted.report)?))
+        }
+        "valla" => {
+            let net = need(net, method, "a network")?;
+            refuse(&prior, method, "a GP prior (its prior is the network's linearisation)")?;
+            let cfg: VallaConfig = config(method, config_text)?;
+            let fitted = fspace_valla::fit_observed(net, lik, &data, &cfg, observer).map_err(raise)?;
+            Ok((Fit::Valla(fitted.posterior), json(&fitted.report)?))
+        }
+        "ella" => {
+            let net = need(net, method, "a network")?;
+            refuse(&prior, method, "a GP prior (its prior is isotropic in the weights)")?;
+            let cfg: EllaConfig = config(method, config_text)?;
+            let fitted = fspace_valla::ella::fit(net, lik, &data, &cfg).map_err(raise)?;
+            Ok((Fit::Ella(fitted.posterior), json(&fitted.report)?))
+        }
+        "exact_gp" => {
+            refuse(&net, method, "a network")?;
+            let prior = need(prior, method, "a GP prior")?;
+            let fitted = fspace_gp::exact::fit(lik, &prior, &data).map_err(raise)?;
+            Ok((Fit::Gp(fitted.posterior), json(&fitted.report)?))
+        }
+        other => Err(value_error(format!("method {other:?} is not one of {METHODS}"))),
+    }
+}
+
+/// A fitted posterior of [`fit`]: predictive, samples, weights, pickling.
+#[pyclass(name = "Posterior", module = "fspace._fspace")]
+pub(crate) struct PyPosterior {
+    fit: Fit,
+}
+
+fn link(name: &str, n_samples: usize, seed: u64) -> PyResult<Link> {
+    Ok(match name {
+        "probit" => Link::Probit,
+        "bridge" => Link::LaplaceBridge,
+        "mc" => Link::MonteCarlo { samples: n_samples, seed },
+        other => {
+            return Err(value_error(format!("link_approx {other:?} is not \"probit\", \"bridge\" or \"mc\"")))
+        }
+    })
+}
+
+#[pymethods]
+impl PyPosterior {
+    /// The method's name (`"fsp_laplace"`, `"gfsvi"`, `"valla"`, `"ella"`, `"exact_gp"`).
+    #[getter]
+    fn method(&self) -> &'static str {
+        self.fit.method()
+    }
+
+    /// Outputs per input (`d'`).
+    #[getter]
+    fn output_dim(&self) -> usize {
+        self.fit.posterior().output_dim()
+    }
+
+    /// `(mean, variance)` of `f` at the rows of `x` (`n × d'` each); with `observation_noise`
+    /// the likelihood's σ² is added (regression only).
+    #[pyo3(signature = (x, observation_noise=false))]
+    fn predict<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+        observation_noise: bool,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let x = matrix(&x);
+        let post = self.fit.posterior();
+        let f = py
+            .detach(|| if observation_noise { post.predict_y(&x) } else { post.predict(&x) })
+            .map_err(raise)?;
+        PyTuple::new(py, [to_numpy(py, &f.mean), to_numpy(py, &f.var)])
+    }
+
+    /// Class probabilities (`n × C`) by `link_approx` `"probit" | "bridge" | "mc"`.
+    #[pyo3(signature = (x, link_approx="probit", n_samples=100, seed=0))]
+    fn class_probabilities<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+        link_approx: &str,
+        n_samples: usize,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let link = link(link_approx, n_samples, seed)?;
+        let x = matrix(&x);
+        let post = self.fit.posterior();
+        let p = py.detach(|| post.class_probabilities(&x, &link)).map_err(raise)?;
+        Ok(to_numpy(py, &p))
+    }
+
+    /// `n_samples` joint function draws at the rows of `x` (`n_samples × n × d'`), seeded.
+    #[pyo3(signature = (x, n_samples=100, seed=0))]
+    fn sample_functions<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+        n_samples: usize,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyArray3<f64>>> {
+        use rand::SeedableRng;
+        let x = matrix(&x);
+        let post = self.fit.posterior();
+        let q = post.output_dim();
+        let draws = py
+            .detach(|| {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                post.sample_functions(&x, n_samples, &mut rng)
+            })
+            .map_err(raise)?;
+        Ok(stack_to_numpy(py, &draws, x.nrows(), q))
+    }
+
+    /// The trained weights in `named_parameters()` order (FSP-Laplace: the MAP under the prior;
+    /// GFSVI: the variational mean), or `None` where the method keeps the caller's.
+    fn trained_params<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<f64>>> {
+        self.fit.trained_params().map(|p| PyArray1::from_vec(py, p))
+    }
+
+    /// The likelihood the posterior was fitted under (σ at its fitted value), as JSON.
+    fn likelihood_json(&self) -> PyResult<Option<String>> {
+        self.fit.posterior().likelihood().map(|l| json(&l)).transpose()
+    }
+
+    /// The posterior as fspace's versioned JSON (what `pickle` stores, with the method's name).
+    fn to_json(&self) -> PyResult<String> {
+        self.fit.to_json().map_err(|e| persist_error(&format!("{} posterior", self.fit.method()), e))
+    }
+
+    /// A posterior of `method` from [`to_json`](Self::to_json)'s text, checked as every fspace load is.
+    #[staticmethod]
+    fn from_json(method: &str, text: &str) -> PyResult<Self> {
+        Ok(Self { fit: Fit::from_json(method, text)? })
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String, String))> {
+        let from_json = slf.get_type().getattr("from_json")?;
+        let this = slf.borrow();
+        Ok((from_json, (this.fit.method().to_string(), this.to_json()?)))
+    }
+}
