@@ -130,6 +130,13 @@ pub fn train_map<N: Network>(
         }));
     }
     likelihood.check_targets(y).map_err(|e| NnError::Likelihood(e.to_string()))?;
+    fspace_input::ensure_positive("learning_rate", config.learning_rate)?;
+    if !(config.weight_decay.is_finite() && config.weight_decay >= 0.0) {
+        return Err(NnError::Input(InputError::Invalid {
+            what: "weight_decay",
+            reason: format!("{} must be finite and ≥ 0", config.weight_decay),
+        }));
+    }
     let batches =
         Minibatches::new(n, config.batch_size, false).map_err(|e| NnError::Likelihood(e.to_string()))?;
     let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), validation.is_some())

@@ -230,6 +230,27 @@ fn sparse_validation_checks_every_kth_epoch_and_counts_patience_in_evaluations()
         ),
         Err(NnError::Input(InputError::Invalid { what: "schedule evaluation interval", .. }))
     ));
+    // A non-positive learning rate or a negative weight decay is refused before any step.
+    for (learning_rate, weight_decay, what) in
+        [(-1e-3, 0.0, "learning_rate"), (f64::NAN, 0.0, "learning_rate"), (1e-3, -1.0, "weight_decay")]
+    {
+        let config =
+            TrainConfig { schedule: Schedule::epochs(1), learning_rate, weight_decay, ..Default::default() };
+        let result = train_map(
+            &mut sine_net(0),
+            &mut Gaussian::new(0.3).unwrap(),
+            &train.x,
+            &train.y_vec(),
+            None,
+            None,
+            &config,
+            |_| {},
+        );
+        assert!(
+            matches!(result, Err(NnError::Input(InputError::Invalid { what: w, .. })) if w == what),
+            "{what}"
+        );
+    }
     // A regulariser whose gradient has the wrong length is a typed error, not a panic.
     let mut bad = |_: &Mlp, _: &mut rand::rngs::StdRng| Ok((0.0, DVector::zeros(3)));
     assert!(matches!(

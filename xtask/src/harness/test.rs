@@ -2,9 +2,11 @@
 //!
 //! 1. `cargo test --workspace --release` (the Rust suite);
 //! 2. a virtual environment at `target/python-venv` (`python3 -m venv`, made once), with
-//!    maturin, numpy and pytest from PyPI — and torch with `--torch` (a 3 GB download, once per
+//!    maturin, numpy, pytest and mypy from PyPI — and torch with `--torch` (a 3 GB download, once per
 //!    machine; without it the tests that convert a PyTorch model are skipped, and pytest says so);
-//! 3. `maturin develop --release` of `crates/fspace-py` into it (the `fspace` package);
+//! 3. `maturin develop --release` of `crates/fspace-py` into it (the `fspace` package), then
+//!    `mypy.stubtest fspace._fspace` (the `.pyi` stubs against the compiled module) and `mypy`
+//!    over the Python layer;
 //! 4. the Rust API's numbers on a seeded toy problem for every Python class
 //!    ([`super::python_reference`], `target/python-reference.json`), then
 //!    `python -m pytest crates/fspace-py/tests` with `$FSPACE_RUST_REFERENCE` pointing at them.
@@ -64,7 +66,7 @@ pub fn test(plan: TestPlan) -> Result<()> {
         )?;
     }
     let py = bin.join("python");
-    let mut packages = vec!["maturin>=1.16,<2", "numpy", "pytest"];
+    let mut packages = vec!["maturin>=1.16,<2", "numpy", "pytest", "mypy"];
     if plan.torch {
         packages.push("torch");
     }
@@ -82,6 +84,16 @@ pub fn test(plan: TestPlan) -> Result<()> {
             .current_dir(root.join("crates").join("fspace-py"))
             .env("VIRTUAL_ENV", &venv)
             .env("PATH", &path),
+    )?;
+    run(
+        "Type stubs against the compiled module (mypy.stubtest)",
+        Command::new(&py).args(["-m", "mypy.stubtest", "fspace._fspace"]).current_dir(root.join("target")),
+    )?;
+    run(
+        "Types of the Python layer (mypy)",
+        Command::new(&py)
+            .args(["-m", "mypy", "--ignore-missing-imports", "-p", "fspace"])
+            .current_dir(root.join("crates").join("fspace-py").join("python")),
     )?;
     let reference = root.join("target").join("python-reference.json");
     println!("== Rust reference numbers for the Python tests: {}", reference.display());

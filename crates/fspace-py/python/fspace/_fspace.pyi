@@ -1,15 +1,18 @@
 """Type stubs of the compiled module (crates/fspace-py/src/lib.rs)."""
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["Laplace", "Posterior", "fit", "default_config", "gram", "NumericalError"]
+
 class NumericalError(RuntimeError): ...
 
+@final
 class Laplace:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         state: Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]],
         activation_name: str,
         likelihood: str,
@@ -18,7 +21,7 @@ class Laplace:
         prior_precision: float = 1.0,
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
-    ) -> None: ...
+    ) -> "Laplace": ...
     def fit(self, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> None: ...
     def optimize_prior_precision(
         self,
@@ -44,3 +47,42 @@ class Laplace:
     def to_json(self) -> str: ...
     @staticmethod
     def from_json(text: str) -> "Laplace": ...
+
+@final
+class Posterior:
+    @property
+    def method(self) -> str: ...
+    @property
+    def output_dim(self) -> int: ...
+    def predict(
+        self, x: npt.NDArray[np.float64], observation_noise: bool = False
+    ) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
+    def class_probabilities(
+        self, x: npt.NDArray[np.float64], link_approx: str = "probit", n_samples: int = 100, seed: int = 0
+    ) -> npt.NDArray[np.float64]: ...
+    def sample_functions(
+        self, x: npt.NDArray[np.float64], n_samples: int = 100, seed: int = 0
+    ) -> npt.NDArray[np.float64]: ...
+    def trained_params(self) -> Optional[npt.NDArray[np.float64]]: ...
+    def likelihood_json(self) -> Optional[str]: ...
+    def to_json(self) -> str: ...
+    @staticmethod
+    def from_json(method: str, text: str) -> "Posterior": ...
+
+def fit(
+    method: str,
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[np.float64],
+    likelihood: str,
+    sigma_noise: float = 1.0,
+    learn_sigma: bool = False,
+    state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
+    activation_name: Optional[str] = None,
+    prior: Optional[str] = None,
+    config_json: Optional[str] = None,
+    x_val: Optional[npt.NDArray[np.float64]] = None,
+    y_val: Optional[npt.NDArray[np.float64]] = None,
+    progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
+) -> Tuple[Posterior, str]: ...
+def default_config(method: str) -> str: ...
+def gram(kernel: str, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...

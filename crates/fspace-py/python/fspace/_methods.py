@@ -62,13 +62,19 @@ def default_config(method: str) -> Dict[str, Any]:
     return json.loads(_fspace.default_config(method))
 
 
+def _is_variant(value: Dict[str, Any]) -> bool:
+    """Whether a dict is a Rust enum's variant (``{"Epochs": 5}``, ``{"Fixed": 1.0}``): replaced
+    whole by a setting, where a struct's dict is overlaid field by field."""
+    return len(value) == 1 and next(iter(value))[:1].isupper()
+
+
 def _overlay(base: Dict[str, Any], options: Dict[str, Any], where: str) -> Dict[str, Any]:
     out = dict(base)
     for key, value in options.items():
         if key not in base:
             known = ", ".join(sorted(base))
             raise TypeError(f"{where} has no setting {key!r}; the settings are: {known}")
-        if isinstance(base[key], dict) and isinstance(value, dict) and set(value) <= set(base[key]):
+        if isinstance(base[key], dict) and isinstance(value, dict) and not _is_variant(base[key]):
             out[key] = _overlay(base[key], value, f"{where}.{key}")
         else:
             out[key] = value
@@ -161,6 +167,7 @@ class _Fitted:
     _title = ""
     likelihood: str
     _post: Any
+    _report: Dict[str, Any]
 
     def _ensure(self) -> Any:
         if getattr(self, "_post", None) is None:
@@ -343,7 +350,7 @@ class ExactGP(_Fitted):
         self.sigma_noise = float(sigma_noise)
         self.likelihood = "regression"
         self._post = None
-        self._report = {}
+        self._report: Dict[str, Any] = {}
 
     def fit(self, data: Any, y: Any = None) -> "ExactGP":
         """Conditions the prior on ``(X, y)``. Returns ``self``."""

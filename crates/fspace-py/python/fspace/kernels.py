@@ -178,6 +178,10 @@ class White(_Variance):
 
 
 class _Composite(Kernel):
+    kind: str
+    key: str
+    parts: List[Kernel]
+
     def __init__(self, kind: str, key: str, parts: List[Kernel]) -> None:
         flat: List[Kernel] = []
         for p in parts:  # (a + b) + c is one sum of three terms, as in Rust's builders

@@ -1,0 +1,298 @@
+"""FSPLaplace, GFSVI, VaLLA, ELLA, ExactGP and the kernels against independent numbers
+(closed-form kernels and GP regression in numpy, a numpy forward pass, the truncation bound),
+their pickling, progress reports, the GIL, and a table of bad inputs."""
+
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fspace
+from fspace import kernels as K
+
+
+def tanh_mlp(rng, sizes):
+    state = {}
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        state[f"{2 * i}.weight"] = rng.normal(0, 1 / np.sqrt(a), size=(b, a))
+        state[f"{2 * i}.bias"] = rng.normal(0, 0.1, size=b)
+    return state
+
+
+def forward(state, x):
+    n = len(state) // 2
+    h = x
+    for i in range(n):
+        h = h @ state[f"{2 * i}.weight"].T + state[f"{2 * i}.bias"]
+        if i < n - 1:
+            h = np.tanh(h)
+    return h
+
+
+@pytest.fixture
+def toy():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, size=(50, 1))
+    y = np.sin(3 * x) + 0.1 * rng.normal(size=x.shape)
+    return tanh_mlp(rng, [1, 12, 12, 1]), x, y
+
+
+def sqdist(x, y, ell):
+    d = (x[:, None, :] - y[None, :, :]) / np.asarray(ell)
+    return np.sum(d**2, axis=-1)
+
+
+def test_kernels_equal_their_closed_forms():
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(7, 2)), rng.normal(size=(5, 2))
+    r2 = sqdist(x, y, [0.7, 1.3])
+    r = np.sqrt(r2)
+    cases = [
+        (K.RBF(1.5, [0.7, 1.3]), 1.5 * np.exp(-0.5 * r2)),
+        (K.Matern12(1.5, [0.7, 1.3]), 1.5 * np.exp(-r)),
+        (K.Matern32(1.5, [0.7, 1.3]), 1.5 * (1 + np.sqrt(3) * r) * np.exp(-np.sqrt(3) * r)),
+        (K.Matern52(1.5, [0.7, 1.3]), 1.5 * (1 + np.sqrt(5) * r + 5 * r2 / 3) * np.exp(-np.sqrt(5) * r)),
+        (K.RationalQuadratic(1.5, [0.7, 1.3], 2.0), 1.5 * (1 + r2 / 4.0) ** -2.0),
+        (K.Linear(0.5), 0.5 * x @ y.T),
+        (K.Constant(0.3), np.full((7, 5), 0.3)),
+    ]
+    for kernel, want in cases:
+        np.testing.assert_allclose(kernel(x, y), want, rtol=1e-12, atol=1e-14, err_msg=repr(kernel))
+    rbf, m12 = K.RBF(1.5, [0.7, 1.3]), K.Matern12(0.5, 0.4)
+    want_m12 = 0.5 * np.exp(-np.sqrt(sqdist(x, y, [0.4, 0.4])))
+    np.testing.assert_allclose((rbf + m12)(x, y), 1.5 * np.exp(-0.5 * r2) + want_m12, rtol=1e-12)
+    np.testing.assert_allclose((rbf * m12)(x, y), 1.5 * np.exp(-0.5 * r2) * want_m12, rtol=1e-12)
+    np.testing.assert_allclose((3.0 * rbf)(x, y), 4.5 * np.exp(-0.5 * r2), rtol=1e-12)
+    # Periodic in 1-D: σ² exp(−2 sin²(π|x − y|/p)/ℓ²).
+    a, b = rng.normal(size=(6, 1)), rng.normal(size=(4, 1))
+    s = np.sin(np.pi * np.abs(a - b.T) / 0.8)
+    np.testing.assert_allclose(K.Periodic(2.0, 0.6, 0.8)(a, b), 2.0 * np.exp(-2 * s**2 / 0.36), rtol=1e-12)
+    # Matrix-valued kernels: point-major blocks.
+    g = K.Independent(rbf, 3)(x)
+    np.testing.assert_allclose(g, np.kron(rbf(x), np.eye(3)), rtol=1e-12)
+    h = K.Helmholtz(K.RBF(1.0, 0.5), K.RBF(0.5, 0.5))(x)
+    assert h.shape == (14, 14)
+    np.testing.assert_allclose(h, h.T, atol=1e-12)
+    assert np.linalg.eigvalsh(h).min() > -1e-9
+
+
+def test_exact_gp_equals_numpy_gp_regression(toy):
+    _, x, y = toy
+    prior = fspace.GPPrior(K.Matern32(1.2, 0.4) + K.RBF(0.3, 1.0))
+    sigma = 0.2
+    gp = fspace.ExactGP(prior, sigma_noise=sigma).fit(x, y)
+    xt = np.linspace(-2, 2, 13).reshape(-1, 1)
+    kxx = prior.kernel(x) + sigma**2 * np.eye(len(x))
+    kxt = prior.kernel(x, xt)
+    alpha = np.linalg.solve(kxx, y)
+    mean = kxt.T @ alpha
+    var = np.diag(prior.kernel(xt)) - np.einsum("ij,ij->j", kxt, np.linalg.solve(kxx, kxt))
+    got_mean, got_var = gp(xt)
+    np.testing.assert_allclose(got_mean, mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got_var[:, 0], var, rtol=1e-8, atol=1e-12)
+    lml = -0.5 * y[:, 0] @ alpha[:, 0] - 0.5 * np.linalg.slogdet(kxx)[1] - 0.5 * len(x) * np.log(2 * np.pi)
+    assert gp.log_marginal_likelihood() == pytest.approx(lml, rel=1e-9)
+
+
+def test_fsp_laplace_mean_is_the_trained_network_and_respects_the_prior_variance(toy):
+    state, x, y = toy
+    prior = fspace.GPPrior(K.Matern12(1.0, 0.5))
+    la = fspace.FSPLaplace((state, "tanh"), "regression", prior, sigma_noise=0.1, epochs=40, batch_size=25,
+                           learning_rate=5e-3, n_laplace_context=25)
+    la.fit(x, y)
+    trained = la.state_dict()
+    assert list(trained) == list(state)
+    assert any(not np.array_equal(trained[k], state[k]) for k in state), "Alg. 1 trained the weights"
+    xt = np.linspace(-3, 3, 31).reshape(-1, 1)
+    mean, var = la(xt)
+    np.testing.assert_allclose(mean, forward(trained, xt), rtol=1e-12, atol=1e-12)
+    # The truncation rule: var f(c) ≤ Σ(c, c) = 1 at the 25 grid context points of the data box
+    # widened by half its range on each side.
+    lo, hi = x.min(), x.max()
+    c = np.linspace(lo - 0.5 * (hi - lo), hi + 0.5 * (hi - lo), 25).reshape(-1, 1)
+    _, var_c = la(c)
+    assert var_c.max() <= 1.0 + 1e-9
+    # Far from the data the posterior is wider than on it.
+    assert var[0, 0] > 10 * var[15, 0]
+    # Post hoc at the given weights: the mean is the given network.
+    post = fspace.FSPLaplace((state, "tanh"), "regression", prior, train=False, sigma_noise=0.1).fit(x, y)
+    np.testing.assert_allclose(post(xt)[0], forward(state, xt), rtol=1e-12, atol=1e-12)
+    assert all(np.array_equal(v, state[k]) for k, v in post.state_dict().items())
+
+
+def test_every_method_pickles_with_bit_identical_predictions_and_samples(toy):
+    state, x, y = toy
+    prior = K.RBF(1.0, 0.5)
+    models = [
+        fspace.FSPLaplace((state, "tanh"), "regression", prior, sigma_noise=0.1, epochs=5),
+        fspace.GFSVI((state, "tanh"), "regression", prior, steps=50, measurement_points=20),
+        fspace.VaLLA((state, "tanh"), "regression", steps=50, num_inducing=8, sigma_noise=0.1),
+        fspace.ELLA((state, "tanh"), "regression", num_points=30, num_eigen=5, prior={"Fixed": 1.0},
+                    early_stopping=None, sigma_noise=0.1),
+        fspace.ExactGP(prior, sigma_noise=0.1),
+    ]
+    xt = np.linspace(-2, 2, 9).reshape(-1, 1)
+    for m in models:
+        with pytest.raises(RuntimeError, match="fit"):
+            m(xt)
+        m.fit(x, y)
+        back = pickle.loads(pickle.dumps(m))
+        for a, b in zip(m(xt), back(xt)):
+            assert np.array_equal(a, b), type(m).__name__
+        s1, s2 = m.predictive_samples(xt, 4, seed=3), back.predictive_samples(xt, 4, seed=3)
+        assert s1.shape == (4, 9, 1) and np.array_equal(s1, s2)
+        assert not np.array_equal(s1, m.predictive_samples(xt, 4, seed=4))
+
+
+def test_classification_methods_give_probabilities():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(60, 2))
+    labels = (x[:, 0] * x[:, 1] > 0).astype(float)
+    state = tanh_mlp(rng, [2, 8, 2])
+    prior = fspace.GPPrior(K.Independent(K.RBF(1.0, 1.0), 2))
+    for m in [
+        fspace.FSPLaplace((state, "tanh"), "classification", prior, epochs=5, n_laplace_context=36),
+        fspace.GFSVI((state, "tanh"), "classification", prior, steps=30, measurement_points=20),
+        fspace.VaLLA((state, "tanh"), "classification", steps=30, num_inducing=8),
+    ]:
+        m.fit(x, labels)
+        for link in ["probit", "bridge", "mc"]:
+            p = m(x[:7], link_approx=link, n_samples=64)
+            assert p.shape == (7, 2)
+            np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_progress_reports_every_evaluation_and_a_raising_callback_surfaces(toy, capsys):
+    state, x, y = toy
+    seen = []
+    m = fspace.FSPLaplace((state, "tanh"), "regression", K.RBF(), sigma_noise=0.1, epochs=12, batch_size=25)
+    m.fit(x, y, progress=lambda step, total, loss, val: seen.append((step, total, loss, val)))
+    assert [s[0] for s in seen] == list(range(1, 13)) and all(s[1] == 12 for s in seen)
+    assert all(np.isfinite(s[2]) and s[3] is None for s in seen)
+
+    def boom(*_):
+        raise KeyError("stop")
+
+    with pytest.raises(KeyError, match="stop"):
+        m.fit(x, y, progress=boom)
+    v = fspace.VaLLA((state, "tanh"), "regression", steps=200, num_inducing=8, evaluate_every=50, sigma_noise=0.1)
+    v.fit(x, y, val=(x[:10], y[:10]), progress=True)
+    err = capsys.readouterr().err
+    if "it/s" not in err and "step/s" not in err:  # no tqdm: a line per report
+        assert err.count("VaLLA:") == 4, err
+
+
+def test_settings_overlay_the_papers_defaults_and_unknown_names_are_refused():
+    d = fspace.default_config("fsp_laplace")
+    assert d["schedule"]["length"] == {"Epochs": 5000} and d["n_context"] == 100 and d["laplace"]["max_rank"] == 500
+    assert fspace.default_config("valla")["schedule"]["patience"] == 1
+    state = tanh_mlp(np.random.default_rng(0), [1, 4, 1])
+    with pytest.raises(TypeError, match="n_context"):
+        fspace.FSPLaplace((state, "tanh"), "regression", K.RBF(), n_contexts=10)
+    with pytest.raises(TypeError, match="max_rank"):
+        fspace.FSPLaplace((state, "tanh"), "regression", K.RBF(), laplace={"max_ranks": 10})
+
+
+def test_the_gil_is_free_during_fit_and_concurrent_fits_equal_sequential_ones():
+    """While one thread fits, another keeps running Python; two fits on two threads give the
+    sequential fits' numbers. (Two threads are not asserted faster than one: one fit already
+    uses every core through rayon.)"""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, size=(1500, 2))
+    y = np.sin(x.sum(axis=1, keepdims=True))
+    state = tanh_mlp(rng, [2, 32, 32, 1])
+    xt = rng.uniform(-2, 2, size=(20, 2))
+
+    def one(out=None):
+        m = fspace.FSPLaplace((state, "tanh"), "regression", K.RBF(1.0, 0.5), sigma_noise=0.1, epochs=3,
+                              n_laplace_context=100).fit(x, y)
+        if out is not None:
+            out.append(m(xt))
+        return m(xt)
+
+    sequential = one()
+    ticks, done = [], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    start = time.perf_counter()
+    one()
+    elapsed = time.perf_counter() - start
+    done.set()
+    t.join()
+    assert elapsed > 0.05, "the fit is too short to tell"
+    assert sum(start < s < start + elapsed for s in ticks) >= 10
+    results: list = []
+    threads = [threading.Thread(target=one, args=(results,)) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(results) == 2
+    for mean, var in results:
+        assert np.array_equal(mean, sequential[0]) and np.array_equal(var, sequential[1])
+
+
+STATE = tanh_mlp(np.random.default_rng(9), [1, 6, 1])
+X = np.linspace(-1, 1, 20).reshape(-1, 1)
+Y = np.sin(3 * X)
+NET = (STATE, "tanh")
+
+
+def fit_gp(kernel, x=X, y=Y, sigma=0.1):
+    return fspace.ExactGP(kernel, sigma_noise=sigma).fit(x, y)
+
+
+# (what, call, exception): every call must raise exactly the documented class.
+BAD_METHOD_CALLS = [
+    ("negative kernel variance", lambda: fit_gp(K.RBF(-1.0, 1.0)), ValueError),
+    ("zero lengthscale", lambda: fit_gp(K.RBF(1.0, 0.0)), ValueError),
+    ("NaN lengthscale", lambda: fit_gp(K.Matern52(1.0, float("nan"))), ValueError),
+    ("zero period", lambda: fit_gp(K.Periodic(1.0, 1.0, 0.0)), ValueError),
+    ("negative RQ alpha", lambda: fit_gp(K.RationalQuadratic(1.0, 1.0, -2.0)), ValueError),
+    ("ARD lengthscales vs input width", lambda: fit_gp(K.RBF(1.0, [1.0, 2.0])), ValueError),
+    ("zero GP noise", lambda: fit_gp(K.RBF(), sigma=0.0), ValueError),
+    ("GP targets with NaN", lambda: fit_gp(K.RBF(), y=np.full_like(Y, np.nan)), ValueError),
+    ("GP rows mismatch", lambda: fit_gp(K.RBF(), y=Y[:5]), ValueError),
+    ("Helmholtz on 1-D inputs", lambda: fit_gp(K.Helmholtz(K.RBF(), K.RBF()), y=np.hstack([Y, Y])), ValueError),
+    ("Independent with zero outputs", lambda: fit_gp(K.Independent(K.RBF(), 0)), ValueError),
+    ("kernel plus a number", lambda: K.RBF() + 3.0, TypeError),
+    ("a prior that is not a kernel", lambda: fspace.GPPrior("rbf"), TypeError),
+    ("FSPLaplace without a prior", lambda: fspace.FSPLaplace(NET, "regression", None), TypeError),
+    ("unknown setting", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), n_contexts=5), TypeError),
+    ("epochs and steps", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), epochs=3, steps=3), ValueError),
+    ("zero batch size", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), batch_size=0, epochs=2).fit(X, Y), ValueError),
+    ("negative learning rate", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), learning_rate=-1.0, epochs=2).fit(X, Y), ValueError),
+    ("unknown context design", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), design="Spiral", epochs=2).fit(X, Y), ValueError),
+    ("zero Laplace context points", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), n_laplace_context=0, epochs=2).fit(X, Y), ValueError),
+    ("two-output prior for one output", lambda: fspace.FSPLaplace(NET, "regression", K.Independent(K.RBF(), 2), epochs=2).fit(X, Y), ValueError),
+    ("FSP inputs with NaN", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), epochs=2).fit(np.full_like(X, np.nan), Y), ValueError),
+    ("classification with one output", lambda: fspace.FSPLaplace(NET, "classification", K.RBF(), epochs=2).fit(X, Y), ValueError),
+    ("unknown likelihood", lambda: fspace.GFSVI(NET, "poisson", K.RBF(), steps=2).fit(X, Y), ValueError),
+    ("negative gamma", lambda: fspace.GFSVI(NET, "regression", K.RBF(), gamma=-1.0, steps=2).fit(X, Y), ValueError),
+    ("zero measurement points", lambda: fspace.GFSVI(NET, "regression", K.RBF(), measurement_points=0, steps=2).fit(X, Y), ValueError),
+    ("more inducing points than data", lambda: fspace.VaLLA(NET, "regression", num_inducing=50, steps=2).fit(X, Y), ValueError),
+    ("patience without validation data", lambda: fspace.VaLLA(NET, "regression", patience=3, steps=2).fit(X, Y), ValueError),
+    ("ELLA with more features than points", lambda: fspace.ELLA(NET, "regression", num_points=10, num_eigen=12, prior={"Fixed": 1.0}, early_stopping=None).fit(X, Y), ValueError),
+    ("ELLA's validated prior without validation data", lambda: fspace.ELLA(NET, "regression", num_points=10, num_eigen=4).fit(X, Y), ValueError),
+    ("sampled predictive of a linearised method", lambda: fit_gp(K.RBF())(X, pred_type="nn"), ValueError),
+    ("unknown link", lambda: fspace.VaLLA((tanh_mlp(np.random.default_rng(1), [1, 4, 2]), "tanh"), "classification", steps=2, num_inducing=4).fit(X, (X[:, 0] > 0).astype(float))(X, link_approx="sigmoid"), ValueError),
+    ("a saved posterior of another method", lambda: fspace._fspace.Posterior.from_json("valla", fit_gp(K.RBF())._post.to_json()), ValueError),
+    ("an unknown method", lambda: fspace._fspace.Posterior.from_json("svgp", "{}"), ValueError),
+    ("prediction inputs of the wrong width", lambda: fit_gp(K.RBF())(np.zeros((3, 2))), ValueError),
+]
+
+
+@pytest.mark.parametrize("what,call,error", BAD_METHOD_CALLS, ids=[b[0] for b in BAD_METHOD_CALLS])
+def test_bad_input_raises_the_documented_exception(what, call, error):
+    with pytest.raises(error) as info:
+        call()
+    assert type(info.value) is error or issubclass(type(info.value), error)
+    assert str(info.value), f"{what}: the exception has no message"
