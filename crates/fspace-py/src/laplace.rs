@@ -2,8 +2,8 @@
 
 use fspace_core::{Data, LikelihoodSpec, Link, Persist, Posterior};
 use fspace_laplace::{
-    LaplaceConfig, LaplaceError, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision, Structure,
-    Weights,
+    KronBias, LaplaceConfig, LaplaceError, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision,
+    Structure, Weights,
 };
 use fspace_nn::Mlp;
 use nalgebra::{DMatrix, DVector};
@@ -57,7 +57,7 @@ impl PyLaplace {
     /// prior_precision, sigma_noise, temperature)`; `state` maps each tensor name to
     /// `(shape, row-major float64 values, was_float32)`.
     #[new]
-    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0))]
+    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded"))]
     fn new(
         state: &Bound<'_, PyDict>,
         activation_name: &str,
@@ -67,6 +67,7 @@ impl PyLaplace {
         prior_precision: f64,
         sigma_noise: f64,
         temperature: f64,
+        kron_bias: &str,
     ) -> PyResult<Self> {
         let net = network(state, activation(activation_name)?)?;
         let q = net.output_dim();
@@ -80,8 +81,19 @@ impl PyLaplace {
                 )))
             }
         };
+        let kron_bias = match kron_bias {
+            "folded" => KronBias::Folded,
+            "separate" => KronBias::Separate,
+            other => {
+                return Err(value_error(format!(
+                    "kron_bias {other:?} is not \"folded\" (the bias in the input factor) or \"separate\" \
+                     (laplace-torch's separate bias block)"
+                )))
+            }
+        };
         let config = LaplaceConfig {
             structure: structure(hessian_structure)?,
+            kron_bias,
             weights,
             prior_precision: PriorPrecision::Scalar(prior_precision),
             temperature,

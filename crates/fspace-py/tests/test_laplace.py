@@ -138,6 +138,7 @@ BAD = [
     (lambda s: fspace.Laplace(({**s, "9.weight": np.zeros((1, 1))}, "tanh"), "regression"), ValueError),
     (lambda s: fspace.Laplace(({k: v.astype(np.int64) for k, v in s.items()}, "tanh"), "regression"), ValueError),
     (lambda s: fspace.Laplace(object(), "regression"), TypeError),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", kron_bias="both"), ValueError),
 ]
 
 

@@ -16,7 +16,7 @@ use fspace_core::{Data, LikelihoodSpec, Link, Posterior, Span};
 use fspace_fsp_laplace::FspConfig;
 use fspace_gfsvi::{GfsviConfig, KlPrior};
 use fspace_kernels::{GpPrior, Kernel, Matern12, Rbf};
-use fspace_laplace::{LaplaceConfig, PriorPrecision, Structure};
+use fspace_laplace::{KronBias, LaplaceConfig, PriorPrecision, Structure};
 use fspace_nn::{Activation, Mlp, MlpConfig};
 use fspace_valla::{EllaConfig, EllaPrior, VallaConfig};
 use nalgebra::DMatrix;
@@ -80,6 +80,23 @@ pub fn write(path: &Path) -> Result<()> {
         cases.push(json!({
             "name": format!("laplace_{name}"), "class": "Laplace", "net": "regression",
             "kwargs": {"hessian_structure": name, "prior_precision": 2.0, "sigma_noise": sigma},
+            "likelihood": "regression",
+            "predictive": predictive(&post, &xt)?,
+            "log_marginal_likelihood": post.log_marginal_likelihood()?,
+        }));
+    }
+    // KFAC with laplace-torch's separate bias block.
+    {
+        let config = LaplaceConfig {
+            structure: Structure::Kfac,
+            kron_bias: KronBias::Separate,
+            prior_precision: PriorPrecision::Scalar(2.0),
+            ..Default::default()
+        };
+        let post = fspace_laplace::fit(net.clone(), gaussian, &data, &config)?.posterior;
+        cases.push(json!({
+            "name": "laplace_kron_separate_bias", "class": "Laplace", "net": "regression",
+            "kwargs": {"hessian_structure": "kron", "kron_bias": "separate", "prior_precision": 2.0, "sigma_noise": sigma},
             "likelihood": "regression",
             "predictive": predictive(&post, &xt)?,
             "log_marginal_likelihood": post.log_marginal_likelihood()?,

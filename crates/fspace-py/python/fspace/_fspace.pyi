@@ -21,6 +21,7 @@ class Laplace:
         prior_precision: float = 1.0,
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
+        kron_bias: str = "folded",
     ) -> "Laplace": ...
     def fit(self, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> None: ...
     def optimize_prior_precision(

@@ -16,12 +16,14 @@ class Laplace:
     """The linearised Laplace approximation of a network, with laplace-torch's arguments.
 
     ``Laplace(model, likelihood, subset_of_weights="all", hessian_structure="kron",
-    prior_precision=1.0, sigma_noise=1.0, temperature=1.0)``; ``model`` is an
+    prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded")``; ``model`` is an
     ``nn.Sequential`` of Linear layers and one activation, or ``(state_dict, activation)``
     with numpy arrays. Then ``fit(X, y)`` (or ``fit(loader)``),
     ``optimize_prior_precision(method="marglik" | "gridsearch", ...)``,
     ``la(X, pred_type="glm" | "nn", link_approx="probit" | "mc" | "bridge")``,
     ``log_marginal_likelihood()``, ``sample(n)``. Pickles with bit-identical predictions.
+    ``kron_bias="separate"`` gives KFAC / EKFAC laplace-torch's separate bias block (fspace's
+    default folds the bias into the input factor).
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class Laplace:
         prior_precision: float = 1.0,
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
+        kron_bias: str = "folded",
     ) -> None:
         state, activation = model_state(model)
         tensor_args, _ = tensors(state)
@@ -45,6 +48,7 @@ class Laplace:
             float(prior_precision),
             float(sigma_noise),
             float(temperature),
+            kron_bias,
         )
         self.likelihood = likelihood
 
