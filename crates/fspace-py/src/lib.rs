@@ -5,13 +5,13 @@
 //! PyTorch `nn.Sequential` (or a `state_dict` of numpy arrays) and Python kernel objects into
 //! the arguments here; this module owns the numbers:
 //!
-//! * `Laplace` ([`laplace`]): the linearised Laplace approximation of an MLP given as
+//! * `Laplace` (`src/laplace.rs`): the linearised Laplace approximation of an MLP given as
 //!   PyTorch's named tensors and one activation, in laplace-torch's vocabulary
 //!   (`"regression"` / `"classification"`, `hessian_structure` `"full" | "kron" | "diag" |
 //!   "lowrank" | "ekfac"`, `subset_of_weights` `"all" | "last_layer"`, `prior_precision`,
 //!   `sigma_noise`, `temperature`): `fit`, `optimize_prior_precision`, `predict`,
 //!   `log_marginal_likelihood`, `sample`, pickling through the posterior's versioned JSON.
-//! * `fit(method, …)` → `Posterior` ([`methods`]): FSP-Laplace (Alg. 1 + 2, or Alg. 2 post hoc),
+//! * `fit(method, …)` → `Posterior` (`src/methods.rs`): FSP-Laplace (Alg. 1 + 2, or Alg. 2 post hoc),
 //!   GFSVI, VaLLA, ELLA and the exact GP in one call shape — the method's Rust `Config` as
 //!   JSON (`default_config(method)` holds the paper's values), the prior as a `GpPrior`'s JSON,
 //!   progress reported to a Python callable; the posterior predicts, samples functions, returns
@@ -20,7 +20,7 @@
 //!
 //! Long calls (fits, searches, predictions, samples) release the GIL; a progress callback
 //! takes it back for its call only. Errors keep the Rust error's text and map by kind
-//! ([`errors`]): bad input → `ValueError`, an unsupported request → `NotImplementedError`, a
+//! (`src/errors.rs`): bad input → `ValueError`, an unsupported request → `NotImplementedError`, a
 //! curvature over its size limit → `MemoryError`, a numerical failure →
 //! `fspace.NumericalError`. No input reaches a Rust panic.
 
