@@ -7,11 +7,28 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ContextError, Result};
 
 /// An axis-aligned box `Πᵢ [lowerᵢ, upperᵢ]` (degenerate sides `lowerᵢ = upperᵢ` are allowed,
-/// e.g. a constant pixel).
+/// e.g. a constant pixel). A deserialised box is checked as [`BoundingBox::new`] checks one (an
+/// inverted or non-finite box in a file or a configuration is an error, not a box that makes a
+/// sampler panic).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "BoxFields")]
 pub struct BoundingBox {
     lower: Vec<f64>,
     upper: Vec<f64>,
+}
+
+/// A box's fields as written, before [`BoundingBox::new`]'s checks.
+#[derive(Deserialize)]
+struct BoxFields {
+    lower: Vec<f64>,
+    upper: Vec<f64>,
+}
+
+impl TryFrom<BoxFields> for BoundingBox {
+    type Error = ContextError;
+    fn try_from(fields: BoxFields) -> Result<Self> {
+        Self::new(fields.lower, fields.upper)
+    }
 }
 
 impl BoundingBox {

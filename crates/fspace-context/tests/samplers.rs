@@ -244,3 +244,19 @@ fn bad_input_is_a_typed_error() {
     assert!(GridSampler::with_counts(bbox, vec![3, 0]).is_err());
     assert!(centered_l2_discrepancy(&DMatrix::from_element(2, 2, 1.5)).is_err());
 }
+
+#[test]
+fn a_deserialised_box_is_checked_as_a_constructed_one() {
+    let good: BoundingBox = serde_json::from_str(r#"{"lower": [-1.0, 0.0], "upper": [1.0, 0.0]}"#).unwrap();
+    assert_eq!(good, BoundingBox::new(vec![-1.0, 0.0], vec![1.0, 0.0]).unwrap());
+    assert_eq!(serde_json::from_str::<BoundingBox>(&serde_json::to_string(&good).unwrap()).unwrap(), good);
+    for (text, says) in [
+        (r#"{"lower": [1.0], "upper": [-1.0]}"#, "dimension 0"),
+        (r#"{"lower": [0.0], "upper": [1e999]}"#, ""),
+        (r#"{"lower": [], "upper": []}"#, "empty"),
+        (r#"{"lower": [0.0, 0.0], "upper": [1.0]}"#, "upper bounds"),
+    ] {
+        let err = serde_json::from_str::<BoundingBox>(text).expect_err(text).to_string();
+        assert!(err.contains(says), "{text}: {err}");
+    }
+}

@@ -98,6 +98,12 @@ pub struct FspConfig {
     /// Number of Laplace context points (a perfect `d`-th power for `Grid`).
     pub n_laplace_context: usize,
     /// The context box; `None`: the data box widened by `widen × range` on each side.
+    ///
+    /// The prior acts only where the context points are: Alg. 2's truncation bounds the
+    /// predictive variance by the prior's at them, and inside the box the variance reverts to
+    /// the prior's away from the data. Outside the box nothing bounds the linearised network's
+    /// variance (1-D sine toy, data in [−1, 1], the default box [−2, 2], Matérn-1/2 prior of
+    /// variance 1: var f(3) ≈ 450). Cover every input you will predict at.
     pub context_box: Option<BoundingBox>,
     /// Widening of the data box (paper: 0.5).
     pub widen: f64,

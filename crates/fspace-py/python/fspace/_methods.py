@@ -284,8 +284,14 @@ class FSPLaplace(_NetworkMethod):
     matrix-free Laplace approximation of the same objective (Alg. 2). ``train=False`` skips
     Alg. 1 and runs Alg. 2 at the given weights (post hoc). ``state_dict()`` returns the
     trained weights. Settings: ``epochs``/``steps``, ``batch_size``, ``learning_rate``,
-    ``n_context``, ``n_laplace_context``, ``design``, ``laplace={"max_rank": …}``, … (the
-    fields of Rust's ``FspConfig``)."""
+    ``n_context``, ``n_laplace_context``, ``design``, ``laplace={"max_rank": …}``,
+    ``context_box={"lower": […], "upper": […]}``, ``widen``, … (the fields of Rust's
+    ``FspConfig``).
+
+    The prior acts at context points in a box (default: the data's box widened by half its
+    range on each side): inside it the variance reverts to the prior's away from the data;
+    outside it nothing bounds the linearised network's variance. Set ``context_box`` or
+    ``widen`` to cover every input you will predict at."""
 
     _method = "fsp_laplace"
 
