@@ -202,10 +202,8 @@ pub(crate) fn fit<'py>(
         _ => return Err(value_error("validation data needs both x_val and y_val")),
     };
     let mut observer = PyProgress { callback: progress, error: None };
-    let method_owned = method.to_string();
-    let result = py.detach(|| {
-        run(&method_owned, net, prior, lik, &x, &y, validation.as_ref(), &config_text, &mut observer)
-    });
+    let result =
+        py.detach(|| run(method, net, prior, lik, &x, &y, validation.as_ref(), &config_text, &mut observer));
     if let Some(e) = observer.error.take() {
         return Err(e);
     }

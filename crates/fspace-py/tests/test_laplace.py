@@ -10,26 +10,7 @@ import numpy as np
 import pytest
 
 import fspace
-
-
-def tanh_mlp(rng, sizes):
-    """A state_dict (PyTorch names and layouts: weight out × in) of a tanh MLP."""
-    state = {}
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        state[f"{2 * i}.weight"] = rng.normal(0, 1 / np.sqrt(a), size=(b, a))
-        state[f"{2 * i}.bias"] = rng.normal(0, 0.1, size=b)
-    return state
-
-
-def forward(state, x):
-    n_layers = len(state) // 2
-    h = x
-    for i in range(n_layers):
-        w, b = state[f"{2 * i}.weight"], state[f"{2 * i}.bias"]
-        h = h @ w.T + b
-        if i < n_layers - 1:
-            h = np.tanh(h)
-    return h
+from mlp_reference import forward, tanh_mlp
 
 
 def jacobian(state, x, eps=1e-6):

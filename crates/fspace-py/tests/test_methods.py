@@ -11,24 +11,7 @@ import pytest
 
 import fspace
 from fspace import kernels as K
-
-
-def tanh_mlp(rng, sizes):
-    state = {}
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        state[f"{2 * i}.weight"] = rng.normal(0, 1 / np.sqrt(a), size=(b, a))
-        state[f"{2 * i}.bias"] = rng.normal(0, 0.1, size=b)
-    return state
-
-
-def forward(state, x):
-    n = len(state) // 2
-    h = x
-    for i in range(n):
-        h = h @ state[f"{2 * i}.weight"].T + state[f"{2 * i}.bias"]
-        if i < n - 1:
-            h = np.tanh(h)
-    return h
+from mlp_reference import forward, tanh_mlp
 
 
 @pytest.fixture
