@@ -20,6 +20,8 @@
 //!   rules (`cnn::batched`) and per-image rules for the Jacobian and as the tests' reference.
 //! * [`HelmholtzNet`]: `f = ∇Φ + rot Ψ` from two scalar MLPs (FSP-Laplace eq. B.2), with `Jᵀ·V`
 //!   by second-order reverse passes and `J·u` through its Jacobian.
+//! * [`NativeNetwork`]: an [`Mlp`] or a [`Cnn`] behind one type (every method forwards to the
+//!   wrapped network's rule), for callers that learn the architecture at run time.
 //! * [`Featurized`]: a network on features `φ(x)` ([`FeatureMap`], e.g. `sin/cos(2πt/T)`),
 //!   with priors and context points staying in raw inputs.
 //! * [`train_map`]: minibatch MAP with Adam, any `fspace_core::Likelihood` (learnable
@@ -40,6 +42,7 @@ mod gemm;
 mod helmholtz;
 mod layers;
 mod mlp;
+mod native;
 mod network;
 mod scratch;
 mod tape;
@@ -52,6 +55,7 @@ pub use features::{FeatureMap, Featurized};
 pub use helmholtz::HelmholtzNet;
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Mlp, MlpConfig};
+pub use native::NativeNetwork;
 pub use network::{
     GramCotangent, JointCotangents, Network, NtkPair, Outputs, OutputsAndGradients, WeightedGram,
 };

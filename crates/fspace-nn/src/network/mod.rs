@@ -125,11 +125,7 @@ pub trait Network: Send + Sync {
     where
         Self: Sized,
     {
-        let fs = nets.par_iter().map(|net| net.forward(x)).collect::<Result<Vec<_>>>()?;
-        let vs = cotangents(&fs)?;
-        check_one_per_network(vs.len(), nets.len())?;
-        let gs = nets.par_iter().zip(&vs).map(|(net, v)| net.vjp(x, v)).collect::<Result<Vec<_>>>()?;
-        Ok((fs, gs))
+        forward_vjp_many_default(nets, x, cotangents)
     }
 
     /// The GGN-vector product `Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` for per-point Hessian blocks `Hᵢ`
@@ -291,6 +287,20 @@ pub trait Network: Send + Sync {
     ) -> Result<DMatrix<f64>> {
         Err(NnError::Unsupported { what: "NTK gradient with respect to inputs for this network".into() })
     }
+}
+
+/// [`Network::forward_vjp_many`]'s default: the forward passes, then the reverse passes,
+/// networks in parallel.
+pub(crate) fn forward_vjp_many_default<N: Network>(
+    nets: &[N],
+    x: &DMatrix<f64>,
+    cotangents: &mut JointCotangents<'_>,
+) -> Result<OutputsAndGradients> {
+    let fs = nets.par_iter().map(|net| net.forward(x)).collect::<Result<Vec<_>>>()?;
+    let vs = cotangents(&fs)?;
+    check_one_per_network(vs.len(), nets.len())?;
+    let gs = nets.par_iter().zip(&vs).map(|(net, v)| net.vjp(x, v)).collect::<Result<Vec<_>>>()?;
+    Ok((fs, gs))
 }
 
 /// [`Network::forward_vjp_many`] for a network that can keep its forward trace `T`: every
