@@ -138,7 +138,13 @@ impl Network for NativeNetwork {
     fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         each!(self, n => Network::last_layer_features(n, x))
     }
-    fn ntk_block(&self, x: &DMatrix<f64>, xo: Outputs, z: &DMatrix<f64>, zo: Outputs) -> Result<DMatrix<f64>> {
+    fn ntk_block(
+        &self,
+        x: &DMatrix<f64>,
+        xo: Outputs,
+        z: &DMatrix<f64>,
+        zo: Outputs,
+    ) -> Result<DMatrix<f64>> {
         each!(self, n => Network::ntk_block(n, x, xo, z, zo))
     }
     fn ntk_diagonal(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
@@ -173,7 +179,12 @@ impl Network for NativeNetwork {
     ) -> Result<DMatrix<f64>> {
         each!(self, n => Network::ntk_pair_pullback_z(n, x, xo, z, zo, c_xz, c_zz))
     }
-    fn weighted_gram(&self, x: &DMatrix<f64>, outputs: Outputs, s: &DVector<f64>) -> Result<WeightedGram<'_>> {
+    fn weighted_gram(
+        &self,
+        x: &DMatrix<f64>,
+        outputs: Outputs,
+        s: &DVector<f64>,
+    ) -> Result<WeightedGram<'_>> {
         each!(self, n => Network::weighted_gram(n, x, outputs, s))
     }
     fn ntk_block_pullback_z(

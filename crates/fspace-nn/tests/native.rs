@@ -6,8 +6,14 @@ use fspace_testutil::{randn, rng, same_bits};
 use nalgebra::DMatrix;
 
 fn mlp() -> Mlp {
-    Mlp::new(MlpConfig { input_dim: 3, hidden: vec![6, 4], output_dim: 2, activation: Activation::Tanh, seed: 1 })
-        .unwrap()
+    Mlp::new(MlpConfig {
+        input_dim: 3,
+        hidden: vec![6, 4],
+        output_dim: 2,
+        activation: Activation::Tanh,
+        seed: 1,
+    })
+    .unwrap()
 }
 
 fn cnn() -> Cnn {
@@ -47,7 +53,8 @@ fn forwards_exactly<N: Network + Clone + Into<NativeNetwork>>(net: N, d: usize) 
     other.set_params(&(net.params() * 0.5)).unwrap();
     let plain = [net.clone(), other.clone()];
     let native = [wrapped.clone(), other.into()];
-    let mut cot = |fs: &[DMatrix<f64>]| -> Result<Vec<DMatrix<f64>>> { Ok(fs.iter().map(|f| f * 2.0).collect()) };
+    let mut cot =
+        |fs: &[DMatrix<f64>]| -> Result<Vec<DMatrix<f64>>> { Ok(fs.iter().map(|f| f * 2.0).collect()) };
     let (fa, ga) = NativeNetwork::forward_vjp_many(&native, &x, &mut cot).unwrap();
     let (fb, gb) = N::forward_vjp_many(&plain, &x, &mut cot).unwrap();
     for s in 0..2 {
@@ -66,8 +73,14 @@ fn the_wrapper_forwards_every_product_exactly() {
 fn a_mixed_batch_of_networks_takes_the_per_network_rule() {
     // An MLP and a CNN of equal input width and outputs: the default pass, each network's own
     // forward and vjp.
-    let m = Mlp::new(MlpConfig { input_dim: 60, hidden: vec![3], output_dim: 2, activation: Activation::Tanh, seed: 4 })
-        .unwrap();
+    let m = Mlp::new(MlpConfig {
+        input_dim: 60,
+        hidden: vec![3],
+        output_dim: 2,
+        activation: Activation::Tanh,
+        seed: 4,
+    })
+    .unwrap();
     let c = cnn();
     let x = randn(4, 60, &mut rng(5));
     let nets = [NativeNetwork::from(m.clone()), NativeNetwork::from(c.clone())];

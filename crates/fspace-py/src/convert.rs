@@ -1,14 +1,15 @@
 //! Conversions between Python's arguments and fspace's types: numpy arrays ↔ matrices, a
-//! `state_dict` → an [`Mlp`], laplace-torch's likelihood names → a [`LikelihoodSpec`].
+//! `state_dict` (+ a CNN's architecture) → a [`NativeNetwork`], laplace-torch's likelihood names → a [`LikelihoodSpec`].
 
 use fspace_core::LikelihoodSpec;
-use fspace_interop::{infer_mlp, LayerNames, SourceDtype, Tensor, Tensors};
-use fspace_nn::{Activation, Mlp};
+use fspace_interop::{infer_mlp, load_cnn, LayerNames, SourceDtype, Tensor, Tensors};
+use fspace_nn::{Activation, CnnConfig, ConvBlock, NativeNetwork};
 use nalgebra::DMatrix;
 use numpy::ndarray::{Array2, Array3};
 use numpy::{PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use serde::Deserialize;
 
 use crate::errors::{raise, value_error};
 
@@ -50,9 +51,26 @@ pub(crate) fn activation(name: &str) -> PyResult<Activation> {
     })
 }
 
+/// A CNN's architecture as the Python layer reads it off an `nn.Sequential` (the weights'
+/// shapes cannot tell padding or pooling): `input_shape` `[C, H, W]`, one block per `Conv2d`,
+/// the hidden dense widths and the outputs. The activation comes separately.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CnnArchitecture {
+    input_shape: (usize, usize, usize),
+    convs: Vec<ConvBlock>,
+    hidden: Vec<usize>,
+    output_dim: usize,
+}
+
 /// The network of a `state_dict`: name → (shape, row-major float64 values as a 1-D array,
-/// whether the source was float32).
-pub(crate) fn network(state: &Bound<'_, PyDict>, act: Activation) -> PyResult<Mlp> {
+/// whether the source was float32). An MLP's layout is read off the weights' shapes; a CNN
+/// needs `architecture` (the JSON of a [`CnnArchitecture`]).
+pub(crate) fn network(
+    state: &Bound<'_, PyDict>,
+    act: Activation,
+    architecture: Option<&str>,
+) -> PyResult<NativeNetwork> {
     let mut tensors = Tensors::new("state_dict");
     for (key, value) in state.iter() {
         let name: String = key.extract()?;
@@ -61,7 +79,20 @@ pub(crate) fn network(state: &Bound<'_, PyDict>, act: Activation) -> PyResult<Ml
         let dtype = if f32_source { SourceDtype::F32 } else { SourceDtype::F64 };
         tensors.insert(&name, Tensor::new(&name, shape, data, dtype).map_err(raise)?);
     }
-    infer_mlp(&tensors, act, &LayerNames::Natural).map_err(raise)
+    let Some(text) = architecture else {
+        return Ok(infer_mlp(&tensors, act, &LayerNames::Natural).map_err(raise)?.into());
+    };
+    let arch: CnnArchitecture =
+        serde_json::from_str(text).map_err(|e| value_error(format!("the CNN architecture: {e}")))?;
+    let config = CnnConfig {
+        input_shape: arch.input_shape,
+        convs: arch.convs,
+        hidden: arch.hidden,
+        output_dim: arch.output_dim,
+        activation: act,
+        seed: 0,
+    };
+    Ok(load_cnn(&tensors, &config, &LayerNames::Natural).map_err(raise)?.into())
 }
 
 /// laplace-torch's likelihood name for a network (or GP) with `outputs` outputs:

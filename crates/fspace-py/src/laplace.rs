@@ -5,7 +5,7 @@ use fspace_laplace::{
     KronBias, LaplaceConfig, LaplaceError, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision,
     Structure, Weights,
 };
-use fspace_nn::Mlp;
+use fspace_nn::{NativeNetwork, Network};
 use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray2, PyReadonlyArray2};
 use pyo3::exceptions::PyRuntimeError;
@@ -30,20 +30,20 @@ fn structure(name: &str) -> PyResult<Structure> {
     })
 }
 
-/// The linearised Laplace approximation of an MLP (module docs).
+/// The linearised Laplace approximation of an MLP or a CNN (module docs).
 #[pyclass(name = "Laplace", module = "fspace._fspace")]
 pub(crate) struct PyLaplace {
-    net: Mlp,
+    net: NativeNetwork,
     likelihood: LikelihoodSpec,
     config: LaplaceConfig,
-    posterior: Option<LaplacePosterior<Mlp>>,
+    posterior: Option<LaplacePosterior<NativeNetwork>>,
 }
 
 impl PyLaplace {
-    fn fitted(&self) -> PyResult<&LaplacePosterior<Mlp>> {
+    fn fitted(&self) -> PyResult<&LaplacePosterior<NativeNetwork>> {
         self.posterior.as_ref().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
     }
-    fn fitted_mut(&mut self) -> PyResult<&mut LaplacePosterior<Mlp>> {
+    fn fitted_mut(&mut self) -> PyResult<&mut LaplacePosterior<NativeNetwork>> {
         self.posterior.as_mut().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
     }
     fn classification(&self) -> bool {
@@ -54,10 +54,11 @@ impl PyLaplace {
 #[pymethods]
 impl PyLaplace {
     /// `Laplace(state, activation, likelihood, hessian_structure, subset_of_weights,
-    /// prior_precision, sigma_noise, temperature)`; `state` maps each tensor name to
-    /// `(shape, row-major float64 values, was_float32)`.
+    /// prior_precision, sigma_noise, temperature, kron_bias, architecture)`; `state` maps each
+    /// tensor name to `(shape, row-major float64 values, was_float32)`; `architecture` is a
+    /// CNN's layout as JSON (`None`: an MLP).
     #[new]
-    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded"))]
+    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None))]
     fn new(
         state: &Bound<'_, PyDict>,
         activation_name: &str,
@@ -68,8 +69,9 @@ impl PyLaplace {
         sigma_noise: f64,
         temperature: f64,
         kron_bias: &str,
+        architecture: Option<&str>,
     ) -> PyResult<Self> {
-        let net = network(state, activation(activation_name)?)?;
+        let net = network(state, activation(activation_name)?, architecture)?;
         let q = net.output_dim();
         let likelihood = likelihood_spec(likelihood, q, sigma_noise, false)?;
         let weights = match subset_of_weights {
@@ -245,8 +247,8 @@ impl PyLaplace {
     /// A fitted posterior from [`to_json`](Self::to_json)'s text (checked as every fspace load is).
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Self> {
-        let post =
-            LaplacePosterior::<Mlp>::from_json(text).map_err(|e| persist_error("Laplace posterior", e))?;
+        let post = LaplacePosterior::<NativeNetwork>::from_json(text)
+            .map_err(|e| persist_error("Laplace posterior", e))?;
         let likelihood =
             post.likelihood().ok_or_else(|| value_error("the saved posterior names no likelihood"))?;
         Ok(Self {

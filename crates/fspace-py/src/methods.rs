@@ -11,7 +11,7 @@ use fspace_fsp_laplace::{FspConfig, FspLaplace};
 use fspace_gfsvi::{GfsviConfig, KlPrior, LinearizedPosterior};
 use fspace_gp::ExactGp;
 use fspace_kernels::{GpPrior, SharedKernel};
-use fspace_nn::Mlp;
+use fspace_nn::{NativeNetwork, Network};
 use fspace_valla::{EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
 use nalgebra::DMatrix;
 use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
@@ -30,10 +30,10 @@ const METHODS: &str =
 /// A fitted posterior of one of the methods.
 #[derive(Clone)]
 enum Fit {
-    Fsp(FspLaplace<Mlp>),
-    Gfsvi(LinearizedPosterior<Mlp>),
-    Valla(VallaPosterior<Mlp>),
-    Ella(EllaPosterior<Mlp>),
+    Fsp(FspLaplace<NativeNetwork>),
+    Gfsvi(LinearizedPosterior<NativeNetwork>),
+    Valla(VallaPosterior<NativeNetwork>),
+    Ella(EllaPosterior<NativeNetwork>),
     Gp(ExactGp<SharedKernel>),
 }
 
@@ -158,10 +158,10 @@ pub(crate) fn gram<'py>(
 }
 
 /// Fits `method` on `(x, y)` (validation `(x_val, y_val)` where the method early-stops) and
-/// returns `(posterior, report JSON)`; see the module docs. Network methods take the MLP as
-/// `state` + `activation_name`, the GP its prior.
+/// returns `(posterior, report JSON)`; see the module docs. Network methods take the network as
+/// `state` + `activation_name` (+ a CNN's `architecture`), the GP its prior.
 #[pyfunction]
-#[pyo3(signature = (method, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config_json=None, x_val=None, y_val=None, progress=None))]
+#[pyo3(signature = (method, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config_json=None, x_val=None, y_val=None, progress=None, architecture=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fit<'py>(
     py: Python<'py>,
@@ -178,6 +178,7 @@ pub(crate) fn fit<'py>(
     x_val: Option<PyReadonlyArray2<'py, f64>>,
     y_val: Option<PyReadonlyArray2<'py, f64>>,
     progress: Option<Py<PyAny>>,
+    architecture: Option<&str>,
 ) -> PyResult<(PyPosterior, String)> {
     let config_text = match config_json {
         Some(text) => text.to_string(),
@@ -185,7 +186,7 @@ pub(crate) fn fit<'py>(
     };
     let prior = prior.map(gp_prior).transpose()?;
     let net = match (state, activation_name) {
-        (Some(state), Some(act)) => Some(network(state, activation(act)?)?),
+        (Some(state), Some(act)) => Some(network(state, activation(act)?, architecture)?),
         (None, None) => None,
         _ => return Err(value_error("a network needs both its state_dict and its activation")),
     };
@@ -225,7 +226,7 @@ fn refuse<T>(value: &Option<T>, method: &str, what: &str) -> PyResult<()> {
 #[allow(clippy::too_many_arguments)]
 fn run(
     method: &str,
-    net: Option<Mlp>,
+    net: Option<NativeNetwork>,
     prior: Option<GpPrior>,
     lik: LikelihoodSpec,
     x: &DMatrix<f64>,

@@ -7,11 +7,14 @@
   ``fspace.kernels`` (``Matern12(1.0, 0.5) + RBF(...)``, ``Periodic``, ``Helmholtz``, ...).
 
 ``model`` is a PyTorch ``nn.Sequential`` of ``Linear`` layers and one activation (``Tanh``,
-``ReLU``, ``Sigmoid``, ``Softplus`` or ``GELU(approximate="tanh")``), or a ``(state_dict,
-activation)`` pair with numpy arrays. Anything else (another layer, a custom ``forward``, two
-different activations) is a ``TypeError`` / ``ValueError`` that names the module, never a
-wrong model. The numbers come from the compiled module ``fspace._fspace`` (the Rust crate
-``fspace-py``), in float64.
+``ReLU``, ``Sigmoid``, ``Softplus`` or ``GELU(approximate="tanh")``), optionally after
+``Conv2d`` blocks (stride 1, no or "same" padding, then the activation and an optional
+``MaxPool2d(2)``) and a ``Flatten``; or a ``(state_dict, activation)`` pair with numpy arrays
+(``(state_dict, activation, architecture)`` for a CNN). A CNN takes ``N × C × H × W`` images
+(or flattened rows with ``input_shape=(C, H, W)``). Anything else (another layer, a custom
+``forward``, two different activations) is a ``TypeError`` / ``ValueError`` that names the
+module, never a wrong model. The numbers come from the compiled module ``fspace._fspace`` (the
+Rust crate ``fspace-py``), in float64; float32 weights are read exactly.
 
 Where it differs from laplace-torch: inputs and outputs are numpy arrays (torch tensors are
 accepted and converted; results come back as torch tensors when the input was one), there is
@@ -26,7 +29,7 @@ curvature over its size limit → ``MemoryError``, a numerical failure →
 from __future__ import annotations
 
 from . import kernels
-from ._convert import convert_sequential
+from ._convert import ModelSpec, convert_sequential
 from ._fspace import NumericalError
 from ._laplace import Laplace
 from ._methods import ELLA, GFSVI, FSPLaplace, ExactGP, GPPrior, VaLLA, default_config
@@ -43,4 +46,5 @@ __all__ = [
     "default_config",
     "NumericalError",
     "convert_sequential",
+    "ModelSpec",
 ]

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 # PyTorch activation class name -> fspace activation name.
 _ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu", "Sigmoid": "sigmoid", "Softplus": "softplus"}
-_SUPPORTED = "Linear layers with one activation (Tanh, ReLU, Sigmoid, Softplus, GELU(approximate='tanh'))"
+_SUPPORTED = (
+    "an nn.Sequential of Linear layers with one activation (Tanh, ReLU, Sigmoid, Softplus, "
+    "GELU(approximate='tanh')), optionally after Conv2d blocks (Conv2d with stride 1 and no or "
+    "'same' padding, the activation, an optional MaxPool2d(2)) and a Flatten"
+)
 
 
 def _activation_name(module: Any) -> str:
@@ -26,35 +31,176 @@ def _activation_name(module: Any) -> str:
     raise TypeError(f"module {module!r} is not supported: fspace converts {_SUPPORTED}")
 
 
-def convert_sequential(model: Any) -> Tuple["OrderedDict[str, np.ndarray]", str]:
-    """The ``state_dict`` (float64 numpy arrays) and activation name of an ``nn.Sequential``
-    of Linear layers and one activation; ``TypeError`` / ``ValueError`` naming the module
+def _pair(value: Any) -> Tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def _conv_block(name: str, module: Any) -> Dict[str, Any]:
+    """A ``Conv2d``'s block (``pool`` is set when a MaxPool2d follows its activation)."""
+    kh, kw = _pair(module.kernel_size)
+    problems = []
+    if kh != kw:
+        problems.append(f"a {kh}×{kw} kernel (fspace's are square)")
+    if _pair(module.stride) != (1, 1):
+        problems.append(f"stride {module.stride} (fspace's is 1)")
+    if _pair(module.dilation) != (1, 1):
+        problems.append(f"dilation {module.dilation}")
+    if module.groups != 1:
+        problems.append(f"groups={module.groups}")
+    if module.padding_mode != "zeros":
+        problems.append(f"padding_mode={module.padding_mode!r}")
+    if module.bias is None:
+        problems.append("no bias")
+    padding = module.padding
+    if padding == "same" or (not isinstance(padding, str) and _pair(padding) == (kh // 2, kh // 2) and kh % 2 == 1 and kh > 1):
+        same = True
+        if kh % 2 == 0:
+            problems.append("'same' padding with an even kernel")
+    elif padding == "valid" or (not isinstance(padding, str) and _pair(padding) == (0, 0)):
+        same = False
+    else:
+        problems.append(f"padding {padding} (fspace pads by 0 or by kernel // 2 for an odd kernel)")
+    if problems:
+        raise ValueError(f"layer {name} ({module!r}) has " + ", ".join(problems) + f": fspace converts {_SUPPORTED}")
+    return {"channels": int(module.out_channels), "kernel": kh, "same_padding": same, "pool": False}
+
+
+def _check_pool(name: str, module: Any) -> None:
+    size = _pair(module.kernel_size)
+    stride = _pair(module.stride if module.stride is not None else module.kernel_size)
+    if size != (2, 2) or stride != (2, 2) or _pair(module.padding) != (0, 0) or _pair(module.dilation) != (1, 1) \
+            or module.ceil_mode or module.return_indices:
+        raise ValueError(
+            f"layer {name} ({module!r}): fspace's pooling is MaxPool2d(2) (2×2 windows, stride 2, no padding, floor)"
+        )
+
+
+class ModelSpec:
+    """A network as the compiled module takes it: the ``state_dict``, the activation and, for
+    a CNN, its architecture (``convs``, ``hidden``, ``output_dim`` and ``input_shape``
+    ``(C, H, W)``, which the first 4-D input sets when the model did not say)."""
+
+    def __init__(self, state: Any, activation: str, architecture: Optional[Dict[str, Any]] = None) -> None:
+        self.state = state
+        self.activation = activation
+        self.architecture = None if architecture is None else dict(architecture)
+
+    @property
+    def is_cnn(self) -> bool:
+        return self.architecture is not None
+
+    def set_input_shape(self, shape: Any) -> None:
+        if self.architecture is None:
+            raise ValueError("input_shape applies to a convolutional model; this one is an MLP")
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(f"input_shape {shape} is not (channels, height, width)")
+        known = self.architecture.get("input_shape")
+        if known is not None and tuple(known) != shape:
+            raise ValueError(f"inputs of shape {shape} do not match the model's input_shape {tuple(known)}")
+        self.architecture["input_shape"] = list(shape)
+
+    def inputs(self, x: Any, what: str = "X") -> np.ndarray:
+        """``X`` as float64 rows: a CNN takes ``N × C × H × W`` images (flattened channel-major,
+        as ``torch.flatten``) or rows of ``C·H·W`` values once its input shape is known."""
+        if not self.is_cnn:
+            return array2(x, what)
+        if is_torch(x):
+            x = x.detach().cpu().numpy()
+        a = np.asarray(x, dtype=np.float64)
+        if a.ndim == 4:
+            self.set_input_shape(a.shape[1:])
+            return np.ascontiguousarray(a.reshape(a.shape[0], -1))
+        assert self.architecture is not None
+        if self.architecture.get("input_shape") is None:
+            raise ValueError(
+                f"{what} has shape {a.shape}: a convolutional model takes N × C × H × W images "
+                "(or give input_shape=(C, H, W) to pass flattened rows)"
+            )
+        return array2(a, what)
+
+    def architecture_known(self) -> bool:
+        """Whether the network can be built: an MLP, or a CNN whose input shape is known."""
+        return self.architecture is None or self.architecture.get("input_shape") is not None
+
+    def architecture_json(self) -> Optional[str]:
+        if self.architecture is None:
+            return None
+        if self.architecture.get("input_shape") is None:
+            raise ValueError("the convolutional model's input_shape is unknown: give input_shape=(C, H, W) or 4-D inputs")
+        return json.dumps(self.architecture)
+
+
+def convert_sequential(model: Any) -> ModelSpec:
+    """The ``state_dict`` (float64 numpy arrays), activation and (for a CNN) architecture of an
+    ``nn.Sequential`` fspace implements; ``TypeError`` / ``ValueError`` naming the module
     otherwise."""
     kind = type(model).__name__
     if kind != "Sequential":
         raise TypeError(
             f"{kind} is not an nn.Sequential: fspace converts {_SUPPORTED}; "
-            "give the state_dict and activation instead"
+            "give (state_dict, activation) or (state_dict, activation, architecture) instead"
         )
     activation: Optional[str] = None
     state: "OrderedDict[str, np.ndarray]" = OrderedDict()
+    convs: List[Dict[str, Any]] = []
+    dense: List[int] = []
+    flattened = False
+    # What the previous module was: "conv", "conv_act", "pool", "dense", "dense_act", "flatten".
+    last = "start"
     for name, module in model.named_children():
         mkind = type(module).__name__
-        if mkind == "Linear":
+        if mkind == "Conv2d":
+            if flattened or dense:
+                raise ValueError(f"layer {name} ({module!r}): fspace's CNN has its Conv2d blocks before Flatten and the Linear layers")
+            if last == "conv":
+                raise ValueError(f"layer {name} ({module!r}): fspace's CNN applies the activation after every Conv2d")
+            convs.append(_conv_block(name, module))
             state[f"{name}.weight"] = module.weight.detach().cpu().numpy()
+            state[f"{name}.bias"] = module.bias.detach().cpu().numpy()
+            last = "conv"
+        elif mkind == "MaxPool2d":
+            if last != "conv_act":
+                raise ValueError(f"layer {name} ({module!r}): fspace pools once, after a Conv2d's activation")
+            _check_pool(name, module)
+            convs[-1]["pool"] = True
+            last = "pool"
+        elif mkind == "Flatten":
+            if getattr(module, "start_dim", 1) != 1 or getattr(module, "end_dim", -1) != -1:
+                raise ValueError(f"layer {name} ({module!r}): fspace flattens all but the batch dimension (Flatten())")
+            if convs and last == "conv":
+                raise ValueError(f"layer {name} ({module!r}): fspace's CNN applies the activation after every Conv2d")
+            flattened = True
+            last = "flatten"
+        elif mkind == "Linear":
+            if convs and not flattened:
+                raise ValueError(f"layer {name} ({module!r}): a Linear after Conv2d blocks needs an nn.Flatten() before it")
+            if last == "dense":
+                raise ValueError(f"layer {name} ({module!r}): fspace applies the activation between Linear layers")
             if module.bias is None:
                 raise ValueError(f"layer {name} ({module!r}) has no bias: fspace's Linear layers have one")
+            state[f"{name}.weight"] = module.weight.detach().cpu().numpy()
             state[f"{name}.bias"] = module.bias.detach().cpu().numpy()
-        elif mkind in ("Flatten", "Identity", "Dropout"):
+            dense.append(int(module.out_features))
+            last = "dense"
+        elif mkind in ("Identity", "Dropout"):
             continue
         else:
             act = _activation_name(module)
             if activation is not None and act != activation:
-                raise ValueError(f"layer {name} ({module!r}): fspace's MLP uses one activation, found {activation} and {act}")
+                raise ValueError(f"layer {name} ({module!r}): fspace's networks use one activation, found {activation} and {act}")
+            if last not in ("conv", "dense"):
+                raise ValueError(f"layer {name} ({module!r}): an activation follows a Conv2d or a Linear layer")
             activation = act
-    if not state:
-        raise ValueError("the model has no Linear layer")
-    return state, activation or "tanh"
+            last = "conv_act" if last == "conv" else "dense_act"
+    if not dense:
+        raise ValueError("the model has no Linear layer (fspace's networks end in one)")
+    if last != "dense":
+        raise ValueError("the model ends in an activation or a pooling: fspace's networks end in a Linear layer")
+    if not convs:
+        return ModelSpec(state, activation or "tanh")
+    architecture = {"input_shape": None, "convs": convs, "hidden": dense[:-1], "output_dim": dense[-1]}
+    return ModelSpec(state, activation or "tanh", architecture)
 
 
 def is_torch(x: Any) -> bool:
@@ -72,14 +218,17 @@ def array2(x: Any, what: str) -> np.ndarray:
     return a
 
 
-def data_arrays(data: Any, y: Any = None) -> Tuple[np.ndarray, np.ndarray]:
-    """``(X, y)`` from arrays, tensors, or an iterable of ``(x, y)`` batches (a DataLoader)."""
+def data_arrays(data: Any, y: Any = None, inputs: Optional[Callable[[Any, str], np.ndarray]] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """``(X, y)`` from arrays, tensors, or an iterable of ``(x, y)`` batches (a DataLoader);
+    ``inputs`` converts ``X`` (default: a 1-D or 2-D array; a CNN's ``ModelSpec.inputs`` takes
+    images)."""
+    to_x = array2 if inputs is None else inputs
     if y is not None:
-        return array2(data, "X"), array2(y, "y")
+        return to_x(data, "X"), array2(y, "y")
     xs, ys = [], []
     for batch in data:
         bx, by = batch[0], batch[1]
-        xs.append(array2(bx, "X"))
+        xs.append(to_x(bx, "X"))
         ys.append(array2(by, "y"))
     if not xs:
         raise ValueError("the data loader yielded no batch")
@@ -113,11 +262,25 @@ def tensors(state: Any) -> Tuple[Dict[str, Tuple[List[int], np.ndarray, bool]], 
     return out, layout
 
 
-def model_state(model: Any) -> Tuple[Any, str]:
-    """``(state_dict, activation)`` of an ``nn.Sequential`` or of a ``(state_dict, activation)`` pair."""
+def model_state(model: Any, input_shape: Any = None) -> ModelSpec:
+    """The network of an ``nn.Sequential``, of a ``(state_dict, activation)`` pair (an MLP) or
+    of a ``(state_dict, activation, architecture)`` triple (a CNN: ``architecture`` holds
+    ``convs`` — ``{"channels", "kernel", "same_padding", "pool"}`` per Conv2d —, ``hidden``,
+    ``output_dim`` and optionally ``input_shape``)."""
     if isinstance(model, tuple) and len(model) == 2:
-        return model[0], model[1]
-    return convert_sequential(model)
+        spec = ModelSpec(model[0], model[1])
+    elif isinstance(model, tuple) and len(model) == 3:
+        arch = dict(model[2])
+        unknown = set(arch) - {"input_shape", "convs", "hidden", "output_dim"}
+        if unknown:
+            raise ValueError(f"architecture keys {sorted(unknown)} are unknown: it has input_shape, convs, hidden, output_dim")
+        arch.setdefault("input_shape", None)
+        spec = ModelSpec(model[0], model[1], arch)
+    else:
+        spec = convert_sequential(model)
+    if input_shape is not None:
+        spec.set_input_shape(input_shape)
+    return spec
 
 
 def _natural(text: str) -> List[Any]:

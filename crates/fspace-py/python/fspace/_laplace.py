@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ._convert import array2, back, data_arrays, is_torch, model_state, tensors
+from ._convert import ModelSpec, array2, back, data_arrays, is_torch, model_state, tensors
 from ._fspace import Laplace as _Laplace
 
 __all__ = ["Laplace"]
@@ -36,12 +36,12 @@ class Laplace:
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
         kron_bias: str = "folded",
+        input_shape: Any = None,
     ) -> None:
-        state, activation = model_state(model)
-        tensor_args, _ = tensors(state)
-        self._la = _Laplace(
-            tensor_args,
-            activation,
+        self._spec = model_state(model, input_shape)
+        self._args = (
+            tensors(self._spec.state)[0],
+            self._spec.activation,
             likelihood,
             hessian_structure,
             subset_of_weights,
@@ -51,18 +51,34 @@ class Laplace:
             kron_bias,
         )
         self.likelihood = likelihood
+        self._la: Any = None
+        # An MLP (or a CNN whose input shape is known) is built and checked now; a CNN
+        # otherwise at fit, from the images' shape.
+        if not self._spec.is_cnn or self._spec.architecture_known():
+            self._build()
+
+    def _build(self) -> Any:
+        if self._la is None:
+            self._la = _Laplace(*self._args, self._spec.architecture_json())
+        return self._la
+
+    def _fitted(self) -> Any:
+        if self._la is None:
+            raise RuntimeError("call fit(X, y) first")
+        return self._la
 
     @classmethod
-    def _wrap(cls, inner: Any, likelihood: str) -> "Laplace":
+    def _wrap(cls, inner: Any, likelihood: str, spec: Optional[ModelSpec]) -> "Laplace":
         obj = cls.__new__(cls)
         obj._la = inner
         obj.likelihood = likelihood
+        obj._spec = spec if spec is not None else ModelSpec({}, "")
         return obj
 
     def fit(self, data: Any, y: Any = None) -> None:
         """Fits the curvature on ``(X, y)``, or on every ``(x, y)`` batch of a loader."""
-        x, yy = data_arrays(data, y)
-        self._la.fit(x, yy)
+        x, yy = data_arrays(data, y, self._spec.inputs)
+        self._build().fit(x, yy)
 
     def optimize_prior_precision(
         self,
@@ -75,11 +91,13 @@ class Laplace:
         """λ by marginal likelihood, or by the validation NLL over ``grid``; returns it."""
         if method == "gridsearch":
             if val_loader is not None:
-                x_val, y_val = data_arrays(val_loader)
+                x_val, y_val = data_arrays(val_loader, None, self._spec.inputs)
             if x_val is None or y_val is None:
                 raise ValueError("gridsearch needs val_loader or x_val and y_val")
-            return self._la.optimize_prior_precision(method, array2(x_val, "x_val"), array2(y_val, "y_val"), grid)
-        return self._la.optimize_prior_precision(method)
+            return self._fitted().optimize_prior_precision(
+                method, self._spec.inputs(x_val, "x_val"), array2(y_val, "y_val"), grid
+            )
+        return self._fitted().optimize_prior_precision(method)
 
     def __call__(
         self,
@@ -90,26 +108,28 @@ class Laplace:
         seed: int = 0,
     ) -> Any:
         """Regression: ``(f_mean, f_var)``; classification: class probabilities."""
-        out = self._la.predict(array2(x, "X"), pred_type, link_approx, int(n_samples), int(seed))
+        out = self._fitted().predict(self._spec.inputs(x, "X"), pred_type, link_approx, int(n_samples), int(seed))
         return back(out, is_torch(x))
 
     predictive = __call__
 
     def log_marginal_likelihood(self) -> float:
         """The Laplace evidence at the current λ."""
-        return self._la.log_marginal_likelihood()
+        return self._fitted().log_marginal_likelihood()
 
     def sample(self, n_samples: int = 100, seed: int = 0) -> np.ndarray:
         """``n_samples × p`` weight draws, in ``named_parameters()`` order."""
-        return self._la.sample(int(n_samples), int(seed))
+        return self._fitted().sample(int(n_samples), int(seed))
 
     @property
     def prior_precision(self) -> list:
-        return self._la.prior_precision
+        return self._fitted().prior_precision
 
     def __reduce__(self) -> Any:
-        return (_restore, (self._la.to_json(), self.likelihood))
+        arch = None if self._spec.architecture is None else dict(self._spec.architecture)
+        return (_restore, (self._fitted().to_json(), self.likelihood, arch))
 
 
-def _restore(text: str, likelihood: str) -> Laplace:
-    return Laplace._wrap(_Laplace.from_json(text), likelihood)
+def _restore(text: str, likelihood: str, architecture: Optional[Dict[str, Any]] = None) -> Laplace:
+    spec = ModelSpec({}, "", architecture)
+    return Laplace._wrap(_Laplace.from_json(text), likelihood, spec)

@@ -169,6 +169,9 @@ class _Fitted:
     _post: Any
     _report: Dict[str, Any]
 
+    def _inputs(self, x: Any, what: str) -> np.ndarray:
+        return array2(x, what)
+
     def _ensure(self) -> Any:
         if getattr(self, "_post", None) is None:
             raise RuntimeError(f"call fit(X, y) first: this {type(self).__name__} is not fitted")
@@ -182,7 +185,7 @@ class _Fitted:
         post = self._ensure()
         if pred_type != "glm":
             raise ValueError(f"pred_type {pred_type!r}: {type(self).__name__} has the linearised (\"glm\") predictive only")
-        xa = array2(x, "X")
+        xa = self._inputs(x, "X")
         if self.likelihood == "classification":
             out = post.class_probabilities(xa, link_approx, int(n_samples), int(seed))
         else:
@@ -193,7 +196,7 @@ class _Fitted:
 
     def predictive_samples(self, x: Any, n_samples: int = 100, seed: int = 0) -> Any:
         """``n_samples`` joint draws of ``f`` at the rows of ``X`` (``n_samples × n × d'``)."""
-        out = self._ensure().sample_functions(array2(x, "X"), int(n_samples), int(seed))
+        out = self._ensure().sample_functions(self._inputs(x, "X"), int(n_samples), int(seed))
         return back(out, is_torch(x))
 
     @property
@@ -220,9 +223,9 @@ class _NetworkMethod(_Fitted):
     def __init__(self, model: Any, likelihood: str, gp_prior: Any = None, sigma_noise: float = 1.0,
                  learn_sigma: Optional[bool] = None, epochs: Optional[int] = None,
                  steps: Optional[int] = None, evaluate_every: Optional[int] = None,
-                 patience: Any = "default", **options: Any) -> None:
-        state, self._activation = model_state(model)
-        self._tensors, self._layout = tensors(state)
+                 patience: Any = "default", input_shape: Any = None, **options: Any) -> None:
+        self._spec = model_state(model, input_shape)
+        self._tensors, self._layout = tensors(self._spec.state)
         self._prior = None if gp_prior is None else _prior(gp_prior)
         self.likelihood = likelihood
         self.sigma_noise = float(sigma_noise)
@@ -236,32 +239,43 @@ class _NetworkMethod(_Fitted):
         given = options.get("schedule", options.get("optim", {}).get("schedule", {}))
         self._patience_given = patience != "default" or (isinstance(given, dict) and "patience" in given)
         self._config = config
+        self._given = set(options)
         self._post = None
         self._report: Dict[str, Any] = {}
+
+    def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
+        """Settings that depend on the data, where the user left them at their default."""
 
     def _fit_method(self) -> str:
         return self._method
 
+    def _inputs(self, x: Any, what: str) -> np.ndarray:
+        return self._spec.inputs(x, what)
+
     def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None) -> "_NetworkMethod":
         """Fits on ``(X, y)`` (or every ``(x, y)`` batch of a loader); ``val`` is a pair
         ``(X_val, y_val)`` or a loader, used for early stopping. Returns ``self``."""
-        x, yy = data_arrays(data, y)
+        x, yy = data_arrays(data, y, self._spec.inputs)
         config = json.loads(json.dumps(self._config))
         xv = yv = None
         if val is not None:
-            xv, yv = data_arrays(*val) if isinstance(val, tuple) else data_arrays(val)
+            if isinstance(val, tuple):
+                xv, yv = data_arrays(val[0], val[1], self._spec.inputs)
+            else:
+                xv, yv = data_arrays(val, None, self._spec.inputs)
         else:
             holder = _schedule_holder(config)
             if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
                 # The paper's early stopping needs validation data; without it, run the whole schedule.
                 holder["schedule"] = dict(holder["schedule"], patience=None)
+        self._adapt(config, x, val is not None)
         bar = _Progress(progress, type(self).__name__)
         try:
             self._post, report = _fspace.fit(
                 self._fit_method(), x, yy, self.likelihood, self.sigma_noise, self.learn_sigma,
-                self._tensors, self._activation,
+                self._tensors, self._spec.activation,
                 None if self._prior is None else json.dumps(self._prior.spec()),
-                json.dumps(config), xv, yv, bar.callback,
+                json.dumps(config), xv, yv, bar.callback, self._spec.architecture_json(),
             )
         finally:
             bar.close()
@@ -291,9 +305,18 @@ class FSPLaplace(_NetworkMethod):
     The prior acts at context points in a box (default: the data's box widened by half its
     range on each side): inside it the variance reverts to the prior's away from the data;
     outside it nothing bounds the linearised network's variance. Set ``context_box`` or
-    ``widen`` to cover every input you will predict at."""
+    ``widen`` to cover every input you will predict at.
+
+    The Laplace step's context points (``design``) are a regular grid for inputs of one or
+    two dimensions (the paper's toys) and the Halton sequence otherwise (the paper's MNIST
+    runs; a grid of ``n_laplace_context`` points exists only for perfect powers of the
+    dimension), unless ``design`` is given."""
 
     _method = "fsp_laplace"
+
+    def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
+        if "design" not in self._given and x.shape[1] > 2:
+            config["design"] = "Halton"
 
     def __init__(self, model: Any, likelihood: str, prior: Any, train: bool = True, **kwargs: Any) -> None:
         if prior is None:
@@ -337,9 +360,14 @@ class VaLLA(_NetworkMethod):
 class ELLA(_NetworkMethod):
     """ELLA (Deng et al. 2022): the linearised Laplace approximation through a Nyström
     approximation of the NTK on ``num_points`` points with ``num_eigen`` features. Settings:
-    the fields of Rust's ``EllaConfig``."""
+    the fields of Rust's ``EllaConfig``. Early stopping (``early_stopping``) scores on ``val``;
+    without ``val`` it is off unless given."""
 
     _method = "ella"
+
+    def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
+        if not has_val and "early_stopping" not in self._given:
+            config["early_stopping"] = None
 
     def __init__(self, model: Any, likelihood: str, **kwargs: Any) -> None:
         super().__init__(model, likelihood, **kwargs)
