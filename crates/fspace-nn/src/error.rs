@@ -24,6 +24,10 @@ pub enum NnError {
         /// What was asked for.
         what: String,
     },
+    /// A network implemented outside Rust (a callback into another framework) failed; the
+    /// text is that framework's error.
+    #[error("network callback: {0}")]
+    Callback(String),
 }
 
 /// Result alias of this crate.

@@ -55,9 +55,12 @@ pub use features::{FeatureMap, Featurized};
 pub use helmholtz::HelmholtzNet;
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Mlp, MlpConfig};
+#[doc(hidden)]
+pub use nalgebra as __nalgebra;
 pub use native::NativeNetwork;
 pub use network::{
-    GramCotangent, JointCotangents, Network, NtkPair, Outputs, OutputsAndGradients, WeightedGram,
+    forward_vjp_many_default, GramCotangent, JointCotangents, Network, NtkPair, Outputs, OutputsAndGradients,
+    WeightedGram,
 };
 pub use train::{
     fit_map, fit_map_observed, train_map, MapReport, Regularizer, TrainConfig, TrainProgress, TrainReport,

@@ -5,15 +5,18 @@ use fspace_laplace::{
     KronBias, LaplaceConfig, LaplaceError, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision,
     Structure, Weights,
 };
-use fspace_nn::{NativeNetwork, Network};
+use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray2, PyReadonlyArray2};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, to_numpy};
-use crate::errors::{persist_error, raise, value_error};
+use crate::callback::{CallbackErrors, PyNetwork};
+use crate::convert::{
+    activation, callback_network, likelihood as likelihood_spec, matrix, network, to_numpy,
+};
+use crate::errors::{persist_error, value_error};
 
 fn structure(name: &str) -> PyResult<Structure> {
     Ok(match name {
@@ -33,17 +36,19 @@ fn structure(name: &str) -> PyResult<Structure> {
 /// The linearised Laplace approximation of an MLP or a CNN (module docs).
 #[pyclass(name = "Laplace", module = "fspace._fspace")]
 pub(crate) struct PyLaplace {
-    net: NativeNetwork,
+    net: PyNetwork,
+    /// A torch model's callback exceptions (re-raised in place of the error they caused).
+    errors: CallbackErrors,
     likelihood: LikelihoodSpec,
     config: LaplaceConfig,
-    posterior: Option<LaplacePosterior<NativeNetwork>>,
+    posterior: Option<LaplacePosterior<PyNetwork>>,
 }
 
 impl PyLaplace {
-    fn fitted(&self) -> PyResult<&LaplacePosterior<NativeNetwork>> {
+    fn fitted(&self) -> PyResult<&LaplacePosterior<PyNetwork>> {
         self.posterior.as_ref().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
     }
-    fn fitted_mut(&mut self) -> PyResult<&mut LaplacePosterior<NativeNetwork>> {
+    fn fitted_mut(&mut self) -> PyResult<&mut LaplacePosterior<PyNetwork>> {
         self.posterior.as_mut().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
     }
     fn classification(&self) -> bool {
@@ -56,9 +61,10 @@ impl PyLaplace {
     /// `Laplace(state, activation, likelihood, hessian_structure, subset_of_weights,
     /// prior_precision, sigma_noise, temperature, kron_bias, architecture)`; `state` maps each
     /// tensor name to `(shape, row-major float64 values, was_float32)`; `architecture` is a
-    /// CNN's layout as JSON (`None`: an MLP).
+    /// CNN's layout as JSON (`None`: an MLP); `calls` a torch model's callback object, which
+    /// replaces `state` (any `nn.Module`; see `src/callback.rs`).
     #[new]
-    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None))]
+    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None))]
     fn new(
         state: &Bound<'_, PyDict>,
         activation_name: &str,
@@ -70,8 +76,12 @@ impl PyLaplace {
         temperature: f64,
         kron_bias: &str,
         architecture: Option<&str>,
+        calls: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let net = network(state, activation(activation_name)?, architecture)?;
+        let net = match calls {
+            Some(calls) => callback_network(calls)?,
+            None => network(state, activation(activation_name)?, architecture)?.into(),
+        };
         let q = net.output_dim();
         let likelihood = likelihood_spec(likelihood, q, sigma_noise, false)?;
         let weights = match subset_of_weights {
@@ -108,7 +118,8 @@ impl PyLaplace {
         if !(temperature.is_finite() && temperature > 0.0) {
             return Err(value_error(format!("temperature {temperature} must be finite and > 0")));
         }
-        Ok(Self { net, likelihood, config, posterior: None })
+        let errors = net.errors();
+        Ok(Self { net, errors, likelihood, config, posterior: None })
     }
 
     /// Fits the curvature at the network's weights on `(X, y)`: `X` is `n × d`, `y` is `n × d'`
@@ -119,13 +130,14 @@ impl PyLaplace {
         x: PyReadonlyArray2<'_, f64>,
         y: PyReadonlyArray2<'_, f64>,
     ) -> PyResult<()> {
+        let errors = self.errors.clone();
         let (x, y) = (matrix(&x), matrix(&y));
         let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
         let posterior = py.detach(move || -> Result<_, LaplaceError> {
             let data = Data::new(&x, &y).map_err(LaplaceError::Core)?;
             Ok(fspace_laplace::fit(net, lik, &data, &config)?.posterior)
         });
-        self.posterior = Some(posterior.map_err(raise)?);
+        self.posterior = Some(posterior.map_err(|e| errors.raise(e))?);
         Ok(())
     }
 
@@ -140,10 +152,12 @@ impl PyLaplace {
         y_val: Option<PyReadonlyArray2<'_, f64>>,
         grid: Option<Vec<f64>>,
     ) -> PyResult<f64> {
+        let errors = self.errors.clone();
         let post = self.fitted_mut()?;
         match method {
             "marglik" => {
-                py.detach(|| post.optimize_prior_precision(&MarglikConfig::default())).map_err(raise)?;
+                py.detach(|| post.optimize_prior_precision(&MarglikConfig::default()))
+                    .map_err(|e| errors.raise(e))?;
                 Ok(post.prior_precision()[0])
             }
             "gridsearch" => {
@@ -154,7 +168,8 @@ impl PyLaplace {
                 let yv = DVector::from_iterator(yv.len(), yv.transpose().iter().copied());
                 let grid =
                     grid.unwrap_or_else(|| (0..21).map(|i| 10f64.powf(-4.0 + 0.4 * i as f64)).collect());
-                py.detach(|| post.gridsearch_prior_precision(&grid, &xv, &yv)).map_err(raise)?;
+                py.detach(|| post.gridsearch_prior_precision(&grid, &xv, &yv))
+                    .map_err(|e| errors.raise(e))?;
                 Ok(post.prior_precision()[0])
             }
             other => Err(value_error(format!("method {other:?} is not \"marglik\" or \"gridsearch\""))),
@@ -175,6 +190,7 @@ impl PyLaplace {
         n_samples: usize,
         seed: u64,
     ) -> PyResult<Py<PyAny>> {
+        let errors = self.errors.clone();
         let classification = self.classification();
         let predictive = match pred_type {
             "glm" => Predictive::Glm,
@@ -192,21 +208,22 @@ impl PyLaplace {
             }
         };
         let post = self.fitted_mut()?;
-        post.set_predictive(predictive).map_err(raise)?;
+        post.set_predictive(predictive).map_err(|e| errors.raise(e))?;
         let x = matrix(&x);
         if classification {
-            let p = py.detach(|| post.class_probabilities(&x, &link)).map_err(raise)?;
+            let p = py.detach(|| post.class_probabilities(&x, &link)).map_err(|e| errors.raise(e))?;
             Ok(to_numpy(py, &p).into_any().unbind())
         } else {
-            let f = py.detach(|| post.predict(&x)).map_err(raise)?;
+            let f = py.detach(|| post.predict(&x)).map_err(|e| errors.raise(e))?;
             Ok(PyTuple::new(py, [to_numpy(py, &f.mean), to_numpy(py, &f.var)])?.into_any().unbind())
         }
     }
 
     /// The Laplace log marginal likelihood at the current λ and T.
     fn log_marginal_likelihood(&self, py: Python<'_>) -> PyResult<f64> {
+        let errors = self.errors.clone();
         let post = self.fitted()?;
-        py.detach(|| post.log_marginal_likelihood()).map_err(raise)
+        py.detach(|| post.log_marginal_likelihood()).map_err(|e| errors.raise(e))
     }
 
     /// `n` weight samples from the posterior (`n × p`, the weights in PyTorch's
@@ -218,10 +235,11 @@ impl PyLaplace {
         n_samples: usize,
         seed: u64,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let errors = self.errors.clone();
         use rand::SeedableRng;
         let post = self.fitted()?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let draws = py.detach(|| post.sample_weights(n_samples, &mut rng)).map_err(raise)?;
+        let draws = py.detach(|| post.sample_weights(n_samples, &mut rng)).map_err(|e| errors.raise(e))?;
         let p = self.net.n_params();
         let m = DMatrix::from_fn(draws.len(), p, |i, j| draws[i][j]);
         Ok(to_numpy(py, &m))
@@ -247,12 +265,13 @@ impl PyLaplace {
     /// A fitted posterior from [`to_json`](Self::to_json)'s text (checked as every fspace load is).
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Self> {
-        let post = LaplacePosterior::<NativeNetwork>::from_json(text)
+        let post = LaplacePosterior::<PyNetwork>::from_json(text)
             .map_err(|e| persist_error("Laplace posterior", e))?;
         let likelihood =
             post.likelihood().ok_or_else(|| value_error("the saved posterior names no likelihood"))?;
         Ok(Self {
             net: post.network().clone(),
+            errors: CallbackErrors::default(),
             likelihood,
             config: LaplaceConfig::default(),
             posterior: Some(post),

@@ -24,6 +24,7 @@
 //! curvature over its size limit → `MemoryError`, a numerical failure →
 //! `fspace.NumericalError`. No input reaches a Rust panic.
 
+mod callback;
 mod convert;
 mod errors;
 mod laplace;

@@ -11,7 +11,7 @@ use fspace_fsp_laplace::{FspConfig, FspLaplace};
 use fspace_gfsvi::{GfsviConfig, KlPrior, LinearizedPosterior};
 use fspace_gp::ExactGp;
 use fspace_kernels::{GpPrior, SharedKernel};
-use fspace_nn::{NativeNetwork, Network};
+use fspace_nn::Network;
 use fspace_valla::{EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
 use nalgebra::DMatrix;
 use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
@@ -20,7 +20,10 @@ use pyo3::types::{PyDict, PyTuple};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy};
+use crate::callback::{CallbackErrors, PyNetwork};
+use crate::convert::{
+    activation, callback_network, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy,
+};
 use crate::errors::{persist_error, raise, value_error};
 
 /// The methods `fit` knows, by their Python names.
@@ -30,10 +33,10 @@ const METHODS: &str =
 /// A fitted posterior of one of the methods.
 #[derive(Clone)]
 enum Fit {
-    Fsp(FspLaplace<NativeNetwork>),
-    Gfsvi(LinearizedPosterior<NativeNetwork>),
-    Valla(VallaPosterior<NativeNetwork>),
-    Ella(EllaPosterior<NativeNetwork>),
+    Fsp(FspLaplace<PyNetwork>),
+    Gfsvi(LinearizedPosterior<PyNetwork>),
+    Valla(VallaPosterior<PyNetwork>),
+    Ella(EllaPosterior<PyNetwork>),
     Gp(ExactGp<SharedKernel>),
 }
 
@@ -161,7 +164,7 @@ pub(crate) fn gram<'py>(
 /// returns `(posterior, report JSON)`; see the module docs. Network methods take the network as
 /// `state` + `activation_name` (+ a CNN's `architecture`), the GP its prior.
 #[pyfunction]
-#[pyo3(signature = (method, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config_json=None, x_val=None, y_val=None, progress=None, architecture=None))]
+#[pyo3(signature = (method, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config_json=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fit<'py>(
     py: Python<'py>,
@@ -179,15 +182,19 @@ pub(crate) fn fit<'py>(
     y_val: Option<PyReadonlyArray2<'py, f64>>,
     progress: Option<Py<PyAny>>,
     architecture: Option<&str>,
+    calls: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(PyPosterior, String)> {
     let config_text = match config_json {
         Some(text) => text.to_string(),
         None => default_config(method)?,
     };
     let prior = prior.map(gp_prior).transpose()?;
-    let net = match (state, activation_name) {
-        (Some(state), Some(act)) => Some(network(state, activation(act)?, architecture)?),
-        (None, None) => None,
+    let net = match (state, activation_name, calls) {
+        (_, _, Some(calls)) => Some(callback_network(calls)?),
+        (Some(state), Some(act), None) => {
+            Some(PyNetwork::from(network(state, activation(act)?, architecture)?))
+        }
+        (None, None, None) => None,
         _ => return Err(value_error("a network needs both its state_dict and its activation")),
     };
     let outputs = match (&net, &prior) {
@@ -203,13 +210,14 @@ pub(crate) fn fit<'py>(
         _ => return Err(value_error("validation data needs both x_val and y_val")),
     };
     let mut observer = PyProgress { callback: progress, error: None };
+    let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
     let result =
         py.detach(|| run(method, net, prior, lik, &x, &y, validation.as_ref(), &config_text, &mut observer));
     if let Some(e) = observer.error.take() {
         return Err(e);
     }
-    let (fit, report) = result?;
-    Ok((PyPosterior { fit }, report))
+    let (fit, report) = result.map_err(|e| errors.take().unwrap_or(e))?;
+    Ok((PyPosterior { fit, errors }, report))
 }
 
 fn need<T>(value: Option<T>, method: &str, what: &str) -> PyResult<T> {
@@ -226,7 +234,7 @@ fn refuse<T>(value: &Option<T>, method: &str, what: &str) -> PyResult<()> {
 #[allow(clippy::too_many_arguments)]
 fn run(
     method: &str,
-    net: Option<NativeNetwork>,
+    net: Option<PyNetwork>,
     prior: Option<GpPrior>,
     lik: LikelihoodSpec,
     x: &DMatrix<f64>,
@@ -287,6 +295,8 @@ fn run(
 #[pyclass(name = "Posterior", module = "fspace._fspace")]
 pub(crate) struct PyPosterior {
     fit: Fit,
+    /// A torch model's callback exceptions (re-raised in place of the error they caused).
+    errors: CallbackErrors,
 }
 
 fn link(name: &str, n_samples: usize, seed: u64) -> PyResult<Link> {
@@ -327,7 +337,7 @@ impl PyPosterior {
         let post = self.fit.posterior();
         let f = py
             .detach(|| if observation_noise { post.predict_y(&x) } else { post.predict(&x) })
-            .map_err(raise)?;
+            .map_err(|e| self.errors.raise(e))?;
         PyTuple::new(py, [to_numpy(py, &f.mean), to_numpy(py, &f.var)])
     }
 
@@ -344,7 +354,7 @@ impl PyPosterior {
         let link = link(link_approx, n_samples, seed)?;
         let x = matrix(&x);
         let post = self.fit.posterior();
-        let p = py.detach(|| post.class_probabilities(&x, &link)).map_err(raise)?;
+        let p = py.detach(|| post.class_probabilities(&x, &link)).map_err(|e| self.errors.raise(e))?;
         Ok(to_numpy(py, &p))
     }
 
@@ -366,7 +376,7 @@ impl PyPosterior {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
                 post.sample_functions(&x, n_samples, &mut rng)
             })
-            .map_err(raise)?;
+            .map_err(|e| self.errors.raise(e))?;
         Ok(stack_to_numpy(py, &draws, x.nrows(), q))
     }
 
@@ -389,7 +399,7 @@ impl PyPosterior {
     /// A posterior of `method` from [`to_json`](Self::to_json)'s text, checked as every fspace load is.
     #[staticmethod]
     fn from_json(method: &str, text: &str) -> PyResult<Self> {
-        Ok(Self { fit: Fit::from_json(method, text)? })
+        Ok(Self { fit: Fit::from_json(method, text)?, errors: CallbackErrors::default() })
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String, String))> {

@@ -210,9 +210,9 @@ def test_an_nn_sequential_converts_and_its_mean_is_torchs_forward():
     clf = fspace.Laplace(model, "classification")
     clf.fit(x, labels)
     with pytest.raises(TypeError, match="BatchNorm"):
-        fspace.Laplace(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4)), "regression")
+        fspace.Laplace(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4)), "regression", backend="native")
     with pytest.raises(ValueError, match="one activation"):
-        fspace.Laplace(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)), "regression")
+        fspace.Laplace(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)), "regression", backend="native")
 
 
 def test_the_readme_python_quickstart_runs_as_printed():

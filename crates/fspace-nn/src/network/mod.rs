@@ -290,8 +290,9 @@ pub trait Network: Send + Sync {
 }
 
 /// [`Network::forward_vjp_many`]'s default: the forward passes, then the reverse passes,
-/// networks in parallel.
-pub(crate) fn forward_vjp_many_default<N: Network>(
+/// networks in parallel (for a wrapper that falls back on it, as [`enum_network!`](crate::enum_network)'s
+/// mixed batches).
+pub fn forward_vjp_many_default<N: Network>(
     nets: &[N],
     x: &DMatrix<f64>,
     cotangents: &mut JointCotangents<'_>,

@@ -311,3 +311,24 @@ def unflatten(flat: np.ndarray, layout: List[Tuple[str, Tuple[int, ...]]]) -> "O
     if offset != flat.size:
         raise ValueError(f"{flat.size} weights do not fill the state_dict's {offset}")
     return OrderedDict((name, parts[name]) for name, _ in layout)
+
+
+def network_spec(model: Any, input_shape: Any = None, backend: str = "auto") -> Any:
+    """The network of ``model`` on ``backend``: ``"native"`` (a ``ModelSpec``: fspace's own MLP or
+    CNN, refusing what it does not implement), ``"torch"`` (a ``TorchModel``: any
+    ``nn.Module`` through torch's derivatives) or ``"auto"`` (native where the model converts,
+    torch for any other ``nn.Module``)."""
+    from ._torch import TorchModel, is_module
+
+    if backend == "torch":
+        return TorchModel(model, input_shape)
+    if backend == "native":
+        return model_state(model, input_shape)
+    if backend != "auto":
+        raise ValueError(f"backend {backend!r} is not \"auto\", \"native\" or \"torch\"")
+    try:
+        return model_state(model, input_shape)
+    except (TypeError, ValueError) as native_refusal:
+        if is_module(model):
+            return TorchModel(model, input_shape, why=str(native_refusal))
+        raise

@@ -6,7 +6,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ._convert import ModelSpec, array2, back, data_arrays, is_torch, model_state, tensors
+from ._convert import ModelSpec, array2, back, data_arrays, is_torch, network_spec, tensors
+from ._torch import TorchModel
 from ._fspace import Laplace as _Laplace
 
 __all__ = ["Laplace"]
@@ -37,11 +38,12 @@ class Laplace:
         temperature: float = 1.0,
         kron_bias: str = "folded",
         input_shape: Any = None,
+        backend: str = "auto",
     ) -> None:
-        self._spec = model_state(model, input_shape)
+        self._spec = network_spec(model, input_shape, backend)
         self._args = (
-            tensors(self._spec.state)[0],
-            self._spec.activation,
+            tensors(getattr(self._spec, "state", {}))[0],
+            getattr(self._spec, "activation", ""),
             likelihood,
             hessian_structure,
             subset_of_weights,
@@ -51,15 +53,25 @@ class Laplace:
             kron_bias,
         )
         self.likelihood = likelihood
+        if isinstance(self._spec, TorchModel) and (hessian_structure in ("kron", "ekfac") or subset_of_weights == "last_layer"):
+            what = "subset_of_weights='last_layer'" if subset_of_weights == "last_layer" else f"hessian_structure={hessian_structure!r}"
+            why = f" (not native: {self._spec.why})" if self._spec.why else ""
+            raise NotImplementedError(
+                f"{what} needs per-layer statistics, which the torch path{why} does not collect yet: use "
+                "hessian_structure 'full', 'diag' or 'lowrank' with subset_of_weights='all'"
+            )
         self._la: Any = None
         # An MLP (or a CNN whose input shape is known) is built and checked now; a CNN
         # otherwise at fit, from the images' shape.
-        if not self._spec.is_cnn or self._spec.architecture_known():
+        if self._spec.architecture_known():
             self._build()
 
     def _build(self) -> Any:
         if self._la is None:
-            self._la = _Laplace(*self._args, self._spec.architecture_json())
+            if isinstance(self._spec, TorchModel):
+                self._la = _Laplace(*self._args, None, self._spec.calls())
+            else:
+                self._la = _Laplace(*self._args, self._spec.architecture_json())
         return self._la
 
     def _fitted(self) -> Any:
@@ -126,6 +138,8 @@ class Laplace:
         return self._fitted().prior_precision
 
     def __reduce__(self) -> Any:
+        if isinstance(self._spec, TorchModel):
+            raise TypeError("a Laplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
         arch = None if self._spec.architecture is None else dict(self._spec.architecture)
         return (_restore, (self._fitted().to_json(), self.likelihood, arch))
 

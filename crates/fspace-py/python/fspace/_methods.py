@@ -18,7 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _fspace
-from ._convert import array2, back, data_arrays, is_torch, model_state, tensors, unflatten
+from ._convert import array2, back, data_arrays, is_torch, network_spec, tensors, unflatten
+from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
 
 __all__ = ["GPPrior", "FSPLaplace", "GFSVI", "VaLLA", "ELLA", "ExactGP", "default_config"]
@@ -206,6 +207,10 @@ class _Fitted:
         return self._report
 
     def __getstate__(self) -> Dict[str, Any]:
+        if getattr(self, "_torch", False):
+            raise TypeError(
+                f"a {type(self).__name__} on a torch model's callbacks cannot be pickled: save the model with torch and refit"
+            )
         state = dict(self.__dict__)
         post = state.pop("_post", None)
         state["_post_json"] = None if post is None else (post.method, post.to_json())
@@ -223,9 +228,11 @@ class _NetworkMethod(_Fitted):
     def __init__(self, model: Any, likelihood: str, gp_prior: Any = None, sigma_noise: float = 1.0,
                  learn_sigma: Optional[bool] = None, epochs: Optional[int] = None,
                  steps: Optional[int] = None, evaluate_every: Optional[int] = None,
-                 patience: Any = "default", input_shape: Any = None, **options: Any) -> None:
-        self._spec = model_state(model, input_shape)
-        self._tensors, self._layout = tensors(self._spec.state)
+                 patience: Any = "default", input_shape: Any = None, backend: str = "auto",
+                 **options: Any) -> None:
+        self._spec = network_spec(model, input_shape, backend)
+        self._torch = isinstance(self._spec, TorchModel)
+        self._tensors, self._layout = tensors({} if self._torch else self._spec.state)
         self._prior = None if gp_prior is None else _prior(gp_prior)
         self.likelihood = likelihood
         self.sigma_noise = float(sigma_noise)
@@ -273,9 +280,11 @@ class _NetworkMethod(_Fitted):
         try:
             self._post, report = _fspace.fit(
                 self._fit_method(), x, yy, self.likelihood, self.sigma_noise, self.learn_sigma,
-                self._tensors, self._spec.activation,
+                None if self._torch else self._tensors, None if self._torch else self._spec.activation,
                 None if self._prior is None else json.dumps(self._prior.spec()),
-                json.dumps(config), xv, yv, bar.callback, self._spec.architecture_json(),
+                json.dumps(config), xv, yv, bar.callback,
+                None if self._torch else self._spec.architecture_json(),
+                self._spec.calls() if self._torch else None,
             )
         finally:
             bar.close()
@@ -287,6 +296,9 @@ class _NetworkMethod(_Fitted):
         the trained weights where the method trains them, the given ones otherwise. Load them
         with ``model.load_state_dict({k: torch.from_numpy(v) for k, v in ...})``."""
         trained = self._ensure().trained_params()
+        if self._torch:
+            calls = self._spec.calls()
+            return OrderedDict(calls.state_dict(calls.params if trained is None else trained))
         if trained is None:
             return OrderedDict((name, self._tensors[name][1].reshape(shape).copy()) for name, shape in self._layout)
         return unflatten(trained, self._layout)
@@ -349,9 +361,15 @@ class VaLLA(_NetworkMethod):
     prior is the network's linearisation, fitted to the trained network's weights (which stay
     its mean). Early stopping on ``val`` as the paper; without ``val`` the whole schedule runs.
     Settings: the fields of Rust's ``VallaConfig`` (``num_inducing``, ``alpha``, ``batch_size``,
-    ``learning_rate``, …)."""
+    ``learning_rate``, …). On the torch path the inducing inputs stay at their k-means
+    positions (``optimize_inducing=False``: moving them needs the NTK's input gradient)."""
 
     _method = "valla"
+
+    def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
+        if getattr(self, "_torch", False) and "optimize_inducing" not in self._given:
+            # Moving Z needs the NTK's input gradient, which the torch path does not compute.
+            config["optimize_inducing"] = False
 
     def __init__(self, model: Any, likelihood: str, **kwargs: Any) -> None:
         super().__init__(model, likelihood, **kwargs)

@@ -1,0 +1,221 @@
+"""Any ``torch.nn.Module`` as an fspace network: torch computes ``f(X)``, ``J(X)·U`` and
+``J(X)ᵀ·L``, fspace does the rest.
+
+``TorchCalls(model, input_shape)`` is the object the compiled module calls back
+(``crates/fspace-py/src/callback.rs``). Every call gets the flat float64 parameters ``w`` (in
+``model.named_parameters()`` order, trainable ones only) and float64 inputs as rows; it runs
+``torch.func.functional_call`` on the model's device and dtype, with ``jvp`` / ``vjp`` vmapped
+over a block of columns (one Python call per block, so the GIL is taken once per block, not
+per column), and returns float64 numpy arrays. A float32 model is evaluated in float32 by torch;
+fspace accumulates the products in float64, so a float32 model's Jacobian products carry
+float32 rounding (relative ≈ 1e-7) and nothing more.
+
+The model is put in ``eval()`` mode for each call (BatchNorm uses its running statistics,
+Dropout is off) and returned to its mode after; its buffers are used as they are. Attention
+runs on torch's composite kernel (the fused kernels have no forward-mode derivative).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+
+def _math_attention() -> Any:
+    """Scaled-dot-product attention by its composite (math) kernel: the fused CPU / flash
+    kernels have no forward-mode derivative, which ``J·U`` needs."""
+    import contextlib
+
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3: no kernel choice to make
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+class TorchCalls:
+    """The callbacks of one model (module docs). ``block`` columns are vmapped at a time."""
+
+    def __init__(self, model: Any, input_shape: Sequence[int], block: int = 32) -> None:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{type(model).__name__} is not a torch.nn.Module")
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the model has no trainable parameter")
+        dtypes = {p.dtype for _, p in named}
+        devices = {p.device for _, p in named}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in (torch.float32, torch.float64):
+            raise ValueError(f"the model's parameters must share one dtype, float32 or float64 (found {sorted(map(str, dtypes))})")
+        if len(devices) != 1:
+            raise ValueError(f"the model's parameters must live on one device (found {sorted(map(str, devices))})")
+        self.model = model
+        self.names: List[str] = [n for n, _ in named]
+        self.shapes: List[Tuple[int, ...]] = [tuple(p.shape) for _, p in named]
+        self.sizes: List[int] = [int(p.numel()) for _, p in named]
+        self.dtype = next(iter(dtypes))
+        self.device = next(iter(devices))
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.input_dim = int(np.prod(self.input_shape))
+        self.block = int(block)
+        self.params = np.concatenate([p.detach().double().cpu().reshape(-1).numpy() for _, p in named])
+        with torch.no_grad():
+            probe = self._call(self._unflatten(self.params), self._inputs(np.zeros((1, self.input_dim))))
+        self.output_dim = int(probe.shape[1])
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _unflatten(self, w: np.ndarray) -> Dict[str, Any]:
+        import torch
+
+        flat = torch.from_numpy(np.ascontiguousarray(w)).to(device=self.device, dtype=self.dtype)
+        return {n: t.view(s) for n, t, s in zip(self.names, torch.split(flat, self.sizes), self.shapes)}
+
+    def _columns(self, m: np.ndarray) -> Dict[str, Any]:
+        """The columns of a ``p × r`` matrix as parameter dicts with a leading ``r`` axis."""
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(m.T)).to(device=self.device, dtype=self.dtype)
+        return {n: c.reshape((m.shape[1],) + s) for n, c, s in zip(self.names, torch.split(t, self.sizes, dim=1), self.shapes)}
+
+    def _inputs(self, x: np.ndarray) -> Any:
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(x)).to(device=self.device, dtype=self.dtype)
+        return t.reshape((x.shape[0],) + self.input_shape)
+
+    def _call(self, params: Dict[str, Any], x: Any) -> Any:
+        import torch
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with _math_attention():
+                out = torch.func.functional_call(self.model, params, (x,), strict=False)
+        finally:
+            self.model.train(was_training)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                f"the model returned a {type(out).__name__}; fspace needs one tensor of outputs per input "
+                "(wrap the model to return it)"
+            )
+        if out.shape[0] != x.shape[0]:
+            raise ValueError(f"the model returned {out.shape[0]} rows for {x.shape[0]} inputs")
+        return out.reshape(x.shape[0], -1)
+
+    @staticmethod
+    def _numpy(t: Any) -> np.ndarray:
+        return t.detach().to("cpu", dtype=__import__("torch").float64).numpy()
+
+    # -- the callbacks -----------------------------------------------------------------------
+
+    def forward(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """``f(X)``: ``n × d'``."""
+        import torch
+
+        with torch.no_grad():
+            return self._numpy(self._call(self._unflatten(w), self._inputs(x)))
+
+    def jvp(self, w: np.ndarray, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``J(X)·U`` for the ``r`` columns of ``U`` (``p × r``): ``n·d' × r``, point-major."""
+        import torch
+
+        params, xs = self._unflatten(w), self._inputs(x)
+
+        def f(p: Dict[str, Any]) -> Any:
+            return self._call(p, xs)
+
+        def one(t: Dict[str, Any]) -> Any:
+            return torch.func.jvp(f, (params,), (t,))[1]
+
+        out = np.empty((x.shape[0] * self.output_dim, u.shape[1]))
+        for start in range(0, u.shape[1], self.block):
+            cols = u[:, start:start + self.block]
+            ju = torch.func.vmap(one)(self._columns(cols))  # r × n × d'
+            out[:, start:start + cols.shape[1]] = self._numpy(ju.reshape(cols.shape[1], -1)).T
+        return out
+
+    def vjp(self, w: np.ndarray, x: np.ndarray, l: np.ndarray) -> np.ndarray:
+        """``J(X)ᵀ·L`` for the ``r`` point-major cotangent columns of ``L`` (``n·d' × r``): ``p × r``."""
+        import torch
+
+        params, xs = self._unflatten(w), self._inputs(x)
+        pullback = torch.func.vjp(lambda p: self._call(p, xs), params)[1]
+        n, q = x.shape[0], self.output_dim
+        out = np.empty((int(sum(self.sizes)), l.shape[1]))
+        for start in range(0, l.shape[1], self.block):
+            cols = l[:, start:start + self.block]
+            cot = torch.from_numpy(np.ascontiguousarray(cols.T)).to(device=self.device, dtype=self.dtype)
+            (grads,) = torch.func.vmap(pullback)(cot.reshape(cols.shape[1], n, q))
+            flat = torch.cat([grads[name].reshape(cols.shape[1], -1) for name in self.names], dim=1)
+            out[:, start:start + cols.shape[1]] = self._numpy(flat).T
+        return out
+
+    def state_dict(self, w: np.ndarray) -> Dict[str, np.ndarray]:
+        """Flat weights as the model's named parameters (float64 arrays)."""
+        out: Dict[str, np.ndarray] = {}
+        offset = 0
+        for name, shape, size in zip(self.names, self.shapes, self.sizes):
+            out[name] = np.asarray(w[offset:offset + size]).reshape(shape).copy()
+            offset += size
+        return out
+
+
+class TorchModel:
+    """A model on the torch path, with ``ModelSpec``'s input handling: inputs are ``N × …``
+    arrays in the model's own input shape (learned from the first ``fit``) or rows of its
+    flattened size."""
+
+    def __init__(self, model: Any, input_shape: Any = None, block: int = 32, why: str = "") -> None:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{type(model).__name__} is not a torch.nn.Module (backend='torch' needs one)")
+        self.model = model
+        self.block = int(block)
+        self.input_shape = None if input_shape is None else tuple(int(s) for s in input_shape)
+        self._calls: Any = None
+        self.architecture = None
+        self.is_cnn = False
+        # Why the model is not one of fspace's native networks ("" when the torch path was asked for).
+        self.why = why
+
+    def architecture_known(self) -> bool:
+        return self.input_shape is not None
+
+    def inputs(self, x: Any, what: str = "X") -> np.ndarray:
+        if type(x).__module__.startswith("torch"):
+            x = x.detach().cpu().numpy()
+        a = np.asarray(x, dtype=np.float64)
+        if a.ndim < 1:
+            raise ValueError(f"{what} must have a batch dimension, got shape {a.shape}")
+        if a.ndim == 1:
+            a = a.reshape(-1, 1)
+        shape = tuple(a.shape[1:])
+        if self.input_shape is None:
+            self.input_shape = shape
+        elif shape != self.input_shape and not (a.ndim == 2 and a.shape[1] == int(np.prod(self.input_shape))):
+            raise ValueError(f"{what} has inputs of shape {shape}; the model was fitted on {self.input_shape}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{what} has a non-finite value")
+        return np.ascontiguousarray(a.reshape(a.shape[0], -1))
+
+    def calls(self) -> TorchCalls:
+        if self._calls is None:
+            if self.input_shape is None:
+                raise ValueError("the model's input shape is unknown before fit")
+            self._calls = TorchCalls(self.model, self.input_shape, self.block)
+        return self._calls
+
+    def __getstate__(self) -> Dict[str, Any]:
+        raise TypeError("a posterior on a torch model's callbacks cannot be pickled: save the model with torch and refit")
+
+
+def is_module(model: Any) -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(model, torch.nn.Module)

@@ -1,0 +1,233 @@
+"""Any ``torch.nn.Module`` through torch's derivatives (``fspace._torch``): the callbacks'
+``J·U`` and ``Jᵀ·L`` against ``torch.autograd.functional.jacobian``, the Laplace predictive of
+every structure the path offers against the dense computation from that Jacobian, the same
+posteriors as the native path on a convertible ``nn.Sequential``, and the refusals."""
+
+import numpy as np
+import pytest
+
+import fspace
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+from fspace._torch import TorchCalls  # noqa: E402  (needs torch)
+
+
+class ResidualMLP(nn.Module):
+    """A custom ``forward`` with a skip connection."""
+
+    def __init__(self, d=2, width=8, q=2):
+        super().__init__()
+        self.inp, self.mid, self.out = nn.Linear(d, width), nn.Linear(width, width), nn.Linear(width, q)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        h = h + torch.tanh(self.mid(h))
+        return self.out(h)
+
+
+class BatchNormCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3, stride=2)
+        self.bn = nn.BatchNorm2d(3)
+        self.head = nn.Linear(3 * 3 * 3, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+class TinyAttention(nn.Module):
+    """One self-attention layer over a sequence of 4 tokens of width 3, mean-pooled."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(3, 1, batch_first=True)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        h, _ = self.attn(x, x, x, need_weights=False)
+        return self.head(torch.tanh(h).mean(dim=1))
+
+
+def models():
+    torch.manual_seed(0)
+    res = ResidualMLP().double()
+    cnn = BatchNormCNN().double()
+    with torch.no_grad():  # running statistics away from (0, 1), so eval mode matters
+        cnn.bn.running_mean.uniform_(-0.5, 0.5)
+        cnn.bn.running_var.uniform_(0.5, 2.0)
+    att = TinyAttention().double()
+    return [
+        ("residual", res, torch.randn(6, 2, dtype=torch.float64)),
+        ("batchnorm-cnn", cnn, torch.randn(5, 1, 7, 7, dtype=torch.float64)),
+        ("attention", att, torch.randn(5, 4, 3, dtype=torch.float64)),
+    ]
+
+
+def dense_jacobian(model, x):
+    """``n·q × p`` (point-major rows, ``named_parameters()`` columns) by torch autograd."""
+    names = [n for n, _ in model.named_parameters()]
+    params = tuple(p.detach() for _, p in model.named_parameters())
+
+    def f(*flat):
+        return torch.func.functional_call(model, dict(zip(names, flat)), (x,)).reshape(x.shape[0], -1)
+
+    model.eval()
+    blocks = torch.autograd.functional.jacobian(f, params)
+    n, q = blocks[0].shape[:2]
+    return torch.cat([b.reshape(n * q, -1) for b in blocks], dim=1).numpy()
+
+
+@pytest.mark.parametrize("name,model,x", models(), ids=[m[0] for m in models()])
+def test_the_callbacks_products_equal_torchs_jacobian(name, model, x):
+    calls = TorchCalls(model, x.shape[1:], block=3)
+    rows = x.reshape(x.shape[0], -1).numpy()
+    jac = dense_jacobian(model, x)
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal((jac.shape[1], 7))
+    l = rng.standard_normal((jac.shape[0], 5))
+    assert np.max(np.abs(calls.jvp(calls.params, rows, u) - jac @ u)) <= 1e-10 * max(1.0, np.abs(jac @ u).max())
+    assert np.max(np.abs(calls.vjp(calls.params, rows, l) - jac.T @ l)) <= 1e-10 * max(1.0, np.abs(jac.T @ l).max())
+    with torch.no_grad():
+        model.eval()
+        assert np.max(np.abs(calls.forward(calls.params, rows) - model(x).reshape(x.shape[0], -1).numpy())) <= 1e-12
+
+
+def dense_predictive_variance(model, x, xs, sigma, lam, structure):
+    j, js = dense_jacobian(model, x), dense_jacobian(model, xs)
+    ggn = j.T @ j / sigma**2
+    if structure == "diag":
+        cov = np.diag(1.0 / (np.diag(ggn) + lam))
+    else:
+        cov = np.linalg.inv(ggn + lam * np.eye(ggn.shape[0]))
+    return np.einsum("ij,jk,ik->i", js, cov, js).reshape(xs.shape[0], -1)
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "lowrank"])
+@pytest.mark.parametrize("name,model,x", models(), ids=[m[0] for m in models()])
+def test_every_structure_equals_the_dense_computation(structure, name, model, x):
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn((3,) + tuple(x.shape[1:]), generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        model.eval()
+        y = model(x) + 0.1 * torch.randn(model(x).shape, generator=g, dtype=torch.float64)
+    sigma, lam = 0.3, 1.5
+    la = fspace.Laplace(model, "regression", hessian_structure=structure, prior_precision=lam, sigma_noise=sigma)
+    la.fit(x, y)
+    mean, var = la(xs)
+    with torch.no_grad():
+        assert torch.max(torch.abs(mean - model(xs))).item() <= 1e-12
+    ref = dense_predictive_variance(model, x, xs, sigma, lam, structure)
+    assert np.max(np.abs(var.numpy() - ref) / ref) <= 1e-8
+
+
+def test_a_convertible_sequential_gives_the_same_posterior_on_both_paths():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(2, 10), nn.Tanh(), nn.Linear(10, 10), nn.Tanh(), nn.Linear(10, 1)).double()
+    x = torch.rand(40, 2, dtype=torch.float64) * 2 - 1
+    with torch.no_grad():
+        y = torch.sin(3 * x[:, :1]) + model(x)
+    xs = torch.rand(7, 2, dtype=torch.float64) * 4 - 2
+    for structure in ["full", "diag", "lowrank"]:
+        got = []
+        for backend in ["native", "torch"]:
+            la = fspace.Laplace(model, "regression", hessian_structure=structure, sigma_noise=0.2,
+                                prior_precision=0.7, backend=backend)
+            la.fit(x, y)
+            fixed = (la(xs)[1].numpy(), la.log_marginal_likelihood())
+            la.optimize_prior_precision()
+            got.append(fixed + (la.prior_precision[0],))
+        (va, ea, la_), (vb, eb, lb) = got
+        assert np.max(np.abs(va - vb) / va) <= 1e-10, structure
+        assert abs(ea - eb) <= 1e-10 * abs(ea), structure
+        # The evidence search stops at its tolerance: rounding-level differences in the
+        # curvature move its end point by far less than that.
+        assert abs(la_ - lb) <= 1e-6 * la_, structure
+    prior = fspace.GPPrior(fspace.kernels.Matern12(1.0, 0.5))
+    post = []
+    for backend in ["native", "torch"]:
+        m = fspace.FSPLaplace(model, "regression", prior, train=False, sigma_noise=0.2, n_laplace_context=36, backend=backend)
+        post.append(m.fit(x, y)(xs))
+    assert np.max(np.abs(post[0][0].numpy() - post[1][0].numpy())) <= 1e-12
+    assert np.max(np.abs(post[0][1].numpy() - post[1][1].numpy()) / post[0][1].numpy()) <= 1e-10
+
+
+def test_float32_models_run_in_float32_and_accumulate_in_float64():
+    torch.manual_seed(3)
+    model = ResidualMLP()
+    x = torch.randn(10, 2)
+    la = fspace.Laplace(model, "regression", hessian_structure="full", sigma_noise=0.3)
+    la.fit(x, torch.zeros(10, 2))
+    mean, var = la(x)
+    with torch.no_grad():
+        assert torch.max(torch.abs(mean - model(x).double())).item() <= 1e-6
+    ref = dense_predictive_variance(model.double(), x.double(), x.double(), 0.3, 1.0, "full")
+    assert np.max(np.abs(var.numpy() - ref) / ref) <= 1e-4
+
+
+class ReturnsTuple(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.lin(x), x
+
+
+class InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 1)
+
+    def forward(self, x):
+        w = self.lin.weight
+        w.mul_(1.0)  # in place on a parameter: torch.func refuses it
+        return x @ w.t()
+
+
+def test_models_the_path_cannot_take_are_refused_with_torchs_or_fspaces_message():
+    x, y = torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 1, dtype=torch.float64)
+    with pytest.raises(TypeError, match="returned a tuple"):
+        fspace.Laplace(ReturnsTuple().double(), "regression", hessian_structure="diag").fit(x, y)
+    with pytest.raises(RuntimeError):
+        fspace.Laplace(InPlace().double(), "regression", hessian_structure="diag").fit(x, y)
+    with pytest.raises(NotImplementedError, match="per-layer statistics"):
+        fspace.Laplace(ResidualMLP().double(), "regression", hessian_structure="kron")
+    with pytest.raises(NotImplementedError, match="last_layer"):
+        fspace.Laplace(ResidualMLP().double(), "regression", subset_of_weights="last_layer", hessian_structure="full")
+    mixed = ResidualMLP().double()
+    mixed.out.float()
+    with pytest.raises(ValueError, match="one dtype"):
+        fspace.Laplace(mixed, "regression", hessian_structure="diag").fit(torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="backend"):
+        fspace.Laplace(ResidualMLP(), "regression", backend="jax")
+    with pytest.raises(TypeError, match="not a torch.nn.Module"):
+        fspace.Laplace(object(), "regression", backend="torch")
+    la = fspace.Laplace(ResidualMLP().double(), "regression", hessian_structure="diag")
+    la.fit(torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="fitted on"):
+        la(torch.randn(3, 3, dtype=torch.float64))
+    import pickle
+
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(la)
+
+
+def test_the_function_space_methods_take_any_model():
+    torch.manual_seed(4)
+    model = ResidualMLP(d=1, q=1).double()
+    x = torch.linspace(-1, 1, 30, dtype=torch.float64).reshape(-1, 1)
+    with torch.no_grad():
+        y = torch.sin(3 * x) + 0.05 * model(x)
+    prior = fspace.GPPrior(fspace.kernels.RBF(1.0, 0.5))
+    fsp = fspace.FSPLaplace(model, "regression", prior, train=False, sigma_noise=0.1, n_laplace_context=25).fit(x, y)
+    mean, var = fsp(torch.tensor([[0.0], [1.4]], dtype=torch.float64))
+    with torch.no_grad():
+        assert abs(mean[0, 0].item() - model(torch.zeros(1, 1, dtype=torch.float64)).item()) <= 1e-12
+    assert 0 < var[0, 0].item() < var[1, 0].item() <= 1.0 + 1e-9
+    assert set(fsp.state_dict()) == {n for n, _ in model.named_parameters()}
+    ella = fspace.ELLA(model, "regression", num_points=20, num_eigen=8, prior={"Fixed": 1.0}, sigma_noise=0.1).fit(x, y)
+    assert bool((ella(x)[1] > 0).all())
+    valla = fspace.VaLLA(model, "regression", num_inducing=5, sigma_noise=0.1, steps=20).fit(x, y)
+    assert bool((valla(x)[1] > 0).all())
