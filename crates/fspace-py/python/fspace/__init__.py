@@ -13,7 +13,9 @@
 (``(state_dict, activation, architecture)`` for a CNN). A CNN takes ``N × C × H × W`` images
 (or flattened rows with ``input_shape=(C, H, W)``). Anything else (another layer, a custom
 ``forward``, two different activations) is a ``TypeError`` / ``ValueError`` that names the
-module, never a wrong model. The numbers come from the compiled module ``fspace._fspace`` (the
+module with ``backend="native"``, never a wrong model; the default ``backend="auto"`` takes any
+other ``torch.nn.Module`` through torch's own derivatives (``fspace._torch``) for the
+structures and methods that need only ``f``, ``J·U`` and ``Jᵀ·L``. The numbers come from the compiled module ``fspace._fspace`` (the
 Rust crate ``fspace-py``), in float64; float32 weights are read exactly.
 
 Where it differs from laplace-torch: inputs and outputs are numpy arrays (torch tensors are

@@ -17,6 +17,7 @@ runs on torch's composite kernel (the fused kernels have no forward-mode derivat
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -60,6 +61,10 @@ class TorchCalls:
         self.input_shape = tuple(int(s) for s in input_shape)
         self.input_dim = int(np.prod(self.input_shape))
         self.block = int(block)
+        # fspace calls back from several worker threads; torch.func's transforms must not
+        # interleave (torch releases the GIL inside its kernels), so one call runs at a time
+        # — torch parallelises inside each call.
+        self._lock = threading.Lock()
         self.params = np.concatenate([p.detach().double().cpu().reshape(-1).numpy() for _, p in named])
         with torch.no_grad():
             probe = self._call(self._unflatten(self.params), self._inputs(np.zeros((1, self.input_dim))))
@@ -115,7 +120,7 @@ class TorchCalls:
         """``f(X)``: ``n × d'``."""
         import torch
 
-        with torch.no_grad():
+        with self._lock, torch.no_grad():
             return self._numpy(self._call(self._unflatten(w), self._inputs(x)))
 
     def jvp(self, w: np.ndarray, x: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -131,10 +136,11 @@ class TorchCalls:
             return torch.func.jvp(f, (params,), (t,))[1]
 
         out = np.empty((x.shape[0] * self.output_dim, u.shape[1]))
-        for start in range(0, u.shape[1], self.block):
-            cols = u[:, start:start + self.block]
-            ju = torch.func.vmap(one)(self._columns(cols))  # r × n × d'
-            out[:, start:start + cols.shape[1]] = self._numpy(ju.reshape(cols.shape[1], -1)).T
+        with self._lock:
+            for start in range(0, u.shape[1], self.block):
+                cols = u[:, start:start + self.block]
+                ju = torch.func.vmap(one)(self._columns(cols))  # r × n × d'
+                out[:, start:start + cols.shape[1]] = self._numpy(ju.reshape(cols.shape[1], -1)).T
         return out
 
     def vjp(self, w: np.ndarray, x: np.ndarray, l: np.ndarray) -> np.ndarray:
@@ -142,15 +148,16 @@ class TorchCalls:
         import torch
 
         params, xs = self._unflatten(w), self._inputs(x)
-        pullback = torch.func.vjp(lambda p: self._call(p, xs), params)[1]
         n, q = x.shape[0], self.output_dim
         out = np.empty((int(sum(self.sizes)), l.shape[1]))
-        for start in range(0, l.shape[1], self.block):
-            cols = l[:, start:start + self.block]
-            cot = torch.from_numpy(np.ascontiguousarray(cols.T)).to(device=self.device, dtype=self.dtype)
-            (grads,) = torch.func.vmap(pullback)(cot.reshape(cols.shape[1], n, q))
-            flat = torch.cat([grads[name].reshape(cols.shape[1], -1) for name in self.names], dim=1)
-            out[:, start:start + cols.shape[1]] = self._numpy(flat).T
+        with self._lock:
+            pullback = torch.func.vjp(lambda p: self._call(p, xs), params)[1]
+            for start in range(0, l.shape[1], self.block):
+                cols = l[:, start:start + self.block]
+                cot = torch.from_numpy(np.ascontiguousarray(cols.T)).to(device=self.device, dtype=self.dtype)
+                (grads,) = torch.func.vmap(pullback)(cot.reshape(cols.shape[1], n, q))
+                flat = torch.cat([grads[name].reshape(cols.shape[1], -1) for name in self.names], dim=1)
+                out[:, start:start + cols.shape[1]] = self._numpy(flat).T
         return out
 
     def state_dict(self, w: np.ndarray) -> Dict[str, np.ndarray]:
