@@ -52,4 +52,4 @@ pub use fit::{
 };
 pub use laplace::{laplace, FspLaplace, FspLaplaceConfig, LaplaceReport};
 pub use prior::{fit_classification_prior, fit_regression_prior};
-pub use train::{objective, rkhs_regularizer, train, TrainOptions};
+pub use train::{objective, rkhs_regularizer, train, ContextPrior, TrainOptions};

@@ -39,9 +39,79 @@ pub(crate) fn from_point_major(v: &[f64], q: usize) -> DMatrix<f64> {
     DMatrix::from_row_slice(v.len() / q, q, v)
 }
 
+/// The prior at fixed context points `C`, factorised once: `μ(C)` and the Cholesky factor of
+/// `Σ(C, C) + εI` with `ε = jitter × mean diag Σ(C, C)` (more, ×10 per retry from 1e-10,
+/// only if that still fails to factorise). [`ContextPrior::norm`] then gives the RKHS norm
+/// estimate of any function values at `C` and its gradient with respect to them — what
+/// [`rkhs_regularizer`] pulls back through a network, and what a framework with its own
+/// autodiff (the Python binding's torch loss term) pulls back itself.
+pub struct ContextPrior {
+    mu: DMatrix<f64>,
+    chol: fspace_linalg::JitteredCholesky,
+    shared: bool,
+    eps: f64,
+    q: usize,
+}
+
+impl ContextPrior {
+    /// Factorises the prior of `d'`-output functions at the rows of `c`.
+    pub fn new(prior: &GpPrior, c: &DMatrix<f64>, output_dim: usize, jitter: f64) -> Result<Self> {
+        if !(jitter.is_finite() && jitter >= 0.0) {
+            return Err(invalid("context_jitter", format!("{jitter} must be finite and ≥ 0")));
+        }
+        prior.check(c.ncols(), output_dim)?;
+        let q = output_dim;
+        let mu = from_point_major(prior.mean_at(c)?.as_slice(), q);
+        // Independent outputs sharing one kernel (`Σ = K₀ ⊗ I`): factor the n_C × n_C scalar
+        // Gram and solve for all outputs at once, `α = K₀⁻¹ (F − M)` — the same numbers as the
+        // n_C·d' system (identical jitter rule), d'³ times cheaper.
+        let (mut k, shared) = match prior.kernel.shared_output_kernel() {
+            Some(k0) => (gram(k0, c, c)?, true),
+            None => (prior.gram(c)?, false),
+        };
+        let eps = jitter * k.diagonal().mean();
+        for i in 0..k.nrows() {
+            k[(i, i)] += eps;
+        }
+        let chol = cholesky_jitter(&k, &JitterConfig::default())?;
+        Ok(Self { mu, chol, shared, eps, q })
+    }
+
+    /// `(½ (F − μ)ᵀ (Σ + εI)⁻¹ (F − μ), α = (Σ + εI)⁻¹ (F − μ))` for function values `F`
+    /// (`n_C × d'`); `α` (`n_C × d'`) is the value's gradient with respect to `F`.
+    pub fn norm(&self, f: &DMatrix<f64>) -> Result<(f64, DMatrix<f64>)> {
+        if f.shape() != self.mu.shape() {
+            return Err(invalid(
+                "function values at the context points",
+                format!(
+                    "{}×{} given for {}×{} context outputs",
+                    f.nrows(),
+                    f.ncols(),
+                    self.mu.nrows(),
+                    self.q
+                ),
+            ));
+        }
+        if f.iter().any(|v| !v.is_finite()) {
+            return Err(invalid("function values at the context points", "a value is not finite"));
+        }
+        let r = f - &self.mu;
+        let alpha = if self.shared {
+            self.chol.solve(&r)?
+        } else {
+            from_point_major(self.chol.solve_vec(&point_major(&r))?.as_slice(), self.q)
+        };
+        Ok((0.5 * r.dot(&alpha), alpha))
+    }
+
+    /// The jitter actually added to `Σ(C, C)` (the relative one plus any retry's).
+    pub fn jitter_used(&self) -> f64 {
+        self.eps + self.chol.jitter()
+    }
+}
+
 /// Value and weight gradient of the regulariser `½ (f(C) − μ(C))ᵀ (Σ(C, C) + εI)⁻¹ (f(C) − μ(C))`
-/// at the context points `c`, with `ε = jitter × mean diag Σ(C, C)` always added (more, ×10
-/// per retry from 1e-10, only if that still fails to factorise). Returns `(value, J(C)ᵀα,
+/// at the context points `c` ([`ContextPrior`]'s jitter rule). Returns `(value, J(C)ᵀα,
 /// ε actually used)`.
 pub fn rkhs_regularizer<N: Network + ?Sized>(
     net: &N,
@@ -49,48 +119,26 @@ pub fn rkhs_regularizer<N: Network + ?Sized>(
     c: &DMatrix<f64>,
     jitter: f64,
 ) -> Result<(f64, DVector<f64>, f64)> {
-    prior.check(net.input_dim(), net.output_dim())?;
     ensure_dim("context-point dimension vs. network inputs", net.input_dim(), c.ncols())?;
-    let q = net.output_dim();
-    let mu = from_point_major(prior.mean_at(c)?.as_slice(), q);
-    // Independent outputs sharing one kernel (`Σ = K₀ ⊗ I`): factor the n_C × n_C scalar Gram
-    // and solve for all outputs at once, `α = K₀⁻¹ (F − M)` — the same numbers as the
-    // n_C·d' system (identical jitter rule), d'³ times cheaper.
-    let (mut k, shared) = match prior.kernel.shared_output_kernel() {
-        Some(k0) => (gram(k0, c, c)?, true),
-        None => (prior.gram(c)?, false),
-    };
-    let eps = jitter * k.diagonal().mean();
-    for i in 0..k.nrows() {
-        k[(i, i)] += eps;
-    }
-    let chol = cholesky_jitter(&k, &JitterConfig::default())?;
+    let context = ContextPrior::new(prior, c, net.output_dim(), jitter)?;
     let mut value = 0.0;
     let mut failure = None;
-    let result = net.forward_vjp(c, &mut |f: &DMatrix<f64>| {
-        let r = f - &mu; // n_C × d'
-        let solved = if shared {
-            chol.solve(&r)
-        } else {
-            chol.solve_vec(&point_major(&r)).map(|a| from_point_major(a.as_slice(), q))
-        };
-        match solved {
-            Ok(alpha) => {
-                value = 0.5 * r.dot(&alpha);
-                Ok(alpha)
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                failure = Some(e);
-                Err(NnError::Regularizer(msg))
-            }
+    let result = net.forward_vjp(c, &mut |f: &DMatrix<f64>| match context.norm(f) {
+        Ok((v, alpha)) => {
+            value = v;
+            Ok(alpha)
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            failure = Some(e);
+            Err(NnError::Regularizer(msg))
         }
     });
     let grad = match (result, failure) {
-        (_, Some(e)) => return Err(e.into()),
+        (_, Some(e)) => return Err(e),
         (r, None) => r?.1,
     };
-    Ok((value, grad, eps + chol.jitter()))
+    Ok((value, grad, context.jitter_used()))
 }
 
 /// The Alg. 1 objective on one minibatch for fixed context points, and its weight gradient:

@@ -16,7 +16,9 @@
 //!   JSON (`default_config(method)` holds the paper's values), the prior as a `GpPrior`'s JSON,
 //!   progress reported to a Python callable; the posterior predicts, samples functions, returns
 //!   trained weights and pickles.
-//! * `gram(kernel, X, Y)`: a kernel's Gram matrix from its spec's JSON.
+//! * `gram(kernel, X, Y)`: a kernel's Gram matrix from its spec's JSON; `rkhs_norm(prior, C, F,
+//!   jitter)`: FSP-Laplace's regulariser at context points and its gradient in `F` (the
+//!   `fspace.torch.FSPRegularizer` loss term).
 //!
 //! Long calls (fits, searches, predictions, samples) release the GIL; a progress callback
 //! takes it back for its call only. Errors keep the Rust error's text and map by kind
@@ -40,6 +42,7 @@ fn _fspace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(methods::fit, m)?)?;
     m.add_function(wrap_pyfunction!(methods::default_config, m)?)?;
     m.add_function(wrap_pyfunction!(methods::gram, m)?)?;
+    m.add_function(wrap_pyfunction!(methods::rkhs_norm, m)?)?;
     m.add("NumericalError", m.py().get_type::<errors::NumericalError>())?;
     Ok(())
 }

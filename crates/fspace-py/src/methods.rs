@@ -160,6 +160,29 @@ pub(crate) fn gram<'py>(
     Ok(to_numpy(py, &g))
 }
 
+/// `(½ (F − μ)ᵀ (Σ(C, C) + εI)⁻¹ (F − μ), α)` for function values `F` (`n_C × d'`) at the
+/// context points `C` under the prior given as a `GpPrior`'s JSON, with FSP-Laplace's jitter
+/// rule (`ε = jitter × mean prior variance`, more only if needed): the value of FSP-Laplace's
+/// regulariser and its gradient `α` with respect to `F` (the torch loss term's backward).
+#[pyfunction]
+pub(crate) fn rkhs_norm<'py>(
+    py: Python<'py>,
+    prior: &str,
+    c: PyReadonlyArray2<'py, f64>,
+    f: PyReadonlyArray2<'py, f64>,
+    jitter: f64,
+) -> PyResult<(f64, Bound<'py, PyArray2<f64>>)> {
+    let prior = gp_prior(prior)?;
+    let (c, f) = (matrix(&c), matrix(&f));
+    let (value, alpha) = py
+        .detach(|| {
+            let context = fspace_fsp_laplace::ContextPrior::new(&prior, &c, f.ncols(), jitter)?;
+            context.norm(&f)
+        })
+        .map_err(raise)?;
+    Ok((value, to_numpy(py, &alpha)))
+}
+
 /// Fits `method` on `(x, y)` (validation `(x_val, y_val)` where the method early-stops) and
 /// returns `(posterior, report JSON)`; see the module docs. Network methods take the network as
 /// `state` + `activation_name` (+ a CNN's `architecture`), the GP its prior.
