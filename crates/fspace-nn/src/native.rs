@@ -1,9 +1,9 @@
 //! [`NativeNetwork`]: one type for either of fspace's layered networks, the [`Mlp`] or the
 //! [`Cnn`], so a caller that learns the architecture at run time (the Python binding, which
 //! converts whatever `nn.Sequential` it is given, or a loader of saved posteriors) keeps one
-//! posterior type. Every [`Network`] method forwards to the wrapped network's own rule, so
+//! posterior type. Every [`Network`](crate::Network) method forwards to the wrapped network's own rule, so
 //! nothing is slower than using the concrete type; the methods a network does not implement
-//! (the CNN's NTK input gradients, say) give the same [`NnError::Unsupported`] as it does.
+//! (the CNN's NTK input gradients, say) give the same [`NnError::Unsupported`](crate::NnError::Unsupported) as it does.
 //!
 //! Saved as `{"Mlp": …}` or `{"Cnn": …}` (serde's external tag): a file states which network
 //! it holds, and a file of one kind never loads as the other.
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Cnn, Mlp};
 
-/// An [`Mlp`] or a [`Cnn`] behind one [`Network`] (module docs).
+/// An [`Mlp`] or a [`Cnn`] behind one [`Network`](crate::Network) (module docs).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum NativeNetwork {
     /// A dense network.
@@ -43,9 +43,9 @@ impl NativeNetwork {
     }
 }
 
-/// Implements [`Network`] for an enum whose every variant wraps one network type, each
+/// Implements [`Network`](crate::Network) for an enum whose every variant wraps one network type, each
 /// method forwarding to the wrapped network's own rule:
-/// `enum_network!(MyNet { A(TypeA), B(TypeB) });`. [`Network::forward_vjp_many`] takes the
+/// `enum_network!(MyNet { A(TypeA), B(TypeB) });`. [`Network::forward_vjp_many`](crate::Network::forward_vjp_many) takes the
 /// wrapped type's rule when every network of the batch is of one variant (each network cloned
 /// into a slice of that type) and the per-network default for a mixed batch. Exported so a
 /// crate that adds its own network (the Python binding's torch callbacks) can put it beside
