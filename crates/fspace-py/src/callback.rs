@@ -22,12 +22,12 @@ use std::sync::{Arc, Mutex};
 
 use fspace_nn::{NativeNetwork, Network, NnError, Result};
 use nalgebra::{DMatrix, DVector};
-use numpy::{PyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::convert::to_numpy;
-use crate::errors::{raise, Classify};
+use crate::errors::{raise, value_error, Classify};
 
 /// The network of a Python object with `forward`, `jvp`, `vjp` and `features` (module docs).
 #[derive(Clone)]
@@ -252,4 +252,20 @@ impl<'de> Deserialize<'de> for PyNetwork {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         NativeNetwork::deserialize(d).map(PyNetwork::Native)
     }
+}
+
+/// The network of a torch model's callback object (`fspace/_torch.py`'s `TorchCalls`): its
+/// `params` (flat float64, `named_parameters()` order), `input_dim`, `output_dim`.
+pub(crate) fn callback_network(calls: &Bound<'_, PyAny>) -> PyResult<PyNetwork> {
+    let params: PyReadonlyArray1<'_, f64> = calls.getattr("params")?.extract()?;
+    let params = nalgebra::DVector::from_column_slice(params.as_slice()?);
+    if params.is_empty() || params.iter().any(|v| !v.is_finite()) {
+        return Err(value_error("the model's parameters must be non-empty and finite"));
+    }
+    let input_dim: usize = calls.getattr("input_dim")?.extract()?;
+    let output_dim: usize = calls.getattr("output_dim")?.extract()?;
+    if input_dim == 0 || output_dim == 0 {
+        return Err(value_error("the model's input and output dimensions must be positive"));
+    }
+    Ok(PyNetwork::Torch(CallbackNetwork::new(calls.clone().unbind(), params, input_dim, output_dim)))
 }

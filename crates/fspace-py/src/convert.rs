@@ -11,7 +11,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde::Deserialize;
 
-use crate::callback::{CallbackNetwork, PyNetwork};
 use crate::errors::{raise, value_error};
 
 /// A 2-D float64 numpy array as a matrix (any strides; copied).
@@ -94,22 +93,6 @@ pub(crate) fn network(
         seed: 0,
     };
     Ok(load_cnn(&tensors, &config, &LayerNames::Natural).map_err(raise)?.into())
-}
-
-/// The network of a torch model's callback object (`fspace/_torch.py`'s `TorchCalls`): its
-/// `params` (flat float64, `named_parameters()` order), `input_dim`, `output_dim`.
-pub(crate) fn callback_network(calls: &Bound<'_, PyAny>) -> PyResult<PyNetwork> {
-    let params: PyReadonlyArray1<'_, f64> = calls.getattr("params")?.extract()?;
-    let params = nalgebra::DVector::from_column_slice(params.as_slice()?);
-    if params.is_empty() || params.iter().any(|v| !v.is_finite()) {
-        return Err(value_error("the model's parameters must be non-empty and finite"));
-    }
-    let input_dim: usize = calls.getattr("input_dim")?.extract()?;
-    let output_dim: usize = calls.getattr("output_dim")?.extract()?;
-    if input_dim == 0 || output_dim == 0 {
-        return Err(value_error("the model's input and output dimensions must be positive"));
-    }
-    Ok(PyNetwork::Torch(CallbackNetwork::new(calls.clone().unbind(), params, input_dim, output_dim)))
 }
 
 /// laplace-torch's likelihood name for a network (or GP) with `outputs` outputs:

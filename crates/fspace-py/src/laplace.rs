@@ -12,10 +12,8 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::callback::{CallbackErrors, PyNetwork};
-use crate::convert::{
-    activation, callback_network, likelihood as likelihood_spec, matrix, network, to_numpy,
-};
+use crate::callback::{callback_network, CallbackErrors, PyNetwork};
+use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, to_numpy};
 use crate::errors::{persist_error, value_error};
 
 fn structure(name: &str) -> PyResult<Structure> {

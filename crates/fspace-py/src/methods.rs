@@ -20,10 +20,8 @@ use pyo3::types::{PyDict, PyTuple};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::callback::{CallbackErrors, PyNetwork};
-use crate::convert::{
-    activation, callback_network, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy,
-};
+use crate::callback::{callback_network, CallbackErrors, PyNetwork};
+use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy};
 use crate::errors::{persist_error, raise, value_error};
 
 /// The methods `fit` knows, by their Python names.
