@@ -33,7 +33,6 @@ pub enum NnError {
 /// Result alias of this crate.
 pub type Result<T, E = NnError> = std::result::Result<T, E>;
 
-/// A parameter-space vector of length `p` with finite entries (`what` names it in errors).
 /// `a · b + c` for sizes read from a configuration, or an error naming `what` when it does not
 /// fit a `usize` (a corrupted or hostile file can declare any width).
 pub(crate) fn size_mul_add(what: &'static str, a: usize, b: usize, c: usize) -> Result<usize> {
@@ -49,7 +48,8 @@ pub(crate) fn size_product(what: &'static str, factors: &[usize]) -> Result<usiz
     factors.iter().try_fold(1, |n, &f| size_mul_add(what, n, f, 0))
 }
 
-pub(crate) fn check_param_vector(what: &'static str, v: &DVector<f64>, p: usize) -> Result<()> {
+/// A parameter-space vector of length `p` with finite entries (`what` names it in errors).
+pub fn check_param_vector(what: &'static str, v: &DVector<f64>, p: usize) -> Result<()> {
     check_param_slice(what, v.as_slice(), p)
 }
 
@@ -75,7 +75,7 @@ pub(crate) fn all_finite(v: &[f64]) -> bool {
 }
 
 /// A non-empty, finite input batch with `d` columns (`width` names the columns in errors).
-pub(crate) fn check_input_batch(x: &DMatrix<f64>, d: usize, width: &'static str) -> Result<()> {
+pub fn check_input_batch(x: &DMatrix<f64>, d: usize, width: &'static str) -> Result<()> {
     if x.nrows() == 0 {
         return Err(NnError::Input(InputError::Empty { what: "input batch" }));
     }

@@ -51,6 +51,14 @@ mod train;
 pub use activation::Activation;
 pub use cnn::{Cnn, CnnConfig, ConvBlock};
 pub use error::{NnError, Result};
+
+/// The input checks every network shares (shapes, emptiness, finiteness, with the same
+/// errors), for networks implemented outside this crate — the Python binding's torch
+/// callbacks.
+pub mod checks {
+    pub use crate::error::{check_input_batch, check_param_vector};
+    pub use crate::network::check_columns;
+}
 pub use features::{FeatureMap, Featurized};
 pub use helmholtz::HelmholtzNet;
 pub use layers::{LayerInfo, LayerKind, LayerStatistics};

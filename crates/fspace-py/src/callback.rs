@@ -4,7 +4,7 @@
 //! `forward`.
 //!
 //! The Python object gets the flat parameters with every call (`forward(w, X)`,
-//! `jvp(w, X, U)`, `vjp(w, X, L)`, `features(w, X)`), so clones of the network with
+//! `jvp(w, X, U)`, `vjp(w, X, L)`), so clones of the network with
 //! different weights share one callback object and the GIL is taken once per block of
 //! columns, not per column. Results come back as float64 (an f32 model is evaluated in f32 by
 //! torch and accumulated in f64 here). The first exception a callback raises is kept
@@ -20,6 +20,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use fspace_nn::checks::{check_columns, check_input_batch, check_param_vector};
 use fspace_nn::{NativeNetwork, Network, NnError, Result};
 use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
@@ -29,7 +30,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::convert::to_numpy;
 use crate::errors::{raise, value_error, Classify};
 
-/// The network of a Python object with `forward`, `jvp`, `vjp` and `features` (module docs).
+/// The network of a Python object with `forward`, `jvp` and `vjp` (module docs). Inputs,
+/// directions and cotangents pass fspace-nn's shared checks before any call.
 #[derive(Clone)]
 pub(crate) struct CallbackNetwork {
     calls: Arc<Py<PyAny>>,
@@ -91,14 +93,7 @@ impl CallbackNetwork {
     }
 
     fn check_x(&self, x: &DMatrix<f64>) -> Result<()> {
-        if x.ncols() != self.input_dim {
-            return Err(NnError::Input(fspace_input::InputError::DimensionMismatch {
-                what: "input columns",
-                expected: self.input_dim,
-                found: x.ncols(),
-            }));
-        }
-        Ok(())
+        check_input_batch(x, self.input_dim, "input columns")
     }
 }
 
@@ -116,13 +111,7 @@ impl Network for CallbackNetwork {
         self.params.clone()
     }
     fn set_params(&mut self, params: &DVector<f64>) -> Result<()> {
-        if params.len() != self.params.len() {
-            return Err(NnError::Input(fspace_input::InputError::DimensionMismatch {
-                what: "parameters",
-                expected: self.params.len(),
-                found: params.len(),
-            }));
-        }
+        check_param_vector("parameter vector", params, self.params.len())?;
         self.params.copy_from(params);
         Ok(())
     }
@@ -141,13 +130,7 @@ impl Network for CallbackNetwork {
     /// One callback for all columns (torch vmaps over them in blocks).
     fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
-        if u.nrows() != self.params.len() {
-            return Err(NnError::Input(fspace_input::InputError::DimensionMismatch {
-                what: "parameter directions U (rows = parameters)",
-                expected: self.params.len(),
-                found: u.nrows(),
-            }));
-        }
+        check_columns("parameter directions U (rows = parameters)", u, self.params.len())?;
         let rows = x.nrows() * self.output_dim;
         self.call(
             "jvp",
@@ -159,13 +142,7 @@ impl Network for CallbackNetwork {
     /// One callback for all columns (torch vmaps over them in blocks).
     fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
-        if l.nrows() != x.nrows() * self.output_dim {
-            return Err(NnError::Input(fspace_input::InputError::DimensionMismatch {
-                what: "cotangents L (rows = points × outputs)",
-                expected: x.nrows() * self.output_dim,
-                found: l.nrows(),
-            }));
-        }
+        check_columns("cotangents L (rows = points × outputs)", l, x.nrows() * self.output_dim)?;
         let p = self.params.len();
         self.call(
             "vjp",

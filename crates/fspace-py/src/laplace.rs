@@ -12,7 +12,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::callback::{callback_network, CallbackErrors, PyNetwork};
+use crate::callback::{callback_network, PyNetwork};
 use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, to_numpy};
 use crate::errors::{persist_error, value_error};
 
@@ -35,8 +35,6 @@ fn structure(name: &str) -> PyResult<Structure> {
 #[pyclass(name = "Laplace", module = "fspace._fspace")]
 pub(crate) struct PyLaplace {
     net: PyNetwork,
-    /// A torch model's callback exceptions (re-raised in place of the error they caused).
-    errors: CallbackErrors,
     likelihood: LikelihoodSpec,
     config: LaplaceConfig,
     posterior: Option<LaplacePosterior<PyNetwork>>,
@@ -116,8 +114,7 @@ impl PyLaplace {
         if !(temperature.is_finite() && temperature > 0.0) {
             return Err(value_error(format!("temperature {temperature} must be finite and > 0")));
         }
-        let errors = net.errors();
-        Ok(Self { net, errors, likelihood, config, posterior: None })
+        Ok(Self { net, likelihood, config, posterior: None })
     }
 
     /// Fits the curvature at the network's weights on `(X, y)`: `X` is `n × d`, `y` is `n × d'`
@@ -128,7 +125,8 @@ impl PyLaplace {
         x: PyReadonlyArray2<'_, f64>,
         y: PyReadonlyArray2<'_, f64>,
     ) -> PyResult<()> {
-        let errors = self.errors.clone();
+        // A torch model's callback exception, re-raised in place of the error it caused.
+        let errors = self.net.errors();
         let (x, y) = (matrix(&x), matrix(&y));
         let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
         let posterior = py.detach(move || -> Result<_, LaplaceError> {
@@ -150,7 +148,7 @@ impl PyLaplace {
         y_val: Option<PyReadonlyArray2<'_, f64>>,
         grid: Option<Vec<f64>>,
     ) -> PyResult<f64> {
-        let errors = self.errors.clone();
+        let errors = self.net.errors();
         let post = self.fitted_mut()?;
         match method {
             "marglik" => {
@@ -188,7 +186,7 @@ impl PyLaplace {
         n_samples: usize,
         seed: u64,
     ) -> PyResult<Py<PyAny>> {
-        let errors = self.errors.clone();
+        let errors = self.net.errors();
         let classification = self.classification();
         let predictive = match pred_type {
             "glm" => Predictive::Glm,
@@ -219,7 +217,7 @@ impl PyLaplace {
 
     /// The Laplace log marginal likelihood at the current λ and T.
     fn log_marginal_likelihood(&self, py: Python<'_>) -> PyResult<f64> {
-        let errors = self.errors.clone();
+        let errors = self.net.errors();
         let post = self.fitted()?;
         py.detach(|| post.log_marginal_likelihood()).map_err(|e| errors.raise(e))
     }
@@ -233,7 +231,7 @@ impl PyLaplace {
         n_samples: usize,
         seed: u64,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let errors = self.errors.clone();
+        let errors = self.net.errors();
         use rand::SeedableRng;
         let post = self.fitted()?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -269,7 +267,6 @@ impl PyLaplace {
             post.likelihood().ok_or_else(|| value_error("the saved posterior names no likelihood"))?;
         Ok(Self {
             net: post.network().clone(),
-            errors: CallbackErrors::default(),
             likelihood,
             config: LaplaceConfig::default(),
             posterior: Some(post),

@@ -372,7 +372,7 @@ pub(crate) fn check_factors(factors: &[DMatrix<f64>], n: usize, q: usize) -> Res
 }
 
 /// A matrix of column vectors of length `rows`, all finite.
-pub(crate) fn check_columns(what: &'static str, m: &DMatrix<f64>, rows: usize) -> Result<()> {
+pub fn check_columns(what: &'static str, m: &DMatrix<f64>, rows: usize) -> Result<()> {
     if m.nrows() != rows {
         return Err(NnError::Input(InputError::DimensionMismatch { what, expected: rows, found: m.nrows() }));
     }

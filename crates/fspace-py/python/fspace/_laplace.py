@@ -41,9 +41,10 @@ class Laplace:
         backend: str = "auto",
     ) -> None:
         self._spec = network_spec(model, input_shape, backend)
+        on_torch = isinstance(self._spec, TorchModel)
         self._args = (
-            tensors(getattr(self._spec, "state", {}))[0],
-            getattr(self._spec, "activation", ""),
+            tensors({} if on_torch else self._spec.state)[0],
+            "" if on_torch else self._spec.activation,
             likelihood,
             hessian_structure,
             subset_of_weights,
@@ -53,7 +54,7 @@ class Laplace:
             kron_bias,
         )
         self.likelihood = likelihood
-        if isinstance(self._spec, TorchModel) and (hessian_structure in ("kron", "ekfac") or subset_of_weights == "last_layer"):
+        if on_torch and (hessian_structure in ("kron", "ekfac") or subset_of_weights == "last_layer"):
             what = "subset_of_weights='last_layer'" if subset_of_weights == "last_layer" else f"hessian_structure={hessian_structure!r}"
             why = f" (not native: {self._spec.why})" if self._spec.why else ""
             raise NotImplementedError(
@@ -61,8 +62,8 @@ class Laplace:
                 "hessian_structure 'full', 'diag' or 'lowrank' with subset_of_weights='all'"
             )
         self._la: Any = None
-        # An MLP (or a CNN whose input shape is known) is built and checked now; a CNN
-        # otherwise at fit, from the images' shape.
+        # Built and checked now where the input shape is known (an MLP, or a CNN or torch model
+        # given input_shape); otherwise at fit, from the inputs' shape.
         if self._spec.architecture_known():
             self._build()
 

@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from ._convert import is_torch
+
 
 def _math_attention() -> Any:
     """Scaled-dot-product attention by its composite (math) kernel: the fused CPU / flash
@@ -112,7 +114,9 @@ class TorchCalls:
 
     @staticmethod
     def _numpy(t: Any) -> np.ndarray:
-        return t.detach().to("cpu", dtype=__import__("torch").float64).numpy()
+        import torch
+
+        return t.detach().to("cpu", dtype=torch.float64).numpy()
 
     # -- the callbacks -----------------------------------------------------------------------
 
@@ -193,7 +197,7 @@ class TorchModel:
         return self.input_shape is not None
 
     def inputs(self, x: Any, what: str = "X") -> np.ndarray:
-        if type(x).__module__.startswith("torch"):
+        if is_torch(x):
             x = x.detach().cpu().numpy()
         a = np.asarray(x, dtype=np.float64)
         if a.ndim < 1:
