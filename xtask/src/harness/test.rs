@@ -2,11 +2,12 @@
 //!
 //! 1. `cargo test --workspace --release` (the Rust suite);
 //! 2. a virtual environment at `target/python-venv` (`python3 -m venv`, made once), with
-//!    maturin, numpy, pytest, mypy and torch from PyPI (torch is ≈ 5 GB installed — PyPI's
-//!    Linux wheel brings its CUDA libraries — and took 80 s on a fresh venv here; once per
-//!    machine). `--no-torch` leaves it out: the tests that convert a PyTorch model are then
-//!    skipped and pytest lists them; with torch, `$FSPACE_REQUIRE_TORCH` makes a missing torch a
-//!    failure rather than a skip;
+//!    maturin, numpy, pytest and mypy from PyPI, then torch (`install_torch`: PyPI's Linux
+//!    wheel brings its CUDA libraries; without triton, which only `torch.compile` uses, it is
+//!    ≈ 4.4 GB installed and took 105 s on a fresh venv here; once per machine). `--no-torch`
+//!    leaves torch out, and so does a disk with less than [`TORCH_DISK_NEED_GIB`] free (said
+//!    loudly): the tests that convert a PyTorch model are then skipped and pytest lists them;
+//!    with torch, `$FSPACE_REQUIRE_TORCH` makes a missing torch a failure rather than a skip;
 //! 3. `maturin develop --release` of `crates/fspace-py` into it (the `fspace` package), then
 //!    `mypy.stubtest fspace._fspace` (the `.pyi` stubs against the compiled module) and `mypy`
 //!    over the Python layer;
@@ -69,17 +70,16 @@ pub fn test(plan: TestPlan) -> Result<()> {
         )?;
     }
     let py = bin.join("python");
-    let mut packages = vec!["maturin>=1.16,<2", "numpy", "pytest", "mypy"];
-    // torch ≥ 2.1 for `torch.func` and string padding in Conv2d.
-    if plan.torch {
-        packages.push("torch>=2.1");
-    }
     run(
         "Python test dependencies",
-        Command::new(&py)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-            .args(&packages),
+        Command::new(&py).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args([
+            "maturin>=1.16,<2",
+            "numpy",
+            "pytest",
+            "mypy",
+        ]),
     )?;
+    let torch = plan.torch && install_torch(&py, &venv)?;
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     run(
         "fspace Python package (maturin develop --release)",
@@ -106,10 +106,86 @@ pub fn test(plan: TestPlan) -> Result<()> {
     pytest
         .args(["-m", "pytest", "-q", "-rs", "crates/fspace-py/tests"])
         .env("FSPACE_RUST_REFERENCE", &reference);
-    if plan.torch {
+    if torch {
         pytest.env("FSPACE_REQUIRE_TORCH", "1");
     } else {
         pytest.env_remove("FSPACE_REQUIRE_TORCH");
     }
     run("Python tests", pytest.current_dir(&root))
+}
+
+/// Free disk below which `install_torch` leaves torch out: the lean install measured ≈ 4.6 GB
+/// of disk with the downloaded wheels, plus room for pip's unpacking and the test run.
+pub const TORCH_DISK_NEED_GIB: f64 = 7.0;
+
+/// The torch requirement: ≥ 2.1 for `torch.func` and string padding in `Conv2d`.
+const TORCH: &str = "torch>=2.1";
+
+/// Prints torch's runtime requirements for this interpreter, one per line, without triton
+/// (the `torch.compile` back-end, ≈ 1 GB, which no test uses) and without optional extras.
+const TORCH_DEPENDENCIES: &str = r#"
+import importlib.metadata as md
+from pip._vendor.packaging.requirements import Requirement
+for line in md.requires("torch") or []:
+    r = Requirement(line)
+    if r.name.lower() == "triton":
+        continue
+    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+        continue
+    extras = "[" + ",".join(sorted(r.extras)) + "]" if r.extras else ""
+    print(f"{r.name}{extras}{r.specifier}")
+"#;
+
+/// Makes torch importable in the environment; `Ok(false)` when it is left out for lack of disk
+/// (unless `$FSPACE_REQUIRE_TORCH` is set, which makes that an error).
+///
+/// torch is installed without its dependencies, then with every dependency but triton, and
+/// without pip's cache (CI machines start empty; the cache would double the footprint).
+fn install_torch(py: &Path, venv: &Path) -> Result<bool> {
+    let importable =
+        Command::new(py).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
+    if importable {
+        return Ok(true);
+    }
+    if let Some(free) = free_disk_gib(venv) {
+        if free < TORCH_DISK_NEED_GIB {
+            let why = format!(
+                "{free:.1} GiB free at {} but torch needs ≈ {TORCH_DISK_NEED_GIB} GiB",
+                venv.display()
+            );
+            if std::env::var_os("FSPACE_REQUIRE_TORCH").is_some() {
+                bail!("torch is required ($FSPACE_REQUIRE_TORCH) and cannot be installed: {why}");
+            }
+            println!("== torch NOT installed: {why}. The PyTorch-model tests will be SKIPPED;");
+            println!("   free disk space and rerun to include them, or pass --no-torch to say so.");
+            return Ok(false);
+        }
+    }
+    let pip = ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"];
+    run("torch (without its dependencies)", Command::new(py).args(pip).args(["--no-deps", TORCH]))?;
+    let listed = Command::new(py)
+        .args(["-c", TORCH_DEPENDENCIES])
+        .output()
+        .context("could not list torch's dependencies")?;
+    if !listed.status.success() {
+        bail!("listing torch's dependencies failed: {}", String::from_utf8_lossy(&listed.stderr));
+    }
+    let dependencies: Vec<String> =
+        String::from_utf8_lossy(&listed.stdout).lines().map(str::to_owned).collect();
+    println!("   (pip then reports triton as a missing requirement of torch: it is left out on purpose)");
+    run("torch's dependencies (all but triton)", Command::new(py).args(pip).args(&dependencies))?;
+    run("torch imports", Command::new(py).args(["-c", "import torch"]))?;
+    Ok(true)
+}
+
+/// Free space in GiB on the file system holding `path` (or its nearest existing parent), from
+/// POSIX `df -Pk`; `None` where that cannot be read, in which case the install is attempted.
+fn free_disk_gib(path: &Path) -> Option<f64> {
+    let out = Command::new("df").arg("-Pk").arg(path).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let available_kib: f64 = text.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()?;
+    Some(available_kib / (1024.0 * 1024.0))
 }
