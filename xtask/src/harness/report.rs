@@ -224,15 +224,40 @@ pub fn pm_cell((mean, spread): (f64, f64)) -> String {
     }
 }
 
-/// Rewrites `out/README.md`: one section per experiment that has a `table.md` under `out/`, in
-/// registry order — its paper reference, a link to its folder and its table (ours beside the
-/// paper's numbers), so one file indexes every run and its headline numbers.
+/// The line after which `README.md` is generated: whatever precedes it is written by hand (the
+/// claims list of `docs/results/`) and kept as it is by [`write_index`].
+pub const INDEX_MARKER: &str = "<!-- cargo xtask report: everything below this line is generated -->";
+
+/// How a generated `README.md` begins (a file of `results/` that nobody edited).
+const GENERATED_HEADER: &str = "# Results\n\nWritten by `cargo xtask reproduce` after every experiment: each \
+section is the `table.md` of a run found in this folder (ours beside the paper's numbers; `--quick` runs say so in \
+their title). Regenerate one with `cargo xtask reproduce NAME`.\n";
+
+/// Rewrites the index of `out/README.md`: one section per experiment that has a `table.md`
+/// under `out/`, in registry order — its paper reference, a link to its folder and its table
+/// (ours beside the paper's numbers), so one file indexes every run and its headline numbers.
+///
+/// Hand-written text is never lost: an existing file with [`INDEX_MARKER`] keeps everything up
+/// to the marker and gets the index after it; an existing file that is neither generated nor
+/// marked keeps all its text and gets the marker and the index appended. Only a missing file or
+/// one this function wrote without a marker is replaced whole.
 pub fn write_index<'a>(out: &str, experiments: impl Iterator<Item = (&'a str, &'a str)>) -> Result<()> {
-    let mut md = String::from(
-        "# Results\n\nWritten by `cargo xtask reproduce` after every experiment: each section is the `table.md` of a run \
-found in this folder (ours beside the paper's numbers; `--quick` runs say so in their title). Regenerate one with \
-`cargo xtask reproduce NAME`.\n",
-    );
+    let path = Path::new(out).join("README.md");
+    let existing = match fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut md = match existing {
+        Some(text) if text.contains(INDEX_MARKER) => {
+            let end = text.find(INDEX_MARKER).expect("just found") + INDEX_MARKER.len();
+            format!("{}\n", &text[..end])
+        }
+        Some(text) if !text.starts_with(GENERATED_HEADER) => {
+            format!("{}\n\n{INDEX_MARKER}\n", text.trim_end())
+        }
+        _ => String::from(GENERATED_HEADER),
+    };
     let mut found = 0;
     for (name, paper) in experiments {
         let table = Path::new(out).join(name).join("table.md");
@@ -253,7 +278,6 @@ found in this folder (ours beside the paper's numbers; `--quick` runs say so in 
     if found == 0 {
         md.push_str("\nNo experiment has been run into this folder yet.\n");
     }
-    let path = Path::new(out).join("README.md");
     fs::write(&path, md).with_context(|| format!("writing {}", path.display()))
 }
 
@@ -318,6 +342,34 @@ mod tests {
         assert!(md.contains("## [a](a/) — Paper A") && md.contains("| 1 | 2 |") && md.contains("#### sub"));
         assert!(md.contains("*a*") && !md.contains("# a\n"));
         assert!(!md.contains("Paper B") && !md.contains("Paper C"));
+        // Rewriting a generated index replaces it whole (no second header).
+        write_index(out_s, [("a", "Paper A")].into_iter()).unwrap();
+        let again = fs::read_to_string(out.join("README.md")).unwrap();
+        assert_eq!(again, md);
+        fs::remove_dir_all(&out).unwrap();
+    }
+
+    #[test]
+    fn the_index_keeps_hand_written_text_above_the_marker() {
+        let out = std::env::temp_dir().join(format!("fspace-claims-{}", std::process::id()));
+        fs::create_dir_all(out.join("a")).unwrap();
+        fs::write(out.join("a/table.md"), "# a\n\n| x | y |\n|---|---|\n| 1 | 2 |\n").unwrap();
+        let out_s = out.to_str().unwrap();
+        let claims = "# Claims\n\n| # | claim |\n|---|---|\n| F-1 | holds |\n";
+        // A hand-written file without the marker keeps all its text; the index follows a marker.
+        fs::write(out.join("README.md"), claims).unwrap();
+        write_index(out_s, [("a", "Paper A")].into_iter()).unwrap();
+        let first = fs::read_to_string(out.join("README.md")).unwrap();
+        assert!(first.starts_with(claims), "{first}");
+        assert_eq!(first.matches(INDEX_MARKER).count(), 1);
+        assert!(first.contains("## [a](a/) — Paper A") && first.contains("| 1 | 2 |"));
+        assert!(!first.contains("Written by `cargo xtask reproduce`"));
+        // Regenerating keeps the text above the marker and replaces only the index below it.
+        fs::write(out.join("a/table.md"), "# a\n\n| x | y |\n|---|---|\n| 3 | 4 |\n").unwrap();
+        write_index(out_s, [("a", "Paper A")].into_iter()).unwrap();
+        let second = fs::read_to_string(out.join("README.md")).unwrap();
+        assert!(second.starts_with(claims) && second.contains("| 3 | 4 |") && !second.contains("| 1 | 2 |"));
+        assert_eq!(second.matches(INDEX_MARKER).count(), 1);
         fs::remove_dir_all(&out).unwrap();
     }
 }
