@@ -13,6 +13,9 @@ pub(crate) struct Data<'a> {
     pub hessians: Vec<DMatrix<f64>>,
     pub factors: Vec<DMatrix<f64>>,
     pub chunk: usize,
+    /// Told the number of points folded so far after every chunk of a pass over the data
+    /// ([`for_chunks`]); each pass counts from the start again.
+    pub progress: Option<&'a (dyn Fn(usize) + Sync + 'a)>,
 }
 
 impl Data<'_> {
@@ -29,7 +32,8 @@ impl Data<'_> {
 }
 
 /// Maps every chunk (in parallel, `threads` chunks at a time so memory stays bounded) and
-/// folds the results in chunk order, so sums are bit-identical run to run.
+/// folds the results in chunk order, so sums are bit-identical run to run. After each fold the
+/// data's progress hook hears how many points this pass has folded.
 pub(crate) fn for_chunks<T: Send>(
     data: &Data,
     map: impl Fn(usize, usize) -> Result<T> + Sync,
@@ -42,6 +46,9 @@ pub(crate) fn for_chunks<T: Send>(
         let parts: Vec<Result<T>> = group.par_iter().map(|&(s, l)| map(s, l)).collect();
         for (&(s, l), part) in group.iter().zip(parts) {
             fold(s, l, part?)?;
+            if let Some(progress) = data.progress {
+                progress(s + l);
+            }
         }
     }
     Ok(())
@@ -109,5 +116,5 @@ pub(crate) fn data_for<'a>(
             (hessians, factors)
         }
     };
-    Ok(Data { x, hessians, factors, chunk })
+    Ok(Data { x, hessians, factors, chunk, progress: None })
 }

@@ -1,9 +1,10 @@
 //! The entry point: a Laplace approximation around a network's MAP weights, in the
 //! workspace's call shape.
 
+use std::sync::Mutex;
 use std::time::Instant;
 
-use fspace_core::{Data, Fitted, Likelihood, LikelihoodSpec};
+use fspace_core::{Data, Fitted, Likelihood, LikelihoodSpec, Observer, Progress, Silent};
 use fspace_input::InputError;
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
@@ -65,6 +66,22 @@ pub fn fit<N: Network>(
     data: &Data,
     config: &LaplaceConfig,
 ) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
+    fit_observed(net, likelihood, data, config, &mut Silent)
+}
+
+/// [`fit`], reporting its passes over the training data to `observer`: after every chunk of
+/// `config.chunk_points` points, [`Progress`] with `step` = the points this pass has folded and
+/// `total` = `n` (`loss` and `validation` are `None`). Each pass counts from 0 again: one pass
+/// for the diagonal, full, block-diagonal, last-layer and KFAC structures, two for EKFAC, and
+/// for low rank one to gather the cached statistics then one per Lanczos product (or one per
+/// product on the uncached route); the sampled structure adds its EM's products.
+pub fn fit_observed<N: Network>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &LaplaceConfig,
+    observer: &mut (dyn Observer + Send),
+) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
     let (x, y) = (data.x(), &data.y_flat());
     let start = Instant::now();
     if data.validation().is_some() {
@@ -108,7 +125,15 @@ pub fn fit<N: Network>(
     };
     let f = forward_chunked(&net, x, config.chunk_points)?;
     let log_likelihood = -lik.nll(&f, y)?;
-    let data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
+    let mut data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
+    let (n, observer) = (x.nrows(), Mutex::new(observer));
+    let progress = |done: usize| {
+        // A poisoned lock means an observer panicked earlier: stop reporting, keep fitting.
+        if let Ok(mut observer) = observer.lock() {
+            observer.observe(&Progress { step: done, total: n, loss: None, validation: None });
+        }
+    };
+    data.progress = Some(&progress);
     let mut report = FitReport::default();
     let (curvature, indices) = build(
         &net,

@@ -61,7 +61,7 @@ pub use curvature::{
 };
 pub use data::CurvatureSource;
 pub use error::{LaplaceError, Result};
-pub use fit::fit;
+pub use fit::{fit, fit_observed};
 pub use posterior::LaplacePosterior;
 pub use sampled::{SampledConfig, SampledPreconditioner};
 pub use structure::{

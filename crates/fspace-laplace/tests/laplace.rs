@@ -1336,3 +1336,112 @@ fn sampled_laplace_is_reproducible_round_trips_and_refuses_other_priors() {
         Err(LaplaceError::Linalg(fspace_linalg::LinalgError::NoConvergence { .. }))
     ));
 }
+
+/// `fit_observed` reports each pass over the data chunk by chunk (points folded so far, out of
+/// `n`) and fits exactly what `fit` fits.
+#[test]
+fn fit_observed_reports_every_pass_over_the_data_and_fits_the_same_posterior() {
+    let (x, y) = regression(10, 2, 41);
+    let ym = DMatrix::from_column_slice(10, 1, y.as_slice());
+    let data = Data::new(&x, &ym).unwrap();
+    let lik = LikelihoodSpec::gaussian(0.3);
+    let probe = DMatrix::from_fn(4, 2, |i, j| 0.3 * i as f64 - 0.2 * j as f64);
+    // (structure, number of passes: exact, or at least this many for low rank's Lanczos).
+    let cases = [
+        (Structure::Diag, 1, true),
+        (Structure::full(), 1, true),
+        (Structure::Kfac, 1, true),
+        (Structure::Ekfac, 2, true),
+        (Structure::low_rank(3), 2, false),
+    ];
+    for (structure, passes, exact) in cases {
+        let name = structure.name();
+        let cfg = config(structure);
+        let mut seen: Vec<(usize, usize)> = Vec::new();
+        let mut observer = |p: &fspace_core::Progress| {
+            assert!(p.loss.is_none() && p.validation.is_none(), "{name}");
+            seen.push((p.step, p.total));
+        };
+        let observed = fspace_laplace::fit_observed(mlp(2, vec![4], 1, 3), lik, &data, &cfg, &mut observer)
+            .unwrap()
+            .posterior;
+        assert!(seen.iter().all(|&(_, total)| total == 10), "{name}: {seen:?}");
+        // Chunks of 3 points: every pass reports 3, 6, 9, 10.
+        let pass: Vec<usize> = vec![3, 6, 9, 10];
+        assert_eq!(seen.len() % pass.len(), 0, "{name}: {seen:?}");
+        for chunk in seen.chunks(pass.len()) {
+            assert_eq!(chunk.iter().map(|s| s.0).collect::<Vec<_>>(), pass, "{name}");
+        }
+        let n_passes = seen.len() / pass.len();
+        assert!(if exact { n_passes == passes } else { n_passes >= passes }, "{name}: {n_passes} passes");
+        let plain = fit(mlp(2, vec![4], 1, 3), lik, &data, &cfg).unwrap().posterior;
+        let (a, b) = (observed.predict(&probe).unwrap(), plain.predict(&probe).unwrap());
+        assert_eq!(a.var, b.var, "{name}");
+    }
+}
+
+/// An MLP seen through its products only: no layer statistics, and a Jacobian that must never
+/// be formed; every reverse pass is on one point with at most `max_columns` cotangents.
+#[derive(Clone)]
+struct ProductsOnly {
+    net: Mlp,
+    max_columns: usize,
+}
+
+impl Network for ProductsOnly {
+    fn input_dim(&self) -> usize {
+        self.net.input_dim()
+    }
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+    fn n_params(&self) -> usize {
+        self.net.n_params()
+    }
+    fn params(&self) -> DVector<f64> {
+        self.net.params()
+    }
+    fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
+        self.net.set_params(params)
+    }
+    fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        self.net.forward(x)
+    }
+    fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> fspace_nn::Result<DVector<f64>> {
+        self.net.vjp(x, v)
+    }
+    fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        self.net.jvp(x, u)
+    }
+    fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        assert!(
+            x.nrows() == 1 && l.ncols() <= self.max_columns,
+            "{} points, {} columns",
+            x.nrows(),
+            l.ncols()
+        );
+        self.net.vjp_columns(x, l)
+    }
+    fn jacobian(&self, _: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        panic!("the diagonal formed a Jacobian");
+    }
+}
+
+#[test]
+fn the_diagonal_without_layer_statistics_is_jacobian_free_and_equals_the_dense_ggn() {
+    // Three classes (Hᵢ a full block, k = 3 whitened rows per point), chunks of 3 points.
+    let net = mlp(2, vec![4, 3], 3, 1);
+    let (x, y) = classification(7, 2, 3, 2);
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
+    let want = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y).diagonal();
+    let wrapped = ProductsOnly { net: net.clone(), max_columns: 3 };
+    assert!(wrapped.layer_infos().is_empty());
+    let diag = fit_with(wrapped, lik, &x, &y, Structure::Diag);
+    let got = diag.curvature().to_dense().diagonal();
+    let err = (&got - &want).norm() / want.norm();
+    println!("Jacobian-free diag rel err {err:.2e}");
+    assert!(err < 1e-12);
+    // The layer-statistics route (the MLP itself) agrees with it.
+    let native = fit_with(net, lik, &x, &y, Structure::Diag).curvature().to_dense().diagonal();
+    assert!((&got - &native).norm() / native.norm() < 1e-12);
+}

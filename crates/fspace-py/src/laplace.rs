@@ -15,6 +15,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::callback::{callback_network, PyNetwork};
 use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, to_numpy};
 use crate::errors::{persist_error, value_error};
+use crate::methods::PyProgress;
 
 fn structure(name: &str) -> PyResult<Structure> {
     Ok(match name {
@@ -118,21 +119,30 @@ impl PyLaplace {
     }
 
     /// Fits the curvature at the network's weights on `(X, y)`: `X` is `n × d`, `y` is `n × d'`
-    /// (regression) or `n` class labels (classification).
+    /// (regression) or `n` class labels (classification). `progress(step, total, None, None)`
+    /// is called after every chunk of each pass over the data (`step` points of `total` folded;
+    /// each pass counts from 0 again).
+    #[pyo3(signature = (x, y, progress=None))]
     fn fit(
         &mut self,
         py: Python<'_>,
         x: PyReadonlyArray2<'_, f64>,
         y: PyReadonlyArray2<'_, f64>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         // A torch model's callback exception, re-raised in place of the error it caused.
         let errors = self.net.errors();
         let (x, y) = (matrix(&x), matrix(&y));
         let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
-        let posterior = py.detach(move || -> Result<_, LaplaceError> {
+        let mut observer = PyProgress { callback: progress, error: None };
+        let posterior = py.detach(|| -> Result<_, LaplaceError> {
             let data = Data::new(&x, &y).map_err(LaplaceError::Core)?;
-            Ok(fspace_laplace::fit(net, lik, &data, &config)?.posterior)
+            Ok(fspace_laplace::fit_observed(net, lik, &data, &config, &mut observer)?.posterior)
         });
+        // The progress callback's own exception first: the fit went on without it.
+        if let Some(e) = observer.error.take() {
+            return Err(e);
+        }
         self.posterior = Some(posterior.map_err(|e| errors.raise(e))?);
         Ok(())
     }

@@ -97,9 +97,9 @@ impl Fit {
 /// Calls the Python `callback(step, total, loss, validation)` at each of a fit's reports,
 /// taking the GIL for the call only. The first exception the callback raises is kept and
 /// raised when the fit returns (the Rust loop itself runs to its end).
-struct PyProgress {
-    callback: Option<Py<PyAny>>,
-    error: Option<PyErr>,
+pub(crate) struct PyProgress {
+    pub(crate) callback: Option<Py<PyAny>>,
+    pub(crate) error: Option<PyErr>,
 }
 
 impl Observer for PyProgress {

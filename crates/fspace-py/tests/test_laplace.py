@@ -167,6 +167,33 @@ def test_bad_data_and_calls_raise_the_documented_exception(toy):
         fspace._fspace.Laplace.from_json("{}")
 
 
+def test_fit_reports_each_pass_over_the_data_and_a_raising_callback_surfaces(toy, capsys):
+    state, x, y = toy  # 40 points; fspace's chunks hold 256, so one report per pass
+    for structure, passes in [("diag", 1), ("full", 1), ("kron", 1), ("ekfac", 2)]:
+        seen = []
+        la = fspace.Laplace((state, "tanh"), "regression", hessian_structure=structure, sigma_noise=0.1)
+        la.fit(x, y, progress=lambda *report: seen.append(report))
+        assert seen == [(40, 40, None, None)] * passes, structure
+        plain = fspace.Laplace((state, "tanh"), "regression", hessian_structure=structure, sigma_noise=0.1)
+        plain.fit(x, y)
+        xt = np.linspace(-2, 2, 5).reshape(-1, 1)
+        np.testing.assert_array_equal(la(xt)[1], plain(xt)[1])
+    seen = []
+    la = fspace.Laplace((state, "tanh"), "regression", hessian_structure="lowrank", sigma_noise=0.1)
+    la.fit(x, y, progress=lambda *report: seen.append(report))
+    assert len(seen) >= 2 and set(seen) == {(40, 40, None, None)}
+
+    def boom(*_):
+        raise KeyError("stop")
+
+    with pytest.raises(KeyError, match="stop"):
+        la.fit(x, y, progress=boom)
+    la.fit(x, y, progress_bar=True)
+    err = capsys.readouterr().err
+    if "it/s" not in err and "point/s" not in err:  # no tqdm: a line per report
+        assert err.count("Laplace:") == len(seen), err
+
+
 def test_fit_releases_the_gil():
     """While one thread fits, another thread keeps running Python (it could not if the GIL
     were held for the whole fit)."""

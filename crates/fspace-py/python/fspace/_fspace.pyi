@@ -25,7 +25,12 @@ class Laplace:
         architecture: Optional[str] = None,
         calls: Optional[Any] = None,
     ) -> "Laplace": ...
-    def fit(self, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> None: ...
+    def fit(
+        self,
+        x: npt.NDArray[np.float64],
+        y: npt.NDArray[np.float64],
+        progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
+    ) -> None: ...
     def optimize_prior_precision(
         self,
         method: str = "marglik",

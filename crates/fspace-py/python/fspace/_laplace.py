@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from ._convert import ModelSpec, array2, back, data_arrays, is_torch, network_spec, tensors
+from ._methods import Progress, _Progress
 from ._torch import TorchModel
 from ._fspace import Laplace as _Laplace
 
@@ -88,10 +89,21 @@ class Laplace:
         obj._spec = spec if spec is not None else ModelSpec({}, "")
         return obj
 
-    def fit(self, data: Any, y: Any = None) -> None:
-        """Fits the curvature on ``(X, y)``, or on every ``(x, y)`` batch of a loader."""
+    def fit(self, data: Any, y: Any = None, progress: Progress = None, progress_bar: bool = False) -> None:
+        """Fits the curvature on ``(X, y)``, or on every ``(x, y)`` batch of a loader.
+
+        ``progress``: a callable ``(step, total, None, None)`` told after every chunk of each
+        pass over the data (``step`` of ``total`` points; each pass counts from 0 again: one for
+        diag / full / kron, two for EKFAC, one per Lanczos product for lowrank), or ``True`` for
+        a tqdm bar (a line per report on stderr without tqdm). ``progress_bar=True`` is
+        laplace-torch's spelling of ``progress=True``.
+        """
         x, yy = data_arrays(data, y, self._spec.inputs)
-        self._build().fit(x, yy)
+        bar = _Progress(progress if progress is not None else progress_bar, "Laplace", unit="point")
+        try:
+            self._build().fit(x, yy, bar.callback)
+        finally:
+            bar.close()
 
     def optimize_prior_precision(
         self,

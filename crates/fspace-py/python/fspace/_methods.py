@@ -126,16 +126,18 @@ class _Progress:
     """A fit's progress reports: a user callable, a tqdm bar (``True``, when tqdm is
     installed; otherwise a line per report on stderr) or nothing."""
 
-    def __init__(self, progress: Progress, title: str) -> None:
+    def __init__(self, progress: Progress, title: str, unit: str = "step") -> None:
         self.callback: Optional[Callable[..., Any]] = None
         self.bar: Any = None
+        self.title = title
+        self.passes = 1
         if callable(progress):
             self.callback = progress
         elif progress:
             try:
                 from tqdm.auto import tqdm
 
-                self.bar = tqdm(desc=title, unit="step")
+                self.bar = tqdm(desc=title, unit=unit)
                 self.callback = self._tqdm
             except ImportError:
                 import sys
@@ -146,6 +148,11 @@ class _Progress:
                 self.callback = line
 
     def _tqdm(self, step: int, total: int, loss: Optional[float], val: Optional[float]) -> None:
+        if step < self.bar.n:
+            # A new pass over the data (the Laplace fit counts each pass from 0).
+            self.passes += 1
+            self.bar.reset(total=total)
+            self.bar.set_description(f"{self.title} (pass {self.passes})")
         if self.bar.total != total:
             self.bar.total = total
         self.bar.update(step - self.bar.n)
