@@ -231,3 +231,31 @@ def test_the_function_space_methods_take_any_model():
     assert bool((ella(x)[1] > 0).all())
     valla = fspace.VaLLA(model, "regression", num_inducing=5, sigma_noise=0.1, steps=20).fit(x, y)
     assert bool((valla(x)[1] > 0).all())
+
+
+def test_fsp_laplace_training_takes_the_same_steps_on_both_paths():
+    # Alg. 1 on the torch path: MAP training under the GP prior (forward and reverse passes
+    # through torch), then the Laplace step; on a convertible Sequential both paths take the
+    # same seeded steps, so the trained weights and the predictive agree to rounding.
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    x = torch.linspace(-1, 1, 24, dtype=torch.float64).reshape(-1, 1)
+    y = torch.sin(3 * x)
+    xs = torch.tensor([[0.0], [2.5]], dtype=torch.float64)
+    prior = fspace.GPPrior(fspace.kernels.RBF(1.0, 0.5))
+    fitted = []
+    for backend in ["native", "torch"]:
+        m = fspace.FSPLaplace(model, "regression", prior, sigma_noise=0.1, epochs=15, batch_size=8,
+                              n_context=10, n_laplace_context=16, backend=backend)
+        m.fit(x, y)
+        fitted.append((m.state_dict(), m(xs)))
+    (sa, (ma, va)), (sb, (mb, vb)) = fitted
+    assert set(sa) == set(sb) == {n for n, _ in model.named_parameters()}
+    for name in sa:
+        a, b = np.asarray(sa[name]), np.asarray(sb[name])
+        assert np.max(np.abs(a - b)) <= 1e-9 * max(1.0, np.max(np.abs(a))), name
+    # The weights moved: training happened on both paths.
+    start = dict(model.named_parameters())
+    assert max(np.max(np.abs(np.asarray(sa[n]) - start[n].detach().numpy())) for n in sa) > 1e-3
+    np.testing.assert_allclose(mb.numpy(), ma.numpy(), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(vb.numpy(), va.numpy(), rtol=1e-6)
