@@ -52,34 +52,43 @@ pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Res
     Ok(full)
 }
 
-/// Per-thread bytes of the `p × w` block of reverse passes that [`diagonal`] forms at once on
-/// a network without layer statistics (a torch model's callbacks, the Helmholtz net).
-pub(crate) const DIAGONAL_BLOCK_BYTES: usize = 64 << 20;
+/// Per-thread bytes of the `p × columns` block of per-point reverse passes that [`diagonal`]
+/// forms at once on a network without layer statistics (a torch model, the Helmholtz net).
+pub(crate) const DIAGONAL_BLOCK_BYTES: usize = 256 << 20;
 
 /// The GGN's diagonal: from layer statistics when the network has them (`Σ (δ_r ã_j)²` as one
-/// GEMM per dense layer), otherwise Jacobian-free from reverse passes, one point at a time: the
-/// rows `Lᵢ[:, c]ᵀ J(xᵢ)` are `vjp_columns` on that point, `w` columns at a time with
-/// `8·p·w ≤` [`DIAGONAL_BLOCK_BYTES`] (at least one), squared and summed — no `n·d' × p`
-/// Jacobian is formed, so an 11 M-parameter model needs `O(p)` memory per thread.
+/// GEMM per dense layer), otherwise Jacobian-free from per-point reverse passes
+/// ([`Network::per_point_vjp`]: the rows `Lᵢ[:, c]ᵀ J(xᵢ)`), squared and summed, as many
+/// points (or, when one point's `p × k` block is too large, as many of its columns) per call
+/// as fit in [`DIAGONAL_BLOCK_BYTES`] — no `n·d' × p` Jacobian is formed, so an
+/// 11 M-parameter model needs `O(p)` memory per thread.
 pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>> {
     let p = net.n_params();
     let infos = net.layer_infos();
     let mut diag = DVector::zeros(p);
     if infos.is_empty() {
-        let k = data.k();
-        let width = (DIAGONAL_BLOCK_BYTES / (8 * p.max(1))).clamp(1, k.max(1));
+        let k = data.k().max(1);
+        let columns = (DIAGONAL_BLOCK_BYTES / (8 * p.max(1))).max(1);
+        let (points, width) = if columns >= k { (columns / k, k) } else { (1, columns) };
+        let add_squares = |acc: &mut DVector<f64>, rows: &DMatrix<f64>| {
+            for row in rows.column_iter() {
+                acc.zip_apply(&row, |a, r| *a += r * r);
+            }
+        };
         for_chunks(
             data,
             |s, l| {
                 let mut acc = DVector::zeros(p);
-                for i in s..s + l {
-                    let xi = data.rows(i, 1);
-                    let li = &data.factors[i];
-                    for c0 in (0..k).step_by(width) {
-                        let w = width.min(k - c0);
-                        let rows = net.vjp_columns(&xi, &li.columns(c0, w).into_owned())?;
-                        for row in rows.column_iter() {
-                            acc.zip_apply(&row, |a, r| *a += r * r);
+                for g in (s..s + l).step_by(points) {
+                    let m = points.min(s + l - g);
+                    if width == k {
+                        let rows = net.per_point_vjp(&data.rows(g, m), &data.factors[g..g + m])?;
+                        add_squares(&mut acc, &rows);
+                    } else {
+                        for c0 in (0..k).step_by(width) {
+                            let w = width.min(k - c0);
+                            let block = [data.factors[g].columns(c0, w).into_owned()];
+                            add_squares(&mut acc, &net.per_point_vjp(&data.rows(g, 1), &block)?);
                         }
                     }
                 }

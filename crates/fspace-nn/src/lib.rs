@@ -57,7 +57,7 @@ pub use error::{NnError, Result};
 /// callbacks.
 pub mod checks {
     pub use crate::error::{check_input_batch, check_param_vector};
-    pub use crate::network::check_columns;
+    pub use crate::network::{check_columns, check_point_cotangents};
 }
 pub use features::{FeatureMap, Featurized};
 pub use helmholtz::HelmholtzNet;

@@ -106,6 +106,9 @@ macro_rules! enum_network {
                 fn ggn_vector_product(&self, x: &DMatrix<f64>, hessians: &[DMatrix<f64>], v: &DVector<f64>) -> R<DVector<f64>> {
                     each!(self, n => Network::ggn_vector_product(n, x, hessians, v))
                 }
+                fn per_point_vjp(&self, x: &DMatrix<f64>, cotangents: &[DMatrix<f64>]) -> R<DMatrix<f64>> {
+                    each!(self, n => Network::per_point_vjp(n, x, cotangents))
+                }
                 fn jacobian(&self, x: &DMatrix<f64>) -> R<DMatrix<f64>> { each!(self, n => Network::jacobian(n, x)) }
                 fn layer_infos(&self) -> Vec<LayerInfo> { each!(self, n => Network::layer_infos(n)) }
                 fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> R<Vec<LayerStatistics>> {

@@ -20,7 +20,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use fspace_nn::checks::{check_columns, check_input_batch, check_param_vector};
+use fspace_nn::checks::{check_columns, check_input_batch, check_param_vector, check_point_cotangents};
 use fspace_nn::{NativeNetwork, Network, NnError, Result};
 use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
@@ -149,6 +149,24 @@ impl Network for CallbackNetwork {
             |py| vec![to_numpy(py, x).into_any(), to_numpy(py, l).into_any()],
             p,
             Some(l.ncols()),
+        )
+    }
+    /// One callback: torch vmaps the single-point reverse pass over the points (per-sample
+    /// gradients) and over each point's columns. The blocks travel stacked, `n·d' × k`.
+    fn per_point_vjp(&self, x: &DMatrix<f64>, cotangents: &[DMatrix<f64>]) -> Result<DMatrix<f64>> {
+        self.check_x(x)?;
+        let (q, n) = (self.output_dim, x.nrows());
+        let k = check_point_cotangents(cotangents, n, q)?;
+        let mut stacked = DMatrix::zeros(n * q, k);
+        for (i, l) in cotangents.iter().enumerate() {
+            stacked.rows_mut(i * q, q).copy_from(l);
+        }
+        let p = self.params.len();
+        self.call(
+            "per_point_vjp",
+            |py| vec![to_numpy(py, x).into_any(), to_numpy(py, &stacked).into_any()],
+            p,
+            Some(n * k),
         )
     }
     /// `J(X)` by reverse mode over the identity cotangents, in blocks of points so that one

@@ -95,6 +95,22 @@ pub trait Network: Send + Sync {
         Ok(out)
     }
 
+    /// Per-point reverse passes (per-sample gradients): for every point `i` of `X` and every
+    /// column `c` of its cotangent block `Lᵢ` (`d' × k`, the same `k` for all points), the row
+    /// `Lᵢ[:, c]ᵀ J(xᵢ)`, returned as column `i·k + c` of a `p × n·k` matrix — never summed over
+    /// points, and no `n·d' × p` Jacobian formed. The default runs
+    /// [`vjp_columns`](Self::vjp_columns) on each point; a network whose rule batches the points
+    /// (a torch model's `vmap`) overrides it. Peak memory ≈ the `p × n·k` result.
+    fn per_point_vjp(&self, x: &DMatrix<f64>, cotangents: &[DMatrix<f64>]) -> Result<DMatrix<f64>> {
+        let k = check_point_cotangents(cotangents, x.nrows(), self.output_dim())?;
+        let mut out = DMatrix::zeros(self.n_params(), x.nrows() * k);
+        for (i, l) in cotangents.iter().enumerate() {
+            let rows = self.vjp_columns(&x.rows(i, 1).into_owned(), l)?;
+            out.columns_mut(i * k, k).copy_from(&rows);
+        }
+        Ok(out)
+    }
+
     /// `(f(X), J(X)ᵀ g)` where the cotangent `g = cotangent(f(X))` (`n × d'`) is computed from
     /// the outputs — a training step's forward and reverse pass. The default runs
     /// [`forward`](Self::forward) then [`vjp`](Self::vjp); the MLP and the CNN keep their
@@ -392,6 +408,33 @@ pub(crate) fn check_hessians(hessians: &[DMatrix<f64>], n: usize, q: usize) -> R
         }));
     }
     Ok(())
+}
+
+/// Checks per-point cotangent blocks for [`Network::per_point_vjp`]: one `d' × k` block per
+/// point, the same `k` for all; returns `k`.
+pub fn check_point_cotangents(cotangents: &[DMatrix<f64>], n: usize, q: usize) -> Result<usize> {
+    if cotangents.len() != n {
+        return Err(NnError::Input(InputError::DimensionMismatch {
+            what: "per-point cotangent blocks (one per point)",
+            expected: n,
+            found: cotangents.len(),
+        }));
+    }
+    let k = cotangents.first().map_or(0, |l| l.ncols());
+    for l in cotangents {
+        if l.nrows() != q || l.ncols() != k {
+            return Err(NnError::Input(InputError::DimensionMismatch {
+                what:
+                    "per-point cotangent block rows × columns (network outputs × the first block's columns)",
+                expected: q * k,
+                found: l.nrows() * l.ncols(),
+            }));
+        }
+        if l.iter().any(|v| !v.is_finite()) {
+            return Err(NnError::Input(InputError::NonFinite { what: "per-point cotangents" }));
+        }
+    }
+    Ok(k)
 }
 
 /// `diag(Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ))` from the point-major Jacobian rows (`n·d' × p`).

@@ -164,6 +164,31 @@ class TorchCalls:
                 out[:, start:start + cols.shape[1]] = self._numpy(flat).T
         return out
 
+    def per_point_vjp(self, w: np.ndarray, x: np.ndarray, l: np.ndarray) -> np.ndarray:
+        """Per-sample reverse passes: ``l`` stacks one ``d' × k`` cotangent block per point
+        (``n·d' × k``); column ``i·k + c`` of the ``p × n·k`` result is ``Lᵢ[:, c]ᵀ J(xᵢ)``.
+        One single-point ``vjp``, vmapped over the block's columns and then over the points,
+        in groups of ``block`` points."""
+        import torch
+
+        params, xs = self._unflatten(w), self._inputs(x)
+        n, q = x.shape[0], self.output_dim
+        k = l.shape[1]
+
+        def one(xi: Any, li: Any) -> Any:
+            pullback = torch.func.vjp(lambda p: self._call(p, xi.unsqueeze(0)), params)[1]
+            (grads,) = torch.func.vmap(pullback)(li.T.reshape(k, 1, q))
+            return torch.cat([grads[name].reshape(k, -1) for name in self.names], dim=1)  # k × p
+
+        out = np.empty((int(sum(self.sizes)), n * k))
+        cot = torch.from_numpy(np.ascontiguousarray(l.reshape(n, q, k))).to(device=self.device, dtype=self.dtype)
+        with self._lock:
+            for start in range(0, n, self.block):
+                stop = min(n, start + self.block)
+                rows = torch.func.vmap(one)(xs[start:stop], cot[start:stop])  # m × k × p
+                out[:, start * k:stop * k] = self._numpy(rows.reshape((stop - start) * k, -1)).T
+        return out
+
     def state_dict(self, w: np.ndarray) -> Dict[str, np.ndarray]:
         """Flat weights as the model's named parameters (float64 arrays)."""
         out: Dict[str, np.ndarray] = {}
