@@ -568,3 +568,27 @@ fn batched_gemm_passes_match_the_dfdx_reference_on_wide_batches() {
         assert!(matches!(r, Err(NnError::Input(InputError::DimensionMismatch { .. }))));
     }
 }
+
+#[test]
+fn per_point_vjp_rows_are_the_whitened_jacobian_rows_and_bad_blocks_are_refused() {
+    let net = net(Activation::Tanh, 3, 2, 7);
+    let mut r = rng(8);
+    let x = randn(4, 3, &mut r);
+    let blocks: Vec<DMatrix<f64>> = (0..4).map(|_| randn(2, 3, &mut r)).collect();
+    let rows = net.per_point_vjp(&x, &blocks).unwrap();
+    assert_eq!(rows.shape(), (net.n_params(), 4 * 3));
+    // Independent: column i·k + c = (Lᵢ[:, c]ᵀ J(xᵢ))ᵀ from the dense Jacobian.
+    let jac = net.jacobian(&x).unwrap();
+    for (i, l) in blocks.iter().enumerate() {
+        let want = jac.rows(i * 2, 2).transpose() * l;
+        assert_mat_close(&rows.columns(i * 3, 3).into_owned(), &want, 1e-12, 1e-14);
+    }
+    // One block per point, each d' × k with one k, finite.
+    assert!(net.per_point_vjp(&x, &blocks[..3]).is_err());
+    let mut ragged = blocks.clone();
+    ragged[2] = randn(2, 2, &mut r);
+    assert!(net.per_point_vjp(&x, &ragged).is_err());
+    let mut nan = blocks.clone();
+    nan[1][(0, 0)] = f64::NAN;
+    assert!(matches!(net.per_point_vjp(&x, &nan), Err(NnError::Input(InputError::NonFinite { .. }))));
+}
