@@ -53,14 +53,15 @@ pub(crate) fn full<N: Network>(net: &N, data: &Data, config: &FullConfig) -> Res
 }
 
 /// Per-thread bytes of the `p × columns` block of per-point reverse passes that [`diagonal`]
-/// forms at once on a network without layer statistics (a torch model, the Helmholtz net).
-pub(crate) const DIAGONAL_BLOCK_BYTES: usize = 256 << 20;
+/// and the GLM predictive form at once on a network without layer statistics (a torch model,
+/// the Helmholtz net).
+pub(crate) const PER_POINT_BLOCK_BYTES: usize = 256 << 20;
 
 /// The GGN's diagonal: from layer statistics when the network has them (`Σ (δ_r ã_j)²` as one
 /// GEMM per dense layer), otherwise Jacobian-free from per-point reverse passes
 /// ([`Network::per_point_vjp`]: the rows `Lᵢ[:, c]ᵀ J(xᵢ)`), squared and summed, as many
 /// points (or, when one point's `p × k` block is too large, as many of its columns) per call
-/// as fit in [`DIAGONAL_BLOCK_BYTES`] — no `n·d' × p` Jacobian is formed, so an
+/// as fit in [`PER_POINT_BLOCK_BYTES`] — no `n·d' × p` Jacobian is formed, so an
 /// 11 M-parameter model needs `O(p)` memory per thread.
 pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>> {
     let p = net.n_params();
@@ -68,7 +69,7 @@ pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>>
     let mut diag = DVector::zeros(p);
     if infos.is_empty() {
         let k = data.k().max(1);
-        let columns = (DIAGONAL_BLOCK_BYTES / (8 * p.max(1))).max(1);
+        let columns = (PER_POINT_BLOCK_BYTES / (8 * p.max(1))).max(1);
         let (points, width) = if columns >= k { (columns / k, k) } else { (1, columns) };
         let add_squares = |acc: &mut DVector<f64>, rows: &DMatrix<f64>| {
             for row in rows.column_iter() {

@@ -169,18 +169,19 @@ impl Network for CallbackNetwork {
             Some(n * k),
         )
     }
-    /// `J(X)` by reverse mode over the identity cotangents, in blocks of points so that one
-    /// callback covers many rows.
+    /// `J(X)` by per-point reverse passes over the identity cotangents
+    /// ([`per_point_vjp`](Network::per_point_vjp)), in blocks of points so that one callback
+    /// covers many rows and no point's pass runs over another's inputs.
     fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
         let q = self.output_dim;
         let mut jac = DMatrix::zeros(x.nrows() * q, self.params.len());
+        let eye = DMatrix::<f64>::identity(q, q);
         let block = 64usize;
         for start in (0..x.nrows()).step_by(block) {
             let len = block.min(x.nrows() - start);
             let xb = x.rows(start, len).into_owned();
-            let eye = DMatrix::<f64>::identity(len * q, len * q);
-            let jt = self.vjp_columns(&xb, &eye)?;
+            let jt = self.per_point_vjp(&xb, &vec![eye.clone(); len])?;
             jac.rows_mut(start * q, len * q).copy_from(&jt.transpose());
         }
         Ok(jac)

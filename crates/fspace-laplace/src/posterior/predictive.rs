@@ -61,6 +61,7 @@ impl<N: Network> LaplacePosterior<N> {
                         q,
                     ));
                 }
+                _ if !layered => out.extend(self.per_point_covariances(&xc, t, &lam, all_params)?),
                 _ => {
                     let jac = self.net.jacobian(&xc)?;
                     let js = if all_params { jac } else { jac.select_columns(&self.indices) };
@@ -71,6 +72,36 @@ impl<N: Network> LaplacePosterior<N> {
                     ));
                 }
             }
+        }
+        Ok(out)
+    }
+
+    /// `J(xᵢ) Σ J(xᵢ)ᵀ` for a network without layer statistics (a torch model, the Helmholtz
+    /// net), Jacobian-free: the columns `J(xᵢ)ᵀ` of a group of points come from
+    /// [`Network::per_point_vjp`] over identity cotangents (`p × g·d'`, `8·p·g·d'` ≤
+    /// [`PER_POINT_BLOCK_BYTES`](crate::construct::PER_POINT_BLOCK_BYTES)), then one solve with
+    /// the curvature and a `d' × d'` product per point on contiguous columns. No `n·d' × p`
+    /// Jacobian, nor its transpose, is formed.
+    fn per_point_covariances(
+        &self,
+        x: &DMatrix<f64>,
+        t: f64,
+        lam: &DVector<f64>,
+        all_params: bool,
+    ) -> Result<Vec<DMatrix<f64>>> {
+        let (p, q) = (self.net.n_params(), self.net.output_dim());
+        let group = (crate::construct::PER_POINT_BLOCK_BYTES / (8 * p.max(1) * q.max(1))).max(1);
+        let eye = DMatrix::<f64>::identity(q, q);
+        let mut out = Vec::with_capacity(x.nrows());
+        for g in (0..x.nrows()).step_by(group) {
+            let m = group.min(x.nrows() - g);
+            let rows = self.net.per_point_vjp(&x.rows(g, m).into_owned(), &vec![eye.clone(); m])?;
+            let rows = if all_params { rows } else { rows.select_rows(&self.indices) };
+            let solved = self.curvature.solve(t, lam, &rows)?;
+            out.extend((0..m).map(|i| {
+                let c = rows.columns(i * q, q).transpose() * solved.columns(i * q, q);
+                (&c + c.transpose()) * 0.5
+            }));
         }
         Ok(out)
     }

@@ -153,7 +153,7 @@ class TorchCalls:
 
         params, xs = self._unflatten(w), self._inputs(x)
         n, q = x.shape[0], self.output_dim
-        out = np.empty((int(sum(self.sizes)), l.shape[1]))
+        out = np.empty((int(sum(self.sizes)), l.shape[1]), order="F")
         with self._lock:
             pullback = torch.func.vjp(lambda p: self._call(p, xs), params)[1]
             for start in range(0, l.shape[1], self.block):
@@ -180,7 +180,7 @@ class TorchCalls:
             (grads,) = torch.func.vmap(pullback)(li.T.reshape(k, 1, q))
             return torch.cat([grads[name].reshape(k, -1) for name in self.names], dim=1)  # k × p
 
-        out = np.empty((int(sum(self.sizes)), n * k))
+        out = np.empty((int(sum(self.sizes)), n * k), order="F")
         cot = torch.from_numpy(np.ascontiguousarray(l.reshape(n, q, k))).to(device=self.device, dtype=self.dtype)
         with self._lock:
             for start in range(0, n, self.block):
