@@ -1,5 +1,6 @@
-"""The torch path's diagonal Laplace at MNIST scale, fit and GLM predictive timed apart: the
-784-200-200-10 tanh MLP of ``torch_path_vs_native.py`` on 1 000 generated inputs,
+"""The torch path's diagonal Laplace at MNIST scale, fit and GLM predictive timed apart: a
+784-200-200-10 tanh MLP built as in ``torch_path_vs_native.py`` (its own seed, so other random
+weights and inputs than that script's row) on 1 000 generated inputs,
 ``backend="torch"`` (every product a callback into ``torch.func``), float64, CPU. The fit's
 ``progress=`` stamps show each group of points as it is folded.
 
