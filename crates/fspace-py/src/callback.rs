@@ -11,8 +11,13 @@
 //! ([`CallbackErrors`]) and raised by the binding in place of the Rust error it
 //! caused, so the user sees torch's own message.
 //!
-//! Layer structure is not reachable through these calls: `kron`, `ekfac` and `last_layer`
-//! are [`NnError::Unsupported`] on this network (they need module hooks, not yet written).
+//! Layer structure comes from module hooks, and only when a layered structure (`kron`,
+//! `ekfac`, `last_layer`) asks for it ([`callback_network`]'s `layers`): then the network
+//! reports the model's `nn.Linear` / `nn.Conv2d` layers ([`Network::layer_infos`]), their
+//! inputs and output gradients ([`Network::kfac_statistics`]: a forward with hooks, one
+//! reverse pass per cotangent column) and the last layer's features. Without them it reports
+//! none, so the diagonal, low-rank and full structures and every predictive stay on the
+//! Jacobian-free per-point route.
 //!
 //! [`PyNetwork`] puts it beside the [`NativeNetwork`]s behind one type, so every posterior of
 //! the binding has one network type; only native networks save (a torch model is not
@@ -21,7 +26,7 @@
 use std::sync::{Arc, Mutex};
 
 use fspace_nn::checks::{check_columns, check_input_batch, check_param_vector, check_point_cotangents};
-use fspace_nn::{NativeNetwork, Network, NnError, Result};
+use fspace_nn::{LayerInfo, LayerKind, LayerStatistics, NativeNetwork, Network, NnError, Result};
 use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -39,48 +44,68 @@ pub(crate) struct CallbackNetwork {
     input_dim: usize,
     output_dim: usize,
     error: Arc<Mutex<Option<PyErr>>>,
+    /// The weight layers torch's module hooks report (empty unless a layered structure asked
+    /// for them), and the Python list they came from.
+    layers: Arc<Vec<LayerInfo>>,
+    layer_dicts: Option<Arc<Py<PyAny>>>,
+}
+
+/// `a` as an `rows × cols` (`cols` unchecked when `None`) finite float64 matrix, or the
+/// callback error that names `method`.
+fn checked_matrix(
+    method: &str,
+    a: &PyReadonlyArray2<'_, f64>,
+    rows: usize,
+    cols: Option<usize>,
+) -> Result<DMatrix<f64>> {
+    let shape = a.shape();
+    if shape[0] != rows || cols.is_some_and(|c| shape[1] != c) {
+        return Err(NnError::Callback(format!(
+            "{method} returned a {}×{} array; expected {rows}×{}",
+            shape[0],
+            shape[1],
+            cols.map_or("?".to_string(), |c| c.to_string())
+        )));
+    }
+    let m = crate::convert::matrix(a);
+    if m.iter().any(|v| !v.is_finite()) {
+        return Err(NnError::Callback(format!("{method} returned a non-finite value")));
+    }
+    Ok(m)
 }
 
 impl CallbackNetwork {
     /// The network of `calls` at weights `params`, for inputs of `input_dim` columns and
     /// `output_dim` outputs.
     pub(crate) fn new(calls: Py<PyAny>, params: DVector<f64>, input_dim: usize, output_dim: usize) -> Self {
-        Self { calls: Arc::new(calls), params, input_dim, output_dim, error: Arc::new(Mutex::new(None)) }
+        Self {
+            calls: Arc::new(calls),
+            params,
+            input_dim,
+            output_dim,
+            error: Arc::new(Mutex::new(None)),
+            layers: Arc::new(Vec::new()),
+            layer_dicts: None,
+        }
     }
 
-    /// Calls `method(w, *args)` and reads an `rows × cols` float64 matrix back.
-    fn call(
+    /// Calls `method(w, *args)` and hands the result to `read`; the first exception (of the
+    /// call or of `read`) is kept for the binding to raise.
+    fn call_with<T>(
         &self,
         method: &str,
         args: impl for<'py> FnOnce(Python<'py>) -> Vec<Bound<'py, PyAny>>,
-        rows: usize,
-        cols: Option<usize>,
-    ) -> Result<DMatrix<f64>> {
+        read: impl for<'py> FnOnce(&Bound<'py, PyAny>) -> PyResult<Result<T>>,
+    ) -> Result<T> {
         Python::attach(|py| {
             let w = PyArray1::from_slice(py, self.params.as_slice()).into_any();
             let mut all = vec![w];
             all.extend(args(py));
             let out = pyo3::types::PyTuple::new(py, all)
                 .and_then(|args| self.calls.bind(py).call_method1(method, args))
-                .and_then(|r| {
-                    r.extract::<PyReadonlyArray2<'_, f64>>()
-                        .map(|a| (a.shape().to_vec(), crate::convert::matrix(&a)))
-                });
+                .and_then(|r| read(&r));
             match out {
-                Ok((shape, m)) => {
-                    if shape[0] != rows || cols.is_some_and(|c| shape[1] != c) {
-                        return Err(NnError::Callback(format!(
-                            "{method} returned a {}×{} array; expected {rows}×{}",
-                            shape[0],
-                            shape[1],
-                            cols.map_or("?".to_string(), |c| c.to_string())
-                        )));
-                    }
-                    if m.iter().any(|v| !v.is_finite()) {
-                        return Err(NnError::Callback(format!("{method} returned a non-finite value")));
-                    }
-                    Ok(m)
-                }
+                Ok(result) => result,
                 Err(e) => {
                     let text = e.to_string();
                     if let Ok(mut slot) = self.error.lock() {
@@ -92,8 +117,40 @@ impl CallbackNetwork {
         })
     }
 
+    /// Calls `method(w, *args)` and reads an `rows × cols` float64 matrix back.
+    fn call(
+        &self,
+        method: &str,
+        args: impl for<'py> FnOnce(Python<'py>) -> Vec<Bound<'py, PyAny>>,
+        rows: usize,
+        cols: Option<usize>,
+    ) -> Result<DMatrix<f64>> {
+        self.call_with(method, args, |r| {
+            let a = r.extract::<PyReadonlyArray2<'_, f64>>()?;
+            Ok(checked_matrix(method, &a, rows, cols))
+        })
+    }
+
+    /// The layer list handed back to the Python side with every layer call.
+    fn layer_list<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        match &self.layer_dicts {
+            Some(dicts) => dicts.bind(py).clone(),
+            None => py.None().into_bound(py),
+        }
+    }
+
     fn check_x(&self, x: &DMatrix<f64>) -> Result<()> {
         check_input_batch(x, self.input_dim, "input columns")
+    }
+
+    /// The last reported layer, or the error that `what` needs layers the callbacks were not
+    /// asked for.
+    fn require_layers(&self, what: &str) -> Result<&LayerInfo> {
+        self.layers.last().ok_or_else(|| NnError::Unsupported {
+            what: format!(
+                "{what} of a torch model whose layers were not collected (a layered structure collects them)"
+            ),
+        })
     }
 }
 
@@ -169,22 +226,69 @@ impl Network for CallbackNetwork {
             Some(n * k),
         )
     }
-    /// `J(X)` by per-point reverse passes over the identity cotangents
-    /// ([`per_point_vjp`](Network::per_point_vjp)), in blocks of points so that one callback
-    /// covers many rows and no point's pass runs over another's inputs.
-    fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+    fn layer_infos(&self) -> Vec<LayerInfo> {
+        self.layers.as_ref().clone()
+    }
+    /// One callback: a forward pass with hooks on the layers, then one reverse pass per
+    /// cotangent column (`TorchCalls.kfac_statistics`).
+    fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
         self.check_x(x)?;
-        let q = self.output_dim;
-        let mut jac = DMatrix::zeros(x.nrows() * q, self.params.len());
-        let eye = DMatrix::<f64>::identity(q, q);
-        let block = 64usize;
-        for start in (0..x.nrows()).step_by(block) {
-            let len = block.min(x.nrows() - start);
-            let xb = x.rows(start, len).into_owned();
-            let jt = self.per_point_vjp(&xb, &vec![eye.clone(); len])?;
-            jac.rows_mut(start * q, len * q).copy_from(&jt.transpose());
+        self.require_layers("per-layer statistics (KFAC)")?;
+        let (q, n) = (self.output_dim, x.nrows());
+        let k = check_point_cotangents(factors, n, q)?;
+        let mut stacked = DMatrix::zeros(n * q, k);
+        for (i, l) in factors.iter().enumerate() {
+            stacked.rows_mut(i * q, q).copy_from(l);
         }
-        Ok(jac)
+        let layers = self.layers.clone();
+        self.call_with(
+            "kfac_statistics",
+            |py| vec![to_numpy(py, x).into_any(), to_numpy(py, &stacked).into_any(), self.layer_list(py)],
+            |r| {
+                let parts: Vec<(PyReadonlyArray2<'_, f64>, PyReadonlyArray2<'_, f64>)> = r.extract()?;
+                if parts.len() != layers.len() {
+                    return Ok(Err(NnError::Callback(format!(
+                        "kfac_statistics returned {} layers; expected {}",
+                        parts.len(),
+                        layers.len()
+                    ))));
+                }
+                Ok(parts
+                    .iter()
+                    .zip(layers.iter())
+                    .map(|((a, d), info)| {
+                        let t = info.positions();
+                        Ok(LayerStatistics {
+                            positions: t,
+                            columns: k,
+                            inputs: checked_matrix(
+                                "kfac_statistics (layer inputs)",
+                                a,
+                                n * t,
+                                Some(info.fan_in),
+                            )?,
+                            output_grads: checked_matrix(
+                                "kfac_statistics (output gradients)",
+                                d,
+                                n * k * t,
+                                Some(info.fan_out),
+                            )?,
+                        })
+                    })
+                    .collect())
+            },
+        )
+    }
+    /// One callback: a forward pass with a hook on the last layer.
+    fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.check_x(x)?;
+        let fan_in = self.require_layers("last-layer features")?.fan_in;
+        self.call(
+            "last_layer_features",
+            |py| vec![to_numpy(py, x).into_any(), self.layer_list(py)],
+            x.nrows(),
+            Some(fan_in),
+        )
     }
 }
 
@@ -251,8 +355,12 @@ impl<'de> Deserialize<'de> for PyNetwork {
 }
 
 /// The network of a torch model's callback object (`fspace/_torch.py`'s `TorchCalls`): its
-/// `params` (flat float64, `named_parameters()` order), `input_dim`, `output_dim`.
-pub(crate) fn callback_network(calls: &Bound<'_, PyAny>) -> PyResult<PyNetwork> {
+/// `params` (flat float64, `named_parameters()` order), `input_dim`, `output_dim`; `layers`,
+/// when given, is `TorchCalls.layer_infos(…)`'s list (see the module docs).
+pub(crate) fn callback_network(
+    calls: &Bound<'_, PyAny>,
+    layers: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyNetwork> {
     let params: PyReadonlyArray1<'_, f64> = calls.getattr("params")?.extract()?;
     let params = nalgebra::DVector::from_column_slice(params.as_slice()?);
     if params.is_empty() || params.iter().any(|v| !v.is_finite()) {
@@ -263,5 +371,44 @@ pub(crate) fn callback_network(calls: &Bound<'_, PyAny>) -> PyResult<PyNetwork> 
     if input_dim == 0 || output_dim == 0 {
         return Err(value_error("the model's input and output dimensions must be positive"));
     }
-    Ok(PyNetwork::Torch(CallbackNetwork::new(calls.clone().unbind(), params, input_dim, output_dim)))
+    let p = params.len();
+    let mut net = CallbackNetwork::new(calls.clone().unbind(), params, input_dim, output_dim);
+    if let Some(list) = layers {
+        let infos = list.try_iter()?.map(|d| layer_info(&d?, p)).collect::<PyResult<Vec<_>>>()?;
+        if infos.is_empty() {
+            return Err(value_error("the model reports no weight layer"));
+        }
+        net.layers = Arc::new(infos);
+        net.layer_dicts = Some(Arc::new(list.clone().unbind()));
+    }
+    Ok(PyNetwork::Torch(net))
+}
+
+/// One of `TorchCalls.layer_infos`'s dicts as a [`LayerInfo`], its ranges checked against the
+/// `p` parameters.
+fn layer_info(d: &Bound<'_, PyAny>, p: usize) -> PyResult<LayerInfo> {
+    let name: String = d.get_item("name")?.extract()?;
+    let positions: usize = d.get_item("positions")?.extract()?;
+    let (fan_in, fan_out): (usize, usize) =
+        (d.get_item("fan_in")?.extract()?, d.get_item("fan_out")?.extract()?);
+    let range = |key: &str| -> PyResult<std::ops::Range<usize>> {
+        let [a, b]: [usize; 2] = d.get_item(key)?.extract()?;
+        Ok(a..b)
+    };
+    let (weight, bias) = (range("weight")?, range("bias")?);
+    if positions == 0
+        || fan_in == 0
+        || fan_out == 0
+        || weight.len() != fan_in * fan_out
+        || bias.len() != fan_out
+        || weight.end > p
+        || bias.end > p
+    {
+        return Err(value_error(format!(
+            "layer {name}: weight {weight:?} / bias {bias:?} do not hold a {fan_out} × {fan_in} weight and {fan_out} \
+             biases within the {p} parameters (positions {positions})"
+        )));
+    }
+    let kind = if positions == 1 { LayerKind::Dense } else { LayerKind::Conv { positions } };
+    Ok(LayerInfo { name, kind, weight, bias, fan_in, fan_out })
 }

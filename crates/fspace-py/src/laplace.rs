@@ -59,9 +59,10 @@ impl PyLaplace {
     /// prior_precision, sigma_noise, temperature, kron_bias, architecture)`; `state` maps each
     /// tensor name to `(shape, row-major float64 values, was_float32)`; `architecture` is a
     /// CNN's layout as JSON (`None`: an MLP); `calls` a torch model's callback object, which
-    /// replaces `state` (any `nn.Module`; see `src/callback.rs`).
+    /// replaces `state` (any `nn.Module`; see `src/callback.rs`), with `layers` its
+    /// `layer_infos(…)` for `kron`, `ekfac` and `last_layer`.
     #[new]
-    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None))]
+    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None))]
     fn new(
         state: &Bound<'_, PyDict>,
         activation_name: &str,
@@ -74,9 +75,10 @@ impl PyLaplace {
         kron_bias: &str,
         architecture: Option<&str>,
         calls: Option<&Bound<'_, PyAny>>,
+        layers: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let net = match calls {
-            Some(calls) => callback_network(calls)?,
+            Some(calls) => callback_network(calls, layers)?,
             None => network(state, activation(activation_name)?, architecture)?.into(),
         };
         let q = net.output_dim();

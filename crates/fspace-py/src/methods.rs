@@ -211,7 +211,7 @@ pub(crate) fn fit<'py>(
     };
     let prior = prior.map(gp_prior).transpose()?;
     let net = match (state, activation_name, calls) {
-        (_, _, Some(calls)) => Some(callback_network(calls)?),
+        (_, _, Some(calls)) => Some(callback_network(calls, None)?),
         (Some(state), Some(act), None) => {
             Some(PyNetwork::from(network(state, activation(act)?, architecture)?))
         }

@@ -192,10 +192,6 @@ def test_models_the_path_cannot_take_are_refused_with_torchs_or_fspaces_message(
         fspace.Laplace(ReturnsTuple().double(), "regression", hessian_structure="diag").fit(x, y)
     with pytest.raises(RuntimeError):
         fspace.Laplace(InPlace().double(), "regression", hessian_structure="diag").fit(x, y)
-    with pytest.raises(NotImplementedError, match="per-layer statistics"):
-        fspace.Laplace(ResidualMLP().double(), "regression", hessian_structure="kron")
-    with pytest.raises(NotImplementedError, match="last_layer"):
-        fspace.Laplace(ResidualMLP().double(), "regression", subset_of_weights="last_layer", hessian_structure="full")
     mixed = ResidualMLP().double()
     mixed.out.float()
     with pytest.raises(ValueError, match="one dtype"):
@@ -259,3 +255,128 @@ def test_fsp_laplace_training_takes_the_same_steps_on_both_paths():
     assert max(np.max(np.abs(np.asarray(sa[n]) - start[n].detach().numpy())) for n in sa) > 1e-3
     np.testing.assert_allclose(mb.numpy(), ma.numpy(), rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(vb.numpy(), va.numpy(), rtol=1e-6)
+
+
+class TokenMLP(nn.Module):
+    """Linear layers applied to every token of a sequence (weights shared over positions)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, 5), nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.embed(x)).mean(dim=1))
+
+
+def layered_models():
+    _, cnn, xc = models()[1]
+    for p in cnn.bn.parameters():  # BatchNorm frozen: it keeps its weights and leaves the posterior
+        p.requires_grad_(False)
+    torch.manual_seed(4)
+    return [
+        ("residual", models()[0][1], models()[0][2]),
+        ("frozen-batchnorm-cnn", cnn, xc),
+        ("tokens", TokenMLP().double(), torch.randn(5, 4, 3, dtype=torch.float64)),
+    ]
+
+
+@pytest.mark.parametrize("name,model,x", layered_models(), ids=[m[0] for m in layered_models()])
+def test_the_hooks_layer_statistics_rebuild_torchs_jacobian(name, model, x):
+    """Σ_t δ_{i,c,t} ã_{i,t}ᵀ of every layer equals row (i, c) of the dense Jacobian on that
+    layer's weight and bias columns, and the layers cover every trainable parameter."""
+    calls = TorchCalls(model, x.shape[1:])
+    infos = calls.layer_infos("all")
+    rows = x.reshape(x.shape[0], -1).numpy()
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    jac = dense_jacobian(model, x)
+    if len(names) < len(list(model.parameters())):  # dense_jacobian covers every parameter: keep the trainable ones
+        keep = np.concatenate([np.full(p.numel(), p.requires_grad) for p in model.parameters()])
+        jac = jac[:, keep]
+    n, q = x.shape[0], calls.output_dim
+    stats = calls.kfac_statistics(calls.params, rows, np.tile(np.eye(q), (n, 1)), infos)
+    covered = np.zeros(jac.shape[1], dtype=bool)
+    for info, (a, d) in zip(infos, stats):
+        t, fi, fo = info["positions"], info["fan_in"], info["fan_out"]
+        a = a.reshape(n, t, fi)
+        d = d.reshape(n, q, t, fo)
+        w0, w1 = info["weight"]
+        b0, b1 = info["bias"]
+        covered[w0:w1] = covered[b0:b1] = True
+        for i in range(n):
+            for c in range(q):
+                grad_w = d[i, c].T @ a[i]
+                assert np.max(np.abs(grad_w.reshape(-1) - jac[i * q + c, w0:w1])) <= 1e-10
+                assert np.max(np.abs(d[i, c].sum(axis=0) - jac[i * q + c, b0:b1])) <= 1e-10
+    assert covered.all()
+    assert calls.layer_infos("last")[0]["name"] == infos[-1]["name"]
+    np.testing.assert_allclose(
+        calls.last_layer_features(calls.params, rows, infos[-1:]) @ model.get_submodule(infos[-1]["name"]).weight.detach().numpy().T
+        + model.get_submodule(infos[-1]["name"]).bias.detach().numpy(),
+        calls.forward(calls.params, rows), atol=1e-12)
+
+
+def test_kron_ekfac_and_last_layer_give_the_same_posterior_on_both_paths():
+    torch.manual_seed(5)
+    mlp = nn.Sequential(nn.Linear(2, 10), nn.Tanh(), nn.Linear(10, 10), nn.Tanh(), nn.Linear(10, 3)).double()
+    cnn = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(12, 3)).double()
+    cases = [(mlp, torch.rand(40, 2, dtype=torch.float64) * 2 - 1, torch.rand(7, 2, dtype=torch.float64)),
+             (cnn, torch.randn(30, 1, 6, 6, dtype=torch.float64), torch.randn(7, 1, 6, 6, dtype=torch.float64))]
+    for model, x, xs in cases:
+        with torch.no_grad():
+            labels = model(x).argmax(1)
+        for structure, subset in [("kron", "all"), ("ekfac", "all"), ("kron", "last_layer"), ("full", "last_layer")]:
+            for likelihood, y in [("classification", labels), ("regression", torch.randn(x.shape[0], 3, dtype=torch.float64))]:
+                got = []
+                for backend in ["native", "torch"]:
+                    la = fspace.Laplace(model, likelihood, hessian_structure=structure, subset_of_weights=subset,
+                                        prior_precision=0.7, sigma_noise=0.3, kron_bias="separate" if structure == "ekfac" else "folded",
+                                        backend=backend)
+                    la.fit(x, y)
+                    out = la(xs)
+                    got.append((out[1].numpy() if likelihood == "regression" else out.numpy(), la.log_marginal_likelihood()))
+                (a, ea), (b, eb) = got
+                what = (type(model[0]).__name__, structure, subset, likelihood)
+                assert np.max(np.abs(a - b) / np.abs(a)) <= 1e-10, what
+                assert abs(ea - eb) <= 1e-10 * abs(ea), what
+
+
+class BiasFree(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 4, bias=False), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+class SharedLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(torch.tanh(self.a(x)))))
+
+
+class SquashedOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(2, 1)
+
+    def forward(self, x):
+        return torch.tanh(self.a(x))
+
+
+@pytest.mark.parametrize("model,structure,subset,message", [
+    (BatchNormCNN, "kron", "all", r"bn \(BatchNorm2d: weight, bias\).*requires_grad_\(False\)"),
+    (TinyAttention, "ekfac", "all", r"attn \(MultiheadAttention: in_proj_weight, in_proj_bias\)"),
+    (BiasFree, "kron", "all", r"layer a \(Linear\) has no trainable bias"),
+    (SharedLayer, "kron", "all", r"layer a \(Linear\) is called 2 times"),
+    (SquashedOutput, "full", "last_layer", r"not the output of its last nn.Linear \(a\)"),
+])
+def test_layered_structures_refuse_what_their_factors_cannot_hold(model, structure, subset, message):
+    shapes = {BatchNormCNN: (1, 7, 7), TinyAttention: (4, 3)}
+    x = torch.randn((5,) + shapes.get(model, (2,)), dtype=torch.float64)
+    la = fspace.Laplace(model().double(), "regression", hessian_structure=structure, subset_of_weights=subset)
+    with pytest.raises(ValueError, match=message):
+        la.fit(x, torch.randn(5, 2 if model in (BatchNormCNN, TinyAttention) else 1, dtype=torch.float64))

@@ -16,6 +16,9 @@ use rayon::prelude::*;
 use crate::error::{all_finite, NnError, Result};
 use crate::layers::{LayerInfo, LayerStatistics};
 
+/// Points per [`Network::per_point_vjp`] call of the default [`Network::jacobian`].
+const JACOBIAN_BLOCK_POINTS: usize = 64;
+
 /// The cotangent rule of [`Network::forward_vjp_many`]: every network's outputs in, one
 /// cotangent per network out.
 pub type JointCotangents<'a> = dyn FnMut(&[DMatrix<f64>]) -> Result<Vec<DMatrix<f64>>> + 'a;
@@ -161,17 +164,18 @@ pub trait Network: Send + Sync {
     }
 
     /// The Jacobian `J(X)` (`n·d' × p`, rows point-major: point `i`, output `o` is row
-    /// `i·d' + o`). The default takes one reverse pass per row on its point; networks with an
-    /// explicit batched rule override it.
+    /// `i·d' + o`). The default runs [`per_point_vjp`](Self::per_point_vjp) over identity
+    /// cotangents, 64 points per call, so a network that batches its per-point passes (a torch
+    /// model's `vmap`) computes many rows per call and no point's pass runs over another's
+    /// inputs; networks with an explicit batched rule override it.
     fn jacobian(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         let (n, q) = (x.nrows(), self.output_dim());
         let mut jac = DMatrix::zeros(n * q, self.n_params());
-        for i in 0..n {
-            let xi = x.rows(i, 1).into_owned();
-            for o in 0..q {
-                let e = DMatrix::from_fn(1, q, |_, c| (c == o) as u8 as f64);
-                jac.row_mut(i * q + o).copy_from(&self.vjp(&xi, &e)?.transpose());
-            }
+        let eye = DMatrix::<f64>::identity(q, q);
+        for start in (0..n).step_by(JACOBIAN_BLOCK_POINTS) {
+            let len = JACOBIAN_BLOCK_POINTS.min(n - start);
+            let rows_t = self.per_point_vjp(&x.rows(start, len).into_owned(), &vec![eye.clone(); len])?;
+            jac.rows_mut(start * q, len * q).copy_from(&rows_t.transpose());
         }
         Ok(jac)
     }
@@ -422,12 +426,18 @@ pub fn check_point_cotangents(cotangents: &[DMatrix<f64>], n: usize, q: usize) -
     }
     let k = cotangents.first().map_or(0, |l| l.ncols());
     for l in cotangents {
-        if l.nrows() != q || l.ncols() != k {
+        if l.nrows() != q {
             return Err(NnError::Input(InputError::DimensionMismatch {
-                what:
-                    "per-point cotangent block rows × columns (network outputs × the first block's columns)",
-                expected: q * k,
-                found: l.nrows() * l.ncols(),
+                what: "per-point cotangent block rows (network outputs)",
+                expected: q,
+                found: l.nrows(),
+            }));
+        }
+        if l.ncols() != k {
+            return Err(NnError::Input(InputError::DimensionMismatch {
+                what: "per-point cotangent block columns (the first block's columns)",
+                expected: k,
+                found: l.ncols(),
             }));
         }
         if l.iter().any(|v| !v.is_finite()) {

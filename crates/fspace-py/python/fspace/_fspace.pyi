@@ -24,6 +24,7 @@ class Laplace:
         kron_bias: str = "folded",
         architecture: Optional[str] = None,
         calls: Optional[Any] = None,
+        layers: Optional[List[Dict[str, Any]]] = None,
     ) -> "Laplace": ...
     def fit(
         self,

@@ -26,6 +26,11 @@ class Laplace:
     ``log_marginal_likelihood()``, ``sample(n)``. Pickles with bit-identical predictions.
     ``kron_bias="separate"`` gives KFAC / EKFAC laplace-torch's separate bias block (fspace's
     default folds the bias into the input factor).
+
+    Any other ``torch.nn.Module`` takes the torch path (``backend="auto"`` or ``"torch"``):
+    ``kron`` / ``ekfac`` collect each ``nn.Linear`` / ``nn.Conv2d`` layer's statistics by module
+    hooks (every trainable parameter must sit in such a layer, with a bias: freeze the others),
+    ``last_layer`` the last ``nn.Linear``'s input (it must give the model's output).
     """
 
     def __init__(
@@ -55,13 +60,13 @@ class Laplace:
             kron_bias,
         )
         self.likelihood = likelihood
-        if on_torch and (hessian_structure in ("kron", "ekfac") or subset_of_weights == "last_layer"):
-            what = "subset_of_weights='last_layer'" if subset_of_weights == "last_layer" else f"hessian_structure={hessian_structure!r}"
-            why = f" (not native: {self._spec.why})" if self._spec.why else ""
-            raise NotImplementedError(
-                f"{what} needs per-layer statistics, which the torch path{why} does not collect yet: use "
-                "hessian_structure 'full', 'diag' or 'lowrank' with subset_of_weights='all'"
-            )
+        # A layered structure on the torch path collects the model's layers by module hooks:
+        # every Linear / Conv2d for kron / ekfac, the last Linear for last_layer.
+        self._layers: Optional[str] = None
+        if on_torch and subset_of_weights == "last_layer":
+            self._layers = "last"
+        elif on_torch and hessian_structure in ("kron", "ekfac"):
+            self._layers = "all"
         self._la: Any = None
         # Built and checked now where the input shape is known (an MLP, or a CNN or torch model
         # given input_shape); otherwise at fit, from the inputs' shape.
@@ -71,7 +76,13 @@ class Laplace:
     def _build(self) -> Any:
         if self._la is None:
             if isinstance(self._spec, TorchModel):
-                self._la = _Laplace(*self._args, None, self._spec.calls())
+                calls = self._spec.calls()
+                try:
+                    layers = None if self._layers is None else calls.layer_infos(self._layers)
+                except ValueError as e:
+                    structure = "subset_of_weights='last_layer'" if self._layers == "last" else f"hessian_structure={self._args[3]!r}"
+                    raise ValueError(f"{structure} on the torch path: {e}") from None
+                self._la = _Laplace(*self._args, None, calls, layers)
             else:
                 self._la = _Laplace(*self._args, self._spec.architecture_json())
         return self._la

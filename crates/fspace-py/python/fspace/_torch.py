@@ -189,6 +189,210 @@ class TorchCalls:
                 out[:, start * k:stop * k] = self._numpy(rows.reshape((stop - start) * k, -1)).T
         return out
 
+    # -- layer structure (Kronecker factors, last-layer features) ----------------------------
+
+    def layer_infos(self, which: str = "all") -> List[Dict[str, Any]]:
+        """The weight layers for Kronecker-factored curvature (``which="all"``) or for the
+        last-layer Laplace (``which="last"``), found by forward hooks on one probe input, in the
+        order ``forward`` calls them. Each is a dict: ``name``, ``positions`` (1 for a Linear on
+        rows; a Linear applied over extra axes shares its weights over them, as a convolution
+        over its output positions), ``weight`` / ``bias`` (``[start, end)`` in the flat
+        parameters), ``fan_in``, ``fan_out``.
+
+        ``"all"``: every trainable parameter must belong to an ``nn.Linear`` or ``nn.Conv2d``
+        with a trainable bias (fspace's factors fold the bias into the input factor), called
+        once per ``forward``; a convolution must have ``groups=1`` and zero padding. Anything
+        else is a ``ValueError`` naming the modules. ``"last"``: the ``nn.Linear`` called last,
+        whose output must be the model's output."""
+        import torch
+
+        if which not in ("all", "last"):
+            raise ValueError(f"which={which!r} is not 'all' or 'last'")
+        offsets: Dict[str, Tuple[int, int]] = {}
+        start = 0
+        for name, size in zip(self.names, self.sizes):
+            offsets[name] = (start, start + size)
+            start += size
+        candidates = {
+            name: m for name, m in self.model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))
+        }
+        calls: Dict[str, List[Tuple[Tuple[int, ...], Any]]] = {name: [] for name in candidates}
+        order: List[str] = []
+
+        def hook(name: str) -> Any:
+            def record(module: Any, inp: Tuple[Any, ...], out: Any) -> None:
+                if not calls[name]:
+                    order.append(name)
+                calls[name].append((tuple(inp[0].shape), out.detach()))
+
+            return record
+
+        handles = [m.register_forward_hook(hook(name)) for name, m in candidates.items()]
+        try:
+            probe = torch.randn((2,) + self.input_shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+            with self._lock, torch.no_grad():
+                out = self._call(self._unflatten(self.params), probe.to(device=self.device, dtype=self.dtype))
+        finally:
+            for h in handles:
+                h.remove()
+
+        def qualified(module: str, param: str) -> str:
+            return f"{module}.{param}" if module else param
+
+        def info(name: str) -> Dict[str, Any]:
+            m = candidates[name]
+            (in_shape, layer_out), = calls[name]
+            w, b = qualified(name, "weight"), qualified(name, "bias")
+            kind = type(m).__name__
+            if w not in offsets:
+                raise ValueError(f"layer {name or '(model)'} ({kind}) has a frozen weight; freeze whole layers or none")
+            if b not in offsets:
+                raise ValueError(
+                    f"layer {name or '(model)'} ({kind}) has no trainable bias: fspace's Kronecker factors fold the "
+                    "bias into the input factor, so every layer of a kron / ekfac / last_layer posterior needs one "
+                    "(use hessian_structure 'diag', 'lowrank' or 'full' for this model)"
+                )
+            if isinstance(m, torch.nn.Conv2d):
+                if m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str) and m.padding != "valid":
+                    raise ValueError(
+                        f"convolution {name} has groups={m.groups}, padding={m.padding!r}, padding_mode={m.padding_mode!r}: "
+                        "Kronecker factors need groups=1 and explicit zero padding"
+                    )
+                positions = int(layer_out.shape[2] * layer_out.shape[3])
+                fan_in = int(m.in_channels * m.kernel_size[0] * m.kernel_size[1])
+                fan_out = int(m.out_channels)
+            else:
+                positions = int(np.prod(in_shape[1:-1])) if len(in_shape) > 2 else 1
+                fan_in, fan_out = int(m.in_features), int(m.out_features)
+            return {"name": name, "positions": positions, "weight": list(offsets[w]), "bias": list(offsets[b]),
+                    "fan_in": fan_in, "fan_out": fan_out}
+
+        def trainable(name: str) -> bool:
+            return qualified(name, "weight") in offsets or qualified(name, "bias") in offsets
+
+        order = [name for name in order if trainable(name)]
+        for name in order:
+            if len(calls[name]) > 1:
+                raise ValueError(
+                    f"layer {name} ({type(candidates[name]).__name__}) is called {len(calls[name])} times per forward: "
+                    "Kronecker factors need each weight layer applied once"
+                )
+        if which == "last":
+            linears = [n for n in order if isinstance(candidates[n], torch.nn.Linear)]
+            if not linears:
+                raise ValueError("subset_of_weights='last_layer' needs an nn.Linear as the model's last layer; the model calls none")
+            last = linears[-1]
+            (in_shape, layer_out), = calls[last]
+            if len(in_shape) != 2 or layer_out.shape != out.shape or not torch.equal(layer_out, out):
+                raise ValueError(
+                    f"subset_of_weights='last_layer': the model's output is not the output of its last nn.Linear ({last}) "
+                    "on rows of features"
+                )
+            return [info(last)]
+        covered = set()
+        infos = []
+        for name in order:
+            infos.append(info(name))
+            covered.update({qualified(name, "weight"), qualified(name, "bias")})
+        loose: Dict[str, List[str]] = {}
+        for pname in self.names:
+            if pname not in covered:
+                module, _, leaf = pname.rpartition(".")
+                loose.setdefault(module, []).append(leaf)
+        if loose:
+            modules = dict(self.model.named_modules())
+            what = "; ".join(
+                f"{m or '(model)'} ({type(modules[m]).__name__ if m in modules else '?'}: {', '.join(ps)})"
+                + (" — not called by forward" if m in candidates else "")
+                for m, ps in loose.items()
+            )
+            raise ValueError(
+                "Kronecker-factored curvature needs every trainable parameter in an nn.Linear or nn.Conv2d that forward "
+                f"calls; these are not: {what}. Freeze them (p.requires_grad_(False): they keep their trained values and "
+                "leave the posterior), or use hessian_structure 'diag', 'lowrank' or 'full'"
+            )
+        return infos
+
+    def _layer_modules(self, infos: Sequence[Dict[str, Any]]) -> List[Any]:
+        modules = dict(self.model.named_modules())
+        return [modules[i["name"]] for i in infos]
+
+    @staticmethod
+    def _patches(module: Any, a: Any) -> Any:
+        """A layer's input per output position: ``n × T × fan_in`` (im2col for a convolution)."""
+        import torch
+
+        if isinstance(module, torch.nn.Conv2d):
+            padding = (0, 0) if module.padding == "valid" else module.padding
+            cols = torch.nn.functional.unfold(a, module.kernel_size, module.dilation, padding, module.stride)
+            return cols.transpose(1, 2)
+        return a.reshape(a.shape[0], -1, a.shape[-1])
+
+    @staticmethod
+    def _positions_last(module: Any, g: Any) -> Any:
+        """A layer's output (or its gradient) per output position: ``n × T × fan_out``."""
+        import torch
+
+        if isinstance(module, torch.nn.Conv2d):
+            return g.flatten(2).transpose(1, 2)
+        return g.reshape(g.shape[0], -1, g.shape[-1])
+
+    def kfac_statistics(self, w: np.ndarray, x: np.ndarray, l: np.ndarray, infos: List[Dict[str, Any]]) -> List[Tuple[np.ndarray, np.ndarray]]:
+        """Per layer of ``infos``: its inputs (``n·T × fan_in``, row ``i·T + t``) and the
+        gradients at its outputs (``n·k·T × fan_out``, row ``(i·k + c)·T + t``) of
+        ``Σᵢ Lᵢ[:, c]ᵀ f(xᵢ)`` for each column ``c`` of the stacked per-point cotangent blocks
+        ``l`` (``n·d' × k``). One forward with hooks, one reverse pass per column."""
+        import torch
+
+        modules = self._layer_modules(infos)
+        n, q, k = x.shape[0], self.output_dim, l.shape[1]
+        inputs: List[Any] = [None] * len(modules)
+        outputs: List[Any] = [None] * len(modules)
+
+        def hook(j: int) -> Any:
+            def record(module: Any, inp: Tuple[Any, ...], out: Any) -> None:
+                inputs[j] = self._patches(module, inp[0].detach())
+                outputs[j] = out
+
+            return record
+
+        params = {name: t.detach().requires_grad_(True) for name, t in self._unflatten(w).items()}
+        cot = torch.from_numpy(np.ascontiguousarray(l.reshape(n, q, k))).to(device=self.device, dtype=self.dtype)
+        with self._lock:
+            handles = [m.register_forward_hook(hook(j)) for j, m in enumerate(modules)]
+            try:
+                with torch.enable_grad():
+                    f = self._call(params, self._inputs(x))
+                    grads: List[List[Any]] = [[] for _ in modules]
+                    for c in range(k):
+                        gs = torch.autograd.grad(f, outputs, cot[:, :, c], retain_graph=c + 1 < k, allow_unused=True)
+                        for j, (m, g) in enumerate(zip(modules, gs)):
+                            g = torch.zeros_like(outputs[j]) if g is None else g
+                            grads[j].append(self._positions_last(m, g))
+            finally:
+                for h in handles:
+                    h.remove()
+        result = []
+        for j, info in enumerate(infos):
+            a = inputs[j].reshape(-1, info["fan_in"])
+            d = torch.stack(grads[j], dim=1).reshape(-1, info["fan_out"])  # (i, c, t) row-major
+            result.append((self._numpy(a), self._numpy(d)))
+        return result
+
+    def last_layer_features(self, w: np.ndarray, x: np.ndarray, infos: List[Dict[str, Any]]) -> np.ndarray:
+        """The input of the last layer of ``infos`` (``n × fan_in``)."""
+        import torch
+
+        (module,) = self._layer_modules(infos[-1:])
+        feats: List[Any] = []
+        with self._lock, torch.no_grad():
+            handle = module.register_forward_hook(lambda m, inp, out: feats.append(inp[0].detach()))
+            try:
+                self._call(self._unflatten(w), self._inputs(x))
+            finally:
+                handle.remove()
+        return self._numpy(feats[-1].reshape(x.shape[0], -1))
+
     def state_dict(self, w: np.ndarray) -> Dict[str, np.ndarray]:
         """Flat weights as the model's named parameters (float64 arrays)."""
         out: Dict[str, np.ndarray] = {}
