@@ -48,7 +48,7 @@ impl Predictive {
 /// | `kron_bias` | `Folded` | KFAC / EKFAC: bias folded into the input factor, or a separate block (laplace-torch) |
 /// | `prior_precision` | `Scalar(1.0)` | λ (laplace-torch's default) |
 /// | `temperature` | 1.0 | `T` of the generalised posterior (`T = 1`: Bayes) |
-/// | `chunk_points` | 256 | points per Jacobian / statistics chunk (memory `chunk·d'·p`) |
+/// | `chunk_points` | 256 | points per Jacobian / statistics chunk (memory `chunk·d'·p`; fewer where a chunk's layer statistics would pass 1 GiB) |
 /// | `predictive` | `Glm` | what `predict` returns |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LaplaceConfig {

@@ -111,14 +111,14 @@ pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>>
             .map(|(info, st)| {
                 if info.positions() == 1 {
                     // Σ_{i,c} δ²_{(i,c), r} ã²_{i, j}: rows of ã repeated per column c.
-                    let at = st.augmented_inputs();
-                    let a2 = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| at[(row / k, j)].powi(2));
+                    let at = st.augmented_inputs(info.has_bias());
+                    let a2 = DMatrix::from_fn(len * k, info.width(), |row, j| at[(row / k, j)].powi(2));
                     st.output_grads.map(|d| d * d).transpose() * a2
                 } else {
-                    let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
+                    let mut acc = DMatrix::zeros(info.fan_out, info.width());
                     for i in 0..len {
                         for c in 0..k {
-                            acc += st.example_gradient(i, c).map(|g| g * g);
+                            acc += st.example_gradient(i, c, info.has_bias()).map(|g| g * g);
                         }
                     }
                     acc
@@ -129,7 +129,7 @@ pub(crate) fn diagonal<N: Network>(net: &N, data: &Data) -> Result<DVector<f64>>
     for_chunks(data, per_chunk, |_, _, parts| {
         for (info, sq) in infos.iter().zip(parts) {
             for r in 0..info.fan_out {
-                for j in 0..=info.fan_in {
+                for j in 0..info.width() {
                     diag[info.flat_index(r, j)] += sq[(r, j)];
                 }
             }
@@ -272,15 +272,17 @@ pub(crate) fn kron<N: Network>(
     let infos: Vec<LayerInfo> = ids.iter().map(|&l| all_infos[l].clone()).collect();
     let last_only = matches!(weights, Weights::LastLayer);
     let q = net.output_dim();
-    if last_only && (infos[0].kind != LayerKind::Dense || infos[0].fan_out != q) {
+    if last_only && (infos[0].kind != LayerKind::Dense || infos[0].fan_out != q || !infos[0].has_bias()) {
         return Err(LaplaceError::Unsupported {
             structure,
-            reason: format!("the last layer {} is not a dense layer onto the {q} outputs", infos[0].name),
+            reason: format!(
+                "the last layer {} is not a dense layer with a bias onto the {q} outputs",
+                infos[0].name
+            ),
         });
     }
     let n = data.x.nrows();
-    let mut a_fac: Vec<DMatrix<f64>> =
-        infos.iter().map(|i| DMatrix::zeros(i.fan_in + 1, i.fan_in + 1)).collect();
+    let mut a_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.width(), i.width())).collect();
     let mut g_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_out)).collect();
     let stats_of = |start: usize, len: usize| -> Result<Vec<fspace_nn::LayerStatistics>> {
         if last_only {
@@ -301,10 +303,15 @@ pub(crate) fn kron<N: Network>(
     let factors_of = |start: usize, len: usize| -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
         Ok(stats_of(start, len)?
             .iter()
-            .map(|st| {
+            .zip(&infos)
+            .map(|(st, info)| {
                 let fi = st.inputs.ncols();
+                let aa = st.inputs.transpose() * &st.inputs;
+                if !info.has_bias() {
+                    return (aa, st.output_grads.transpose() * &st.output_grads);
+                }
                 let mut a = DMatrix::zeros(fi + 1, fi + 1);
-                a.view_mut((0, 0), (fi, fi)).copy_from(&(st.inputs.transpose() * &st.inputs));
+                a.view_mut((0, 0), (fi, fi)).copy_from(&aa);
                 if bias == KronBias::Folded {
                     let sums = st.inputs.row_sum();
                     for j in 0..fi {
@@ -340,7 +347,7 @@ pub(crate) fn kron<N: Network>(
     if ekfac {
         let k = data.k();
         let mut fitted: Vec<DMatrix<f64>> =
-            infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_in + 1)).collect();
+            infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.width())).collect();
         let layers_ref = &layers;
         let fit_of = |start: usize, len: usize| -> Result<Vec<DMatrix<f64>>> {
             let stats = stats_of(start, len)?;
@@ -351,16 +358,16 @@ pub(crate) fn kron<N: Network>(
                 .map(|((st, info), layer)| {
                     if info.positions() == 1 {
                         // (Q_Gᵀ δ)_r² (Q_Aᵀ ã)_j² summed over (i, c): one GEMM.
-                        let va = (st.augmented_inputs() * &layer.a_vectors).map(|v| v * v);
-                        let va_rep = DMatrix::from_fn(len * k, info.fan_in + 1, |row, j| va[(row / k, j)]);
+                        let va = (st.augmented_inputs(info.has_bias()) * &layer.a_vectors).map(|v| v * v);
+                        let va_rep = DMatrix::from_fn(len * k, info.width(), |row, j| va[(row / k, j)]);
                         let ug = (&st.output_grads * &layer.g_vectors).map(|v| v * v);
                         ug.transpose() * va_rep
                     } else {
-                        let mut acc = DMatrix::zeros(info.fan_out, info.fan_in + 1);
+                        let mut acc = DMatrix::zeros(info.fan_out, info.width());
                         for i in 0..len {
                             for c in 0..k {
                                 let proj = layer.g_vectors.transpose()
-                                    * st.example_gradient(i, c)
+                                    * st.example_gradient(i, c, info.has_bias())
                                     * &layer.a_vectors;
                                 acc += proj.map(|v| v * v);
                             }
@@ -395,10 +402,13 @@ pub(crate) fn last_layer<N: Network>(
     let infos = require_layers(net, "last_layer")?;
     let last = infos.last().expect("non-empty").clone();
     let q = net.output_dim();
-    if last.kind != LayerKind::Dense || last.fan_out != q {
+    if last.kind != LayerKind::Dense || last.fan_out != q || !last.has_bias() {
         return Err(LaplaceError::Unsupported {
             structure: "last_layer",
-            reason: format!("the last layer {} is not a dense layer onto the {q} outputs", last.name),
+            reason: format!(
+                "the last layer {} is not a dense layer with a bias onto the {q} outputs",
+                last.name
+            ),
         });
     }
     let dim = last.n_params();

@@ -274,7 +274,8 @@ impl CurvatureApprox for BlockDiagCurvature {
 /// the factors' eigenvalues) or `E` re-fitted to the per-example curvature (EKFAC).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KronLayer {
-    /// Eigenvalues of the input factor `A` (`fan_in + 1`).
+    /// Eigenvalues of the input factor `A` (the layer's width: `fan_in + 1`, or `fan_in`
+    /// without a bias).
     pub a_values: DVector<f64>,
     /// Eigenvectors of `A`.
     pub a_vectors: DMatrix<f64>,
@@ -558,7 +559,7 @@ pub(crate) fn check_loaded(
                 check.ensure(j == 0 || ids[j - 1] < l, &field("Kron.network_layers"), || {
                     "must be increasing".into()
                 })?;
-                let (r, c) = (info.fan_out, info.fan_in + 1);
+                let (r, c) = (info.fan_out, info.width());
                 check.len(&format!("{f}.g_values"), layer.g_values.len(), r)?;
                 check.shape(&format!("{f}.g_vectors"), layer.g_vectors.shape(), (r, r))?;
                 check.len(&format!("{f}.a_values"), layer.a_values.len(), c)?;

@@ -126,6 +126,8 @@ pub fn fit_observed<N: Network>(
     let f = forward_chunked(&net, x, config.chunk_points)?;
     let log_likelihood = -lik.nll(&f, y)?;
     let mut data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
+    let k = data.factors.first().map_or(1, |l| l.ncols());
+    data.chunk = crate::ggn::statistics_chunk(&net.layer_infos(), k, data.chunk);
     let (n, observer) = (x.nrows(), Mutex::new(observer));
     let progress = |done: usize| {
         // A poisoned lock means an observer panicked earlier: stop reporting, keep fitting.

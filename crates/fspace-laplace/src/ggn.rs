@@ -2,8 +2,8 @@
 //!
 //! For a network that exposes its weight layers ([`Network::kfac_statistics`]) the whitened
 //! Jacobian row of example `i`, cotangent column `c`, restricted to layer `l`, is
-//! `g_{icl} = Σ_t δ_{ict} ã_{it}ᵀ` (`ã = [a; 1]`). Hence, with the layer's block `V_l` of `v`
-//! (`fan_out × (fan_in + 1)`),
+//! `g_{icl} = Σ_t δ_{ict} ã_{it}ᵀ` (`ã = [a; 1]`, or `a` for a layer without bias). Hence, with
+//! the layer's block `V_l` of `v` (`fan_out × (fan_in + 1)`, or `fan_out × fan_in`),
 //!
 //! * `u_{ic} = Σ_l Σ_t δ_{ict}ᵀ V_l ã_{it}` — one GEMM `Ã V_lᵀ` per layer, then row dots;
 //! * `(GGN v)_l = Σ_{ic} u_{ic} g_{icl} = D_lᵀ Ã_l` with `D_l[(i,t)] = Σ_c u_{ic} δ_{ict}` — one
@@ -26,6 +26,20 @@ pub(crate) struct CachedGgn {
     infos: Vec<LayerInfo>,
     chunks: Vec<Vec<LayerStatistics>>,
     p: usize,
+}
+
+/// Bytes a chunk of layer statistics may take: the points per chunk of every pass over layer
+/// statistics (fit, GLM predictive, evidence grids) are capped so that one chunk's statistics
+/// ([`cache_bytes`]) stay below it. 1 GiB leaves fspace's own MLPs and CNNs at their 256-point
+/// chunks (`CnnConfig::fsp_mnist` takes ≈ 2.2 MB a point at 10 outputs) and holds a
+/// ResNet-18-sized model (≈ 85 MB a point) to 12 points per chunk instead of ≈ 22 GB.
+pub(crate) const LAYER_STATS_CHUNK_BYTES: usize = 1 << 30;
+
+/// `chunk` points, or fewer so that a chunk's layer statistics for `k` cotangent columns per
+/// point fit in [`LAYER_STATS_CHUNK_BYTES`] (at least one point).
+pub(crate) fn statistics_chunk(infos: &[LayerInfo], k: usize, chunk: usize) -> usize {
+    let per_point = cache_bytes(infos, 1, k).max(1);
+    chunk.min(LAYER_STATS_CHUNK_BYTES / per_point).max(1)
 }
 
 /// Bytes the cache of [`CachedGgn`] takes for `n` examples and `k` cotangent columns each.
@@ -66,9 +80,9 @@ impl CachedGgn {
                 (wt, &v.as_slice()[i.bias.clone()])
             })
             .collect();
-        // Per layer `[∂W | ∂b]` (fan_out × (fan_in + 1)), summed over chunks.
+        // Per layer `[∂W | ∂b]` (fan_out × width), summed over chunks.
         let mut sums: Vec<DMatrix<f64>> =
-            self.infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_in + 1)).collect();
+            self.infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.width())).collect();
         for_chunks(
             data,
             |s, _| Ok(self.chunk_product(&self.chunks[s / data.chunk], &blocks)),
@@ -82,7 +96,7 @@ impl CachedGgn {
         let mut out = DVector::zeros(self.p);
         for (info, m) in self.infos.iter().zip(&sums) {
             for r in 0..info.fan_out {
-                for j in 0..=info.fan_in {
+                for j in 0..info.width() {
                     out[info.flat_index(r, j)] = m[(r, j)];
                 }
             }
@@ -140,9 +154,11 @@ impl CachedGgn {
                         }
                     }
                 }
-                let mut m = DMatrix::zeros(fo, info.fan_in + 1);
+                let mut m = DMatrix::zeros(fo, info.width());
                 m.columns_mut(0, info.fan_in).copy_from(&(&dt * &st.inputs));
-                m.set_column(info.fan_in, &dt.column_sum());
+                if info.has_bias() {
+                    m.set_column(info.fan_in, &dt.column_sum());
+                }
                 m
             })
             .collect()
@@ -271,7 +287,8 @@ impl CachedGgn {
                 for m in 0..cols {
                     let b = &column(m)[info.bias.clone()];
                     let um = &mut u.as_mut_slice()[m * nk..(m + 1) * nk];
-                    for (r, br) in b.iter().enumerate() {
+                    for r in 0..fo {
+                        let br = b.get(r).copied().unwrap_or(0.0); // no bias: 0
                         let d = &grads[r * nk..(r + 1) * nk];
                         let a = pre.column(m * fo + r);
                         for ((ui, di), ai) in um.chunks_exact_mut(k).zip(d.chunks_exact(k)).zip(a.iter()) {
@@ -342,7 +359,7 @@ impl CachedGgn {
                     slice[info.weight.clone()]
                         .copy_from_slice(&wg.as_slice()[m * fo * fi..(m + 1) * fo * fi]);
                     for (r, x) in slice[info.bias.clone()].iter_mut().enumerate() {
-                        *x = d.column(m * fo + r).sum();
+                        *x = d.column(m * fo + r).sum(); // nothing without a bias
                     }
                 }
                 continue;
@@ -366,7 +383,9 @@ impl CachedGgn {
             for m in 0..cols {
                 let slice = &mut out.as_mut_slice()[m * self.p..(m + 1) * self.p];
                 slice[info.weight.clone()].copy_from_slice(&wt.as_slice()[m * fo * fi..(m + 1) * fo * fi]);
-                slice[info.bias.clone()].copy_from_slice(&bias.as_slice()[m * fo..(m + 1) * fo]);
+                if info.has_bias() {
+                    slice[info.bias.clone()].copy_from_slice(&bias.as_slice()[m * fo..(m + 1) * fo]);
+                }
             }
         }
         out

@@ -326,7 +326,7 @@ fn cnn_statistics_give_the_exact_jacobian_blocks_diagonal_and_ekfac() {
     for (info, st) in net.layer_infos().iter().zip(&stats) {
         for i in 0..4 {
             for o in 0..3 {
-                let g = st.example_gradient(i, o);
+                let g = st.example_gradient(i, o, true);
                 for r in 0..info.fan_out {
                     for j in 0..=info.fan_in {
                         worst = worst.max((g[(r, j)] - jac[(i * 3 + o, info.flat_index(r, j))]).abs());

@@ -28,7 +28,9 @@ pub enum LayerKind {
 }
 
 /// One weight layer in the flat parameter vector: `W` (`fan_out × fan_in`, row-major) at
-/// `weight` and `b` (`fan_out`) at `bias`.
+/// `weight` and `b` (`fan_out`) at `bias` — an empty `bias` range for a layer without one (a
+/// torch convolution before BatchNorm, say): its coordinates are then `W` alone and its input
+/// side has no appended 1 ([`width`](Self::width) = `fan_in`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerInfo {
     /// Name (`layer0`, `conv1`, `dense0`, …).
@@ -37,7 +39,7 @@ pub struct LayerInfo {
     pub kind: LayerKind,
     /// Range of `W` in the flat parameters.
     pub weight: Range<usize>,
-    /// Range of `b` in the flat parameters.
+    /// Range of `b` in the flat parameters (empty: no bias).
     pub bias: Range<usize>,
     /// Inputs per position (without the bias's 1).
     pub fan_in: usize,
@@ -54,12 +56,23 @@ impl LayerInfo {
         }
     }
 
-    /// Number of parameters `fan_out · (fan_in + 1)`.
-    pub fn n_params(&self) -> usize {
-        self.fan_out * (self.fan_in + 1)
+    /// Whether the layer has a bias.
+    pub fn has_bias(&self) -> bool {
+        !self.bias.is_empty()
     }
 
-    /// Flat index of entry `(r, j)` of `[W | b]` (`j = fan_in` is the bias).
+    /// Columns of the layer's coordinate matrix: `fan_in + 1` for `[W | b]`, `fan_in` for a
+    /// layer without bias.
+    pub fn width(&self) -> usize {
+        self.fan_in + self.has_bias() as usize
+    }
+
+    /// Number of parameters `fan_out · width` (`fan_out · (fan_in + 1)` with a bias).
+    pub fn n_params(&self) -> usize {
+        self.fan_out * self.width()
+    }
+
+    /// Flat index of entry `(r, j)` of `[W | b]` (`j = fan_in` is the bias), `j < width`.
     pub fn flat_index(&self, r: usize, j: usize) -> usize {
         if j < self.fan_in {
             self.weight.start + r * self.fan_in + j
@@ -68,10 +81,11 @@ impl LayerInfo {
         }
     }
 
-    /// All flat indices of the layer in `[W | b]` row-major order (`r·(fan_in + 1) + j`): the
-    /// order in which Kronecker factors `G ⊗ A` index the layer.
+    /// All flat indices of the layer in `[W | b]` row-major order (`r·width + j`): the order in
+    /// which Kronecker factors `G ⊗ A` index the layer.
     pub fn kron_order(&self) -> Vec<usize> {
-        (0..self.fan_out).flat_map(|r| (0..=self.fan_in).map(move |j| self.flat_index(r, j))).collect()
+        let width = self.width();
+        (0..self.fan_out).flat_map(|r| (0..width).map(move |j| self.flat_index(r, j))).collect()
     }
 }
 
@@ -96,10 +110,13 @@ impl LayerStatistics {
         self.inputs.nrows() / self.positions.max(1)
     }
 
-    /// The inputs with a column of ones appended, `ã = [a; 1]` per row (`(n·T) × (fan_in + 1)`):
-    /// the `[W | b]` coordinates' input side.
-    pub fn augmented_inputs(&self) -> DMatrix<f64> {
+    /// The coordinates' input side: with a `bias`, the inputs with a column of ones appended,
+    /// `ã = [a; 1]` per row (`(n·T) × (fan_in + 1)`); without, the inputs `a`.
+    pub fn augmented_inputs(&self, bias: bool) -> DMatrix<f64> {
         let fan_in = self.inputs.ncols();
+        if !bias {
+            return self.inputs.clone();
+        }
         DMatrix::from_fn(
             self.inputs.nrows(),
             fan_in + 1,
@@ -107,16 +124,18 @@ impl LayerStatistics {
         )
     }
 
-    /// The gradient of column `c` of example `i` with respect to `[W | b]`:
-    /// `Σ_t δ_{i,c,t} ã_{i,t}ᵀ` (`fan_out × (fan_in + 1)`).
-    pub fn example_gradient(&self, i: usize, c: usize) -> DMatrix<f64> {
+    /// The gradient of column `c` of example `i` with respect to `[W | b]` (`W` without a
+    /// `bias`): `Σ_t δ_{i,c,t} ã_{i,t}ᵀ` (`fan_out × (fan_in + 1)`, or `fan_out × fan_in`).
+    pub fn example_gradient(&self, i: usize, c: usize, bias: bool) -> DMatrix<f64> {
         let (t, fan_in, fan_out) = (self.positions, self.inputs.ncols(), self.output_grads.ncols());
         let a = self.inputs.rows(i * t, t);
         let d = self.output_grads.rows((i * self.columns + c) * t, t);
-        let mut g = DMatrix::zeros(fan_out, fan_in + 1);
+        let mut g = DMatrix::zeros(fan_out, fan_in + bias as usize);
         g.columns_mut(0, fan_in).copy_from(&(d.transpose() * a)); // Dᵀ A (transpose first: nalgebra's gemm_tr is not blocked)
-        for r in 0..fan_out {
-            g[(r, fan_in)] = d.column(r).sum();
+        if bias {
+            for r in 0..fan_out {
+                g[(r, fan_in)] = d.column(r).sum();
+            }
         }
         g
     }

@@ -156,8 +156,9 @@ impl<N: Network> LaplacePosterior<N> {
             settings.push((self.lam_vector(&self.lambdas), self.temperature));
         }
         let mut covs = vec![Vec::with_capacity(x.nrows()); settings.len()];
-        for s in (0..x.nrows()).step_by(GLM_CHUNK) {
-            let xc = x.rows(s, GLM_CHUNK.min(x.nrows() - s)).into_owned();
+        let chunk = crate::ggn::statistics_chunk(&self.net.layer_infos(), self.net.output_dim(), GLM_CHUNK);
+        for s in (0..x.nrows()).step_by(chunk) {
+            let xc = x.rows(s, chunk.min(x.nrows() - s)).into_owned();
             // Other structures leave at the first chunk, before any statistics are computed.
             let Some(chunk) = self.layered_covariances(&settings, &xc) else {
                 return Ok(None);

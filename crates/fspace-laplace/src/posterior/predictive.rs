@@ -19,8 +19,9 @@ impl<N: Network> LaplacePosterior<N> {
         let lam = self.lam_vector(&self.lambdas);
         let t = self.temperature;
         let q = self.net.output_dim();
-        let chunk = GLM_CHUNK;
-        let layered = !self.net.layer_infos().is_empty();
+        let infos = self.net.layer_infos();
+        let chunk = crate::ggn::statistics_chunk(&infos, q, GLM_CHUNK);
+        let layered = !infos.is_empty();
         let all_params = self.indices.len() == self.net.n_params()
             && self.indices.iter().enumerate().all(|(a, &b)| a == b);
         let iso = self.lambdas.iter().all(|&l| l == self.lambdas[0]);
