@@ -400,13 +400,13 @@ fn layer_info(d: &Bound<'_, PyAny>, p: usize) -> PyResult<LayerInfo> {
         || fan_in == 0
         || fan_out == 0
         || weight.len() != fan_in * fan_out
-        || bias.len() != fan_out
+        || !(bias.len() == fan_out || bias.is_empty())
         || weight.end > p
         || bias.end > p
     {
         return Err(value_error(format!(
             "layer {name}: weight {weight:?} / bias {bias:?} do not hold a {fan_out} × {fan_in} weight and {fan_out} \
-             biases within the {p} parameters (positions {positions})"
+             biases (or none) within the {p} parameters (positions {positions})"
         )));
     }
     let kind = if positions == 1 { LayerKind::Dense } else { LayerKind::Conv { positions } };

@@ -29,7 +29,7 @@ class Laplace:
 
     Any other ``torch.nn.Module`` takes the torch path (``backend="auto"`` or ``"torch"``):
     ``kron`` / ``ekfac`` collect each ``nn.Linear`` / ``nn.Conv2d`` layer's statistics by module
-    hooks (every trainable parameter must sit in such a layer, with a bias: freeze the others),
+    hooks (every trainable parameter must sit in such a layer: freeze the others),
     ``last_layer`` the last ``nn.Linear``'s input (it must give the model's output).
     """
 
@@ -60,13 +60,17 @@ class Laplace:
             kron_bias,
         )
         self.likelihood = likelihood
-        # A layered structure on the torch path collects the model's layers by module hooks:
-        # every Linear / Conv2d for kron / ekfac, the last Linear for last_layer.
+        # On the torch path the model's layers come from module hooks: the last Linear for
+        # last_layer, every Linear / Conv2d for kron / ekfac (required) and for the other
+        # structures (when they cover every trainable parameter; otherwise those take the
+        # Jacobian-free per-point route).
         self._layers: Optional[str] = None
+        self._layers_required = True
         if on_torch and subset_of_weights == "last_layer":
             self._layers = "last"
-        elif on_torch and hessian_structure in ("kron", "ekfac"):
+        elif on_torch:
             self._layers = "all"
+            self._layers_required = hessian_structure in ("kron", "ekfac")
         self._la: Any = None
         # Built and checked now where the input shape is known (an MLP, or a CNN or torch model
         # given input_shape); otherwise at fit, from the inputs' shape.
@@ -80,8 +84,11 @@ class Laplace:
                 try:
                     layers = None if self._layers is None else calls.layer_infos(self._layers)
                 except ValueError as e:
-                    structure = "subset_of_weights='last_layer'" if self._layers == "last" else f"hessian_structure={self._args[3]!r}"
-                    raise ValueError(f"{structure} on the torch path: {e}") from None
+                    if not self._layers_required:
+                        layers = None
+                    else:
+                        structure = "subset_of_weights='last_layer'" if self._layers == "last" else f"hessian_structure={self._args[3]!r}"
+                        raise ValueError(f"{structure} on the torch path: {e}") from None
                 self._la = _Laplace(*self._args, None, calls, layers)
             else:
                 self._la = _Laplace(*self._args, self._spec.architecture_json())

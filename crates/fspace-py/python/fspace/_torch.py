@@ -10,6 +10,15 @@ per column), and returns float64 numpy arrays. A float32 model is evaluated in f
 fspace accumulates the products in float64, so a float32 model's Jacobian products carry
 float32 rounding (relative ≈ 1e-7) and nothing more.
 
+Layer structure comes from module hooks (``layer_infos``, ``kfac_statistics``,
+``last_layer_features``): each ``nn.Linear`` / ``nn.Conv2d`` layer's inputs (im2col patches for a
+convolution; a Linear applied over extra axes counts them as positions) and the gradients at its
+outputs, from one forward and one reverse pass per cotangent column — what laplace-torch's
+curvature back-ends collect. ``fspace.Laplace`` asks for them for ``kron``, ``ekfac`` and
+``last_layer`` (required) and for the other structures (used when every trainable parameter sits
+in such a layer: then the GGN products, the diagonal and the predictive come from
+them instead of one reverse pass per point).
+
 The model is put in ``eval()`` mode for each call (BatchNorm uses its running statistics,
 Dropout is off) and returned to its mode after; its buffers are used as they are. Attention
 runs on torch's composite kernel (the fused kernels have no forward-mode derivative).
@@ -200,10 +209,11 @@ class TorchCalls:
         parameters), ``fan_in``, ``fan_out``.
 
         ``"all"``: every trainable parameter must belong to an ``nn.Linear`` or ``nn.Conv2d``
-        with a trainable bias (fspace's factors fold the bias into the input factor), called
-        once per ``forward``; a convolution must have ``groups=1`` and zero padding. Anything
-        else is a ``ValueError`` naming the modules. ``"last"``: the ``nn.Linear`` called last,
-        whose output must be the model's output."""
+        called once per ``forward`` (with or without a bias; a frozen bias keeps its value and
+        leaves the coordinates, an empty ``bias`` range); a convolution must have ``groups=1``
+        and zero padding. Anything else is a ``ValueError`` naming the modules. ``"last"``: the
+        ``nn.Linear`` called last, with a trainable bias, whose output must be the model's
+        output."""
         import torch
 
         if which not in ("all", "last"):
@@ -245,13 +255,12 @@ class TorchCalls:
             w, b = qualified(name, "weight"), qualified(name, "bias")
             kind = type(m).__name__
             if w not in offsets:
-                raise ValueError(f"layer {name or '(model)'} ({kind}) has a frozen weight; freeze whole layers or none")
-            if b not in offsets:
                 raise ValueError(
-                    f"layer {name or '(model)'} ({kind}) has no trainable bias: fspace's Kronecker factors fold the "
-                    "bias into the input factor, so every layer of a kron / ekfac / last_layer posterior needs one "
-                    "(use hessian_structure 'diag', 'lowrank' or 'full' for this model)"
+                    f"layer {name or '(model)'} ({kind}) has a frozen weight and a trainable bias: freeze whole layers or none"
                 )
+            # A layer without a trainable bias (none, or a frozen one, which keeps its value)
+            # has the coordinates W alone: an empty bias range.
+            bias_range = list(offsets[b]) if b in offsets else [offsets[w][1], offsets[w][1]]
             if isinstance(m, torch.nn.Conv2d):
                 if m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str) and m.padding != "valid":
                     raise ValueError(
@@ -264,7 +273,7 @@ class TorchCalls:
             else:
                 positions = int(np.prod(in_shape[1:-1])) if len(in_shape) > 2 else 1
                 fan_in, fan_out = int(m.in_features), int(m.out_features)
-            return {"name": name, "positions": positions, "weight": list(offsets[w]), "bias": list(offsets[b]),
+            return {"name": name, "positions": positions, "weight": list(offsets[w]), "bias": bias_range,
                     "fan_in": fan_in, "fan_out": fan_out}
 
         def trainable(name: str) -> bool:
@@ -288,6 +297,8 @@ class TorchCalls:
                     f"subset_of_weights='last_layer': the model's output is not the output of its last nn.Linear ({last}) "
                     "on rows of features"
                 )
+            if qualified(last, "bias") not in offsets:
+                raise ValueError(f"subset_of_weights='last_layer': the last nn.Linear ({last}) has no trainable bias")
             return [info(last)]
         covered = set()
         infos = []
