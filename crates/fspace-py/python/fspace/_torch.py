@@ -334,7 +334,7 @@ class TorchCalls:
         import torch
 
         if isinstance(module, torch.nn.Conv2d):
-            padding = (0, 0) if module.padding == "valid" else module.padding
+            padding: Any = (0, 0) if module.padding == "valid" else module.padding  # layer_infos refused other strings
             cols = torch.nn.functional.unfold(a, module.kernel_size, module.dilation, padding, module.stride)
             return cols.transpose(1, 2)
         return a.reshape(a.shape[0], -1, a.shape[-1])
