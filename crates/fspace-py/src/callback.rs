@@ -11,13 +11,15 @@
 //! ([`CallbackErrors`]) and raised by the binding in place of the Rust error it
 //! caused, so the user sees torch's own message.
 //!
-//! Layer structure comes from module hooks, and only when a layered structure (`kron`,
-//! `ekfac`, `last_layer`) asks for it ([`callback_network`]'s `layers`): then the network
-//! reports the model's `nn.Linear` / `nn.Conv2d` layers ([`Network::layer_infos`]), their
-//! inputs and output gradients ([`Network::kfac_statistics`]: a forward with hooks, one
-//! reverse pass per cotangent column) and the last layer's features. Without them it reports
-//! none, so the diagonal, low-rank and full structures and every predictive stay on the
-//! Jacobian-free per-point route.
+//! Layer structure comes from module hooks, when the caller passes it
+//! ([`callback_network`]'s `layers`: `fspace.Laplace` does for `kron`, `ekfac` and
+//! `last_layer`, and for the other structures whenever every trainable parameter sits in an
+//! `nn.Linear` / `nn.Conv2d`): then the network reports those layers
+//! ([`Network::layer_infos`]), their inputs and output gradients
+//! ([`Network::kfac_statistics`]: a forward with hooks, one reverse pass per cotangent column)
+//! and the last layer's features, and fspace's layer rules serve every structure. Without them
+//! it reports none, and the diagonal, low-rank and full structures and every predictive take
+//! the Jacobian-free per-point route.
 //!
 //! [`PyNetwork`] puts it beside the [`NativeNetwork`]s behind one type, so every posterior of
 //! the binding has one network type; only native networks save (a torch model is not
@@ -72,6 +74,17 @@ fn checked_matrix(
         return Err(NnError::Callback(format!("{method} returned a non-finite value")));
     }
     Ok(m)
+}
+
+/// The `n` per-point `q × k` blocks, checked ([`check_point_cotangents`]) and stacked
+/// point-major (`n·q × k`), as the Python side takes them.
+fn stacked_blocks(blocks: &[DMatrix<f64>], n: usize, q: usize) -> Result<DMatrix<f64>> {
+    let k = check_point_cotangents(blocks, n, q)?;
+    let mut stacked = DMatrix::zeros(n * q, k);
+    for (i, l) in blocks.iter().enumerate() {
+        stacked.rows_mut(i * q, q).copy_from(l);
+    }
+    Ok(stacked)
 }
 
 impl CallbackNetwork {
@@ -213,11 +226,8 @@ impl Network for CallbackNetwork {
     fn per_point_vjp(&self, x: &DMatrix<f64>, cotangents: &[DMatrix<f64>]) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
         let (q, n) = (self.output_dim, x.nrows());
-        let k = check_point_cotangents(cotangents, n, q)?;
-        let mut stacked = DMatrix::zeros(n * q, k);
-        for (i, l) in cotangents.iter().enumerate() {
-            stacked.rows_mut(i * q, q).copy_from(l);
-        }
+        let stacked = stacked_blocks(cotangents, n, q)?;
+        let k = stacked.ncols();
         let p = self.params.len();
         self.call(
             "per_point_vjp",
@@ -235,11 +245,8 @@ impl Network for CallbackNetwork {
         self.check_x(x)?;
         self.require_layers("per-layer statistics (KFAC)")?;
         let (q, n) = (self.output_dim, x.nrows());
-        let k = check_point_cotangents(factors, n, q)?;
-        let mut stacked = DMatrix::zeros(n * q, k);
-        for (i, l) in factors.iter().enumerate() {
-            stacked.rows_mut(i * q, q).copy_from(l);
-        }
+        let stacked = stacked_blocks(factors, n, q)?;
+        let k = stacked.ncols();
         let layers = self.layers.clone();
         self.call_with(
             "kfac_statistics",

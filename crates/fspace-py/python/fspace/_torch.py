@@ -67,6 +67,11 @@ class TorchCalls:
         self.names: List[str] = [n for n, _ in named]
         self.shapes: List[Tuple[int, ...]] = [tuple(p.shape) for _, p in named]
         self.sizes: List[int] = [int(p.numel()) for _, p in named]
+        ends = np.cumsum(self.sizes)
+        # Each parameter's [start, end) in the flat vector.
+        self.offsets: Dict[str, Tuple[int, int]] = {
+            n: (int(e - s), int(e)) for n, s, e in zip(self.names, self.sizes, ends)
+        }
         self.dtype = next(iter(dtypes))
         self.device = next(iter(devices))
         self.input_shape = tuple(int(s) for s in input_shape)
@@ -218,11 +223,7 @@ class TorchCalls:
 
         if which not in ("all", "last"):
             raise ValueError(f"which={which!r} is not 'all' or 'last'")
-        offsets: Dict[str, Tuple[int, int]] = {}
-        start = 0
-        for name, size in zip(self.names, self.sizes):
-            offsets[name] = (start, start + size)
-            start += size
+        offsets = self.offsets
         candidates = {
             name: m for name, m in self.model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))
         }
@@ -406,12 +407,10 @@ class TorchCalls:
 
     def state_dict(self, w: np.ndarray) -> Dict[str, np.ndarray]:
         """Flat weights as the model's named parameters (float64 arrays)."""
-        out: Dict[str, np.ndarray] = {}
-        offset = 0
-        for name, shape, size in zip(self.names, self.shapes, self.sizes):
-            out[name] = np.asarray(w[offset:offset + size]).reshape(shape).copy()
-            offset += size
-        return out
+        return {
+            name: np.asarray(w[slice(*self.offsets[name])]).reshape(shape).copy()
+            for name, shape in zip(self.names, self.shapes)
+        }
 
 
 class TorchModel:
