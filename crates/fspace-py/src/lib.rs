@@ -43,6 +43,8 @@ fn _fspace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(methods::default_config, m)?)?;
     m.add_function(wrap_pyfunction!(methods::gram, m)?)?;
     m.add_function(wrap_pyfunction!(methods::rkhs_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(methods::regularized_kl, m)?)?;
+    m.add_function(wrap_pyfunction!(methods::gfsvi_objective, m)?)?;
     m.add("NumericalError", m.py().get_type::<errors::NumericalError>())?;
     Ok(())
 }

@@ -13,7 +13,7 @@ use fspace_gp::ExactGp;
 use fspace_kernels::{GpPrior, SharedKernel};
 use fspace_nn::Network;
 use fspace_valla::{EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
-use nalgebra::DMatrix;
+use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -179,6 +179,102 @@ pub(crate) fn rkhs_norm<'py>(
         })
         .map_err(raise)?;
     Ok((value, to_numpy(py, &alpha)))
+}
+
+/// `(D̂_KL^γ, ∂/∂F, ∂/∂Σ_q)`: GFSVI's regularised KL (eqs. 7–8, 11)
+/// `KL(N(F, Σ_q + γM·I) ‖ N(μ(C), K(C, C) + γM·I))` between the linearised network's Gaussian at
+/// the `M` measurement points `C` — function values `F` (`M × d'`) and covariance `Σ_q = J S Jᵀ`
+/// (`M·d'` square, point-major) — and the prior given as a `GpPrior`'s JSON, with its gradients
+/// (the torch loss term's backward). `Σ_q` is symmetrised first, `(Σ_q + Σ_qᵀ)/2`, so the value
+/// is a function of every entry and the gradient `½((K + γM·I)⁻¹ − (Σ_q + γM·I)⁻¹)` is its
+/// derivative entry by entry.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub(crate) fn regularized_kl<'py>(
+    py: Python<'py>,
+    prior: &str,
+    c: PyReadonlyArray2<'py, f64>,
+    f: PyReadonlyArray2<'py, f64>,
+    cov: PyReadonlyArray2<'py, f64>,
+    gamma: f64,
+) -> PyResult<(f64, Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<f64>>)> {
+    let prior = gp_prior(prior)?;
+    let (c, f, cov) = (matrix(&c), matrix(&f), matrix(&cov));
+    let (m, q) = (c.nrows(), prior.output_dim());
+    if f.nrows() != m || f.ncols() != q {
+        return Err(value_error(format!(
+            "function values of shape {}×{} do not match {m} measurement points × {q} prior outputs",
+            f.nrows(),
+            f.ncols()
+        )));
+    }
+    if cov.nrows() != m * q || cov.ncols() != m * q {
+        return Err(value_error(format!(
+            "the covariance is {}×{}; {m} measurement points × {q} outputs need {} square",
+            cov.nrows(),
+            cov.ncols(),
+            m * q
+        )));
+    }
+    let kl = py
+        .detach(|| -> Result<_, fspace_gfsvi::GfsviError> {
+            let mean_q = DVector::from_iterator(m * q, f.transpose().iter().copied());
+            let cov_q = (&cov + cov.transpose()) * 0.5;
+            let (mean_p, cov_p) = (prior.mean_at(&c)?, prior.gram(&c)?);
+            fspace_gfsvi::regularized_kl(&mean_q, &cov_q, &mean_p, &cov_p, gamma, m, false)
+        })
+        .map_err(raise)?;
+    let grad_f = DMatrix::from_row_slice(m, q, kl.grad_mean.as_slice());
+    Ok((kl.value, to_numpy(py, &grad_f), to_numpy(py, &kl.grad_cov_q)))
+}
+
+/// GFSVI's objective `L = E_q[log p(y_b | f)]·n/b − D̂_KL^γ` (Gaussian likelihood) and its
+/// gradients with respect to `(m, ρ = log √s, log σ_y)` on a native network (`state` +
+/// `activation_name`): the Rust reference the torch loss terms of `fspace.torch` are checked
+/// against. Returns `(L, expected log likelihood, divergence, ∂L/∂m, ∂L/∂ρ, ∂L/∂log σ_y)`.
+#[pyfunction]
+#[pyo3(signature = (state, activation_name, mean, log_std, log_noise_std, prior, x_b, y_b, n_total, x_m, gamma))]
+#[allow(clippy::too_many_arguments)]
+#[allow(clippy::type_complexity)]
+pub(crate) fn gfsvi_objective<'py>(
+    py: Python<'py>,
+    state: &Bound<'py, PyDict>,
+    activation_name: &str,
+    mean: Vec<f64>,
+    log_std: Vec<f64>,
+    log_noise_std: f64,
+    prior: &str,
+    x_b: PyReadonlyArray2<'py, f64>,
+    y_b: PyReadonlyArray2<'py, f64>,
+    n_total: usize,
+    x_m: PyReadonlyArray2<'py, f64>,
+    gamma: f64,
+) -> PyResult<(f64, f64, f64, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<f64>>, f64)> {
+    let mut net = network(state, activation(activation_name)?, None)?;
+    let prior = KlPrior::Gp(gp_prior(prior)?);
+    let p = net.n_params();
+    for (what, found) in [("mean", mean.len()), ("log_std", log_std.len())] {
+        if found != p {
+            return Err(value_error(format!("{what} has {found} entries; the network has {p} weights")));
+        }
+    }
+    let params = fspace_gfsvi::VariationalParams {
+        mean: DVector::from_vec(mean),
+        log_std: DVector::from_vec(log_std),
+        log_noise_std,
+    };
+    let (x_b, y_b, x_m) = (matrix(&x_b), matrix(&y_b), matrix(&x_m));
+    let v = py
+        .detach(|| fspace_gfsvi::objective(&mut net, &params, &prior, &x_b, &y_b, n_total, &x_m, gamma))
+        .map_err(raise)?;
+    Ok((
+        v.value,
+        v.expected_log_lik,
+        v.divergence,
+        PyArray1::from_slice(py, v.grad.mean.as_slice()),
+        PyArray1::from_slice(py, v.grad.log_std.as_slice()),
+        v.grad.log_noise_std,
+    ))
 }
 
 /// Fits `method` on `(x, y)` (validation `(x_val, y_val)` where the method early-stops) and

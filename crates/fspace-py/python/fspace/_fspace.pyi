@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Laplace", "Posterior", "fit", "default_config", "gram", "rkhs_norm", "NumericalError"]
+__all__ = ["Laplace", "Posterior", "fit", "default_config", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "NumericalError"]
 
 class NumericalError(RuntimeError): ...
 
@@ -100,3 +100,19 @@ def gram(kernel: str, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) ->
 def rkhs_norm(
     prior: str, c: npt.NDArray[np.float64], f: npt.NDArray[np.float64], jitter: float
 ) -> Tuple[float, npt.NDArray[np.float64]]: ...
+def regularized_kl(
+    prior: str, c: npt.NDArray[np.float64], f: npt.NDArray[np.float64], cov: npt.NDArray[np.float64], gamma: float
+) -> Tuple[float, npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
+def gfsvi_objective(
+    state: Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]],
+    activation_name: str,
+    mean: List[float],
+    log_std: List[float],
+    log_noise_std: float,
+    prior: str,
+    x_b: npt.NDArray[np.float64],
+    y_b: npt.NDArray[np.float64],
+    n_total: int,
+    x_m: npt.NDArray[np.float64],
+    gamma: float,
+) -> Tuple[float, float, float, npt.NDArray[np.float64], npt.NDArray[np.float64], float]: ...
