@@ -202,3 +202,38 @@ def test_bad_inputs_are_clear_exceptions():
     for make, exc, text in cases:
         with pytest.raises(exc, match=text):
             make()
+
+
+def test_any_module_a_residual_net_with_frozen_batchnorm_matches_finite_differences():
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.hid, self.out = torch.nn.Linear(2, 6), torch.nn.Linear(6, 6), torch.nn.Linear(6, 2)
+            self.bn = torch.nn.BatchNorm1d(6)
+
+        def forward(self, x):
+            h = torch.tanh(self.inp(x))
+            return self.out(h + torch.tanh(self.bn(self.hid(h))))
+
+    torch.manual_seed(5)
+    model = Residual().double().eval()
+    model.bn.requires_grad_(False)
+    with torch.no_grad():
+        model.bn.running_mean.normal_()
+        model.bn.running_var.uniform_(0.5, 2.0)
+    q = MeanField(model, init_std=0.2)
+    spread(q, seed=6)
+    assert q.names == ["inp.weight", "inp.bias", "hid.weight", "hid.bias", "out.weight", "out.bias"]
+    c = np.random.default_rng(7).uniform(-1, 1, (7, 2))
+    kl = GFSVIRegularizer(fspace.kernels.Independent(fspace.kernels.RBF(1.0, 0.8), 2), context=c, gamma=1e-3)
+    kl(model, q).backward()
+    h = 1e-6
+    for tensor, index in [(model.hid.weight, (1, 2)), (model.inp.bias, (3,)), (q.log_std[2], (4, 0)), (q.log_std[5], (1,))]:
+        with torch.no_grad():
+            tensor[index] += h
+            up = kl(model, q).item()
+            tensor[index] -= 2 * h
+            down = kl(model, q).item()
+            tensor[index] += h
+        fd = (up - down) / (2 * h)
+        assert abs(tensor.grad[index].item() - fd) <= 1e-6 * max(1.0, abs(fd)), (index, tensor.grad[index].item(), fd)
