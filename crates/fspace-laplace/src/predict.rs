@@ -422,16 +422,16 @@ pub(crate) fn eigen_covariances<N: Network>(
     let mut jv = DMatrix::zeros(m * q, k);
     for (info, st) in infos.iter().zip(&stats) {
         let (fo, c1) = (info.fan_out, info.width());
-        // Column block j of `stack` is V_{l,j}ᵀ (width × fan_out).
-        let mut stack = DMatrix::zeros(c1, fo * k);
-        for j in 0..k {
-            for r in 0..fo {
-                for jj in 0..c1 {
-                    stack[(jj, j * fo + r)] = vectors[(info.flat_index(r, jj), j)];
+        if is_dense(info.kind) {
+            // Column block j of `stack` is V_{l,j}ᵀ (width × fan_out).
+            let mut stack = DMatrix::zeros(c1, fo * k);
+            for j in 0..k {
+                for r in 0..fo {
+                    for jj in 0..c1 {
+                        stack[(jj, j * fo + r)] = vectors[(info.flat_index(r, jj), j)];
+                    }
                 }
             }
-        }
-        if is_dense(info.kind) {
             let mm = st.augmented_inputs(info.has_bias()) * &stack; // m × fo·k
             for i in 0..m {
                 for o in 0..q {
@@ -442,17 +442,18 @@ pub(crate) fn eigen_covariances<N: Network>(
                 }
             }
         } else {
+            // The layer's rows of V in the column-major order of an example gradient
+            // (`r + fan_out·jj`), so that each (point, output) is k contiguous dot products
+            // (`Vᵀ vec(g)`) instead of k strided double loops: on ResNet-18's 2.4 M-weight
+            // layers the strided loops took ≈ 20 s a point.
+            let vl = DMatrix::from_fn(fo * c1, k, |row, j| vectors[(info.flat_index(row % fo, row / fo), j)]);
             for i in 0..m {
                 for o in 0..q {
                     let g = st.example_gradient(i, o, info.has_bias());
+                    let flat = nalgebra::DVectorView::from_slice(g.as_slice(), fo * c1);
+                    let dots = vl.tr_mul(&flat);
                     for j in 0..k {
-                        let mut s = 0.0;
-                        for r in 0..fo {
-                            for jj in 0..c1 {
-                                s += g[(r, jj)] * stack[(jj, j * fo + r)];
-                            }
-                        }
-                        jv[(i * q + o, j)] += s;
+                        jv[(i * q + o, j)] += dots[j];
                     }
                 }
             }
@@ -493,6 +494,44 @@ mod tests {
                 assert_eq!(dots[(i, p)].to_bits(), expected.to_bits(), "row {i}, pair {p}");
             }
         }
+    }
+
+    #[test]
+    fn eigen_covariances_equal_the_dense_jacobians_on_a_cnn_and_an_mlp() {
+        use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, Mlp, MlpConfig};
+        fn check<N: Network>(net: &N, x: &DMatrix<f64>) {
+            let (p, q, k, lambda) = (net.n_params(), net.output_dim(), 5, 0.7);
+            let vectors = randn(p, k, &mut rng(11)).qr().q();
+            let c = DVector::from_fn(k, |j, _| -0.1 * (j + 1) as f64);
+            let covs = eigen_covariances(net, &vectors, &c, lambda, x).unwrap();
+            let jac = net.jacobian(x).unwrap();
+            let sigma = &vectors * DMatrix::from_diagonal(&c) * vectors.transpose()
+                + DMatrix::identity(p, p) / lambda;
+            for (i, cov) in covs.iter().enumerate() {
+                let ji = jac.rows(i * q, q);
+                let want = ji * &sigma * ji.transpose();
+                assert!((cov - &want).amax() <= 1e-12 * want.amax(), "point {i}");
+            }
+        }
+        let cnn = Cnn::new(CnnConfig {
+            input_shape: (2, 5, 5),
+            convs: vec![ConvBlock { channels: 3, kernel: 3, same_padding: true, pool: false }],
+            hidden: vec![4],
+            output_dim: 3,
+            activation: Activation::Tanh,
+            seed: 1,
+        })
+        .unwrap();
+        check(&cnn, &randn(4, 50, &mut rng(12)));
+        let mlp = Mlp::new(MlpConfig {
+            input_dim: 3,
+            hidden: vec![5],
+            output_dim: 2,
+            activation: Activation::Tanh,
+            seed: 2,
+        })
+        .unwrap();
+        check(&mlp, &randn(4, 3, &mut rng(13)));
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub enum StartVector {
 /// | `start` | `Random(0)` | start vector |
 /// | `check_symmetry` | true | one probe `⟨Au, v⟩ = ⟨u, Av⟩` before iterating (2 extra products) |
 /// | `project_start` | true | start from `A v₀` instead of `v₀` (1 extra product), see below |
+/// | `negative_tol` | 1e-12 | a Ritz value below `−max(tol, pivot_tol)·max|θ|` means "not PSD" |
 ///
 /// `project_start`: a start vector with a component in `null(A)` puts that direction into the
 /// Krylov space, and `T` then drifts towards singularity before the range of `A` is captured.
@@ -73,6 +74,9 @@ pub struct LanczosConfig {
     pub check_symmetry: bool,
     /// Start from `A v₀` (projects the start vector onto the range of `A`).
     pub project_start: bool,
+    /// A Ritz value below `−max(negative_tol, pivot_tol) · max|θ|` is an error (the operator
+    /// is not PSD); above it, a negative one is rounding of a PSD operator's null space.
+    pub negative_tol: f64,
 }
 
 impl Default for LanczosConfig {
@@ -84,6 +88,7 @@ impl Default for LanczosConfig {
             start: StartVector::Random(0),
             check_symmetry: true,
             project_start: true,
+            negative_tol: 1e-12,
         }
     }
 }
@@ -291,7 +296,7 @@ pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Lanczo
     let (theta, w) = crate::dense::sym_eigh_desc(&t)?;
     let scale = theta.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let lowest = theta[k - 1];
-    if lowest < -config.pivot_tol.max(1e-12) * scale {
+    if lowest < -config.pivot_tol.max(config.negative_tol) * scale {
         return Err(LinalgError::NotPositiveDefinite {
             what: "Lanczos operator (Ritz value of T)",
             value: lowest,

@@ -120,6 +120,25 @@ fn breakdown_is_an_outcome_not_a_crash() {
 }
 
 #[test]
+fn a_psd_operators_rounding_below_zero_passes_only_within_negative_tol() {
+    // A PSD operator as a float32 network computes it: its null direction at −1e-9·λ_max.
+    let op = DenseOperator::new(with_spectrum(&[1.0, 0.5, 0.2, -1e-9], &mut rng(4)).0).unwrap();
+    let strict = LanczosConfig { max_rank: 4, project_start: false, pivot_tol: 1e-13, ..Default::default() };
+    let err = lanczos(&op, &strict).unwrap_err();
+    assert!(
+        matches!(err, LinalgError::NotPositiveDefinite { value, .. } if (value + 1e-9).abs() < 1e-12),
+        "{err:?}"
+    );
+    let tolerant = LanczosConfig { negative_tol: 1e-6, ..strict.clone() };
+    let dec = lanczos(&op, &tolerant).unwrap();
+    let (theta, _) = dec.ritz();
+    assert!((theta[0] - 1.0).abs() < 1e-12 && (theta[3] + 1e-9).abs() < 1e-12, "{theta:?}");
+    // A truly indefinite operator still fails with the tolerant setting.
+    let op = DenseOperator::new(with_spectrum(&[1.0, 0.5, 0.2, -1e-3], &mut rng(5)).0).unwrap();
+    assert!(matches!(lanczos(&op, &tolerant), Err(LinalgError::NotPositiveDefinite { .. })));
+}
+
+#[test]
 fn lanczos_rejects_bad_operators_and_options() {
     let indefinite = with_spectrum(&[1.0, -1.0, 0.5, 0.2], &mut rng(3)).0;
     let op = DenseOperator::new(indefinite).unwrap();

@@ -17,13 +17,26 @@ use crate::convert::{activation, likelihood as likelihood_spec, matrix, network,
 use crate::errors::{persist_error, value_error};
 use crate::methods::PyProgress;
 
-fn structure(name: &str) -> PyResult<Structure> {
+fn structure(name: &str, rank: Option<usize>) -> PyResult<Structure> {
+    if let Some(k) = rank {
+        if name != "lowrank" {
+            return Err(value_error(format!(
+                "rank {k} applies to hessian_structure=\"lowrank\", not {name:?}"
+            )));
+        }
+        if k == 0 {
+            return Err(value_error("rank must be ≥ 1"));
+        }
+    }
     Ok(match name {
         "full" => Structure::Full(Default::default()),
         "kron" => Structure::Kfac,
         "ekfac" => Structure::Ekfac,
         "diag" => Structure::Diag,
-        "lowrank" => Structure::LowRank(Default::default()),
+        "lowrank" => Structure::LowRank(fspace_laplace::LowRankConfig {
+            rank: rank.unwrap_or(fspace_laplace::LowRankConfig::default().rank),
+            ..Default::default()
+        }),
         other => {
             return Err(value_error(format!(
             "hessian_structure {other:?} is not one of \"full\", \"kron\", \"ekfac\", \"diag\", \"lowrank\""
@@ -62,7 +75,7 @@ impl PyLaplace {
     /// replaces `state` (any `nn.Module`; see `src/callback.rs`), with `layers` its
     /// `layer_infos(…)` for `kron`, `ekfac` and `last_layer`.
     #[new]
-    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None))]
+    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None, rank=None))]
     fn new(
         state: &Bound<'_, PyDict>,
         activation_name: &str,
@@ -76,6 +89,7 @@ impl PyLaplace {
         architecture: Option<&str>,
         calls: Option<&Bound<'_, PyAny>>,
         layers: Option<&Bound<'_, PyAny>>,
+        rank: Option<usize>,
     ) -> PyResult<Self> {
         let net = match calls {
             Some(calls) => callback_network(calls, layers)?,
@@ -103,7 +117,7 @@ impl PyLaplace {
             }
         };
         let config = LaplaceConfig {
-            structure: structure(hessian_structure)?,
+            structure: structure(hessian_structure, rank)?,
             kron_bias,
             weights,
             prior_precision: PriorPrecision::Scalar(prior_precision),

@@ -56,20 +56,34 @@ def check_predictive(model, case, xt):
 
 
 def inputs(ref, case):
-    x = np.asarray(ref["x"])
-    y = np.asarray(ref["labels"] if case["likelihood"] == "classification" else ref["y"])
-    return x, y, np.asarray(ref["x_test"])
+    """The case's data: the 1-d toy set, or the CNN's images as N × 1 × 6 × 6 arrays."""
+    src = ref["images"] if case.get("data") == "images" else ref
+    x, xt = np.asarray(src["x"]), np.asarray(src["x_test"])
+    y = np.asarray(src["labels"] if case["likelihood"] == "classification" else src["y"])
+    if case.get("data") == "images":
+        shape = tuple(ref["cnn_architecture"]["input_shape"])
+        x, xt = x.reshape((-1,) + shape), xt.reshape((-1,) + shape)
+    return x, y, xt
+
+
+def model_of(ref, case):
+    """``(state_dict, activation)`` for an MLP, plus the architecture for the CNN."""
+    state = state_of(ref["networks"][case["net"]])
+    if case["net"] == "cnn":
+        return (state, "tanh", ref["cnn_architecture"])
+    return (state, "tanh")
 
 
 def test_the_reference_has_every_class(ref):
     assert {c["class"] for c in ref["cases"]} == {"Laplace", "FSPLaplace", "GFSVI", "VaLLA", "ELLA", "ExactGP"}
+    assert {c["name"] for c in ref["cases"] if c.get("net") == "cnn"} == {
+        "laplace_cnn_kron_classification", "laplace_cnn_diag_regression"}
 
 
 def test_laplace_equals_rust(ref):
     for case in cases(ref, "Laplace"):
         x, y, xt = inputs(ref, case)
-        model = (state_of(ref["networks"][case["net"]]), "tanh")
-        la = fspace.Laplace(model, case["likelihood"], **case["kwargs"])
+        la = fspace.Laplace(model_of(ref, case), case["likelihood"], **case["kwargs"])
         la.fit(x, y)
         if case["likelihood"] == "classification":
             close(la(xt, link_approx="probit"), case["probit"], f"{case['name']} probit")

@@ -134,6 +134,31 @@ def test_every_structure_equals_the_dense_computation(structure, name, model, x)
     assert np.max(np.abs(var.numpy() - ref) / ref) <= 1e-8
 
 
+def test_lowrank_keeps_the_ggns_top_rank_eigenpairs():
+    # Σ = (V_k Λ_k V_kᵀ + λI)⁻¹ with the GGN's top-k eigenpairs, from torch's dense Jacobian.
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    x = torch.rand(30, 2, dtype=torch.float64) * 2 - 1
+    xs = torch.rand(4, 2, dtype=torch.float64) * 2 - 1
+    with torch.no_grad():
+        y = model(x) + 0.1
+    sigma, lam, k = 0.3, 1.5, 7
+    for backend in ["native", "torch"]:
+        la = fspace.Laplace(model, "regression", hessian_structure="lowrank", rank=k, prior_precision=lam,
+                            sigma_noise=sigma, backend=backend)
+        la.fit(x, y)
+        j, js = dense_jacobian(model, x), dense_jacobian(model, xs)
+        values, vectors = np.linalg.eigh(j.T @ j / sigma**2)
+        v, d = vectors[:, -k:], values[-k:]
+        cov = (np.eye(j.shape[1]) - v @ np.diag(d / (d + lam)) @ v.T) / lam
+        ref = np.einsum("ij,jk,ik->i", js, cov, js).reshape(4, 2)
+        assert np.max(np.abs(la(xs)[1].numpy() - ref) / ref) <= 1e-8, backend
+    with pytest.raises(ValueError, match="applies to hessian_structure=\"lowrank\""):
+        fspace.Laplace(model, "regression", hessian_structure="diag", rank=3)
+    with pytest.raises(ValueError, match="rank must be ≥ 1"):
+        fspace.Laplace(model, "regression", hessian_structure="lowrank", rank=0)
+
+
 def test_a_convertible_sequential_gives_the_same_posterior_on_both_paths():
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(2, 10), nn.Tanh(), nn.Linear(10, 10), nn.Tanh(), nn.Linear(10, 1)).double()

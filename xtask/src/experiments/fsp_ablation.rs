@@ -177,6 +177,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 values: r.mean,
                 range: (0.0, 1.0),
                 points,
+                axes: ("x₁".into(), "x₂".into()),
             });
             bar.inc(1);
         }

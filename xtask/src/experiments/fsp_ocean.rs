@@ -95,6 +95,9 @@ impl IsoScaler {
     }
 }
 
+/// The maps' axis titles (longitudes are negative: west of Greenwich).
+const DEGREES: [&str; 2] = ["longitude (°E)", "latitude (°N)"];
+
 /// Row-major flattening (`i·2 + component`), the networks' point-major target layout.
 fn point_major(m: &DMatrix<f64>) -> DVector<f64> {
     DVector::from_iterator(m.len(), m.transpose().iter().cloned())
@@ -350,6 +353,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     bounds: ((-91.0, -83.6), (23.8, 27.7)),
                     scale: 0.6,
                     reference: (0.5, "0.5 m/s".into()),
+                    axes: DEGREES.map(String::from).into(),
                 });
                 // Heat maps on the 34 × 16 test grid: ‖std‖ and the squared error (m/s units).
                 let mut xs: Vec<f64> = (0..xte.nrows()).map(|i| to_deg(&xte, i).0).collect();
@@ -383,6 +387,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     values: std_map,
                     range: (0.0, 0.3),
                     points: drifters.clone(),
+                    axes: DEGREES.map(String::from).into(),
                 });
                 maps.push(Heatmap {
                     title: format!("{}: squared error (m²/s²)", short_name(method)),
@@ -391,6 +396,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     values: err_map,
                     range: (0.0, 0.1),
                     points: drifters,
+                    axes: DEGREES.map(String::from).into(),
                 });
             }
         }

@@ -23,6 +23,26 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e:?}")
 }
 
+/// A tick label without spurious decimals: the fewest decimals (up to 4) that give `v` back
+/// ("1975", "0.25", "-91"), scientific notation outside `[1e-3, 1e5)`.
+pub(crate) fn tick_label(v: &f64) -> String {
+    let v = *v;
+    let a = v.abs();
+    if a < 1e-12 {
+        return "0".into();
+    }
+    if !(1e-3..1e5).contains(&a) {
+        let s = format!("{v:.2e}");
+        let (mantissa, exponent) = s.split_once('e').unwrap_or((&s, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        return format!("{mantissa}e{exponent}");
+    }
+    (0..=4)
+        .map(|d| format!("{v:.d$}"))
+        .find(|s| s.parse::<f64>().is_ok_and(|back| (back - v).abs() <= 1e-9 * a.max(1.0)))
+        .unwrap_or_else(|| format!("{v:.4}"))
+}
+
 /// A corner of a chart's plotting area (where a legend goes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Corner {
@@ -125,6 +145,9 @@ pub fn regression_panels(
             .disable_mesh()
             .x_desc(axes.0)
             .y_desc(axes.1)
+            .x_labels(7)
+            .x_label_formatter(&tick_label)
+            .y_label_formatter(&tick_label)
             .label_style(("sans-serif", 12))
             .axis_desc_style(("sans-serif", 13))
             .draw()
@@ -217,6 +240,8 @@ pub struct Heatmap {
     pub range: (f64, f64),
     /// Points `(x, y, class)` overlaid (class 0 red, 1 blue).
     pub points: Vec<(f64, f64, usize)>,
+    /// Axis titles `(x, y)` with units (empty: none).
+    pub axes: (String, String),
 }
 
 fn viridis(t: f64) -> RGBColor {
@@ -272,14 +297,24 @@ pub fn heatmaps(path: &Path, maps: &[Heatmap], cols: usize) -> Result<()> {
         let mut chart = ChartBuilder::on(&area)
             .caption(format!("{} [{:.2}, {:.2}]", m.title, m.range.0, m.range.1), ("sans-serif", 16))
             .margin(8)
-            .x_label_area_size(24)
-            .y_label_area_size(30)
+            .x_label_area_size(if m.axes.0.is_empty() { 24 } else { 40 })
+            .y_label_area_size(if m.axes.1.is_empty() { 30 } else { 48 })
             .build_cartesian_2d(
                 m.xs[0] - dx / 2.0..m.xs[nx - 1] + dx / 2.0,
                 m.ys[0] - dy / 2.0..m.ys[ny - 1] + dy / 2.0,
             )
             .map_err(err)?;
-        chart.configure_mesh().disable_mesh().label_style(("sans-serif", 11)).draw().map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .x_desc(m.axes.0.as_str())
+            .y_desc(m.axes.1.as_str())
+            .x_label_formatter(&tick_label)
+            .y_label_formatter(&tick_label)
+            .label_style(("sans-serif", 11))
+            .axis_desc_style(("sans-serif", 12))
+            .draw()
+            .map_err(err)?;
         let span = (m.range.1 - m.range.0).max(f64::MIN_POSITIVE);
         chart
             .draw_series((0..ny).flat_map(|i| {
@@ -351,10 +386,22 @@ pub fn line_panels(path: &Path, panels: &[LinePanel], cols: usize) -> Result<()>
             .y_label_area_size(50)
             .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
             .map_err(err)?;
+        // On a log axis the ticks sit at log10 x: label the decades with x itself.
+        let x_tick = |v: &f64| {
+            if !p.log_x {
+                tick_label(v)
+            } else if (v - v.round()).abs() < 1e-6 {
+                tick_label(&10f64.powf(v.round()))
+            } else {
+                String::new()
+            }
+        };
         chart
             .configure_mesh()
             .x_desc(p.labels.0.as_str())
             .y_desc(p.labels.1.as_str())
+            .x_label_formatter(&x_tick)
+            .y_label_formatter(&tick_label)
             .label_style(("sans-serif", 12))
             .draw()
             .map_err(err)?;
@@ -488,6 +535,8 @@ pub struct QuiverPanel {
     pub scale: f64,
     /// Length of the key arrow (velocity units) and its label.
     pub reference: (f64, String),
+    /// Axis titles `(x, y)` with units (empty: none).
+    pub axes: (String, String),
 }
 
 /// Draws quiver panels in a grid of `cols` columns (each 560×360 px).
@@ -501,11 +550,21 @@ pub fn quiver_panels(path: &Path, panels: &[QuiverPanel], cols: usize) -> Result
         let mut chart = ChartBuilder::on(area)
             .caption(&p.title, ("sans-serif", 16))
             .margin(8)
-            .x_label_area_size(24)
-            .y_label_area_size(34)
+            .x_label_area_size(if p.axes.0.is_empty() { 24 } else { 40 })
+            .y_label_area_size(if p.axes.1.is_empty() { 34 } else { 50 })
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(err)?;
-        chart.configure_mesh().disable_mesh().label_style(("sans-serif", 11)).draw().map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .x_desc(p.axes.0.as_str())
+            .y_desc(p.axes.1.as_str())
+            .x_label_formatter(&tick_label)
+            .y_label_formatter(&tick_label)
+            .label_style(("sans-serif", 11))
+            .axis_desc_style(("sans-serif", 12))
+            .draw()
+            .map_err(err)?;
         let arrow = |x: f64, y: f64, u: f64, v: f64, c: RGBColor| {
             let (ex, ey) = (x + p.scale * u, y + p.scale * v);
             let len = (u * u + v * v).sqrt() * p.scale;
@@ -556,6 +615,28 @@ mod tests {
         );
         ink.extend(along([(5.0, 10.0), (10.0, 5.0)], 10));
         assert_eq!(quiet_corner(&ink, x, y, (0.3, 0.3)), Corner::UpperLeft);
+    }
+
+    #[test]
+    fn tick_labels_have_no_spurious_decimals() {
+        let cases = [
+            (1975.0, "1975"),
+            (440.0, "440"),
+            (-91.0, "-91"),
+            (27.5, "27.5"),
+            (0.25, "0.25"),
+            (-0.04, "-0.04"),
+            (2.0, "2"),
+            (0.0, "0"),
+            (-1e-17, "0"),
+            (1e-5, "1e-5"),
+            (2.5e6, "2.5e6"),
+            (1.0 / 3.0, "0.3333"),
+            (0.1 + 0.2, "0.3"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(tick_label(&v), want, "{v}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use fspace_fsp_laplace::FspConfig;
 use fspace_gfsvi::{GfsviConfig, KlPrior};
 use fspace_kernels::{GpPrior, Kernel, Matern12, Rbf};
 use fspace_laplace::{KronBias, LaplaceConfig, PriorPrecision, Structure};
-use fspace_nn::{Activation, Mlp, MlpConfig};
+use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, Mlp, MlpConfig};
 use fspace_valla::{EllaConfig, EllaPrior, VallaConfig};
 use nalgebra::DMatrix;
 use rand::{Rng, SeedableRng};
@@ -27,11 +27,15 @@ fn rows(m: &DMatrix<f64>) -> Value {
     json!((0..m.nrows()).map(|i| (0..m.ncols()).map(|j| m[(i, j)]).collect::<Vec<_>>()).collect::<Vec<_>>())
 }
 
-fn state(net: &Mlp) -> Value {
-    json!(fspace_interop::mlp_tensors(net)
+fn tensors(t: &fspace_interop::Tensors) -> Value {
+    json!(t
         .iter()
         .map(|(name, t)| json!({"name": name, "shape": t.shape, "data": t.data}))
         .collect::<Vec<_>>())
+}
+
+fn state(net: &Mlp) -> Value {
+    tensors(&fspace_interop::mlp_tensors(net))
 }
 
 fn predictive(post: &dyn Posterior, xt: &DMatrix<f64>) -> Result<Value> {
@@ -113,6 +117,49 @@ pub fn write(path: &Path) -> Result<()> {
             "kwargs": {"hessian_structure": "kron"}, "likelihood": "classification",
             "probit": rows(&post.class_probabilities(&xt, &Link::Probit)?),
             "bridge": rows(&post.class_probabilities(&xt, &Link::LaplaceBridge)?),
+        }));
+    }
+
+    // A CNN on 1 × 6 × 6 images (conv 3@3×3 same + pool, dense 8, 2 outputs): Laplace
+    // kron (classification) and diag (regression on two outputs), so that the Python layer's
+    // image layout, architecture description and CNN state_dict are checked too.
+    let cnn = Cnn::new(CnnConfig {
+        input_shape: (1, 6, 6),
+        convs: vec![ConvBlock { channels: 3, kernel: 3, same_padding: true, pool: true }],
+        hidden: vec![8],
+        output_dim: 2,
+        activation: Activation::Tanh,
+        seed: 3,
+    })?;
+    let images = DMatrix::from_fn(30, 36, |_, _| rng.gen_range(-1.0f64..1.0));
+    let image_labels = DMatrix::from_fn(30, 1, |i, _| if images.row(i).sum() > 0.0 { 1.0 } else { 0.0 });
+    let image_targets =
+        DMatrix::from_fn(30, 2, |i, j| images[(i, 7 * j + 7)] + 0.1 * rng.gen_range(-1.0..1.0));
+    let images_test = DMatrix::from_fn(5, 36, |_, _| rng.gen_range(-1.0f64..1.0));
+    {
+        let config = LaplaceConfig { structure: Structure::Kfac, ..Default::default() };
+        let data = Data::new(&images, &image_labels)?;
+        let post =
+            fspace_laplace::fit(cnn.clone(), LikelihoodSpec::categorical(2), &data, &config)?.posterior;
+        cases.push(json!({
+            "name": "laplace_cnn_kron_classification", "class": "Laplace", "net": "cnn", "data": "images",
+            "kwargs": {"hessian_structure": "kron"}, "likelihood": "classification",
+            "probit": rows(&post.class_probabilities(&images_test, &Link::Probit)?),
+            "bridge": rows(&post.class_probabilities(&images_test, &Link::LaplaceBridge)?),
+        }));
+        let config = LaplaceConfig {
+            structure: Structure::Diag,
+            prior_precision: PriorPrecision::Scalar(2.0),
+            ..Default::default()
+        };
+        let data = Data::new(&images, &image_targets)?;
+        let post = fspace_laplace::fit(cnn.clone(), LikelihoodSpec::gaussian(0.2), &data, &config)?.posterior;
+        cases.push(json!({
+            "name": "laplace_cnn_diag_regression", "class": "Laplace", "net": "cnn", "data": "images",
+            "kwargs": {"hessian_structure": "diag", "prior_precision": 2.0, "sigma_noise": 0.2},
+            "likelihood": "regression",
+            "predictive": predictive(&post, &images_test)?,
+            "log_marginal_likelihood": post.log_marginal_likelihood()?,
         }));
     }
 
@@ -207,7 +254,12 @@ pub fn write(path: &Path) -> Result<()> {
 
     let out = json!({
         "x": rows(&x), "y": rows(&y), "labels": rows(&labels), "x_test": rows(&xt),
-        "networks": {"regression": state(&net), "classification": state(&classifier)},
+        "networks": {"regression": state(&net), "classification": state(&classifier),
+                     "cnn": tensors(&fspace_interop::cnn_tensors(&cnn))},
+        "cnn_architecture": {"input_shape": [1, 6, 6], "hidden": [8], "output_dim": 2,
+                             "convs": [{"channels": 3, "kernel": 3, "same_padding": true, "pool": true}]},
+        "images": {"x": rows(&images), "y": rows(&image_targets), "labels": rows(&image_labels),
+                   "x_test": rows(&images_test)},
         "prior": "Matern12(1.0, 0.5) + RBF(0.5, 0.3)",
         "cases": cases,
     });

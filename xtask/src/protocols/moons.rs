@@ -206,6 +206,7 @@ pub fn moons_maps(label: &str, r: &MoonsRun, x: &DMatrix<f64>, y: &DVector<f64>)
             values: r.mean.clone(),
             range: (0.0, 1.0),
             points: points.clone(),
+            axes: ("x₁".into(), "x₂".into()),
         },
         Heatmap {
             title: format!("{label}: 2σ of p(class 1)"),
@@ -214,6 +215,7 @@ pub fn moons_maps(label: &str, r: &MoonsRun, x: &DMatrix<f64>, y: &DVector<f64>)
             values: two_sd,
             range: (0.0, 1.0),
             points,
+            axes: ("x₁".into(), "x₂".into()),
         },
     ]
 }

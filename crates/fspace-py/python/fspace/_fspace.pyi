@@ -25,6 +25,7 @@ class Laplace:
         architecture: Optional[str] = None,
         calls: Optional[Any] = None,
         layers: Optional[List[Dict[str, Any]]] = None,
+        rank: Optional[int] = None,
     ) -> "Laplace": ...
     def fit(
         self,

@@ -25,7 +25,9 @@ class Laplace:
     ``la(X, pred_type="glm" | "nn", link_approx="probit" | "mc" | "bridge")``,
     ``log_marginal_likelihood()``, ``sample(n)``. Pickles with bit-identical predictions.
     ``kron_bias="separate"`` gives KFAC / EKFAC laplace-torch's separate bias block (fspace's
-    default folds the bias into the input factor).
+    default folds the bias into the input factor). ``rank`` sets ``hessian_structure="lowrank"``'s
+    number of GGN eigenpairs (default 100; laplace-torch has no such argument): its memory is
+    ``p × rank`` doubles plus Lanczos' basis of about 1.5× that.
 
     Any other ``torch.nn.Module`` takes the torch path (``backend="auto"`` or ``"torch"``):
     ``kron`` / ``ekfac`` collect each ``nn.Linear`` / ``nn.Conv2d`` layer's statistics by module
@@ -45,8 +47,10 @@ class Laplace:
         kron_bias: str = "folded",
         input_shape: Any = None,
         backend: str = "auto",
+        rank: Optional[int] = None,
     ) -> None:
         self._spec = network_spec(model, input_shape, backend)
+        self._rank = None if rank is None else int(rank)
         on_torch = isinstance(self._spec, TorchModel)
         self._args = (
             tensors({} if on_torch else self._spec.state)[0],
@@ -89,9 +93,9 @@ class Laplace:
                     else:
                         structure = "subset_of_weights='last_layer'" if self._layers == "last" else f"hessian_structure={self._args[3]!r}"
                         raise ValueError(f"{structure} on the torch path: {e}") from None
-                self._la = _Laplace(*self._args, None, calls, layers)
+                self._la = _Laplace(*self._args, None, calls, layers, rank=self._rank)
             else:
-                self._la = _Laplace(*self._args, self._spec.architecture_json())
+                self._la = _Laplace(*self._args, self._spec.architecture_json(), rank=self._rank)
         return self._la
 
     def _fitted(self) -> Any:
