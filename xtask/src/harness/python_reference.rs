@@ -153,7 +153,13 @@ pub fn write(path: &Path) -> Result<()> {
             ..Default::default()
         };
         let data = Data::new(&images, &image_targets)?;
-        let post = fspace_laplace::fit(cnn.clone(), LikelihoodSpec::gaussian(0.2), &data, &config)?.posterior;
+        let post = fspace_laplace::fit(
+            cnn.clone(),
+            LikelihoodSpec::IsotropicGaussian { sigma: 0.2, outputs: 2, learn: false },
+            &data,
+            &config,
+        )?
+        .posterior;
         cases.push(json!({
             "name": "laplace_cnn_diag_regression", "class": "Laplace", "net": "cnn", "data": "images",
             "kwargs": {"hessian_structure": "diag", "prior_precision": 2.0, "sigma_noise": 0.2},
