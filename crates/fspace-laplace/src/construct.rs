@@ -512,8 +512,9 @@ pub(crate) fn low_rank<N: Network>(
             pivot_tol: 1e-13,
             breakdown_tol: 1e-13,
             // The GGN is PSD by construction, but a float32 network's products are symmetric
-            // only to ≈ 1e-7: on a ResNet-18-sized model a Ritz value came out at −7.6e-11,
-            // beyond the default −1e-12·θ_max. Such pairs are dropped below with the zero ones.
+            // only to ≈ 1e-7, so its null space's Ritz values can fall below the default
+            // −1e-12·θ_max (docs/PERFORMANCE.md, the lowrank row). Such pairs are dropped
+            // below with the zero ones.
             negative_tol: 1e-6,
             ..Default::default()
         };

@@ -444,8 +444,7 @@ pub(crate) fn eigen_covariances<N: Network>(
         } else {
             // The layer's rows of V in the column-major order of an example gradient
             // (`r + fan_out·jj`), so that each (point, output) is k contiguous dot products
-            // (`Vᵀ vec(g)`) instead of k strided double loops: on ResNet-18's 2.4 M-weight
-            // layers the strided loops took ≈ 20 s a point.
+            // (`Vᵀ vec(g)`) rather than strided loops (docs/PERFORMANCE.md, the lowrank row).
             let vl = DMatrix::from_fn(fo * c1, k, |row, j| vectors[(info.flat_index(row % fo, row / fo), j)]);
             for i in 0..m {
                 for o in 0..q {

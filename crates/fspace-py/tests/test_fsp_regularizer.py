@@ -53,18 +53,7 @@ def test_the_gradient_matches_finite_differences():
     assert abs(g - (up - down) / (2 * h)) <= 1e-6 * max(1.0, abs(g))
 
 
-def test_a_network_trained_with_it_in_a_torch_loop_reverts_to_the_prior_away_from_the_data():
-    # One torch thread: a step of this small net is under a millisecond alone, but torch's
-    # two spinning threads beside any other busy process made it 64 ms here.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train_and_check()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def train_and_check():
+def test_a_network_trained_with_it_in_a_torch_loop_reverts_to_the_prior_away_from_the_data(one_torch_thread):
     torch.manual_seed(0)
     x = torch.rand(60, 1, dtype=torch.float64) * 2 - 1
     y = torch.sin(3 * x) + 0.05 * torch.randn_like(x)

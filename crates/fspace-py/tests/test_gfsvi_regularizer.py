@@ -121,16 +121,7 @@ def test_a_float32_model_gives_float32_gradients_and_the_float64_value():
     assert abs(v32.item() - v64.item()) <= 1e-4 * abs(v64.item())
 
 
-def test_a_network_trained_with_it_in_a_torch_loop_has_the_gps_uncertainty():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a small net: torch's spinning threads only cost here
-    try:
-        train_and_check()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def train_and_check():
+def test_a_network_trained_with_it_in_a_torch_loop_has_the_gps_uncertainty(one_torch_thread):
     torch.manual_seed(0)
     x = torch.rand(60, 1, dtype=torch.float64) * 2 - 1
     y = torch.sin(3 * x) + 0.05 * torch.randn_like(x)

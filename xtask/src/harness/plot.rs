@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Once;
 
 use anyhow::{anyhow, Result};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -226,6 +227,25 @@ pub fn regression_panels(
     Ok(())
 }
 
+/// The axes of a map panel (heat map, quiver): no grid, ticks by [`tick_label`], and the axis
+/// titles `axes` (empty: none).
+fn map_axes(
+    chart: &mut ChartContext<'_, BitMapBackend<'_>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    axes: &(String, String),
+) -> Result<()> {
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc(axes.0.as_str())
+        .y_desc(axes.1.as_str())
+        .x_label_formatter(&tick_label)
+        .y_label_formatter(&tick_label)
+        .label_style(("sans-serif", 11))
+        .axis_desc_style(("sans-serif", 12))
+        .draw()
+        .map_err(err)
+}
+
 /// One 2-d heat map on a regular grid (`values[i][j]` at `(xs[j], ys[i])`) with labelled points.
 pub struct Heatmap {
     /// Panel title.
@@ -304,17 +324,7 @@ pub fn heatmaps(path: &Path, maps: &[Heatmap], cols: usize) -> Result<()> {
                 m.ys[0] - dy / 2.0..m.ys[ny - 1] + dy / 2.0,
             )
             .map_err(err)?;
-        chart
-            .configure_mesh()
-            .disable_mesh()
-            .x_desc(m.axes.0.as_str())
-            .y_desc(m.axes.1.as_str())
-            .x_label_formatter(&tick_label)
-            .y_label_formatter(&tick_label)
-            .label_style(("sans-serif", 11))
-            .axis_desc_style(("sans-serif", 12))
-            .draw()
-            .map_err(err)?;
+        map_axes(&mut chart, &m.axes)?;
         let span = (m.range.1 - m.range.0).max(f64::MIN_POSITIVE);
         chart
             .draw_series((0..ny).flat_map(|i| {
@@ -554,17 +564,7 @@ pub fn quiver_panels(path: &Path, panels: &[QuiverPanel], cols: usize) -> Result
             .y_label_area_size(if p.axes.1.is_empty() { 34 } else { 50 })
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(err)?;
-        chart
-            .configure_mesh()
-            .disable_mesh()
-            .x_desc(p.axes.0.as_str())
-            .y_desc(p.axes.1.as_str())
-            .x_label_formatter(&tick_label)
-            .y_label_formatter(&tick_label)
-            .label_style(("sans-serif", 11))
-            .axis_desc_style(("sans-serif", 12))
-            .draw()
-            .map_err(err)?;
+        map_axes(&mut chart, &p.axes)?;
         let arrow = |x: f64, y: f64, u: f64, v: f64, c: RGBColor| {
             let (ex, ey) = (x + p.scale * u, y + p.scale * v);
             let len = (u * u + v * v).sqrt() * p.scale;
