@@ -64,22 +64,39 @@ impl Corner {
     }
 }
 
-/// The corner whose legend box — `frac` (width, height) of the plotting area `x` × `y` — covers
-/// the fewest `ink` points (data coordinates); ties go to the first of upper left, upper right,
-/// lower left, lower right.
-fn quiet_corner(ink: &[(f64, f64)], x: (f64, f64), y: (f64, f64), frac: (f64, f64)) -> Corner {
+/// How many `ink` points (data coordinates) a legend box — `frac` (width, height) of the
+/// plotting area `x` × `y` — in `corner` covers.
+fn covered(ink: &[(f64, f64)], corner: Corner, x: (f64, f64), y: (f64, f64), frac: (f64, f64)) -> usize {
     let (w, h) = ((x.1 - x.0) * frac.0, (y.1 - y.0) * frac.1);
-    [
-        (Corner::UpperLeft, x.0, y.1 - h),
-        (Corner::UpperRight, x.1 - w, y.1 - h),
-        (Corner::LowerLeft, x.0, y.0),
-        (Corner::LowerRight, x.1 - w, y.0),
-    ]
-    .into_iter()
-    .min_by_key(|&(_, cx, cy)| {
-        ink.iter().filter(|&&(px, py)| px >= cx && px <= cx + w && py >= cy && py <= cy + h).count()
-    })
-    .map_or(Corner::UpperLeft, |(c, _, _)| c)
+    let (cx, cy) = match corner {
+        Corner::UpperLeft => (x.0, y.1 - h),
+        Corner::UpperRight => (x.1 - w, y.1 - h),
+        Corner::LowerLeft => (x.0, y.0),
+        Corner::LowerRight => (x.1 - w, y.0),
+    };
+    ink.iter().filter(|&&(px, py)| px >= cx && px <= cx + w && py >= cy && py <= cy + h).count()
+}
+
+/// The corner whose legend box covers the fewest `ink` points ([`covered`]); ties go to the
+/// first of upper left, upper right, lower left, lower right.
+fn quiet_corner(ink: &[(f64, f64)], x: (f64, f64), y: (f64, f64), frac: (f64, f64)) -> Corner {
+    [Corner::UpperLeft, Corner::UpperRight, Corner::LowerLeft, Corner::LowerRight]
+        .into_iter()
+        .min_by_key(|&c| covered(ink, c, x, y, frac))
+        .unwrap_or(Corner::UpperLeft)
+}
+
+/// Where a panel's legend goes and the top of its y range: the emptiest corner if one is
+/// empty, else the upper right above a y range grown by the legend's height, so that the legend
+/// covers no `ink` either way.
+fn legend_placement(ink: &[(f64, f64)], x: (f64, f64), y: (f64, f64), frac: (f64, f64)) -> (Corner, f64) {
+    let best = quiet_corner(ink, x, y, frac);
+    if covered(ink, best, x, y, frac) == 0 {
+        (best, y.1)
+    } else {
+        // 2 % more than the box, so that the box's edge clears the highest line.
+        (Corner::UpperRight, y.0 + (y.1 - y.0) / (0.98 - frac.1))
+    }
 }
 
 /// Points along a polyline, `per_segment` per segment, so a line crossing a box counts as ink
@@ -98,6 +115,76 @@ fn along(points: impl IntoIterator<Item = (f64, f64)>, per_segment: usize) -> Ve
         .collect();
     out.extend(pts.last());
     out
+}
+
+/// How a legend entry is drawn.
+#[derive(Debug, Clone, Copy)]
+enum Swatch {
+    /// A filled box (a band).
+    Band(RGBAColor),
+    /// A line of this width.
+    Line(RGBAColor, u32),
+    /// A dot (data points).
+    Dot(RGBAColor),
+    /// A short vertical tick (context points on the x axis).
+    Tick(RGBAColor),
+}
+
+/// Pixel width of a legend entry: the swatch, ≈ 7 px per character at 12 px, the gap.
+fn legend_entry_width(label: &str) -> i32 {
+    22 + 7 * label.chars().count() as i32 + 18
+}
+
+/// Rows of a left-to-right legend of `entries` within `width` px: each entry's `(x, row)`.
+fn legend_layout(entries: &[(String, Swatch)], width: i32) -> Vec<(i32, i32)> {
+    let (mut x, mut row, mut out) = (12, 0, Vec::with_capacity(entries.len()));
+    for (label, _) in entries {
+        let w = legend_entry_width(label);
+        if x > 12 && x + w > width {
+            x = 12;
+            row += 1;
+        }
+        out.push((x, row));
+        x += w;
+    }
+    out
+}
+
+/// Height (px) of the legend strip that [`draw_legend_strip`] needs for `entries` in `width` px.
+fn legend_strip_height(entries: &[(String, Swatch)], width: u32) -> u32 {
+    let rows = legend_layout(entries, width as i32).last().map_or(0, |&(_, r)| r + 1) as u32;
+    if rows == 0 {
+        0
+    } else {
+        8 + 22 * rows
+    }
+}
+
+/// One legend for a whole figure, in a strip above its panels, so that no legend covers a
+/// panel's data.
+fn draw_legend_strip<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    entries: &[(String, Swatch)],
+) -> Result<()> {
+    let width = area.dim_in_pixel().0 as i32;
+    let style = TextStyle::from(("sans-serif", 12).into_font()).pos(plotters::style::text_anchor::Pos::new(
+        plotters::style::text_anchor::HPos::Left,
+        plotters::style::text_anchor::VPos::Center,
+    ));
+    for ((label, swatch), (x, row)) in entries.iter().zip(legend_layout(entries, width)) {
+        let y = 15 + 22 * row;
+        match *swatch {
+            Swatch::Band(c) => area.draw(&Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled())),
+            Swatch::Line(c, w) => area.draw(&PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(w))),
+            Swatch::Dot(c) => area.draw(&Circle::new((x + 8, y), 3, c.filled())),
+            Swatch::Tick(c) => {
+                area.draw(&PathElement::new(vec![(x + 8, y - 6), (x + 8, y + 6)], c.stroke_width(2)))
+            }
+        }
+        .map_err(err)?;
+        area.draw(&Text::new(label.clone(), (x + 22, y), style.clone())).map_err(err)?;
+    }
+    Ok(())
 }
 
 /// One 1-d regression panel: data, a predictive (mean, ±2σ band), function samples.
@@ -120,7 +207,8 @@ pub struct Panel1d {
 }
 
 /// Draws panels in a grid of `cols` columns to `path` (each panel 480×320 px), with the axis
-/// titles `axes` (x, y) and a legend (mean, ±2σ band of f, samples, data) in each panel.
+/// titles `axes` (x, y) and one legend above the panels (±2σ band of f, samples, mean, data,
+/// context points: those the panels draw).
 pub fn regression_panels(
     path: &Path,
     panels: &[Panel1d],
@@ -129,10 +217,26 @@ pub fn regression_panels(
     axes: (&str, &str),
 ) -> Result<()> {
     register_font();
+    let grey = RGBColor(120, 120, 120);
+    let mut entries = vec![("±2σ of f".to_string(), Swatch::Band(GREEN.mix(0.2)))];
+    if panels.iter().any(|p| !p.samples.is_empty()) {
+        entries.push(("samples".into(), Swatch::Line(GREEN.mix(0.6), 1)));
+    }
+    entries.push(("mean".into(), Swatch::Line(RED.to_rgba(), 2)));
+    if panels.iter().any(|p| !p.data.is_empty()) {
+        entries.push(("data".into(), Swatch::Dot(grey.to_rgba())));
+    }
+    if panels.iter().any(|p| !p.context.is_empty()) {
+        entries.push(("context points".into(), Swatch::Tick(BLACK.mix(0.5))));
+    }
     let rows = panels.len().div_ceil(cols);
-    let root = BitMapBackend::new(path, (480 * cols as u32, 320 * rows as u32)).into_drawing_area();
+    let width = 480 * cols as u32;
+    let strip = legend_strip_height(&entries, width);
+    let root = BitMapBackend::new(path, (width, strip + 320 * rows as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    for (area, p) in root.split_evenly((rows, cols)).iter().zip(panels) {
+    let (legend, grid) = root.split_vertically(strip);
+    draw_legend_strip(&legend, &entries)?;
+    for (area, p) in grid.split_evenly((rows, cols)).iter().zip(panels) {
         let (x0, x1) = (p.x[0], p.x[p.x.len() - 1]);
         let mut chart = ChartBuilder::on(area)
             .caption(&p.title, ("sans-serif", 18))
@@ -153,7 +257,6 @@ pub fn regression_panels(
             .axis_desc_style(("sans-serif", 13))
             .draw()
             .map_err(err)?;
-        let grey = RGBColor(120, 120, 120);
         let band: Vec<(f64, f64)> =
             p.x.iter()
                 .zip(p.mean.iter().zip(&p.std))
@@ -165,34 +268,19 @@ pub fn regression_panels(
                         .map(|(&x, (&m, &s))| (x, m - 2.0 * s)),
                 )
                 .collect();
-        chart
-            .draw_series(std::iter::once(Polygon::new(band, GREEN.mix(0.2))))
-            .map_err(err)?
-            .label("±2σ of f")
-            .legend(|(x, y)| Rectangle::new([(x, y - 4), (x + 14, y + 4)], GREEN.mix(0.2).filled()));
-        for (k, s) in p.samples.iter().enumerate() {
-            let series = chart
+        chart.draw_series(std::iter::once(Polygon::new(band, GREEN.mix(0.2)))).map_err(err)?;
+        for s in &p.samples {
+            chart
                 .draw_series(LineSeries::new(p.x.iter().cloned().zip(s.iter().cloned()), GREEN.mix(0.6)))
                 .map_err(err)?;
-            if k == 0 {
-                series
-                    .label("samples")
-                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], GREEN.mix(0.6)));
-            }
         }
         chart
             .draw_series(LineSeries::new(
                 p.x.iter().cloned().zip(p.mean.iter().cloned()),
                 RED.stroke_width(2),
             ))
-            .map_err(err)?
-            .label("mean")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], RED.stroke_width(2)));
-        chart
-            .draw_series(p.data.iter().map(|&(x, y)| Circle::new((x, y), 2, grey.filled())))
-            .map_err(err)?
-            .label("data")
-            .legend(move |(x, y)| Circle::new((x + 7, y), 2, grey.filled()));
+            .map_err(err)?;
+        chart.draw_series(p.data.iter().map(|&(x, y)| Circle::new((x, y), 2, grey.filled()))).map_err(err)?;
         let tick = (y_range.1 - y_range.0) * 0.02;
         chart
             .draw_series(
@@ -200,27 +288,6 @@ pub fn regression_panels(
                     .iter()
                     .map(|&c| PathElement::new(vec![(c, y_range.0), (c, y_range.0 + tick)], BLACK.mix(0.5))),
             )
-            .map_err(err)?;
-        // The legend (four entries, ≈ 27 % × 33 % of the plot) goes to the corner with the least
-        // ink under it: the ±2σ band (sampled across its height), the mean, samples and data.
-        let band_ink = p.x.iter().zip(p.mean.iter().zip(&p.std)).flat_map(|(&x, (&m, &s))| {
-            let (lo, hi) = ((m - 2.0 * s).max(y_range.0), (m + 2.0 * s).min(y_range.1));
-            (0..=10).filter(move |_| lo <= hi).map(move |k| (x, lo + (hi - lo) * k as f64 / 10.0))
-        });
-        let mut ink: Vec<(f64, f64)> = band_ink.collect();
-        ink.extend(along(p.x.iter().cloned().zip(p.mean.iter().cloned()), 4));
-        for s in &p.samples {
-            ink.extend(along(p.x.iter().cloned().zip(s.iter().cloned()), 4));
-        }
-        ink.extend(p.data.iter().flat_map(|&d| std::iter::repeat_n(d, 4)));
-        let corner = quiet_corner(&ink, (x0, x1), y_range, (0.27, 0.33));
-        chart
-            .configure_series_labels()
-            .position(corner.position())
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .label_font(("sans-serif", 11))
-            .draw()
             .map_err(err)?;
     }
     root.present().map_err(err)?;
@@ -371,13 +438,30 @@ const LINE_COLOURS: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
-/// Draws line-chart panels side by side in `cols` columns (each 520×360 px), with a legend.
+/// Draws line-chart panels side by side in `cols` columns (each 520×360 px). When every panel
+/// draws the same series, one legend above the panels names them; otherwise each panel has its
+/// own, in the corner with the fewest lines under it, and the panel's y range grows upwards
+/// until that corner is empty — no legend covers a line.
 pub fn line_panels(path: &Path, panels: &[LinePanel], cols: usize) -> Result<()> {
     register_font();
+    let names = |p: &LinePanel| p.series.iter().map(|s| s.0.clone()).collect::<Vec<_>>();
+    let shared = panels.windows(2).all(|w| names(&w[0]) == names(&w[1]));
+    let entries: Vec<(String, Swatch)> = match (shared, panels.first()) {
+        (true, Some(first)) => names(first)
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| (n, Swatch::Line(LINE_COLOURS[i % LINE_COLOURS.len()].to_rgba(), 2)))
+            .collect(),
+        _ => Vec::new(),
+    };
     let rows = panels.len().div_ceil(cols);
-    let root = BitMapBackend::new(path, (520 * cols as u32, 360 * rows as u32)).into_drawing_area();
+    let width = 520 * cols as u32;
+    let strip = legend_strip_height(&entries, width);
+    let root = BitMapBackend::new(path, (width, strip + 360 * rows as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    for (area, p) in root.split_evenly((rows, cols)).iter().zip(panels) {
+    let (legend, grid) = root.split_vertically(strip);
+    draw_legend_strip(&legend, &entries)?;
+    for (area, p) in grid.split_evenly((rows, cols)).iter().zip(panels) {
         let tx = |x: f64| if p.log_x { x.log10() } else { x };
         let pts = p.series.iter().flat_map(|s| s.1.iter());
         let (mut x0, mut x1, mut y0, mut y1) =
@@ -389,12 +473,28 @@ pub fn line_panels(path: &Path, panels: &[LinePanel], cols: usize) -> Result<()>
             y1 = y1.max(y);
         }
         let pad = ((y1 - y0) * 0.08).max(1e-6);
+        let (lo, mut hi) = (y0 - pad, y1 + pad);
+        let mut corner = None;
+        if !shared {
+            // The legend box: ≈ 7 px per character of the longest name plus the swatch, 17 px
+            // per entry, against the ≈ 450 × 250 px plotting area.
+            let longest = p.series.iter().map(|s| s.0.chars().count()).max().unwrap_or(0);
+            let frac = (
+                ((longest * 7 + 44) as f64 / 450.0).min(0.6),
+                ((p.series.len() * 17 + 12) as f64 / 250.0).min(0.8),
+            );
+            let ink: Vec<(f64, f64)> =
+                p.series.iter().flat_map(|s| along(s.1.iter().map(|&(x, y)| (tx(x), y)), 8)).collect();
+            let (c, top) = legend_placement(&ink, (x0, x1), (lo, hi), frac);
+            corner = Some(c);
+            hi = top;
+        }
         let mut chart = ChartBuilder::on(area)
             .caption(&p.title, ("sans-serif", 18))
             .margin(10)
             .x_label_area_size(36)
             .y_label_area_size(50)
-            .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+            .build_cartesian_2d(x0..x1, lo..hi)
             .map_err(err)?;
         // On a log axis the ticks sit at log10 x: label the decades with x itself.
         let x_tick = |v: &f64| {
@@ -426,24 +526,16 @@ pub fn line_panels(path: &Path, panels: &[LinePanel], cols: usize) -> Result<()>
                 .draw_series(pts.iter().map(|&(x, y)| Circle::new((tx(x), y), 3, c.filled())))
                 .map_err(err)?;
         }
-        // The legend box: ≈ 7 px per character of the longest name plus the swatch, 17 px per
-        // entry, against the ≈ 450 × 250 px plotting area; put where the lines are fewest.
-        let longest = p.series.iter().map(|s| s.0.chars().count()).max().unwrap_or(0);
-        let frac = (
-            ((longest * 7 + 44) as f64 / 450.0).min(0.6),
-            ((p.series.len() * 17 + 12) as f64 / 250.0).min(0.8),
-        );
-        let ink: Vec<(f64, f64)> =
-            p.series.iter().flat_map(|s| along(s.1.iter().map(|&(x, y)| (tx(x), y)), 8)).collect();
-        let corner = quiet_corner(&ink, (x0, x1), (y0 - pad, y1 + pad), frac);
-        chart
-            .configure_series_labels()
-            .position(corner.position())
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(err)?;
+        if let Some(corner) = corner {
+            chart
+                .configure_series_labels()
+                .position(corner.position())
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK.mix(0.3))
+                .label_font(("sans-serif", 12))
+                .draw()
+                .map_err(err)?;
+        }
     }
     root.present().map_err(err)?;
     Ok(())
@@ -615,6 +707,43 @@ mod tests {
         );
         ink.extend(along([(5.0, 10.0), (10.0, 5.0)], 10));
         assert_eq!(quiet_corner(&ink, x, y, (0.3, 0.3)), Corner::UpperLeft);
+    }
+
+    #[test]
+    fn a_legend_never_covers_ink() {
+        let (x, y, frac) = ((0.0, 10.0), (0.0, 10.0), (0.3, 0.3));
+        // An empty corner: kept, the range unchanged.
+        let rising = along([(0.0, 0.0), (10.0, 10.0)], 100);
+        assert_eq!(legend_placement(&rising, x, y, frac), (Corner::UpperLeft, 10.0));
+        // Lines through all four corners: the range grows by the legend's height (30 % of the
+        // new range) and 2 %, and the legend's box above the old top is empty.
+        let ink = along([(0.0, 0.0), (0.0, 10.0), (10.0, 0.0), (10.0, 10.0)], 100);
+        assert!(covered(&ink, quiet_corner(&ink, x, y, frac), x, y, frac) > 0);
+        let (corner, top) = legend_placement(&ink, x, y, frac);
+        assert!((top - 10.0 / 0.68).abs() < 1e-12, "{top}");
+        assert_eq!(covered(&ink, corner, x, (y.0, top), frac), 0);
+    }
+
+    #[test]
+    fn the_legend_strip_wraps_its_entries_into_rows() {
+        let entries: Vec<(String, Swatch)> = ["±2σ of f", "samples", "mean", "data"]
+            .iter()
+            .map(|n| (n.to_string(), Swatch::Dot(BLACK.to_rgba())))
+            .collect();
+        // One row in a wide figure, entries left to right without overlap.
+        let wide = legend_layout(&entries, 960);
+        assert!(wide.iter().all(|&(_, r)| r == 0));
+        for (k, pair) in wide.windows(2).enumerate() {
+            assert_eq!(pair[1].0 - pair[0].0, legend_entry_width(&entries[k].0));
+        }
+        assert_eq!(legend_strip_height(&entries, 960), 30);
+        // A narrow one wraps, never starting a row past its width.
+        let narrow = legend_layout(&entries, 200);
+        assert!(narrow.last().unwrap().1 >= 1);
+        for (&(x, _), (label, _)) in narrow.iter().zip(&entries) {
+            assert!(x == 12 || x + legend_entry_width(label) <= 200, "{label} at {x}");
+        }
+        assert_eq!(legend_strip_height(&[], 960), 0);
     }
 
     #[test]
