@@ -128,6 +128,16 @@ mod tests {
         for bad in ["0", "6", "4,4", "x", "4,"] {
             assert!(folds(bad).is_err(), "--folds {bad:?} was accepted");
         }
+        let counts = |v: &str| opts(&["--covariance-points", v]).map(|o| o.covariance_points);
+        assert_eq!(counts("10000, 500").unwrap(), Some(vec![500, 10_000]));
+        for bad in ["1", "0", "x", "500,500", "500,"] {
+            assert!(counts(bad).is_err(), "--covariance-points {bad:?} was accepted");
+        }
+        let err = parse_err(&["reproduce", "fsp-bayesopt", "--covariance-points", "10000"]);
+        assert!(
+            err.contains("does not apply to fsp-bayesopt ") && err.contains("fsp-bayesopt-covariance"),
+            "{err}"
+        );
         // A flag an experiment does not declare is refused, naming the experiment and the ones
         // that accept it (also for the default suite).
         for args in [vec!["--gamma", "1e-6"], vec!["gfsvi-uci", "gfsvi-toy", "--gamma", "1e-6"]] {

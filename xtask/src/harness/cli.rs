@@ -106,6 +106,10 @@ pub struct ReproduceArgs {
     /// The folds (1–5) gfsvi-uci / gfsvi-ood / gfsvi-w2 run.
     #[arg(long, value_name = "F[,F…]", value_parser = parse_folds)]
     pub folds: Option<Folds>,
+    /// The covariance (Alg. 2) point counts fsp-bayesopt-covariance runs (its default: 500,
+    /// 2 000 and the paper's 10 000).
+    #[arg(long = "covariance-points", value_name = "N[,N…]", value_parser = parse_counts)]
+    pub covariance_points: Option<Counts>,
 }
 
 /// `--gamma`'s values.
@@ -117,6 +121,9 @@ pub struct Sets(pub Vec<String>);
 /// `--folds`' values, ascending.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Folds(pub Vec<usize>);
+/// `--covariance-points`' values, ascending.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Counts(pub Vec<usize>);
 
 impl ReproduceArgs {
     /// The options the experiments receive.
@@ -130,6 +137,7 @@ impl ReproduceArgs {
             gammas: self.gammas.clone().map(|g| g.0),
             sets: self.sets.clone().map(|s| s.0),
             folds: self.folds.clone().map(|f| f.0),
+            covariance_points: self.covariance_points.clone().map(|c| c.0),
         }
     }
 }
@@ -182,6 +190,23 @@ fn parse_folds(v: &str) -> Result<Folds, String> {
     }
     folds.sort_unstable();
     Ok(Folds(folds))
+}
+
+/// `--covariance-points N[,N…]`: point counts ≥ 2, kept in ascending order.
+fn parse_counts(v: &str) -> Result<Counts, String> {
+    let mut counts = Vec::new();
+    for part in comma_list(v)? {
+        let n: usize = part.parse().map_err(|e| format!("{part:?} is not a point count: {e}"))?;
+        if n < 2 {
+            return Err(format!("{part:?}: Alg. 2 needs at least 2 points"));
+        }
+        if counts.contains(&n) {
+            return Err(format!("{n} is named twice"));
+        }
+        counts.push(n);
+    }
+    counts.sort_unstable();
+    Ok(Counts(counts))
 }
 
 /// The command with the registry's names and table filled in.

@@ -24,6 +24,8 @@ pub struct Options {
     pub sets: Option<Vec<String>>,
     /// `--folds`: the folds (1–5, ascending) those three run (`None`: the first `--seeds`, or all).
     pub folds: Option<Vec<usize>>,
+    /// `--covariance-points`: the point counts `fsp-bayesopt-covariance` runs (`None`: its own).
+    pub covariance_points: Option<Vec<usize>>,
 }
 
 impl Options {
@@ -36,6 +38,7 @@ impl Options {
             gammas: self.gammas.clone().filter(|_| accepts(Flag::Gamma)),
             sets: self.sets.clone().filter(|_| accepts(Flag::Sets)),
             folds: self.folds.clone().filter(|_| accepts(Flag::Folds)),
+            covariance_points: self.covariance_points.clone().filter(|_| accepts(Flag::CovariancePoints)),
             ..self.clone()
         }
     }
@@ -49,6 +52,7 @@ impl Options {
             (Flag::Gamma, self.gammas.is_some()),
             (Flag::Sets, self.sets.is_some()),
             (Flag::Folds, self.folds.is_some()),
+            (Flag::CovariancePoints, self.covariance_points.is_some()),
         ] {
             if set {
                 given.push(flag);
@@ -71,6 +75,8 @@ pub enum Flag {
     Sets,
     /// `--folds F[,F…]`: which of the five folds.
     Folds,
+    /// `--covariance-points N[,N…]`: FSP-Laplace's covariance point counts.
+    CovariancePoints,
 }
 
 impl Flag {
@@ -82,6 +88,7 @@ impl Flag {
             Flag::Gamma => "--gamma",
             Flag::Sets => "--sets",
             Flag::Folds => "--folds",
+            Flag::CovariancePoints => "--covariance-points",
         }
     }
 }

@@ -410,6 +410,7 @@ mod tests {
             gammas: None,
             sets: None,
             folds: None,
+            covariance_points: None,
         })
     }
 
