@@ -47,6 +47,8 @@ def prepare(out, mnist_train):
     """Trains both networks in torch (float64, seeded) and saves them with their data."""
     import torch
 
+    from _models import mnist_mlp, sine_net
+
     torch.set_default_dtype(torch.float64)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -55,8 +57,7 @@ def prepare(out, mnist_train):
     u = rng.uniform(0.5, 1.0, n)
     x = np.where(rng.uniform(size=n) < 0.5, u, -u).reshape(-1, 1)
     y = np.sin(2 * np.pi * x) + SIGMA * rng.standard_normal((n, 1))
-    net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 50), torch.nn.Tanh(),
-                              torch.nn.Linear(50, 1))
+    net = sine_net()
     X, Y = torch.tensor(x), torch.tensor(y)
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     for _ in range(2000):
@@ -70,8 +71,7 @@ def prepare(out, mnist_train):
     images = idx(ROOT / "datasets/mnist/train-images-idx3-ubyte.gz")[:mnist_train].reshape(mnist_train, -1) / 255.0
     labels = idx(ROOT / "datasets/mnist/train-labels-idx1-ubyte.gz")[:mnist_train].astype(np.float64)
     test = idx(ROOT / "datasets/mnist/t10k-images-idx3-ubyte.gz")[:N_TEST].reshape(N_TEST, -1) / 255.0
-    net = torch.nn.Sequential(torch.nn.Linear(784, 200), torch.nn.Tanh(), torch.nn.Linear(200, 200), torch.nn.Tanh(),
-                              torch.nn.Linear(200, 10))
+    net = mnist_mlp()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     Xm, Ym = torch.tensor(images), torch.tensor(labels).long()
     for _ in range(2):
@@ -100,15 +100,9 @@ def export_npz(out):
 
 
 def network(data):
-    import torch
+    from _models import mnist_mlp, sine_net  # imports torch: only the torch side calls this
 
-    width = data["state"]["0.weight"].shape
-    if width[1] == 1:
-        net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 50), torch.nn.Tanh(),
-                                  torch.nn.Linear(50, 1))
-    else:
-        net = torch.nn.Sequential(torch.nn.Linear(784, 200), torch.nn.Tanh(), torch.nn.Linear(200, 200),
-                                  torch.nn.Tanh(), torch.nn.Linear(200, 10))
+    net = sine_net() if data["state"]["0.weight"].shape[1] == 1 else mnist_mlp()
     net.load_state_dict(data["state"])
     return net.double()
 

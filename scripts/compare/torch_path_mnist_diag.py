@@ -14,12 +14,11 @@ import time
 import torch
 
 import fspace
+from _models import mnist_mlp
 
 
 def main():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 200), torch.nn.Tanh(), torch.nn.Linear(200, 200), torch.nn.Tanh(),
-                                torch.nn.Linear(200, 10)).double()
+    model = mnist_mlp(seed=0)
     x = torch.rand(1000, 784, dtype=torch.float64)
     with torch.no_grad():
         y = model(x) + 0.1 * torch.randn(1000, 10, dtype=torch.float64)

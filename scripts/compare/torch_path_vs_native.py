@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import fspace
+from _models import mnist_mlp, sine_net
 
 
 def best_of(repeats, fn):
@@ -58,14 +59,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    sine = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 50), torch.nn.Tanh(),
-                               torch.nn.Linear(50, 1)).double()
+    sine = sine_net(seed=0)
     x = torch.rand(args.n, 1, dtype=torch.float64) * 2 - 1
     y = torch.sin(3 * x) + 0.1 * torch.randn_like(x)
     xs = torch.linspace(-2, 2, 1000, dtype=torch.float64).reshape(-1, 1)
-    mnist = torch.nn.Sequential(torch.nn.Linear(784, 200), torch.nn.Tanh(), torch.nn.Linear(200, 200), torch.nn.Tanh(),
-                                torch.nn.Linear(200, 10)).double()
+    mnist = mnist_mlp()  # drawn after the sine data, as before
     xm = torch.rand(1000, 784, dtype=torch.float64)
     with torch.no_grad():
         ym = mnist(xm) + 0.1 * torch.randn(1000, 10, dtype=torch.float64)

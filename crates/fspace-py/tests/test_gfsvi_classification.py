@@ -13,19 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fspace  # noqa: E402
+from torch_helpers import spread, tanh_mlp as mlp  # noqa: E402
 from fspace.torch import GFSVIRegularizer, MeanField, expected_log_likelihood_categorical  # noqa: E402
-
-
-def mlp(d_in, width, d_out, seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(d_in, width), torch.nn.Tanh(), torch.nn.Linear(width, d_out)).double()
-
-
-def spread(q, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for r in q.log_std:
-            r.add_(0.5 * torch.randn(r.shape, generator=g, dtype=r.dtype))
 
 
 def dense_jacobian(model, x):

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fspace  # noqa: E402
+from torch_helpers import spread, tanh_mlp as mlp  # noqa: E402
 from fspace import _fspace  # noqa: E402
 from fspace._convert import convert_sequential, tensors  # noqa: E402
 from fspace.torch import GFSVIRegularizer, MeanField, _RegularizedKl, expected_log_likelihood  # noqa: E402
@@ -18,19 +19,6 @@ from fspace.torch import GFSVIRegularizer, MeanField, _RegularizedKl, expected_l
 def rbf(a, b, var=1.0, ell=0.5):
     d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
     return var * np.exp(-0.5 * d2 / ell**2)
-
-
-def mlp(d_in, width, d_out, seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(d_in, width), torch.nn.Tanh(), torch.nn.Linear(width, d_out)).double()
-
-
-def spread(q, seed):
-    """Unequal standard deviations, so that a wrong weighting of S would show."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for r in q.log_std:
-            r.add_(0.5 * torch.randn(r.shape, generator=g, dtype=r.dtype))
 
 
 @pytest.mark.parametrize("d_in,d_out", [(1, 1), (2, 2)])
