@@ -132,6 +132,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 mean: ev.mean.clone(),
                 std: ev.std.clone(),
                 samples: samples.iter().map(|s| s.column(0).iter().cloned().collect()).collect(),
+                sample_label: "samples",
                 context: vec![],
             });
             bar.inc(1);

@@ -202,6 +202,7 @@ pub fn run(opts: &Options) -> Result<()> {
             mean: ev.mean.clone(),
             std: ev.std.clone(),
             samples: to_vecs(&samples),
+            sample_label: "samples",
             context,
         });
         panels.push(Panel1d {
@@ -211,6 +212,7 @@ pub fn run(opts: &Options) -> Result<()> {
             mean: ev.gp_mean.clone(),
             std: ev.gp_std.clone(),
             samples: to_vecs(&gp_samples),
+            sample_label: "samples",
             context: vec![],
         });
         bar.inc(1);

@@ -206,6 +206,7 @@ fn structures_under(
             mean: glm.mean.iter().map(|v| v * scale).collect(),
             std: std.clone(),
             samples: lin.iter().map(scaled).collect(),
+            sample_label: "samples",
             context: vec![],
         });
         let mc_mean: Vec<f64> =
@@ -217,6 +218,7 @@ fn structures_under(
             mean: mc_mean,
             std: mc_std.clone(),
             samples: draws.iter().take(10).map(scaled).collect(),
+            sample_label: "samples",
             context: vec![],
         });
         per.push(Row {

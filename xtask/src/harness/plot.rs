@@ -202,6 +202,9 @@ pub struct Panel1d {
     pub std: Vec<f64>,
     /// Function samples on the grid.
     pub samples: Vec<Vec<f64>>,
+    /// What the thin lines of `samples` are, for the legend ("samples"; the VaLLA toy draws the
+    /// exact LLA's ±2σ there).
+    pub sample_label: &'static str,
     /// Context points to mark on the x axis (may be empty).
     pub context: Vec<f64>,
 }
@@ -219,9 +222,13 @@ pub fn regression_panels(
     register_font();
     let grey = RGBColor(120, 120, 120);
     let mut entries = vec![("±2σ of f".to_string(), Swatch::Band(GREEN.mix(0.2)))];
-    if panels.iter().any(|p| !p.samples.is_empty()) {
-        entries.push(("samples".into(), Swatch::Line(GREEN.mix(0.6), 1)));
+    let mut sample_labels: Vec<&str> = Vec::new();
+    for p in panels.iter().filter(|p| !p.samples.is_empty()) {
+        if !sample_labels.contains(&p.sample_label) {
+            sample_labels.push(p.sample_label);
+        }
     }
+    entries.extend(sample_labels.iter().map(|l| (l.to_string(), Swatch::Line(GREEN.mix(0.6), 1))));
     entries.push(("mean".into(), Swatch::Line(RED.to_rgba(), 2)));
     if panels.iter().any(|p| !p.data.is_empty()) {
         entries.push(("data".into(), Swatch::Dot(grey.to_rgba())));

@@ -163,6 +163,7 @@ pub fn w2_panel(
         mean: pred.mean.iter().cloned().collect(),
         std: pred.var.iter().map(|v| v.max(0.0).sqrt()).collect(),
         samples: samples.iter().take(8).map(|f| f.iter().cloned().collect()).collect(),
+        sample_label: "samples",
         context: Vec::new(),
     };
     Ok((panel, w2))

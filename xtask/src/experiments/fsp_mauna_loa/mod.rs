@@ -463,6 +463,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     mean: p.mean.iter().map(|&m| ppm(m)).collect(),
                     std: p.var.iter().map(|&v| v.max(0.0).sqrt() * t.y_std).collect(),
                     samples: samples.iter().map(|m| m.iter().map(|&v| ppm(v)).collect()).collect(),
+                    sample_label: "samples",
                     context: vec![],
                 });
             }
