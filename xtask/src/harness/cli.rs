@@ -1,4 +1,5 @@
-//! The command line (clap, derive): `list`, `reproduce`, `report`, each with `--help`. The
+//! The command line (clap, derive): `list`, `reproduce`, `report`, `publish`, `restore`, `test`,
+//! each with `--help`. The
 //! experiment names are checked against the registry by clap itself, and `reproduce --help`
 //! prints every experiment with the flags it accepts and its measured full-setting wall time.
 
@@ -69,6 +70,20 @@ pub enum Task {
         /// Where the reference results live.
         #[arg(long, default_value = "docs/results", value_name = "DIR")]
         to: String,
+    },
+    /// Put a published run's checkpoint.json and log.txt back under OUT/NAME/, so that
+    /// `cargo xtask reproduce NAME --resume --out OUT` continues it on another machine (a
+    /// partial run committed with its finished units).
+    Restore {
+        /// Experiments to restore.
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        /// Where the reference results live.
+        #[arg(long, default_value = "docs/results", value_name = "DIR")]
+        from: String,
+        /// Output root of the run to continue.
+        #[arg(long, default_value = "results", value_name = "DIR")]
+        out: String,
     },
 }
 
@@ -327,6 +342,19 @@ pub fn dispatch(experiments: &[Experiment], cli: Cli) -> Result<()> {
             // The index below the claims follows the published tables.
             report::write_index(&to, experiments.iter().map(|e| (e.name, e.paper)))?;
             println!("rewrote the index of {to}/README.md");
+            Ok(())
+        }
+        Task::Restore { names, from, out } => {
+            for name in names {
+                if !experiments.iter().any(|e| e.name == name) {
+                    bail!("unknown experiment {name:?}; `cargo xtask list` shows them");
+                }
+                let dst = super::publish::restore(Path::new(&from), Path::new(&out), &name)?;
+                println!(
+                    "restored {} (continue with `cargo xtask reproduce {name} --resume --out {out}`)",
+                    dst.display()
+                );
+            }
             Ok(())
         }
         Task::Test { python_only, rust_only, no_torch } => {

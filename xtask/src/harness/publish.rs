@@ -5,7 +5,10 @@
 //! Copied: `table.md`, `metrics.json`, every PNG (re-encoded at the best PNG compression, and
 //! halved in size until it is at most [`MAX_PNG_BYTES`]); written: `RUN.md` with the run's
 //! provenance lines from `log.txt` (commit, start date, command; one per sitting) and its wall
-//! time. A run without a table is refused, and nothing else in the folder survives a publish.
+//! time. A run with a `checkpoint.json` (the resumable experiments) also keeps it and its
+//! `log.txt`: `cargo xtask restore NAME` ([`restore`]) puts them back, so a partial run
+//! committed with its finished units continues with `--resume` on any machine. A run without a
+//! table is refused, and nothing else in the folder survives a publish.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -102,25 +105,68 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
             )
         });
     }
+    let resumable = src.join(CHECKPOINT).exists();
+    if resumable {
+        fs::copy(src.join(CHECKPOINT), dst.join(CHECKPOINT))?;
+        fs::write(dst.join("log.txt"), &log)?;
+    }
     let run_md = format!(
         "# {name}: the committed reference run\n\n\
          Written by `cargo xtask publish {name}` from `{}`.\n\n\
          - Sittings (commit, start, command):\n{}\n\
          - {}\n\
-         - Files: `table.md`, `metrics.json`{}{}\n",
+         - Files: `table.md`, `metrics.json`{}{}{}\n",
         src.display(),
         sittings.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n"),
         wall_time(&table).or_else(|| last_stamp(&log)).unwrap_or_else(|| "Wall time: not recorded".into()),
         if figures.is_empty() { "" } else { ", " },
         figures.join(", "),
+        if resumable {
+            format!(
+                "\n- `{CHECKPOINT}` and `log.txt`: the finished units and the log; `cargo xtask restore {name}` \
+                 then `cargo xtask reproduce {name} --resume` continues or redraws the run"
+            )
+        } else {
+            String::new()
+        },
     );
     fs::write(dst.join("RUN.md"), run_md)?;
+    Ok(dst)
+}
+
+/// The file a resumable run keeps its finished units in (`super::checkpoint`).
+const CHECKPOINT: &str = "checkpoint.json";
+
+/// Copies the published `from/name`'s checkpoint and log into `out/name`, for `--resume`.
+/// Refuses a published run without a checkpoint, and an `out/name` that already holds one
+/// (that run's units would be lost).
+pub fn restore(from: &Path, out: &Path, name: &str) -> Result<PathBuf> {
+    let src = from.join(name);
+    if !src.join(CHECKPOINT).exists() {
+        bail!(
+            "{} has no {CHECKPOINT}: only runs published with their finished units can be continued",
+            src.display()
+        );
+    }
+    let dst = out.join(name);
+    if dst.join(CHECKPOINT).exists() {
+        bail!(
+            "{} exists: its units would be overwritten; continue it with --resume, or move it away first",
+            dst.join(CHECKPOINT).display()
+        );
+    }
+    fs::create_dir_all(&dst).with_context(|| format!("creating {}", dst.display()))?;
+    fs::copy(src.join(CHECKPOINT), dst.join(CHECKPOINT))?;
+    fs::copy(src.join("log.txt"), dst.join("log.txt"))
+        .with_context(|| format!("{} has a checkpoint but no log.txt", src.display()))?;
     Ok(dst)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::checkpoint::{Checkpoint, Timed};
+    use crate::harness::report::Run;
 
     #[test]
     fn a_published_run_keeps_its_table_provenance_and_small_figures() {
@@ -151,8 +197,47 @@ mod tests {
         // A run without a table, or without provenance, is refused.
         fs::create_dir_all(from.join("empty")).unwrap();
         assert!(publish(&from, &to, "empty").unwrap_err().to_string().contains("no table.md"));
+        // A run without a checkpoint publishes none, and cannot be restored.
+        assert!(!dst.join(CHECKPOINT).exists() && !dst.join("log.txt").exists());
+        assert!(restore(&to, &root.join("again"), "exp")
+            .unwrap_err()
+            .to_string()
+            .contains("no checkpoint.json"));
         fs::write(src.join("log.txt"), "no provenance\n").unwrap();
         assert!(publish(&from, &to, "exp").unwrap_err().to_string().contains("names no commit"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A unit's value (`Timed` flattens it, so a struct).
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Unit {
+        v: f64,
+    }
+
+    #[test]
+    fn a_resumable_run_travels_with_its_units_and_continues_elsewhere() {
+        let root = std::env::temp_dir().join(format!("fspace-restore-{}", std::process::id()));
+        let (from, to, elsewhere) = (root.join("results"), root.join("docs"), root.join("other"));
+        let mut run = Run::new(from.to_str().unwrap(), "exp").unwrap();
+        let mut ck = Checkpoint::<Timed<Unit>>::open(&mut run, &"settings").unwrap();
+        ck.unit(&mut run, "unit 1", |_| Ok(Unit { v: 1.5 })).unwrap();
+        run.write_table("# exp (1 of 2 units)\n").unwrap();
+        drop(run);
+        let dst = publish(&from, &to, "exp").unwrap();
+        let run_md = fs::read_to_string(dst.join("RUN.md")).unwrap();
+        assert!(run_md.contains("cargo xtask restore exp"), "{run_md}");
+        // Another machine: the published units come back, and --resume keeps them.
+        restore(&to, &elsewhere, "exp").unwrap();
+        let mut run = Run::open(elsewhere.to_str().unwrap(), "exp", true).unwrap();
+        let mut ck = Checkpoint::<Timed<Unit>>::open(&mut run, &"settings").unwrap();
+        let kept = ck.unit(&mut run, "unit 1", |_| panic!("a restored unit is not recomputed")).unwrap();
+        assert_eq!(kept.value, Unit { v: 1.5 });
+        ck.unit(&mut run, "unit 2", |_| Ok(Unit { v: 2.5 })).unwrap();
+        drop(run);
+        let log = fs::read_to_string(elsewhere.join("exp/log.txt")).unwrap();
+        assert_eq!(log.matches(PROVENANCE).count(), 2, "both sittings' provenance: {log}");
+        // A second restore would overwrite the continued run's units: refused.
+        assert!(restore(&to, &elsewhere, "exp").unwrap_err().to_string().contains("would be overwritten"));
         fs::remove_dir_all(&root).unwrap();
     }
 }
