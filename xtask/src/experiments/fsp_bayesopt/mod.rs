@@ -454,10 +454,11 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
         }),
     )?;
     run.log(format!("{}: FSP-Laplace with {sizes:?} covariance points, {seeds} seed(s)", task.name()));
-    let (mut rows, mut series, mut metrics) = (Vec::new(), Vec::new(), Metrics::new());
-    for &n_points in &sizes {
+    // Per point count, the finished seeds' traces and seconds; the table, metrics and figure
+    // are rewritten after every unit, so a run stopped part-way can be published as it stands.
+    let mut done: Vec<SweepRuns> = sizes.iter().map(|&n| (n, Vec::new(), Vec::new())).collect();
+    for (i, &n_points) in sizes.iter().enumerate() {
         let b = Budget { laplace_context: n_points, laplace_context_high_dim: n_points, ..base };
-        let (mut traces, mut secs) = (Vec::new(), Vec::new());
         for s in 0..seeds {
             let key = format!("{n_points} points/seed {s}");
             let unit = ck.unit(&mut run, &key, |run| {
@@ -471,20 +472,42 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
             if unit.value.trace.len() != b.n_init + b.iterations {
                 anyhow::bail!("checkpoint unit {key:?} holds a trace of {} rewards", unit.value.trace.len());
             }
-            traces.push(unit.value.trace);
-            secs.push(unit.seconds);
+            done[i].1.push(unit.value.trace);
+            done[i].2.push(unit.seconds);
+            write_covariance_sweep(&mut run, &done, seeds, task, &base, opts.quick, &ck.wall_time())?;
         }
-        let (curve, m, se) = summarise(&traces);
+    }
+    Ok(())
+}
+
+/// A point count of the covariance sweep with its finished seeds' traces and seconds.
+type SweepRuns = (usize, Vec<Vec<f64>>, Vec<f64>);
+
+/// `fsp-bayesopt-covariance`'s table, metrics and figure from the units finished so far (the
+/// title says how many when the run is not complete).
+fn write_covariance_sweep(
+    run: &mut Run,
+    done: &[SweepRuns],
+    seeds: usize,
+    task: Task,
+    base: &Budget,
+    quick: bool,
+    wall_time: &str,
+) -> Result<()> {
+    let (mut rows, mut series, mut metrics) = (Vec::new(), Vec::new(), Metrics::new());
+    for (n_points, traces, secs) in done.iter().filter(|d| !d.1.is_empty()) {
+        let (curve, m, se) = summarise(traces);
         rows.push(vec![
             n_points.to_string(),
             format!("{} ± {}", fmt(m), fmt(se)),
+            traces.len().to_string(),
             task.minimum().map_or("–".into(), |m| fmt(-m)),
-            format!("{:.1}", mean_std(&secs).0),
+            format!("{:.1}", mean_std(secs).0),
         ]);
         series.push((format!("FSP-Laplace, {n_points} points"), curve));
-        metrics.insert(n_points.to_string(), Traces { traces: traces.clone(), seconds: secs });
-        run.write_metrics(&metrics)?;
+        metrics.insert(n_points.to_string(), Traces { traces: traces.clone(), seconds: secs.clone() });
     }
+    run.write_metrics(&metrics)?;
     line_panels(
         &run.path("best_reward.png"),
         &[LinePanel {
@@ -495,15 +518,20 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
         }],
         1,
     )?;
+    let finished: usize = done.iter().map(|d| d.1.len()).sum();
+    let partial = if finished < done.len() * seeds {
+        format!(" — partial: {finished} of {} runs", done.len() * seeds)
+    } else {
+        String::new()
+    };
     run.write_table(&format!(
-        "# fsp-bayesopt-covariance (FSP-Laplace Fig. 3: the covariance points){}\n\n{} with FSP-Laplace as the surrogate, the covariance \
+        "# fsp-bayesopt-covariance (FSP-Laplace Fig. 3: the covariance points){}{partial}\n\n{} with FSP-Laplace as the surrogate, the covariance \
 (Alg. 2) from a Latin hypercube of the given size (the paper: 10 000; `fsp-bayesopt` uses 500 in 2-d, 2 000 from 3-d on); {} evaluations, mean ± standard error \
-over {seeds} seed(s). {}.\n\n{}\n\nFigure: `best_reward.png`.\n",
-        if opts.quick { " — quick mode" } else { "" },
+over the finished seeds (of {seeds}). {wall_time}.\n\n{}\n\nFigure: `best_reward.png`.\n",
+        if quick { " — quick mode" } else { "" },
         task.name(),
         base.n_init + base.iterations,
-        ck.wall_time(),
-        markdown_table(&["covariance points", "best reward", "optimum", "seconds / run"], &rows)
+        markdown_table(&["covariance points", "best reward", "seeds", "optimum", "seconds / run"], &rows)
     ))
 }
 
