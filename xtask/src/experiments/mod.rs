@@ -81,9 +81,8 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Fig. 3's covariance budget: BO on Hartmann-6 with FSP-Laplace, 500, 2 000 and the paper's 10 000 Latin-hypercube covariance points",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume, Flag::CovariancePoints],
-        // The 500 and 2 000 rows: 5 seeds of 193 s (seed 0, docs/performance-history.md). The
-        // paper's 10 000 took 138.6 s for the quick budget's 3 iterations (2 000: 9.5 s), which
-        // projects to ≈ 30 min a seed at the full 40: not yet timed whole.
+        // The 10 000-point row is not yet timed whole (docs/PERFORMANCE.md, "The long
+        // experiments", has its measured quick budget and projection).
         full_minutes: None,
         budget_of: None,
         run: fsp_bayesopt::run_covariance_sweep,

@@ -77,25 +77,24 @@ fn covered(ink: &[(f64, f64)], corner: Corner, x: (f64, f64), y: (f64, f64), fra
     ink.iter().filter(|&&(px, py)| px >= cx && px <= cx + w && py >= cy && py <= cy + h).count()
 }
 
-/// The corner whose legend box covers the fewest `ink` points ([`covered`]); ties go to the
-/// first of upper left, upper right, lower left, lower right.
-fn quiet_corner(ink: &[(f64, f64)], x: (f64, f64), y: (f64, f64), frac: (f64, f64)) -> Corner {
+/// The corner whose legend box covers the fewest `ink` points ([`covered`]), with that count;
+/// ties go to the first of upper left, upper right, lower left, lower right.
+fn quietest(ink: &[(f64, f64)], x: (f64, f64), y: (f64, f64), frac: (f64, f64)) -> (Corner, usize) {
     [Corner::UpperLeft, Corner::UpperRight, Corner::LowerLeft, Corner::LowerRight]
         .into_iter()
-        .min_by_key(|&c| covered(ink, c, x, y, frac))
-        .unwrap_or(Corner::UpperLeft)
+        .map(|c| (c, covered(ink, c, x, y, frac)))
+        .min_by_key(|&(_, n)| n)
+        .unwrap_or((Corner::UpperLeft, 0))
 }
 
 /// Where a panel's legend goes and the top of its y range: the emptiest corner if one is
 /// empty, else the upper right above a y range grown by the legend's height, so that the legend
 /// covers no `ink` either way.
 fn legend_placement(ink: &[(f64, f64)], x: (f64, f64), y: (f64, f64), frac: (f64, f64)) -> (Corner, f64) {
-    let best = quiet_corner(ink, x, y, frac);
-    if covered(ink, best, x, y, frac) == 0 {
-        (best, y.1)
-    } else {
+    match quietest(ink, x, y, frac) {
+        (best, 0) => (best, y.1),
         // 2 % more than the box, so that the box's edge clears the highest line.
-        (Corner::UpperRight, y.0 + (y.1 - y.0) / (0.98 - frac.1))
+        _ => (Corner::UpperRight, y.0 + (y.1 - y.0) / (0.98 - frac.1)),
     }
 }
 
@@ -698,22 +697,22 @@ mod tests {
     fn legend_goes_to_the_emptiest_corner() {
         let (x, y) = ((0.0, 10.0), (0.0, 10.0));
         // Nothing drawn: the first corner.
-        assert_eq!(quiet_corner(&[], x, y, (0.3, 0.3)), Corner::UpperLeft);
+        assert_eq!(quietest(&[], x, y, (0.3, 0.3)).0, Corner::UpperLeft);
         // A rising line from lower left to upper right leaves the other two corners empty.
         let rising = along([(0.0, 0.0), (10.0, 10.0)], 100);
-        assert_eq!(quiet_corner(&rising, x, y, (0.3, 0.3)), Corner::UpperLeft);
+        assert_eq!(quietest(&rising, x, y, (0.3, 0.3)).0, Corner::UpperLeft);
         // Flat ends at the top (best-reward curves) and data in the upper left: lower right.
         let mut ink = along([(0.0, 0.0), (2.0, 9.0), (10.0, 9.5)], 50);
         ink.extend([(1.0, 8.0), (2.0, 8.5), (0.5, 9.5)]);
-        assert_eq!(quiet_corner(&ink, x, y, (0.3, 0.3)), Corner::LowerRight);
+        assert_eq!(quietest(&ink, x, y, (0.3, 0.3)).0, Corner::LowerRight);
         // A segment crossing the box counts even though both of its vertices lie outside it.
         let mut ink = vec![(1.0, 9.0), (2.0, 9.0), (1.0, 1.0), (2.0, 1.0), (9.0, 1.0), (9.0, 2.0)];
         assert_eq!(
-            quiet_corner(&[ink.clone(), vec![(5.0, 10.0), (10.0, 5.0)]].concat(), x, y, (0.3, 0.3)),
+            quietest(&[ink.clone(), vec![(5.0, 10.0), (10.0, 5.0)]].concat(), x, y, (0.3, 0.3)).0,
             Corner::UpperRight
         );
         ink.extend(along([(5.0, 10.0), (10.0, 5.0)], 10));
-        assert_eq!(quiet_corner(&ink, x, y, (0.3, 0.3)), Corner::UpperLeft);
+        assert_eq!(quietest(&ink, x, y, (0.3, 0.3)).0, Corner::UpperLeft);
     }
 
     #[test]
@@ -725,7 +724,7 @@ mod tests {
         // Lines through all four corners: the range grows by the legend's height (30 % of the
         // new range) and 2 %, and the legend's box above the old top is empty.
         let ink = along([(0.0, 0.0), (0.0, 10.0), (10.0, 0.0), (10.0, 10.0)], 100);
-        assert!(covered(&ink, quiet_corner(&ink, x, y, frac), x, y, frac) > 0);
+        assert!(quietest(&ink, x, y, frac).1 > 0);
         let (corner, top) = legend_placement(&ink, x, y, frac);
         assert!((top - 10.0 / 0.68).abs() < 1e-12, "{top}");
         assert_eq!(covered(&ink, corner, x, (y.0, top), frac), 0);

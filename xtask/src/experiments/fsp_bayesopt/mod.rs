@@ -231,9 +231,9 @@ fn surrogate(
                 n_laplace_context: n_cov,
                 context_box: Some(unit),
                 design_seed: seed + it as u64,
-                // Keep Σ(C, C)'s kernel tiles whatever the point count (800 MB at the paper's
-                // 10 000): matrix-free, Lanczos' 500 products would evaluate the kernel 5·10¹⁰
-                // times a fit. The products are the same bit for bit.
+                // Keep Σ(C, C)'s kernel tiles whatever the point count (8·M² bytes): matrix-free,
+                // each of Lanczos' products evaluates the kernel M² times. The products are the
+                // same bit for bit (docs/PERFORMANCE.md has the timings).
                 laplace: FspLaplaceConfig {
                     gram_cache_bytes: defaults.laplace.gram_cache_bytes.max(8 * n_cov * n_cov),
                     ..defaults.laplace.clone()
@@ -340,6 +340,32 @@ pub struct Trace {
     pub trace: Vec<f64>,
 }
 
+/// One BO run of `method` on `task` as the checkpoint's unit `key` (kept from the checkpoint
+/// under `--resume`, else run and stored): its best-reward trace and wall seconds.
+fn bo_unit(
+    ck: &mut Checkpoint<Timed<Trace>>,
+    run: &mut Run,
+    key: &str,
+    task: Task,
+    method: &str,
+    b: &Budget,
+    seed: u64,
+) -> Result<(Vec<f64>, f64)> {
+    let unit = ck.unit(run, key, |run| {
+        let (trace, _) = bo_run(task, method, b, seed)?;
+        run.log(format!(
+            "{key}: best reward {:.4} (optimum {})",
+            trace.last().copied().unwrap_or(f64::NAN),
+            task.minimum().map_or("unknown".into(), |m| format!("{:.4}", -m))
+        ));
+        Ok(Trace { trace })
+    })?;
+    if unit.value.trace.len() != b.n_init + b.iterations {
+        anyhow::bail!("checkpoint unit {key:?} holds a trace of {} rewards", unit.value.trace.len());
+    }
+    Ok((unit.value.trace, unit.seconds))
+}
+
 /// `fsp-bayesopt`.
 pub fn run(opts: &Options) -> Result<()> {
     let mut run = Run::open(&opts.out, "fsp-bayesopt", opts.resume)?;
@@ -373,20 +399,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let mut secs = Vec::new();
             for s in 0..seeds {
                 let key = format!("{}/{method}/seed {s}", task.name());
-                let unit = ck.unit(&mut run, &key, |run| {
-                    let (trace, _) = bo_run(task, method, b, opts.seed + s as u64)?;
-                    run.log(format!(
-                        "{}: {method} seed {s}: best reward {:.4} (optimum {})",
-                        task.name(),
-                        trace.last().copied().unwrap_or(f64::NAN),
-                        task.minimum().map_or("unknown".into(), |m| format!("{:.4}", -m))
-                    ));
-                    Ok(Trace { trace })
-                })?;
-                let (trace, t) = (unit.value.trace, unit.seconds);
-                if trace.len() != b.n_init + b.iterations {
-                    anyhow::bail!("checkpoint unit {key:?} holds a trace of {} rewards", trace.len());
-                }
+                let (trace, t) = bo_unit(&mut ck, &mut run, &key, task, method, b, opts.seed + s as u64)?;
                 traces.push(trace);
                 secs.push(t);
             }
@@ -461,19 +474,9 @@ pub fn run_covariance_sweep(opts: &Options) -> Result<()> {
         let b = Budget { laplace_context: n_points, laplace_context_high_dim: n_points, ..base };
         for s in 0..seeds {
             let key = format!("{n_points} points/seed {s}");
-            let unit = ck.unit(&mut run, &key, |run| {
-                let (trace, t) = bo_run(task, "FSP-Laplace", &b, opts.seed + s as u64)?;
-                run.log(format!(
-                    "{n_points} points, seed {s}: best reward {:.4} in {t:.1}s",
-                    trace.last().copied().unwrap_or(f64::NAN)
-                ));
-                Ok(Trace { trace })
-            })?;
-            if unit.value.trace.len() != b.n_init + b.iterations {
-                anyhow::bail!("checkpoint unit {key:?} holds a trace of {} rewards", unit.value.trace.len());
-            }
-            done[i].1.push(unit.value.trace);
-            done[i].2.push(unit.seconds);
+            let (trace, t) = bo_unit(&mut ck, &mut run, &key, task, "FSP-Laplace", &b, opts.seed + s as u64)?;
+            done[i].1.push(trace);
+            done[i].2.push(t);
             write_covariance_sweep(&mut run, &done, seeds, task, &base, opts.quick, &ck.wall_time())?;
         }
     }
