@@ -102,12 +102,35 @@ def data(n, n_test, seed=1):
     return x, xt
 
 
-def peak_mb():
+def status_mb(field):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024.0
     return float("nan")
+
+
+def peak_mb():
+    return status_mb("VmHWM")
+
+
+def trace_callbacks(trace):
+    """Wraps fspace's torch callbacks to record, per call, its name, seconds, and the resident
+    memory before and after it with the peak so far (MB) — where a row's peak is reached."""
+    from fspace._torch import TorchCalls
+
+    def wrap(name, fn):
+        def traced(self, *a, **k):
+            before, start = status_mb("VmRSS"), time.perf_counter()
+            out = fn(self, *a, **k)
+            trace.append({"call": name, "s": round(time.perf_counter() - start, 2), "rss_before": round(before),
+                          "rss_after": round(status_mb("VmRSS")), "peak": round(peak_mb()),
+                          "cols": int(a[2].shape[1]) if len(a) > 2 and hasattr(a[2], "shape") and a[2].ndim == 2 else None})
+            return out
+        return traced
+
+    for name in ("forward", "jvp", "vjp", "per_point_vjp", "kfac_statistics", "last_layer_features"):
+        setattr(TorchCalls, name, wrap(name, getattr(TorchCalls, name)))
 
 
 def run_fspace(row, args):
@@ -120,6 +143,9 @@ def run_fspace(row, args):
     with torch.no_grad():
         y = model(x).argmax(1)
     out = {"params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    if args.trace_rss:
+        out["trace"] = []
+        trace_callbacks(out["trace"])
     start = time.perf_counter()
     if row in ("kron", "lowrank"):
         extra = {"kron_bias": "separate"} if row == "kron" else {"rank": args.lowrank_rank}
@@ -182,6 +208,8 @@ def main():
     ap.add_argument("--rows", default="fspace:kron,laplace-torch,fspace:fsp,fspace:lowrank")
     ap.add_argument("--laplace-torch-python", default=sys.executable)
     ap.add_argument("--bias-free", action="store_true", help="torchvision's bias-free convolutions")
+    ap.add_argument("--trace-rss", action="store_true",
+                    help="record each torch callback's seconds and resident memory (results.json, per row)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -193,7 +221,7 @@ def main():
     results = {}
     if saved.exists():
         before = json.loads(saved.read_text())
-        skip = ("rows", "out", "laplace_torch_python")
+        skip = ("rows", "out", "laplace_torch_python", "trace_rss")
         same = {k: v for k, v in before["args"].items() if k not in skip}
         # A setting added after a file was written counts as its default there.
         now = {k: v for k, v in vars(args).items() if k not in skip and (k in same or v != ap.get_default(k))}
@@ -205,6 +233,7 @@ def main():
                "--context", str(args.context), "--fsp-rank", str(args.fsp_rank), "--lowrank-rank", str(args.lowrank_rank),
                "--one", row]
         cmd += ["--bias-free"] if args.bias_free else []
+        cmd += ["--trace-rss"] if args.trace_rss else []
         start = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:

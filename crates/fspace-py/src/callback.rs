@@ -34,7 +34,7 @@ use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods}
 use pyo3::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::convert::to_numpy;
+use crate::convert::{columns_to_numpy, to_numpy};
 use crate::errors::{raise, value_error, Classify};
 
 /// The network of a Python object with `forward`, `jvp` and `vjp` (module docs). Inputs,
@@ -204,7 +204,7 @@ impl Network for CallbackNetwork {
         let rows = x.nrows() * self.output_dim;
         self.call(
             "jvp",
-            |py| vec![to_numpy(py, x).into_any(), to_numpy(py, u).into_any()],
+            |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, u).into_any()],
             rows,
             Some(u.ncols()),
         )
@@ -216,7 +216,7 @@ impl Network for CallbackNetwork {
         let p = self.params.len();
         self.call(
             "vjp",
-            |py| vec![to_numpy(py, x).into_any(), to_numpy(py, l).into_any()],
+            |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, l).into_any()],
             p,
             Some(l.ncols()),
         )

@@ -99,11 +99,33 @@ def test_the_callbacks_products_equal_torchs_jacobian(name, model, x):
     rng = np.random.default_rng(0)
     u = rng.standard_normal((jac.shape[1], 7))
     l = rng.standard_normal((jac.shape[0], 5))
-    assert np.max(np.abs(calls.jvp(calls.params, rows, u) - jac @ u)) <= 1e-10 * max(1.0, np.abs(jac @ u).max())
-    assert np.max(np.abs(calls.vjp(calls.params, rows, l) - jac.T @ l)) <= 1e-10 * max(1.0, np.abs(jac.T @ l).max())
+    # fspace hands the columns over column-major (no copy on either side); a caller's C-order
+    # arrays give the same products.
+    for order in ("C", "F"):
+        uo, lo = np.asarray(u, order=order), np.asarray(l, order=order)
+        assert np.max(np.abs(calls.jvp(calls.params, rows, uo) - jac @ u)) <= 1e-10 * max(1.0, np.abs(jac @ u).max())
+        assert np.max(np.abs(calls.vjp(calls.params, rows, lo) - jac.T @ l)) <= 1e-10 * max(1.0, np.abs(jac.T @ l).max())
     with torch.no_grad():
         model.eval()
         assert np.max(np.abs(calls.forward(calls.params, rows) - model(x).reshape(x.shape[0], -1).numpy())) <= 1e-12
+
+
+@pytest.mark.parametrize("name,model,x", models(), ids=[m[0] for m in models()])
+def test_forward_mode_products_taken_in_point_chunks_are_the_same(monkeypatch, name, model, x):
+    # A budget of one byte puts each point in a chunk of its own; the products must not move.
+    import fspace._torch as ft
+
+    calls = TorchCalls(model, x.shape[1:], block=3)
+    assert calls.activations_per_point > calls.output_dim
+    rows = x.reshape(x.shape[0], -1).numpy()
+    u = np.random.default_rng(1).standard_normal((calls.params.size, 7))
+    whole = calls.jvp(calls.params, rows, u)
+    assert len(calls._point_chunks(x.shape[0], 3)) == 1
+    monkeypatch.setattr(ft, "TANGENT_BYTES", 1)
+    assert len(calls._point_chunks(x.shape[0], 3)) == x.shape[0]
+    jac = dense_jacobian(model, x)
+    assert np.max(np.abs(calls.jvp(calls.params, rows, u) - jac @ u)) <= 1e-10 * max(1.0, np.abs(jac @ u).max())
+    assert np.max(np.abs(calls.jvp(calls.params, rows, u) - whole)) <= 1e-12 * max(1.0, np.abs(whole).max())
 
 
 def dense_predictive_variance(model, x, xs, sigma, lam, structure):
