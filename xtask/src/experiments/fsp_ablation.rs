@@ -134,6 +134,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 samples: samples.iter().map(|s| s.column(0).iter().cloned().collect()).collect(),
                 sample_label: "samples",
                 context: vec![],
+                context_label: "context points",
             });
             bar.inc(1);
         }

@@ -204,6 +204,7 @@ pub fn run(opts: &Options) -> Result<()> {
             samples: to_vecs(&samples),
             sample_label: "samples",
             context,
+            context_label: "context points",
         });
         panels.push(Panel1d {
             title: format!("exact GP, {}", case.name),
@@ -214,6 +215,7 @@ pub fn run(opts: &Options) -> Result<()> {
             samples: to_vecs(&gp_samples),
             sample_label: "samples",
             context: vec![],
+            context_label: "context points",
         });
         bar.inc(1);
     }

@@ -208,6 +208,7 @@ fn structures_under(
             samples: lin.iter().map(scaled).collect(),
             sample_label: "samples",
             context: vec![],
+            context_label: "context points",
         });
         let mc_mean: Vec<f64> =
             (0..xs.len()).map(|i| draws.iter().map(|d| d[(i, 0)]).sum::<f64>() / 50.0 * scale).collect();
@@ -220,6 +221,7 @@ fn structures_under(
             samples: draws.iter().take(10).map(scaled).collect(),
             sample_label: "samples",
             context: vec![],
+            context_label: "context points",
         });
         per.push(Row {
             name,

@@ -243,7 +243,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             round2(&context)
         ));
         fig7.push(Panel1d {
-            title: format!("VaLLA M = {m} (ticks: optimised Z)"),
+            title: format!("VaLLA M = {m}"),
             data: data_pts.clone(),
             x: xs.clone(),
             samples: lla_band(&mean),
@@ -251,6 +251,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             mean,
             std,
             context,
+            context_label: "optimised inducing inputs Z",
         });
         let t = Instant::now();
         let ella = ella::fit(
@@ -293,6 +294,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             mean,
             std,
             context: vec![],
+            context_label: "context points",
         });
     }
     fig7.extend(ella_panels);
@@ -346,6 +348,7 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 mean,
                 std,
                 context,
+                context_label: "optimised inducing inputs Z",
             });
         }
     }

@@ -206,6 +206,20 @@ pub struct Panel1d {
     pub sample_label: &'static str,
     /// Context points to mark on the x axis (may be empty).
     pub context: Vec<f64>,
+    /// What the ticks of `context` are, for the legend ("context points"; VaLLA's are its
+    /// inducing inputs Z).
+    pub context_label: &'static str,
+}
+
+/// The labels in order of first appearance, each once.
+fn distinct<'a>(labels: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen = Vec::new();
+    for l in labels {
+        if !seen.contains(&l) {
+            seen.push(l);
+        }
+    }
+    seen
 }
 
 /// Draws panels in a grid of `cols` columns to `path` (each panel 480×320 px), with the axis
@@ -221,20 +235,14 @@ pub fn regression_panels(
     register_font();
     let grey = RGBColor(120, 120, 120);
     let mut entries = vec![("±2σ of f".to_string(), Swatch::Band(GREEN.mix(0.2)))];
-    let mut sample_labels: Vec<&str> = Vec::new();
-    for p in panels.iter().filter(|p| !p.samples.is_empty()) {
-        if !sample_labels.contains(&p.sample_label) {
-            sample_labels.push(p.sample_label);
-        }
-    }
-    entries.extend(sample_labels.iter().map(|l| (l.to_string(), Swatch::Line(GREEN.mix(0.6), 1))));
+    let samples = distinct(panels.iter().filter(|p| !p.samples.is_empty()).map(|p| p.sample_label));
+    entries.extend(samples.iter().map(|l| (l.to_string(), Swatch::Line(GREEN.mix(0.6), 1))));
     entries.push(("mean".into(), Swatch::Line(RED.to_rgba(), 2)));
     if panels.iter().any(|p| !p.data.is_empty()) {
         entries.push(("data".into(), Swatch::Dot(grey.to_rgba())));
     }
-    if panels.iter().any(|p| !p.context.is_empty()) {
-        entries.push(("context points".into(), Swatch::Tick(BLACK.mix(0.5))));
-    }
+    let contexts = distinct(panels.iter().filter(|p| !p.context.is_empty()).map(|p| p.context_label));
+    entries.extend(contexts.iter().map(|l| (l.to_string(), Swatch::Tick(BLACK.mix(0.5)))));
     let rows = panels.len().div_ceil(cols);
     let width = 480 * cols as u32;
     let strip = legend_strip_height(&entries, width);

@@ -165,6 +165,7 @@ pub fn w2_panel(
         samples: samples.iter().take(8).map(|f| f.iter().cloned().collect()).collect(),
         sample_label: "samples",
         context: Vec::new(),
+        context_label: "context points",
     };
     Ok((panel, w2))
 }

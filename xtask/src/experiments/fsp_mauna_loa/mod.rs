@@ -465,6 +465,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     samples: samples.iter().map(|m| m.iter().map(|&v| ppm(v)).collect()).collect(),
                     sample_label: "samples",
                     context: vec![],
+                    context_label: "context points",
                 });
             }
         }
