@@ -129,9 +129,15 @@ enum Swatch {
     Tick(RGBAColor),
 }
 
-/// Pixel width of a legend entry: the swatch, ≈ 7 px per character at 12 px, the gap.
+/// Pixel width of a legend entry: the swatch, the label as the embedded font sets it at 12 px
+/// (≈ 7 px a character if the font cannot measure it), the gap.
 fn legend_entry_width(label: &str) -> i32 {
-    22 + 7 * label.chars().count() as i32 + 18
+    register_font();
+    let text = ("sans-serif", 12)
+        .into_font()
+        .box_size(label)
+        .map_or(7 * label.chars().count() as i32, |(w, _)| w as i32);
+    22 + text + 18
 }
 
 /// Rows of a left-to-right legend of `entries` within `width` px: each entry's `(x, row)`.
@@ -758,6 +764,18 @@ mod tests {
             assert!(x == 12 || x + legend_entry_width(label) <= 200, "{label} at {x}");
         }
         assert_eq!(legend_strip_height(&[], 960), 0);
+    }
+
+    #[test]
+    fn legend_entries_are_as_wide_as_the_font_sets_their_labels() {
+        // Measured, not counted: narrow letters take less room than wide ones (7 px a
+        // character would make these equal), and a 12 px label is 4–10 px a character.
+        let text = |l: &str| legend_entry_width(l) - 40;
+        assert!(text("iiiiiiii") < text("MMMMMMMM"), "{} vs {}", text("iiiiiiii"), text("MMMMMMMM"));
+        for label in ["samples", "optimised inducing inputs Z", "±2σ of f"] {
+            let per_char = text(label) as f64 / label.chars().count() as f64;
+            assert!((4.0..10.0).contains(&per_char), "{label}: {per_char} px a character");
+        }
     }
 
     #[test]
