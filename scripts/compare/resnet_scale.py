@@ -23,10 +23,10 @@ Rows, each library in its own subprocess (its own peak RSS, from VmHWM):
   context points, ``max_rank`` ``--fsp-rank``, on the same fit points, and its predictive.
 
 Both libraries pay the same torch passes per point (one forward and one reverse pass per class
-for the exact GGN), so the fit and the predictive grow linearly in the number of points; the
-table reports per-point rates and their projection to the 1 000 + 1 000 points of the
-benchmark the issue describes, which did not fit a 2-core sitting (laplace-torch's predictive
-alone: ≈ 37 s a point).
+for the exact GGN), so the fit and the predictive grow linearly in the number of points (past the fixed costs,
+which dominate at a few dozen points). docs/PERFORMANCE.md has the rows at the defaults and at
+``--n 1000`` (fspace's with ``--n-test 1000``; laplace-torch's predictive, ≈ 7.4 s a point, with
+``--n-test 20``).
 
 Opt-in (not part of the test suite): the fspace rows need torch beside the ``fspace`` package;
 the laplace-torch row needs ``pip install laplace-torch`` in the interpreter given by
