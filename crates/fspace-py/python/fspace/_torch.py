@@ -46,8 +46,8 @@ def _math_attention() -> Any:
     return sdpa_kernel([SDPBackend.MATH])
 
 
-# The forward-mode tangents one vmapped ``jvp`` call may carry (see ``TorchCalls._point_chunks``):
-# a ResNet-18 at 100 points × 20 directions held 4.5 GB of them in one call.
+# The forward-mode tangents one vmapped ``jvp`` call may carry (``TorchCalls._point_chunks``;
+# docs/PERFORMANCE.md shows what one call over all points held on a ResNet-18).
 TANGENT_BYTES = 1 << 30
 
 
@@ -78,7 +78,6 @@ class TorchCalls:
             n: (int(e - s), int(e)) for n, s, e in zip(self.names, self.sizes, ends)
         }
         self.dtype = next(iter(dtypes))
-        self.dtype_bytes = 4 if self.dtype == torch.float32 else 8
         self.device = next(iter(devices))
         self.input_shape = tuple(int(s) for s in input_shape)
         self.input_dim = int(np.prod(self.input_shape))
@@ -186,7 +185,10 @@ class TorchCalls:
     def _point_chunks(self, n: int, directions: int) -> List[Tuple[int, int]]:
         """``[start, end)`` chunks of ``n`` points whose ``directions`` tangents of every
         module output take about ``TANGENT_BYTES`` (at least one point a chunk)."""
-        size = max(1, TANGENT_BYTES // (directions * self.activations_per_point * self.dtype_bytes))
+        import torch
+
+        itemsize = torch.finfo(self.dtype).bits // 8
+        size = max(1, TANGENT_BYTES // (directions * self.activations_per_point * itemsize))
         return [(s, min(n, s + size)) for s in range(0, n, size)]
 
     def vjp(self, w: np.ndarray, x: np.ndarray, l: np.ndarray) -> np.ndarray:
