@@ -5,6 +5,8 @@ use fspace_nn::{LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
+use fspace_linalg::fast;
+
 use crate::curvature::{Curvature, KronCurvature};
 use crate::error::{LaplaceError, Result};
 
@@ -232,22 +234,7 @@ fn covariances_from_statistics(
                 }
             });
         } else {
-            let factored = factored_is_cheaper(info, view, q);
-            cov.par_iter_mut().enumerate().for_each(|(i, point)| {
-                let proj = layer_projections(st, view, i, q, info.has_bias(), factored);
-                for (ci, inv) in point.iter_mut().zip(&view.inv) {
-                    for o in 0..q {
-                        let scaled = proj[o].component_mul(inv);
-                        for o2 in o..q {
-                            let s = scaled.dot(&proj[o2]);
-                            ci[(o, o2)] += s;
-                            if o2 != o {
-                                ci[(o2, o)] += s;
-                            }
-                        }
-                    }
-                }
-            });
+            add_convolution(st, view, info.has_bias(), ConvPlan::cheaper(st.positions, info, q), &mut cov);
         }
     }
     let mut by_setting = vec![Vec::with_capacity(m); settings];
@@ -259,69 +246,111 @@ fn covariances_from_statistics(
     Ok(by_setting)
 }
 
-/// Whether [`layer_projections`]'s factored order costs at most a quarter of the direct one
-/// for a layer with positions (multiply-adds per point, `q` outputs). Direct:
-/// `Σ_t δ ãᵀ` then `Q_Gᵀ · Q_A` per output, `q·(T·fo·h + fo²·h + fo·h²)` with `h` the layer's
-/// width (`fan_in + 1` with a bias);
-/// factored: `Ã Q_A` once, then `(D Q_G)ᵀ (Ã Q_A)` per output, `T·h² + q·(T·fo² + T·fo·h)`.
-/// The factored order wins where few positions meet wide layers (ResNet's late stages: 12 G →
-/// 0.8 G multiply-adds a point at 512 × 4 609, `T = 16`; the FSP-Laplace MNIST CNN's last
-/// convolution, 74 M → 15 M); the margin keeps layers where the saving is small on the direct
-/// order (the two orders round differently, at the level of 1e-16 relative).
-fn factored_is_cheaper(info: &fspace_nn::LayerInfo, view: &LayerView, q: usize) -> bool {
-    let (t, fo, h) = (info.positions() as f64, info.fan_out as f64, info.width() as f64);
-    let (rot_g, rot_a) = (view.q_g.is_some() as u8 as f64, view.q_a.is_some() as u8 as f64);
-    let direct = q as f64 * (t * fo * h + rot_g * fo * fo * h + rot_a * fo * h * h);
-    let factored = rot_a * t * h * h + q as f64 * (rot_g * t * fo * fo + t * fo * h);
-    4.0 * factored <= direct
+/// Where [`add_convolution`] applies a layer's rotations. A point's projections are
+/// `R = [P_1ᵀ | … | P_qᵀ]` (`h × q·fo`; `h` the layer's width, `fo` its fan-out) with
+/// `P_oᵀ = Q_Aᵀ Ãᵀ D_o Q_G` (`Ã`: the point's `T × h` inputs, `D_o`: its `T × fo` output
+/// gradients of output `o`). The product `Ãᵀ [D_1 | … | D_q]` costs `T·h·q·fo` multiply-adds in
+/// either order; `Q_A` costs `T·h²` a point applied to `Ã` first (one GEMM for all the points of
+/// the chunk) or `h²·q·fo` applied to the product, and `Q_G` costs `q·T·fo²` applied to `D`
+/// first (one GEMM for the chunk) or `q·h·fo²` afterwards. Each goes where it is cheaper: the
+/// inputs first where positions are fewer than `q·fo` (ResNet-18's later stages, 16–256
+/// positions against 1 280–5 120 columns), the gradients first where they are fewer than the
+/// width (the late stages again; not a first convolution with `h = 28` and 1 024 positions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ConvPlan {
+    inputs_first: bool,
+    grads_first: bool,
 }
 
-/// Point `i`'s layer Jacobian block of each output `o` in the curvature's eigenbasis,
-/// `P_o = Q_Gᵀ (Σ_t δ_{o,t} ã_tᵀ) Q_A` (`fan_out × (fan_in + 1)`; `ã = a` and `fan_out × fan_in`
-/// without a `bias`), directly or, `factored`, as `(D_o Q_G)ᵀ (Ã Q_A)` with `D_o`
-/// (`T × fan_out`) and `Ã` (`T × (fan_in + 1)`) the point's rows of the statistics.
-fn layer_projections(
+impl ConvPlan {
+    fn cheaper(positions: usize, info: &fspace_nn::LayerInfo, q: usize) -> Self {
+        Self { inputs_first: positions < q * info.fan_out, grads_first: positions < info.width() }
+    }
+}
+
+/// A convolution's terms of every point's covariances, `cov_i[o, o'] += Σ_{rj} inv[r,j]
+/// P_{io}[r,j] P_{io'}[r,j]` for each setting's `inv`: each point's `R` (see [`ConvPlan`])
+/// read as an `h·fan_out × q` matrix whose column `o` is `vec(P_oᵀ)`, scaled row-wise by
+/// `√inv` and multiplied by its transpose — `AᵀA` by blocks of rows instead of `q²/2` strided
+/// dot products.
+/// Rotations applied first are one GEMM each for the whole chunk; the per-point products run in parallel over points, each on one
+/// thread, so the bits do not depend on the thread count.
+fn add_convolution(
     st: &fspace_nn::LayerStatistics,
     view: &LayerView,
-    i: usize,
-    q: usize,
     bias: bool,
-    factored: bool,
-) -> Vec<DMatrix<f64>> {
-    let t = st.positions;
-    if factored {
-        let fan_in = st.inputs.ncols();
-        let a = st.inputs.rows(i * t, t);
-        let at = DMatrix::from_fn(t, fan_in + bias as usize, |r, j| if j < fan_in { a[(r, j)] } else { 1.0 });
-        let aq = match view.q_a {
-            Some(qa) => at * qa,
-            None => at,
-        };
-        return (0..q)
-            .map(|o| {
-                let d = st.output_grads.rows((i * st.columns + o) * t, t);
-                let dq = match view.q_g {
-                    Some(qg) => d * qg,
-                    None => d.into_owned(),
-                };
-                dq.transpose() * &aq
-            })
-            .collect();
-    }
-    (0..q)
-        .map(|o| {
-            let g = st.example_gradient(i, o, bias);
-            let g = match view.q_g {
-                Some(qg) => qg.transpose() * g,
-                None => g,
-            };
-            match view.q_a {
-                Some(qa) => g * qa,
-                None => g,
+    plan: ConvPlan,
+    cov: &mut [Vec<DMatrix<f64>>],
+) {
+    let (t, q) = (st.positions, st.columns);
+    let fo = st.output_grads.ncols();
+    let a = st.augmented_inputs(bias); // m·T × h
+    let h = a.ncols();
+    // Rotations applied before the per-point products, one GEMM each for the chunk.
+    let (q_a_late, q_g_late) =
+        (view.q_a.filter(|_| !plan.inputs_first), view.q_g.filter(|_| !plan.grads_first));
+    let grads = match view.q_g.filter(|_| plan.grads_first) {
+        Some(qg) => std::borrow::Cow::Owned(fast::matmul(&st.output_grads, qg)),
+        None => std::borrow::Cow::Borrowed(&st.output_grads),
+    }; // m·q·T × fo, row (i·q + o)·T + t
+    let inputs = match view.q_a.filter(|_| plan.inputs_first) {
+        Some(qa) => fast::matmul(&a, qa),
+        None => a,
+    };
+    // √inv, transposed (`h × fo`): row j, column r weighs `P_o[r, j]`.
+    let roots: Vec<DMatrix<f64>> =
+        view.inv.iter().map(|inv| inv.transpose().map(|v| v.max(0.0).sqrt())).collect();
+    let rows_per_block = (BLOCK_DOUBLES / (q * fo).max(1)).clamp(1, h.max(1));
+    let height = grads.nrows();
+    cov.par_iter_mut().enumerate().for_each(|(i, point)| {
+        // `T × q·fo`, column block o = D_{io}: rows (i·q + o)·T … of each gradient column, copied
+        // as slices of the column-major storage.
+        let mut dcat = DMatrix::zeros(t, q * fo);
+        for o in 0..q {
+            let start = (i * q + o) * t;
+            for c in 0..fo {
+                let src = &grads.as_slice()[c * height + start..c * height + start + t];
+                dcat.column_mut(o * fo + c).copy_from_slice(src);
             }
-        })
-        .collect()
+        }
+        // R = Lᵀ M: L = the point's inputs (rotated or not) with M = dcat, or L = Q_A with
+        // M = Ãᵢᵀ dcat. Formed in row blocks that stay in cache (the whole R of ResNet-18's last
+        // stage is 189 MB a point), each weighed and multiplied by its transpose at once.
+        let inputs_i = inputs.rows(i * t, t).into_owned();
+        let (l, m) = match q_a_late {
+            Some(qa) => (std::borrow::Cow::Borrowed(qa), fast::matmul_tn_serial(&inputs_i, &dcat)),
+            None => (std::borrow::Cow::Owned(inputs_i), dcat),
+        };
+        for j0 in (0..h).step_by(rows_per_block) {
+            let nb = rows_per_block.min(h - j0);
+            let mut r = fast::matmul_tn_serial(&l.columns(j0, nb).into_owned(), &m); // nb × q·fo
+            if let Some(qg) = q_g_late {
+                for o in 0..q {
+                    let rotated = fast::matmul_serial(&r.columns(o * fo, fo).into_owned(), qg);
+                    r.columns_mut(o * fo, fo).copy_from(&rotated);
+                }
+            }
+            // Column o of the reshape is vec(P_oᵀ) over this block's rows (index j + nb·r).
+            let r = r.reshape_generic(nalgebra::Dyn(nb * fo), nalgebra::Dyn(q));
+            let weighed = |mut r: DMatrix<f64>, root: &DMatrix<f64>| {
+                let w = DVector::from_iterator(nb * fo, root.rows(j0, nb).iter().copied());
+                for mut col in r.column_iter_mut() {
+                    col.component_mul_assign(&w);
+                }
+                fast::gram_serial(&r)
+            };
+            if let Some((last, rest)) = roots.split_last() {
+                for (ci, root) in point.iter_mut().zip(rest) {
+                    *ci += weighed(r.clone(), root);
+                }
+                point[rest.len()] += weighed(r, last);
+            }
+        }
+    });
 }
+
+/// Doubles of one row block of [`add_convolution`]'s projections (1 MiB).
+const BLOCK_DOUBLES: usize = 1 << 17;
 
 /// KFAC / EKFAC covariances (see [`layerwise_covariances`]) for each `(λ, T)` of `settings`.
 pub(crate) fn kron_covariances<N: Network>(
@@ -534,8 +563,9 @@ mod tests {
     }
 
     #[test]
-    fn factored_projections_equal_the_direct_ones_and_win_where_positions_are_few() {
-        // 3 points, 4 outputs, 5 positions, fan_in 6, fan_out 7; random orthogonal Q_G, Q_A.
+    fn every_convolution_plan_equals_the_example_gradients_projected_one_by_one() {
+        // 3 points, 4 outputs, 5 positions, fan_in 6, fan_out 7; random orthogonal Q_G, Q_A;
+        // two settings of positive inverse precisions.
         let (n, q, t, fi, fo) = (3, 4, 5, 6, 7);
         let st = fspace_nn::LayerStatistics {
             positions: t,
@@ -545,32 +575,50 @@ mod tests {
         };
         let qg = fspace_testutil::random_orthogonal(fo, &mut rng(3));
         let qa = fspace_testutil::random_orthogonal(fi + 1, &mut rng(4));
+        let inv: Vec<DMatrix<f64>> =
+            (5..7).map(|s| randn(fo, fi + 1, &mut rng(s)).map(|v| v.abs() + 0.1)).collect();
         for (g, a) in [(Some(&qg), Some(&qa)), (None, None)] {
-            let view = LayerView { q_g: g, q_a: a, inv: vec![] };
-            for i in 0..n {
-                let direct = layer_projections(&st, &view, i, q, true, false);
-                let factored = layer_projections(&st, &view, i, q, true, true);
-                for (d, f) in direct.iter().zip(&factored) {
-                    assert!((d - f).amax() <= 1e-12 * d.amax(), "point {i}");
+            let view = LayerView { q_g: g, q_a: a, inv: inv.clone() };
+            let want: Vec<Vec<DMatrix<f64>>> = (0..n)
+                .map(|i| {
+                    let proj: Vec<DMatrix<f64>> = (0..q)
+                        .map(|o| {
+                            let e = st.example_gradient(i, o, true);
+                            let e = g.map_or(e.clone(), |qg| qg.transpose() * &e);
+                            a.map_or(e.clone(), |qa| e * qa)
+                        })
+                        .collect();
+                    inv.iter()
+                        .map(|w| DMatrix::from_fn(q, q, |o, o2| proj[o].component_mul(w).dot(&proj[o2])))
+                        .collect()
+                })
+                .collect();
+            for (inputs_first, grads_first) in [(true, true), (true, false), (false, true), (false, false)] {
+                let plan = ConvPlan { inputs_first, grads_first };
+                let mut cov = vec![vec![DMatrix::zeros(q, q); 2]; n];
+                add_convolution(&st, &view, true, plan, &mut cov);
+                for (i, (got, want)) in cov.iter().zip(&want).enumerate() {
+                    for (c, w) in got.iter().zip(want) {
+                        assert!((c - w).amax() <= 1e-12 * w.amax(), "{plan:?}, point {i}");
+                        assert_eq!(c, &c.transpose(), "exactly symmetric");
+                    }
                 }
             }
         }
-        let layer = |positions, fan_in, fan_out| fspace_nn::LayerInfo {
+        let layer = |fan_in, fan_out| fspace_nn::LayerInfo {
             name: "l".into(),
-            kind: fspace_nn::LayerKind::Conv { positions },
+            kind: fspace_nn::LayerKind::Conv { positions: 1 },
             weight: 0..fan_in * fan_out,
             bias: fan_in * fan_out..(fan_in + 1) * fan_out,
             fan_in,
             fan_out,
         };
-        let view = LayerView { q_g: Some(&qg), q_a: Some(&qa), inv: vec![] };
-        assert!(factored_is_cheaper(&layer(16, 4608, 512), &view, 10)); // ResNet-18's last stage
-        assert!(!factored_is_cheaper(&layer(196, 288, 64), &view, 10)); // many positions: a saving below 4×
-        assert!(factored_is_cheaper(&layer(49, 288, 64), &view, 10)); // CnnConfig::fsp_mnist's last convolution
-        assert!(!factored_is_cheaper(
-            &layer(16, 4608, 512),
-            &LayerView { q_g: None, q_a: None, inv: vec![] },
-            10
-        ));
+        // ResNet-18's last stage, its first convolution and its first stage; the FSP-Laplace
+        // MNIST CNN's first convolution (9 inputs and a bias at 784 positions).
+        let plan = |inputs_first, grads_first| ConvPlan { inputs_first, grads_first };
+        assert_eq!(ConvPlan::cheaper(16, &layer(4608, 512), 10), plan(true, true));
+        assert_eq!(ConvPlan::cheaper(1024, &layer(27, 64), 10), plan(false, false));
+        assert_eq!(ConvPlan::cheaper(1024, &layer(576, 64), 10), plan(false, false));
+        assert_eq!(ConvPlan::cheaper(784, &layer(9, 32), 10), plan(false, false));
     }
 }

@@ -567,15 +567,21 @@ fn faer_cholesky_and_solves_equal_nalgebras() {
 
 #[test]
 fn faer_products_and_spd_inverse_match_plain_nalgebra() {
-    use fspace_linalg::fast::{gram, matmul, spd_inverse_and_logdet};
+    use fspace_linalg::fast::{
+        gram, gram_serial, matmul, matmul_serial, matmul_tn_serial, spd_inverse_and_logdet,
+    };
     let mut r = fspace_testutil::rng(79);
     for (p, n) in [(3, 1), (40, 7), (300, 257), (2_000, 40)] {
         let a = fspace_testutil::randn(p, n, &mut r);
         let g = gram(&a);
         fspace_testutil::assert_mat_close(&g, &(a.transpose() * &a), 1e-12, 1e-12);
         assert_eq!(g, g.transpose(), "AᵀA is exactly symmetric");
+        assert_eq!(gram_serial(&a), g, "the serial AᵀA has the parallel one's bits");
         let b = fspace_testutil::randn(n, n + 3, &mut r);
         fspace_testutil::assert_mat_close(&matmul(&a, &b), &(&a * &b), 1e-12, 1e-12);
+        assert_eq!(matmul_serial(&a, &b), matmul(&a, &b), "the serial AB has the parallel one's bits");
+        let c = fspace_testutil::randn(p, n + 2, &mut r);
+        fspace_testutil::assert_mat_close(&matmul_tn_serial(&a, &c), &(a.transpose() * &c), 1e-12, 1e-12);
     }
     for n in [1, 50, 250] {
         let s = fspace_testutil::spd(n, 10.0, 0.01, &mut r);
@@ -593,6 +599,7 @@ fn faer_products_and_spd_inverse_match_plain_nalgebra() {
     let empty = nalgebra::DMatrix::<f64>::zeros(0, 4);
     assert_eq!(gram(&empty), nalgebra::DMatrix::zeros(4, 4));
     assert_eq!(matmul(&empty.transpose(), &empty), nalgebra::DMatrix::zeros(4, 4));
+    assert_eq!(matmul_tn_serial(&empty, &empty), nalgebra::DMatrix::zeros(4, 4));
 }
 
 /// faer splits a product's output, never its sums, and blocks its Cholesky factor the same way
