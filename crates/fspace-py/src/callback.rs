@@ -50,7 +50,16 @@ pub(crate) struct CallbackNetwork {
     /// for them), and the Python list they came from.
     layers: Arc<Vec<LayerInfo>>,
     layer_dicts: Option<Arc<Py<PyAny>>>,
+    /// Most bytes of a `p × c` float64 block one `jvp` / `vjp` callback gets or returns
+    /// ([`DEFAULT_COLUMN_BYTES`], or the callback object's `column_bytes`).
+    column_bytes: usize,
 }
+
+/// How many bytes of a `p × c` float64 block cross to Python in one callback: `jvp`'s
+/// directions and `vjp`'s results travel in column chunks of about this size, so the copy on
+/// either side of the call stays near 256 MiB rather than the whole block (a ResNet-18's `p × 20`
+/// block is 1.8 GB: 3 columns a chunk). Each chunk repeats the primal pass at its points.
+pub(crate) const DEFAULT_COLUMN_BYTES: usize = 256 << 20;
 
 /// `a` as an `rows × cols` (`cols` unchecked when `None`) finite float64 matrix, or the
 /// callback error that names `method`.
@@ -99,7 +108,15 @@ impl CallbackNetwork {
             error: Arc::new(Mutex::new(None)),
             layers: Arc::new(Vec::new()),
             layer_dicts: None,
+            column_bytes: DEFAULT_COLUMN_BYTES,
         }
+    }
+
+    /// `[start, end)` ranges of `cols` columns, each a `p × c` float64 block of at most
+    /// `column_bytes` (at least one column a range; none for no columns, which need no call).
+    fn column_chunks(&self, cols: usize) -> Vec<std::ops::Range<usize>> {
+        let per = (self.column_bytes / (8 * self.params.len().max(1))).max(1);
+        (0..cols).step_by(per).map(|s| s..(s + per).min(cols)).collect()
     }
 
     /// Calls `method(w, *args)` and hands the result to `read`; the first exception (of the
@@ -197,29 +214,39 @@ impl Network for CallbackNetwork {
         let flat = DMatrix::from_iterator(v.len(), 1, v.transpose().iter().copied());
         Ok(self.vjp_columns(x, &flat)?.column(0).into_owned())
     }
-    /// One callback for all columns (torch vmaps over them in blocks).
+    /// One callback per column chunk ([`DEFAULT_COLUMN_BYTES`]; torch vmaps over the columns).
     fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
         check_columns("parameter directions U (rows = parameters)", u, self.params.len())?;
         let rows = x.nrows() * self.output_dim;
-        self.call(
-            "jvp",
-            |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, u).into_any()],
-            rows,
-            Some(u.ncols()),
-        )
+        let mut out = DMatrix::zeros(rows, u.ncols());
+        for cols in self.column_chunks(u.ncols()) {
+            let part = self.call(
+                "jvp",
+                |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, u, cols.clone()).into_any()],
+                rows,
+                Some(cols.len()),
+            )?;
+            out.columns_mut(cols.start, cols.len()).copy_from(&part);
+        }
+        Ok(out)
     }
-    /// One callback for all columns (torch vmaps over them in blocks).
+    /// One callback per column chunk of the `p × r` result ([`DEFAULT_COLUMN_BYTES`]).
     fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
         check_columns("cotangents L (rows = points × outputs)", l, x.nrows() * self.output_dim)?;
         let p = self.params.len();
-        self.call(
-            "vjp",
-            |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, l).into_any()],
-            p,
-            Some(l.ncols()),
-        )
+        let mut out = DMatrix::zeros(p, l.ncols());
+        for cols in self.column_chunks(l.ncols()) {
+            let part = self.call(
+                "vjp",
+                |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, l, cols.clone()).into_any()],
+                p,
+                Some(cols.len()),
+            )?;
+            out.columns_mut(cols.start, cols.len()).copy_from(&part);
+        }
+        Ok(out)
     }
     /// One callback: torch vmaps the single-point reverse pass over the points (per-sample
     /// gradients) and over each point's columns. The blocks travel stacked, `n·d' × k`.
@@ -362,8 +389,9 @@ impl<'de> Deserialize<'de> for PyNetwork {
 }
 
 /// The network of a torch model's callback object (`fspace/_torch.py`'s `TorchCalls`): its
-/// `params` (flat float64, `named_parameters()` order), `input_dim`, `output_dim`; `layers`,
-/// when given, is `TorchCalls.layer_infos(…)`'s list (see the module docs).
+/// `params` (flat float64, `named_parameters()` order), `input_dim`, `output_dim` and, optionally,
+/// `column_bytes` (see [`DEFAULT_COLUMN_BYTES`]); `layers`, when given, is
+/// `TorchCalls.layer_infos(…)`'s list (see the module docs).
 pub(crate) fn callback_network(
     calls: &Bound<'_, PyAny>,
     layers: Option<&Bound<'_, PyAny>>,
@@ -380,6 +408,12 @@ pub(crate) fn callback_network(
     }
     let p = params.len();
     let mut net = CallbackNetwork::new(calls.clone().unbind(), params, input_dim, output_dim);
+    if calls.hasattr("column_bytes")? {
+        net.column_bytes = calls.getattr("column_bytes")?.extract()?;
+        if net.column_bytes == 0 {
+            return Err(value_error("column_bytes must be positive"));
+        }
+    }
     if let Some(list) = layers {
         let infos = list.try_iter()?.map(|d| layer_info(&d?, p)).collect::<PyResult<Vec<_>>>()?;
         if infos.is_empty() {

@@ -28,14 +28,20 @@ pub(crate) fn to_numpy<'py>(py: Python<'py>, m: &DMatrix<f64>) -> Bound<'py, PyA
     PyArray2::from_owned_array(py, Array2::from_shape_fn((m.nrows(), m.ncols()), |(i, j)| m[(i, j)]))
 }
 
-/// A matrix as a new column-major (Fortran-ordered) 2-D numpy array: one `memcpy` of the
-/// matrix's storage. The callbacks hand `p × r` blocks to torch this way — `m.T` is then
-/// C-contiguous on the Python side, so no second copy is made (a ResNet-18's `p × 20` block is
-/// 1.8 GB).
-pub(crate) fn columns_to_numpy<'py>(py: Python<'py>, m: &DMatrix<f64>) -> Bound<'py, PyArray2<f64>> {
-    match Array2::from_shape_vec((m.nrows(), m.ncols()).f(), m.as_slice().to_vec()) {
+/// Columns `cols` of a matrix as a new column-major (Fortran-ordered) 2-D numpy array: one
+/// `memcpy` of that contiguous range of the matrix's storage. The callbacks hand `p × r` blocks
+/// to torch this way — `m.T` is then C-contiguous on the Python side, so no second copy is made
+/// (a ResNet-18's `p × 20` block is 1.8 GB; [`crate::callback`] sends it a few columns at a time).
+pub(crate) fn columns_to_numpy<'py>(
+    py: Python<'py>,
+    m: &DMatrix<f64>,
+    cols: std::ops::Range<usize>,
+) -> Bound<'py, PyArray2<f64>> {
+    let p = m.nrows();
+    let data = m.as_slice()[cols.start * p..cols.end * p].to_vec();
+    match Array2::from_shape_vec((p, cols.len()).f(), data) {
         Ok(a) => PyArray2::from_owned_array(py, a),
-        Err(_) => to_numpy(py, m), // unreachable: the shape is the matrix's own
+        Err(_) => to_numpy(py, &m.columns(cols.start, cols.len()).into_owned()), // unreachable: the shape is the range's own
     }
 }
 

@@ -288,6 +288,44 @@ def test_the_function_space_methods_take_any_model():
     assert bool((valla(x)[1] > 0).all())
 
 
+def test_blocks_sent_a_column_at_a_time_give_the_same_posterior(monkeypatch):
+    # fspace sends p × r blocks to jvp and takes p × r blocks from vjp in column chunks of
+    # COLUMN_BYTES; one byte makes every chunk a single column. Post-hoc FSP-Laplace takes both
+    # (J(C)ᵀL, the data term, the truncation and the predictive), ELLA's projections jvp.
+    import fspace._torch as ft
+
+    torch.manual_seed(5)
+    model = ResidualMLP(d=1, q=1).double()
+    x = torch.linspace(-1, 1, 30, dtype=torch.float64).reshape(-1, 1)
+    with torch.no_grad():
+        y = torch.sin(3 * x) + 0.05 * model(x)
+    xs = torch.linspace(-1.5, 1.5, 7, dtype=torch.float64).reshape(-1, 1)
+    prior = fspace.GPPrior(fspace.kernels.RBF(1.0, 0.5))
+
+    def fit():
+        fsp = fspace.FSPLaplace(model, "regression", prior, train=False, sigma_noise=0.1, n_laplace_context=25).fit(x, y)
+        ella = fspace.ELLA(model, "regression", num_points=20, num_eigen=8, prior={"Fixed": 1.0}, sigma_noise=0.1).fit(x, y)
+        return fsp(xs)[1].numpy(), ella(xs)[1].numpy()
+
+    widths = []
+    for name in ("jvp", "vjp"):
+        original = getattr(TorchCalls, name)
+
+        def counted(self, w, x, m, original=original):
+            widths.append(m.shape[1])
+            return original(self, w, x, m)
+
+        monkeypatch.setattr(TorchCalls, name, counted)
+    whole = fit()
+    assert max(widths) > 1
+    widths.clear()
+    monkeypatch.setattr(ft, "COLUMN_BYTES", 1)
+    chunked = fit()
+    assert widths and max(widths) == 1
+    for a, b in zip(whole, chunked):
+        assert np.max(np.abs(a - b)) <= 1e-12 * np.abs(a).max()
+
+
 def test_fsp_laplace_training_takes_the_same_steps_on_both_paths():
     # Alg. 1 on the torch path: MAP training under the GP prior (forward and reverse passes
     # through torch), then the Laplace step; on a convertible Sequential both paths take the

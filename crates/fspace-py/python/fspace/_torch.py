@@ -50,6 +50,11 @@ def _math_attention() -> Any:
 # docs/PERFORMANCE.md shows what one call over all points held on a ResNet-18).
 TANGENT_BYTES = 1 << 30
 
+# Bytes of a ``p × c`` float64 block that one ``jvp`` / ``vjp`` call gets or returns: fspace
+# sends wider blocks a few columns at a time (``callback.rs``'s ``DEFAULT_COLUMN_BYTES``, read
+# from ``TorchCalls.column_bytes`` when the network is made).
+COLUMN_BYTES = 256 << 20
+
 
 class TorchCalls:
     """The callbacks of one model (module docs). ``block`` columns are vmapped at a time."""
@@ -104,6 +109,11 @@ class TorchCalls:
                 h.remove()
         self.output_dim = int(probe.shape[1])
         self.activations_per_point = max(1, counted[0])
+
+    @property
+    def column_bytes(self) -> int:
+        """``COLUMN_BYTES`` (module constant, read by fspace when it makes the network)."""
+        return COLUMN_BYTES
 
     # -- helpers ---------------------------------------------------------------------------
 
