@@ -133,6 +133,9 @@ def trace_callbacks(trace):
         setattr(TorchCalls, name, wrap(name, getattr(TorchCalls, name)))
 
 
+ROWS = ("fspace:kron", "laplace-torch", "fspace:fsp", "fspace:lowrank")
+
+
 def run_fspace(row, args):
     import torch
 
@@ -205,7 +208,7 @@ def main():
     ap.add_argument("--context", type=int, default=100, help="FSP-Laplace context points")
     ap.add_argument("--fsp-rank", type=int, default=20, help="FSP-Laplace's Lanczos rank (M = J(C)ᵀL is p × rank)")
     ap.add_argument("--lowrank-rank", type=int, default=20, help="GGN eigenpairs of the lowrank row (its memory: p × 1.5·rank doubles)")
-    ap.add_argument("--rows", default="fspace:kron,laplace-torch,fspace:fsp,fspace:lowrank")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     ap.add_argument("--laplace-torch-python", default=sys.executable)
     ap.add_argument("--bias-free", action="store_true", help="torchvision's bias-free convolutions")
     ap.add_argument("--trace-rss", action="store_true",
@@ -227,7 +230,11 @@ def main():
         now = {k: v for k, v in vars(args).items() if k not in skip and (k in same or v != ap.get_default(k))}
         if same == now:
             results = before["results"]
-    for row in args.rows.split(","):
+    rows = args.rows.split(",")
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown row(s) {unknown}; the rows are {list(ROWS)}")
+    for row in rows:
         python = args.laplace_torch_python if row == "laplace-torch" else sys.executable
         cmd = [python, __file__, "--out", str(out), "--n", str(args.n), "--n-test", str(args.n_test),
                "--context", str(args.context), "--fsp-rank", str(args.fsp_rank), "--lowrank-rank", str(args.lowrank_rank),
