@@ -219,7 +219,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         rows.retain(|(s, r)| !(*s == seed && r.method == row.method));
         rows.push((seed, row));
         rows.sort_by_key(|(s, r)| (*s, METHODS.iter().position(|m| *m == r.method)));
-        report(run, (name, title, ood_title), paper, rows, &budget)
+        report(run, (name, title, ood_title), paper, rows, &budget, false)
     };
     for s in 0..budget.seeds as u64 {
         let seed = opts.seed + s;
@@ -393,7 +393,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
-    report(&mut run, (name, title, ood_title), paper, &rows, &budget)
+    report(&mut run, (name, title, ood_title), paper, &rows, &budget, true)
 }
 
 #[cfg(test)]

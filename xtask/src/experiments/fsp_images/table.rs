@@ -208,12 +208,15 @@ pub(super) fn density(counts: &[u64]) -> Vec<(f64, f64)> {
     counts.iter().enumerate().map(|(b, &c)| ((b as f64 + 0.5) * width, c as f64 / (total * width))).collect()
 }
 
+/// Writes the table, `metrics.json` and the entropy figure of `rows`; `finished` marks the
+/// run's last write (before it, the wall-time line says "(so far)").
 pub(super) fn report(
     run: &mut Run,
     (name, title, ood_title): (&str, &str, &str),
     paper: &PaperTable,
     rows: &[(u64, Row)],
     budget: &Budget,
+    finished: bool,
 ) -> Result<()> {
     let seeds: Vec<u64> = {
         let mut s: Vec<u64> = rows.iter().map(|r| r.0).collect();
@@ -304,8 +307,9 @@ pub(super) fn report(
     );
     md += &markdown_table(&["method", "fit seconds (mean over seeds, 2 cores)"], &times);
     md += &format!(
-        "\n{} (so far).\n\nFigure: `entropy.png` (Fig. C.10: predictive entropy of ID and OOD test images, all seeds).\n",
-        run.wall_time()
+        "\n{}{}.\n\nFigure: `entropy.png` (Fig. C.10: predictive entropy of ID and OOD test images, all seeds).\n",
+        run.wall_time(),
+        if finished { "" } else { " (so far)" }
     );
 
     let panels: Vec<LinePanel> = ["FSP-Laplace (RND)", "FVI (RND)", "Laplace", "MAP", "Sparse GP"]
