@@ -270,7 +270,7 @@ pub fn laplace<N: Network + Clone>(
     } else {
         0
     };
-    // In place: no second `p × rank` copy beside `U` and `S` (1.8 GB each on a ResNet-18).
+    // In place: no second `p × rank` copy beside `U` and `S`.
     let s = if truncated == 0 { s } else { s.remove_columns(0, truncated) };
     let report = LaplaceReport {
         lanczos_rank: l.ncols(),

@@ -234,7 +234,7 @@ fn covariances_from_statistics(
                 }
             });
         } else {
-            add_convolution(st, view, info.has_bias(), ConvPlan::cheaper(st.positions, info, q), &mut cov);
+            add_convolution(st, view, info.has_bias(), ConvPlan::cheaper(info, q), &mut cov);
         }
     }
     let mut by_setting = vec![Vec::with_capacity(m); settings];
@@ -263,7 +263,8 @@ struct ConvPlan {
 }
 
 impl ConvPlan {
-    fn cheaper(positions: usize, info: &fspace_nn::LayerInfo, q: usize) -> Self {
+    fn cheaper(info: &fspace_nn::LayerInfo, q: usize) -> Self {
+        let positions = info.positions();
         Self { inputs_first: positions < q * info.fan_out, grads_first: positions < info.width() }
     }
 }
@@ -272,9 +273,9 @@ impl ConvPlan {
 /// P_{io}[r,j] P_{io'}[r,j]` for each setting's `inv`: each point's `R` (see [`ConvPlan`])
 /// read as an `h·fan_out × q` matrix whose column `o` is `vec(P_oᵀ)`, scaled row-wise by
 /// `√inv` and multiplied by its transpose — `AᵀA` by blocks of rows instead of `q²/2` strided
-/// dot products.
-/// Rotations applied first are one GEMM each for the whole chunk; the per-point products run in parallel over points, each on one
-/// thread, so the bits do not depend on the thread count.
+/// dot products. Rotations applied first are one GEMM each for the whole chunk; the per-point
+/// products run in parallel over points, each on one thread, so the bits do not depend on the
+/// thread count.
 fn add_convolution(
     st: &fspace_nn::LayerStatistics,
     view: &LayerView,
@@ -605,9 +606,9 @@ mod tests {
                 }
             }
         }
-        let layer = |fan_in, fan_out| fspace_nn::LayerInfo {
+        let layer = |positions, fan_in, fan_out| fspace_nn::LayerInfo {
             name: "l".into(),
-            kind: fspace_nn::LayerKind::Conv { positions: 1 },
+            kind: fspace_nn::LayerKind::Conv { positions },
             weight: 0..fan_in * fan_out,
             bias: fan_in * fan_out..(fan_in + 1) * fan_out,
             fan_in,
@@ -616,9 +617,9 @@ mod tests {
         // ResNet-18's last stage, its first convolution and its first stage; the FSP-Laplace
         // MNIST CNN's first convolution (9 inputs and a bias at 784 positions).
         let plan = |inputs_first, grads_first| ConvPlan { inputs_first, grads_first };
-        assert_eq!(ConvPlan::cheaper(16, &layer(4608, 512), 10), plan(true, true));
-        assert_eq!(ConvPlan::cheaper(1024, &layer(27, 64), 10), plan(false, false));
-        assert_eq!(ConvPlan::cheaper(1024, &layer(576, 64), 10), plan(false, false));
-        assert_eq!(ConvPlan::cheaper(784, &layer(9, 32), 10), plan(false, false));
+        assert_eq!(ConvPlan::cheaper(&layer(16, 4608, 512), 10), plan(true, true));
+        assert_eq!(ConvPlan::cheaper(&layer(1024, 27, 64), 10), plan(false, false));
+        assert_eq!(ConvPlan::cheaper(&layer(1024, 576, 64), 10), plan(false, false));
+        assert_eq!(ConvPlan::cheaper(&layer(784, 9, 32), 10), plan(false, false));
     }
 }

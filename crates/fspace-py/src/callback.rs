@@ -119,6 +119,28 @@ impl CallbackNetwork {
         (0..cols).step_by(per).map(|s| s..(s + per).min(cols)).collect()
     }
 
+    /// `method(w, x, block)` one column chunk of `block` at a time ([`Self::column_chunks`]), each
+    /// returning the `rows × c` columns of the result it stands for.
+    fn call_by_columns(
+        &self,
+        method: &str,
+        x: &DMatrix<f64>,
+        block: &DMatrix<f64>,
+        rows: usize,
+    ) -> Result<DMatrix<f64>> {
+        let mut out = DMatrix::zeros(rows, block.ncols());
+        for cols in self.column_chunks(block.ncols()) {
+            let part = self.call(
+                method,
+                |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, block, cols.clone()).into_any()],
+                rows,
+                Some(cols.len()),
+            )?;
+            out.columns_mut(cols.start, cols.len()).copy_from(&part);
+        }
+        Ok(out)
+    }
+
     /// Calls `method(w, *args)` and hands the result to `read`; the first exception (of the
     /// call or of `read`) is kept for the binding to raise.
     fn call_with<T>(
@@ -218,35 +240,13 @@ impl Network for CallbackNetwork {
     fn jvp_columns(&self, x: &DMatrix<f64>, u: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
         check_columns("parameter directions U (rows = parameters)", u, self.params.len())?;
-        let rows = x.nrows() * self.output_dim;
-        let mut out = DMatrix::zeros(rows, u.ncols());
-        for cols in self.column_chunks(u.ncols()) {
-            let part = self.call(
-                "jvp",
-                |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, u, cols.clone()).into_any()],
-                rows,
-                Some(cols.len()),
-            )?;
-            out.columns_mut(cols.start, cols.len()).copy_from(&part);
-        }
-        Ok(out)
+        self.call_by_columns("jvp", x, u, x.nrows() * self.output_dim)
     }
     /// One callback per column chunk of the `p × r` result ([`DEFAULT_COLUMN_BYTES`]).
     fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
         check_columns("cotangents L (rows = points × outputs)", l, x.nrows() * self.output_dim)?;
-        let p = self.params.len();
-        let mut out = DMatrix::zeros(p, l.ncols());
-        for cols in self.column_chunks(l.ncols()) {
-            let part = self.call(
-                "vjp",
-                |py| vec![to_numpy(py, x).into_any(), columns_to_numpy(py, l, cols.clone()).into_any()],
-                p,
-                Some(cols.len()),
-            )?;
-            out.columns_mut(cols.start, cols.len()).copy_from(&part);
-        }
-        Ok(out)
+        self.call_by_columns("vjp", x, l, self.params.len())
     }
     /// One callback: torch vmaps the single-point reverse pass over the points (per-sample
     /// gradients) and over each point's columns. The blocks travel stacked, `n·d' × k`.
