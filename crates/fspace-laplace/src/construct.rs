@@ -4,7 +4,9 @@
 //! plus one chunk's Jacobian (`chunk·d' × p`) or layer statistics.
 
 use fspace_input::InputError;
-use fspace_linalg::{lanczos, sym_eigh, thin_svd_owned, FnOperator, LanczosConfig, StartVector, StopReason};
+use fspace_linalg::{
+    fast, lanczos, sym_eigh, thin_svd_owned, FnOperator, LanczosConfig, StartVector, StopReason,
+};
 use fspace_nn::{LayerInfo, LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
 
@@ -246,6 +248,21 @@ fn require_layers<N: Network>(net: &N, structure: &'static str) -> Result<Vec<La
     Ok(infos)
 }
 
+/// `AᵀA` of one chunk's layer statistics, on the calling thread (the chunks already run in
+/// parallel). faer's Gram for the ResNet-18's convolution patches (≥ 10⁹ multiply-adds,
+/// `12 288 × 577` …) is ≈ 3× nalgebra's (`cargo bench -p fspace-linalg --bench gram`), and
+/// the 120-point ResNet-18 `kron` fit took 77.2 s instead of 82.1 s; on small statistics (a
+/// 2×200 MLP's `256 × 201`) the fit with faer's Gram was 5–10 % slower over all, so those
+/// stay with nalgebra (`docs/PERFORMANCE.md`).
+fn chunk_gram(a: &DMatrix<f64>) -> DMatrix<f64> {
+    let work = a.nrows() as f64 * (a.ncols() as f64).powi(2);
+    if work >= 1e9 {
+        fast::gram_serial(a)
+    } else {
+        a.transpose() * a
+    }
+}
+
 /// KFAC (Martens & Grosse 2015) and, for convolutions, KFC (Grosse & Martens 2016):
 /// `A = Σᵢ Σ_t ã ãᵀ`, `G = Σᵢ Σ_c Σ_t δ δᵀ / (n·T)`, so that `G ⊗ A` is exact for one example at
 /// one position. With `ekfac`, a second pass re-fits the eigenvalues in the Kronecker eigenbasis:
@@ -306,9 +323,10 @@ pub(crate) fn kron<N: Network>(
             .zip(&infos)
             .map(|(st, info)| {
                 let fi = st.inputs.ncols();
-                let aa = st.inputs.transpose() * &st.inputs;
+                let aa = chunk_gram(&st.inputs);
+                let gg = chunk_gram(&st.output_grads);
                 if !info.has_bias() {
-                    return (aa, st.output_grads.transpose() * &st.output_grads);
+                    return (aa, gg);
                 }
                 let mut a = DMatrix::zeros(fi + 1, fi + 1);
                 a.view_mut((0, 0), (fi, fi)).copy_from(&aa);
@@ -320,7 +338,7 @@ pub(crate) fn kron<N: Network>(
                     }
                 }
                 a[(fi, fi)] = st.inputs.nrows() as f64;
-                (a, st.output_grads.transpose() * &st.output_grads)
+                (a, gg)
             })
             .collect())
     };

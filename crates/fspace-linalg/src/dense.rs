@@ -23,6 +23,7 @@ pub(crate) fn sym_eigh_desc(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f
     if n == 0 {
         return Ok((DVector::zeros(0), DMatrix::zeros(0, 0)));
     }
+    let _clean = crate::vector_state::CleanOnDrop::parallel();
     // nalgebra stores column-major and densely, which is faer's column-major layout.
     let view = faer::MatRef::from_column_major_slice(a.as_slice(), n, n);
     let evd = view.self_adjoint_eigen(faer::Side::Lower).map_err(|_| LinalgError::NoConvergence {

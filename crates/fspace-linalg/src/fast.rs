@@ -18,6 +18,8 @@ use faer::linalg::triangular_solve;
 use faer::{Accum, MatMut, MatRef, Par};
 use nalgebra::DMatrix;
 
+use crate::vector_state::CleanOnDrop;
+
 /// A column-major nalgebra matrix as a faer view (the same dense layout; no copy).
 fn view(a: &DMatrix<f64>) -> MatRef<'_, f64> {
     MatRef::from_column_major_slice(a.as_slice(), a.nrows(), a.ncols())
@@ -38,6 +40,7 @@ pub fn cholesky_lower(a: &DMatrix<f64>) -> Option<DMatrix<f64>> {
     }
     let mut l = a.clone();
     let par = Par::rayon(0);
+    let _clean = CleanOnDrop::parallel();
     let mut mem = MemBuffer::new(llt_factor::cholesky_in_place_scratch::<f64>(n, par, Default::default()));
     llt_factor::cholesky_in_place(
         view_mut(&mut l),
@@ -64,6 +67,7 @@ pub fn cholesky_lower(a: &DMatrix<f64>) -> Option<DMatrix<f64>> {
 /// If `L` is not square or `B`'s rows differ from its size.
 pub fn solve_lower(l: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
     assert!(l.is_square() && l.nrows() == b.nrows(), "solve_lower: L {:?}, B {:?}", l.shape(), b.shape());
+    let _clean = CleanOnDrop::parallel();
     let mut x = b.clone();
     triangular_solve::solve_lower_triangular_in_place(view(l), view_mut(&mut x), Par::rayon(0));
     x
@@ -81,6 +85,7 @@ pub fn solve_upper_of_lower(l: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> 
         l.shape(),
         b.shape()
     );
+    let _clean = CleanOnDrop::parallel();
     let mut x = b.clone();
     triangular_solve::solve_upper_triangular_in_place(view(l).transpose(), view_mut(&mut x), Par::rayon(0));
     x
@@ -104,6 +109,7 @@ pub fn gram_serial(a: &DMatrix<f64>) -> DMatrix<f64> {
 /// If `A` and `B` have different numbers of rows.
 pub fn matmul_tn_serial(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
     assert_eq!(a.nrows(), b.nrows(), "matmul_tn_serial: A has {} rows, B {}", a.nrows(), b.nrows());
+    let _clean = CleanOnDrop::serial();
     let mut out = DMatrix::zeros(a.ncols(), b.ncols());
     faer::linalg::matmul::matmul(
         view_mut(&mut out),
@@ -125,6 +131,7 @@ pub fn matmul_serial(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
 }
 
 fn gram_with(a: &DMatrix<f64>, par: Par) -> DMatrix<f64> {
+    let _clean = CleanOnDrop::for_par(par);
     let n = a.ncols();
     let mut g = DMatrix::zeros(n, n);
     triangular::matmul(
@@ -152,6 +159,7 @@ pub fn matmul(a: &DMatrix<f64>, b: &DMatrix<f64>) -> DMatrix<f64> {
 
 fn matmul_with(a: &DMatrix<f64>, b: &DMatrix<f64>, par: Par) -> DMatrix<f64> {
     assert_eq!(a.ncols(), b.nrows(), "matmul: A has {} columns, B {} rows", a.ncols(), b.nrows());
+    let _clean = CleanOnDrop::for_par(par);
     let mut out = DMatrix::zeros(a.nrows(), b.ncols());
     faer::linalg::matmul::matmul(view_mut(&mut out), Accum::Replace, view(a), view(b), 1.0, par);
     out
@@ -168,6 +176,7 @@ pub fn spd_inverse_and_logdet(a: &DMatrix<f64>) -> Option<(DMatrix<f64>, f64)> {
     }
     let l = cholesky_lower(a)?;
     let logdet = 2.0 * (0..n).map(|i| l[(i, i)].ln()).sum::<f64>();
+    let _clean = CleanOnDrop::parallel();
     let par = Par::rayon(0);
     let mut inv = DMatrix::zeros(n, n);
     let mut mem = MemBuffer::new(llt_inverse::inverse_scratch::<f64>(n, par));

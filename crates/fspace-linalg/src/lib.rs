@@ -32,6 +32,7 @@ pub mod lanczos;
 pub mod logdet;
 pub mod lowrank;
 pub mod operator;
+mod vector_state;
 
 pub use cg::{
     cg, cg_columns, pivoted_cholesky, BlockMap, CgColumnsInfo, CgConfig, CgInfo, DiagonalPreconditioner,
