@@ -541,7 +541,7 @@ pub(crate) fn low_rank<N: Network>(
             return Err(e);
         }
         let dec = dec?;
-        let (theta, vectors) = dec.ritz();
+        let theta = dec.ritz_values().clone();
         let res = dec.ritz_residuals();
         let exhausted = dec.info().stop != StopReason::MaxRank;
         // Keep pairs whose Ritz value is numerically non-zero (rank ≤ numerical rank).
@@ -560,8 +560,9 @@ pub(crate) fn low_rank<N: Network>(
             report.lanczos_iterations = dec.info().iterations;
             report.max_ritz_residual = worst;
             report.rank = kept;
-            let v = vectors.columns(0, kept).into_owned();
-            let s = theta.rows(0, kept).map(|x| x.max(0.0));
+            // Only the kept Ritz vectors, formed in the Krylov basis' storage.
+            let (theta, v) = dec.into_top_ritz(kept);
+            let s = theta.map(|x| x.max(0.0));
             let remainder = if config.diag_remainder {
                 let d = diagonal(net, data)?;
                 let mut vs2 = DVector::zeros(p);

@@ -108,6 +108,23 @@ fn ritz_values_recover_the_top_of_the_spectrum() {
 }
 
 #[test]
+fn top_ritz_pairs_formed_in_the_basis_storage_equal_the_leading_ritz_pairs() {
+    // 9 000 rows: two full blocks of 4 096 and a partial one.
+    let d = DVector::from_fn(9_000, |i, _| 0.9f64.powi(i as i32 % 200) + 1e-3 * (i % 7) as f64);
+    let op = DiagonalOperator::new(d).unwrap();
+    let cfg = LanczosConfig { max_rank: 30, pivot_tol: 0.0, ..Default::default() };
+    let (values, vectors) = lanczos(&op, &cfg).unwrap().ritz();
+    let (top_values, top_vectors) = lanczos(&op, &cfg).unwrap().into_top_ritz(7);
+    assert_eq!(top_vectors.shape(), (9_000, 7));
+    assert_eq!(top_values.as_slice(), &values.as_slice()[..7]);
+    let diff = (&top_vectors - vectors.columns(0, 7)).amax();
+    assert!(diff <= 1e-14, "largest difference {diff:.2e}");
+    // Asking for more pairs than there are gives all of them.
+    let (all_values, all_vectors) = lanczos(&op, &cfg).unwrap().into_top_ritz(100);
+    assert_eq!((all_values.len(), all_vectors.ncols()), (values.len(), vectors.ncols()));
+}
+
+#[test]
 fn breakdown_is_an_outcome_not_a_crash() {
     let op = DiagonalOperator::identity_scaled(50, 2.0).unwrap();
     let dec = lanczos(&op, &LanczosConfig::default()).unwrap();
