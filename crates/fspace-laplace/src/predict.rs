@@ -473,16 +473,26 @@ pub(crate) fn eigen_covariances<N: Network>(
             }
         } else {
             // The layer's rows of V in the column-major order of an example gradient
-            // (`r + fan_out·jj`), so that each (point, output) is k contiguous dot products
-            // (`Vᵀ vec(g)`) rather than strided loops (docs/PERFORMANCE.md, the lowrank row).
+            // (`r + fan_out·jj`), so that a point's q example gradients, one column each, meet
+            // V in one GEMM `V_lᵀ [vec g_1 … vec g_q]` (k × q): V_l is read once a point rather
+            // than once an output (docs/PERFORMANCE.md, the lowrank row). Points run in
+            // parallel, each holding its `fan_out·width × q` block.
             let vl = DMatrix::from_fn(fo * c1, k, |row, j| vectors[(info.flat_index(row % fo, row / fo), j)]);
-            for i in 0..m {
+            let per_point: Vec<DMatrix<f64>> = (0..m)
+                .into_par_iter()
+                .map(|i| {
+                    let mut g = DMatrix::zeros(fo * c1, q);
+                    for o in 0..q {
+                        let eg = st.example_gradient(i, o, info.has_bias());
+                        g.column_mut(o).copy_from_slice(eg.as_slice());
+                    }
+                    fast::matmul_tn_serial(&vl, &g)
+                })
+                .collect();
+            for (i, dots) in per_point.iter().enumerate() {
                 for o in 0..q {
-                    let g = st.example_gradient(i, o, info.has_bias());
-                    let flat = nalgebra::DVectorView::from_slice(g.as_slice(), fo * c1);
-                    let dots = vl.tr_mul(&flat);
                     for j in 0..k {
-                        jv[(i * q + o, j)] += dots[j];
+                        jv[(i * q + o, j)] += dots[(j, o)];
                     }
                 }
             }
