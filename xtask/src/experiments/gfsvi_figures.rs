@@ -383,7 +383,7 @@ pub fn run_gamma(opts: &Options) -> Result<()> {
         }
         kl_panels.push(LinePanel {
             title: format!("D_KL^γ of the γ = 1e-10 GFSVI fit, {prior}"),
-            labels: ("γ (log10)".into(), "log10 D_KL^γ (nats)".into()),
+            labels: ("γ (log scale)".into(), "log10 D_KL^γ (nats)".into()),
             series,
             log_x: true,
         });

@@ -44,6 +44,16 @@ pub(crate) fn tick_label(v: &f64) -> String {
         .unwrap_or_else(|| format!("{v:.4}"))
 }
 
+/// The label of the decade `10^k` on a log axis: `tick_label`'s plain digits inside
+/// `[1e-3, 1e5)`, `1e{k}` outside (never "0": `tick_label` rounds magnitudes below 1e-12 to 0).
+pub(crate) fn decade_label(k: i32) -> String {
+    if (-3..5).contains(&k) {
+        tick_label(&10f64.powi(k))
+    } else {
+        format!("1e{k}")
+    }
+}
+
 /// A corner of a chart's plotting area (where a legend goes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Corner {
@@ -521,7 +531,7 @@ pub fn line_panels(path: &Path, panels: &[LinePanel], cols: usize) -> Result<()>
             if !p.log_x {
                 tick_label(v)
             } else if (v - v.round()).abs() < 1e-6 {
-                tick_label(&10f64.powf(v.round()))
+                decade_label(v.round() as i32)
             } else {
                 String::new()
             }
@@ -797,6 +807,19 @@ mod tests {
         ];
         for (v, want) in cases {
             assert_eq!(tick_label(&v), want, "{v}");
+        }
+        // Decades of a log axis: 1e-14 was labelled "0" (below tick_label's zero threshold).
+        for (k, want) in [
+            (-14, "1e-14"),
+            (-12, "1e-12"),
+            (-4, "1e-4"),
+            (-3, "0.001"),
+            (-2, "0.01"),
+            (0, "1"),
+            (4, "10000"),
+            (5, "1e5"),
+        ] {
+            assert_eq!(decade_label(k), want, "10^{k}");
         }
     }
 
