@@ -317,7 +317,7 @@ pub fn run(opts: &Options) -> Result<()> {
         ood_set: "Fashion-MNIST test".into(),
     };
     run.write_metrics(&Metrics { map, empirical_fisher, ggn, setup })?;
-    let label = |y: &str| ("log10 T".to_string(), y.to_string());
+    let label = |y: &str| ("T (log scale)".to_string(), y.to_string());
     line_panels(
         &run.path("temperature.png"),
         &[
