@@ -249,11 +249,9 @@ fn require_layers<N: Network>(net: &N, structure: &'static str) -> Result<Vec<La
 }
 
 /// `AᵀA` of one chunk's layer statistics, on the calling thread (the chunks already run in
-/// parallel). faer's Gram for the ResNet-18's convolution patches (≥ 10⁹ multiply-adds,
-/// `12 288 × 577` …) is ≈ 3× nalgebra's (`cargo bench -p fspace-linalg --bench gram`), and
-/// the 120-point ResNet-18 `kron` fit took 77.2 s instead of 82.1 s; on small statistics (a
-/// 2×200 MLP's `256 × 201`) the fit with faer's Gram was 5–10 % slower over all, so those
-/// stay with nalgebra (`docs/PERFORMANCE.md`).
+/// parallel): faer's Gram from 10⁹ multiply-adds up (convolution patches of ResNet size), where
+/// it is faster, and nalgebra's product below, where the whole fit was faster with it
+/// (`docs/PERFORMANCE.md`, "After faer's kernels").
 fn chunk_gram(a: &DMatrix<f64>) -> DMatrix<f64> {
     let work = a.nrows() as f64 * (a.ncols() as f64).powi(2);
     if work >= 1e9 {

@@ -293,7 +293,7 @@ pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Lanczo
         if beta.len() == k { beta.pop().unwrap_or(0.0) / t_norm.max(f64::MIN_POSITIVE) } else { 0.0 };
     // The unused columns are released in place (no copy of the basis beside it).
     let unused = q.ncols() - k;
-    let q = if unused == 0 { q } else { q.remove_columns(k, unused) };
+    let q = q.remove_columns(k, unused);
     let t = tridiagonal(&alpha, &beta);
     let (theta, w) = crate::dense::sym_eigh_desc(&t)?;
     let scale = theta.iter().fold(0.0f64, |m, v| m.max(v.abs()));
@@ -361,8 +361,7 @@ impl LanczosDecomposition {
     /// number), consuming the decomposition. Each block of `Q`'s rows is multiplied by `W`'s
     /// first `k` columns and written over the same rows of `Q`'s first `k` columns, then the
     /// rest of `Q` is released, so no second `n × m` matrix is held beside `Q` (as
-    /// [`ritz`](Self::ritz) holds `QW`): the low-rank Laplace fit of an 11 M-parameter network
-    /// at `m = 40` needed 3.6 GB less.
+    /// [`ritz`](Self::ritz) holds `QW`; `docs/PERFORMANCE.md`, where `lowrank`'s peak sat).
     pub fn into_top_ritz(self, k: usize) -> (DVector<f64>, DMatrix<f64>) {
         const BLOCK_ROWS: usize = 4096;
         let (n, m) = self.q.shape();

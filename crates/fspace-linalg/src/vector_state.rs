@@ -3,11 +3,8 @@
 //! faer 0.22's x86 matrix-multiply kernels (the generated assembly of `private-gemm-x86`)
 //! return with the upper halves of the YMM/ZMM registers dirty. Until the thread executes
 //! `vzeroupper`, every legacy-SSE instruction it runs pays Intel's AVX→SSE transition penalty —
-//! glibc's `tanh`, `exp` and `expm1`, which dfdx's activations call for every unit, among them.
-//! Measured on the 2-core Xeon: a 2×200 MLP's KFAC statistics for 256 points took 4.8 ms after
-//! a faer Gram on the same thread against 2.7 ms after nalgebra's (one rayon thread); with
-//! `vzeroupper` after the Gram, 2.7 ms again (`cargo bench -p fspace-laplace --bench laplace --
-//! kfac_fit_vs_n_2x200`, `docs/PERFORMANCE.md`).
+//! glibc's `tanh`, `exp` and `expm1`, which dfdx's activations call for every unit, among them
+//! (`docs/PERFORMANCE.md`, "After faer's kernels", has the measurement).
 //!
 //! So every function of [`crate::fast`] and [`crate::dense`] that calls faer holds a
 //! [`CleanOnDrop`] guard: on every return path it executes `vzeroupper` on the calling thread
