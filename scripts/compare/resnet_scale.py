@@ -129,7 +129,7 @@ def trace_callbacks(trace):
             return out
         return traced
 
-    for name in ("forward", "jvp", "vjp", "per_point_vjp", "kfac_statistics", "last_layer_features"):
+    for name in ("forward", "jvp", "vjp", "per_point_vjp", "kfac_statistics", "kfac_factor_sums", "last_layer_features"):
         setattr(TorchCalls, name, wrap(name, getattr(TorchCalls, name)))
 
 

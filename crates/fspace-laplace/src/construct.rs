@@ -7,7 +7,7 @@ use fspace_input::InputError;
 use fspace_linalg::{
     fast, lanczos, sym_eigh, thin_svd_owned, FnOperator, LanczosConfig, StartVector, StopReason,
 };
-use fspace_nn::{LayerInfo, LayerKind, Network};
+use fspace_nn::{KfacFactorSums, LayerInfo, LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
 
 use crate::curvature::{
@@ -261,6 +261,54 @@ fn chunk_gram(a: &DMatrix<f64>) -> DMatrix<f64> {
     }
 }
 
+/// Calls of [`Network::kfac_factor_sums`] per pass: the data go in this many groups of whole
+/// chunks, so the progress hook hears of each tenth.
+const FACTOR_SUM_CALLS: usize = 10;
+
+/// The factor sums of every layer as the network itself computes them
+/// ([`Network::kfac_factor_sums`]), in groups of whole chunks; `None` when it has no such
+/// route. Each layer's sums must have its shapes.
+fn network_factor_sums<N: Network>(
+    net: &N,
+    data: &Data,
+    infos: &[LayerInfo],
+) -> Result<Option<Vec<KfacFactorSums>>> {
+    let chunks: Vec<(usize, usize)> = data.chunks().collect();
+    let per_call = chunks.len().div_ceil(FACTOR_SUM_CALLS).max(1);
+    let mut total: Option<Vec<KfacFactorSums>> = None;
+    for group in chunks.chunks(per_call) {
+        let (start, end) = (group[0].0, group[group.len() - 1].0 + group[group.len() - 1].1);
+        let Some(part) =
+            net.kfac_factor_sums(&data.rows(start, end - start), &data.factors[start..end], data.chunk)?
+        else {
+            return Ok(None);
+        };
+        if part.len() != infos.len() {
+            return Err(fspace_nn::NnError::Callback(format!(
+                "kfac_factor_sums returned {} layers; expected {}",
+                part.len(),
+                infos.len()
+            ))
+            .into());
+        }
+        if let Some((_, info)) = part.iter().zip(infos).find(|(s, i)| !s.fits(i)) {
+            return Err(fspace_nn::NnError::Callback(format!(
+                "kfac_factor_sums returned sums of the wrong shapes for layer {} (fan_in {}, fan_out {})",
+                info.name, info.fan_in, info.fan_out
+            ))
+            .into());
+        }
+        match total.as_mut() {
+            None => total = Some(part),
+            Some(t) => t.iter_mut().zip(&part).for_each(|(t, p)| t.add(p)),
+        }
+        if let Some(progress) = data.progress {
+            progress(end);
+        }
+    }
+    Ok(total)
+}
+
 /// KFAC (Martens & Grosse 2015) and, for convolutions, KFC (Grosse & Martens 2016):
 /// `A = Σᵢ Σ_t ã ãᵀ`, `G = Σᵢ Σ_c Σ_t δ δᵀ / (n·T)`, so that `G ⊗ A` is exact for one example at
 /// one position. With `ekfac`, a second pass re-fits the eigenvalues in the Kronecker eigenbasis:
@@ -297,8 +345,6 @@ pub(crate) fn kron<N: Network>(
         });
     }
     let n = data.x.nrows();
-    let mut a_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.width(), i.width())).collect();
-    let mut g_fac: Vec<DMatrix<f64>> = infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.fan_out)).collect();
     let stats_of = |start: usize, len: usize| -> Result<Vec<fspace_nn::LayerStatistics>> {
         if last_only {
             // The last layer alone: its inputs are the last-layer features, and the gradients
@@ -315,38 +361,55 @@ pub(crate) fn kron<N: Network>(
         }
         Ok(net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?)
     };
-    let factors_of = |start: usize, len: usize| -> Result<Vec<(DMatrix<f64>, DMatrix<f64>)>> {
-        Ok(stats_of(start, len)?
-            .iter()
-            .zip(&infos)
-            .map(|(st, info)| {
-                let fi = st.inputs.ncols();
-                let aa = chunk_gram(&st.inputs);
-                let gg = chunk_gram(&st.output_grads);
-                if !info.has_bias() {
-                    return (aa, gg);
+    // The last layer's sums come from its features (above); every layer's, from the network
+    // when it sums them itself.
+    let from_network = if last_only { None } else { network_factor_sums(net, data, &infos)? };
+    let sums = match from_network {
+        Some(sums) => sums,
+        None => {
+            let mut sums: Vec<KfacFactorSums> = infos.iter().map(KfacFactorSums::zeros).collect();
+            let sums_of = |start: usize, len: usize| -> Result<Vec<KfacFactorSums>> {
+                Ok(stats_of(start, len)?
+                    .iter()
+                    .map(|st| KfacFactorSums {
+                        input_gram: chunk_gram(&st.inputs),
+                        input_sum: st.inputs.row_sum().transpose(),
+                        input_rows: st.inputs.nrows(),
+                        grad_gram: chunk_gram(&st.output_grads),
+                    })
+                    .collect())
+            };
+            for_chunks(data, sums_of, |_, _, parts| {
+                for (total, part) in sums.iter_mut().zip(&parts) {
+                    total.add(part);
                 }
-                let mut a = DMatrix::zeros(fi + 1, fi + 1);
-                a.view_mut((0, 0), (fi, fi)).copy_from(&aa);
-                if bias == KronBias::Folded {
-                    let sums = st.inputs.row_sum();
-                    for j in 0..fi {
-                        a[(j, fi)] = sums[j];
-                        a[(fi, j)] = sums[j];
-                    }
-                }
-                a[(fi, fi)] = st.inputs.nrows() as f64;
-                (a, gg)
-            })
-            .collect())
-    };
-    for_chunks(data, factors_of, |_, _, parts| {
-        for (l, (a, g)) in parts.into_iter().enumerate() {
-            a_fac[l] += a;
-            g_fac[l] += g;
+                Ok(())
+            })?;
+            sums
         }
-        Ok(())
-    })?;
+    };
+    let (a_fac, g_fac): (Vec<DMatrix<f64>>, Vec<DMatrix<f64>>) = sums
+        .into_iter()
+        .zip(&infos)
+        .map(|(s, info)| {
+            let fi = info.fan_in;
+            if !info.has_bias() {
+                return (s.input_gram, s.grad_gram);
+            }
+            // Ã = [A  Σa; Σaᵀ  rows] for ã = [a; 1] (folded), or the separate bias block's
+            // [A 0; 0 rows].
+            let mut a = DMatrix::zeros(fi + 1, fi + 1);
+            a.view_mut((0, 0), (fi, fi)).copy_from(&s.input_gram);
+            if bias == KronBias::Folded {
+                for j in 0..fi {
+                    a[(j, fi)] = s.input_sum[j];
+                    a[(fi, j)] = s.input_sum[j];
+                }
+            }
+            a[(fi, fi)] = s.input_rows as f64;
+            (a, s.grad_gram)
+        })
+        .unzip();
     let mut layers = Vec::with_capacity(infos.len());
     for ((info, a), g) in infos.iter().zip(a_fac).zip(g_fac) {
         let g = g / (n * info.positions()) as f64;

@@ -1445,3 +1445,114 @@ fn the_diagonal_without_layer_statistics_is_jacobian_free_and_equals_the_dense_g
     let native = fit_with(net, lik, &x, &y, Structure::Diag).curvature().to_dense().diagonal();
     assert!((&got - &native).norm() / native.norm() < 1e-12);
 }
+
+/// An MLP that sums its own Kronecker factors ([`Network::kfac_factor_sums`], as a torch model
+/// does on its side), chunk by chunk with plain products, and records the points of each call;
+/// `wrong_shapes` makes it return a layer's sums at the wrong size.
+#[derive(Clone)]
+struct SelfSumming {
+    net: Mlp,
+    calls: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>,
+    wrong_shapes: bool,
+}
+
+impl Network for SelfSumming {
+    fn input_dim(&self) -> usize {
+        self.net.input_dim()
+    }
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+    fn n_params(&self) -> usize {
+        self.net.n_params()
+    }
+    fn params(&self) -> DVector<f64> {
+        self.net.params()
+    }
+    fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
+        self.net.set_params(params)
+    }
+    fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        self.net.forward(x)
+    }
+    fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> fspace_nn::Result<DVector<f64>> {
+        self.net.vjp(x, v)
+    }
+    fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        self.net.jvp(x, u)
+    }
+    fn layer_infos(&self) -> Vec<fspace_nn::LayerInfo> {
+        self.net.layer_infos()
+    }
+    fn kfac_statistics(
+        &self,
+        x: &DMatrix<f64>,
+        factors: &[DMatrix<f64>],
+    ) -> fspace_nn::Result<Vec<fspace_nn::LayerStatistics>> {
+        self.net.kfac_statistics(x, factors)
+    }
+    fn kfac_factor_sums(
+        &self,
+        x: &DMatrix<f64>,
+        factors: &[DMatrix<f64>],
+        chunk: usize,
+    ) -> fspace_nn::Result<Option<Vec<fspace_nn::KfacFactorSums>>> {
+        self.calls.lock().unwrap().push((x.nrows(), chunk));
+        let infos = self.net.layer_infos();
+        let mut sums: Vec<fspace_nn::KfacFactorSums> =
+            infos.iter().map(fspace_nn::KfacFactorSums::zeros).collect();
+        for s in (0..x.nrows()).step_by(chunk) {
+            let l = chunk.min(x.nrows() - s);
+            let stats = self.net.kfac_statistics(&x.rows(s, l).into_owned(), &factors[s..s + l])?;
+            for (total, st) in sums.iter_mut().zip(&stats) {
+                total.add(&fspace_nn::KfacFactorSums {
+                    input_gram: st.inputs.transpose() * &st.inputs,
+                    input_sum: st.inputs.row_sum().transpose(),
+                    input_rows: st.inputs.nrows(),
+                    grad_gram: st.output_grads.transpose() * &st.output_grads,
+                });
+            }
+        }
+        if self.wrong_shapes {
+            sums[1].grad_gram = DMatrix::zeros(1, 1);
+        }
+        Ok(Some(sums))
+    }
+}
+
+#[test]
+fn factor_sums_from_the_network_give_the_statistics_posterior_in_groups_of_chunks() {
+    // 35 points in chunks of 3: 12 chunks, so the network is asked for its sums 6 times, two
+    // chunks (6 points) a call, and the progress hook hears after each call.
+    let (x, y) = classification(35, 2, 3, 90);
+    let net = mlp(2, vec![6, 5], 3, 91);
+    let lik = LikelihoodSpec::categorical(3);
+    let ym = DMatrix::from_column_slice(35, 1, y.as_slice());
+    let data = Data::new(&x, &ym).unwrap();
+    let probe = DMatrix::from_fn(4, 2, |i, j| 0.4 * i as f64 - 0.3 * j as f64);
+    for (structure, bias) in [
+        (Structure::Kfac, KronBias::Folded),
+        (Structure::Kfac, KronBias::Separate),
+        (Structure::Ekfac, KronBias::Folded),
+    ] {
+        let cfg = LaplaceConfig { kron_bias: bias, ..config(structure.clone()) };
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let summing = SelfSumming { net: net.clone(), calls: calls.clone(), wrong_shapes: false };
+        let mut seen = Vec::new();
+        let mut observer = |p: &fspace_core::Progress| seen.push(p.step);
+        let own = fspace_laplace::fit_observed(summing, lik, &data, &cfg, &mut observer).unwrap().posterior;
+        let plain = fit(net.clone(), lik, &data, &cfg).unwrap().posterior;
+        let what = format!("{} {bias:?}", structure.name());
+        assert_eq!(*calls.lock().unwrap(), vec![(6, 3), (6, 3), (6, 3), (6, 3), (6, 3), (5, 3)], "{what}");
+        // The factor pass reports per call; EKFAC's second pass per chunk.
+        assert_eq!(seen[..6], [6, 12, 18, 24, 30, 35], "{what}");
+        let err = rel_frob(&own.curvature().to_dense(), &plain.curvature().to_dense());
+        assert!(err < 1e-12, "{what}: {err:e}");
+        let (a, b) = (own.predict(&probe).unwrap(), plain.predict(&probe).unwrap());
+        assert!(rel_frob(&a.var, &b.var) < 1e-12 && rel_frob(&a.mean, &b.mean) < 1e-14, "{what}");
+    }
+    let bad = SelfSumming { net, calls: Default::default(), wrong_shapes: true };
+    let err = fit(bad, lik, &data, &config(Structure::Kfac)).err().expect("wrong shapes refused");
+    let text = err.to_string();
+    assert!(text.contains("wrong shapes for layer") && text.contains("fan_out 5"), "{text}");
+}

@@ -189,6 +189,14 @@ impl<N: crate::Network> crate::Network for Featurized<N> {
     ) -> Result<Vec<crate::LayerStatistics>> {
         self.net.kfac_statistics(&self.features(x)?, factors)
     }
+    fn kfac_factor_sums(
+        &self,
+        x: &DMatrix<f64>,
+        factors: &[DMatrix<f64>],
+        chunk: usize,
+    ) -> Result<Option<Vec<crate::KfacFactorSums>>> {
+        self.net.kfac_factor_sums(&self.features(x)?, factors, chunk)
+    }
     fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.net.last_layer_features(&self.features(x)?)
     }

@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use nalgebra::DMatrix;
+use nalgebra::{DMatrix, DVector};
 use serde::{Deserialize, Serialize};
 
 /// What kind of weight layer a [`LayerInfo`] describes.
@@ -86,6 +86,50 @@ impl LayerInfo {
     pub fn kron_order(&self) -> Vec<usize> {
         let width = self.width();
         (0..self.fan_out).flat_map(|r| (0..width).map(move |j| self.flat_index(r, j))).collect()
+    }
+}
+
+/// One layer's Kronecker-factor sums over a set of examples, what KFAC keeps of its
+/// [`LayerStatistics`]: `Σ a aᵀ` and `Σ a` over the input rows `a` (`n·T` of them, im2col
+/// patches for a convolution) and `Σ δ δᵀ` over the output-gradient rows `δ` (`n·k·T`).
+/// [`Network::kfac_factor_sums`](crate::Network::kfac_factor_sums) returns them for networks
+/// that can sum where their statistics live (a torch model sums on its own device).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KfacFactorSums {
+    /// `Σ a aᵀ` (`fan_in × fan_in`).
+    pub input_gram: DMatrix<f64>,
+    /// `Σ a` (`fan_in`).
+    pub input_sum: DVector<f64>,
+    /// How many input rows were summed (`n·T`).
+    pub input_rows: usize,
+    /// `Σ δ δᵀ` (`fan_out × fan_out`).
+    pub grad_gram: DMatrix<f64>,
+}
+
+impl KfacFactorSums {
+    /// Zero sums for a layer.
+    pub fn zeros(info: &LayerInfo) -> Self {
+        KfacFactorSums {
+            input_gram: DMatrix::zeros(info.fan_in, info.fan_in),
+            input_sum: DVector::zeros(info.fan_in),
+            input_rows: 0,
+            grad_gram: DMatrix::zeros(info.fan_out, info.fan_out),
+        }
+    }
+
+    /// Adds another set of examples' sums.
+    pub fn add(&mut self, other: &KfacFactorSums) {
+        self.input_gram += &other.input_gram;
+        self.input_sum += &other.input_sum;
+        self.input_rows += other.input_rows;
+        self.grad_gram += &other.grad_gram;
+    }
+
+    /// Whether the shapes are the layer's (`fan_in`, `fan_out`).
+    pub fn fits(&self, info: &LayerInfo) -> bool {
+        self.input_gram.shape() == (info.fan_in, info.fan_in)
+            && self.input_sum.len() == info.fan_in
+            && self.grad_gram.shape() == (info.fan_out, info.fan_out)
     }
 }
 

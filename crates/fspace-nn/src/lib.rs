@@ -61,7 +61,7 @@ pub mod checks {
 }
 pub use features::{FeatureMap, Featurized};
 pub use helmholtz::HelmholtzNet;
-pub use layers::{LayerInfo, LayerKind, LayerStatistics};
+pub use layers::{KfacFactorSums, LayerInfo, LayerKind, LayerStatistics};
 pub use mlp::{Mlp, MlpConfig};
 #[doc(hidden)]
 pub use nalgebra as __nalgebra;

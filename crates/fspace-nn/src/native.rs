@@ -54,7 +54,7 @@ impl NativeNetwork {
 macro_rules! enum_network {
     ($enum:ident { $($variant:ident($ty:ty)),+ $(,)? }) => {
         const _: () = {
-            use $crate::{JointCotangents, LayerInfo, LayerStatistics, Network, NtkPair, Outputs, OutputsAndGradients, WeightedGram};
+            use $crate::{JointCotangents, KfacFactorSums, LayerInfo, LayerStatistics, Network, NtkPair, Outputs, OutputsAndGradients, WeightedGram};
             use $crate::__nalgebra::{DMatrix, DVector};
             type R<T> = $crate::Result<T>;
             macro_rules! each {
@@ -113,6 +113,9 @@ macro_rules! enum_network {
                 fn layer_infos(&self) -> Vec<LayerInfo> { each!(self, n => Network::layer_infos(n)) }
                 fn kfac_statistics(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>]) -> R<Vec<LayerStatistics>> {
                     each!(self, n => Network::kfac_statistics(n, x, factors))
+                }
+                fn kfac_factor_sums(&self, x: &DMatrix<f64>, factors: &[DMatrix<f64>], chunk: usize) -> R<Option<Vec<KfacFactorSums>>> {
+                    each!(self, n => Network::kfac_factor_sums(n, x, factors, chunk))
                 }
                 fn last_layer_features(&self, x: &DMatrix<f64>) -> R<DMatrix<f64>> {
                     each!(self, n => Network::last_layer_features(n, x))

@@ -16,8 +16,10 @@
 //! `last_layer`, and for the other structures whenever every trainable parameter sits in an
 //! `nn.Linear` / `nn.Conv2d`): then the network reports those layers
 //! ([`Network::layer_infos`]), their inputs and output gradients
-//! ([`Network::kfac_statistics`]: a forward with hooks, one reverse pass per cotangent column)
-//! and the last layer's features, and fspace's layer rules serve every structure. Without them
+//! ([`Network::kfac_statistics`]: a forward with hooks, one reverse pass per cotangent column),
+//! KFAC's factor sums formed by torch on the model's device from those same hooks
+//! ([`Network::kfac_factor_sums`]: only the `fan × fan` sums cross, not the patches) and the
+//! last layer's features, and fspace's layer rules serve every structure. Without them
 //! it reports none, and the diagonal, low-rank and full structures and every predictive take
 //! the Jacobian-free per-point route.
 //!
@@ -28,7 +30,9 @@
 use std::sync::{Arc, Mutex};
 
 use fspace_nn::checks::{check_columns, check_input_batch, check_param_vector, check_point_cotangents};
-use fspace_nn::{LayerInfo, LayerKind, LayerStatistics, NativeNetwork, Network, NnError, Result};
+use fspace_nn::{
+    KfacFactorSums, LayerInfo, LayerKind, LayerStatistics, NativeNetwork, Network, NnError, Result,
+};
 use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -53,6 +57,8 @@ pub(crate) struct CallbackNetwork {
     /// Most bytes of a `p × c` float64 block one `jvp` / `vjp` callback gets or returns
     /// ([`DEFAULT_COLUMN_BYTES`], or the callback object's `column_bytes`).
     column_bytes: usize,
+    /// Whether the callback object sums KFAC's factors itself (`kfac_factor_sums`).
+    factor_sums: bool,
 }
 
 /// How many bytes of a `p × c` float64 block cross to Python in one callback: `jvp`'s
@@ -109,6 +115,7 @@ impl CallbackNetwork {
             layers: Arc::new(Vec::new()),
             layer_dicts: None,
             column_bytes: DEFAULT_COLUMN_BYTES,
+            factor_sums: false,
         }
     }
 
@@ -313,6 +320,71 @@ impl Network for CallbackNetwork {
             },
         )
     }
+    /// One callback for the whole of `x` (`TorchCalls.kfac_factor_sums`): torch takes `chunk`
+    /// points at a time, as [`kfac_statistics`](Network::kfac_statistics) would, forms each
+    /// chunk's `Σ a aᵀ`, `Σ a`, `Σ δ δᵀ` in the model's dtype on its device and adds them up in
+    /// float64; only the sums cross to Rust. `None` when the callback object has no such method.
+    fn kfac_factor_sums(
+        &self,
+        x: &DMatrix<f64>,
+        factors: &[DMatrix<f64>],
+        chunk: usize,
+    ) -> Result<Option<Vec<KfacFactorSums>>> {
+        if !self.factor_sums {
+            return Ok(None);
+        }
+        self.check_x(x)?;
+        self.require_layers("per-layer factor sums (KFAC)")?;
+        let (q, n) = (self.output_dim, x.nrows());
+        let stacked = stacked_blocks(factors, n, q)?;
+        let layers = self.layers.clone();
+        let method = "kfac_factor_sums";
+        self.call_with(
+            method,
+            |py| {
+                vec![
+                    to_numpy(py, x).into_any(),
+                    to_numpy(py, &stacked).into_any(),
+                    self.layer_list(py),
+                    pyo3::types::PyInt::new(py, chunk.max(1)).into_any(),
+                ]
+            },
+            |r| {
+                type Sums<'py> =
+                    (PyReadonlyArray2<'py, f64>, PyReadonlyArray1<'py, f64>, usize, PyReadonlyArray2<'py, f64>);
+                let parts: Vec<Sums<'_>> = r.extract()?;
+                if parts.len() != layers.len() {
+                    return Ok(Err(NnError::Callback(format!(
+                        "{method} returned {} layers; expected {}",
+                        parts.len(),
+                        layers.len()
+                    ))));
+                }
+                Ok(parts
+                    .iter()
+                    .zip(layers.iter())
+                    .map(|((aa, sum, rows, gg), info)| {
+                        let sum = sum.as_slice().map_err(|e| NnError::Callback(format!("{method}: {e}")))?;
+                        if sum.len() != info.fan_in || sum.iter().any(|v| !v.is_finite()) {
+                            return Err(NnError::Callback(format!(
+                                "{method} (input sums of {}) returned {} values, or a non-finite one; expected {} finite",
+                                info.name,
+                                sum.len(),
+                                info.fan_in
+                            )));
+                        }
+                        Ok(KfacFactorSums {
+                            input_gram: checked_matrix(method, aa, info.fan_in, Some(info.fan_in))?,
+                            input_sum: DVector::from_column_slice(sum),
+                            input_rows: *rows,
+                            grad_gram: checked_matrix(method, gg, info.fan_out, Some(info.fan_out))?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+                    .map(Some))
+            },
+        )
+    }
     /// One callback: a forward pass with a hook on the last layer.
     fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.check_x(x)?;
@@ -414,6 +486,7 @@ pub(crate) fn callback_network(
             return Err(value_error("column_bytes must be positive"));
         }
     }
+    net.factor_sums = calls.hasattr("kfac_factor_sums")?;
     if let Some(list) = layers {
         let infos = list.try_iter()?.map(|d| layer_info(&d?, p)).collect::<PyResult<Vec<_>>>()?;
         if infos.is_empty() {

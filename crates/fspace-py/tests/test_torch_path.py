@@ -3,6 +3,8 @@
 every structure the path offers against the dense computation from that Jacobian, the same
 posteriors as the native path on a convertible ``nn.Sequential``, and the refusals."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -412,6 +414,55 @@ def test_the_hooks_layer_statistics_rebuild_torchs_jacobian(name, model, x):
         calls.last_layer_features(calls.params, rows, infos[-1:]) @ model.get_submodule(infos[-1]["name"]).weight.detach().numpy().T
         + model.get_submodule(infos[-1]["name"]).bias.detach().numpy(),
         calls.forward(calls.params, rows), atol=1e-12)
+
+
+@pytest.mark.parametrize("name,model,x", layered_models(), ids=[m[0] for m in layered_models()])
+def test_the_factor_sums_torch_forms_equal_the_statistics_summed(name, model, x):
+    """``kfac_factor_sums`` (torch sums each chunk on its side) equals Σ aaᵀ, Σ a, the row count
+    and Σ δδᵀ of ``kfac_statistics`` over all points: to rounding for a float64 model, to
+    float32's GEMM rounding (≈ 1e-7 relative per chunk) for a float32 one."""
+    n = x.shape[0]
+    rng = np.random.default_rng(9)
+    for dtype, tol in [(torch.float64, 1e-12), (torch.float32, 1e-5)]:
+        m = copy.deepcopy(model).to(dtype)
+        calls = TorchCalls(m, x.shape[1:])
+        infos = calls.layer_infos("all")
+        rows = x.reshape(n, -1).to(dtype).double().numpy()
+        l = rng.standard_normal((n * calls.output_dim, 2))
+        stats = calls.kfac_statistics(calls.params, rows, l, infos)
+        sums = calls.kfac_factor_sums(calls.params, rows, l, infos, 2)
+        assert len(sums) == len(infos)
+        for info, (a, d), (aa, sa, count, gg) in zip(infos, stats, sums):
+            assert count == n * info["positions"] and sa.shape == (info["fan_in"],)
+            for got, ref in [(aa, a.T @ a), (sa, a.sum(0)), (gg, d.T @ d)]:
+                assert got.dtype == np.float64
+                assert np.max(np.abs(got - ref)) <= tol * np.max(np.abs(ref)), (name, dtype, info["name"])
+
+
+def test_kron_asks_torch_for_factor_sums_not_for_statistics(monkeypatch):
+    torch.manual_seed(5)
+    model = ResidualMLP(d=2, q=3).double()
+    x, y = torch.randn(20, 2, dtype=torch.float64), torch.randint(0, 3, (20,))
+    seen = []
+    for method in ("kfac_statistics", "kfac_factor_sums"):
+        original = getattr(TorchCalls, method)
+
+        def counted(self, *a, original=original, method=method):
+            seen.append(method)
+            return original(self, *a)
+
+        monkeypatch.setattr(TorchCalls, method, counted)
+    la = fspace.Laplace(model, "classification", hessian_structure="kron", backend="torch")
+    la.fit(x, y)
+    assert seen == ["kfac_factor_sums"]
+    probs = la(x[:4]).numpy()
+    # Without the method, fspace sums the hooks' statistics itself: the same posterior.
+    monkeypatch.delattr(TorchCalls, "kfac_factor_sums")
+    seen.clear()
+    ref = fspace.Laplace(model, "classification", hessian_structure="kron", backend="torch")
+    ref.fit(x, y)
+    assert seen == ["kfac_statistics"]
+    assert np.max(np.abs(probs - ref(x[:4]).numpy())) <= 1e-12
 
 
 def test_kron_ekfac_and_last_layer_give_the_same_posterior_on_both_paths():

@@ -14,7 +14,7 @@ use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
 use crate::error::{all_finite, NnError, Result};
-use crate::layers::{LayerInfo, LayerStatistics};
+use crate::layers::{KfacFactorSums, LayerInfo, LayerStatistics};
 
 /// Points per [`Network::per_point_vjp`] call of the default [`Network::jacobian`].
 const JACOBIAN_BLOCK_POINTS: usize = 64;
@@ -192,6 +192,21 @@ pub trait Network: Send + Sync {
     /// [`NnError::Unsupported`].
     fn kfac_statistics(&self, _x: &DMatrix<f64>, _factors: &[DMatrix<f64>]) -> Result<Vec<LayerStatistics>> {
         Err(NnError::Unsupported { what: "per-layer statistics (KFAC) for this network".into() })
+    }
+
+    /// The Kronecker-factor sums of every [`layer_infos`](Self::layer_infos) layer over all of
+    /// `x` for the columns of the per-point cotangent factors `Lᵢ`, what KFAC keeps of
+    /// [`kfac_statistics`](Self::kfac_statistics), taking `chunk` points at a time. `None`
+    /// (the default): the network has no cheaper route than its statistics, and the caller sums
+    /// those chunk by chunk. A torch model overrides it so its statistics are summed on its own
+    /// device and never cross to Rust.
+    fn kfac_factor_sums(
+        &self,
+        _x: &DMatrix<f64>,
+        _factors: &[DMatrix<f64>],
+        _chunk: usize,
+    ) -> Result<Option<Vec<KfacFactorSums>>> {
+        Ok(None)
     }
 
     /// The inputs of the last (dense, linear) layer `φ(X)` (`n × fan_in`): with them the

@@ -401,14 +401,12 @@ class TorchCalls:
             return g.flatten(2).transpose(1, 2)
         return g.reshape(g.shape[0], -1, g.shape[-1])
 
-    def kfac_statistics(self, w: np.ndarray, x: np.ndarray, l: np.ndarray, infos: List[Dict[str, Any]]) -> List[Tuple[np.ndarray, np.ndarray]]:
-        """Per layer of ``infos``: its inputs (``n·T × fan_in``, row ``i·T + t``) and the
-        gradients at its outputs (``n·k·T × fan_out``, row ``(i·k + c)·T + t``) of
-        ``Σᵢ Lᵢ[:, c]ᵀ f(xᵢ)`` for each column ``c`` of the stacked per-point cotangent blocks
-        ``l`` (``n·d' × k``). One forward with hooks, one reverse pass per column."""
+    def _statistics(self, params: Dict[str, Any], x: np.ndarray, l: np.ndarray, modules: Sequence[Any], infos: Sequence[Dict[str, Any]]) -> List[Tuple[Any, Any]]:
+        """Per layer: its inputs (``n·T × fan_in``) and output gradients (``n·k·T ×
+        fan_out``) as torch tensors in the model's dtype, on its device (``kfac_statistics``).
+        The caller holds the lock."""
         import torch
 
-        modules = self._layer_modules(infos)
         n, q, k = x.shape[0], self.output_dim, l.shape[1]
         inputs: List[Any] = [None] * len(modules)
         outputs: List[Any] = [None] * len(modules)
@@ -420,28 +418,63 @@ class TorchCalls:
 
             return record
 
-        params = {name: t.detach().requires_grad_(True) for name, t in self._unflatten(w).items()}
         cot = torch.from_numpy(np.ascontiguousarray(l.reshape(n, q, k))).to(device=self.device, dtype=self.dtype)
+        handles = [m.register_forward_hook(hook(j)) for j, m in enumerate(modules)]
+        try:
+            with torch.enable_grad():
+                f = self._call(params, self._inputs(x))
+                grads: List[List[Any]] = [[] for _ in modules]
+                for c in range(k):
+                    gs = torch.autograd.grad(f, outputs, cot[:, :, c], retain_graph=c + 1 < k, allow_unused=True)
+                    for j, (m, g) in enumerate(zip(modules, gs)):
+                        g = torch.zeros_like(outputs[j]) if g is None else g
+                        grads[j].append(self._positions_last(m, g))
+        finally:
+            for h in handles:
+                h.remove()
+        return [
+            (inputs[j].reshape(-1, info["fan_in"]), torch.stack(grads[j], dim=1).reshape(-1, info["fan_out"]))  # (i, c, t) row-major
+            for j, info in enumerate(infos)
+        ]
+
+    def kfac_statistics(self, w: np.ndarray, x: np.ndarray, l: np.ndarray, infos: List[Dict[str, Any]]) -> List[Tuple[np.ndarray, np.ndarray]]:
+        """Per layer of ``infos``: its inputs (``n·T × fan_in``, row ``i·T + t``) and the
+        gradients at its outputs (``n·k·T × fan_out``, row ``(i·k + c)·T + t``) of
+        ``Σᵢ Lᵢ[:, c]ᵀ f(xᵢ)`` for each column ``c`` of the stacked per-point cotangent blocks
+        ``l`` (``n·d' × k``). One forward with hooks, one reverse pass per column."""
+        params = {name: t.detach().requires_grad_(True) for name, t in self._unflatten(w).items()}
         with self._lock:
-            handles = [m.register_forward_hook(hook(j)) for j, m in enumerate(modules)]
-            try:
-                with torch.enable_grad():
-                    f = self._call(params, self._inputs(x))
-                    grads: List[List[Any]] = [[] for _ in modules]
-                    for c in range(k):
-                        gs = torch.autograd.grad(f, outputs, cot[:, :, c], retain_graph=c + 1 < k, allow_unused=True)
-                        for j, (m, g) in enumerate(zip(modules, gs)):
-                            g = torch.zeros_like(outputs[j]) if g is None else g
-                            grads[j].append(self._positions_last(m, g))
-            finally:
-                for h in handles:
-                    h.remove()
-        result = []
-        for j, info in enumerate(infos):
-            a = inputs[j].reshape(-1, info["fan_in"])
-            d = torch.stack(grads[j], dim=1).reshape(-1, info["fan_out"])  # (i, c, t) row-major
-            result.append((self._numpy(a), self._numpy(d)))
-        return result
+            stats = self._statistics(params, x, l, self._layer_modules(infos), infos)
+        return [(self._numpy(a), self._numpy(d)) for a, d in stats]
+
+    def kfac_factor_sums(self, w: np.ndarray, x: np.ndarray, l: np.ndarray, infos: List[Dict[str, Any]], chunk: int) -> List[Tuple[np.ndarray, np.ndarray, int, np.ndarray]]:
+        """Per layer of ``infos``: ``(Σ a aᵀ, Σ a, rows, Σ δ δᵀ)`` over the rows of
+        ``kfac_statistics`` for all of ``x``, ``chunk`` points at a time. Each chunk's sums are
+        formed by torch in the model's dtype on its device (for a float32 model, float32 GEMMs
+        over the chunk's ``chunk·T`` rows, as laplace-torch forms its factors: ≈ 1e-7 relative
+        error per chunk) and added up in float64; only the sums come back."""
+        import torch
+
+        params = {name: t.detach().requires_grad_(True) for name, t in self._unflatten(w).items()}
+        modules = self._layer_modules(infos)
+        q = self.output_dim
+
+        def zeros(*shape: int) -> Any:
+            return torch.zeros(*shape, device=self.device, dtype=torch.float64)
+
+        sums = [[zeros(i["fan_in"], i["fan_in"]), zeros(i["fan_in"]), 0, zeros(i["fan_out"], i["fan_out"])] for i in infos]
+        step = max(1, int(chunk))
+        with self._lock:
+            for s in range(0, x.shape[0], step):
+                e = min(x.shape[0], s + step)
+                stats = self._statistics(params, x[s:e], l[s * q : e * q], modules, infos)
+                for acc, (a, d) in zip(sums, stats):
+                    acc[0] += (a.T @ a).to(torch.float64)
+                    acc[1] += a.sum(0, dtype=torch.float64)
+                    acc[2] += int(a.shape[0])
+                    acc[3] += (d.T @ d).to(torch.float64)
+                del stats
+        return [(self._numpy(aa), self._numpy(sa), rows, self._numpy(gg)) for aa, sa, rows, gg in sums]
 
     def last_layer_features(self, w: np.ndarray, x: np.ndarray, infos: List[Dict[str, Any]]) -> np.ndarray:
         """The input of the last layer of ``infos`` (``n × fan_in``)."""
