@@ -74,7 +74,9 @@ pub fn fit<N: Network>(
 /// `total` = `n` (`loss` and `validation` are `None`). Each pass counts from 0 again: one pass
 /// for the diagonal, full, block-diagonal, last-layer and KFAC structures, two for EKFAC, and
 /// for low rank one to gather the cached statistics then one per Lanczos product (or one per
-/// product on the uncached route); the sampled structure adds its EM's products.
+/// product on the uncached route); the sampled structure adds its EM's products. A network that
+/// sums KFAC's factors itself ([`Network::kfac_factor_sums`]) is asked in ten groups of chunks,
+/// and its factor pass reports after each group.
 pub fn fit_observed<N: Network>(
     net: N,
     likelihood: LikelihoodSpec,

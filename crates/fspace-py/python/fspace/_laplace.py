@@ -116,7 +116,9 @@ class Laplace:
 
         ``progress``: a callable ``(step, total, None, None)`` told after every chunk of each
         pass over the data (``step`` of ``total`` points; each pass counts from 0 again: one for
-        diag / full / kron, two for EKFAC, one per Lanczos product for lowrank), or ``True`` for
+        diag / full / kron, two for EKFAC, one per Lanczos product for lowrank; a torch model's
+        KFAC factor pass reports each tenth of the data, as torch sums the factors in ten
+        calls), or ``True`` for
         a tqdm bar (a line per report on stderr without tqdm). ``progress_bar=True`` is
         laplace-torch's spelling of ``progress=True``.
         """
