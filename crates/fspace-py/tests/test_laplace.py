@@ -198,7 +198,7 @@ def test_fit_releases_the_gil():
     """While one thread fits, another thread keeps running Python (it could not if the GIL
     were held for the whole fit)."""
     rng = np.random.default_rng(5)
-    x = rng.uniform(-1, 1, size=(40000, 4))
+    x = rng.uniform(-1, 1, size=(100000, 4))  # ≈ 0.4 s here: well above the 0.05 s floor
     y = np.sin(x.sum(axis=1, keepdims=True))
     la = fspace.Laplace((tanh_mlp(rng, [4, 32, 32, 1]), "tanh"), "regression", hessian_structure="kron", sigma_noise=0.1)
     ticks = []
