@@ -1380,6 +1380,36 @@ fn fit_observed_reports_every_pass_over_the_data_and_fits_the_same_posterior() {
     }
 }
 
+/// The `Network` methods every test wrapper below forwards unchanged to its inner `net`.
+macro_rules! delegate_required_to_net {
+    () => {
+        fn input_dim(&self) -> usize {
+            self.net.input_dim()
+        }
+        fn output_dim(&self) -> usize {
+            self.net.output_dim()
+        }
+        fn n_params(&self) -> usize {
+            self.net.n_params()
+        }
+        fn params(&self) -> DVector<f64> {
+            self.net.params()
+        }
+        fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
+            self.net.set_params(params)
+        }
+        fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+            self.net.forward(x)
+        }
+        fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> fspace_nn::Result<DVector<f64>> {
+            self.net.vjp(x, v)
+        }
+        fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+            self.net.jvp(x, u)
+        }
+    };
+}
+
 /// An MLP seen through its products only: no layer statistics, and a Jacobian that must never
 /// be formed; every reverse pass is on one point with at most `max_columns` cotangents.
 #[derive(Clone)]
@@ -1389,30 +1419,7 @@ struct ProductsOnly {
 }
 
 impl Network for ProductsOnly {
-    fn input_dim(&self) -> usize {
-        self.net.input_dim()
-    }
-    fn output_dim(&self) -> usize {
-        self.net.output_dim()
-    }
-    fn n_params(&self) -> usize {
-        self.net.n_params()
-    }
-    fn params(&self) -> DVector<f64> {
-        self.net.params()
-    }
-    fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
-        self.net.set_params(params)
-    }
-    fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
-        self.net.forward(x)
-    }
-    fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> fspace_nn::Result<DVector<f64>> {
-        self.net.vjp(x, v)
-    }
-    fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> fspace_nn::Result<DMatrix<f64>> {
-        self.net.jvp(x, u)
-    }
+    delegate_required_to_net!();
     fn vjp_columns(&self, x: &DMatrix<f64>, l: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
         assert!(
             x.nrows() == 1 && l.ncols() <= self.max_columns,
@@ -1457,30 +1464,7 @@ struct SelfSumming {
 }
 
 impl Network for SelfSumming {
-    fn input_dim(&self) -> usize {
-        self.net.input_dim()
-    }
-    fn output_dim(&self) -> usize {
-        self.net.output_dim()
-    }
-    fn n_params(&self) -> usize {
-        self.net.n_params()
-    }
-    fn params(&self) -> DVector<f64> {
-        self.net.params()
-    }
-    fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
-        self.net.set_params(params)
-    }
-    fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
-        self.net.forward(x)
-    }
-    fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> fspace_nn::Result<DVector<f64>> {
-        self.net.vjp(x, v)
-    }
-    fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> fspace_nn::Result<DMatrix<f64>> {
-        self.net.jvp(x, u)
-    }
+    delegate_required_to_net!();
     fn layer_infos(&self) -> Vec<fspace_nn::LayerInfo> {
         self.net.layer_infos()
     }

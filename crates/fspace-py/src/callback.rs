@@ -67,6 +67,15 @@ pub(crate) struct CallbackNetwork {
 /// block is 1.8 GB: 3 columns a chunk). Each chunk repeats the primal pass at its points.
 pub(crate) const DEFAULT_COLUMN_BYTES: usize = 256 << 20;
 
+/// The per-layer callbacks return one entry per hooked layer, in `layer_infos` order.
+fn one_entry_per_layer(method: &str, got: usize, expected: usize) -> Result<()> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(NnError::Callback(format!("{method} returned {got} layers; expected {expected}")))
+    }
+}
+
 /// `a` as an `rows × cols` (`cols` unchecked when `None`) finite float64 matrix, or the
 /// callback error that names `method`.
 fn checked_matrix(
@@ -287,12 +296,8 @@ impl Network for CallbackNetwork {
             |py| vec![to_numpy(py, x).into_any(), to_numpy(py, &stacked).into_any(), self.layer_list(py)],
             |r| {
                 let parts: Vec<(PyReadonlyArray2<'_, f64>, PyReadonlyArray2<'_, f64>)> = r.extract()?;
-                if parts.len() != layers.len() {
-                    return Ok(Err(NnError::Callback(format!(
-                        "kfac_statistics returned {} layers; expected {}",
-                        parts.len(),
-                        layers.len()
-                    ))));
+                if let Err(e) = one_entry_per_layer("kfac_statistics", parts.len(), layers.len()) {
+                    return Ok(Err(e));
                 }
                 Ok(parts
                     .iter()
@@ -353,12 +358,8 @@ impl Network for CallbackNetwork {
                 type Sums<'py> =
                     (PyReadonlyArray2<'py, f64>, PyReadonlyArray1<'py, f64>, usize, PyReadonlyArray2<'py, f64>);
                 let parts: Vec<Sums<'_>> = r.extract()?;
-                if parts.len() != layers.len() {
-                    return Ok(Err(NnError::Callback(format!(
-                        "{method} returned {} layers; expected {}",
-                        parts.len(),
-                        layers.len()
-                    ))));
+                if let Err(e) = one_entry_per_layer(method, parts.len(), layers.len()) {
+                    return Ok(Err(e));
                 }
                 Ok(parts
                     .iter()
