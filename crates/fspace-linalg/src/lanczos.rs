@@ -54,6 +54,7 @@ pub enum StartVector {
 /// | `check_symmetry` | true | one probe `⟨Au, v⟩ = ⟨u, Av⟩` before iterating (2 extra products) |
 /// | `project_start` | true | start from `A v₀` instead of `v₀` (1 extra product), see below |
 /// | `negative_tol` | 1e-12 | a Ritz value below `−max(tol, pivot_tol)·max|θ|` means "not PSD" |
+/// | `stop_at_singular_pivot` | true | with `project_start`, a vanishing pivot ends the iteration |
 ///
 /// `project_start`: a start vector with a component in `null(A)` puts that direction into the
 /// Krylov space, and `T` then drifts towards singularity before the range of `A` is captured.
@@ -77,6 +78,13 @@ pub struct LanczosConfig {
     /// A Ritz value below `−max(negative_tol, pivot_tol) · max|θ|` is an error (the operator
     /// is not PSD); above it, a negative one is rounding of a PSD operator's null space.
     pub negative_tol: f64,
+    /// With `project_start`, stop when a pivot of `T`'s LDLᵀ falls to `pivot_tol·‖T‖`: right
+    /// when `T` is to be inverted (the pseudo-inverse factors). A top-`k` eigensolve turns it
+    /// off: on an operator whose spectrum spans many orders of magnitude (a network's GGN),
+    /// Lanczos finds the bottom of the spectrum as fast as its top, so a tiny pivot there says
+    /// that a tiny eigenvalue has been found, not that the range is exhausted or the top pairs
+    /// have converged (`docs/PERFORMANCE.md`, the ResNet lowrank rows).
+    pub stop_at_singular_pivot: bool,
 }
 
 impl Default for LanczosConfig {
@@ -89,6 +97,7 @@ impl Default for LanczosConfig {
             check_symmetry: true,
             project_start: true,
             negative_tol: 1e-12,
+            stop_at_singular_pivot: true,
         }
     }
 }
@@ -100,8 +109,9 @@ pub enum StopReason {
     MaxRank,
     /// `β` vanished: `Q` spans an invariant subspace (for a random start, the whole range).
     InvariantSubspace,
-    /// A pivot of `T`'s LDLᵀ vanished (checked only with `project_start`): the Krylov space
-    /// has exhausted the numerical range of `A`.
+    /// A pivot of `T`'s LDLᵀ vanished (checked only with `project_start` and
+    /// `stop_at_singular_pivot`): the Krylov space has exhausted the numerical range of `A`, or
+    /// found an eigenvalue below `pivot_tol·‖T‖`.
     SingularPivot,
     /// Every direction of ℝⁿ is spanned (`k = n`).
     FullDimension,
@@ -114,7 +124,8 @@ pub struct LanczosInfo {
     pub iterations: usize,
     /// Why it stopped.
     pub stop: StopReason,
-    /// `β_k / ‖T‖`: the relative residual of the Krylov relation (0 at an invariant subspace).
+    /// `β_k / ‖T‖`: the relative residual of the Krylov relation (at a singular pivot too; 0 at
+    /// an invariant subspace and at the full dimension).
     pub residual: f64,
 }
 
@@ -130,6 +141,16 @@ pub struct LanczosDecomposition {
     w: DMatrix<f64>,
     pivot_tol: f64,
     info: LanczosInfo,
+    /// Where the iteration stopped when it stopped at `max_rank` (for [`extend`](Self::extend)).
+    next: Option<Continuation>,
+}
+
+/// The next Lanczos vector `q_{k+1}`, its coupling `β_k` and `‖T‖` so far.
+#[derive(Debug, Clone)]
+struct Continuation {
+    vector: DVector<f64>,
+    beta: f64,
+    t_norm: f64,
 }
 
 /// The LDLᵀ factorisation of a symmetric tridiagonal matrix.
@@ -230,7 +251,6 @@ pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Lanczo
         probe_symmetry(op, 0x5eed)?;
     }
     let max_k = config.max_rank.min(n);
-    let mut q = DMatrix::zeros(n, max_k);
     let mut v0 = start_vector(&config.start, n)?;
     if config.project_start {
         v0 = op.apply(&v0)?;
@@ -243,77 +263,106 @@ pub fn lanczos(op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Lanczo
         }
         v0 /= norm;
     }
+    let mut q = DMatrix::zeros(n, max_k);
     q.set_column(0, &v0);
-    let (mut alpha, mut beta, mut pivots) = (Vec::new(), Vec::new(), Vec::new());
-    let mut t_norm = 0.0f64;
-    let mut k = 0;
-    let stop = loop {
-        let qk = q.column(k).into_owned();
-        let mut w = op.apply(&qk)?;
-        let a = qk.dot(&w);
-        alpha.push(a);
-        // Embedded LDLᵀ pivot of T_{k+1}.
-        let d = match k {
-            0 => a,
-            _ => a - beta[k - 1] * beta[k - 1] / pivots[k - 1],
+    let state = Iteration { q, alpha: Vec::new(), beta: Vec::new(), pivots: Vec::new(), t_norm: 0.0, k: 0 };
+    state.run(op, config)
+}
+
+/// The iteration's state between steps: `Q`'s first `k` columns are done and column `k` (when
+/// `k < Q.ncols()`) holds the next Lanczos vector; `β` has an entry for each vector after the
+/// first.
+struct Iteration {
+    q: DMatrix<f64>,
+    alpha: Vec<f64>,
+    beta: Vec<f64>,
+    pivots: Vec<f64>,
+    t_norm: f64,
+    k: usize,
+}
+
+impl Iteration {
+    /// Steps until `Q` is full or the iteration stops, then forms `T`'s eigenpairs.
+    fn run(self, op: &dyn LinearOperator, config: &LanczosConfig) -> Result<LanczosDecomposition> {
+        let Iteration { mut q, mut alpha, mut beta, mut pivots, mut t_norm, mut k } = self;
+        let (n, max_k) = q.shape();
+        let mut next = None;
+        let stop = loop {
+            let qk = q.column(k).into_owned();
+            let mut w = op.apply(&qk)?;
+            let a = qk.dot(&w);
+            alpha.push(a);
+            // Embedded LDLᵀ pivot of T_{k+1}.
+            let d = match k {
+                0 => a,
+                _ => a - beta[k - 1] * beta[k - 1] / pivots[k - 1],
+            };
+            pivots.push(d);
+            t_norm = t_norm.max(a.abs() + beta.last().copied().unwrap_or(0.0));
+            k += 1;
+            // Rank detection by a vanishing pivot is valid only inside range(A); an unprojected
+            // start makes T drift towards singularity earlier (see `project_start`).
+            let singular =
+                config.stop_at_singular_pivot && config.project_start && d <= config.pivot_tol * t_norm;
+            // Full reorthogonalisation, twice (Kahan–Parlett "twice is enough").
+            for _ in 0..2 {
+                let qk_block = q.columns(0, k);
+                let coeffs = qk_block.tr_mul(&w);
+                w -= qk_block * coeffs;
+            }
+            let b = w.norm();
+            if singular {
+                // The coupling to the next vector is still the Krylov residual of the Ritz pairs.
+                beta.push(b);
+                break StopReason::SingularPivot;
+            }
+            if k == n {
+                break StopReason::FullDimension;
+            }
+            if b <= config.breakdown_tol * t_norm {
+                beta.push(b);
+                break StopReason::InvariantSubspace;
+            }
+            beta.push(b);
+            w /= b;
+            if k == max_k {
+                // Kept for `extend`: the iteration can go on from here. (The residual below is
+                // relative to ‖T‖ before this β counts in it.)
+                next = Some(Continuation { vector: w, beta: b, t_norm: t_norm.max(a.abs() + b) });
+                break StopReason::MaxRank;
+            }
+            t_norm = t_norm.max(a.abs() + b);
+            q.set_column(k, &w);
         };
-        pivots.push(d);
-        t_norm = t_norm.max(a.abs() + beta.last().copied().unwrap_or(0.0));
-        k += 1;
-        // Rank detection by a vanishing pivot is valid only inside range(A); an unprojected
-        // start makes T drift towards singularity earlier (see `project_start`).
-        if config.project_start && d <= config.pivot_tol * t_norm {
-            break StopReason::SingularPivot;
+        // β has one entry per step that produced a next vector; the last one (if any) couples T
+        // to the unused q_{k+1} and is the Krylov residual.
+        let coupling = if beta.len() == k { beta.pop() } else { None };
+        let residual = coupling.unwrap_or(0.0) / t_norm.max(f64::MIN_POSITIVE);
+        // The unused columns are released in place (no copy of the basis beside it).
+        let unused = q.ncols() - k;
+        let q = q.remove_columns(k, unused);
+        let t = tridiagonal(&alpha, &beta);
+        let (theta, w) = crate::dense::sym_eigh_desc(&t)?;
+        let scale = theta.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let lowest = theta[k - 1];
+        if lowest < -config.pivot_tol.max(config.negative_tol) * scale {
+            return Err(LinalgError::NotPositiveDefinite {
+                what: "Lanczos operator (Ritz value of T)",
+                value: lowest,
+            });
         }
-        // Full reorthogonalisation, twice (Kahan–Parlett "twice is enough").
-        for _ in 0..2 {
-            let qk_block = q.columns(0, k);
-            let coeffs = qk_block.tr_mul(&w);
-            w -= qk_block * coeffs;
-        }
-        let b = w.norm();
-        if k == n {
-            break StopReason::FullDimension;
-        }
-        if b <= config.breakdown_tol * t_norm {
-            beta.push(b);
-            break StopReason::InvariantSubspace;
-        }
-        if k == max_k {
-            beta.push(b);
-            break StopReason::MaxRank;
-        }
-        beta.push(b);
-        t_norm = t_norm.max(a.abs() + b);
-        q.set_column(k, &(w / b));
-    };
-    // β has one entry per step that produced a next vector; the last one (if any) couples T
-    // to the unused q_{k+1} and is the Krylov residual.
-    let residual =
-        if beta.len() == k { beta.pop().unwrap_or(0.0) / t_norm.max(f64::MIN_POSITIVE) } else { 0.0 };
-    // The unused columns are released in place (no copy of the basis beside it).
-    let unused = q.ncols() - k;
-    let q = q.remove_columns(k, unused);
-    let t = tridiagonal(&alpha, &beta);
-    let (theta, w) = crate::dense::sym_eigh_desc(&t)?;
-    let scale = theta.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let lowest = theta[k - 1];
-    if lowest < -config.pivot_tol.max(config.negative_tol) * scale {
-        return Err(LinalgError::NotPositiveDefinite {
-            what: "Lanczos operator (Ritz value of T)",
-            value: lowest,
-        });
+        Ok(LanczosDecomposition {
+            q,
+            alpha,
+            beta,
+            pivots,
+            theta,
+            w,
+            pivot_tol: config.pivot_tol,
+            info: LanczosInfo { iterations: k, stop, residual },
+            next,
+        })
     }
-    Ok(LanczosDecomposition {
-        q,
-        alpha,
-        beta,
-        pivots,
-        theta,
-        w,
-        pivot_tol: config.pivot_tol,
-        info: LanczosInfo { iterations: k, stop, residual },
-    })
 }
 
 fn tridiagonal(alpha: &[f64], beta: &[f64]) -> DMatrix<f64> {
@@ -377,6 +426,38 @@ impl LanczosDecomposition {
         }
         let theta = self.theta.rows(0, k).into_owned();
         (theta, q.remove_columns(k, m - k))
+    }
+    /// Continues an iteration that stopped at its `max_rank` until `Q` has `config.max_rank`
+    /// columns (or the iteration stops earlier), on the same operator: the same decomposition,
+    /// to rounding, as one run with the larger `max_rank`, without redoing the first `k`
+    /// products. `Q` grows in place (its storage is reallocated, not copied beside itself). A
+    /// decomposition that stopped for another reason (an invariant subspace, a singular pivot,
+    /// the full dimension), or a `max_rank` not above `k`, is returned unchanged. `config`
+    /// supplies the tolerances; its start and symmetry settings are not used again.
+    ///
+    /// Errors: an operator of another dimension (`DimensionMismatch`), and those of
+    /// [`lanczos`] during the new steps.
+    pub fn extend(mut self, op: &dyn LinearOperator, config: &LanczosConfig) -> Result<Self> {
+        let (n, k) = self.q.shape();
+        if op.dim() != n {
+            return Err(LinalgError::Input(InputError::DimensionMismatch {
+                what: "operator extending a Lanczos decomposition",
+                expected: n,
+                found: op.dim(),
+            }));
+        }
+        let max_k = config.max_rank.min(n);
+        if max_k <= k {
+            return Ok(self);
+        }
+        let Some(next) = self.next.take() else {
+            return Ok(self);
+        };
+        let mut q = self.q.resize_horizontally(max_k, 0.0);
+        q.set_column(k, &next.vector);
+        let mut beta = self.beta;
+        beta.push(next.beta);
+        Iteration { q, alpha: self.alpha, beta, pivots: self.pivots, t_norm: next.t_norm, k }.run(op, config)
     }
     /// Relative residuals of the Ritz pairs, `‖A yⱼ − θⱼ yⱼ‖ / ‖T‖ = (β_k/‖T‖)·|w_{k,j}|` (the
     /// last component of `T`'s eigenvector times the Krylov residual; 0 at an invariant
