@@ -13,7 +13,7 @@ use nalgebra::{DMatrix, DVector};
 use crate::curvature::{
     BlockDiagCurvature, Curvature, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
 };
-use crate::data::{for_chunks, Data};
+use crate::data::{for_chunks, for_chunks_of, Data};
 use crate::error::{LaplaceError, Result};
 use crate::ggn::CachedGgn;
 use crate::sampled::{sampled, validate, Precond, SampledPreconditioner};
@@ -537,8 +537,10 @@ use std::ops::AddAssign;
 
 /// Top-`k` eigenpairs of the GGN by Lanczos with full reorthogonalisation on the matrix-free
 /// product `v ↦ Σᵢ J(xᵢ)ᵀ Hᵢ J(xᵢ) v` (one forward and one reverse pass per chunk). The Krylov
-/// space grows (×1.5) until every kept Ritz pair has a relative residual below `tol`, or the
-/// GGN's numerical rank is reached, so the kept pairs are eigenpairs, not just Ritz pairs.
+/// space starts at `1.5k + 10` vectors and grows (extending the decomposition, so each growth
+/// costs only its new products: by 5 vectors, or a tenth once it holds more than 50) until
+/// every kept Ritz pair has a relative residual below `tol`, or the range of the GGN is
+/// exhausted, so the kept pairs are eigenpairs, not just Ritz pairs.
 pub(crate) fn low_rank<N: Network>(
     net: &N,
     data: &Data,
@@ -559,8 +561,9 @@ pub(crate) fn low_rank<N: Network>(
     let failure = std::sync::Mutex::new(None);
     let streamed = |v: &DVector<f64>| -> Result<DVector<f64>> {
         let mut out = DVector::zeros(p);
-        for_chunks(
+        for_chunks_of(
             data,
+            data.product_chunk,
             |s, l| Ok(net.ggn_vector_product(&data.rows(s, l), &data.hessians[s..s + l], v)?),
             |_, _, g| {
                 out += g;
@@ -583,21 +586,31 @@ pub(crate) fn low_rank<N: Network>(
         }
     });
     let mut m = (k + k / 2 + 10).min(p).min(config.max_iterations.max(k));
+    let lanczos_config = |m| LanczosConfig {
+        max_rank: m,
+        start: StartVector::Random(config.seed),
+        check_symmetry: false,
+        pivot_tol: 1e-13,
+        breakdown_tol: 1e-13,
+        // The GGN is PSD by construction, but a float32 network's products are symmetric only
+        // to ≈ 1e-7, so its null space's Ritz values can fall below the default −1e-12·θ_max
+        // (docs/PERFORMANCE.md, the lowrank row). Such pairs are dropped below with the zero
+        // ones.
+        negative_tol: 1e-6,
+        // A GGN's spectrum spans many orders of magnitude: a vanishing pivot means Lanczos has
+        // met its bottom, not that the top `k` pairs have converged; their residuals decide.
+        // Exhaustion of the range still ends the iteration (β vanishes).
+        stop_at_singular_pivot: false,
+        ..Default::default()
+    };
+    // The Krylov space grows by extending the decomposition: the products already made are kept.
+    let mut previous: Option<fspace_linalg::LanczosDecomposition> = None;
     loop {
-        let cfg = LanczosConfig {
-            max_rank: m,
-            start: StartVector::Random(config.seed),
-            check_symmetry: false,
-            pivot_tol: 1e-13,
-            breakdown_tol: 1e-13,
-            // The GGN is PSD by construction, but a float32 network's products are symmetric
-            // only to ≈ 1e-7, so its null space's Ritz values can fall below the default
-            // −1e-12·θ_max (docs/PERFORMANCE.md, the lowrank row). Such pairs are dropped
-            // below with the zero ones.
-            negative_tol: 1e-6,
-            ..Default::default()
+        let cfg = lanczos_config(m);
+        let dec = match previous.take() {
+            None => lanczos(&op, &cfg),
+            Some(dec) => dec.extend(&op, &cfg),
         };
-        let dec = lanczos(&op, &cfg);
         if let Some(e) = failure.lock().expect("not poisoned").take() {
             return Err(e);
         }
@@ -638,7 +651,11 @@ pub(crate) fn low_rank<N: Network>(
             };
             return Ok(EigenCurvature { label: "low_rank".into(), vectors: v, values: s, remainder });
         }
-        m = ((m * 3) / 2).min(config.max_iterations).min(p);
+        // Extending costs only the new products, so the residuals are checked often: every 5
+        // steps, or every tenth of the space once it is larger (the check is an eigensolve of
+        // the m × m tridiagonal). The space, p × m doubles, is held only as far as it is needed.
+        m = (m + (m / 10).max(5)).min(config.max_iterations).min(p);
+        previous = Some(dec);
     }
 }
 

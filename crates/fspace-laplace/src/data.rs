@@ -13,6 +13,10 @@ pub(crate) struct Data<'a> {
     pub hessians: Vec<DMatrix<f64>>,
     pub factors: Vec<DMatrix<f64>>,
     pub chunk: usize,
+    /// Points per chunk of the streamed matrix-free GGN products (`chunk_points` as configured,
+    /// not capped by the layer statistics' size: a product holds no statistics, and fewer,
+    /// larger calls are cheaper on a torch model, `docs/PERFORMANCE.md`).
+    pub product_chunk: usize,
     /// Told the number of points folded so far after every chunk of a pass over the data
     /// ([`for_chunks`]); each pass counts from the start again.
     pub progress: Option<&'a (dyn Fn(usize) + Sync + 'a)>,
@@ -20,8 +24,12 @@ pub(crate) struct Data<'a> {
 
 impl Data<'_> {
     pub(crate) fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.chunks_of(self.chunk)
+    }
+    pub(crate) fn chunks_of(&self, chunk: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
         let n = self.x.nrows();
-        (0..n).step_by(self.chunk).map(move |s| (s, self.chunk.min(n - s)))
+        let chunk = chunk.max(1);
+        (0..n).step_by(chunk).map(move |s| (s, chunk.min(n - s)))
     }
     pub(crate) fn rows(&self, start: usize, len: usize) -> DMatrix<f64> {
         self.x.rows(start, len).into_owned()
@@ -37,10 +45,20 @@ impl Data<'_> {
 pub(crate) fn for_chunks<T: Send>(
     data: &Data,
     map: impl Fn(usize, usize) -> Result<T> + Sync,
+    fold: impl FnMut(usize, usize, T) -> Result<()>,
+) -> Result<()> {
+    for_chunks_of(data, data.chunk, map, fold)
+}
+
+/// [`for_chunks`] with `chunk` points per chunk.
+pub(crate) fn for_chunks_of<T: Send>(
+    data: &Data,
+    chunk: usize,
+    map: impl Fn(usize, usize) -> Result<T> + Sync,
     mut fold: impl FnMut(usize, usize, T) -> Result<()>,
 ) -> Result<()> {
     use rayon::prelude::*;
-    let chunks: Vec<(usize, usize)> = data.chunks().collect();
+    let chunks: Vec<(usize, usize)> = data.chunks_of(chunk).collect();
     let width = rayon::current_num_threads().max(1);
     for group in chunks.chunks(width) {
         let parts: Vec<Result<T>> = group.par_iter().map(|&(s, l)| map(s, l)).collect();
@@ -116,5 +134,5 @@ pub(crate) fn data_for<'a>(
             (hessians, factors)
         }
     };
-    Ok(Data { x, hessians, factors, chunk, progress: None })
+    Ok(Data { x, hessians, factors, chunk, product_chunk: chunk, progress: None })
 }

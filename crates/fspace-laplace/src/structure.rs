@@ -60,7 +60,7 @@ impl Default for LastLayerConfig {
 /// | `rank` | 100 | `k`, eigenpairs kept (laplax's default scale) |
 /// | `diag_remainder` | false | add `max(diag(GGN) − diag(V S Vᵀ), 0)` so the diagonal is exact |
 /// | `tol` | 1e-8 | relative Ritz residual every kept pair must reach |
-/// | `max_iterations` | 1 000 | Lanczos steps at most (the Krylov space grows ×1.5 until converged) |
+/// | `max_iterations` | 1 000 | Lanczos steps at most (the Krylov space grows from `1.5k + 10` by 5 steps, or a tenth, until converged) |
 /// | `seed` | 0 | Lanczos start vector |
 /// | `statistics_cache_bytes` | 1 GiB | cache the layer statistics for the GGN products when they fit (two GEMMs per layer and product instead of a JVP + VJP); `0` always streams |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

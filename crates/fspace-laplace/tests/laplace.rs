@@ -15,6 +15,36 @@ use fspace_testutil::{rel_frob, rng};
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 
+/// The `Network` methods the test wrapper networks forward unchanged to its inner `net`.
+macro_rules! delegate_required_to_net {
+    () => {
+        fn input_dim(&self) -> usize {
+            self.net.input_dim()
+        }
+        fn output_dim(&self) -> usize {
+            self.net.output_dim()
+        }
+        fn n_params(&self) -> usize {
+            self.net.n_params()
+        }
+        fn params(&self) -> DVector<f64> {
+            self.net.params()
+        }
+        fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
+            self.net.set_params(params)
+        }
+        fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+            self.net.forward(x)
+        }
+        fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> fspace_nn::Result<DVector<f64>> {
+            self.net.vjp(x, v)
+        }
+        fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+            self.net.jvp(x, u)
+        }
+    };
+}
+
 fn mlp(d: usize, hidden: Vec<usize>, q: usize, seed: u64) -> Mlp {
     Mlp::new(MlpConfig { input_dim: d, hidden, output_dim: q, activation: Activation::Tanh, seed }).unwrap()
 }
@@ -420,6 +450,53 @@ fn check_low_rank<N: Network + Clone>(
         );
         assert!(vals_err < 1e-8 && orth < 1e-10 && vec_err < 1e-8);
     }
+}
+
+/// An MLP that counts the GGN products asked of it (in points: one product visits every point).
+#[derive(Clone)]
+struct CountingProducts {
+    net: Mlp,
+    points: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Network for CountingProducts {
+    delegate_required_to_net!();
+    fn ggn_vector_product(
+        &self,
+        x: &DMatrix<f64>,
+        hessians: &[DMatrix<f64>],
+        v: &DVector<f64>,
+    ) -> fspace_nn::Result<DVector<f64>> {
+        self.points.fetch_add(x.nrows(), std::sync::atomic::Ordering::SeqCst);
+        self.net.ggn_vector_product(x, hessians, v)
+    }
+}
+
+#[test]
+fn a_growing_low_rank_krylov_space_keeps_its_products() {
+    // A tight tolerance on 20 pairs makes the space grow past its first 40 vectors; every
+    // growth extends the decomposition, so the products made are the iterations (+1 for the
+    // projected start), not the sum of the sizes tried.
+    let net = mlp(30, vec![20], 1, 40);
+    let (x, y) = regression(300, 30, 41);
+    let lik = LikelihoodSpec::gaussian(0.3);
+    let points = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counting = CountingProducts { net: net.clone(), points: points.clone() };
+    let cfg = LowRankConfig { rank: 20, tol: 1e-13, statistics_cache_bytes: 0, ..Default::default() };
+    let post = fit_with(counting, lik, &x, &y, Structure::LowRank(cfg));
+    let iterations = post.report().lanczos_iterations;
+    let products = points.load(std::sync::atomic::Ordering::SeqCst) as f64 / x.nrows() as f64;
+    println!(
+        "{iterations} Lanczos steps, {products} GGN products, worst residual {:.2e}",
+        post.report().max_ritz_residual
+    );
+    assert!(iterations > 40, "the space did not grow ({iterations} steps)");
+    assert_eq!(products, (iterations + 1) as f64);
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    let eig = fspace_linalg::sym_eigh(&ggn).unwrap();
+    let fspace_laplace::Curvature::Eigen(e) = post.curvature() else { panic!("eigen") };
+    let vals_err = (0..20).map(|j| (e.values[j] - eig.0[j]).abs() / eig.0[0]).fold(0.0, f64::max);
+    assert!(vals_err < 1e-10, "eigenvalue error {vals_err:.2e}");
 }
 
 #[test]
@@ -1378,36 +1455,6 @@ fn fit_observed_reports_every_pass_over_the_data_and_fits_the_same_posterior() {
         let (a, b) = (observed.predict(&probe).unwrap(), plain.predict(&probe).unwrap());
         assert_eq!(a.var, b.var, "{name}");
     }
-}
-
-/// The `Network` methods every test wrapper below forwards unchanged to its inner `net`.
-macro_rules! delegate_required_to_net {
-    () => {
-        fn input_dim(&self) -> usize {
-            self.net.input_dim()
-        }
-        fn output_dim(&self) -> usize {
-            self.net.output_dim()
-        }
-        fn n_params(&self) -> usize {
-            self.net.n_params()
-        }
-        fn params(&self) -> DVector<f64> {
-            self.net.params()
-        }
-        fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
-            self.net.set_params(params)
-        }
-        fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
-            self.net.forward(x)
-        }
-        fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> fspace_nn::Result<DVector<f64>> {
-            self.net.vjp(x, v)
-        }
-        fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> fspace_nn::Result<DMatrix<f64>> {
-            self.net.jvp(x, u)
-        }
-    };
 }
 
 /// An MLP seen through its products only: no layer statistics, and a Jacobian that must never
