@@ -114,10 +114,14 @@ def peak_mb():
     return status_mb("VmHWM")
 
 
-def trace_callbacks(trace):
+def trace_callbacks(trace, live=None):
     """Wraps fspace's torch callbacks to record, per call, its name, seconds, and the resident
-    memory before and after it with the peak so far (MB) — where a row's peak is reached."""
+    memory before and after it with the peak so far (MB) — where a row's peak is reached. With
+    ``live`` (a path), each record is also appended there as a JSON line when the call returns,
+    so a long row can be followed (and read if it never finishes)."""
     from fspace._torch import TorchCalls
+
+    origin = time.perf_counter()
 
     def wrap(name, fn):
         def traced(self, *a, **k):
@@ -125,7 +129,11 @@ def trace_callbacks(trace):
             out = fn(self, *a, **k)
             trace.append({"call": name, "s": round(time.perf_counter() - start, 2), "rss_before": round(before),
                           "rss_after": round(status_mb("VmRSS")), "peak": round(peak_mb()),
-                          "cols": int(a[2].shape[1]) if len(a) > 2 and hasattr(a[2], "shape") and a[2].ndim == 2 else None})
+                          "cols": int(a[2].shape[1]) if len(a) > 2 and hasattr(a[2], "shape") and a[2].ndim == 2 else None,
+                          "at": round(time.perf_counter() - origin, 1)})
+            if live is not None:
+                with open(live, "a") as f:
+                    f.write(json.dumps(trace[-1]) + "\n")
             return out
         return traced
 
@@ -148,7 +156,9 @@ def run_fspace(row, args):
     out = {"params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     if args.trace_rss:
         out["trace"] = []
-        trace_callbacks(out["trace"])
+        live = Path(args.out) / f"trace-{row}.jsonl"
+        live.unlink(missing_ok=True)
+        trace_callbacks(out["trace"], live)
     start = time.perf_counter()
     if row in ("kron", "lowrank"):
         extra = {"kron_bias": "separate"} if row == "kron" else {"rank": args.lowrank_rank}
@@ -156,6 +166,7 @@ def run_fspace(row, args):
                             **extra)
         la.fit(x, y)
         out["fit_s"] = time.perf_counter() - start
+        out["report"] = la.report
         start = time.perf_counter()
         probs = la(xt, pred_type="glm", link_approx="probit")
     else:
@@ -212,7 +223,8 @@ def main():
     ap.add_argument("--laplace-torch-python", default=sys.executable)
     ap.add_argument("--bias-free", action="store_true", help="torchvision's bias-free convolutions")
     ap.add_argument("--trace-rss", action="store_true",
-                    help="record each torch callback's seconds and resident memory (results.json, per row)")
+                    help="record each torch callback's seconds and resident memory (results.json, per row; "
+                         "OUT/trace-ROW.jsonl as the row runs)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:

@@ -52,6 +52,8 @@ pub(crate) struct PyLaplace {
     likelihood: LikelihoodSpec,
     config: LaplaceConfig,
     posterior: Option<LaplacePosterior<PyNetwork>>,
+    /// The last fit's `FitReport` as JSON (`None` before a fit and after a load).
+    report: Option<String>,
 }
 
 impl PyLaplace {
@@ -131,7 +133,7 @@ impl PyLaplace {
         if !(temperature.is_finite() && temperature > 0.0) {
             return Err(value_error(format!("temperature {temperature} must be finite and > 0")));
         }
-        Ok(Self { net, likelihood, config, posterior: None })
+        Ok(Self { net, likelihood, config, posterior: None, report: None })
     }
 
     /// Fits the curvature at the network's weights on `(X, y)`: `X` is `n × d`, `y` is `n × d'`
@@ -151,15 +153,17 @@ impl PyLaplace {
         let (x, y) = (matrix(&x), matrix(&y));
         let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
         let mut observer = PyProgress { callback: progress, error: None };
-        let posterior = py.detach(|| -> Result<_, LaplaceError> {
+        let fitted = py.detach(|| -> Result<_, LaplaceError> {
             let data = Data::new(&x, &y).map_err(LaplaceError::Core)?;
-            Ok(fspace_laplace::fit_observed(net, lik, &data, &config, &mut observer)?.posterior)
+            fspace_laplace::fit_observed(net, lik, &data, &config, &mut observer)
         });
         // The progress callback's own exception first: the fit went on without it.
         if let Some(e) = observer.error.take() {
             return Err(e);
         }
-        self.posterior = Some(posterior.map_err(|e| errors.raise(e))?);
+        let fitted = fitted.map_err(|e| errors.raise(e))?;
+        self.report = Some(serde_json::to_string(&fitted.report).map_err(|e| value_error(e.to_string()))?);
+        self.posterior = Some(fitted.posterior);
         Ok(())
     }
 
@@ -273,6 +277,14 @@ impl PyLaplace {
         Ok(self.fitted()?.prior_precision().to_vec())
     }
 
+    /// The last fit's report as JSON (`FitReport`: the parameters covered, the low-rank
+    /// structure's Lanczos iterations, largest Ritz residual and kept rank, the seconds spent);
+    /// `None` before a fit and on a loaded posterior.
+    #[getter]
+    fn report_json(&self) -> Option<String> {
+        self.report.clone()
+    }
+
     /// Whether `fit` has run.
     #[getter]
     fn is_fitted(&self) -> bool {
@@ -296,6 +308,7 @@ impl PyLaplace {
             likelihood,
             config: LaplaceConfig::default(),
             posterior: Some(post),
+            report: None,
         })
     }
 

@@ -194,6 +194,20 @@ def test_fit_reports_each_pass_over_the_data_and_a_raising_callback_surfaces(toy
         assert err.count("Laplace:") == len(seen), err
 
 
+def test_the_fit_report_says_what_lowrank_lanczos_did(toy):
+    state, x, y = toy
+    la = fspace.Laplace((state, "tanh"), "regression", hessian_structure="lowrank", rank=3, sigma_noise=0.1)
+    assert la.report == {}
+    seen = []
+    la.fit(x, y, progress=lambda *r: seen.append(r))
+    r = la.report
+    # A pass of progress reports per GGN product (the projected start and each Lanczos step),
+    # besides the pass that caches the layer statistics.
+    assert r["rank"] == 3 and 3 <= r["lanczos_iterations"] < len(seen)
+    assert 0.0 <= r["max_ritz_residual"] <= 1e-8 and r["dim"] == la.sample(1).shape[1] and r["seconds"] > 0
+    assert pickle.loads(pickle.dumps(la)).report == {}
+
+
 def test_fit_releases_the_gil():
     """While one thread fits, another thread keeps running Python (it could not if the GIL
     were held for the whole fit)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -26,8 +27,9 @@ class Laplace:
     ``log_marginal_likelihood()``, ``sample(n)``. Pickles with bit-identical predictions.
     ``kron_bias="separate"`` gives KFAC / EKFAC laplace-torch's separate bias block (fspace's
     default folds the bias into the input factor). ``rank`` sets ``hessian_structure="lowrank"``'s
-    number of GGN eigenpairs (default 100; laplace-torch has no such argument): its memory is
-    ``p × rank`` doubles plus Lanczos' basis of about 1.5× that.
+    number of GGN eigenpairs (default 100; laplace-torch has no such argument): the fit holds
+    Lanczos' basis, ``p × m`` doubles with ``m`` from ``1.5·rank + 10`` up to the steps the top
+    pairs need to converge (``report["lanczos_iterations"]``), and keeps ``p × rank``.
 
     Any other ``torch.nn.Module`` takes the torch path (``backend="auto"`` or ``"torch"``):
     ``kron`` / ``ekfac`` collect each ``nn.Linear`` / ``nn.Conv2d`` layer's statistics by module
@@ -173,6 +175,15 @@ class Laplace:
     @property
     def prior_precision(self) -> list:
         return self._fitted().prior_precision
+
+    @property
+    def report(self) -> Dict[str, Any]:
+        """What the last ``fit`` did, from Rust's ``FitReport``: ``dim`` (parameters covered),
+        ``seconds``; for ``"lowrank"`` the Lanczos ``lanczos_iterations``, the largest relative
+        Ritz residual of the kept pairs (``max_ritz_residual``) and the ``rank`` kept. ``{}``
+        before a fit and on an unpickled posterior."""
+        text = None if self._la is None else self._la.report_json
+        return {} if text is None else json.loads(text)
 
     def __reduce__(self) -> Any:
         if isinstance(self._spec, TorchModel):
