@@ -325,13 +325,14 @@ impl Iteration {
             }
             beta.push(b);
             w /= b;
+            let t_norm_with_b = t_norm.max(a.abs() + b);
             if k == max_k {
                 // Kept for `extend`: the iteration can go on from here. (The residual below is
                 // relative to ‖T‖ before this β counts in it.)
-                next = Some(Continuation { vector: w, beta: b, t_norm: t_norm.max(a.abs() + b) });
+                next = Some(Continuation { vector: w, beta: b, t_norm: t_norm_with_b });
                 break StopReason::MaxRank;
             }
-            t_norm = t_norm.max(a.abs() + b);
+            t_norm = t_norm_with_b;
             q.set_column(k, &w);
         };
         // β has one entry per step that produced a next vector; the last one (if any) couples T
