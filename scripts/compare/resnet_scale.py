@@ -14,7 +14,8 @@ Rows, each library in its own subprocess (its own peak RSS, from VmHWM):
 - ``kron``: fspace ``Laplace(hessian_structure="kron", kron_bias="separate")`` on the torch path
   (module hooks) and laplace-torch's ``KronLaplace`` (its default curvlinops GGN back-end), fit on
   ``--n`` points and the GLM predictive (probit) on ``--n-test`` points, both at λ = 1;
-- ``lowrank``: fspace ``Laplace(hessian_structure="lowrank", rank=--lowrank-rank)``: the GGN's
+- ``lowrank``: fspace ``Laplace(hessian_structure="lowrank", rank=--lowrank-rank,
+  max_basis=--lowrank-max-basis, chunk_points=--lowrank-chunk)``: the GGN's
   top eigenpairs by Lanczos on matrix-free GGN products (one forward-mode and one reverse pass
   over the fit points per step, streamed: the layer statistics exceed the 1 GiB cache), and its
   GLM predictive; laplace-torch's ``LowRankLaplace`` needs the old ``asdfghjkl`` back-end, which
@@ -161,7 +162,8 @@ def run_fspace(row, args):
         trace_callbacks(out["trace"], live)
     start = time.perf_counter()
     if row in ("kron", "lowrank"):
-        extra = {"kron_bias": "separate"} if row == "kron" else {"rank": args.lowrank_rank}
+        extra = {"kron_bias": "separate"} if row == "kron" else {
+            "rank": args.lowrank_rank, "max_basis": args.lowrank_max_basis, "chunk_points": args.lowrank_chunk}
         la = fspace.Laplace(model, "classification", hessian_structure=row, prior_precision=1.0, backend="torch",
                             **extra)
         la.fit(x, y)
@@ -219,6 +221,10 @@ def main():
     ap.add_argument("--context", type=int, default=100, help="FSP-Laplace context points")
     ap.add_argument("--fsp-rank", type=int, default=20, help="FSP-Laplace's Lanczos rank (M = J(C)ᵀL is p × rank)")
     ap.add_argument("--lowrank-rank", type=int, default=20, help="GGN eigenpairs of the lowrank row (its memory: p × 1.5·rank doubles)")
+    ap.add_argument("--lowrank-max-basis", type=int, default=None,
+                    help="most Krylov vectors the lowrank row holds (thick restart; default: grow as needed)")
+    ap.add_argument("--lowrank-chunk", type=int, default=None,
+                    help="points per chunk of the lowrank row's torch calls (default 256)")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     ap.add_argument("--laplace-torch-python", default=sys.executable)
     ap.add_argument("--bias-free", action="store_true", help="torchvision's bias-free convolutions")
@@ -251,6 +257,8 @@ def main():
         cmd = [python, __file__, "--out", str(out), "--n", str(args.n), "--n-test", str(args.n_test),
                "--context", str(args.context), "--fsp-rank", str(args.fsp_rank), "--lowrank-rank", str(args.lowrank_rank),
                "--one", row]
+        for flag, value in (("--lowrank-max-basis", args.lowrank_max_basis), ("--lowrank-chunk", args.lowrank_chunk)):
+            cmd += [flag, str(value)] if value is not None else []
         cmd += ["--bias-free"] if args.bias_free else []
         cmd += ["--trace-rss"] if args.trace_rss else []
         start = time.perf_counter()

@@ -5,7 +5,8 @@
 
 use fspace_input::InputError;
 use fspace_linalg::{
-    fast, lanczos, sym_eigh, thin_svd_owned, FnOperator, LanczosConfig, StartVector, StopReason,
+    fast, lanczos, sym_eigh, thick_restart_lanczos, thin_svd_owned, FnOperator, LanczosConfig, StartVector,
+    StopReason, ThickRestartConfig,
 };
 use fspace_nn::{KfacFactorSums, LayerInfo, LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
@@ -540,7 +541,9 @@ use std::ops::AddAssign;
 /// space starts at `1.5k + 10` vectors and grows (extending the decomposition, so each growth
 /// costs only its new products: by 5 vectors, or a tenth once it holds more than 50) until
 /// every kept Ritz pair has a relative residual below `tol`, or the range of the GGN is
-/// exhausted, so the kept pairs are eigenpairs, not just Ritz pairs.
+/// exhausted, so the kept pairs are eigenpairs, not just Ritz pairs. With `max_basis` the space
+/// never holds more than that many vectors: thick-restart Lanczos restarts from its best Ritz
+/// vectors instead of growing (more products, bounded memory; `docs/PERFORMANCE.md`).
 pub(crate) fn low_rank<N: Network>(
     net: &N,
     data: &Data,
@@ -585,6 +588,61 @@ pub(crate) fn low_rank<N: Network>(
             }
         }
     });
+    let (kept, theta, v) = match config.max_basis {
+        Some(max_basis) => {
+            let cfg = ThickRestartConfig {
+                k,
+                max_basis,
+                tol: config.tol,
+                // The kept pairs' Ritz values are numerically non-zero (below).
+                zero_tol: 1e-12,
+                // The iteration limit counts products here (restarts cost none).
+                max_products: config.max_iterations,
+                breakdown_tol: 1e-13,
+                start: StartVector::Random(config.seed),
+                project_start: true,
+            };
+            let top = thick_restart_lanczos(&op, &cfg);
+            if let Some(e) = failure.lock().expect("not poisoned").take() {
+                return Err(e);
+            }
+            let top = top?;
+            let cutoff = 1e-12 * top.values[0].abs();
+            let kept = (0..top.values.len()).filter(|&j| top.values[j] > cutoff).count().max(1);
+            report.lanczos_iterations = top.info.products - 1;
+            report.max_ritz_residual = (0..kept).map(|j| top.residuals[j]).fold(0.0, f64::max);
+            report.rank = kept;
+            let vectors = top.vectors.remove_columns(kept, top.values.len() - kept);
+            (kept, top.values.rows(0, kept).into_owned(), vectors)
+        }
+        None => growing_lanczos(&op, &failure, p, k, config, report)?,
+    };
+    let s = theta.map(|x| x.max(0.0));
+    let remainder = if config.diag_remainder {
+        let d = diagonal(net, data)?;
+        let mut vs2 = DVector::zeros(p);
+        for j in 0..kept {
+            for i in 0..p {
+                vs2[i] += s[j] * v[(i, j)] * v[(i, j)];
+            }
+        }
+        Some((d - vs2).map(|x| x.max(0.0)))
+    } else {
+        None
+    };
+    Ok(EigenCurvature { label: "low_rank".into(), vectors: v, values: s, remainder })
+}
+
+/// Plain Lanczos whose Krylov space grows until the kept pairs converge: returns the number
+/// kept, their Ritz values and vectors.
+fn growing_lanczos(
+    op: &dyn fspace_linalg::LinearOperator,
+    failure: &std::sync::Mutex<Option<LaplaceError>>,
+    p: usize,
+    k: usize,
+    config: &LowRankConfig,
+    report: &mut FitReport,
+) -> Result<(usize, DVector<f64>, DMatrix<f64>)> {
     let mut m = (k + k / 2 + 10).min(p).min(config.max_iterations.max(k));
     let lanczos_config = |m| LanczosConfig {
         max_rank: m,
@@ -608,8 +666,8 @@ pub(crate) fn low_rank<N: Network>(
     loop {
         let cfg = lanczos_config(m);
         let dec = match previous.take() {
-            None => lanczos(&op, &cfg),
-            Some(dec) => dec.extend(&op, &cfg),
+            None => lanczos(op, &cfg),
+            Some(dec) => dec.extend(op, &cfg),
         };
         if let Some(e) = failure.lock().expect("not poisoned").take() {
             return Err(e);
@@ -636,20 +694,7 @@ pub(crate) fn low_rank<N: Network>(
             report.rank = kept;
             // Only the kept Ritz vectors, formed in the Krylov basis' storage.
             let (theta, v) = dec.into_top_ritz(kept);
-            let s = theta.map(|x| x.max(0.0));
-            let remainder = if config.diag_remainder {
-                let d = diagonal(net, data)?;
-                let mut vs2 = DVector::zeros(p);
-                for j in 0..kept {
-                    for i in 0..p {
-                        vs2[i] += s[j] * v[(i, j)] * v[(i, j)];
-                    }
-                }
-                Some((d - vs2).map(|x| x.max(0.0)))
-            } else {
-                None
-            };
-            return Ok(EigenCurvature { label: "low_rank".into(), vectors: v, values: s, remainder });
+            return Ok((kept, theta, v));
         }
         // Extending costs only the new products, so the residuals are checked often: every 5
         // steps, or every tenth of the space once it is larger (the check is an eigensolve of

@@ -63,6 +63,7 @@ impl Default for LastLayerConfig {
 /// | `max_iterations` | 1 000 | Lanczos steps at most (the Krylov space grows from `1.5k + 10` by 5 steps, or a tenth, until converged) |
 /// | `seed` | 0 | Lanczos start vector |
 /// | `statistics_cache_bytes` | 1 GiB | cache the layer statistics for the GGN products when they fit (two GEMMs per layer and product instead of a JVP + VJP); `0` always streams |
+/// | `max_basis` | `None` | hold at most this many Krylov vectors (`p × max_basis` doubles, ≥ `rank + 2`), restarting from the best Ritz vectors when full (thick-restart Lanczos, `fspace_linalg::thick_restart`); `None` grows the basis as far as the iteration needs |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LowRankConfig {
     /// Eigenpairs kept.
@@ -79,6 +80,9 @@ pub struct LowRankConfig {
     /// `crate::ggn` — networks without layer structure always stream.
     #[serde(default = "default_cache_bytes")]
     pub statistics_cache_bytes: usize,
+    /// Most Krylov vectors held at once (thick restart); `None`: unbounded.
+    #[serde(default)]
+    pub max_basis: Option<usize>,
 }
 fn default_cache_bytes() -> usize {
     1 << 30
@@ -92,6 +96,7 @@ impl Default for LowRankConfig {
             max_iterations: 1_000,
             seed: 0,
             statistics_cache_bytes: default_cache_bytes(),
+            max_basis: None,
         }
     }
 }

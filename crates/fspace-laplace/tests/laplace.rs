@@ -500,6 +500,53 @@ fn a_growing_low_rank_krylov_space_keeps_its_products() {
 }
 
 #[test]
+fn a_bounded_krylov_basis_restarts_and_finds_the_same_low_rank_curvature() {
+    // 20 pairs to 1e-12 in a basis of 24 vectors: thick-restart Lanczos restarts many times and
+    // must still find the dense GGN's top eigenpairs; every product is counted in the report.
+    let net = mlp(30, vec![20], 1, 40);
+    let (x, y) = regression(300, 30, 41);
+    let lik = LikelihoodSpec::gaussian(0.3);
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    let (values, vectors) = fspace_linalg::sym_eigh(&ggn).unwrap();
+    for max_basis in [24, 60] {
+        let points = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counting = CountingProducts { net: net.clone(), points: points.clone() };
+        let cfg = LowRankConfig {
+            rank: 20,
+            tol: 1e-12,
+            statistics_cache_bytes: 0,
+            max_basis: Some(max_basis),
+            ..Default::default()
+        };
+        let post = fit_with(counting, lik, &x, &y, Structure::LowRank(cfg));
+        let report = post.report();
+        let products = points.load(std::sync::atomic::Ordering::SeqCst) / x.nrows();
+        println!(
+            "max_basis {max_basis}: {} steps, {products} GGN products, worst residual {:.2e}",
+            report.lanczos_iterations, report.max_ritz_residual
+        );
+        assert_eq!(products, report.lanczos_iterations + 1);
+        assert!(report.max_ritz_residual <= 1e-12);
+        if max_basis == 24 {
+            assert!(products > 2 * max_basis, "a 24-vector basis must restart ({products} products)");
+        }
+        let fspace_laplace::Curvature::Eigen(e) = post.curvature() else { panic!("eigen") };
+        assert_eq!(e.vectors.shape(), (net.n_params(), 20));
+        for j in 0..20 {
+            let err = (e.values[j] - values[j]).abs() / values[0];
+            assert!(err < 1e-11, "max_basis {max_basis}: eigenvalue {j} error {err:.2e}");
+            let cos = e.vectors.column(j).dot(&vectors.column(j)).abs();
+            assert!((1.0 - cos).abs() < 1e-8, "max_basis {max_basis}: eigenvector {j}: |cos| = {cos}");
+        }
+    }
+    // A basis too small for the rank is a typed error naming it.
+    let cfg =
+        LowRankConfig { rank: 20, max_basis: Some(21), statistics_cache_bytes: 0, ..Default::default() };
+    let err = fit_v(net, lik, &x, &y, &config(Structure::LowRank(cfg))).unwrap_err().to_string();
+    assert!(err.contains("max_basis"), "{err}");
+}
+
+#[test]
 fn low_rank_top_k_equals_dense_eigh() {
     let net = mlp(2, vec![8, 8], 1, 11);
     let (x, y) = regression(30, 2, 12);

@@ -174,7 +174,7 @@ impl TridiagonalLdlt {
     }
 }
 
-fn start_vector(start: &StartVector, n: usize) -> Result<DVector<f64>> {
+pub(crate) fn start_vector(start: &StartVector, n: usize) -> Result<DVector<f64>> {
     let v = match start {
         StartVector::Given(v) => {
             if v.len() != n {
@@ -413,18 +413,10 @@ impl LanczosDecomposition {
     /// rest of `Q` is released, so no second `n × m` matrix is held beside `Q` (as
     /// [`ritz`](Self::ritz) holds `QW`; `docs/PERFORMANCE.md`, where `lowrank`'s peak sat).
     pub fn into_top_ritz(self, k: usize) -> (DVector<f64>, DMatrix<f64>) {
-        const BLOCK_ROWS: usize = 4096;
-        let (n, m) = self.q.shape();
+        let m = self.q.ncols();
         let k = k.min(m);
-        let wk = self.w.columns(0, k).into_owned();
         let mut q = self.q;
-        let mut start = 0;
-        while start < n {
-            let rows = BLOCK_ROWS.min(n - start);
-            let block = q.rows(start, rows) * &wk;
-            q.view_mut((start, 0), (rows, k)).copy_from(&block);
-            start += rows;
-        }
+        crate::thick_restart::rotate_basis_in_place(&mut q, &self.w.columns(0, k).into_owned());
         let theta = self.theta.rows(0, k).into_owned();
         (theta, q.remove_columns(k, m - k))
     }

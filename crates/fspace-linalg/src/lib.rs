@@ -9,7 +9,8 @@
 //!   [`DiagonalOperator`], [`LowRankPlusDiagonal`] (and the kernel Gram operator in
 //!   `fspace-kernels`).
 //! * [`lanczos()`] with full reorthogonalisation and embedded LDLᵀ; [`pinv_factor`] gives
-//!   `F Fᵀ ≈ A†` (FSP-Laplace Alg. 2); Ritz pairs for truncated eigendecompositions.
+//!   `F Fᵀ ≈ A†` (FSP-Laplace Alg. 2); Ritz pairs for truncated eigendecompositions;
+//!   [`thick_restart_lanczos`] finds the top `k` eigenpairs in a basis of bounded size.
 //! * [`cg()`] with [`DiagonalPreconditioner`] or [`PivotedCholeskyPreconditioner`].
 //! * [`cholesky_jitter`] (reports its jitter), triangular solves, exact log-determinants,
 //!   [`slq_logdet`] for operators, rank-k Cholesky [`cholesky_rank_update`]s and downdates.
@@ -32,6 +33,7 @@ pub mod lanczos;
 pub mod logdet;
 pub mod lowrank;
 pub mod operator;
+pub mod thick_restart;
 mod vector_state;
 
 pub use cg::{
@@ -51,4 +53,7 @@ pub use lowrank::LowRankPlusDiagonal;
 pub use operator::{
     ensure_symmetric, relative_asymmetry, to_dense, DenseOperator, DiagonalOperator, FnOperator,
     LinearOperator, ScaledOperator, SumOperator, SymmetricEntries,
+};
+pub use thick_restart::{
+    thick_restart_lanczos, ThickRestartConfig, ThickRestartInfo, ThickRestartStop, TopEigenpairs,
 };

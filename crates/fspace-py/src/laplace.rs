@@ -17,7 +17,14 @@ use crate::convert::{activation, likelihood as likelihood_spec, matrix, network,
 use crate::errors::{persist_error, value_error};
 use crate::methods::PyProgress;
 
-fn structure(name: &str, rank: Option<usize>) -> PyResult<Structure> {
+fn structure(name: &str, rank: Option<usize>, max_basis: Option<usize>) -> PyResult<Structure> {
+    if let Some(m) = max_basis {
+        if name != "lowrank" {
+            return Err(value_error(format!(
+                "max_basis {m} applies to hessian_structure=\"lowrank\", not {name:?}"
+            )));
+        }
+    }
     if let Some(k) = rank {
         if name != "lowrank" {
             return Err(value_error(format!(
@@ -35,6 +42,7 @@ fn structure(name: &str, rank: Option<usize>) -> PyResult<Structure> {
         "diag" => Structure::Diag,
         "lowrank" => Structure::LowRank(fspace_laplace::LowRankConfig {
             rank: rank.unwrap_or(fspace_laplace::LowRankConfig::default().rank),
+            max_basis,
             ..Default::default()
         }),
         other => {
@@ -75,9 +83,11 @@ impl PyLaplace {
     /// tensor name to `(shape, row-major float64 values, was_float32)`; `architecture` is a
     /// CNN's layout as JSON (`None`: an MLP); `calls` a torch model's callback object, which
     /// replaces `state` (any `nn.Module`; see `src/callback.rs`), with `layers` its
-    /// `layer_infos(…)` for `kron`, `ekfac` and `last_layer`.
+    /// `layer_infos(…)` for `kron`, `ekfac` and `last_layer`; `rank` and `max_basis` (most
+    /// Krylov vectors held, thick restart) for `lowrank`; `chunk_points` the points per chunk of
+    /// network calls and statistics (default 256).
     #[new]
-    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None, rank=None))]
+    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None, rank=None, max_basis=None, chunk_points=None))]
     fn new(
         state: &Bound<'_, PyDict>,
         activation_name: &str,
@@ -92,7 +102,12 @@ impl PyLaplace {
         calls: Option<&Bound<'_, PyAny>>,
         layers: Option<&Bound<'_, PyAny>>,
         rank: Option<usize>,
+        max_basis: Option<usize>,
+        chunk_points: Option<usize>,
     ) -> PyResult<Self> {
+        if chunk_points == Some(0) {
+            return Err(value_error("chunk_points must be ≥ 1"));
+        }
         let net = match calls {
             Some(calls) => callback_network(calls, layers)?,
             None => network(state, activation(activation_name)?, architecture)?.into(),
@@ -119,7 +134,8 @@ impl PyLaplace {
             }
         };
         let config = LaplaceConfig {
-            structure: structure(hessian_structure, rank)?,
+            structure: structure(hessian_structure, rank, max_basis)?,
+            chunk_points: chunk_points.unwrap_or(LaplaceConfig::default().chunk_points),
             kron_bias,
             weights,
             prior_precision: PriorPrecision::Scalar(prior_precision),

@@ -26,6 +26,8 @@ class Laplace:
         calls: Optional[Any] = None,
         layers: Optional[List[Dict[str, Any]]] = None,
         rank: Optional[int] = None,
+        max_basis: Optional[int] = None,
+        chunk_points: Optional[int] = None,
     ) -> "Laplace": ...
     def fit(
         self,

@@ -29,7 +29,11 @@ class Laplace:
     default folds the bias into the input factor). ``rank`` sets ``hessian_structure="lowrank"``'s
     number of GGN eigenpairs (default 100; laplace-torch has no such argument): the fit holds
     Lanczos' basis, ``p × m`` doubles with ``m`` from ``1.5·rank + 10`` up to the steps the top
-    pairs need to converge (``report["lanczos_iterations"]``), and keeps ``p × rank``.
+    pairs need to converge (``report["lanczos_iterations"]``), and keeps ``p × rank``;
+    ``max_basis`` bounds ``m`` (≥ ``rank + 2``): thick-restart Lanczos restarts from the best
+    Ritz vectors when the basis is full, trading more GGN products for memory.
+    ``chunk_points`` (default 256): points per chunk of network calls and layer statistics; a
+    torch model holds one chunk's activations at a time, so fewer points use less memory.
 
     Any other ``torch.nn.Module`` takes the torch path (``backend="auto"`` or ``"torch"``):
     ``kron`` / ``ekfac`` collect each ``nn.Linear`` / ``nn.Conv2d`` layer's statistics by module
@@ -50,9 +54,15 @@ class Laplace:
         input_shape: Any = None,
         backend: str = "auto",
         rank: Optional[int] = None,
+        max_basis: Optional[int] = None,
+        chunk_points: Optional[int] = None,
     ) -> None:
         self._spec = network_spec(model, input_shape, backend)
-        self._rank = None if rank is None else int(rank)
+        self._sizes = {
+            "rank": None if rank is None else int(rank),
+            "max_basis": None if max_basis is None else int(max_basis),
+            "chunk_points": None if chunk_points is None else int(chunk_points),
+        }
         on_torch = isinstance(self._spec, TorchModel)
         self._args = (
             tensors({} if on_torch else self._spec.state)[0],
@@ -95,9 +105,9 @@ class Laplace:
                     else:
                         structure = "subset_of_weights='last_layer'" if self._layers == "last" else f"hessian_structure={self._args[3]!r}"
                         raise ValueError(f"{structure} on the torch path: {e}") from None
-                self._la = _Laplace(*self._args, None, calls, layers, rank=self._rank)
+                self._la = _Laplace(*self._args, None, calls, layers, **self._sizes)
             else:
-                self._la = _Laplace(*self._args, self._spec.architecture_json(), rank=self._rank)
+                self._la = _Laplace(*self._args, self._spec.architecture_json(), **self._sizes)
         return self._la
 
     def _fitted(self) -> Any:
