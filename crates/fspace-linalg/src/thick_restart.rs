@@ -108,8 +108,9 @@ pub struct ThickRestartInfo {
     pub stop: ThickRestartStop,
 }
 
-/// The top eigenpairs found: `values` descending, `vectors` (`n × k`, orthonormal columns) and
-/// each pair's relative residual `‖A y − θ y‖ / max|θ|`.
+/// The top eigenpairs found: `values` descending, `vectors` (`n × k`, orthonormal columns; fewer
+/// than `k` when the Krylov space became invariant in fewer steps) and each pair's relative
+/// residual `‖A y − θ y‖ / max|θ|`.
 #[derive(Debug, Clone)]
 pub struct TopEigenpairs {
     /// Ritz values, descending.
@@ -139,6 +140,18 @@ pub(crate) fn rotate_basis_in_place(q: &mut DMatrix<f64>, y: &DMatrix<f64>) {
 
 /// The `k` largest eigenpairs of a symmetric operator, holding at most `max_basis` Krylov
 /// vectors (module docs).
+///
+/// ```
+/// use fspace_linalg::{thick_restart_lanczos, DiagonalOperator, ThickRestartConfig};
+/// use nalgebra::DVector;
+///
+/// // diag(1, 1/2, …, 1/200): the top 3 eigenpairs in a basis of 8 vectors (it restarts).
+/// let a = DiagonalOperator::new(DVector::from_fn(200, |i, _| 1.0 / (i + 1) as f64)).unwrap();
+/// let cfg = ThickRestartConfig { k: 3, max_basis: 8, tol: 1e-10, ..Default::default() };
+/// let top = thick_restart_lanczos(&a, &cfg).unwrap();
+/// assert!((top.values[2] - 1.0 / 3.0).abs() < 1e-10);
+/// assert!(top.info.restarts > 0 && top.vectors.ncols() == 3);
+/// ```
 ///
 /// Errors: `k = 0`, `max_basis < k + 2` (when below `n`), a tolerance that is not finite and
 /// ≥ 0 (`Invalid`); a bad start vector or `A v₀ = 0`; a non-finite product (`NonFinite`); no
