@@ -116,3 +116,18 @@ pub fn psd_pinv_sqrt(a: &DMatrix<f64>, rtol: f64) -> Result<DMatrix<f64>> {
     }
     Ok(f)
 }
+
+/// Writes `Q[:, ..m] · Y` (`Y` is `m × ℓ`, `ℓ ≤ m`) over `Q`'s first `ℓ` columns, a block of
+/// rows at a time, so the product never exists beside `Q`.
+pub(crate) fn rotate_basis_in_place(q: &mut DMatrix<f64>, y: &DMatrix<f64>) {
+    const BLOCK_ROWS: usize = 4096;
+    let (m, l) = y.shape();
+    let n = q.nrows();
+    let mut start = 0;
+    while start < n {
+        let rows = BLOCK_ROWS.min(n - start);
+        let block = q.view((start, 0), (rows, m)) * y;
+        q.view_mut((start, 0), (rows, l)).copy_from(&block);
+        start += rows;
+    }
+}

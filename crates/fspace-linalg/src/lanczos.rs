@@ -416,7 +416,7 @@ impl LanczosDecomposition {
         let m = self.q.ncols();
         let k = k.min(m);
         let mut q = self.q;
-        crate::thick_restart::rotate_basis_in_place(&mut q, &self.w.columns(0, k).into_owned());
+        crate::dense::rotate_basis_in_place(&mut q, &self.w.columns(0, k).into_owned());
         let theta = self.theta.rows(0, k).into_owned();
         (theta, q.remove_columns(k, m - k))
     }

@@ -123,21 +123,6 @@ pub struct TopEigenpairs {
     pub info: ThickRestartInfo,
 }
 
-/// Writes `Q[:, ..m] · Y` (`Y` is `m × ℓ`, `ℓ ≤ m`) over `Q`'s first `ℓ` columns, a block of
-/// rows at a time, so the product never exists beside `Q`.
-pub(crate) fn rotate_basis_in_place(q: &mut DMatrix<f64>, y: &DMatrix<f64>) {
-    const BLOCK_ROWS: usize = 4096;
-    let (m, l) = y.shape();
-    let n = q.nrows();
-    let mut start = 0;
-    while start < n {
-        let rows = BLOCK_ROWS.min(n - start);
-        let block = q.view((start, 0), (rows, m)) * y;
-        q.view_mut((start, 0), (rows, l)).copy_from(&block);
-        start += rows;
-    }
-}
-
 /// The `k` largest eigenpairs of a symmetric operator, holding at most `max_basis` Krylov
 /// vectors (module docs).
 ///
@@ -251,7 +236,7 @@ pub fn thick_restart_lanczos(op: &dyn LinearOperator, config: &ThickRestartConfi
         };
         if let Some(stop) = stop {
             let out = y.view((0, 0), (j, wanted)).into_owned();
-            rotate_basis_in_place(&mut q, &out);
+            crate::dense::rotate_basis_in_place(&mut q, &out);
             let unused = q.ncols() - wanted;
             let vectors = q.remove_columns(wanted, unused);
             return Ok(TopEigenpairs {
@@ -271,7 +256,7 @@ pub fn thick_restart_lanczos(op: &dyn LinearOperator, config: &ThickRestartConfi
         w /= b;
         if j == m {
             // Keep the best `keep` Ritz vectors; the next vector couples to them through `s`.
-            rotate_basis_in_place(&mut q, &y.columns(0, keep).into_owned());
+            crate::dense::rotate_basis_in_place(&mut q, &y.columns(0, keep).into_owned());
             h.fill(0.0);
             for i in 0..keep {
                 h[(i, i)] = theta[i];
