@@ -58,11 +58,9 @@ class Laplace:
         chunk_points: Optional[int] = None,
     ) -> None:
         self._spec = network_spec(model, input_shape, backend)
-        self._sizes = {
-            "rank": None if rank is None else int(rank),
-            "max_basis": None if max_basis is None else int(max_basis),
-            "chunk_points": None if chunk_points is None else int(chunk_points),
-        }
+        self._rank = None if rank is None else int(rank)
+        self._max_basis = None if max_basis is None else int(max_basis)
+        self._chunk_points = None if chunk_points is None else int(chunk_points)
         on_torch = isinstance(self._spec, TorchModel)
         self._args = (
             tensors({} if on_torch else self._spec.state)[0],
@@ -105,9 +103,11 @@ class Laplace:
                     else:
                         structure = "subset_of_weights='last_layer'" if self._layers == "last" else f"hessian_structure={self._args[3]!r}"
                         raise ValueError(f"{structure} on the torch path: {e}") from None
-                self._la = _Laplace(*self._args, None, calls, layers, **self._sizes)
+                self._la = _Laplace(*self._args, None, calls, layers, rank=self._rank, max_basis=self._max_basis,
+                                   chunk_points=self._chunk_points)
             else:
-                self._la = _Laplace(*self._args, self._spec.architecture_json(), **self._sizes)
+                self._la = _Laplace(*self._args, self._spec.architecture_json(), rank=self._rank,
+                                   max_basis=self._max_basis, chunk_points=self._chunk_points)
         return self._la
 
     def _fitted(self) -> Any:
