@@ -594,8 +594,8 @@ pub(crate) fn low_rank<N: Network>(
                 k,
                 max_basis,
                 tol: config.tol,
-                // The kept pairs' Ritz values are numerically non-zero (below).
-                zero_tol: 1e-12,
+                // Only the pairs that are kept must converge.
+                zero_tol: ZERO_RITZ,
                 // The iteration limit counts products here (restarts cost none).
                 max_products: config.max_iterations,
                 breakdown_tol: 1e-13,
@@ -607,8 +607,7 @@ pub(crate) fn low_rank<N: Network>(
                 return Err(e);
             }
             let top = top?;
-            let cutoff = 1e-12 * top.values[0].abs();
-            let kept = (0..top.values.len()).filter(|&j| top.values[j] > cutoff).count().max(1);
+            let kept = nonzero_pairs(&top.values, k);
             report.lanczos_iterations = top.info.products - 1;
             report.max_ritz_residual = (0..kept).map(|j| top.residuals[j]).fold(0.0, f64::max);
             report.rank = kept;
@@ -631,6 +630,16 @@ pub(crate) fn low_rank<N: Network>(
         None
     };
     Ok(EigenCurvature { label: "low_rank".into(), vectors: v, values: s, remainder })
+}
+
+/// Ritz values at or below `ZERO_RITZ·θ_max` are the GGN's numerical null space.
+const ZERO_RITZ: f64 = 1e-12;
+
+/// How many of the top `k` Ritz values (descending) are numerically non-zero, at least one: the
+/// pairs a low-rank fit keeps (rank ≤ numerical rank).
+fn nonzero_pairs(theta: &DVector<f64>, k: usize) -> usize {
+    let cutoff = ZERO_RITZ * theta[0].abs();
+    (0..k.min(theta.len())).filter(|&j| theta[j] > cutoff).count().max(1)
 }
 
 /// Plain Lanczos whose Krylov space grows until the kept pairs converge: returns the number
@@ -676,9 +685,7 @@ fn growing_lanczos(
         let theta = dec.ritz_values().clone();
         let res = dec.ritz_residuals();
         let exhausted = dec.info().stop != StopReason::MaxRank;
-        // Keep pairs whose Ritz value is numerically non-zero (rank ≤ numerical rank).
-        let cutoff = 1e-12 * theta[0].abs();
-        let kept = (0..k.min(theta.len())).filter(|&j| theta[j] > cutoff).count().max(1);
+        let kept = nonzero_pairs(&theta, k);
         let worst = (0..kept).map(|j| res[j]).fold(0.0, f64::max);
         let converged = exhausted || worst <= config.tol;
         if converged || m >= config.max_iterations.min(p) {

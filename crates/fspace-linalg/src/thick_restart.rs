@@ -33,7 +33,7 @@
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
-use crate::error::{LinalgError, Result};
+use crate::error::{ensure_dim, ensure_finite, LinalgError, Result};
 use crate::lanczos::{start_vector, StartVector};
 use crate::operator::LinearOperator;
 
@@ -173,18 +173,8 @@ pub fn thick_restart_lanczos(op: &dyn LinearOperator, config: &ThickRestartConfi
     let apply = |v: &DVector<f64>| -> Result<DVector<f64>> {
         products.set(products.get() + 1);
         let w = op.apply(v)?;
-        if w.len() != n {
-            return Err(LinalgError::Input(InputError::DimensionMismatch {
-                what: "thick-restart Lanczos operator product",
-                expected: n,
-                found: w.len(),
-            }));
-        }
-        if w.iter().any(|x| !x.is_finite()) {
-            return Err(LinalgError::Input(InputError::NonFinite {
-                what: "thick-restart Lanczos operator product",
-            }));
-        }
+        ensure_dim("thick-restart Lanczos operator product", n, w.len())?;
+        ensure_finite("thick-restart Lanczos operator product", w.iter())?;
         Ok(w)
     };
     let mut v0 = start_vector(&config.start, n)?;

@@ -18,22 +18,15 @@ use crate::errors::{persist_error, value_error};
 use crate::methods::PyProgress;
 
 fn structure(name: &str, rank: Option<usize>, max_basis: Option<usize>) -> PyResult<Structure> {
-    if let Some(m) = max_basis {
-        if name != "lowrank" {
+    for (what, value) in [("rank", rank), ("max_basis", max_basis)] {
+        if let (Some(v), false) = (value, name == "lowrank") {
             return Err(value_error(format!(
-                "max_basis {m} applies to hessian_structure=\"lowrank\", not {name:?}"
+                "{what} {v} applies to hessian_structure=\"lowrank\", not {name:?}"
             )));
         }
     }
-    if let Some(k) = rank {
-        if name != "lowrank" {
-            return Err(value_error(format!(
-                "rank {k} applies to hessian_structure=\"lowrank\", not {name:?}"
-            )));
-        }
-        if k == 0 {
-            return Err(value_error("rank must be ≥ 1"));
-        }
+    if rank == Some(0) {
+        return Err(value_error("rank must be ≥ 1"));
     }
     Ok(match name {
         "full" => Structure::Full(Default::default()),
