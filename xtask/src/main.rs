@@ -228,4 +228,13 @@ mod tests {
             assert_eq!(own.seeds.is_some(), e.flags.contains(&harness::registry::Flag::Seeds), "{}", e.name);
         }
     }
+
+    #[test]
+    fn redraw_refuses_an_experiment_whose_figures_its_metrics_do_not_determine() {
+        let err = parse_err(&["redraw", "gfsvi-activations", "--dir", "nowhere"]);
+        assert!(err.contains("rerun it") && err.contains("valla-fmnist"), "{err}");
+        let err = parse_err(&["redraw", "valla-fmnist", "--dir", "nowhere"]);
+        assert!(err.contains("no metrics.json"), "{err}");
+        assert!(parse_err(&["redraw", "no-such-run"]).contains("no-such-run"));
+    }
 }

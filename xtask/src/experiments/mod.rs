@@ -37,6 +37,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(1.0),
         budget_of: None,
         run: fsp_toy::run,
+        redraw: None,
     },
     Experiment {
         name: "fsp-mauna-loa",
@@ -46,6 +47,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(11.5),
         budget_of: None,
         run: fsp_mauna_loa::run,
+        redraw: None,
     },
     Experiment {
         name: "fsp-ocean",
@@ -55,6 +57,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(27.8),
         budget_of: None,
         run: fsp_ocean::run,
+        redraw: None,
     },
     Experiment {
         name: "fsp-uci",
@@ -64,6 +67,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(21.4),
         budget_of: None,
         run: fsp_uci::run,
+        redraw: None,
     },
     Experiment {
         name: "fsp-bayesopt",
@@ -75,6 +79,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(71.6),
         budget_of: None,
         run: fsp_bayesopt::run,
+        redraw: None,
     },
     Experiment {
         name: "fsp-bayesopt-covariance",
@@ -86,6 +91,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: None,
         budget_of: None,
         run: fsp_bayesopt::run_covariance_sweep,
+        redraw: None,
     },
     Experiment {
         name: "fsp-two-moons",
@@ -95,6 +101,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(1.1),
         budget_of: None,
         run: fsp_moons::run,
+        redraw: None,
     },
     Experiment {
         name: "fsp-context-ablation",
@@ -104,6 +111,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(1.1),
         budget_of: None,
         run: fsp_ablation::run,
+        redraw: None,
     },
     Experiment {
         name: "fsp-null-space",
@@ -113,6 +121,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(0.45),
         budget_of: None,
         run: fsp_null_space::run,
+        redraw: None,
     },
     Experiment {
         name: "gl-cubic-toy",
@@ -122,6 +131,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(0.01),
         budget_of: None,
         run: gl_cubic::run,
+        redraw: None,
     },
     Experiment {
         name: "gl-mnist-temperature",
@@ -131,6 +141,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(20.4),
         budget_of: None,
         run: gl_mnist::run,
+        redraw: None,
     },
     Experiment {
         name: "fsp-mnist",
@@ -141,6 +152,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(100.1),
         budget_of: None,
         run: fsp_images::run_mnist,
+        redraw: None,
     },
     Experiment {
         name: "fsp-fmnist",
@@ -150,6 +162,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(175.0),
         budget_of: None,
         run: fsp_images::run_fmnist,
+        redraw: None,
     },
     Experiment {
         name: "fsp-mnist-halton",
@@ -159,6 +172,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(27.8),
         budget_of: None,
         run: fsp_images::run_halton_sweep,
+        redraw: None,
     },
     Experiment {
         name: "fsp-rotated",
@@ -168,6 +182,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: None,
         budget_of: None,
         run: fsp_images::run_rotated,
+        redraw: None,
     },
     Experiment {
         name: "nn-epoch-timer",
@@ -177,6 +192,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(0.5),
         budget_of: None,
         run: nn_speed::run,
+        redraw: None,
     },
     Experiment {
         name: "perf",
@@ -186,6 +202,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(1.2),
         budget_of: None,
         run: perf::run,
+        redraw: None,
     },
     Experiment {
         name: "valla-toy",
@@ -195,6 +212,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(1.5),
         budget_of: None,
         run: valla_toy::run,
+        redraw: None,
     },
     Experiment {
         name: "valla-mnist",
@@ -206,6 +224,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: None,
         budget_of: None,
         run: valla_images::run_mnist,
+        redraw: Some(valla_images::redraw_mnist),
     },
     Experiment {
         name: "valla-fmnist",
@@ -216,6 +235,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(39.6),
         budget_of: None,
         run: valla_images::run_fmnist,
+        redraw: Some(valla_images::redraw_fmnist),
     },
     Experiment {
         name: "valla-regression",
@@ -226,6 +246,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(16.9),
         budget_of: None,
         run: valla_regression::run,
+        redraw: None,
     },
     Experiment {
         name: "valla-toy-quick",
@@ -235,6 +256,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(0.2),
         budget_of: Some("valla-toy"),
         run: valla_toy::run_quick,
+        redraw: None,
     },
     Experiment {
         name: "gfsvi-toy",
@@ -244,6 +266,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(13.2),
         budget_of: None,
         run: gfsvi_toy::run,
+        redraw: None,
     },
     Experiment {
         name: "gfsvi-toy-quick",
@@ -253,6 +276,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(2.2),
         budget_of: Some("gfsvi-toy"),
         run: gfsvi_toy::run_quick,
+        redraw: None,
     },
     Experiment {
         name: "gfsvi-activations",
@@ -262,6 +286,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(43.6),
         budget_of: None,
         run: gfsvi_figures::run_activations,
+        redraw: None,
     },
     Experiment {
         name: "gfsvi-lengthscale",
@@ -271,6 +296,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(13.8),
         budget_of: None,
         run: gfsvi_figures::run_lengthscale,
+        redraw: None,
     },
     Experiment {
         name: "gfsvi-gamma",
@@ -280,6 +306,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(16.6),
         budget_of: None,
         run: gfsvi_figures::run_gamma,
+        redraw: None,
     },
     Experiment {
         name: "gfsvi-uci",
@@ -289,6 +316,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(360.0),
         budget_of: None,
         run: gfsvi_uci::run_uci,
+        redraw: None,
     },
     Experiment {
         name: "gfsvi-ood",
@@ -298,6 +326,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(360.0),
         budget_of: None,
         run: gfsvi_uci::run_ood,
+        redraw: None,
     },
     Experiment {
         name: "gfsvi-w2",
@@ -307,5 +336,6 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(480.0),
         budget_of: None,
         run: gfsvi_w2::run,
+        redraw: None,
     },
 ];

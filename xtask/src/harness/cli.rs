@@ -1,6 +1,5 @@
-//! The command line (clap, derive): `list`, `reproduce`, `report`, `publish`, `restore`, `test`,
-//! each with `--help`. The
-//! experiment names are checked against the registry by clap itself, and `reproduce --help`
+//! The command line (clap, derive): `list`, `reproduce`, `report`, `publish`, `redraw`, `restore`,
+//! `test`, each with `--help`. The experiment names are checked against the registry by clap itself, and `reproduce --help`
 //! prints every experiment with the flags it accepts and its measured full-setting wall time.
 
 use std::path::Path;
@@ -70,6 +69,17 @@ pub enum Task {
         /// Where the reference results live.
         #[arg(long, default_value = "docs/results", value_name = "DIR")]
         to: String,
+    },
+    /// Redraw the figures of finished runs from their metrics.json with the current figure code
+    /// (nothing is recomputed); in a published folder the figures are shrunk as `publish` does
+    /// and RUN.md records the redraw. Only experiments whose figures the metrics determine.
+    Redraw {
+        /// Experiments to redraw.
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        /// Output root holding the runs.
+        #[arg(long, default_value = "docs/results", value_name = "DIR")]
+        dir: String,
     },
     /// Put a published run's checkpoint.json and log.txt back under OUT/NAME/, so that
     /// `cargo xtask reproduce NAME --resume --out OUT` continues it on another machine (a
@@ -342,6 +352,26 @@ pub fn dispatch(experiments: &[Experiment], cli: Cli) -> Result<()> {
             // The index below the claims follows the published tables.
             report::write_index(&to, experiments.iter().map(|e| (e.name, e.paper)))?;
             println!("rewrote the index of {to}/README.md");
+            Ok(())
+        }
+        Task::Redraw { names, dir } => {
+            for name in names {
+                let Some(e) = experiments.iter().find(|e| e.name == name) else {
+                    bail!("unknown experiment {name:?}; `cargo xtask list` shows them");
+                };
+                let Some(draw) = e.redraw else {
+                    let able: Vec<&str> =
+                        experiments.iter().filter(|e| e.redraw.is_some()).map(|e| e.name).collect();
+                    bail!(
+                        "{name}'s figures need data its metrics.json does not hold; rerun it \
+                         (`cargo xtask reproduce {name}`). Redrawable: {}",
+                        able.join(", ")
+                    );
+                };
+                for png in super::publish::redraw(Path::new(&dir), &name, draw)? {
+                    println!("redrew {}", png.display());
+                }
+            }
             Ok(())
         }
         Task::Restore { names, from, out } => {

@@ -134,6 +134,43 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
     Ok(dst)
 }
 
+/// Redraws the figures of the finished run `dir/name` from its `metrics.json` with `draw` (the
+/// experiment's [`super::registry::Experiment::redraw`]): a change to the figure code then
+/// reaches a published run without recomputing it. In a published folder (one with `RUN.md`)
+/// the figures are shrunk as [`publish`] shrinks them and `RUN.md` gains a line naming the
+/// commit, date and command of the redraw. Returns the figures written.
+pub fn redraw(dir: &Path, name: &str, draw: super::registry::Redraw) -> Result<Vec<PathBuf>> {
+    let folder = dir.join(name);
+    if !folder.join("metrics.json").exists() {
+        bail!("{} has no metrics.json: only a finished run can be redrawn", folder.display());
+    }
+    // Before drawing: the new figures would otherwise count as uncommitted changes.
+    let provenance = super::report::provenance();
+    let pngs = draw(&folder)?;
+    let run_md = folder.join("RUN.md");
+    if run_md.exists() {
+        let mut sizes = Vec::new();
+        for png in &pngs {
+            let (bytes, _) = small_png(png)?;
+            fs::write(png, &bytes)?;
+            let file = png.file_name().expect("a file").to_string_lossy().into_owned();
+            sizes.push(format!("`{file}` ({} KB)", bytes.len() / 1024));
+        }
+        let mut text = fs::read_to_string(&run_md)?;
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text += &format!(
+            "- Figures redrawn from `metrics.json` with the figure code of that commit (no number \
+             recomputed): {}; now {}\n",
+            provenance,
+            sizes.join(", ")
+        );
+        fs::write(&run_md, text)?;
+    }
+    Ok(pngs)
+}
+
 /// The file a resumable run keeps its finished units in (`super::checkpoint`).
 const CHECKPOINT: &str = "checkpoint.json";
 
@@ -238,6 +275,47 @@ mod tests {
         assert_eq!(log.matches(PROVENANCE).count(), 2, "both sittings' provenance: {log}");
         // A second restore would overwrite the continued run's units: refused.
         assert!(restore(&to, &elsewhere, "exp").unwrap_err().to_string().contains("would be overwritten"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Draws 1 200 × 900 pixels of noise into `dir/fig.png` (a figure too large to keep as is).
+    fn draw_noise(dir: &Path) -> Result<Vec<PathBuf>> {
+        let mut state = 11u64;
+        let img = RgbImage::from_fn(1200, 900, |_, _| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            image::Rgb([(state >> 56) as u8, (state >> 48) as u8, (state >> 40) as u8])
+        });
+        let path = dir.join("fig.png");
+        img.save(&path)?;
+        Ok(vec![path])
+    }
+
+    #[test]
+    fn a_redrawn_published_run_keeps_its_figures_small_and_says_when_they_were_redrawn() {
+        let root = std::env::temp_dir().join(format!("fspace-redraw-{}", std::process::id()));
+        let dir = root.join("exp");
+        fs::create_dir_all(&dir).unwrap();
+        // No metrics.json: not a finished run.
+        let err = redraw(&root, "exp", draw_noise).unwrap_err().to_string();
+        assert!(err.contains("no metrics.json"), "{err}");
+        fs::write(dir.join("metrics.json"), "{}").unwrap();
+        // An unpublished run's figure is left as drawn, and nothing else is written.
+        assert_eq!(redraw(&root, "exp", draw_noise).unwrap(), vec![dir.join("fig.png")]);
+        assert!(fs::metadata(dir.join("fig.png")).unwrap().len() as usize > MAX_PNG_BYTES);
+        assert!(!dir.join("RUN.md").exists());
+        // A published one: shrunk, and RUN.md gains the redraw's provenance.
+        fs::write(dir.join("RUN.md"), "# exp: the committed reference run\n\n- Files: `fig.png` (9 KB)")
+            .unwrap();
+        redraw(&root, "exp", draw_noise).unwrap();
+        assert!(fs::metadata(dir.join("fig.png")).unwrap().len() as usize <= MAX_PNG_BYTES);
+        let run_md = fs::read_to_string(dir.join("RUN.md")).unwrap();
+        assert!(run_md.starts_with("# exp: the committed reference run"), "{run_md}");
+        let line = run_md.lines().last().unwrap();
+        assert!(
+            line.starts_with("- Figures redrawn from `metrics.json`") && line.contains("commit "),
+            "{run_md}"
+        );
+        assert!(line.contains("`fig.png` ("), "{run_md}");
         fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -93,6 +93,9 @@ impl Flag {
     }
 }
 
+/// Draws a finished run's figures into its folder from its `metrics.json`; returns the files.
+pub type Redraw = fn(&std::path::Path) -> Result<Vec<std::path::PathBuf>>;
+
 /// An experiment the harness can run.
 pub struct Experiment {
     /// `cargo xtask reproduce NAME`.
@@ -110,6 +113,10 @@ pub struct Experiment {
     pub budget_of: Option<&'static str>,
     /// Runs it, writing `results/NAME/`.
     pub run: fn(&Options) -> Result<()>,
+    /// Redraws the figures of a finished run's folder from its `metrics.json` alone and returns
+    /// the files written (`cargo xtask redraw NAME`); `None` where the figures need data the metrics do not hold
+    /// (samples, predictive bands, histograms), so that only a rerun redraws them.
+    pub redraw: Option<Redraw>,
 }
 
 impl Experiment {

@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub const PROVENANCE: &str = "provenance:";
 
 /// `commit C[ + uncommitted changes], started YYYY-MM-DDTHH:MMZ, `cargo xtask ARGS``.
-fn provenance() -> String {
+pub(crate) fn provenance() -> String {
     let repo = env!("CARGO_MANIFEST_DIR");
     let git = |args: &[&str]| {
         std::process::Command::new("git")
@@ -109,6 +109,11 @@ impl Run {
     /// The path of `file` inside the run folder.
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
+    }
+
+    /// The run's folder, `OUT/NAME/`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Writes `metrics.json` (pretty-printed).

@@ -30,9 +30,10 @@
 //! * 5 seeds (`--seeds K` overrides); every table entry is the mean ± standard error over seeds.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Schedule;
@@ -403,7 +404,6 @@ fn report(
     let methods: Vec<&str> = paper.iter().map(|p| p.0).collect();
     let mut table = Vec::new();
     let mut summary = BTreeMap::new();
-    let mut times = Vec::new();
     for (method, paper_vals) in paper.iter() {
         let mine: Vec<&Row> = rows.iter().filter(|r| r.1.method == *method).map(|r| &r.1).collect();
         if mine.is_empty() {
@@ -423,7 +423,6 @@ fn report(
             method.to_string(),
             MethodSummary { accuracy_percent, nll, ece, brier, ood_auc, fit_seconds: secs.clone() },
         );
-        times.push((method.to_string(), secs));
         table.push(cells);
     }
     let mut md = format!(
@@ -435,8 +434,6 @@ fn report(
     md += &markdown_table(&["method", "ACC (%)", "NLL", "ECE", "Brier", "OOD-AUC", "fit (s)"], &table);
     let mut rotation = Vec::new();
     if with_rotation {
-        let mut ece_series = Vec::new();
-        let mut nll_series = Vec::new();
         let mut rot_rows = Vec::new();
         for method in &methods {
             let mine: Vec<&Row> = rows.iter().filter(|r| r.1.method == *method).map(|r| &r.1).collect();
@@ -453,9 +450,7 @@ fn report(
                 nll.push((angle, l));
                 cells.push(format!("{} / {}", fmt(e), fmt(l)));
             }
-            rotation.push(RotationCurves { method: method.to_string(), ece: ece.clone(), nll: nll.clone() });
-            ece_series.push((method.to_string(), ece));
-            nll_series.push((method.to_string(), nll));
+            rotation.push(RotationCurves { method: method.to_string(), ece, nll });
             rot_rows.push(cells);
         }
         let header: Vec<String> = std::iter::once("method".to_string())
@@ -467,26 +462,7 @@ fn report(
             budget.n_rotated
         );
         md += &markdown_table(&header, &rot_rows);
-        line_panels(
-            &run.path("rotated.png"),
-            &[
-                LinePanel {
-                    title: "Rotated test images: ECE".into(),
-                    labels: ("rotation (degrees)".into(), "ECE".into()),
-                    series: ece_series,
-                    log_x: false,
-                },
-                LinePanel {
-                    title: "Rotated test images: NLL".into(),
-                    labels: ("rotation (degrees)".into(), "NLL".into()),
-                    series: nll_series,
-                    log_x: false,
-                },
-            ],
-            2,
-        )?;
     }
-    log_box_plot(&run.path("fit_times.png"), &format!("{name}: fit time per method"), "seconds", &times)?;
     run.write_table(&md)?;
     let per_seed: Vec<SeedRecord> = rows
         .iter()
@@ -503,14 +479,86 @@ fn report(
             extra: r.extra.clone(),
         })
         .collect();
-    run.write_metrics(&Metrics {
-        seeds: budget.seeds,
-        quick: budget.n_train.is_some(),
-        summary,
-        rotation,
-        per_seed,
-    })?;
+    let metrics =
+        Metrics { seeds: budget.seeds, quick: budget.n_train.is_some(), summary, rotation, per_seed };
+    draw_figures(run.dir(), name, &metrics)?;
+    run.write_metrics(&metrics)?;
     Ok(())
+}
+
+/// The run's figures, from its metrics alone (so `cargo xtask redraw` draws what the run drew):
+/// `fit_times.png`, each method's fit seconds over the seeds in the paper's row order, and
+/// `rotated.png` (Fashion-MNIST), the mean ECE and NLL against the rotation angle.
+fn draw_figures(dir: &Path, name: &str, metrics: &Metrics) -> Result<Vec<PathBuf>> {
+    let paper = paper_rows(name)?;
+    let mut written = Vec::new();
+    if !metrics.rotation.is_empty() {
+        let curves = |pick: fn(&RotationCurves) -> &Vec<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
+            metrics.rotation.iter().map(|c| (c.method.clone(), pick(c).clone())).collect()
+        };
+        written.push(dir.join("rotated.png"));
+        line_panels(
+            &written[0],
+            &[
+                LinePanel {
+                    title: "Rotated test images: ECE".into(),
+                    labels: ("rotation (degrees)".into(), "ECE".into()),
+                    series: curves(|c| &c.ece),
+                    log_x: false,
+                },
+                LinePanel {
+                    title: "Rotated test images: NLL".into(),
+                    labels: ("rotation (degrees)".into(), "NLL".into()),
+                    series: curves(|c| &c.nll),
+                    log_x: false,
+                },
+            ],
+            2,
+        )?;
+    }
+    let times: Vec<(String, Vec<f64>)> = paper
+        .iter()
+        .filter_map(|(method, _)| {
+            metrics.summary.get(*method).map(|m| (method.to_string(), m.fit_seconds.clone()))
+        })
+        .collect();
+    written.push(dir.join("fit_times.png"));
+    log_box_plot(
+        written.last().expect("pushed"),
+        &format!("{name}: fit time per method"),
+        "seconds",
+        &times,
+    )?;
+    Ok(written)
+}
+
+/// The paper's rows of `valla-mnist` or `valla-fmnist`.
+fn paper_rows(name: &str) -> Result<&'static [(&'static str, [f64; 5])]> {
+    match name {
+        "valla-mnist" => Ok(PAPER_MNIST),
+        "valla-fmnist" => Ok(PAPER_FMNIST),
+        other => anyhow::bail!("{other:?} is neither valla-mnist nor valla-fmnist"),
+    }
+}
+
+/// `cargo xtask redraw valla-mnist`: see [`redraw`].
+pub fn redraw_mnist(dir: &Path) -> Result<Vec<PathBuf>> {
+    redraw(dir, "valla-mnist")
+}
+
+/// `cargo xtask redraw valla-fmnist`: see [`redraw`].
+pub fn redraw_fmnist(dir: &Path) -> Result<Vec<PathBuf>> {
+    redraw(dir, "valla-fmnist")
+}
+
+/// `cargo xtask redraw valla-mnist|valla-fmnist`: the figures of the finished run in `dir`
+/// from its `metrics.json`, with the current figure code (nothing is recomputed).
+pub fn redraw(dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
+    let path = dir.join("metrics.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let metrics: Metrics = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a {name} metrics.json", path.display()))?;
+    draw_figures(dir, name, &metrics)
 }
 
 #[cfg(test)]
@@ -550,5 +598,79 @@ mod tests {
         assert_eq!(back.metrics[..4], row.metrics[..4]);
         assert!(back.metrics[4].is_nan());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Seeds × methods of made-up rows with a rotation sweep, as a finished run would hold.
+    fn made_up_rows() -> Vec<(u64, Row)> {
+        let mut rows = Vec::new();
+        for seed in 0..3u64 {
+            for (k, (method, _)) in PAPER_FMNIST.iter().enumerate() {
+                let x = (seed as f64 + 1.0) * 0.01 + k as f64 * 0.1;
+                rows.push((
+                    seed,
+                    Row {
+                        method: method.to_string(),
+                        fit_seconds: 0.5 + 10.0 * x,
+                        metrics: [87.0 + x, 0.33 + x, 0.02 + x / 10.0, 0.19 + x, 0.9 - x / 10.0],
+                        rotated: (0..=6)
+                            .map(|a| (30.0 * a as f64, 0.1 * a as f64 + x, 0.3 + a as f64 + x))
+                            .collect(),
+                        extra: json!({}),
+                    },
+                ));
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn figures_redrawn_from_metrics_json_are_byte_for_byte_the_run_s() {
+        let root = std::env::temp_dir().join(format!("fspace-valla-redraw-{}", std::process::id()));
+        let out = root.join("run");
+        let mut run = Run::new(out.to_str().unwrap(), "valla-fmnist").unwrap();
+        let budget = Budget {
+            seeds: 3,
+            n_train: None,
+            n_val: None,
+            map_epochs: 37,
+            n_test: None,
+            n_rotated: 2_000,
+            angles: (0..=6).map(|k| 30.0 * k as f64).collect(),
+            valla_iterations: 20_000,
+            validate_every: 100,
+            ella_points: 2_000,
+        };
+        report(&mut run, "valla-fmnist", PAPER_FMNIST, &made_up_rows(), &budget, true).unwrap();
+        let ran = out.join("valla-fmnist");
+        let copy = root.join("copy");
+        std::fs::create_dir_all(&copy).unwrap();
+        std::fs::copy(ran.join("metrics.json"), copy.join("metrics.json")).unwrap();
+        let written = redraw_fmnist(&copy).unwrap();
+        assert_eq!(written, vec![copy.join("rotated.png"), copy.join("fit_times.png")]);
+        for file in ["rotated.png", "fit_times.png"] {
+            let (a, b) = (std::fs::read(ran.join(file)).unwrap(), std::fs::read(copy.join(file)).unwrap());
+            assert!(a.len() > 1000, "{file}: {} bytes", a.len());
+            assert!(a == b, "{file} redrawn differs from the run's");
+        }
+        // A metrics.json of another shape is refused with its path.
+        std::fs::write(copy.join("metrics.json"), "{\"seeds\": 1}").unwrap();
+        let err = format!("{:#}", redraw_fmnist(&copy).unwrap_err());
+        assert!(err.contains("metrics.json") && err.contains("valla-fmnist"), "{err}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn the_committed_runs_metrics_hold_every_figure() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results");
+        for name in ["valla-mnist", "valla-fmnist"] {
+            let dir =
+                std::env::temp_dir().join(format!("fspace-valla-committed-{}-{name}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::copy(docs.join(name).join("metrics.json"), dir.join("metrics.json")).unwrap();
+            let written = redraw(&dir, name).unwrap();
+            assert_eq!(written.len(), if name == "valla-fmnist" { 2 } else { 1 }, "{name}");
+            assert!(written.iter().all(|p| p.exists()));
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 }
