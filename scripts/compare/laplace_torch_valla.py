@@ -1,6 +1,6 @@
 """Time laplace-torch's VaLLA iteration and ELLA fit on the sine toy of `valla-toy`.
 
-Side-by-side reference for `cargo bench -p fspace-valla --bench valla` (issue 12). Run it in a
+Side-by-side reference for `cargo bench -p fspace-valla --bench valla`. Run it in a
 throw-away venv outside the repository:
 
     python -m venv /tmp/ltvenv && /tmp/ltvenv/bin/pip install laplace-torch

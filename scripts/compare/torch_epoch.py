@@ -1,4 +1,4 @@
-"""One epoch of MAP training in PyTorch 2 on the CPU, f64, for the three networks of issue 15.
+"""One epoch of MAP training in PyTorch 2 on the CPU, f64, for the three networks of the network-speed table.
 
 Side-by-side reference for `cargo xtask reproduce nn-epoch-timer` (fspace's `train_map`).
 Run it in a throw-away venv outside the repository, on the same machine:

@@ -1,4 +1,4 @@
-//! Criterion benchmarks of the Laplace structures on the workloads (W1 = sine toy,
+//! Criterion benchmarks of the Laplace structures on the benchmark workloads (W1 = sine toy,
 //! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801), a sweep over the number of
 //! data points for KFAC, one over the number of draws for the sampled posterior, and KFAC's λ
 //! grid search on the FSP MNIST CNN against the number of validation images, and the last-layer

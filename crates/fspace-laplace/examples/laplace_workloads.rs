@@ -1,4 +1,4 @@
-//! Time and peak memory of each curvature structure on the workloads, one child
+//! Time and peak memory of each curvature structure on the benchmark workloads, one child
 //! process per case so that each peak resident set (VmHWM, Linux) is its own.
 //!
 //! * W1 (sine toy, 2×50, p = 2 701): full GGN fit + λ by marginal likelihood + GLM predictive

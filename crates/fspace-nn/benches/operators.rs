@@ -1,5 +1,5 @@
 //! Forward, J·u, Jᵀ·V, GGN-vector and NTK-block times of 2×50 and 2×200 tanh MLPs (1 → 1)
-//! against the batch size; the issue asks JVP and VJP to cost at most ~3 forward passes.
+//! against the batch size; the target is a JVP or VJP at most ~3 forward passes.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -44,7 +44,7 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-/// The MNIST networks of issue 15 (MLP 784-200-200-10, LeNet-5, FSP-Laplace's CNN) on batches
+/// The MNIST networks of the network-speed table (MLP 784-200-200-10, LeNet-5, FSP-Laplace's CNN) on batches
 /// of 28×28 images: `f`, `J·u`, `Jᵀ·V` and the fused training pass `forward_vjp`.
 fn bench_cnn(c: &mut Criterion) {
     use fspace_nn::{Cnn, CnnConfig, Network};

@@ -10,7 +10,7 @@
 //! convolutions' weight gradients): every output entry is still the same sequence of
 //! floating-point operations, so results do not depend on the thread count.
 //!
-//! Why this kernel (issue 15, measured on the 2-core development machine, GFLOP/s, shapes
+//! Why this kernel (the network-speed table, measured on the 2-core development machine, GFLOP/s, shapes
 //! `m×k×n` of the MNIST networks' products; the table is in `docs/ARCHITECTURE.md`, "Network
 //! speed"):
 //! matrixmultiply through nalgebra reached 100–110 GFLOP/s on one core for the MLP's shapes
@@ -156,7 +156,7 @@ const PARALLEL_MIN_MACS: usize = 1 << 18;
 /// A product wider than tall is split by columns when its depth `k` is at least this many times
 /// its height `m`: the packing of `B` it saves (`k·n` per extra block) then outweighs copying
 /// the blocks into `C` (`m·n`); below it, row blocks were faster (measured in
-/// `docs/performance-history.md`, issue 40's fourth round).
+/// `docs/performance-history.md`, \"Speed-up, fourth round\").
 const COLUMN_SPLIT_DEPTH: usize = 16;
 
 /// `C ← β C + α A B` for a row-major `C` (`m × n`, `c.len() == m·n`). With `β = 0`, `C` is

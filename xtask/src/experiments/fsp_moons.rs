@@ -150,7 +150,7 @@ pub fn run(opts: &Options) -> Result<()> {
     run.log("wrote two_moons.png (rows: RBF, Matérn-1/2 with the paper's context, then with the training inputs added; left: mean p(class 1), right: 2σ)");
     run.write_table(&format!(
         "# fsp-two-moons\n\nFSP-Laplace on two moons (200 train / 1000 test, 2×100 tanh, 2 softmax outputs, context points on [−3.75, 3.75]², {epochs} full-batch epochs), seed {}.\n\
-The paper shows these runs as figures only (Fig. C.5, C.6); the checks are the issue's: test accuracy ≥ 0.95 and the std of p(class 1) far from the data (max|xᵢ| > 3) ≥ 3× its value on the data.\n\n\
+The paper shows these runs as figures only (Fig. C.5, C.6); the acceptance checks are: test accuracy ≥ 0.95 and the std of p(class 1) far from the data (max|xᵢ| > 3) ≥ 3× its value on the data.\n\n\
 With the paper's 100 grid points the rule bounds the variance only there, and training inputs between grid points keep up to several times the prior's logit variance (`max var/prior at data`), so the on-data std is about twice the exact GP's. \
 Appending the training inputs to the Laplace context points (`FspConfig::context_includes_data`, the \"dataset\" context the paper discusses in §3.2) brings it to the GP's level.\n\n{}\n\nPlots: `two_moons.png`.\n",
         opts.seed,

@@ -228,7 +228,7 @@ pub fn run(opts: &Options) -> Result<()> {
     run.log("wrote posteriors.png (left: FSP-Laplace, right: exact GP; data grey, mean red, ±2σ and 10 samples green, context points as ticks)");
     let table = format!(
         "# fsp-toy-regression\n\nFSP-Laplace on the App. B.1 sine data (n = {n_train}, 2×50 tanh, 100 grid context points on [−2, 2], {epochs} full-batch epochs), seed {}.\n\
-The paper shows these runs as figures only (Fig. 1, C.1–C.4: no numbers), so the columns are the issue's checks: \
+The paper shows these runs as figures only (Fig. 1, C.1–C.4: no numbers), so the columns are the acceptance checks: \
 `w2_to_gp` (mean pointwise W2 to the exact GP, bound ≤ 0.25 for RBF), `std_out/prior` (≥ 0.7 for non-periodic priors), \
 `std_in` and `rmse_in` (≤ 0.1 for σ = 0.1), roughness (Matérn-1/2 ≥ 5× RBF; measured ratio {rough_ratio:.1}).\n\n{}\n\nPlots: `posteriors.png`.\n",
         opts.seed,

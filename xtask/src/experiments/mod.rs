@@ -75,7 +75,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
         // 5 seeds of 859 s (seed 0 at e291b1e; 2 804 s before Alg. 2 kept its kernel tiles,
-        // docs/performance-history.md, issue 40's ninth round).
+        // docs/performance-history.md, \"Speed-up, ninth round\").
         full_minutes: Some(71.6),
         budget_of: None,
         run: fsp_bayesopt::run,
@@ -186,7 +186,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
     },
     Experiment {
         name: "nn-epoch-timer",
-        paper: "issue 15: one MNIST epoch and per-batch f / J·u / Jᵀ·V of MLP, LeNet-5, FSP CNN beside PyTorch 2 CPU",
+        paper: "network speed: one MNIST epoch and per-batch f / J·u / Jᵀ·V of MLP, LeNet-5, FSP CNN beside PyTorch 2 CPU",
         in_default_suite: false,
         flags: &[],
         full_minutes: Some(0.5),
@@ -196,7 +196,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
     },
     Experiment {
         name: "perf",
-        paper: "issue 40: GFSVI step against its GEMM bound, LeNet-5 / FSP CNN epochs (beside PyTorch run live when importable), FSP toy prior, W1 full LLA (≤ 3 min)",
+        paper: "speed targets: GFSVI step against its GEMM bound, LeNet-5 / FSP CNN epochs (beside PyTorch run live when importable), FSP toy prior, W1 full LLA (≤ 3 min)",
         in_default_suite: false,
         flags: &[],
         full_minutes: Some(1.2),
@@ -231,7 +231,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 4 (FMNIST: the same methods; OOD vs MNIST; rotated FMNIST ECE/NLL; fit times)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 5 seeds of 475 s (seed 0, docs/performance-history.md, issue 40's eighth round).
+        // 5 seeds of 475 s (seed 0, docs/performance-history.md, \"Speed-up, eighth round\").
         full_minutes: Some(39.6),
         budget_of: None,
         run: valla_images::run_fmnist,
@@ -242,7 +242,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 2 left (NLL, CRPS, CQM; 3×200 tanh) on the shipped Boston/concrete/wine sets (Airline/Year/Taxi unavailable)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 5 seeds of 203 s (seed 0, docs/performance-history.md, issue 40's eighth round).
+        // 5 seeds of 203 s (seed 0, docs/performance-history.md, \"Speed-up, eighth round\").
         full_minutes: Some(16.9),
         budget_of: None,
         run: valla_regression::run,

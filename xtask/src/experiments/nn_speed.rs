@@ -1,6 +1,6 @@
-//! `nn-epoch-timer` — issue 15's speed table: one epoch of MAP training (`train_map`, Adam
+//! `nn-epoch-timer` — the network-speed table: one epoch of MAP training (`train_map`, Adam
 //! 1e-3, batch 100, f64, categorical likelihood) over the 54 000 MNIST training images of the
-//! seed-0 90/10 split, for the three networks of the issue (MLP 784-200-200-10 tanh, LeNet-5
+//! seed-0 90/10 split, for the three networks (MLP 784-200-200-10 tanh, LeNet-5
 //! tanh, FSP-Laplace's MNIST CNN tanh), and the per-batch cost of `f`, `J·u` and `Jᵀ·V` on 100
 //! images (median of repeated calls), beside PyTorch 2 on the same two cores: run live by
 //! `scripts/compare/torch_epoch.py` (one epoch, same image count) when a python with torch
@@ -123,7 +123,7 @@ pub fn run(opts: &Options) -> Result<()> {
         &rows,
     );
     run.write_table(&format!(
-        "# Network speed (issue 15)\n\nOne epoch of `train_map` over {} MNIST images{} (batch 100, Adam, f64) on {} threads; \
+        "# Network speed\n\nOne epoch of `train_map` over {} MNIST images{} (batch 100, Adam, f64) on {} threads; \
          {torch_label} (`scripts/compare/torch_epoch.py`, the same number of images). Per-batch operator times \
          are medians over 15 calls on 100 images.\n\n{table}\n\nWall time {:.0} s.\n",
         train.x.nrows(),

@@ -7,7 +7,7 @@
 //! | `gfsvi_bound_ms` | a GEMM of the step's GEMM-shaped multiply-adds `gfsvi_step_madds` = 1.5 M²p + 2M³ (`J S Jᵀ`'s lower triangle M²p/2, its pullback `Jᵀ C` M²p, the KL's two SPD inverses M³ each by LAPACK's count; 6.3e8): 500 × 2 532 times 2 532 × 500 by the workspace's fastest GEMM (faer's, `fspace_linalg::fast::matmul`, all rayon threads — the one the GFSVI and TFSVI steps use), timed here |
 //! | `gfsvi_gram_bound_ms` | the same GEMM of `J S Jᵀ` alone (M²p, 500 × 1 021 times 1 021 × 500), the yardstick of earlier rounds |
 //! | `gfsvi_bound_nalgebra_ms` | `gfsvi_bound_ms`'s GEMM by nalgebra's own product (`matrixmultiply`, one thread): what the step would cost without faer |
-//! | `gfsvi_step_over_bound` | their ratio (the issue's target: ≤ 2.5) |
+//! | `gfsvi_step_over_bound` | their ratio (the target: ≤ 2.5) |
 //! | `tfsvi_step_ms`, `tfsvi_bound_ms` | the same for TFSVI (the prior's pushforward `J σ² Jᵀ` and its pullback add 1.5 M²p, the KL's gradient in the prior covariance `Σ_p⁻¹ Σ_q Σ_p⁻¹` 2M³) |
 //! | `valla_iteration_ms`, `valla_bound_ms` | one VaLLA iteration (objective + gradient including `Z`) on the MNIST MLP 784-200-200-10, batch 100, M = 200, and the GEMM of its multiply-adds counted from the NTK and objective code (`valla_madds` in this file) |
 //! | `sweeps` | every M measured: GFSVI 100 … 1 000, TFSVI 100 … 500, VaLLA 50 … 200 (`m`, `step_ms`, `madds`, `bound_ms`, `ratio`) |
@@ -55,7 +55,7 @@ pub struct BoundPoint {
     /// Median milliseconds of one GEMM (`M × k` times `k × M`, `k = madds / M²`) of the same
     /// multiply-adds by faer's parallel GEMM.
     pub bound_ms: f64,
-    /// `step_ms / bound_ms` (issue 40's target: ≤ 2.5).
+    /// `step_ms / bound_ms` (the target: ≤ 2.5).
     pub ratio: f64,
 }
 
@@ -223,7 +223,7 @@ fn w1_full_lla() -> Result<f64> {
 
 /// Timed rounds per network. A round is one fspace epoch and then one PyTorch epoch (each side
 /// after one untimed warm-up epoch), so both sides see the same state of the machine (why:
-/// `docs/performance-history.md`, issue 40's fourth round).
+/// `docs/performance-history.md`, \"Speed-up, fourth round\").
 const ROUNDS: usize = 3;
 
 /// One network's epochs beside PyTorch's, 5 400 images × 10.
@@ -327,7 +327,7 @@ pub struct Metrics {
     /// PyTorch's FSP CNN epoch, when a python with torch ran.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub torch_fsp_cnn_epoch_s: Option<f64>,
-    /// `lenet_epoch_s / torch_lenet_epoch_s` (issue 40's target: ≤ 0.8).
+    /// `lenet_epoch_s / torch_lenet_epoch_s` (the target: ≤ 0.8).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub lenet_over_torch: Option<f64>,
     /// `fsp_cnn_epoch_s / torch_fsp_cnn_epoch_s` (target ≤ 0.8).

@@ -20,7 +20,7 @@ use image::{ImageEncoder, RgbImage};
 
 use super::report::PROVENANCE;
 
-/// The largest PNG kept in `docs/results/` (the limit).
+/// The largest PNG kept in `docs/results/` (the repository's limit, so a clone stays small).
 pub const MAX_PNG_BYTES: usize = 300 * 1024;
 
 /// The PNG `img` at the best compression.

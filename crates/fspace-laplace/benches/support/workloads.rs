@@ -1,4 +1,4 @@
-//! The benchmark workloads, shared by the criterion bench and the scaling example:
+//! The benchmark workloads, shared by the criterion bench and the scaling example:
 //! W1 = the sine toy (100 points, 2×50 tanh, p = 2 701); W2 = 10 000 sine points, 2×200 tanh
 //! (p = 40 801). Networks at their seeded initialisation (the cost of every structure depends on
 //! the shapes, not on the weights' values); data from `fspace_data::sine` (FSP-Laplace App. B.1).

@@ -54,7 +54,7 @@ pub struct MlpConfig {
 }
 
 impl MlpConfig {
-    /// The MNIST MLP of issue 15 and VaLLA Fig. 3: 784 inputs (`28 × 28` pixels), hidden
+    /// The MNIST MLP of the network-speed table and VaLLA Fig. 3: 784 inputs (`28 × 28` pixels), hidden
     /// 200, 200, `outputs`.
     pub fn mnist(outputs: usize, activation: Activation, seed: u64) -> Self {
         Self { input_dim: 784, hidden: vec![200, 200], output_dim: outputs, activation, seed }
