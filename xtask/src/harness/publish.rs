@@ -49,6 +49,20 @@ fn small_png(path: &Path) -> Result<(Vec<u8>, u32)> {
     }
 }
 
+/// Writes [`small_png`] of `from` to `to` and returns the figure's label for `RUN.md`: its
+/// name, size and, where it was scaled down, the scale.
+fn shrink_figure(from: &Path, to: &Path) -> Result<String> {
+    let (bytes, scale) = small_png(from)?;
+    fs::write(to, &bytes)?;
+    let file = to.file_name().expect("a file").to_string_lossy();
+    let kb = bytes.len() / 1024;
+    Ok(if scale == 1 {
+        format!("`{file}` ({kb} KB)")
+    } else {
+        format!("`{file}` ({kb} KB, drawn at {scale}× this size and scaled down to fit {} KB)", MAX_PNG_BYTES / 1024)
+    })
+}
+
 /// The wall-time sentence of a table ("Wall time: N s …"), if it states one.
 fn wall_time(table: &str) -> Option<String> {
     let start = table.find("Wall time")?;
@@ -92,18 +106,8 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
         .collect();
     pngs.sort();
     for png in pngs {
-        let file = png.file_name().expect("a file").to_string_lossy().into_owned();
-        let (bytes, scale) = small_png(&png)?;
-        fs::write(dst.join(&file), &bytes)?;
-        figures.push(if scale == 1 {
-            format!("`{file}` ({} KB)", bytes.len() / 1024)
-        } else {
-            format!(
-                "`{file}` ({} KB, drawn at {scale}× this size and scaled down to fit {} KB)",
-                bytes.len() / 1024,
-                MAX_PNG_BYTES / 1024
-            )
-        });
+        let file = png.file_name().expect("a file");
+        figures.push(shrink_figure(&png, &dst.join(file))?);
     }
     let resumable = src.join(CHECKPOINT).exists();
     if resumable {
@@ -151,10 +155,7 @@ pub fn redraw(dir: &Path, name: &str, draw: super::registry::Redraw) -> Result<V
     if run_md.exists() {
         let mut sizes = Vec::new();
         for png in &pngs {
-            let (bytes, _) = small_png(png)?;
-            fs::write(png, &bytes)?;
-            let file = png.file_name().expect("a file").to_string_lossy().into_owned();
-            sizes.push(format!("`{file}` ({} KB)", bytes.len() / 1024));
+            sizes.push(shrink_figure(png, png)?);
         }
         let mut text = fs::read_to_string(&run_md)?;
         if !text.ends_with('\n') {
