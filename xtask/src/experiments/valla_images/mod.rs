@@ -100,6 +100,22 @@ struct Budget {
 }
 
 impl Budget {
+    /// The paper's budget: every image, 5 seeds, 37 MAP epochs, 20 000 VaLLA iterations.
+    fn full() -> Self {
+        Budget {
+            seeds: 5,
+            n_train: None,
+            n_val: None,
+            map_epochs: 37,
+            n_test: None,
+            n_rotated: 2_000,
+            angles: (0..=6).map(|k| 30.0 * k as f64).collect(),
+            valla_iterations: 20_000,
+            validate_every: 100,
+            ella_points: 2_000,
+        }
+    }
+
     fn new(opts: &Options) -> Self {
         let b = if opts.quick {
             Budget {
@@ -115,18 +131,7 @@ impl Budget {
                 ella_points: 300,
             }
         } else {
-            Budget {
-                seeds: 5,
-                n_train: None,
-                n_val: None,
-                map_epochs: 37,
-                n_test: None,
-                n_rotated: 2_000,
-                angles: (0..=6).map(|k| 30.0 * k as f64).collect(),
-                valla_iterations: 20_000,
-                validate_every: 100,
-                ella_points: 2_000,
-            }
+            Budget::full()
         };
         Budget { seeds: opts.seeds.unwrap_or(b.seeds), ..b }
     }
@@ -291,11 +296,16 @@ pub fn run_fmnist(opts: &Options) -> Result<()> {
     run(opts, ImageSet::FashionMnist)
 }
 
-fn run(opts: &Options, set: ImageSet) -> Result<()> {
-    let (name, ood_set, paper) = match set {
+/// The experiment on `set`: its name, the out-of-distribution set and the paper's rows.
+fn experiment(set: ImageSet) -> (&'static str, ImageSet, &'static [(&'static str, [f64; 5])]) {
+    match set {
         ImageSet::Mnist => ("valla-mnist", ImageSet::FashionMnist, PAPER_MNIST),
         ImageSet::FashionMnist => ("valla-fmnist", ImageSet::Mnist, PAPER_FMNIST),
-    };
+    }
+}
+
+fn run(opts: &Options, set: ImageSet) -> Result<()> {
+    let (name, ood_set, paper) = experiment(set);
     let mut run = Run::open(&opts.out, name, opts.resume)?;
     let budget = Budget::new(opts);
     let with_rotation = set == ImageSet::FashionMnist;
@@ -481,7 +491,7 @@ fn report(
         .collect();
     let metrics =
         Metrics { seeds: budget.seeds, quick: budget.n_train.is_some(), summary, rotation, per_seed };
-    draw_figures(run.dir(), name, &metrics)?;
+    draw_figures(run.dir(), name, paper, &metrics)?;
     run.write_metrics(&metrics)?;
     Ok(())
 }
@@ -489,8 +499,12 @@ fn report(
 /// The run's figures, from its metrics alone (so `cargo xtask redraw` draws what the run drew):
 /// `fit_times.png`, each method's fit seconds over the seeds in the paper's row order, and
 /// `rotated.png` (Fashion-MNIST), the mean ECE and NLL against the rotation angle.
-fn draw_figures(dir: &Path, name: &str, metrics: &Metrics) -> Result<Vec<PathBuf>> {
-    let paper = paper_rows(name)?;
+fn draw_figures(
+    dir: &Path,
+    name: &str,
+    paper: &[(&str, [f64; 5])],
+    metrics: &Metrics,
+) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     if !metrics.rotation.is_empty() {
         let curves = |pick: fn(&RotationCurves) -> &Vec<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
@@ -532,38 +546,31 @@ fn draw_figures(dir: &Path, name: &str, metrics: &Metrics) -> Result<Vec<PathBuf
     Ok(written)
 }
 
-/// The paper's rows of `valla-mnist` or `valla-fmnist`.
-fn paper_rows(name: &str) -> Result<&'static [(&'static str, [f64; 5])]> {
-    match name {
-        "valla-mnist" => Ok(PAPER_MNIST),
-        "valla-fmnist" => Ok(PAPER_FMNIST),
-        other => anyhow::bail!("{other:?} is neither valla-mnist nor valla-fmnist"),
-    }
-}
-
 /// `cargo xtask redraw valla-mnist`: see [`redraw`].
 pub fn redraw_mnist(dir: &Path) -> Result<Vec<PathBuf>> {
-    redraw(dir, "valla-mnist")
+    redraw(dir, ImageSet::Mnist)
 }
 
 /// `cargo xtask redraw valla-fmnist`: see [`redraw`].
 pub fn redraw_fmnist(dir: &Path) -> Result<Vec<PathBuf>> {
-    redraw(dir, "valla-fmnist")
+    redraw(dir, ImageSet::FashionMnist)
 }
 
 /// `cargo xtask redraw valla-mnist|valla-fmnist`: the figures of the finished run in `dir`
 /// from its `metrics.json`, with the current figure code (nothing is recomputed).
-pub fn redraw(dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
+fn redraw(dir: &Path, set: ImageSet) -> Result<Vec<PathBuf>> {
+    let (name, _, paper) = experiment(set);
     let path = dir.join("metrics.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let metrics: Metrics = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a {name} metrics.json", path.display()))?;
-    draw_figures(dir, name, &metrics)
+    draw_figures(dir, name, paper, &metrics)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::registry::Redraw;
 
     #[test]
     fn a_stored_row_round_trips_and_names_the_map_it_was_fitted_around() {
@@ -628,18 +635,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("fspace-valla-redraw-{}", std::process::id()));
         let out = root.join("run");
         let mut run = Run::new(out.to_str().unwrap(), "valla-fmnist").unwrap();
-        let budget = Budget {
-            seeds: 3,
-            n_train: None,
-            n_val: None,
-            map_epochs: 37,
-            n_test: None,
-            n_rotated: 2_000,
-            angles: (0..=6).map(|k| 30.0 * k as f64).collect(),
-            valla_iterations: 20_000,
-            validate_every: 100,
-            ella_points: 2_000,
-        };
+        let budget = Budget { seeds: 3, ..Budget::full() };
         report(&mut run, "valla-fmnist", PAPER_FMNIST, &made_up_rows(), &budget, true).unwrap();
         let ran = out.join("valla-fmnist");
         let copy = root.join("copy");
@@ -662,12 +658,12 @@ mod tests {
     #[test]
     fn the_committed_runs_metrics_hold_every_figure() {
         let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results");
-        for name in ["valla-mnist", "valla-fmnist"] {
+        for (name, redraw) in [("valla-mnist", redraw_mnist as Redraw), ("valla-fmnist", redraw_fmnist)] {
             let dir =
                 std::env::temp_dir().join(format!("fspace-valla-committed-{}-{name}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::copy(docs.join(name).join("metrics.json"), dir.join("metrics.json")).unwrap();
-            let written = redraw(&dir, name).unwrap();
+            let written = redraw(&dir).unwrap();
             assert_eq!(written.len(), if name == "valla-fmnist" { 2 } else { 1 }, "{name}");
             assert!(written.iter().all(|p| p.exists()));
             std::fs::remove_dir_all(&dir).unwrap();
