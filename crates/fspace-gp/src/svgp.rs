@@ -221,15 +221,22 @@ impl<K: Kernel + Clone> Svgp<K> {
         Ok(Batch { kmm, kmm_inv, kbm, a, kdiag, centred, scale: n_total as f64 / x.nrows() as f64 })
     }
 
-    /// `(ELBO, data term T = T₁+T₂+T₃+T₄)` on a batch.
-    fn elbo_parts(&self, b: &Batch) -> (f64, f64) {
+    /// The data term `T = T₁+T₂+T₃+T₄` on a batch (the bracket of the module docs' ELBO
+    /// without its normalising constant, before the `n/B` scale).
+    fn data_term(&self, b: &Batch) -> f64 {
         let s2 = self.noise_variance;
         let r = &b.centred - &b.a * &self.m;
         let t1 = -r.norm_squared() / (2.0 * s2);
         let t2 = -b.kdiag.sum() / (2.0 * s2);
         let t3 = b.a.component_mul(&b.kbm).sum() / (2.0 * s2);
         let t4 = -(&b.a * &self.s).component_mul(&b.a).sum() / (2.0 * s2);
-        let t = t1 + t2 + t3 + t4;
+        t1 + t2 + t3 + t4
+    }
+
+    /// `(ELBO, data term T)` on a batch.
+    fn elbo_parts(&self, b: &Batch) -> (f64, f64) {
+        let s2 = self.noise_variance;
+        let t = self.data_term(b);
         let nb = b.centred.len() as f64;
         let data = b.scale * (-0.5 * nb * (std::f64::consts::TAU * s2).ln() + t);
         let mm = self.m.len() as f64;
@@ -301,7 +308,7 @@ impl<K: Kernel + Clone> Svgp<K> {
                 (0..np).for_each(|p| grad[p] += g_mm[(a, c2)] * g[p]);
             }
         }
-        let (_, t) = self.elbo_parts(b);
+        let t = self.data_term(b);
         grad[np] = b.scale * (-0.5 * x.nrows() as f64 - t);
         Ok(grad)
     }
@@ -362,10 +369,16 @@ impl<K: Kernel + Clone> Svgp<K> {
         rho: f64,
     ) -> Result<()> {
         self.check_data(x, y)?;
+        let b = self.batch(x, y, n_total)?;
+        self.natural_step_on(&b, rho)
+    }
+
+    /// [`natural_gradient_step`](Self::natural_gradient_step) on a prepared batch (which does
+    /// not depend on `q(u)`, so the hyperparameter step that follows reuses it).
+    fn natural_step_on(&mut self, b: &Batch, rho: f64) -> Result<()> {
         if !(rho > 0.0 && rho <= 1.0) {
             return Err(invalid("natural_step", format!("{rho} not in (0, 1]")));
         }
-        let b = self.batch(x, y, n_total)?;
         let c = b.scale / self.noise_variance;
         let target_prec = &b.kmm_inv + b.a.transpose() * &b.a * c;
         let target_eta = b.a.tr_mul(&b.centred) * c;
@@ -429,12 +442,13 @@ impl<K: Kernel + Clone> Svgp<K> {
         for _ in 0..schedule.total_steps() {
             let idx = sample_indices(&mut rng, n, bsz).into_vec();
             let (xb, yb) = (x.select_rows(&idx), y.select_rows(&idx));
-            self.natural_gradient_step(&xb, &yb, n, config.natural_step)?;
+            let b = self.batch(&xb, &yb, n)?;
+            self.natural_step_on(&b, config.natural_step)?;
             if !(config.learn_hyperparameters || learn_noise || config.learn_inducing_points) {
                 continue;
             }
-            // Both gradients at the same q(u), hyperparameters and Z, then both steps.
-            let b = self.batch(&xb, &yb, n)?;
+            // Both gradients at the same q(u), hyperparameters and Z (so the same batch), then
+            // both steps.
             let weights = self.gram_weights(&b);
             let g_theta = if config.learn_hyperparameters || learn_noise {
                 let mut g = self.hyper_gradient(&xb, &b, &weights)?;
