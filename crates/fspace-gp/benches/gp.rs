@@ -1,11 +1,12 @@
-//! Exact GP fit + predict against n, and one SVGP step (natural gradient + hyperparameter
-//! gradient on a 256-point minibatch) against the number of inducing points M, and k-means
+//! Exact GP fit + predict against n, one SVGP step (natural gradient + hyperparameter
+//! gradient on a 256-point minibatch) and 20 steps of SVGP training against the number of
+//! inducing points M, and k-means
 //! on image-sized points against n and k.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use fspace_core::Posterior;
-use fspace_gp::{ExactGp, Noise, Svgp};
+use fspace_core::{Posterior, Schedule};
+use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
 use fspace_kernels::{PriorMean, Rbf};
 use nalgebra::{DMatrix, DVector};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -57,6 +58,24 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 model.natural_gradient_step(&x, &y, 10_000, 0.2).unwrap();
                 model.elbo_gradient(&x, &y, 10_000).unwrap()
+            })
+        });
+    }
+    group.finish();
+    // Whole training steps as `Svgp::train` takes them (one minibatch's factors shared by the
+    // natural-gradient step and the hyperparameter gradient), full batch of 222 six-dimensional
+    // points as on a yacht fold, 20 steps per iteration.
+    let mut group = c.benchmark_group("svgp_train_20_steps_n222_d6");
+    group.sample_size(10);
+    let (x6, y6) = data(222, 6);
+    let kernel6 = Rbf::ard(1.0, vec![0.8; 6]).unwrap();
+    for m in [50usize, 100, 200] {
+        group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, &m| {
+            b.iter(|| {
+                let z = x6.rows(0, m).clone_owned();
+                let mut model = Svgp::new(kernel6.clone(), PriorMean::Zero, 0.1, z).unwrap();
+                let config = SvgpConfig { schedule: Schedule::steps(20), ..Default::default() };
+                model.train(&x6, &y6, &config).unwrap()
             })
         });
     }

@@ -148,6 +148,7 @@ struct Batch {
     kmm_inv: DMatrix<f64>,
     kbm: DMatrix<f64>,
     a: DMatrix<f64>,
+    ata: DMatrix<f64>, // AᵀA (blocked GEMM; `tr_mul` is unblocked)
     kdiag: DVector<f64>,
     centred: DVector<f64>, // y_b − μ_b (prior mean only)
     scale: f64,            // n / B
@@ -216,9 +217,10 @@ impl<K: Kernel + Clone> Svgp<K> {
         let kmm_inv = kmm.solve(&DMatrix::identity(m, m))?;
         let kbm = gram(&self.kernel, x, &self.z)?;
         let a = kmm.solve(&kbm.transpose())?.transpose();
+        let ata = a.transpose() * &a;
         let kdiag = gram_diag(&self.kernel, x)?;
         let centred = y - self.mean.evaluate(x, 1)?;
-        Ok(Batch { kmm, kmm_inv, kbm, a, kdiag, centred, scale: n_total as f64 / x.nrows() as f64 })
+        Ok(Batch { kmm, kmm_inv, kbm, a, ata, kdiag, centred, scale: n_total as f64 / x.nrows() as f64 })
     }
 
     /// The data term `T = T₁+T₂+T₃+T₄` on a batch (the bracket of the module docs' ELBO
@@ -275,9 +277,9 @@ impl<K: Kernel + Clone> Svgp<K> {
         let c = b.scale / self.noise_variance;
         let kinv_m = &b.kmm_inv * &self.m;
         let r = &b.centred - &b.a * &self.m;
-        let ata = b.a.transpose() * &b.a; // blocked GEMM (`tr_mul` is unblocked)
+        let ata = &b.ata;
         let g_bm = (&r * kinv_m.transpose() + &b.a - &b.a * &self.s * &b.kmm_inv) * c;
-        let g_mm = (-(b.a.tr_mul(&r)) * kinv_m.transpose() - &ata * 0.5 + &ata * &self.s * &b.kmm_inv) * c
+        let g_mm = (-(b.a.tr_mul(&r)) * kinv_m.transpose() - ata * 0.5 + ata * &self.s * &b.kmm_inv) * c
             + (&b.kmm_inv * &self.s * &b.kmm_inv + &kinv_m * kinv_m.transpose() - &b.kmm_inv) * 0.5;
         (g_bm, g_mm)
     }
@@ -380,7 +382,7 @@ impl<K: Kernel + Clone> Svgp<K> {
             return Err(invalid("natural_step", format!("{rho} not in (0, 1]")));
         }
         let c = b.scale / self.noise_variance;
-        let target_prec = &b.kmm_inv + b.a.transpose() * &b.a * c;
+        let target_prec = &b.kmm_inv + &b.ata * c;
         let target_eta = b.a.tr_mul(&b.centred) * c;
         let s_chol = cholesky_jitter(&self.s, &JitterConfig::default())?;
         let m = self.m.len();

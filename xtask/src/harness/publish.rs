@@ -59,7 +59,10 @@ fn shrink_figure(from: &Path, to: &Path) -> Result<String> {
     Ok(if scale == 1 {
         format!("`{file}` ({kb} KB)")
     } else {
-        format!("`{file}` ({kb} KB, drawn at {scale}× this size and scaled down to fit {} KB)", MAX_PNG_BYTES / 1024)
+        format!(
+            "`{file}` ({kb} KB, drawn at {scale}× this size and scaled down to fit {} KB)",
+            MAX_PNG_BYTES / 1024
+        )
     })
 }
 
