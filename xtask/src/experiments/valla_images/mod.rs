@@ -546,18 +546,19 @@ fn draw_figures(
     Ok(written)
 }
 
-/// `cargo xtask redraw valla-mnist`: see [`redraw`].
+/// `cargo xtask redraw valla-mnist`: the figures of the finished run in `dir` from its
+/// `metrics.json`, with the current figure code (nothing is recomputed); returns the files written.
 pub fn redraw_mnist(dir: &Path) -> Result<Vec<PathBuf>> {
     redraw(dir, ImageSet::Mnist)
 }
 
-/// `cargo xtask redraw valla-fmnist`: see [`redraw`].
+/// `cargo xtask redraw valla-fmnist`: the figures of the finished run in `dir` from its
+/// `metrics.json`, with the current figure code (nothing is recomputed); returns the files written.
 pub fn redraw_fmnist(dir: &Path) -> Result<Vec<PathBuf>> {
     redraw(dir, ImageSet::FashionMnist)
 }
 
-/// `cargo xtask redraw valla-mnist|valla-fmnist`: the figures of the finished run in `dir`
-/// from its `metrics.json`, with the current figure code (nothing is recomputed).
+/// Reads `dir/metrics.json` as the metrics of `set`'s experiment and draws its figures.
 fn redraw(dir: &Path, set: ImageSet) -> Result<Vec<PathBuf>> {
     let (name, _, paper) = experiment(set);
     let path = dir.join("metrics.json");
