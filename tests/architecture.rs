@@ -12,6 +12,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("fspace-linalg", vec!["fspace-input"]),
         ("fspace-context", vec!["fspace-input"]),
         ("fspace-testutil", vec![]),
+        ("fspace-feature-union", vec![]),
         ("fspace-input", vec![]),
         ("fspace-kernels", vec!["fspace-input", "fspace-linalg"]),
         ("fspace-core", vec!["fspace-input"]),
@@ -48,6 +49,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-valla",
                 "fspace-gfsvi",
                 "fspace-interop",
+                "fspace-feature-union",
             ],
         ),
         ("fspace-valla", vec!["fspace-input", "fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),
@@ -99,6 +101,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-valla",
                 "fspace-gfsvi",
                 "fspace-interop",
+                "fspace-feature-union",
             ],
         ),
     ])
@@ -139,6 +142,59 @@ fn workspace_dependencies_follow_the_layering() {
                 );
             }
         }
+    }
+}
+
+/// The features each package of the locked graph is compiled with, as `cargo tree` resolves them
+/// for one build (`args` select the packages and the dependency kinds).
+fn resolved_features(args: &[&str]) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "--offline", "--locked", "--prefix", "none", "--format", "{p}|{f}"])
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree runs");
+    assert!(out.status.success(), "cargo tree {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let mut features: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line = line.trim_end_matches(" (*)");
+        let Some((package, list)) = line.rsplit_once('|') else { continue };
+        // "name vX.Y.Z (path)" for workspace members: the name and version identify it.
+        let package = package.split(" (").next().unwrap().to_string();
+        features
+            .entry(package)
+            .or_default()
+            .extend(list.split(',').filter(|f| !f.is_empty()).map(str::to_owned));
+    }
+    features
+}
+
+/// `cargo test --workspace` (with every dev-dependency), `cargo xtask` (`cargo run -p xtask`),
+/// maturin's build of `fspace-py` and `cargo doc --workspace` compile each shared package with the
+/// same features, so they share one compiled graph (a different feature set recompiles a crate and
+/// everything above it). `fspace-feature-union` asks for the union; this names what to add there
+/// when a dependency change breaks it.
+#[test]
+fn one_feature_set_serves_every_build() {
+    let everything = resolved_features(&["--workspace", "--edges", "normal,build,dev"]);
+    for (build, args) in [
+        ("cargo xtask", &["--package", "xtask", "--edges", "normal,build"][..]),
+        ("maturin (fspace-py)", &["--package", "fspace-py", "--edges", "normal,build"][..]),
+        ("cargo doc --workspace", &["--workspace", "--edges", "normal,build"][..]),
+    ] {
+        let mut missing = Vec::new();
+        for (package, features) in resolved_features(args) {
+            let all = &everything[&package];
+            if *all != features {
+                missing.push(format!("{package}: {:?}", all.difference(&features).collect::<Vec<_>>()));
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{build} compiles these packages without features the test build turns on (add them to \
+             crates/fspace-feature-union/Cargo.toml): {missing:?}"
+        );
     }
 }
 

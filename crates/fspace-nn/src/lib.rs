@@ -14,7 +14,7 @@
 //!   the fused pass as row-major GEMM rules (`mlp::batched`), the NTK and its `Z` gradient as
 //!   explicit rules (`ntk`, VaLLA App. F.3), `J S Jᵀ` and its pull-back by the tangent-network
 //!   rule (`jsj`). dfdx's taped passes (`jvp_taped`, `vjp_taped`, `jsj_pullback`,
-//!   `ntk_pullback_z`, behind the `taped-reference` feature) are the independent references
+//!   `ntk_pullback_z`) are the independent references
 //!   the tests compare the GEMM rules against.
 //! * [`Cnn`] (conv / max-pool / dense: LeNet-5, FSP-Laplace's MNIST net): batched im2col GEMM
 //!   rules (`cnn::batched`) and per-image rules for the Jacobian and as the tests' reference.

@@ -9,7 +9,7 @@
 //!   `Δ_{l−1} = (Δ_l W_l) ⊙ σ'(Z_{l−1})`.
 //!
 //! The input `X` (an nalgebra column-major `n × d`) is read in place as the transpose of a
-//! row-major `d × n`. The dfdx reverse mode (`Mlp::vjp_taped`, feature `taped-reference`) stays as the independent
+//! row-major `d × n`. The dfdx reverse mode (`Mlp::vjp_taped`) stays as the independent
 //! check of the adjoint rule in the tests, beside finite differences and the adjoint identity.
 
 use nalgebra::{DMatrix, DVector};

@@ -15,7 +15,7 @@
 //! its reverse pass needs `R_j[r] = U_j^{(r)ᵀ} δ_j[r]` (the adjoint of the tangent stream is the
 //! ordinary back-propagated `δ_j`). Everything else is a batched GEMM; the cost is
 //! `O(rows · p)` beyond forming `J` and `JᵀC`. The reference is
-//! `Mlp::jsj_pullback` (feature `taped-reference`) (dfdx, one taped pass per row); the tests
+//! `Mlp::jsj_pullback` (dfdx, one taped pass per row); the tests
 //! check both against central finite differences.
 
 use nalgebra::{DMatrix, DVector};

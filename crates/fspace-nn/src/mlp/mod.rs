@@ -8,7 +8,7 @@
 //! training pass), `curvature` (GGN products, layer statistics, KFAC factors, last-layer
 //! features), `jsj` (`J S Jᵀ`'s tangent-network pull-back), `ntk` (NTK blocks and their
 //! input gradients), `network` (the `Network` implementation) and `taped` (dfdx's taped passes: reverse mode
-//! through taped tangents, and with the `taped-reference` feature the tests' references).
+//! through taped tangents, and the tests' references).
 
 use dfdx::prelude::*;
 use fspace_input::InputError;

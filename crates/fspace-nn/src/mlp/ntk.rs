@@ -10,7 +10,7 @@
 //!
 //! The gradient of `⟨C, κ(X, Z)⟩` with respect to `Z` back-propagates the cotangents of
 //! `a_j(Z)` (through the forward pass) and of `δ_j(Z)` (through the δ recursion, which needs
-//! `σ''`). dfdx's reverse mode through taped tangents (`Mlp::ntk_pullback_z`, feature `taped-reference`) computes the
+//! `σ''`). dfdx's reverse mode through taped tangents (`Mlp::ntk_pullback_z`) computes the
 //! same quantity one inducing point and output at a time; the tests check both against central
 //! finite differences.
 

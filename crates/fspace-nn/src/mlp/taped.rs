@@ -1,11 +1,9 @@
 //! dfdx's taped passes of the MLP: reverse mode through taped tangents (`taped_tangent`, which
-//! the Helmholtz net's second-order `Jᵀ·V` and `input_jvp` use), and, with the
-//! `taped-reference` feature that the crate's own tests enable, the independent references the
-//! tests compare the GEMM rules with (`jvp_taped`, `vjp_taped`, `jsj_pullback`,
+//! the Helmholtz net's second-order `Jᵀ·V` and `input_jvp` use), and the independent references
+//! the tests compare the GEMM rules with (`jvp_taped`, `vjp_taped`, `jsj_pullback`,
 //! `ntk_pullback_z`).
 
 use dfdx::prelude::*;
-#[cfg(feature = "taped-reference")]
 use std::ops::AddAssign;
 
 use nalgebra::DMatrix;
@@ -15,7 +13,6 @@ use crate::error::{NnError, Result};
 use crate::tape::TM;
 
 impl Mlp {
-    #[cfg(feature = "taped-reference")]
     /// The same as [`jvp`](Self::jvp) through dfdx tensor operations (the reference the tests
     /// compare the GEMM rule with).
     pub fn jvp_taped(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> Result<DMatrix<f64>> {
@@ -42,7 +39,6 @@ impl Mlp {
         unreachable!("an MLP has at least one layer")
     }
 
-    #[cfg(feature = "taped-reference")]
     /// `J(X)ᵀ·V` by dfdx's reverse mode on `Σ f(X) ⊙ V`: the independent reference the tests
     /// compare the GEMM rule of [`vjp`](Self::vjp) with.
     pub fn vjp_taped(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> Result<DVector<f64>> {
@@ -164,7 +160,6 @@ impl Mlp {
         unreachable!("an MLP has at least one layer")
     }
 
-    #[cfg(feature = "taped-reference")]
     /// Pullback of `Φ(w, s) = ⟨C, J(X; w) diag(s) J(X; w)ᵀ⟩` for a symmetric cotangent `C`
     /// (`n·d' × n·d'`, point-major): returns `(∂Φ/∂w, ∂Φ/∂s)`. GFSVI's KL term depends on the
     /// weights through exactly this covariance. Uses `dΦ = 2 tr(dJ · U)` with `U = diag(s) Jᵀ C`
@@ -211,7 +206,6 @@ impl Mlp {
         Ok((grad_w, grad_s))
     }
 
-    #[cfg(feature = "taped-reference")]
     /// Gradient with respect to the inducing inputs `Z` (`m × d`) of `⟨C, J(X) J(Z)ᵀ⟩` for a
     /// cotangent `C` (`n·d' × m·d'`) of an NTK block (VaLLA optimises `Z`). With `G = J(X)ᵀC`
     /// fixed, this is `∂/∂Z tr(J(Z) G)`: one taped parameter-tangent pass per inducing point and
