@@ -198,6 +198,48 @@ fn one_feature_set_serves_every_build() {
     }
 }
 
+/// A library whose unit-test harness is switched off (`[lib] test = false`: a harness for a crate
+/// without unit tests only compiles it a second time) has no `#[test]` in its sources, which would
+/// otherwise never run.
+#[test]
+fn no_unit_test_hides_in_a_library_without_a_test_harness() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut switched_off = 0;
+    for pkg in meta["packages"].as_array().unwrap() {
+        for target in pkg["targets"].as_array().unwrap() {
+            let is_lib = target["kind"].as_array().unwrap().iter().any(|k| k == "lib" || k == "cdylib");
+            if !is_lib || target["test"].as_bool() != Some(false) {
+                continue;
+            }
+            switched_off += 1;
+            let src =
+                std::path::Path::new(target["src_path"].as_str().unwrap()).parent().unwrap().to_path_buf();
+            let mut stack = vec![src];
+            while let Some(path) = stack.pop() {
+                if path.is_dir() {
+                    stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    assert!(
+                        !text.contains("#[test]"),
+                        "{} has a #[test], but {} sets `[lib] test = false`: move it to tests/ or remove that",
+                        path.display(),
+                        pkg["name"].as_str().unwrap()
+                    );
+                }
+            }
+        }
+    }
+    assert!(switched_off >= 10, "{switched_off} libraries without a harness: the metadata field moved?");
+}
+
 /// The input mistakes every crate checks are declared once, in `fspace-input`; no other crate's
 /// error enum declares its own variant for them.
 #[test]

@@ -1,13 +1,17 @@
 //! `cargo xtask test`: every test of the project, Rust and Python, in one command.
 //!
 //! 1. `cargo test --workspace --release` (the Rust suite);
-//! 2. a virtual environment at `target/python-venv` (`python3 -m venv`, made once), with
-//!    maturin, numpy, pytest and mypy from PyPI, then torch (`install_torch`: PyPI's Linux
-//!    wheel brings its CUDA libraries; without triton, which only `torch.compile` uses, it is
-//!    ≈ 4.4 GB installed and took 105 s on a fresh venv here; once per machine). `--no-torch`
-//!    leaves torch out, and so does a disk with less than [`TORCH_DISK_NEED_GIB`] free (said
-//!    loudly): the tests that convert a PyTorch model are then skipped and pytest lists them;
-//!    with torch, `$FSPACE_REQUIRE_TORCH` makes a missing torch a failure rather than a skip;
+//! 2. beside it, in a second thread, the Python environment: a virtual environment at
+//!    `target/python-venv` (`python3 -m venv`, made once), with maturin, numpy, pytest and
+//!    mypy from PyPI, then torch (`install_torch`: PyPI's Linux wheel brings its CUDA
+//!    libraries; without triton, which only `torch.compile` uses, it is ≈ 4.4 GB installed and
+//!    took 105 s on a fresh venv here; once per machine). Making it is mostly download and
+//!    unpacking while the Rust suite is mostly compiling and computing, so on a fresh machine
+//!    the two overlap instead of adding up; its output goes to `target/python-environment.log`
+//!    and is printed when both are done. `--no-torch` leaves torch out, and so does a disk with
+//!    less than [`TORCH_DISK_NEED_GIB`] free (said loudly): the tests that convert a PyTorch
+//!    model are then skipped and pytest lists them; with torch, `$FSPACE_REQUIRE_TORCH` makes a
+//!    missing torch a failure rather than a skip;
 //! 3. `maturin develop --release` of `crates/fspace-py` into it (the `fspace` package), then
 //!    `mypy.stubtest fspace._fspace` (the `.pyi` stubs against the compiled module) and `mypy`
 //!    over the Python layer;
@@ -17,10 +21,12 @@
 //!
 //! `$FSPACE_PYTHON` names the interpreter that makes the environment (default `python3`).
 
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 /// What `cargo xtask test` runs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -33,13 +39,39 @@ pub struct TestPlan {
     pub torch: bool,
 }
 
-fn run(what: &str, cmd: &mut Command) -> Result<()> {
-    println!("== {what}: {cmd:?}");
-    let status = cmd.status().with_context(|| format!("{what}: could not start {cmd:?}"))?;
-    if !status.success() {
-        bail!("{what} failed ({status})");
+/// Where a step's announcements and its commands' output go: the terminal, or a log file for
+/// the step that runs beside the Rust suite (two interleaved outputs would be unreadable).
+enum Console {
+    Terminal,
+    Log(File),
+}
+
+impl Console {
+    fn say(&self, line: &str) -> Result<()> {
+        match self {
+            Console::Terminal => println!("{line}"),
+            Console::Log(file) => writeln!(&*file, "{line}").context("could not write the log")?,
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Sends `cmd`'s stdout and stderr where `say` writes.
+    fn attach(&self, cmd: &mut Command) -> Result<()> {
+        if let Console::Log(file) = self {
+            cmd.stdout(Stdio::from(file.try_clone()?)).stderr(Stdio::from(file.try_clone()?));
+        }
+        Ok(())
+    }
+
+    fn run(&self, what: &str, cmd: &mut Command) -> Result<()> {
+        self.say(&format!("== {what}: {cmd:?}"))?;
+        self.attach(cmd)?;
+        let status = cmd.status().with_context(|| format!("{what}: could not start {cmd:?}"))?;
+        if !status.success() {
+            bail!("{what} failed ({status})");
+        }
+        Ok(())
+    }
 }
 
 /// The workspace root (the parent of `xtask/`).
@@ -50,27 +82,56 @@ fn root() -> PathBuf {
 /// Runs the plan from the workspace root.
 pub fn test(plan: TestPlan) -> Result<()> {
     let root = root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    if !plan.python_only {
-        run(
-            "Rust tests",
-            Command::new(&cargo).args(["test", "--workspace", "--release"]).current_dir(&root),
-        )?;
-    }
     if plan.rust_only {
-        return Ok(());
+        return rust_tests(&root);
     }
+    if plan.python_only {
+        let torch = python_environment(&root, plan.torch, &Console::Terminal)?;
+        return python_tests(&root, torch);
+    }
+    let target = root.join("target");
+    std::fs::create_dir_all(&target).with_context(|| format!("could not create {}", target.display()))?;
+    let log_path = target.join("python-environment.log");
+    let log = File::create(&log_path).with_context(|| format!("could not create {}", log_path.display()))?;
+    println!("== Python environment: made beside the Rust tests; its output goes to {}", log_path.display());
+    let (rust, environment) = std::thread::scope(|scope| {
+        let beside = scope.spawn(|| python_environment(&root, plan.torch, &Console::Log(log)));
+        let rust = rust_tests(&root);
+        let environment =
+            beside.join().unwrap_or_else(|_| Err(anyhow!("the Python environment's thread panicked")));
+        (rust, environment)
+    });
+    println!("== Python environment (made beside the Rust tests), from {}:", log_path.display());
+    match std::fs::read_to_string(&log_path) {
+        Ok(text) => print!("{text}"),
+        Err(e) => println!("   (could not read it back: {e})"),
+    }
+    rust?;
+    let torch = environment?;
+    python_tests(&root, torch)
+}
+
+/// `cargo test --workspace --release`.
+fn rust_tests(root: &Path) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    Console::Terminal
+        .run("Rust tests", Command::new(&cargo).args(["test", "--workspace", "--release"]).current_dir(root))
+}
+
+/// The virtual environment with the test dependencies (and torch when asked and there is disk
+/// for it); returns whether torch is importable.
+fn python_environment(root: &Path, torch: bool, console: &Console) -> Result<bool> {
     let venv = root.join("target").join("python-venv");
     let bin = venv.join("bin");
     if !bin.join("python").exists() {
         let python = std::env::var("FSPACE_PYTHON").unwrap_or_else(|_| "python3".into());
-        run(
+        console.run(
             "Python environment (needs python3 with venv; Debian: apt install python3-venv)",
             Command::new(python).args(["-m", "venv"]).arg(&venv),
         )?;
     }
     let py = bin.join("python");
-    run(
+    console.run(
         "Python test dependencies",
         Command::new(&py).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args([
             "maturin>=1.16,<2",
@@ -79,9 +140,17 @@ pub fn test(plan: TestPlan) -> Result<()> {
             "mypy",
         ]),
     )?;
-    let torch = plan.torch && install_torch(&py, &venv)?;
+    Ok(torch && install_torch(&py, &venv, console)?)
+}
+
+/// Builds the `fspace` package into the environment, checks its types and runs pytest.
+fn python_tests(root: &Path, torch: bool) -> Result<()> {
+    let console = Console::Terminal;
+    let venv = root.join("target").join("python-venv");
+    let bin = venv.join("bin");
+    let py = bin.join("python");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    run(
+    console.run(
         "fspace Python package (maturin develop --release)",
         Command::new(bin.join("maturin"))
             .args(["develop", "--release", "--quiet"])
@@ -89,11 +158,11 @@ pub fn test(plan: TestPlan) -> Result<()> {
             .env("VIRTUAL_ENV", &venv)
             .env("PATH", &path),
     )?;
-    run(
+    console.run(
         "Type stubs against the compiled module (mypy.stubtest)",
         Command::new(&py).args(["-m", "mypy.stubtest", "fspace._fspace"]).current_dir(root.join("target")),
     )?;
-    run(
+    console.run(
         "Types of the Python layer (mypy)",
         Command::new(&py)
             .args(["-m", "mypy", "--ignore-missing-imports", "-p", "fspace"])
@@ -111,7 +180,7 @@ pub fn test(plan: TestPlan) -> Result<()> {
     } else {
         pytest.env_remove("FSPACE_REQUIRE_TORCH");
     }
-    run("Python tests", pytest.current_dir(&root))
+    console.run("Python tests", pytest.current_dir(root))
 }
 
 /// Free disk below which `install_torch` leaves torch out: the lean install measured ≈ 4.6 GB
@@ -141,7 +210,7 @@ for line in md.requires("torch") or []:
 ///
 /// torch is installed without its dependencies, then with every dependency but triton, and
 /// without pip's cache (CI machines start empty; the cache would double the footprint).
-fn install_torch(py: &Path, venv: &Path) -> Result<bool> {
+fn install_torch(py: &Path, venv: &Path, console: &Console) -> Result<bool> {
     let importable =
         Command::new(py).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
     if importable {
@@ -156,13 +225,14 @@ fn install_torch(py: &Path, venv: &Path) -> Result<bool> {
             if std::env::var_os("FSPACE_REQUIRE_TORCH").is_some() {
                 bail!("torch is required ($FSPACE_REQUIRE_TORCH) and cannot be installed: {why}");
             }
-            println!("== torch NOT installed: {why}. The PyTorch-model tests will be SKIPPED;");
-            println!("   free disk space and rerun to include them, or pass --no-torch to say so.");
+            console
+                .say(&format!("== torch NOT installed: {why}. The PyTorch-model tests will be SKIPPED;"))?;
+            console.say("   free disk space and rerun to include them, or pass --no-torch to say so.")?;
             return Ok(false);
         }
     }
     let pip = ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"];
-    run("torch (without its dependencies)", Command::new(py).args(pip).args(["--no-deps", TORCH]))?;
+    console.run("torch (without its dependencies)", Command::new(py).args(pip).args(["--no-deps", TORCH]))?;
     let listed = Command::new(py)
         .args(["-c", TORCH_DEPENDENCIES])
         .output()
@@ -172,9 +242,10 @@ fn install_torch(py: &Path, venv: &Path) -> Result<bool> {
     }
     let dependencies: Vec<String> =
         String::from_utf8_lossy(&listed.stdout).lines().map(str::to_owned).collect();
-    println!("   (pip then reports triton as a missing requirement of torch: it is left out on purpose)");
-    run("torch's dependencies (all but triton)", Command::new(py).args(pip).args(&dependencies))?;
-    run("torch imports", Command::new(py).args(["-c", "import torch"]))?;
+    console
+        .say("   (pip then reports triton as a missing requirement of torch: it is left out on purpose)")?;
+    console.run("torch's dependencies (all but triton)", Command::new(py).args(pip).args(&dependencies))?;
+    console.run("torch imports", Command::new(py).args(["-c", "import torch"]))?;
     Ok(true)
 }
 
