@@ -9,7 +9,8 @@
 //!    unpacking while the Rust suite is mostly compiling and computing, so on a fresh machine
 //!    the two overlap instead of adding up; its output goes to `target/python-environment.log`
 //!    and is printed when both are done. `--no-torch` leaves torch out, and so does a disk with
-//!    less than [`TORCH_DISK_NEED_GIB`] free (said loudly): the tests that convert a PyTorch
+//!    less than [`TORCH_DISK_NEED_GIB`] free (plus [`RUST_BUILD_GIB`] when the Rust build is
+//!    still to write its files beside it; said loudly): the tests that convert a PyTorch
 //!    model are then skipped and pytest lists them; with torch, `$FSPACE_REQUIRE_TORCH` makes a
 //!    missing torch a failure rather than a skip;
 //! 3. `maturin develop --release` of `crates/fspace-py` into it (the `fspace` package), then
@@ -86,7 +87,7 @@ pub fn test(plan: TestPlan) -> Result<()> {
         return rust_tests(&root);
     }
     if plan.python_only {
-        let torch = python_environment(&root, plan.torch, &Console::Terminal)?;
+        let torch = python_environment(&root, plan.torch, 0.0, &Console::Terminal)?;
         return python_tests(&root, torch);
     }
     let target = root.join("target");
@@ -95,7 +96,8 @@ pub fn test(plan: TestPlan) -> Result<()> {
     let log = File::create(&log_path).with_context(|| format!("could not create {}", log_path.display()))?;
     println!("== Python environment: made beside the Rust tests; its output goes to {}", log_path.display());
     let (rust, environment) = std::thread::scope(|scope| {
-        let beside = scope.spawn(|| python_environment(&root, plan.torch, &Console::Log(log)));
+        let beside =
+            scope.spawn(|| python_environment(&root, plan.torch, RUST_BUILD_GIB, &Console::Log(log)));
         let rust = rust_tests(&root);
         let environment =
             beside.join().unwrap_or_else(|_| Err(anyhow!("the Python environment's thread panicked")));
@@ -119,8 +121,8 @@ fn rust_tests(root: &Path) -> Result<()> {
 }
 
 /// The virtual environment with the test dependencies (and torch when asked and there is disk
-/// for it); returns whether torch is importable.
-fn python_environment(root: &Path, torch: bool, console: &Console) -> Result<bool> {
+/// for it, `reserve_gib` more than torch's own need); returns whether torch is importable.
+fn python_environment(root: &Path, torch: bool, reserve_gib: f64, console: &Console) -> Result<bool> {
     let venv = root.join("target").join("python-venv");
     let bin = venv.join("bin");
     if !bin.join("python").exists() {
@@ -140,7 +142,7 @@ fn python_environment(root: &Path, torch: bool, console: &Console) -> Result<boo
             "mypy",
         ]),
     )?;
-    Ok(torch && install_torch(&py, &venv, console)?)
+    Ok(torch && install_torch(&py, &venv, reserve_gib, console)?)
 }
 
 /// Builds the `fspace` package into the environment, checks its types and runs pytest.
@@ -187,6 +189,13 @@ fn python_tests(root: &Path, torch: bool) -> Result<()> {
 /// of disk with the downloaded wheels, plus room for pip's unpacking and the test run.
 pub const TORCH_DISK_NEED_GIB: f64 = 7.0;
 
+/// What the Rust build may still write while torch installs beside it: `target/` without the
+/// venv after a run from empty build folders (7.4 GB − 4.5 GB measured, rounded up). Asked for
+/// even when the build is already there (the check cannot tell), so on a disk with less than
+/// ≈ 10 GiB free a first `cargo xtask test` leaves torch out (saying why) where a
+/// `--python-only` run after the build would install it.
+pub const RUST_BUILD_GIB: f64 = 3.0;
+
 /// The torch requirement: ≥ 2.1 for `torch.func` and string padding in `Conv2d`.
 const TORCH: &str = "torch>=2.1";
 
@@ -210,18 +219,15 @@ for line in md.requires("torch") or []:
 ///
 /// torch is installed without its dependencies, then with every dependency but triton, and
 /// without pip's cache (CI machines start empty; the cache would double the footprint).
-fn install_torch(py: &Path, venv: &Path, console: &Console) -> Result<bool> {
+fn install_torch(py: &Path, venv: &Path, reserve_gib: f64, console: &Console) -> Result<bool> {
     let importable =
         Command::new(py).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
     if importable {
         return Ok(true);
     }
     if let Some(free) = free_disk_gib(venv) {
-        if free < TORCH_DISK_NEED_GIB {
-            let why = format!(
-                "{free:.1} GiB free at {} but torch needs ≈ {TORCH_DISK_NEED_GIB} GiB",
-                venv.display()
-            );
+        if let Some(short) = disk_shortfall(free, reserve_gib) {
+            let why = format!("{short} at {}", venv.display());
             if std::env::var_os("FSPACE_REQUIRE_TORCH").is_some() {
                 bail!("torch is required ($FSPACE_REQUIRE_TORCH) and cannot be installed: {why}");
             }
@@ -249,6 +255,21 @@ fn install_torch(py: &Path, venv: &Path, console: &Console) -> Result<bool> {
     Ok(true)
 }
 
+/// Why `free_gib` of free disk is too little for torch with `reserve_gib` kept for the Rust build
+/// beside it; `None` when it suffices.
+fn disk_shortfall(free_gib: f64, reserve_gib: f64) -> Option<String> {
+    let need = TORCH_DISK_NEED_GIB + reserve_gib;
+    if free_gib >= need {
+        return None;
+    }
+    let beside = if reserve_gib > 0.0 {
+        format!(" (of which {reserve_gib} GiB for the Rust build running beside it)")
+    } else {
+        String::new()
+    };
+    Some(format!("{free_gib:.1} GiB free but torch needs ≈ {need} GiB{beside}"))
+}
+
 /// Free space in GiB on the file system holding `path` (or its nearest existing parent), from
 /// POSIX `df -Pk`; `None` where that cannot be read, in which case the install is attempted.
 fn free_disk_gib(path: &Path) -> Option<f64> {
@@ -259,4 +280,20 @@ fn free_disk_gib(path: &Path) -> Option<f64> {
     let text = String::from_utf8_lossy(&out.stdout);
     let available_kib: f64 = text.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()?;
     Some(available_kib / (1024.0 * 1024.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_beside_the_rust_build_asks_for_the_build_s_room_too() {
+        assert_eq!(disk_shortfall(9.0, 0.0), None);
+        assert_eq!(disk_shortfall(TORCH_DISK_NEED_GIB, 0.0), None);
+        let alone = disk_shortfall(6.9, 0.0).expect("below torch's own need");
+        assert!(alone.contains("6.9 GiB free") && !alone.contains("Rust build"), "{alone}");
+        let beside = disk_shortfall(9.0, RUST_BUILD_GIB).expect("torch and the build do not both fit");
+        assert!(beside.contains("≈ 10 GiB") && beside.contains("3 GiB for the Rust build"), "{beside}");
+        assert_eq!(disk_shortfall(10.0, RUST_BUILD_GIB), None);
+    }
 }
