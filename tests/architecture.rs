@@ -107,16 +107,22 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
     ])
 }
 
-#[test]
-fn workspace_dependencies_follow_the_layering() {
+/// `cargo metadata --format-version 1 --offline ARGS` of the workspace, parsed.
+fn cargo_metadata(args: &[&str]) -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
     assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn workspace_dependencies_follow_the_layering() {
+    let meta = cargo_metadata(&["--no-deps"]);
     let rules = allowed();
     let members: Vec<&str> =
         meta["packages"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
@@ -203,14 +209,7 @@ fn one_feature_set_serves_every_build() {
 /// otherwise never run.
 #[test]
 fn no_unit_test_hides_in_a_library_without_a_test_harness() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo metadata runs");
-    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let meta = cargo_metadata(&["--no-deps"]);
     let mut switched_off = 0;
     for pkg in meta["packages"].as_array().unwrap() {
         for target in pkg["targets"].as_array().unwrap() {
@@ -219,21 +218,15 @@ fn no_unit_test_hides_in_a_library_without_a_test_harness() {
                 continue;
             }
             switched_off += 1;
-            let src =
-                std::path::Path::new(target["src_path"].as_str().unwrap()).parent().unwrap().to_path_buf();
-            let mut stack = vec![src];
-            while let Some(path) = stack.pop() {
-                if path.is_dir() {
-                    stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
-                } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    assert!(
-                        !text.contains("#[test]"),
-                        "{} has a #[test], but {} sets `[lib] test = false`: move it to tests/ or remove that",
-                        path.display(),
-                        pkg["name"].as_str().unwrap()
-                    );
-                }
+            let src = std::path::Path::new(target["src_path"].as_str().unwrap()).parent().unwrap();
+            for path in rust_files_below(src) {
+                let text = std::fs::read_to_string(&path).unwrap();
+                assert!(
+                    !text.contains("#[test]"),
+                    "{} has a #[test], but {} sets `[lib] test = false`: move it to tests/ or remove that",
+                    path.display(),
+                    pkg["name"].as_str().unwrap()
+                );
             }
         }
     }
@@ -299,14 +292,7 @@ fn the_declared_rust_version_covers_the_locked_dependencies() {
     let info = Command::new(rustc).arg("-vV").output().expect("rustc -vV runs");
     let info = String::from_utf8_lossy(&info.stdout).to_string();
     let host = info.lines().find_map(|l| l.strip_prefix("host: ")).expect("rustc names its host").to_string();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--locked", "--filter-platform", &host])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo metadata runs");
-    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let meta = cargo_metadata(&["--locked", "--filter-platform", &host]);
     let version = |v: &str| -> Vec<u32> {
         let mut parts: Vec<u32> = v.split('.').map(|x| x.parse().unwrap()).collect();
         parts.resize(3, 0);
@@ -352,18 +338,24 @@ fn crate_sources() -> Vec<(std::path::PathBuf, Vec<std::path::PathBuf>)> {
     crates
         .into_iter()
         .map(|krate| {
-            let (mut stack, mut files) = (vec![krate.join("src")], Vec::new());
-            while let Some(path) = stack.pop() {
-                if path.is_dir() {
-                    stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
-                } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
-                    files.push(path);
-                }
-            }
-            files.sort();
+            let files = rust_files_below(&krate.join("src"));
             (krate, files)
         })
         .collect()
+}
+
+/// The `.rs` files below `dir`, sorted.
+fn rust_files_below(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let (mut stack, mut files) = (vec![dir.to_path_buf()], Vec::new());
+    while let Some(path) = stack.pop() {
+        if path.is_dir() {
+            stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
 }
 
 /// No two crates export a public type of the same name (a user who imports from several crates
