@@ -152,7 +152,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(100.1),
         budget_of: None,
         run: fsp_images::run_mnist,
-        redraw: None,
+        redraw: Some(fsp_images::redraw_mnist),
     },
     Experiment {
         name: "fsp-fmnist",
@@ -162,7 +162,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(175.0),
         budget_of: None,
         run: fsp_images::run_fmnist,
-        redraw: None,
+        redraw: Some(fsp_images::redraw_fmnist),
     },
     Experiment {
         name: "fsp-mnist-halton",

@@ -49,6 +49,7 @@
 //! Halton budget (1 000 points instead of the paper's 25 000) changes, on one trained network.
 
 use fspace_kernels::GpPrior;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
@@ -202,11 +203,44 @@ pub fn run_fmnist(opts: &Options) -> Result<()> {
     run(opts, ImageSet::FashionMnist)
 }
 
-fn run(opts: &Options, set: ImageSet) -> Result<()> {
-    let (name, ood_set, paper, title, ood_title) = match set {
+/// `cargo xtask redraw fsp-mnist`: `entropy.png` of the finished run in `dir` from the
+/// histograms its `metrics.json` stores per (seed, method) row, with the current figure code
+/// (nothing is recomputed); returns the files written.
+pub fn redraw_mnist(dir: &Path) -> Result<Vec<PathBuf>> {
+    redraw(dir, ImageSet::Mnist)
+}
+
+/// `cargo xtask redraw fsp-fmnist`: as [`redraw_mnist`], for Fashion-MNIST.
+pub fn redraw_fmnist(dir: &Path) -> Result<Vec<PathBuf>> {
+    redraw(dir, ImageSet::FashionMnist)
+}
+
+/// The experiment of `set`: its name, OOD set, the paper's Table 2 and the two sets' titles.
+fn experiment(set: ImageSet) -> (&'static str, ImageSet, &'static PaperTable, &'static str, &'static str) {
+    match set {
         ImageSet::Mnist => ("fsp-mnist", ImageSet::FashionMnist, &PAPER_MNIST, "MNIST", "Fashion-MNIST"),
         ImageSet::FashionMnist => ("fsp-fmnist", ImageSet::Mnist, &PAPER_FMNIST, "Fashion-MNIST", "MNIST"),
-    };
+    }
+}
+
+/// Reads `dir/metrics.json` as `set`'s metrics and draws `entropy.png` from its rows.
+fn redraw(dir: &Path, set: ImageSet) -> Result<Vec<PathBuf>> {
+    let (name, _, _, title, ood_title) = experiment(set);
+    let path = dir.join("metrics.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
+    let metrics: Metrics = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("{} is not a {name} metrics.json: {e}", path.display()))?;
+    let rows = metrics.per_seed.into_iter().map(Row::from_record).collect::<Result<Vec<_>>>()?;
+    if !rows.iter().any(|(_, r)| r.entropy.is_some()) {
+        return Err(anyhow!("{} holds no entropy histograms to draw", path.display()));
+    }
+    let png = dir.join("entropy.png");
+    draw_entropy(&png, (title, ood_title), &rows)?;
+    Ok(vec![png])
+}
+
+fn run(opts: &Options, set: ImageSet) -> Result<()> {
+    let (name, ood_set, paper, title, ood_title) = experiment(set);
     let budget = Budget::new(opts);
     let mut run = Run::open(&opts.out, name, opts.resume)?;
     run.log(format!("budget: {}", serde_json::to_string(&budget)?));
@@ -479,5 +513,48 @@ mod tests {
         let err = Row::from_record(bad).unwrap_err().to_string();
         assert!(err.contains("Oracle"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn redraw_draws_the_entropy_figure_the_run_drew_from_metrics_alone() {
+        let root = std::env::temp_dir().join(format!("fspace-fsp-images-redraw-{}", std::process::id()));
+        let mut run = Run::new(root.to_str().unwrap(), "fsp-mnist").unwrap();
+        let rows =
+            vec![(0u64, row("MAP", -0.25)), (0, row("FSP-Laplace (RND)", -0.2)), (1, row("MAP", -0.3))];
+        report(&mut run, ("fsp-mnist", "MNIST", "Fashion-MNIST"), &PAPER_MNIST, &rows, &quick_budget(), true)
+            .unwrap();
+        let dir = root.join("fsp-mnist");
+        let drawn = std::fs::read(dir.join("entropy.png")).unwrap();
+        std::fs::remove_file(dir.join("entropy.png")).unwrap();
+        assert_eq!(redraw_mnist(&dir).unwrap(), vec![dir.join("entropy.png")]);
+        assert!(std::fs::read(dir.join("entropy.png")).unwrap() == drawn, "the redrawn figure differs");
+        // Rows from before the histograms were stored leave nothing to draw: an error, not a blank figure.
+        let mut metrics: Metrics =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap();
+        metrics.per_seed.iter_mut().for_each(|r| r.entropy_histogram = None);
+        std::fs::write(dir.join("metrics.json"), serde_json::to_string(&metrics).unwrap()).unwrap();
+        let err = redraw_mnist(&dir).unwrap_err().to_string();
+        assert!(err.contains("no entropy histograms"), "{err}");
+        // A metrics.json of another experiment is refused with its path and the experiment's name.
+        std::fs::write(dir.join("metrics.json"), "{\"seeds\": 1}").unwrap();
+        let err = redraw_fmnist(&dir).unwrap_err().to_string();
+        assert!(err.contains("metrics.json") && err.contains("fsp-fmnist"), "{err}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn the_committed_runs_metrics_hold_the_entropy_figure() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results");
+        for (name, redraw) in
+            [("fsp-mnist", redraw_mnist as crate::harness::registry::Redraw), ("fsp-fmnist", redraw_fmnist)]
+        {
+            let dir =
+                std::env::temp_dir().join(format!("fspace-fsp-committed-{}-{name}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::copy(docs.join(name).join("metrics.json"), dir.join("metrics.json")).unwrap();
+            assert_eq!(redraw(&dir).unwrap(), vec![dir.join("entropy.png")], "{name}");
+            assert!(dir.join("entropy.png").exists());
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! and figures.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use super::*;
 
@@ -312,6 +313,24 @@ pub(super) fn report(
         if finished { "" } else { " (so far)" }
     );
 
+    draw_entropy(&run.path("entropy.png"), (title, ood_title), rows)?;
+    run.write_table(&md)?;
+    let per_seed: Vec<RowRecord> = rows.iter().map(|(seed, r)| r.record(*seed)).collect();
+    run.write_metrics(&Metrics {
+        budget: serde_json::to_value(budget)?,
+        summary,
+        not_run: NOT_RUN
+            .iter()
+            .map(|(c, w)| NotRun { column: c.to_string(), reason: w.to_string() })
+            .collect(),
+        per_seed,
+    })?;
+    Ok(())
+}
+
+/// `entropy.png` (Fig. C.10): per method, the density of the predictive entropies of the ID
+/// and OOD test images, summed over the seeds whose rows hold histograms.
+pub(super) fn draw_entropy(path: &Path, (title, ood_title): (&str, &str), rows: &[(u64, Row)]) -> Result<()> {
     let panels: Vec<LinePanel> = ["FSP-Laplace (RND)", "FVI (RND)", "Laplace", "MAP", "Sparse GP"]
         .iter()
         .filter_map(|column| {
@@ -335,17 +354,5 @@ pub(super) fn report(
             })
         })
         .collect();
-    line_panels(&run.path("entropy.png"), &panels, 2)?;
-    run.write_table(&md)?;
-    let per_seed: Vec<RowRecord> = rows.iter().map(|(seed, r)| r.record(*seed)).collect();
-    run.write_metrics(&Metrics {
-        budget: serde_json::to_value(budget)?,
-        summary,
-        not_run: NOT_RUN
-            .iter()
-            .map(|(c, w)| NotRun { column: c.to_string(), reason: w.to_string() })
-            .collect(),
-        per_seed,
-    })?;
-    Ok(())
+    line_panels(path, &panels, 2)
 }
