@@ -246,7 +246,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         full_minutes: Some(16.9),
         budget_of: None,
         run: valla_regression::run,
-        redraw: None,
+        redraw: Some(valla_regression::redraw),
     },
     Experiment {
         name: "valla-toy-quick",

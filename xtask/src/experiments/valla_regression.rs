@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{anyhow, Context, Result};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
@@ -36,6 +36,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -352,9 +353,18 @@ pub fn run(opts: &Options) -> Result<()> {
         markdown_table(&header, &table)
     );
     run.write_table(&(md + "\nFigure: `calibration.png` — the calibration curves behind CQM (fraction of test targets inside the central α-interval against α, mean over seeds; the diagonal is perfect calibration).\n"))?;
-    // The calibration curves, averaged over seeds: one panel per set, one line per method.
+    let set_names: Vec<&str> = sets.iter().map(|(name, _)| *name).collect();
+    draw_calibration(&run.path("calibration.png"), &set_names, &rows)?;
+    run.write_metrics(&Metrics { seeds, quick: opts.quick, summary, per_seed: rows })?;
+    Ok(())
+}
+
+/// `calibration.png`: the calibration curves behind CQM averaged over seeds, one panel per set
+/// of `sets`, one line per method with rows there (fraction of test targets inside the central
+/// α-interval against α; the diagonal is perfect calibration).
+fn draw_calibration(path: &Path, sets: &[&str], rows: &[SeedRow]) -> Result<()> {
     let mut panels = Vec::new();
-    for (set_name, _) in &sets {
+    for set_name in sets {
         let mut series =
             vec![("ideal".to_string(), (0..=10).map(|k| (k as f64 / 10.0, k as f64 / 10.0)).collect())];
         for method in METHODS {
@@ -363,7 +373,8 @@ pub fn run(opts: &Options) -> Result<()> {
                 .filter(|r| r.dataset == *set_name && r.method == method)
                 .map(|r| &r.cqm_curve)
                 .collect();
-            let mean: Vec<(f64, f64)> = (0..mine[0].len())
+            let Some(levels) = mine.iter().map(|c| c.len()).min() else { continue };
+            let mean: Vec<(f64, f64)> = (0..levels)
                 .map(|k| (mine[0][k].0, mine.iter().map(|c| c[k].1).sum::<f64>() / mine.len() as f64))
                 .collect();
             series.push((method.to_string(), mean));
@@ -375,7 +386,87 @@ pub fn run(opts: &Options) -> Result<()> {
             log_x: false,
         });
     }
-    line_panels(&run.path("calibration.png"), &panels, panels.len().min(3))?;
-    run.write_metrics(&Metrics { seeds, quick: opts.quick, summary, per_seed: rows })?;
-    Ok(())
+    line_panels(path, &panels, panels.len().min(3))
+}
+
+/// `cargo xtask redraw valla-regression`: `calibration.png` of the finished run in `dir` from the
+/// calibration curves its `metrics.json` stores per (set, seed, method), with the current figure
+/// code (nothing is recomputed); returns the files written.
+pub fn redraw(dir: &Path) -> Result<Vec<PathBuf>> {
+    let path = dir.join("metrics.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let metrics: Metrics = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a valla-regression metrics.json", path.display()))?;
+    // The sets in the order the run wrote them.
+    let mut sets: Vec<&str> = Vec::new();
+    for row in &metrics.per_seed {
+        if !sets.contains(&row.dataset.as_str()) {
+            sets.push(&row.dataset);
+        }
+    }
+    if sets.is_empty() {
+        return Err(anyhow!("{} holds no rows to draw", path.display()));
+    }
+    let png = dir.join("calibration.png");
+    draw_calibration(&png, &sets, &metrics.per_seed)?;
+    Ok(vec![png])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(dataset: &str, seed: u64, method: &str, lift: f64) -> SeedRow {
+        SeedRow {
+            dataset: dataset.into(),
+            seed,
+            method: method.into(),
+            nll: 1.0,
+            crps: 0.5,
+            cqm: lift,
+            cqm_curve: (0..=10).map(|k| (k as f64 / 10.0, (k as f64 / 10.0 + lift).min(1.0))).collect(),
+            fit_seconds: 2.0,
+            extra: json!({}),
+        }
+    }
+
+    #[test]
+    fn redraw_draws_the_calibration_figure_the_run_drew_from_metrics_alone() {
+        let dir = std::env::temp_dir().join(format!("fspace-valla-regression-redraw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Two sets; VaLLA 200 has no row on concrete (a partial run), which leaves its line out.
+        let rows = vec![
+            row("boston", 0, "MAP", 0.1),
+            row("boston", 1, "MAP", 0.05),
+            row("boston", 0, "VaLLA 200", 0.0),
+            row("concrete", 0, "MAP", 0.2),
+        ];
+        draw_calibration(&dir.join("calibration.png"), &["boston", "concrete"], &rows).unwrap();
+        let drawn = std::fs::read(dir.join("calibration.png")).unwrap();
+        let metrics = Metrics { seeds: 2, quick: true, summary: BTreeMap::new(), per_seed: rows };
+        std::fs::write(dir.join("metrics.json"), serde_json::to_string(&metrics).unwrap()).unwrap();
+        std::fs::remove_file(dir.join("calibration.png")).unwrap();
+        assert_eq!(redraw(&dir).unwrap(), vec![dir.join("calibration.png")]);
+        assert!(std::fs::read(dir.join("calibration.png")).unwrap() == drawn, "the redrawn figure differs");
+        // No rows: an error naming the file, not a blank figure; another shape: refused.
+        let empty = Metrics { per_seed: Vec::new(), ..metrics };
+        std::fs::write(dir.join("metrics.json"), serde_json::to_string(&empty).unwrap()).unwrap();
+        let err = format!("{:#}", redraw(&dir).unwrap_err());
+        assert!(err.contains("no rows") && err.contains("metrics.json"), "{err}");
+        std::fs::write(dir.join("metrics.json"), "{\"seeds\": 1}").unwrap();
+        let err = format!("{:#}", redraw(&dir).unwrap_err());
+        assert!(err.contains("not a valla-regression metrics.json"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_committed_runs_metrics_hold_the_calibration_figure() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results/valla-regression");
+        let dir =
+            std::env::temp_dir().join(format!("fspace-valla-regression-committed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(docs.join("metrics.json"), dir.join("metrics.json")).unwrap();
+        assert_eq!(redraw(&dir).unwrap(), vec![dir.join("calibration.png")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -80,6 +80,11 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// The test environment under the workspace's `target/` (`cargo clean` removes it with the build).
+fn venv_dir(root: &Path) -> PathBuf {
+    root.join("target").join("python-venv")
+}
+
 /// Runs the plan from the workspace root.
 pub fn test(plan: TestPlan) -> Result<()> {
     let root = root();
@@ -123,7 +128,7 @@ fn rust_tests(root: &Path) -> Result<()> {
 /// The virtual environment with the test dependencies (and torch when asked and there is disk
 /// for it, `reserve_gib` more than torch's own need); returns whether torch is importable.
 fn python_environment(root: &Path, torch: bool, reserve_gib: f64, console: &Console) -> Result<bool> {
-    let venv = root.join("target").join("python-venv");
+    let venv = venv_dir(root);
     let bin = venv.join("bin");
     if !bin.join("python").exists() {
         let python = std::env::var("FSPACE_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -148,7 +153,7 @@ fn python_environment(root: &Path, torch: bool, reserve_gib: f64, console: &Cons
 /// Builds the `fspace` package into the environment, checks its types and runs pytest.
 fn python_tests(root: &Path, torch: bool) -> Result<()> {
     let console = Console::Terminal;
-    let venv = root.join("target").join("python-venv");
+    let venv = venv_dir(root);
     let bin = venv.join("bin");
     let py = bin.join("python");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
