@@ -220,7 +220,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
         // The other rows take ≈ 8 min per seed (valla-fmnist's 475 s); the Sampled LLA row adds
-        // more than 2 h per seed at the full size (DEVIATIONS V5: a unit unfinished after 2 h 10 min).
+        // more than 2 h per seed at the full size (measured in DEVIATIONS V5); untimed in full.
         full_minutes: None,
         budget_of: None,
         run: valla_images::run_mnist,
