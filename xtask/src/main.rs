@@ -133,6 +133,17 @@ mod tests {
         for bad in ["1", "0", "x", "500,500", "500,"] {
             assert!(counts(bad).is_err(), "--covariance-points {bad:?} was accepted");
         }
+        let methods = |v: &str| opts(&["valla-mnist", "--methods", v]).map(|o| o.methods);
+        assert_eq!(
+            methods("MAP, VaLLA 100").unwrap(),
+            Some(vec!["MAP".to_string(), "VaLLA 100".to_string()])
+        );
+        for bad in ["MAP,", "MAP,MAP", ""] {
+            assert!(methods(bad).is_err(), "--methods {bad:?} was accepted");
+        }
+        assert!(
+            parse_err(&["reproduce", "fsp-mnist", "--methods", "MAP"]).contains("--methods does not apply")
+        );
         let err = parse_err(&["reproduce", "fsp-bayesopt", "--covariance-points", "10000"]);
         assert!(
             err.contains("does not apply to fsp-bayesopt ") && err.contains("fsp-bayesopt-covariance"),
@@ -220,7 +231,7 @@ mod tests {
             harness::cli::parse(EXPERIMENTS, ["reproduce", "--all", "--resume", "--seeds", "2"]).unwrap();
         let harness::cli::Task::Reproduce(args) = cli.task else { panic!("not reproduce") };
         let chosen = harness::cli::selected(EXPERIMENTS, &args);
-        assert!(chosen.iter().all(|e| e.budget_of.is_none()) && chosen.len() + 2 == EXPERIMENTS.len());
+        assert!(chosen.iter().all(|e| e.budget_of.is_none()) && chosen.len() + 3 == EXPERIMENTS.len());
         let opts = args.options();
         for e in chosen {
             let own = opts.restricted_to(e);

@@ -135,6 +135,10 @@ pub struct ReproduceArgs {
     /// 2 000 and the paper's 10 000).
     #[arg(long = "covariance-points", value_name = "N[,N…]", value_parser = parse_counts)]
     pub covariance_points: Option<Counts>,
+    /// The table rows valla-mnist / valla-fmnist fit, by their names in the table (quote names
+    /// with spaces: --methods "MAP,VaLLA 100"); the MAP network is trained either way.
+    #[arg(long, value_name = "M[,M…]", value_parser = parse_methods)]
+    pub methods: Option<Methods>,
 }
 
 /// `--gamma`'s values.
@@ -146,6 +150,9 @@ pub struct Sets(pub Vec<String>);
 /// `--folds`' values, ascending.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Folds(pub Vec<usize>);
+/// `--methods`' values, as given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Methods(pub Vec<String>);
 /// `--covariance-points`' values, ascending.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Counts(pub Vec<usize>);
@@ -163,6 +170,7 @@ impl ReproduceArgs {
             sets: self.sets.clone().map(|s| s.0),
             folds: self.folds.clone().map(|f| f.0),
             covariance_points: self.covariance_points.clone().map(|c| c.0),
+            methods: self.methods.clone().map(|m| m.0),
         }
     }
 }
@@ -201,6 +209,11 @@ fn parse_gammas(v: &str) -> Result<Gammas, String> {
 /// `--sets S[,S…]` (the experiment checks the names against its sets).
 fn parse_sets(v: &str) -> Result<Sets, String> {
     Ok(Sets(comma_list(v)?.into_iter().map(String::from).collect()))
+}
+
+/// `--methods M[,M…]` (the experiment checks the names against its rows).
+fn parse_methods(v: &str) -> Result<Methods, String> {
+    Ok(Methods(comma_list(v)?.into_iter().map(String::from).collect()))
 }
 
 /// `--folds F[,F…]`: folds of the 5-fold CV numbered from 1, kept in ascending order.

@@ -26,6 +26,9 @@ pub struct Options {
     pub folds: Option<Vec<usize>>,
     /// `--covariance-points`: the point counts `fsp-bayesopt-covariance` runs (`None`: its own).
     pub covariance_points: Option<Vec<usize>>,
+    /// `--methods`: the table rows `valla-mnist` / `valla-fmnist` fit (`None`: every row); the
+    /// MAP network is trained either way.
+    pub methods: Option<Vec<String>>,
 }
 
 impl Options {
@@ -39,6 +42,7 @@ impl Options {
             sets: self.sets.clone().filter(|_| accepts(Flag::Sets)),
             folds: self.folds.clone().filter(|_| accepts(Flag::Folds)),
             covariance_points: self.covariance_points.clone().filter(|_| accepts(Flag::CovariancePoints)),
+            methods: self.methods.clone().filter(|_| accepts(Flag::Methods)),
             ..self.clone()
         }
     }
@@ -53,6 +57,7 @@ impl Options {
             (Flag::Sets, self.sets.is_some()),
             (Flag::Folds, self.folds.is_some()),
             (Flag::CovariancePoints, self.covariance_points.is_some()),
+            (Flag::Methods, self.methods.is_some()),
         ] {
             if set {
                 given.push(flag);
@@ -77,6 +82,8 @@ pub enum Flag {
     Folds,
     /// `--covariance-points N[,N…]`: FSP-Laplace's covariance point counts.
     CovariancePoints,
+    /// `--methods M[,M…]`: which rows of a table are fitted.
+    Methods,
 }
 
 impl Flag {
@@ -89,6 +96,7 @@ impl Flag {
             Flag::Sets => "--sets",
             Flag::Folds => "--folds",
             Flag::CovariancePoints => "--covariance-points",
+            Flag::Methods => "--methods",
         }
     }
 }

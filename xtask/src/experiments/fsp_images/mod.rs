@@ -445,6 +445,7 @@ mod tests {
             sets: None,
             folds: None,
             covariance_points: None,
+            methods: None,
         })
     }
 
