@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::{Gaussian, Posterior};
@@ -43,6 +43,7 @@ use serde_json::{json, Value};
 
 use crate::harness::checkpoint::{or_nan, Checkpoint, Timed};
 use crate::harness::plot::{line_panels, LinePanel};
+use crate::harness::publish::read_metrics;
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, Run};
 use crate::protocols::laplace_with_marglik as laplace;
@@ -394,9 +395,7 @@ fn draw_calibration(path: &Path, sets: &[&str], rows: &[SeedRow]) -> Result<()> 
 /// code (nothing is recomputed); returns the files written.
 pub fn redraw(dir: &Path) -> Result<Vec<PathBuf>> {
     let path = dir.join("metrics.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let metrics: Metrics = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a valla-regression metrics.json", path.display()))?;
+    let metrics: Metrics = read_metrics(dir, "valla-regression")?;
     // The sets in the order the run wrote them.
     let mut sets: Vec<&str> = Vec::new();
     for row in &metrics.per_seed {

@@ -141,6 +141,14 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
     Ok(dst)
 }
 
+/// `dir/metrics.json` read as `name`'s metrics (the redraw functions' one reader): an error
+/// names the file, and for a file of another shape also the experiment it was read for.
+pub fn read_metrics<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<T> {
+    let path = dir.join("metrics.json");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a {name} metrics.json", path.display()))
+}
+
 /// Redraws the figures of the finished run `dir/name` from its `metrics.json` with `draw` (the
 /// experiment's [`super::registry::Experiment::redraw`]): a change to the figure code then
 /// reaches a published run without recomputing it. In a published folder (one with `RUN.md`)

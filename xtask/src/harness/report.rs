@@ -33,7 +33,24 @@ pub(crate) fn provenance() -> String {
         None => "unknown (no git checkout)".into(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
-    format!("commit {commit}, started {}, `cargo xtask {}`", utc_now(), args.join(" "))
+    format!("commit {commit}, started {}, `cargo xtask {}`", utc_now(), shell_words(&args))
+}
+
+/// The arguments as a shell would need them typed: an argument with a space, a quote or another
+/// character the shell reads is put in single quotes (`--methods 'MAP,VaLLA 100'`), so the
+/// command a `RUN.md` records can be pasted back.
+fn shell_words(args: &[String]) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./,=:+@%".contains(c);
+    args.iter()
+        .map(|a| {
+            if !a.is_empty() && a.chars().all(plain) {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The current UTC time as `YYYY-MM-DDTHH:MMZ` (civil date from days since 1970, Hinnant's
@@ -311,6 +328,27 @@ mod tests {
             );
         }
         fs::remove_dir_all(&out).unwrap();
+    }
+
+    #[test]
+    fn a_recorded_command_quotes_what_the_shell_would_split() {
+        let args: Vec<String> = [
+            "reproduce",
+            "valla-mnist",
+            "--methods",
+            "MAP,LLA* (last layer)",
+            "--out",
+            "/tmp/a b",
+            "it's",
+            "",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            shell_words(&args),
+            "reproduce valla-mnist --methods 'MAP,LLA* (last layer)' --out '/tmp/a b' 'it'\\''s' ''"
+        );
+        assert_eq!(shell_words(&["--seeds".into(), "5".into()]), "--seeds 5");
     }
 
     #[test]

@@ -73,6 +73,7 @@ use serde_json::{json, Value};
 
 use crate::harness::checkpoint::{or_nan, or_nan_vec, Checkpoint, Timed};
 use crate::harness::plot::{line_panels, LinePanel};
+use crate::harness::publish::read_metrics;
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, pm_cell, Run};
 use crate::protocols::images::{
@@ -227,9 +228,7 @@ fn experiment(set: ImageSet) -> (&'static str, ImageSet, &'static PaperTable, &'
 fn redraw(dir: &Path, set: ImageSet) -> Result<Vec<PathBuf>> {
     let (name, _, _, title, ood_title) = experiment(set);
     let path = dir.join("metrics.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
-    let metrics: Metrics = serde_json::from_str(&text)
-        .map_err(|e| anyhow!("{} is not a {name} metrics.json: {e}", path.display()))?;
+    let metrics: Metrics = read_metrics(dir, name)?;
     let rows = metrics.per_seed.into_iter().map(Row::from_record).collect::<Result<Vec<_>>>()?;
     if !rows.iter().any(|(_, r)| r.entropy.is_some()) {
         return Err(anyhow!("{} holds no entropy histograms to draw", path.display()));

@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Schedule;
@@ -52,6 +52,7 @@ use serde_json::{json, Value};
 
 use crate::harness::checkpoint::{or_nan, or_nan_array, Checkpoint, Timed};
 use crate::harness::plot::{line_panels, log_box_plot, LinePanel};
+use crate::harness::publish::read_metrics;
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, pm_cell, Run};
 use crate::protocols::images::{
@@ -610,10 +611,7 @@ pub fn redraw_fmnist(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Reads `dir/metrics.json` as the metrics of `set`'s experiment and draws its figures.
 fn redraw(dir: &Path, set: ImageSet) -> Result<Vec<PathBuf>> {
     let (name, _, paper) = experiment(set);
-    let path = dir.join("metrics.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let metrics: Metrics = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a {name} metrics.json", path.display()))?;
+    let metrics: Metrics = read_metrics(dir, name)?;
     draw_figures(dir, name, paper, &metrics)
 }
 
