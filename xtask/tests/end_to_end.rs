@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use xtask::experiments::{fsp_null_space, gfsvi_uci, gl_cubic, valla_regression};
+use xtask::experiments::{fsp_null_space, gfsvi_uci, gl_cubic, valla_images, valla_regression};
 use xtask::harness::cli;
 use xtask::EXPERIMENTS;
 
@@ -169,5 +169,32 @@ fn the_cubic_toy_runs_end_to_end_in_quick_mode() {
     for png in ["predictive.png", "predictive_mc.png", "predictive_ggn.png"] {
         assert!(dir.join(png).exists(), "{png}");
     }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn methods_fits_a_subset_and_a_resumed_subset_keeps_the_rows_already_fitted() {
+    // valla-mnist's quick budget with two cheap rows, then --resume with another: the MAP is
+    // retrained to the same fingerprint, the first run's row is kept, and the caption names the
+    // rows no run has fitted.
+    let out = scratch("valla-methods");
+    quick("valla-mnist", &out, &["--methods", "MAP,LLA* KFAC"]).unwrap();
+    let dir = out.join("valla-mnist");
+    let first: valla_images::Metrics = metrics(&dir);
+    assert_eq!(first.summary.keys().map(String::as_str).collect::<Vec<_>>(), ["LLA* KFAC", "MAP"]);
+    quick("valla-mnist", &out, &["--methods", "LLA Diag", "--resume"]).unwrap();
+    let m: valla_images::Metrics = metrics(&dir);
+    assert_eq!(m.summary.keys().map(String::as_str).collect::<Vec<_>>(), ["LLA Diag", "LLA* KFAC", "MAP"]);
+    assert_eq!(m.summary["LLA* KFAC"].nll.mean, first.summary["LLA* KFAC"].nll.mean);
+    let table = read(&dir, "table.md");
+    assert!(
+        table.contains(
+            "Not in this run: LLA KFAC, LLA* (last layer), ELLA, Sampled LLA, VaLLA 100, VaLLA 200."
+        ),
+        "{table}"
+    );
+    // A row the table does not have is refused before anything runs.
+    let err = quick("valla-mnist", &out, &["--methods", "VaLLA 300"]).unwrap_err().to_string();
+    assert!(err.contains("has no row \"VaLLA 300\""), "{err}");
     let _ = std::fs::remove_dir_all(&out);
 }

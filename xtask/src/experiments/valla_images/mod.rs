@@ -31,8 +31,9 @@
 //!
 //! `--methods "MAP,VaLLA 100"` fits only the rows named (in the table's order; the MAP network is
 //! trained either way, and its fingerprint keys the stored rows, so a later `--resume` without
-//! the flag adds the others). The table's caption names the rows it lacks and those fitted on
-//! fewer seeds than it states.
+//! the flag adds the others). Rows that `checkpoint.json` already holds around the same MAP
+//! stay in the table whatever `--methods` names. The table's caption names the rows it lacks
+//! and those fitted on fewer seeds than it states.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -350,7 +351,9 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
         let key = |method: &str| format!("seed {seed}/{method}");
         if let Some(stored) = ck.all(methods.iter().map(|m| key(m)))? {
             run.log(format!("seed {seed}: every method in checkpoint.json (--resume)"));
+            let map = stored[0].value.map.clone();
             rows.extend(stored.into_iter().map(|u| (seed, u.value.unit)));
+            rows.extend(stored_others(&ck, &methods, paper, seed, &map)?);
             continue;
         }
         let (train, val, test, stats) = train_val_test(set, seed)?;
@@ -403,6 +406,7 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
         let map = fingerprint(&net);
         run.log(format!("  MAP: {steps} Adam steps in {map_seconds:.1} s (fingerprint {map})"));
 
+        rows.extend(stored_others(&ck, &methods, paper, seed, &map)?);
         for &label in &methods {
             // A stored row counts only if it was fitted around this MAP.
             let unit = ck.unit_when(&mut run, &key(label), |u| u.map == map, |run| {
@@ -429,6 +433,26 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
         }
     }
     report(&mut run, name, paper, &rows, &budget, with_rotation)
+}
+
+/// The rows `--methods` leaves out that `checkpoint.json` already holds for `seed`, fitted
+/// around the MAP `map`: they stay in the table, so fitting a subset never drops finished rows.
+fn stored_others(
+    ck: &Checkpoint<Timed<AroundMap<Row>>>,
+    methods: &[&str],
+    paper: &[(&str, [f64; 5])],
+    seed: u64,
+    map: &str,
+) -> Result<Vec<(u64, Row)>> {
+    let mut rows = Vec::new();
+    for label in paper.iter().map(|p| p.0).filter(|m| !methods.contains(m)) {
+        if let Some(stored) = ck.get(&format!("seed {seed}/{label}"))? {
+            if stored.value.map == map {
+                rows.push((seed, stored.value.unit));
+            }
+        }
+    }
+    Ok(rows)
 }
 
 fn report(
