@@ -219,8 +219,9 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 3 (MNIST: MAP, LLA Diag/KFAC, last-layer LLA (+KFAC), ELLA, Sampled LLA, VaLLA 100/200; OOD vs FMNIST; fit times)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume, Flag::Methods],
-        // The other rows take ≈ 8 min per seed (valla-fmnist's 475 s); the Sampled LLA row adds
-        // more than 2 h per seed at the full size (measured in DEVIATIONS V5); untimed in full.
+        // The other rows took 3 264 s for seed 0 at 62f219e (docs/results/valla-mnist); the
+        // Sampled LLA row adds more than 2 h per seed at the full size (DEVIATIONS V5); untimed
+        // in full.
         full_minutes: None,
         budget_of: None,
         run: valla_images::run_mnist,
@@ -230,8 +231,9 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "valla-mnist-quick",
         paper: "VaLLA Fig. 3 with the --quick budget (3 000 training images, 5 MAP epochs, 200 VaLLA steps), every row including Sampled LLA",
         in_default_suite: false,
-        flags: &[Flag::Methods],
-        // 262 s at efcacaf (then written by `valla-mnist --quick`).
+        flags: &[Flag::Resume, Flag::Methods],
+        // 262 s at efcacaf (then written by `valla-mnist --quick`); 834 s at 62f219e on a
+        // machine whose GEMMs ran ≈ 3× slower (the same 198 products: docs/results/README.md).
         full_minutes: Some(4.4),
         budget_of: Some("valla-mnist"),
         run: valla_images::run_mnist_quick,
