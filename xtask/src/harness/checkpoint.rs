@@ -46,6 +46,25 @@ pub fn or_nan_array<'de, D: Deserializer<'de>, const N: usize>(d: D) -> Result<[
         .map_err(|_| serde::de::Error::invalid_length(n, &"as many numbers as the array holds"))
 }
 
+/// The wall seconds a checkpoint file records for the sittings that stored units (`None`: a file
+/// from before the time was stored) and how many sittings there were (such a file: one).
+fn recorded_time(file: &serde_json::Value) -> (Option<f64>, u64) {
+    (file["seconds"].as_f64(), file["sittings"].as_u64().unwrap_or(1))
+}
+
+/// `"Wall time: N s (checkpoint.json)"`, or `"… summed over the K sittings that stored units …"`,
+/// from the text of a finished run's checkpoint file; `None` when it records no time.
+pub fn recorded_wall_time(checkpoint: &str) -> Option<String> {
+    let file: serde_json::Value = serde_json::from_str(checkpoint).ok()?;
+    match recorded_time(&file) {
+        (Some(secs), n) if n > 1 => Some(format!(
+            "Wall time: {secs:.0} s summed over the {n} sittings that stored units (checkpoint.json)"
+        )),
+        (Some(secs), _) => Some(format!("Wall time: {secs:.0} s (checkpoint.json)")),
+        (None, _) => None,
+    }
+}
+
 /// The units of type `T` a run has finished, under string keys, with the settings they were
 /// computed under (see the module docs).
 pub struct Checkpoint<T> {
@@ -90,8 +109,7 @@ impl<T: Serialize + DeserializeOwned> Checkpoint<T> {
                         .as_object()
                         .with_context(|| format!("{} has no \"done\" object", path.display()))?
                         .clone();
-                    // Files from before the wall time was stored: one sitting of unknown time.
-                    earlier = (old["seconds"].as_f64(), old["sittings"].as_u64().unwrap_or(1));
+                    earlier = recorded_time(&old);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),

@@ -18,6 +18,7 @@ use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::imageops::FilterType as Resize;
 use image::{ImageEncoder, RgbImage};
 
+use super::checkpoint::recorded_wall_time;
 use super::report::PROVENANCE;
 
 /// The largest PNG kept in `docs/results/` (the repository's limit, so a clone stays small).
@@ -74,20 +75,6 @@ fn wall_time(table: &str) -> Option<String> {
     Some(rest[..end].trim().to_string())
 }
 
-/// `"Wall time: N s summed over K sittings (checkpoint.json)"` from a resumable run's
-/// checkpoint, which adds up the sittings that stored units (a table that states no wall time
-/// of its own would otherwise get only the last sitting's log stamp).
-fn checkpoint_wall_time(checkpoint: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(checkpoint).ok()?;
-    let secs = v.get("seconds")?.as_f64()?;
-    Some(match v.get("sittings").and_then(|n| n.as_u64()).filter(|&n| n > 1) {
-        Some(n) => {
-            format!("Wall time: {secs:.0} s summed over the {n} sittings that stored units ({CHECKPOINT})")
-        }
-        None => format!("Wall time: {secs:.0} s ({CHECKPOINT})"),
-    })
-}
-
 /// `"Wall time: N s (the log's last stamp)"` from the last `[   N.Ns]` line of a log.
 fn last_stamp(log: &str) -> Option<String> {
     let line = log.lines().rev().find(|l| l.trim_start().starts_with('['))?;
@@ -140,7 +127,7 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
         src.display(),
         sittings.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n"),
         wall_time(&table)
-            .or_else(|| fs::read_to_string(src.join(CHECKPOINT)).ok().and_then(|c| checkpoint_wall_time(&c)))
+            .or_else(|| fs::read_to_string(src.join(CHECKPOINT)).ok().and_then(|c| recorded_wall_time(&c)))
             .or_else(|| last_stamp(&log))
             .unwrap_or_else(|| "Wall time: not recorded".into()),
         if figures.is_empty() { "" } else { ", " },
@@ -244,15 +231,15 @@ mod tests {
         let stamp = last_stamp("[    0.0s] a\n[   41.6s] wrote x\n");
         assert_eq!(stamp.as_deref(), Some("Wall time: 42 s (the log's last stamp)"));
         // A resumable run's checkpoint sums its sittings; the log's last stamp is only the last one's.
-        let summed = checkpoint_wall_time(r#"{"done": {}, "seconds": 3264.2, "sittings": 2}"#);
+        let summed = recorded_wall_time(r#"{"done": {}, "seconds": 3264.2, "sittings": 2}"#);
         assert_eq!(
             summed.as_deref(),
             Some("Wall time: 3264 s summed over the 2 sittings that stored units (checkpoint.json)")
         );
-        let one = checkpoint_wall_time(r#"{"done": {}, "seconds": 41.6, "sittings": 1}"#);
+        let one = recorded_wall_time(r#"{"done": {}, "seconds": 41.6, "sittings": 1}"#);
         assert_eq!(one.as_deref(), Some("Wall time: 42 s (checkpoint.json)"));
         assert_eq!(
-            checkpoint_wall_time(r#"{"done": {}}"#),
+            recorded_wall_time(r#"{"done": {}}"#),
             None,
             "a checkpoint from before the time was stored"
         );

@@ -353,7 +353,7 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
             run.log(format!("seed {seed}: every method in checkpoint.json (--resume)"));
             let map = stored[0].value.map.clone();
             rows.extend(stored.into_iter().map(|u| (seed, u.value.unit)));
-            rows.extend(stored_others(&ck, &methods, paper, seed, &map)?);
+            rows.extend(stored_others(&ck, &methods, paper, key, &map)?.into_iter().map(|r| (seed, r)));
             continue;
         }
         let (train, val, test, stats) = train_val_test(set, seed)?;
@@ -406,7 +406,7 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
         let map = fingerprint(&net);
         run.log(format!("  MAP: {steps} Adam steps in {map_seconds:.1} s (fingerprint {map})"));
 
-        rows.extend(stored_others(&ck, &methods, paper, seed, &map)?);
+        rows.extend(stored_others(&ck, &methods, paper, key, &map)?.into_iter().map(|r| (seed, r)));
         for &label in &methods {
             // A stored row counts only if it was fitted around this MAP.
             let unit = ck.unit_when(&mut run, &key(label), |u| u.map == map, |run| {
@@ -435,20 +435,21 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
     report(&mut run, name, paper, &rows, &budget, with_rotation)
 }
 
-/// The rows `--methods` leaves out that `checkpoint.json` already holds for `seed`, fitted
-/// around the MAP `map`: they stay in the table, so fitting a subset never drops finished rows.
+/// The rows `--methods` leaves out that `checkpoint.json` already holds for one seed (its unit
+/// keys by `key`), fitted around the MAP `map`: they stay in the table, so fitting a subset never
+/// drops finished rows.
 fn stored_others(
     ck: &Checkpoint<Timed<AroundMap<Row>>>,
     methods: &[&str],
     paper: &[(&str, [f64; 5])],
-    seed: u64,
+    key: impl Fn(&str) -> String,
     map: &str,
-) -> Result<Vec<(u64, Row)>> {
+) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for label in paper.iter().map(|p| p.0).filter(|m| !methods.contains(m)) {
-        if let Some(stored) = ck.get(&format!("seed {seed}/{label}"))? {
+        if let Some(stored) = ck.get(&key(label))? {
             if stored.value.map == map {
-                rows.push((seed, stored.value.unit));
+                rows.push(stored.value.unit);
             }
         }
     }
