@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn redraw_refuses_an_experiment_whose_figures_its_metrics_do_not_determine() {
-        let err = parse_err(&["redraw", "gfsvi-activations", "--dir", "nowhere"]);
+        let err = parse_err(&["redraw", "gfsvi-lengthscale", "--dir", "nowhere"]);
         assert!(err.contains("rerun it") && err.contains("valla-fmnist"), "{err}");
         let err = parse_err(&["redraw", "valla-fmnist", "--dir", "nowhere"]);
         assert!(err.contains("no metrics.json"), "{err}");

@@ -132,9 +132,9 @@ pub fn run(opts: &Options) -> Result<()> {
                 mean: ev.mean.clone(),
                 std: ev.std.clone(),
                 samples: samples.iter().map(|s| s.column(0).iter().cloned().collect()).collect(),
-                sample_label: "samples",
+                sample_label: "samples".into(),
                 context: vec![],
-                context_label: "context points",
+                context_label: "context points".into(),
             });
             bar.inc(1);
         }

@@ -202,9 +202,9 @@ pub fn run(opts: &Options) -> Result<()> {
             mean: ev.mean.clone(),
             std: ev.std.clone(),
             samples: to_vecs(&samples),
-            sample_label: "samples",
+            sample_label: "samples".into(),
             context,
-            context_label: "context points",
+            context_label: "context points".into(),
         });
         panels.push(Panel1d {
             title: format!("exact GP, {}", case.name),
@@ -213,9 +213,9 @@ pub fn run(opts: &Options) -> Result<()> {
             mean: ev.gp_mean.clone(),
             std: ev.gp_std.clone(),
             samples: to_vecs(&gp_samples),
-            sample_label: "samples",
+            sample_label: "samples".into(),
             context: vec![],
-            context_label: "context points",
+            context_label: "context points".into(),
         });
         bar.inc(1);
     }

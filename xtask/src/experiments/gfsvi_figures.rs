@@ -30,8 +30,12 @@ use rand::SeedableRng;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::path::PathBuf;
 
+use crate::harness::checkpoint::{Checkpoint, Timed};
 use crate::harness::plot::{line_panels, regression_panels, LinePanel, Panel1d};
+use crate::harness::publish::read_metrics;
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, Run};
 use crate::protocols::linspace;
@@ -113,8 +117,131 @@ pub struct ActivationFit {
     pub seconds: f64,
 }
 
-/// `gfsvi-activations`' `metrics.json`: per `"prior/architecture"`.
-pub type ActivationMetrics = BTreeMap<String, ActivationFit>;
+/// `gfsvi-activations`' `metrics.json`: the scores per `"prior/architecture"` and the figure's
+/// panels in its order (rows RBF, Matérn-1/2; columns the three networks and the exact GP), so
+/// that `cargo xtask redraw gfsvi-activations` redraws `activations.png` without refitting.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ActivationMetrics {
+    /// Scores per `"prior/architecture"`.
+    pub fits: BTreeMap<String, ActivationFit>,
+    /// The panels of `activations.png`, row by row.
+    pub panels: Vec<Panel1d>,
+}
+
+/// One finished (prior, network) fit of `gfsvi-activations` in its `checkpoint.json`: what its
+/// row and its panel need.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct ActivationUnit {
+    w2: f64,
+    noise_std: f64,
+    steps: usize,
+    panel: Panel1d,
+}
+
+/// The networks of Fig. 3 (label, activation, width of both hidden layers).
+const ACTIVATION_ARCHS: [(&str, Activation, usize); 3] = [
+    ("ReLU 2×30", Activation::Relu, 30),
+    ("ReLU 2×100", Activation::Relu, 100),
+    ("tanh 2×30", Activation::Tanh, 30),
+];
+
+/// Columns of `activations.png`: the networks, then the exact GP.
+const ACTIVATION_COLS: usize = ACTIVATION_ARCHS.len() + 1;
+
+fn draw_activations(path: &std::path::Path, panels: &[Panel1d]) -> Result<()> {
+    regression_panels(path, panels, ACTIVATION_COLS, (-3.0, 3.0), ("x", "y"))
+}
+
+/// `gfsvi-activations` (Fig. 3). Each (prior, network) fit is a unit of `checkpoint.json`, so
+/// `--resume` continues an interrupted run.
+pub fn run_activations(opts: &Options) -> Result<()> {
+    let name = "gfsvi-activations";
+    let mut run = Run::open(&opts.out, name, opts.resume)?;
+    let (b, seed) = (budget(opts), opts.seed);
+    let mut ck = Checkpoint::<Timed<ActivationUnit>>::open(
+        &mut run,
+        &json!({ "steps": b.steps, "learning_rate": b.learning_rate, "m": b.m, "seed": seed, "gamma": 1e-10 }),
+    )?;
+    header(&mut run, b);
+    let cases: [(&str, GpCase); 2] = [
+        ("RBF", gp_case(Rbf::new(1.0, 0.3)?, 0.1, seed)?),
+        ("Matérn-1/2", gp_case(Matern12::new(1.0, 0.3)?, 0.1, seed)?),
+    ];
+    let (mut rows, mut panels) = (Vec::new(), Vec::new());
+    let mut fits = BTreeMap::new();
+    for (prior, case) in &cases {
+        for (arch, activation, width) in ACTIVATION_ARCHS {
+            let key = format!("{prior}/{arch}");
+            let unit = ck.unit(&mut run, &key, |run| {
+                let f = fit_gfsvi(
+                    mlp(activation, width, seed)?,
+                    case,
+                    b,
+                    1e-10,
+                    format!("GFSVI {arch}, {prior}"),
+                    seed,
+                )?;
+                let noise_std = f.posterior.noise_std();
+                run.log(format!(
+                    "{prior} {arch}: W2 to GP {:.4}, σ_y {noise_std:.3}, {:.1} s",
+                    f.w2, f.seconds
+                ));
+                Ok(ActivationUnit { w2: f.w2, noise_std, steps: f.steps, panel: f.panel })
+            })?;
+            let Timed { seconds, value: u } = unit;
+            rows.push(vec![
+                prior.to_string(),
+                arch.to_string(),
+                fmt(u.w2),
+                fmt(u.noise_std),
+                u.steps.to_string(),
+                format!("{seconds:.1}"),
+            ]);
+            fits.insert(key, ActivationFit { w2: u.w2, noise_std: u.noise_std, seconds });
+            panels.push(u.panel);
+        }
+        panels.push(gp_panel(case, prior, seed)?);
+    }
+    draw_activations(&run.path("activations.png"), &panels)?;
+    let verdict = |prior: &str| {
+        let (relu, tanh) = (fits[&format!("{prior}/ReLU 2×30")].w2, fits[&format!("{prior}/tanh 2×30")].w2);
+        format!(
+            "{prior}: tanh 2×30 {} vs ReLU 2×30 {} — **{}**",
+            fmt(tanh),
+            fmt(relu),
+            if tanh < relu { "holds" } else { "differs" }
+        )
+    };
+    run.write_table(&format!(
+        "# {name}: GFSVI Fig. 3 — network inductive bias against the prior{}\n\n\
+         Sine toy (App. A.2.1), seed {seed}; W2 is the mean per-point 2-Wasserstein distance to the exact GP's posterior \
+         on 100 points over [−2, 2]. The paper's claim: with ReLU, small networks underfit smooth priors and collapse \
+         the uncertainty of rough ones; tanh 2×30 suffices. Checked as \"tanh 2×30 is closer to the GP than ReLU 2×30\":\n\n\
+         - {}\n- {}\n\n{}\nFigure: `activations.png` (rows: RBF, Matérn-1/2; columns: ReLU 2×30, ReLU 2×100, tanh 2×30, exact GP).\n\n{}.\n",
+        quick_note(opts),
+        verdict("RBF"),
+        verdict("Matérn-1/2"),
+        markdown_table(&["prior", "network", "W2 to GP", "σ_y", "steps", "seconds"], &rows),
+        ck.wall_time(),
+    ))?;
+    run.write_metrics(&ActivationMetrics { fits, panels })
+}
+
+/// `cargo xtask redraw gfsvi-activations`: `activations.png` of the finished run in `dir` from
+/// the panels its `metrics.json` stores (nothing is refitted); returns the files written.
+pub fn redraw_activations(dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    let metrics: ActivationMetrics = read_metrics(dir, "gfsvi-activations")?;
+    if metrics.panels.is_empty() || metrics.panels.len() % ACTIVATION_COLS != 0 {
+        anyhow::bail!(
+            "{} holds {} panels; gfsvi-activations draws rows of {ACTIVATION_COLS}",
+            dir.join("metrics.json").display(),
+            metrics.panels.len()
+        );
+    }
+    let png = dir.join("activations.png");
+    draw_activations(&png, &metrics.panels)?;
+    Ok(vec![png])
+}
 
 /// `gfsvi-lengthscale`: one prior lengthscale.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -156,80 +283,6 @@ pub enum GammaEntry {
 
 /// `gfsvi-gamma`'s `metrics.json`.
 pub type GammaMetrics = BTreeMap<String, GammaEntry>;
-
-/// `gfsvi-activations` (Fig. 3).
-pub fn run_activations(opts: &Options) -> Result<()> {
-    let name = "gfsvi-activations";
-    let mut run = Run::new(&opts.out, name)?;
-    let (b, seed) = (budget(opts), opts.seed);
-    header(&mut run, b);
-    let archs: [(&str, Activation, usize); 3] = [
-        ("ReLU 2×30", Activation::Relu, 30),
-        ("ReLU 2×100", Activation::Relu, 100),
-        ("tanh 2×30", Activation::Tanh, 30),
-    ];
-    let cases: [(&str, GpCase); 2] = [
-        ("RBF", gp_case(Rbf::new(1.0, 0.3)?, 0.1, seed)?),
-        ("Matérn-1/2", gp_case(Matern12::new(1.0, 0.3)?, 0.1, seed)?),
-    ];
-    let (mut rows, mut panels, mut metrics) = (Vec::new(), Vec::new(), ActivationMetrics::new());
-    let mut w2 = std::collections::HashMap::new();
-    for (prior, case) in &cases {
-        for (arch, activation, width) in archs {
-            let f = fit_gfsvi(
-                mlp(activation, width, seed)?,
-                case,
-                b,
-                1e-10,
-                format!("GFSVI {arch}, {prior}"),
-                seed,
-            )?;
-            run.log(format!(
-                "{prior} {arch}: W2 to GP {:.4}, σ_y {:.3}, {:.1} s",
-                f.w2,
-                f.posterior.noise_std(),
-                f.seconds
-            ));
-            rows.push(vec![
-                prior.to_string(),
-                arch.to_string(),
-                fmt(f.w2),
-                fmt(f.posterior.noise_std()),
-                f.steps.to_string(),
-                format!("{:.1}", f.seconds),
-            ]);
-            metrics.insert(
-                format!("{prior}/{arch}"),
-                ActivationFit { w2: f.w2, noise_std: f.posterior.noise_std(), seconds: f.seconds },
-            );
-            w2.insert((*prior, arch), f.w2);
-            panels.push(f.panel);
-        }
-        panels.push(gp_panel(case, prior, seed)?);
-    }
-    regression_panels(&run.path("activations.png"), &panels, 4, (-3.0, 3.0), ("x", "y"))?;
-    let verdict = |prior: &str| {
-        let (relu, tanh) = (w2[&(prior, "ReLU 2×30")], w2[&(prior, "tanh 2×30")]);
-        format!(
-            "{prior}: tanh 2×30 {} vs ReLU 2×30 {} — **{}**",
-            fmt(tanh),
-            fmt(relu),
-            if tanh < relu { "holds" } else { "differs" }
-        )
-    };
-    run.write_table(&format!(
-        "# {name}: GFSVI Fig. 3 — network inductive bias against the prior{}\n\n\
-         Sine toy (App. A.2.1), seed {seed}; W2 is the mean per-point 2-Wasserstein distance to the exact GP's posterior \
-         on 100 points over [−2, 2]. The paper's claim: with ReLU, small networks underfit smooth priors and collapse \
-         the uncertainty of rough ones; tanh 2×30 suffices. Checked as \"tanh 2×30 is closer to the GP than ReLU 2×30\":\n\n\
-         - {}\n- {}\n\n{}\nFigure: `activations.png` (rows: RBF, Matérn-1/2; columns: ReLU 2×30, ReLU 2×100, tanh 2×30, exact GP).\n",
-        quick_note(opts),
-        verdict("RBF"),
-        verdict("Matérn-1/2"),
-        markdown_table(&["prior", "network", "W2 to GP", "σ_y", "steps", "seconds"], &rows),
-    ))?;
-    run.write_metrics(&metrics)
-}
 
 /// `gfsvi-lengthscale` (Fig. 6).
 pub fn run_lengthscale(opts: &Options) -> Result<()> {
@@ -413,6 +466,37 @@ pub fn run_gamma(opts: &Options) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn activations_redraws_from_the_panels_its_metrics_store_and_refuses_a_partial_row() {
+        // The exact GP's panels stand in for the fits: what matters is that panels survive
+        // metrics.json (the JSON round trip is exact) and that redraw draws them.
+        let case = gp_case(Rbf::new(1.0, 0.3).unwrap(), 0.1, 0).unwrap();
+        let panels: Vec<Panel1d> =
+            (0..2 * ACTIVATION_COLS as u64).map(|k| gp_panel(&case, "RBF", k).unwrap()).collect();
+        let fits = BTreeMap::from([(
+            "RBF/tanh 2×30".to_string(),
+            ActivationFit { w2: 0.3, noise_std: 0.1, seconds: 1.0 },
+        )]);
+        let metrics = ActivationMetrics { fits, panels: panels.clone() };
+        let back: ActivationMetrics =
+            serde_json::from_str(&serde_json::to_string(&metrics).unwrap()).unwrap();
+        assert_eq!(back.panels, panels);
+        let dir =
+            std::env::temp_dir().join(format!("fspace-gfsvi-activations-redraw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("metrics.json"), serde_json::to_string(&metrics).unwrap()).unwrap();
+        assert_eq!(redraw_activations(&dir).unwrap(), vec![dir.join("activations.png")]);
+        assert!(std::fs::metadata(dir.join("activations.png")).unwrap().len() > 10_000);
+        let partial = ActivationMetrics { panels: panels[..ACTIVATION_COLS + 1].to_vec(), ..metrics };
+        std::fs::write(dir.join("metrics.json"), serde_json::to_string(&partial).unwrap()).unwrap();
+        let err = format!("{:#}", redraw_activations(&dir).unwrap_err());
+        assert!(err.contains("holds 5 panels") && err.contains("rows of 4"), "{err}");
+        std::fs::write(dir.join("metrics.json"), "{\"RBF/tanh 2×30\": {\"w2\": 0.3}}").unwrap();
+        let err = format!("{:#}", redraw_activations(&dir).unwrap_err());
+        assert!(err.contains("not a gfsvi-activations metrics.json"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn the_divergence_of_a_fit_falls_as_gamma_grows() {

@@ -206,9 +206,9 @@ fn structures_under(
             mean: glm.mean.iter().map(|v| v * scale).collect(),
             std: std.clone(),
             samples: lin.iter().map(scaled).collect(),
-            sample_label: "samples",
+            sample_label: "samples".into(),
             context: vec![],
-            context_label: "context points",
+            context_label: "context points".into(),
         });
         let mc_mean: Vec<f64> =
             (0..xs.len()).map(|i| draws.iter().map(|d| d[(i, 0)]).sum::<f64>() / 50.0 * scale).collect();
@@ -219,9 +219,9 @@ fn structures_under(
             mean: mc_mean,
             std: mc_std.clone(),
             samples: draws.iter().take(10).map(scaled).collect(),
-            sample_label: "samples",
+            sample_label: "samples".into(),
             context: vec![],
-            context_label: "context points",
+            context_label: "context points".into(),
         });
         per.push(Row {
             name,

@@ -295,11 +295,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         name: "gfsvi-activations",
         paper: "GFSVI Fig. 3 (ReLU 2×30 / 2×100 and tanh 2×30 networks under RBF and Matérn-1/2 priors vs the exact GP)",
         in_default_suite: false,
-        flags: &[],
+        flags: &[Flag::Resume],
         full_minutes: Some(43.6),
         budget_of: None,
         run: gfsvi_figures::run_activations,
-        redraw: None,
+        redraw: Some(gfsvi_figures::redraw_activations),
     },
     Experiment {
         name: "gfsvi-lengthscale",

@@ -247,11 +247,11 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             data: data_pts.clone(),
             x: xs.clone(),
             samples: lla_band(&mean),
-            sample_label: "exact LLA ±2σ",
+            sample_label: "exact LLA ±2σ".into(),
             mean,
             std,
             context,
-            context_label: "optimised inducing inputs Z",
+            context_label: "optimised inducing inputs Z".into(),
         });
         let t = Instant::now();
         let ella = ella::fit(
@@ -290,11 +290,11 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
             data: data_pts.clone(),
             x: xs.clone(),
             samples: lla_band(&mean),
-            sample_label: "exact LLA ±2σ",
+            sample_label: "exact LLA ±2σ".into(),
             mean,
             std,
             context: vec![],
-            context_label: "context points",
+            context_label: "context points".into(),
         });
     }
     fig7.extend(ella_panels);
@@ -344,11 +344,11 @@ fn run_named(opts: &Options, quick: bool, name: &str) -> Result<()> {
                 data: data_pts.clone(),
                 x: xs.clone(),
                 samples: lla_band(&mean),
-                sample_label: "exact LLA ±2σ",
+                sample_label: "exact LLA ±2σ".into(),
                 mean,
                 std,
                 context,
-                context_label: "optimised inducing inputs Z",
+                context_label: "optimised inducing inputs Z".into(),
             });
         }
     }

@@ -8,6 +8,7 @@ use anyhow::{anyhow, Result};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
+use serde::{Deserialize, Serialize};
 
 static FONT: Once = Once::new();
 
@@ -202,8 +203,10 @@ fn draw_legend_strip<DB: DrawingBackend>(
     Ok(())
 }
 
-/// One 1-d regression panel: data, a predictive (mean, ±2σ band), function samples.
-#[derive(Clone)]
+/// One 1-d regression panel: data, a predictive (mean, ±2σ band), function samples. It
+/// serialises, so an experiment can store its panels in `metrics.json` and `cargo xtask redraw`
+/// draws them again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Panel1d {
     /// Panel title.
     pub title: String,
@@ -219,12 +222,12 @@ pub struct Panel1d {
     pub samples: Vec<Vec<f64>>,
     /// What the thin lines of `samples` are, for the legend ("samples"; the VaLLA toy draws the
     /// exact LLA's ±2σ there).
-    pub sample_label: &'static str,
+    pub sample_label: String,
     /// Context points to mark on the x axis (may be empty).
     pub context: Vec<f64>,
     /// What the ticks of `context` are, for the legend ("context points"; VaLLA's are its
     /// inducing inputs Z).
-    pub context_label: &'static str,
+    pub context_label: String,
 }
 
 /// The labels in order of first appearance, each once.
@@ -251,13 +254,14 @@ pub fn regression_panels(
     register_font();
     let grey = RGBColor(120, 120, 120);
     let mut entries = vec![("±2σ of f".to_string(), Swatch::Band(GREEN.mix(0.2)))];
-    let samples = distinct(panels.iter().filter(|p| !p.samples.is_empty()).map(|p| p.sample_label));
+    let samples = distinct(panels.iter().filter(|p| !p.samples.is_empty()).map(|p| p.sample_label.as_str()));
     entries.extend(samples.iter().map(|l| (l.to_string(), Swatch::Line(GREEN.mix(0.6), 1))));
     entries.push(("mean".into(), Swatch::Line(RED.to_rgba(), 2)));
     if panels.iter().any(|p| !p.data.is_empty()) {
         entries.push(("data".into(), Swatch::Dot(grey.to_rgba())));
     }
-    let contexts = distinct(panels.iter().filter(|p| !p.context.is_empty()).map(|p| p.context_label));
+    let contexts =
+        distinct(panels.iter().filter(|p| !p.context.is_empty()).map(|p| p.context_label.as_str()));
     entries.extend(contexts.iter().map(|l| (l.to_string(), Swatch::Tick(BLACK.mix(0.5)))));
     let rows = panels.len().div_ceil(cols);
     let width = 480 * cols as u32;

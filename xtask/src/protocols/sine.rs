@@ -163,9 +163,9 @@ pub fn w2_panel(
         mean: pred.mean.iter().cloned().collect(),
         std: pred.var.iter().map(|v| v.max(0.0).sqrt()).collect(),
         samples: samples.iter().take(8).map(|f| f.iter().cloned().collect()).collect(),
-        sample_label: "samples",
+        sample_label: "samples".into(),
         context: Vec::new(),
-        context_label: "context points",
+        context_label: "context points".into(),
     };
     Ok((panel, w2))
 }

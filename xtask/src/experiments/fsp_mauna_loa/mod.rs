@@ -463,9 +463,9 @@ pub fn run(opts: &Options) -> Result<()> {
                     mean: p.mean.iter().map(|&m| ppm(m)).collect(),
                     std: p.var.iter().map(|&v| v.max(0.0).sqrt() * t.y_std).collect(),
                     samples: samples.iter().map(|m| m.iter().map(|&v| ppm(v)).collect()).collect(),
-                    sample_label: "samples",
+                    sample_label: "samples".into(),
                     context: vec![],
-                    context_label: "context points",
+                    context_label: "context points".into(),
                 });
             }
         }
