@@ -39,6 +39,15 @@ pub enum LaplaceError {
         /// Why.
         reason: String,
     },
+    /// The sampled structure's EM record ([`crate::SampledConfig::em_checkpoint`]) cannot be
+    /// read, written or used for this fit.
+    #[error("the sampled fit's EM record {path} {reason}")]
+    EmCheckpoint {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Result alias of this crate.

@@ -16,6 +16,16 @@
 //!
 //! with `γ` estimated by the mean of `T ‖R zⱼ‖²` over the draws. `ε₀` and `ε` are drawn once
 //! and kept across the EM steps, so consecutive solves differ only through `λ`.
+//!
+//! A fit of hours can record its EM steps in a small file ([`SampledConfig::em_checkpoint`]):
+//! λ after each step, with what the steps depend on. A fit given a file that holds steps of the
+//! same settings, network weights and data continues from the last recorded λ instead of
+//! starting again. The resumed solve starts cold (the draws of the step before are not kept:
+//! `p × K` numbers), so a resumed fit matches an uninterrupted one to the solves' tolerance, not
+//! bit for bit; the report's `cg_products` lists the recorded steps' products before this fit's.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use fspace_input::InputError;
 use fspace_linalg::{cg_columns, CgConfig};
@@ -57,6 +67,7 @@ pub enum SampledPreconditioner {
 /// | `preconditioner` | `LowRank(100)` | `M ≈ P` of the solves |
 /// | `seed` | 0 | the draws' noise `ε₀`, `ε` |
 /// | `statistics_cache_bytes` | 1 GiB | cache the layer statistics (and the dense layers' inputs transposed) for the products when they fit; `0` streams |
+/// | `em_checkpoint` | none | a JSON file recording λ after each EM step; a fit whose file holds steps of the same settings, weights and data continues from them (module docs) |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampledConfig {
     /// Posterior draws.
@@ -73,6 +84,9 @@ pub struct SampledConfig {
     pub seed: u64,
     /// Largest layer-statistics cache (bytes).
     pub statistics_cache_bytes: usize,
+    /// Where the EM steps are recorded, and read back to continue an interrupted fit.
+    #[serde(default)]
+    pub em_checkpoint: Option<PathBuf>,
 }
 
 impl Default for SampledConfig {
@@ -85,6 +99,7 @@ impl Default for SampledConfig {
             preconditioner: SampledPreconditioner::LowRank(100),
             seed: 0,
             statistics_cache_bytes: 1 << 30,
+            em_checkpoint: None,
         }
     }
 }
@@ -162,6 +177,108 @@ pub(crate) fn validate(config: &SampledConfig) -> Result<()> {
     crate::error::ensure_positive("sampled posterior tol", config.tol)
 }
 
+/// What the EM steps of a sampled fit depend on: a recorded step continues a fit only when
+/// every field is equal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct EmKey {
+    seed: u64,
+    samples: usize,
+    tol: f64,
+    max_iterations: usize,
+    preconditioner: SampledPreconditioner,
+    lambda0: f64,
+    temperature: f64,
+    params: usize,
+    points: usize,
+    outputs: usize,
+    /// FNV-1a over the bits of the weights, of the inputs and of the likelihood factors.
+    fingerprint: String,
+}
+
+/// The file of [`SampledConfig::em_checkpoint`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct EmProgress {
+    key: EmKey,
+    /// λ after each recorded EM step.
+    prior_precisions: Vec<f64>,
+    /// Products with the posterior precision of each recorded step's solve.
+    cg_products: Vec<usize>,
+    /// Wall seconds of each recorded step.
+    seconds: Vec<f64>,
+}
+
+fn fnv1a(values: impl Iterator<Item = f64>) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in values {
+        for byte in v.to_bits().to_le_bytes() {
+            h = (h ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+fn checkpoint_error(path: &Path, reason: impl Into<String>) -> LaplaceError {
+    LaplaceError::EmCheckpoint { path: path.display().to_string(), reason: reason.into() }
+}
+
+impl EmProgress {
+    /// The steps `path` records for `key` (none when the file does not exist); a file of other
+    /// settings, weights or data is an error that names the first field that differs.
+    fn read(path: &Path, key: &EmKey) -> Result<Self> {
+        let fresh = Self {
+            key: key.clone(),
+            prior_precisions: Vec::new(),
+            cg_products: Vec::new(),
+            seconds: Vec::new(),
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(fresh),
+            Err(e) => return Err(checkpoint_error(path, format!("cannot be read: {e}"))),
+        };
+        let stored: Self = serde_json::from_str(&text)
+            .map_err(|e| checkpoint_error(path, format!("is not a sampled-fit EM record: {e}")))?;
+        if stored.key != *key {
+            let (a, b) = (serde_json::to_value(&stored.key), serde_json::to_value(key));
+            let field = match (a, b) {
+                (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) => a
+                    .iter()
+                    .find(|(k, v)| b.get(*k) != Some(*v))
+                    .map(|(k, v)| format!("{k}: {v} there, {} here", b[k])),
+                _ => None,
+            };
+            return Err(checkpoint_error(
+                path,
+                format!(
+                    "records the EM steps of another fit ({}); remove it or name another file",
+                    field.unwrap_or_else(|| "its settings differ".into())
+                ),
+            ));
+        }
+        let n = stored.prior_precisions.len();
+        if stored.cg_products.len() != n || stored.seconds.len() != n {
+            return Err(checkpoint_error(path, "holds lists of different lengths"));
+        }
+        if let Some(bad) = stored.prior_precisions.iter().find(|l| !(l.is_finite() && **l > 0.0)) {
+            return Err(checkpoint_error(
+                path,
+                format!("records the prior precision {bad}, not a positive number"),
+            ));
+        }
+        Ok(stored)
+    }
+
+    /// Writes the file (a temporary file renamed over it, so an interrupted write keeps the
+    /// previous record).
+    fn write(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| checkpoint_error(path, e.to_string()))?;
+        let tmp = path.with_extension("json.partial");
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .map_err(|e| checkpoint_error(path, format!("cannot be written: {e}")))
+    }
+}
+
 /// Runs EM from `lambda0` and returns the draws at the final λ (`config` already passed
 /// [`validate`], before its preconditioner was built).
 pub(crate) fn sampled<N: Network>(
@@ -186,8 +303,47 @@ pub(crate) fn sampled<N: Network>(
     let b_lik = jac.vjp(data, &eps)? * t.sqrt();
     let cg = CgConfig { tol: config.tol, max_iter: Some(config.max_iterations) };
     let mut lambda = lambda0;
+    // The EM steps an earlier fit recorded (at most `em_steps` of them are used).
+    let mut record = match &config.em_checkpoint {
+        Some(path) => {
+            let key = EmKey {
+                seed: config.seed,
+                samples: k,
+                tol: config.tol,
+                max_iterations: config.max_iterations,
+                preconditioner: config.preconditioner,
+                lambda0,
+                temperature: t,
+                params: p,
+                points: data.x.nrows(),
+                outputs: data.k(),
+                fingerprint: fnv1a(
+                    net.params()
+                        .iter()
+                        .chain(data.x.iter())
+                        .copied()
+                        .chain(data.factors.iter().flat_map(|f| f.iter().copied())),
+                ),
+            };
+            let mut r = EmProgress::read(path, &key)?;
+            r.prior_precisions.truncate(config.em_steps);
+            r.cg_products.truncate(config.em_steps);
+            r.seconds.truncate(config.em_steps);
+            Some((path, r))
+        }
+        None => None,
+    };
+    let resumed = record.as_ref().map_or(0, |(_, r)| r.prior_precisions.len());
+    if let Some((_, r)) = &record {
+        if let Some(&last) = r.prior_precisions.last() {
+            lambda = last;
+            em_prior_precisions.extend_from_slice(&r.prior_precisions);
+            cg_products.extend_from_slice(&r.cg_products);
+        }
+    }
     let mut z: Option<DMatrix<f64>> = None;
-    for step in 0..=config.em_steps {
+    for step in resumed..=config.em_steps {
+        let started = Instant::now();
         let b = &eps0 * lambda.sqrt() + &b_lik;
         let apply = |v: &DMatrix<f64>| -> Result<DMatrix<f64>> {
             Ok(jac.vjp(data, &jac.jvp(data, v)?)? * t + v * lambda)
@@ -206,6 +362,12 @@ pub(crate) fn sampled<N: Network>(
             }
             lambda = next;
             em_prior_precisions.push(lambda);
+            if let Some((path, r)) = &mut record {
+                r.prior_precisions.push(lambda);
+                r.cg_products.push(info.products);
+                r.seconds.push(started.elapsed().as_secs_f64());
+                r.write(path)?;
+            }
         }
         z = Some(zs);
     }

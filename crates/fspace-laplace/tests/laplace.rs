@@ -1461,6 +1461,78 @@ fn sampled_laplace_is_reproducible_round_trips_and_refuses_other_priors() {
     ));
 }
 
+/// An EM record (`SampledConfig::em_checkpoint`) lets a sampled fit continue from its last
+/// recorded λ: the steps before agree exactly, the steps after to the solves' tolerance, and a
+/// record of another fit or a damaged one is a typed error naming the file.
+#[test]
+fn sampled_laplace_continues_from_its_em_record_and_refuses_another_fit_s() {
+    let net = mlp(2, vec![4], 3, 60);
+    let (x, y) = classification(20, 2, 3, 61);
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
+    let cfg = SampledConfig { samples: 16, em_steps: 5, tol: 1e-10, ..Default::default() };
+    let whole = fit_sampled(&net, lik, &x, &y, 1.0, cfg.clone());
+    let lam = whole.report().em_prior_precisions.clone();
+    assert_eq!(lam.len(), 5);
+
+    let dir = std::env::temp_dir().join(format!("fspace-sampled-em-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("em.json");
+    let recorded = SampledConfig { em_checkpoint: Some(file.clone()), ..cfg.clone() };
+    // An "interrupted" fit: two steps recorded, exactly the uninterrupted fit's first two.
+    let first = fit_sampled(&net, lik, &x, &y, 1.0, SampledConfig { em_steps: 2, ..recorded.clone() });
+    assert_eq!(first.report().em_prior_precisions, lam[..2]);
+    let record: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(record["prior_precisions"].as_array().unwrap().len(), 2);
+
+    // Continued: the recorded steps kept, the rest from a cold solve, equal to the tolerance.
+    let resumed = fit_sampled(&net, lik, &x, &y, 1.0, recorded.clone());
+    let report = resumed.report();
+    assert_eq!(report.em_prior_precisions[..2], lam[..2]);
+    for (a, b) in report.em_prior_precisions.iter().zip(&lam) {
+        assert!((a - b).abs() <= 1e-6 * b, "λ {a} vs uninterrupted {b}");
+    }
+    assert_eq!(report.cg_products.len(), whole.report().cg_products.len());
+    assert_eq!(report.cg_products[..2], first.report().cg_products[..2]);
+    let (cr, cw) = (resumed.glm_covariances(&x).unwrap(), whole.glm_covariances(&x).unwrap());
+    for (r, w) in cr.iter().zip(&cw) {
+        assert!((r - w).abs().max() <= 1e-6 * w.abs().max(), "draws' covariance moved");
+    }
+    // Every step recorded: only the final solve runs, at the same λ.
+    let done = fit_sampled(&net, lik, &x, &y, 1.0, recorded.clone());
+    assert_eq!(done.report().em_prior_precisions, report.em_prior_precisions);
+    assert_eq!(done.prior_precision(), resumed.prior_precision());
+
+    // Another fit's record: refused, naming the field that differs.
+    let other = LaplaceConfig {
+        structure: Structure::Sampled(SampledConfig { seed: 7, ..recorded.clone() }),
+        temperature: 1.0,
+        prior_precision: PriorPrecision::Scalar(1.0),
+        ..config(Structure::Diag)
+    };
+    let err = fit_v(net.clone(), lik, &x, &y, &other).unwrap_err();
+    assert!(matches!(err, LaplaceError::EmCheckpoint { .. }), "{err}");
+    assert!(
+        err.to_string().contains("seed: 0 there, 7 here") && err.to_string().contains("em.json"),
+        "{err}"
+    );
+    let moved_net = mlp(2, vec![4], 3, 62);
+    let err = fit_v(
+        moved_net,
+        lik,
+        &x,
+        &y,
+        &LaplaceConfig { structure: Structure::Sampled(recorded.clone()), ..other.clone() },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("fingerprint"), "{err}");
+    std::fs::write(&file, "{ not json").unwrap();
+    let err =
+        fit_v(net.clone(), lik, &x, &y, &LaplaceConfig { structure: Structure::Sampled(recorded), ..other })
+            .unwrap_err();
+    assert!(err.to_string().contains("is not a sampled-fit EM record"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `fit_observed` reports each pass over the data chunk by chunk (points folded so far, out of
 /// `n`) and fits exactly what `fit` fits.
 #[test]

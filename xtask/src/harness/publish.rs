@@ -114,8 +114,13 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
         figures.push(shrink_figure(&png, &dst.join(file))?);
     }
     let resumable = src.join(CHECKPOINT).exists();
+    let mut kept = Vec::new();
     if resumable {
-        fs::copy(src.join(CHECKPOINT), dst.join(CHECKPOINT))?;
+        for file in checkpoint_files(&src)? {
+            let name = file.file_name().expect("a file").to_string_lossy().into_owned();
+            fs::copy(&file, dst.join(&name))?;
+            kept.push(format!("`{name}`"));
+        }
         fs::write(dst.join("log.txt"), &log)?;
     }
     let run_md = format!(
@@ -134,8 +139,10 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
         figures.join(", "),
         if resumable {
             format!(
-                "\n- `{CHECKPOINT}` and `log.txt`: the finished units and the log; `cargo xtask restore {name}` \
-                 then `cargo xtask reproduce {name} --resume` continues or redraws the run"
+                "\n- {} and `log.txt`: the finished units{} and the log; `cargo xtask restore {name}` \
+                 then `cargo xtask reproduce {name} --resume` continues or redraws the run",
+                kept.join(", "),
+                if kept.len() > 1 { " (and the progress of unfinished ones)" } else { "" }
             )
         } else {
             String::new()
@@ -190,6 +197,23 @@ pub fn redraw(dir: &Path, name: &str, draw: super::registry::Redraw) -> Result<V
 /// The file a resumable run keeps its finished units in (`super::checkpoint`).
 const CHECKPOINT: &str = "checkpoint.json";
 
+/// `checkpoint.json` and the `checkpoint-*.json` files beside it (the progress a long unit
+/// records inside itself, such as Sampled LLA's EM steps), sorted: what publish and restore
+/// carry.
+fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            p.is_file()
+                && (name == CHECKPOINT || (name.starts_with("checkpoint-") && name.ends_with(".json")))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// Copies the published `from/name`'s checkpoint and log into `out/name`, for `--resume`.
 /// Refuses a published run without a checkpoint, and an `out/name` that already holds one
 /// (that run's units would be lost).
@@ -209,7 +233,9 @@ pub fn restore(from: &Path, out: &Path, name: &str) -> Result<PathBuf> {
         );
     }
     fs::create_dir_all(&dst).with_context(|| format!("creating {}", dst.display()))?;
-    fs::copy(src.join(CHECKPOINT), dst.join(CHECKPOINT))?;
+    for file in checkpoint_files(&src)? {
+        fs::copy(&file, dst.join(file.file_name().expect("a file")))?;
+    }
     fs::copy(src.join("log.txt"), dst.join("log.txt"))
         .with_context(|| format!("{} has a checkpoint but no log.txt", src.display()))?;
     Ok(dst)
@@ -288,12 +314,24 @@ mod tests {
         let mut ck = Checkpoint::<Timed<Unit>>::open(&mut run, &"settings").unwrap();
         ck.unit(&mut run, "unit 1", |_| Ok(Unit { v: 1.5 })).unwrap();
         run.write_table("# exp (1 of 2 units)\n").unwrap();
+        // The progress an unfinished unit records inside itself travels too; other JSON does not.
+        fs::write(run.path("checkpoint-em-seed0-abc.json"), "{\"prior_precisions\": [2.5]}").unwrap();
+        fs::write(run.path("scratch.json"), "{}").unwrap();
         drop(run);
         let dst = publish(&from, &to, "exp").unwrap();
         let run_md = fs::read_to_string(dst.join("RUN.md")).unwrap();
         assert!(run_md.contains("cargo xtask restore exp"), "{run_md}");
+        assert!(
+            run_md.contains("`checkpoint-em-seed0-abc.json`, `checkpoint.json` and `log.txt`"),
+            "{run_md}"
+        );
+        assert!(dst.join("checkpoint-em-seed0-abc.json").exists() && !dst.join("scratch.json").exists());
         // Another machine: the published units come back, and --resume keeps them.
         restore(&to, &elsewhere, "exp").unwrap();
+        assert_eq!(
+            fs::read_to_string(elsewhere.join("exp/checkpoint-em-seed0-abc.json")).unwrap(),
+            "{\"prior_precisions\": [2.5]}"
+        );
         let mut run = Run::open(elsewhere.to_str().unwrap(), "exp", true).unwrap();
         let mut ck = Checkpoint::<Timed<Unit>>::open(&mut run, &"settings").unwrap();
         let kept = ck.unit(&mut run, "unit 1", |_| panic!("a restored unit is not recomputed")).unwrap();

@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
 use fspace_core::Schedule;
@@ -176,6 +176,7 @@ fn fit_method(
     budget: &Budget,
     lambda0: f64,
     seed: u64,
+    em_record: &Path,
 ) -> Result<(Fitted, Value)> {
     let (x, y) = (&train.x, &train.y);
     let (y_m, yv_m) = (crate::protocols::targets(y, 1), crate::protocols::targets(&val.y, 1));
@@ -209,6 +210,8 @@ fn fit_method(
                     // inputs; cached, each product is two GEMMs per layer instead of a JVP and
                     // a VJP.
                     statistics_cache_bytes: 4 << 30,
+                    // λ after each EM step, so an interrupted unit of hours continues.
+                    em_checkpoint: Some(em_record.to_path_buf()),
                     ..SampledConfig::default()
                 }),
                 prior_precision: PriorPrecision::Scalar(lambda0),
@@ -410,8 +413,13 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
         for &label in &methods {
             // A stored row counts only if it was fitted around this MAP.
             let unit = ck.unit_when(&mut run, &key(label), |u| u.map == map, |run| {
+                // Named by the MAP's fingerprint: a record of another MAP is never continued.
+                let em_record = run.path(&format!("checkpoint-em-seed{seed}-{map}.json"));
+                if label == "Sampled LLA" {
+                    continue_em_record(run, &em_record)?;
+                }
                 let t0 = Instant::now();
-                let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed)?;
+                let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed, &em_record)?;
                 let fit_seconds = if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() };
                 let t1 = Instant::now();
                 let (metrics, rot) = evaluate(&fitted, &test, &ood, &rotated)?;
@@ -433,6 +441,31 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
         }
     }
     report(&mut run, name, paper, &rows, &budget, with_rotation)
+}
+
+/// Sampled LLA records its EM steps in `checkpoint-em-seedS-MAP.json` beside `checkpoint.json`
+/// (`SampledConfig::em_checkpoint`; `cargo xtask publish` and `restore` carry it). A `--resume`
+/// continues from the steps it holds, and the log says how many; a fresh run removes it first.
+/// The record itself refuses steps of another MAP or other data.
+fn continue_em_record(run: &mut Run, file: &Path) -> Result<()> {
+    if !file.exists() {
+        return Ok(());
+    }
+    if !run.resumed {
+        return std::fs::remove_file(file).with_context(|| format!("removing {}", file.display()));
+    }
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let steps = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v["prior_precisions"].as_array().map(Vec::len));
+    let name = file.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    run.log(match steps {
+        Some(n) => format!(
+            "  Sampled LLA continues from the {n} EM steps {name} records (the first solve starts cold)"
+        ),
+        None => format!("  {name} is not an EM record; the fit will say why"),
+    });
+    Ok(())
 }
 
 /// The rows `--methods` leaves out that `checkpoint.json` already holds for one seed (its unit
