@@ -20,7 +20,9 @@
 //!   network's last (linear) layer on the frozen last-layer features;
 //! * ELLA: 2 000 random Nyström points, `K = 20`, λ on a log grid by validation NLL (§5.3);
 //! * Sampled LLA (Antorán et al. 2023): `Structure::Sampled` with Fig. 3's 32 draws and 8 EM
-//!   steps from the MAP's λ, at both budgets (DEVIATIONS V5);
+//!   steps from the MAP's λ, at both budgets (DEVIATIONS V5). Its EM steps are recorded in
+//!   `checkpoint-em-seedS-MAP.json` as they finish, so a `--resume` of the multi-hour full-size
+//!   unit continues from the last recorded λ (its first solve then starts cold);
 //! * VaLLA 100 / 200: `VallaConfig::default()` (batch 100, Adam 1e-3, ≤ 20 000 steps,
 //!   early stopping on validation NLL every 100 steps at the first worsening (App. D), probit data term), σ₀²
 //!   started at the MAP's prior variance `1/λ` (the paper does not give its starting value);
