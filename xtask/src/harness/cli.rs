@@ -81,7 +81,7 @@ pub enum Task {
         #[arg(long, default_value = "docs/results", value_name = "DIR")]
         dir: String,
     },
-    /// Put a published run's checkpoint.json and log.txt back under OUT/NAME/, so that
+    /// Put a published run's checkpoint.json (with its checkpoint-*.json) and log.txt back under OUT/NAME/, so that
     /// `cargo xtask reproduce NAME --resume --out OUT` continues it on another machine (a
     /// partial run committed with its finished units).
     Restore {
