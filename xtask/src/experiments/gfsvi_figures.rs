@@ -499,6 +499,19 @@ mod tests {
     }
 
     #[test]
+    fn the_committed_runs_metrics_hold_the_activations_figure() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results/gfsvi-activations");
+        let dir =
+            std::env::temp_dir().join(format!("fspace-gfsvi-activations-committed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(docs.join("metrics.json"), dir.join("metrics.json")).unwrap();
+        assert_eq!(redraw_activations(&dir).unwrap(), vec![dir.join("activations.png")]);
+        let metrics: ActivationMetrics = read_metrics(&dir, "gfsvi-activations").unwrap();
+        assert_eq!((metrics.fits.len(), metrics.panels.len()), (6, 8));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn the_divergence_of_a_fit_falls_as_gamma_grows() {
         // γ is added to both covariances: the divergence between two Gaussians shrinks as the
         // common isotropic part grows (a property the Fig. 12 table reports).
