@@ -231,7 +231,7 @@ pub fn run_activations(opts: &Options) -> Result<()> {
 /// the panels its `metrics.json` stores (nothing is refitted); returns the files written.
 pub fn redraw_activations(dir: &std::path::Path) -> Result<Vec<PathBuf>> {
     let metrics: ActivationMetrics = read_metrics(dir, "gfsvi-activations")?;
-    if metrics.panels.is_empty() || metrics.panels.len() % ACTIVATION_COLS != 0 {
+    if metrics.panels.is_empty() || !metrics.panels.len().is_multiple_of(ACTIVATION_COLS) {
         anyhow::bail!(
             "{} holds {} panels; gfsvi-activations draws rows of {ACTIVATION_COLS}",
             dir.join("metrics.json").display(),
