@@ -155,6 +155,8 @@ impl Classify for LaplaceError {
             LaplaceError::Linalg(e) => e.kind(),
             LaplaceError::TooLarge { .. } => Kind::TooLarge,
             LaplaceError::Unsupported { .. } => Kind::Unsupported,
+            // Another fit's record, or an unreadable one: a bad file argument.
+            LaplaceError::EmCheckpoint { .. } => Kind::Value,
         }
     }
 }
