@@ -214,7 +214,7 @@ fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Copies the published `from/name`'s checkpoint files ([`checkpoint_files`]) and log into
+/// Copies the published `from/name`'s `checkpoint.json` and `checkpoint-*.json` files and log into
 /// `out/name`, for `--resume`.
 /// Refuses a published run without a checkpoint, and an `out/name` that already holds one
 /// (that run's units would be lost).
