@@ -35,7 +35,7 @@ pub use likelihood::{
     logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian,
     IsotropicGaussian, Likelihood,
 };
-pub use persist::{LoadCheck, LoadLimits, Persist, PersistError};
+pub use persist::{fingerprint, LoadCheck, LoadLimits, Persist, PersistError};
 pub use posterior::{
     class_probabilities, ensure_classifier, finite_samples, mc_class_probabilities, mean_class_probabilities,
     observation_predictive, sample_gaussian, FunctionPredictive, Link, Posterior,

@@ -33,6 +33,28 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+/// A fingerprint of a sequence of `f64`s: 64-bit FNV-1a over each value's bits in
+/// little-endian byte order, as 16 lower-case hex digits. It names what a resumable record was
+/// computed from (a network's weights, a data set), so a resumed run can tell whether a stored
+/// record belongs to the inputs it has now. Equal bit patterns give equal fingerprints on every
+/// platform; `0.0` and `-0.0` differ, as do NaNs of different payloads.
+///
+/// ```
+/// assert_eq!(fspace_core::fingerprint([]), "cbf29ce484222325");
+/// assert_ne!(fspace_core::fingerprint([1.0, 2.0]), fspace_core::fingerprint([2.0, 1.0]));
+/// ```
+pub fn fingerprint(values: impl IntoIterator<Item = f64>) -> String {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let mut h = OFFSET_BASIS;
+    for v in values {
+        for byte in v.to_bits().to_le_bytes() {
+            h = (h ^ u64::from(byte)).wrapping_mul(PRIME);
+        }
+    }
+    format!("{h:016x}")
+}
+
 /// What can go wrong saving or loading a posterior.
 #[derive(Debug, Error)]
 pub enum PersistError {

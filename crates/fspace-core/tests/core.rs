@@ -320,3 +320,25 @@ fn mean_class_probabilities_average_the_draws_sigmoid_or_softmax() {
     }
     assert!(mean_class_probabilities(&[]).is_err());
 }
+
+/// 64-bit FNV-1a over bytes, written from the published definition, for the fingerprint test.
+fn fnv1a_bytes(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+#[test]
+fn fingerprint_is_fnv1a_over_the_little_endian_bits_of_each_value() {
+    // The reference against the published test vectors (empty, "a", "foobar").
+    assert_eq!(fnv1a_bytes(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(fnv1a_bytes(b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_eq!(fnv1a_bytes(b"foobar"), 0x8594_4171_f739_67e8);
+    // The fingerprint hashes every value's eight bytes in order.
+    let values = [0.0, -0.0, 1.0, -2.5, f64::MIN_POSITIVE, 1e300, std::f64::consts::PI];
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+    assert_eq!(fingerprint(values), format!("{:016x}", fnv1a_bytes(&bytes)));
+    assert_eq!(fingerprint([]), "cbf29ce484222325");
+    // Order and sign bits matter; the output is always 16 hex digits.
+    assert_ne!(fingerprint([1.0, 2.0]), fingerprint([2.0, 1.0]));
+    assert_ne!(fingerprint([0.0]), fingerprint([-0.0]));
+    assert!(values.iter().all(|&v| fingerprint([v]).len() == 16));
+}

@@ -207,16 +207,6 @@ struct EmProgress {
     seconds: Vec<f64>,
 }
 
-fn fnv1a(values: impl Iterator<Item = f64>) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for v in values {
-        for byte in v.to_bits().to_le_bytes() {
-            h = (h ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
-}
-
 fn checkpoint_error(path: &Path, reason: impl Into<String>) -> LaplaceError {
     LaplaceError::EmCheckpoint { path: path.display().to_string(), reason: reason.into() }
 }
@@ -317,7 +307,7 @@ pub(crate) fn sampled<N: Network>(
                 params: p,
                 points: data.x.nrows(),
                 outputs: data.k(),
-                fingerprint: fnv1a(
+                fingerprint: fspace_core::fingerprint(
                     net.params()
                         .iter()
                         .chain(data.x.iter())

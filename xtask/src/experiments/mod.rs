@@ -352,3 +352,43 @@ pub const EXPERIMENTS: &[Experiment] = &[
         redraw: None,
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::EXPERIMENTS;
+
+    /// Every experiment that can redraw its figures redraws, from the committed run's
+    /// `metrics.json` alone, exactly the figures that run committed beside it.
+    #[test]
+    fn every_committed_run_redraws_its_figures_from_its_metrics() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results");
+        let mut checked = 0;
+        for e in EXPERIMENTS {
+            let Some(redraw) = e.redraw else { continue };
+            let committed = docs.join(e.name);
+            let dir =
+                std::env::temp_dir().join(format!("fspace-committed-{}-{}", std::process::id(), e.name));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::copy(committed.join("metrics.json"), dir.join("metrics.json")).unwrap();
+            let written = redraw(&dir).unwrap_or_else(|err| panic!("{}: {err:#}", e.name));
+            let mut names: Vec<_> = written
+                .iter()
+                .map(|p| {
+                    assert!(p.starts_with(&dir) && p.exists(), "{}: {}", e.name, p.display());
+                    p.file_name().unwrap().to_owned()
+                })
+                .collect();
+            let mut pngs: Vec<_> = std::fs::read_dir(&committed)
+                .unwrap()
+                .map(|f| f.unwrap().file_name())
+                .filter(|f| f.to_string_lossy().ends_with(".png"))
+                .collect();
+            names.sort();
+            pngs.sort();
+            assert_eq!(names, pngs, "{}", e.name);
+            std::fs::remove_dir_all(&dir).unwrap();
+            checked += 1;
+        }
+        assert_eq!(checked, 6);
+    }
+}

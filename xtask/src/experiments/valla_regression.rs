@@ -457,15 +457,4 @@ mod tests {
         assert!(err.contains("not a valla-regression metrics.json"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
-
-    #[test]
-    fn the_committed_runs_metrics_hold_the_calibration_figure() {
-        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results/valla-regression");
-        let dir =
-            std::env::temp_dir().join(format!("fspace-valla-regression-committed-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(docs.join("metrics.json"), dir.join("metrics.json")).unwrap();
-        assert_eq!(redraw(&dir).unwrap(), vec![dir.join("calibration.png")]);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

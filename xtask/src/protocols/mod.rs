@@ -85,15 +85,9 @@ pub struct AroundMap<T> {
     pub map: String,
 }
 
-/// A fingerprint of a network's parameters (FNV-1a over their bits, as 16 hex digits): a
+/// A fingerprint of a network's parameters ([`fspace_core::fingerprint`] of them): a
 /// resumed run that retrains a shared network (a MAP) keeps the units fitted around it only when
 /// the retrained one has the same fingerprint ([`AroundMap`]).
 pub fn fingerprint(net: &impl fspace_nn::Network) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in net.params().iter() {
-        for byte in p.to_bits().to_le_bytes() {
-            h = (h ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
+    fspace_core::fingerprint(net.params().iter().copied())
 }

@@ -541,20 +541,4 @@ mod tests {
         assert!(err.contains("metrics.json") && err.contains("fsp-fmnist"), "{err}");
         std::fs::remove_dir_all(&root).unwrap();
     }
-
-    #[test]
-    fn the_committed_runs_metrics_hold_the_entropy_figure() {
-        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/results");
-        for (name, redraw) in
-            [("fsp-mnist", redraw_mnist as crate::harness::registry::Redraw), ("fsp-fmnist", redraw_fmnist)]
-        {
-            let dir =
-                std::env::temp_dir().join(format!("fspace-fsp-committed-{}-{name}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::copy(docs.join(name).join("metrics.json"), dir.join("metrics.json")).unwrap();
-            assert_eq!(redraw(&dir).unwrap(), vec![dir.join("entropy.png")], "{name}");
-            assert!(dir.join("entropy.png").exists());
-            std::fs::remove_dir_all(&dir).unwrap();
-        }
-    }
 }
