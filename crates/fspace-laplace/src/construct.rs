@@ -827,6 +827,7 @@ pub(crate) fn build<N: Network>(
             report.cached_statistics = run.cached;
             report.em_prior_precisions = run.em_prior_precisions;
             report.cg_products = run.cg_products;
+            report.em_recorded_seconds = run.recorded_seconds;
             (Curvature::Samples(run.curvature), all())
         }
     })

@@ -22,7 +22,8 @@
 //! same settings, network weights and data continues from the last recorded λ instead of
 //! starting again. The resumed solve starts cold (the draws of the step before are not kept:
 //! `p × K` numbers), so a resumed fit matches an uninterrupted one to the solves' tolerance, not
-//! bit for bit; the report's `cg_products` lists the recorded steps' products before this fit's.
+//! bit for bit; the report's `cg_products` lists the recorded steps' products before this fit's,
+//! and its `em_recorded_seconds` the recorded steps' wall time.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -126,6 +127,8 @@ pub(crate) struct SampledRun {
     pub cached: bool,
     pub em_prior_precisions: Vec<f64>,
     pub cg_products: Vec<usize>,
+    /// Wall seconds of the recorded EM steps the fit continued from.
+    pub recorded_seconds: f64,
 }
 
 impl Precond {
@@ -324,6 +327,7 @@ pub(crate) fn sampled<N: Network>(
         None => None,
     };
     let resumed = record.as_ref().map_or(0, |(_, r)| r.prior_precisions.len());
+    let recorded_seconds = record.as_ref().map_or(0.0, |(_, r)| r.seconds.iter().sum());
     if let Some((_, r)) = &record {
         if let Some(&last) = r.prior_precisions.last() {
             lambda = last;
@@ -367,6 +371,7 @@ pub(crate) fn sampled<N: Network>(
         cached: jac.cached(),
         em_prior_precisions,
         cg_products,
+        recorded_seconds,
     })
 }
 

@@ -219,4 +219,9 @@ pub struct FitReport {
     /// plus residual checks).
     #[serde(default)]
     pub cg_products: Vec<usize>,
+    /// Sampled with an EM record: the wall seconds of the recorded EM steps this fit continued
+    /// from, spent by the fits before it (`0` for a fit that started afresh). A resumed fit's
+    /// whole cost is its own time plus this.
+    #[serde(default)]
+    pub em_recorded_seconds: f64,
 }

@@ -1493,6 +1493,10 @@ fn sampled_laplace_continues_from_its_em_record_and_refuses_another_fit_s() {
     }
     assert_eq!(report.cg_products.len(), whole.report().cg_products.len());
     assert_eq!(report.cg_products[..2], first.report().cg_products[..2]);
+    // Its cost counts the two recorded steps' seconds, which a fresh fit does not have.
+    let step_seconds: f64 = record["seconds"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap()).sum();
+    assert!(step_seconds > 0.0 && report.em_recorded_seconds == step_seconds);
+    assert_eq!((whole.report().em_recorded_seconds, first.report().em_recorded_seconds), (0.0, 0.0));
     let (cr, cw) = (resumed.glm_covariances(&x).unwrap(), whole.glm_covariances(&x).unwrap());
     for (r, w) in cr.iter().zip(&cw) {
         assert!((r - w).abs().max() <= 1e-6 * w.abs().max(), "draws' covariance moved");
