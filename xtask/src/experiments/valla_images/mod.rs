@@ -155,6 +155,15 @@ enum Fitted {
 }
 
 impl Fitted {
+    /// Seconds earlier runs spent on this fit: the recorded EM steps a resumed Sampled LLA
+    /// continued from (0 for every other row).
+    fn earlier_seconds(&self) -> f64 {
+        match self {
+            Self::Laplace(post) => post.report().em_recorded_seconds,
+            _ => 0.0,
+        }
+    }
+
     fn probs(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         Ok(match self {
             Fitted::Map(net) => map_probs(net, x)?,
@@ -423,9 +432,8 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
                 }
                 let t0 = Instant::now();
                 let (fitted, extra) = fit_method(label, &net, &train, &val, &budget, lambda0, seed, &em_record)?;
-                // A resumed Sampled LLA also spent its recorded EM steps' seconds, in earlier runs.
-                let earlier = extra.get("earlier_em_seconds").and_then(Value::as_f64).unwrap_or(0.0);
-                let fit_seconds = if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() + earlier };
+                let fit_seconds =
+                    if label == "MAP" { map_seconds } else { t0.elapsed().as_secs_f64() + fitted.earlier_seconds() };
                 let t1 = Instant::now();
                 let (metrics, rot) = evaluate(&fitted, &test, &ood, &rotated)?;
                 run.log(format!(
