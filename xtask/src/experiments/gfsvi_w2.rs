@@ -64,6 +64,10 @@ pub struct W2Stats {
     /// Each fold's mean W2².
     #[serde(deserialize_with = "or_nan_vec")]
     pub folds_w2_squared: Vec<f64>,
+    /// The finished folds these numbers cover, numbered from 1 (empty in files written before
+    /// a set could be reported with some of its folds).
+    #[serde(default)]
+    pub folds: Vec<usize>,
 }
 
 /// `metrics.json`: per `"set/method"`.
@@ -151,21 +155,16 @@ pub fn run(opts: &Options) -> Result<()> {
         "{} per set, ≤ {steps} Adam steps (best validation state kept), 2×100 tanh, γ = 1e-15, sets {datasets:?}",
         label
     ));
-    let mut rows = Vec::new();
-    let mut metrics = Metrics::new();
+    // What the checkpoint already holds, before anything new is computed.
+    write_outputs(&mut run, &ck, &datasets, &folds, steps, &label)?;
     for &ds in &datasets {
         let data = load(ds)?;
         let splits = kfold(data.x.nrows(), 5, 0.1, &mut StdRng::seed_from_u64(opts.seed))?;
-        let (mut per, mut per_sq) = (vec![Vec::new(); METHODS.len()], vec![Vec::new(); METHODS.len()]);
         for &f in &folds {
             let fold = &splits[f];
             let seed = opts.seed + f as u64;
-            if let Some(stored) = stored_fold(&ck, ds, f, &METHODS)? {
+            if stored_fold(&ck, ds, f, &METHODS)?.is_some() {
                 run.log(format!("{ds} fold {}: every method in checkpoint.json (--resume)", f + 1));
-                for (k, unit) in stored.into_iter().enumerate() {
-                    per[k].push(unit.value.w2);
-                    per_sq[k].push(unit.value.w2_squared);
-                }
                 continue;
             }
             let p = prepare(&data, fold, seed)?;
@@ -189,7 +188,7 @@ pub fn run(opts: &Options) -> Result<()> {
             let bbox = fspace_context::BoundingBox::from_data(&p.xtr, 0.0)?;
             let val = Some((&p.xva, &p.yva_m));
             for (k, method) in METHODS.iter().enumerate() {
-                let unit = ck.unit(&mut run, &unit_key(ds, f, method), |run| {
+                ck.unit(&mut run, &unit_key(ds, f, method), |run| {
                     // Each method's own sample stream, so a resumed fold draws what a whole one does.
                     let mut rng = StdRng::seed_from_u64(seed ^ 0x77 ^ ((k as u64 + 1) << 32));
                     let post: Box<dyn Posterior> = match *method {
@@ -270,14 +269,53 @@ pub fn run(opts: &Options) -> Result<()> {
                     ));
                     Ok(W2Unit { w2, w2_squared })
                 })?;
-                per[k].push(unit.value.w2);
-                per_sq[k].push(unit.value.w2_squared);
+            }
+            // Written after every fold, so an interrupted run leaves every finished fold of
+            // every set behind (also those of the sets after the one it stopped in).
+            write_outputs(&mut run, &ck, &datasets, &folds, steps, &label)?;
+        }
+    }
+    Ok(())
+}
+
+/// One set's finished folds (numbered from 0) and, per method, their units.
+type SetUnits<'a> = (&'a str, Vec<usize>, Vec<Vec<W2Unit>>);
+
+/// The finished folds of every set in the checkpoint: a fold counts once all its methods are in.
+fn finished_folds<'a>(
+    ck: &Checkpoint<Timed<W2Unit>>,
+    datasets: &[&'a str],
+    folds: &[usize],
+) -> Result<Vec<SetUnits<'a>>> {
+    let mut all = Vec::new();
+    for &ds in datasets {
+        let (mut done, mut per) = (Vec::new(), vec![Vec::new(); METHODS.len()]);
+        for &f in folds {
+            if let Some(stored) = stored_fold(ck, ds, f, &METHODS)? {
+                done.push(f);
+                for (k, unit) in stored.into_iter().enumerate() {
+                    per[k].push(unit.value);
+                }
             }
         }
-        let mut row = vec![ds.to_string()];
+        all.push((ds, done, per));
+    }
+    Ok(all)
+}
+
+/// The table's rows and `metrics.json` over each set's finished folds. A set with none is left
+/// out; one with fewer than the run's `n_folds` says which it has ("concrete (2 fold(s))").
+fn table_rows(sets: &[SetUnits<'_>], n_folds: usize) -> (Vec<Vec<String>>, Metrics) {
+    let (mut rows, mut metrics) = (Vec::new(), Metrics::new());
+    for (ds, done, per) in sets.iter().filter(|(_, done, _)| !done.is_empty()) {
+        let name =
+            if done.len() < n_folds { format!("{ds} ({})", folds_label(done)) } else { ds.to_string() };
+        let mut row = vec![name];
         for (k, method) in METHODS.iter().enumerate() {
-            let (m, sd) = mean_std(&per[k]);
-            let (msq, sdsq) = mean_std(&per_sq[k]);
+            let w2: Vec<f64> = per[k].iter().map(|u| u.w2).collect();
+            let w2_squared: Vec<f64> = per[k].iter().map(|u| u.w2_squared).collect();
+            let (m, sd) = mean_std(&w2);
+            let (msq, sdsq) = mean_std(&w2_squared);
             let pp = paper(ds)[k];
             row.push(format!(
                 "{} ± {} / {} ± {} ({} ± {})",
@@ -295,26 +333,65 @@ pub fn run(opts: &Options) -> Result<()> {
                     std_w2: sd,
                     mean_w2_squared: msq,
                     std_w2_squared: sdsq,
-                    folds_w2: per[k].clone(),
-                    folds_w2_squared: per_sq[k].clone(),
+                    folds_w2: w2,
+                    folds_w2_squared: w2_squared,
+                    folds: done.iter().map(|f| f + 1).collect(),
                 },
             );
         }
         rows.push(row);
-        // Written after every set, so a long run leaves its finished sets behind.
-        let mut header = vec!["dataset"];
-        header.extend(METHODS);
-        run.write_table(&format!(
-            "# gfsvi-w2 (Table 2): per-point distance to the exact GP posterior (lower is better); {label}\n\n\
-             Each cell: mean W2² ± std / mean W2 ± std over folds (paper in parentheses).\n\n{}\n\n\
-             1 000 samples per method and test point, standardised units. GFSVI and FVI run all {steps} steps and keep the state with the best validation NLL (checked every 100 steps). The paper computes its numbers with POT \
-             (`ot.emd2` on `ot.dist`, squared-Euclidean cost), i.e. most likely W2², the first number of each cell. \
-             SVGP: 100 inducing points from k-means centres, learned (Adam, 2 000 full-batch steps on the collapsed bound) with the GP's hyperparameters fixed, q(u) at its exact optimum for them; the log gives the bound beside the exact log p(y). \
-             Energy (the paper's fifth set) is in no package registry. {}.\n",
-            markdown_table(&header, &rows),
-            ck.wall_time()
-        ))?;
-        run.write_metrics(&metrics)?;
     }
-    Ok(())
+    (rows, metrics)
+}
+
+/// `table.md` and `metrics.json` from every finished fold in the checkpoint.
+fn write_outputs(
+    run: &mut Run,
+    ck: &Checkpoint<Timed<W2Unit>>,
+    datasets: &[&str],
+    folds: &[usize],
+    steps: usize,
+    label: &str,
+) -> Result<()> {
+    let (rows, metrics) = table_rows(&finished_folds(ck, datasets, folds)?, folds.len());
+    let mut header = vec!["dataset"];
+    header.extend(METHODS);
+    run.write_table(&format!(
+        "# gfsvi-w2 (Table 2): per-point distance to the exact GP posterior (lower is better); {label}\n\n\
+         Each cell: mean W2² ± std / mean W2 ± std over folds (paper in parentheses); a set with fewer folds names the finished ones.\n\n{}\n\n\
+         1 000 samples per method and test point, standardised units. GFSVI and FVI run all {steps} steps and keep the state with the best validation NLL (checked every 100 steps). The paper computes its numbers with POT \
+         (`ot.emd2` on `ot.dist`, squared-Euclidean cost), i.e. most likely W2², the first number of each cell. \
+         SVGP: 100 inducing points from k-means centres, learned (Adam, 2 000 full-batch steps on the collapsed bound) with the GP's hyperparameters fixed, q(u) at its exact optimum for them; the log gives the bound beside the exact log p(y). \
+         Energy (the paper's fifth set) is in no package registry. {}.\n",
+        markdown_table(&header, &rows),
+        ck.wall_time()
+    ))?;
+    run.write_metrics(&metrics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn units(v: &[(f64, f64)]) -> Vec<W2Unit> {
+        v.iter().map(|&(w2, w2_squared)| W2Unit { w2, w2_squared }).collect()
+    }
+
+    #[test]
+    fn a_set_is_reported_over_its_finished_folds_and_says_which_they_are() {
+        let three = |a: &[(f64, f64)]| vec![units(a), units(a), units(a)];
+        let sets = vec![
+            ("boston", vec![0, 1], three(&[(0.2, 0.04), (0.4, 0.16)])),
+            ("concrete", vec![], three(&[])),
+            ("yacht", vec![3], three(&[(0.1, 0.01)])),
+        ];
+        let (rows, metrics) = table_rows(&sets, 2);
+        let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+        assert_eq!(names, ["boston", "yacht (fold 4)"]);
+        let b = &metrics["boston/GFSVI"];
+        assert!((b.mean_w2 - 0.3).abs() < 1e-12 && (b.mean_w2_squared - 0.1).abs() < 1e-12);
+        assert_eq!(b.folds, [1, 2]);
+        assert_eq!(metrics["yacht/SVGP"].folds, [4]);
+        assert!(!metrics.contains_key("concrete/FVI"));
+    }
 }
