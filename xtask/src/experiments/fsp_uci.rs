@@ -46,8 +46,8 @@ use crate::harness::report::{fmt, markdown_table, mean_std, Run};
 use crate::protocols::tanh_mlp;
 use crate::protocols::uci::ood_rows;
 use crate::protocols::uci::{
-    load, map_laplace, prepare, rank_rows, scores, stored_fold, unit_key, Prepared, PATIENCE_EPOCHS,
-    PRIOR_FIT,
+    load, map_laplace, prepare, rank_rows, scores, set_label, stored_fold, unit_key, Prepared,
+    PATIENCE_EPOCHS, PRIOR_FIT,
 };
 
 const METHODS: [&str; 6] = ["FSP-Laplace", "FVI", "Laplace", "MAP", "GP", "Sparse GP"];
@@ -294,11 +294,12 @@ pub fn run(opts: &Options) -> Result<()> {
         "{folds} fold(s) of 5 per set, ≤ {} epochs (FVI ≤ {} steps), sets {:?}",
         b.epochs, b.fvi_steps, b.datasets
     ));
-    let mut all: Vec<(&str, Vec<Vec<[f64; 3]>>)> = Vec::new();
+    // Per dataset: its finished folds and, per method, per fold [ell, ood accuracy, secs].
+    let mut all: Vec<SetScores<'_>> = Vec::new();
     for &ds in b.datasets {
         let data = load(ds)?;
         let splits = kfold(data.x.nrows(), 5, 0.1, &mut StdRng::seed_from_u64(opts.seed))?;
-        let mut per = vec![Vec::new(); METHODS.len()];
+        all.push((ds, Vec::new(), vec![Vec::new(); METHODS.len()]));
         for (f, fold) in splits.iter().take(folds).enumerate() {
             let seed = opts.seed + f as u64;
             let scores = match stored_fold(&ck, ds, f, &METHODS)? {
@@ -308,30 +309,42 @@ pub fn run(opts: &Options) -> Result<()> {
                 }
                 None => run_fold(&mut run, &mut ck, (ds, f), &prepare(&data, fold, seed)?, b, seed)?,
             };
+            let (_, done, per) = all.last_mut().expect("pushed above");
+            done.push(f);
             for (k, s) in scores.into_iter().enumerate() {
                 per[k].push(s);
             }
+            // Written after every fold, so an interrupted run leaves its finished folds behind
+            // (a partial set's row names them).
+            write_table(&mut run, &ck, &all, folds, opts.quick)?;
         }
-        all.push((ds, per));
-        write_table(&mut run, &ck, &all, folds, opts.quick)?;
     }
     Ok(())
 }
 
+/// One set's finished folds (numbered from 0) and, per method, per fold `[ell, ood acc, secs]`.
+type SetScores<'a> = (&'a str, Vec<usize>, Vec<Vec<[f64; 3]>>);
+
 fn write_table(
     run: &mut Run,
     ck: &Checkpoint<Timed<FoldScore>>,
-    all: &[(&str, Vec<Vec<[f64; 3]>>)],
+    all: &[SetScores<'_>],
     folds: usize,
     quick: bool,
 ) -> Result<()> {
+    let all: Vec<&SetScores<'_>> = all.iter().filter(|(_, done, _)| !done.is_empty()).collect();
+    let partial = if all.iter().any(|(_, done, _)| done.len() < folds) {
+        " (a set with fewer names its finished ones)"
+    } else {
+        ""
+    };
     // Mean and standard error over folds.
     let stat = |v: &[[f64; 3]], j: usize| {
         let (m, sd) = mean_std(&v.iter().map(|s| s[j]).collect::<Vec<_>>());
         (m, sd / (v.len() as f64).sqrt())
     };
     let mut md = format!(
-        "# fsp-uci (FSP-Laplace Table C.1){}: {folds} fold(s) of 5-fold CV per set, mean ± standard error over folds; paper in parentheses\n\n",
+        "# fsp-uci (FSP-Laplace Table C.1){}: {folds} fold(s) of 5-fold CV per set{partial}, mean ± standard error over folds; paper in parentheses\n\n",
         if quick { " — quick mode" } else { "" }
     );
     let mut metrics = Metrics::new();
@@ -344,9 +357,9 @@ fn write_table(
         let mut ses = DMatrix::zeros(methods.len(), all.len());
         // The paper's numbers on the same sets, ranked by the same rule (its own row covers 11).
         let (mut paper_means, mut paper_ses) = (means.clone(), ses.clone());
-        for (c, (ds, per)) in all.iter().enumerate() {
+        for (c, (ds, done, per)) in all.iter().enumerate() {
             let (pe, po) = paper(ds);
-            let mut row = vec![ds.to_string()];
+            let mut row = vec![set_label(ds, done, folds)];
             for (r, &k) in methods.iter().enumerate() {
                 let (m, se) = stat(&per[k], j);
                 means[(r, c)] = m;

@@ -52,8 +52,8 @@ use crate::harness::report::{fmt, markdown_table, Run};
 use crate::protocols::tanh_mlp;
 use crate::protocols::uci::{
     best_validation_loss, folds_label, load, map_laplace, ood_rows, prepare, rank_rows, scores,
-    selected_folds, selected_sets, stored_fold, unit_key, Prepared, LAPLACE_STRUCTURE, PATIENCE_EPOCHS,
-    PRIOR_FIT,
+    selected_folds, selected_sets, set_label, stored_fold, unit_key, Prepared, LAPLACE_STRUCTURE,
+    PATIENCE_EPOCHS, PRIOR_FIT,
 };
 
 /// The BNNs' likelihood: one σ_y, learned from 0.5.
@@ -403,8 +403,7 @@ pub const UCI_GAMMA_GRID: [f64; 2] = [UCI_GAMMA, 1e-6];
 /// The table's sentence on γ: the paper's value, a `--gamma` override, or the choice per fold.
 fn gamma_footnote(
     ck: &Checkpoint<Timed<FoldScore>>,
-    all: &[(&str, Vec<Vec<[f64; 4]>>)],
-    folds: &[usize],
+    all: &[&SetScores<'_>],
     gammas: &[f64],
 ) -> Result<String> {
     Ok(match gammas {
@@ -423,10 +422,10 @@ fn gamma_footnote(
                 grid.join(", ")
             );
             let mut entries = Vec::new();
-            for (ds, _) in all {
+            for (ds, done, _) in all {
                 for method in ["GFSVI", "TFSVI"] {
                     let mut chosen = Vec::new();
-                    for &f in folds {
+                    for &f in done {
                         let g = ck.get(&unit_key(ds, f, method))?.and_then(|u| u.value.gamma);
                         chosen.push(g.map_or("?".into(), |g| format!("{g:e}")));
                     }
@@ -461,12 +460,12 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
         gammas,
         datasets
     ));
-    // Per dataset: per method, per fold [ell, mse, acc, secs].
-    let mut all: Vec<(&str, Vec<Vec<[f64; 4]>>)> = Vec::new();
+    // Per dataset: its finished folds and, per method, per fold [ell, mse, acc, secs].
+    let mut all: Vec<SetScores<'_>> = Vec::new();
     for &ds in &datasets {
         let data = load(ds)?;
         let splits = kfold(data.x.nrows(), 5, 0.1, &mut StdRng::seed_from_u64(opts.seed))?;
-        let mut per_method = vec![Vec::new(); METHODS.len()];
+        all.push((ds, Vec::new(), vec![Vec::new(); METHODS.len()]));
         for &f in &folds {
             let fold = &splits[f];
             run.log(format!(
@@ -476,25 +475,28 @@ fn run_tables(opts: &Options, name: &str, ood_table: bool) -> Result<()> {
                 fold.validation.len(),
                 fold.test.len()
             ));
-            for (k, s) in run_fold(&mut run, &mut ck, ds, &data, (f, fold), b, &gammas, opts.seed + f as u64)?
-                .into_iter()
-                .enumerate()
-            {
+            let scores = run_fold(&mut run, &mut ck, ds, &data, (f, fold), b, &gammas, opts.seed + f as u64)?;
+            let (_, done, per_method) = all.last_mut().expect("pushed above");
+            done.push(f);
+            for (k, s) in scores.into_iter().enumerate() {
                 per_method[k].push(s);
             }
+            // Written after every fold, so an interrupted run leaves its finished folds behind
+            // (a partial set's row names them).
+            write_tables(&mut run, &ck, name, &all, (&folds, &gammas), ood_table)?;
         }
-        all.push((ds, per_method));
-        // Written after every set, so a long run leaves its finished sets behind.
-        write_tables(&mut run, &ck, name, &all, (&folds, &gammas), ood_table)?;
     }
     Ok(())
 }
+
+/// One set's finished folds (numbered from 0) and, per method, per fold `[ell, mse, acc, secs]`.
+type SetScores<'a> = (&'a str, Vec<usize>, Vec<Vec<[f64; 4]>>);
 
 fn write_tables(
     run: &mut Run,
     ck: &Checkpoint<Timed<FoldScore>>,
     name: &str,
-    all: &[(&str, Vec<Vec<[f64; 4]>>)],
+    all: &[SetScores<'_>],
     (folds, gammas): (&[usize], &[f64]),
     ood_table: bool,
 ) -> Result<()> {
@@ -518,8 +520,14 @@ fn write_tables(
     if ood_table {
         tables.rotate_right(1);
     }
+    let all: Vec<&SetScores<'_>> = all.iter().filter(|(_, done, _)| !done.is_empty()).collect();
+    let partial = if all.iter().any(|(_, done, _)| done.len() < folds.len()) {
+        " (a set with fewer names its finished ones)"
+    } else {
+        ""
+    };
     let mut md = format!(
-        "# {name}: {} of 5-fold CV per set (mean ± std over folds); paper in parentheses\n\n",
+        "# {name}: {} of 5-fold CV per set{partial} (mean ± std over folds); paper in parentheses\n\n",
         folds_label(folds)
     );
     let mut metrics = Metrics::new();
@@ -529,9 +537,9 @@ fn write_tables(
         let mut means = DMatrix::zeros(nm, all.len());
         let mut sds = DMatrix::zeros(nm, all.len());
         let (mut paper_means, mut paper_sds) = (means.clone(), sds.clone());
-        for (c, (ds, per)) in all.iter().enumerate() {
+        for (c, (ds, done, per)) in all.iter().enumerate() {
             let pp = paper(ds, j);
-            let mut row = vec![ds.to_string()];
+            let mut row = vec![set_label(ds, done, folds.len())];
             for (k, method) in METHODS.iter().enumerate() {
                 let (m, sd) = stat(&per[k], j);
                 if k < nm {
@@ -562,11 +570,42 @@ fn write_tables(
          no package registry and stay out. ",
     );
     md.push_str("OOD rows: the paper's song subset is in no registry; sklearn's digits (shipped) stand in — see `ood_rows` in the harness (the d highest-variance pixel columns, standardised by their own statistics, as many rows as the test fold). ");
-    md.push_str(&gamma_footnote(ck, all, folds, gammas)?);
+    md.push_str(&gamma_footnote(ck, &all, gammas)?);
     md.push_str(
         "\"–\" in the rank rows: SVGP and the exact GP are not BNNs, and the paper ranks the BNNs only. ",
     );
     md.push_str(&format!("{}.\n", ck.wall_time()));
     run.write_table(&md)?;
     run.write_metrics(&metrics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_written_mid_set_names_the_partial_set_s_folds() {
+        let dir = std::env::temp_dir().join(format!("fspace-gfsvi-uci-{}", std::process::id()));
+        let mut run = Run::new(dir.to_str().unwrap(), "gfsvi-uci").unwrap();
+        let ck = Checkpoint::<Timed<FoldScore>>::open(&mut run, &json!({})).unwrap();
+        let per = |folds: usize| vec![vec![[-1.0, 0.5, 0.9, 2.0]; folds]; METHODS.len()];
+        let all: Vec<SetScores<'_>> = vec![
+            ("boston", vec![0, 1], per(2)),
+            ("concrete", vec![0], per(1)),
+            // A set the run has not reached yet is left out.
+            ("yacht", vec![], per(0)),
+        ];
+        write_tables(&mut run, &ck, "gfsvi-uci", &all, (&[0, 1], &[UCI_GAMMA]), false).unwrap();
+        let md = std::fs::read_to_string(run.path("table.md")).unwrap();
+        assert!(md.starts_with(
+            "# gfsvi-uci: 2 fold(s) of 5-fold CV per set (a set with fewer names its finished ones)"
+        ));
+        assert!(md.contains("| boston |") && md.contains("| concrete (1 fold(s)) |"), "{md}");
+        assert!(!md.contains("yacht |"), "{md}");
+        let metrics: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.path("metrics.json")).unwrap()).unwrap();
+        assert_eq!(metrics["concrete/GFSVI/0"]["folds"], json!([-1.0]));
+        assert!(metrics.get("yacht/GFSVI/0").is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

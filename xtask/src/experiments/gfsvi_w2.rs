@@ -37,8 +37,8 @@ use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_std, Run};
 use crate::protocols::tanh_mlp;
 use crate::protocols::uci::{
-    best_validation_loss, folds_label, load, prepare, selected_folds, selected_sets, stored_fold, unit_key,
-    PRIOR_FIT,
+    best_validation_loss, folds_label, load, prepare, selected_folds, selected_sets, set_label, stored_fold,
+    unit_key, PRIOR_FIT,
 };
 
 const METHODS: [&str; 3] = ["GFSVI", "FVI", "SVGP"];
@@ -308,9 +308,7 @@ fn finished_folds<'a>(
 fn table_rows(sets: &[SetUnits<'_>], n_folds: usize) -> (Vec<Vec<String>>, Metrics) {
     let (mut rows, mut metrics) = (Vec::new(), Metrics::new());
     for (ds, done, per) in sets.iter().filter(|(_, done, _)| !done.is_empty()) {
-        let name =
-            if done.len() < n_folds { format!("{ds} ({})", folds_label(done)) } else { ds.to_string() };
-        let mut row = vec![name];
+        let mut row = vec![set_label(ds, done, n_folds)];
         for (k, method) in METHODS.iter().enumerate() {
             let w2: Vec<f64> = per[k].iter().map(|u| u.w2).collect();
             let w2_squared: Vec<f64> = per[k].iter().map(|u| u.w2_squared).collect();

@@ -39,6 +39,17 @@ pub fn folds_label(folds: &[usize]) -> String {
     }
 }
 
+/// A table row's name for a set with the folds `done` (numbered from 0) of the run's `n_folds`:
+/// the set alone when all are in, else which ones ("concrete (2 fold(s))", "wine (fold 3)"), so
+/// a table written mid-run never passes a partial set off as a whole one.
+pub fn set_label(ds: &str, done: &[usize], n_folds: usize) -> String {
+    if done.len() < n_folds {
+        format!("{ds} ({})", folds_label(done))
+    } else {
+        ds.to_string()
+    }
+}
+
 /// The sets to run: `default`, or `--sets` (any of the full run's, in the order given).
 pub fn selected_sets(opts: &Options, default: &[&'static str]) -> Result<Vec<&'static str>> {
     match &opts.sets {
@@ -306,6 +317,16 @@ pub fn ood_rows(d: usize, n: usize, seed: u64) -> Result<DMatrix<f64>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_partial_set_is_named_with_its_finished_folds() {
+        assert_eq!(super::set_label("boston", &[0, 1, 2, 3, 4], 5), "boston");
+        assert_eq!(super::set_label("concrete", &[0, 1], 5), "concrete (2 fold(s))");
+        assert_eq!(super::set_label("wine", &[2], 5), "wine (fold 3)");
+        assert_eq!(super::set_label("yacht", &[3, 4], 5), "yacht (folds 4, 5)");
+        // A run of `--folds 2` is whole with its one fold.
+        assert_eq!(super::set_label("yacht", &[1], 1), "yacht");
+    }
+
     #[test]
     fn ood_rows_are_standardised_digits_columns_and_reject_bad_sizes() {
         let x = super::ood_rows(13, 1797, 0).unwrap();
