@@ -46,7 +46,7 @@ use crate::harness::report::{fmt, markdown_table, mean_std, Run};
 use crate::protocols::tanh_mlp;
 use crate::protocols::uci::ood_rows;
 use crate::protocols::uci::{
-    load, map_laplace, prepare, rank_rows, scores, set_label, stored_fold, unit_key, Prepared,
+    finished_sets, load, map_laplace, prepare, rank_rows, scores, set_label, stored_fold, unit_key, Prepared,
     PATIENCE_EPOCHS, PRIOR_FIT,
 };
 
@@ -332,12 +332,7 @@ fn write_table(
     folds: usize,
     quick: bool,
 ) -> Result<()> {
-    let all: Vec<&SetScores<'_>> = all.iter().filter(|(_, done, _)| !done.is_empty()).collect();
-    let partial = if all.iter().any(|(_, done, _)| done.len() < folds) {
-        " (a set with fewer names its finished ones)"
-    } else {
-        ""
-    };
+    let (all, partial) = finished_sets(all, folds);
     // Mean and standard error over folds.
     let stat = |v: &[[f64; 3]], j: usize| {
         let (m, sd) = mean_std(&v.iter().map(|s| s[j]).collect::<Vec<_>>());

@@ -51,8 +51,8 @@ use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, Run};
 use crate::protocols::tanh_mlp;
 use crate::protocols::uci::{
-    best_validation_loss, folds_label, load, map_laplace, ood_rows, prepare, rank_rows, scores,
-    selected_folds, selected_sets, set_label, stored_fold, unit_key, Prepared, LAPLACE_STRUCTURE,
+    best_validation_loss, finished_sets, folds_label, load, map_laplace, ood_rows, prepare, rank_rows,
+    scores, selected_folds, selected_sets, set_label, stored_fold, unit_key, Prepared, LAPLACE_STRUCTURE,
     PATIENCE_EPOCHS, PRIOR_FIT,
 };
 
@@ -520,12 +520,7 @@ fn write_tables(
     if ood_table {
         tables.rotate_right(1);
     }
-    let all: Vec<&SetScores<'_>> = all.iter().filter(|(_, done, _)| !done.is_empty()).collect();
-    let partial = if all.iter().any(|(_, done, _)| done.len() < folds.len()) {
-        " (a set with fewer names its finished ones)"
-    } else {
-        ""
-    };
+    let (all, partial) = finished_sets(all, folds.len());
     let mut md = format!(
         "# {name}: {} of 5-fold CV per set{partial} (mean ± std over folds); paper in parentheses\n\n",
         folds_label(folds)

@@ -50,6 +50,20 @@ pub fn set_label(ds: &str, done: &[usize], n_folds: usize) -> String {
     }
 }
 
+/// A set, its finished folds (numbered from 0) and their scores.
+pub type SetFolds<'a, T> = (&'a str, Vec<usize>, T);
+
+/// The sets of a table written mid-run: those with a finished fold, and the title's note when
+/// one of them has fewer than the run's `n_folds` (each entry: set, finished folds, scores).
+pub fn finished_sets<'s, 'a, T>(
+    all: &'s [SetFolds<'a, T>],
+    n_folds: usize,
+) -> (Vec<&'s SetFolds<'a, T>>, &'static str) {
+    let shown: Vec<_> = all.iter().filter(|(_, done, _)| !done.is_empty()).collect();
+    let partial = shown.iter().any(|(_, done, _)| done.len() < n_folds);
+    (shown, if partial { " (a set with fewer names its finished ones)" } else { "" })
+}
+
 /// The sets to run: `default`, or `--sets` (any of the full run's, in the order given).
 pub fn selected_sets(opts: &Options, default: &[&'static str]) -> Result<Vec<&'static str>> {
     match &opts.sets {
