@@ -201,6 +201,12 @@ proptest! {
         let mut r = rng(seed);
         let mut spectrum: Vec<f64> = (0..n).map(|_| rand::Rng::gen_range(&mut r, 0.0..1.0f64).powi(3)).collect();
         spectrum.sort_by(|x, y| y.total_cmp(x));
+        // Thick restart converges at a rate set by the gap between the k-th and (k+1)-th
+        // eigenvalues; uniform cubes can put them almost together (n = 40, k = 3, room = 2,
+        // seed = 932 met the iteration cap at a residual of 4.7e-8), which says nothing about
+        // the basis size. Keep λ_{k+1} ≤ 0.8 λ_k by scaling the unwanted tail down.
+        let shrink = (0.8 * spectrum[k - 1] / spectrum[k]).min(1.0);
+        spectrum[k..].iter_mut().for_each(|s| *s *= shrink);
         let (a, _) = with_spectrum(&spectrum, &mut r);
         let cfg = ThickRestartConfig { k, max_basis: k + room, tol: 1e-11, start: StartVector::Random(seed), ..Default::default() };
         let top = thick_restart_lanczos(&op(&a), &cfg).unwrap();
