@@ -327,7 +327,8 @@ pub(crate) fn sampled<N: Network>(
         None => None,
     };
     let resumed = record.as_ref().map_or(0, |(_, r)| r.prior_precisions.len());
-    let recorded_seconds = record.as_ref().map_or(0.0, |(_, r)| r.seconds.iter().sum());
+    // A fold from +0: f64's `Sum` of no terms is −0.0, which reports and logs would print as "-0.0".
+    let recorded_seconds = record.as_ref().map_or(0.0, |(_, r)| r.seconds.iter().fold(0.0, |acc, s| acc + s));
     if let Some((_, r)) = &record {
         if let Some(&last) = r.prior_precisions.last() {
             lambda = last;

@@ -1497,6 +1497,8 @@ fn sampled_laplace_continues_from_its_em_record_and_refuses_another_fit_s() {
     let step_seconds: f64 = record["seconds"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap()).sum();
     assert!(step_seconds > 0.0 && report.em_recorded_seconds == step_seconds);
     assert_eq!((whole.report().em_recorded_seconds, first.report().em_recorded_seconds), (0.0, 0.0));
+    // An empty record counts +0 s, not the −0.0 an empty f64 sum gives.
+    assert!(first.report().em_recorded_seconds.is_sign_positive());
     let (cr, cw) = (resumed.glm_covariances(&x).unwrap(), whole.glm_covariances(&x).unwrap());
     for (r, w) in cr.iter().zip(&cw) {
         assert!((r - w).abs().max() <= 1e-6 * w.abs().max(), "draws' covariance moved");
