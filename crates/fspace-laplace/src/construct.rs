@@ -12,7 +12,7 @@ use fspace_nn::{KfacFactorSums, LayerInfo, LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
 
 use crate::curvature::{
-    BlockDiagCurvature, Curvature, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
+    BlockDiagCurvature, Curvature, CurvatureApprox, DiagCurvature, EigenCurvature, KronCurvature, KronLayer,
 };
 use crate::data::{for_chunks, for_chunks_of, Data};
 use crate::error::{LaplaceError, Result};
@@ -777,10 +777,18 @@ pub(crate) fn build<N: Network>(
                 let (e, idx, _) = last_layer(net, data, c)?;
                 Ok((Curvature::Eigen(e), idx))
             }
+            Structure::Diag => {
+                // The diagonal of the last layer's GGN (laplace-torch's DiagLLLaplace), read off
+                // its dense eigendecomposition: `(d'(h + 1))²` doubles, as the full structure
+                // over the last layer.
+                let (e, idx, _) = last_layer(net, data, &LastLayerConfig::default())?;
+                let diag = e.to_dense().diagonal().map(|v| v.max(0.0));
+                Ok((Curvature::Diag(DiagCurvature { diag }), idx))
+            }
             other => Err(LaplaceError::Unsupported {
                 structure: other.name(),
                 reason:
-                    "over the last layer only full (= Structure::LastLayer), KFAC and EKFAC are implemented"
+                    "over the last layer only full (= Structure::LastLayer), diag, KFAC and EKFAC are implemented"
                         .into(),
             }),
         };

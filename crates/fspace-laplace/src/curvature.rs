@@ -470,6 +470,36 @@ impl Curvature {
             Self::Samples(c) => c,
         }
     }
+
+    /// The eigenvalues of `C` (the curvature without temperature or prior), `None` where the
+    /// structure holds none (the sampled structure) or `C` is not diagonal in a stored basis
+    /// (a low-rank curvature with a diagonal remainder). The `dim − len` eigenvalues not listed
+    /// are 0 (a low-rank or thin-SVD full curvature keeps only its non-zero ones). With one
+    /// prior precision λ every structure's `log |T·C + λI| = Σ log(T·eᵢ + λ) + (dim − len)·log λ`:
+    /// what a differentiable evidence (λ, σ, T as tensors) needs, `O(len)` per evaluation.
+    pub fn eigenvalues(&self) -> Option<Vec<f64>> {
+        match self {
+            Self::Eigen(e) if e.remainder.is_none() => Some(e.values.iter().map(|v| v.max(0.0)).collect()),
+            Self::Eigen(_) | Self::Samples(_) => None,
+            Self::Diag(d) => Some(d.diag.iter().copied().collect()),
+            Self::BlockDiag(b) => {
+                let mut out = Vec::with_capacity(b.dim());
+                for (_, block) in &b.blocks {
+                    if block.remainder.is_some() {
+                        return None;
+                    }
+                    out.extend(block.values.iter().map(|v| v.max(0.0)));
+                }
+                Some(out)
+            }
+            Self::Kron(k) => Some(
+                k.layers
+                    .iter()
+                    .flat_map(|l| l.eigenvalues().iter().map(|e| e.max(0.0)).collect::<Vec<_>>())
+                    .collect(),
+            ),
+        }
+    }
 }
 
 impl CurvatureApprox for Curvature {
@@ -522,9 +552,11 @@ pub(crate) fn check_loaded(
         Curvature::Diag(d) => {
             check.len(&field("Diag.diag"), d.diag.len(), dim)?;
             check.non_negative(&field("Diag.diag"), d.diag.iter())?;
-            // The layer-wise predictive reads the diagonal by flat parameter index.
-            check.ensure(indices.iter().copied().eq(0..p), "indices", || {
-                format!("a diagonal curvature covers all {p} parameters in order")
+            // The layer-wise predictive reads the diagonal by flat parameter index; over the
+            // last layer (laplace-torch's DiagLLLaplace) the coordinates are its [W | b] ones.
+            let last = infos.last().map(|l| l.kron_order());
+            check.ensure(indices.iter().copied().eq(0..p) || last.as_deref() == Some(indices), "indices", || {
+                format!("a diagonal curvature covers all {p} parameters in order, or the last layer's [W | b]")
             })?;
         }
         Curvature::BlockDiag(b) => {

@@ -625,6 +625,51 @@ fn marginal_likelihood_and_its_optimum_equal_a_dense_evaluation() {
     }
 }
 
+/// `Curvature::eigenvalues` (what the Python layer's differentiable evidence is built from)
+/// against the dense eigenvalues of `C`, for every structure; the sampled one has none.
+#[test]
+fn the_listed_eigenvalues_are_those_of_the_dense_curvature() {
+    let net = mlp(2, vec![5, 4], 3, 21);
+    let (x, y) = classification(30, 2, 3, 22);
+    let lik = LikelihoodSpec::categorical(3);
+    for s in every_structure(6) {
+        let post = fit_with(net.clone(), lik, &x, &y, s);
+        let name = post.curvature().name();
+        let mut got = post.curvature().eigenvalues().unwrap_or_else(|| panic!("{name} lists none"));
+        let dense = post.curvature().to_dense();
+        let mut want: Vec<f64> = dense.symmetric_eigenvalues().iter().map(|v| v.max(0.0)).collect();
+        assert!(got.len() <= want.len(), "{name}: {} eigenvalues for dim {}", got.len(), want.len());
+        // The unlisted ones are 0 (low rank, thin SVD).
+        got.resize(want.len(), 0.0);
+        got.sort_by(f64::total_cmp);
+        want.sort_by(f64::total_cmp);
+        let scale = want.last().copied().unwrap_or(1.0).max(1e-300);
+        if name == "low_rank" {
+            // The top 6 only: compare them with the dense top 6.
+            for (g, w) in got.iter().rev().zip(want.iter().rev()).take(6) {
+                assert!((g - w).abs() < 1e-8 * scale, "{name}: {g} vs {w}");
+            }
+        } else {
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-9 * scale, "{name}: {g} vs {w}");
+            }
+        }
+        // log |T·C + λI| from the list equals the structure's own.
+        let (t, lam) = (0.7, 2.5);
+        let listed = post.curvature().eigenvalues().unwrap();
+        let from_list: f64 = listed.iter().map(|e| (t * e + lam).ln()).sum::<f64>()
+            + (post.curvature().dim() - listed.len()) as f64 * lam.ln();
+        let own = post
+            .curvature()
+            .log_det_precision(t, &DVector::from_element(post.curvature().dim(), lam))
+            .unwrap();
+        assert!((from_list - own).abs() < 1e-9 * own.abs().max(1.0), "{name}: {from_list} vs {own}");
+    }
+    let sampled = Structure::Sampled(SampledConfig { samples: 4, em_steps: 0, ..Default::default() });
+    let post = fit_with(net, lik, &x, &y, sampled);
+    assert!(post.curvature().eigenvalues().is_none());
+}
+
 /// `J Σ Jᵀ` densely vs the posterior's GLM covariances (per point and joint) for a prior given
 /// per layer (`lam_layers`) or as one value.
 fn check_glm<N: Network + Clone>(
@@ -692,6 +737,27 @@ fn glm_predictive_equals_dense_j_sigma_jt_for_every_structure() {
         println!("CNN {}: GLM covariance rel err {err:.2e}", post.curvature().name());
         assert!(err < 1e-9);
     }
+}
+
+/// The diagonal structure over the last layer (laplace-torch's `DiagLLLaplace`): the diagonal
+/// of the dense last-layer GGN, its GLM predictive the dense `J Σ Jᵀ`, and it saves and loads.
+#[test]
+fn last_layer_diagonal_is_the_diagonal_of_the_last_layer_ggn() {
+    let net = mlp(2, vec![5, 4], 3, 31);
+    let (x, y) = classification(20, 2, 3, 32);
+    let (xt, _) = classification(5, 2, 3, 33);
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
+    let config = LaplaceConfig { weights: Weights::LastLayer, ..config(Structure::Diag) };
+    let mut post = fit_v(net.clone(), lik, &x, &y, &config).unwrap();
+    let ggn = dense_ggn(&net, lik.build().unwrap().as_ref(), &x, &y);
+    let want = restrict(&ggn, post.indices()).diagonal();
+    let got = post.curvature().to_dense().diagonal();
+    assert_eq!(post.indices(), net.layer_infos().last().unwrap().kron_order().as_slice());
+    assert!((&got - &want).norm() / want.norm() < 1e-10);
+    let err = check_glm(&mut post, &xt, &[0.5, 1.5, 3.0], true);
+    assert!(err < 1e-9, "GLM covariance rel err {err:.2e}");
+    let back = LaplacePosterior::<Mlp>::from_json(&post.to_json().unwrap()).unwrap();
+    assert_eq!(back.glm_covariances(&xt).unwrap(), post.glm_covariances(&xt).unwrap());
 }
 
 #[test]

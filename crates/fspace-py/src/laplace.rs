@@ -7,13 +7,13 @@ use fspace_laplace::{
 };
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
-use numpy::{PyArray2, PyReadonlyArray2};
+use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::callback::{callback_network, PyNetwork};
-use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, to_numpy};
+use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy};
 use crate::errors::{persist_error, value_error};
 use crate::methods::PyProgress;
 
@@ -44,6 +44,13 @@ fn structure(name: &str, rank: Option<usize>, max_basis: Option<usize>) -> PyRes
         )))
         }
     })
+}
+
+/// The curvature coordinates in ascending order of the flat parameter index they cover.
+fn sorted_coordinates(indices: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..indices.len()).collect();
+    order.sort_by_key(|&c| indices[c]);
+    order
 }
 
 /// The linearised Laplace approximation of an MLP or a CNN (module docs).
@@ -80,7 +87,7 @@ impl PyLaplace {
     /// Krylov vectors held, thick restart) for `lowrank`; `chunk_points` the points per chunk of
     /// network calls and statistics (default 256).
     #[new]
-    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None, rank=None, max_basis=None, chunk_points=None))]
+    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None, rank=None, max_basis=None, chunk_points=None, curvature="ggn", subnetwork_indices=None))]
     fn new(
         state: &Bound<'_, PyDict>,
         activation_name: &str,
@@ -97,6 +104,8 @@ impl PyLaplace {
         rank: Option<usize>,
         max_basis: Option<usize>,
         chunk_points: Option<usize>,
+        curvature: &str,
+        subnetwork_indices: Option<Vec<usize>>,
     ) -> PyResult<Self> {
         if chunk_points == Some(0) {
             return Err(value_error("chunk_points must be ≥ 1"));
@@ -107,12 +116,47 @@ impl PyLaplace {
         };
         let q = net.output_dim();
         let likelihood = likelihood_spec(likelihood, q, sigma_noise, false)?;
-        let weights = match subset_of_weights {
-            "all" => Weights::All,
-            "last_layer" => Weights::LastLayer,
+        let weights = match (subset_of_weights, subnetwork_indices) {
+            ("all", None) => Weights::All,
+            ("last_layer", None) => Weights::LastLayer,
+            ("subnetwork", Some(indices)) => {
+                let p = net.n_params();
+                if indices.is_empty() {
+                    return Err(value_error("subnetwork_indices is empty: name at least one parameter"));
+                }
+                if let Some(bad) = indices.iter().find(|&&i| i >= p) {
+                    return Err(value_error(format!(
+                        "subnetwork_indices holds {bad}, but the model has {p} parameters (0..{p})"
+                    )));
+                }
+                let mut sorted = indices.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                if sorted.len() != indices.len() {
+                    return Err(value_error("subnetwork_indices repeats a parameter index"));
+                }
+                Weights::Subnetwork(sorted)
+            }
+            ("subnetwork", None) => {
+                return Err(value_error("subset_of_weights=\"subnetwork\" needs subnetwork_indices"))
+            }
+            (other, Some(_)) => {
+                return Err(value_error(format!(
+                    "subnetwork_indices applies to subset_of_weights=\"subnetwork\", not {other:?}"
+                )))
+            }
+            (other, None) => {
+                return Err(value_error(format!(
+                    "subset_of_weights {other:?} is not \"all\", \"last_layer\" or \"subnetwork\""
+                )))
+            }
+        };
+        let curvature = match curvature {
+            "ggn" => fspace_laplace::CurvatureSource::Ggn,
+            "ef" => fspace_laplace::CurvatureSource::EmpiricalFisher,
             other => {
                 return Err(value_error(format!(
-                    "subset_of_weights {other:?} is not \"all\" or \"last_layer\""
+                    "curvature {other:?} is not \"ggn\" (the generalised Gauss-Newton) or \"ef\" (the empirical Fisher)"
                 )))
             }
         };
@@ -133,6 +177,7 @@ impl PyLaplace {
             weights,
             prior_precision: PriorPrecision::Scalar(prior_precision),
             temperature,
+            curvature,
             ..Default::default()
         };
         // Checks λ, T and σ now rather than at fit.
@@ -280,6 +325,105 @@ impl PyLaplace {
         Ok(to_numpy(py, &m))
     }
 
+    /// Sets one prior precision λ and the temperature `T` of `T·C + λI` (the Python layer's
+    /// laplace-torch surface keeps λ, σ and laplace-torch's temperature and sets these before
+    /// each query).
+    fn set_state(&mut self, prior_precision: f64, temperature: f64) -> PyResult<()> {
+        let errors = self.net.errors();
+        let post = self.fitted_mut()?;
+        post.set_prior_precision(PriorPrecision::Scalar(prior_precision)).map_err(|e| errors.raise(e))?;
+        post.set_temperature(temperature).map_err(|e| errors.raise(e))
+    }
+
+    /// The eigenvalues of the fitted curvature `C` (at the σ of the fit, untempered; the
+    /// unlisted ones are 0), `None` for a structure that stores none (`Curvature::eigenvalues`).
+    fn curvature_eigenvalues<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<f64>>>> {
+        Ok(self.fitted()?.curvature().eigenvalues().map(|v| PyArray1::from_vec(py, v)))
+    }
+
+    /// `C` as a dense `dim × dim` matrix in the posterior's parameter order (for
+    /// `posterior_precision` of the full and subnetwork structures).
+    fn curvature_dense<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        use fspace_laplace::CurvatureApprox;
+        let post = self.fitted()?;
+        let dense = post.curvature().to_dense();
+        // Coordinates → ascending flat parameter order (laplace-torch's `named_parameters` order).
+        let order = sorted_coordinates(post.indices());
+        let m = DMatrix::from_fn(order.len(), order.len(), |a, b| dense[(order[a], order[b])]);
+        Ok(to_numpy(py, &m))
+    }
+
+    /// What the evidence needs besides the eigenvalues: `(log p(D | w*) at the fit's σ, number
+    /// of data points, the flat indices of the covered parameters in ascending order, all the
+    /// network's flat weights)`.
+    fn fit_summary<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(f64, usize, Vec<usize>, Bound<'py, PyArray1<f64>>)> {
+        let post = self.fitted()?;
+        let mut idx = post.indices().to_vec();
+        idx.sort_unstable();
+        let w = post.network().params();
+        Ok((post.log_likelihood(), post.n_data(), idx, PyArray1::from_vec(py, w.as_slice().to_vec())))
+    }
+
+    /// The GLM predictive at the current λ and T: `(mean n × d', covariances n × d' × d')`.
+    fn glm<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+    ) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray3<f64>>)> {
+        let errors = self.net.errors();
+        let post = self.fitted()?;
+        let x = matrix(&x);
+        let q = self.net.output_dim();
+        let (mean, covs) = py
+            .detach(|| -> Result<_, LaplaceError> {
+                let covs = post.glm_covariances(&x)?;
+                let mean = post.map_outputs(&x)?;
+                Ok((mean, covs))
+            })
+            .map_err(|e| errors.raise(e))?;
+        Ok((to_numpy(py, &mean), stack_to_numpy(py, &covs, q, q)))
+    }
+
+    /// The joint GLM predictive: `(mean n × d', covariance n·d' × n·d')` (point-major).
+    fn glm_joint<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+    ) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<f64>>)> {
+        let errors = self.net.errors();
+        let post = self.fitted()?;
+        if post.predictive() != &Predictive::Glm {
+            return Err(value_error(
+                "the joint predictive is the GLM one; this posterior was saved with the nonlinear mode",
+            ));
+        }
+        let x = matrix(&x);
+        let (mean, cov) = py.detach(|| Posterior::predict_joint(post, &x)).map_err(|e| errors.raise(e))?;
+        Ok((to_numpy(py, &mean), to_numpy(py, &cov)))
+    }
+
+    /// The network's outputs at `n_samples` weight draws from `seed`: `n_samples × n × d'`.
+    #[pyo3(signature = (x, n_samples, seed))]
+    fn nn_samples<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+        n_samples: usize,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyArray3<f64>>> {
+        use rand::SeedableRng;
+        let errors = self.net.errors();
+        let post = self.fitted()?;
+        let x = matrix(&x);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let draws =
+            py.detach(|| post.nonlinear_samples(&x, n_samples, &mut rng)).map_err(|e| errors.raise(e))?;
+        Ok(stack_to_numpy(py, &draws, x.nrows(), self.net.output_dim()))
+    }
+
     /// The prior precision λ (per layer when it was optimised per layer).
     #[getter]
     fn prior_precision(&self) -> PyResult<Vec<f64>> {
@@ -292,6 +436,18 @@ impl PyLaplace {
     #[getter]
     fn report_json(&self) -> Option<String> {
         self.report.clone()
+    }
+
+    /// The network's number of outputs `d'`.
+    #[getter]
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+
+    /// The network's number of parameters (all of them, not only the covered ones).
+    #[getter]
+    fn n_params(&self) -> usize {
+        self.net.n_params()
     }
 
     /// Whether `fit` has run.

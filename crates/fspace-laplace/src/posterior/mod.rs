@@ -100,6 +100,22 @@ impl<N: Network> LaplacePosterior<N> {
         self.log_likelihood
     }
 
+    /// The number of training points the curvature sums over.
+    pub fn n_data(&self) -> usize {
+        self.n_data
+    }
+
+    /// What the `Posterior` methods predict with.
+    pub fn predictive(&self) -> &Predictive {
+        &self.predictive
+    }
+
+    /// The network's outputs at the MAP weights (`n × d'`, the GLM predictive's mean), in
+    /// chunks of 256 points.
+    pub fn map_outputs(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        forward_chunked(&self.net, x, 256)
+    }
+
     /// Sets λ (scalar, or one per layer); errors on λ ≤ 0 or a wrong count.
     pub fn set_prior_precision(&mut self, prior: PriorPrecision) -> Result<()> {
         self.lambdas = self.resolve(&prior)?;

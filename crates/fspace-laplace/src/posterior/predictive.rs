@@ -54,6 +54,14 @@ impl<N: Network> LaplacePosterior<N> {
                     let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
                     out.extend(crate::predict::last_layer_covariances(&self.net, &e.vectors, &c, l, &xc)?)
                 }
+                Curvature::Diag(_) if self.covers_last_layer() => {
+                    let js = crate::predict::last_layer_jacobian(&self.net, &xc)?;
+                    out.extend(crate::predict::blocks(
+                        &js,
+                        &self.curvature.solve(t, &lam, &js.transpose())?,
+                        q,
+                    ));
+                }
                 Curvature::Eigen(e) if e.label == "last_layer" => {
                     let js = crate::predict::last_layer_jacobian(&self.net, &xc)?;
                     out.extend(crate::predict::blocks(
@@ -116,11 +124,21 @@ impl<N: Network> LaplacePosterior<N> {
     ) -> Option<Result<Vec<Vec<DMatrix<f64>>>>> {
         match &self.curvature {
             Curvature::Kron(k) => Some(crate::predict::kron_covariances(&self.net, k, settings, x)),
-            Curvature::Diag(d) if !self.net.layer_infos().is_empty() => {
+            Curvature::Diag(d) if !self.net.layer_infos().is_empty() && self.covers_all_in_order() => {
                 Some(crate::predict::diag_covariances(&self.net, &d.diag, settings, x))
             }
             _ => None,
         }
+    }
+
+    /// Whether the curvature covers every parameter, coordinate `i` being parameter `i`.
+    fn covers_all_in_order(&self) -> bool {
+        self.indices.len() == self.net.n_params() && self.indices.iter().enumerate().all(|(a, &b)| a == b)
+    }
+
+    /// Whether the curvature covers exactly the last layer, in its `[W | b]` coordinates.
+    fn covers_last_layer(&self) -> bool {
+        self.net.layer_infos().last().is_some_and(|l| self.indices == l.kron_order())
     }
 
     /// The GLM predictive of `f` (mean `f(x; w*)`, marginal variances).

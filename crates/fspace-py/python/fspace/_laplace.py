@@ -1,83 +1,222 @@
-"""``fspace.Laplace``: laplace-torch's ``Laplace`` on fspace's Rust core."""
+"""``fspace.Laplace``: laplace-torch 0.3's ``Laplace`` on fspace's Rust core.
+
+The calls, positional orders, defaults, argument meanings, attributes and return types are
+laplace-torch's (``docs/laplace-torch.md`` lists where they differ and why). The division of
+work: Rust sums the curvature over the data and serves the GLM predictive's per-point
+covariances ``J Σ Jᵀ``; this layer keeps laplace-torch's hyperparameters — the prior precision
+λ, the observation noise σ, the prior mean and laplace-torch's temperature — as tensors and
+evaluates laplace-torch's formulas on them (the evidence, differentiable in λ and σ, from the
+curvature's eigenvalues; the link approximations from the predictive's mean and covariances),
+so ``log_marginal_likelihood`` and ``optimize_prior_precision`` give laplace-torch's numbers.
+
+Temperature: laplace-torch's posterior precision is ``H / (σ²·T) + λ``; fspace's Rust core
+writes ``T'·C + λ`` with ``C`` at the fit's σ, so this layer hands Rust ``T' = σ_fit² / (σ²·T)``.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Optional
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._convert import ModelSpec, array2, back, data_arrays, is_torch, network_spec, tensors
+from ._convert import ModelSpec, array2, is_torch, network_spec, tensors
 from ._methods import Progress, _Progress
 from ._torch import TorchModel
 from ._fspace import Laplace as _Laplace
 
 __all__ = ["Laplace"]
 
+_STRUCTURES = ("full", "kron", "diag", "lowrank", "ekfac", "gp")
+_SUBSETS = ("all", "last_layer", "subnetwork")
+_LINKS = ("probit", "bridge", "bridge_norm", "mc")
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - exercised only without torch
+        raise ImportError(
+            "fspace.Laplace follows laplace-torch's API, whose hyperparameters and results are torch "
+            "tensors: install torch (pip install torch)"
+        ) from None
+    return torch
+
+
+def _curvature_source(backend: Any) -> Tuple[str, str]:
+    """``(engine, curvature)`` from laplace-torch's ``backend`` (a curvature class such as
+    ``CurvlinopsGGN`` / ``AsdlEF``, or None) or fspace's engine name."""
+    if backend is None:
+        return "auto", "ggn"
+    if isinstance(backend, str):
+        if backend in ("auto", "native", "torch"):
+            return backend, "ggn"
+        raise ValueError(
+            f"backend {backend!r}: laplace-torch's backend is a curvature class (CurvlinopsGGN, AsdlEF, ...); "
+            "fspace also takes \"auto\", \"native\" or \"torch\" to choose where the network runs"
+        )
+    name = getattr(backend, "__name__", type(backend).__name__)
+    if name.endswith("EF"):
+        return "auto", "ef"
+    if name.endswith("GGN"):
+        return "auto", "ggn"
+    raise NotImplementedError(
+        f"backend {name}: fspace computes the generalised Gauss-Newton (laplace-torch's *GGN backends) or the "
+        "empirical Fisher (*EF); the exact Hessian and stochastic curvature are not implemented"
+    )
+
 
 class Laplace:
-    """The linearised Laplace approximation of a network, with laplace-torch's arguments.
+    """The linearised Laplace approximation of a trained network, with laplace-torch 0.3's calls.
 
-    ``Laplace(model, likelihood, subset_of_weights="all", hessian_structure="kron",
-    prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded")``; ``model`` is an
-    ``nn.Sequential`` of Linear layers and one activation, or ``(state_dict, activation)``
-    with numpy arrays. Then ``fit(X, y)`` (or ``fit(loader)``),
-    ``optimize_prior_precision(method="marglik" | "gridsearch", ...)``,
-    ``la(X, pred_type="glm" | "nn", link_approx="probit" | "mc" | "bridge")``,
-    ``log_marginal_likelihood()``, ``sample(n)``. Pickles with bit-identical predictions.
-    ``kron_bias="separate"`` gives KFAC / EKFAC laplace-torch's separate bias block (fspace's
-    default folds the bias into the input factor). ``rank`` sets ``hessian_structure="lowrank"``'s
-    number of GGN eigenpairs (default 100; laplace-torch has no such argument): the fit holds
-    Lanczos' basis, ``p × m`` doubles with ``m`` from ``1.5·rank + 10`` up to the steps the top
-    pairs need to converge (``report["lanczos_iterations"]``), and keeps ``p × rank``;
-    ``max_basis`` bounds ``m`` (≥ ``rank + 2``): thick-restart Lanczos restarts from the best
-    Ritz vectors when the basis is full, trading more GGN products for memory.
-    ``chunk_points`` (default 256): points per chunk of network calls and layer statistics; a
-    torch model holds one chunk's activations at a time, so fewer points use less memory.
+    Parameters
+    ----------
+    model : torch.nn.Module or tuple
+        The trained network. An ``nn.Sequential`` of Linear layers and one activation (optionally
+        after Conv2d blocks) runs on fspace's native engine; any other ``nn.Module`` on the torch
+        engine. ``(state_dict, activation)`` pairs of numpy arrays are accepted too.
+    likelihood : {"regression", "classification"}
+    subset_of_weights : {"last_layer", "all", "subnetwork"}, default "last_layer"
+        As laplace-torch: the last ``nn.Linear``'s weights and bias, every trainable weight, or
+        the flat parameter indices ``subnetwork_indices``.
+    hessian_structure : {"kron", "full", "diag", "lowrank", "ekfac"}, default "kron"
+    sigma_noise, prior_precision, prior_mean, temperature : float or tensor
+        laplace-torch's hyperparameters (same meanings: the posterior precision is
+        ``H / (σ²·T) + λ``).
+    enable_backprop, dict_key_x, dict_key_y, backend, backend_kwargs, asdl_fisher_kwargs
+        laplace-torch's remaining positional arguments. ``backend`` is laplace-torch's curvature
+        class (a ``*GGN`` class: the GGN, a ``*EF`` class: the empirical Fisher), or fspace's
+        engine name ``"auto"`` / ``"native"`` / ``"torch"``.
 
-    Any other ``torch.nn.Module`` takes the torch path (``backend="auto"`` or ``"torch"``):
-    ``kron`` / ``ekfac`` collect each ``nn.Linear`` / ``nn.Conv2d`` layer's statistics by module
-    hooks (every trainable parameter must sit in such a layer: freeze the others),
-    ``last_layer`` the last ``nn.Linear``'s input (it must give the model's output).
+    Other Parameters
+    ----------------
+    subnetwork_indices : sequence of int, optional
+        Flat parameter indices (``named_parameters()`` order) for ``subset_of_weights="subnetwork"``.
+    kron_bias : {"separate", "folded"}, default "separate"
+        KFAC / EKFAC's bias block: laplace-torch's separate block, or folded into the input factor.
+    rank, max_basis : int, optional
+        ``hessian_structure="lowrank"``'s number of GGN eigenpairs and Krylov-basis bound.
+    chunk_points : int, optional
+        Points per chunk of network calls (memory bound).
+    input_shape : tuple, optional
+        ``(C, H, W)`` of a convolutional model fitted on flattened rows.
+
+    Raises
+    ------
+    ValueError
+        An unknown likelihood, structure or subset, ``sigma_noise != 1`` for classification, or
+        an invalid hyperparameter.
+    NotImplementedError
+        A laplace-torch option fspace does not implement (the message names it).
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+    >>> x = torch.linspace(-1, 1, 40, dtype=torch.float64).reshape(-1, 1)
+    >>> loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.sin(3 * x)), batch_size=10)
+    >>> la = fspace.Laplace(model, "regression", sigma_noise=0.1)
+    >>> la.fit(loader)
+    >>> la.optimize_prior_precision(n_steps=50)
+    >>> mean, var = la(x[:3])
+    >>> tuple(var.shape)
+    (3, 1, 1)
     """
 
     def __init__(
         self,
         model: Any,
         likelihood: str,
-        subset_of_weights: str = "all",
+        subset_of_weights: str = "last_layer",
         hessian_structure: str = "kron",
-        prior_precision: float = 1.0,
-        sigma_noise: float = 1.0,
+        sigma_noise: Any = 1.0,
+        prior_precision: Any = 1.0,
+        prior_mean: Any = 0.0,
         temperature: float = 1.0,
-        kron_bias: str = "folded",
+        enable_backprop: bool = False,
+        dict_key_x: str = "input_ids",
+        dict_key_y: str = "labels",
+        backend: Any = None,
+        backend_kwargs: Optional[Dict[str, Any]] = None,
+        asdl_fisher_kwargs: Optional[Dict[str, Any]] = None,
+        *,
+        functional_approximation: str = "sod",
+        subnetwork_indices: Any = None,
+        damping: bool = False,
+        kron_bias: str = "separate",
         input_shape: Any = None,
-        backend: str = "auto",
         rank: Optional[int] = None,
         max_basis: Optional[int] = None,
         chunk_points: Optional[int] = None,
     ) -> None:
-        self._spec = network_spec(model, input_shape, backend)
-        self._rank = None if rank is None else int(rank)
-        self._max_basis = None if max_basis is None else int(max_basis)
-        self._chunk_points = None if chunk_points is None else int(chunk_points)
-        on_torch = isinstance(self._spec, TorchModel)
-        self._args = (
-            tensors({} if on_torch else self._spec.state)[0],
-            "" if on_torch else self._spec.activation,
-            likelihood,
-            hessian_structure,
-            subset_of_weights,
-            float(prior_precision),
-            float(sigma_noise),
-            float(temperature),
-            kron_bias,
-        )
+        if likelihood not in ("regression", "classification"):
+            if likelihood == "reward_modeling":
+                raise NotImplementedError("likelihood 'reward_modeling' (laplace-torch's pairwise preferences) is not implemented in fspace")
+            raise ValueError(f"Invalid likelihood type {likelihood!r}: \"regression\" or \"classification\"")
+        if hessian_structure not in _STRUCTURES:
+            raise ValueError(f"hessian_structure {hessian_structure!r} is not one of {', '.join(map(repr, _STRUCTURES))}")
+        if subset_of_weights not in _SUBSETS:
+            raise ValueError(f"subset_of_weights {subset_of_weights!r} is not one of {', '.join(map(repr, _SUBSETS))}")
+        if subset_of_weights == "subnetwork" and hessian_structure not in ("full", "diag"):
+            raise ValueError("Subnetwork Laplace requires a full or diagonal Hessian approximation!")
+        if functional_approximation != "sod" and hessian_structure != "gp":
+            raise ValueError("functional_approximation requires hessian_structure='gp'.")
+        if hessian_structure == "gp":
+            which = {"nystrom": "fspace.ELLA", "variational": "fspace.VaLLA"}.get(functional_approximation, "fspace.ELLA or fspace.VaLLA")
+            raise NotImplementedError(
+                f"hessian_structure='gp' (functional_approximation={functional_approximation!r}) is served by {which} in "
+                "fspace, not through Laplace(...)"
+            )
+        if enable_backprop:
+            raise NotImplementedError("enable_backprop=True: fspace's predictive is not differentiable in the inputs")
+        if damping:
+            raise NotImplementedError("damping=True (laplace-torch's damped KFAC eigendecomposition) is not implemented")
+        if backend_kwargs:
+            raise NotImplementedError(f"backend_kwargs {sorted(backend_kwargs)}: fspace's curvature is exact (no MC samples)")
+        if asdl_fisher_kwargs:
+            raise NotImplementedError(f"asdl_fisher_kwargs {sorted(asdl_fisher_kwargs)} apply to laplace-torch's ASDL backend")
+        engine, curvature = _curvature_source(backend)
+        torch = _torch()
+        self.model = model
         self.likelihood = likelihood
-        # On the torch path the model's layers come from module hooks: the last Linear for
-        # last_layer, every Linear / Conv2d for kron / ekfac (required) and for the other
-        # structures (when they cover every trainable parameter; otherwise those take the
-        # Jacobian-free per-point route).
+        self.subset_of_weights = subset_of_weights
+        self.hessian_structure = hessian_structure
+        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
+        self.enable_backprop = False
+        self._dtype = torch.float64
+        self._lock = threading.RLock()
+        self._spec = network_spec(model, input_shape, engine)
+        on_torch = isinstance(self._spec, TorchModel)
+        if subnetwork_indices is not None:
+            if is_torch(subnetwork_indices):
+                subnetwork_indices = subnetwork_indices.detach().cpu().numpy()
+            idx = np.asarray(subnetwork_indices)
+            if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+                raise ValueError("subnetwork_indices must be a 1-D array of integer parameter indices")
+            if idx.size and idx.min() < 0:
+                raise ValueError(f"subnetwork_indices holds the negative index {int(idx.min())}")
+            subnetwork_indices = [int(i) for i in idx]
+        elif subset_of_weights == "subnetwork":
+            raise ValueError("subset_of_weights='subnetwork' needs subnetwork_indices (laplace-torch: SubnetLaplace)")
+        self._args = dict(
+            state=tensors({} if on_torch else self._spec.state)[0],
+            activation_name="" if on_torch else self._spec.activation,
+            likelihood=likelihood,
+            hessian_structure=hessian_structure,
+            subset_of_weights=subset_of_weights,
+            sigma_noise=self._positive_scalar(sigma_noise, "sigma_noise"),
+            kron_bias=kron_bias,
+            rank=None if rank is None else int(rank),
+            max_basis=None if max_basis is None else int(max_basis),
+            chunk_points=None if chunk_points is None else int(chunk_points),
+            curvature=curvature,
+            subnetwork_indices=subnetwork_indices,
+        )
         self._layers: Optional[str] = None
         self._layers_required = True
         if on_torch and subset_of_weights == "last_layer":
@@ -85,14 +224,48 @@ class Laplace:
         elif on_torch:
             self._layers = "all"
             self._layers_required = hessian_structure in ("kron", "ekfac")
+        if likelihood != "regression" and float(self._as_tensor(sigma_noise).reshape(-1)[0]) != 1.0:
+            raise ValueError("Sigma noise != 1 only available for regression.")
+        t = float(temperature)
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"temperature {temperature} must be finite and > 0")
+        self.temperature = t
         self._la: Any = None
+        self._fit: Optional[Dict[str, Any]] = None
+        self._report: Optional[str] = None
+        self.sigma_noise = sigma_noise
+        self.prior_precision = prior_precision
+        self.prior_mean = prior_mean
         # Built and checked now where the input shape is known (an MLP, or a CNN or torch model
         # given input_shape); otherwise at fit, from the inputs' shape.
         if self._spec.architecture_known():
             self._build()
 
+    # -- construction -------------------------------------------------------------------------
+
+    @staticmethod
+    def _positive_scalar(value: Any, what: str) -> float:
+        v = value.detach().reshape(-1)[0].item() if is_torch(value) else np.asarray(value, dtype=np.float64).reshape(-1)[0]
+        v = float(v)
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{what} {v} must be finite and > 0")
+        return v
+
+    def _as_tensor(self, value: Any) -> Any:
+        torch = _torch()
+        if is_torch(value):
+            return value.to(dtype=self._dtype)
+        return torch.as_tensor(np.asarray(value, dtype=np.float64), dtype=self._dtype)
+
     def _build(self) -> Any:
         if self._la is None:
+            a = self._args
+            common = dict(
+                kron_bias=a["kron_bias"], rank=a["rank"], max_basis=a["max_basis"], chunk_points=a["chunk_points"],
+                curvature=a["curvature"], subnetwork_indices=a["subnetwork_indices"],
+            )
+            positional = (a["state"], a["activation_name"], a["likelihood"], a["hessian_structure"],
+                          a["subset_of_weights"], 1.0, a["sigma_noise"], 1.0)
             if isinstance(self._spec, TorchModel):
                 calls = self._spec.calls()
                 try:
@@ -101,107 +274,719 @@ class Laplace:
                     if not self._layers_required:
                         layers = None
                     else:
-                        structure = "subset_of_weights='last_layer'" if self._layers == "last" else f"hessian_structure={self._args[3]!r}"
+                        structure = ("subset_of_weights='last_layer'" if self._layers == "last"
+                                     else f"hessian_structure={a['hessian_structure']!r}")
                         raise ValueError(f"{structure} on the torch path: {e}") from None
-                self._la = _Laplace(*self._args, None, calls, layers, rank=self._rank, max_basis=self._max_basis,
-                                   chunk_points=self._chunk_points)
+                self._la = _Laplace(*positional, calls=calls, layers=layers, **common)
             else:
-                self._la = _Laplace(*self._args, self._spec.architecture_json(), rank=self._rank,
-                                   max_basis=self._max_basis, chunk_points=self._chunk_points)
+                self._la = _Laplace(*positional, architecture=self._spec.architecture_json(), **common)
         return self._la
 
     def _fitted(self) -> Any:
-        if self._la is None:
-            raise RuntimeError("call fit(X, y) first")
+        if self._la is None or self._fit is None:
+            raise AttributeError("Laplace not fitted. Run fit() first.")
         return self._la
 
-    @classmethod
-    def _wrap(cls, inner: Any, likelihood: str, spec: Optional[ModelSpec]) -> "Laplace":
-        obj = cls.__new__(cls)
-        obj._la = inner
-        obj.likelihood = likelihood
-        obj._spec = spec if spec is not None else ModelSpec({}, "")
-        return obj
+    # -- data -----------------------------------------------------------------------------------
 
-    def fit(self, data: Any, y: Any = None, progress: Progress = None, progress_bar: bool = False) -> None:
-        """Fits the curvature on ``(X, y)``, or on every ``(x, y)`` batch of a loader.
+    def _batch(self, batch: Any) -> Tuple[Any, Any]:
+        if isinstance(batch, Mapping):
+            for key in (self.dict_key_x, self.dict_key_y):
+                if key not in batch:
+                    raise ValueError(f"a dict batch has no key {key!r} (its keys: {sorted(batch)}); set dict_key_x / dict_key_y")
+            return batch[self.dict_key_x], batch[self.dict_key_y]
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            return batch[0], batch[1]
+        raise ValueError(
+            "each batch of the loader must be an (x, y) pair or a dict with the keys dict_key_x / dict_key_y, "
+            f"got {type(batch).__name__}"
+        )
 
-        ``progress``: a callable ``(step, total, None, None)`` told after every chunk of each
-        pass over the data (``step`` of ``total`` points; each pass counts from 0 again: one for
-        diag / full / kron, two for EKFAC, one per Lanczos product for lowrank; a torch model's
-        KFAC factor pass reports each tenth of the data, as torch sums the factors in ten
-        calls), or ``True`` for
-        a tqdm bar (a line per report on stderr without tqdm). ``progress_bar=True`` is
-        laplace-torch's spelling of ``progress=True``.
+    def _loader_arrays(self, loader: Any) -> Tuple[np.ndarray, np.ndarray]:
+        xs, ys = [], []
+        for batch in loader:
+            bx, by = self._batch(batch)
+            xs.append(self._spec.inputs(bx, "X"))
+            ys.append(self._targets(by))
+        if not xs:
+            raise ValueError("the data loader yielded no batch")
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def _targets(self, y: Any) -> np.ndarray:
+        a = array2(y, "y")
+        return a
+
+    # -- fit --------------------------------------------------------------------------------------
+
+    def fit(self, train_loader: Any, override: Any = True, progress_bar: bool = False, *,
+            progress: Progress = None) -> None:
+        """Fits the curvature at the model's weights on every batch of ``train_loader``.
+
+        Parameters
+        ----------
+        train_loader : DataLoader or iterable
+            Batches ``(x, y)`` or dicts with the keys ``dict_key_x`` / ``dict_key_y``. fspace
+            also takes ``fit(X, y)`` with arrays or tensors.
+        override : bool, default True
+            laplace-torch's switch for accumulating over several ``fit`` calls; only ``True``
+            is implemented.
+        progress_bar : bool, default False
+            A tqdm bar over the passes of the fit.
+
+        Returns
+        -------
+        None
         """
-        x, yy = data_arrays(data, y, self._spec.inputs)
+        if not isinstance(override, bool):
+            # fspace's fit(X, y).
+            x, yy = self._spec.inputs(train_loader, "X"), self._targets(override)
+        else:
+            if not override:
+                raise NotImplementedError(
+                    "fit(override=False) (laplace-torch's accumulation over several loaders) is not implemented yet"
+                )
+            x, yy = self._loader_arrays(train_loader)
+        n_dataset = None
+        dataset = getattr(train_loader, "dataset", None)
+        if dataset is not None and hasattr(dataset, "__len__"):
+            n_dataset = len(dataset)
+            if n_dataset != x.shape[0]:
+                raise ValueError(
+                    f"the loader yielded {x.shape[0]} points but its dataset has {n_dataset}: laplace-torch scales by "
+                    "len(train_loader.dataset); use a loader that visits every point once (drop_last=False, no sampler "
+                    "that repeats or skips points)"
+                )
         bar = _Progress(progress if progress is not None else progress_bar, "Laplace", unit="point")
-        try:
-            self._build().fit(x, yy, bar.callback)
-        finally:
-            bar.close()
+        with self._lock:
+            try:
+                la = self._build()
+                la.fit(x, yy, bar.callback)
+            finally:
+                bar.close()
+            self._report = la.report_json
+            self._summarise(la)
+
+    def _summarise(self, la: Any) -> None:
+        torch = _torch()
+        log_lik, n_data, idx, weights = la.fit_summary()
+        eig = la.curvature_eigenvalues()
+        n_outputs = int(self._output_dim(la))
+        sigma_fit = self._args["sigma_noise"]
+        if self.likelihood == "regression":
+            # laplace-torch's loss: ½ Σ (f − y)², from log p = −loss/σ² − n·d·log(σ√(2π)).
+            loss = -(log_lik + n_data * n_outputs * math.log(sigma_fit * math.sqrt(2 * math.pi))) * sigma_fit**2
+            unit = sigma_fit**2  # the curvature at σ = 1
+        else:
+            loss = -log_lik
+            unit = 1.0
+        self._fit = dict(
+            loss=torch.as_tensor(loss, dtype=self._dtype),
+            n_data=int(n_data),
+            n_outputs=n_outputs,
+            indices=np.asarray(idx, dtype=np.int64),
+            mean=torch.as_tensor(np.asarray(weights)[np.asarray(idx, dtype=np.int64)], dtype=self._dtype),
+            eigenvalues=None if eig is None else torch.as_tensor(np.asarray(eig) * unit, dtype=self._dtype),
+            sigma_fit=sigma_fit,
+        )
+
+    def _output_dim(self, la: Any) -> int:
+        return la.output_dim
+
+    # -- hyperparameters ----------------------------------------------------------------------
+
+    @property
+    def n_params(self) -> int:
+        """The number of parameters the posterior covers."""
+        return int(len(self._fitted_summary()["indices"]))
+
+    @property
+    def n_layers(self) -> int:
+        """laplace-torch's number of parameter tensors (the lengths a layer-wise prior precision takes)."""
+        if self.subset_of_weights == "last_layer":
+            return 2
+        if isinstance(self.model, tuple):
+            return len(self.model[0])
+        return sum(1 for p in self.model.parameters() if p.requires_grad)
+
+    @property
+    def n_data(self) -> int:
+        """The number of training points the fit summed over (0 before a fit)."""
+        return 0 if self._fit is None else self._fit["n_data"]
+
+    @property
+    def n_outputs(self) -> int:
+        return 0 if self._fit is None else self._fit["n_outputs"]
+
+    def _fitted_summary(self) -> Dict[str, Any]:
+        if self._fit is None:
+            raise AttributeError("Laplace not fitted. Run fit() first.")
+        return self._fit
+
+    @property
+    def mean(self) -> Any:
+        """The MAP weights of the covered parameters (``named_parameters()`` order)."""
+        return self._fitted_summary()["mean"]
+
+    @property
+    def loss(self) -> Any:
+        """laplace-torch's training loss at the MAP: ½Σ(f − y)² (regression) or Σ cross-entropy."""
+        return self._fitted_summary()["loss"]
+
+    @property
+    def prior_precision(self) -> Any:
+        return self._prior_precision
+
+    @prior_precision.setter
+    def prior_precision(self, prior_precision: Any) -> None:
+        torch = _torch()
+        if is_torch(prior_precision):
+            t = prior_precision.to(dtype=self._dtype)
+            if t.ndim == 0:
+                t = t.reshape(-1)
+            elif t.ndim != 1:
+                raise ValueError("Prior precision needs to be at most one-dimensional tensor.")
+        elif np.isscalar(prior_precision) and np.isreal(prior_precision) and not isinstance(prior_precision, (str, bytes)):
+            t = torch.as_tensor([float(prior_precision)], dtype=self._dtype)
+        else:
+            raise ValueError("Prior precision either scalar or torch.Tensor up to 1-dim.")
+        values = t.detach()
+        if len(values) != 1:
+            raise NotImplementedError(
+                f"a prior precision of length {len(values)}: laplace-torch also takes one per parameter tensor or per "
+                "parameter; fspace's Laplace serves one prior precision (scalar) for now"
+            )
+        if not bool(torch.isfinite(values).all()) or bool((values <= 0).any()):
+            raise ValueError(f"prior_precision {values.tolist()} must be finite and > 0")
+        self._prior_precision = t
+
+    @property
+    def prior_precision_diag(self) -> Any:
+        """λ for every covered parameter."""
+        torch = _torch()
+        return self._prior_precision * torch.ones(self.n_params, dtype=self._dtype)
+
+    @property
+    def sigma_noise(self) -> Any:
+        return self._sigma_noise
+
+    @sigma_noise.setter
+    def sigma_noise(self, sigma_noise: Any) -> None:
+        torch = _torch()
+        if is_torch(sigma_noise):
+            if sigma_noise.ndim == 0:
+                s = sigma_noise.to(dtype=self._dtype)
+            elif sigma_noise.ndim == 1:
+                if len(sigma_noise) > 1:
+                    raise ValueError("Only homoscedastic output noise supported.")
+                s = sigma_noise[0].to(dtype=self._dtype)
+            else:
+                raise ValueError("Sigma noise needs to be scalar or 1-dimensional.")
+        elif np.isscalar(sigma_noise) and np.isreal(sigma_noise) and not isinstance(sigma_noise, (str, bytes)):
+            s = torch.as_tensor(float(sigma_noise), dtype=self._dtype)
+        else:
+            raise ValueError("Invalid type: sigma noise needs to be torch.Tensor or scalar.")
+        v = float(s.detach())
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"sigma_noise {v} must be finite and > 0")
+        self._sigma_noise = s
+
+    @property
+    def prior_mean(self) -> Any:
+        return self._prior_mean
+
+    @prior_mean.setter
+    def prior_mean(self, prior_mean: Any) -> None:
+        torch = _torch()
+        if is_torch(prior_mean):
+            if prior_mean.ndim > 1:
+                raise ValueError("Prior mean has too many dimensions!")
+            m = prior_mean.reshape(-1).to(dtype=self._dtype) if prior_mean.ndim == 0 else prior_mean.to(dtype=self._dtype)
+        elif np.isscalar(prior_mean) and np.isreal(prior_mean) and not isinstance(prior_mean, (str, bytes)):
+            m = torch.as_tensor(float(prior_mean), dtype=self._dtype)
+        else:
+            raise ValueError("Invalid argument type of prior mean.")
+        if not bool(torch.isfinite(m.detach()).all()):
+            raise ValueError("prior_mean must be finite")
+        self._prior_mean = m
+
+    @property
+    def _H_factor(self) -> Any:
+        return 1 / self.sigma_noise.square() / self.temperature
+
+    # -- the evidence -------------------------------------------------------------------------
+
+    @property
+    def log_likelihood(self) -> Any:
+        """laplace-torch's ``log_likelihood``: ``−loss/(σ²T) − n·d·log(σ√(2π))`` (regression) or
+        ``−loss/T`` (classification), differentiable in σ."""
+        torch = _torch()
+        f = self._fitted_summary()
+        factor = -self._H_factor
+        if self.likelihood == "regression":
+            c = f["n_data"] * f["n_outputs"] * torch.log(self.sigma_noise * math.sqrt(2 * math.pi))
+            return factor * f["loss"] - c
+        return factor * f["loss"]
+
+    @property
+    def scatter(self) -> Any:
+        delta = self.mean - self.prior_mean
+        return (delta * self.prior_precision_diag) @ delta
+
+    @property
+    def log_det_prior_precision(self) -> Any:
+        return self.prior_precision_diag.log().sum()
+
+    @property
+    def log_det_posterior_precision(self) -> Any:
+        """``log |H/(σ²T) + λI|`` from the curvature's eigenvalues."""
+        f = self._fitted_summary()
+        eig = f["eigenvalues"]
+        if eig is None:
+            raise NotImplementedError(
+                f"hessian_structure={self.hessian_structure!r} with these options stores no eigenvalues (a low-rank "
+                "curvature with a diagonal remainder, or the sampled structure): its evidence is not available"
+            )
+        lam = self._prior_precision[0]
+        missing = self.n_params - eig.shape[0]
+        return (eig * self._H_factor + lam).log().sum() + missing * lam.log()
+
+    @property
+    def log_det_ratio(self) -> Any:
+        return self.log_det_posterior_precision - self.log_det_prior_precision
+
+    def log_marginal_likelihood(self, prior_precision: Any = None, sigma_noise: Any = None) -> Any:
+        """The Laplace log marginal likelihood, differentiable in ``prior_precision`` and
+        ``sigma_noise`` (which, when given, replace the current values, as laplace-torch does).
+
+        Returns
+        -------
+        torch.Tensor
+            ``log_likelihood − ½(log_det_ratio + scatter)``.
+        """
+        if prior_precision is not None:
+            self.prior_precision = prior_precision
+        if sigma_noise is not None:
+            if self.likelihood != "regression":
+                raise ValueError("Can only change sigma_noise for regression.")
+            self.sigma_noise = sigma_noise
+        return self.log_likelihood - 0.5 * (self.log_det_ratio + self.scatter)
+
+    def log_prob(self, value: Any, normalized: bool = True) -> Any:
+        raise NotImplementedError("log_prob needs the posterior precision as an operator; not implemented in fspace yet")
+
+    @property
+    def posterior_precision(self) -> Any:
+        """``H/(σ²T) + λI``: a vector for ``diag``, a matrix for ``full`` / ``subnetwork``."""
+        torch = _torch()
+        if self.hessian_structure == "diag":
+            dense = torch.as_tensor(np.diag(self._la.curvature_dense()), dtype=self._dtype) * self._unit()
+            return dense * self._H_factor + self.prior_precision_diag
+        if self.hessian_structure == "full":
+            dense = torch.as_tensor(self._la.curvature_dense(), dtype=self._dtype) * self._unit()
+            return self._H_factor * dense + torch.diag(self.prior_precision_diag)
+        raise NotImplementedError(
+            f"posterior_precision of hessian_structure={self.hessian_structure!r}: laplace-torch returns its own "
+            "Kronecker / low-rank operator type, which fspace does not mirror"
+        )
+
+    def _unit(self) -> float:
+        return self._fitted_summary()["sigma_fit"] ** 2 if self.likelihood == "regression" else 1.0
+
+    @property
+    def posterior_covariance(self) -> Any:
+        torch = _torch()
+        if self.hessian_structure != "full":
+            raise NotImplementedError(f"posterior_covariance of hessian_structure={self.hessian_structure!r}")
+        return torch.linalg.inv(self.posterior_precision)
+
+    @property
+    def posterior_variance(self) -> Any:
+        if self.hessian_structure != "diag":
+            raise NotImplementedError(f"posterior_variance of hessian_structure={self.hessian_structure!r}")
+        return 1 / self.posterior_precision
+
+    # -- hyperparameter search ----------------------------------------------------------------
 
     def optimize_prior_precision(
         self,
+        pred_type: str = "glm",
         method: str = "marglik",
+        n_steps: int = 100,
+        lr: float = 1e-1,
+        init_prior_prec: Any = 1.0,
+        prior_structure: str = "scalar",
         val_loader: Any = None,
-        x_val: Any = None,
-        y_val: Any = None,
-        grid: Optional[list] = None,
-    ) -> float:
-        """λ by marginal likelihood, or by the validation NLL over ``grid``; returns it."""
-        if method == "gridsearch":
+        loss: Any = None,
+        log_prior_prec_min: float = -4,
+        log_prior_prec_max: float = 4,
+        grid_size: int = 100,
+        link_approx: str = "probit",
+        n_samples: int = 100,
+        verbose: bool = False,
+        progress_bar: bool = False,
+        log_prior_prec_base: float = 10.0,
+    ) -> None:
+        """laplace-torch's prior-precision search: Adam on ``log λ`` against the negative log
+        marginal likelihood (``method="marglik"``), or the validation loss over a log grid
+        (``method="gridsearch"``: mean squared error of the predictive mean for regression,
+        mean negative log-likelihood for classification, unless ``loss`` is given).
+
+        Returns
+        -------
+        None
+            λ is set on the object (``la.prior_precision``), as in laplace-torch.
+        """
+        torch = _torch()
+        if pred_type not in ("glm", "nn"):
+            raise ValueError(f"pred_type {pred_type!r} is not \"glm\" or \"nn\"")
+        if prior_structure != "scalar":
+            if prior_structure in ("layerwise", "diag"):
+                raise NotImplementedError(
+                    f"prior_structure={prior_structure!r}: fspace's Laplace serves one prior precision (scalar) for now"
+                )
+            raise ValueError(f"prior_structure {prior_structure!r} is not \"scalar\", \"layerwise\" or \"diag\"")
+        self._fitted()
+        if method == "marglik":
             if val_loader is not None:
-                x_val, y_val = data_arrays(val_loader, None, self._spec.inputs)
-            if x_val is None or y_val is None:
-                raise ValueError("gridsearch needs val_loader or x_val and y_val")
-            return self._fitted().optimize_prior_precision(
-                method, self._spec.inputs(x_val, "x_val"), array2(y_val, "y_val"), grid
-            )
-        return self._fitted().optimize_prior_precision(method)
+                import warnings
+
+                warnings.warn("`val_loader` will be ignored when `method` == 'marglik'. Do you mean to set `method = 'gridsearch'`?")
+            self.prior_precision = init_prior_prec if is_torch(init_prior_prec) else torch.as_tensor(init_prior_prec)
+            log_prior_prec = self.prior_precision.detach().log().clone()
+            log_prior_prec.requires_grad = True
+            optimizer = torch.optim.Adam([log_prior_prec], lr=lr)
+            steps: Any = range(int(n_steps))
+            if progress_bar:
+                bar = _Progress(True, "Optimizing marginal likelihood")
+                steps = _stepping(steps, bar)
+            for _ in steps:
+                optimizer.zero_grad()
+                neg = -self.log_marginal_likelihood(prior_precision=log_prior_prec.exp())
+                neg.backward()
+                optimizer.step()
+            self.prior_precision = log_prior_prec.detach().exp()
+        elif method == "gridsearch":
+            if val_loader is None:
+                raise ValueError("gridsearch requires a validation set DataLoader")
+            # In torch's default dtype, as laplace-torch builds it (float32 grid values).
+            interval = torch.logspace(log_prior_prec_min, log_prior_prec_max, int(grid_size), base=log_prior_prec_base)
+            results: List[float] = []
+            for prior_prec in interval:
+                self.prior_precision = prior_prec
+                try:
+                    results.append(self._validate(val_loader, loss, pred_type, link_approx, n_samples))
+                except (np.linalg.LinAlgError, torch.linalg.LinAlgError):
+                    results.append(np.inf)
+            self.prior_precision = interval[int(np.argmin(results))]
+        else:
+            raise ValueError("For now only marglik and gridsearch is implemented.")
+        if verbose:
+            print(f"Optimized prior precision is {self.prior_precision}.")
+
+    def _validate(self, val_loader: Any, loss: Any, pred_type: str, link_approx: str, n_samples: int) -> float:
+        torch = _torch()
+        means, variances, targets = [], [], []
+        for batch in val_loader:
+            bx, by = self._batch(batch)
+            out = self(bx, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples, fitting=True)
+            y = by if is_torch(by) else torch.as_tensor(np.asarray(by))
+            if isinstance(out, tuple):
+                means.append(out[0])
+                variances.append(out[1])
+            else:
+                means.append(out)
+            targets.append(y)
+        mean, target = torch.cat(means), torch.cat(targets)
+        if loss is None:
+            if self.likelihood == "regression":
+                # laplace-torch's default: torchmetrics' MeanSquaredError(num_outputs=d) of the
+                # predictive mean, summed over the outputs. It does not depend on λ, so every grid
+                # value ties and the first is kept (laplace-torch's pick among the ties is decided
+                # by rounding in a metric it does not reset between grid values).
+                return float(((mean - target.reshape(mean.shape).to(mean.dtype)) ** 2).mean(dim=0).sum())
+            probs = mean.reshape(-1, mean.shape[-1])
+            return float(torch.nn.functional.nll_loss(probs.log(), target.reshape(-1).long(), reduction="mean"))
+        if hasattr(loss, "update") and hasattr(loss, "compute"):
+            if hasattr(loss, "reset"):
+                loss.reset()
+            if variances:
+                try:
+                    loss.update(mean, torch.cat(variances), target)
+                except TypeError:
+                    loss.update(mean, target)
+            else:
+                loss.update(mean, target)
+            value = loss.compute()
+            if hasattr(loss, "reset"):
+                loss.reset()
+            return float(value.mean() if is_torch(value) else value)
+        if variances:
+            return float(loss(mean, torch.cat(variances), target))
+        return float(loss(mean, target))
+
+    # -- predictions --------------------------------------------------------------------------
+
+    def _sync(self) -> Any:
+        """Hands Rust the current λ and the temperature of ``T'·C + λ`` (module docs)."""
+        la = self._fitted()
+        lam = float(self._prior_precision.detach()[0])
+        scale = float(self._H_factor.detach()) * self._unit()
+        la.set_state(lam, scale)
+        return la
+
+    def _x(self, x: Any) -> np.ndarray:
+        if isinstance(x, Mapping):
+            x = x[self.dict_key_x]
+        return self._spec.inputs(x, "x")
+
+    def _seed(self, generator: Any) -> int:
+        torch = _torch()
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError("Invalid random generator (check type and device).")
+        return int(torch.randint(0, 2**62, (1,), generator=generator).item())
+
+    def _glm(self, x: Any, joint: bool = False) -> Tuple[Any, Any]:
+        torch = _torch()
+        xa = self._x(x)
+        with self._lock:
+            la = self._sync()
+            if joint:
+                mean, cov = la.glm_joint(xa)
+            else:
+                mean, cov = la.glm(xa)
+        return torch.as_tensor(mean, dtype=self._dtype), torch.as_tensor(cov, dtype=self._dtype)
 
     def __call__(
         self,
         x: Any,
         pred_type: str = "glm",
+        joint: bool = False,
         link_approx: str = "probit",
         n_samples: int = 100,
-        seed: int = 0,
+        diagonal_output: bool = False,
+        generator: Any = None,
+        fitting: bool = False,
+        **model_kwargs: Any,
     ) -> Any:
-        """Regression: ``(f_mean, f_var)``; classification: class probabilities."""
-        out = self._fitted().predict(self._spec.inputs(x, "X"), pred_type, link_approx, int(n_samples), int(seed))
-        return back(out, is_torch(x))
+        """The posterior predictive at ``x``.
 
-    predictive = __call__
+        Parameters
+        ----------
+        x : tensor or array
+            ``(batch, …)`` inputs (or a dict holding them under ``dict_key_x``).
+        pred_type : {"glm", "nn"}
+        joint : bool
+            Regression with the GLM predictive: the ``(n·d') × (n·d')`` joint covariance.
+        link_approx : {"probit", "bridge", "bridge_norm", "mc"}
+        n_samples : int
+            Draws for ``link_approx="mc"`` and ``pred_type="nn"``.
+        diagonal_output : bool
+            Regression: ``n × d'`` variances instead of ``n × d' × d'`` covariances; MC: draws
+            from the diagonal.
+        generator : torch.Generator, optional
+            The random numbers of the MC paths.
 
-    def log_marginal_likelihood(self) -> float:
-        """The Laplace evidence at the current λ."""
-        return self._fitted().log_marginal_likelihood()
+        Returns
+        -------
+        tuple of tensors or tensor
+            Regression: ``(f_mu, f_var)``; classification: class probabilities ``n × C``.
+        """
+        torch = _torch()
+        if pred_type not in ("glm", "nn"):
+            raise ValueError("Only glm and nn supported as prediction types.")
+        if link_approx not in _LINKS:
+            raise ValueError(f"Unsupported link approximation {link_approx}.")
+        if pred_type == "nn" and link_approx != "mc":
+            raise ValueError("Only mc link approximation is supported for nn prediction type.")
+        if model_kwargs:
+            raise NotImplementedError(f"model keyword arguments {sorted(model_kwargs)} are not passed to the network in fspace")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError("Invalid random generator (check type and device).")
+        out_dtype = x.dtype if is_torch(x) and x.is_floating_point() else self._dtype
+        if pred_type == "glm":
+            regression = self.likelihood == "regression"
+            f_mu, f_var = self._glm(x, joint=joint and regression)
+            if regression:
+                if joint:
+                    # laplace-torch's joint predictive: the mean flattened point-major (n·d',).
+                    return f_mu.reshape(-1).to(out_dtype), f_var.to(out_dtype)
+                if diagonal_output:
+                    f_var = torch.diagonal(f_var, dim1=-2, dim2=-1)
+                return f_mu.to(out_dtype), f_var.to(out_dtype)
+            return _link(f_mu, f_var, link_approx, int(n_samples), diagonal_output, generator).to(out_dtype)
+        fs = self._nn_samples(x, int(n_samples), generator)
+        if self.likelihood == "regression":
+            return fs.mean(dim=0).to(out_dtype), fs.var(dim=0).to(out_dtype)
+        return torch.softmax(fs, dim=-1).mean(dim=0).to(out_dtype)
 
-    def sample(self, n_samples: int = 100, seed: int = 0) -> np.ndarray:
-        """``n_samples × p`` weight draws, in ``named_parameters()`` order."""
-        return self._fitted().sample(int(n_samples), int(seed))
+    def predictive(self, x: Any, pred_type: str, link_approx: str, n_samples: int) -> Any:
+        return self(x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples)
 
-    @property
-    def prior_precision(self) -> list:
-        return self._fitted().prior_precision
+    def _nn_samples(self, x: Any, n_samples: int, generator: Any) -> Any:
+        torch = _torch()
+        if n_samples < 1:
+            raise ValueError(f"n_samples {n_samples} must be ≥ 1")
+        xa = self._x(x)
+        seed = self._seed(generator)
+        with self._lock:
+            la = self._sync()
+            fs = la.nn_samples(xa, n_samples, seed)
+        return torch.as_tensor(fs, dtype=self._dtype)
+
+    def functional_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 1, diagonal_output: bool = False,
+                           generator: Any = None) -> Any:
+        """``n_samples × n × d'`` draws of ``f`` at ``x`` (GLM: from the per-point Gaussians, as laplace-torch)."""
+        torch = _torch()
+        if pred_type not in ("glm", "nn"):
+            raise ValueError("Only glm and nn pred types are supported")
+        if pred_type == "glm":
+            f_mu, f_var = self._glm(x)
+            if diagonal_output:
+                f_var = torch.diagonal(f_var, dim1=1, dim2=2)
+            return _normal_samples(f_mu, f_var, int(n_samples), generator)
+        return self._nn_samples(x, int(n_samples), generator)
+
+    def predictive_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
+                           generator: Any = None) -> Any:
+        """Draws of the predictive at ``x``: ``f`` for regression, its softmax for classification."""
+        torch = _torch()
+        fs = self.functional_samples(x, pred_type, n_samples, diagonal_output, generator)
+        return fs if self.likelihood == "regression" else torch.softmax(fs, dim=-1)
+
+    def sample(self, n_samples: int = 100, generator: Any = None) -> Any:
+        """``n_samples × n_params`` draws of the covered weights from ``N(mean, P⁻¹)``."""
+        torch = _torch()
+        if int(n_samples) < 1:
+            raise ValueError(f"n_samples {n_samples} must be ≥ 1")
+        seed = self._seed(generator)
+        with self._lock:
+            la = self._sync()
+            draws = la.sample(int(n_samples), seed)
+        idx = self._fitted_summary()["indices"]
+        return torch.as_tensor(np.asarray(draws)[:, idx], dtype=self._dtype)
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def _hyper(self) -> Dict[str, Any]:
+        return dict(
+            prior_precision=self._prior_precision.detach().clone(),
+            sigma_noise=self._sigma_noise.detach().clone(),
+            prior_mean=self._prior_mean.detach().clone(),
+            temperature=self.temperature,
+        )
+
+    def state_dict(self) -> Dict[str, Any]:
+        """laplace-torch's keys (``mean``, ``loss``, ``prior_mean``, ``prior_precision``,
+        ``sigma_noise``, ``n_data``, ``n_outputs``, ``likelihood``, ``temperature``,
+        ``enable_backprop``, ``cls_name``) with the curvature as fspace's checked JSON under
+        ``fspace_posterior`` in place of ``H``."""
+        la = self._sync()
+        if isinstance(self._spec, TorchModel):
+            raise NotImplementedError(
+                "state_dict of a Laplace on the torch engine: its network lives in torch; save the model and refit"
+            )
+        f = self._fitted_summary()
+        state = dict(
+            mean=f["mean"].clone(), loss=f["loss"].clone(), n_data=f["n_data"], n_outputs=f["n_outputs"],
+            likelihood=self.likelihood, enable_backprop=False, cls_name=self._cls_name(),
+            fspace_posterior=la.to_json(), sigma_fit=f["sigma_fit"],
+        )
+        state.update(self._hyper())
+        return state
+
+    def _cls_name(self) -> str:
+        subset = {"all": "", "last_layer": "LL", "subnetwork": "Subnet"}[self.subset_of_weights]
+        structure = {"full": "Full", "kron": "Kron", "diag": "Diag", "lowrank": "LowRank", "ekfac": "EKFAC"}[self.hessian_structure]
+        return f"{structure}{subset}Laplace"
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores a ``state_dict`` taken from a Laplace of the same class and likelihood."""
+        if self._cls_name() != state_dict.get("cls_name"):
+            raise ValueError("Loading a wrong Laplace type. Make sure `subset_of_weights` and `hessian_structure` are correct!")
+        if self.likelihood != state_dict.get("likelihood"):
+            raise ValueError("Different likelihoods detected!")
+        if self.temperature != state_dict.get("temperature"):
+            import warnings
+
+            warnings.warn("Different `temperature` parameters detected. Some calculation might be off!")
+        if "fspace_posterior" not in state_dict:
+            raise ValueError("the state_dict holds no fspace_posterior: it was not saved by fspace.Laplace.state_dict")
+        inner = _Laplace.from_json(state_dict["fspace_posterior"])
+        if self._la is not None and getattr(self._la, "n_params", None) not in (None, inner.n_params):
+            raise ValueError("the saved posterior is of a network with another number of parameters")
+        self._la = inner
+        self._args["sigma_noise"] = float(state_dict["sigma_fit"])
+        self._summarise(inner)
+        self.prior_precision = state_dict["prior_precision"]
+        self.sigma_noise = state_dict["sigma_noise"]
+        self.prior_mean = state_dict["prior_mean"]
+        self.temperature = float(state_dict["temperature"])
 
     @property
     def report(self) -> Dict[str, Any]:
-        """What the last ``fit`` did, from Rust's ``FitReport``: ``dim`` (parameters covered),
-        ``seconds``; for ``"lowrank"`` the Lanczos ``lanczos_iterations``, the largest relative
-        Ritz residual of the kept pairs (``max_ritz_residual``) and the ``rank`` kept. ``{}``
-        before a fit and on an unpickled posterior."""
-        text = None if self._la is None else self._la.report_json
-        return {} if text is None else json.loads(text)
+        """What the last ``fit`` did, from Rust's ``FitReport`` (``dim``, ``seconds``; for
+        ``"lowrank"`` the Lanczos iterations, the largest Ritz residual and the kept rank); ``{}``
+        before a fit and on a loaded posterior."""
+        return {} if self._report is None else json.loads(self._report)
 
-    def __reduce__(self) -> Any:
+    def __getstate__(self) -> Dict[str, Any]:
         if isinstance(self._spec, TorchModel):
             raise TypeError("a Laplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
-        arch = None if self._spec.architecture is None else dict(self._spec.architecture)
-        return (_restore, (self._fitted().to_json(), self.likelihood, arch))
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_la", "_lock", "model", "_fit")}
+        state["_posterior_json"] = None if self._la is None or self._fit is None else self._sync().to_json()
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        saved = state.pop("_posterior_json")
+        self.__dict__.update(state)
+        self.model = None
+        self._lock = threading.RLock()
+        self._la = None
+        self._fit = None
+        if saved is not None:
+            self._la = _Laplace.from_json(saved)
+            self._summarise(self._la)
 
 
-def _restore(text: str, likelihood: str, architecture: Optional[Dict[str, Any]] = None) -> Laplace:
-    spec = ModelSpec({}, "", architecture)
-    return Laplace._wrap(_Laplace.from_json(text), likelihood, spec)
+def _stepping(steps: Any, bar: Any) -> Any:
+    total = len(steps)
+    for i in steps:
+        yield i
+        if bar.callback is not None:
+            bar.callback(i + 1, total, None, None)
+    bar.close()
+
+
+def _normal_samples(mean: Any, var: Any, n_samples: int, generator: Any) -> Any:
+    """laplace-torch's ``normal_samples``: the same draws from the same generator state."""
+    torch = _torch()
+    _, output_dim = mean.shape
+    randn = torch.randn((output_dim, n_samples), dtype=mean.dtype, generator=generator)
+    if mean.shape == var.shape:
+        scaled = var.sqrt().unsqueeze(-1) * randn.unsqueeze(0)
+    else:
+        scaled = torch.matmul(torch.linalg.cholesky(var), randn.unsqueeze(0))
+    return (mean.unsqueeze(-1) + scaled).permute((2, 0, 1))
+
+
+def _link(f_mu: Any, f_var: Any, link_approx: str, n_samples: int, diagonal_output: bool, generator: Any) -> Any:
+    """laplace-torch's link approximations on the GLM predictive ``N(f_mu, f_var)``."""
+    torch = _torch()
+    if link_approx == "mc":
+        var = torch.diagonal(f_var, dim1=1, dim2=2) if diagonal_output else f_var
+        return torch.softmax(_normal_samples(f_mu, var, n_samples, generator), dim=-1).mean(dim=0)
+    if link_approx == "probit":
+        kappa = 1 / torch.sqrt(1.0 + np.pi / 8 * f_var.diagonal(dim1=1, dim2=2))
+        return torch.softmax(kappa * f_mu, dim=-1)
+    # The Laplace bridge (laplace-torch's "bridge" and "bridge_norm").
+    f_mu = f_mu - f_var.sum(-1) * f_mu.sum(-1).reshape(-1, 1) / f_var.sum(dim=(1, 2)).reshape(-1, 1)
+    f_var = f_var - torch.einsum("bi,bj->bij", f_var.sum(-1), f_var.sum(-2)) / f_var.sum(dim=(1, 2)).reshape(-1, 1, 1)
+    k = f_mu.size(-1)
+    f_var_diag = torch.diagonal(f_var, dim1=1, dim2=2)
+    if link_approx == "bridge_norm":
+        mean_diag = f_var_diag.mean(dim=1) / math.sqrt(k / 2)
+        f_mu = f_mu / mean_diag.sqrt().unsqueeze(-1)
+        f_var_diag = f_var_diag / mean_diag.unsqueeze(-1)
+    sum_exp = torch.exp(-f_mu).sum(dim=1).unsqueeze(-1)
+    alpha = (1 - 2 / k + f_mu.exp() / k**2 * sum_exp) / f_var_diag
+    return torch.nan_to_num(alpha / alpha.sum(dim=1).unsqueeze(-1), nan=1.0)
