@@ -757,9 +757,25 @@ pub(crate) fn build<N: Network>(
                 e.label = "subnetwork".into();
                 Ok((Curvature::Eigen(e), idx.clone()))
             }
+            Structure::Diag => {
+                // laplace-torch's DiagSubnetLaplace: the diagonal of the subnetwork's GGN block,
+                // read off the dense block (so bounded as the full structure's).
+                let limit = crate::structure::FullConfig::default().max_params;
+                if idx.len() > limit {
+                    return Err(LaplaceError::TooLarge {
+                        structure: "diag",
+                        what: "subnetwork parameters (their dense GGN block is formed)",
+                        size: idx.len(),
+                        limit,
+                    });
+                }
+                let e = factor_blocks(net, data, std::slice::from_ref(idx))?.pop().expect("one block");
+                let diag = e.to_dense().diagonal().map(|v| v.max(0.0));
+                Ok((Curvature::Diag(DiagCurvature { diag }), idx.clone()))
+            }
             other => Err(LaplaceError::Unsupported {
                 structure: other.name(),
-                reason: "over a subnetwork only the full GGN is implemented".into(),
+                reason: "over a subnetwork only the full GGN and its diagonal are implemented".into(),
             }),
         };
     }

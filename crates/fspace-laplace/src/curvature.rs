@@ -552,11 +552,16 @@ pub(crate) fn check_loaded(
         Curvature::Diag(d) => {
             check.len(&field("Diag.diag"), d.diag.len(), dim)?;
             check.non_negative(&field("Diag.diag"), d.diag.iter())?;
-            // The layer-wise predictive reads the diagonal by flat parameter index; over the
-            // last layer (laplace-torch's DiagLLLaplace) the coordinates are its [W | b] ones.
+            // All parameters in order (the layer-wise predictive reads the diagonal by flat
+            // index), the last layer's [W | b] coordinates (DiagLLLaplace) or a subnetwork's
+            // increasing indices (DiagSubnetLaplace).
             let last = infos.last().map(|l| l.kron_order());
-            check.ensure(indices.iter().copied().eq(0..p) || last.as_deref() == Some(indices), "indices", || {
-                format!("a diagonal curvature covers all {p} parameters in order, or the last layer's [W | b]")
+            let increasing = indices.windows(2).all(|w| w[0] < w[1]);
+            check.ensure(increasing || last.as_deref() == Some(indices), "indices", || {
+                format!(
+                    "a diagonal curvature covers increasing parameter indices (all {p}, or a subnetwork's) or the \
+                     last layer's [W | b]"
+                )
             })?;
         }
         Curvature::BlockDiag(b) => {

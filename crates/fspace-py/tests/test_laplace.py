@@ -45,10 +45,12 @@ def toy():
 def test_full_glm_predictive_equals_a_dense_numpy_laplace(toy):
     state, x, y = toy
     sigma, lam = 0.1, 2.0
-    la = fspace.Laplace((state, "tanh"), "regression", hessian_structure="full", prior_precision=lam, sigma_noise=sigma)
+    la = fspace.Laplace((state, "tanh"), "regression", subset_of_weights="all", hessian_structure="full",
+                        prior_precision=lam, sigma_noise=sigma)
     la.fit(x, y)
     xt = np.linspace(-2, 2, 7).reshape(-1, 1)
-    mean, var = la(xt)
+    mean, var = (np.asarray(t) for t in la(xt))
+    var = var[:, :, 0]
     # Independent: GGN = Jᵀ J / σ² + λ I, f-variance = J* Σ J*ᵀ.
     j = jacobian(state, x)
     precision = j.T @ j / sigma**2 + lam * np.eye(j.shape[1])
@@ -63,19 +65,27 @@ def test_full_glm_predictive_equals_a_dense_numpy_laplace(toy):
     loglik = -0.5 * np.sum(r**2) / sigma**2 - x.shape[0] * np.log(sigma * np.sqrt(2 * np.pi))
     logprior = -0.5 * lam * theta @ theta + 0.5 * p * np.log(lam / (2 * np.pi))
     lml = loglik + logprior + 0.5 * p * np.log(2 * np.pi) - 0.5 * np.linalg.slogdet(precision)[1]
-    assert la.log_marginal_likelihood() == pytest.approx(lml, rel=1e-8)
+    assert float(la.log_marginal_likelihood()) == pytest.approx(lml, rel=1e-8)
 
 
 def test_marglik_and_gridsearch_choose_a_prior_precision(toy):
     state, x, y = toy
-    la = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1)
+    import torch
+
+    la = fspace.Laplace((state, "tanh"), "regression", "all", "kron", 0.1)
     la.fit(x, y)
-    before = la.log_marginal_likelihood()
-    lam = la.optimize_prior_precision("marglik")
-    assert lam > 0 and la.prior_precision[0] == pytest.approx(lam)
-    assert la.log_marginal_likelihood() >= before - 1e-9
-    lam_grid = la.optimize_prior_precision("gridsearch", x_val=x, y_val=y, grid=[0.01, 0.1, 1.0, 10.0])
-    assert lam_grid in (0.01, 0.1, 1.0, 10.0)
+    before = float(la.log_marginal_likelihood())
+    assert la.optimize_prior_precision("glm", "marglik") is None
+    lam = float(la.prior_precision)
+    assert lam > 0 and float(la.log_marginal_likelihood()) >= before - 1e-9
+    # At the optimum the evidence's derivative in log λ is ≈ 0 (100 Adam steps).
+    log_lam = torch.tensor(np.log(lam), requires_grad=True, dtype=torch.float64)
+    la.log_marginal_likelihood(log_lam.exp()).backward()
+    assert abs(float(log_lam.grad)) < 1e-2
+    val = [(torch.as_tensor(x), torch.as_tensor(y))]
+    la.optimize_prior_precision(method="gridsearch", val_loader=val, log_prior_prec_min=-2, log_prior_prec_max=1, grid_size=4,
+                                loss=lambda m, v, t: float(((m - t) ** 2 / (v[:, :, 0] + 0.01) + torch.log(v[:, :, 0] + 0.01)).mean()))
+    assert float(la.prior_precision) == pytest.approx(min((0.01, 0.1, 1.0, 10.0), key=lambda v: abs(v - float(la.prior_precision))), rel=1e-6)
 
 
 def test_classification_probabilities_sum_to_one_for_every_link():
@@ -83,26 +93,27 @@ def test_classification_probabilities_sum_to_one_for_every_link():
     x = rng.normal(size=(60, 2))
     labels = (x[:, 0] > 0).astype(float) + (x[:, 1] > 0)
     state = tanh_mlp(rng, [2, 6, 3])
-    la = fspace.Laplace((state, "tanh"), "classification", hessian_structure="diag")
+    la = fspace.Laplace((state, "tanh"), "classification", "all", hessian_structure="diag")
     la.fit(x, labels)
-    for link in ["probit", "bridge", "mc"]:
-        p = la(x[:5], link_approx=link, n_samples=200)
+    for link in ["probit", "bridge", "bridge_norm", "mc"]:
+        p = np.asarray(la(x[:5], link_approx=link, n_samples=200))
         assert p.shape == (5, 3)
         np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
-    nn = la(x[:5], pred_type="nn", link_approx="mc", n_samples=50)
+    nn = np.asarray(la(x[:5], pred_type="nn", link_approx="mc", n_samples=50))
     np.testing.assert_allclose(nn.sum(axis=1), 1.0, rtol=1e-12)
     assert la.sample(4).shape == (4, sum(v.size for v in state.values()))
 
 
 def test_pickle_round_trip_gives_bit_identical_predictions(toy):
     state, x, y = toy
-    la = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1)
+    la = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1, prior_precision=3.0)
     la.fit(x, y)
     back = pickle.loads(pickle.dumps(la))
     xt = np.linspace(-3, 3, 11).reshape(-1, 1)
     for a, b in zip(la(xt), back(xt)):
-        assert np.array_equal(a, b)
-    assert back.log_marginal_likelihood() == la.log_marginal_likelihood()
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert float(back.log_marginal_likelihood()) == float(la.log_marginal_likelihood())
+    assert float(back.prior_precision) == 3.0 and float(back.sigma_noise) == 0.1
 
 
 BAD = [
@@ -133,9 +144,9 @@ def test_bad_construction_raises_the_documented_exception(toy, make, error):
 def test_bad_data_and_calls_raise_the_documented_exception(toy):
     state, x, y = toy
     la = fspace.Laplace((state, "tanh"), "regression")
-    with pytest.raises(RuntimeError, match="fit"):
+    with pytest.raises(AttributeError, match="fit"):  # laplace-torch's "Laplace not fitted"
         la(x)
-    with pytest.raises(RuntimeError, match="fit"):
+    with pytest.raises(AttributeError, match="fit"):
         la.log_marginal_likelihood()
     bad_inputs = [
         (x, y[:10]),  # row mismatch
@@ -171,15 +182,15 @@ def test_fit_reports_each_pass_over_the_data_and_a_raising_callback_surfaces(toy
     state, x, y = toy  # 40 points; fspace's chunks hold 256, so one report per pass
     for structure, passes in [("diag", 1), ("full", 1), ("kron", 1), ("ekfac", 2)]:
         seen = []
-        la = fspace.Laplace((state, "tanh"), "regression", hessian_structure=structure, sigma_noise=0.1)
+        la = fspace.Laplace((state, "tanh"), "regression", "all", structure, sigma_noise=0.1)
         la.fit(x, y, progress=lambda *report: seen.append(report))
         assert seen == [(40, 40, None, None)] * passes, structure
-        plain = fspace.Laplace((state, "tanh"), "regression", hessian_structure=structure, sigma_noise=0.1)
+        plain = fspace.Laplace((state, "tanh"), "regression", "all", structure, sigma_noise=0.1)
         plain.fit(x, y)
         xt = np.linspace(-2, 2, 5).reshape(-1, 1)
         np.testing.assert_array_equal(la(xt)[1], plain(xt)[1])
     seen = []
-    la = fspace.Laplace((state, "tanh"), "regression", hessian_structure="lowrank", sigma_noise=0.1)
+    la = fspace.Laplace((state, "tanh"), "regression", "all", "lowrank", sigma_noise=0.1)
     la.fit(x, y, progress=lambda *report: seen.append(report))
     assert len(seen) >= 2 and set(seen) == {(40, 40, None, None)}
 
@@ -196,7 +207,7 @@ def test_fit_reports_each_pass_over_the_data_and_a_raising_callback_surfaces(toy
 
 def test_the_fit_report_says_what_lowrank_lanczos_did(toy):
     state, x, y = toy
-    la = fspace.Laplace((state, "tanh"), "regression", hessian_structure="lowrank", rank=3, sigma_noise=0.1)
+    la = fspace.Laplace((state, "tanh"), "regression", "all", "lowrank", rank=3, sigma_noise=0.1)
     assert la.report == {}
     seen = []
     la.fit(x, y, progress=lambda *r: seen.append(r))
@@ -205,7 +216,7 @@ def test_the_fit_report_says_what_lowrank_lanczos_did(toy):
     # besides the pass that caches the layer statistics.
     assert r["rank"] == 3 and 3 <= r["lanczos_iterations"] < len(seen)
     assert 0.0 <= r["max_ritz_residual"] <= 1e-8 and r["dim"] == la.sample(1).shape[1] and r["seconds"] > 0
-    assert pickle.loads(pickle.dumps(la)).report == {}
+    assert pickle.loads(pickle.dumps(la)).report == r
 
 
 def test_fit_releases_the_gil():

@@ -149,9 +149,9 @@ def test_every_structure_equals_the_dense_computation(structure, name, model, x)
         model.eval()
         y = model(x) + 0.1 * torch.randn(model(x).shape, generator=g, dtype=torch.float64)
     sigma, lam = 0.3, 1.5
-    la = fspace.Laplace(model, "regression", hessian_structure=structure, prior_precision=lam, sigma_noise=sigma)
+    la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure=structure, prior_precision=lam, sigma_noise=sigma)
     la.fit(x, y)
-    mean, var = la(xs)
+    mean, var = la(xs, diagonal_output=True)
     with torch.no_grad():
         assert torch.max(torch.abs(mean - model(xs))).item() <= 1e-12
     ref = dense_predictive_variance(model, x, xs, sigma, lam, structure)
@@ -172,7 +172,7 @@ def test_lowrank_keeps_the_ggns_top_rank_eigenpairs():
     # done, not the answer.
     for backend, max_basis, chunk_points in [("native", None, None), ("torch", None, None),
                                              ("native", k + 2, None), ("torch", k + 2, 7)]:
-        la = fspace.Laplace(model, "regression", hessian_structure="lowrank", rank=k, prior_precision=lam,
+        la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="lowrank", rank=k, prior_precision=lam,
                             sigma_noise=sigma, backend=backend, max_basis=max_basis, chunk_points=chunk_points)
         la.fit(x, y)
         steps[(backend, max_basis)] = la.report["lanczos_iterations"]
@@ -186,19 +186,19 @@ def test_lowrank_keeps_the_ggns_top_rank_eigenpairs():
         # overshoots the tolerance; the restarted one checks every step and stops right at it.
         assert la.report["max_ritz_residual"] <= 1e-8
         tol = 1e-8 if max_basis is None else 1e-6
-        assert np.max(np.abs(la(xs)[1].numpy() - ref) / ref) <= tol, (backend, max_basis)
+        assert np.max(np.abs(la(xs, diagonal_output=True)[1].numpy() - ref) / ref) <= tol, (backend, max_basis)
     # The restarted runs took more steps than their basis holds.
     assert min(steps[("native", k + 2)], steps[("torch", k + 2)]) > k + 2, steps
     with pytest.raises(ValueError, match="applies to hessian_structure=\"lowrank\""):
-        fspace.Laplace(model, "regression", hessian_structure="diag", rank=3)
+        fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="diag", rank=3)
     with pytest.raises(ValueError, match="max_basis 9 applies to hessian_structure=\"lowrank\""):
-        fspace.Laplace(model, "regression", hessian_structure="kron", max_basis=9)
+        fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="kron", max_basis=9)
     with pytest.raises(ValueError, match="chunk_points must be ≥ 1"):
-        fspace.Laplace(model, "regression", hessian_structure="lowrank", chunk_points=0)
+        fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="lowrank", chunk_points=0)
     with pytest.raises(ValueError, match="max_basis"):
-        fspace.Laplace(model, "regression", hessian_structure="lowrank", rank=k, max_basis=k + 1).fit(x, y)
+        fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="lowrank", rank=k, max_basis=k + 1).fit(x, y)
     with pytest.raises(ValueError, match="rank must be ≥ 1"):
-        fspace.Laplace(model, "regression", hessian_structure="lowrank", rank=0)
+        fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="lowrank", rank=0)
 
 
 def test_a_convertible_sequential_gives_the_same_posterior_on_both_paths():
@@ -211,10 +211,10 @@ def test_a_convertible_sequential_gives_the_same_posterior_on_both_paths():
     for structure in ["full", "diag", "lowrank"]:
         got = []
         for backend in ["native", "torch"]:
-            la = fspace.Laplace(model, "regression", hessian_structure=structure, sigma_noise=0.2,
+            la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure=structure, sigma_noise=0.2,
                                 prior_precision=0.7, backend=backend)
             la.fit(x, y)
-            fixed = (la(xs)[1].numpy(), la.log_marginal_likelihood())
+            fixed = (la(xs, diagonal_output=True)[1].numpy(), la.log_marginal_likelihood())
             la.optimize_prior_precision()
             got.append(fixed + (la.prior_precision[0],))
         (va, ea, la_), (vb, eb, lb) = got
@@ -236,9 +236,9 @@ def test_float32_models_run_in_float32_and_accumulate_in_float64():
     torch.manual_seed(3)
     model = ResidualMLP()
     x = torch.randn(10, 2)
-    la = fspace.Laplace(model, "regression", hessian_structure="full", sigma_noise=0.3)
+    la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="full", sigma_noise=0.3)
     la.fit(x, torch.zeros(10, 2))
-    mean, var = la(x)
+    mean, var = la(x, diagonal_output=True)
     with torch.no_grad():
         assert torch.max(torch.abs(mean - model(x).double())).item() <= 1e-6
     ref = dense_predictive_variance(model.double(), x.double(), x.double(), 0.3, 1.0, "full")
@@ -268,18 +268,18 @@ class InPlace(nn.Module):
 def test_models_the_path_cannot_take_are_refused_with_torchs_or_fspaces_message():
     x, y = torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 1, dtype=torch.float64)
     with pytest.raises(TypeError, match="returned a tuple"):
-        fspace.Laplace(ReturnsTuple().double(), "regression", hessian_structure="diag").fit(x, y)
+        fspace.Laplace(ReturnsTuple().double(), "regression", subset_of_weights="all", hessian_structure="diag").fit(x, y)
     with pytest.raises(RuntimeError):
-        fspace.Laplace(InPlace().double(), "regression", hessian_structure="diag").fit(x, y)
+        fspace.Laplace(InPlace().double(), "regression", subset_of_weights="all", hessian_structure="diag").fit(x, y)
     mixed = ResidualMLP().double()
     mixed.out.float()
     with pytest.raises(ValueError, match="one dtype"):
-        fspace.Laplace(mixed, "regression", hessian_structure="diag").fit(torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
+        fspace.Laplace(mixed, "regression", subset_of_weights="all", hessian_structure="diag").fit(torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="backend"):
-        fspace.Laplace(ResidualMLP(), "regression", backend="jax")
+        fspace.Laplace(ResidualMLP(), "regression", subset_of_weights="all", backend="jax")
     with pytest.raises(TypeError, match="not a torch.nn.Module"):
-        fspace.Laplace(object(), "regression", backend="torch")
-    la = fspace.Laplace(ResidualMLP().double(), "regression", hessian_structure="diag")
+        fspace.Laplace(object(), "regression", subset_of_weights="all", backend="torch")
+    la = fspace.Laplace(ResidualMLP().double(), "regression", subset_of_weights="all", hessian_structure="diag")
     la.fit(torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="fitted on"):
         la(torch.randn(3, 3, dtype=torch.float64))
@@ -470,14 +470,14 @@ def test_kron_asks_torch_for_factor_sums_not_for_statistics(monkeypatch):
             return original(self, *a)
 
         monkeypatch.setattr(TorchCalls, method, counted)
-    la = fspace.Laplace(model, "classification", hessian_structure="kron", backend="torch")
+    la = fspace.Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron", backend="torch")
     la.fit(x, y)
     assert seen == ["kfac_factor_sums"]
     probs = la(x[:4]).numpy()
     # Without the method, fspace sums the hooks' statistics itself: the same posterior.
     monkeypatch.delattr(TorchCalls, "kfac_factor_sums")
     seen.clear()
-    ref = fspace.Laplace(model, "classification", hessian_structure="kron", backend="torch")
+    ref = fspace.Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron", backend="torch")
     ref.fit(x, y)
     assert seen == ["kfac_statistics"]
     assert np.max(np.abs(probs - ref(x[:4]).numpy())) <= 1e-12
@@ -497,11 +497,11 @@ def test_kron_ekfac_and_last_layer_give_the_same_posterior_on_both_paths():
                 got = []
                 for backend in ["native", "torch"]:
                     la = fspace.Laplace(model, likelihood, hessian_structure=structure, subset_of_weights=subset,
-                                        prior_precision=0.7, sigma_noise=0.3, kron_bias="separate" if structure == "ekfac" else "folded",
-                                        backend=backend)
+                                        prior_precision=0.7, sigma_noise=0.3 if likelihood == "regression" else 1.0,
+                                        kron_bias="separate" if structure == "ekfac" else "folded", backend=backend)
                     la.fit(x, y)
-                    out = la(xs)
-                    got.append((out[1].numpy() if likelihood == "regression" else out.numpy(), la.log_marginal_likelihood()))
+                    out = la(xs, diagonal_output=True)
+                    got.append((out[1].numpy() if likelihood == "regression" else out.numpy(), float(la.log_marginal_likelihood())))
                 (a, ea), (b, eb) = got
                 what = (type(model[0]).__name__, structure, subset, likelihood)
                 assert np.max(np.abs(a - b) / np.abs(a)) <= 1e-10, what
@@ -563,9 +563,10 @@ def test_kron_on_a_bias_free_layer_equals_the_factors_written_out():
     sigma, lam = 0.4, 0.8
     with torch.no_grad():
         y = model(x) + 0.1 * torch.randn(30, 2, dtype=torch.float64)
-    la = fspace.Laplace(model, "regression", hessian_structure="kron", sigma_noise=sigma, prior_precision=lam)
+    la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="kron", sigma_noise=sigma, prior_precision=lam,
+                        kron_bias="folded")
     la.fit(x, y)
-    var = la(xs)[1].numpy()
+    var = la(xs, diagonal_output=True)[1].numpy()
     w1, w2 = model.a.weight.detach().numpy(), model.b.weight.detach().numpy()
     q, n = 2, x.shape[0]
 

@@ -83,7 +83,8 @@ pub fn write(path: &Path) -> Result<()> {
         let post = fspace_laplace::fit(net.clone(), gaussian, &data, &config)?.posterior;
         cases.push(json!({
             "name": format!("laplace_{name}"), "class": "Laplace", "net": "regression",
-            "kwargs": {"hessian_structure": name, "prior_precision": 2.0, "sigma_noise": sigma},
+            "kwargs": {"hessian_structure": name, "subset_of_weights": "all", "kron_bias": "folded",
+                       "prior_precision": 2.0, "sigma_noise": sigma},
             "likelihood": "regression",
             "predictive": predictive(&post, &xt)?,
             "log_marginal_likelihood": post.log_marginal_likelihood()?,
@@ -100,7 +101,8 @@ pub fn write(path: &Path) -> Result<()> {
         let post = fspace_laplace::fit(net.clone(), gaussian, &data, &config)?.posterior;
         cases.push(json!({
             "name": "laplace_kron_separate_bias", "class": "Laplace", "net": "regression",
-            "kwargs": {"hessian_structure": "kron", "kron_bias": "separate", "prior_precision": 2.0, "sigma_noise": sigma},
+            "kwargs": {"hessian_structure": "kron", "subset_of_weights": "all", "kron_bias": "separate",
+                       "prior_precision": 2.0, "sigma_noise": sigma},
             "likelihood": "regression",
             "predictive": predictive(&post, &xt)?,
             "log_marginal_likelihood": post.log_marginal_likelihood()?,
@@ -114,7 +116,8 @@ pub fn write(path: &Path) -> Result<()> {
             .posterior;
         cases.push(json!({
             "name": "laplace_kron_classification", "class": "Laplace", "net": "classification",
-            "kwargs": {"hessian_structure": "kron"}, "likelihood": "classification",
+            "kwargs": {"hessian_structure": "kron", "subset_of_weights": "all", "kron_bias": "folded"},
+            "likelihood": "classification",
             "probit": rows(&post.class_probabilities(&xt, &Link::Probit)?),
             "bridge": rows(&post.class_probabilities(&xt, &Link::LaplaceBridge)?),
         }));
@@ -143,7 +146,8 @@ pub fn write(path: &Path) -> Result<()> {
             fspace_laplace::fit(cnn.clone(), LikelihoodSpec::categorical(2), &data, &config)?.posterior;
         cases.push(json!({
             "name": "laplace_cnn_kron_classification", "class": "Laplace", "net": "cnn", "data": "images",
-            "kwargs": {"hessian_structure": "kron"}, "likelihood": "classification",
+            "kwargs": {"hessian_structure": "kron", "subset_of_weights": "all", "kron_bias": "folded"},
+            "likelihood": "classification",
             "probit": rows(&post.class_probabilities(&images_test, &Link::Probit)?),
             "bridge": rows(&post.class_probabilities(&images_test, &Link::LaplaceBridge)?),
         }));
@@ -162,7 +166,7 @@ pub fn write(path: &Path) -> Result<()> {
         .posterior;
         cases.push(json!({
             "name": "laplace_cnn_diag_regression", "class": "Laplace", "net": "cnn", "data": "images",
-            "kwargs": {"hessian_structure": "diag", "prior_precision": 2.0, "sigma_noise": 0.2},
+            "kwargs": {"hessian_structure": "diag", "subset_of_weights": "all", "prior_precision": 2.0, "sigma_noise": 0.2},
             "likelihood": "regression",
             "predictive": predictive(&post, &images_test)?,
             "log_marginal_likelihood": post.log_marginal_likelihood()?,

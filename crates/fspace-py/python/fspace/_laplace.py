@@ -164,6 +164,8 @@ class Laplace:
             raise ValueError(f"subset_of_weights {subset_of_weights!r} is not one of {', '.join(map(repr, _SUBSETS))}")
         if subset_of_weights == "subnetwork" and hessian_structure not in ("full", "diag"):
             raise ValueError("Subnetwork Laplace requires a full or diagonal Hessian approximation!")
+        if subset_of_weights == "last_layer" and hessian_structure == "lowrank":
+            raise ValueError(f"Unsupported Laplace combination: {subset_of_weights}, {hessian_structure}.")
         if functional_approximation != "sod" and hessian_structure != "gp":
             raise ValueError("functional_approximation requires hessian_structure='gp'.")
         if hessian_structure == "gp":
@@ -445,8 +447,8 @@ class Laplace:
                 t = t.reshape(-1)
             elif t.ndim != 1:
                 raise ValueError("Prior precision needs to be at most one-dimensional tensor.")
-        elif np.isscalar(prior_precision) and np.isreal(prior_precision) and not isinstance(prior_precision, (str, bytes)):
-            t = torch.as_tensor([float(prior_precision)], dtype=self._dtype)
+        elif _real_scalar(prior_precision) is not None:
+            t = torch.as_tensor([_real_scalar(prior_precision)], dtype=self._dtype)
         else:
             raise ValueError("Prior precision either scalar or torch.Tensor up to 1-dim.")
         values = t.detach()
@@ -481,8 +483,8 @@ class Laplace:
                 s = sigma_noise[0].to(dtype=self._dtype)
             else:
                 raise ValueError("Sigma noise needs to be scalar or 1-dimensional.")
-        elif np.isscalar(sigma_noise) and np.isreal(sigma_noise) and not isinstance(sigma_noise, (str, bytes)):
-            s = torch.as_tensor(float(sigma_noise), dtype=self._dtype)
+        elif _real_scalar(sigma_noise) is not None:
+            s = torch.as_tensor(_real_scalar(sigma_noise), dtype=self._dtype)
         else:
             raise ValueError("Invalid type: sigma noise needs to be torch.Tensor or scalar.")
         v = float(s.detach())
@@ -501,8 +503,8 @@ class Laplace:
             if prior_mean.ndim > 1:
                 raise ValueError("Prior mean has too many dimensions!")
             m = prior_mean.reshape(-1).to(dtype=self._dtype) if prior_mean.ndim == 0 else prior_mean.to(dtype=self._dtype)
-        elif np.isscalar(prior_mean) and np.isreal(prior_mean) and not isinstance(prior_mean, (str, bytes)):
-            m = torch.as_tensor(float(prior_mean), dtype=self._dtype)
+        elif _real_scalar(prior_mean) is not None:
+            m = torch.as_tensor(_real_scalar(prior_mean), dtype=self._dtype)
         else:
             raise ValueError("Invalid argument type of prior mean.")
         if not bool(torch.isfinite(m.detach()).all()):
@@ -946,6 +948,14 @@ class Laplace:
         if saved is not None:
             self._la = _Laplace.from_json(saved)
             self._summarise(self._la)
+
+
+def _real_scalar(value: Any) -> Optional[float]:
+    """``value`` as a float when it is a real Python or numpy scalar (not a string, not complex)."""
+    if isinstance(value, (str, bytes)) or not np.isscalar(value) or not np.isreal(value):
+        return None
+    number: Any = value
+    return float(number)
 
 
 def _stepping(steps: Any, bar: Any) -> Any:
