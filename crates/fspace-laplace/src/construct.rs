@@ -310,18 +310,13 @@ fn network_factor_sums<N: Network>(
     Ok(total)
 }
 
-/// KFAC (Martens & Grosse 2015) and, for convolutions, KFC (Grosse & Martens 2016):
-/// `A = Σᵢ Σ_t ã ãᵀ`, `G = Σᵢ Σ_c Σ_t δ δᵀ / (n·T)`, so that `G ⊗ A` is exact for one example at
-/// one position. With `ekfac`, a second pass re-fits the eigenvalues in the Kronecker eigenbasis:
-/// `E_{rj} = Σᵢ Σ_c ((Q_Gᵀ gᵢ_c Q_A)_{rj})²` with `gᵢ_c = Σ_t δ ãᵀ` (George et al. 2018).
-pub(crate) fn kron<N: Network>(
+/// The layers KFAC covers for `weights` (every layer, or the last one, which must be a dense
+/// layer with a bias onto the outputs) and their positions among the network's layers.
+fn kron_layers<N: Network>(
     net: &N,
-    data: &Data,
-    ekfac: bool,
     weights: &Weights,
-    bias: KronBias,
-) -> Result<(KronCurvature, Vec<usize>)> {
-    let structure = if ekfac { "ekfac" } else { "kfac" };
+    structure: &'static str,
+) -> Result<(Vec<LayerInfo>, Vec<usize>)> {
     let all_infos = require_layers(net, structure)?;
     let ids: Vec<usize> = match weights {
         Weights::All => (0..all_infos.len()).collect(),
@@ -329,14 +324,15 @@ pub(crate) fn kron<N: Network>(
         Weights::Subnetwork(_) => {
             return Err(LaplaceError::Unsupported {
                 structure,
-                reason: "over a subnetwork only the full GGN is implemented".into(),
+                reason: "over a subnetwork only the full GGN and its diagonal are implemented".into(),
             })
         }
     };
     let infos: Vec<LayerInfo> = ids.iter().map(|&l| all_infos[l].clone()).collect();
-    let last_only = matches!(weights, Weights::LastLayer);
     let q = net.output_dim();
-    if last_only && (infos[0].kind != LayerKind::Dense || infos[0].fan_out != q || !infos[0].has_bias()) {
+    if matches!(weights, Weights::LastLayer)
+        && (infos[0].kind != LayerKind::Dense || infos[0].fan_out != q || !infos[0].has_bias())
+    {
         return Err(LaplaceError::Unsupported {
             structure,
             reason: format!(
@@ -345,32 +341,71 @@ pub(crate) fn kron<N: Network>(
             ),
         });
     }
-    let n = data.x.nrows();
-    let stats_of = |start: usize, len: usize| -> Result<Vec<fspace_nn::LayerStatistics>> {
-        if last_only {
-            // The last layer alone: its inputs are the last-layer features, and the gradients
-            // at its (linear) outputs are the factor columns themselves — no pass through the
-            // other layers.
-            let k = data.k();
-            let factors = &data.factors[start..start + len];
-            return Ok(vec![fspace_nn::LayerStatistics {
-                positions: 1,
-                columns: k,
-                inputs: net.last_layer_features(&data.rows(start, len))?,
-                output_grads: DMatrix::from_fn(len * k, q, |r, o| factors[r / k][(o, r % k)]),
-            }]);
+    Ok((infos, ids))
+}
+
+/// One chunk's layer statistics; the last layer alone (`last_only`) from its features: its
+/// inputs are the last-layer features, and the gradients at its (linear) outputs are the factor
+/// columns themselves — no pass through the other layers.
+fn kron_statistics<N: Network>(
+    net: &N,
+    data: &Data,
+    last_only: bool,
+    start: usize,
+    len: usize,
+) -> Result<Vec<fspace_nn::LayerStatistics>> {
+    if last_only {
+        let (k, q) = (data.k(), net.output_dim());
+        let factors = &data.factors[start..start + len];
+        return Ok(vec![fspace_nn::LayerStatistics {
+            positions: 1,
+            columns: k,
+            inputs: net.last_layer_features(&data.rows(start, len))?,
+            output_grads: DMatrix::from_fn(len * k, q, |r, o| factors[r / k][(o, r % k)]),
+        }]);
+    }
+    Ok(net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?)
+}
+
+/// KFAC's factor sums over some of the data (`Σ ããᵀ`-type sums per covered layer), which add
+/// up exactly over disjoint parts of the data ([`crate::LaplaceSums`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct KronSums {
+    /// Per covered layer.
+    pub sums: Vec<KfacFactorSums>,
+    /// The covered layers.
+    pub infos: Vec<LayerInfo>,
+    /// Their positions among the network's layers.
+    pub ids: Vec<usize>,
+    /// Whether every layer is covered.
+    pub all_layers: bool,
+}
+
+impl KronSums {
+    pub(crate) fn add(&mut self, other: &KronSums) {
+        for (total, part) in self.sums.iter_mut().zip(&other.sums) {
+            total.add(part);
         }
-        Ok(net.kfac_statistics(&data.rows(start, len), &data.factors[start..start + len])?)
-    };
-    // The last layer's sums come from its features (above); every layer's, from the network
-    // when it sums them itself.
+    }
+}
+
+/// The factor sums of the layers KFAC covers, over `data`: from the network when it sums them
+/// itself ([`Network::kfac_factor_sums`]), otherwise from each chunk's layer statistics.
+pub(crate) fn kron_sums<N: Network>(
+    net: &N,
+    data: &Data,
+    weights: &Weights,
+    structure: &'static str,
+) -> Result<KronSums> {
+    let (infos, ids) = kron_layers(net, weights, structure)?;
+    let last_only = matches!(weights, Weights::LastLayer);
     let from_network = if last_only { None } else { network_factor_sums(net, data, &infos)? };
     let sums = match from_network {
         Some(sums) => sums,
         None => {
             let mut sums: Vec<KfacFactorSums> = infos.iter().map(KfacFactorSums::zeros).collect();
             let sums_of = |start: usize, len: usize| -> Result<Vec<KfacFactorSums>> {
-                Ok(stats_of(start, len)?
+                Ok(kron_statistics(net, data, last_only, start, len)?
                     .iter()
                     .map(|st| KfacFactorSums {
                         input_gram: chunk_gram(&st.inputs),
@@ -389,14 +424,22 @@ pub(crate) fn kron<N: Network>(
             sums
         }
     };
-    let (a_fac, g_fac): (Vec<DMatrix<f64>>, Vec<DMatrix<f64>>) = sums
-        .into_iter()
-        .zip(&infos)
-        .map(|(s, info)| {
-            let fi = info.fan_in;
-            if !info.has_bias() {
-                return (s.input_gram, s.grad_gram);
-            }
+    Ok(KronSums { sums, infos, ids, all_layers: matches!(weights, Weights::All) })
+}
+
+/// KFAC from factor sums over `n` points (module docs of [`kron`]): `A` as summed (with the
+/// bias folded in or in its own block), `G` divided by `n·T`, each eigendecomposed.
+pub(crate) fn kron_from_sums(
+    sums: &KronSums,
+    n: usize,
+    bias: KronBias,
+) -> Result<(KronCurvature, Vec<usize>)> {
+    let mut layers = Vec::with_capacity(sums.infos.len());
+    for (s, info) in sums.sums.iter().zip(&sums.infos) {
+        let fi = info.fan_in;
+        let a = if !info.has_bias() {
+            s.input_gram.clone()
+        } else {
             // Ã = [A  Σa; Σaᵀ  rows] for ã = [a; 1] (folded), or the separate bias block's
             // [A 0; 0 rows].
             let mut a = DMatrix::zeros(fi + 1, fi + 1);
@@ -408,12 +451,9 @@ pub(crate) fn kron<N: Network>(
                 }
             }
             a[(fi, fi)] = s.input_rows as f64;
-            (a, s.grad_gram)
-        })
-        .unzip();
-    let mut layers = Vec::with_capacity(infos.len());
-    for ((info, a), g) in infos.iter().zip(a_fac).zip(g_fac) {
-        let g = g / (n * info.positions()) as f64;
+            a
+        };
+        let g = &s.grad_gram / (n * info.positions()) as f64;
         let (a_values, a_vectors) = sym_eigh(&a)?;
         let (g_values, g_vectors) = sym_eigh(&g)?;
         layers.push(KronLayer {
@@ -424,16 +464,38 @@ pub(crate) fn kron<N: Network>(
             fitted: None,
         });
     }
+    let indices = sums.infos.iter().flat_map(|i| i.kron_order()).collect();
+    let network_layers = if sums.all_layers { Vec::new() } else { sums.ids.clone() };
+    Ok((KronCurvature { layers, network_layers }, indices))
+}
+
+/// KFAC (Martens & Grosse 2015) and, for convolutions, KFC (Grosse & Martens 2016):
+/// `A = Σᵢ Σ_t ã ãᵀ`, `G = Σᵢ Σ_c Σ_t δ δᵀ / (n·T)`, so that `G ⊗ A` is exact for one example at
+/// one position. With `ekfac`, a second pass re-fits the eigenvalues in the Kronecker eigenbasis:
+/// `E_{rj} = Σᵢ Σ_c ((Q_Gᵀ gᵢ_c Q_A)_{rj})²` with `gᵢ_c = Σ_t δ ãᵀ` (George et al. 2018).
+pub(crate) fn kron<N: Network>(
+    net: &N,
+    data: &Data,
+    ekfac: bool,
+    weights: &Weights,
+    bias: KronBias,
+) -> Result<(KronCurvature, Vec<usize>)> {
+    let structure = if ekfac { "ekfac" } else { "kfac" };
+    let sums = kron_sums(net, data, weights, structure)?;
+    let (mut curvature, indices) = kron_from_sums(&sums, data.x.nrows(), bias)?;
+    let infos = &sums.infos;
+    let last_only = matches!(weights, Weights::LastLayer);
+    let stats_of = |start: usize, len: usize| kron_statistics(net, data, last_only, start, len);
     if ekfac {
         let k = data.k();
         let mut fitted: Vec<DMatrix<f64>> =
             infos.iter().map(|i| DMatrix::zeros(i.fan_out, i.width())).collect();
-        let layers_ref = &layers;
+        let layers_ref = &curvature.layers;
         let fit_of = |start: usize, len: usize| -> Result<Vec<DMatrix<f64>>> {
             let stats = stats_of(start, len)?;
             Ok(stats
                 .iter()
-                .zip(&infos)
+                .zip(infos)
                 .zip(layers_ref)
                 .map(|((st, info), layer)| {
                     if info.positions() == 1 {
@@ -463,13 +525,11 @@ pub(crate) fn kron<N: Network>(
             }
             Ok(())
         })?;
-        for (layer, e) in layers.iter_mut().zip(fitted) {
+        for (layer, e) in curvature.layers.iter_mut().zip(fitted) {
             layer.fitted = Some(e);
         }
     }
-    let indices = infos.iter().flat_map(|i| i.kron_order()).collect();
-    let network_layers = if matches!(weights, Weights::All) { Vec::new() } else { ids };
-    Ok((KronCurvature { layers, network_layers }, indices))
+    Ok((curvature, indices))
 }
 
 /// The last layer: `C = Σᵢ Hᵢ ⊗ φ̃ᵢφ̃ᵢᵀ` in the layer's `[W | b]` coordinates, `φ̃ = [φ; 1]`
@@ -479,18 +539,7 @@ pub(crate) fn last_layer<N: Network>(
     data: &Data,
     config: &LastLayerConfig,
 ) -> Result<(EigenCurvature, Vec<usize>, LayerInfo)> {
-    let infos = require_layers(net, "last_layer")?;
-    let last = infos.last().expect("non-empty").clone();
-    let q = net.output_dim();
-    if last.kind != LayerKind::Dense || last.fan_out != q || !last.has_bias() {
-        return Err(LaplaceError::Unsupported {
-            structure: "last_layer",
-            reason: format!(
-                "the last layer {} is not a dense layer with a bias onto the {q} outputs",
-                last.name
-            ),
-        });
-    }
+    let last = checked_last_layer(net, "last_layer")?;
     let dim = last.n_params();
     if dim > config.max_params {
         return Err(LaplaceError::TooLarge {
@@ -500,6 +549,26 @@ pub(crate) fn last_layer<N: Network>(
             limit: config.max_params,
         });
     }
+    let c = last_layer_gram(net, data, &last)?;
+    let (values, vectors) = sym_eigh(&c)?;
+    let indices = last.kron_order();
+    Ok((
+        EigenCurvature {
+            label: "last_layer".into(),
+            vectors,
+            values: values.map(|v| v.max(0.0)),
+            remainder: None,
+        },
+        indices,
+        last,
+    ))
+}
+
+/// The last layer's dense GGN `Σᵢ Hᵢ ⊗ φ̃ᵢφ̃ᵢᵀ` over `data` (in its `[W | b]` coordinates); the
+/// layer `last` was checked by the caller.
+pub(crate) fn last_layer_gram<N: Network>(net: &N, data: &Data, last: &LayerInfo) -> Result<DMatrix<f64>> {
+    let q = net.output_dim();
+    let dim = last.n_params();
     let h1 = last.fan_in + 1;
     let mut c = DMatrix::zeros(dim, dim);
     for (start, len) in data.chunks() {
@@ -520,18 +589,47 @@ pub(crate) fn last_layer<N: Network>(
             }
         }
     }
-    let (values, vectors) = sym_eigh(&c)?;
-    let indices = last.kron_order();
-    Ok((
-        EigenCurvature {
-            label: "last_layer".into(),
-            vectors,
-            values: values.map(|v| v.max(0.0)),
-            remainder: None,
+    Ok(c)
+}
+
+/// The last layer of `net`, checked to be a dense layer with a bias onto the outputs.
+pub(crate) fn checked_last_layer<N: Network>(net: &N, structure: &'static str) -> Result<LayerInfo> {
+    let infos = require_layers(net, structure)?;
+    let last = infos.last().expect("non-empty").clone();
+    let q = net.output_dim();
+    if last.kind != LayerKind::Dense || last.fan_out != q || !last.has_bias() {
+        return Err(LaplaceError::Unsupported {
+            structure,
+            reason: format!(
+                "the last layer {} is not a dense layer with a bias onto the {q} outputs",
+                last.name
+            ),
+        });
+    }
+    Ok(last)
+}
+
+/// The dense GGN `RᵀR` restricted to the flat parameter indices `idx` (every parameter when
+/// `None`), accumulated over `data`'s chunks: what the full and subnetwork structures sum when
+/// the data arrive in parts ([`crate::LaplaceSums`]).
+pub(crate) fn dense_gram<N: Network>(net: &N, data: &Data, idx: Option<&[usize]>) -> Result<DMatrix<f64>> {
+    let dim = idx.map_or(net.n_params(), |i| i.len());
+    let mut gram = DMatrix::zeros(dim, dim);
+    for_chunks(
+        data,
+        |s, l| whitened_jacobian(net, data, s, l),
+        |_, _, r| {
+            match idx {
+                None => gram.gemm(1.0, &r.transpose(), &r, 1.0),
+                Some(i) => {
+                    let rb = r.select_columns(i);
+                    gram.gemm(1.0, &rb.transpose(), &rb, 1.0)
+                }
+            }
+            Ok(())
         },
-        indices,
-        last,
-    ))
+    )?;
+    Ok(gram)
 }
 
 use std::ops::AddAssign;

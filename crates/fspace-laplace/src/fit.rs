@@ -17,7 +17,12 @@ use crate::error::{ensure_positive, LaplaceError, Result};
 use crate::posterior::{forward_chunked, prior_groups, LaplacePosterior};
 use crate::structure::{FitReport, Structure};
 
-fn check_data<N: Network>(net: &N, lik: &dyn Likelihood, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<()> {
+pub(crate) fn check_data<N: Network>(
+    net: &N,
+    lik: &dyn Likelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+) -> Result<()> {
     if x.nrows() == 0 {
         return Err(LaplaceError::Input(InputError::Empty { what: "training inputs" }));
     }
@@ -94,37 +99,9 @@ pub fn fit_observed<N: Network>(
                 .into(),
         }));
     }
-    if likelihood.learns_noise() {
-        return Err(LaplaceError::Input(InputError::Invalid {
-            what: "likelihood",
-            reason: "the Laplace approximation takes σ as given (learn: false); learn it with the \
-                     network in fspace_nn::fit_map, whose report holds the learned likelihood"
-                .into(),
-        }));
-    }
-    ensure_positive("temperature", config.temperature)?;
-    if config.chunk_points == 0 {
-        return Err(LaplaceError::Input(InputError::Invalid {
-            what: "chunk_points",
-            reason: "must be ≥ 1".into(),
-        }));
-    }
+    let lambda0 = check_settings(&likelihood, config)?;
     let lik = likelihood.build()?;
     check_data(&net, lik.as_ref(), x, y)?;
-    // The sampled structure starts EM from one λ and draws at one (T, λ).
-    let lambda0 = match (&config.structure, &config.prior_precision) {
-        (Structure::Sampled(_), PriorPrecision::PerLayer(_)) => {
-            return Err(LaplaceError::Unsupported {
-                structure: "sampled",
-                reason: "EM sets one prior precision; pass PriorPrecision::Scalar (its start)".into(),
-            })
-        }
-        (_, PriorPrecision::Scalar(l)) => {
-            ensure_positive("prior precision λ", *l)?;
-            *l
-        }
-        (_, PriorPrecision::PerLayer(_)) => 1.0,
-    };
     let f = forward_chunked(&net, x, config.chunk_points)?;
     let log_likelihood = -lik.nll(&f, y)?;
     let mut data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
@@ -149,6 +126,57 @@ pub fn fit_observed<N: Network>(
         config.temperature,
         &mut report,
     )?;
+    assemble(net, likelihood, config, curvature, indices, log_likelihood, x.nrows(), report, start)
+}
+
+/// The settings' checks every fit makes before touching the data; returns the starting λ of
+/// the sampled structure's EM (1 for a per-layer prior).
+pub(crate) fn check_settings(likelihood: &LikelihoodSpec, config: &LaplaceConfig) -> Result<f64> {
+    if likelihood.learns_noise() {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "likelihood",
+            reason: "the Laplace approximation takes σ as given (learn: false); learn it with the \
+                     network in fspace_nn::fit_map, whose report holds the learned likelihood"
+                .into(),
+        }));
+    }
+    ensure_positive("temperature", config.temperature)?;
+    if config.chunk_points == 0 {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "chunk_points",
+            reason: "must be ≥ 1".into(),
+        }));
+    }
+    // The sampled structure starts EM from one λ and draws at one (T, λ).
+    let lambda0 = match (&config.structure, &config.prior_precision) {
+        (Structure::Sampled(_), PriorPrecision::PerLayer(_)) => {
+            return Err(LaplaceError::Unsupported {
+                structure: "sampled",
+                reason: "EM sets one prior precision; pass PriorPrecision::Scalar (its start)".into(),
+            })
+        }
+        (_, PriorPrecision::Scalar(l)) => {
+            ensure_positive("prior precision λ", *l)?;
+            *l
+        }
+        (_, PriorPrecision::PerLayer(_)) => 1.0,
+    };
+    Ok(lambda0)
+}
+
+/// The posterior from a built curvature: prior groups, λ, `T`, the predictive and the report.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn assemble<N: Network>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    config: &LaplaceConfig,
+    curvature: Curvature,
+    indices: Vec<usize>,
+    log_likelihood: f64,
+    n_data: usize,
+    mut report: FitReport,
+    start: Instant,
+) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
     let infos = net.layer_infos();
     let n_groups = infos.len().max(1);
     let groups = prior_groups(&infos, net.n_params(), &indices);
@@ -167,7 +195,7 @@ pub fn fit_observed<N: Network>(
         lambdas: vec![1.0; n_groups],
         temperature: config.temperature,
         log_likelihood,
-        n_data: x.nrows(),
+        n_data,
         predictive: config.predictive.clone(),
         report,
     };

@@ -52,6 +52,7 @@ mod ggn;
 mod posterior;
 mod predict;
 mod sampled;
+mod stream;
 mod structure;
 
 pub use config::{LaplaceConfig, MarglikConfig, Predictive, PriorPrecision};
@@ -64,6 +65,7 @@ pub use error::{LaplaceError, Result};
 pub use fit::{fit, fit_observed};
 pub use posterior::LaplacePosterior;
 pub use sampled::{SampledConfig, SampledPreconditioner};
+pub use stream::{fit_batches, LaplaceSums};
 pub use structure::{
     BlockDiagConfig, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig, Structure, Weights,
 };

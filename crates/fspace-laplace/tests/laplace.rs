@@ -6,8 +6,8 @@ use fspace_core::{CoreError, Likelihood, Link, Posterior};
 use fspace_core::{Data, LikelihoodSpec, Persist};
 use fspace_input::InputError;
 use fspace_laplace::{
-    fit, CurvatureApprox, CurvatureSource, FullConfig, KronBias, LaplaceConfig, LaplaceError,
-    LaplacePosterior, LowRankConfig, MarglikConfig, Predictive, PriorPrecision, SampledConfig,
+    fit, fit_batches, CurvatureApprox, CurvatureSource, FullConfig, KronBias, LaplaceConfig, LaplaceError,
+    LaplacePosterior, LaplaceSums, LowRankConfig, MarglikConfig, Predictive, PriorPrecision, SampledConfig,
     SampledPreconditioner, Structure, Weights,
 };
 use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, HelmholtzNet, Mlp, MlpConfig, Network};
@@ -1777,4 +1777,108 @@ fn factor_sums_from_the_network_give_the_statistics_posterior_in_groups_of_chunk
     let err = fit(bad, lik, &data, &config(Structure::Kfac)).err().expect("wrong shapes refused");
     let text = err.to_string();
     assert!(text.contains("wrong shapes for layer") && text.contains("fan_out 5"), "{text}");
+}
+
+/// Rows `[s, e)` of a point-major target vector with `t` targets per point, as an `n × t` matrix.
+fn target_rows(y: &DVector<f64>, t: usize, s: usize, e: usize) -> DMatrix<f64> {
+    DMatrix::from_fn(e - s, t, |i, j| y[(s + i) * t + j])
+}
+
+/// The streamed fit ([`LaplaceSums`] over uneven batches, and two halves merged) against the
+/// in-memory fit, for every streamable structure and subset: the same curvature, evidence and
+/// GLM covariances to rounding.
+#[test]
+fn a_streamed_fit_equals_the_in_memory_fit_for_every_streamable_structure() {
+    let net = mlp(2, vec![5, 4], 3, 41);
+    let (x, yc) = classification(37, 2, 3, 42);
+    let (xt, _) = classification(6, 2, 3, 43);
+    let yr = DVector::from_fn(37 * 3, |i, _| (i as f64 * 0.37).sin());
+    let sub = vec![1, 4, 9, 17, 30, 31, 50];
+    let cases: Vec<(Structure, Weights, KronBias)> = vec![
+        (Structure::Diag, Weights::All, KronBias::Folded),
+        (Structure::Diag, Weights::LastLayer, KronBias::Folded),
+        (Structure::Diag, Weights::Subnetwork(sub.clone()), KronBias::Folded),
+        (Structure::Kfac, Weights::All, KronBias::Folded),
+        (Structure::Kfac, Weights::All, KronBias::Separate),
+        (Structure::Kfac, Weights::LastLayer, KronBias::Separate),
+        (Structure::full(), Weights::All, KronBias::Folded),
+        (Structure::full(), Weights::LastLayer, KronBias::Folded),
+        (Structure::full(), Weights::Subnetwork(sub.clone()), KronBias::Folded),
+        (Structure::last_layer(), Weights::All, KronBias::Folded),
+    ];
+    let likelihoods = [
+        (LikelihoodSpec::categorical(3), yc.clone(), 1usize),
+        (LikelihoodSpec::IsotropicGaussian { sigma: 0.3, outputs: 3, learn: false }, yr.clone(), 3usize),
+    ];
+    for (structure, weights, kron_bias) in cases {
+        for (lik, y, t) in &likelihoods {
+            let config = LaplaceConfig {
+                structure: structure.clone(),
+                weights: weights.clone(),
+                kron_bias,
+                chunk_points: 4,
+                ..Default::default()
+            };
+            let whole = fit_v(net.clone(), *lik, &x, y, &config).unwrap();
+            let what = format!("{} {:?} {:?} {:?}", structure.name(), weights, kron_bias, lik);
+            // Uneven batches, one of them empty.
+            let bounds = [0, 5, 5, 16, 30, 37];
+            let batches = bounds
+                .windows(2)
+                .map(|w| (x.rows(w[0], w[1] - w[0]).into_owned(), target_rows(y, *t, w[0], w[1])));
+            let streamed = fit_batches(net.clone(), *lik, batches, &config).unwrap().posterior;
+            // Two halves summed apart, then merged.
+            let mut a = LaplaceSums::new(&net, *lik, &config).unwrap();
+            let mut b = LaplaceSums::new(&net, *lik, &config).unwrap();
+            a.add(&net, &x.rows(0, 20).into_owned(), &target_rows(y, *t, 0, 20)).unwrap();
+            b.add(&net, &x.rows(20, 17).into_owned(), &target_rows(y, *t, 20, 37)).unwrap();
+            a.merge(&b).unwrap();
+            assert_eq!(a.n_data(), 37);
+            let merged = a.finish(net.clone()).unwrap().posterior;
+            for post in [&streamed, &merged] {
+                assert_eq!(post.indices(), whole.indices(), "{what}");
+                let err = rel_frob(&post.curvature().to_dense(), &whole.curvature().to_dense());
+                assert!(err < 1e-10, "{what}: curvature rel err {err:.2e}");
+                let (e1, e2) =
+                    (post.log_marginal_likelihood().unwrap(), whole.log_marginal_likelihood().unwrap());
+                assert!((e1 - e2).abs() < 1e-10 * e2.abs().max(1.0), "{what}: evidence {e1} vs {e2}");
+                for (c1, c2) in
+                    post.glm_covariances(&xt).unwrap().iter().zip(whole.glm_covariances(&xt).unwrap())
+                {
+                    assert!(rel_frob(c1, &c2) < 1e-9, "{what}: GLM covariance");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn streamed_sums_refuse_what_they_cannot_do() {
+    let net = mlp(2, vec![5], 3, 44);
+    let lik = LikelihoodSpec::categorical(3);
+    for structure in [Structure::Ekfac, Structure::low_rank(3), Structure::block_diag()] {
+        let config = LaplaceConfig { structure, ..Default::default() };
+        let err = LaplaceSums::new(&net, lik, &config).unwrap_err().to_string();
+        assert!(err.contains("more than once"), "{err}");
+    }
+    let config = LaplaceConfig { structure: Structure::Diag, ..Default::default() };
+    let mut sums = LaplaceSums::new(&net, lik, &config).unwrap();
+    // Nothing added: no posterior.
+    assert!(sums.finish(net.clone()).unwrap_err().to_string().contains("no batch"));
+    let (x, y) = classification(8, 2, 3, 45);
+    let ym = DMatrix::from_column_slice(8, 1, y.as_slice());
+    // Rows that disagree, a non-finite input, a label out of range, another network.
+    assert!(sums.add(&net, &x, &ym.rows(0, 7).into_owned()).is_err());
+    let mut bad = x.clone();
+    bad[(0, 0)] = f64::NAN;
+    assert!(sums.add(&net, &bad, &ym).is_err());
+    assert!(sums.add(&net, &x, &ym.map(|v| v + 5.0)).is_err());
+    assert!(sums.add(&mlp(2, vec![6], 3, 44), &x, &ym).is_err());
+    assert_eq!(sums.n_data(), 0);
+    sums.add(&net, &x, &ym).unwrap();
+    // Sums of other settings do not merge.
+    let other =
+        LaplaceSums::new(&net, lik, &LaplaceConfig { structure: Structure::Kfac, ..Default::default() })
+            .unwrap();
+    assert!(sums.merge(&other).is_err());
 }

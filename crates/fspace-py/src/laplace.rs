@@ -62,6 +62,9 @@ pub(crate) struct PyLaplace {
     posterior: Option<LaplacePosterior<PyNetwork>>,
     /// The last fit's `FitReport` as JSON (`None` before a fit and after a load).
     report: Option<String>,
+    /// The curvature's sums of a streamed fit (`add_batch`), kept so that a later streamed fit
+    /// can add to them (laplace-torch's `fit(..., override=False)`).
+    sums: Option<fspace_laplace::LaplaceSums>,
 }
 
 impl PyLaplace {
@@ -187,7 +190,7 @@ impl PyLaplace {
         if !(temperature.is_finite() && temperature > 0.0) {
             return Err(value_error(format!("temperature {temperature} must be finite and > 0")));
         }
-        Ok(Self { net, likelihood, config, posterior: None, report: None })
+        Ok(Self { net, likelihood, config, posterior: None, report: None, sums: None })
     }
 
     /// Fits the curvature at the network's weights on `(X, y)`: `X` is `n × d`, `y` is `n × d'`
@@ -216,6 +219,60 @@ impl PyLaplace {
             return Err(e);
         }
         let fitted = fitted.map_err(|e| errors.raise(e))?;
+        self.report = Some(serde_json::to_string(&fitted.report).map_err(|e| value_error(e.to_string()))?);
+        self.posterior = Some(fitted.posterior);
+        // An in-memory fit replaces whatever a streamed fit had summed.
+        self.sums = None;
+        Ok(())
+    }
+
+    /// Starts a streamed fit: empty sums (`override=True`, or no earlier streamed fit), or the
+    /// earlier streamed fit's sums to add to (`override=False`). Refuses a structure that passes
+    /// over the data more than once.
+    #[pyo3(signature = (override_=true))]
+    fn begin_batches(&mut self, override_: bool) -> PyResult<()> {
+        let errors = self.net.errors();
+        if override_ || self.sums.is_none() {
+            if !override_ {
+                return Err(value_error(
+                    "fit(override=False) adds to an earlier streamed fit's sums; this Laplace has none",
+                ));
+            }
+            self.sums = Some(
+                fspace_laplace::LaplaceSums::new(&self.net, self.likelihood, &self.config)
+                    .map_err(|e| errors.raise(e))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Adds one batch `(X, y)` to the streamed fit's sums (`begin_batches` first); the GIL is
+    /// released while it is summed.
+    fn add_batch(
+        &mut self,
+        py: Python<'_>,
+        x: PyReadonlyArray2<'_, f64>,
+        y: PyReadonlyArray2<'_, f64>,
+    ) -> PyResult<()> {
+        let errors = self.net.errors();
+        let (x, y) = (matrix(&x), matrix(&y));
+        let net = self.net.clone();
+        let sums = self.sums.as_mut().ok_or_else(|| PyRuntimeError::new_err("call begin_batches() first"))?;
+        py.detach(|| sums.add(&net, &x, &y)).map_err(|e| errors.raise(e))
+    }
+
+    /// The number of points the streamed fit's sums hold.
+    #[getter]
+    fn batch_points(&self) -> usize {
+        self.sums.as_ref().map_or(0, |s| s.n_data())
+    }
+
+    /// Finishes the streamed fit into the posterior (the sums are kept for `override=False`).
+    fn end_batches(&mut self, py: Python<'_>) -> PyResult<()> {
+        let errors = self.net.errors();
+        let net = self.net.clone();
+        let sums = self.sums.as_ref().ok_or_else(|| PyRuntimeError::new_err("call begin_batches() first"))?;
+        let fitted = py.detach(|| sums.finish(net)).map_err(|e| errors.raise(e))?;
         self.report = Some(serde_json::to_string(&fitted.report).map_err(|e| value_error(e.to_string()))?);
         self.posterior = Some(fitted.posterior);
         Ok(())
@@ -474,6 +531,7 @@ impl PyLaplace {
             config: LaplaceConfig::default(),
             posterior: Some(post),
             report: None,
+            sums: None,
         })
     }
 

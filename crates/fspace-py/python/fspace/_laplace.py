@@ -33,6 +33,8 @@ __all__ = ["Laplace"]
 _STRUCTURES = ("full", "kron", "diag", "lowrank", "ekfac", "gp")
 _SUBSETS = ("all", "last_layer", "subnetwork")
 _LINKS = ("probit", "bridge", "bridge_norm", "mc")
+# The structures whose curvature is one sum over the data: fit streams them batch by batch.
+_STREAMED = ("diag", "kron", "full")
 
 
 def _torch() -> Any:
@@ -339,34 +341,67 @@ class Laplace:
         -------
         None
         """
-        if not isinstance(override, bool):
-            # fspace's fit(X, y).
-            x, yy = self._spec.inputs(train_loader, "X"), self._targets(override)
-        else:
-            if not override:
-                raise NotImplementedError(
-                    "fit(override=False) (laplace-torch's accumulation over several loaders) is not implemented yet"
-                )
-            x, yy = self._loader_arrays(train_loader)
-        n_dataset = None
-        dataset = getattr(train_loader, "dataset", None)
-        if dataset is not None and hasattr(dataset, "__len__"):
-            n_dataset = len(dataset)
-            if n_dataset != x.shape[0]:
-                raise ValueError(
-                    f"the loader yielded {x.shape[0]} points but its dataset has {n_dataset}: laplace-torch scales by "
-                    "len(train_loader.dataset); use a loader that visits every point once (drop_last=False, no sampler "
-                    "that repeats or skips points)"
-                )
         bar = _Progress(progress if progress is not None else progress_bar, "Laplace", unit="point")
         with self._lock:
             try:
-                la = self._build()
-                la.fit(x, yy, bar.callback)
+                if not isinstance(override, bool):
+                    # fspace's fit(X, y): the arrays are in memory already.
+                    x, yy = self._spec.inputs(train_loader, "X"), self._targets(override)
+                    la = self._build()
+                    la.fit(x, yy, bar.callback)
+                elif self.hessian_structure in _STREAMED:
+                    la = self._stream(train_loader, override, bar)
+                else:
+                    if not override:
+                        raise NotImplementedError(
+                            f"fit(override=False) with hessian_structure={self.hessian_structure!r}: only the structures "
+                            f"that sum over the data in one pass ({', '.join(_STREAMED)}) accumulate over several fits"
+                        )
+                    # EKFAC and low rank pass over the data several times: collected in memory.
+                    x, yy = self._loader_arrays(train_loader)
+                    self._check_count(train_loader, x.shape[0])
+                    la = self._build()
+                    la.fit(x, yy, bar.callback)
             finally:
                 bar.close()
             self._report = la.report_json
             self._summarise(la)
+
+    @staticmethod
+    def _check_count(loader: Any, seen: int) -> None:
+        """laplace-torch scales by ``len(train_loader.dataset)``: a loader that visits fewer or
+        more points than its dataset holds would scale wrongly, so it is refused."""
+        dataset = getattr(loader, "dataset", None)
+        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != seen:
+            raise ValueError(
+                f"the loader yielded {seen} points but its dataset has {len(dataset)}: laplace-torch scales by "
+                "len(train_loader.dataset); use a loader that visits every point once (drop_last=False, no sampler "
+                "that repeats or skips points)"
+            )
+
+    def _stream(self, loader: Any, override: bool, bar: Any) -> Any:
+        """Sums the curvature batch by batch in Rust (``LaplaceSums``): one batch in memory at a
+        time; with ``override=False`` the sums of the earlier streamed fit are added to."""
+        dataset = getattr(loader, "dataset", None)
+        total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else 0
+        la: Any = None
+        seen = 0
+        for batch in loader:
+            bx, by = self._batch(batch)
+            x = self._spec.inputs(bx, "X")
+            y = self._targets(by)
+            if la is None:
+                la = self._build()
+                la.begin_batches(override)
+            la.add_batch(x, y)
+            seen += x.shape[0]
+            if bar.callback is not None:
+                bar.callback(seen, max(total, seen), None, None)
+        if la is None:
+            raise ValueError("the data loader yielded no batch")
+        self._check_count(loader, seen)
+        la.end_batches()
+        return la
 
     def _summarise(self, la: Any) -> None:
         torch = _torch()
