@@ -53,6 +53,11 @@ pub(crate) fn check_data<N: Network>(
             found: lik.output_dim(),
         }));
     }
+    Ok(())
+}
+
+/// The network's weights are finite (checked once per fit, not per batch).
+pub(crate) fn check_weights<N: Network>(net: &N) -> Result<()> {
     if net.params().iter().any(|v| !v.is_finite()) {
         return Err(LaplaceError::Input(InputError::NonFinite { what: "network weights" }));
     }
@@ -102,6 +107,7 @@ pub fn fit_observed<N: Network>(
     let lambda0 = check_settings(&likelihood, config)?;
     let lik = likelihood.build()?;
     check_data(&net, lik.as_ref(), x, y)?;
+    check_weights(&net)?;
     let f = forward_chunked(&net, x, config.chunk_points)?;
     let log_likelihood = -lik.nll(&f, y)?;
     let mut data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;

@@ -34,6 +34,14 @@
 //!
 //! evaluated from stored eigenvalues in `O(#eigenvalues)` per candidate, or by a validation grid.
 //!
+//! ## Data that arrive in parts
+//!
+//! The one-pass structures (diagonal, KFAC, full, last-layer, subnetwork) are sums over the
+//! data: [`LaplaceSums`] adds them batch by batch (a loader, a file read in parts), merges the
+//! sums of other parts exactly (other loaders, other processes) and is finished once into the
+//! posterior; [`fit_batches`] does it for an iterator of batches. Equal to [`fit`] on the
+//! concatenated data to rounding, holding one batch at a time.
+//!
 //! ## Conventions (as laplace-torch)
 //! * the GGN is **summed** over the data (not averaged), so `λ` is directly comparable;
 //! * `λ` is a **precision** (`prior_precision`);

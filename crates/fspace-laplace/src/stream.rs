@@ -34,7 +34,7 @@ use crate::construct::{
 use crate::curvature::{Curvature, CurvatureApprox, DiagCurvature, EigenCurvature};
 use crate::data::data_for;
 use crate::error::{LaplaceError, Result};
-use crate::fit::{assemble, check_data, check_settings};
+use crate::fit::{assemble, check_data, check_settings, check_weights};
 use crate::posterior::{forward_chunked, LaplacePosterior};
 use crate::structure::{FitReport, KronBias, Structure, Weights};
 
@@ -82,9 +82,7 @@ impl LaplaceSums {
                 found: lik.output_dim(),
             }));
         }
-        if net.params().iter().any(|v| !v.is_finite()) {
-            return Err(LaplaceError::Input(InputError::NonFinite { what: "network weights" }));
-        }
+        check_weights(net)?;
         let p = net.n_params();
         let last_layer = |structure| -> Result<Sums> {
             let layer = checked_last_layer(net, structure)?;
@@ -208,7 +206,11 @@ impl LaplaceSums {
         let log_likelihood = -lik.nll(&f, &yflat)?;
         let mut data = data_for(x, &f, &yflat, lik.as_ref(), chunk, self.config.curvature)?;
         let k = data.factors.first().map_or(1, |l| l.ncols());
-        data.chunk = crate::ggn::statistics_chunk(&net.layer_infos(), k, data.chunk);
+        // A batch smaller than a chunk per thread is split so that every thread gets a part
+        // (a loader's batches are often smaller than the in-memory fit's chunks).
+        let threads = rayon::current_num_threads().max(1);
+        let per_thread = x.nrows().div_ceil(threads).max(1);
+        data.chunk = crate::ggn::statistics_chunk(&net.layer_infos(), k, data.chunk.min(per_thread));
         match &mut self.sums {
             Sums::Diag(d) => *d += diagonal(net, &data)?,
             Sums::Dense { gram, indices } => *gram += dense_gram(net, &data, indices.as_deref())?,

@@ -256,9 +256,17 @@ impl PyLaplace {
     ) -> PyResult<()> {
         let errors = self.net.errors();
         let (x, y) = (matrix(&x), matrix(&y));
-        let net = self.net.clone();
+        let net = &self.net;
         let sums = self.sums.as_mut().ok_or_else(|| PyRuntimeError::new_err("call begin_batches() first"))?;
-        py.detach(|| sums.add(&net, &x, &y)).map_err(|e| errors.raise(e))
+        py.detach(|| sums.add(net, &x, &y)).map_err(|e| errors.raise(e))
+    }
+
+    /// Points worth summing in one `add_batch` call: a chunk per thread (`chunk_points` × the
+    /// threads), the grain of the in-memory fit. A loader's smaller batches are gathered up to
+    /// this many before they cross (fewer, larger GEMMs; `docs/PERFORMANCE.md`).
+    #[getter]
+    fn batch_target(&self) -> usize {
+        self.config.chunk_points * rayon::current_num_threads().max(1)
     }
 
     /// The number of points the streamed fit's sums hold.

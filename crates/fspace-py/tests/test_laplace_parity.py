@@ -368,3 +368,56 @@ def test_fit_consumes_the_loader_lazily():
     ref = fspace.Laplace(model, "regression", "all", "kron", 0.1)
     ref.fit(x, y)
     _close(la.log_marginal_likelihood(), ref.log_marginal_likelihood(), what="lazy loader")
+
+
+@pytest.mark.parametrize("structure", ["full", "diag"])
+@pytest.mark.parametrize("lik", ["regression", "classification"])
+def test_subnetwork_laplace_and_its_masks_match_laplace_torch(structure, lik):
+    from laplace.utils import subnetmask as lt_masks
+
+    from fspace import subnetmask as fs_masks
+
+    d_out = 2 if lik == "regression" else 3
+    model = mlp(2, d_out, seed=61)
+    x, y = data(lik, 48, seed=62, d_out=d_out)
+    xt, _ = data(lik, 7, seed=63, d_out=d_out)
+    sigma = 0.4 if lik == "regression" else 1.0
+    train = loader(x, y)
+    masks = [
+        (fs_masks.LargestMagnitudeSubnetMask(model, 20), lt_masks.LargestMagnitudeSubnetMask(model, 20)),
+        (fs_masks.ParamNameSubnetMask(model, ["2.weight", "4.bias"]), lt_masks.ParamNameSubnetMask(model, ["2.weight", "4.bias"])),
+        (fs_masks.ModuleNameSubnetMask(model, ["0"]), lt_masks.ModuleNameSubnetMask(model, ["0"])),
+        (fs_masks.LastLayerSubnetMask(model), lt_masks.LastLayerSubnetMask(model)),
+        (fs_masks.LargestVarianceDiagLaplaceSubnetMask(model, 15, fspace.Laplace(model, lik, "all", "diag", sigma)),
+         lt_masks.LargestVarianceDiagLaplaceSubnetMask(model, 15, laplace.Laplace(model, lik, "all", "diag", sigma))),
+    ]
+    for mine, theirs in masks:
+        idx, ref_idx = mine.select(train), theirs.select(train)
+        assert torch.equal(idx, ref_idx), type(mine).__name__
+    idx = masks[0][0].indices
+    # laplace-torch's SubnetLaplace takes subnetwork_indices as its first positional argument.
+    got = fspace.Laplace(model, lik, "subnetwork", structure, idx, sigma, 2.0)
+    ref = laplace.Laplace(model, lik, "subnetwork", structure, idx, sigma, 2.0)
+    by_name = fspace.Laplace(model, lik, "subnetwork", structure, sigma_noise=sigma, prior_precision=2.0,
+                             subnetwork_indices=idx)
+    with pytest.raises(TypeError, match="multiple values"):
+        fspace.Laplace(model, lik, "subnetwork", structure, idx, subnetwork_indices=idx)
+    got.fit(train)
+    ref.fit(train)
+    by_name.fit(train)
+    _close(by_name.log_marginal_likelihood(), got.log_marginal_likelihood(), what="keyword vs positional")
+    assert got.n_params == ref.n_params and got.n_params_subnet == ref.n_params_subnet == 20
+    floor = FULL_RTOL if structure == "full" else RTOL
+    _close(got.mean, ref.mean, what="mean")
+    _close(got.log_marginal_likelihood(), ref.log_marginal_likelihood(), rtol=floor, what="subnetwork evidence")
+    out, ref_out = got(xt), ref(xt)
+    if lik == "regression":
+        _close(out[0], ref_out[0], what="subnetwork f_mu")
+        _close(out[1], ref_out[1], rtol=max(floor, 1e-8), what="subnetwork f_var")
+    else:
+        _close(out, ref_out, rtol=max(floor, 1e-8), what="subnetwork probit")
+    draws = got.sample(5, generator=torch.Generator().manual_seed(0))
+    assert draws.shape == (5, got.n_params)
+    outside = torch.ones(got.n_params, dtype=torch.bool)
+    outside[idx] = False
+    assert torch.equal(draws[:, outside], got.mean[outside].expand(5, -1))

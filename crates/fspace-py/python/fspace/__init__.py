@@ -1,7 +1,8 @@
 """fspace for Python: Bayesian deep learning with function-space priors on a Rust core.
 
-* ``fspace.Laplace(model, "regression" | "classification", ...)``: laplace-torch's calls (fit,
-  ``optimize_prior_precision``, the GLM / sampled predictive, the evidence, weight samples).
+* ``fspace.Laplace(model, "regression" | "classification", ...)``: laplace-torch 0.3's calls,
+  positional order and defaults (``subset_of_weights="last_layer"``, ``hessian_structure="kron"``;
+  fit, ``optimize_prior_precision``, the GLM / sampled predictive, the evidence, weight samples).
 * ``fspace.FSPLaplace``, ``fspace.GFSVI``, ``fspace.VaLLA``, ``fspace.ELLA``,
   ``fspace.ExactGP``: the function-space methods, with a ``fspace.GPPrior`` built from
   ``fspace.kernels`` (``Matern12(1.0, 0.5) + RBF(...)``, ``Periodic``, ``Helmholtz``, ...).
@@ -18,10 +19,11 @@ other ``torch.nn.Module`` through torch's own derivatives (``fspace._torch``) fo
 structures and methods that need only ``f``, ``J·U`` and ``Jᵀ·L``. The numbers come from the compiled module ``fspace._fspace`` (the
 Rust crate ``fspace-py``), in float64; float32 weights are read exactly.
 
-Where it differs from laplace-torch: inputs and outputs are numpy arrays (torch tensors are
-accepted and converted; results come back as torch tensors when the input was one), there is
-no autograd through the evidence (``optimize_prior_precision`` runs fspace's own searches), and
-``subset_of_weights="last_layer"`` is the last Linear layer's weights and bias.
+``fspace.Laplace`` takes laplace-torch 0.3's calls and gives its numbers (``docs/laplace-torch.md``
+lists the parity suite's checks and every difference): the hyperparameters are torch tensors,
+``log_marginal_likelihood(prior_precision, sigma_noise)`` is differentiable in both, results
+come back as torch tensors, and ``fit(loader)`` sums each batch's curvature in Rust as it comes.
+The function-space methods take numpy arrays or tensors and return what they were given.
 
 Errors: bad input → ``ValueError``, an unsupported request → ``NotImplementedError``, a
 curvature over its size limit → ``MemoryError``, a numerical failure →
@@ -30,7 +32,7 @@ curvature over its size limit → ``MemoryError``, a numerical failure →
 
 from __future__ import annotations
 
-from . import kernels
+from . import kernels, subnetmask
 from ._convert import ModelSpec, convert_sequential
 from ._fspace import NumericalError
 from ._laplace import Laplace
@@ -45,6 +47,7 @@ __all__ = [
     "ExactGP",
     "GPPrior",
     "kernels",
+    "subnetmask",
     "default_config",
     "NumericalError",
     "convert_sequential",

@@ -136,6 +136,30 @@ class Laplace:
         likelihood: str,
         subset_of_weights: str = "last_layer",
         hessian_structure: str = "kron",
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        # laplace-torch hands the remaining positional arguments to the class it picks, whose
+        # orders differ (a subnetwork's first is subnetwork_indices; KFAC has damping, the last
+        # layer feature_reduction and last_layer_name): bound here by the same class's order.
+        names = _positional_names(subset_of_weights, hessian_structure)
+        if len(args) > len(names):
+            raise TypeError(
+                f"Laplace(..., {subset_of_weights!r}, {hessian_structure!r}) takes at most {len(names)} further "
+                f"positional arguments ({', '.join(names)}), got {len(args)}"
+            )
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise TypeError(f"Laplace() got multiple values for argument {name!r}")
+            kwargs[name] = value
+        self._init(model, likelihood, subset_of_weights, hessian_structure, **kwargs)
+
+    def _init(
+        self,
+        model: Any,
+        likelihood: str,
+        subset_of_weights: str,
+        hessian_structure: str,
         sigma_noise: Any = 1.0,
         prior_precision: Any = 1.0,
         prior_mean: Any = 0.0,
@@ -146,7 +170,8 @@ class Laplace:
         backend: Any = None,
         backend_kwargs: Optional[Dict[str, Any]] = None,
         asdl_fisher_kwargs: Optional[Dict[str, Any]] = None,
-        *,
+        feature_reduction: Any = None,
+        last_layer_name: Optional[str] = None,
         functional_approximation: str = "sod",
         subnetwork_indices: Any = None,
         damping: bool = False,
@@ -178,6 +203,20 @@ class Laplace:
             )
         if enable_backprop:
             raise NotImplementedError("enable_backprop=True: fspace's predictive is not differentiable in the inputs")
+        if feature_reduction is not None:
+            raise NotImplementedError(
+                f"feature_reduction={feature_reduction!r} (laplace-torch's reduction of sequence features before the "
+                "last layer) is not implemented"
+            )
+        if last_layer_name is not None:
+            torch_mod = _torch()
+            linears = [n for n, m in model.named_modules() if isinstance(m, torch_mod.nn.Linear)] \
+                if isinstance(model, torch_mod.nn.Module) else []
+            if not linears or linears[-1] != last_layer_name:
+                raise NotImplementedError(
+                    f"last_layer_name={last_layer_name!r}: fspace's last layer is the model's last nn.Linear "
+                    f"({linears[-1] if linears else 'none found'!r})"
+                )
         if damping:
             raise NotImplementedError("damping=True (laplace-torch's damped KFAC eigendecomposition) is not implemented")
         if backend_kwargs:
@@ -386,6 +425,19 @@ class Laplace:
         total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else 0
         la: Any = None
         seen = 0
+        # Batches smaller than a chunk per thread are gathered up to that many points
+        # (`batch_target`, 512 by default on two threads) before they cross to Rust.
+        held: List[Tuple[np.ndarray, np.ndarray]] = []
+        held_rows = 0
+
+        def flush() -> None:
+            nonlocal held, held_rows
+            if held:
+                x = held[0][0] if len(held) == 1 else np.concatenate([h[0] for h in held])
+                y = held[0][1] if len(held) == 1 else np.concatenate([h[1] for h in held])
+                held, held_rows = [], 0
+                la.add_batch(x, y)
+
         for batch in loader:
             bx, by = self._batch(batch)
             x = self._spec.inputs(bx, "X")
@@ -393,12 +445,16 @@ class Laplace:
             if la is None:
                 la = self._build()
                 la.begin_batches(override)
-            la.add_batch(x, y)
+            held.append((x, y))
+            held_rows += x.shape[0]
             seen += x.shape[0]
+            if held_rows >= la.batch_target:
+                flush()
             if bar.callback is not None:
                 bar.callback(seen, max(total, seen), None, None)
         if la is None:
             raise ValueError("the data loader yielded no batch")
+        flush()
         self._check_count(loader, seen)
         la.end_batches()
         return la
@@ -422,6 +478,7 @@ class Laplace:
             n_outputs=n_outputs,
             indices=np.asarray(idx, dtype=np.int64),
             mean=torch.as_tensor(np.asarray(weights)[np.asarray(idx, dtype=np.int64)], dtype=self._dtype),
+            weights=torch.as_tensor(np.asarray(weights), dtype=self._dtype),
             eigenvalues=None if eig is None else torch.as_tensor(np.asarray(eig) * unit, dtype=self._dtype),
             sigma_fit=sigma_fit,
         )
@@ -433,8 +490,22 @@ class Laplace:
 
     @property
     def n_params(self) -> int:
-        """The number of parameters the posterior covers."""
+        """The number of parameters the posterior covers (subnetwork Laplace: all the model's,
+        as laplace-torch counts them; ``n_params_subnet`` the covered ones)."""
+        if self.subset_of_weights == "subnetwork":
+            return int(self._fitted_summary()["weights"].shape[0])
+        return self._covered
+
+    @property
+    def _covered(self) -> int:
         return int(len(self._fitted_summary()["indices"]))
+
+    @property
+    def n_params_subnet(self) -> int:
+        """Subnetwork Laplace: the number of covered parameters."""
+        if self.subset_of_weights != "subnetwork":
+            raise AttributeError("n_params_subnet belongs to subset_of_weights='subnetwork'")
+        return self._covered
 
     @property
     def n_layers(self) -> int:
@@ -461,7 +532,16 @@ class Laplace:
 
     @property
     def mean(self) -> Any:
-        """The MAP weights of the covered parameters (``named_parameters()`` order)."""
+        """The MAP weights of the covered parameters (``named_parameters()`` order); subnetwork
+        Laplace: all the model's weights, as laplace-torch (``mean_subnet`` the covered ones)."""
+        f = self._fitted_summary()
+        return f["weights"] if self.subset_of_weights == "subnetwork" else f["mean"]
+
+    @property
+    def mean_subnet(self) -> Any:
+        """Subnetwork Laplace: the MAP weights of the covered parameters."""
+        if self.subset_of_weights != "subnetwork":
+            raise AttributeError("mean_subnet belongs to subset_of_weights='subnetwork'")
         return self._fitted_summary()["mean"]
 
     @property
@@ -500,7 +580,7 @@ class Laplace:
     def prior_precision_diag(self) -> Any:
         """λ for every covered parameter."""
         torch = _torch()
-        return self._prior_precision * torch.ones(self.n_params, dtype=self._dtype)
+        return self._prior_precision * torch.ones(self._covered, dtype=self._dtype)
 
     @property
     def sigma_noise(self) -> Any:
@@ -566,7 +646,7 @@ class Laplace:
 
     @property
     def scatter(self) -> Any:
-        delta = self.mean - self.prior_mean
+        delta = self._fitted_summary()["mean"] - self.prior_mean
         return (delta * self.prior_precision_diag) @ delta
 
     @property
@@ -584,7 +664,7 @@ class Laplace:
                 "curvature with a diagonal remainder, or the sampled structure): its evidence is not available"
             )
         lam = self._prior_precision[0]
-        missing = self.n_params - eig.shape[0]
+        missing = self._covered - eig.shape[0]
         return (eig * self._H_factor + lam).log().sum() + missing * lam.log()
 
     @property
@@ -891,7 +971,8 @@ class Laplace:
         return fs if self.likelihood == "regression" else torch.softmax(fs, dim=-1)
 
     def sample(self, n_samples: int = 100, generator: Any = None) -> Any:
-        """``n_samples × n_params`` draws of the covered weights from ``N(mean, P⁻¹)``."""
+        """``n_samples × n_params`` draws of the covered weights from ``N(mean, P⁻¹)`` (subnetwork
+        Laplace: every weight, the uncovered ones at the MAP, as laplace-torch)."""
         torch = _torch()
         if int(n_samples) < 1:
             raise ValueError(f"n_samples {n_samples} must be ≥ 1")
@@ -899,6 +980,9 @@ class Laplace:
         with self._lock:
             la = self._sync()
             draws = la.sample(int(n_samples), seed)
+        if self.subset_of_weights == "subnetwork":
+            # laplace-torch's assemble_full_samples: every weight, the others at the MAP.
+            return torch.as_tensor(np.asarray(draws), dtype=self._dtype)
         idx = self._fitted_summary()["indices"]
         return torch.as_tensor(np.asarray(draws)[:, idx], dtype=self._dtype)
 
@@ -917,16 +1001,17 @@ class Laplace:
         ``sigma_noise``, ``n_data``, ``n_outputs``, ``likelihood``, ``temperature``,
         ``enable_backprop``, ``cls_name``) with the curvature as fspace's checked JSON under
         ``fspace_posterior`` in place of ``H``."""
-        la = self._sync()
         if isinstance(self._spec, TorchModel):
             raise NotImplementedError(
                 "state_dict of a Laplace on the torch engine: its network lives in torch; save the model and refit"
             )
+        with self._lock:
+            posterior = self._sync().to_json()
         f = self._fitted_summary()
         state = dict(
-            mean=f["mean"].clone(), loss=f["loss"].clone(), n_data=f["n_data"], n_outputs=f["n_outputs"],
+            mean=self.mean.clone(), loss=f["loss"].clone(), n_data=f["n_data"], n_outputs=f["n_outputs"],
             likelihood=self.likelihood, enable_backprop=False, cls_name=self._cls_name(),
-            fspace_posterior=la.to_json(), sigma_fit=f["sigma_fit"],
+            fspace_posterior=posterior, sigma_fit=f["sigma_fit"],
         )
         state.update(self._hyper())
         return state
@@ -970,7 +1055,8 @@ class Laplace:
         if isinstance(self._spec, TorchModel):
             raise TypeError("a Laplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
         state = {k: v for k, v in self.__dict__.items() if k not in ("_la", "_lock", "model", "_fit")}
-        state["_posterior_json"] = None if self._la is None or self._fit is None else self._sync().to_json()
+        with self._lock:
+            state["_posterior_json"] = None if self._la is None or self._fit is None else self._sync().to_json()
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -983,6 +1069,22 @@ class Laplace:
         if saved is not None:
             self._la = _Laplace.from_json(saved)
             self._summarise(self._la)
+
+
+def _positional_names(subset: str, structure: str) -> List[str]:
+    """The positional parameters after ``hessian_structure`` of the laplace-torch 0.3 class
+    ``Laplace(model, likelihood, subset, structure, *args)`` picks, in its order."""
+    if subset == "subnetwork":
+        return ["subnetwork_indices", "sigma_noise", "prior_precision", "prior_mean", "temperature", "backend",
+                "backend_kwargs", "asdl_fisher_kwargs"]
+    head = ["sigma_noise", "prior_precision", "prior_mean", "temperature", "enable_backprop"]
+    if subset == "last_layer":
+        tail = ["feature_reduction", "dict_key_x", "dict_key_y", "backend", "last_layer_name"]
+        return head + tail + (["damping"] if structure == "kron" else []) + ["backend_kwargs", "asdl_fisher_kwargs"]
+    tail = ["dict_key_x", "dict_key_y", "backend"]
+    if structure == "kron":
+        return head + tail + ["damping", "backend_kwargs", "asdl_fisher_kwargs"]
+    return head + tail + ["backend_kwargs", "asdl_fisher_kwargs"]
 
 
 def _real_scalar(value: Any) -> Optional[float]:
