@@ -421,3 +421,28 @@ def test_subnetwork_laplace_and_its_masks_match_laplace_torch(structure, lik):
     outside = torch.ones(got.n_params, dtype=torch.bool)
     outside[idx] = False
     assert torch.equal(draws[:, outside], got.mean[outside].expand(5, -1))
+
+
+def test_one_posterior_serves_a_thread_pool_with_the_serial_answers():
+    """Queries hand λ and the temperature to Rust under the object's lock: from eight threads at
+    once (prior precisions changed between them), every answer is the serial one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = mlp(2, 3, seed=71)
+    x, y = data("classification", 60, seed=72, d_out=3)
+    la = fspace.Laplace(model, "classification", "all", "kron")
+    la.fit(loader(x, y))
+    queries = [data("classification", 20, seed=100 + i, d_out=3)[0] for i in range(16)]
+    serial = [la(q, link_approx="bridge") for q in queries]
+    evidence = float(la.log_marginal_likelihood())
+
+    def ask(i):
+        if i % 4 == 0:
+            la.state_dict()  # a save beside the queries
+        return la(queries[i], link_approx="bridge")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(ask, range(16)))
+    for a, b in zip(answers, serial):
+        assert torch.equal(a, b)
+    assert float(la.log_marginal_likelihood()) == evidence
