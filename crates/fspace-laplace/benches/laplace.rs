@@ -2,7 +2,8 @@
 //! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801), a sweep over the number of
 //! data points for KFAC, one over the number of draws for the sampled posterior, and KFAC's λ
 //! grid search on the FSP MNIST CNN against the number of validation images, and the last-layer
-//! GLM predictive of the MNIST MLP against the number of test images.
+//! GLM predictive of the MNIST MLP against the number of test images, and the streamed fit
+//! (batches of 128) beside the in-memory one over the number of points.
 //! `cargo bench -p fspace-laplace`; peak memory per case:
 //! `cargo run --release -p fspace-laplace --example laplace_workloads`.
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
@@ -10,7 +11,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fspace_core::Data;
 use fspace_core::LikelihoodSpec;
-use fspace_laplace::{fit, LaplaceConfig, MarglikConfig, SampledConfig, Structure};
+use fspace_laplace::{fit, fit_batches, LaplaceConfig, MarglikConfig, SampledConfig, Structure};
 use fspace_nn::{Activation, Cnn, CnnConfig, Mlp, MlpConfig};
 use nalgebra::{DMatrix, DVector};
 
@@ -108,6 +109,39 @@ fn kfac_sweep(c: &mut Criterion) {
     g.finish();
 }
 
+/// KFAC and diag from batches of 128 points (`fit_batches`, the streamed fit) against the
+/// in-memory fit, over the number of points: the streamed cost should track the in-memory one.
+fn streamed_sweep(c: &mut Criterion) {
+    let mut g = c.benchmark_group("streamed_vs_in_memory_2x200");
+    g.sample_size(10);
+    for n in [1_000, 4_000, 10_000] {
+        let w = workloads::workload(n, 200);
+        for (name, structure) in [("kfac", Structure::Kfac), ("diag", Structure::Diag)] {
+            g.bench_with_input(BenchmarkId::new(format!("{name}_in_memory"), n), &n, |b, _| {
+                b.iter(|| {
+                    fit(
+                        w.net.clone(),
+                        w.likelihood,
+                        &Data::new(&w.x, &w.y).unwrap(),
+                        &config(structure.clone()),
+                    )
+                    .unwrap()
+                })
+            });
+            g.bench_with_input(BenchmarkId::new(format!("{name}_batches_of_128"), n), &n, |b, _| {
+                b.iter(|| {
+                    let batches = (0..n).step_by(128).map(|s| {
+                        let l = 128.min(n - s);
+                        (w.x.rows(s, l).into_owned(), w.y.rows(s, l).into_owned())
+                    });
+                    fit_batches(w.net.clone(), w.likelihood, batches, &config(structure.clone())).unwrap()
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 /// Sampled LLA (one EM step: two preconditioned solves plus the rank-100 Lanczos
 /// preconditioner) against the number of draws: the products' GEMMs are `K` columns wide.
 fn sampled_sweep(c: &mut Criterion) {
@@ -185,6 +219,7 @@ criterion_group!(
     w1,
     w2,
     kfac_sweep,
+    streamed_sweep,
     sampled_sweep,
     kfac_gridsearch_cnn,
     last_layer_predict_mnist_mlp
