@@ -46,6 +46,14 @@ fn structure(name: &str, rank: Option<usize>, max_basis: Option<usize>) -> PyRes
     })
 }
 
+/// `(log p(D | w*), n, covered flat indices, all weights)`: what the evidence needs besides
+/// the curvature's eigenvalues.
+type FitSummary<'py> = (f64, usize, Vec<usize>, Bound<'py, PyArray1<f64>>);
+/// A predictive's mean (`n × d'`) and per-point covariances (`n × d' × d'`).
+type MeanAndCovariances<'py> = (Bound<'py, PyArray2<f64>>, Bound<'py, PyArray3<f64>>);
+/// A predictive's mean (`n × d'`) and joint covariance (`n·d' × n·d'`).
+type MeanAndJoint<'py> = (Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<f64>>);
+
 /// The curvature coordinates in ascending order of the flat parameter index they cover.
 fn sorted_coordinates(indices: &[usize]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..indices.len()).collect();
@@ -421,10 +429,7 @@ impl PyLaplace {
     /// What the evidence needs besides the eigenvalues: `(log p(D | w*) at the fit's σ, number
     /// of data points, the flat indices of the covered parameters in ascending order, all the
     /// network's flat weights)`.
-    fn fit_summary<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<(f64, usize, Vec<usize>, Bound<'py, PyArray1<f64>>)> {
+    fn fit_summary<'py>(&self, py: Python<'py>) -> PyResult<FitSummary<'py>> {
         let post = self.fitted()?;
         let mut idx = post.indices().to_vec();
         idx.sort_unstable();
@@ -433,11 +438,7 @@ impl PyLaplace {
     }
 
     /// The GLM predictive at the current λ and T: `(mean n × d', covariances n × d' × d')`.
-    fn glm<'py>(
-        &self,
-        py: Python<'py>,
-        x: PyReadonlyArray2<'py, f64>,
-    ) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray3<f64>>)> {
+    fn glm<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'py, f64>) -> PyResult<MeanAndCovariances<'py>> {
         let errors = self.net.errors();
         let post = self.fitted()?;
         let x = matrix(&x);
@@ -453,11 +454,7 @@ impl PyLaplace {
     }
 
     /// The joint GLM predictive: `(mean n × d', covariance n·d' × n·d')` (point-major).
-    fn glm_joint<'py>(
-        &self,
-        py: Python<'py>,
-        x: PyReadonlyArray2<'py, f64>,
-    ) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<f64>>)> {
+    fn glm_joint<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'py, f64>) -> PyResult<MeanAndJoint<'py>> {
         let errors = self.net.errors();
         let post = self.fitted()?;
         if post.predictive() != &Predictive::Glm {

@@ -1,4 +1,4 @@
-"""The function-space methods no other Python library has, in one shape.
+"""The function-space methods, in one shape.
 
 ``FSPLaplace``, ``GFSVI``, ``VaLLA``, ``ELLA`` and ``ExactGP`` share laplace-torch's calls:
 construct, ``fit(X, y)`` (arrays, tensors or a loader; ``val=(X_val, y_val)`` for early
