@@ -1272,12 +1272,17 @@ fn last_layer_kfac_equals_the_dense_last_layer_laplace_for_a_one_output_gaussian
     for i in 0..7 {
         assert!((a.var[(i, 0)] - cov[(i, i)]).abs() <= 1e-10 * cov[(i, i)]);
     }
-    // EKFAC over the last layer matches too; other structures say they are not implemented.
+    // EKFAC over the last layer matches too, diag is its diagonal, and the other structures say
+    // they are not implemented.
     let ek = fit_v(net.clone(), lik, &x, &y, &LaplaceConfig { structure: Structure::Ekfac, ..last.clone() })
         .unwrap();
     assert!(rel_frob(&ek.curvature().to_dense(), &dense.curvature().to_dense()) < 1e-10);
     let diag = LaplaceConfig { structure: Structure::Diag, ..last.clone() };
-    assert!(matches!(fit_v(net.clone(), lik, &x, &y, &diag), Err(LaplaceError::Unsupported { .. })));
+    let d = fit_v(net.clone(), lik, &x, &y, &diag).unwrap();
+    let want = DMatrix::from_diagonal(&dense.curvature().to_dense().diagonal());
+    assert!(rel_frob(&d.curvature().to_dense(), &want) < 1e-12);
+    let low_rank = LaplaceConfig { structure: Structure::low_rank(2), ..last.clone() };
+    assert!(matches!(fit_v(net.clone(), lik, &x, &y, &low_rank), Err(LaplaceError::Unsupported { .. })));
     // With several outputs last-layer KFAC is an approximation of the last-layer GGN, and the
     // predictive still equals J_L Σ_KFAC J_Lᵀ.
     let multi = mlp(2, vec![6, 5], 3, 53);
