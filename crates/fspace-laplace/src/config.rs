@@ -13,6 +13,10 @@ pub enum PriorPrecision {
     Scalar(f64),
     /// One λ per layer.
     PerLayer(Vec<f64>),
+    /// One λ per covered parameter, in ascending order of the flat parameter index
+    /// (laplace-torch's diagonal prior precision). The diagonal, full, last-layer, subnetwork
+    /// and B-Diag structures take it; Kronecker factors need one λ per layer block.
+    PerParameter(Vec<f64>),
 }
 
 /// How [`Posterior::predict`](fspace_core::Posterior::predict) and

@@ -334,7 +334,7 @@ impl KronCurvature {
     }
 
     /// λ of a layer, checked constant over it (per-layer priors are the finest KFAC allows).
-    fn layer_lambda(lam: &DVector<f64>, offset: usize, len: usize) -> Result<f64> {
+    pub(crate) fn layer_lambda(lam: &DVector<f64>, offset: usize, len: usize) -> Result<f64> {
         let l0 = lam[offset];
         if lam.rows(offset, len).iter().any(|&l| l != l0) {
             return Err(LaplaceError::Input(InputError::Invalid {

@@ -155,7 +155,7 @@ pub(crate) fn check_settings(likelihood: &LikelihoodSpec, config: &LaplaceConfig
     }
     // The sampled structure starts EM from one λ and draws at one (T, λ).
     let lambda0 = match (&config.structure, &config.prior_precision) {
-        (Structure::Sampled(_), PriorPrecision::PerLayer(_)) => {
+        (Structure::Sampled(_), PriorPrecision::PerLayer(_) | PriorPrecision::PerParameter(_)) => {
             return Err(LaplaceError::Unsupported {
                 structure: "sampled",
                 reason: "EM sets one prior precision; pass PriorPrecision::Scalar (its start)".into(),
@@ -165,7 +165,7 @@ pub(crate) fn check_settings(likelihood: &LikelihoodSpec, config: &LaplaceConfig
             ensure_positive("prior precision λ", *l)?;
             *l
         }
-        (_, PriorPrecision::PerLayer(_)) => 1.0,
+        (_, PriorPrecision::PerLayer(_) | PriorPrecision::PerParameter(_)) => 1.0,
     };
     Ok(lambda0)
 }
@@ -199,6 +199,7 @@ pub(crate) fn assemble<N: Network>(
         groups,
         n_groups,
         lambdas: vec![1.0; n_groups],
+        coordinate_lambdas: None,
         temperature: config.temperature,
         log_likelihood,
         n_data,

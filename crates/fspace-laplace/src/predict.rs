@@ -381,10 +381,10 @@ pub(crate) fn kron_covariances<N: Network>(
             inv: settings
                 .iter()
                 .map(|(lam, t)| {
-                    let l = lam[offset];
-                    eigenvalues.map(|e| 1.0 / (t * e.max(0.0) + l))
+                    let l = crate::curvature::KronCurvature::layer_lambda(lam, offset, r * c)?;
+                    Ok(eigenvalues.map(|e| 1.0 / (t * e.max(0.0) + l)))
                 })
-                .collect(),
+                .collect::<Result<Vec<_>>>()?,
         };
         offset += r * c;
     }

@@ -1887,3 +1887,60 @@ fn streamed_sums_refuse_what_they_cannot_do() {
             .unwrap();
     assert!(sums.merge(&other).is_err());
 }
+
+/// A prior precision per parameter (laplace-torch's diagonal prior): the evidence and the GLM
+/// predictive equal their dense evaluations, it survives save/load, and KFAC refuses it.
+#[test]
+fn a_per_parameter_prior_equals_the_dense_computation() {
+    let net = mlp(2, vec![5, 4], 3, 61);
+    let (x, y) = classification(25, 2, 3, 62);
+    let (xt, _) = classification(5, 2, 3, 63);
+    let lik = LikelihoodSpec::categorical(3);
+    let cases = [
+        (Structure::Diag, Weights::All),
+        (Structure::full(), Weights::All),
+        (Structure::Diag, Weights::LastLayer),
+        (Structure::full(), Weights::LastLayer),
+        (Structure::full(), Weights::Subnetwork(vec![0, 3, 7, 20, 40, 53])),
+    ];
+    for (structure, weights) in cases {
+        let config = LaplaceConfig { structure, weights: weights.clone(), ..config(Structure::Diag) };
+        let mut post = fit_v(net.clone(), lik, &x, &y, &config).unwrap();
+        let what = format!("{} {weights:?}", post.curvature().name());
+        let dim = post.indices().len();
+        // λ in ascending flat order; the coordinates may be ordered otherwise (last layer).
+        let values: Vec<f64> = (0..dim).map(|i| 0.3 + 0.2 * (i % 7) as f64).collect();
+        let mut sorted: Vec<(usize, usize)> =
+            post.indices().iter().copied().enumerate().map(|(c, f)| (f, c)).collect();
+        sorted.sort();
+        let mut per_coordinate = vec![0.0; dim];
+        for (rank, &(_, c)) in sorted.iter().enumerate() {
+            per_coordinate[c] = values[rank];
+        }
+        post.set_prior_precision(PriorPrecision::PerParameter(values.clone())).unwrap();
+        let want = dense_marglik(&post, &per_coordinate, 1.0);
+        let got = post.log_marginal_likelihood().unwrap();
+        assert!((got - want).abs() < 1e-9 * want.abs().max(1.0), "{what}: {got} vs {want}");
+        let lam = DMatrix::from_diagonal(&DVector::from_vec(per_coordinate.clone()));
+        let sigma = (post.curvature().to_dense() + lam).try_inverse().unwrap();
+        let js = net.jacobian(&xt).unwrap().select_columns(post.indices());
+        let cov = &js * sigma * js.transpose();
+        for (i, c) in post.glm_covariances(&xt).unwrap().iter().enumerate() {
+            let block = cov.view((i * 3, i * 3), (3, 3)).into_owned();
+            assert!(rel_frob(c, &block) < 1e-9, "{what}: GLM covariance");
+        }
+        let back = LaplacePosterior::<Mlp>::from_json(&post.to_json().unwrap()).unwrap();
+        assert_eq!(back.glm_covariances(&xt).unwrap(), post.glm_covariances(&xt).unwrap());
+        // A scalar prior afterwards replaces it.
+        post.set_prior_precision(PriorPrecision::Scalar(2.0)).unwrap();
+        let want = dense_marglik(&post, &vec![2.0; dim], 1.0);
+        assert!((post.log_marginal_likelihood().unwrap() - want).abs() < 1e-9 * want.abs().max(1.0));
+        assert!(post.set_prior_precision(PriorPrecision::PerParameter(vec![1.0; dim + 1])).is_err());
+    }
+    let mut kfac = fit_v(net.clone(), lik, &x, &y, &config(Structure::Kfac)).unwrap();
+    let dim = kfac.indices().len();
+    kfac.set_prior_precision(PriorPrecision::PerParameter((0..dim).map(|i| 1.0 + i as f64).collect()))
+        .unwrap();
+    assert!(kfac.log_marginal_likelihood().is_err());
+    assert!(kfac.glm_covariances(&xt).is_err());
+}

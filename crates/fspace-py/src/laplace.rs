@@ -408,6 +408,16 @@ impl PyLaplace {
         post.set_temperature(temperature).map_err(|e| errors.raise(e))
     }
 
+    /// Sets one prior precision per covered parameter (ascending flat index order, laplace-torch's
+    /// diagonal prior) and the temperature `T` of `T·C + Λ`.
+    fn set_state_per_parameter(&mut self, prior_precision: Vec<f64>, temperature: f64) -> PyResult<()> {
+        let errors = self.net.errors();
+        let post = self.fitted_mut()?;
+        post.set_prior_precision(PriorPrecision::PerParameter(prior_precision))
+            .map_err(|e| errors.raise(e))?;
+        post.set_temperature(temperature).map_err(|e| errors.raise(e))
+    }
+
     /// The eigenvalues of the fitted curvature `C` (at the σ of the fit, untempered; the
     /// unlisted ones are 0), `None` for a structure that stores none (`Curvature::eigenvalues`).
     fn curvature_eigenvalues<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<f64>>>> {

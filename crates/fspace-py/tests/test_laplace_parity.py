@@ -219,8 +219,13 @@ def test_laplace_torch_defaults_and_signature():
         la.log_marginal_likelihood(sigma_noise=torch.tensor(0.5))
     with pytest.raises(NotImplementedError, match="fspace.VaLLA"):
         fspace.Laplace(model, "classification", "all", "gp", functional_approximation="variational")
-    with pytest.raises(NotImplementedError, match="scalar"):
+    with pytest.raises(ValueError, match="Diagonal or scalar prior"):  # laplace-torch's last-layer rule
         la.optimize_prior_precision(prior_structure="layerwise")
+    kron = fspace.Laplace(model, "classification", "all", "kron")
+    kron.fit(loader(x, y))
+    with pytest.raises(NotImplementedError, match="diag and full"):
+        kron.optimize_prior_precision(prior_structure="layerwise")
+    la.prior_precision = 3.0
     # A query leaves what is saved unchanged.
     before = la.state_dict()["fspace_posterior"]
     la(x[:3], pred_type="nn", link_approx="mc", n_samples=5)
@@ -494,3 +499,39 @@ def test_a_cnn_and_a_non_sequential_model_give_laplace_torchs_numbers(name, make
         _close(out[0], ref_out[0], what=f"{name} f_mu")
         out, ref_out = out[1], ref_out[1]
     _close(out, ref_out, rtol=max(rtol, 1e-9), what=f"{name} predictive")
+
+
+@pytest.mark.parametrize("structure", ["full", "diag"])
+@pytest.mark.parametrize("subset", ["all", "last_layer"])
+@pytest.mark.parametrize("prior_structure", ["layerwise", "diag"])
+def test_layerwise_and_diagonal_prior_precisions_match_laplace_torch(structure, subset, prior_structure):
+    model = mlp(2, 2, seed=91)
+    x, y = data("regression", 50, seed=92, d_out=2)
+    xt, _ = data("regression", 6, seed=93, d_out=2)
+    got = fspace.Laplace(model, "regression", subset, structure, 0.3)
+    ref = laplace.Laplace(model, "regression", subset, structure, 0.3)
+    got.fit(loader(x, y))
+    ref.fit(loader(x, y))
+    # The evidence at a given non-uniform prior and its gradient.
+    count = ref.n_layers if prior_structure == "layerwise" else ref.n_params
+    lam = torch.linspace(0.5, 3.0, count, dtype=torch.float64)
+    if subset == "last_layer" and prior_structure == "layerwise":
+        # laplace-torch's last-layer Laplace takes a scalar or diagonal prior only; so does fspace.
+        for la in (got, ref):
+            with pytest.raises(ValueError, match="Diagonal or scalar prior"):
+                la.log_marginal_likelihood(torch.ones(2, dtype=torch.float64))
+        return
+    lam_g, lam_r = lam.clone().requires_grad_(True), lam.clone().requires_grad_(True)
+    eg, er = got.log_marginal_likelihood(lam_g), ref.log_marginal_likelihood(lam_r)
+    floor = FULL_RTOL if structure == "full" else RTOL
+    _close(eg, er, rtol=floor, what="evidence at a non-uniform prior")
+    eg.backward()
+    er.backward()
+    _close(lam_g.grad, lam_r.grad, rtol=1e-4 if structure == "full" else 1e-8, what="its gradient")
+    _close(got(xt)[1], ref(xt)[1], rtol=max(floor, 1e-8), what="predictive at a non-uniform prior")
+    # laplace-torch's search with that prior structure.
+    got.optimize_prior_precision(prior_structure=prior_structure, n_steps=30)
+    ref.optimize_prior_precision(prior_structure=prior_structure, n_steps=30)
+    assert got.prior_precision.shape == ref.prior_precision.shape == (count,)
+    _close(got.prior_precision, ref.prior_precision, rtol=1e-4 if structure == "full" else 1e-8, what="optimised λ")
+    _close(got(xt)[1], ref(xt)[1], rtol=max(floor, 1e-6), what="predictive at the optimised λ")

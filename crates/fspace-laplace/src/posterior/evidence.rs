@@ -21,8 +21,7 @@ impl<N: Network> LaplacePosterior<N> {
     /// over the weights the structure covers (the last layer for last-layer Laplace).
     pub fn log_marginal_likelihood_at(&self, prior: &PriorPrecision, t: f64) -> Result<f64> {
         ensure_positive("temperature", t)?;
-        let lambdas = self.resolve(prior)?;
-        let lam = self.lam_vector(&lambdas);
+        let lam = self.coordinate_lambdas_of(prior)?;
         let w = self.net.params();
         let scatter: f64 = self.indices.iter().zip(lam.iter()).map(|(&i, l)| l * w[i] * w[i]).sum();
         let log_prior_det: f64 = lam.iter().map(|l| l.ln()).sum();
@@ -32,7 +31,16 @@ impl<N: Network> LaplacePosterior<N> {
 
     /// [`log_marginal_likelihood_at`](Self::log_marginal_likelihood_at) the current λ and T.
     pub fn log_marginal_likelihood(&self) -> Result<f64> {
-        self.log_marginal_likelihood_at(&PriorPrecision::PerLayer(self.lambdas.clone()), self.temperature)
+        let prior = match &self.coordinate_lambdas {
+            Some(l) => {
+                // Back to ascending flat order, as PerParameter takes it.
+                let mut order: Vec<usize> = (0..self.indices.len()).collect();
+                order.sort_by_key(|&c| self.indices[c]);
+                PriorPrecision::PerParameter(order.iter().map(|&c| l[c]).collect())
+            }
+            None => PriorPrecision::PerLayer(self.lambdas.clone()),
+        };
+        self.log_marginal_likelihood_at(&prior, self.temperature)
     }
 
     /// Sets λ to the maximiser of the log marginal likelihood (laplace-torch's
@@ -65,7 +73,9 @@ impl<N: Network> LaplacePosterior<N> {
                 config.grid_points,
             )?;
             self.lambdas = vec![best; self.n_groups];
+            self.coordinate_lambdas = None;
         } else {
+            self.coordinate_lambdas = None;
             for _ in 0..config.sweeps.max(1) {
                 for g in 0..self.n_groups {
                     let current = self.lambdas.clone();
@@ -153,7 +163,7 @@ impl<N: Network> LaplacePosterior<N> {
         let mut settings = Vec::with_capacity(grid.len());
         for &v in grid {
             set(self, v)?;
-            settings.push((self.lam_vector(&self.lambdas), self.temperature));
+            settings.push((self.current_lambdas(), self.temperature));
         }
         let mut covs = vec![Vec::with_capacity(x.nrows()); settings.len()];
         let chunk = crate::ggn::statistics_chunk(&self.net.layer_infos(), self.net.output_dim(), GLM_CHUNK);

@@ -35,6 +35,11 @@ pub struct LaplacePosterior<N> {
     pub(crate) groups: Vec<usize>,
     pub(crate) n_groups: usize,
     pub(crate) lambdas: Vec<f64>,
+    /// λ per curvature coordinate when the prior was given per parameter
+    /// ([`PriorPrecision::PerParameter`]); it then overrides `lambdas` (which hold each layer's
+    /// mean, for reporting).
+    #[serde(default)]
+    pub(crate) coordinate_lambdas: Option<Vec<f64>>,
     pub(crate) temperature: f64,
     /// `log p(D | w*)` (untempered).
     pub(crate) log_likelihood: f64,
@@ -118,8 +123,58 @@ impl<N: Network> LaplacePosterior<N> {
 
     /// Sets λ (scalar, or one per layer); errors on λ ≤ 0 or a wrong count.
     pub fn set_prior_precision(&mut self, prior: PriorPrecision) -> Result<()> {
+        if let PriorPrecision::PerParameter(_) = prior {
+            let lam = self.coordinate_lambdas_of(&prior)?;
+            let mut sums = vec![(0.0, 0usize); self.n_groups];
+            for (&g, &l) in self.groups.iter().zip(lam.iter()) {
+                sums[g].0 += l;
+                sums[g].1 += 1;
+            }
+            self.lambdas = sums.iter().map(|&(s, c)| if c == 0 { 1.0 } else { s / c as f64 }).collect();
+            self.coordinate_lambdas = Some(lam.iter().copied().collect());
+            return Ok(());
+        }
         self.lambdas = self.resolve(&prior)?;
+        self.coordinate_lambdas = None;
         Ok(())
+    }
+
+    /// λ for every curvature coordinate under `prior`.
+    pub(crate) fn coordinate_lambdas_of(&self, prior: &PriorPrecision) -> Result<DVector<f64>> {
+        let PriorPrecision::PerParameter(values) = prior else {
+            return Ok(self.lam_vector(&self.resolve(prior)?));
+        };
+        if values.len() != self.indices.len() {
+            return Err(LaplaceError::Input(InputError::DimensionMismatch {
+                what: "per-parameter prior precisions (one per covered parameter)",
+                expected: self.indices.len(),
+                found: values.len(),
+            }));
+        }
+        for &v in values {
+            ensure_positive("prior precision λ", v)?;
+        }
+        // values are in ascending flat order; coordinate c covers flat index indices[c].
+        let mut order: Vec<usize> = (0..self.indices.len()).collect();
+        order.sort_by_key(|&c| self.indices[c]);
+        let mut lam = DVector::zeros(self.indices.len());
+        for (rank, &c) in order.iter().enumerate() {
+            lam[c] = values[rank];
+        }
+        Ok(lam)
+    }
+
+    /// λ for every curvature coordinate as set now.
+    pub(crate) fn current_lambdas(&self) -> DVector<f64> {
+        match &self.coordinate_lambdas {
+            Some(l) => DVector::from_column_slice(l),
+            None => self.lam_vector(&self.lambdas),
+        }
+    }
+
+    /// Whether one λ covers every coordinate.
+    pub(crate) fn isotropic(&self) -> bool {
+        self.coordinate_lambdas.is_none() && self.lambdas.iter().all(|&l| l == self.lambdas[0])
     }
 
     fn resolve(&self, prior: &PriorPrecision) -> Result<Vec<f64>> {
@@ -134,6 +189,12 @@ impl<N: Network> LaplacePosterior<N> {
                     }));
                 }
                 v.clone()
+            }
+            PriorPrecision::PerParameter(_) => {
+                return Err(LaplaceError::Input(InputError::Invalid {
+                    what: "prior precision",
+                    reason: "a per-parameter prior has no per-layer form".into(),
+                }))
             }
         };
         for &v in &l {
@@ -196,6 +257,12 @@ impl<N: Network + Serialize + DeserializeOwned> Persist for LaplacePosterior<N> 
             "must be the layer of each curvature coordinate".into()
         })?;
         check.len("lambdas", self.lambdas.len(), self.n_groups)?;
+        if let Some(l) = &self.coordinate_lambdas {
+            check.len("coordinate_lambdas", l.len(), self.indices.len())?;
+            for &v in l {
+                check.positive("coordinate_lambdas", v)?;
+            }
+        }
         for &l in &self.lambdas {
             check.positive("lambdas", l)?;
         }
@@ -234,7 +301,7 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
                 Predictive::Glm => {
                     let mean = forward_chunked(&self.net, x, 256)?;
                     let js = crate::predict::subset_jacobian(&self.net, &self.curvature, &self.indices, x)?;
-                    let lam = self.lam_vector(&self.lambdas);
+                    let lam = self.current_lambdas();
                     let sj = self.curvature.solve(self.temperature, &lam, &js.transpose())?;
                     let cov = &js * sj;
                     Ok((mean, (&cov + cov.transpose()) * 0.5))

@@ -16,7 +16,7 @@ use crate::error::{LaplaceError, Result};
 impl<N: Network> LaplacePosterior<N> {
     /// Per-point `d' × d'` GLM covariances `J(xᵢ) Σ J(xᵢ)ᵀ` at the current λ, T.
     pub fn glm_covariances(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
-        let lam = self.lam_vector(&self.lambdas);
+        let lam = self.current_lambdas();
         let t = self.temperature;
         let q = self.net.output_dim();
         let infos = self.net.layer_infos();
@@ -24,7 +24,7 @@ impl<N: Network> LaplacePosterior<N> {
         let layered = !infos.is_empty();
         let all_params = self.indices.len() == self.net.n_params()
             && self.indices.iter().enumerate().all(|(a, &b)| a == b);
-        let iso = self.lambdas.iter().all(|&l| l == self.lambdas[0]);
+        let iso = self.isotropic();
         let mut out = Vec::with_capacity(x.nrows());
         for s in (0..x.nrows()).step_by(chunk) {
             let l = chunk.min(x.nrows() - s);
@@ -155,7 +155,7 @@ impl<N: Network> LaplacePosterior<N> {
                 reason: "must be ≥ 1".into(),
             }));
         }
-        let lam = self.lam_vector(&self.lambdas);
+        let lam = self.current_lambdas();
         let z = self.curvature.sample(self.temperature, &lam, s, rng)?;
         let w = self.net.params();
         Ok((0..s)

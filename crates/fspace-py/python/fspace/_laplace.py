@@ -234,6 +234,7 @@ class Laplace:
         self._dtype = torch.float64
         self._lock = threading.RLock()
         self._spec = network_spec(model, input_shape, engine)
+        self._all_sizes = _parameter_sizes(model)
         on_torch = isinstance(self._spec, TorchModel)
         if subnetwork_indices is not None:
             if is_torch(subnetwork_indices):
@@ -512,9 +513,7 @@ class Laplace:
         """laplace-torch's number of parameter tensors (the lengths a layer-wise prior precision takes)."""
         if self.subset_of_weights == "last_layer":
             return 2
-        if isinstance(self.model, tuple):
-            return len(self.model[0])
-        return sum(1 for p in self.model.parameters() if p.requires_grad)
+        return len(self._all_sizes)
 
     @property
     def n_data(self) -> int:
@@ -567,20 +566,38 @@ class Laplace:
         else:
             raise ValueError("Prior precision either scalar or torch.Tensor up to 1-dim.")
         values = t.detach()
-        if len(values) != 1:
-            raise NotImplementedError(
-                f"a prior precision of length {len(values)}: laplace-torch also takes one per parameter tensor or per "
-                "parameter; fspace's Laplace serves one prior precision (scalar) for now"
-            )
+        if len(values) != 1 and self._fit is not None:
+            if self.subset_of_weights in ("subnetwork", "last_layer") and len(values) != self._covered:
+                # laplace-torch's last-layer and subnetwork Laplace take a scalar or diagonal prior.
+                raise ValueError("Mismatch of prior and model. Diagonal or scalar prior.")
+            if len(values) not in (self.n_layers, self._covered):
+                raise ValueError("Length of prior precision does not align with architecture.")
         if not bool(torch.isfinite(values).all()) or bool((values <= 0).any()):
             raise ValueError(f"prior_precision {values.tolist()} must be finite and > 0")
         self._prior_precision = t
 
     @property
     def prior_precision_diag(self) -> Any:
-        """λ for every covered parameter."""
+        """λ for every covered parameter (from one λ, one per parameter tensor, or one per parameter)."""
         torch = _torch()
-        return self._prior_precision * torch.ones(self._covered, dtype=self._dtype)
+        lam = self._prior_precision
+        if len(lam) == 1:
+            return lam * torch.ones(self._covered, dtype=self._dtype)
+        if len(lam) == self._covered:
+            return lam
+        sizes = self._tensor_sizes()
+        if len(lam) == len(sizes):
+            return torch.cat([l * torch.ones(n, dtype=self._dtype) for l, n in zip(lam, sizes)])
+        raise ValueError("Mismatch of prior and model. Diagonal, scalar, or per-layer prior.")
+
+    def _tensor_sizes(self) -> List[int]:
+        """The sizes of the covered parameter tensors, in ``named_parameters()`` order."""
+        if self.subset_of_weights == "last_layer":
+            d = self.n_outputs
+            return [self._covered - d, d]
+        if self.subset_of_weights == "subnetwork":
+            return [self._covered]
+        return list(self._all_sizes)
 
     @property
     def sigma_noise(self) -> Any:
@@ -663,9 +680,29 @@ class Laplace:
                 f"hessian_structure={self.hessian_structure!r} with these options stores no eigenvalues (a low-rank "
                 "curvature with a diagonal remainder, or the sampled structure): its evidence is not available"
             )
-        lam = self._prior_precision[0]
-        missing = self._covered - eig.shape[0]
-        return (eig * self._H_factor + lam).log().sum() + missing * lam.log()
+        if len(self._prior_precision) == 1:
+            lam = self._prior_precision[0]
+            missing = self._covered - eig.shape[0]
+            return (eig * self._H_factor + lam).log().sum() + missing * lam.log()
+        # A prior per parameter tensor or per parameter: Σ log(f·hᵢ + λᵢ) on a diagonal, the
+        # dense log-determinant (as laplace-torch) on a full or subnetwork curvature.
+        if self.hessian_structure == "diag":
+            return (self._dense_curvature().diagonal() * self._H_factor + self.prior_precision_diag).log().sum()
+        if self.hessian_structure == "full":
+            torch = _torch()
+            return torch.logdet(self._H_factor * self._dense_curvature() + torch.diag(self.prior_precision_diag))
+        raise NotImplementedError(
+            f"a prior precision per parameter tensor or per parameter with hessian_structure={self.hessian_structure!r}: "
+            "fspace takes it on the diag and full structures (Kronecker factors need one λ per layer block)"
+        )
+
+    def _dense_curvature(self) -> Any:
+        """The curvature at σ = 1 as a dense tensor (ascending flat order), cached per fit."""
+        torch = _torch()
+        f = self._fitted_summary()
+        if f.get("dense") is None:
+            f["dense"] = torch.as_tensor(self._la.curvature_dense(), dtype=self._dtype) * self._unit()
+        return f["dense"]
 
     @property
     def log_det_ratio(self) -> Any:
@@ -696,11 +733,9 @@ class Laplace:
         """``H/(σ²T) + λI``: a vector for ``diag``, a matrix for ``full`` / ``subnetwork``."""
         torch = _torch()
         if self.hessian_structure == "diag":
-            dense = torch.as_tensor(np.diag(self._la.curvature_dense()), dtype=self._dtype) * self._unit()
-            return dense * self._H_factor + self.prior_precision_diag
+            return self._dense_curvature().diagonal() * self._H_factor + self.prior_precision_diag
         if self.hessian_structure == "full":
-            dense = torch.as_tensor(self._la.curvature_dense(), dtype=self._dtype) * self._unit()
-            return self._H_factor * dense + torch.diag(self.prior_precision_diag)
+            return self._H_factor * self._dense_curvature() + torch.diag(self.prior_precision_diag)
         raise NotImplementedError(
             f"posterior_precision of hessian_structure={self.hessian_structure!r}: laplace-torch returns its own "
             "Kronecker / low-rank operator type, which fspace does not mirror"
@@ -756,11 +791,7 @@ class Laplace:
         torch = _torch()
         if pred_type not in ("glm", "nn"):
             raise ValueError(f"pred_type {pred_type!r} is not \"glm\" or \"nn\"")
-        if prior_structure != "scalar":
-            if prior_structure in ("layerwise", "diag"):
-                raise NotImplementedError(
-                    f"prior_structure={prior_structure!r}: fspace's Laplace serves one prior precision (scalar) for now"
-                )
+        if prior_structure not in ("scalar", "layerwise", "diag"):
             raise ValueError(f"prior_structure {prior_structure!r} is not \"scalar\", \"layerwise\" or \"diag\"")
         self._fitted()
         if method == "marglik":
@@ -769,6 +800,10 @@ class Laplace:
 
                 warnings.warn("`val_loader` will be ignored when `method` == 'marglik'. Do you mean to set `method = 'gridsearch'`?")
             self.prior_precision = init_prior_prec if is_torch(init_prior_prec) else torch.as_tensor(init_prior_prec)
+            if len(self.prior_precision) == 1 and prior_structure != "scalar":
+                # laplace-torch's fix_prior_prec_structure: the scalar start spread per tensor or per parameter.
+                count = self.n_layers if prior_structure == "layerwise" else self._covered
+                self.prior_precision = self.prior_precision.detach() * torch.ones(count, dtype=self._dtype)
             log_prior_prec = self.prior_precision.detach().log().clone()
             log_prior_prec.requires_grad = True
             optimizer = torch.optim.Adam([log_prior_prec], lr=lr)
@@ -846,9 +881,11 @@ class Laplace:
     def _sync(self) -> Any:
         """Hands Rust the current λ and the temperature of ``T'·C + λ`` (module docs)."""
         la = self._fitted()
-        lam = float(self._prior_precision.detach()[0])
         scale = float(self._H_factor.detach()) * self._unit()
-        la.set_state(lam, scale)
+        if len(self._prior_precision) == 1:
+            la.set_state(float(self._prior_precision.detach()[0]), scale)
+        else:
+            la.set_state_per_parameter(self.prior_precision_diag.detach().tolist(), scale)
         return la
 
     def _x(self, x: Any) -> np.ndarray:
@@ -1069,6 +1106,17 @@ class Laplace:
         if saved is not None:
             self._la = _Laplace.from_json(saved)
             self._summarise(self._la)
+
+
+def _parameter_sizes(model: Any) -> List[int]:
+    """The sizes of the model's trainable parameter tensors in ``named_parameters()`` order
+    (laplace-torch's layers of a layer-wise prior precision)."""
+    if isinstance(model, tuple):
+        from ._convert import parameter_order
+
+        layout = [(k, tuple(np.shape(v))) for k, v in model[0].items()]
+        return [int(np.prod(shape)) if shape else 1 for _, shape in parameter_order(layout)]
+    return [int(p.numel()) for p in model.parameters() if p.requires_grad]
 
 
 def _positional_names(subset: str, structure: str) -> List[str]:
