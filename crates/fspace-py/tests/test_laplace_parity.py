@@ -233,6 +233,18 @@ def test_laplace_torch_defaults_and_signature():
     assert la.state_dict()["fspace_posterior"] == before
 
 
+def _readme_loop(la, steps):
+    """laplace-torch's README marginal-likelihood loop, verbatim but for the step count."""
+    log_prior, log_sigma = torch.ones(1, requires_grad=True), torch.ones(1, requires_grad=True)
+    hyper_optimizer = torch.optim.Adam([log_prior, log_sigma], lr=1e-1)
+    for i in range(steps):
+        hyper_optimizer.zero_grad()
+        neg_marglik = -la.log_marginal_likelihood(log_prior.exp(), log_sigma.exp())
+        neg_marglik.backward()
+        hyper_optimizer.step()
+    return log_prior, log_sigma
+
+
 def test_laplace_torch_readme_marglik_loop_runs_verbatim():
     # laplace-torch's README: the differentiable evidence in λ and σ, optimised with Adam.
     model = mlp(2, 1, seed=21)
@@ -241,30 +253,13 @@ def test_laplace_torch_readme_marglik_loop_runs_verbatim():
     # libraries' gradients in σ are exact (laplace-torch's kron gradient is not: see above).
     kron = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="kron")
     kron.fit(loader(x, y))
-    log_prior, log_sigma = torch.ones(1, requires_grad=True), torch.ones(1, requires_grad=True)
-    hyper_optimizer = torch.optim.Adam([log_prior, log_sigma], lr=1e-1)
-    for i in range(5):
-        hyper_optimizer.zero_grad()
-        neg_marglik = -kron.log_marginal_likelihood(log_prior.exp(), log_sigma.exp())
-        neg_marglik.backward()
-        hyper_optimizer.step()
+    _readme_loop(kron, 5)
     la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="diag")
     la.fit(loader(x, y))
-    log_prior, log_sigma = torch.ones(1, requires_grad=True), torch.ones(1, requires_grad=True)
-    hyper_optimizer = torch.optim.Adam([log_prior, log_sigma], lr=1e-1)
-    for i in range(50):
-        hyper_optimizer.zero_grad()
-        neg_marglik = -la.log_marginal_likelihood(log_prior.exp(), log_sigma.exp())
-        neg_marglik.backward()
-        hyper_optimizer.step()
+    log_prior, log_sigma = _readme_loop(la, 50)
     ref = laplace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="diag")
     ref.fit(loader(x, y))
-    lp, ls = torch.ones(1, requires_grad=True), torch.ones(1, requires_grad=True)
-    opt = torch.optim.Adam([lp, ls], lr=1e-1)
-    for i in range(50):
-        opt.zero_grad()
-        (-ref.log_marginal_likelihood(lp.exp(), ls.exp())).backward()
-        opt.step()
+    lp, ls = _readme_loop(ref, 50)
     close(log_prior, lp, rtol=1e-8, what="log λ")
     close(log_sigma, ls, rtol=1e-8, what="log σ")
     pred = la(x[:4], pred_type="glm")
