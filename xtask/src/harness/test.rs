@@ -5,7 +5,8 @@
 //!    `target/python-venv` (`python3 -m venv`, made once), with maturin, numpy, pytest and
 //!    mypy from PyPI, then torch (`install_torch`: PyPI's Linux wheel brings its CUDA
 //!    libraries; without triton, which only `torch.compile` uses, it is ≈ 4.4 GB installed and
-//!    took 105 s on a fresh venv here; once per machine). Making it is mostly download and
+//!    took 105 s on a fresh venv here; once per machine) and laplace-torch 0.3, the reference
+//!    of `crates/fspace-py/tests/test_laplace_parity.py`. Making it is mostly download and
 //!    unpacking while the Rust suite is mostly compiling and computing, so on a fresh machine
 //!    the two overlap instead of adding up; its output goes to `target/python-environment.log`
 //!    and is printed when both are done. `--no-torch` leaves torch out, and so does a disk with
