@@ -90,20 +90,23 @@ pub enum CurvatureSource {
 }
 
 /// Per-point square roots `Lᵢ` (`d' × k`, `LᵢLᵢᵀ = Hᵢ`) of PSD Hessian blocks; `k = d'`
-/// (`k = 1` for scalar outputs). Eigenvalues below zero (rounding) are clamped.
-pub(crate) fn hessian_factors(hessians: &[DMatrix<f64>]) -> Vec<DMatrix<f64>> {
+/// (`k = 1` for scalar outputs). Eigenvalues below zero (rounding) are clamped. The
+/// eigendecomposition is fspace-linalg's (faer's): nalgebra 0.33's `symmetric_eigen` returned
+/// orthonormal but wrong eigenpairs for some near-uniform softmax Hessians (`LLᵀ` off `H` by
+/// 6.6e-2 on a 10-class MLP), which skewed KFAC's output factor
+/// (`tests/laplace.rs`, `softmax_hessian_factors_reproduce_the_hessians`).
+pub(crate) fn hessian_factors(hessians: &[DMatrix<f64>]) -> Result<Vec<DMatrix<f64>>> {
     hessians
         .iter()
         .map(|h| {
             if h.nrows() == 1 {
-                return DMatrix::from_element(1, 1, h[(0, 0)].max(0.0).sqrt());
+                return Ok(DMatrix::from_element(1, 1, h[(0, 0)].max(0.0).sqrt()));
             }
-            let eig = ((h + h.transpose()) * 0.5).symmetric_eigen();
-            let mut l = eig.eigenvectors.clone();
+            let (values, mut l) = fspace_linalg::sym_eigh(&((h + h.transpose()) * 0.5))?;
             for (j, mut col) in l.column_iter_mut().enumerate() {
-                col *= eig.eigenvalues[j].max(0.0).sqrt();
+                col *= values[j].max(0.0).sqrt();
             }
-            l
+            Ok(l)
         })
         .collect()
 }
@@ -120,7 +123,7 @@ pub(crate) fn data_for<'a>(
     let (hessians, factors) = match source {
         CurvatureSource::Ggn => {
             let hessians = lik.nll_hessian(f, y)?;
-            let factors = hessian_factors(&hessians);
+            let factors = hessian_factors(&hessians)?;
             (hessians, factors)
         }
         CurvatureSource::EmpiricalFisher => {
@@ -135,4 +138,36 @@ pub(crate) fn data_for<'a>(
         }
     };
     Ok(Data { x, hessians, factors, chunk, product_chunk: chunk, progress: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The softmax Hessian `diag(p) − ppᵀ` at logits on which nalgebra 0.33's
+    /// `symmetric_eigen` returned a factor 6.6e-2 off (found on a 20-30-30-10 tanh MLP): the
+    /// factors reproduce it, and keep (to rounding) its null vector `1`.
+    #[test]
+    fn softmax_hessian_factors_reproduce_the_hessians() {
+        let logits = [
+            -8.57150033405157386e-02,
+            1.34122773440324861e-01,
+            -3.95452081588568150e-03,
+            1.59239466678930991e-01,
+            -1.99170411918241308e-01,
+            2.00093703747225016e-02,
+            -5.62877084888412094e-03,
+            4.69175574236582599e-02,
+            -9.33833040845309936e-02,
+            -9.57413032152359122e-02,
+        ];
+        let p = DVector::from_vec(fspace_core::softmax(&logits));
+        let h = DMatrix::from_diagonal(&p) - &p * p.transpose();
+        let l = hessian_factors(std::slice::from_ref(&h)).unwrap().pop().unwrap();
+        let err = (&l * l.transpose() - &h).abs().max();
+        assert!(err < 1e-14, "LLᵀ − H = {err:e}");
+        // Lᵀ1 is √(rounding) small: the null eigenvalue ≈ 1e-17 enters as its square root.
+        let null = l.transpose() * DVector::from_element(10, 1.0);
+        assert!(null.abs().max() < 1e-7, "Lᵀ1 = {:e}", null.abs().max());
+    }
 }
