@@ -14,33 +14,16 @@ Opt-in (not part of the test suite): needs torch and laplace-torch beside the `f
 """
 
 import argparse
-import gzip
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from python_vs_laplace_torch import ROOT, idx, peak_mb  # noqa: E402  (the IDX reader and VmHWM)
+
 ROWS = [("last_layer", "kron"), ("last_layer", "diag"), ("last_layer", "full"), ("all", "kron")]
-
-
-def idx(path):
-    import numpy as np
-
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
-
-
-def peak_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def child(lib, subset, structure, n):
@@ -49,7 +32,6 @@ def child(lib, subset, structure, n):
     import torch
 
     warnings.simplefilter("ignore")
-    sys.path.insert(0, str(Path(__file__).parent))
     from _models import mnist_mlp
 
     if lib == "fspace":
@@ -76,7 +58,7 @@ def child(lib, subset, structure, n):
     t["predict"] = time.perf_counter() - start
     print(json.dumps({"lib": lib, "subset": subset, "structure": structure, "n": n, "seconds": t,
                       "prior_precision": float(la.prior_precision.reshape(-1)[0]),
-                      "probs_head": probs[:2].tolist(), "peak_mib": peak_mib()}))
+                      "probs_head": probs[:2].tolist(), "peak_mib": peak_mb()}))
 
 
 def main():

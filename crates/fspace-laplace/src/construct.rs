@@ -328,20 +328,10 @@ fn kron_layers<N: Network>(
             })
         }
     };
-    let infos: Vec<LayerInfo> = ids.iter().map(|&l| all_infos[l].clone()).collect();
-    let q = net.output_dim();
-    if matches!(weights, Weights::LastLayer)
-        && (infos[0].kind != LayerKind::Dense || infos[0].fan_out != q || !infos[0].has_bias())
-    {
-        return Err(LaplaceError::Unsupported {
-            structure,
-            reason: format!(
-                "the last layer {} is not a dense layer with a bias onto the {q} outputs",
-                infos[0].name
-            ),
-        });
+    if matches!(weights, Weights::LastLayer) {
+        checked_last_layer(net, structure)?;
     }
-    Ok((infos, ids))
+    Ok((ids.iter().map(|&l| all_infos[l].clone()).collect(), ids))
 }
 
 /// One chunk's layer statistics; the last layer alone (`last_only`) from its features: its
@@ -382,6 +372,13 @@ pub(crate) struct KronSums {
 }
 
 impl KronSums {
+    /// Zero sums over the layers KFAC covers for `weights` (no data yet).
+    pub(crate) fn zeros<N: Network>(net: &N, weights: &Weights, structure: &'static str) -> Result<Self> {
+        let (infos, ids) = kron_layers(net, weights, structure)?;
+        let sums = infos.iter().map(KfacFactorSums::zeros).collect();
+        Ok(KronSums { sums, infos, ids, all_layers: matches!(weights, Weights::All) })
+    }
+
     pub(crate) fn add(&mut self, other: &KronSums) {
         for (total, part) in self.sums.iter_mut().zip(&other.sums) {
             total.add(part);
@@ -609,6 +606,26 @@ pub(crate) fn checked_last_layer<N: Network>(net: &N, structure: &'static str) -
     Ok(last)
 }
 
+/// Subnetwork parameter indices: non-empty, strictly increasing and below the `p` parameters.
+pub(crate) fn check_subnetwork(idx: &[usize], p: usize) -> Result<()> {
+    if idx.is_empty() {
+        return Err(LaplaceError::Input(InputError::Empty { what: "subnetwork parameter indices" }));
+    }
+    if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "subnetwork parameter indices",
+            reason: format!("must be strictly increasing ({} then {})", w[0], w[1]),
+        }));
+    }
+    if idx[idx.len() - 1] >= p {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "subnetwork parameter indices",
+            reason: format!("index {} is not below the {p} parameters", idx[idx.len() - 1]),
+        }));
+    }
+    Ok(())
+}
+
 /// The dense GGN `RᵀR` restricted to the flat parameter indices `idx` (every parameter when
 /// `None`), accumulated over `data`'s chunks: what the full and subnetwork structures sum when
 /// the data arrive in parts ([`crate::LaplaceSums`]).
@@ -825,22 +842,7 @@ pub(crate) fn build<N: Network>(
 ) -> Result<(Curvature, Vec<usize>)> {
     let all = || (0..net.n_params()).collect::<Vec<_>>();
     if let Weights::Subnetwork(idx) = weights {
-        let p = net.n_params();
-        if idx.is_empty() {
-            return Err(LaplaceError::Input(InputError::Empty { what: "subnetwork parameter indices" }));
-        }
-        if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
-            return Err(LaplaceError::Input(InputError::Invalid {
-                what: "subnetwork parameter indices",
-                reason: format!("must be strictly increasing ({} then {})", w[0], w[1]),
-            }));
-        }
-        if idx[idx.len() - 1] >= p {
-            return Err(LaplaceError::Input(InputError::Invalid {
-                what: "subnetwork parameter indices",
-                reason: format!("index {} is not below the {p} parameters", idx[idx.len() - 1]),
-            }));
-        }
+        check_subnetwork(idx, net.n_params())?;
         return match structure {
             Structure::Full(c) => {
                 if idx.len() > c.max_params {

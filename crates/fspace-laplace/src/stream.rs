@@ -29,14 +29,15 @@ use nalgebra::{DMatrix, DVector};
 
 use crate::config::LaplaceConfig;
 use crate::construct::{
-    checked_last_layer, dense_gram, diagonal, kron_from_sums, kron_sums, last_layer_gram, KronSums,
+    check_subnetwork, checked_last_layer, dense_gram, diagonal, kron_from_sums, kron_sums, last_layer_gram,
+    KronSums,
 };
 use crate::curvature::{Curvature, CurvatureApprox, DiagCurvature, EigenCurvature};
 use crate::data::data_for;
 use crate::error::{LaplaceError, Result};
 use crate::fit::{assemble, check_data, check_settings, check_weights};
 use crate::posterior::{forward_chunked, LaplacePosterior};
-use crate::structure::{FitReport, KronBias, Structure, Weights};
+use crate::structure::{FitReport, LastLayerConfig, Structure, Weights};
 
 /// What a structure sums over the data.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,9 +85,17 @@ impl LaplaceSums {
         }
         check_weights(net)?;
         let p = net.n_params();
-        let last_layer = |structure| -> Result<Sums> {
+        let last_layer = |structure, limit: usize| -> Result<Sums> {
             let layer = checked_last_layer(net, structure)?;
             let dim = layer.n_params();
+            if dim > limit {
+                return Err(LaplaceError::TooLarge {
+                    structure,
+                    what: "last-layer parameters",
+                    size: dim,
+                    limit,
+                });
+            }
             Ok(Sums::LastLayer { gram: DMatrix::zeros(dim, dim), layer })
         };
         let dense = |indices: Option<Vec<usize>>, limit: usize, structure| -> Result<Sums> {
@@ -98,40 +107,16 @@ impl LaplaceSums {
         };
         let sums = match (&config.structure, &config.weights) {
             (Structure::Diag, Weights::All) => Sums::Diag(DVector::zeros(p)),
-            (Structure::Diag, Weights::LastLayer) | (Structure::Full(_), Weights::LastLayer) => {
-                last_layer(config.structure.name())?
-            }
-            (Structure::LastLayer(c), _) => {
-                let s = last_layer("last_layer")?;
-                if let Sums::LastLayer { layer, .. } = &s {
-                    if layer.n_params() > c.max_params {
-                        return Err(LaplaceError::TooLarge {
-                            structure: "last_layer",
-                            what: "last-layer parameters",
-                            size: layer.n_params(),
-                            limit: c.max_params,
-                        });
-                    }
-                }
-                s
-            }
+            (Structure::Diag, Weights::LastLayer) => last_layer("diag", LastLayerConfig::default().max_params)?,
+            (Structure::Full(c), Weights::LastLayer) => last_layer("full", c.max_params)?,
+            (Structure::LastLayer(c), _) => last_layer("last_layer", c.max_params)?,
             (Structure::Full(c), Weights::All) => dense(None, c.max_params, "full")?,
             (Structure::Full(c), Weights::Subnetwork(idx)) => dense(Some(idx.clone()), c.max_params, "full")?,
             (Structure::Diag, Weights::Subnetwork(idx)) => {
                 dense(Some(idx.clone()), crate::structure::FullConfig::default().max_params, "diag")?
             }
             (Structure::Kfac, Weights::All | Weights::LastLayer) => {
-                // Zero sums of the covered layers (no data yet).
-                let x = DMatrix::zeros(0, net.input_dim());
-                let data = crate::data::Data {
-                    x: &x,
-                    hessians: Vec::new(),
-                    factors: Vec::new(),
-                    chunk: 1,
-                    product_chunk: 1,
-                    progress: None,
-                };
-                Sums::Kron(kron_sums(net, &data, &config.weights, "kfac")?)
+                Sums::Kron(KronSums::zeros(net, &config.weights, "kfac")?)
             }
             (Structure::Kfac, Weights::Subnetwork(_)) => {
                 return Err(unsupported("kfac", "over a subnetwork only the full GGN and its diagonal are implemented"))
@@ -145,15 +130,8 @@ impl LaplaceSums {
                 ))
             }
         };
-        if let (Structure::Diag | Structure::Full(_), Weights::Subnetwork(idx)) =
-            (&config.structure, &config.weights)
-        {
-            if idx.is_empty() || idx.windows(2).any(|w| w[0] >= w[1]) || idx[idx.len() - 1] >= p {
-                return Err(LaplaceError::Input(InputError::Invalid {
-                    what: "subnetwork parameter indices",
-                    reason: format!("must be non-empty, strictly increasing and below the {p} parameters"),
-                }));
-            }
+        if let Weights::Subnetwork(idx) = &config.weights {
+            check_subnetwork(idx, p)?;
         }
         Ok(Self {
             likelihood,
@@ -313,11 +291,6 @@ impl LaplaceSums {
             report,
             self.started,
         )
-    }
-
-    /// Where KFAC puts the bias (from the settings).
-    pub fn kron_bias(&self) -> KronBias {
-        self.config.kron_bias
     }
 }
 

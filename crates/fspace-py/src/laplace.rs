@@ -1,6 +1,6 @@
 //! `fspace._fspace.Laplace`: laplace-torch's `Laplace` on an MLP (crate docs).
 
-use fspace_core::{Data, LikelihoodSpec, Link, Persist, Posterior};
+use fspace_core::{Data, LikelihoodSpec, Persist, Posterior};
 use fspace_laplace::{
     KronBias, LaplaceConfig, LaplaceError, LaplacePosterior, MarglikConfig, Predictive, PriorPrecision,
     Structure, Weights,
@@ -10,7 +10,7 @@ use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyDict;
 
 use crate::callback::{callback_network, PyNetwork};
 use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy};
@@ -81,9 +81,6 @@ impl PyLaplace {
     }
     fn fitted_mut(&mut self) -> PyResult<&mut LaplacePosterior<PyNetwork>> {
         self.posterior.as_mut().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
-    }
-    fn classification(&self) -> bool {
-        matches!(self.likelihood, LikelihoodSpec::Categorical { .. })
     }
 }
 
@@ -329,56 +326,6 @@ impl PyLaplace {
         }
     }
 
-    /// Regression: `(mean, variance)` of `f` (`n × d'` each). Classification: class
-    /// probabilities (`n × C`) by `link_approx` `"probit" | "bridge" | "mc"` (`n_samples`
-    /// draws from `seed`). `pred_type` `"glm"` (the linearised predictive) or `"nn"`
-    /// (the network at weight samples).
-    #[pyo3(signature = (x, pred_type="glm", link_approx="probit", n_samples=100, seed=0))]
-    fn predict<'py>(
-        &mut self,
-        py: Python<'py>,
-        x: PyReadonlyArray2<'py, f64>,
-        pred_type: &str,
-        link_approx: &str,
-        n_samples: usize,
-        seed: u64,
-    ) -> PyResult<Py<PyAny>> {
-        let errors = self.net.errors();
-        let classification = self.classification();
-        let predictive = match pred_type {
-            "glm" => Predictive::Glm,
-            "nn" => Predictive::Nonlinear { samples: n_samples, seed },
-            other => return Err(value_error(format!("pred_type {other:?} is not \"glm\" or \"nn\""))),
-        };
-        let link = match link_approx {
-            "probit" => Link::Probit,
-            "bridge" => Link::LaplaceBridge,
-            "mc" => Link::MonteCarlo { samples: n_samples, seed },
-            other => {
-                return Err(value_error(format!(
-                    "link_approx {other:?} is not \"probit\", \"bridge\" or \"mc\""
-                )))
-            }
-        };
-        let post = self.fitted_mut()?;
-        post.set_predictive(predictive).map_err(|e| errors.raise(e))?;
-        let x = matrix(&x);
-        if classification {
-            let p = py.detach(|| post.class_probabilities(&x, &link)).map_err(|e| errors.raise(e))?;
-            Ok(to_numpy(py, &p).into_any().unbind())
-        } else {
-            let f = py.detach(|| post.predict(&x)).map_err(|e| errors.raise(e))?;
-            Ok(PyTuple::new(py, [to_numpy(py, &f.mean), to_numpy(py, &f.var)])?.into_any().unbind())
-        }
-    }
-
-    /// The Laplace log marginal likelihood at the current λ and T.
-    fn log_marginal_likelihood(&self, py: Python<'_>) -> PyResult<f64> {
-        let errors = self.net.errors();
-        let post = self.fitted()?;
-        py.detach(|| post.log_marginal_likelihood()).map_err(|e| errors.raise(e))
-    }
-
     /// `n` weight samples from the posterior (`n × p`, the weights in PyTorch's
     /// `named_parameters()` order; weights outside the subset at their MAP values).
     #[pyo3(signature = (n_samples=100, seed=0))]
@@ -520,12 +467,6 @@ impl PyLaplace {
     #[getter]
     fn n_params(&self) -> usize {
         self.net.n_params()
-    }
-
-    /// Whether `fit` has run.
-    #[getter]
-    fn is_fitted(&self) -> bool {
-        self.posterior.is_some()
     }
 
     /// The fitted posterior as fspace's versioned JSON (what `pickle` stores).

@@ -6,11 +6,14 @@
 //! the arguments here; this module owns the numbers:
 //!
 //! * `Laplace` (`src/laplace.rs`): the linearised Laplace approximation of an MLP given as
-//!   PyTorch's named tensors and one activation, in laplace-torch's vocabulary
-//!   (`"regression"` / `"classification"`, `hessian_structure` `"full" | "kron" | "diag" |
-//!   "lowrank" | "ekfac"`, `subset_of_weights` `"all" | "last_layer"`, `prior_precision`,
-//!   `sigma_noise`, `temperature`): `fit`, `optimize_prior_precision`, `predict`,
-//!   `log_marginal_likelihood`, `sample`, pickling through the posterior's versioned JSON.
+//!   PyTorch's named tensors and one activation (or a torch model's callbacks), in
+//!   laplace-torch's vocabulary (`"regression"` / `"classification"`, `hessian_structure`
+//!   `"full" | "kron" | "diag" | "lowrank" | "ekfac"`, `subset_of_weights` `"all" |
+//!   "last_layer" | "subnetwork"`): `fit` or a streamed fit (`begin_batches`, `add_batch`,
+//!   `end_batches`), the curvature's eigenvalues and summary for the Python layer's evidence,
+//!   the GLM moments at the λ and temperature set with `set_state`, network samples, weight
+//!   samples, pickling through the posterior's versioned JSON. The laplace-torch surface
+//!   (`fspace.Laplace`) is the Python layer's.
 //! * `fit(method, …)` → `Posterior` (`src/methods.rs`): FSP-Laplace (Alg. 1 + 2, or Alg. 2 post hoc),
 //!   GFSVI, VaLLA, ELLA and the exact GP in one call shape — the method's Rust `Config` as
 //!   JSON (`default_config(method)` holds the paper's values), the prior as a `GpPrior`'s JSON,

@@ -357,8 +357,7 @@ class Laplace:
         return np.concatenate(xs), np.concatenate(ys)
 
     def _targets(self, y: Any) -> np.ndarray:
-        a = array2(y, "y")
-        return a
+        return array2(y, "y")
 
     # -- fit --------------------------------------------------------------------------------------
 
@@ -464,7 +463,7 @@ class Laplace:
         torch = _torch()
         log_lik, n_data, idx, weights = la.fit_summary()
         eig = la.curvature_eigenvalues()
-        n_outputs = int(self._output_dim(la))
+        n_outputs = int(la.output_dim)
         sigma_fit = self._args["sigma_noise"]
         if self.likelihood == "regression":
             # laplace-torch's loss: ½ Σ (f − y)², from log p = −loss/σ² − n·d·log(σ√(2π)).
@@ -483,9 +482,6 @@ class Laplace:
             eigenvalues=None if eig is None else torch.as_tensor(np.asarray(eig) * unit, dtype=self._dtype),
             sigma_fit=sigma_fit,
         )
-
-    def _output_dim(self, la: Any) -> int:
-        return la.output_dim
 
     # -- hyperparameters ----------------------------------------------------------------------
 
