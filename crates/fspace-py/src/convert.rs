@@ -9,9 +9,21 @@ use numpy::ndarray::{Array2, Array3, ShapeBuilder};
 use numpy::{PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::errors::{raise, value_error};
+
+/// A Python value (dicts, lists, strings, numbers, `None`) as the serde type `T`; `what` names
+/// it in the error (`"the fsp_laplace settings: missing field …"`).
+pub(crate) fn from_py<T: DeserializeOwned>(what: &str, value: &Bound<'_, PyAny>) -> PyResult<T> {
+    pythonize::depythonize(value).map_err(|e| value_error(format!("{what}: {e}")))
+}
+
+/// A serde value as Python dicts, lists, strings and numbers.
+pub(crate) fn to_py<'py, T: Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
+    pythonize::pythonize(py, value).map_err(|e| value_error(e.to_string()))
+}
 
 /// A 2-D float64 numpy array as a matrix (any strides; copied — one `memcpy` when the array
 /// is column-major, as the callbacks' `p × r` results are).
@@ -86,11 +98,11 @@ struct CnnArchitecture {
 
 /// The network of a `state_dict`: name → (shape, row-major float64 values as a 1-D array,
 /// whether the source was float32). An MLP's layout is read off the weights' shapes; a CNN
-/// needs `architecture` (the JSON of a [`CnnArchitecture`]).
+/// needs `architecture` (a dict of a [`CnnArchitecture`]).
 pub(crate) fn network(
     state: &Bound<'_, PyDict>,
     act: Activation,
-    architecture: Option<&str>,
+    architecture: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<NativeNetwork> {
     let mut tensors = Tensors::new("state_dict");
     for (key, value) in state.iter() {
@@ -100,11 +112,10 @@ pub(crate) fn network(
         let dtype = if f32_source { SourceDtype::F32 } else { SourceDtype::F64 };
         tensors.insert(&name, Tensor::new(&name, shape, data, dtype).map_err(raise)?);
     }
-    let Some(text) = architecture else {
+    let Some(architecture) = architecture else {
         return Ok(infer_mlp(&tensors, act, &LayerNames::Natural).map_err(raise)?.into());
     };
-    let arch: CnnArchitecture =
-        serde_json::from_str(text).map_err(|e| value_error(format!("the CNN architecture: {e}")))?;
+    let arch: CnnArchitecture = from_py("the CNN architecture", architecture)?;
     let config = CnnConfig {
         input_shape: arch.input_shape,
         convs: arch.convs,

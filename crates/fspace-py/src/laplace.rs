@@ -13,7 +13,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::callback::{callback_network, PyNetwork};
-use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy};
+use crate::convert::{
+    activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy, to_py,
+};
 use crate::errors::{persist_error, value_error};
 use crate::methods::PyProgress;
 
@@ -69,7 +71,7 @@ pub(crate) struct PyLaplace {
     config: LaplaceConfig,
     posterior: Option<LaplacePosterior<PyNetwork>>,
     /// The last fit's `FitReport` as JSON (`None` before a fit and after a load).
-    report: Option<String>,
+    report: Option<serde_json::Value>,
     /// The curvature's sums of a streamed fit (`add_batch`), kept so that a later streamed fit
     /// can add to them (laplace-torch's `fit(..., override=False)`).
     sums: Option<fspace_laplace::LaplaceSums>,
@@ -86,16 +88,16 @@ impl PyLaplace {
 
 #[pymethods]
 impl PyLaplace {
-    /// `Laplace(state, activation, likelihood, hessian_structure, subset_of_weights,
-    /// prior_precision, sigma_noise, temperature, kron_bias, architecture)`; `state` maps each
-    /// tensor name to `(shape, row-major float64 values, was_float32)`; `architecture` is a
-    /// CNN's layout as JSON (`None`: an MLP); `calls` a torch model's callback object, which
+    /// `Laplace(*, state, activation_name, likelihood, hessian_structure, subset_of_weights,
+    /// prior_precision, sigma_noise, temperature, kron_bias, architecture, …)`, keywords only;
+    /// `state` maps each tensor name to `(shape, row-major float64 values, was_float32)`;
+    /// `architecture` is a CNN's layout as a dict (`None`: an MLP); `calls` a torch model's callback object, which
     /// replaces `state` (any `nn.Module`; see `src/callback.rs`), with `layers` its
     /// `layer_infos(…)` for `kron`, `ekfac` and `last_layer`; `rank` and `max_basis` (most
     /// Krylov vectors held, thick restart) for `lowrank`; `chunk_points` the points per chunk of
     /// network calls and statistics (default 256).
     #[new]
-    #[pyo3(signature = (state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None, rank=None, max_basis=None, chunk_points=None, curvature="ggn", subnetwork_indices=None))]
+    #[pyo3(signature = (*, state, activation_name, likelihood, hessian_structure="kron", subset_of_weights="all", prior_precision=1.0, sigma_noise=1.0, temperature=1.0, kron_bias="folded", architecture=None, calls=None, layers=None, rank=None, max_basis=None, chunk_points=None, curvature="ggn", subnetwork_indices=None))]
     fn new(
         state: &Bound<'_, PyDict>,
         activation_name: &str,
@@ -106,7 +108,7 @@ impl PyLaplace {
         sigma_noise: f64,
         temperature: f64,
         kron_bias: &str,
-        architecture: Option<&str>,
+        architecture: Option<&Bound<'_, PyAny>>,
         calls: Option<&Bound<'_, PyAny>>,
         layers: Option<&Bound<'_, PyAny>>,
         rank: Option<usize>,
@@ -224,7 +226,7 @@ impl PyLaplace {
             return Err(e);
         }
         let fitted = fitted.map_err(|e| errors.raise(e))?;
-        self.report = Some(serde_json::to_string(&fitted.report).map_err(|e| value_error(e.to_string()))?);
+        self.report = Some(serde_json::to_value(&fitted.report).map_err(|e| value_error(e.to_string()))?);
         self.posterior = Some(fitted.posterior);
         // An in-memory fit replaces whatever a streamed fit had summed.
         self.sums = None;
@@ -286,7 +288,7 @@ impl PyLaplace {
         let net = self.net.clone();
         let sums = self.sums.as_ref().ok_or_else(|| PyRuntimeError::new_err("call begin_batches() first"))?;
         let fitted = py.detach(|| sums.finish(net)).map_err(|e| errors.raise(e))?;
-        self.report = Some(serde_json::to_string(&fitted.report).map_err(|e| value_error(e.to_string()))?);
+        self.report = Some(serde_json::to_value(&fitted.report).map_err(|e| value_error(e.to_string()))?);
         self.posterior = Some(fitted.posterior);
         Ok(())
     }
@@ -449,12 +451,12 @@ impl PyLaplace {
         Ok(self.fitted()?.prior_precision().to_vec())
     }
 
-    /// The last fit's report as JSON (`FitReport`: the parameters covered, the low-rank
+    /// The last fit's report as a dict (`FitReport`: the parameters covered, the low-rank
     /// structure's Lanczos iterations, largest Ritz residual and kept rank, the seconds spent);
     /// `None` before a fit and on a loaded posterior.
     #[getter]
-    fn report_json(&self) -> Option<String> {
-        self.report.clone()
+    fn report<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.report.as_ref().map(|r| to_py(py, r)).transpose()
     }
 
     /// The network's number of outputs `d'`.

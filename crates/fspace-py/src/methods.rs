@@ -2,9 +2,11 @@
 //! `fspace._fspace.Posterior` (FSP-Laplace, post-hoc FSP-Laplace, GFSVI, VaLLA, ELLA or the exact
 //! GP) with one predictive surface.
 //!
-//! A method's settings arrive as the JSON of its Rust `Config` (`default_config(method)` gives
-//! the paper's values; the Python layer overlays the user's keyword arguments and refuses
-//! unknown keys), its prior as the JSON of a `GpPrior` (the Python `fspace.GPPrior`'s `spec()`).
+//! Every argument crosses the boundary by keyword. A method's settings arrive as a dict of its
+//! Rust `Config` (`default_config(method)` gives the paper's values; the Python layer overlays
+//! the user's keyword arguments and refuses unknown keys), its prior as the dict of a `GpPrior`
+//! (the Python `fspace.GPPrior`'s `spec()`), both read through serde (`pythonize`); the fit's
+//! report comes back as a dict.
 
 use fspace_core::{Data, LikelihoodSpec, Link, Observer, Persist, Posterior, Progress};
 use fspace_fsp_laplace::{FspConfig, FspLaplace};
@@ -17,11 +19,12 @@ use nalgebra::{DMatrix, DVector};
 use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::callback::{callback_network, CallbackErrors, PyNetwork};
-use crate::convert::{activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy};
+use crate::convert::{
+    activation, from_py, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy, to_py,
+};
 use crate::errors::{persist_error, raise, value_error};
 
 /// The methods `fit` knows, by their Python names.
@@ -113,45 +116,67 @@ impl Observer for PyProgress {
     }
 }
 
-/// A method's configuration from its JSON (every field present: the Python layer starts from
-/// [`default_config`]).
-fn config<T: DeserializeOwned>(method: &str, text: &str) -> PyResult<T> {
-    serde_json::from_str(text).map_err(|e| value_error(format!("the {method} configuration: {e}")))
+/// A method's settings, read from the Python dict before the fit leaves the GIL.
+enum Settings {
+    Fsp(Box<FspConfig>),
+    Gfsvi(Box<GfsviConfig>),
+    Valla(Box<VallaConfig>),
+    Ella(Box<EllaConfig>),
+    Gp,
 }
 
-fn json<T: Serialize>(value: &T) -> PyResult<String> {
-    serde_json::to_string(value).map_err(|e| value_error(e.to_string()))
-}
-
-/// The JSON of `method`'s default configuration (the paper's values; see each crate's `Config`).
-#[pyfunction]
-pub(crate) fn default_config(method: &str) -> PyResult<String> {
-    match method {
-        "fsp_laplace" | "fsp_laplace_posthoc" => json(&FspConfig::default()),
-        "gfsvi" => json(&GfsviConfig::default()),
-        "valla" => json(&VallaConfig::default()),
-        "ella" => json(&EllaConfig::default()),
-        "exact_gp" => Ok("{}".into()),
-        other => Err(value_error(format!("method {other:?} is not one of {METHODS}"))),
+impl Settings {
+    /// `method`'s settings from `config` (a dict with every field: the Python layer starts from
+    /// [`default_config`]), or the paper's values when `config` is `None`.
+    fn read(method: &str, config: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        fn read<T: serde::de::DeserializeOwned + Default>(
+            method: &str,
+            c: Option<&Bound<'_, PyAny>>,
+        ) -> PyResult<Box<T>> {
+            match c {
+                Some(c) => from_py(&format!("the {method} settings"), c).map(Box::new),
+                None => Ok(Box::default()),
+            }
+        }
+        Ok(match method {
+            "fsp_laplace" | "fsp_laplace_posthoc" => Settings::Fsp(read(method, config)?),
+            "gfsvi" => Settings::Gfsvi(read(method, config)?),
+            "valla" => Settings::Valla(read(method, config)?),
+            "ella" => Settings::Ella(read(method, config)?),
+            "exact_gp" => Settings::Gp,
+            other => return Err(value_error(format!("method {other:?} is not one of {METHODS}"))),
+        })
     }
 }
 
-/// A GP prior from the JSON of a `GpPrior` (kernel spec and mean).
-fn gp_prior(text: &str) -> PyResult<GpPrior> {
-    serde_json::from_str(text).map_err(|e| value_error(format!("the GP prior: {e}")))
+/// `method`'s default settings as a dict (the paper's values; see each crate's `Config`).
+#[pyfunction]
+pub(crate) fn default_config<'py>(py: Python<'py>, method: &str) -> PyResult<Bound<'py, PyAny>> {
+    match Settings::read(method, None)? {
+        Settings::Fsp(c) => to_py(py, &c),
+        Settings::Gfsvi(c) => to_py(py, &c),
+        Settings::Valla(c) => to_py(py, &c),
+        Settings::Ella(c) => to_py(py, &c),
+        Settings::Gp => to_py(py, &serde_json::Map::new()),
+    }
 }
 
-/// The Gram matrix `K(X, Y)` (`n·d' × m·d'`, point-major) of a kernel given as the JSON of a
+/// A GP prior from the dict of a `GpPrior` (kernel spec and mean).
+fn gp_prior(prior: &Bound<'_, PyAny>) -> PyResult<GpPrior> {
+    from_py("the GP prior", prior)
+}
+
+/// The Gram matrix `K(X, Y)` (`n·d' × m·d'`, point-major) of a kernel given as the dict of a
 /// `MatrixKernelSpec`.
 #[pyfunction]
+#[pyo3(signature = (*, kernel, x, y))]
 pub(crate) fn gram<'py>(
     py: Python<'py>,
-    kernel: &str,
+    kernel: &Bound<'py, PyAny>,
     x: PyReadonlyArray2<'py, f64>,
     y: PyReadonlyArray2<'py, f64>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-    let spec: fspace_kernels::MatrixKernelSpec =
-        serde_json::from_str(kernel).map_err(|e| value_error(format!("the kernel: {e}")))?;
+    let spec: fspace_kernels::MatrixKernelSpec = from_py("the kernel", kernel)?;
     let k = spec.build().map_err(raise)?;
     let (x, y) = (matrix(&x), matrix(&y));
     let g = py.detach(|| fspace_kernels::gram(&*k, &x, &y)).map_err(raise)?;
@@ -163,9 +188,10 @@ pub(crate) fn gram<'py>(
 /// rule (`ε = jitter × mean prior variance`, more only if needed): the value of FSP-Laplace's
 /// regulariser and its gradient `α` with respect to `F` (the torch loss term's backward).
 #[pyfunction]
+#[pyo3(signature = (*, prior, c, f, jitter))]
 pub(crate) fn rkhs_norm<'py>(
     py: Python<'py>,
-    prior: &str,
+    prior: &Bound<'py, PyAny>,
     c: PyReadonlyArray2<'py, f64>,
     f: PyReadonlyArray2<'py, f64>,
     jitter: f64,
@@ -189,10 +215,11 @@ pub(crate) fn rkhs_norm<'py>(
 /// is a function of every entry and the gradient `½((K + γM·I)⁻¹ − (Σ_q + γM·I)⁻¹)` is its
 /// derivative entry by entry.
 #[pyfunction]
+#[pyo3(signature = (*, prior, c, f, cov, gamma))]
 #[allow(clippy::type_complexity)]
 pub(crate) fn regularized_kl<'py>(
     py: Python<'py>,
-    prior: &str,
+    prior: &Bound<'py, PyAny>,
     c: PyReadonlyArray2<'py, f64>,
     f: PyReadonlyArray2<'py, f64>,
     cov: PyReadonlyArray2<'py, f64>,
@@ -233,7 +260,7 @@ pub(crate) fn regularized_kl<'py>(
 /// `activation_name`): the Rust reference the torch loss terms of `fspace.torch` are checked
 /// against. Returns `(L, expected log likelihood, divergence, ∂L/∂m, ∂L/∂ρ, ∂L/∂log σ_y)`.
 #[pyfunction]
-#[pyo3(signature = (state, activation_name, mean, log_std, log_noise_std, prior, x_b, y_b, n_total, x_m, gamma))]
+#[pyo3(signature = (*, state, activation_name, mean, log_std, log_noise_std, prior, x_b, y_b, n_total, x_m, gamma))]
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 pub(crate) fn gfsvi_objective<'py>(
@@ -243,7 +270,7 @@ pub(crate) fn gfsvi_objective<'py>(
     mean: Vec<f64>,
     log_std: Vec<f64>,
     log_noise_std: f64,
-    prior: &str,
+    prior: &Bound<'py, PyAny>,
     x_b: PyReadonlyArray2<'py, f64>,
     y_b: PyReadonlyArray2<'py, f64>,
     n_total: usize,
@@ -278,10 +305,11 @@ pub(crate) fn gfsvi_objective<'py>(
 }
 
 /// Fits `method` on `(x, y)` (validation `(x_val, y_val)` where the method early-stops) and
-/// returns `(posterior, report JSON)`; see the module docs. Network methods take the network as
-/// `state` + `activation_name` (+ a CNN's `architecture`), the GP its prior.
+/// returns `(posterior, report)`; see the module docs. Network methods take the network as
+/// `state` + `activation_name` (+ a CNN's `architecture`) or a torch model's `calls`, the GP its
+/// prior. Keyword arguments only.
 #[pyfunction]
-#[pyo3(signature = (method, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config_json=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None))]
+#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fit<'py>(
     py: Python<'py>,
@@ -293,18 +321,15 @@ pub(crate) fn fit<'py>(
     learn_sigma: bool,
     state: Option<&Bound<'py, PyDict>>,
     activation_name: Option<&str>,
-    prior: Option<&str>,
-    config_json: Option<&str>,
+    prior: Option<&Bound<'py, PyAny>>,
+    config: Option<&Bound<'py, PyAny>>,
     x_val: Option<PyReadonlyArray2<'py, f64>>,
     y_val: Option<PyReadonlyArray2<'py, f64>>,
     progress: Option<Py<PyAny>>,
-    architecture: Option<&str>,
+    architecture: Option<&Bound<'py, PyAny>>,
     calls: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(PyPosterior, String)> {
-    let config_text = match config_json {
-        Some(text) => text.to_string(),
-        None => default_config(method)?,
-    };
+) -> PyResult<(PyPosterior, Bound<'py, PyAny>)> {
+    let settings = Settings::read(method, config)?;
     let prior = prior.map(gp_prior).transpose()?;
     let net = match (state, activation_name, calls) {
         (_, _, Some(calls)) => Some(callback_network(calls, None)?),
@@ -329,12 +354,17 @@ pub(crate) fn fit<'py>(
     let mut observer = PyProgress { callback: progress, error: None };
     let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
     let result =
-        py.detach(|| run(method, net, prior, lik, &x, &y, validation.as_ref(), &config_text, &mut observer));
+        py.detach(|| run(method, net, prior, lik, &x, &y, validation.as_ref(), settings, &mut observer));
     if let Some(e) = observer.error.take() {
         return Err(e);
     }
     let (fit, report) = result.map_err(|e| errors.take().unwrap_or(e))?;
-    Ok((PyPosterior { fit, errors }, report))
+    Ok((PyPosterior { fit, errors }, to_py(py, &report)?))
+}
+
+/// A fit's report as a JSON value (turned into a dict once the fit is back under the GIL).
+fn report<T: Serialize>(value: &T) -> PyResult<serde_json::Value> {
+    serde_json::to_value(value).map_err(|e| value_error(e.to_string()))
 }
 
 fn need<T>(value: Option<T>, method: &str, what: &str) -> PyResult<T> {
@@ -357,54 +387,49 @@ fn run(
     x: &DMatrix<f64>,
     y: &DMatrix<f64>,
     validation: Option<&(DMatrix<f64>, DMatrix<f64>)>,
-    config_text: &str,
+    settings: Settings,
     observer: &mut PyProgress,
-) -> PyResult<(Fit, String)> {
+) -> PyResult<(Fit, serde_json::Value)> {
     let data = Data::new(x, y).map_err(raise)?;
     let data = data.with_optional_validation(validation.map(|(xv, yv)| (xv, yv))).map_err(raise)?;
-    match method {
-        "fsp_laplace" | "fsp_laplace_posthoc" => {
+    match settings {
+        Settings::Fsp(cfg) => {
             let net = need(net, method, "a network")?;
             let prior = need(prior, method, "a GP prior")?;
-            let cfg: FspConfig = config(method, config_text)?;
             if method == "fsp_laplace" {
                 let fitted = fspace_fsp_laplace::fit_observed(net, lik, &prior, &data, &cfg, observer)
                     .map_err(raise)?;
-                Ok((Fit::Fsp(fitted.posterior), json(&fitted.report)?))
+                Ok((Fit::Fsp(fitted.posterior), report(&fitted.report)?))
             } else {
                 let fitted = fspace_fsp_laplace::fit_posthoc(net, lik, &prior, &data, &cfg).map_err(raise)?;
-                Ok((Fit::Fsp(fitted.posterior), json(&fitted.report)?))
+                Ok((Fit::Fsp(fitted.posterior), report(&fitted.report)?))
             }
         }
-        "gfsvi" => {
+        Settings::Gfsvi(cfg) => {
             let net = need(net, method, "a network")?;
             let prior = need(prior, method, "a GP prior")?;
-            let cfg: GfsviConfig = config(method, config_text)?;
             let fitted = fspace_gfsvi::fit_observed(net, lik, &KlPrior::Gp(prior), &data, &cfg, observer)
                 .map_err(raise)?;
-            Ok((Fit::Gfsvi(fitted.posterior), json(&fitted.report)?))
+            Ok((Fit::Gfsvi(fitted.posterior), report(&fitted.report)?))
         }
-        "valla" => {
+        Settings::Valla(cfg) => {
             let net = need(net, method, "a network")?;
             refuse(&prior, method, "a GP prior (its prior is the network's linearisation)")?;
-            let cfg: VallaConfig = config(method, config_text)?;
             let fitted = fspace_valla::fit_observed(net, lik, &data, &cfg, observer).map_err(raise)?;
-            Ok((Fit::Valla(fitted.posterior), json(&fitted.report)?))
+            Ok((Fit::Valla(fitted.posterior), report(&fitted.report)?))
         }
-        "ella" => {
+        Settings::Ella(cfg) => {
             let net = need(net, method, "a network")?;
             refuse(&prior, method, "a GP prior (its prior is isotropic in the weights)")?;
-            let cfg: EllaConfig = config(method, config_text)?;
             let fitted = fspace_valla::ella::fit(net, lik, &data, &cfg).map_err(raise)?;
-            Ok((Fit::Ella(fitted.posterior), json(&fitted.report)?))
+            Ok((Fit::Ella(fitted.posterior), report(&fitted.report)?))
         }
-        "exact_gp" => {
+        Settings::Gp => {
             refuse(&net, method, "a network")?;
             let prior = need(prior, method, "a GP prior")?;
             let fitted = fspace_gp::exact::fit(lik, &prior, &data).map_err(raise)?;
-            Ok((Fit::Gp(fitted.posterior), json(&fitted.report)?))
+            Ok((Fit::Gp(fitted.posterior), report(&fitted.report)?))
         }
-        other => Err(value_error(format!("method {other:?} is not one of {METHODS}"))),
     }
 }
 
@@ -503,9 +528,9 @@ impl PyPosterior {
         self.fit.trained_params().map(|p| PyArray1::from_vec(py, p))
     }
 
-    /// The likelihood the posterior was fitted under (σ at its fitted value), as JSON.
-    fn likelihood_json(&self) -> PyResult<Option<String>> {
-        self.fit.posterior().likelihood().map(|l| json(&l)).transpose()
+    /// The likelihood the posterior was fitted under (σ at its fitted value), as a dict.
+    fn likelihood<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.fit.posterior().likelihood().map(|l| to_py(py, &l)).transpose()
     }
 
     /// The posterior as fspace's versioned JSON (what `pickle` stores, with the method's name).

@@ -22,3 +22,10 @@ def forward(state, x):
         if i < n_layers - 1:
             h = np.tanh(h)
     return h
+
+
+def fitted(method, *args, **kwargs):
+    """``method`` after ``method.fit(*args, **kwargs)`` (every fspace ``fit`` returns ``None``,
+    as laplace-torch's)."""
+    method.fit(*args, **kwargs)
+    return method

@@ -36,7 +36,7 @@ def test_the_gradient_matches_finite_differences():
     f = torch.randn(10, 1, dtype=torch.float64, requires_grad=True)
     from fspace.torch import _RkhsNorm
 
-    assert torch.autograd.gradcheck(lambda t: _RkhsNorm.apply(t, reg._prior_json, c, reg.jitter), (f,), eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradcheck(lambda t: _RkhsNorm.apply(t, reg._prior_spec, c, reg.jitter), (f,), eps=1e-6, atol=1e-8)
     # Through a model: the weight gradient equals J(C)ᵀ α, checked by finite differences on one weight.
     model = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).double()
     loss = reg(model)

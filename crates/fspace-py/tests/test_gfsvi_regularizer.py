@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import fspace  # noqa: E402
 from torch_helpers import spread, tanh_mlp as mlp  # noqa: E402
+from mlp_reference import fitted  # noqa: E402
 from fspace import _fspace  # noqa: E402
 from fspace._convert import convert_sequential, tensors  # noqa: E402
 from fspace.torch import GFSVIRegularizer, MeanField, _RegularizedKl, expected_log_likelihood  # noqa: E402
@@ -42,7 +43,8 @@ def test_a_torch_loop_loss_is_rusts_gfsvi_objective_with_its_gradient(d_in, d_ou
     mean = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
     log_std = np.concatenate([r.detach().numpy().ravel() for r in q.log_std])
     value, _, divergence, grad_m, grad_rho, _ = _fspace.gfsvi_objective(
-        state, "tanh", list(mean), list(log_std), float(np.log(sigma)), kl._prior_json, xb.numpy(), yb.numpy(), n, c, 1e-4
+        state=state, activation_name="tanh", mean=list(mean), log_std=list(log_std), log_noise_std=float(np.log(sigma)),
+        prior=kl._prior_spec, x_b=xb.numpy(), y_b=yb.numpy(), n_total=n, x_m=c, gamma=1e-4
     )
     assert abs(elbo.item() - value) <= 1e-11 * abs(value)
     assert divergence > 0
@@ -86,9 +88,7 @@ def test_the_backward_passes_gradcheck():
     rng = np.random.default_rng(0)
     c = rng.uniform(-1, 1, (4, 1))
     prior = fspace.GPPrior(fspace.kernels.Matern32(1.0, 0.7), mean=0.2)
-    import json
-
-    spec = json.dumps(prior.spec())
+    spec = prior.spec()
     a = rng.normal(size=(4, 4))
     cov = torch.from_numpy(a @ a.T + 0.1 * np.eye(4)).requires_grad_()
     f = torch.from_numpy(rng.normal(size=(4, 1))).requires_grad_()
@@ -131,7 +131,7 @@ def test_a_network_trained_with_it_in_a_torch_loop_has_the_gps_uncertainty(one_t
     mean, sd = f.detach().numpy().ravel(), var.sqrt().detach().numpy().ravel()
     xs = grid.numpy().ravel()
     near, far = np.abs(xs) <= 0.9, np.abs(xs) >= 1.5
-    gp = fspace.ExactGP(kernel, sigma_noise=sigma).fit(x.numpy(), y.numpy())
+    gp = fitted(fspace.ExactGP(kernel, sigma_noise=sigma), x.numpy(), y.numpy())
     gp_sd = np.sqrt(gp(grid.numpy())[1].ravel())
     with torch.no_grad():
         rmse = torch.sqrt(((model(x) - torch.sin(3 * x)) ** 2).mean()).item()
@@ -163,9 +163,9 @@ def test_bad_inputs_are_clear_exceptions():
         (lambda: GFSVIRegularizer(fspace.kernels.Independent(k, 2), context=c)(model, q), ValueError, "prior outputs"),
         (lambda: expected_log_likelihood(torch.zeros(3, 1), torch.zeros(3, 1), torch.zeros(3), 1.0), ValueError, "one shape"),
         (lambda: _RegularizedKl.apply(torch.zeros(5, 1, dtype=torch.float64), torch.eye(4, dtype=torch.float64),
-                                      GFSVIRegularizer(k, context=c)._prior_json, c, 1e-3), ValueError, "square"),
+                                      GFSVIRegularizer(k, context=c)._prior_spec, c, 1e-3), ValueError, "square"),
         (lambda: _RegularizedKl.apply(torch.zeros(5, 1, dtype=torch.float64), -torch.eye(5, dtype=torch.float64),
-                                      GFSVIRegularizer(k, context=c)._prior_json, c, 1e-3), fspace.NumericalError, "positive definite"),
+                                      GFSVIRegularizer(k, context=c)._prior_spec, c, 1e-3), fspace.NumericalError, "positive definite"),
     ]
 
     class Pair(torch.nn.Module):

@@ -11,7 +11,7 @@ import pytest
 
 import fspace
 from fspace import kernels as K
-from mlp_reference import forward, tanh_mlp
+from mlp_reference import fitted, forward, tanh_mlp
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_exact_gp_equals_numpy_gp_regression(toy):
     _, x, y = toy
     prior = fspace.GPPrior(K.Matern32(1.2, 0.4) + K.RBF(0.3, 1.0))
     sigma = 0.2
-    gp = fspace.ExactGP(prior, sigma_noise=sigma).fit(x, y)
+    gp = fitted(fspace.ExactGP(prior, sigma_noise=sigma), x, y)
     xt = np.linspace(-2, 2, 13).reshape(-1, 1)
     kxx = prior.kernel(x) + sigma**2 * np.eye(len(x))
     kxt = prior.kernel(x, xt)
@@ -85,7 +85,7 @@ def test_fsp_laplace_mean_is_the_trained_network_and_respects_the_prior_variance
     la = fspace.FSPLaplace((state, "tanh"), "regression", prior, sigma_noise=0.1, epochs=40, batch_size=25,
                            learning_rate=5e-3, n_laplace_context=25)
     la.fit(x, y)
-    trained = la.state_dict()
+    trained = la.model_state_dict()
     assert list(trained) == list(state)
     assert any(not np.array_equal(trained[k], state[k]) for k in state), "Alg. 1 trained the weights"
     xt = np.linspace(-3, 3, 31).reshape(-1, 1)
@@ -100,9 +100,9 @@ def test_fsp_laplace_mean_is_the_trained_network_and_respects_the_prior_variance
     # Far from the data the posterior is wider than on it.
     assert var[0, 0] > 10 * var[15, 0]
     # Post hoc at the given weights: the mean is the given network.
-    post = fspace.FSPLaplace((state, "tanh"), "regression", prior, train=False, sigma_noise=0.1).fit(x, y)
+    post = fitted(fspace.FSPLaplace((state, "tanh"), "regression", prior, train=False, sigma_noise=0.1), x, y)
     np.testing.assert_allclose(post(xt)[0], forward(state, xt), rtol=1e-12, atol=1e-12)
-    assert all(np.array_equal(v, state[k]) for k, v in post.state_dict().items())
+    assert all(np.array_equal(v, state[k]) for k, v in post.model_state_dict().items())
 
 
 def test_every_method_pickles_with_bit_identical_predictions_and_samples(toy):
@@ -120,13 +120,89 @@ def test_every_method_pickles_with_bit_identical_predictions_and_samples(toy):
     for m in models:
         with pytest.raises(RuntimeError, match="fit"):
             m(xt)
-        m.fit(x, y)
+        assert m.fit(x, y) is None  # as laplace-torch's fit, for every method
         back = pickle.loads(pickle.dumps(m))
         for a, b in zip(m(xt), back(xt)):
             assert np.array_equal(a, b), type(m).__name__
         s1, s2 = m.predictive_samples(xt, 4, seed=3), back.predictive_samples(xt, 4, seed=3)
         assert s1.shape == (4, 9, 1) and np.array_equal(s1, s2)
         assert not np.array_equal(s1, m.predictive_samples(xt, 4, seed=4))
+
+
+def test_every_method_has_one_state_dict_meaning_and_a_query_never_changes_it(toy):
+    """``state_dict()`` is the posterior (laplace-torch's meaning), restored by
+    ``load_state_dict`` into an object built with the same arguments; a pickle is the settings
+    plus the same ``state_dict``; queries leave it as it was."""
+    state, x, y = toy
+    prior = K.RBF(1.0, 0.5)
+    makers = {
+        "FSPLaplace": lambda lik="regression": fspace.FSPLaplace((state, "tanh"), lik, prior, sigma_noise=0.1, epochs=3),
+        "VaLLA": lambda lik="regression": fspace.VaLLA((state, "tanh"), lik, steps=20, num_inducing=6, sigma_noise=0.1),
+        "ExactGP": lambda lik="regression": fspace.ExactGP(prior, sigma_noise=0.1),
+    }
+    xt = np.linspace(-2, 2, 7).reshape(-1, 1)
+    for name, make in makers.items():
+        m = make()
+        m.fit(x, y)
+        saved = m.state_dict()
+        assert saved["cls_name"] == name and saved["likelihood"] == "regression"
+        pickled = pickle.dumps(m)
+        m(xt)
+        m.predictive_samples(xt, 3, seed=1)
+        assert m.state_dict() == saved and pickle.dumps(m) == pickled, name
+        fresh = make()
+        fresh.load_state_dict(saved)
+        for a, b in zip(m(xt), fresh(xt)):
+            assert np.array_equal(a, b), name
+        assert fresh.report == m.report
+    with pytest.raises(ValueError, match="not of a FSPLaplace"):
+        makers["FSPLaplace"]().load_state_dict(dict(saved))  # the ExactGP's
+    with pytest.raises(ValueError, match="likelihood"):
+        fspace.ExactGP(prior).load_state_dict(dict(saved, likelihood="classification"))
+    with pytest.raises(ValueError, match="posterior"):
+        fspace.ExactGP(prior).load_state_dict(dict(saved, fspace_posterior="{}"))
+
+
+def test_arguments_cross_to_rust_by_keyword():
+    """Every compiled entry point of more than one argument takes keywords only (no positional
+    multi-argument calls, no settings as JSON text)."""
+    from fspace import _fspace
+
+    calls = [getattr(_fspace, n) for n in ("fit", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective")]
+    for call in calls + [_fspace.Laplace]:
+        signature = call.__text_signature__
+        assert "*," in signature, (call, signature)
+    assert isinstance(fspace.default_config("valla"), dict)
+
+
+def test_the_package_has_no_import_cycle():
+    """The modules of ``fspace`` import one another (at the top or inside a function) without a
+    cycle: each layer only uses the ones below it."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(fspace.__file__).parent
+    graph = {}
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        graph[path.stem] = {
+            (node.module or "").split(".")[0] or alias.name
+            for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
+            for alias in node.names
+        } - {"_fspace"}
+    seen, done = set(), set()
+
+    def visit(module, trail):
+        assert module not in seen or module in done, f"import cycle: {' -> '.join(trail + [module])}"
+        if module in done:
+            return
+        seen.add(module)
+        for dep in sorted(graph.get(module, ())):
+            visit(dep, trail + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
 
 
 def test_classification_methods_give_probabilities():
@@ -190,8 +266,8 @@ def test_the_gil_is_free_during_fit_and_concurrent_fits_equal_sequential_ones():
     xt = rng.uniform(-2, 2, size=(20, 2))
 
     def one(out=None):
-        m = fspace.FSPLaplace((state, "tanh"), "regression", K.RBF(1.0, 0.5), sigma_noise=0.1, epochs=60,
-                              n_laplace_context=100).fit(x, y)
+        m = fitted(fspace.FSPLaplace((state, "tanh"), "regression", K.RBF(1.0, 0.5), sigma_noise=0.1, epochs=60,
+                              n_laplace_context=100), x, y)
         if out is not None:
             out.append(m(xt))
         return m(xt)
@@ -231,7 +307,7 @@ NET = (STATE, "tanh")
 
 
 def fit_gp(kernel, x=X, y=Y, sigma=0.1):
-    return fspace.ExactGP(kernel, sigma_noise=sigma).fit(x, y)
+    return fitted(fspace.ExactGP(kernel, sigma_noise=sigma), x, y)
 
 
 # (what, call, exception): every call must raise exactly the documented class.
@@ -252,25 +328,25 @@ BAD_METHOD_CALLS = [
     ("FSPLaplace without a prior", lambda: fspace.FSPLaplace(NET, "regression", None), TypeError),
     ("unknown setting", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), n_contexts=5), TypeError),
     ("epochs and steps", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), epochs=3, steps=3), ValueError),
-    ("zero batch size", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), batch_size=0, epochs=2).fit(X, Y), ValueError),
-    ("negative learning rate", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), learning_rate=-1.0, epochs=2).fit(X, Y), ValueError),
-    ("unknown context design", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), design="Spiral", epochs=2).fit(X, Y), ValueError),
-    ("zero Laplace context points", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), n_laplace_context=0, epochs=2).fit(X, Y), ValueError),
-    ("two-output prior for one output", lambda: fspace.FSPLaplace(NET, "regression", K.Independent(K.RBF(), 2), epochs=2).fit(X, Y), ValueError),
-    ("inverted context box", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), context_box={"lower": [1.0], "upper": [-1.0]}, epochs=2).fit(X, Y), ValueError),
-    ("inverted context box, post hoc", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), train=False, context_box={"lower": [1.0], "upper": [-1.0]}).fit(X, Y), ValueError),
-    ("inverted measurement box", lambda: fspace.GFSVI(NET, "regression", K.RBF(), measurement_box={"lower": [1.0], "upper": [-1.0]}, steps=2).fit(X, Y), ValueError),
-    ("FSP inputs with NaN", lambda: fspace.FSPLaplace(NET, "regression", K.RBF(), epochs=2).fit(np.full_like(X, np.nan), Y), ValueError),
-    ("classification with one output", lambda: fspace.FSPLaplace(NET, "classification", K.RBF(), epochs=2).fit(X, Y), ValueError),
-    ("unknown likelihood", lambda: fspace.GFSVI(NET, "poisson", K.RBF(), steps=2).fit(X, Y), ValueError),
-    ("negative gamma", lambda: fspace.GFSVI(NET, "regression", K.RBF(), gamma=-1.0, steps=2).fit(X, Y), ValueError),
-    ("zero measurement points", lambda: fspace.GFSVI(NET, "regression", K.RBF(), measurement_points=0, steps=2).fit(X, Y), ValueError),
-    ("more inducing points than data", lambda: fspace.VaLLA(NET, "regression", num_inducing=50, steps=2).fit(X, Y), ValueError),
-    ("patience without validation data", lambda: fspace.VaLLA(NET, "regression", patience=3, steps=2).fit(X, Y), ValueError),
-    ("ELLA with more features than points", lambda: fspace.ELLA(NET, "regression", num_points=10, num_eigen=12, prior={"Fixed": 1.0}, early_stopping=None).fit(X, Y), ValueError),
-    ("ELLA's validated prior without validation data", lambda: fspace.ELLA(NET, "regression", num_points=10, num_eigen=4).fit(X, Y), ValueError),
+    ("zero batch size", lambda: fitted(fspace.FSPLaplace(NET, "regression", K.RBF(), batch_size=0, epochs=2), X, Y), ValueError),
+    ("negative learning rate", lambda: fitted(fspace.FSPLaplace(NET, "regression", K.RBF(), learning_rate=-1.0, epochs=2), X, Y), ValueError),
+    ("unknown context design", lambda: fitted(fspace.FSPLaplace(NET, "regression", K.RBF(), design="Spiral", epochs=2), X, Y), ValueError),
+    ("zero Laplace context points", lambda: fitted(fspace.FSPLaplace(NET, "regression", K.RBF(), n_laplace_context=0, epochs=2), X, Y), ValueError),
+    ("two-output prior for one output", lambda: fitted(fspace.FSPLaplace(NET, "regression", K.Independent(K.RBF(), 2), epochs=2), X, Y), ValueError),
+    ("inverted context box", lambda: fitted(fspace.FSPLaplace(NET, "regression", K.RBF(), context_box={"lower": [1.0], "upper": [-1.0]}, epochs=2), X, Y), ValueError),
+    ("inverted context box, post hoc", lambda: fitted(fspace.FSPLaplace(NET, "regression", K.RBF(), train=False, context_box={"lower": [1.0], "upper": [-1.0]}), X, Y), ValueError),
+    ("inverted measurement box", lambda: fitted(fspace.GFSVI(NET, "regression", K.RBF(), measurement_box={"lower": [1.0], "upper": [-1.0]}, steps=2), X, Y), ValueError),
+    ("FSP inputs with NaN", lambda: fitted(fspace.FSPLaplace(NET, "regression", K.RBF(), epochs=2), np.full_like(X, np.nan), Y), ValueError),
+    ("classification with one output", lambda: fitted(fspace.FSPLaplace(NET, "classification", K.RBF(), epochs=2), X, Y), ValueError),
+    ("unknown likelihood", lambda: fitted(fspace.GFSVI(NET, "poisson", K.RBF(), steps=2), X, Y), ValueError),
+    ("negative gamma", lambda: fitted(fspace.GFSVI(NET, "regression", K.RBF(), gamma=-1.0, steps=2), X, Y), ValueError),
+    ("zero measurement points", lambda: fitted(fspace.GFSVI(NET, "regression", K.RBF(), measurement_points=0, steps=2), X, Y), ValueError),
+    ("more inducing points than data", lambda: fitted(fspace.VaLLA(NET, "regression", num_inducing=50, steps=2), X, Y), ValueError),
+    ("patience without validation data", lambda: fitted(fspace.VaLLA(NET, "regression", patience=3, steps=2), X, Y), ValueError),
+    ("ELLA with more features than points", lambda: fitted(fspace.ELLA(NET, "regression", num_points=10, num_eigen=12, prior={"Fixed": 1.0}, early_stopping=None), X, Y), ValueError),
+    ("ELLA's validated prior without validation data", lambda: fitted(fspace.ELLA(NET, "regression", num_points=10, num_eigen=4), X, Y), ValueError),
     ("sampled predictive of a linearised method", lambda: fit_gp(K.RBF())(X, pred_type="nn"), ValueError),
-    ("unknown link", lambda: fspace.VaLLA((tanh_mlp(np.random.default_rng(1), [1, 4, 2]), "tanh"), "classification", steps=2, num_inducing=4).fit(X, (X[:, 0] > 0).astype(float))(X, link_approx="sigmoid"), ValueError),
+    ("unknown link", lambda: fitted(fspace.VaLLA((tanh_mlp(np.random.default_rng(1), [1, 4, 2]), "tanh"), "classification", steps=2, num_inducing=4), X, (X[:, 0] > 0).astype(float))(X, link_approx="sigmoid"), ValueError),
     ("a saved posterior of another method", lambda: fspace._fspace.Posterior.from_json("valla", fit_gp(K.RBF())._post.to_json()), ValueError),
     ("an unknown method", lambda: fspace._fspace.Posterior.from_json("svgp", "{}"), ValueError),
     ("prediction inputs of the wrong width", lambda: fit_gp(K.RBF())(np.zeros((3, 2))), ValueError),

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fspace
+from mlp_reference import fitted
 
 
 def test_torch_is_present_where_the_suite_requires_it():
@@ -88,7 +89,7 @@ def test_flattened_rows_need_the_input_shape():
     x = images(5)
     rows = x.reshape(5, -1).numpy()
     with pytest.raises(ValueError, match="input_shape"):
-        fspace.Laplace(model, "regression", subset_of_weights="all").fit(rows, np.zeros((5, 3)))
+        fitted(fspace.Laplace(model, "regression", subset_of_weights="all"), rows, np.zeros((5, 3)))
     la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="diag", input_shape=(2, 8, 8))
     with torch.no_grad():
         y = model(x).numpy()
@@ -156,13 +157,13 @@ def test_a_cnn_runs_every_structure_and_the_function_space_methods():
     with torch.no_grad():
         assert torch.max(torch.abs(mean - model(x[:4]))).item() <= 1e-12
     assert bool((var > 0).all())
-    sd = post.state_dict()
+    sd = post.model_state_dict()
     assert list(sd) == list(model.state_dict())
-    ella = fspace.ELLA(model, "classification", num_points=12, num_eigen=6, prior={"Fixed": 1.0}).fit(x, labels)
+    ella = fitted(fspace.ELLA(model, "classification", num_points=12, num_eigen=6, prior={"Fixed": 1.0}), x, labels)
     assert np.allclose(ella(x[:3]).numpy().sum(axis=1), 1.0, atol=1e-12)
     # GFSVI differentiates J S Jᵀ through the network, which the CNN does not implement.
     with pytest.raises(NotImplementedError, match="J S Jᵀ"):
-        fspace.GFSVI(model, "regression", prior, epochs=1).fit(x, y)
+        fitted(fspace.GFSVI(model, "regression", prior, epochs=1), x, y)
 
 
 BAD_MODELS = [

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fspace
+from mlp_reference import fitted
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -196,7 +197,7 @@ def test_lowrank_keeps_the_ggns_top_rank_eigenpairs():
     with pytest.raises(ValueError, match="chunk_points must be ≥ 1"):
         fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="lowrank", chunk_points=0)
     with pytest.raises(ValueError, match="max_basis"):
-        fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="lowrank", rank=k, max_basis=k + 1).fit(x, y)
+        fitted(fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="lowrank", rank=k, max_basis=k + 1), x, y)
     with pytest.raises(ValueError, match="rank must be ≥ 1"):
         fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="lowrank", rank=0)
 
@@ -227,7 +228,7 @@ def test_a_convertible_sequential_gives_the_same_posterior_on_both_paths():
     post = []
     for backend in ["native", "torch"]:
         m = fspace.FSPLaplace(model, "regression", prior, train=False, sigma_noise=0.2, n_laplace_context=36, backend=backend)
-        post.append(m.fit(x, y)(xs))
+        post.append(fitted(m, x, y)(xs))
     assert np.max(np.abs(post[0][0].numpy() - post[1][0].numpy())) <= 1e-12
     assert np.max(np.abs(post[0][1].numpy() - post[1][1].numpy()) / post[0][1].numpy()) <= 1e-10
 
@@ -268,13 +269,13 @@ class InPlace(nn.Module):
 def test_models_the_path_cannot_take_are_refused_with_torchs_or_fspaces_message():
     x, y = torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 1, dtype=torch.float64)
     with pytest.raises(TypeError, match="returned a tuple"):
-        fspace.Laplace(ReturnsTuple().double(), "regression", subset_of_weights="all", hessian_structure="diag").fit(x, y)
+        fitted(fspace.Laplace(ReturnsTuple().double(), "regression", subset_of_weights="all", hessian_structure="diag"), x, y)
     with pytest.raises(RuntimeError):
-        fspace.Laplace(InPlace().double(), "regression", subset_of_weights="all", hessian_structure="diag").fit(x, y)
+        fitted(fspace.Laplace(InPlace().double(), "regression", subset_of_weights="all", hessian_structure="diag"), x, y)
     mixed = ResidualMLP().double()
     mixed.out.float()
     with pytest.raises(ValueError, match="one dtype"):
-        fspace.Laplace(mixed, "regression", subset_of_weights="all", hessian_structure="diag").fit(torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
+        fitted(fspace.Laplace(mixed, "regression", subset_of_weights="all", hessian_structure="diag"), torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="backend"):
         fspace.Laplace(ResidualMLP(), "regression", subset_of_weights="all", backend="jax")
     with pytest.raises(TypeError, match="not a torch.nn.Module"):
@@ -296,15 +297,15 @@ def test_the_function_space_methods_take_any_model():
     with torch.no_grad():
         y = torch.sin(3 * x) + 0.05 * model(x)
     prior = fspace.GPPrior(fspace.kernels.RBF(1.0, 0.5))
-    fsp = fspace.FSPLaplace(model, "regression", prior, train=False, sigma_noise=0.1, n_laplace_context=25).fit(x, y)
+    fsp = fitted(fspace.FSPLaplace(model, "regression", prior, train=False, sigma_noise=0.1, n_laplace_context=25), x, y)
     mean, var = fsp(torch.tensor([[0.0], [1.4]], dtype=torch.float64))
     with torch.no_grad():
         assert abs(mean[0, 0].item() - model(torch.zeros(1, 1, dtype=torch.float64)).item()) <= 1e-12
     assert 0 < var[0, 0].item() < var[1, 0].item() <= 1.0 + 1e-9
-    assert set(fsp.state_dict()) == {n for n, _ in model.named_parameters()}
-    ella = fspace.ELLA(model, "regression", num_points=20, num_eigen=8, prior={"Fixed": 1.0}, sigma_noise=0.1).fit(x, y)
+    assert set(fsp.model_state_dict()) == {n for n, _ in model.named_parameters()}
+    ella = fitted(fspace.ELLA(model, "regression", num_points=20, num_eigen=8, prior={"Fixed": 1.0}, sigma_noise=0.1), x, y)
     assert bool((ella(x)[1] > 0).all())
-    valla = fspace.VaLLA(model, "regression", num_inducing=5, sigma_noise=0.1, steps=20).fit(x, y)
+    valla = fitted(fspace.VaLLA(model, "regression", num_inducing=5, sigma_noise=0.1, steps=20), x, y)
     assert bool((valla(x)[1] > 0).all())
 
 
@@ -323,8 +324,8 @@ def test_blocks_sent_a_column_at_a_time_give_the_same_posterior(monkeypatch):
     prior = fspace.GPPrior(fspace.kernels.RBF(1.0, 0.5))
 
     def fit():
-        fsp = fspace.FSPLaplace(model, "regression", prior, train=False, sigma_noise=0.1, n_laplace_context=25).fit(x, y)
-        ella = fspace.ELLA(model, "regression", num_points=20, num_eigen=8, prior={"Fixed": 1.0}, sigma_noise=0.1).fit(x, y)
+        fsp = fitted(fspace.FSPLaplace(model, "regression", prior, train=False, sigma_noise=0.1, n_laplace_context=25), x, y)
+        ella = fitted(fspace.ELLA(model, "regression", num_points=20, num_eigen=8, prior={"Fixed": 1.0}, sigma_noise=0.1), x, y)
         return fsp(xs)[1].numpy(), ella(xs)[1].numpy()
 
     widths = []
@@ -356,13 +357,13 @@ def test_fsp_laplace_training_takes_the_same_steps_on_both_paths():
     y = torch.sin(3 * x)
     xs = torch.tensor([[0.0], [2.5]], dtype=torch.float64)
     prior = fspace.GPPrior(fspace.kernels.RBF(1.0, 0.5))
-    fitted = []
+    results = []
     for backend in ["native", "torch"]:
         m = fspace.FSPLaplace(model, "regression", prior, sigma_noise=0.1, epochs=15, batch_size=8,
                               n_context=10, n_laplace_context=16, backend=backend)
         m.fit(x, y)
-        fitted.append((m.state_dict(), m(xs)))
-    (sa, (ma, va)), (sb, (mb, vb)) = fitted
+        results.append((m.model_state_dict(), m(xs)))
+    (sa, (ma, va)), (sb, (mb, vb)) = results
     assert set(sa) == set(sb) == {n for n, _ in model.named_parameters()}
     for name in sa:
         a, b = np.asarray(sa[name]), np.asarray(sb[name])

@@ -123,12 +123,13 @@ class ModelSpec:
         """Whether the network can be built: an MLP, or a CNN whose input shape is known."""
         return self.architecture is None or self.architecture.get("input_shape") is not None
 
-    def architecture_json(self) -> Optional[str]:
+    def architecture_dict(self) -> Optional[Dict[str, Any]]:
+        """A CNN's layout as the Rust ``CnnArchitecture``'s dict; ``None`` for an MLP."""
         if self.architecture is None:
             return None
         if self.architecture.get("input_shape") is None:
             raise ValueError("the convolutional model's input_shape is unknown: give input_shape=(C, H, W) or 4-D inputs")
-        return json.dumps(self.architecture)
+        return dict(self.architecture)
 
 
 def convert_sequential(model: Any) -> ModelSpec:
@@ -311,24 +312,3 @@ def unflatten(flat: np.ndarray, layout: List[Tuple[str, Tuple[int, ...]]]) -> "O
     if offset != flat.size:
         raise ValueError(f"{flat.size} weights do not fill the state_dict's {offset}")
     return OrderedDict((name, parts[name]) for name, _ in layout)
-
-
-def network_spec(model: Any, input_shape: Any = None, backend: str = "auto") -> Any:
-    """The network of ``model`` on ``backend``: ``"native"`` (a ``ModelSpec``: fspace's own MLP or
-    CNN, refusing what it does not implement), ``"torch"`` (a ``TorchModel``: any
-    ``nn.Module`` through torch's derivatives) or ``"auto"`` (native where the model converts,
-    torch for any other ``nn.Module``)."""
-    from ._torch import TorchModel, is_module
-
-    if backend == "torch":
-        return TorchModel(model, input_shape)
-    if backend == "native":
-        return model_state(model, input_shape)
-    if backend != "auto":
-        raise ValueError(f"backend {backend!r} is not \"auto\", \"native\" or \"torch\"")
-    try:
-        return model_state(model, input_shape)
-    except (TypeError, ValueError) as native_refusal:
-        if is_module(model):
-            return TorchModel(model, input_shape, why=str(native_refusal))
-        raise

@@ -13,6 +13,7 @@ class NumericalError(RuntimeError): ...
 class Laplace:
     def __new__(
         cls,
+        *,
         state: Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]],
         activation_name: str,
         likelihood: str,
@@ -22,7 +23,7 @@ class Laplace:
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
         kron_bias: str = "folded",
-        architecture: Optional[str] = None,
+        architecture: Optional[Dict[str, Any]] = None,
         calls: Optional[Any] = None,
         layers: Optional[List[Dict[str, Any]]] = None,
         rank: Optional[int] = None,
@@ -63,7 +64,7 @@ class Laplace:
     @property
     def prior_precision(self) -> List[float]: ...
     @property
-    def report_json(self) -> Optional[str]: ...
+    def report(self) -> Optional[Dict[str, Any]]: ...
     @property
     def output_dim(self) -> int: ...
     @property
@@ -88,13 +89,14 @@ class Posterior:
         self, x: npt.NDArray[np.float64], n_samples: int = 100, seed: int = 0
     ) -> npt.NDArray[np.float64]: ...
     def trained_params(self) -> Optional[npt.NDArray[np.float64]]: ...
-    def likelihood_json(self) -> Optional[str]: ...
+    def likelihood(self) -> Optional[Dict[str, Any]]: ...
     def to_json(self) -> str: ...
     @staticmethod
     def from_json(method: str, text: str) -> "Posterior": ...
 
 def fit(
     method: str,
+    *,
     x: npt.NDArray[np.float64],
     y: npt.NDArray[np.float64],
     likelihood: str,
@@ -102,29 +104,30 @@ def fit(
     learn_sigma: bool = False,
     state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
     activation_name: Optional[str] = None,
-    prior: Optional[str] = None,
-    config_json: Optional[str] = None,
+    prior: Optional[Dict[str, Any]] = None,
+    config: Optional[Dict[str, Any]] = None,
     x_val: Optional[npt.NDArray[np.float64]] = None,
     y_val: Optional[npt.NDArray[np.float64]] = None,
     progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
-    architecture: Optional[str] = None,
+    architecture: Optional[Dict[str, Any]] = None,
     calls: Optional[Any] = None,
-) -> Tuple[Posterior, str]: ...
-def default_config(method: str) -> str: ...
-def gram(kernel: str, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
+) -> Tuple[Posterior, Dict[str, Any]]: ...
+def default_config(method: str) -> Dict[str, Any]: ...
+def gram(*, kernel: Dict[str, Any], x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
 def rkhs_norm(
-    prior: str, c: npt.NDArray[np.float64], f: npt.NDArray[np.float64], jitter: float
+    *, prior: Dict[str, Any], c: npt.NDArray[np.float64], f: npt.NDArray[np.float64], jitter: float
 ) -> Tuple[float, npt.NDArray[np.float64]]: ...
 def regularized_kl(
-    prior: str, c: npt.NDArray[np.float64], f: npt.NDArray[np.float64], cov: npt.NDArray[np.float64], gamma: float
+    *, prior: Dict[str, Any], c: npt.NDArray[np.float64], f: npt.NDArray[np.float64], cov: npt.NDArray[np.float64], gamma: float
 ) -> Tuple[float, npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
 def gfsvi_objective(
+    *,
     state: Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]],
     activation_name: str,
     mean: List[float],
     log_std: List[float],
     log_noise_std: float,
-    prior: str,
+    prior: Dict[str, Any],
     x_b: npt.NDArray[np.float64],
     y_b: npt.NDArray[np.float64],
     n_total: int,

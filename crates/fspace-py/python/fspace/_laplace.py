@@ -15,7 +15,6 @@ writes ``T'·C + λ`` with ``C`` at the fit's σ, so this layer hands Rust ``T' 
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Mapping
@@ -23,7 +22,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._convert import ModelSpec, array2, is_torch, network_spec, tensors
+from ._backend import network_spec
+from ._base import Wrapper
+from ._convert import ModelSpec, array2, is_torch, tensors
 from ._methods import Progress, _Progress
 from ._torch import TorchModel
 from ._fspace import Laplace as _Laplace
@@ -71,7 +72,7 @@ def _curvature_source(backend: Any) -> Tuple[str, str]:
     )
 
 
-class Laplace:
+class Laplace(Wrapper):
     """The linearised Laplace approximation of a trained network, with laplace-torch 0.3's calls.
 
     Parameters
@@ -276,7 +277,7 @@ class Laplace:
         self.temperature = t
         self._la: Any = None
         self._fit: Optional[Dict[str, Any]] = None
-        self._report: Optional[str] = None
+        self._report: Optional[Dict[str, Any]] = None
         self.sigma_noise = sigma_noise
         self.prior_precision = prior_precision
         self.prior_mean = prior_mean
@@ -308,8 +309,9 @@ class Laplace:
                 kron_bias=a["kron_bias"], rank=a["rank"], max_basis=a["max_basis"], chunk_points=a["chunk_points"],
                 curvature=a["curvature"], subnetwork_indices=a["subnetwork_indices"],
             )
-            positional = (a["state"], a["activation_name"], a["likelihood"], a["hessian_structure"],
-                          a["subset_of_weights"], 1.0, a["sigma_noise"], 1.0)
+            settings = dict(state=a["state"], activation_name=a["activation_name"], likelihood=a["likelihood"],
+                            hessian_structure=a["hessian_structure"], subset_of_weights=a["subset_of_weights"],
+                            sigma_noise=a["sigma_noise"])
             if isinstance(self._spec, TorchModel):
                 calls = self._spec.calls()
                 try:
@@ -321,9 +323,9 @@ class Laplace:
                         structure = ("subset_of_weights='last_layer'" if self._layers == "last"
                                      else f"hessian_structure={a['hessian_structure']!r}")
                         raise ValueError(f"{structure} on the torch path: {e}") from None
-                self._la = _Laplace(*positional, calls=calls, layers=layers, **common)
+                self._la = _Laplace(calls=calls, layers=layers, **settings, **common)
             else:
-                self._la = _Laplace(*positional, architecture=self._spec.architecture_json(), **common)
+                self._la = _Laplace(architecture=self._spec.architecture_dict(), **settings, **common)
         return self._la
 
     def _fitted(self) -> Any:
@@ -371,8 +373,8 @@ class Laplace:
             Batches ``(x, y)`` or dicts with the keys ``dict_key_x`` / ``dict_key_y``. fspace
             also takes ``fit(X, y)`` with arrays or tensors.
         override : bool, default True
-            laplace-torch's switch for accumulating over several ``fit`` calls; only ``True``
-            is implemented.
+            ``False`` adds this loader's curvature sums to the earlier fit's (``diag``, ``kron``,
+            ``full``; also over the last layer, where laplace-torch refuses it).
         progress_bar : bool, default False
             A tqdm bar over the passes of the fit.
 
@@ -403,7 +405,7 @@ class Laplace:
                     la.fit(x, yy, bar.callback)
             finally:
                 bar.close()
-            self._report = la.report_json
+            self._report = la.report
             self._summarise(la)
 
     @staticmethod
@@ -1082,26 +1084,17 @@ class Laplace:
         """What the last ``fit`` did, from Rust's ``FitReport`` (``dim``, ``seconds``; for
         ``"lowrank"`` the Lanczos iterations, the largest Ritz residual and the kept rank); ``{}``
         before a fit and on a loaded posterior."""
-        return {} if self._report is None else json.loads(self._report)
+        return {} if self._report is None else dict(self._report)
 
-    def __getstate__(self) -> Dict[str, Any]:
+    # Pickling (``Wrapper``): the settings and ``state_dict()``; the user's model is not saved.
+    _transient = ("_la", "model", "_fit")
+
+    def _is_fitted(self) -> bool:
+        return self._la is not None and self._fit is not None
+
+    def _check_picklable(self) -> None:
         if isinstance(self._spec, TorchModel):
             raise TypeError("a Laplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_la", "_lock", "model", "_fit")}
-        with self._lock:
-            state["_posterior_json"] = None if self._la is None or self._fit is None else self._sync().to_json()
-        return state
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        saved = state.pop("_posterior_json")
-        self.__dict__.update(state)
-        self.model = None
-        self._lock = threading.RLock()
-        self._la = None
-        self._fit = None
-        if saved is not None:
-            self._la = _Laplace.from_json(saved)
-            self._summarise(self._la)
 
 
 def _parameter_sizes(model: Any) -> List[int]:

@@ -1,24 +1,27 @@
-"""The function-space methods, in one shape.
+"""The function-space methods, in the wrapper pattern every fspace method shares (``_base``).
 
-``FSPLaplace``, ``GFSVI``, ``VaLLA``, ``ELLA`` and ``ExactGP`` share laplace-torch's calls:
-construct, ``fit(X, y)`` (arrays, tensors or a loader; ``val=(X_val, y_val)`` for early
-stopping; ``progress=`` a callable or ``True`` for a tqdm bar), then ``model(X)`` →
-``(f_mean, f_var)`` (regression) or class probabilities (classification),
-``predictive_samples(X, n)``, ``pickle``. Each method's remaining settings are keyword
-arguments named as the fields of its Rust ``Config`` (``default_config()`` lists them with the
-paper's values); an unknown name is a ``TypeError`` that lists the known ones.
+``FSPLaplace``, ``GFSVI``, ``VaLLA``, ``ELLA`` and ``ExactGP``: construct, ``fit(X, y)`` (arrays,
+tensors or a loader; ``val=(X_val, y_val)`` for early stopping; ``progress=`` a callable or
+``True`` for a tqdm bar; returns ``None``), then ``model(X)`` → ``(f_mean, f_var)``
+(regression) or class probabilities (classification), ``predictive_samples(X, n)``,
+``state_dict()`` / ``load_state_dict()``, ``pickle``. Each method's remaining settings are
+keyword arguments named as the fields of its Rust ``Config`` (``default_config()`` lists them
+with the paper's values); an unknown name is a ``TypeError`` that lists the known ones.
 """
 
 from __future__ import annotations
 
-import json
+import copy
+import threading
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _fspace
-from ._convert import array2, back, data_arrays, is_torch, network_spec, tensors, unflatten
+from ._backend import network_spec
+from ._base import Wrapper
+from ._convert import array2, back, data_arrays, is_torch, tensors, unflatten
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
 
@@ -41,7 +44,7 @@ class GPPrior:
         return self.kernel.output_dim
 
     def spec(self) -> Dict[str, Any]:
-        """The JSON object of fspace's ``GpPrior``."""
+        """The dict of fspace's ``GpPrior`` (serde's shape of the Rust type)."""
         mean: Any = "zero" if self.mean == 0.0 else {"constant": self.mean}
         return {"kernel": self.kernel.spec(), "mean": mean}
 
@@ -60,7 +63,7 @@ def _prior(prior: Any) -> GPPrior:
 def default_config(method: str) -> Dict[str, Any]:
     """The default settings (the paper's values) of ``method``: ``"fsp_laplace"``, ``"gfsvi"``,
     ``"valla"``, ``"ella"``."""
-    return json.loads(_fspace.default_config(method))
+    return _fspace.default_config(method)
 
 
 def _is_variant(value: Dict[str, Any]) -> bool:
@@ -168,14 +171,18 @@ class _Progress:
             self.bar.close()
 
 
-class _Fitted:
-    """The calls every method shares once fitted."""
+class _Fitted(Wrapper):
+    """The calls every function-space method shares once fitted."""
 
     _method = ""
     _title = ""
+    _transient = ("_post",)
     likelihood: str
     _post: Any
     _report: Dict[str, Any]
+
+    def _is_fitted(self) -> bool:
+        return getattr(self, "_post", None) is not None
 
     def _inputs(self, x: Any, what: str) -> np.ndarray:
         return array2(x, what)
@@ -213,20 +220,35 @@ class _Fitted:
         self._ensure()
         return self._report
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def _check_picklable(self) -> None:
         if getattr(self, "_torch", False):
             raise TypeError(
                 f"a {type(self).__name__} on a torch model's callbacks cannot be pickled: save the model with torch and refit"
             )
-        state = dict(self.__dict__)
-        post = state.pop("_post", None)
-        state["_post_json"] = None if post is None else (post.method, post.to_json())
-        return state
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        saved = state.pop("_post_json")
-        self.__dict__.update(state)
-        self._post = None if saved is None else _fspace.Posterior.from_json(*saved)
+    def state_dict(self) -> Dict[str, Any]:
+        """What the fit produced: ``cls_name``, ``method``, ``likelihood``, ``report`` and the
+        posterior as fspace's checked, versioned JSON under ``fspace_posterior`` (the network's
+        weights inside it). Restore with ``load_state_dict`` on an object built with the same
+        arguments; the trained weights as a model ``state_dict`` are ``model_state_dict()``."""
+        post = self._ensure()
+        with self._lock:
+            return dict(cls_name=type(self).__name__, method=post.method, likelihood=self.likelihood,
+                        report=copy.deepcopy(self._report), fspace_posterior=post.to_json())
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores a ``state_dict()`` taken from a fitted object of the same class and
+        likelihood (the posterior is checked as every fspace load is)."""
+        if state_dict.get("cls_name") != type(self).__name__:
+            raise ValueError(f"the state_dict is of a {state_dict.get('cls_name')!r}, not of a {type(self).__name__}")
+        if state_dict.get("likelihood") != self.likelihood:
+            raise ValueError(f"the state_dict's likelihood {state_dict.get('likelihood')!r} is not {self.likelihood!r}")
+        if "fspace_posterior" not in state_dict:
+            raise ValueError("the state_dict holds no fspace_posterior: it was not saved by state_dict()")
+        post = _fspace.Posterior.from_json(str(state_dict["method"]), state_dict["fspace_posterior"])
+        with self._lock:
+            self._post = post
+            self._report = copy.deepcopy(state_dict.get("report", {}))
 
 
 class _NetworkMethod(_Fitted):
@@ -254,6 +276,7 @@ class _NetworkMethod(_Fitted):
         self._patience_given = patience != "default" or (isinstance(given, dict) and "patience" in given)
         self._config = config
         self._given = set(options)
+        self._lock = threading.RLock()
         self._post = None
         self._report: Dict[str, Any] = {}
 
@@ -266,11 +289,11 @@ class _NetworkMethod(_Fitted):
     def _inputs(self, x: Any, what: str) -> np.ndarray:
         return self._spec.inputs(x, what)
 
-    def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None) -> "_NetworkMethod":
+    def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None) -> None:
         """Fits on ``(X, y)`` (or every ``(x, y)`` batch of a loader); ``val`` is a pair
-        ``(X_val, y_val)`` or a loader, used for early stopping. Returns ``self``."""
+        ``(X_val, y_val)`` or a loader, used for early stopping. Returns ``None``."""
         x, yy = data_arrays(data, y, self._spec.inputs)
-        config = json.loads(json.dumps(self._config))
+        config = copy.deepcopy(self._config)
         xv = yv = None
         if val is not None:
             if isinstance(val, tuple):
@@ -284,21 +307,23 @@ class _NetworkMethod(_Fitted):
                 holder["schedule"] = dict(holder["schedule"], patience=None)
         self._adapt(config, x, val is not None)
         bar = _Progress(progress, type(self).__name__)
-        try:
-            self._post, report = _fspace.fit(
-                self._fit_method(), x, yy, self.likelihood, self.sigma_noise, self.learn_sigma,
-                None if self._torch else self._tensors, None if self._torch else self._spec.activation,
-                None if self._prior is None else json.dumps(self._prior.spec()),
-                json.dumps(config), xv, yv, bar.callback,
-                None if self._torch else self._spec.architecture_json(),
-                self._spec.calls() if self._torch else None,
-            )
-        finally:
-            bar.close()
-        self._report = json.loads(report)
-        return self
+        network: Dict[str, Any] = (
+            dict(calls=self._spec.calls()) if self._torch
+            else dict(state=self._tensors, activation_name=self._spec.activation,
+                      architecture=self._spec.architecture_dict())
+        )
+        with self._lock:
+            try:
+                post, report = _fspace.fit(
+                    self._fit_method(), x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
+                    learn_sigma=self.learn_sigma, prior=None if self._prior is None else self._prior.spec(),
+                    config=config, x_val=xv, y_val=yv, progress=bar.callback, **network,
+                )
+            finally:
+                bar.close()
+            self._post, self._report = post, report
 
-    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+    def model_state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """The network's weights after the fit (float64), under the model's parameter names:
         the trained weights where the method trains them, the given ones otherwise. Load them
         with ``model.load_state_dict({k: torch.from_numpy(v) for k, v in ...})``."""
@@ -315,7 +340,7 @@ class FSPLaplace(_NetworkMethod):
     """FSP-Laplace (Cinquin et al. 2024): trains the network under the GP ``prior`` (Alg. 1:
     the negative log likelihood plus the prior's RKHS norm at context points), then the
     matrix-free Laplace approximation of the same objective (Alg. 2). ``train=False`` skips
-    Alg. 1 and runs Alg. 2 at the given weights (post hoc). ``state_dict()`` returns the
+    Alg. 1 and runs Alg. 2 at the given weights (post hoc). ``model_state_dict()`` returns the
     trained weights. Settings: ``epochs``/``steps``, ``batch_size``, ``learning_rate``,
     ``n_context``, ``n_laplace_context``, ``design``, ``laplace={"max_rank": …}``,
     ``context_box={"lower": […], "upper": […]}``, ``widen``, … (the fields of Rust's
@@ -351,7 +376,7 @@ class GFSVI(_NetworkMethod):
     """Generalised function-space VI (Cinquin & Bamler): ``q(w) = N(m, diag(s²))`` on the
     weights, linearised, fitted by the regularised KL to the GP ``prior`` at measurement
     points. σ is learned from ``sigma_noise`` as in the paper (``learn_sigma=False`` fixes it).
-    ``state_dict()`` returns the variational mean. Settings: the fields of Rust's
+    ``model_state_dict()`` returns the variational mean. Settings: the fields of Rust's
     ``GfsviConfig`` (``measurement_points``, ``gamma``, ``optim={"schedule": …}``, …)."""
 
     _method = "gfsvi"
@@ -408,18 +433,18 @@ class ExactGP(_Fitted):
         self._prior = _prior(prior)
         self.sigma_noise = float(sigma_noise)
         self.likelihood = "regression"
+        self._lock = threading.RLock()
         self._post = None
         self._report: Dict[str, Any] = {}
 
-    def fit(self, data: Any, y: Any = None) -> "ExactGP":
-        """Conditions the prior on ``(X, y)``. Returns ``self``."""
+    def fit(self, data: Any, y: Any = None) -> None:
+        """Conditions the prior on ``(X, y)``. Returns ``None``."""
         x, yy = data_arrays(data, y)
-        self._post, report = _fspace.fit(
-            "exact_gp", x, yy, "regression", self.sigma_noise, False, None, None,
-            json.dumps(self._prior.spec()), None, None, None, None,
-        )
-        self._report = json.loads(report)
-        return self
+        with self._lock:
+            self._post, self._report = _fspace.fit(
+                "exact_gp", x=x, y=yy, likelihood="regression", sigma_noise=self.sigma_noise,
+                prior=self._prior.spec(),
+            )
 
     def log_marginal_likelihood(self) -> float:
         """``log p(y | X)`` of the training targets."""

@@ -15,7 +15,6 @@ Matrix-valued kernels for vector outputs: ``Independent(k, outputs)`` (outputs t
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
@@ -48,7 +47,7 @@ def _lengthscales(value: Lengthscale) -> List[float]:
 
 
 class MatrixKernel:
-    """A kernel with ``d'`` outputs: ``spec()`` is the JSON object of fspace's
+    """A kernel with ``d'`` outputs: ``spec()`` is the dict of fspace's
     ``MatrixKernelSpec``."""
 
     def spec(self) -> Dict[str, Any]:
@@ -64,11 +63,11 @@ class MatrixKernel:
 
         xa = array2(x, "X")
         ya = xa if y is None else array2(y, "Y")
-        return _fspace.gram(json.dumps(self.spec()), xa, ya)
+        return _fspace.gram(kernel=self.spec(), x=xa, y=ya)
 
 
 class Kernel(MatrixKernel):
-    """A scalar kernel: ``scalar_spec()`` is the JSON object of fspace's ``KernelSpec``."""
+    """A scalar kernel: ``scalar_spec()`` is the dict of fspace's ``KernelSpec``."""
 
     def scalar_spec(self) -> Dict[str, Any]:
         raise NotImplementedError

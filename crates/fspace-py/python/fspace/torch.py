@@ -54,9 +54,8 @@ when ``include_batch`` (FSP-Laplace's ``context_includes_data``; GFSVI's W2 expe
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -74,8 +73,8 @@ __all__ = [
 
 class _RkhsNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, f: torch.Tensor, prior: str, c: np.ndarray, jitter: float) -> torch.Tensor:  # type: ignore[override]
-        value, alpha = _fspace.rkhs_norm(prior, c, _numpy(f), jitter)
+    def forward(ctx: Any, f: torch.Tensor, prior: Dict[str, Any], c: np.ndarray, jitter: float) -> torch.Tensor:  # type: ignore[override]
+        value, alpha = _fspace.rkhs_norm(prior=prior, c=c, f=_numpy(f), jitter=jitter)
         ctx.save_for_backward(torch.from_numpy(alpha).to(device=f.device, dtype=f.dtype))
         return torch.tensor(value, dtype=f.dtype, device=f.device)
 
@@ -87,8 +86,8 @@ class _RkhsNorm(torch.autograd.Function):
 
 class _RegularizedKl(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, f: torch.Tensor, cov: torch.Tensor, prior: str, c: np.ndarray, gamma: float) -> torch.Tensor:  # type: ignore[override]
-        value, grad_f, grad_cov = _fspace.regularized_kl(prior, c, _numpy(f), _numpy(cov), gamma)
+    def forward(ctx: Any, f: torch.Tensor, cov: torch.Tensor, prior: Dict[str, Any], c: np.ndarray, gamma: float) -> torch.Tensor:  # type: ignore[override]
+        value, grad_f, grad_cov = _fspace.regularized_kl(prior=prior, c=c, f=_numpy(f), cov=_numpy(cov), gamma=gamma)
         ctx.save_for_backward(
             torch.from_numpy(grad_f).to(device=f.device, dtype=f.dtype),
             torch.from_numpy(grad_cov).to(device=cov.device, dtype=cov.dtype),
@@ -175,7 +174,7 @@ class FSPRegularizer:
         from ._methods import _prior
 
         self.prior = _prior(prior)
-        self._prior_json = json.dumps(self.prior.spec())
+        self._prior_spec = self.prior.spec()
         if not (np.isfinite(jitter) and jitter >= 0):
             raise ValueError(f"jitter {jitter} must be finite and ≥ 0")
         self.jitter = float(jitter)
@@ -188,7 +187,7 @@ class FSPRegularizer:
     def __call__(self, model: Any, x_batch: Any = None) -> torch.Tensor:
         c, ct = self._context.draw(model, x_batch)
         f = _outputs(model, ct, "FSPRegularizer")
-        return _RkhsNorm.apply(f, self._prior_json, c, self.jitter)
+        return _RkhsNorm.apply(f, self._prior_spec, c, self.jitter)
 
 
 class MeanField(torch.nn.Module):
@@ -326,7 +325,7 @@ class GFSVIRegularizer:
         from ._methods import _prior
 
         self.prior = _prior(prior)
-        self._prior_json = json.dumps(self.prior.spec())
+        self._prior_spec = self.prior.spec()
         if not (math.isfinite(gamma) and gamma > 0):
             raise ValueError(f"gamma {gamma} must be finite and > 0")
         self.gamma = float(gamma)
@@ -342,4 +341,4 @@ class GFSVIRegularizer:
             raise TypeError(f"q is a {type(q).__name__}; GFSVIRegularizer takes fspace.torch.MeanField(model)")
         c, ct = self._context.draw(model, x_batch)
         f, cov = q.linearized(model, ct, chunk_size=self.chunk_size)
-        return _RegularizedKl.apply(f.to(torch.float64), cov, self._prior_json, c, self.gamma)
+        return _RegularizedKl.apply(f.to(torch.float64), cov, self._prior_spec, c, self.gamma)
