@@ -434,24 +434,32 @@ pub(crate) fn kron_from_sums(
     let mut layers = Vec::with_capacity(sums.infos.len());
     for (s, info) in sums.sums.iter().zip(&sums.infos) {
         let fi = info.fan_in;
-        let a = if !info.has_bias() {
-            s.input_gram.clone()
+        let g = &s.grad_gram / (n * info.positions()) as f64;
+        let (a_values, a_vectors) = if !info.has_bias() {
+            sym_eigh(&s.input_gram)?
+        } else if bias == KronBias::Separate {
+            // The separate bias block [A 0; 0 rows] as the eigenpairs of A and `(rows, e_bias)`,
+            // exactly: each eigenvector then lies in the weight or in the bias coordinates, so a
+            // prior precision per parameter tensor stays diagonal in the Kronecker basis.
+            let (v, q) = sym_eigh(&s.input_gram)?;
+            let mut values = DVector::zeros(fi + 1);
+            values.rows_mut(0, fi).copy_from(&v);
+            values[fi] = s.input_rows as f64;
+            let mut vectors = DMatrix::zeros(fi + 1, fi + 1);
+            vectors.view_mut((0, 0), (fi, fi)).copy_from(&q);
+            vectors[(fi, fi)] = 1.0;
+            (values, vectors)
         } else {
-            // Ã = [A  Σa; Σaᵀ  rows] for ã = [a; 1] (folded), or the separate bias block's
-            // [A 0; 0 rows].
+            // Ã = [A  Σa; Σaᵀ  rows] for ã = [a; 1].
             let mut a = DMatrix::zeros(fi + 1, fi + 1);
             a.view_mut((0, 0), (fi, fi)).copy_from(&s.input_gram);
-            if bias == KronBias::Folded {
-                for j in 0..fi {
-                    a[(j, fi)] = s.input_sum[j];
-                    a[(fi, j)] = s.input_sum[j];
-                }
+            for j in 0..fi {
+                a[(j, fi)] = s.input_sum[j];
+                a[(fi, j)] = s.input_sum[j];
             }
             a[(fi, fi)] = s.input_rows as f64;
-            a
+            sym_eigh(&a)?
         };
-        let g = &s.grad_gram / (n * info.positions()) as f64;
-        let (a_values, a_vectors) = sym_eigh(&a)?;
         let (g_values, g_vectors) = sym_eigh(&g)?;
         layers.push(KronLayer {
             a_values: a_values.map(|v| v.max(0.0)),

@@ -301,9 +301,60 @@ impl KronLayer {
         }
     }
 
-    /// The precision's eigenvalues `T·E + λ` (λ must be constant over the layer).
-    fn precision_eigenvalues(&self, t: f64, lam: f64) -> DMatrix<f64> {
-        self.eigenvalues().map(|e| t * e.max(0.0) + lam)
+    /// The precision's eigenvalues `T·E_{rj} + λ_j`, with `λ_j` the prior precision of the
+    /// input factor's eigenvector `j` ([`column_lambdas`](Self::column_lambdas)).
+    pub(crate) fn precision_eigenvalues(&self, t: f64, lam: &DVector<f64>) -> DMatrix<f64> {
+        let e = self.eigenvalues();
+        DMatrix::from_fn(e.nrows(), e.ncols(), |r, j| t * e[(r, j)].max(0.0) + lam[j])
+    }
+
+    /// The prior precision each eigenvector of the input factor sees, from `lam` (λ of this
+    /// layer's `fan_out × (fan_in + 1)` coordinates, row-major). `T·C + diag(λ)` keeps the
+    /// Kronecker eigenbasis when λ is one value over the layer, or — a prior per parameter
+    /// tensor with the bias in its own block — one value over the weight and one over the bias:
+    /// λ constant down each input column and over each eigenvector's support. Anything finer is
+    /// refused (`InputError::Invalid`).
+    pub(crate) fn column_lambdas(&self, lam: &[f64]) -> Result<DVector<f64>> {
+        let (r, c) = self.shape();
+        let l0 = lam[0];
+        if lam.iter().all(|&l| l == l0) {
+            return Ok(DVector::from_element(c, l0));
+        }
+        let refuse = || {
+            LaplaceError::Input(InputError::Invalid {
+                what: "prior precision",
+                reason: "Kronecker-factored curvature takes one prior precision per layer, or one for its \
+                         weight and one for its bias when the bias is a separate block (kron_bias = Separate)"
+                    .into(),
+            })
+        };
+        if (1..r).any(|i| (0..c).any(|j| lam[i * c + j] != lam[j])) {
+            return Err(refuse());
+        }
+        let mut out = DVector::from_element(c, l0);
+        for k in 0..c {
+            let mut seen: Option<f64> = None;
+            for (j, &v) in self.a_vectors.column(k).iter().enumerate() {
+                if v != 0.0 {
+                    match seen {
+                        None => seen = Some(lam[j]),
+                        Some(l) if l != lam[j] => return Err(refuse()),
+                        Some(_) => {}
+                    }
+                }
+            }
+            out[k] = seen.unwrap_or(l0);
+        }
+        Ok(out)
+    }
+
+    /// For each eigenvalue of [`eigenvalues`](Self::eigenvalues) in column-major order, a
+    /// coordinate of the layer (row-major) whose λ is the one that eigenvalue's precision adds
+    /// (the largest entry of its input-factor eigenvector, first row).
+    fn eigenvalue_owners(&self) -> Vec<usize> {
+        let (r, c) = self.shape();
+        let support: Vec<usize> = (0..c).map(|k| self.a_vectors.column(k).iamax()).collect();
+        (0..r * c).map(|m| support[m / r]).collect()
     }
 }
 
@@ -333,16 +384,11 @@ impl KronCurvature {
             .collect()
     }
 
-    /// λ of a layer, checked constant over it (per-layer priors are the finest KFAC allows).
-    pub(crate) fn layer_lambda(lam: &DVector<f64>, offset: usize, len: usize) -> Result<f64> {
-        let l0 = lam[offset];
-        if lam.rows(offset, len).iter().any(|&l| l != l0) {
-            return Err(LaplaceError::Input(InputError::Invalid {
-                what: "prior precision",
-                reason: "Kronecker-factored curvature needs one prior precision per layer".into(),
-            }));
-        }
-        Ok(l0)
+    /// The λ of each input-factor eigenvector of the layer at `offset` (see
+    /// [`KronLayer::column_lambdas`]).
+    pub(crate) fn layer_lambdas(layer: &KronLayer, lam: &DVector<f64>, offset: usize) -> Result<DVector<f64>> {
+        let (r, c) = layer.shape();
+        layer.column_lambdas(&lam.as_slice()[offset..offset + r * c])
     }
 
     /// Whether this is EKFAC.
@@ -370,9 +416,8 @@ impl CurvatureApprox for KronCurvature {
     fn log_det_precision(&self, t: f64, lam: &DVector<f64>) -> Result<f64> {
         let mut total = 0.0;
         for (layer, o) in self.layers.iter().zip(self.offsets()) {
-            let (r, c) = layer.shape();
-            let l = Self::layer_lambda(lam, o, r * c)?;
-            total += layer.precision_eigenvalues(t, l).iter().map(|e| e.ln()).sum::<f64>();
+            let l = Self::layer_lambdas(layer, lam, o)?;
+            total += layer.precision_eigenvalues(t, &l).iter().map(|e| e.ln()).sum::<f64>();
         }
         Ok(total)
     }
@@ -380,7 +425,7 @@ impl CurvatureApprox for KronCurvature {
         let mut out = DMatrix::zeros(v.nrows(), v.ncols());
         for (layer, o) in self.layers.iter().zip(self.offsets()) {
             let (r, c) = layer.shape();
-            let e = layer.precision_eigenvalues(t, Self::layer_lambda(lam, o, r * c)?);
+            let e = layer.precision_eigenvalues(t, &Self::layer_lambdas(layer, lam, o)?);
             for m in 0..v.ncols() {
                 let block: Vec<f64> = v.column(m).rows(o, r * c).iter().cloned().collect();
                 let vm = unflatten(&block, r, c);
@@ -399,8 +444,7 @@ impl CurvatureApprox for KronCurvature {
         let mut out = DMatrix::zeros(self.dim(), s);
         for (layer, o) in self.layers.iter().zip(self.offsets()) {
             let (r, c) = layer.shape();
-            let sd =
-                layer.precision_eigenvalues(t, Self::layer_lambda(lam, o, r * c)?).map(|e| 1.0 / e.sqrt());
+            let sd = layer.precision_eigenvalues(t, &Self::layer_lambdas(layer, lam, o)?).map(|e| 1.0 / e.sqrt());
             for m in 0..s {
                 let z = randn(r, c, rng).component_mul(&sd);
                 let back = &layer.g_vectors * z * layer.a_vectors.transpose();
@@ -469,6 +513,28 @@ impl Curvature {
             Self::Kron(c) => c,
             Self::Samples(c) => c,
         }
+    }
+
+    /// For each of [`eigenvalues`](Self::eigenvalues), the curvature coordinate whose prior
+    /// precision the precision's eigenvalue adds (`T·eᵢ + λ_{owner(i)}`), checked against the
+    /// coordinates' λ: `Some` where `T·C + diag(λ)` keeps the stored eigenbasis — the diagonal
+    /// structure for any λ, KFAC / EKFAC for a λ per layer or per parameter tensor (bias in its
+    /// own block) — and `None` otherwise (a structure without eigenvalues, or an eigenbasis that
+    /// a non-constant λ does not keep). With it the evidence stays `O(len)` and differentiable
+    /// in λ beyond one λ.
+    pub fn eigenvalue_owners(&self, lam: &DVector<f64>) -> Result<Option<Vec<usize>>> {
+        Ok(match self {
+            Self::Diag(d) => Some((0..d.diag.len()).collect()),
+            Self::Kron(k) => {
+                let mut owners = Vec::with_capacity(k.dim());
+                for (layer, o) in k.layers.iter().zip(k.offsets()) {
+                    KronCurvature::layer_lambdas(layer, lam, o)?;
+                    owners.extend(layer.eigenvalue_owners().into_iter().map(|c| o + c));
+                }
+                Some(owners)
+            }
+            Self::Eigen(_) | Self::BlockDiag(_) | Self::Samples(_) => None,
+        })
     }
 
     /// The eigenvalues of `C` (the curvature without temperature or prior), `None` where the

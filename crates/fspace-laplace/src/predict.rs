@@ -381,8 +381,8 @@ pub(crate) fn kron_covariances<N: Network>(
             inv: settings
                 .iter()
                 .map(|(lam, t)| {
-                    let l = crate::curvature::KronCurvature::layer_lambda(lam, offset, r * c)?;
-                    Ok(eigenvalues.map(|e| 1.0 / (t * e.max(0.0) + l)))
+                    let l = crate::curvature::KronCurvature::layer_lambdas(layer, lam, offset)?;
+                    Ok(DMatrix::from_fn(r, c, |i, j| 1.0 / (t * eigenvalues[(i, j)].max(0.0) + l[j])))
                 })
                 .collect::<Result<Vec<_>>>()?,
         };

@@ -367,6 +367,18 @@ impl PyLaplace {
         post.set_temperature(temperature).map_err(|e| errors.raise(e))
     }
 
+    /// For each of [`curvature_eigenvalues`](Self::curvature_eigenvalues), the position (in
+    /// ascending flat order of the covered parameters) of the parameter whose λ it is paired
+    /// with under the per-parameter `prior_precision`; `None` where the structure's eigenbasis
+    /// does not hold under that λ (the Python evidence then takes the dense route). A λ the
+    /// structure cannot take is a `ValueError`.
+    fn curvature_eigenvalue_owners(&self, prior_precision: Vec<f64>) -> PyResult<Option<Vec<usize>>> {
+        let errors = self.net.errors();
+        self.fitted()?
+            .eigenvalue_owners(&PriorPrecision::PerParameter(prior_precision))
+            .map_err(|e| errors.raise(e))
+    }
+
     /// The eigenvalues of the fitted curvature `C` (at the σ of the fit, untempered; the
     /// unlisted ones are 0), `None` for a structure that stores none (`Curvature::eigenvalues`).
     fn curvature_eigenvalues<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<f64>>>> {

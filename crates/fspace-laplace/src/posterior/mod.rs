@@ -164,6 +164,22 @@ impl<N: Network> LaplacePosterior<N> {
         Ok(lam)
     }
 
+    /// For each of the curvature's [`eigenvalues`](Curvature::eigenvalues), the position, in
+    /// ascending flat-parameter order of the covered parameters, of the parameter whose λ
+    /// `prior` adds to it; `None` where the structure's eigenbasis does not hold under `prior`
+    /// ([`Curvature::eigenvalue_owners`]). A λ the structure cannot take is an error.
+    pub fn eigenvalue_owners(&self, prior: &PriorPrecision) -> Result<Option<Vec<usize>>> {
+        let lam = self.coordinate_lambdas_of(prior)?;
+        let Some(owners) = self.curvature.eigenvalue_owners(&lam)? else { return Ok(None) };
+        let mut order: Vec<usize> = (0..self.indices.len()).collect();
+        order.sort_by_key(|&c| self.indices[c]);
+        let mut rank = vec![0; order.len()];
+        for (r, &c) in order.iter().enumerate() {
+            rank[c] = r;
+        }
+        Ok(Some(owners.into_iter().map(|c| rank[c]).collect()))
+    }
+
     /// λ for every curvature coordinate as set now.
     pub(crate) fn current_lambdas(&self) -> DVector<f64> {
         match &self.coordinate_lambdas {

@@ -2,7 +2,8 @@
 
 * ``fspace.Laplace(model, "regression" | "classification", ...)``: laplace-torch 0.3's calls,
   positional order and defaults (``subset_of_weights="last_layer"``, ``hessian_structure="kron"``;
-  fit, ``optimize_prior_precision``, the GLM / sampled predictive, the evidence, weight samples).
+  fit, ``optimize_prior_precision``, the GLM / sampled predictive, the evidence, weight samples);
+  ``fspace.marglik_training``, laplace-torch's online evidence training, on it.
 * ``fspace.FSPLaplace``, ``fspace.GFSVI``, ``fspace.VaLLA``, ``fspace.ELLA``,
   ``fspace.ExactGP``: the function-space methods, with a ``fspace.GPPrior`` built from
   ``fspace.kernels`` (``Matern12(1.0, 0.5) + RBF(...)``, ``Periodic``, ``Helmholtz``, ...).
@@ -36,10 +37,12 @@ from . import kernels, subnetmask
 from ._convert import ModelSpec, convert_sequential
 from ._fspace import NumericalError
 from ._laplace import Laplace
+from ._marglik import marglik_training
 from ._methods import ELLA, GFSVI, FSPLaplace, ExactGP, GPPrior, VaLLA, default_config
 
 __all__ = [
     "Laplace",
+    "marglik_training",
     "FSPLaplace",
     "GFSVI",
     "VaLLA",

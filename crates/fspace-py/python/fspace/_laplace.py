@@ -570,6 +570,8 @@ class Laplace(Wrapper):
                 raise ValueError("Mismatch of prior and model. Diagonal or scalar prior.")
             if len(values) not in (self.n_layers, self._covered):
                 raise ValueError("Length of prior precision does not align with architecture.")
+            if self.hessian_structure in ("kron", "ekfac") and len(values) != self.n_layers:
+                raise ValueError("Prior precision for Kron either scalar or per-layer.")
         if not bool(torch.isfinite(values).all()) or bool((values <= 0).any()):
             raise ValueError(f"prior_precision {values.tolist()} must be finite and > 0")
         self._prior_precision = t
@@ -682,17 +684,37 @@ class Laplace(Wrapper):
             lam = self._prior_precision[0]
             missing = self._covered - eig.shape[0]
             return (eig * self._H_factor + lam).log().sum() + missing * lam.log()
-        # A prior per parameter tensor or per parameter: Σ log(f·hᵢ + λᵢ) on a diagonal, the
-        # dense log-determinant (as laplace-torch) on a full or subnetwork curvature.
-        if self.hessian_structure == "diag":
-            return (self._dense_curvature().diagonal() * self._H_factor + self.prior_precision_diag).log().sum()
+        # A prior per parameter tensor or per parameter: Σ log(f·eᵢ + λ_owner(i)) where the
+        # structure's eigenbasis holds (diag; KFAC with one λ per weight and per bias tensor),
+        # the dense log-determinant (as laplace-torch) on a full or subnetwork curvature.
+        owners = self._eigenvalue_owners()
+        if owners is not None:
+            return (eig * self._H_factor + self.prior_precision_diag[owners]).log().sum()
         if self.hessian_structure == "full":
             torch = _torch()
             return torch.logdet(self._H_factor * self._dense_curvature() + torch.diag(self.prior_precision_diag))
         raise NotImplementedError(
             f"a prior precision per parameter tensor or per parameter with hessian_structure={self.hessian_structure!r}: "
-            "fspace takes it on the diag and full structures (Kronecker factors need one λ per layer block)"
+            "fspace takes it on diag and full, and one λ per parameter tensor on kron / ekfac (with kron_bias='separate')"
         )
+
+    def _eigenvalue_owners(self) -> Any:
+        """For each curvature eigenvalue, the covered parameter whose λ it pairs with (a tensor
+        of indices), or ``None`` where the eigenbasis does not hold under a prior of this
+        length; cached per fit and length. Rust checks the structure against a λ that differs
+        between every parameter tensor (or parameter), so one check covers every value."""
+        torch = _torch()
+        f = self._fitted_summary()
+        cache = f.setdefault("owners", {})
+        count = len(self._prior_precision)
+        if count not in cache:
+            if count == self._covered:
+                pattern = [float(i + 1) for i in range(count)]
+            else:
+                pattern = [float(t + 1) for t, n in enumerate(self._tensor_sizes()) for _ in range(n)]
+            owners = self._la.curvature_eigenvalue_owners(pattern)
+            cache[count] = None if owners is None else torch.as_tensor(owners, dtype=torch.long)
+        return cache[count]
 
     def _dense_curvature(self) -> Any:
         """The curvature at σ = 1 as a dense tensor (ascending flat order), cached per fit."""
