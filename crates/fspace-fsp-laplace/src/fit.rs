@@ -4,7 +4,8 @@
 use std::time::Instant;
 
 use fspace_context::{
-    BoundingBox, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler, UniformSampler,
+    BoundingBox, DatasetSampler, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler,
+    UniformSampler,
 };
 use fspace_core::{Data, Fitted, LikelihoodSpec, Observer, Progress, Schedule, Silent, Span};
 use fspace_nn::{Network, TrainConfig, TrainProgress, TrainReport};
@@ -31,6 +32,10 @@ pub enum ContextDesign {
     LatinHypercube,
     /// I.i.d. uniform, seeded (as in the training steps).
     Uniform,
+    /// Training inputs drawn without replacement, seeded: for inputs where a box is
+    /// meaningless (token ids, categorical codes), so the prior acts at real inputs. Only
+    /// Alg. 2's context takes it (it needs the data; [`context_points`] refuses it).
+    Dataset,
 }
 
 /// `n` context points of `design` in `bbox` (`seed` for the random designs).
@@ -48,6 +53,12 @@ pub fn context_points(
         ContextDesign::Sobol => SobolSampler::new(b)?.sample(n, &mut rng)?,
         ContextDesign::LatinHypercube => LatinHypercube::new(b).sample(n, &mut rng)?,
         ContextDesign::Uniform => UniformSampler::new(b).sample(n, &mut rng)?,
+        ContextDesign::Dataset => {
+            return Err(invalid(
+                "design",
+                "the Dataset design draws from the training inputs; a box alone has none (FspConfig's Laplace step takes it)",
+            ))
+        }
     })
 }
 
@@ -186,7 +197,12 @@ impl FspConfig {
     /// Alg. 2's fixed context points: `n_laplace_context` points of `design` in `bbox`, followed
     /// by the training inputs when `context_includes_data`.
     fn laplace_context(&self, bbox: &BoundingBox, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        let design = context_points(self.design, bbox, self.n_laplace_context, self.design_seed)?;
+        let design = if self.design == ContextDesign::Dataset {
+            let mut rng = StdRng::seed_from_u64(self.design_seed);
+            DatasetSampler::new(x.clone())?.sample(self.n_laplace_context, &mut rng)?
+        } else {
+            context_points(self.design, bbox, self.n_laplace_context, self.design_seed)?
+        };
         if self.context_includes_data {
             with_data_points(&design, x)
         } else {

@@ -569,3 +569,30 @@ fn fit_learns_sigma_when_the_spec_says_so_and_the_posterior_round_trips() {
     assert_eq!(draw(&back), draw(&post));
     std::fs::remove_file(&path).ok();
 }
+
+/// The `Dataset` design draws Alg. 2's context from the training inputs: the post-hoc
+/// posterior is Alg. 2 at the rows a `DatasetSampler` seeded by `design_seed` draws.
+#[test]
+fn the_dataset_design_takes_its_context_from_the_training_inputs() {
+    use rand::SeedableRng;
+    let data = fspace_data::sine(30, 0.1, &mut rng(8)).unwrap();
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
+    let net = mlp(1, 1, 9);
+    let lik = LikelihoodSpec::gaussian(0.2);
+    let train = Data::new(&data.x, &data.y).unwrap();
+    let config =
+        FspConfig { design: ContextDesign::Dataset, n_laplace_context: 12, design_seed: 4, ..Default::default() };
+    let post = fit_posthoc(net.clone(), lik, &prior, &train, &config).unwrap().posterior;
+    let mut draw = rand::rngs::StdRng::seed_from_u64(4);
+    let rows = fspace_context::DatasetSampler::new(data.x.clone()).unwrap().sample(12, &mut draw).unwrap();
+    assert!(rows.row_iter().all(|r| data.x.row_iter().any(|x| x == r)), "context rows are training rows");
+    let gauss = Gaussian::new(0.2).unwrap();
+    let direct =
+        laplace(&net, &gauss, &prior, &data.x, &data.y.column(0).into_owned(), &rows, &config.laplace).unwrap();
+    let xt = DMatrix::from_column_slice(5, 1, &[-3.0, -1.0, 0.0, 1.5, 4.0]);
+    assert_eq!(post.predict(&xt).unwrap(), direct.predict(&xt).unwrap());
+    // More rows than the data hold, and a box alone, are refused.
+    let many = FspConfig { n_laplace_context: 31, ..config };
+    assert!(fit_posthoc(net, lik, &prior, &train, &many).is_err());
+    assert!(context_points(ContextDesign::Dataset, &BoundingBox::cube(1, 0.0, 1.0).unwrap(), 5, 0).is_err());
+}

@@ -5,8 +5,9 @@
 //!    `target/python-venv` (`python3 -m venv`, made once), with maturin, numpy, pytest and
 //!    mypy from PyPI, then torch (`install_torch`: PyPI's Linux wheel brings its CUDA
 //!    libraries; without triton, which only `torch.compile` uses, it is ≈ 4.4 GB installed and
-//!    took 105 s on a fresh venv here; once per machine) and laplace-torch 0.3, the reference
-//!    of `crates/fspace-py/tests/test_laplace_parity.py`. Making it is mostly download and
+//!    took 105 s on a fresh venv here; once per machine), laplace-torch 0.3, the reference
+//!    of `crates/fspace-py/tests/test_laplace_parity.py`, and transformers + peft for the LoRA
+//!    test (`crates/fspace-py/tests/test_lora.py`, a GPT-2 built from a config: no download). Making it is mostly download and
 //!    unpacking while the Rust suite is mostly compiling and computing, so on a fresh machine
 //!    the two overlap instead of adding up; its output goes to `target/python-environment.log`
 //!    and is printed when both are done. `--no-torch` leaves torch out, and so does a disk with
@@ -193,8 +194,9 @@ fn python_tests(root: &Path, torch: bool) -> Result<()> {
 
 /// Free disk below which `install_torch` leaves torch out: the lean install measured ≈ 4.6 GB
 /// of disk with the downloaded wheels, laplace-torch's dependencies ≈ 1.3 GB more (triton
-/// among them), plus room for pip's unpacking and the test run.
-pub const TORCH_DISK_NEED_GIB: f64 = 8.5;
+/// among them), transformers and peft with theirs ≈ 0.25 GB, plus room for pip's unpacking and
+/// the test run.
+pub const TORCH_DISK_NEED_GIB: f64 = 8.8;
 
 /// What the Rust build may still write while torch installs beside it: `target/` without the
 /// venv after a run from empty build folders (7.4 GB − 4.5 GB measured, rounded up). Asked for
@@ -230,7 +232,7 @@ fn install_torch(py: &Path, venv: &Path, reserve_gib: f64, console: &Console) ->
     let importable =
         Command::new(py).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
     if importable {
-        return install_laplace_torch(py, console).map(|()| true);
+        return install_references(py, console).map(|()| true);
     }
     if let Some(free) = free_disk_gib(venv) {
         if let Some(short) = disk_shortfall(free, reserve_gib) {
@@ -259,25 +261,36 @@ fn install_torch(py: &Path, venv: &Path, reserve_gib: f64, console: &Console) ->
         .say("   (pip then reports triton as a missing requirement of torch: it is left out on purpose)")?;
     console.run("torch's dependencies (all but triton)", Command::new(py).args(pip).args(&dependencies))?;
     console.run("torch imports", Command::new(py).args(["-c", "import torch"]))?;
-    install_laplace_torch(py, console)?;
+    install_references(py, console)?;
     Ok(true)
 }
 
-/// The laplace-torch release the parity suite (`crates/fspace-py/tests/test_laplace_parity.py`)
-/// runs the same scripts through.
-const LAPLACE_TORCH: &str = "laplace-torch==0.3";
+/// The packages the torch tests compare with or build on, pinned, with the module each
+/// provides: laplace-torch (the parity suite, `crates/fspace-py/tests/test_laplace_parity.py`,
+/// runs the same scripts through it) and transformers + peft (the LoRA model of
+/// `crates/fspace-py/tests/test_lora.py`).
+const REFERENCES: [(&str, &str); 3] =
+    [("laplace-torch==0.3", "laplace"), ("transformers==5.25.0", "transformers"), ("peft==0.21.2", "peft")];
 
-/// Makes laplace-torch importable beside torch (with its dependencies: curvlinops, BackPACK,
-/// ASDL, torchvision — whose torch pin brings triton, ≈ 1 GB, which is counted in
-/// [`TORCH_DISK_NEED_GIB`]).
-fn install_laplace_torch(py: &Path, console: &Console) -> Result<()> {
-    let importable =
-        Command::new(py).args(["-c", "import laplace"]).output().map(|o| o.status.success()).unwrap_or(false);
-    if importable {
+/// Makes the [`REFERENCES`] importable beside torch (with their dependencies: laplace-torch's
+/// curvlinops, BackPACK, ASDL and torchvision — whose torch pin brings triton, ≈ 1 GB — and
+/// transformers' tokenizers and safetensors, counted in [`TORCH_DISK_NEED_GIB`]).
+fn install_references(py: &Path, console: &Console) -> Result<()> {
+    let missing: Vec<&str> = REFERENCES
+        .iter()
+        .filter(|(_, module)| {
+            !Command::new(py).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success())
+        })
+        .map(|(requirement, _)| *requirement)
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
     let pip = ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"];
-    console.run("laplace-torch (the parity suite's reference)", Command::new(py).args(pip).arg(LAPLACE_TORCH))
+    console.run(
+        &format!("the torch tests' references ({})", missing.join(", ")),
+        Command::new(py).args(pip).args(&missing),
+    )
 }
 
 /// Why `free_gib` of free disk is too little for torch with `reserve_gib` kept for the Rust build

@@ -219,16 +219,35 @@ def array2(x: Any, what: str) -> np.ndarray:
     return a
 
 
-def data_arrays(data: Any, y: Any = None, inputs: Optional[Callable[[Any, str], np.ndarray]] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """``(X, y)`` from arrays, tensors, or an iterable of ``(x, y)`` batches (a DataLoader);
-    ``inputs`` converts ``X`` (default: a 1-D or 2-D array; a CNN's ``ModelSpec.inputs`` takes
-    images)."""
+def data_arrays(data: Any, y: Any = None, inputs: Optional[Callable[[Any, str], np.ndarray]] = None,
+                dict_keys: Optional[Tuple[Optional[str], str]] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """``(X, y)`` from arrays, tensors, or an iterable of ``(x, y)`` batches (a DataLoader) or
+    of dict batches (``dict_keys = (key_x, key_y)``: the targets under ``key_y``, the inputs
+    under ``key_x`` — or, with ``key_x`` ``None``, the whole dict, for a model that takes
+    one); ``inputs`` converts ``X`` (default: a 1-D or 2-D array; a CNN's ``ModelSpec.inputs``
+    takes images)."""
+    from collections.abc import Mapping
+
     to_x = array2 if inputs is None else inputs
     if y is not None:
         return to_x(data, "X"), array2(y, "y")
     xs, ys = [], []
     for batch in data:
-        bx, by = batch[0], batch[1]
+        if isinstance(batch, Mapping):
+            if dict_keys is None:
+                raise ValueError("a dict batch needs dict_key_x / dict_key_y")
+            key_x, key_y = dict_keys
+            for key in (key_y,) if key_x is None else (key_x, key_y):
+                if key not in batch:
+                    raise ValueError(f"a dict batch has no key {key!r} (its keys: {sorted(batch)}); set dict_key_x / dict_key_y")
+            bx, by = (batch if key_x is None else batch[key_x]), batch[key_y]
+        elif isinstance(batch, (tuple, list)) and len(batch) == 2:
+            bx, by = batch[0], batch[1]
+        else:
+            raise ValueError(
+                "each batch of the loader must be an (x, y) pair or a dict with the keys dict_key_x / dict_key_y, "
+                f"got {type(batch).__name__}"
+            )
         xs.append(to_x(bx, "X"))
         ys.append(array2(by, "y"))
     if not xs:

@@ -235,6 +235,8 @@ class Laplace(Wrapper):
         self._dtype = torch.float64
         self._lock = threading.RLock()
         self._spec = network_spec(model, input_shape, engine)
+        if isinstance(self._spec, TorchModel):
+            self._spec.skip_keys = (dict_key_y,)
         self._all_sizes = _parameter_sizes(model)
         on_torch = isinstance(self._spec, TorchModel)
         if subnetwork_indices is not None:
@@ -337,10 +339,14 @@ class Laplace(Wrapper):
 
     def _batch(self, batch: Any) -> Tuple[Any, Any]:
         if isinstance(batch, Mapping):
-            for key in (self.dict_key_x, self.dict_key_y):
+            # laplace-torch hands a dict batch to the model whole (a HuggingFace model reads
+            # input_ids, attention_mask, ...): so does the torch path, without the targets; a
+            # native network takes the array under dict_key_x.
+            on_torch = isinstance(self._spec, TorchModel)
+            for key in (self.dict_key_y,) if on_torch else (self.dict_key_x, self.dict_key_y):
                 if key not in batch:
                     raise ValueError(f"a dict batch has no key {key!r} (its keys: {sorted(batch)}); set dict_key_x / dict_key_y")
-            return batch[self.dict_key_x], batch[self.dict_key_y]
+            return (batch if on_torch else batch[self.dict_key_x]), batch[self.dict_key_y]
         if isinstance(batch, (tuple, list)) and len(batch) == 2:
             return batch[0], batch[1]
         raise ValueError(
@@ -909,7 +915,7 @@ class Laplace(Wrapper):
         return la
 
     def _x(self, x: Any) -> np.ndarray:
-        if isinstance(x, Mapping):
+        if isinstance(x, Mapping) and not isinstance(self._spec, TorchModel):
             x = x[self.dict_key_x]
         return self._spec.inputs(x, "x")
 

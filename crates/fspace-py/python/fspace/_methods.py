@@ -125,6 +125,15 @@ def _schedule_holder(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _holds_torch(x: Any) -> bool:
+    """Whether results go back as torch tensors: ``x`` is one, or a dict batch holding one."""
+    from collections.abc import Mapping
+
+    if isinstance(x, Mapping):
+        return any(is_torch(v) for v in x.values())
+    return is_torch(x)
+
+
 class _Progress:
     """A fit's progress reports: a user callable, a tqdm bar (``True``, when tqdm is
     installed; otherwise a line per report on stderr) or nothing."""
@@ -205,14 +214,14 @@ class _Fitted(Wrapper):
             out = post.class_probabilities(xa, link_approx, int(n_samples), int(seed))
         else:
             out = post.predict(xa)
-        return back(out, is_torch(x))
+        return back(out, _holds_torch(x))
 
     predictive = __call__
 
     def predictive_samples(self, x: Any, n_samples: int = 100, seed: int = 0) -> Any:
         """``n_samples`` joint draws of ``f`` at the rows of ``X`` (``n_samples × n × d'``)."""
         out = self._ensure().sample_functions(self._inputs(x, "X"), int(n_samples), int(seed))
-        return back(out, is_torch(x))
+        return back(out, _holds_torch(x))
 
     @property
     def report(self) -> Dict[str, Any]:
@@ -258,9 +267,14 @@ class _NetworkMethod(_Fitted):
                  learn_sigma: Optional[bool] = None, epochs: Optional[int] = None,
                  steps: Optional[int] = None, evaluate_every: Optional[int] = None,
                  patience: Any = "default", input_shape: Any = None, backend: str = "auto",
-                 **options: Any) -> None:
+                 dict_key_x: str = "input_ids", dict_key_y: str = "labels", **options: Any) -> None:
         self._spec = network_spec(model, input_shape, backend)
         self._torch = isinstance(self._spec, TorchModel)
+        # Dict batches (HuggingFace): a torch model gets the dict without the targets, as
+        # laplace-torch hands it over; a native network the array under dict_key_x.
+        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
+        if self._torch:
+            self._spec.skip_keys = (dict_key_y,)
         self._tensors, self._layout = tensors({} if self._torch else self._spec.state)
         self._prior = None if gp_prior is None else _prior(gp_prior)
         self.likelihood = likelihood
@@ -292,14 +306,15 @@ class _NetworkMethod(_Fitted):
     def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None) -> None:
         """Fits on ``(X, y)`` (or every ``(x, y)`` batch of a loader); ``val`` is a pair
         ``(X_val, y_val)`` or a loader, used for early stopping. Returns ``None``."""
-        x, yy = data_arrays(data, y, self._spec.inputs)
+        keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
+        x, yy = data_arrays(data, y, self._spec.inputs, keys)
         config = copy.deepcopy(self._config)
         xv = yv = None
         if val is not None:
             if isinstance(val, tuple):
                 xv, yv = data_arrays(val[0], val[1], self._spec.inputs)
             else:
-                xv, yv = data_arrays(val, None, self._spec.inputs)
+                xv, yv = data_arrays(val, None, self._spec.inputs, keys)
         else:
             holder = _schedule_holder(config)
             if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
@@ -354,7 +369,10 @@ class FSPLaplace(_NetworkMethod):
     The Laplace step's context points (``design``) are a regular grid for inputs of one or
     two dimensions (the paper's toys) and the Halton sequence otherwise (the paper's MNIST
     runs; a grid of ``n_laplace_context`` points exists only for perfect powers of the
-    dimension), unless ``design`` is given."""
+    dimension), unless ``design`` is given; ``design="Dataset"`` draws them from the training
+    inputs (seeded by ``design_seed``), for inputs where a box means nothing (token ids).
+    Dict batches (HuggingFace) are read as by ``fspace.Laplace``: a torch model gets the dict
+    without ``dict_key_y``."""
 
     _method = "fsp_laplace"
 

@@ -1,7 +1,7 @@
 """Any ``torch.nn.Module`` as an fspace network: torch computes ``f(X)``, ``J(X)·U`` and
 ``J(X)ᵀ·L``, fspace does the rest.
 
-``TorchCalls(model, input_shape)`` is the object the compiled module calls back
+``TorchCalls(model, layout)`` is the object the compiled module calls back
 (``crates/fspace-py/src/callback.rs``). Every call gets the flat float64 parameters ``w`` (in
 ``model.named_parameters()`` order, trainable ones only) and float64 inputs as rows; it runs
 ``torch.func.functional_call`` on the model's device and dtype, with ``jvp`` / ``vjp`` vmapped
@@ -19,6 +19,11 @@ curvature back-ends collect. ``fspace.Laplace`` asks for them for ``kron``, ``ek
 in such a layer: then the GGN products, the diagonal and the predictive come from
 them instead of one reverse pass per point).
 
+Inputs cross to fspace as float64 rows (``InputLayout``): one tensor per batch, or a dict of
+tensors — a HuggingFace batch, ``{"input_ids": …, "attention_mask": …}``, handed to the model
+whole as laplace-torch does — each field flattened side by side and restored to its shape and
+dtype (integer and boolean fields travel exactly: float64 holds every integer below 2⁵³).
+
 The model is put in ``eval()`` mode for each call (BatchNorm uses its running statistics,
 Dropout is off) and returned to its mode after; its buffers are used as they are. Attention
 runs on torch's composite kernel (the fused kernels have no forward-mode derivative).
@@ -27,11 +32,126 @@ runs on torch's composite kernel (the fused kernels have no forward-mode derivat
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Sequence, Tuple
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._convert import is_torch
+
+
+class InputLayout:
+    """How a model's inputs travel as float64 rows: ``fields`` is a list of ``(key, shape,
+    kind)`` — ``key`` ``None`` for a plain tensor input, the dict key otherwise; ``shape`` the
+    per-point shape; ``kind`` ``"float"`` (cast to the model's dtype), ``"int"`` (``torch.long``)
+    or ``"bool"``."""
+
+    def __init__(self, fields: Sequence[Tuple[Optional[str], Tuple[int, ...], str]]) -> None:
+        self.fields = [(k, tuple(int(d) for d in shape), kind) for k, shape, kind in fields]
+        self.sizes = [int(np.prod(shape)) if shape else 1 for _, shape, _ in self.fields]
+        self.width = int(sum(self.sizes))
+        self.is_dict = self.fields[0][0] is not None
+
+    @staticmethod
+    def _kind(value: Any) -> str:
+        dtype = np.asarray(value).dtype if not is_torch(value) else value.detach().cpu().numpy().dtype
+        if dtype == np.bool_:
+            return "bool"
+        if np.issubdtype(dtype, np.integer):
+            return "int"
+        if np.issubdtype(dtype, np.complexfloating):
+            raise ValueError("complex inputs are not supported: fspace's inputs are real")
+        return "float"
+
+    @classmethod
+    def of(cls, x: Any, skip: Sequence[str] = ()) -> "InputLayout":
+        """The layout of a batch ``x`` (a tensor / array, or a dict of them; the keys in
+        ``skip`` — the targets — and non-array values are left out)."""
+        if isinstance(x, Mapping):
+            fields = []
+            for key in x:
+                value = x[key]
+                if key in skip or not (is_torch(value) or isinstance(value, np.ndarray)):
+                    continue
+                shape = tuple(value.shape)
+                if len(shape) < 1:
+                    raise ValueError(f"the batch's {key!r} has no batch dimension")
+                fields.append((str(key), shape[1:], cls._kind(value)))
+            if not fields:
+                raise ValueError(f"a dict batch with no tensor besides {list(skip)}: nothing to give the model")
+            return cls(fields)
+        a = x if is_torch(x) else np.asarray(x)
+        if len(a.shape) < 1:
+            raise ValueError(f"inputs must have a batch dimension, got shape {tuple(a.shape)}")
+        shape = tuple(a.shape[1:]) if len(a.shape) > 1 else (1,)
+        return cls([(None, shape, cls._kind(a))])
+
+    def rows(self, x: Any) -> int:
+        first = x[self.fields[0][0]] if self.is_dict else x
+        return int(first.shape[0])
+
+    def pack(self, x: Any, what: str = "X") -> np.ndarray:
+        """``x`` as ``n × width`` float64 rows (checked against the layout)."""
+        parts = []
+        for (key, shape, kind), size in zip(self.fields, self.sizes):
+            if self.is_dict:
+                if not isinstance(x, Mapping) or key not in x:
+                    raise ValueError(f"{what} lacks the field {key!r} the model was fitted with")
+                value = x[key]
+            else:
+                if isinstance(x, Mapping):
+                    raise ValueError(f"{what} is a dict; the model was fitted on plain tensors")
+                value = x
+            if is_torch(value):
+                value = value.detach().cpu().numpy()
+            a = np.asarray(value)
+            if a.dtype == object or np.issubdtype(a.dtype, np.complexfloating):
+                raise ValueError(f"{what}{'' if key is None else f'[{key!r}]'} must be real numbers, got {a.dtype}")
+            a = a.astype(np.float64)
+            if a.ndim == 1 and not self.is_dict:
+                a = a.reshape(-1, 1)
+            n = a.shape[0] if a.ndim else 0
+            if a.ndim < 1 or (tuple(a.shape[1:]) != shape and not (a.ndim == 2 and a.shape[1] == size)):
+                where = "" if key is None else f"[{key!r}]"
+                raise ValueError(f"{what}{where} has inputs of shape {tuple(a.shape[1:])}; the model was fitted on {shape}")
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"{what} has a non-finite value")
+            parts.append(a.reshape(n, size))
+        counts = {p.shape[0] for p in parts}
+        if len(counts) != 1:
+            raise ValueError(f"{what}'s fields have different numbers of rows: {sorted(counts)}")
+        return np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))
+
+    def unpack(self, rows: np.ndarray, device: Any, dtype: Any) -> Any:
+        """The model's input for ``rows``: a tensor, or a dict of tensors."""
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(rows))
+        n = rows.shape[0]
+        out: Dict[str, Any] = {}
+        start = 0
+        for (key, shape, kind), size in zip(self.fields, self.sizes):
+            part = t[:, start:start + size].reshape((n,) + shape)
+            start += size
+            target = dtype if kind == "float" else torch.long if kind == "int" else torch.bool
+            value = part.to(device=device, dtype=target)
+            if key is None:
+                return value
+            out[key] = value
+        return out
+
+
+def _slice(x: Any, a: int, b: int) -> Any:
+    """Points ``a:b`` of a model input (a tensor or a dict of tensors)."""
+    if isinstance(x, dict):
+        return {k: v[a:b] for k, v in x.items()}
+    return x[a:b]
+
+
+def _unsqueeze(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: v.unsqueeze(0) for k, v in x.items()}
+    return x.unsqueeze(0)
 
 
 def _math_attention() -> Any:
@@ -59,7 +179,7 @@ COLUMN_BYTES = 256 << 20
 class TorchCalls:
     """The callbacks of one model (module docs). ``block`` columns are vmapped at a time."""
 
-    def __init__(self, model: Any, input_shape: Sequence[int], block: int = 32) -> None:
+    def __init__(self, model: Any, layout: Any, block: int = 32, probe: Optional[np.ndarray] = None) -> None:
         import torch
 
         if not isinstance(model, torch.nn.Module):
@@ -84,8 +204,13 @@ class TorchCalls:
         }
         self.dtype = next(iter(dtypes))
         self.device = next(iter(devices))
-        self.input_shape = tuple(int(s) for s in input_shape)
-        self.input_dim = int(np.prod(self.input_shape))
+        if not isinstance(layout, InputLayout):
+            layout = InputLayout([(None, tuple(int(s) for s in layout), "float")])
+        self.layout = layout
+        self.input_dim = layout.width
+        # Rows of real inputs for the probes below (a model of token ids needs valid ones);
+        # zeros for a plain float input without them.
+        self.probe = np.zeros((2, self.input_dim)) if probe is None else np.asarray(probe, dtype=np.float64)[:2]
         self.block = int(block)
         # fspace calls back from several worker threads; torch.func's transforms must not
         # interleave (torch releases the GIL inside its kernels), so one call runs at a time
@@ -103,7 +228,7 @@ class TorchCalls:
         handles = [m.register_forward_hook(count) for m in model.modules()]
         try:
             with torch.no_grad():
-                probe = self._call(self._unflatten(self.params), self._inputs(np.zeros((1, self.input_dim))))
+                probe = self._call(self._unflatten(self.params), self._inputs(self.probe[:1]))
         finally:
             for h in handles:
                 h.remove()
@@ -133,10 +258,7 @@ class TorchCalls:
         return {n: c.reshape((m.shape[1],) + s) for n, c, s in zip(self.names, torch.split(t, self.sizes, dim=1), self.shapes)}
 
     def _inputs(self, x: np.ndarray) -> Any:
-        import torch
-
-        t = torch.from_numpy(np.ascontiguousarray(x)).to(device=self.device, dtype=self.dtype)
-        return t.reshape((x.shape[0],) + self.input_shape)
+        return self.layout.unpack(x, self.device, self.dtype)
 
     def _call(self, params: Dict[str, Any], x: Any) -> Any:
         import torch
@@ -153,9 +275,10 @@ class TorchCalls:
                 f"the model returned a {type(out).__name__}; fspace needs one tensor of outputs per input "
                 "(wrap the model to return it)"
             )
-        if out.shape[0] != x.shape[0]:
-            raise ValueError(f"the model returned {out.shape[0]} rows for {x.shape[0]} inputs")
-        return out.reshape(x.shape[0], -1)
+        n = self.layout.rows(x)
+        if out.shape[0] != n:
+            raise ValueError(f"the model returned {out.shape[0]} rows for {n} inputs")
+        return out.reshape(n, -1)
 
     @staticmethod
     def _numpy(t: Any) -> np.ndarray:
@@ -188,7 +311,7 @@ class TorchCalls:
                 cols = u[:, start:start + self.block]
                 tangents = self._columns(cols)
                 for p0, p1 in self._point_chunks(n, cols.shape[1]):
-                    ju = torch.func.vmap(one, in_dims=(0, None))(tangents, inputs[p0:p1])  # r × (p1 − p0) × d'
+                    ju = torch.func.vmap(one, in_dims=(0, None))(tangents, _slice(inputs, p0, p1))  # r × (p1 − p0) × d'
                     out[p0 * q:p1 * q, start:start + cols.shape[1]] = self._numpy(ju.reshape(cols.shape[1], -1)).T
         return out
 
@@ -241,7 +364,7 @@ class TorchCalls:
         k = l.shape[1]
 
         def one(xi: Any, li: Any) -> Any:
-            pullback = torch.func.vjp(lambda p: self._call(p, xi.unsqueeze(0)), params)[1]
+            pullback = torch.func.vjp(lambda p: self._call(p, _unsqueeze(xi)), params)[1]
             (grads,) = torch.func.vmap(pullback)(li.T.reshape(k, 1, q))
             return torch.cat([grads[name].reshape(k, -1) for name in self.names], dim=1)  # k × p
 
@@ -250,7 +373,7 @@ class TorchCalls:
         with self._lock:
             for start in range(0, n, self.block):
                 stop = min(n, start + self.block)
-                rows = torch.func.vmap(one)(xs[start:stop], cot[start:stop])  # m × k × p
+                rows = torch.func.vmap(one)(_slice(xs, start, stop), cot[start:stop])  # m × k × p
                 self._write_rows(out, start * k, [rows.reshape((stop - start) * k, -1)])
                 del rows
         return out
@@ -292,9 +415,15 @@ class TorchCalls:
 
         handles = [m.register_forward_hook(hook(name)) for name, m in candidates.items()]
         try:
-            probe = torch.randn((2,) + self.input_shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+            if self.layout.is_dict or self.layout.fields[0][2] != "float" or np.any(self.probe):
+                probe = self._inputs(self.probe)
+            else:
+                # A random probe: zeros could hide a layer behind a ReLU or a branch.
+                shape = (2,) + self.layout.fields[0][1]
+                probe = torch.randn(shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+                probe = probe.to(device=self.device, dtype=self.dtype)
             with self._lock, torch.no_grad():
-                out = self._call(self._unflatten(self.params), probe.to(device=self.device, dtype=self.dtype))
+                out = self._call(self._unflatten(self.params), probe)
         finally:
             for h in handles:
                 h.remove()
@@ -500,8 +629,9 @@ class TorchCalls:
 
 class TorchModel:
     """A model on the torch path, with ``ModelSpec``'s input handling: inputs are ``N × …``
-    arrays in the model's own input shape (learned from the first ``fit``) or rows of its
-    flattened size."""
+    arrays or tensors in the model's own input shape (learned from the first ``fit``), rows of
+    its flattened size, or dicts of tensors (``InputLayout``; the keys in ``skip_keys`` — the
+    targets — stay out)."""
 
     def __init__(self, model: Any, input_shape: Any = None, block: int = 32, why: str = "") -> None:
         import torch
@@ -510,38 +640,41 @@ class TorchModel:
             raise TypeError(f"{type(model).__name__} is not a torch.nn.Module (backend='torch' needs one)")
         self.model = model
         self.block = int(block)
-        self.input_shape = None if input_shape is None else tuple(int(s) for s in input_shape)
+        self.layout: Optional[InputLayout] = None
+        if input_shape is not None:
+            self.layout = InputLayout([(None, tuple(int(s) for s in input_shape), "float")])
+        self.skip_keys: Tuple[str, ...] = ()
+        self._probe: Optional[np.ndarray] = None
         self._calls: Any = None
         self.architecture = None
         self.is_cnn = False
         # Why the model is not one of fspace's native networks ("" when the torch path was asked for).
         self.why = why
 
+    @property
+    def input_shape(self) -> Optional[Tuple[int, ...]]:
+        """The per-point shape of a plain tensor input (``None`` for dict inputs or before the
+        first inputs)."""
+        if self.layout is None or self.layout.is_dict:
+            return None
+        return self.layout.fields[0][1]
+
     def architecture_known(self) -> bool:
-        return self.input_shape is not None
+        return self.layout is not None
 
     def inputs(self, x: Any, what: str = "X") -> np.ndarray:
-        if is_torch(x):
-            x = x.detach().cpu().numpy()
-        a = np.asarray(x, dtype=np.float64)
-        if a.ndim < 1:
-            raise ValueError(f"{what} must have a batch dimension, got shape {a.shape}")
-        if a.ndim == 1:
-            a = a.reshape(-1, 1)
-        shape = tuple(a.shape[1:])
-        if self.input_shape is None:
-            self.input_shape = shape
-        elif shape != self.input_shape and not (a.ndim == 2 and a.shape[1] == int(np.prod(self.input_shape))):
-            raise ValueError(f"{what} has inputs of shape {shape}; the model was fitted on {self.input_shape}")
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"{what} has a non-finite value")
-        return np.ascontiguousarray(a.reshape(a.shape[0], -1))
+        if self.layout is None:
+            self.layout = InputLayout.of(x, self.skip_keys)
+        rows = self.layout.pack(x, what)
+        if self._probe is None and rows.shape[0] > 0:
+            self._probe = rows[:2].copy()
+        return rows
 
     def calls(self) -> TorchCalls:
         if self._calls is None:
-            if self.input_shape is None:
+            if self.layout is None:
                 raise ValueError("the model's input shape is unknown before fit")
-            self._calls = TorchCalls(self.model, self.input_shape, self.block)
+            self._calls = TorchCalls(self.model, self.layout, self.block, self._probe)
         return self._calls
 
     def __getstate__(self) -> Dict[str, Any]:
