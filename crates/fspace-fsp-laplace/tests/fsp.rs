@@ -580,15 +580,20 @@ fn the_dataset_design_takes_its_context_from_the_training_inputs() {
     let net = mlp(1, 1, 9);
     let lik = LikelihoodSpec::gaussian(0.2);
     let train = Data::new(&data.x, &data.y).unwrap();
-    let config =
-        FspConfig { design: ContextDesign::Dataset, n_laplace_context: 12, design_seed: 4, ..Default::default() };
+    let config = FspConfig {
+        design: ContextDesign::Dataset,
+        n_laplace_context: 12,
+        design_seed: 4,
+        ..Default::default()
+    };
     let post = fit_posthoc(net.clone(), lik, &prior, &train, &config).unwrap().posterior;
     let mut draw = rand::rngs::StdRng::seed_from_u64(4);
     let rows = fspace_context::DatasetSampler::new(data.x.clone()).unwrap().sample(12, &mut draw).unwrap();
     assert!(rows.row_iter().all(|r| data.x.row_iter().any(|x| x == r)), "context rows are training rows");
     let gauss = Gaussian::new(0.2).unwrap();
     let direct =
-        laplace(&net, &gauss, &prior, &data.x, &data.y.column(0).into_owned(), &rows, &config.laplace).unwrap();
+        laplace(&net, &gauss, &prior, &data.x, &data.y.column(0).into_owned(), &rows, &config.laplace)
+            .unwrap();
     let xt = DMatrix::from_column_slice(5, 1, &[-3.0, -1.0, 0.0, 1.5, 4.0]);
     assert_eq!(post.predict(&xt).unwrap(), direct.predict(&xt).unwrap());
     // More rows than the data hold, and a box alone, are refused.

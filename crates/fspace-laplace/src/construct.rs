@@ -597,6 +597,27 @@ pub(crate) fn last_layer_gram<N: Network>(net: &N, data: &Data, last: &LayerInfo
     Ok(c)
 }
 
+/// The diagonal of the last layer's GGN over `data` (in its `[W | b]` coordinates `o·(h+1) + c`):
+/// `Σᵢ Hᵢ[o, o] φ̃ᵢ_c²`, one `(h+1) × m` by `m × d'` product per chunk — without the
+/// `(d'(h+1))²` Gram [`last_layer_gram`] forms. The layer `last` was checked by the caller.
+pub(crate) fn last_layer_diagonal<N: Network>(
+    net: &N,
+    data: &Data,
+    last: &LayerInfo,
+) -> Result<DVector<f64>> {
+    let q = net.output_dim();
+    let h1 = last.fan_in + 1;
+    let mut sums = DMatrix::zeros(h1, q);
+    for (start, len) in data.chunks() {
+        let phi = net.last_layer_features(&data.rows(start, len))?;
+        let squares =
+            DMatrix::from_fn(len, h1, |i, j| if j < last.fan_in { phi[(i, j)] * phi[(i, j)] } else { 1.0 });
+        let weights = DMatrix::from_fn(len, q, |i, o| data.hessians[start + i][(o, o)]);
+        sums += squares.transpose() * weights;
+    }
+    Ok(DVector::from_fn(q * h1, |k, _| sums[(k % h1, k / h1)].max(0.0)))
+}
+
 /// The last layer of `net`, checked to be a dense layer with a bias onto the outputs.
 pub(crate) fn checked_last_layer<N: Network>(net: &N, structure: &'static str) -> Result<LayerInfo> {
     let infos = require_layers(net, structure)?;
@@ -902,12 +923,11 @@ pub(crate) fn build<N: Network>(
                 Ok((Curvature::Eigen(e), idx))
             }
             Structure::Diag => {
-                // The diagonal of the last layer's GGN (laplace-torch's DiagLLLaplace), read off
-                // its dense eigendecomposition: `(d'(h + 1))²` doubles, as the full structure
-                // over the last layer.
-                let (e, idx, _) = last_layer(net, data, &LastLayerConfig::default())?;
-                let diag = e.to_dense().diagonal().map(|v| v.max(0.0));
-                Ok((Curvature::Diag(DiagCurvature { diag }), idx))
+                // The diagonal of the last layer's GGN (laplace-torch's DiagLLLaplace), summed
+                // directly: `d'(h + 1)` doubles.
+                let last = checked_last_layer(net, "diag")?;
+                let diag = last_layer_diagonal(net, data, &last)?;
+                Ok((Curvature::Diag(DiagCurvature { diag }), last.kron_order()))
             }
             other => Err(LaplaceError::Unsupported {
                 structure: other.name(),

@@ -323,9 +323,10 @@ impl KronLayer {
         let refuse = || {
             LaplaceError::Input(InputError::Invalid {
                 what: "prior precision",
-                reason: "Kronecker-factored curvature takes one prior precision per layer, or one for its \
+                reason:
+                    "Kronecker-factored curvature takes one prior precision per layer, or one for its \
                          weight and one for its bias when the bias is a separate block (kron_bias = Separate)"
-                    .into(),
+                        .into(),
             })
         };
         if (1..r).any(|i| (0..c).any(|j| lam[i * c + j] != lam[j])) {
@@ -386,7 +387,11 @@ impl KronCurvature {
 
     /// The λ of each input-factor eigenvector of the layer at `offset` (see
     /// [`KronLayer::column_lambdas`]).
-    pub(crate) fn layer_lambdas(layer: &KronLayer, lam: &DVector<f64>, offset: usize) -> Result<DVector<f64>> {
+    pub(crate) fn layer_lambdas(
+        layer: &KronLayer,
+        lam: &DVector<f64>,
+        offset: usize,
+    ) -> Result<DVector<f64>> {
         let (r, c) = layer.shape();
         layer.column_lambdas(&lam.as_slice()[offset..offset + r * c])
     }
@@ -444,7 +449,8 @@ impl CurvatureApprox for KronCurvature {
         let mut out = DMatrix::zeros(self.dim(), s);
         for (layer, o) in self.layers.iter().zip(self.offsets()) {
             let (r, c) = layer.shape();
-            let sd = layer.precision_eigenvalues(t, &Self::layer_lambdas(layer, lam, o)?).map(|e| 1.0 / e.sqrt());
+            let sd =
+                layer.precision_eigenvalues(t, &Self::layer_lambdas(layer, lam, o)?).map(|e| 1.0 / e.sqrt());
             for m in 0..s {
                 let z = randn(r, c, rng).component_mul(&sd);
                 let back = &layer.g_vectors * z * layer.a_vectors.transpose();

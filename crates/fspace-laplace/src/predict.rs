@@ -39,6 +39,29 @@ pub(crate) fn last_layer_jacobian<N: Network>(net: &N, x: &DMatrix<f64>) -> Resu
     Ok(j)
 }
 
+/// Last-layer covariances of a diagonal precision `T·d + λ` over the last layer's `[W | b]`
+/// coordinates (`o·(h+1) + c`): output `o` depends on block `o` alone, so the covariance is
+/// diagonal with `var_o(xᵢ) = Σ_c φ̃_c(xᵢ)² / (T·d_{oc} + λ_{oc})` — one `m × (h+1)` by
+/// `(h+1) × q` product, where the Jacobian route forms the `m·q × q·(h+1)` Jacobian.
+pub(crate) fn last_layer_diag_covariances<N: Network>(
+    net: &N,
+    diag: &DVector<f64>,
+    t: f64,
+    lam: &DVector<f64>,
+    x: &DMatrix<f64>,
+) -> Result<Vec<DMatrix<f64>>> {
+    let phi = net.last_layer_features(x)?;
+    let (m, h) = phi.shape();
+    let q = net.output_dim();
+    let inv = DMatrix::from_fn(h + 1, q, |c, o| {
+        let k = o * (h + 1) + c;
+        1.0 / (t * diag[k] + lam[k])
+    });
+    let squares = DMatrix::from_fn(m, h + 1, |i, c| if c < h { phi[(i, c)] * phi[(i, c)] } else { 1.0 });
+    let var = squares * inv;
+    Ok((0..m).map(|i| DMatrix::from_diagonal(&var.row(i).transpose())).collect())
+}
+
 /// Last-layer covariances of `Σ = V diag(c + 1/λ) Vᵀ + (I − VVᵀ)/λ` (`c = 1/(T s + λ) − 1/λ`)
 /// without the `m·q × q·(h+1)` Jacobian: output `o`'s Jacobian row is `φ̃(xᵢ)` in block `o`, so
 /// `J V` is one GEMM `Φ̃ V_o` per output and `J Jᵀ = ‖φ̃ᵢ‖² I`. Cost `O(m·q·(h+1)·k)` instead of

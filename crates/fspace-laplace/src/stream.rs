@@ -8,7 +8,8 @@
 //! | `Diag` (all) | `diag(GGN)` | `p` |
 //! | `Kfac` (all, last layer) | per layer `Σ ããᵀ`, `Σ ã`, rows, `Σ δδᵀ` (`G` is divided by the total `n` at the end) | `Σ fan_in² + fan_out²` |
 //! | `Full` (all), `Full` / `Diag` (subnetwork) | the dense GGN block `Σ RᵀR` | `dim²` |
-//! | `Full`, `LastLayer`, `Diag` (last layer) | the last layer's `Σ Hᵢ ⊗ φ̃ᵢφ̃ᵢᵀ` | `(d'(h + 1))²` |
+//! | `Full`, `LastLayer` (last layer) | the last layer's `Σ Hᵢ ⊗ φ̃ᵢφ̃ᵢᵀ` | `(d'(h + 1))²` |
+//! | `Diag` (last layer) | its diagonal `Σ Hᵢ[o, o] φ̃ᵢ_c²` | `d'(h + 1)` |
 //!
 //! plus `log p(D | w*)` and the point count. The structures that pass over the data more than
 //! once (EKFAC's eigenvalue re-fit, low rank's Lanczos products, the sampled structure's CG,
@@ -29,15 +30,15 @@ use nalgebra::{DMatrix, DVector};
 
 use crate::config::LaplaceConfig;
 use crate::construct::{
-    check_subnetwork, checked_last_layer, dense_gram, diagonal, kron_from_sums, kron_sums, last_layer_gram,
-    KronSums,
+    check_subnetwork, checked_last_layer, dense_gram, diagonal, kron_from_sums, kron_sums,
+    last_layer_diagonal, last_layer_gram, KronSums,
 };
 use crate::curvature::{Curvature, CurvatureApprox, DiagCurvature, EigenCurvature};
 use crate::data::data_for;
 use crate::error::{LaplaceError, Result};
 use crate::fit::{assemble, check_data, check_settings, check_weights};
 use crate::posterior::{forward_chunked, LaplacePosterior};
-use crate::structure::{FitReport, LastLayerConfig, Structure, Weights};
+use crate::structure::{FitReport, Structure, Weights};
 
 /// What a structure sums over the data.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +49,8 @@ enum Sums {
     Dense { gram: DMatrix<f64>, indices: Option<Vec<usize>> },
     /// The last layer's dense GGN.
     LastLayer { gram: DMatrix<f64>, layer: LayerInfo },
+    /// The diagonal of the last layer's GGN.
+    LastLayerDiag { diag: DVector<f64>, layer: LayerInfo },
     /// KFAC's factor sums.
     Kron(KronSums),
 }
@@ -107,7 +110,10 @@ impl LaplaceSums {
         };
         let sums = match (&config.structure, &config.weights) {
             (Structure::Diag, Weights::All) => Sums::Diag(DVector::zeros(p)),
-            (Structure::Diag, Weights::LastLayer) => last_layer("diag", LastLayerConfig::default().max_params)?,
+            (Structure::Diag, Weights::LastLayer) => {
+                let layer = checked_last_layer(net, "diag")?;
+                Sums::LastLayerDiag { diag: DVector::zeros(layer.n_params()), layer }
+            }
             (Structure::Full(c), Weights::LastLayer) => last_layer("full", c.max_params)?,
             (Structure::LastLayer(c), _) => last_layer("last_layer", c.max_params)?,
             (Structure::Full(c), Weights::All) => dense(None, c.max_params, "full")?,
@@ -193,6 +199,7 @@ impl LaplaceSums {
             Sums::Diag(d) => *d += diagonal(net, &data)?,
             Sums::Dense { gram, indices } => *gram += dense_gram(net, &data, indices.as_deref())?,
             Sums::LastLayer { gram, layer } => *gram += last_layer_gram(net, &data, layer)?,
+            Sums::LastLayerDiag { diag, layer } => *diag += last_layer_diagonal(net, &data, layer)?,
             Sums::Kron(s) => s.add(&kron_sums(net, &data, &self.config.weights, "kfac")?),
         }
         self.log_likelihood += log_likelihood;
@@ -209,7 +216,8 @@ impl LaplaceSums {
             }));
         }
         match (&mut self.sums, &other.sums) {
-            (Sums::Diag(a), Sums::Diag(b)) => *a += b,
+            (Sums::Diag(a), Sums::Diag(b))
+            | (Sums::LastLayerDiag { diag: a, .. }, Sums::LastLayerDiag { diag: b, .. }) => *a += b,
             (Sums::Dense { gram: a, .. }, Sums::Dense { gram: b, .. })
             | (Sums::LastLayer { gram: a, .. }, Sums::LastLayer { gram: b, .. }) => *a += b,
             (Sums::Kron(a), Sums::Kron(b)) => a.add(b),
@@ -267,12 +275,10 @@ impl LaplaceSums {
                 }
             }
             Sums::LastLayer { gram, layer } => {
-                let idx = layer.kron_order();
-                if is_diag {
-                    (diag_of(gram), idx)
-                } else {
-                    (Curvature::Eigen(eigen(gram, "last_layer")?), idx)
-                }
+                (Curvature::Eigen(eigen(gram, "last_layer")?), layer.kron_order())
+            }
+            Sums::LastLayerDiag { diag, layer } => {
+                (Curvature::Diag(DiagCurvature { diag: diag.clone() }), layer.kron_order())
             }
             Sums::Kron(s) => {
                 let (k, idx) = kron_from_sums(s, self.n_data, self.config.kron_bias)?;

@@ -279,7 +279,10 @@ fn install_references(py: &Path, console: &Console) -> Result<()> {
     let missing: Vec<&str> = REFERENCES
         .iter()
         .filter(|(_, module)| {
-            !Command::new(py).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success())
+            !Command::new(py)
+                .args(["-c", &format!("import {module}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
         })
         .map(|(requirement, _)| *requirement)
         .collect();

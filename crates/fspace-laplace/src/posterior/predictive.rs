@@ -54,13 +54,8 @@ impl<N: Network> LaplacePosterior<N> {
                     let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
                     out.extend(crate::predict::last_layer_covariances(&self.net, &e.vectors, &c, l, &xc)?)
                 }
-                Curvature::Diag(_) if self.covers_last_layer() => {
-                    let js = crate::predict::last_layer_jacobian(&self.net, &xc)?;
-                    out.extend(crate::predict::blocks(
-                        &js,
-                        &self.curvature.solve(t, &lam, &js.transpose())?,
-                        q,
-                    ));
+                Curvature::Diag(d) if self.covers_last_layer() => {
+                    out.extend(crate::predict::last_layer_diag_covariances(&self.net, &d.diag, t, &lam, &xc)?)
                 }
                 Curvature::Eigen(e) if e.label == "last_layer" => {
                     let js = crate::predict::last_layer_jacobian(&self.net, &xc)?;
