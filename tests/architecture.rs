@@ -15,7 +15,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
         ("fspace-feature-union", vec![]),
         ("fspace-input", vec![]),
         ("fspace-kernels", vec!["fspace-input", "fspace-linalg"]),
-        ("fspace-core", vec!["fspace-input"]),
+        ("fspace-core", vec!["fspace-input", "fspace-linalg"]),
         ("fspace-metrics", vec!["fspace-input"]),
         ("fspace-data", vec!["fspace-input", "fspace-context"]),
         ("fspace-gp", vec!["fspace-input", "fspace-linalg", "fspace-kernels", "fspace-core"]),

@@ -155,13 +155,17 @@ pub fn sample_gaussian(
             reason: "must be ≥ 1".into(),
         }));
     }
-    let eig = ((cov + cov.transpose()) * 0.5).symmetric_eigen();
-    let lmax = eig.eigenvalues.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    if eig.eigenvalues.iter().any(|&l| l < -1e-8 * lmax) {
+    // fspace-linalg's (faer's) eigendecomposition: nalgebra 0.33's `symmetric_eigen` returns
+    // orthonormal but wrong eigenpairs on some near-degenerate spectra (a softmax Hessian's
+    // `V Λ Vᵀ` off by 6.6e-2; test `samples_of_a_near_degenerate_covariance_have_it`).
+    let (values, vectors) = fspace_linalg::sym_eigh(&((cov + cov.transpose()) * 0.5))
+        .map_err(|e| CoreError::method("the joint covariance's eigendecomposition", e))?;
+    let lmax = values.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if values.iter().any(|&l| l < -1e-8 * lmax) {
         return Err(CoreError::NotPsd { what: "joint predictive covariance" });
     }
-    let mut root = eig.eigenvectors.clone();
-    for (j, l) in eig.eigenvalues.iter().enumerate() {
+    let mut root = vectors;
+    for (j, l) in values.iter().enumerate() {
         root.column_mut(j).scale_mut(l.max(0.0).sqrt());
     }
     finite_samples(

@@ -342,3 +342,36 @@ fn fingerprint_is_fnv1a_over_the_little_endian_bits_of_each_value() {
     assert_ne!(fingerprint([0.0]), fingerprint([-0.0]));
     assert!(values.iter().all(|&v| fingerprint([v]).len() == 16));
 }
+
+/// `sample_gaussian` on a covariance whose spectrum nalgebra 0.33's `symmetric_eigen` gets wrong
+/// (the softmax Hessian `diag(p) − ppᵀ` at near-uniform logits: its `V Λ Vᵀ` was 6.6e-2 off):
+/// the draws' second moment is the covariance, within the sampling error.
+#[test]
+#[allow(clippy::excessive_precision)] // the logits as printed with 17 digits: these exact bits
+fn samples_of_a_near_degenerate_covariance_have_it() {
+    let logits = [
+        -8.57150033405157386e-02,
+        1.34122773440324861e-01,
+        -3.95452081588568150e-03,
+        1.59239466678930991e-01,
+        -1.99170411918241308e-01,
+        2.00093703747225016e-02,
+        -5.62877084888412094e-03,
+        4.69175574236582599e-02,
+        -9.33833040845309936e-02,
+        -9.57413032152359122e-02,
+    ];
+    let p = DVector::from_vec(softmax(&logits));
+    let cov = DMatrix::from_diagonal(&p) - &p * p.transpose();
+    let mean = DMatrix::zeros(1, 10);
+    let draws = sample_gaussian(&mean, &cov, 40_000, &mut rng(5)).unwrap();
+    let mut second = DMatrix::<f64>::zeros(10, 10);
+    for d in &draws {
+        let v = d.row(0).transpose();
+        second += &v * v.transpose();
+    }
+    second /= draws.len() as f64;
+    // Entries are ≈ 0.1 on the diagonal, ≈ 0.01 off it; 40 000 draws: standard error ≈ 7e-4.
+    let err = (&second - &cov).abs().max();
+    assert!(err < 4e-3, "second moment off the covariance by {err:e}");
+}
