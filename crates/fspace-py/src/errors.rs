@@ -208,7 +208,9 @@ impl Classify for VallaError {
             VallaError::Core(e) => e.kind(),
             VallaError::Linalg(e) => e.kind(),
             VallaError::Gp(e) => e.kind(),
-            VallaError::TooManyPoints { .. } | VallaError::InvalidTarget { .. } => Kind::Value,
+            VallaError::TooManyPoints { .. }
+            | VallaError::InvalidTarget { .. }
+            | VallaError::RankDeficient { .. } => Kind::Value,
             _ => Kind::Numerical,
         }
     }

@@ -160,6 +160,193 @@ impl FeatureMap {
     }
 }
 
+impl FeatureMap {
+    /// The map from the unit NTK's eigenpairs `(λ, U)` at `(points, outputs)`, keeping the top
+    /// `k` (each `λ_j > 0`), by `route`.
+    fn build<N: Network>(
+        net: &N,
+        points: DMatrix<f64>,
+        outputs: Vec<usize>,
+        lam: &DVector<f64>,
+        u: &DMatrix<f64>,
+        k: usize,
+        route: FeatureRoute,
+    ) -> Result<Self> {
+        let (m, q) = (points.nrows(), net.output_dim());
+        // Per point: the kernel route costs ~d'·M·Σ widths, K JVPs ~2·K·p (`Σ widths` from
+        // the layer structure; networks without it take the JVP route).
+        let widths: usize = net.layer_infos().iter().map(|l| l.fan_in + l.fan_out).sum();
+        let kernel_route = match route {
+            FeatureRoute::Auto => widths > 0 && q * m * widths <= 2 * k * net.n_params(),
+            FeatureRoute::Jvp => false,
+            FeatureRoute::Kernel => true,
+        };
+        let coefficients = DMatrix::from_fn(m, k, |r, j| u[(r, j)] / lam[j].sqrt());
+        if kernel_route {
+            return Ok(Self::Kernel { points, outputs, coefficients });
+        }
+        Ok(Self::Directions(directions(net, &points, &outputs, &coefficients)?))
+    }
+
+    fn num_features(&self) -> usize {
+        match self {
+            Self::Directions(v) => v.ncols(),
+            Self::Kernel { coefficients, .. } => coefficients.ncols(),
+        }
+    }
+}
+
+/// `V = J(X_M)ᵀ C` (`p × K`) for the one-output rows `(points, outputs)` and coefficients `C`
+/// (`M × K`): one VJP per column.
+fn directions<N: Network>(
+    net: &N,
+    points: &DMatrix<f64>,
+    outputs: &[usize],
+    coefficients: &DMatrix<f64>,
+) -> Result<DMatrix<f64>> {
+    let (m, q) = (points.nrows(), net.output_dim());
+    let mut v = DMatrix::zeros(net.n_params(), coefficients.ncols());
+    for j in 0..coefficients.ncols() {
+        let cot = DMatrix::from_fn(m, q, |r, o| if o == outputs[r] { coefficients[(r, j)] } else { 0.0 });
+        v.set_column(j, &net.vjp(points, &cot)?);
+    }
+    Ok(v)
+}
+
+/// The eigenpairs (descending) of the unit NTK `κ̂(X_M, X_M) = J Jᵀ` at one output per point.
+fn nystrom_spectrum<N: Network>(
+    net: &N,
+    points: &DMatrix<f64>,
+    outputs: &[usize],
+) -> Result<(DVector<f64>, DMatrix<f64>)> {
+    let sel = Outputs::One(outputs);
+    let km = net.ntk_block(points, sel, points, sel)?;
+    Ok(sym_eigh(&((&km + km.transpose()) * 0.5))?)
+}
+
+/// ELLA's Nyström feature map on its own, for a caller that keeps the posterior itself
+/// (fspace's laplace-torch surface holds `G`, `λ`, `σ` and `T` as tensors and streams `G` over
+/// a loader): built from given points with one given output each, it evaluates
+/// `φ(x) = J(x) V`, `V = J(X_M)ᵀ U_K Λ_K^{-1/2}`.
+///
+/// The rank rule is laplace-torch 0.3's: each of the `K` kept eigenvalues must exceed
+/// `ε · max(M, p) · max|λ|`, or the build fails naming how many do ([`VallaError::RankDeficient`])
+/// — a feature on a numerically null direction would be noise scaled by `λ^{-1/2}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NystromFeatures {
+    map: FeatureMap,
+    /// All `M` eigenvalues of the unit NTK at the points (descending).
+    kernel_eigenvalues: DVector<f64>,
+}
+
+impl NystromFeatures {
+    /// Builds the map at `points` (`M × d`, each with the output index `outputs[r] < d'`),
+    /// keeping `num_eigen` features. Errors: shapes, non-finite points, `num_eigen` not in
+    /// `1..=M`, an output index out of range, a rank-deficient kernel.
+    pub fn build<N: Network>(
+        net: &N,
+        points: DMatrix<f64>,
+        outputs: Vec<usize>,
+        num_eigen: usize,
+        route: FeatureRoute,
+    ) -> Result<Self> {
+        let (m, q) = (points.nrows(), net.output_dim());
+        fspace_input::ensure_non_empty("Nyström points", m)?;
+        fspace_input::ensure_dim("Nyström points' columns", net.input_dim(), points.ncols())?;
+        fspace_input::ensure_finite("Nyström points", points.iter())?;
+        if outputs.len() != m {
+            return Err(VallaError::Input(InputError::Invalid {
+                what: "Nyström outputs",
+                reason: format!("{} output indices for {m} points", outputs.len()),
+            }));
+        }
+        if let Some(bad) = outputs.iter().find(|&&o| o >= q) {
+            return Err(VallaError::Input(InputError::Invalid {
+                what: "Nyström outputs",
+                reason: format!("output index {bad} but the network has {q} outputs"),
+            }));
+        }
+        if num_eigen == 0 || num_eigen > m {
+            return Err(VallaError::Input(InputError::Invalid {
+                what: "n_eigenvalues",
+                reason: format!("{num_eigen} must be in 1..={m} (the Nyström points)"),
+            }));
+        }
+        let (lam, u) = nystrom_spectrum(net, &points, &outputs)?;
+        let largest = lam.iter().fold(0.0_f64, |a, v| a.max(v.abs()));
+        let tolerance = f64::EPSILON * m.max(net.n_params()) as f64 * largest;
+        if lam[num_eigen - 1] <= tolerance {
+            return Err(VallaError::RankDeficient {
+                requested: num_eigen,
+                usable: lam.iter().filter(|&&v| v > tolerance).count(),
+                sampled: m,
+            });
+        }
+        let map = FeatureMap::build(net, points, outputs, &lam, &u, num_eigen, route)?;
+        Ok(Self { map, kernel_eigenvalues: lam })
+    }
+
+    /// `Φ(X)` (`n·d' × K`, rows point-major: point `i`'s output `o` is row `i·d' + o`).
+    pub fn eval<N: Network>(&self, net: &N, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.map.eval(net, x)
+    }
+
+    /// `K`, the features.
+    pub fn num_features(&self) -> usize {
+        self.map.num_features()
+    }
+
+    /// The `M` eigenvalues of the unit NTK at the Nyström points (descending).
+    pub fn kernel_eigenvalues(&self) -> &DVector<f64> {
+        &self.kernel_eigenvalues
+    }
+
+    /// The parameter directions `V` (`p × K`; computed by `K` VJPs on the kernel route).
+    pub fn directions<N: Network>(&self, net: &N) -> Result<DMatrix<f64>> {
+        match &self.map {
+            FeatureMap::Directions(v) => Ok(v.clone()),
+            FeatureMap::Kernel { points, outputs, coefficients } => {
+                directions(net, points, outputs, coefficients)
+            }
+        }
+    }
+
+    /// Checks a loaded map against `net` (shapes, finite values, output indices).
+    pub fn check<N: Network>(&self, net: &N) -> Result<()> {
+        let bad =
+            |reason: String| VallaError::Input(InputError::Invalid { what: "Nyström feature map", reason });
+        let k = self.num_features();
+        if k == 0 || self.kernel_eigenvalues.iter().any(|v| !v.is_finite()) {
+            return Err(bad("no feature, or a non-finite kernel eigenvalue".into()));
+        }
+        match &self.map {
+            FeatureMap::Directions(v) => {
+                if v.nrows() != net.n_params() || v.iter().any(|x| !x.is_finite()) {
+                    return Err(bad(format!(
+                        "{} × {k} finite directions expected for {} parameters",
+                        v.nrows(),
+                        net.n_params()
+                    )));
+                }
+            }
+            FeatureMap::Kernel { points, outputs, coefficients } => {
+                let m = points.nrows();
+                if points.ncols() != net.input_dim()
+                    || outputs.len() != m
+                    || outputs.iter().any(|&o| o >= net.output_dim())
+                    || coefficients.shape() != (m, k)
+                    || points.iter().chain(coefficients.iter()).any(|x| !x.is_finite())
+                {
+                    return Err(bad(
+                        "the Nyström points, outputs and coefficients do not fit the network".into()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A fitted ELLA posterior.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EllaPosterior<N> {
@@ -325,9 +512,7 @@ fn fit_ella_inner<N: Network + Clone>(
     idx.sort_unstable();
     let outputs: Vec<usize> = (0..m).map(|_| if q == 1 { 0 } else { rng.gen_range(0..q) }).collect();
     let xm = x.select_rows(&idx);
-    let sel = Outputs::One(&outputs);
-    let km = net.ntk_block(&xm, sel, &xm, sel)?;
-    let (lam, u) = sym_eigh(&((&km + km.transpose()) * 0.5))?;
+    let (lam, u) = nystrom_spectrum(&net, &xm, &outputs)?;
     let top = lam[0].max(0.0);
     let k = (0..config.num_eigen).take_while(|&j| lam[j] > 1e-10 * top).count();
     if k == 0 {
@@ -335,26 +520,7 @@ fn fit_ella_inner<N: Network + Clone>(
             what: "ELLA's NTK at the Nyström points (all eigenvalues ≈ 0)",
         });
     }
-    // Per point: the kernel route costs ~d'·M·Σ widths, K JVPs ~2·K·p (`Σ widths` from the
-    // layer structure; networks without it take the JVP route).
-    let widths: usize = net.layer_infos().iter().map(|l| l.fan_in + l.fan_out).sum();
-    let kernel_route = match config.route {
-        FeatureRoute::Auto => widths > 0 && q * m * widths <= 2 * k * net.n_params(),
-        FeatureRoute::Jvp => false,
-        FeatureRoute::Kernel => true,
-    };
-    let feature_map = if kernel_route {
-        let coefficients = DMatrix::from_fn(m, k, |r, j| u[(r, j)] / lam[j].sqrt());
-        FeatureMap::Kernel { points: xm, outputs, coefficients }
-    } else {
-        let mut directions = DMatrix::zeros(net.n_params(), k);
-        for j in 0..k {
-            let cot =
-                DMatrix::from_fn(m, q, |r, o| if o == outputs[r] { u[(r, j)] / lam[j].sqrt() } else { 0.0 });
-            directions.set_column(j, &net.vjp(&xm, &cot)?);
-        }
-        FeatureMap::Directions(directions)
-    };
+    let feature_map = FeatureMap::build(&net, xm, outputs, &lam, &u, k, config.route)?;
     // The validation set's MAP outputs and features, rotated into `G`'s eigenbasis per check.
     let scored = match (&config.prior, config.early_stopping) {
         (EllaPrior::Fixed(_), None) => None,

@@ -41,6 +41,20 @@ pub enum VallaError {
         /// What was expected.
         reason: String,
     },
+    /// A Nyström kernel with fewer numerically positive eigenvalues than features requested.
+    #[error(
+        "the Nyström kernel has insufficient positive rank: {requested} features requested, but only {usable} of \
+         {sampled} sampled directions exceed the numerical tolerance; reduce the features (n_eigenvalues), sample \
+         more points (subsample_size) or try another seed"
+    )]
+    RankDeficient {
+        /// Features requested.
+        requested: usize,
+        /// Eigenvalues above the tolerance.
+        usable: usize,
+        /// Points sampled.
+        sampled: usize,
+    },
     /// A matrix that must be positive definite is not (after the stated jitter).
     #[error("not positive definite: {what}")]
     NotPositiveDefinite {

@@ -41,7 +41,9 @@ mod error;
 mod objective;
 pub mod valla;
 
-pub use ella::{EllaConfig, EllaEarlyStopping, EllaPosterior, EllaPrior, EllaReport, FeatureRoute};
+pub use ella::{
+    EllaConfig, EllaEarlyStopping, EllaPosterior, EllaPrior, EllaReport, FeatureRoute, NystromFeatures,
+};
 pub use error::{Result, VallaError};
 pub use objective::{ClassApprox, StateGradient, VariationalState};
 pub use valla::{

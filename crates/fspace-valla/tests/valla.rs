@@ -675,3 +675,53 @@ fn likelihoods_other_than_gaussian_and_categorical_are_refused_by_name() {
         "{e}"
     );
 }
+
+/// The Nyström feature map alone, against the dense Jacobian: `Φ(x) Φ(x')ᵀ` is the Nyström
+/// approximation `κ(x, X_M) κ_M⁻¹ κ(X_M, x')` of the unit NTK when every eigenvector is kept
+/// (both routes, and the directions `V` are orthonormal), and a request beyond the kernel's
+/// numerical rank is refused with the counts.
+#[test]
+fn nystrom_features_are_the_nystrom_approximation_of_the_ntk() {
+    let net = mlp(2, 3, 5);
+    let points = rand_uniform(9, 2, -1.5, 1.5, &mut rng(6));
+    let outputs = vec![0, 2, 1, 1, 0, 2, 2, 0, 1];
+    let x = rand_uniform(5, 2, -2.0, 2.0, &mut rng(7));
+    let jm = {
+        let j = net.jacobian(&points).unwrap();
+        DMatrix::from_fn(9, j.ncols(), |r, c| j[(r * 3 + outputs[r], c)])
+    };
+    let jx = net.jacobian(&x).unwrap();
+    let km = &jm * jm.transpose();
+    let nystrom = &jx * jm.transpose() * km.clone().try_inverse().unwrap() * &jm * jx.transpose();
+    for route in [FeatureRoute::Jvp, FeatureRoute::Kernel] {
+        let f = NystromFeatures::build(&net, points.clone(), outputs.clone(), 9, route).unwrap();
+        assert_eq!(f.num_features(), 9);
+        let phi = f.eval(&net, &x).unwrap();
+        assert_mat_close(&(&phi * phi.transpose()), &nystrom, 1e-8, 0.0);
+        let v = f.directions(&net).unwrap();
+        assert_mat_close(&(v.transpose() * &v), &DMatrix::identity(9, 9), 1e-9, 0.0);
+        // The JVP features are J(x) V.
+        assert_mat_close(&phi, &(&jx * &v), 1e-10, 0.0);
+        let saved: NystromFeatures = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
+        saved.check(&net).unwrap();
+        assert_mat_close(&saved.eval(&net, &x).unwrap(), &phi, 0.0, 0.0);
+    }
+    // A 2 → 3 linear map has 9 parameters: its kernel at 12 points has rank ≤ 9.
+    let linear = Mlp::new(MlpConfig {
+        input_dim: 2,
+        hidden: vec![],
+        output_dim: 3,
+        activation: Activation::Tanh,
+        seed: 1,
+    })
+    .unwrap();
+    let many = rand_uniform(12, 2, -1.0, 1.0, &mut rng(8));
+    let err = NystromFeatures::build(&linear, many, vec![0; 12], 11, FeatureRoute::Auto).unwrap_err();
+    assert!(
+        matches!(err, VallaError::RankDeficient { requested: 11, sampled: 12, usable } if usable <= 9),
+        "{err}"
+    );
+    for (outs, k) in [(vec![0; 8], 3), (vec![3; 9], 3), (vec![0; 9], 0), (vec![0; 9], 10)] {
+        assert!(NystromFeatures::build(&net, points.clone(), outs, k, FeatureRoute::Auto).is_err());
+    }
+}

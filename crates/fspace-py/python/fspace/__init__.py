@@ -3,7 +3,9 @@
 * ``fspace.Laplace(model, "regression" | "classification", ...)``: laplace-torch 0.3's calls,
   positional order and defaults (``subset_of_weights="last_layer"``, ``hessian_structure="kron"``;
   fit, ``optimize_prior_precision``, the GLM / sampled predictive, the evidence, weight samples);
-  ``fspace.marglik_training``, laplace-torch's online evidence training, on it.
+  ``fspace.marglik_training``, laplace-torch's online evidence training, on it;
+  ``hessian_structure="gp"`` with ``functional_approximation="nystrom"`` returns laplace-torch's
+  ``ELLA`` (``fspace.ELLALaplace``).
 * ``fspace.FSPLaplace``, ``fspace.GFSVI``, ``fspace.VaLLA``, ``fspace.ELLA``,
   ``fspace.ExactGP``: the function-space methods, with a ``fspace.GPPrior`` built from
   ``fspace.kernels`` (``Matern12(1.0, 0.5) + RBF(...)``, ``Periodic``, ``Helmholtz``, ...).
@@ -36,12 +38,14 @@ from __future__ import annotations
 from . import kernels, subnetmask
 from ._convert import ModelSpec, convert_sequential
 from ._fspace import NumericalError
+from ._functional import ELLALaplace
 from ._laplace import Laplace
 from ._marglik import marglik_training
 from ._methods import ELLA, GFSVI, FSPLaplace, ExactGP, GPPrior, VaLLA, default_config
 
 __all__ = [
     "Laplace",
+    "ELLALaplace",
     "marglik_training",
     "FSPLaplace",
     "GFSVI",

@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Laplace", "Posterior", "fit", "default_config", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "NumericalError"]
+__all__ = ["Laplace", "NystromFeatures", "Posterior", "fit", "default_config", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "NumericalError"]
 
 class NumericalError(RuntimeError): ...
 
@@ -73,6 +73,28 @@ class Laplace:
     def to_json(self) -> str: ...
     @staticmethod
     def from_json(text: str) -> "Laplace": ...
+
+@final
+class NystromFeatures:
+    def __new__(
+        cls,
+        *,
+        points: Optional[npt.NDArray[np.float64]] = None,
+        outputs: Optional[Sequence[int]] = None,
+        num_eigen: Optional[int] = None,
+        state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
+        activation_name: str = "",
+        architecture: Optional[Dict[str, Any]] = None,
+        calls: Any = None,
+        saved: Optional[str] = None,
+    ) -> "NystromFeatures": ...
+    def eval(self, x: npt.NDArray[np.float64]) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
+    @property
+    def num_features(self) -> int: ...
+    @property
+    def kernel_eigenvalues(self) -> npt.NDArray[np.float64]: ...
+    def directions(self) -> npt.NDArray[np.float64]: ...
+    def to_json(self) -> str: ...
 
 @final
 class Posterior:

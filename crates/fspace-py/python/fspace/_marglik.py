@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._laplace import Laplace, _Adam, _Progress, _torch
+from ._laplace import Laplace, _Adam, _Progress
+from ._predictive import _torch
 
 __all__ = ["marglik_training"]
 

@@ -1,0 +1,774 @@
+"""laplace-torch 0.3's function-space structure ``hessian_structure="gp"`` with
+``functional_approximation="nystrom"``: its ``ELLA`` class, on fspace's Nyström features.
+
+ELLA (Deng et al. 2022) linearises the network and restricts the Laplace posterior to ``K``
+Nyström features of the neural tangent kernel: from ``M = subsample_size`` training inputs, each
+with one output (a class drawn at random), the unit kernel ``J Jᵀ = U Λ Uᵀ`` gives the
+parameter directions ``V = Jᵀ U_K Λ_K^{-1/2}`` and the features ``φ(x) = J(x) V``. The posterior
+precision in feature space is ``G / (σ²·T) + λ I`` with ``G = Σᵢ Φᵢᵀ Hᵢ Φᵢ`` (``σ²`` for
+regression only), and the predictive covariance at ``x`` is ``Φ(x) P⁻¹ Φ(x)ᵀ``.
+
+The division of work: Rust (``fspace._fspace.NystromFeatures``) runs every network call — the
+kernel at the Nyström points, the ``K`` directions, the features of each batch — and this
+layer keeps ``G`` (``K × K``), ``λ``, ``σ`` and ``T`` as tensors and evaluates laplace-torch's
+formulas on them. The random choices (the Nyström points by ``torch.randperm`` and their
+outputs by ``torch.randint``, seeded by ``seed`` and ``seed + 1``) are made with torch's
+generator exactly as laplace-torch makes them, so the same script gives the same posterior.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+from collections import deque
+from collections.abc import Mapping
+from numbers import Integral
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ._backend import network_spec
+from ._base import Wrapper
+from ._convert import tensors
+from ._predictive import _curvature_source, _link, _torch
+from ._torch import TorchModel
+from ._fspace import NystromFeatures
+
+__all__ = ["ELLALaplace", "functional_laplace"]
+
+_LINKS = ("probit", "bridge", "bridge_norm", "mc")
+
+
+def functional_laplace(model: Any, likelihood: str, subset_of_weights: str, *args: Any,
+                       functional_approximation: str = "sod", **kwargs: Any) -> Any:
+    """laplace-torch's ``Laplace(..., hessian_structure="gp", functional_approximation=...)``."""
+    if functional_approximation not in ("sod", "nystrom", "variational"):
+        raise ValueError("functional_approximation must be 'sod', 'nystrom', or 'variational'.")
+    if functional_approximation == "sod":
+        raise NotImplementedError(
+            "hessian_structure='gp' with functional_approximation='sod' (laplace-torch's FunctionalLaplace, an exact "
+            "GP on a subset of the data) is not implemented in fspace: use functional_approximation='nystrom' (ELLA)"
+        )
+    if subset_of_weights != "all":
+        raise ValueError("Nystrom and variational function-space methods require subset_of_weights='all'.")
+    if functional_approximation == "variational":
+        raise NotImplementedError(
+            "functional_approximation='variational' (laplace-torch 0.3's VaLLA class: Adam on a packed variational "
+            "factor that also learns λ and σ, alpha-divergence objective) is not implemented through Laplace(...); "
+            "fspace.VaLLA fits the paper's VaLLA (Ortega et al. 2024) with its own settings"
+        )
+    return ELLALaplace(model, likelihood, *args, **kwargs)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _split_batch(batch: Any, dict_key_y: str) -> Tuple[Any, Any]:
+    if isinstance(batch, Mapping):
+        if dict_key_y not in batch:
+            raise ValueError(f"a dict batch has no key {dict_key_y!r} (its keys: {sorted(batch)}); set dict_key_y")
+        return batch, batch[dict_key_y]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ValueError(
+        "each batch of the loader must be an (x, y) pair or a dict holding dict_key_y, "
+        f"got {type(batch).__name__}"
+    )
+
+
+def training_indices(loader: Any) -> Any:
+    """The dataset indices a loader visits, as laplace-torch's ``training_indices`` finds them
+    (the whole dataset for sequential and full random samplers, a subset sampler's indices,
+    otherwise the sampler's own order)."""
+    torch = _torch()
+    from torch.utils.data import RandomSampler, SequentialSampler, SubsetRandomSampler
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else getattr(loader, "sampler", None)
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise ValueError("ELLA selects its Nyström points by index: the loader needs a sized, indexable dataset")
+    if sampler is None:
+        if batch_sampler is None:
+            raise ValueError("the loader has neither a sampler nor a batch sampler")
+        indices = [i for batch in batch_sampler for i in batch]
+    elif isinstance(sampler, SequentialSampler):
+        indices = list(range(len(dataset)))
+        if getattr(batch_sampler, "drop_last", False):
+            size = getattr(batch_sampler, "batch_size", None)
+            if not isinstance(size, int) or size <= 0:
+                raise ValueError("A drop-last batch sampler requires a positive batch size.")
+            indices = indices[: len(batch_sampler) * size]  # type: ignore[arg-type]
+    elif isinstance(sampler, RandomSampler) and not sampler.replacement and sampler.num_samples == len(dataset):
+        indices = list(range(len(dataset)))
+    elif isinstance(sampler, SubsetRandomSampler):
+        indices = list(sampler.indices)
+    else:
+        indices = list(sampler)
+    result = torch.as_tensor(indices, dtype=torch.long)
+    if result.ndim != 1 or result.numel() == 0:
+        raise ValueError("A function-space fit requires a nonempty index sampler.")
+    if torch.any(result < 0) or torch.any(result >= len(dataset)):
+        raise ValueError("The training sampler yielded an invalid dataset index.")
+    return result
+
+
+def _subset_loader(loader: Any, indices: Any) -> Any:
+    from torch.utils.data import DataLoader, Subset
+
+    size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", 1)
+    return DataLoader(Subset(loader.dataset, indices.cpu().tolist()), batch_size=size,
+                      collate_fn=loader.collate_fn, shuffle=False)
+
+
+def draw_gaussian(mean: Any, covariance: Any, n_samples: int, generator: Any) -> Any:
+    """laplace-torch's ``draw_gaussian``: draws from ``N(mean, covariance)`` (per point
+    ``B × C × C`` or joint), by Cholesky or, for a singular PSD covariance, by its
+    eigendecomposition — the same draws from the same generator state."""
+    torch = _torch()
+    covariance = (covariance + covariance.transpose(-1, -2)) / 2
+    try:
+        root = torch.linalg.cholesky(covariance)
+    except torch.linalg.LinAlgError:
+        values, vectors = torch.linalg.eigh(covariance)
+        tolerance = 10 * torch.finfo(covariance.dtype).eps * covariance.shape[-1] * values.abs().amax(dim=-1, keepdim=True)
+        if torch.any(values < -tolerance):
+            raise
+        root = vectors @ torch.diag_embed(values.clamp_min(0).sqrt())
+    noise = torch.randn((n_samples, *mean.shape), dtype=mean.dtype, generator=generator)
+    if mean.ndim == 1:
+        draws = noise @ root.T
+    else:
+        draws = torch.einsum("bij,sbj->sbi", root, noise)
+    return mean.unsqueeze(0) + draws
+
+
+class ELLALaplace(Wrapper):
+    """laplace-torch 0.3's ``ELLA``: the linearised Laplace approximation in ``n_eigenvalues``
+    Nyström features of the neural tangent kernel (Deng et al. 2022). What
+    ``fspace.Laplace(model, likelihood, "all", "gp", functional_approximation="nystrom", ...)``
+    returns; the module docs give the maths.
+
+    Parameters
+    ----------
+    model : torch.nn.Module or tuple
+        The trained network (fixed); as ``fspace.Laplace`` takes it.
+    likelihood : {"regression", "classification"}
+    subsample_size : int
+        ``M``, training inputs of the Nyström basis.
+    n_eigenvalues : int
+        ``K ≤ M``, kernel directions kept.
+    sigma_noise, prior_precision, prior_mean, temperature : float or tensor
+        laplace-torch's hyperparameters: the feature-space precision is
+        ``G / (σ²·T) + λ I``; ``λ`` is a positive scalar, the prior mean zero.
+    enable_backprop, dict_key_x, dict_key_y, backend, backend_kwargs
+        laplace-torch's; ``backend`` a ``*GGN`` class or fspace's engine name.
+    seed : int, default 1234
+        Seeds the choice of the Nyström points (``seed``) and of their outputs (``seed + 1``).
+
+    Other Parameters
+    ----------------
+    input_shape : tuple, optional
+        ``(C, H, W)`` of a convolutional model fitted on flattened rows.
+
+    Raises
+    ------
+    ValueError
+        ``n_eigenvalues`` not in ``1..subsample_size``, a non-scalar or non-positive ``λ``, a
+        non-zero prior mean, ``sigma_noise != 1`` for classification.
+    NotImplementedError
+        ``likelihood="reward_modeling"``, ``enable_backprop=True``, ``backend_kwargs``.
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+    >>> x = torch.randn(60, 2, dtype=torch.float64)
+    >>> loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.randint(3, (60,))), batch_size=20)
+    >>> la = fspace.Laplace(model, "classification", "all", "gp", functional_approximation="nystrom",
+    ...                     subsample_size=30, n_eigenvalues=10)
+    >>> la.fit(loader)
+    >>> tuple(la(x[:4]).shape)
+    (4, 3)
+    """
+
+    _transient = ("_features",)
+
+    def __init__(
+        self,
+        model: Any,
+        likelihood: str,
+        subsample_size: int,
+        n_eigenvalues: int,
+        sigma_noise: Any = 1.0,
+        prior_precision: Any = 1.0,
+        prior_mean: Any = 0.0,
+        temperature: float = 1.0,
+        enable_backprop: bool = False,
+        dict_key_x: str = "input_ids",
+        dict_key_y: str = "labels",
+        backend: Any = None,
+        backend_kwargs: Optional[Dict[str, Any]] = None,
+        seed: int = 1234,
+        *,
+        input_shape: Any = None,
+    ) -> None:
+        torch = _torch()
+        if likelihood not in ("regression", "classification"):
+            if likelihood == "reward_modeling":
+                raise NotImplementedError("likelihood 'reward_modeling' (laplace-torch's pairwise preferences) is not implemented in fspace")
+            raise ValueError(f"Invalid likelihood type {likelihood!r}: \"regression\" or \"classification\"")
+        if (not _integer(subsample_size) or not _integer(n_eigenvalues) or subsample_size <= 0
+                or n_eigenvalues <= 0 or n_eigenvalues > subsample_size):
+            raise ValueError("Require 0 < n_eigenvalues <= subsample_size.")
+        if torch.as_tensor(prior_precision).numel() != 1:
+            raise ValueError("ELLA requires scalar prior_precision.")
+        if torch.any(torch.as_tensor(prior_mean) != 0):
+            raise ValueError("ELLA currently requires prior_mean=0.")
+        if enable_backprop:
+            raise NotImplementedError("enable_backprop=True: fspace's predictive is not differentiable in the inputs")
+        if backend_kwargs:
+            raise NotImplementedError(f"backend_kwargs {sorted(backend_kwargs)}: fspace's Jacobians are exact (no MC samples)")
+        engine, curvature = _curvature_source(backend)
+        if curvature != "ggn":
+            raise ValueError("ELLA's features are the network's Jacobians: give a *GGN backend (or none)")
+        if not _integer(seed):
+            raise ValueError(f"seed {seed!r} must be an integer")
+        self.model = model
+        self.likelihood = likelihood
+        self.subsample_size = int(subsample_size)
+        self.n_eigenvalues = int(n_eigenvalues)
+        self.seed = int(seed)
+        self.enable_backprop = False
+        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
+        self._dtype = torch.float64
+        self._lock = threading.RLock()
+        self._spec = network_spec(model, input_shape, engine)
+        if isinstance(self._spec, TorchModel):
+            self._spec.skip_keys = (dict_key_y,)
+        self._features: Any = None
+        self._saved_features: Optional[str] = None
+        self.feature_gram: Any = None
+        self.chol_precision: Any = None
+        self.n_data = 0
+        self.n_outputs: Optional[int] = None
+        self._fitted = False
+        self._posterior_dirty = False
+        self.fit_history_: Dict[str, List[Any]] = {"processed_examples": [], "val_nll": [], "tuning": []}
+        self._temperature = 1.0
+        self.temperature = temperature
+        self.prior_precision = prior_precision
+        self.sigma_noise = sigma_noise
+        self.prior_mean = prior_mean
+
+    # -- hyperparameters (laplace-torch's setters and their checks) -------------------------------
+
+    def _tensor(self, value: Any) -> Any:
+        torch = _torch()
+        return torch.as_tensor(value, dtype=self._dtype) if not torch.is_tensor(value) else value.to(self._dtype)
+
+    @property
+    def prior_precision(self) -> Any:
+        """``λ``, a one-element tensor."""
+        return self._prior_precision
+
+    @prior_precision.setter
+    def prior_precision(self, value: Any) -> None:
+        torch = _torch()
+        if isinstance(value, (str, bytes)):
+            raise ValueError(f"prior_precision {value!r} is not a number")
+        candidate = self._tensor(value)
+        if candidate.numel() != 1 or not torch.all(torch.isfinite(candidate) & (candidate > 0)):
+            raise ValueError("ELLA requires positive finite scalar prior_precision.")
+        self._prior_precision = candidate.reshape(-1)
+        self._posterior_dirty = getattr(self, "feature_gram", None) is not None
+
+    @property
+    def sigma_noise(self) -> Any:
+        """``σ``, a 0-d tensor."""
+        return self._sigma_noise
+
+    @sigma_noise.setter
+    def sigma_noise(self, value: Any) -> None:
+        torch = _torch()
+        if isinstance(value, (str, bytes)):
+            raise ValueError(f"sigma_noise {value!r} is not a number")
+        candidate = self._tensor(value)
+        if not torch.all(torch.isfinite(candidate) & (candidate > 0)):
+            raise ValueError("sigma_noise must be positive and finite.")
+        if self.likelihood != "regression" and torch.any(candidate != 1):
+            raise ValueError("sigma_noise != 1 is only available for regression.")
+        if candidate.ndim == 1 and candidate.numel() == 1:
+            candidate = candidate[0]
+        if candidate.ndim != 0:
+            raise ValueError("Only homoscedastic output noise supported.")
+        self._sigma_noise = candidate
+        self._posterior_dirty = getattr(self, "feature_gram", None) is not None
+
+    @property
+    def prior_mean(self) -> Any:
+        """The prior mean: zero."""
+        return self._prior_mean
+
+    @prior_mean.setter
+    def prior_mean(self, value: Any) -> None:
+        torch = _torch()
+        if torch.any(torch.as_tensor(value) != 0):
+            raise ValueError("ELLA currently requires prior_mean=0.")
+        self._prior_mean = self._tensor(value)
+
+    @property
+    def temperature(self) -> float:
+        """``T``, the likelihood's temperature."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        v = float(value)
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError("temperature must be positive and finite.")
+        self._temperature = v
+        self._posterior_dirty = getattr(self, "feature_gram", None) is not None
+
+    @property
+    def n_params(self) -> int:
+        """The network's parameters."""
+        if isinstance(self._spec, TorchModel):
+            return int(sum(p.numel() for p in self.model.parameters() if p.requires_grad))
+        return int(sum(np.asarray(v).size for v in self._spec.state.values()))
+
+    # -- the network ----------------------------------------------------------------------------
+
+    def _network(self) -> Dict[str, Any]:
+        if isinstance(self._spec, TorchModel):
+            return dict(calls=self._spec.calls())
+        return dict(state=tensors(self._spec.state)[0], activation_name=self._spec.activation,
+                    architecture=self._spec.architecture_dict())
+
+    def _output_dim(self) -> int:
+        if isinstance(self._spec, TorchModel):
+            return int(self._spec.calls().output_dim)
+        if self._spec.architecture is not None:
+            return int(self._spec.architecture["output_dim"])
+        weights = [np.asarray(v) for v in self._spec.state.values() if np.asarray(v).ndim == 2]
+        return int(weights[-1].shape[0])
+
+    def _inputs(self, x: Any) -> np.ndarray:
+        if isinstance(x, Mapping) and not isinstance(self._spec, TorchModel):
+            x = x[self.dict_key_x]
+        return self._spec.inputs(x, "x")
+
+    def _map(self) -> Any:
+        if self._features is None:
+            if self._saved_features is None:
+                raise RuntimeError("Call fit before making functional Laplace predictions.")
+            self._features = NystromFeatures(saved=self._saved_features, **self._network())
+        return self._features
+
+    def _eval(self, x: Any) -> Tuple[Any, Any]:
+        """``(Φ, f)``: features ``B × C × K`` and outputs ``B × C`` as float64 tensors."""
+        torch = _torch()
+        phi, f = self._map().eval(self._inputs(x))
+        return torch.from_numpy(phi), torch.from_numpy(f)
+
+    @property
+    def dual_directions(self) -> Any:
+        """The parameter directions ``V`` (``n_params × n_eigenvalues``), or None before fit."""
+        if not self._fitted:
+            return None
+        return _torch().from_numpy(self._map().directions())
+
+    # -- fit --------------------------------------------------------------------------------------
+
+    def _indices(self, loader: Any, balanced: bool) -> Any:
+        torch = _torch()
+        available = training_indices(loader)
+        n = len(available)
+        if self.subsample_size > n:
+            raise ValueError("subsample_size cannot exceed the training set size.")
+        generator = torch.Generator().manual_seed(self.seed)
+        if not balanced:
+            return available[torch.randperm(n, generator=generator)[: self.subsample_size]]
+        if self.likelihood == "regression":
+            raise ValueError("balanced sampling is only defined for classification.")
+        labels = []
+        for index in available:
+            _, target = _split_batch(loader.dataset[int(index)], self.dict_key_y)
+            t = torch.as_tensor(target)
+            labels.append(int(t.argmax() if t.numel() > 1 else t))
+        label_tensor = torch.tensor(labels)
+        queues = []
+        for cls in label_tensor.unique(sorted=True):
+            candidates = torch.where(label_tensor == cls)[0]
+            order = torch.randperm(len(candidates), generator=generator)
+            queues.append(deque(candidates[order].tolist()))
+        selected: List[int] = []
+        while len(selected) < self.subsample_size and any(queues):
+            for queue in queues:
+                if queue and len(selected) < self.subsample_size:
+                    selected.append(queue.popleft())
+        if len(selected) != self.subsample_size:
+            raise ValueError("Not enough examples for balanced subsampling.")
+        return available[torch.tensor(selected[: self.subsample_size])]
+
+    def _build_basis(self, loader: Any, indices: Any) -> None:
+        torch = _torch()
+        generator = torch.Generator().manual_seed(self.seed + 1)
+        rows: List[np.ndarray] = []
+        outputs: List[int] = []
+        q: Optional[int] = None
+        for batch in _subset_loader(loader, indices):
+            x, _ = _split_batch(batch, self.dict_key_y)
+            xa = self._inputs(x)
+            if q is None:
+                q = self._output_dim()
+            choices = torch.randint(q, (xa.shape[0],), generator=generator)
+            rows.append(xa)
+            outputs.extend(int(c) for c in choices)
+        assert q is not None
+        self.n_outputs = q
+        points = np.ascontiguousarray(np.concatenate(rows))
+        self._features = NystromFeatures(points=points, outputs=outputs, num_eigen=self.n_eigenvalues, **self._network())
+
+    def fit(self, train_loader: Any, *, val_loader: Any = None, val_steps: Optional[int] = None,
+            balanced: bool = False, progress_bar: bool = False) -> None:
+        """Builds the Nyström basis and sums the projected curvature ``G`` over ``train_loader``,
+        one batch at a time.
+
+        Parameters
+        ----------
+        train_loader : DataLoader
+            ``(x, y)`` or dict batches over a sized, indexable dataset (the Nyström points are
+            chosen by index).
+        val_loader : DataLoader, optional
+            Scored (predictive NLL) every ``val_steps`` batches and at the end, into
+            ``fit_history_["val_nll"]``.
+        val_steps : int, optional
+        balanced : bool, default False
+            Classification: draw the Nyström points round-robin over the classes.
+        progress_bar : bool, default False
+            A tqdm bar over the batches.
+
+        Returns
+        -------
+        None
+        """
+        torch = _torch()
+        if val_steps is not None and (not _integer(val_steps) or val_steps <= 0):
+            raise ValueError("val_steps must be positive integer when provided.")
+        with self._lock:
+            self.fit_history_ = {"processed_examples": [], "val_nll": [], "tuning": []}
+            self._fitted = False
+            self.n_data = 0
+            indices = self._indices(train_loader, balanced)
+            self._build_basis(train_loader, indices)
+            self._saved_features = None
+            k = self.n_eigenvalues
+            gram = torch.zeros(k, k, dtype=self._dtype)
+            iterator = train_loader
+            if progress_bar:
+                from tqdm import tqdm
+
+                iterator = tqdm(train_loader, desc="Fitting ELLA")
+            step = 0
+            for step, batch in enumerate(iterator, start=1):
+                x, y = _split_batch(batch, self.dict_key_y)
+                features, output = self._eval(x)
+                if self.likelihood == "regression":
+                    _regression_targets(y, output)
+                    gram += torch.einsum("bck,bcl->kl", features, features)
+                else:
+                    probs = output.softmax(dim=-1)
+                    hessian = torch.diag_embed(probs) - probs.unsqueeze(-1) * probs.unsqueeze(-2)
+                    gram += torch.einsum("bck,bcd,bdl->kl", features, hessian, features)
+                self.n_data += output.shape[0]
+                self.fit_history_["processed_examples"].append(float(self.n_data))
+                if val_loader is not None and val_steps and step % val_steps == 0:
+                    self.feature_gram = gram.clone()
+                    self._build_precision()
+                    self._fitted = True
+                    self.fit_history_["val_nll"].append(float(self._validation_nll(val_loader)))
+            if self.n_data == 0:
+                raise ValueError("ELLA fit requires a nonempty training loader.")
+            self.feature_gram = gram
+            self._build_precision()
+            self._fitted = True
+            if val_loader is not None and (not val_steps or step % val_steps):
+                self.fit_history_["val_nll"].append(float(self._validation_nll(val_loader)))
+
+    def _build_precision(self) -> None:
+        torch = _torch()
+        if self.feature_gram is None:
+            return
+        precision = self.feature_gram / self.temperature
+        if self.likelihood == "regression":
+            precision = precision / self.sigma_noise.square()
+        precision = precision + self.prior_precision * torch.eye(self.n_eigenvalues, dtype=self._dtype)
+        self.chol_precision = torch.linalg.cholesky(precision)
+        self._posterior_dirty = False
+
+    def _check_fitted(self) -> None:
+        if not self._fitted:
+            raise RuntimeError("Call fit before making functional Laplace predictions.")
+        if self._posterior_dirty:
+            self._build_precision()
+
+    # -- predictions --------------------------------------------------------------------------
+
+    def _glm_predictive_distribution(self, x: Any, joint: bool = False) -> Tuple[Any, Any]:
+        torch = _torch()
+        features, mean = self._eval(x)
+        if joint:
+            flat = features.reshape(-1, self.n_eigenvalues)
+            covariance = flat @ torch.cholesky_solve(flat.T, self.chol_precision)
+            return mean.flatten(), covariance
+        return mean, features @ torch.cholesky_solve(features.transpose(1, 2), self.chol_precision)
+
+    def _check_nonempty(self, x: Any) -> None:
+        inputs = x[self.dict_key_x] if isinstance(x, Mapping) else x
+        if len(inputs) == 0:
+            raise ValueError("Function-space predictions require at least one input.")
+
+    def predictive_moments(self, x: Any, *, joint: bool = False) -> Tuple[Any, Any]:
+        """The latent predictive's mean ``B × C`` and covariance ``B × C × C`` (``joint``: the
+        flattened mean and the ``B·C × B·C`` covariance), without observation noise."""
+        with self._lock:
+            self._check_fitted()
+            self._check_nonempty(x)
+            return self._glm_predictive_distribution(x, joint=joint)
+
+    def __call__(self, x: Any, pred_type: str = "gp", joint: bool = False, link_approx: str = "probit",
+                 n_samples: int = 100, diagonal_output: bool = False, generator: Any = None,
+                 fitting: bool = False, **model_kwargs: Any) -> Any:
+        """The predictive at ``x``: regression ``(f_mu, f_var)`` (``B × C`` and ``B × C × C``;
+        ``diagonal_output``: ``B × C``; ``joint``: flattened mean and joint covariance), classification
+        class probabilities ``B × C`` by ``link_approx``."""
+        torch = _torch()
+        if pred_type != "gp":
+            raise ValueError("Only gp is supported as a functional prediction type.")
+        if link_approx not in _LINKS:
+            raise ValueError(f"Unsupported link approximation {link_approx}.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError("Invalid random generator (check type and device).")
+        if model_kwargs:
+            raise NotImplementedError(f"model keyword arguments {sorted(model_kwargs)} are not passed to the network in fspace")
+        out_dtype = x.dtype if torch.is_tensor(x) and x.is_floating_point() else self._dtype
+        if self.likelihood == "classification" and link_approx == "mc":
+            return self.predictive_samples(x, n_samples=n_samples, diagonal_output=diagonal_output,
+                                           generator=generator).mean(dim=0).to(out_dtype)
+        regression = self.likelihood == "regression"
+        f_mu, f_var = self.predictive_moments(x, joint=joint and regression)
+        if regression:
+            if diagonal_output and not joint:
+                f_var = torch.diagonal(f_var, dim1=-2, dim2=-1)
+            return f_mu.to(out_dtype), f_var.to(out_dtype)
+        return _link(f_mu, f_var, link_approx, int(n_samples), diagonal_output, generator).to(out_dtype)
+
+    predictive = __call__
+
+    def functional_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
+                           generator: Any = None, joint: bool = False) -> Any:
+        """``n_samples × B × C`` draws of the latent function at ``x`` (``joint``: with the
+        covariance between inputs)."""
+        torch = _torch()
+        if pred_type not in ("glm", "nn", "gp"):
+            raise ValueError(f"Unsupported functional sampling type {pred_type}.")
+        if int(n_samples) <= 0:
+            raise ValueError("n_samples must be positive.")
+        mean, covariance = self.predictive_moments(x, joint=joint)
+        if joint:
+            batch = len(x[self.dict_key_x] if isinstance(x, Mapping) else x)
+            outputs = mean.numel() // batch
+            if diagonal_output:
+                ids = torch.arange(mean.numel()) % outputs
+                covariance = covariance * (ids[:, None] == ids[None, :])
+            return draw_gaussian(mean, covariance, int(n_samples), generator).reshape(int(n_samples), batch, outputs)
+        if diagonal_output:
+            covariance = torch.diag_embed(covariance.diagonal(dim1=-2, dim2=-1))
+        return draw_gaussian(mean, covariance, int(n_samples), generator)
+
+    def predictive_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
+                           generator: Any = None, fitting: bool = False, joint: bool = False) -> Any:
+        """Draws of the predictive: the latent function (regression) or its softmax."""
+        samples = self.functional_samples(x, pred_type, n_samples, diagonal_output, generator, joint)
+        return samples.softmax(dim=-1) if self.likelihood == "classification" else samples
+
+    # -- hyperparameters by validation ------------------------------------------------------------
+
+    def _validation_nll(self, loader: Any) -> Any:
+        torch = _torch()
+        total = torch.zeros((), dtype=self._dtype)
+        count = 0
+        for batch in loader:
+            x, y = _split_batch(batch, self.dict_key_y)
+            mean, covariance = self.predictive_moments(x)
+            if self.likelihood == "regression":
+                y = _regression_targets(y, mean)
+                variance = covariance.diagonal(dim1=-2, dim2=-1) + self.sigma_noise.square()
+                total += (0.5 * ((y - mean).square() / variance + variance.log() + math.log(2 * math.pi))).sum()
+            else:
+                scale = torch.sqrt(1 + math.pi / 8 * covariance.diagonal(dim1=-2, dim2=-1))
+                total += torch.nn.functional.cross_entropy(mean / scale, _classification_targets(y), reduction="sum")
+            count += y.shape[0]
+        return total / count
+
+    def optimize_prior_precision(self, pred_type: str = "gp", method: str = "gridsearch", n_steps: int = 100,
+                                 lr: float = 1e-1, init_prior_prec: Any = 1.0, prior_structure: str = "scalar",
+                                 val_loader: Any = None, loss: Any = None, log_prior_prec_min: float = -4,
+                                 log_prior_prec_max: float = 4, grid_size: int = 100, link_approx: str = "probit",
+                                 n_samples: int = 100, verbose: bool = False, progress_bar: bool = False) -> None:
+        """laplace-torch's ELLA tuning: ``λ`` on ``grid_size`` log-spaced values in
+        ``10^[log_prior_prec_min, log_prior_prec_max]`` by the validation NLL; the other
+        arguments are accepted at their defaults only (as laplace-torch). Returns ``None``."""
+        torch = _torch()
+        self._check_fitted()
+        if pred_type != "gp":
+            raise ValueError("ELLA supports only pred_type='gp'.")
+        init = torch.as_tensor(init_prior_prec)
+        if (n_steps != 100 or lr != 1e-1 or init.numel() != 1 or init.item() != 1.0 or prior_structure != "scalar"
+                or loss is not None or link_approx != "probit" or n_samples != 100 or verbose or progress_bar):
+            raise NotImplementedError("ELLA supports validation grid search without marginal-likelihood options.")
+        if method != "gridsearch":
+            raise NotImplementedError("ELLA supports validation grid search, not marginal likelihood.")
+        if val_loader is None:
+            raise ValueError("gridsearch requires val_loader.")
+        if not _integer(grid_size) or grid_size <= 0:
+            raise ValueError("grid_size must be positive integer.")
+        self.optimize_hyperparameters(val_loader, torch.logspace(log_prior_prec_min, log_prior_prec_max, grid_size))
+
+    def optimize_hyperparameters(self, val_loader: Any, grid: Any) -> None:
+        """Sets ``λ`` (or ``(λ, σ)`` pairs, regression) to the grid's value of lowest validation
+        NLL; the scores go to ``fit_history_["tuning"]``."""
+        with self._lock:
+            self._check_fitted()
+            initial = (self.prior_precision.detach().clone(), self.sigma_noise.detach().clone())
+            best_score, best = float("inf"), None
+            has_candidates = False
+            for candidate in grid:
+                has_candidates = True
+                if isinstance(candidate, (tuple, list)):
+                    self.prior_precision, self.sigma_noise = candidate
+                else:
+                    self.prior_precision = candidate
+                score = float(self._validation_nll(val_loader))
+                self.fit_history_["tuning"].append(dict(prior_precision=float(self.prior_precision),
+                                                        sigma_noise=float(self.sigma_noise), val_nll=score))
+                if math.isfinite(score) and score < best_score:
+                    best_score, best = score, candidate
+            if best is None:
+                self.prior_precision, self.sigma_noise = initial
+                self._build_precision()
+                if not has_candidates:
+                    raise ValueError("Hyperparameter grid is empty.")
+                raise ValueError("No finite validation NLL was found in the grid.")
+            if isinstance(best, (tuple, list)):
+                self.prior_precision, self.sigma_noise = best
+            else:
+                self.prior_precision = best
+            self._build_precision()
+
+    def log_marginal_likelihood(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused, as in laplace-torch: ELLA has no marginal likelihood; tune by validation."""
+        raise NotImplementedError("ELLA does not use FunctionalLaplace's subset-of-data marginal likelihood.")
+
+    @property
+    def log_likelihood(self) -> Any:
+        """Refused, as in laplace-torch: the fit does not track the training log likelihood."""
+        raise NotImplementedError("ELLA does not accumulate a training log likelihood.")
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def _is_fitted(self) -> bool:
+        return self._fitted
+
+    def _check_picklable(self) -> None:
+        if isinstance(self._spec, TorchModel):
+            raise TypeError("an ELLALaplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The fitted posterior: the Nyström feature map (fspace's JSON, under
+        ``fspace_feature_map``), ``feature_gram``, the hyperparameters, ``n_data``,
+        ``n_outputs``, ``fit_history`` and ``seed``; restore with ``load_state_dict`` on an
+        object built with the same model and arguments."""
+        with self._lock:
+            self._check_fitted()
+            return {
+                "cls_name": type(self).__name__,
+                "n_params": self.n_params,
+                "likelihood": self.likelihood,
+                "subsample_size": self.subsample_size,
+                "n_eigenvalues": self.n_eigenvalues,
+                "fspace_feature_map": self._map().to_json(),
+                "feature_gram": self.feature_gram.detach().clone(),
+                "prior_precision": self.prior_precision.detach().clone(),
+                "sigma_noise": self.sigma_noise.detach().clone(),
+                "temperature": self.temperature,
+                "n_data": self.n_data,
+                "n_outputs": self.n_outputs,
+                "fitted": self._fitted,
+                "fit_history": copy.deepcopy(self.fit_history_),
+                "seed": self.seed,
+                "dict_key_x": self.dict_key_x,
+                "dict_key_y": self.dict_key_y,
+            }
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores a ``state_dict()`` taken from an ``ELLALaplace`` on the same model."""
+        torch = _torch()
+        if not state_dict.get("fitted", False):
+            raise ValueError("ELLA checkpoint must contain a fitted posterior.")
+        if state_dict.get("cls_name") != type(self).__name__ or state_dict.get("n_params") != self.n_params:
+            raise ValueError("Checkpoint requires the same ELLA type and pretrained model.")
+        if state_dict.get("likelihood") != self.likelihood:
+            raise ValueError("Checkpoint likelihood does not match.")
+        for key in ("dict_key_x", "dict_key_y"):
+            if state_dict.get(key) != getattr(self, key):
+                raise ValueError(f"Checkpoint {key} {state_dict.get(key)!r} does not match {getattr(self, key)!r}.")
+        gram = torch.as_tensor(state_dict["feature_gram"], dtype=self._dtype)
+        k = int(state_dict["n_eigenvalues"])
+        if gram.shape != (k, k) or not torch.all(torch.isfinite(gram)) or not torch.allclose(gram, gram.T):
+            raise ValueError(f"the checkpoint's feature_gram must be a finite symmetric {k} × {k} matrix")
+        features = NystromFeatures(saved=str(state_dict["fspace_feature_map"]), **self._network())
+        if features.num_features != k:
+            raise ValueError(f"the checkpoint's feature map has {features.num_features} features, not n_eigenvalues={k}")
+        with self._lock:
+            self._features = features
+            self._saved_features = str(state_dict["fspace_feature_map"])
+            self.seed = int(state_dict["seed"])
+            self.subsample_size = int(state_dict["subsample_size"])
+            self.n_eigenvalues = k
+            self.feature_gram = gram
+            self.prior_precision = state_dict["prior_precision"]
+            self.sigma_noise = state_dict["sigma_noise"]
+            self.temperature = state_dict["temperature"]
+            self.n_data = int(state_dict["n_data"])
+            self.n_outputs = state_dict["n_outputs"]
+            self.fit_history_ = copy.deepcopy(state_dict["fit_history"])
+            self._build_precision()
+            self._fitted = True
+
+
+def _regression_targets(targets: Any, outputs: Any) -> Any:
+    """laplace-torch's ``regression_targets``: ``[B]`` for one output, otherwise the outputs' shape."""
+    torch = _torch()
+    targets = torch.as_tensor(targets, dtype=outputs.dtype)
+    if targets.ndim == 1 and outputs.ndim == 2 and outputs.shape[-1] == 1:
+        targets = targets.unsqueeze(-1)
+    if targets.shape != outputs.shape:
+        raise ValueError(f"Regression targets have shape {tuple(targets.shape)}; expected {tuple(outputs.shape)}.")
+    return targets
+
+
+def _classification_targets(targets: Any) -> Any:
+    """laplace-torch's ``classification_targets``: labels, column labels or one-hot rows."""
+    torch = _torch()
+    targets = torch.as_tensor(targets)
+    if targets.ndim == 2:
+        targets = targets[:, 0] if targets.shape[1] == 1 else targets.argmax(-1)
+    if targets.ndim != 1:
+        raise ValueError("Classification targets must have shape [B] or [B, C].")
+    return targets.long()
