@@ -364,19 +364,10 @@ pub struct EllaPosterior<N> {
     seconds: f64,
 }
 
-/// Features `Φ(X)` (`n·d' × K`, rows point-major) by one JVP per direction.
+/// Features `Φ(X)` (`n·d' × K`, rows point-major) by the network's `J(X)·V` over all `K`
+/// directions at once (one forward trace shared by the columns, columns in parallel).
 fn features<N: Network>(net: &N, x: &DMatrix<f64>, directions: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-    let q = net.output_dim();
-    let mut phi = DMatrix::zeros(x.nrows() * q, directions.ncols());
-    for k in 0..directions.ncols() {
-        let f = net.jvp(x, &directions.column(k).into_owned())?;
-        for i in 0..x.nrows() {
-            for o in 0..q {
-                phi[(i * q + o, k)] = f[(i, o)];
-            }
-        }
-    }
-    Ok(phi)
+    Ok(net.jvp_columns(x, directions)?)
 }
 
 /// Per-point likelihood Hessians `Hᵢ` at the MAP outputs.

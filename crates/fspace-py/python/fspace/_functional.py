@@ -599,13 +599,24 @@ class ELLALaplace(Wrapper):
 
     # -- hyperparameters by validation ------------------------------------------------------------
 
-    def _validation_nll(self, loader: Any) -> Any:
-        torch = _torch()
-        total = torch.zeros((), dtype=self._dtype)
-        count = 0
+    def _validation_batches(self, loader: Any) -> List[Tuple[Any, Any, Any]]:
+        """Each validation batch's features, network outputs and targets: they do not depend on
+        the hyperparameters, so a grid search computes them once."""
+        out = []
         for batch in loader:
             x, y = _split_batch(batch, self.dict_key_y)
-            mean, covariance = self.predictive_moments(x)
+            self._check_nonempty(x)
+            features, mean = self._eval(x)
+            out.append((features, mean, y))
+        return out
+
+    def _validation_nll(self, loader: Any, batches: Optional[List[Tuple[Any, Any, Any]]] = None) -> Any:
+        torch = _torch()
+        self._check_fitted()
+        total = torch.zeros((), dtype=self._dtype)
+        count = 0
+        for features, mean, y in batches if batches is not None else self._validation_batches(loader):
+            covariance = features @ torch.cholesky_solve(features.transpose(1, 2), self.chol_precision)
             if self.likelihood == "regression":
                 y = _regression_targets(y, mean)
                 variance = covariance.diagonal(dim1=-2, dim2=-1) + self.sigma_noise.square()
@@ -646,6 +657,7 @@ class ELLALaplace(Wrapper):
         with self._lock:
             self._check_fitted()
             initial = (self.prior_precision.detach().clone(), self.sigma_noise.detach().clone())
+            batches = self._validation_batches(val_loader)
             best_score, best = float("inf"), None
             has_candidates = False
             for candidate in grid:
@@ -654,7 +666,7 @@ class ELLALaplace(Wrapper):
                     self.prior_precision, self.sigma_noise = candidate
                 else:
                     self.prior_precision = candidate
-                score = float(self._validation_nll(val_loader))
+                score = float(self._validation_nll(val_loader, batches))
                 self.fit_history_["tuning"].append(dict(prior_precision=float(self.prior_precision),
                                                         sigma_noise=float(self.sigma_noise), val_nll=score))
                 if math.isfinite(score) and score < best_score:

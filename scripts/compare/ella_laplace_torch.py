@@ -1,0 +1,94 @@
+"""laplace-torch 0.3's ELLA (`hessian_structure="gp"`, `functional_approximation="nystrom"`) timed
+through laplace-torch and through `fspace.Laplace`.
+
+The 784-200-200-10 tanh MNIST MLP (float64, seeded, untrained: the costs do not depend on the
+weights), the first N training images from a `DataLoader` (batch 128), classification:
+`Laplace(model, "classification", "all", "gp", functional_approximation="nystrom",
+subsample_size=M, n_eigenvalues=K)` → `fit(loader)` → `optimize_prior_precision(val_loader=…,
+grid_size=20)` on 1 000 validation images → `la(x_test)` (probit) on 200 test images. Each
+library in its own subprocess; each step's wall time, the process's peak memory (`VmHWM`) and
+the predictive's largest difference between the two.
+
+    python scripts/compare/ella_laplace_torch.py [--n 10000] [--m 2000] [--k 20]
+
+Opt-in (not part of the test suite): needs torch and laplace-torch beside the `fspace` package.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from python_vs_laplace_torch import ROOT, idx, peak_mb  # noqa: E402  (the IDX reader and VmHWM)
+
+
+def child(lib, n, m, k):
+    import warnings
+
+    import torch
+
+    warnings.simplefilter("ignore")
+    from _models import mnist_mlp
+
+    if lib == "fspace":
+        from fspace import Laplace
+    else:
+        from laplace import Laplace
+    images = idx(ROOT / "datasets" / "mnist" / "train-images-idx3-ubyte.gz")
+    labels = idx(ROOT / "datasets" / "mnist" / "train-labels-idx1-ubyte.gz")
+
+    def rows(a, b):
+        return torch.from_numpy(images[a:b].reshape(b - a, -1) / 255.0), torch.from_numpy(labels[a:b].astype("int64"))
+
+    x, y = rows(0, n)
+    xv, yv = rows(n, n + 1000)
+    xt, _ = rows(n + 1000, n + 1200)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xv, yv), batch_size=128)
+    model = mnist_mlp(seed=0)
+    t = {}
+    start = time.perf_counter()
+    la = Laplace(model, "classification", "all", "gp", functional_approximation="nystrom", subsample_size=m,
+                 n_eigenvalues=k)
+    la.fit(loader)
+    t["fit"] = time.perf_counter() - start
+    start = time.perf_counter()
+    la.optimize_prior_precision(val_loader=val, grid_size=20)
+    t["gridsearch"] = time.perf_counter() - start
+    start = time.perf_counter()
+    probs = la(xt)
+    t["predict"] = time.perf_counter() - start
+    print(json.dumps({"lib": lib, "n": n, "m": m, "k": k, "seconds": t,
+                      "prior_precision": float(la.prior_precision.reshape(-1)[0]),
+                      "probs": probs.tolist(), "peak_mib": peak_mb()}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--m", type=int, default=2000)
+    ap.add_argument("--k", type=int, default=20)
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.n, args.m, args.k)
+        return
+    out = {}
+    for lib in ("laplace-torch", "fspace"):
+        run = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--m", str(args.m), "--k", str(args.k),
+                              "--child", lib], capture_output=True, text=True, timeout=args.timeout, check=True)
+        out[lib] = json.loads(run.stdout.strip().splitlines()[-1])
+        row = {key: value for key, value in out[lib].items() if key != "probs"}
+        print(json.dumps(row), flush=True)
+    import numpy as np
+
+    diff = np.abs(np.array(out["fspace"]["probs"]) - np.array(out["laplace-torch"]["probs"])).max()
+    print(json.dumps({"max_abs_probability_difference": float(diff)}))
+
+
+if __name__ == "__main__":
+    main()
