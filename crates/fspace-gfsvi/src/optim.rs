@@ -86,6 +86,7 @@ pub(crate) fn optimise(
     let mut best = theta.clone();
     'outer: loop {
         for batch in batches.epoch(&mut rng) {
+            fspace_input::interrupt::check("GFSVI's optimisation")?;
             let (value, grad) = step(&theta, &batch, &mut rng)?;
             if !value.is_finite() {
                 return Err(GfsviError::Diverged { step: report.steps, what: "objective" });

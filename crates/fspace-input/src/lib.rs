@@ -1,7 +1,9 @@
 //! # fspace-input
 //!
 //! The four ways an input can be wrong are the same in every crate of the workspace, so they
-//! are declared once, here: sizes that do not agree, a NaN or ±∞, an empty input, and a value
+//! are declared once, here (with the one way the caller can end the work early,
+//! [`InputError::Interrupted`], which every crate's error therefore carries too: see
+//! [`interrupt`]): sizes that do not agree, a NaN or ±∞, an empty input, and a value
 //! outside its range. Every crate's error type wraps [`InputError`] in a variant named
 //! `Input` (`#[from]`, displayed transparently), so a caller matches one pattern whatever the
 //! crate:
@@ -14,6 +16,8 @@
 //! ```
 
 use thiserror::Error;
+
+pub mod interrupt;
 
 /// An input that is wrong in one of the ways every crate checks.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -48,6 +52,13 @@ pub enum InputError {
         what: &'static str,
         /// Why it was rejected.
         reason: String,
+    },
+    /// The caller stopped the work: this thread's interrupt check ([`interrupt::check`]) said
+    /// so between two steps (a Ctrl-C in Python).
+    #[error("interrupted during {during}")]
+    Interrupted {
+        /// The work that stopped.
+        during: &'static str,
     },
 }
 

@@ -278,6 +278,7 @@ fn network_factor_sums<N: Network>(
     let per_call = chunks.len().div_ceil(FACTOR_SUM_CALLS).max(1);
     let mut total: Option<Vec<KfacFactorSums>> = None;
     for group in chunks.chunks(per_call) {
+        fspace_input::interrupt::check("the KFAC factor sums")?;
         let (start, end) = (group[0].0, group[group.len() - 1].0 + group[group.len() - 1].1);
         let Some(part) =
             net.kfac_factor_sums(&data.rows(start, end - start), &data.factors[start..end], data.chunk)?

@@ -61,6 +61,7 @@ pub(crate) fn for_chunks_of<T: Send>(
     let chunks: Vec<(usize, usize)> = data.chunks_of(chunk).collect();
     let width = rayon::current_num_threads().max(1);
     for group in chunks.chunks(width) {
+        fspace_input::interrupt::check("the Laplace pass over the data")?;
         let parts: Vec<Result<T>> = group.par_iter().map(|&(s, l)| map(s, l)).collect();
         for (&(s, l), part) in group.iter().zip(parts) {
             fold(s, l, part?)?;

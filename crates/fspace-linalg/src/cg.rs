@@ -174,6 +174,7 @@ pub fn cg(
     let mut p = z.clone();
     let mut rz = r.dot(&z);
     for it in 1..=max_iter {
+        fspace_input::interrupt::check("conjugate gradients")?;
         let ap = op.apply(&p)?;
         let pap = p.dot(&ap);
         if pap.is_nan() || pap <= 0.0 {

@@ -288,6 +288,7 @@ impl Iteration {
         let (n, max_k) = q.shape();
         let mut next = None;
         let stop = loop {
+            fspace_input::interrupt::check("the Lanczos iteration")?;
             let qk = q.column(k).into_owned();
             let mut w = op.apply(&qk)?;
             let a = qk.dot(&w);

@@ -195,6 +195,7 @@ pub fn thick_restart_lanczos(op: &dyn LinearOperator, config: &ThickRestartConfi
     let mut j = 0;
     let mut restarts = 0;
     loop {
+        fspace_input::interrupt::check("the thick-restart Lanczos iteration")?;
         let mut w = apply(&q.column(j).into_owned())?;
         let mut coeffs = DVector::zeros(j + 1);
         for _ in 0..2 {

@@ -160,6 +160,7 @@ pub fn train_map<N: Network>(
         let mut validation_loss = None;
         let epoch_batches = batches.epoch(&mut rng);
         for idx in &epoch_batches {
+            fspace_input::interrupt::check("training")?;
             // Contiguous row copies from the point-major copy, then one transposition.
             let mut rows = Vec::with_capacity(idx.len() * d);
             for &i in idx {

@@ -6,6 +6,7 @@
 //! | unsupported | `NotImplementedError` | a likelihood or structure the method does not have |
 //! | too large | `MemoryError` | a curvature over its size limit |
 //! | numerical | `fspace.NumericalError` | non-PSD matrices, failed factorisations, divergence, breakdown |
+//! | interrupted | `KeyboardInterrupt` (or the exception Python's signal handler raised) | `InputError::Interrupted`: a Ctrl-C seen between two steps (`src/interrupt.rs`) |
 //!
 //! Wrapper variants (`Core`, `Nn`, `Kernel`, `Linalg`, `Gp`, …) take the kind of the error they
 //! wrap, and a `CoreError::Method` the kind of the method error inside it.
@@ -22,7 +23,9 @@ use fspace_laplace::LaplaceError;
 use fspace_linalg::LinalgError;
 use fspace_nn::NnError;
 use fspace_valla::VallaError;
-use pyo3::exceptions::{PyMemoryError, PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyKeyboardInterrupt, PyMemoryError, PyNotImplementedError, PyRuntimeError, PyValueError,
+};
 use pyo3::PyErr;
 
 pyo3::create_exception!(
@@ -39,6 +42,7 @@ pub(crate) enum Kind {
     Unsupported,
     TooLarge,
     Numerical,
+    Interrupted,
 }
 
 /// An error of one of fspace's crates, classed by [`Kind`].
@@ -54,6 +58,7 @@ pub(crate) fn raise<E: Classify>(e: E) -> PyErr {
         Kind::Unsupported => PyNotImplementedError::new_err(text),
         Kind::TooLarge => PyMemoryError::new_err(text),
         Kind::Numerical => NumericalError::new_err(text),
+        Kind::Interrupted => PyKeyboardInterrupt::new_err(text),
     }
 }
 
@@ -69,7 +74,10 @@ pub(crate) fn value_error(text: impl Into<String>) -> PyErr {
 
 impl Classify for InputError {
     fn kind(&self) -> Kind {
-        Kind::Value
+        match self {
+            InputError::Interrupted { .. } => Kind::Interrupted,
+            _ => Kind::Value,
+        }
     }
 }
 
@@ -88,7 +96,7 @@ impl Classify for ContextError {
 impl Classify for LinalgError {
     fn kind(&self) -> Kind {
         match self {
-            LinalgError::Input(_) => Kind::Value,
+            LinalgError::Input(e) => e.kind(),
             _ => Kind::Numerical,
         }
     }
@@ -107,7 +115,8 @@ impl Classify for KernelError {
 impl Classify for NnError {
     fn kind(&self) -> Kind {
         match self {
-            NnError::Input(_) | NnError::Likelihood(_) => Kind::Value,
+            NnError::Input(e) => e.kind(),
+            NnError::Likelihood(_) => Kind::Value,
             NnError::Unsupported { .. } => Kind::Unsupported,
             _ => Kind::Numerical,
         }
@@ -117,7 +126,8 @@ impl Classify for NnError {
 impl Classify for CoreError {
     fn kind(&self) -> Kind {
         match self {
-            CoreError::Input(_) | CoreError::InvalidTarget { .. } => Kind::Value,
+            CoreError::Input(e) => e.kind(),
+            CoreError::InvalidTarget { .. } => Kind::Value,
             CoreError::Unsupported { .. } => Kind::Unsupported,
             CoreError::NotPsd { .. } => Kind::Numerical,
             CoreError::Method { source, .. } => {

@@ -216,12 +216,16 @@ impl PyLaplace {
         let errors = self.net.errors();
         let (x, y) = (matrix(&x), matrix(&y));
         let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
-        let mut observer = PyProgress { callback: progress, error: None };
+        let interrupt = crate::interrupt::interruptible();
+        let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
         let fitted = py.detach(|| -> Result<_, LaplaceError> {
             let data = Data::new(&x, &y).map_err(LaplaceError::Core)?;
             fspace_laplace::fit_observed(net, lik, &data, &config, &mut observer)
         });
         // The progress callback's own exception first: the fit went on without it.
+        if let Some(e) = interrupt.take() {
+            return Err(e);
+        }
         if let Some(e) = observer.error.take() {
             return Err(e);
         }

@@ -26,7 +26,9 @@
 //!   `fspace.torch.FSPRegularizer` loss term).
 //!
 //! Long calls (fits, searches, predictions, samples) release the GIL; a progress callback
-//! takes it back for its call only. Errors keep the Rust error's text and map by kind
+//! takes it back for its call only. A fit polls Python's signal handlers between its steps
+//! (`src/interrupt.rs`), so Ctrl-C stops it within a fraction of a second with
+//! `KeyboardInterrupt`, the object as it was. Errors keep the Rust error's text and map by kind
 //! (`src/errors.rs`): bad input → `ValueError`, an unsupported request → `NotImplementedError`, a
 //! curvature over its size limit → `MemoryError`, a numerical failure →
 //! `fspace.NumericalError`. No input reaches a Rust panic.
@@ -34,6 +36,7 @@
 mod callback;
 mod convert;
 mod errors;
+mod interrupt;
 mod laplace;
 mod methods;
 mod nystrom;

@@ -99,10 +99,13 @@ impl Fit {
 
 /// Calls the Python `callback(step, total, loss, validation)` at each of a fit's reports,
 /// taking the GIL for the call only. The first exception the callback raises is kept and
-/// raised when the fit returns (the Rust loop itself runs to its end).
+/// raised when the fit returns; the loop stops at its next interrupt check
+/// (`fspace_input::interrupt`, polled through `src/interrupt.rs`).
 pub(crate) struct PyProgress {
     pub(crate) callback: Option<Py<PyAny>>,
     pub(crate) error: Option<PyErr>,
+    /// Set when the callback raises: the fit stops at its next interrupt check.
+    pub(crate) stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Observer for PyProgress {
@@ -111,6 +114,9 @@ impl Observer for PyProgress {
         Python::attach(|py| {
             if let Err(e) = callback.call1(py, (p.step, p.total, p.loss, p.validation)) {
                 self.error = Some(e);
+                if let Some(stop) = &self.stop {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         });
     }
@@ -351,10 +357,14 @@ pub(crate) fn fit<'py>(
         (None, None) => None,
         _ => return Err(value_error("validation data needs both x_val and y_val")),
     };
-    let mut observer = PyProgress { callback: progress, error: None };
+    let interrupt = crate::interrupt::interruptible();
+    let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
     let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
     let result =
         py.detach(|| run(method, net, prior, lik, &x, &y, validation.as_ref(), settings, &mut observer));
+    if let Some(e) = interrupt.take() {
+        return Err(e);
+    }
     if let Some(e) = observer.error.take() {
         return Err(e);
     }

@@ -553,6 +553,7 @@ fn fit_ella_inner<N: Network + Clone>(
     };
     let mut s = 0;
     while s < n {
+        fspace_input::interrupt::check("ELLA's pass over the data")?;
         let len = 512.min(n - s).min(check_every - s % check_every);
         let xs = match &order {
             None => x.rows(s, len).into_owned(),

@@ -382,6 +382,7 @@ fn fit_inner<N: Network + Clone>(
     let (mut it, mut running, mut running_count, mut stopped_early) = (0usize, 0.0, 0usize, false);
     'outer: loop {
         for idx in batches.epoch(&mut rng) {
+            fspace_input::interrupt::check("VaLLA's optimisation")?;
             let xb = x.select_rows(&idx);
             let gb = g_all.select_rows(&idx);
             let kxx: Vec<DMatrix<f64>> = idx.iter().map(|&i| kxx_all[i].clone()).collect();

@@ -1,0 +1,97 @@
+"""Ctrl-C stops a long native fit between two of its steps: ``KeyboardInterrupt`` within a
+fraction of a second of the signal, and the object keeps what it had before the call."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fspace
+from fspace import kernels as K
+from mlp_reference import tanh_mlp
+
+# The signal arrives after this long; the fit would take far longer.
+DELAY = 0.5
+# What a user may wait after it (the loops poll every 50 ms; CI's two cores are shared).
+BOUND = 1.0
+
+
+def _interrupted(call):
+    """Runs ``call`` with a simulated Ctrl-C ``DELAY`` s in; returns the seconds from the signal
+    to the ``KeyboardInterrupt``."""
+    sent = []
+
+    def ctrl_c():
+        sent.append(time.perf_counter())
+        _thread.interrupt_main()
+
+    timer = threading.Timer(DELAY, ctrl_c)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+    finally:
+        timer.cancel()
+    assert sent, "the fit ended before the signal: make it longer"
+    return time.perf_counter() - sent[0]
+
+
+def _data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, size=(n, 1))
+    return x, np.sin(2 * x) + 0.1 * rng.normal(size=(n, 1))
+
+
+def test_ctrl_c_stops_the_function_space_fits_and_keeps_the_object():
+    x, y = _data(400)
+    state = tanh_mlp(np.random.default_rng(1), [1, 32, 32, 1])
+    prior = fspace.GPPrior(K.RBF(1.0, 0.5))
+    for make in (
+        lambda: fspace.FSPLaplace((state, "tanh"), "regression", prior, epochs=100_000, sigma_noise=0.1),
+        lambda: fspace.GFSVI((state, "tanh"), "regression", prior, steps=10_000_000, measurement_points=20),
+        lambda: fspace.VaLLA((state, "tanh"), "regression", steps=10_000_000, num_inducing=10, sigma_noise=0.1),
+    ):
+        method = make()
+        waited = _interrupted(lambda: method.fit(x, y))
+        assert waited < BOUND, f"{type(method).__name__} stopped {waited:.2f} s after Ctrl-C"
+        with pytest.raises(RuntimeError, match="not fitted"):
+            method(x[:2])
+
+
+def test_ctrl_c_stops_a_laplace_fit_and_the_earlier_posterior_stays():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 200), torch.nn.Tanh(), torch.nn.Linear(200, 200), torch.nn.Tanh(),
+                                torch.nn.Linear(200, 1)).double()
+    x, y = _data(200)
+    la = fspace.Laplace(model, "regression", "all", "lowrank", rank=5)
+    la.fit(torch.from_numpy(x), torch.from_numpy(y))
+    before = la(torch.from_numpy(x[:3]))[1]
+    # A full GGN over 40 000 + parameters from 400 000 points: minutes without a signal.
+    xb, yb = _data(400_000, 1)
+    slow = fspace.Laplace(model, "regression", "all", "diag")
+    waited = _interrupted(lambda: slow.fit(torch.from_numpy(xb), torch.from_numpy(yb)))
+    assert waited < BOUND, f"the Laplace fit stopped {waited:.2f} s after Ctrl-C"
+    waited = _interrupted(lambda: la.fit(torch.from_numpy(xb), torch.from_numpy(yb)))
+    assert waited < BOUND
+    assert torch.equal(la(torch.from_numpy(x[:3]))[1], before)
+
+
+def test_a_progress_callback_that_raises_stops_the_fit():
+    x, y = _data(200)
+    state = tanh_mlp(np.random.default_rng(1), [1, 16, 1])
+    calls = []
+
+    def progress(step, total, loss, validation):
+        calls.append(step)
+        raise RuntimeError("stop here")
+
+    method = fspace.FSPLaplace((state, "tanh"), "regression", fspace.GPPrior(K.RBF(1.0, 0.5)), epochs=100_000)
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stop here"):
+        method.fit(x, y, progress=progress)
+    assert calls == [1] and time.perf_counter() - start < 5.0
