@@ -442,6 +442,14 @@ pub fn fit_observed<N: Network + Clone>(
     }
     let sampler = UniformSampler::new(bbox);
     let p = net.n_params();
+    // Each step holds the prior's and the linearised posterior's covariances at the
+    // measurement points (and a factor of each): refused before the first if they cannot fit.
+    let mq = (config.measurement_points + config.measurement_from_batch) * net.output_dim();
+    fspace_input::budget::ensure(
+        "GFSVI's covariances at the measurement points (≈ 4·(M·d')² values)",
+        fspace_input::budget::matrix_bytes(mq, mq).saturating_mul(4),
+        "fewer measurement_points",
+    )?;
     let init = VariationalParams {
         mean: net.params(),
         log_std: DVector::from_element(p, config.init_std.ln()),

@@ -17,6 +17,7 @@
 
 use thiserror::Error;
 
+pub mod budget;
 pub mod interrupt;
 
 /// An input that is wrong in one of the ways every crate checks.
@@ -52,6 +53,24 @@ pub enum InputError {
         what: &'static str,
         /// Why it was rejected.
         reason: String,
+    },
+    /// A request whose memory does not fit the budget ([`budget`]): refused before the
+    /// allocation, which would abort the process.
+    #[error(
+        "{what} needs {gib:.1} GiB but the memory budget is {limit_gib:.1} GiB (the available memory, or \
+         FSPACE_MEMORY_LIMIT / fspace.set_memory_limit): {cheaper}",
+        gib = *bytes as f64 / 1073741824.0,
+        limit_gib = *limit as f64 / 1073741824.0
+    )]
+    TooLarge {
+        /// What would be allocated.
+        what: &'static str,
+        /// Its bytes.
+        bytes: u128,
+        /// The budget in bytes.
+        limit: u64,
+        /// A cheaper request.
+        cheaper: &'static str,
     },
     /// The caller stopped the work: this thread's interrupt check ([`interrupt::check`]) said
     /// so between two steps (a Ctrl-C in Python).

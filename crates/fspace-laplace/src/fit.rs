@@ -107,6 +107,7 @@ pub fn fit_observed<N: Network>(
     let lambda0 = check_settings(&likelihood, config)?;
     let lik = likelihood.build()?;
     check_data(&net, lik.as_ref(), x, y)?;
+    check_memory(&net, x.nrows(), config)?;
     check_weights(&net)?;
     let f = forward_chunked(&net, x, config.chunk_points)?;
     let log_likelihood = -lik.nll(&f, y)?;
@@ -168,6 +169,58 @@ pub(crate) fn check_settings(likelihood: &LikelihoodSpec, config: &LaplaceConfig
         (_, PriorPrecision::PerLayer(_) | PriorPrecision::PerParameter(_)) => 1.0,
     };
     Ok(lambda0)
+}
+
+/// Refuses, before any allocation, a fit whose largest holdings do not fit the memory budget
+/// (`fspace_input::budget`): the per-point output-space Hessians and their square roots of
+/// `rows` points (`2·rows·d'²` values), and the structure's own matrices — the full curvature
+/// and its eigenvectors (`2p²`), KFAC's factors and their eigenvectors (`2Σ((fan_in+1)² +
+/// fan_out²)`), low rank's Krylov basis (`p × max_basis`, at least `p × (rank + 2)`).
+pub(crate) fn check_memory<N: Network>(net: &N, rows: usize, config: &LaplaceConfig) -> Result<()> {
+    use fspace_input::budget::{ensure, matrix_bytes};
+    let q = net.output_dim();
+    // The weights the structure covers: a subnetwork's, the last layer's, or every one.
+    let infos = net.layer_infos();
+    let p = match &config.weights {
+        crate::Weights::Subnetwork(indices) => indices.len(),
+        crate::Weights::LastLayer => infos.last().map_or(net.n_params(), |l| (l.fan_in + 1) * l.fan_out),
+        crate::Weights::All => net.n_params(),
+    };
+    ensure(
+        "the per-point output-space Hessians and their square roots (2·n·d'² values)",
+        matrix_bytes(rows, q * q).saturating_mul(2),
+        "fit from a loader in smaller batches, or use a model with fewer outputs",
+    )?;
+    match &config.structure {
+        Structure::Full(_) => ensure(
+            "the full curvature and its eigenvectors (2·p² values)",
+            matrix_bytes(p, p).saturating_mul(2),
+            "choose hessian_structure 'kron', 'diag' or 'lowrank'",
+        )?,
+        Structure::Kfac | Structure::Ekfac => {
+            let layers = match config.weights {
+                crate::Weights::LastLayer => &infos[infos.len().saturating_sub(1)..],
+                _ => &infos[..],
+            };
+            let values: u128 = layers
+                .iter()
+                .map(|l| matrix_bytes(l.fan_in + 1, l.fan_in + 1) + matrix_bytes(l.fan_out, l.fan_out))
+                .sum();
+            ensure(
+                "the KFAC factors and their eigenvectors (2·Σ((fan_in+1)² + fan_out²) values)",
+                values.saturating_mul(2),
+                "choose hessian_structure 'diag' or 'lowrank', or a narrower layer",
+            )?
+        }
+        Structure::LowRank(c) => ensure(
+            "the low-rank Krylov basis (p × max_basis values)",
+            // Without max_basis the basis grows as the iteration needs: at least rank + 2.
+            matrix_bytes(p, c.max_basis.unwrap_or(c.rank + 2)),
+            "a smaller max_basis or rank",
+        )?,
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The posterior from a built curvature: prior groups, λ, `T`, the predictive and the report.

@@ -87,6 +87,8 @@ impl LaplaceSums {
             }));
         }
         check_weights(net)?;
+        // The structure's matrices now; each batch's per-point blocks at `add`.
+        crate::fit::check_memory(net, 0, config)?;
         let p = net.n_params();
         let last_layer = |structure, limit: usize| -> Result<Sums> {
             let layer = checked_last_layer(net, structure)?;
@@ -179,6 +181,7 @@ impl LaplaceSums {
         if x.nrows() == 0 {
             return Ok(());
         }
+        crate::fit::check_memory(net, x.nrows(), &self.config)?;
         let yflat = DVector::from_iterator(
             y.len(),
             (0..y.nrows()).flat_map(|i| (0..y.ncols()).map(move |j| y[(i, j)])),

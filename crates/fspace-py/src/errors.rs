@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | bad input | `ValueError` | `InputError`, invalid targets, hyperparameters, configurations, too many inducing points |
 //! | unsupported | `NotImplementedError` | a likelihood or structure the method does not have |
-//! | too large | `MemoryError` | a curvature over its size limit |
+//! | too large | `MemoryError` | a curvature over its size limit, a request over the memory budget (`InputError::TooLarge`) |
 //! | numerical | `fspace.NumericalError` | non-PSD matrices, failed factorisations, divergence, breakdown |
 //! | interrupted | `KeyboardInterrupt` (or the exception Python's signal handler raised) | `InputError::Interrupted`: a Ctrl-C seen between two steps (`src/interrupt.rs`) |
 //!
@@ -76,6 +76,7 @@ impl Classify for InputError {
     fn kind(&self) -> Kind {
         match self {
             InputError::Interrupted { .. } => Kind::Interrupted,
+            InputError::TooLarge { .. } => Kind::TooLarge,
             _ => Kind::Value,
         }
     }

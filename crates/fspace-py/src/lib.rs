@@ -55,6 +55,28 @@ fn _fspace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(methods::rkhs_norm, m)?)?;
     m.add_function(wrap_pyfunction!(methods::regularized_kl, m)?)?;
     m.add_function(wrap_pyfunction!(methods::gfsvi_objective, m)?)?;
+    m.add_function(wrap_pyfunction!(set_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_limit, m)?)?;
     m.add("NumericalError", m.py().get_type::<errors::NumericalError>())?;
     Ok(())
+}
+
+/// `set_memory_limit(bytes)`: the memory budget every fit, predictive and sampler checks before
+/// its large allocations (`fspace_input::budget`), in bytes; `None` returns to
+/// `FSPACE_MEMORY_LIMIT` or the machine's available memory.
+#[pyfunction]
+fn set_memory_limit(bytes: Option<u64>) -> PyResult<()> {
+    if bytes == Some(0) {
+        return Err(errors::value_error(
+            "the memory limit must be at least 1 byte (None: the available memory)",
+        ));
+    }
+    fspace_input::budget::set_limit(bytes);
+    Ok(())
+}
+
+/// The memory budget in bytes now (`None` where it is unknown: no limit).
+#[pyfunction]
+fn memory_limit() -> Option<u64> {
+    fspace_input::budget::limit()
 }

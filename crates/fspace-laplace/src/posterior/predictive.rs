@@ -150,6 +150,11 @@ impl<N: Network> LaplacePosterior<N> {
                 reason: "must be ≥ 1".into(),
             }));
         }
+        fspace_input::budget::ensure(
+            "the weight draws (2·S·p values)",
+            fspace_input::budget::matrix_bytes(s, self.net.n_params()).saturating_mul(2),
+            "fewer samples: draw them in batches",
+        )?;
         let lam = self.current_lambdas();
         let z = self.curvature.sample(self.temperature, &lam, s, rng)?;
         let w = self.net.params();
@@ -174,6 +179,11 @@ impl<N: Network> LaplacePosterior<N> {
     where
         N: Clone,
     {
+        fspace_input::budget::ensure(
+            "the network's outputs at the weight draws (S·n·d' values)",
+            fspace_input::budget::matrix_bytes(s, x.nrows() * self.net.output_dim()),
+            "fewer samples or points: draw them in batches",
+        )?;
         let mut net = self.net.clone();
         let mut out = Vec::with_capacity(s);
         for th in self.sample_weights(s, rng)? {

@@ -29,15 +29,18 @@ come back as torch tensors, and ``fit(loader)`` sums each batch's curvature in R
 The function-space methods take numpy arrays or tensors and return what they were given.
 
 Errors: bad input → ``ValueError``, an unsupported request → ``NotImplementedError``, a
-curvature over its size limit → ``MemoryError``, a numerical failure →
-``fspace.NumericalError``; the message is the Rust error's text.
+curvature over its size limit or a request over the memory budget → ``MemoryError`` (checked
+before the allocation: the budget is the available memory, or ``fspace.set_memory_limit(bytes)``
+/ ``FSPACE_MEMORY_LIMIT``), a numerical failure → ``fspace.NumericalError``, Ctrl-C during a
+fit → ``KeyboardInterrupt`` (the object keeps its earlier state); the message is the Rust
+error's text.
 """
 
 from __future__ import annotations
 
 from . import kernels, subnetmask
 from ._convert import ModelSpec, convert_sequential
-from ._fspace import NumericalError
+from ._fspace import NumericalError, memory_limit, set_memory_limit
 from ._functional import ELLALaplace
 from ._laplace import Laplace
 from ._marglik import marglik_training
@@ -57,6 +60,8 @@ __all__ = [
     "subnetmask",
     "default_config",
     "NumericalError",
+    "set_memory_limit",
+    "memory_limit",
     "convert_sequential",
     "ModelSpec",
 ]

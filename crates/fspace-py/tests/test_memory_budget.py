@@ -1,0 +1,56 @@
+"""Requests that cannot fit are refused with ``MemoryError`` before the allocation (which would
+abort the interpreter), naming the structure, the size and a cheaper choice; the budget is the
+available memory or ``fspace.set_memory_limit``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fspace
+from fspace import kernels as K
+from mlp_reference import tanh_mlp
+
+torch = pytest.importorskip("torch")
+
+
+def test_requests_that_cannot_fit_raise_memory_error_before_allocating():
+    torch.manual_seed(0)
+    wide = torch.nn.Sequential(torch.nn.Linear(1, 150_000)).double()
+    with pytest.raises(MemoryError, match="per-point output-space Hessians.*smaller batches"):
+        fspace.Laplace(wide, "regression", "all", "kron").fit(torch.randn(4, 1, dtype=torch.float64),
+                                                             torch.randn(4, 150_000, dtype=torch.float64))
+    many = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 60_000)).double()
+    with pytest.raises(MemoryError, match="GiB"):
+        fspace.Laplace(many, "classification", "last_layer", "full").fit(torch.randn(4, 2, dtype=torch.float64),
+                                                                        torch.randint(60_000, (4,)))
+    small = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+    la = fspace.Laplace(small, "regression", "all", "diag")
+    x = torch.randn(20, 2, dtype=torch.float64)
+    la.fit(x, torch.randn(20, 1, dtype=torch.float64))
+    with pytest.raises(MemoryError, match="weight draws.*in batches"):
+        la.sample(10**9)
+    assert la.sample(5).shape == (5, 33)
+    rng = np.random.default_rng(0)
+    gfsvi = fspace.GFSVI((tanh_mlp(rng, [1, 8, 1]), "tanh"), "regression", fspace.GPPrior(K.RBF(1.0, 0.5)), steps=2,
+                         measurement_points=10**6)
+    with pytest.raises(MemoryError, match="measurement_points"):
+        gfsvi.fit(rng.normal(size=(50, 1)), rng.normal(size=(50, 1)))
+
+
+def test_the_memory_limit_is_settable():
+    assert fspace.memory_limit() is None or fspace.memory_limit() > 0
+    model = torch.nn.Sequential(torch.nn.Linear(2, 50), torch.nn.Tanh(), torch.nn.Linear(50, 3)).double()
+    x, y = torch.randn(30, 2, dtype=torch.float64), torch.randint(3, (30,))
+    try:
+        # The full curvature over 303 parameters is 2·303²·8 ≈ 1.5 MB.
+        fspace.set_memory_limit(1_000_000)
+        assert fspace.memory_limit() == 1_000_000
+        with pytest.raises(MemoryError, match="full curvature.*'kron'"):
+            fspace.Laplace(model, "classification", "all", "full").fit(x, y)
+        fspace.Laplace(model, "classification", "all", "kron").fit(x, y)
+        with pytest.raises(ValueError, match="at least 1 byte"):
+            fspace.set_memory_limit(0)
+    finally:
+        fspace.set_memory_limit(None)
+    fspace.Laplace(model, "classification", "all", "full").fit(x, y)
