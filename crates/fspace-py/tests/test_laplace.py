@@ -277,3 +277,40 @@ def test_the_readme_python_quickstart_runs_as_printed():
     section = text[text.index("## Python"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code, "README.md (Python quickstart)", "exec"), {})
+
+
+def test_bad_inputs_name_the_problem():
+    """Complex or non-numeric inputs, targets missing or one-hot, counts that are not whole
+    numbers ≥ 1: a ValueError that says so. A native model stays native when given its own
+    input_shape, and a Sequential with frozen parameters covers the trainable ones only (the
+    torch engine), as laplace-torch."""
+    torch = pytest.importorskip("torch")
+    from fspace import kernels as K
+    from fspace._torch import TorchModel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+    x, y = torch.randn(30, 2, dtype=torch.float64), torch.randint(3, (30,))
+    with pytest.raises(ValueError, match="complex"):
+        fspace.Laplace(model, "classification").fit(x.to(torch.complex128), y)
+    with pytest.raises(ValueError, match="real numbers"):
+        fspace.ExactGP(fspace.GPPrior(K.RBF(1.0, 1.0))).fit(np.array([["a"], ["b"]]), np.ones((2, 1)))
+    with pytest.raises(ValueError, match="without targets"):
+        fspace.Laplace(model, "classification").fit(x)
+    with pytest.raises(ValueError, match="without targets"):
+        fspace.ExactGP(fspace.GPPrior(K.RBF(1.0, 1.0))).fit(np.ones((3, 1)))
+    with pytest.raises(ValueError, match="one-hot"):
+        fspace.Laplace(model, "classification").fit(x, torch.nn.functional.one_hot(y, 3))
+    prior = fspace.GPPrior(K.Independent(K.RBF(1.0, 1.0), 3))
+    for bad in (dict(epochs=-1), dict(epochs=2.5), dict(steps=0), dict(epochs=3, patience=0)):
+        with pytest.raises(ValueError, match="whole number"):
+            fspace.FSPLaplace(model, "classification", prior, **bad)
+    assert not isinstance(fspace.Laplace(model, "classification", input_shape=(2,))._spec, TorchModel)
+    with pytest.raises(ValueError, match="MLP taking 2 inputs"):
+        fspace.Laplace(model, "classification", input_shape=(1, 2, 1))
+    model[0].weight.requires_grad_(False)
+    la = fspace.Laplace(model, "classification", "all", "diag")
+    la.fit(x, y)
+    assert la.n_params == sum(p.numel() for p in model.parameters() if p.requires_grad) == 35
+    with pytest.raises(ValueError, match="frozen"):
+        fspace.Laplace(model, "classification", "all", "diag", backend="native")

@@ -23,8 +23,13 @@ def network_spec(model: Any, input_shape: Any = None, backend: str = "auto") -> 
     if backend != "auto":
         raise ValueError(f"backend {backend!r} is not \"auto\", \"native\" or \"torch\"")
     try:
-        return model_state(model, input_shape)
+        spec = model_state(model)
     except (TypeError, ValueError) as native_refusal:
         if is_module(model):
             return TorchModel(model, input_shape, why=str(native_refusal))
         raise
+    # A model fspace runs natively stays native: a wrong input_shape is the caller's error, not
+    # a reason to take the slower torch engine.
+    if input_shape is not None:
+        spec.set_input_shape(input_shape)
+    return spec

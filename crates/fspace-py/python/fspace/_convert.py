@@ -90,9 +90,14 @@ class ModelSpec:
         return self.architecture is not None
 
     def set_input_shape(self, shape: Any) -> None:
-        if self.architecture is None:
-            raise ValueError("input_shape applies to a convolutional model; this one is an MLP")
         shape = tuple(int(s) for s in shape)
+        if self.architecture is None:
+            first = next(np.asarray(v) for v in self.state.values() if np.asarray(v).ndim == 2)
+            if shape == (first.shape[1],):
+                return
+            raise ValueError(
+                f"input_shape {shape} applies to a convolutional model; this one is an MLP taking {first.shape[1]} inputs"
+            )
         if len(shape) != 3 or min(shape) < 1:
             raise ValueError(f"input_shape {shape} is not (channels, height, width)")
         known = self.architecture.get("input_shape")
@@ -105,9 +110,7 @@ class ModelSpec:
         as ``torch.flatten``) or rows of ``C·H·W`` values once its input shape is known."""
         if not self.is_cnn:
             return array2(x, what)
-        if is_torch(x):
-            x = x.detach().cpu().numpy()
-        a = np.asarray(x, dtype=np.float64)
+        a = real_array(x, what)
         if a.ndim == 4:
             self.set_input_shape(a.shape[1:])
             return np.ascontiguousarray(a.reshape(a.shape[0], -1))
@@ -141,6 +144,12 @@ def convert_sequential(model: Any) -> ModelSpec:
         raise TypeError(
             f"{kind} is not an nn.Sequential: fspace converts {_SUPPORTED}; "
             "give (state_dict, activation) or (state_dict, activation, architecture) instead"
+        )
+    frozen = [name for name, param in model.named_parameters() if not param.requires_grad]
+    if frozen:
+        raise ValueError(
+            f"parameters {frozen} are frozen (requires_grad=False): fspace's native network covers every weight, so "
+            "this model runs on the torch engine, which covers the trainable ones as laplace-torch does"
         )
     activation: Optional[str] = None
     state: "OrderedDict[str, np.ndarray]" = OrderedDict()
@@ -208,10 +217,26 @@ def is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def array2(x: Any, what: str) -> np.ndarray:
+def is_array(x: Any) -> bool:
+    """A numpy array or a torch tensor (not a loader or a dataset, which are torch objects too)."""
+    return isinstance(x, np.ndarray) or (is_torch(x) and hasattr(x, "detach") and hasattr(x, "shape"))
+
+
+def real_array(x: Any, what: str) -> np.ndarray:
+    """``x`` (an array, a tensor, nested lists) as float64, refusing what is not real numbers
+    (complex values would lose their imaginary part, strings and objects are not numbers)."""
     if is_torch(x):
         x = x.detach().cpu().numpy()
-    a = np.asarray(x, dtype=np.float64)
+    a = np.asarray(x)
+    if np.iscomplexobj(a):
+        raise ValueError(f"{what} is complex ({a.dtype}): fspace computes with real numbers")
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"{what} must hold real numbers, got an array of {a.dtype}")
+    return a.astype(np.float64, copy=False)
+
+
+def array2(x: Any, what: str) -> np.ndarray:
+    a = real_array(x, what)
     if a.ndim == 1:
         a = a.reshape(-1, 1)
     if a.ndim != 2:
@@ -231,6 +256,8 @@ def data_arrays(data: Any, y: Any = None, inputs: Optional[Callable[[Any, str], 
     to_x = array2 if inputs is None else inputs
     if y is not None:
         return to_x(data, "X"), array2(y, "y")
+    if is_array(data):
+        raise ValueError("fit(X) without targets: give fit(X, y), or a loader of (x, y) batches")
     xs, ys = [], []
     for batch in data:
         if isinstance(batch, Mapping):

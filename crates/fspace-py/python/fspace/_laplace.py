@@ -24,7 +24,7 @@ import numpy as np
 
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import ModelSpec, array2, is_torch, tensors
+from ._convert import ModelSpec, array2, is_array, is_torch, tensors
 from ._methods import Progress, _Progress
 from ._predictive import _curvature_source, _link, _normal_samples, _torch
 from ._torch import TorchModel
@@ -345,7 +345,13 @@ class Laplace(Wrapper):
         return np.concatenate(xs), np.concatenate(ys)
 
     def _targets(self, y: Any) -> np.ndarray:
-        return array2(y, "y")
+        a = array2(y, "y")
+        if self.likelihood == "classification" and a.shape[1] > 1:
+            raise ValueError(
+                f"classification targets are class indices (n,), got an array of shape {a.shape}: for one-hot "
+                "targets pass y.argmax(-1)"
+            )
+        return a
 
     # -- fit --------------------------------------------------------------------------------------
 
@@ -368,6 +374,8 @@ class Laplace(Wrapper):
         -------
         None
         """
+        if isinstance(override, bool) and is_array(train_loader):
+            raise ValueError("fit(X) without targets: give fit(X, y), or a loader of (x, y) batches")
         bar = _Progress(progress if progress is not None else progress_bar, "Laplace", unit="point")
         with self._lock:
             try:
