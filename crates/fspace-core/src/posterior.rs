@@ -41,6 +41,37 @@ impl FunctionPredictive {
     }
 }
 
+/// A marginal variance with rounding below zero clipped to 0 — and a NaN kept, so that
+/// [`FunctionPredictive::new`] refuses it (`f64::max(NaN, 0.0)` is 0: a clamp by `max` would
+/// serve a broken posterior's NaN as a certain prediction).
+pub fn clip_rounding(v: f64) -> f64 {
+    if v < 0.0 {
+        0.0
+    } else {
+        v
+    }
+}
+
+/// How far below zero a joint covariance's diagonal may fall by rounding, relative to its
+/// largest entry in magnitude, before [`checked_joint`] calls it not a covariance.
+pub const JOINT_ROUNDING: f64 = 1e-6;
+
+/// A joint predictive `(mean, cov)` as [`Posterior::predict_joint`] promises it: finite, the
+/// covariance square with a diagonal that is non-negative up to rounding ([`JOINT_ROUNDING`]).
+/// Every implementation returns through it, so a posterior whose numbers overflow (a loaded
+/// file with entries near `f64::MAX`) is an error, never NaN or negative variances.
+pub fn checked_joint(mean: DMatrix<f64>, cov: DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+    ensure_finite("joint predictive mean", mean.iter())?;
+    ensure_dim("joint predictive covariance rows", mean.len(), cov.nrows())?;
+    ensure_dim("joint predictive covariance columns", mean.len(), cov.ncols())?;
+    ensure_finite("joint predictive covariance", cov.iter())?;
+    let scale = cov.iter().fold(0.0_f64, |m, v| m.max(v.abs()));
+    if cov.diagonal().iter().any(|&v| v < -JOINT_ROUNDING * scale) {
+        return Err(CoreError::NotPsd { what: "joint predictive covariance (a negative variance)" });
+    }
+    Ok((mean, cov))
+}
+
 /// A posterior over functions, as returned by every method (exact GP, FSP-Laplace, GFSVI,
 /// VaLLA, Laplace, …). Inputs are `n × d` matrices (points as rows).
 pub trait Posterior: Send + Sync {

@@ -250,3 +250,27 @@ fn a_matrix_whose_dimensions_overflow_or_disagree_with_its_data_is_refused() {
         }
     }
 }
+
+/// `checked_joint` passes a covariance and refuses NaN, ∞, a shape mismatch and a variance
+/// below zero beyond rounding; `clip_rounding` clips rounding to 0 but keeps a NaN for the
+/// predictive's finite check to refuse.
+#[test]
+fn joint_predictives_are_checked_and_nan_variances_are_not_clipped_away() {
+    use fspace_core::{checked_joint, clip_rounding, FunctionPredictive};
+    let mean = DMatrix::from_row_slice(2, 1, &[0.5, -1.0]);
+    let cov = DMatrix::from_row_slice(2, 2, &[2.0, 0.5, 0.5, -1e-12]);
+    assert!(checked_joint(mean.clone(), cov.clone()).is_ok());
+    let mut bad = cov.clone();
+    bad[(1, 1)] = -0.1;
+    assert!(matches!(checked_joint(mean.clone(), bad), Err(CoreError::NotPsd { .. })));
+    let mut nan = cov.clone();
+    nan[(0, 1)] = f64::NAN;
+    assert!(checked_joint(mean.clone(), nan).is_err());
+    assert!(checked_joint(mean.clone(), DMatrix::from_element(2, 2, f64::INFINITY)).is_err());
+    assert!(checked_joint(mean, DMatrix::identity(3, 3)).is_err());
+    assert_eq!(clip_rounding(-1e-15), 0.0);
+    assert_eq!(clip_rounding(0.25), 0.25);
+    assert!(clip_rounding(f64::NAN).is_nan());
+    let var = DMatrix::from_element(1, 1, clip_rounding(f64::NAN));
+    assert!(FunctionPredictive::new(DMatrix::zeros(1, 1), var).is_err());
+}

@@ -428,7 +428,7 @@ impl<N: Network> Posterior for FspLaplace<N> {
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
         let mean = self.net.forward(x).map_err(|e| to_core(e.into()))?;
         let g = self.jacobian_times_factor(x).map_err(to_core)?;
-        Ok((mean, &g * g.transpose()))
+        fspace_core::checked_joint(mean, &g * g.transpose())
     }
 
     /// `f(x; w*) + J(x) S z`, `z ~ N(0, I_rank)`: exact for the linearised model; the `s`

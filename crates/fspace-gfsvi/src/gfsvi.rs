@@ -617,7 +617,7 @@ impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
             };
             for i in 0..len {
                 for o in 0..q {
-                    var[(start + i, o)] = d[i * q + o].max(0.0);
+                    var[(start + i, o)] = fspace_core::clip_rounding(d[i * q + o]);
                 }
             }
         }
@@ -637,7 +637,7 @@ impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
             }
             Err(e) => return Err(core_err(e)),
         };
-        Ok((mean, cov))
+        fspace_core::checked_joint(mean, cov)
     }
     /// `f(x; m) + J(x; m)(√s ⊙ ε)`: the Jacobian-vector products of all samples share one
     /// forward trace (`Network::jvp_blocks`).

@@ -153,7 +153,7 @@ impl<N: Network + Clone> Posterior for WeightSamplePosterior<N> {
             let d = DVector::from_fn(n * q, |r, _| f[(r / q, r % q)] - mean[(r / q, r % q)]);
             cov += &d * d.transpose();
         }
-        Ok((mean, cov / s))
+        fspace_core::checked_joint(mean, cov / s)
     }
     fn sample_functions(
         &self,

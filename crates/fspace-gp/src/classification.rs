@@ -54,6 +54,12 @@ impl<K: Kernel> LaplaceGpClassifier<K> {
         if y.len() != n || n == 0 {
             return Err(invalid("labels", format!("need {n} labels, got {}", y.len())));
         }
+        if config.max_iter == 0 {
+            return Err(invalid("GpClassifierConfig::max_iter", "must be ≥ 1 (Newton steps)"));
+        }
+        if !(config.tol.is_finite() && config.tol >= 0.0) {
+            return Err(invalid("GpClassifierConfig::tol", format!("{} must be finite and ≥ 0", config.tol)));
+        }
         Bernoulli.check_targets(y)?;
         let k = gram(&kernel, x, x)?;
         let lik = Bernoulli;
@@ -155,7 +161,8 @@ impl<K: Kernel> Posterior for LaplaceGpClassifier<K> {
             let cov = gram(&self.kernel, xs, xs)? - v.transpose() * &v; // blocked GEMM (`tr_mul` is unblocked)
             Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), symmetrised(&cov)))
         };
-        run().map_err(to_core)
+        let (mean, cov) = run().map_err(to_core)?;
+        fspace_core::checked_joint(mean, cov)
     }
 }
 

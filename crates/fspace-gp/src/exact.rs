@@ -248,14 +248,15 @@ impl<K: MatrixKernel> Posterior for ExactGp<K> {
             let cov = gram(&self.kernel, xs, xs)? - v.transpose() * &v; // blocked GEMM (`tr_mul` is unblocked)
             Ok((self.mean_at(xs, &k_xs)?, symmetrised(&cov)))
         };
-        run().map_err(to_core)
+        let (mean, cov) = run().map_err(to_core)?;
+        fspace_core::checked_joint(mean, cov)
     }
 }
 
 /// Marginal variances `diag K(X*, X*) − reductionᵢ`, clamped at 0 (rounding can push a
 /// variance that is exactly zero in theory slightly below it).
 pub(crate) fn posterior_variances(prior: &DVector<f64>, reduction: impl Fn(usize) -> f64) -> DVector<f64> {
-    DVector::from_fn(prior.len(), |i, _| (prior[i] - reduction(i)).max(0.0))
+    DVector::from_fn(prior.len(), |i, _| fspace_core::clip_rounding(prior[i] - reduction(i)))
 }
 
 /// A scalar-output predictive from mean and variance vectors.

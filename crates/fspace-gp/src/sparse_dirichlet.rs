@@ -213,7 +213,7 @@ impl<K: Kernel + Clone> Posterior for SparseDirichletGp<K> {
             let prior = gram_diag(&self.kernel, xs)?;
             let nystrom = DVector::from_fn(xs.nrows(), |i, _| v_mm.column(i).norm_squared());
             let var = DMatrix::from_fn(xs.nrows(), self.classes(), |i, c| {
-                (prior[i] - nystrom[i] + v_c[c].column(i).norm_squared()).max(0.0)
+                fspace_core::clip_rounding(prior[i] - nystrom[i] + v_c[c].column(i).norm_squared())
             });
             Ok(FunctionPredictive::new(mean, var)?)
         };
@@ -238,7 +238,8 @@ impl<K: Kernel + Clone> Posterior for SparseDirichletGp<K> {
             }
             Ok((mean, cov))
         };
-        run().map_err(to_core)
+        let (mean, cov) = run().map_err(to_core)?;
+        fspace_core::checked_joint(mean, cov)
     }
 }
 

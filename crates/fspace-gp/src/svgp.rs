@@ -529,7 +529,8 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
             let cov = gram(&self.kernel, xs, xs)? - &a * ksm.transpose() + &a * &self.s * a.transpose();
             Ok((DMatrix::from_column_slice(mean.len(), 1, mean.as_slice()), symmetrised(&cov)))
         };
-        run().map_err(to_core)
+        let (mean, cov) = run().map_err(to_core)?;
+        fspace_core::checked_joint(mean, cov)
     }
 }
 
@@ -618,6 +619,16 @@ impl<K: Kernel + Clone + serde::Serialize + serde::de::DeserializeOwned> fspace_
         check.finite("m", self.m.iter())?;
         check.shape("s", self.s.shape(), (m, m))?;
         check.finite("s", self.s.iter())?;
+        // S is a covariance: symmetric and PSD (up to rounding), or the predictive variances
+        // it serves could be negative.
+        let scale = self.s.iter().fold(0.0_f64, |a, v| a.max(v.abs()));
+        check.ensure((&self.s - self.s.transpose()).amax() <= 1e-9 * scale, "s", || {
+            "must be symmetric".into()
+        })?;
+        let (values, _) = fspace_linalg::sym_eigh(&self.s).map_err(|e| check.invalid("s", e.to_string()))?;
+        check.ensure(values.iter().all(|&v| v >= -1e-9 * scale), "s", || {
+            "must be positive semi-definite (a covariance)".into()
+        })?;
         check.positive("noise_variance", self.noise_variance)?;
         crate::error::check_loaded_mean(&check, &self.mean)
     }

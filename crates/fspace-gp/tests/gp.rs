@@ -1,6 +1,6 @@
 //! GP baselines against dense computations, finite differences and known hyperparameters.
 
-use fspace_core::{class_probabilities, Link, Posterior, Schedule};
+use fspace_core::{class_probabilities, Link, Persist, Posterior, Schedule};
 use fspace_gp::*;
 use fspace_input::InputError;
 use fspace_kernels::*;
@@ -751,4 +751,37 @@ fn svgp_fit_is_the_svgp_in_the_workspace_call_shape() {
         fspace_gp::svgp::fit_kernel(LikelihoodSpec::gaussian(0.1), kernel, PriorMean::Zero, &data2, &cfg),
         Err(GpError::Input(InputError::Invalid { .. }))
     ));
+}
+
+/// Settings that cannot run are refused (a classifier with no Newton step or a NaN tolerance),
+/// and a saved sparse GP whose variational covariance is not a covariance does not load.
+#[test]
+fn impossible_settings_and_non_psd_saved_covariances_are_refused() {
+    let (train, _) = fspace_data::two_moons(40, 0.1, &mut rng(19)).unwrap();
+    for config in [
+        GpClassifierConfig { max_iter: 0, ..Default::default() },
+        GpClassifierConfig { tol: f64::NAN, ..Default::default() },
+        GpClassifierConfig { tol: -1.0, ..Default::default() },
+    ] {
+        let err = LaplaceGpClassifier::fit(Rbf::new(1.0, 1.0).unwrap(), &train.x, &train.y_vec(), &config)
+            .unwrap_err();
+        assert!(err.to_string().contains("GpClassifierConfig"), "{err}");
+    }
+    let x = rand_uniform(30, 1, -2.0, 2.0, &mut rng(20));
+    let y = x.map(|v| v.sin());
+    let z = x.rows(0, 5).into_owned();
+    let mut svgp = Svgp::new(Rbf::new(1.0, 0.5).unwrap(), PriorMean::Zero, 0.1, z).unwrap();
+    svgp.train(
+        &x,
+        &y.column(0).into_owned(),
+        &SvgpConfig { schedule: Schedule::steps(5), ..Default::default() },
+    )
+    .unwrap();
+    let text = svgp.to_json().unwrap();
+    assert!(Svgp::<Rbf>::from_json(&text).is_ok());
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // S's first diagonal entry (column-major data of [data, rows, cols]) made negative.
+    v["payload"]["s"][0][0] = serde_json::json!(-3.0);
+    let err = Svgp::<Rbf>::from_json(&v.to_string()).unwrap_err();
+    assert!(err.to_string().contains("positive semi-definite"), "{err}");
 }

@@ -681,9 +681,14 @@ pub(crate) fn check_loaded(
                 ] {
                     check.finite(&format!("{f}.{name}"), v)?;
                 }
+                // The factors are PSD (their eigenvalues are stored clipped at 0): a negative one
+                // would flip the sign of a predictive variance.
+                check.non_negative(&format!("{f}.g_values"), layer.g_values.iter())?;
+                check.non_negative(&format!("{f}.a_values"), layer.a_values.iter())?;
                 if let Some(e) = &layer.fitted {
                     check.shape(&format!("{f}.fitted"), e.shape(), (r, c))?;
                     check.finite(&format!("{f}.fitted"), e.iter())?;
+                    check.non_negative(&format!("{f}.fitted"), e.iter())?;
                 }
                 expected.extend(info.kron_order());
             }

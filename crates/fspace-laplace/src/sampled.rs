@@ -258,6 +258,9 @@ impl EmProgress {
                 format!("records the prior precision {bad}, not a positive number"),
             ));
         }
+        if let Some(bad) = stored.seconds.iter().find(|s| !(s.is_finite() && **s >= 0.0)) {
+            return Err(checkpoint_error(path, format!("records a step of {bad} seconds, not a duration")));
+        }
         Ok(stored)
     }
 

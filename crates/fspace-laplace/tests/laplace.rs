@@ -1602,6 +1602,18 @@ fn sampled_laplace_continues_from_its_em_record_and_refuses_another_fit_s() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("fingerprint"), "{err}");
+    // A record whose step took negative seconds is not a record of a run.
+    let mut negative = record.clone();
+    negative["seconds"][0] = serde_json::json!(-4.0);
+    std::fs::write(&file, negative.to_string()).unwrap();
+    let sampled = |cfg: SampledConfig| LaplaceConfig {
+        structure: Structure::Sampled(cfg),
+        prior_precision: PriorPrecision::Scalar(1.0),
+        ..config(Structure::Diag)
+    };
+    let err = fit_v(net.clone(), lik, &x, &y, &sampled(SampledConfig { em_steps: 2, ..recorded.clone() }))
+        .unwrap_err();
+    assert!(err.to_string().contains("-4 seconds"), "{err}");
     std::fs::write(&file, "{ not json").unwrap();
     let err =
         fit_v(net.clone(), lik, &x, &y, &LaplaceConfig { structure: Structure::Sampled(recorded), ..other })
@@ -2010,4 +2022,54 @@ fn a_prior_per_parameter_tensor_on_kfac_with_separate_bias_equals_the_dense_comp
     folded.set_prior_precision(split).unwrap();
     assert!(folded.log_marginal_likelihood().is_err());
     assert!(folded.glm_covariances(&xt).is_err());
+}
+
+/// A saved KFAC / EKFAC posterior whose factor eigenvalues were edited below zero is refused
+/// when loaded (a negative eigenvalue flips a predictive variance's sign); a loaded posterior
+/// whose numbers overflow serves an error from `predict_joint` and from `predict`, never NaN or a
+/// negative variance.
+#[test]
+fn loaded_posteriors_with_impossible_numbers_are_refused_or_fail_loudly() {
+    use fspace_core::Posterior;
+    let net = mlp(2, vec![5], 3, 41);
+    let (x, y) = classification(20, 2, 3, 42);
+    let (xt, _) = classification(4, 2, 3, 43);
+    let lik = LikelihoodSpec::Categorical { classes: 3 };
+    for structure in [Structure::Kfac, Structure::Ekfac] {
+        let post = fit_v(net.clone(), lik, &x, &y, &config(structure.clone())).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&post.to_json().unwrap()).unwrap();
+        let layer = &mut v["payload"]["curvature"]["Kron"]["layers"][0];
+        let field = if layer["fitted"].is_null() { "g_values" } else { "a_values" };
+        layer[field][0][0] = serde_json::json!(-5.0); // nalgebra stores [data, rows, cols]
+        let err = LaplacePosterior::<Mlp>::from_json(&v.to_string()).unwrap_err();
+        assert!(err.to_string().contains(field), "{structure:?}: {err}");
+    }
+    // Weights near f64::MAX (a tampered file that passes the finite checks): the network's
+    // outputs overflow, and both predictives are errors rather than NaN or negative variances.
+    let post = fit_v(net.clone(), lik, &x, &y, &config(Structure::Kfac)).unwrap();
+    let text = post.to_json().unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let at = find_array_of_numbers(&v["payload"]["net"], "/payload/net".into()).expect("a weight array");
+    for w in v.pointer_mut(&at).unwrap().as_array_mut().unwrap() {
+        *w = serde_json::json!(1e308);
+    }
+    let big = LaplacePosterior::<Mlp>::from_json(&v.to_string()).unwrap();
+    assert!(big.predict_joint(&xt).is_err());
+    assert!(big.predict(&xt).is_err());
+}
+
+/// The JSON pointer of the first array of at least two numbers inside `v` (depth first).
+fn find_array_of_numbers(v: &serde_json::Value, at: String) -> Option<String> {
+    match v {
+        serde_json::Value::Array(items) if items.len() >= 2 && items.iter().all(|i| i.is_number()) => {
+            Some(at)
+        }
+        serde_json::Value::Array(items) => {
+            items.iter().enumerate().find_map(|(k, i)| find_array_of_numbers(i, format!("{at}/{k}")))
+        }
+        serde_json::Value::Object(map) => {
+            map.iter().find_map(|(k, i)| find_array_of_numbers(i, format!("{at}/{k}")))
+        }
+        _ => None,
+    }
 }

@@ -116,7 +116,7 @@ pub(crate) fn mean_nll_from_blocks(
 
 /// The marginal predictive from per-point covariance blocks (rounding below 0 clipped).
 pub(crate) fn marginals(g: DMatrix<f64>, blocks: &[DMatrix<f64>]) -> fspace_core::Result<FunctionPredictive> {
-    let var = DMatrix::from_fn(g.nrows(), g.ncols(), |i, o| blocks[i][(o, o)].max(0.0));
+    let var = DMatrix::from_fn(g.nrows(), g.ncols(), |i, o| fspace_core::clip_rounding(blocks[i][(o, o)]));
     FunctionPredictive::new(g, var)
 }
 

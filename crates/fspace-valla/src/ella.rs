@@ -787,6 +787,7 @@ impl<N: Network + Clone> Posterior for EllaPosterior<N> {
             }
             Ok((g, &rot * rot.transpose()))
         };
-        run().map_err(core_err)
+        let (mean, cov) = run().map_err(core_err)?;
+        fspace_core::checked_joint(mean, cov)
     }
 }

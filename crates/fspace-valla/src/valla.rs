@@ -605,7 +605,8 @@ impl<N: Network + Clone> Posterior for VallaPosterior<N> {
             let cov = k - v.transpose() * v;
             Ok((g, (&cov + cov.transpose()) * 0.5))
         };
-        run().map_err(core_err)
+        let (mean, cov) = run().map_err(core_err)?;
+        fspace_core::checked_joint(mean, cov)
     }
 }
 

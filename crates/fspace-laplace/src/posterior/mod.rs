@@ -338,7 +338,8 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
                 }
             }
         };
-        run().map_err(core_err)
+        let (mean, cov) = run().map_err(core_err)?;
+        fspace_core::checked_joint(mean, cov)
     }
     fn sample_functions(
         &self,

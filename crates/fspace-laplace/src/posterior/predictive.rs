@@ -251,6 +251,7 @@ pub(super) const GLM_CHUNK: usize = 256;
 
 /// The GLM predictive from the mean and the per-point covariances: their diagonals, clamped at 0.
 pub(super) fn marginals(mean: DMatrix<f64>, covs: &[DMatrix<f64>]) -> Result<FunctionPredictive> {
-    let var = DMatrix::from_fn(mean.nrows(), mean.ncols(), |i, o| covs[i][(o, o)].max(0.0));
+    let var =
+        DMatrix::from_fn(mean.nrows(), mean.ncols(), |i, o| fspace_core::clip_rounding(covs[i][(o, o)]));
     Ok(FunctionPredictive::new(mean, var)?)
 }
