@@ -49,8 +49,9 @@ def _pair(lik, model, positional, **options):
 
 
 @pytest.mark.parametrize("lik", ["regression", "classification"])
-@pytest.mark.parametrize("positional", [False, True])
+@pytest.mark.parametrize("positional", [False, True], ids=["keyword", "positional"])
 def test_ella_gives_laplace_torchs_numbers(lik, positional):
+    """ELLA's curvature, directions (up to sign), validation NLLs, predictive (joint, diagonal, every link, MC) ≤ 1e-9; grid search NLLs ≤ 1e-6 and the same λ."""
     d_out = 2 if lik == "regression" else 3
     model = mlp(2, d_out, 3)
     x, y = data(lik, 150, 4, d_out)
@@ -121,6 +122,7 @@ def test_ella_balanced_points_shuffled_loader_and_a_torch_model():
 
 
 def test_ella_state_dict_and_pickle_restore_the_posterior():
+    """`state_dict` / `load_state_dict` and pickling restore the predictive exactly; a tampered curvature is refused."""
     model = mlp(2, 1, 2)
     x, y = data("regression", 80, 1, 1)
     la = fspace.Laplace(model, "regression", "all", "gp", functional_approximation="nystrom", subsample_size=30,
@@ -143,6 +145,7 @@ def test_ella_state_dict_and_pickle_restore_the_posterior():
 
 
 def test_ella_refuses_what_laplace_torch_refuses_and_names_what_fspace_lacks():
+    """laplace-torch's refusals (sizes, subset, λ, σ, approximation names, rank deficiency) with its messages; what fspace lacks named."""
     model = mlp(2, 3, 1)
     x, y = data("classification", 50, 2, 3)
 

@@ -36,6 +36,7 @@ def tuned():
 
 @pytest.mark.parametrize("structure", ["kron", "diag"])
 def test_laplace_on_the_lora_weights_equals_laplace_torch(tuned, structure):
+    """laplace-torch's HuggingFace recipe on a LoRA'd GPT-2 (dict batches, the `requires_grad` subset): evidence, its gradient, the layer-wise search and the predictive equal laplace-torch's."""
     model, loader, test = tuned
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     with warnings.catch_warnings():
@@ -63,6 +64,7 @@ def test_laplace_on_the_lora_weights_equals_laplace_torch(tuned, structure):
 
 
 def test_fsp_laplace_runs_post_hoc_on_the_lora_model(tuned):
+    """FSP-Laplace post hoc on the same model, its context drawn from the training sequences (fspace only)."""
     model, loader, test = tuned
     K = fspace.kernels
     prior = fspace.GPPrior(K.Independent(K.RBF(1.0, 20.0), 2))
