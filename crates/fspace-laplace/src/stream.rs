@@ -231,6 +231,84 @@ impl LaplaceSums {
         Ok(())
     }
 
+    /// The partial sums as one flat vector, for an element-wise sum over processes (an
+    /// all-reduce): every summed number in a fixed order — the diagonal, the dense block
+    /// (column-major) or, per KFAC layer, `Σ ããᵀ`, `Σ ã`, `Σ δδᵀ` and the input rows — then
+    /// `log p(D | w*)` and the point count. The element-wise sum of several processes' vectors,
+    /// read back by [`set_flat`](Self::set_flat), is their [`merge`](Self::merge); counts
+    /// travel as `f64`, exact below 2⁵³.
+    pub fn to_flat(&self) -> Vec<f64> {
+        let mut out = Vec::new();
+        match &self.sums {
+            Sums::Diag(d) | Sums::LastLayerDiag { diag: d, .. } => out.extend_from_slice(d.as_slice()),
+            Sums::Dense { gram, .. } | Sums::LastLayer { gram, .. } => out.extend_from_slice(gram.as_slice()),
+            Sums::Kron(s) => {
+                for l in &s.sums {
+                    out.extend_from_slice(l.input_gram.as_slice());
+                    out.extend_from_slice(l.input_sum.as_slice());
+                    out.extend_from_slice(l.grad_gram.as_slice());
+                    out.push(l.input_rows as f64);
+                }
+            }
+        }
+        out.push(self.log_likelihood);
+        out.push(self.n_data as f64);
+        out
+    }
+
+    /// Replaces the sums by a vector of [`to_flat`](Self::to_flat)'s layout (typically the
+    /// all-reduced sum of every process's). Errors: another length, a non-finite value, a count
+    /// that is not a whole number ≥ 0; the sums are unchanged on error.
+    pub fn set_flat(&mut self, flat: &[f64]) -> Result<()> {
+        let expected = self.to_flat().len();
+        if flat.len() != expected {
+            return Err(LaplaceError::Input(InputError::DimensionMismatch {
+                what: "flat partial sums",
+                expected,
+                found: flat.len(),
+            }));
+        }
+        fspace_input::ensure_finite("flat partial sums", flat.iter())?;
+        let count = |v: f64, what: &'static str| -> Result<usize> {
+            if v >= 0.0 && v.fract() == 0.0 && v < 9.007_199_254_740_992e15 {
+                Ok(v as usize)
+            } else {
+                Err(LaplaceError::Input(InputError::Invalid { what, reason: format!("{v} is not a count") }))
+            }
+        };
+        let n_data = count(flat[expected - 1], "flat partial sums' point count")?;
+        let mut sums = self.sums.clone();
+        let mut at = 0;
+        let mut take = |len: usize| {
+            let part = &flat[at..at + len];
+            at += len;
+            part
+        };
+        match &mut sums {
+            Sums::Diag(d) | Sums::LastLayerDiag { diag: d, .. } => {
+                let len = d.len();
+                d.copy_from_slice(take(len));
+            }
+            Sums::Dense { gram, .. } | Sums::LastLayer { gram, .. } => {
+                let len = gram.len();
+                gram.copy_from_slice(take(len));
+            }
+            Sums::Kron(s) => {
+                for l in &mut s.sums {
+                    let (a, b, c) = (l.input_gram.len(), l.input_sum.len(), l.grad_gram.len());
+                    l.input_gram.copy_from_slice(take(a));
+                    l.input_sum.copy_from_slice(take(b));
+                    l.grad_gram.copy_from_slice(take(c));
+                    l.input_rows = count(take(1)[0], "flat partial sums' KFAC input rows")?;
+                }
+            }
+        }
+        self.sums = sums;
+        self.log_likelihood = flat[expected - 2];
+        self.n_data = n_data;
+        Ok(())
+    }
+
     /// The number of points added (over every merged part).
     pub fn n_data(&self) -> usize {
         self.n_data

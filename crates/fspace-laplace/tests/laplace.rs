@@ -1849,8 +1849,19 @@ fn a_streamed_fit_equals_the_in_memory_fit_for_every_streamable_structure() {
             let mut b = LaplaceSums::new(&net, *lik, &config).unwrap();
             a.add(&net, &x.rows(0, 20).into_owned(), &target_rows(y, *t, 0, 20)).unwrap();
             b.add(&net, &x.rows(20, 17).into_owned(), &target_rows(y, *t, 20, 37)).unwrap();
+            // The same halves as flat vectors summed element-wise (an all-reduce over two
+            // processes), read back into fresh sums: the merge, bit for bit.
+            let (fa, fb) = (a.to_flat(), b.to_flat());
+            let reduced: Vec<f64> = fa.iter().zip(&fb).map(|(u, v)| u + v).collect();
+            let mut c = LaplaceSums::new(&net, *lik, &config).unwrap();
+            c.set_flat(&reduced).unwrap();
+            assert!(c.set_flat(&reduced[1..]).is_err(), "{what}: a shorter vector");
+            let mut bad = reduced.clone();
+            *bad.last_mut().unwrap() = 2.5;
+            assert!(c.set_flat(&bad).is_err(), "{what}: a fractional count");
             a.merge(&b).unwrap();
             assert_eq!(a.n_data(), 37);
+            assert_eq!((c.n_data(), c.to_flat()), (37, a.to_flat()), "{what}");
             let merged = a.finish(net.clone()).unwrap().posterior;
             for post in [&streamed, &merged] {
                 assert_eq!(post.indices(), whole.indices(), "{what}");

@@ -286,6 +286,21 @@ impl PyLaplace {
         self.sums.as_ref().map_or(0, |s| s.n_data())
     }
 
+    /// The streamed fit's partial sums as one flat float64 vector (`LaplaceSums::to_flat`), for
+    /// an all-reduce over processes.
+    fn sums_flat<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let sums = self.sums.as_ref().ok_or_else(|| PyRuntimeError::new_err("call begin_batches() first"))?;
+        Ok(PyArray1::from_vec(py, sums.to_flat()))
+    }
+
+    /// Replaces the streamed fit's partial sums by a flat vector of `sums_flat`'s layout (the
+    /// all-reduced sum of every process's).
+    fn set_sums_flat(&mut self, flat: numpy::PyReadonlyArray1<'_, f64>) -> PyResult<()> {
+        let errors = self.net.errors();
+        let sums = self.sums.as_mut().ok_or_else(|| PyRuntimeError::new_err("call begin_batches() first"))?;
+        sums.set_flat(flat.as_slice()?).map_err(|e| errors.raise(e))
+    }
+
     /// Finishes the streamed fit into the posterior (the sums are kept for `override=False`).
     fn end_batches(&mut self, py: Python<'_>) -> PyResult<()> {
         let errors = self.net.errors();

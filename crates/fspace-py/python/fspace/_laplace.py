@@ -356,7 +356,7 @@ class Laplace(Wrapper):
     # -- fit --------------------------------------------------------------------------------------
 
     def fit(self, train_loader: Any, override: Any = True, progress_bar: bool = False, *,
-            progress: Progress = None) -> None:
+            progress: Progress = None, process_group: Any = None) -> None:
         """Fits the curvature at the model's weights on every batch of ``train_loader``.
 
         Parameters
@@ -369,6 +369,14 @@ class Laplace(Wrapper):
             ``full``; also over the last layer, where laplace-torch refuses it).
         progress_bar : bool, default False
             A tqdm bar over the passes of the fit.
+        process_group : torch.distributed group, optional
+            Sharded fitting (``diag``, ``kron``, ``full``): each process passes its own shard of
+            the data, the float64 partial sums are all-reduced (``SUM``) over the group, and every
+            process ends with the same posterior — the single-process one up to the order of the
+            additions. The default is the default group when ``torch.distributed`` is
+            initialised with more than one process; ``False`` fits each process on its own.
+            ``len(train_loader.dataset)`` must be the number of points all shards hold together
+            (a padding ``DistributedSampler`` is refused).
 
         Returns
         -------
@@ -385,8 +393,13 @@ class Laplace(Wrapper):
                     la = self._build()
                     la.fit(x, yy, bar.callback)
                 elif self.hessian_structure in _STREAMED:
-                    la = self._stream(train_loader, override, bar)
+                    la = self._stream(train_loader, override, bar, _group(process_group))
                 else:
+                    if _group(process_group) is not None:
+                        raise NotImplementedError(
+                            f"sharded fitting with hessian_structure={self.hessian_structure!r}: it passes over the "
+                            f"data several times; the structures that shard are {', '.join(_STREAMED)}"
+                        )
                     if not override:
                         raise NotImplementedError(
                             f"fit(override=False) with hessian_structure={self.hessian_structure!r}: only the structures "
@@ -403,23 +416,41 @@ class Laplace(Wrapper):
             self._summarise(la)
 
     @staticmethod
-    def _check_count(loader: Any, seen: int) -> None:
+    def _check_count(loader: Any, seen: int, sharded: bool = False) -> None:
         """laplace-torch scales by ``len(train_loader.dataset)``: a loader that visits fewer or
-        more points than its dataset holds would scale wrongly, so it is refused."""
+        more points than its dataset holds would scale wrongly, so it is refused (sharded: the
+        points of every shard together)."""
         dataset = getattr(loader, "dataset", None)
-        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != seen:
+        if sharded and dataset is not None and hasattr(dataset, "__len__") and len(dataset) != seen:
+            raise ValueError(
+                f"the shards hold {seen} points together but the dataset has {len(dataset)}: a DistributedSampler "
+                "pads the shards to equal sizes with repeated points (or drops the tail with drop_last=True); give "
+                "each process its own points once, e.g. DataLoader(dataset, sampler=list(range(rank, len(dataset), "
+                "world_size)))"
+            )
+        if not sharded and dataset is not None and hasattr(dataset, "__len__") and len(dataset) != seen:
             raise ValueError(
                 f"the loader yielded {seen} points but its dataset has {len(dataset)}: laplace-torch scales by "
                 "len(train_loader.dataset); use a loader that visits every point once (drop_last=False, no sampler "
                 "that repeats or skips points)"
             )
 
-    def _stream(self, loader: Any, override: bool, bar: Any) -> Any:
+    def _stream(self, loader: Any, override: bool, bar: Any, group: Any = None) -> Any:
         """Sums the curvature batch by batch in Rust (``LaplaceSums``): one batch in memory at a
-        time; with ``override=False`` the sums of the earlier streamed fit are added to."""
+        time; with ``override=False`` the sums of the earlier streamed fit are added to. With a
+        process ``group`` each process sums its own shard and the partial sums are all-reduced."""
         dataset = getattr(loader, "dataset", None)
         total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else 0
         la: Any = None
+        earlier: Optional[np.ndarray] = None
+        if group is not None:
+            # Every process takes part in the all-reduce, a shard without points included; the
+            # earlier sums (override=False) are added once, after the reduction.
+            la = self._build()
+            if not override:
+                la.begin_batches(False)
+                earlier = np.array(la.sums_flat())
+            la.begin_batches(True)
         seen = 0
         # Batches smaller than a chunk per thread are gathered up to that many points
         # (`batch_target`, 512 by default on two threads) before they cross to Rust.
@@ -434,24 +465,32 @@ class Laplace(Wrapper):
                 held, held_rows = [], 0
                 la.add_batch(x, y)
 
-        for batch in loader:
-            bx, by = self._batch(batch)
-            x = self._spec.inputs(bx, "X")
-            y = self._targets(by)
+        failure: Optional[BaseException] = None
+        try:
+            for batch in loader:
+                bx, by = self._batch(batch)
+                x = self._spec.inputs(bx, "X")
+                y = self._targets(by)
+                if la is None:
+                    la = self._build()
+                    la.begin_batches(override)
+                held.append((x, y))
+                held_rows += x.shape[0]
+                seen += x.shape[0]
+                if held_rows >= la.batch_target:
+                    flush()
+                if bar.callback is not None:
+                    bar.callback(seen, max(total, seen), None, None)
             if la is None:
-                la = self._build()
-                la.begin_batches(override)
-            held.append((x, y))
-            held_rows += x.shape[0]
-            seen += x.shape[0]
-            if held_rows >= la.batch_target:
-                flush()
-            if bar.callback is not None:
-                bar.callback(seen, max(total, seen), None, None)
-        if la is None:
-            raise ValueError("the data loader yielded no batch")
-        flush()
-        self._check_count(loader, seen)
+                raise ValueError("the data loader yielded no batch")
+            flush()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the other processes hear of it
+            if group is None:
+                raise
+            failure = e
+        if group is not None:
+            seen = _all_reduce_sums(la, group, failure, earlier)
+        self._check_count(loader, seen, sharded=group is not None)
         la.end_batches()
         return la
 
@@ -1181,3 +1220,53 @@ def _stepping(steps: Any, bar: Any) -> Any:
         if bar.callback is not None:
             bar.callback(i + 1, total, None, None)
     bar.close()
+
+
+def _group(process_group: Any) -> Any:
+    """The process group a fit shards over: the given one, the default group when
+    ``torch.distributed`` is initialised with more than one process (``None`` given), or none
+    (``False``, or a single process)."""
+    if process_group is False:
+        return None
+    torch = _torch()
+    dist = torch.distributed
+    if process_group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        process_group = dist.group.WORLD
+    if dist.get_world_size(process_group) <= 1:
+        return None
+    return process_group
+
+
+def _all_reduce_sums(la: Any, group: Any, failure: Optional[BaseException], earlier: Optional[np.ndarray]) -> int:
+    """All-reduces the partial sums over ``group`` and returns the points of every shard
+    together. First the processes agree: a process whose pass failed, or sums of another layout
+    (another model or settings), make every process raise instead of one of them waiting
+    forever in the reduction."""
+    torch = _torch()
+    dist = torch.distributed
+    flat = None if la is None or failure is not None else np.array(la.sums_flat())
+    size = -1 if flat is None else flat.size
+    # [failed, size, −size] reduced by MAX: failure anywhere, and min/max of the sizes.
+    status = torch.tensor([1.0 if flat is None else 0.0, float(size), float(-size)], dtype=torch.float64)
+    dist.all_reduce(status, op=dist.ReduceOp.MAX, group=group)
+    if failure is not None:
+        raise failure
+    if status[0] > 0:
+        raise RuntimeError("another process of the group failed during the sharded fit (its error is raised there)")
+    if status[1] != size or -status[2] != size:
+        raise ValueError(
+            "the processes' partial sums differ in layout: every process must fit the same model with the same "
+            "hessian_structure, subset_of_weights and settings"
+        )
+    assert flat is not None
+    reduced = torch.from_numpy(flat)
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=group)
+    total = reduced.numpy()
+    seen = int(total[-1])
+    if earlier is not None:
+        total = total + earlier
+    la.set_sums_flat(np.ascontiguousarray(total))
+    return seen
+

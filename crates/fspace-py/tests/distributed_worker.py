@@ -1,0 +1,100 @@
+"""One process of the sharded-fit tests (``test_distributed.py``): joins a gloo group over
+loopback, fits ``fspace.Laplace`` on its shard and writes what it got to ``OUT/rank{R}.json``.
+
+    python distributed_worker.py CASE WORLD RANK PORT OUT
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import fspace
+
+N = 1001
+
+
+def data(lik):
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(N, 2, generator=g, dtype=torch.float64) * 4 - 2
+    if lik == "regression":
+        y = torch.cat([torch.sin(2 * x[:, :1]), torch.cos(x[:, 1:])], dim=1) + 0.1 * torch.randn(N, 2, generator=g,
+                                                                                                  dtype=torch.float64)
+    else:
+        y = ((x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()) % 3
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def model(d_out):
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6), torch.nn.Tanh(),
+                               torch.nn.Linear(6, d_out)).double()
+
+
+def fits(world, rank):
+    """Every structure and subset, both likelihoods: the evidence, the optimised λ and the
+    predictive at test points."""
+    out = {}
+    xt = torch.linspace(-2.5, 2.5, 14, dtype=torch.float64).reshape(7, 2)
+    for lik in ("classification", "regression"):
+        dataset = data(lik)
+        shard = list(range(rank, N, world))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=64, sampler=shard)
+        for subset in ("all", "last_layer"):
+            for structure in ("diag", "kron", "full"):
+                sigma = 0.3 if lik == "regression" else 1.0
+                la = fspace.Laplace(model(2 if lik == "regression" else 3), lik, subset, structure, sigma_noise=sigma)
+                la.fit(loader)
+                key = f"{lik}/{subset}/{structure}"
+                row = {"n_data": la.n_data,
+                       "evidence": float(la.log_marginal_likelihood(torch.tensor(1.3, dtype=torch.float64)))}
+                la.optimize_prior_precision(n_steps=30)
+                row["prior_precision"] = la.prior_precision.tolist()
+                pred = la(xt)
+                row["predictive"] = [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist()
+                out[key] = row
+    return out
+
+
+def padded(world, rank):
+    dataset = data("classification")
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+    la = fspace.Laplace(model(3), "classification", "all", "diag")
+    la.fit(torch.utils.data.DataLoader(dataset, batch_size=64, sampler=sampler))
+
+
+def failing(world, rank):
+    dataset = data("classification")
+    batches = list(torch.utils.data.DataLoader(dataset, batch_size=64, sampler=list(range(rank, N, world))))
+    if rank == 1:
+        batches[2] = ("not a batch",)
+    la = fspace.Laplace(model(3), "classification", "all", "kron")
+    la.fit(batches)
+
+
+def main():
+    case, world, rank, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank)
+    result = {"rank": rank}
+    try:
+        if case == "fits":
+            result["fits"] = fits(world, rank)
+        elif case == "padded":
+            padded(world, rank)
+        elif case == "failing":
+            failing(world, rank)
+    except Exception as e:  # reported to the test, which checks the kind and the message
+        result["error"] = [type(e).__name__, str(e)]
+        traceback.print_exc()
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
