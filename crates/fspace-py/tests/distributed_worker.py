@@ -2,6 +2,7 @@
 loopback, fits ``fspace.Laplace`` on its shard and writes what it got to ``OUT/rank{R}.json``.
 
     python distributed_worker.py CASE WORLD RANK PORT OUT
+    mpiexec -n WORLD python distributed_worker.py mpi OUT
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def model(d_out):
                                torch.nn.Linear(6, d_out)).double()
 
 
-def fits(world, rank):
+def fits(world, rank, group=None):
     """Every structure and subset, both likelihoods: the evidence, the optimised λ and the
     predictive at test points."""
     out = {}
@@ -48,7 +49,7 @@ def fits(world, rank):
             for structure in ("diag", "kron", "full"):
                 sigma = 0.3 if lik == "regression" else 1.0
                 la = fspace.Laplace(model(2 if lik == "regression" else 3), lik, subset, structure, sigma_noise=sigma)
-                la.fit(loader)
+                la.fit(loader, process_group=group)
                 key = f"{lik}/{subset}/{structure}"
                 row = {"n_data": la.n_data,
                        "evidence": float(la.log_marginal_likelihood(torch.tensor(1.3, dtype=torch.float64)))}
@@ -77,8 +78,19 @@ def failing(world, rank):
 
 
 def main():
-    case, world, rank, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    case, out = sys.argv[1], sys.argv[-1]
     torch.set_num_threads(1)
+    if case == "mpi":
+        # Under mpiexec: the communicator is the engine, torch.distributed is not initialised.
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        rank = comm.Get_rank()
+        result = {"rank": rank, "fits": fits(comm.Get_size(), rank, comm)}
+        with open(f"{out}/rank{rank}.json", "w") as f:
+            json.dump(result, f)
+        return
+    world, rank, port = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank)
     result = {"rank": rank}
     try:

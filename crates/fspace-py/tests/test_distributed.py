@@ -108,3 +108,48 @@ def test_the_torchrun_example_of_the_docs_runs(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = sorted(line.split(": ", 1)[1] for line in run.stdout.splitlines() if line.startswith("rank "))
     assert len(lines) == 2 and lines[0] == lines[1], run.stdout
+
+
+def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
+    """``mpiexec -n 2`` with ``process_group=MPI.COMM_WORLD`` (mpi4py and the mpich wheel, no
+    system packages): the single-process posterior on both processes."""
+    pytest.importorskip("mpi4py.MPI", reason="mpi4py and mpich are installed by `cargo xtask test`")
+    mpiexec = pathlib.Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        pytest.skip("no mpiexec beside the interpreter (the mpich wheel provides one)")
+    single = _run("fits", 1, tmp_path)[0]
+    out = tmp_path / "mpi"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1")
+    run = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(WORKER), "mpi", str(out)], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for key, want in single["fits"].items():
+        for res in results:
+            got = res["fits"][key]
+            assert got["n_data"] == 1001
+            _close(got["evidence"], want["evidence"], 1e-12, f"MPI, {key}, evidence")
+            _close(got["prior_precision"], want["prior_precision"], 1e-12, f"MPI, {key}, λ")
+        assert results[0]["fits"][key] == results[1]["fits"][key], key
+
+
+def test_the_mpi_example_of_the_docs_runs(tmp_path):
+    """docs/scaling-out.md's MPI block under ``mpiexec -n 2``: both processes print the same λ and
+    variances."""
+    import re
+
+    pytest.importorskip("mpi4py.MPI", reason="mpi4py and mpich are installed by `cargo xtask test`")
+    mpiexec = pathlib.Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        pytest.skip("no mpiexec beside the interpreter (the mpich wheel provides one)")
+    doc = pathlib.Path(__file__).resolve().parents[3] / "docs" / "scaling-out.md"
+    code = re.search(r"## With MPI.*?```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.S).group(1)
+    script = tmp_path / "fit_mpi.py"
+    script.write_text(code)
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1")
+    run = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = sorted(line.split(": ", 1)[1] for line in run.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2 and lines[0] == lines[1], run.stdout

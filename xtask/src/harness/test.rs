@@ -268,9 +268,16 @@ fn install_torch(py: &Path, venv: &Path, reserve_gib: f64, console: &Console) ->
 /// The packages the torch tests compare with or build on, pinned, with the module each
 /// provides: laplace-torch (the parity suite, `crates/fspace-py/tests/test_laplace_parity.py`,
 /// runs the same scripts through it) and transformers + peft (the LoRA model of
-/// `crates/fspace-py/tests/test_lora.py`).
-const REFERENCES: [(&str, &str); 3] =
-    [("laplace-torch==0.3", "laplace"), ("transformers==5.25.0", "transformers"), ("peft==0.21.2", "peft")];
+/// `crates/fspace-py/tests/test_lora.py`), and mpi4py with the `mpich` wheel (MPI without system
+/// packages: the sharded fit's second engine, `crates/fspace-py/tests/test_distributed.py`; the
+/// `mpich` wheel is what makes `mpi4py.MPI` importable).
+const REFERENCES: [(&str, &str); 5] = [
+    ("laplace-torch==0.3", "laplace"),
+    ("transformers==5.25.0", "transformers"),
+    ("peft==0.21.2", "peft"),
+    ("mpi4py==4.1.2", "mpi4py"),
+    ("mpich==5.0.2", "mpi4py.MPI"),
+];
 
 /// Makes the [`REFERENCES`] importable beside torch (with their dependencies: laplace-torch's
 /// curvlinops, BackPACK, ASDL and torchvision — whose torch pin brings triton, ≈ 1 GB — and

@@ -369,7 +369,7 @@ class Laplace(Wrapper):
             ``full``; also over the last layer, where laplace-torch refuses it).
         progress_bar : bool, default False
             A tqdm bar over the passes of the fit.
-        process_group : torch.distributed group, optional
+        process_group : torch.distributed group or mpi4py communicator, optional
             Sharded fitting (``diag``, ``kron``, ``full``): each process passes its own shard of
             the data, the float64 partial sums are all-reduced (``SUM``) over the group, and every
             process ends with the same posterior — the single-process one up to the order of the
@@ -1223,11 +1223,13 @@ def _stepping(steps: Any, bar: Any) -> Any:
 
 
 def _group(process_group: Any) -> Any:
-    """The process group a fit shards over: the given one, the default group when
-    ``torch.distributed`` is initialised with more than one process (``None`` given), or none
-    (``False``, or a single process)."""
+    """The engine a fit shards over (``_TorchGroup`` or ``_MpiGroup``): the given process group
+    or mpi4py communicator, the default torch group when ``torch.distributed`` is initialised
+    with more than one process (``None`` given), or none (``False``, or a single process)."""
     if process_group is False:
         return None
+    if type(process_group).__module__.startswith("mpi4py"):
+        return _MpiGroup(process_group) if process_group.Get_size() > 1 else None
     torch = _torch()
     dist = torch.distributed
     if process_group is None:
@@ -1236,7 +1238,35 @@ def _group(process_group: Any) -> Any:
         process_group = dist.group.WORLD
     if dist.get_world_size(process_group) <= 1:
         return None
-    return process_group
+    return _TorchGroup(process_group)
+
+
+class _TorchGroup:
+    """All-reduces of float64 vectors over a torch.distributed process group."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def all_reduce(self, values: np.ndarray, op: str) -> np.ndarray:
+        torch = _torch()
+        dist = torch.distributed
+        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64).copy())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
+        return t.numpy()
+
+
+class _MpiGroup:
+    """All-reduces of float64 vectors over an mpi4py communicator (CPU clusters)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def all_reduce(self, values: np.ndarray, op: str) -> np.ndarray:
+        from mpi4py import MPI
+
+        out = np.empty_like(np.asarray(values, dtype=np.float64))
+        self.comm.Allreduce(np.ascontiguousarray(values, dtype=np.float64), out, op=MPI.SUM if op == "sum" else MPI.MAX)
+        return out
 
 
 def _all_reduce_sums(la: Any, group: Any, failure: Optional[BaseException], earlier: Optional[np.ndarray]) -> int:
@@ -1244,13 +1274,10 @@ def _all_reduce_sums(la: Any, group: Any, failure: Optional[BaseException], earl
     together. First the processes agree: a process whose pass failed, or sums of another layout
     (another model or settings), make every process raise instead of one of them waiting
     forever in the reduction."""
-    torch = _torch()
-    dist = torch.distributed
     flat = None if la is None or failure is not None else np.array(la.sums_flat())
     size = -1 if flat is None else flat.size
     # [failed, size, −size] reduced by MAX: failure anywhere, and min/max of the sizes.
-    status = torch.tensor([1.0 if flat is None else 0.0, float(size), float(-size)], dtype=torch.float64)
-    dist.all_reduce(status, op=dist.ReduceOp.MAX, group=group)
+    status = group.all_reduce(np.array([1.0 if flat is None else 0.0, float(size), float(-size)]), "max")
     if failure is not None:
         raise failure
     if status[0] > 0:
@@ -1261,12 +1288,9 @@ def _all_reduce_sums(la: Any, group: Any, failure: Optional[BaseException], earl
             "hessian_structure, subset_of_weights and settings"
         )
     assert flat is not None
-    reduced = torch.from_numpy(flat)
-    dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=group)
-    total = reduced.numpy()
+    total = group.all_reduce(flat, "sum")
     seen = int(total[-1])
     if earlier is not None:
         total = total + earlier
     la.set_sums_flat(np.ascontiguousarray(total))
     return seen
-
