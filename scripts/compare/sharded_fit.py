@@ -1,0 +1,99 @@
+"""The sharded Laplace fit on one machine: 2 processes × 1 thread (gloo over loopback) against
+1 process × 2 threads, on the 784-200-200-10 tanh MNIST MLP (float64, seeded, untrained: the
+costs do not depend on the weights), the first N training images from a `DataLoader` (batch
+128): `fspace.Laplace(model, "classification", subset, structure).fit(loader)`. Reported per row:
+the fit's wall time (the slowest process), each process's peak memory (`VmHWM`), the bytes each
+process sends into the all-reduces (the flat partial sums and the 3-number agreement round) and
+the largest difference between the two setups' predictive probabilities on 200 test images.
+
+    python scripts/compare/sharded_fit.py [--n 59800]
+
+Opt-in (not part of the test suite): needs torch beside the `fspace` package.
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from python_vs_laplace_torch import ROOT, idx, peak_mb  # noqa: E402  (the IDX reader and VmHWM)
+
+ROWS = [("all", "diag"), ("all", "kron"), ("last_layer", "kron"), ("last_layer", "full")]
+
+
+def child(subset, structure, n, world, rank, port):
+    import warnings
+
+    import numpy as np
+    import torch
+
+    warnings.simplefilter("ignore")
+    from _models import mnist_mlp
+
+    import fspace
+
+    torch.set_num_threads(1 if world > 1 else 2)
+    if world > 1:
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank)
+    images = idx(ROOT / "datasets" / "mnist" / "train-images-idx3-ubyte.gz")
+    labels = idx(ROOT / "datasets" / "mnist" / "train-labels-idx1-ubyte.gz")
+    x = torch.from_numpy(images[:n].reshape(n, -1) / 255.0)
+    y = torch.from_numpy(labels[:n].astype("int64"))
+    xt = torch.from_numpy(images[-200:].reshape(200, -1) / 255.0)  # never among the first 59 800
+    dataset = torch.utils.data.TensorDataset(x, y)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=128, sampler=list(range(rank, n, world)))
+    la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure)
+    if world > 1:
+        torch.distributed.barrier()
+    start = time.perf_counter()
+    la.fit(loader)
+    seconds = time.perf_counter() - start
+    sent = 0 if world == 1 else 8 * (np.array(la._la.sums_flat()).size + 3)
+    probs = la(xt)
+    print(json.dumps({"rank": rank, "seconds": seconds, "peak_mib": peak_mb(), "bytes_sent": sent,
+                      "probs": probs.tolist()}))
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def run(subset, structure, n, world):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    threads = "1" if world > 1 else "2"
+    env = dict(os.environ, RAYON_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
+    procs = [subprocess.Popen([sys.executable, __file__, "--n", str(n), "--child", subset, structure, str(world),
+                               str(r), str(port)], env=env, stdout=subprocess.PIPE, text=True) for r in range(world)]
+    return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=59800)
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        subset, structure, world, rank, port = args.child
+        child(subset, structure, args.n, int(world), int(rank), port)
+        return
+    import numpy as np
+
+    for subset, structure in ROWS:
+        one = run(subset, structure, args.n, 1)[0]
+        two = run(subset, structure, args.n, 2)
+        diff = max(float(np.abs(np.array(r["probs"]) - np.array(one["probs"])).max()) for r in two)
+        print(json.dumps({"subset": subset, "structure": structure, "n": args.n,
+                          "one_process_two_threads": {"seconds": one["seconds"], "peak_mib": one["peak_mib"]},
+                          "two_processes_one_thread": {"seconds": max(r["seconds"] for r in two),
+                                                       "peak_mib": [r["peak_mib"] for r in two],
+                                                       "bytes_sent_per_process": two[0]["bytes_sent"]},
+                          "max_probability_difference": diff}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
