@@ -156,7 +156,7 @@ const PARALLEL_MIN_MACS: usize = 1 << 18;
 /// A product wider than tall is split by columns when its depth `k` is at least this many times
 /// its height `m`: the packing of `B` it saves (`k·n` per extra block) then outweighs copying
 /// the blocks into `C` (`m·n`); below it, row blocks were faster (measured in
-/// `docs/performance-history.md`, \"Speed-up, fourth round\").
+/// the record of 2026-11-26 on the KL's inverses and im2col, `git show 838ffc8:docs/performance-history.md`).
 const COLUMN_SPLIT_DEPTH: usize = 16;
 
 /// `C ← β C + α A B` for a row-major `C` (`m × n`, `c.len() == m·n`). With `β = 0`, `C` is

@@ -75,7 +75,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
         // 5 seeds of 859 s (seed 0 at e291b1e; 2 804 s before Alg. 2 kept its kernel tiles,
-        // docs/performance-history.md, \"Speed-up, ninth round\").
+        // the record of 2026-11-27 on one full `fsp-bayesopt` seed, `git show 838ffc8:docs/performance-history.md`).
         full_minutes: Some(71.6),
         budget_of: None,
         run: fsp_bayesopt::run,
@@ -148,7 +148,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "FSP-Laplace Table 2, Fig. C.10 (MNIST CNN: FSP-Laplace RND, Laplace KFAC, MAP; LL, ACC, ECE, OOD vs FMNIST)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 5 seeds × 1 352 s (seed 0 at `bcab956`, docs/performance-history.md).
+        // 5 seeds × 1 352 s (seed 0 at `bcab956`; `git show 838ffc8:docs/performance-history.md`).
         full_minutes: Some(100.1),
         budget_of: None,
         run: fsp_images::run_mnist,
@@ -244,7 +244,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 4 (FMNIST: the same methods; OOD vs MNIST; rotated FMNIST ECE/NLL; fit times)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume, Flag::Methods],
-        // 5 seeds of 475 s (seed 0, docs/performance-history.md, \"Speed-up, eighth round\").
+        // 5 seeds of 475 s (seed 0; the record of 2026-11-26 on k-means and Alg. 2's kernel tiles, `git show 838ffc8:docs/performance-history.md`).
         full_minutes: Some(39.6),
         budget_of: None,
         run: valla_images::run_fmnist,
@@ -255,7 +255,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
         paper: "VaLLA Fig. 2 left (NLL, CRPS, CQM; 3×200 tanh) on the shipped Boston/concrete/wine sets (Airline/Year/Taxi unavailable)",
         in_default_suite: false,
         flags: &[Flag::Seeds, Flag::Resume],
-        // 5 seeds of 203 s (seed 0, docs/performance-history.md, \"Speed-up, eighth round\").
+        // 5 seeds of 203 s (seed 0; the record of 2026-11-26 on k-means and Alg. 2's kernel tiles, `git show 838ffc8:docs/performance-history.md`).
         full_minutes: Some(16.9),
         budget_of: None,
         run: valla_regression::run,

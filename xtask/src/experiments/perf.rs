@@ -223,7 +223,7 @@ fn w1_full_lla() -> Result<f64> {
 
 /// Timed rounds per network. A round is one fspace epoch and then one PyTorch epoch (each side
 /// after one untimed warm-up epoch), so both sides see the same state of the machine (why:
-/// `docs/performance-history.md`, \"Speed-up, fourth round\").
+/// the record of 2026-11-26 on the KL's inverses and im2col, `git show 838ffc8:docs/performance-history.md`).
 const ROUNDS: usize = 3;
 
 /// One network's epochs beside PyTorch's, 5 400 images × 10.

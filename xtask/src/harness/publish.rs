@@ -125,11 +125,11 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
     }
     let run_md = format!(
         "# {name}: the committed reference run\n\n\
-         Written by `cargo xtask publish {name}` from `{}`.\n\n\
+         Written by `cargo xtask publish {name}` from `{}/{name}`.\n\n\
          - Sittings (commit, start, command):\n{}\n\
          - {}\n\
          - Files: `table.md`, `metrics.json`{}{}{}\n",
-        src.display(),
+        super::report::portable_path(&from.display().to_string()),
         sittings.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n"),
         wall_time(&table)
             .or_else(|| fs::read_to_string(src.join(CHECKPOINT)).ok().and_then(|c| recorded_wall_time(&c)))
@@ -322,6 +322,10 @@ mod tests {
         let dst = publish(&from, &to, "exp").unwrap();
         let run_md = fs::read_to_string(dst.join("RUN.md")).unwrap();
         assert!(run_md.contains("cargo xtask restore exp"), "{run_md}");
+        // The folder of this machine is not recorded: the run came from outside the checkout.
+        let machine = root.display().to_string();
+        assert!(run_md.contains("from `DIR/exp`") && !run_md.contains(&machine), "{run_md}");
+        assert!(!fs::read_to_string(dst.join("log.txt")).unwrap().contains(&machine));
         assert!(
             run_md.contains("`checkpoint-em-seed0-abc.json`, `checkpoint.json` and `log.txt`"),
             "{run_md}"

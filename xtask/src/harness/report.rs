@@ -32,8 +32,24 @@ pub(crate) fn provenance() -> String {
         Some(c) => c,
         None => "unknown (no git checkout)".into(),
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = std::env::args().skip(1).map(|a| portable_path(&a)).collect();
     format!("commit {commit}, started {}, `cargo xtask {}`", utc_now(), shell_words(&args))
+}
+
+/// A path as a committed file may record it: relative to the checkout when inside it, `DIR` for
+/// an absolute path outside it (a folder of one machine means nothing on another, and the
+/// published files must not carry it); anything else unchanged.
+pub(crate) fn portable_path(arg: &str) -> String {
+    let path = Path::new(arg);
+    if !path.is_absolute() {
+        return arg.to_string();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("/"));
+    match path.strip_prefix(root) {
+        Ok(rel) if !rel.as_os_str().is_empty() => rel.display().to_string(),
+        Ok(_) => ".".into(),
+        Err(_) => "DIR".into(),
+    }
 }
 
 /// The arguments as a shell would need them typed: an argument with a space, a quote or another
@@ -137,7 +153,7 @@ impl Run {
     pub fn write_metrics(&mut self, metrics: &impl serde::Serialize) -> Result<()> {
         let path = self.path("metrics.json");
         write_atomically(&path, &(serde_json::to_string_pretty(metrics)? + "\n"))?;
-        self.log(format!("wrote {}", path.display()));
+        self.log("wrote metrics.json");
         Ok(())
     }
 
@@ -151,7 +167,7 @@ impl Run {
             self.log("table.md has a \"–\" cell without a footnote saying why; added the generic one");
         }
         write_atomically(&path, &text)?;
-        self.log(format!("wrote {}", path.display()));
+        self.log("wrote table.md");
         Ok(())
     }
 
@@ -305,6 +321,17 @@ pub fn write_index<'a>(out: &str, experiments: impl Iterator<Item = (&'a str, &'
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn paths_are_recorded_relative_to_the_checkout_or_as_dir() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        assert_eq!(super::portable_path(&root.join("results/quick").display().to_string()), "results/quick");
+        assert_eq!(super::portable_path(&root.display().to_string()), ".");
+        assert_eq!(super::portable_path("/somewhere/else/runs"), "DIR");
+        assert_eq!(super::portable_path("--out"), "--out");
+        assert_eq!(super::portable_path("results"), "results");
+    }
+
     use super::*;
 
     #[test]
