@@ -69,7 +69,7 @@ fn a_run_killed_between_units_and_resumed_gives_the_uninterrupted_table() {
     let log = std::fs::read_to_string(killed.join(NAME).join("log.txt")).unwrap();
     assert!(log.contains("finished units kept from checkpoint.json"), "{log}");
     assert_eq!(table(&killed), table(&straight));
-    // The typed metrics agree score for score (the seconds are the sittings' own).
+    // The typed metrics agree score for score (the seconds are the parts' own).
     let metrics = |out: &Path| -> fsp_uci::Metrics {
         serde_json::from_str(&std::fs::read_to_string(out.join(NAME).join("metrics.json")).unwrap()).unwrap()
     };

@@ -183,7 +183,7 @@ pub fn run(opts: &Options) -> Result<()> {
     });
     let grid_and_drifters = with_data_points(&context, &xtr)?;
 
-    // A unit is one (seed, method) score; the figures come from the sitting that ran seed 0, so
+    // A unit is one (seed, method) score; the figures come from the part that ran seed 0, so
     // seed 0's units are kept only once they exist.
     let mut ck = Checkpoint::<Timed<Scores>>::open(
         &mut run,

@@ -164,7 +164,7 @@ fn run_fold(
     let mut map_net = None;
     for method in METHODS {
         // MAP is the Laplace's network: Laplace is kept only together with it, and MAP only when
-        // Laplace was not refitted in this sitting.
+        // Laplace was not refitted in this part.
         let keep = match method {
             "Laplace" => ck.has(&unit_key(ds, f, "MAP")),
             "MAP" => map_net.is_none(),

@@ -2,7 +2,7 @@
 //! `out/NAME/checkpoint.json`, each a labelled, typed value saved as it finishes, and the
 //! per-unit driver every multi-method table runs through: kept from the checkpoint, else
 //! computed, timed and stored. With `--resume`, a rerun of the same settings keeps the stored
-//! units and computes only the rest, so a run of many hours can span several sittings.
+//! units and computes only the rest, so a run of many hours can span several parts.
 
 use std::fs;
 use std::marker::PhantomData;
@@ -46,19 +46,20 @@ pub fn or_nan_array<'de, D: Deserializer<'de>, const N: usize>(d: D) -> Result<[
         .map_err(|_| serde::de::Error::invalid_length(n, &"as many numbers as the array holds"))
 }
 
-/// The wall seconds a checkpoint file records for the sittings that stored units (`None`: a file
-/// from before the time was stored) and how many sittings there were (such a file: one).
+/// The wall seconds a checkpoint file records for the parts that stored units (`None`: a file
+/// from before the time was stored) and how many parts there were (such a file: one).
 fn recorded_time(file: &serde_json::Value) -> (Option<f64>, u64) {
-    (file["seconds"].as_f64(), file["sittings"].as_u64().unwrap_or(1))
+    // Files written before the key was renamed call the parts "sittings".
+    (file["seconds"].as_f64(), file["parts"].as_u64().or_else(|| file["sittings"].as_u64()).unwrap_or(1))
 }
 
-/// `"Wall time: N s (checkpoint.json)"`, or `"… summed over the K sittings that stored units …"`,
+/// `"Wall time: N s (checkpoint.json)"`, or `"… summed over the K parts that stored units …"`,
 /// from the text of a finished run's checkpoint file; `None` when it records no time.
 pub fn recorded_wall_time(checkpoint: &str) -> Option<String> {
     let file: serde_json::Value = serde_json::from_str(checkpoint).ok()?;
     match recorded_time(&file) {
         (Some(secs), n) if n > 1 => Some(format!(
-            "Wall time: {secs:.0} s summed over the {n} sittings that stored units (checkpoint.json)"
+            "Wall time: {secs:.0} s summed over the {n} parts that stored units (checkpoint.json)"
         )),
         (Some(secs), _) => Some(format!("Wall time: {secs:.0} s (checkpoint.json)")),
         (None, _) => None,
@@ -71,12 +72,12 @@ pub struct Checkpoint<T> {
     path: PathBuf,
     settings: serde_json::Value,
     done: serde_json::Map<String, serde_json::Value>,
-    /// Wall seconds of the earlier sittings that stored units (`None`: a file from before the
-    /// time was stored), and how many sittings there were.
+    /// Wall seconds of the earlier parts that stored units (`None`: a file from before the
+    /// time was stored), and how many parts there were.
     earlier: (Option<f64>, u64),
-    /// Whether this sitting stored a unit (a `--resume` that only redraws counts no sitting).
+    /// Whether this part stored a unit (a `--resume` that only redraws counts no part).
     stored: bool,
-    /// The start of this sitting (its [`Run`]'s).
+    /// The start of this part (its [`Run`]'s).
     started: Instant,
     unit: PhantomData<fn() -> T>,
 }
@@ -160,20 +161,20 @@ impl<T: Serialize + DeserializeOwned> Checkpoint<T> {
         self.stored = true;
         let text = serde_json::to_string_pretty(&serde_json::json!({
             "settings": self.settings, "done": self.done,
-            "seconds": self.total_seconds(), "sittings": self.earlier.1 + 1,
+            "seconds": self.total_seconds(), "parts": self.earlier.1 + 1,
         }))?;
         write_atomically(&self.path, &(text + "\n"))
     }
 
-    /// Wall seconds of every sitting so far, this one included (`None` when an earlier
-    /// sitting's time was not recorded).
+    /// Wall seconds of every part so far, this one included (`None` when an earlier
+    /// part's time was not recorded).
     pub fn total_seconds(&self) -> Option<f64> {
         self.earlier.0.map(|s| s + self.started.elapsed().as_secs_f64())
     }
 
-    /// `"Wall time: N s"` for a run of one sitting; for one built over several, their sum and
-    /// this sitting's share (the time between sittings not counted). A `--resume` sitting that
-    /// computed nothing is not counted as one; an earlier sitting whose time the file does not
+    /// `"Wall time: N s"` for a run of one part; for one built over several, their sum and
+    /// this part's share (the time between parts not counted). A `--resume` part that
+    /// computed nothing is not counted as one; an earlier part whose time the file does not
     /// hold (written before the time was stored) is named as unrecorded, never counted as 0 s.
     pub fn wall_time(&self) -> String {
         let this = self.started.elapsed().as_secs_f64();
@@ -182,14 +183,14 @@ impl<T: Serialize + DeserializeOwned> Checkpoint<T> {
             (0, _, _) => format!("Wall time: {this:.0} s"),
             (1, false, Some(e)) => format!("Wall time: {e:.0} s (this --resume computed nothing new)"),
             (n, false, Some(e)) => {
-                format!("Wall time: {e:.0} s summed over {n} sittings (this --resume computed nothing new)")
+                format!("Wall time: {e:.0} s summed over {n} parts (this --resume computed nothing new)")
             }
             (n, true, Some(e)) => {
-                format!("Wall time: {:.0} s summed over {} sittings (--resume; this one {this:.0} s)", e + this, n + 1)
+                format!("Wall time: {:.0} s summed over {} parts (--resume; this one {this:.0} s)", e + this, n + 1)
             }
             (n, stored, None) => format!(
-                "Wall time: not recorded for the {n} earlier sitting(s) (checkpoint from before it was stored){}",
-                if stored { format!("; this --resume sitting {this:.0} s") } else { String::new() }
+                "Wall time: not recorded for the {n} earlier part(s) (checkpoint from before it was stored){}",
+                if stored { format!("; this --resume part {this:.0} s") } else { String::new() }
             ),
         }
     }
@@ -208,7 +209,7 @@ impl<T: Serialize + DeserializeOwned> Checkpoint<Timed<T>> {
     }
 
     /// [`Checkpoint::unit`], keeping a stored unit only when `keep` holds (a unit that depends
-    /// on another this sitting recomputes, say).
+    /// on another this part recomputes, say).
     pub fn unit_keeping(
         &mut self,
         run: &mut Run,
@@ -224,7 +225,7 @@ impl<T: Serialize + DeserializeOwned> Checkpoint<Timed<T>> {
     }
 
     /// [`Checkpoint::unit`], keeping a stored unit only when `current` says it was computed
-    /// from what this sitting has (a network with the same fingerprint, say); a stale one is
+    /// from what this part has (a network with the same fingerprint, say); a stale one is
     /// computed again and replaced, and the log says so.
     pub fn unit_when(
         &mut self,
@@ -280,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_keeps_typed_units_across_sittings_of_the_same_settings_only() {
+    fn a_checkpoint_keeps_typed_units_across_parts_of_a_run_with_the_same_settings_only() {
         let out = std::env::temp_dir().join(format!("fspace-checkpoint-{}", std::process::id()));
         let out_s = out.to_str().unwrap();
         let settings = serde_json::json!({ "steps": 10 });
@@ -300,11 +301,11 @@ mod tests {
         let mut resumed = Run::open(out_s, "exp", true).unwrap();
         let mut ck = Checkpoint::<Timed<Scores>>::open(&mut resumed, &settings).unwrap();
         assert_eq!(ck.len(), 2);
-        // A resume that computes nothing counts no sitting; one that stores a unit does.
+        // A resume that computes nothing counts no part; one that stores a unit does.
         assert!(ck.wall_time().ends_with(" s (this --resume computed nothing new)"), "{}", ck.wall_time());
         let stored: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(resumed.path("checkpoint.json")).unwrap()).unwrap();
-        assert_eq!(stored["sittings"], 1);
+        assert_eq!(stored["parts"], 1);
         assert!(stored["seconds"].as_f64().unwrap() <= ck.total_seconds().unwrap());
         // Units are labelled objects with their time.
         let a = &stored["done"]["set/fold 1/A"];
@@ -325,14 +326,14 @@ mod tests {
         assert_eq!((redone.value.ell, ck.get("set/fold 1/B").unwrap().unwrap().value.ell), (3.0, 3.0));
         let log = fs::read_to_string(resumed.path("log.txt")).unwrap();
         assert!(log.contains("set/fold 1/B: the stored unit is stale"), "{log}");
-        assert!(ck.wall_time().contains("summed over 2 sittings"), "{}", ck.wall_time());
+        assert!(ck.wall_time().contains("summed over 2 parts"), "{}", ck.wall_time());
         assert!(ck.all(["set/fold 1/A", "set/fold 1/B"]).unwrap().is_some_and(|v| v[1].value.ell == 3.0));
         assert!(ck.all(["set/fold 1/A", "set/fold 2/A"]).unwrap().is_none());
-        // Without --resume the old units and sittings are not used.
+        // Without --resume the old units and parts are not used.
         let fresh =
             Checkpoint::<Timed<Scores>>::open(&mut Run::new(out_s, "exp").unwrap(), &settings).unwrap();
         assert_eq!(fresh.len(), 0);
-        assert!(fresh.wall_time().starts_with("Wall time: ") && !fresh.wall_time().contains("sittings"));
+        assert!(fresh.wall_time().starts_with("Wall time: ") && !fresh.wall_time().contains("parts"));
         // A file from an older fspace: unlabelled numbers, no time. The time is named as
         // unrecorded, and the unit is refused with a clear error rather than misread.
         let legacy = serde_json::json!({ "settings": settings, "done": { "set/fold 1/A": [1.0, 2.0] } });
@@ -341,11 +342,11 @@ mod tests {
             Checkpoint::<Timed<Scores>>::open(&mut Run::open(out_s, "exp", true).unwrap(), &settings)
                 .unwrap();
         assert_eq!(old.total_seconds(), None);
-        assert!(old.wall_time().contains("not recorded for the 1 earlier sitting"), "{}", old.wall_time());
+        assert!(old.wall_time().contains("not recorded for the 1 earlier part"), "{}", old.wall_time());
         let err = old.get("set/fold 1/A").err().unwrap().to_string();
         assert!(err.contains("\"set/fold 1/A\"") && err.contains("rerun without --resume"), "{err}");
         old.put("set/fold 1/B", &Timed { seconds: 1.0, value: scores(1.0) }).unwrap();
-        assert!(old.wall_time().contains("this --resume sitting"), "{}", old.wall_time());
+        assert!(old.wall_time().contains("this --resume part"), "{}", old.wall_time());
         // Other settings are refused, naming both.
         let err = Checkpoint::<Timed<Scores>>::open(&mut resumed, &serde_json::json!({ "steps": 20 }))
             .err()

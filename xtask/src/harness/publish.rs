@@ -4,7 +4,7 @@
 //!
 //! Copied: `table.md`, `metrics.json`, every PNG (re-encoded at the best PNG compression, and
 //! halved in size until it is at most [`MAX_PNG_BYTES`]); written: `RUN.md` with the run's
-//! provenance lines from `log.txt` (commit, start date, command; one per sitting) and its wall
+//! provenance lines from `log.txt` (commit, start date, command; one per part) and its wall
 //! time. A run with a `checkpoint.json` (the resumable experiments) also keeps it and its
 //! `log.txt`: `cargo xtask restore NAME` ([`restore`]) puts them back, so a partial run
 //! committed with its finished units continues with `--resume` on any machine. A run without a
@@ -89,9 +89,9 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
         format!("{} has no table.md: run `cargo xtask reproduce {name}` first", src.display())
     })?;
     let log = fs::read_to_string(src.join("log.txt")).unwrap_or_default();
-    let sittings: Vec<&str> =
+    let parts: Vec<&str> =
         log.lines().filter_map(|l| l.split_once(PROVENANCE).map(|(_, rest)| rest.trim())).collect();
-    if sittings.is_empty() {
+    if parts.is_empty() {
         bail!("{}/log.txt names no commit (a run from before runs recorded their provenance)", src.display());
     }
     let dst = to.join(name);
@@ -126,11 +126,11 @@ pub fn publish(from: &Path, to: &Path, name: &str) -> Result<PathBuf> {
     let run_md = format!(
         "# {name}: the committed reference run\n\n\
          Written by `cargo xtask publish {name}` from `{}/{name}`.\n\n\
-         - Sittings (commit, start, command):\n{}\n\
+         - Parts (commit, start, command):\n{}\n\
          - {}\n\
          - Files: `table.md`, `metrics.json`{}{}{}\n",
         super::report::portable_path(&from.display().to_string()),
-        sittings.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n"),
+        parts.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n"),
         wall_time(&table)
             .or_else(|| fs::read_to_string(src.join(CHECKPOINT)).ok().and_then(|c| recorded_wall_time(&c)))
             .or_else(|| last_stamp(&log))
@@ -257,13 +257,13 @@ mod tests {
         fs::write(src.join("table.md"), "# exp\n\n| a |\n|---|\n| 1 |\n\nWall time: 12 s.\n").unwrap();
         let stamp = last_stamp("[    0.0s] a\n[   41.6s] wrote x\n");
         assert_eq!(stamp.as_deref(), Some("Wall time: 42 s (the log's last stamp)"));
-        // A resumable run's checkpoint sums its sittings; the log's last stamp is only the last one's.
-        let summed = recorded_wall_time(r#"{"done": {}, "seconds": 3264.2, "sittings": 2}"#);
+        // A resumable run's checkpoint sums its parts; the log's last stamp is only the last one's.
+        let summed = recorded_wall_time(r#"{"done": {}, "seconds": 3264.2, "parts": 2}"#);
         assert_eq!(
             summed.as_deref(),
-            Some("Wall time: 3264 s summed over the 2 sittings that stored units (checkpoint.json)")
+            Some("Wall time: 3264 s summed over the 2 parts that stored units (checkpoint.json)")
         );
-        let one = recorded_wall_time(r#"{"done": {}, "seconds": 41.6, "sittings": 1}"#);
+        let one = recorded_wall_time(r#"{"done": {}, "seconds": 41.6, "parts": 1}"#);
         assert_eq!(one.as_deref(), Some("Wall time: 42 s (checkpoint.json)"));
         assert_eq!(
             recorded_wall_time(r#"{"done": {}}"#),
@@ -344,7 +344,7 @@ mod tests {
         ck.unit(&mut run, "unit 2", |_| Ok(Unit { v: 2.5 })).unwrap();
         drop(run);
         let log = fs::read_to_string(elsewhere.join("exp/log.txt")).unwrap();
-        assert_eq!(log.matches(PROVENANCE).count(), 2, "both sittings' provenance: {log}");
+        assert_eq!(log.matches(PROVENANCE).count(), 2, "both parts' provenance: {log}");
         // A second restore would overwrite the continued run's units: refused.
         assert!(restore(&to, &elsewhere, "exp").unwrap_err().to_string().contains("would be overwritten"));
         fs::remove_dir_all(&root).unwrap();

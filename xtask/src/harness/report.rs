@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// The log line that records where a sitting came from (`cargo xtask publish` reads it).
+/// The log line that records where a part came from (`cargo xtask publish` reads it).
 pub const PROVENANCE: &str = "provenance:";
 
 /// `commit C[ + uncommitted changes], started YYYY-MM-DDTHH:MMZ, `cargo xtask ARGS``.
@@ -129,11 +129,11 @@ impl Run {
         self.started.elapsed().as_secs_f64()
     }
 
-    /// `"Wall time: N s"`, or for a resumed run the time of this sitting, saying so.
+    /// `"Wall time: N s"`, or for a resumed run the time of this part, saying so.
     pub fn wall_time(&self) -> String {
         let secs = self.elapsed_seconds();
         if self.resumed {
-            format!("Wall time of this sitting (--resume; earlier sittings' results kept): {secs:.0} s")
+            format!("Wall time of this part (--resume; earlier parts' results kept): {secs:.0} s")
         } else {
             format!("Wall time: {secs:.0} s")
         }

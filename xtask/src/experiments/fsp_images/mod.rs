@@ -348,7 +348,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         push(&mut run, &mut rows, unit)?;
         let unit = ck.unit(&mut run, &row_key(seed, "Laplace"), |run| {
             let (map, map_seconds) =
-                map_net.as_ref().ok_or_else(|| anyhow!("the MAP network was not trained this sitting"))?;
+                map_net.as_ref().ok_or_else(|| anyhow!("the MAP network was not trained this part"))?;
             let t0 = Instant::now();
             let (lap, marglik_lambda, scores) = kfac_laplace(map, &train, &val, &budget, seed)?;
             let lambda = lap.prior_precision()[0];

@@ -162,7 +162,7 @@ pub(super) fn checkpoint_settings(budget: &Budget) -> Result<Value> {
     Ok(b)
 }
 
-/// The rows of `seeds` an earlier sitting stored in the checkpoint, in (seed, method) order.
+/// The rows of `seeds` an earlier part stored in the checkpoint, in (seed, method) order.
 pub(super) fn stored_rows(
     ck: &Checkpoint<Timed<RowRecord>>,
     seeds: impl Iterator<Item = u64>,

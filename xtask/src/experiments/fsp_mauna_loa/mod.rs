@@ -236,8 +236,8 @@ pub fn run(opts: &Options) -> Result<()> {
     };
     let seeds = b.seeds;
     let t = task()?;
-    // A unit is one (seed, method) score; `forecasts.png` comes from the sitting that ran seed 0,
-    // so seed 0's units are kept only once that figure exists (a sitting stopped inside seed 0
+    // A unit is one (seed, method) score; `forecasts.png` comes from the part that ran seed 0,
+    // so seed 0's units are kept only once that figure exists (a part stopped inside seed 0
     // reruns all of it).
     let mut ck = Checkpoint::<Timed<Scores>>::open(
         &mut run,
@@ -313,7 +313,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 continue;
             }
             let key = format!("seed {seed}/{method}");
-            // The figure's posterior (seed 0, computed in this sitting).
+            // The figure's posterior (seed 0, computed in this part).
             let mut shown: Option<Box<dyn Posterior>> = None;
             let unit = ck.unit_keeping(&mut run, &key, s > 0 || figure_done, |run| {
                 // The authors' rows use their fixed prior; the fixed-σ row the fitted one.

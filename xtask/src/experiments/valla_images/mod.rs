@@ -450,7 +450,7 @@ fn run(opts: &Options, set: ImageSet, name: &str) -> Result<()> {
             })?;
             rows.push((seed, unit.value.unit));
             // After every method, so a long run leaves its finished rows behind, with the stored
-            // rows of the seeds it has not reached yet (an interrupted sitting's table keeps them).
+            // rows of the seeds it has not reached yet (an interrupted part's table keeps them).
             let mut shown = rows.clone();
             shown.extend(stored_later(&ck, paper, seed + 1..opts.seed + budget.seeds as u64)?);
             report(&mut run, name, paper, &shown, &budget, with_rotation)?;
