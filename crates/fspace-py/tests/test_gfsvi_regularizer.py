@@ -216,3 +216,30 @@ def test_any_module_a_residual_net_with_frozen_batchnorm_matches_finite_differen
             tensor[index] += h
         fd = (up - down) / (2 * h)
         assert abs(tensor.grad[index].item() - fd) <= 1e-6 * max(1.0, abs(fd)), (index, tensor.grad[index].item(), fd)
+
+
+def test_the_torch_loop_helpers_refuse_nan_and_a_non_positive_sigma():
+    """A NaN input, σ ≤ 0 (a negative σ used to be squared into a valid one) or a negative
+    variance is a ValueError naming it, not a NaN loss that poisons the weights."""
+    import fspace.torch as ft
+
+    f = torch.zeros(4, 1, dtype=torch.float64)
+    var = torch.full((4, 1), 0.1, dtype=torch.float64)
+    y = torch.ones(4, 1, dtype=torch.float64)
+    assert torch.isfinite(ft.expected_log_likelihood(f, var, y, 0.5))
+    for sigma in (0.0, -0.5, float("nan"), torch.tensor(-1.0)):
+        with pytest.raises(ValueError, match="sigma_noise"):
+            ft.expected_log_likelihood(f, var, y, sigma)
+    with pytest.raises(ValueError, match="f holds a NaN"):
+        ft.expected_log_likelihood(torch.full_like(f, float("nan")), var, y, 0.5)
+    with pytest.raises(ValueError, match="negative variance"):
+        ft.expected_log_likelihood(f, -var, y, 0.5)
+    with pytest.raises(ValueError, match="logits"):
+        ft.expected_log_likelihood_categorical(torch.full((2, 4, 3), float("nan"), dtype=torch.float64),
+                                               torch.zeros(4, dtype=torch.int64))
+    model = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
+    with torch.no_grad():
+        model[0].weight.fill_(float("nan"))
+    reg = ft.FSPRegularizer(fspace.kernels.RBF(1.0, 0.5), (np.array([-1.0]), np.array([1.0])), n_context=5)
+    with pytest.raises(ValueError, match="outputs at FSPRegularizer"):
+        reg(model)

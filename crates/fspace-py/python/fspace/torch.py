@@ -110,8 +110,16 @@ def _checked(f: Any, who: str) -> torch.Tensor:
     return f
 
 
+def _finite(t: torch.Tensor, what: str) -> torch.Tensor:
+    """``t`` when every entry is finite; a ``ValueError`` naming ``what`` otherwise (a NaN loss
+    term would poison every weight at the next step)."""
+    if not bool(torch.isfinite(t.detach()).all()):
+        raise ValueError(f"{what} holds a NaN or an infinite value")
+    return t
+
+
 def _outputs(model: Any, x: torch.Tensor, who: str) -> torch.Tensor:
-    return _checked(model(x), who).reshape(x.shape[0], -1)
+    return _finite(_checked(model(x), who).reshape(x.shape[0], -1), f"the model's outputs at {who}'s context points")
 
 
 class _Context:
@@ -280,7 +288,14 @@ def expected_log_likelihood(f: torch.Tensor, var: torch.Tensor, y: torch.Tensor,
     ``sigma_noise`` may be a tensor (learned ``σ``)."""
     if f.shape != y.shape or var.shape != f.shape:
         raise ValueError(f"f {tuple(f.shape)}, var {tuple(var.shape)} and y {tuple(y.shape)} must have one shape")
-    s2 = torch.as_tensor(sigma_noise, dtype=torch.float64, device=f.device) ** 2
+    sigma = torch.as_tensor(sigma_noise, dtype=torch.float64, device=f.device)
+    if not bool(torch.all(torch.isfinite(sigma.detach()) & (sigma.detach() > 0))):
+        raise ValueError(f"sigma_noise {sigma.detach().cpu().tolist()} must be finite and > 0 (learn log σ to keep it so)")
+    for t, what in ((f, "f"), (var, "var"), (y, "y")):
+        _finite(t, what)
+    if bool((var.detach() < 0).any()):
+        raise ValueError("var holds a negative variance")
+    s2 = sigma**2
     sq = (y.to(torch.float64) - f.to(torch.float64)) ** 2 + var.to(torch.float64)
     return (-0.5 * torch.log(2 * math.pi * s2) - sq / (2 * s2)).sum()
 
@@ -303,6 +318,7 @@ def expected_log_likelihood_categorical(logits: torch.Tensor, y: torch.Tensor) -
         labels = labels.to(torch.int64)
     if n and (int(labels.min()) < 0 or int(labels.max()) >= classes):
         raise ValueError(f"labels must lie in 0..{classes}; got {int(labels.min())}..{int(labels.max())}")
+    _finite(logits, "logits")
     log_p = torch.log_softmax(logits.to(torch.float64), dim=-1)
     picked = log_p.gather(-1, labels.to(logits.device).reshape(1, n, 1).expand(k, n, 1))
     return picked.sum() / k
@@ -341,4 +357,6 @@ class GFSVIRegularizer:
             raise TypeError(f"q is a {type(q).__name__}; GFSVIRegularizer takes fspace.torch.MeanField(model)")
         c, ct = self._context.draw(model, x_batch)
         f, cov = q.linearized(model, ct, chunk_size=self.chunk_size)
+        _finite(f, "the model's outputs at GFSVIRegularizer's measurement points")
+        _finite(cov, "the linearised covariance at GFSVIRegularizer's measurement points")
         return _RegularizedKl.apply(f.to(torch.float64), cov, self._prior_spec, c, self.gamma)
