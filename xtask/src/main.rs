@@ -5,6 +5,15 @@
 //!   writes `results/NAME/` and `results/README.md`; `cargo xtask reproduce --help` lists every
 //!   experiment with the flags it accepts.
 //! * `cargo xtask report [--out DIR]` — rebuilds `results/README.md` from the tables there.
+//! * `cargo xtask test [--python-only|--rust-only] [--no-torch]` — every test, Rust and Python
+//!   (what `.ci/run` runs).
+//! * `cargo xtask publish NAME… [--from DIR] [--to docs/results]` — copies finished runs into the
+//!   committed reference results (table, metrics, figures, `RUN.md`).
+//! * `cargo xtask redraw NAME… [--dir DIR]` — redraws finished runs' figures from their
+//!   `metrics.json`.
+//! * `cargo xtask restore NAME… [--from docs/results] [--out DIR]` — puts a published run's
+//!   checkpoint back to continue it with `--resume`.
+//! * `cargo xtask wheel [--out DIR]` — the `fspace` Python package as an abi3 wheel.
 //!
 //! The harness, protocols and experiments are the `xtask` library (`src/lib.rs`); this binary
 //! parses the command line and dispatches.

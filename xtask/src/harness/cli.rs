@@ -16,11 +16,13 @@ use super::report;
 #[command(
     name = "cargo xtask",
     bin_name = "cargo xtask",
-    about = "fspace task runner: reproduce the papers' experiments and index their results",
+    about = "fspace task runner: reproduce the papers' experiments, test, publish results, build the wheel",
     after_help = "Examples:\n  cargo xtask reproduce                  # the quick default suite (minutes)\n  \
                   cargo xtask reproduce fsp-mauna-loa    # one experiment at its full setting\n  \
                   cargo xtask reproduce --all --resume   # everything, resumable (days on 2 cores)\n  \
-                  cargo xtask reproduce --help           # every experiment and the flags it accepts"
+                  cargo xtask reproduce --help           # every experiment and the flags it accepts\n  \
+                  cargo xtask test                       # every test, Rust and Python (what CI runs)\n  \
+                  cargo xtask wheel                      # the Python package as a wheel in target/wheels"
 )]
 pub struct Cli {
     /// The task.
@@ -80,6 +82,14 @@ pub enum Task {
         /// Output root holding the runs.
         #[arg(long, default_value = "docs/results", value_name = "DIR")]
         dir: String,
+    },
+    /// Build the `fspace` Python package as a wheel (abi3: one wheel for CPython ≥ 3.9; the
+    /// platform tag maturin's check gives this machine's glibc) into OUT, with maturin from the
+    /// test environment (made if missing). `pip install OUT/fspace-*.whl` needs no Rust.
+    Wheel {
+        /// Where the wheel goes.
+        #[arg(long, default_value = "target/wheels")]
+        out: String,
     },
     /// Put a published run's checkpoint.json (with its checkpoint-*.json) and log.txt back under OUT/NAME/, so that
     /// `cargo xtask reproduce NAME --resume --out OUT` continues it on another machine (a
@@ -398,6 +408,11 @@ pub fn dispatch(experiments: &[Experiment], cli: Cli) -> Result<()> {
                     dst.display()
                 );
             }
+            Ok(())
+        }
+        Task::Wheel { out } => {
+            let wheel = super::test::build_wheel(Path::new(&out))?;
+            println!("built {} (install: pip install {})", wheel.display(), wheel.display());
             Ok(())
         }
         Task::Test { python_only, rust_only, no_torch } => {

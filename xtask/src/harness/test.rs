@@ -22,6 +22,11 @@
 //!    ([`super::python_reference`], `target/python-reference.json`), then
 //!    `python -m pytest crates/fspace-py/tests` with `$FSPACE_RUST_REFERENCE` pointing at them.
 //!
+//! 5. the wheel (`cargo xtask wheel`, [`build_wheel`]) into `target/wheels`, whose path
+//!    `$FSPACE_WHEEL` hands to `crates/fspace-py/tests/test_wheel.py`: it installs the wheel into
+//!    a fresh virtual environment and runs the README's quickstart there with no Rust toolchain
+//!    on `PATH`.
+//!
 //! `$FSPACE_PYTHON` names the interpreter that makes the environment (default `python3`).
 
 use std::fs::File;
@@ -180,16 +185,55 @@ fn python_tests(root: &Path, torch: bool) -> Result<()> {
     let reference = root.join("target").join("python-reference.json");
     println!("== Rust reference numbers for the Python tests: {}", reference.display());
     super::python_reference::write(&reference)?;
+    let wheel = build_wheel(&root.join("target").join("wheels"))?;
     let mut pytest = Command::new(&py);
     pytest
         .args(["-m", "pytest", "-q", "-rs", "crates/fspace-py/tests"])
-        .env("FSPACE_RUST_REFERENCE", &reference);
+        .env("FSPACE_RUST_REFERENCE", &reference)
+        .env("FSPACE_WHEEL", &wheel);
     if torch {
         pytest.env("FSPACE_REQUIRE_TORCH", "1");
     } else {
         pytest.env_remove("FSPACE_REQUIRE_TORCH");
     }
     console.run("Python tests", pytest.current_dir(root))
+}
+
+/// `cargo xtask wheel`: `maturin build --release` of `crates/fspace-py` into `out` (relative to
+/// the workspace root unless absolute) with the test environment's maturin (the environment is
+/// made, without torch, if missing); returns the wheel's path. pyo3's `abi3-py39` feature makes
+/// it one wheel for every CPython from 3.9.
+pub fn build_wheel(out: &Path) -> Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("the workspace root")?.to_path_buf();
+    let out = if out.is_absolute() { out.to_path_buf() } else { root.join(out) };
+    let venv = venv_dir(&root);
+    let bin = venv.join("bin");
+    if !bin.join("maturin").exists() {
+        python_environment(&root, false, 0.0, &Console::Terminal)?;
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("could not create {}", out.display()))?;
+    // An earlier build's wheel of another version would be ambiguous: the folder holds one.
+    for entry in std::fs::read_dir(&out)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("fspace-") && name.ends_with(".whl") {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    Console::Terminal.run(
+        "fspace wheel (maturin build --release)",
+        Command::new(bin.join("maturin"))
+            .args(["build", "--release", "--quiet", "--out"])
+            .arg(&out)
+            .current_dir(root.join("crates").join("fspace-py"))
+            .env("VIRTUAL_ENV", &venv)
+            .env("PATH", &path),
+    )?;
+    std::fs::read_dir(&out)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("fspace-")))
+        .ok_or_else(|| anyhow!("maturin wrote no fspace wheel into {}", out.display()))
 }
 
 /// Free disk below which `install_torch` leaves torch out: the lean install measured ≈ 4.6 GB
