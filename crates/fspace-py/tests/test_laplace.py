@@ -267,16 +267,17 @@ def test_an_nn_sequential_converts_and_its_mean_is_torchs_forward():
         fspace.Laplace(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)), "regression", backend="native")
 
 
-def test_the_readme_python_quickstart_runs_as_printed():
+def test_the_readme_and_guide_python_quickstarts_run_as_printed():
     pytest.importorskip("torch")
     import pathlib
     import re
 
-    readme = pathlib.Path(__file__).resolve().parents[3] / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    section = text[text.index("## Python"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README.md (Python quickstart)", "exec"), {})
+    root = pathlib.Path(__file__).resolve().parents[3]
+    for doc in (root / "README.md", root / "docs" / "guide.md"):
+        text = doc.read_text(encoding="utf-8")
+        section = text[text.index("## Python"):]
+        code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+        exec(compile(code, f"{doc.name} (Python quickstart)", "exec"), {})
 
 
 def test_bad_inputs_name_the_problem():
