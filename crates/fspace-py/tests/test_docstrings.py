@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-MODULES = ["fspace", "fspace._laplace", "fspace._marglik", "fspace._methods", "fspace.kernels", "fspace.subnetmask",
-           "fspace.torch"]
+MODULES = ["fspace", "fspace._functional", "fspace._laplace", "fspace._marglik", "fspace._methods", "fspace.kernels",
+           "fspace.subnetmask", "fspace.torch"]
 
 
 @pytest.mark.parametrize("name", MODULES)
