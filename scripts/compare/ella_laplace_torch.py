@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from python_vs_laplace_torch import ROOT, idx, peak_mb  # noqa: E402  (the IDX reader and VmHWM)
+from python_vs_laplace_torch import mnist_train_set, peak_mb  # noqa: E402  (MNIST and VmHWM)
 
 
 def child(lib, n, m, k):
@@ -37,8 +37,7 @@ def child(lib, n, m, k):
         from fspace import Laplace
     else:
         from laplace import Laplace
-    images = idx(ROOT / "datasets" / "mnist" / "train-images-idx3-ubyte.gz")
-    labels = idx(ROOT / "datasets" / "mnist" / "train-labels-idx1-ubyte.gz")
+    images, labels = mnist_train_set()
 
     def rows(a, b):
         return torch.from_numpy(images[a:b].reshape(b - a, -1) / 255.0), torch.from_numpy(labels[a:b].astype("int64"))

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from python_vs_laplace_torch import ROOT, idx, peak_mb  # noqa: E402  (the IDX reader and VmHWM)
+from python_vs_laplace_torch import mnist_train_set, peak_mb  # noqa: E402  (MNIST and VmHWM)
 
 ROWS = [("last_layer", "kron"), ("last_layer", "diag"), ("last_layer", "full"), ("all", "kron")]
 
@@ -38,8 +38,7 @@ def child(lib, subset, structure, n):
         from fspace import Laplace
     else:
         from laplace import Laplace
-    images = idx(ROOT / "datasets" / "mnist" / "train-images-idx3-ubyte.gz")
-    labels = idx(ROOT / "datasets" / "mnist" / "train-labels-idx1-ubyte.gz")
+    images, labels = mnist_train_set()
     x = torch.from_numpy(images[:n].reshape(n, -1) / 255.0)
     y = torch.from_numpy(labels[:n].astype("int64"))
     xt = torch.from_numpy(images[n:n + 200].reshape(200, -1) / 255.0)

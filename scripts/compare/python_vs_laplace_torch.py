@@ -43,6 +43,13 @@ def idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
+def mnist_train_set():
+    """MNIST's 60 000 training images (``uint8``, ``60000 × 28 × 28``) and labels from
+    ``datasets/mnist/``."""
+    return (idx(ROOT / "datasets" / "mnist" / "train-images-idx3-ubyte.gz"),
+            idx(ROOT / "datasets" / "mnist" / "train-labels-idx1-ubyte.gz"))
+
+
 def prepare(out, mnist_train):
     """Trains both networks in torch (float64, seeded) and saves them with their data."""
     import torch

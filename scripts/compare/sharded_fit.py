@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from python_vs_laplace_torch import ROOT, idx, peak_mb  # noqa: E402  (the IDX reader and VmHWM)
+from python_vs_laplace_torch import mnist_train_set, peak_mb  # noqa: E402  (MNIST and VmHWM)
 
 ROWS = [("all", "diag"), ("all", "kron"), ("last_layer", "kron"), ("last_layer", "full")]
 
@@ -40,8 +40,7 @@ def child(subset, structure, n, world, rank, port):
     torch.set_num_threads(1 if world > 1 else 2)
     if world > 1:
         torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank)
-    images = idx(ROOT / "datasets" / "mnist" / "train-images-idx3-ubyte.gz")
-    labels = idx(ROOT / "datasets" / "mnist" / "train-labels-idx1-ubyte.gz")
+    images, labels = mnist_train_set()
     x = torch.from_numpy(images[:n].reshape(n, -1) / 255.0)
     y = torch.from_numpy(labels[:n].astype("int64"))
     xt = torch.from_numpy(images[-200:].reshape(200, -1) / 255.0)  # never among the first 59 800

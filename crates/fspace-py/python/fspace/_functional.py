@@ -31,7 +31,7 @@ import numpy as np
 from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import tensors
-from ._predictive import _curvature_source, _link, _torch
+from ._predictive import _check_likelihood, _curvature_source, _link, _refuse_unsupported, _split_batch, _torch
 from ._torch import TorchModel
 from ._fspace import NystromFeatures
 
@@ -63,19 +63,6 @@ def functional_laplace(model: Any, likelihood: str, subset_of_weights: str, *arg
 
 def _integer(value: Any) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def _split_batch(batch: Any, dict_key_y: str) -> Tuple[Any, Any]:
-    if isinstance(batch, Mapping):
-        if dict_key_y not in batch:
-            raise ValueError(f"a dict batch has no key {dict_key_y!r} (its keys: {sorted(batch)}); set dict_key_y")
-        return batch, batch[dict_key_y]
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise ValueError(
-        "each batch of the loader must be an (x, y) pair or a dict holding dict_key_y, "
-        f"got {type(batch).__name__}"
-    )
 
 
 def training_indices(loader: Any) -> Any:
@@ -218,10 +205,7 @@ class ELLALaplace(Wrapper):
         input_shape: Any = None,
     ) -> None:
         torch = _torch()
-        if likelihood not in ("regression", "classification"):
-            if likelihood == "reward_modeling":
-                raise NotImplementedError("likelihood 'reward_modeling' (laplace-torch's pairwise preferences) is not implemented in fspace")
-            raise ValueError(f"Invalid likelihood type {likelihood!r}: \"regression\" or \"classification\"")
+        _check_likelihood(likelihood)
         if (not _integer(subsample_size) or not _integer(n_eigenvalues) or subsample_size <= 0
                 or n_eigenvalues <= 0 or n_eigenvalues > subsample_size):
             raise ValueError("Require 0 < n_eigenvalues <= subsample_size.")
@@ -229,10 +213,7 @@ class ELLALaplace(Wrapper):
             raise ValueError("ELLA requires scalar prior_precision.")
         if torch.any(torch.as_tensor(prior_mean) != 0):
             raise ValueError("ELLA currently requires prior_mean=0.")
-        if enable_backprop:
-            raise NotImplementedError("enable_backprop=True: fspace's predictive is not differentiable in the inputs")
-        if backend_kwargs:
-            raise NotImplementedError(f"backend_kwargs {sorted(backend_kwargs)}: fspace's Jacobians are exact (no MC samples)")
+        _refuse_unsupported(enable_backprop, backend_kwargs)
         engine, curvature = _curvature_source(backend)
         if curvature != "ggn":
             raise ValueError("ELLA's features are the network's Jacobians: give a *GGN backend (or none)")
@@ -349,6 +330,11 @@ class ELLALaplace(Wrapper):
         return dict(state=tensors(self._spec.state)[0], activation_name=self._spec.activation,
                     architecture=self._spec.architecture_dict())
 
+    @property
+    def _key_x(self) -> Optional[str]:
+        """The dict-batch key of the inputs: none for a torch model (it takes the dict whole)."""
+        return None if isinstance(self._spec, TorchModel) else self.dict_key_x
+
     def _output_dim(self) -> int:
         if isinstance(self._spec, TorchModel):
             return int(self._spec.calls().output_dim)
@@ -397,7 +383,7 @@ class ELLALaplace(Wrapper):
             raise ValueError("balanced sampling is only defined for classification.")
         labels = []
         for index in available:
-            _, target = _split_batch(loader.dataset[int(index)], self.dict_key_y)
+            _, target = _split_batch(loader.dataset[int(index)], self._key_x, self.dict_key_y)
             t = torch.as_tensor(target)
             labels.append(int(t.argmax() if t.numel() > 1 else t))
         label_tensor = torch.tensor(labels)
@@ -422,7 +408,7 @@ class ELLALaplace(Wrapper):
         outputs: List[int] = []
         q: Optional[int] = None
         for batch in _subset_loader(loader, indices):
-            x, _ = _split_batch(batch, self.dict_key_y)
+            x, _ = _split_batch(batch, self._key_x, self.dict_key_y)
             xa = self._inputs(x)
             if q is None:
                 q = self._output_dim()
@@ -476,7 +462,7 @@ class ELLALaplace(Wrapper):
                 iterator = tqdm(train_loader, desc="Fitting ELLA")
             step = 0
             for step, batch in enumerate(iterator, start=1):
-                x, y = _split_batch(batch, self.dict_key_y)
+                x, y = _split_batch(batch, self._key_x, self.dict_key_y)
                 features, output = self._eval(x)
                 if self.likelihood == "regression":
                     _regression_targets(y, output)
@@ -604,7 +590,7 @@ class ELLALaplace(Wrapper):
         the hyperparameters, so a grid search computes them once."""
         out = []
         for batch in loader:
-            x, y = _split_batch(batch, self.dict_key_y)
+            x, y = _split_batch(batch, self._key_x, self.dict_key_y)
             self._check_nonempty(x)
             features, mean = self._eval(x)
             out.append((features, mean, y))

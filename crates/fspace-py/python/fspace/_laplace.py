@@ -26,7 +26,8 @@ from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import ModelSpec, array2, is_array, is_torch, tensors
 from ._methods import Progress, _Progress
-from ._predictive import _curvature_source, _link, _normal_samples, _torch
+from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
+                          _split_batch, _torch)
 from ._torch import TorchModel
 from ._fspace import Laplace as _Laplace
 
@@ -168,10 +169,7 @@ class Laplace(Wrapper):
         max_basis: Optional[int] = None,
         chunk_points: Optional[int] = None,
     ) -> None:
-        if likelihood not in ("regression", "classification"):
-            if likelihood == "reward_modeling":
-                raise NotImplementedError("likelihood 'reward_modeling' (laplace-torch's pairwise preferences) is not implemented in fspace")
-            raise ValueError(f"Invalid likelihood type {likelihood!r}: \"regression\" or \"classification\"")
+        _check_likelihood(likelihood)
         if hessian_structure not in _STRUCTURES:
             raise ValueError(f"hessian_structure {hessian_structure!r} is not one of {', '.join(map(repr, _STRUCTURES))}")
         if subset_of_weights not in _SUBSETS:
@@ -182,8 +180,7 @@ class Laplace(Wrapper):
             raise ValueError(f"Unsupported Laplace combination: {subset_of_weights}, {hessian_structure}.")
         if functional_approximation != "sod" and hessian_structure != "gp":
             raise ValueError("functional_approximation requires hessian_structure='gp'.")
-        if enable_backprop:
-            raise NotImplementedError("enable_backprop=True: fspace's predictive is not differentiable in the inputs")
+        _refuse_unsupported(enable_backprop, backend_kwargs)
         if feature_reduction is not None:
             raise NotImplementedError(
                 f"feature_reduction={feature_reduction!r} (laplace-torch's reduction of sequence features before the "
@@ -200,8 +197,6 @@ class Laplace(Wrapper):
                 )
         if damping:
             raise NotImplementedError("damping=True (laplace-torch's damped KFAC eigendecomposition) is not implemented")
-        if backend_kwargs:
-            raise NotImplementedError(f"backend_kwargs {sorted(backend_kwargs)}: fspace's curvature is exact (no MC samples)")
         if asdl_fisher_kwargs:
             raise NotImplementedError(f"asdl_fisher_kwargs {sorted(asdl_fisher_kwargs)} apply to laplace-torch's ASDL backend")
         engine, curvature = _curvature_source(backend)
@@ -318,21 +313,11 @@ class Laplace(Wrapper):
     # -- data -----------------------------------------------------------------------------------
 
     def _batch(self, batch: Any) -> Tuple[Any, Any]:
-        if isinstance(batch, Mapping):
-            # laplace-torch hands a dict batch to the model whole (a HuggingFace model reads
-            # input_ids, attention_mask, ...): so does the torch path, without the targets; a
-            # native network takes the array under dict_key_x.
-            on_torch = isinstance(self._spec, TorchModel)
-            for key in (self.dict_key_y,) if on_torch else (self.dict_key_x, self.dict_key_y):
-                if key not in batch:
-                    raise ValueError(f"a dict batch has no key {key!r} (its keys: {sorted(batch)}); set dict_key_x / dict_key_y")
-            return (batch if on_torch else batch[self.dict_key_x]), batch[self.dict_key_y]
-        if isinstance(batch, (tuple, list)) and len(batch) == 2:
-            return batch[0], batch[1]
-        raise ValueError(
-            "each batch of the loader must be an (x, y) pair or a dict with the keys dict_key_x / dict_key_y, "
-            f"got {type(batch).__name__}"
-        )
+        # laplace-torch hands a dict batch to the model whole (a HuggingFace model reads
+        # input_ids, attention_mask, ...): so does the torch path, without the targets; a native
+        # network takes the array under dict_key_x.
+        on_torch = isinstance(self._spec, TorchModel)
+        return _split_batch(batch, None if on_torch else self.dict_key_x, self.dict_key_y)
 
     def _loader_arrays(self, loader: Any) -> Tuple[np.ndarray, np.ndarray]:
         xs, ys = [], []

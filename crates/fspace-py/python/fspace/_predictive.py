@@ -1,15 +1,17 @@
 """What ``fspace.Laplace`` and ``fspace.ELLALaplace`` share: torch on demand, laplace-torch's
-``backend`` argument, and laplace-torch's link approximations and Gaussian draws on a GLM
-predictive ``N(f_mu, f_var)``."""
+``likelihood``, ``backend`` and refused arguments, its loader batches, and its link
+approximations and Gaussian draws on a GLM predictive ``N(f_mu, f_var)``."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Tuple
+from collections.abc import Mapping
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["_torch", "_curvature_source", "_normal_samples", "_link"]
+__all__ = ["_torch", "_curvature_source", "_check_likelihood", "_refuse_unsupported", "_split_batch",
+           "_normal_samples", "_link"]
 
 
 def _torch() -> Any:
@@ -43,6 +45,44 @@ def _curvature_source(backend: Any) -> Tuple[str, str]:
     raise NotImplementedError(
         f"backend {name}: fspace computes the generalised Gauss-Newton (laplace-torch's *GGN backends) or the "
         "empirical Fisher (*EF); the exact Hessian and stochastic curvature are not implemented"
+    )
+
+
+def _check_likelihood(likelihood: Any) -> None:
+    """laplace-torch's likelihood names that fspace serves; its pairwise ``"reward_modeling"`` is
+    refused by name."""
+    if likelihood not in ("regression", "classification"):
+        if likelihood == "reward_modeling":
+            raise NotImplementedError("likelihood 'reward_modeling' (laplace-torch's pairwise preferences) is not implemented in fspace")
+        raise ValueError(f"Invalid likelihood type {likelihood!r}: \"regression\" or \"classification\"")
+
+
+def _refuse_unsupported(enable_backprop: bool, backend_kwargs: Optional[Dict[str, Any]]) -> None:
+    """laplace-torch options fspace does not have: a predictive differentiable in the inputs,
+    stochastic curvature backends."""
+    if enable_backprop:
+        raise NotImplementedError("enable_backprop=True: fspace's predictive is not differentiable in the inputs")
+    if backend_kwargs:
+        raise NotImplementedError(
+            f"backend_kwargs {sorted(backend_kwargs)}: fspace's curvature and Jacobians are exact (no MC samples)"
+        )
+
+
+def _split_batch(batch: Any, dict_key_x: Optional[str], dict_key_y: str) -> Tuple[Any, Any]:
+    """``(x, y)`` of a loader's batch: an ``(x, y)`` pair, or a dict (HuggingFace) whose targets
+    are under ``dict_key_y`` and whose inputs are the whole dict (``dict_key_x`` ``None``: a torch
+    model takes it as laplace-torch hands it over) or the array under ``dict_key_x`` (a native
+    network)."""
+    if isinstance(batch, Mapping):
+        for key in (dict_key_y,) if dict_key_x is None else (dict_key_x, dict_key_y):
+            if key not in batch:
+                raise ValueError(f"a dict batch has no key {key!r} (its keys: {sorted(batch)}); set dict_key_x / dict_key_y")
+        return (batch if dict_key_x is None else batch[dict_key_x]), batch[dict_key_y]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ValueError(
+        "each batch of the loader must be an (x, y) pair or a dict with the keys dict_key_x / dict_key_y, "
+        f"got {type(batch).__name__}"
     )
 
 
