@@ -188,6 +188,39 @@ impl FeatureMap {
         Ok(Self::Directions(directions(net, &points, &outputs, &coefficients)?))
     }
 
+    /// Checks a loaded map against `net` and its `k` features: the directions `p × k`, or `M ≥ 1`
+    /// Nyström points with the network's inputs, one output index below `d'` each and `M × k`
+    /// coefficients; every number finite. `field` names the map in the errors.
+    fn check_loaded<N: Network>(
+        &self,
+        check: &fspace_core::LoadCheck,
+        field: &str,
+        net: &N,
+        k: usize,
+    ) -> std::result::Result<(), PersistError> {
+        match self {
+            FeatureMap::Directions(v) => {
+                let f = format!("{field}.Directions");
+                check.shape(&f, v.shape(), (net.n_params(), k))?;
+                check.finite(&f, v.iter())
+            }
+            FeatureMap::Kernel { points, outputs, coefficients } => {
+                let m = points.nrows();
+                let f = |name: &str| format!("{field}.Kernel.{name}");
+                check.ensure(m >= 1, &f("points"), || "must hold ≥ 1 point".into())?;
+                check.shape(&f("points"), points.shape(), (m, net.input_dim()))?;
+                check.finite(&f("points"), points.iter())?;
+                check.len(&f("outputs"), outputs.len(), m)?;
+                let q = net.output_dim();
+                check.ensure(outputs.iter().all(|&o| o < q), &f("outputs"), || {
+                    format!("each must be an output index below {q}")
+                })?;
+                check.shape(&f("coefficients"), coefficients.shape(), (m, k))?;
+                check.finite(&f("coefficients"), coefficients.iter())
+            }
+        }
+    }
+
     fn num_features(&self) -> usize {
         match self {
             Self::Directions(v) => v.ncols(),
@@ -313,37 +346,15 @@ impl NystromFeatures {
 
     /// Checks a loaded map against `net` (shapes, finite values, output indices).
     pub fn check<N: Network>(&self, net: &N) -> Result<()> {
-        let bad =
-            |reason: String| VallaError::Input(InputError::Invalid { what: "Nyström feature map", reason });
+        let check = fspace_core::LoadCheck::new("fspace_valla::NystromFeatures");
         let k = self.num_features();
-        if k == 0 || self.kernel_eigenvalues.iter().any(|v| !v.is_finite()) {
-            return Err(bad("no feature, or a non-finite kernel eigenvalue".into()));
-        }
-        match &self.map {
-            FeatureMap::Directions(v) => {
-                if v.nrows() != net.n_params() || v.iter().any(|x| !x.is_finite()) {
-                    return Err(bad(format!(
-                        "{} × {k} finite directions expected for {} parameters",
-                        v.nrows(),
-                        net.n_params()
-                    )));
-                }
-            }
-            FeatureMap::Kernel { points, outputs, coefficients } => {
-                let m = points.nrows();
-                if points.ncols() != net.input_dim()
-                    || outputs.len() != m
-                    || outputs.iter().any(|&o| o >= net.output_dim())
-                    || coefficients.shape() != (m, k)
-                    || points.iter().chain(coefficients.iter()).any(|x| !x.is_finite())
-                {
-                    return Err(bad(
-                        "the Nyström points, outputs and coefficients do not fit the network".into()
-                    ));
-                }
-            }
-        }
-        Ok(())
+        check
+            .ensure(k >= 1, "map", || "must hold ≥ 1 feature".into())
+            .and_then(|()| check.finite("kernel_eigenvalues", self.kernel_eigenvalues.iter()))
+            .and_then(|()| self.map.check_loaded(&check, "map", net, k))
+            .map_err(|e| {
+                VallaError::Input(InputError::Invalid { what: "Nyström feature map", reason: e.to_string() })
+            })
     }
 }
 
@@ -736,25 +747,7 @@ impl<N: Network + Clone + Serialize + DeserializeOwned> Persist for EllaPosterio
         check.shape("ggn_eigenvectors", self.ggn_eigenvectors.shape(), (k, k))?;
         check.finite("ggn_eigenvectors", self.ggn_eigenvectors.iter())?;
         check.positive("prior_precision", self.prior_precision)?;
-        match &self.feature_map {
-            FeatureMap::Directions(v) => {
-                check.shape("feature_map.Directions", v.shape(), (self.net.n_params(), k))?;
-                check.finite("feature_map.Directions", v.iter())
-            }
-            FeatureMap::Kernel { points, outputs, coefficients } => {
-                let m = points.nrows();
-                check.ensure(m >= 1, "feature_map.Kernel.points", || "must hold ≥ 1 point".into())?;
-                check.shape("feature_map.Kernel.points", points.shape(), (m, self.net.input_dim()))?;
-                check.finite("feature_map.Kernel.points", points.iter())?;
-                check.len("feature_map.Kernel.outputs", outputs.len(), m)?;
-                let q = self.net.output_dim();
-                check.ensure(outputs.iter().all(|&o| o < q), "feature_map.Kernel.outputs", || {
-                    format!("each must be an output index below {q}")
-                })?;
-                check.shape("feature_map.Kernel.coefficients", coefficients.shape(), (m, k))?;
-                check.finite("feature_map.Kernel.coefficients", coefficients.iter())
-            }
-        }
+        self.feature_map.check_loaded(&check, "feature_map", &self.net, k)
     }
 }
 

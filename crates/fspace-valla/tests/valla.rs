@@ -704,6 +704,8 @@ fn nystrom_features_are_the_nystrom_approximation_of_the_ntk() {
         assert_mat_close(&phi, &(&jx * &v), 1e-10, 0.0);
         let saved: NystromFeatures = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
         saved.check(&net).unwrap();
+        // Against another network (three inputs): refused, on either route.
+        assert!(saved.check(&mlp(3, 3, 5)).is_err());
         assert_mat_close(&saved.eval(&net, &x).unwrap(), &phi, 0.0, 0.0);
     }
     // A 2 → 3 linear map has 9 parameters: its kernel at 12 points has rank ≤ 9.
