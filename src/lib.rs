@@ -44,3 +44,7 @@ pub struct ReadmeDoctests;
 #[doc = include_str!("../docs/guide.md")]
 #[cfg(doctest)]
 pub struct GuideDoctests;
+
+#[doc = include_str!("../docs/getting-started/rust.md")]
+#[cfg(doctest)]
+pub struct GettingStartedRustDoctests;

@@ -543,16 +543,6 @@ def test_layered_structures_refuse_what_their_factors_cannot_hold(model, structu
         la.fit(x, torch.randn(5, 2 if model in (BatchNormCNN, TinyAttention) else 1, dtype=torch.float64))
 
 
-def test_the_guides_residual_network_example_runs_as_printed():
-    import pathlib
-    import re
-
-    guide = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "guide.md").read_text(encoding="utf-8")
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if "class BasicBlock" in b]
-    assert len(blocks) == 1
-    exec(compile(blocks[0], "docs/guide.md (residual network)", "exec"), {})
-
-
 def test_kron_on_a_bias_free_layer_equals_the_factors_written_out():
     """f = W₂ tanh(W₁x) + b₂ with W₁ bias-free: KFAC by hand — A₁ = Σ x xᵀ (no 1 appended),
     G₁ = Σᵢ Σ_c δδᵀ / n with δ = (1 − h²) ⊙ W₂ᵀe_c / σ; A₂ = Σ h̃h̃ᵀ with h̃ = [h; 1], G₂ = I/σ² —

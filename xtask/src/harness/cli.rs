@@ -1,5 +1,5 @@
 //! The command line (clap, derive): `list`, `reproduce`, `report`, `publish`, `redraw`, `restore`,
-//! `test`, each with `--help`. The experiment names are checked against the registry by clap itself, and `reproduce --help`
+//! `test`, `docs`, `wheel`, each with `--help`. The experiment names are checked against the registry by clap itself, and `reproduce --help`
 //! prints every experiment with the flags it accepts and its measured full-setting wall time.
 
 use std::path::Path;
@@ -16,12 +16,13 @@ use super::report;
 #[command(
     name = "cargo xtask",
     bin_name = "cargo xtask",
-    about = "fspace task runner: reproduce the papers' experiments, test, publish results, build the wheel",
+    about = "fspace task runner: reproduce the papers' experiments, test, publish results, build the guide and the wheel",
     after_help = "Examples:\n  cargo xtask reproduce                  # the quick default suite (minutes)\n  \
                   cargo xtask reproduce fsp-mauna-loa    # one experiment at its full setting\n  \
                   cargo xtask reproduce --all --resume   # everything, resumable (days on 2 cores)\n  \
                   cargo xtask reproduce --help           # every experiment and the flags it accepts\n  \
                   cargo xtask test                       # every test, Rust and Python (what CI runs)\n  \
+                  cargo xtask docs                       # the user guide site in site/ (open site/index.html)\n  \
                   cargo xtask wheel                      # the Python package as a wheel in target/wheels"
 )]
 pub struct Cli {
@@ -82,6 +83,18 @@ pub enum Task {
         /// Output root holding the runs.
         #[arg(long, default_value = "docs/results", value_name = "DIR")]
         dir: String,
+    },
+    /// Build the user guide site into OUT: mkdocs-material over docs/ (`mkdocs.yml`), the Python
+    /// API pages from the docstrings (mkdocstrings), the Rust API by `cargo doc --workspace
+    /// --no-deps` under OUT/rust/. Offline: every asset is in OUT; serve it with
+    /// `python3 -m http.server -d OUT` for the search.
+    Docs {
+        /// Where the site goes.
+        #[arg(long, default_value = "site")]
+        out: String,
+        /// Leave the Rust API out (it takes a `cargo doc` build).
+        #[arg(long)]
+        no_rustdoc: bool,
     },
     /// Build the `fspace` Python package as a wheel (abi3: one wheel for CPython ≥ 3.9; the
     /// platform tag maturin's check gives this machine's glibc) into OUT, with maturin from the
@@ -408,6 +421,11 @@ pub fn dispatch(experiments: &[Experiment], cli: Cli) -> Result<()> {
                     dst.display()
                 );
             }
+            Ok(())
+        }
+        Task::Docs { out, no_rustdoc } => {
+            let site = super::test::build_site(Path::new(&out), !no_rustdoc)?;
+            println!("built {} (open {}/index.html; the search needs `python3 -m http.server -d {}`)", site.display(), site.display(), site.display());
             Ok(())
         }
         Task::Wheel { out } => {

@@ -262,59 +262,96 @@ pub fn pm_cell((mean, spread): (f64, f64)) -> String {
     }
 }
 
-/// The line after which `README.md` is generated: whatever precedes it is written by hand (the
-/// claims list of `docs/results/`) and kept as it is by [`write_index`].
+/// The line after which a `README.md` is generated: whatever precedes it is written by hand (the
+/// claims table of `docs/results/README.md`, a run's own notes in its folder's `README.md`) and
+/// kept as it is by [`write_index`].
 pub const INDEX_MARKER: &str = "<!-- cargo xtask report: everything below this line is generated -->";
 
 /// How a generated `README.md` begins (a file of `results/` that nobody edited).
-const GENERATED_HEADER: &str = "# Results\n\nWritten by `cargo xtask reproduce` after every experiment: each \
-section is the `table.md` of a run found in this folder (ours beside the paper's numbers; `--quick` runs say so in \
-their title). Regenerate one with `cargo xtask reproduce NAME`.\n";
+const GENERATED_HEADER: &str = "# Results\n\nWritten by `cargo xtask reproduce` after every experiment: one line \
+per run found in this folder, linking its `README.md` (the run's table, ours beside the paper's numbers, its figures and \
+how it was run; `--quick` runs say so in their title). Regenerate one with `cargo xtask reproduce NAME`.\n";
 
-/// Rewrites the index of `out/README.md`: one section per experiment that has a `table.md`
-/// under `out/`, in registry order — its paper reference, a link to its folder and its table
-/// (ours beside the paper's numbers), so one file indexes every run and its headline numbers.
+/// `text` up to and including [`INDEX_MARKER`] (the hand-written part), or `None` when the
+/// marker is absent.
+fn hand_written(text: &str) -> Option<&str> {
+    text.find(INDEX_MARKER).map(|at| &text[..at + INDEX_MARKER.len()])
+}
+
+/// Reads `path`, `None` when it does not exist.
+fn read_if_present(path: &Path) -> Result<Option<String>> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Rewrites the index of `out/README.md` and each run's own `out/NAME/README.md`, for every
+/// experiment that has a `table.md` under `out/`, in registry order.
+///
+/// A run's `README.md` is its page: a title (the name and the paper's figures or tables it
+/// reproduces), then its table (ours beside the paper's numbers, with its figures) and a link to
+/// its `RUN.md` (commit, command, wall time). The index lists one line per run, linking that page.
 ///
 /// Hand-written text is never lost: an existing file with [`INDEX_MARKER`] keeps everything up
-/// to the marker and gets the index after it; an existing file that is neither generated nor
-/// marked keeps all its text and gets the marker and the index appended. Only a missing file or
-/// one this function wrote without a marker is replaced whole.
+/// to the marker and gets the generated text after it; an existing file that is neither generated
+/// nor marked keeps all its text and gets the marker and the generated text appended. Only a
+/// missing file or one this function wrote without a marker is replaced whole. A run's first
+/// `README.md` puts its title above the marker, so notes written under the title are kept.
 pub fn write_index<'a>(out: &str, experiments: impl Iterator<Item = (&'a str, &'a str)>) -> Result<()> {
     let path = Path::new(out).join("README.md");
-    let existing = match fs::read_to_string(&path) {
-        Ok(text) => Some(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    let mut md = match read_if_present(&path)? {
+        Some(text) => match hand_written(&text) {
+            Some(hand) => format!("{hand}\n"),
+            None if !text.starts_with(GENERATED_HEADER) => format!("{}\n\n{INDEX_MARKER}\n", text.trim_end()),
+            None => String::from(GENERATED_HEADER),
+        },
+        None => String::from(GENERATED_HEADER),
     };
-    let mut md = match existing {
-        Some(text) if text.contains(INDEX_MARKER) => {
-            let end = text.find(INDEX_MARKER).expect("just found") + INDEX_MARKER.len();
-            format!("{}\n", &text[..end])
-        }
-        Some(text) if !text.starts_with(GENERATED_HEADER) => {
-            format!("{}\n\n{INDEX_MARKER}\n", text.trim_end())
-        }
-        _ => String::from(GENERATED_HEADER),
-    };
-    let mut found = 0;
+    let mut lines = Vec::new();
     for (name, paper) in experiments {
-        let table = Path::new(out).join(name).join("table.md");
-        let Ok(text) = fs::read_to_string(&table) else { continue };
-        found += 1;
-        // The table's own title becomes an emphasised line (it says "quick mode" where so);
-        // its subsections are demoted below ours.
-        let body: Vec<String> = text
-            .lines()
-            .map(|l| match l.strip_prefix("# ") {
-                Some(title) => format!("*{title}*"),
-                None if l.starts_with('#') => format!("##{l}"),
-                None => l.to_string(),
-            })
-            .collect();
-        md.push_str(&format!("\n## [{name}]({name}/) — {paper}\n\n{}\n", body.join("\n").trim_end()));
+        let folder = Path::new(out).join(name);
+        let Some(table) = read_if_present(&folder.join("table.md"))? else { continue };
+        write_run_readme(&folder, name, paper, &table)?;
+        // The table's own title says "quick mode" where so; the index repeats it.
+        let title = table.lines().find_map(|l| l.strip_prefix("# ")).unwrap_or(name).trim();
+        lines.push(format!("- [{name}]({name}/README.md) — {paper}. *{title}*"));
     }
-    if found == 0 {
+    if lines.is_empty() {
         md.push_str("\nNo experiment has been run into this folder yet.\n");
+    } else {
+        md.push_str(&format!("\n{}\n", lines.join("\n")));
+    }
+    fs::write(&path, md).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes `folder/README.md` for the run `name`: the hand-written part (or, the first time, a
+/// title), then its `table.md` with its subsections demoted below the title, and a link to its
+/// `RUN.md` where there is one.
+fn write_run_readme(folder: &Path, name: &str, paper: &str, table: &str) -> Result<()> {
+    let path = folder.join("README.md");
+    let mut md = match read_if_present(&path)? {
+        Some(text) => match hand_written(&text) {
+            Some(hand) => format!("{hand}\n"),
+            None => format!("{}\n\n{INDEX_MARKER}\n", text.trim_end()),
+        },
+        None => format!("# {name} — {paper}\n\n{INDEX_MARKER}\n"),
+    };
+    let body: Vec<String> = table
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(title) => format!("*{title}*"),
+            None if l.starts_with('#') => format!("#{l}"),
+            None => l.to_string(),
+        })
+        .collect();
+    md.push_str(&format!("\n{}\n", body.join("\n").trim_end()));
+    if folder.join("RUN.md").is_file() {
+        md.push_str(
+            "\nHow it was run — the commit, the command, the start and the wall time of each part: \
+[RUN.md](RUN.md).\n",
+        );
     }
     fs::write(&path, md).with_context(|| format!("writing {}", path.display()))
 }
@@ -401,26 +438,31 @@ mod tests {
     }
 
     #[test]
-    fn the_index_lists_exactly_the_runs_with_a_table() {
+    fn the_index_lists_exactly_the_runs_with_a_table_and_each_gets_its_page() {
         let out = std::env::temp_dir().join(format!("fspace-index-{}", std::process::id()));
         fs::create_dir_all(out.join("a")).unwrap();
         fs::create_dir_all(out.join("b")).unwrap();
-        fs::write(out.join("a/table.md"), "# a\n\n| x | y |\n|---|---|\n| 1 | 2 |\n\n## sub\n").unwrap();
+        fs::write(out.join("a/table.md"), "# a (quick)\n\n| x | y |\n|---|---|\n| 1 | 2 |\n\n## sub\n")
+            .unwrap();
+        fs::write(out.join("a/RUN.md"), "commit abc\n").unwrap();
         let out_s = out.to_str().unwrap();
         write_index(out_s, [("a", "Paper A"), ("b", "Paper B"), ("c", "Paper C")].into_iter()).unwrap();
         let md = fs::read_to_string(out.join("README.md")).unwrap();
-        assert!(md.contains("## [a](a/) — Paper A") && md.contains("| 1 | 2 |") && md.contains("#### sub"));
-        assert!(md.contains("*a*") && !md.contains("# a\n"));
-        assert!(!md.contains("Paper B") && !md.contains("Paper C"));
-        // Rewriting a generated index replaces it whole (no second header).
+        assert!(md.contains("- [a](a/README.md) — Paper A. *a (quick)*"), "{md}");
+        assert!(!md.contains("Paper B") && !md.contains("Paper C") && !md.contains("| 1 | 2 |"));
+        let page = fs::read_to_string(out.join("a/README.md")).unwrap();
+        assert!(page.starts_with("# a — Paper A\n"), "{page}");
+        assert!(page.contains("*a (quick)*") && page.contains("| 1 | 2 |") && page.contains("### sub"));
+        assert!(page.contains("[RUN.md](RUN.md)") && !out.join("b/README.md").exists());
+        // Rewriting replaces the generated parts whole (no second header or title).
         write_index(out_s, [("a", "Paper A")].into_iter()).unwrap();
-        let again = fs::read_to_string(out.join("README.md")).unwrap();
-        assert_eq!(again, md);
+        assert_eq!(fs::read_to_string(out.join("README.md")).unwrap(), md);
+        assert_eq!(fs::read_to_string(out.join("a/README.md")).unwrap(), page);
         fs::remove_dir_all(&out).unwrap();
     }
 
     #[test]
-    fn the_index_keeps_hand_written_text_above_the_marker() {
+    fn the_index_and_the_pages_keep_hand_written_text_above_the_marker() {
         let out = std::env::temp_dir().join(format!("fspace-claims-{}", std::process::id()));
         fs::create_dir_all(out.join("a")).unwrap();
         fs::write(out.join("a/table.md"), "# a\n\n| x | y |\n|---|---|\n| 1 | 2 |\n").unwrap();
@@ -432,14 +474,23 @@ mod tests {
         let first = fs::read_to_string(out.join("README.md")).unwrap();
         assert!(first.starts_with(claims), "{first}");
         assert_eq!(first.matches(INDEX_MARKER).count(), 1);
-        assert!(first.contains("## [a](a/) — Paper A") && first.contains("| 1 | 2 |"));
+        assert!(first.contains("- [a](a/README.md) — Paper A"));
         assert!(!first.contains("Written by `cargo xtask reproduce`"));
-        // Regenerating keeps the text above the marker and replaces only the index below it.
+        // Notes written under a run's title survive a regeneration that changes its table.
+        let page = fs::read_to_string(out.join("a/README.md")).unwrap();
+        let noted = page.replacen(INDEX_MARKER, &format!("Rerun for its figures.\n\n{INDEX_MARKER}"), 1);
+        fs::write(out.join("a/README.md"), noted).unwrap();
         fs::write(out.join("a/table.md"), "# a\n\n| x | y |\n|---|---|\n| 3 | 4 |\n").unwrap();
         write_index(out_s, [("a", "Paper A")].into_iter()).unwrap();
         let second = fs::read_to_string(out.join("README.md")).unwrap();
-        assert!(second.starts_with(claims) && second.contains("| 3 | 4 |") && !second.contains("| 1 | 2 |"));
-        assert_eq!(second.matches(INDEX_MARKER).count(), 1);
+        assert_eq!(second, first);
+        let page = fs::read_to_string(out.join("a/README.md")).unwrap();
+        assert!(
+            page.contains("Rerun for its figures.")
+                && page.contains("| 3 | 4 |")
+                && !page.contains("| 1 | 2 |")
+        );
+        assert_eq!(page.matches(INDEX_MARKER).count(), 1);
         fs::remove_dir_all(&out).unwrap();
     }
 }

@@ -27,6 +27,12 @@
 //!    a fresh virtual environment and runs the README's quickstart there with no Rust toolchain
 //!    on `PATH`.
 //!
+//! 6. the user guide site (`cargo xtask docs`, [`build_site`]) into `target/site`, whose path
+//!    `$FSPACE_SITE` hands to `crates/fspace-py/tests/test_site.py`: a headless Chromium
+//!    (Debian's `chromium` package, installed with apt-get when missing)
+//!    driven by Playwright opens every page; the Python blocks of the guide's pages run in
+//!    `crates/fspace-py/tests/test_guide_pages.py`.
+//!
 //! `$FSPACE_PYTHON` names the interpreter that makes the environment (default `python3`).
 
 use std::fs::File;
@@ -186,11 +192,15 @@ fn python_tests(root: &Path, torch: bool) -> Result<()> {
     println!("== Rust reference numbers for the Python tests: {}", reference.display());
     super::python_reference::write(&reference)?;
     let wheel = build_wheel(&root.join("target").join("wheels"))?;
+    let site = build_site(&root.join("target").join("site"), true)?;
+    let chromium = ensure_chromium(&console)?;
     let mut pytest = Command::new(&py);
     pytest
         .args(["-m", "pytest", "-q", "-rs", "crates/fspace-py/tests"])
         .env("FSPACE_RUST_REFERENCE", &reference)
-        .env("FSPACE_WHEEL", &wheel);
+        .env("FSPACE_WHEEL", &wheel)
+        .env("FSPACE_SITE", &site)
+        .env("FSPACE_CHROMIUM", &chromium);
     if torch {
         pytest.env("FSPACE_REQUIRE_TORCH", "1");
     } else {
@@ -234,6 +244,105 @@ pub fn build_wheel(out: &Path) -> Result<PathBuf> {
         .map(|e| e.path())
         .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("fspace-")))
         .ok_or_else(|| anyhow!("maturin wrote no fspace wheel into {}", out.display()))
+}
+
+/// The site's builders and the browser test's driver, pinned: mkdocs with the Material theme,
+/// mkdocstrings' Python handler (API pages from the docstrings, read statically by griffe) and
+/// Playwright (the browser test; it drives the system's Chromium, it downloads no browser).
+const DOCS_REQUIREMENTS: [&str; 4] =
+    ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings-python==2.0.11", "playwright==1.65.2"];
+
+/// `cargo xtask docs`: the user guide site into `out` (relative to the workspace root unless
+/// absolute): `mkdocs build --strict` over `docs/` by `mkdocs.yml` (a broken link, a page
+/// outside the nav or a bad docstring section fails the build) with the test environment's
+/// mkdocs (installed if missing), then, with `rustdoc`, `cargo doc --workspace --no-deps`
+/// copied to `out/rust/`, where the Rust API page links. Returns the site's path.
+pub fn build_site(out: &Path, rustdoc: bool) -> Result<PathBuf> {
+    let root = root();
+    let out = if out.is_absolute() { out.to_path_buf() } else { root.join(out) };
+    let venv = venv_dir(&root);
+    let bin = venv.join("bin");
+    if !bin.join("python").exists() {
+        python_environment(&root, false, 0.0, &Console::Terminal)?;
+    }
+    let py = bin.join("python");
+    let importable = |module: &str| {
+        Command::new(&py).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success())
+    };
+    if !(importable("material") && importable("mkdocstrings_handlers.python") && importable("playwright")) {
+        Console::Terminal.run(
+            "the guide's builders (mkdocs-material, mkdocstrings) and Playwright",
+            Command::new(&py)
+                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                .args(DOCS_REQUIREMENTS),
+        )?;
+    }
+    Console::Terminal.run(
+        "the user guide site (mkdocs build --strict)",
+        Command::new(bin.join("mkdocs"))
+            .args(["build", "--strict", "--quiet", "--site-dir"])
+            .arg(&out)
+            .current_dir(&root)
+            .env("NO_MKDOCS_2_WARNING", "1"),
+    )?;
+    if rustdoc {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        Console::Terminal.run(
+            "the Rust API (cargo doc --workspace --no-deps)",
+            Command::new(&cargo).args(["doc", "--workspace", "--no-deps", "--quiet"]).current_dir(&root),
+        )?;
+        copy_tree(&root.join("target").join("doc"), &out.join("rust"))?;
+    }
+    Ok(out)
+}
+
+/// Copies the folder `from` into `to` (made if missing), files and subfolders.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("could not create {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("could not read {}", from.display()))? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)
+                .with_context(|| format!("could not copy {} to {}", entry.path().display(), target.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The headless browser of the site's test: `$FSPACE_CHROMIUM`, else Debian's `chromium`
+/// package at `/usr/bin/chromium`, installed with `apt-get` when missing (as the test command
+/// installs torch; Playwright's own browser builds download themselves, which an offline
+/// machine cannot).
+fn ensure_chromium(console: &Console) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("FSPACE_CHROMIUM") {
+        return Ok(PathBuf::from(path));
+    }
+    let path = PathBuf::from("/usr/bin/chromium");
+    if path.exists() {
+        return Ok(path);
+    }
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", "--quiet", "chromium"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    console.say("== Chromium for the site's browser test (Debian's package, apt-get install chromium)")?;
+    if !install() {
+        // A fresh machine's package lists may be empty or stale.
+        let updated = Command::new("apt-get").args(["update", "--quiet"]).status().is_ok_and(|s| s.success());
+        if !(updated && install()) {
+            bail!(
+                "the site's browser test needs Chromium: install Debian's package `chromium` (apt-get install \
+                 chromium, as root) or name a Chromium binary in $FSPACE_CHROMIUM"
+            );
+        }
+    }
+    Ok(path)
 }
 
 /// Free disk below which `install_torch` leaves torch out: the lean install measured ≈ 4.6 GB
