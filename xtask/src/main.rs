@@ -4,7 +4,8 @@
 //! * `cargo xtask reproduce [NAME…|--all] [--quick] [--seed N] [--out DIR] […]` — runs them and
 //!   writes `results/NAME/` and `results/README.md`; `cargo xtask reproduce --help` lists every
 //!   experiment with the flags it accepts.
-//! * `cargo xtask report [--out DIR]` — rebuilds `results/README.md` from the tables there.
+//! * `cargo xtask report [--out DIR]` — rebuilds `results/README.md` (the index) and each run's
+//!   `README.md` page from the tables there.
 //! * `cargo xtask test [--python-only|--rust-only] [--no-torch]` — every test, Rust and Python
 //!   (what `.ci/run` runs).
 //! * `cargo xtask publish NAME… [--from DIR] [--to docs/results]` — copies finished runs into the
@@ -13,6 +14,8 @@
 //!   `metrics.json`.
 //! * `cargo xtask restore NAME… [--from docs/results] [--out DIR]` — puts a published run's
 //!   checkpoint back to continue it with `--resume`.
+//! * `cargo xtask docs [--out DIR] [--no-rustdoc]` — the user guide site (mkdocs-material over
+//!   `docs/`, the Python API from the docstrings, the Rust API by rustdoc) into `site/`.
 //! * `cargo xtask wheel [--out DIR]` — the `fspace` Python package as an abi3 wheel.
 //!
 //! The harness, protocols and experiments are the `xtask` library (`src/lib.rs`); this binary
@@ -92,6 +95,29 @@ mod tests {
         match harness::cli::parse(EXPERIMENTS, args.iter().copied()) {
             Ok(cli) => harness::cli::dispatch(EXPERIMENTS, cli).unwrap_err().to_string(),
             Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_help_and_the_module_docs_name_every_subcommand() {
+        use clap::CommandFactory;
+        let mut cli = harness::cli::Cli::command();
+        let help = cli.render_long_help().to_string();
+        let module_docs = include_str!("main.rs");
+        let names: Vec<String> =
+            cli.get_subcommands().map(|c| c.get_name().to_string()).filter(|n| n != "help").collect();
+        for name in ["list", "reproduce", "report", "test", "publish", "redraw", "restore", "docs", "wheel"] {
+            assert!(names.iter().any(|n| n == name), "no subcommand {name}");
+        }
+        for name in &names {
+            assert!(
+                help.contains(&format!("  {name}")),
+                "`cargo xtask --help` does not list {name}:\n{help}"
+            );
+            assert!(
+                module_docs.contains(&format!("//! * `cargo xtask {name}")),
+                "main.rs's docs do not list {name}"
+            );
         }
     }
 

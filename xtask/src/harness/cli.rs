@@ -425,7 +425,12 @@ pub fn dispatch(experiments: &[Experiment], cli: Cli) -> Result<()> {
         }
         Task::Docs { out, no_rustdoc } => {
             let site = super::test::build_site(Path::new(&out), !no_rustdoc)?;
-            println!("built {} (open {}/index.html; the search needs `python3 -m http.server -d {}`)", site.display(), site.display(), site.display());
+            println!(
+                "built {} (open {}/index.html; the search needs `python3 -m http.server -d {}`)",
+                site.display(),
+                site.display(),
+                site.display()
+            );
             Ok(())
         }
         Task::Wheel { out } => {

@@ -289,7 +289,9 @@ pub fn build_site(out: &Path, rustdoc: bool) -> Result<PathBuf> {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         Console::Terminal.run(
             "the Rust API (cargo doc --workspace --no-deps)",
-            Command::new(&cargo).args(["doc", "--workspace", "--no-deps", "--quiet"]).current_dir(&root),
+            Command::new(&cargo)
+                .args(["doc", "--release", "--workspace", "--no-deps", "--quiet"])
+                .current_dir(&root),
         )?;
         copy_tree(&root.join("target").join("doc"), &out.join("rust"))?;
     }
@@ -305,8 +307,9 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         if entry.file_type()?.is_dir() {
             copy_tree(&entry.path(), &target)?;
         } else {
-            std::fs::copy(entry.path(), &target)
-                .with_context(|| format!("could not copy {} to {}", entry.path().display(), target.display()))?;
+            std::fs::copy(entry.path(), &target).with_context(|| {
+                format!("could not copy {} to {}", entry.path().display(), target.display())
+            })?;
         }
     }
     Ok(())
