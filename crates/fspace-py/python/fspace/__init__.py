@@ -40,10 +40,11 @@ from __future__ import annotations
 
 from . import kernels, subnetmask
 from ._convert import ModelSpec, convert_sequential
-from ._fspace import NumericalError, memory_limit, set_memory_limit
+from ._fspace import NumericalError
 from ._functional import ELLALaplace
 from ._laplace import Laplace
 from ._marglik import marglik_training
+from ._memory import memory_limit, set_memory_limit
 from ._methods import ELLA, GFSVI, FSPLaplace, ExactGP, GPPrior, VaLLA, default_config
 
 __all__ = [

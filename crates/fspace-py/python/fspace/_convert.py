@@ -76,9 +76,25 @@ def _check_pool(name: str, module: Any) -> None:
 
 
 class ModelSpec:
-    """A network as the compiled module takes it: the ``state_dict``, the activation and, for
-    a CNN, its architecture (``convs``, ``hidden``, ``output_dim`` and ``input_shape``
-    ``(C, H, W)``, which the first 4-D input sets when the model did not say)."""
+    """A network as the compiled module takes it.
+
+    Parameters
+    ----------
+    state : dict of numpy.ndarray
+        The ``state_dict``: ``{i}.weight`` / ``{i}.bias`` arrays, float64.
+    activation : str
+        ``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"softplus"`` or ``"gelu_tanh"``.
+    architecture : dict, optional
+        A CNN's layout (``convs``, ``hidden``, ``output_dim`` and ``input_shape`` ``(C, H, W)``,
+        which the first 4-D input sets when the model did not say); ``None`` for an MLP.
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> spec = fspace.convert_sequential(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)))
+    >>> spec.activation, spec.is_cnn, sorted(spec.state)
+    ('tanh', False, ['0.bias', '0.weight', '2.bias', '2.weight'])
+    """
 
     def __init__(self, state: Any, activation: str, architecture: Optional[Dict[str, Any]] = None) -> None:
         self.state = state
@@ -87,9 +103,22 @@ class ModelSpec:
 
     @property
     def is_cnn(self) -> bool:
+        """Whether the network has convolutional blocks."""
         return self.architecture is not None
 
     def set_input_shape(self, shape: Any) -> None:
+        """Sets a CNN's input shape (an MLP accepts only its own width).
+
+        Parameters
+        ----------
+        shape : sequence of int
+            ``(C, H, W)``.
+
+        Raises
+        ------
+        ValueError
+            A shape that is not ``(C, H, W)``, differs from the known one, or is given to an MLP.
+        """
         shape = tuple(int(s) for s in shape)
         if self.architecture is None:
             first = next(np.asarray(v) for v in self.state.values() if np.asarray(v).ndim == 2)
@@ -106,8 +135,25 @@ class ModelSpec:
         self.architecture["input_shape"] = list(shape)
 
     def inputs(self, x: Any, what: str = "X") -> np.ndarray:
-        """``X`` as float64 rows: a CNN takes ``N × C × H × W`` images (flattened channel-major,
-        as ``torch.flatten``) or rows of ``C·H·W`` values once its input shape is known."""
+        """Inputs as float64 rows.
+
+        Parameters
+        ----------
+        x : array_like or torch.Tensor
+            MLP: ``N × d``; CNN: ``N × C × H × W`` images (flattened channel-major, as
+            ``torch.flatten``), or rows of ``C·H·W`` values once its input shape is known.
+        what : str, default "X"
+            The name error messages use.
+
+        Returns
+        -------
+        numpy.ndarray, shape (N, d)
+
+        Raises
+        ------
+        ValueError
+            Inputs that are not finite real numbers, or of a shape the model does not take.
+        """
         if not self.is_cnn:
             return array2(x, what)
         a = real_array(x, what)
@@ -123,11 +169,27 @@ class ModelSpec:
         return array2(a, what)
 
     def architecture_known(self) -> bool:
-        """Whether the network can be built: an MLP, or a CNN whose input shape is known."""
+        """Whether the network can be built: an MLP, or a CNN whose input shape is known.
+
+        Returns
+        -------
+        bool
+        """
         return self.architecture is None or self.architecture.get("input_shape") is not None
 
     def architecture_dict(self) -> Optional[Dict[str, Any]]:
-        """A CNN's layout as the Rust ``CnnArchitecture``'s dict; ``None`` for an MLP."""
+        """A CNN's layout as the Rust ``CnnArchitecture``'s dict.
+
+        Returns
+        -------
+        dict or None
+            ``None`` for an MLP.
+
+        Raises
+        ------
+        ValueError
+            A CNN whose input shape is not known yet.
+        """
         if self.architecture is None:
             return None
         if self.architecture.get("input_shape") is None:
@@ -137,8 +199,33 @@ class ModelSpec:
 
 def convert_sequential(model: Any) -> ModelSpec:
     """The ``state_dict`` (float64 numpy arrays), activation and (for a CNN) architecture of an
-    ``nn.Sequential`` fspace implements; ``TypeError`` / ``ValueError`` naming the module
-    otherwise."""
+    ``nn.Sequential`` fspace's native engine runs.
+
+    Parameters
+    ----------
+    model : torch.nn.Sequential
+        Linear layers and one activation (Tanh, ReLU, Sigmoid, Softplus, GELU(tanh)), after
+        optional Conv2d blocks (stride 1, no or "same" padding, the activation, an optional
+        MaxPool2d(2)) and a Flatten.
+
+    Returns
+    -------
+    ModelSpec
+
+    Raises
+    ------
+    TypeError
+        Not an ``nn.Sequential``, or a layer the native engine does not run (named).
+    ValueError
+        Two different activations, or a layer's settings it does not run (named).
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> spec = fspace.convert_sequential(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+    >>> spec.activation, spec.state["0.weight"].shape
+    ('relu', (8, 3))
+    """
     kind = type(model).__name__
     if kind != "Sequential":
         raise TypeError(

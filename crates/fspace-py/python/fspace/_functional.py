@@ -520,8 +520,21 @@ class ELLALaplace(Wrapper):
             raise ValueError("Function-space predictions require at least one input.")
 
     def predictive_moments(self, x: Any, *, joint: bool = False) -> Tuple[Any, Any]:
-        """The latent predictive's mean ``B × C`` and covariance ``B × C × C`` (``joint``: the
-        flattened mean and the ``B·C × B·C`` covariance), without observation noise."""
+        """The latent predictive's moments, without observation noise.
+
+        Parameters
+        ----------
+        x : tensor or dict
+            ``B`` inputs (a dict holds them under ``dict_key_x``).
+        joint : bool, default False
+            The covariance between inputs too.
+
+        Returns
+        -------
+        (torch.Tensor, torch.Tensor)
+            The mean ``B × C`` and covariance ``B × C × C``; ``joint``: the flattened mean
+            ``B·C`` and the ``B·C × B·C`` covariance.
+        """
         with self._lock:
             self._check_fitted()
             self._check_nonempty(x)
@@ -530,9 +543,31 @@ class ELLALaplace(Wrapper):
     def __call__(self, x: Any, pred_type: str = "gp", joint: bool = False, link_approx: str = "probit",
                  n_samples: int = 100, diagonal_output: bool = False, generator: Any = None,
                  fitting: bool = False, **model_kwargs: Any) -> Any:
-        """The predictive at ``x``: regression ``(f_mu, f_var)`` (``B × C`` and ``B × C × C``;
-        ``diagonal_output``: ``B × C``; ``joint``: flattened mean and joint covariance), classification
-        class probabilities ``B × C`` by ``link_approx``."""
+        """The predictive at ``x``, as laplace-torch's ``ELLA``.
+
+        Parameters
+        ----------
+        x : tensor or dict
+            ``B`` inputs.
+        pred_type : {"gp"}, default "gp"
+        joint : bool, default False
+            Regression: the flattened mean and the joint covariance between inputs.
+        link_approx : {"probit", "bridge", "bridge_norm", "mc"}, default "probit"
+        n_samples : int, default 100
+            Draws of ``link_approx="mc"``.
+        diagonal_output : bool, default False
+            Regression: variances ``B × C``; MC: draws from the diagonal.
+        generator : torch.Generator, optional
+            The random numbers of the MC path.
+        fitting : bool, default False
+            laplace-torch's flag; ignored.
+
+        Returns
+        -------
+        tuple of tensors or tensor
+            Regression ``(f_mu, f_var)`` (``B × C`` and ``B × C × C``); classification the class
+            probabilities ``B × C``.
+        """
         torch = _torch()
         if pred_type != "gp":
             raise ValueError("Only gp is supported as a functional prediction type.")
@@ -558,8 +593,25 @@ class ELLALaplace(Wrapper):
 
     def functional_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
                            generator: Any = None, joint: bool = False) -> Any:
-        """``n_samples × B × C`` draws of the latent function at ``x`` (``joint``: with the
-        covariance between inputs)."""
+        """Draws of the latent function at ``x`` (laplace-torch's ``draw_gaussian``).
+
+        Parameters
+        ----------
+        x : tensor or dict
+            ``B`` inputs.
+        pred_type : {"glm", "nn", "gp"}, default "glm"
+            laplace-torch's argument; every value draws from the GP predictive.
+        n_samples : int, default 100
+        diagonal_output : bool, default False
+            Draw each output independently.
+        generator : torch.Generator, optional
+        joint : bool, default False
+            With the covariance between inputs.
+
+        Returns
+        -------
+        torch.Tensor, shape (n_samples, B, C)
+        """
         torch = _torch()
         if pred_type not in ("glm", "nn", "gp"):
             raise ValueError(f"Unsupported functional sampling type {pred_type}.")
@@ -579,7 +631,27 @@ class ELLALaplace(Wrapper):
 
     def predictive_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
                            generator: Any = None, fitting: bool = False, joint: bool = False) -> Any:
-        """Draws of the predictive: the latent function (regression) or its softmax."""
+        """Draws of the predictive: the latent function (regression) or its softmax.
+
+        Parameters
+        ----------
+        x : tensor or dict
+            ``B`` inputs.
+        pred_type : {"glm", "nn", "gp"}, default "glm"
+            laplace-torch's argument; every value draws from the GP predictive.
+        n_samples : int, default 100
+        diagonal_output : bool, default False
+            Draw each output independently.
+        generator : torch.Generator, optional
+        fitting : bool, default False
+            laplace-torch's flag; ignored.
+        joint : bool, default False
+            With the covariance between inputs.
+
+        Returns
+        -------
+        torch.Tensor, shape (n_samples, B, C)
+        """
         samples = self.functional_samples(x, pred_type, n_samples, diagonal_output, generator, joint)
         return samples.softmax(dim=-1) if self.likelihood == "classification" else samples
 
@@ -620,7 +692,32 @@ class ELLALaplace(Wrapper):
                                  n_samples: int = 100, verbose: bool = False, progress_bar: bool = False) -> None:
         """laplace-torch's ELLA tuning: ``λ`` on ``grid_size`` log-spaced values in
         ``10^[log_prior_prec_min, log_prior_prec_max]`` by the validation NLL; the other
-        arguments are accepted at their defaults only (as laplace-torch). Returns ``None``."""
+        arguments are accepted at their defaults only (as laplace-torch).
+
+        Parameters
+        ----------
+        pred_type : {"gp"}, default "gp"
+        method : {"gridsearch"}, default "gridsearch"
+        n_steps, lr, init_prior_prec, prior_structure, loss, link_approx, n_samples, verbose, progress_bar
+            laplace-torch's marginal-likelihood options, accepted at their defaults only.
+        val_loader : DataLoader
+            The validation data (required).
+        log_prior_prec_min, log_prior_prec_max : float, default -4, 4
+            The grid's bounds (powers of ten).
+        grid_size : int, default 100
+
+        Returns
+        -------
+        None
+            λ is set on the object.
+
+        Raises
+        ------
+        NotImplementedError
+            A marginal-likelihood option, as laplace-torch's ELLA.
+        ValueError
+            No ``val_loader``, or a grid size below 1.
+        """
         torch = _torch()
         self._check_fitted()
         if pred_type != "gp":
@@ -639,7 +736,20 @@ class ELLALaplace(Wrapper):
 
     def optimize_hyperparameters(self, val_loader: Any, grid: Any) -> None:
         """Sets ``λ`` (or ``(λ, σ)`` pairs, regression) to the grid's value of lowest validation
-        NLL; the scores go to ``fit_history_["tuning"]``."""
+        NLL; the scores go to ``fit_history_["tuning"]``.
+
+        Parameters
+        ----------
+        val_loader : DataLoader
+            The validation data.
+        grid : iterable
+            Values of λ, or ``(λ, σ)`` pairs.
+
+        Raises
+        ------
+        ValueError
+            An empty grid, or no finite validation NLL on it (λ and σ are then left as they were).
+        """
         with self._lock:
             self._check_fitted()
             initial = (self.prior_precision.detach().clone(), self.sigma_noise.detach().clone())
@@ -670,7 +780,23 @@ class ELLALaplace(Wrapper):
             self._build_precision()
 
     def log_marginal_likelihood(self, *args: Any, **kwargs: Any) -> Any:
-        """Refused, as in laplace-torch: ELLA has no marginal likelihood; tune by validation."""
+        """Refused, as in laplace-torch: ELLA has no marginal likelihood; tune by validation.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            laplace-torch's arguments.
+
+        Returns
+        -------
+        torch.Tensor
+            Never: it raises.
+
+        Raises
+        ------
+        NotImplementedError
+            Always.
+        """
         raise NotImplementedError("ELLA does not use FunctionalLaplace's subset-of-data marginal likelihood.")
 
     @property
@@ -690,8 +816,13 @@ class ELLALaplace(Wrapper):
     def state_dict(self) -> Dict[str, Any]:
         """The fitted posterior: the Nyström feature map (fspace's JSON, under
         ``fspace_feature_map``), ``feature_gram``, the hyperparameters, ``n_data``,
-        ``n_outputs``, ``fit_history`` and ``seed``; restore with ``load_state_dict`` on an
-        object built with the same model and arguments."""
+        ``n_outputs``, ``fit_history`` and ``seed``.
+
+        Returns
+        -------
+        dict
+            Restore with ``load_state_dict`` on an object built with the same model and arguments.
+        """
         with self._lock:
             self._check_fitted()
             return {
@@ -715,7 +846,18 @@ class ELLALaplace(Wrapper):
             }
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restores a ``state_dict()`` taken from an ``ELLALaplace`` on the same model."""
+        """Restores a ``state_dict()`` taken from an ``ELLALaplace`` on the same model.
+
+        Parameters
+        ----------
+        state_dict : dict
+            From ``state_dict()``; the feature map is checked as every fspace load is.
+
+        Raises
+        ------
+        ValueError
+            Another class, model, likelihood or key names, or a tampered feature map.
+        """
         torch = _torch()
         if not state_dict.get("fitted", False):
             raise ValueError("ELLA checkpoint must contain a fitted posterior.")

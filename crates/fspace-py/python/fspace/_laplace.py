@@ -538,6 +538,7 @@ class Laplace(Wrapper):
 
     @property
     def n_outputs(self) -> int:
+        """The model's number of outputs ``d'`` (0 before a fit)."""
         return 0 if self._fit is None else self._fit["n_outputs"]
 
     def _fitted_summary(self) -> Dict[str, Any]:
@@ -566,6 +567,8 @@ class Laplace(Wrapper):
 
     @property
     def prior_precision(self) -> Any:
+        """λ as a 1-D tensor: one value, one per parameter tensor (layer-wise) or one per
+        parameter; settable (a float or a tensor), checked finite and > 0."""
         return self._prior_precision
 
     @prior_precision.setter
@@ -619,6 +622,7 @@ class Laplace(Wrapper):
 
     @property
     def sigma_noise(self) -> Any:
+        """The observation noise σ as a 0-d tensor; settable, checked finite and > 0."""
         return self._sigma_noise
 
     @sigma_noise.setter
@@ -644,6 +648,7 @@ class Laplace(Wrapper):
 
     @property
     def prior_mean(self) -> Any:
+        """The prior's mean of the weights (a scalar or one per covered parameter); settable."""
         return self._prior_mean
 
     @prior_mean.setter
@@ -681,11 +686,13 @@ class Laplace(Wrapper):
 
     @property
     def scatter(self) -> Any:
+        """``(θ* − μ₀)ᵀ Λ (θ* − μ₀)``: the prior's quadratic term at the MAP weights."""
         delta = self._fitted_summary()["mean"] - self.prior_mean
         return (delta * self.prior_precision_diag) @ delta
 
     @property
     def log_det_prior_precision(self) -> Any:
+        """``log |Λ|`` of the prior precision over the covered parameters."""
         return self.prior_precision_diag.log().sum()
 
     @property
@@ -744,11 +751,19 @@ class Laplace(Wrapper):
 
     @property
     def log_det_ratio(self) -> Any:
+        """``log |posterior precision| − log |prior precision|``."""
         return self.log_det_posterior_precision - self.log_det_prior_precision
 
     def log_marginal_likelihood(self, prior_precision: Any = None, sigma_noise: Any = None) -> Any:
         """The Laplace log marginal likelihood, differentiable in ``prior_precision`` and
         ``sigma_noise`` (which, when given, replace the current values, as laplace-torch does).
+
+        Parameters
+        ----------
+        prior_precision : float or torch.Tensor, optional
+            A new λ (one value, one per parameter tensor, or one per parameter).
+        sigma_noise : float or torch.Tensor, optional
+            A new σ (regression only).
 
         Returns
         -------
@@ -764,6 +779,24 @@ class Laplace(Wrapper):
         return self.log_likelihood - 0.5 * (self.log_det_ratio + self.scatter)
 
     def log_prob(self, value: Any, normalized: bool = True) -> Any:
+        """laplace-torch's log density of the weight posterior at ``value``; not implemented.
+
+        Parameters
+        ----------
+        value : torch.Tensor
+            Weights.
+        normalized : bool, default True
+            With the normalising constant.
+
+        Returns
+        -------
+        torch.Tensor
+
+        Raises
+        ------
+        NotImplementedError
+            Always: fspace does not expose the posterior precision as an operator.
+        """
         raise NotImplementedError("log_prob needs the posterior precision as an operator; not implemented in fspace yet")
 
     @property
@@ -784,6 +817,7 @@ class Laplace(Wrapper):
 
     @property
     def posterior_covariance(self) -> Any:
+        """``full``: the posterior covariance, the inverse of ``posterior_precision``."""
         torch = _torch()
         if self.hessian_structure != "full":
             raise NotImplementedError(f"posterior_covariance of hessian_structure={self.hessian_structure!r}")
@@ -791,6 +825,7 @@ class Laplace(Wrapper):
 
     @property
     def posterior_variance(self) -> Any:
+        """``diag``: the posterior variance of each covered parameter."""
         if self.hessian_structure != "diag":
             raise NotImplementedError(f"posterior_variance of hessian_structure={self.hessian_structure!r}")
         return 1 / self.posterior_precision
@@ -821,10 +856,44 @@ class Laplace(Wrapper):
         (``method="gridsearch"``: mean squared error of the predictive mean for regression,
         mean negative log-likelihood for classification, unless ``loss`` is given).
 
+        Parameters
+        ----------
+        pred_type : {"glm", "nn"}, default "glm"
+            The predictive the grid search scores.
+        method : {"marglik", "gridsearch"}, default "marglik"
+        n_steps : int, default 100
+            Adam steps on ``log λ`` (marglik).
+        lr : float, default 0.1
+            Adam's learning rate (marglik).
+        init_prior_prec : float or torch.Tensor, default 1.0
+            The starting λ (marglik).
+        prior_structure : {"scalar", "layerwise", "diag"}, default "scalar"
+            One λ, one per parameter tensor, or one per parameter.
+        val_loader : DataLoader, optional
+            The validation data of the grid search (required for it).
+        loss : callable, optional
+            The grid search's score ``loss(prediction, y)``; laplace-torch's defaults otherwise.
+        log_prior_prec_min, log_prior_prec_max : float, default -4, 4
+            The grid's bounds in ``log_prior_prec_base`` units.
+        grid_size : int, default 100
+        link_approx : {"probit", "bridge", "bridge_norm", "mc"}, default "probit"
+            The classification predictive the grid search scores.
+        n_samples : int, default 100
+            Draws of the MC predictives the grid search scores.
+        verbose, progress_bar : bool, default False
+            Print each step's value; show a progress bar.
+        log_prior_prec_base : float, default 10.0
+
         Returns
         -------
         None
             λ is set on the object (``la.prior_precision``), as in laplace-torch.
+
+        Raises
+        ------
+        ValueError
+            An unknown ``pred_type``, ``method`` or ``prior_structure``, a grid search without
+            ``val_loader``, or a call before ``fit``.
         """
         torch = _torch()
         if pred_type not in ("glm", "nn"):
@@ -1012,6 +1081,20 @@ class Laplace(Wrapper):
         return torch.softmax(fs, dim=-1).mean(dim=0).to(out_dtype)
 
     def predictive(self, x: Any, pred_type: str, link_approx: str, n_samples: int) -> Any:
+        """laplace-torch's ``predictive``: ``self(x, pred_type=…, link_approx=…, n_samples=…)``.
+
+        Parameters
+        ----------
+        x : tensor or array
+        pred_type : {"glm", "nn"}
+        link_approx : {"probit", "bridge", "bridge_norm", "mc"}
+        n_samples : int
+
+        Returns
+        -------
+        tuple of tensors or tensor
+            As ``__call__``.
+        """
         return self(x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples)
 
     def _nn_samples(self, x: Any, n_samples: int, generator: Any) -> Any:
@@ -1027,7 +1110,24 @@ class Laplace(Wrapper):
 
     def functional_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 1, diagonal_output: bool = False,
                            generator: Any = None) -> Any:
-        """``n_samples × n × d'`` draws of ``f`` at ``x`` (GLM: from the per-point Gaussians, as laplace-torch)."""
+        """Draws of ``f`` at ``x`` (GLM: from the per-point Gaussians, as laplace-torch).
+
+        Parameters
+        ----------
+        x : tensor or array
+            ``(batch, …)`` inputs.
+        pred_type : {"glm", "nn"}, default "glm"
+            Draws from the linearised predictive, or the network at weight draws.
+        n_samples : int, default 1
+        diagonal_output : bool, default False
+            GLM: draw each output independently (the covariance's diagonal).
+        generator : torch.Generator, optional
+            The random numbers (a seed drawn from it keys fspace's generator).
+
+        Returns
+        -------
+        torch.Tensor, shape (n_samples, n, d')
+        """
         torch = _torch()
         if pred_type not in ("glm", "nn"):
             raise ValueError("Only glm and nn pred types are supported")
@@ -1040,14 +1140,47 @@ class Laplace(Wrapper):
 
     def predictive_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
                            generator: Any = None) -> Any:
-        """Draws of the predictive at ``x``: ``f`` for regression, its softmax for classification."""
+        """Draws of the predictive at ``x``: ``f`` for regression, its softmax for classification.
+
+        Parameters
+        ----------
+        x : tensor or array
+            ``(batch, …)`` inputs.
+        pred_type : {"glm", "nn"}, default "glm"
+            Draws from the linearised predictive, or the network at weight draws.
+        n_samples : int, default 100
+        diagonal_output : bool, default False
+            GLM: draw each output independently (the covariance's diagonal).
+        generator : torch.Generator, optional
+            The random numbers (a seed drawn from it keys fspace's generator).
+
+        Returns
+        -------
+        torch.Tensor, shape (n_samples, n, d')
+        """
         torch = _torch()
         fs = self.functional_samples(x, pred_type, n_samples, diagonal_output, generator)
         return fs if self.likelihood == "regression" else torch.softmax(fs, dim=-1)
 
     def sample(self, n_samples: int = 100, generator: Any = None) -> Any:
-        """``n_samples × n_params`` draws of the covered weights from ``N(mean, P⁻¹)`` (subnetwork
-        Laplace: every weight, the uncovered ones at the MAP, as laplace-torch)."""
+        """Draws of the covered weights from ``N(mean, P⁻¹)`` (subnetwork Laplace: every weight,
+        the uncovered ones at the MAP, as laplace-torch).
+
+        Parameters
+        ----------
+        n_samples : int, default 100
+        generator : torch.Generator, optional
+            The random numbers (a seed drawn from it keys fspace's generator).
+
+        Returns
+        -------
+        torch.Tensor, shape (n_samples, n_params)
+
+        Raises
+        ------
+        MemoryError
+            ``n_samples × n_params`` draws past the memory budget (draw in batches).
+        """
         torch = _torch()
         if int(n_samples) < 1:
             raise ValueError(f"n_samples {n_samples} must be ≥ 1")
@@ -1075,7 +1208,18 @@ class Laplace(Wrapper):
         """laplace-torch's keys (``mean``, ``loss``, ``prior_mean``, ``prior_precision``,
         ``sigma_noise``, ``n_data``, ``n_outputs``, ``likelihood``, ``temperature``,
         ``enable_backprop``, ``cls_name``) with the curvature as fspace's checked JSON under
-        ``fspace_posterior`` in place of ``H``."""
+        ``fspace_posterior`` in place of ``H``.
+
+        Returns
+        -------
+        dict
+            Load it with ``load_state_dict`` on a ``Laplace`` built with the same arguments.
+
+        Raises
+        ------
+        NotImplementedError
+            A Laplace on the torch engine (its network lives in torch: save the model, refit).
+        """
         if isinstance(self._spec, TorchModel):
             raise NotImplementedError(
                 "state_dict of a Laplace on the torch engine: its network lives in torch; save the model and refit"
@@ -1097,7 +1241,18 @@ class Laplace(Wrapper):
         return f"{structure}{subset}Laplace"
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restores a ``state_dict`` taken from a Laplace of the same class and likelihood."""
+        """Restores a ``state_dict`` taken from a Laplace of the same class and likelihood.
+
+        Parameters
+        ----------
+        state_dict : dict
+            From ``state_dict()``; its posterior is checked as every fspace load is.
+
+        Raises
+        ------
+        ValueError
+            Another class, likelihood or model, or a tampered posterior (the message names the field).
+        """
         if self._cls_name() != state_dict.get("cls_name"):
             raise ValueError("Loading a wrong Laplace type. Make sure `subset_of_weights` and `hessian_structure` are correct!")
         if self.likelihood != state_dict.get("likelihood"):

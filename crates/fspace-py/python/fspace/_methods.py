@@ -31,8 +31,27 @@ Progress = Union[None, bool, Callable[[int, int, Optional[float], Optional[float
 
 
 class GPPrior:
-    """``GP(mean, kernel)``: ``kernel`` a ``fspace.kernels`` kernel (scalar, or
-    ``Independent`` / ``Helmholtz`` for several outputs), ``mean`` 0 or a constant."""
+    """A Gaussian-process prior ``GP(mean, kernel)`` over the network's function.
+
+    Parameters
+    ----------
+    kernel : fspace.kernels.MatrixKernel
+        A scalar kernel, or ``Independent`` / ``Helmholtz`` for several outputs.
+    mean : float, default 0.0
+        A constant prior mean.
+
+    Raises
+    ------
+    TypeError
+        ``kernel`` is not a ``fspace.kernels`` kernel.
+
+    Examples
+    --------
+    >>> import fspace
+    >>> prior = fspace.GPPrior(fspace.kernels.Matern52(1.0, 0.5), mean=0.0)
+    >>> prior.output_dim
+    1
+    """
 
     def __init__(self, kernel: MatrixKernel, mean: float = 0.0) -> None:
         if not isinstance(kernel, MatrixKernel):
@@ -41,10 +60,17 @@ class GPPrior:
 
     @property
     def output_dim(self) -> int:
+        """The number of outputs ``d'`` (the kernel's)."""
         return self.kernel.output_dim
 
     def spec(self) -> Dict[str, Any]:
-        """The dict of fspace's ``GpPrior`` (serde's shape of the Rust type)."""
+        """The prior as the dict of fspace's ``GpPrior`` (what crosses to Rust).
+
+        Returns
+        -------
+        dict
+            ``{"kernel": ..., "mean": ...}``.
+        """
         mean: Any = "zero" if self.mean == 0.0 else {"constant": self.mean}
         return {"kernel": self.kernel.spec(), "mean": mean}
 
@@ -61,8 +87,28 @@ def _prior(prior: Any) -> GPPrior:
 
 
 def default_config(method: str) -> Dict[str, Any]:
-    """The default settings (the paper's values) of ``method``: ``"fsp_laplace"``, ``"gfsvi"``,
-    ``"valla"``, ``"ella"``."""
+    """The default settings of a method: the paper's values, the fields of its Rust ``Config``.
+
+    Parameters
+    ----------
+    method : {"fsp_laplace", "gfsvi", "valla", "ella"}
+
+    Returns
+    -------
+    dict
+        Every setting; pass any of them to the method's class as a keyword to change it.
+
+    Raises
+    ------
+    ValueError
+        An unknown method.
+
+    Examples
+    --------
+    >>> import fspace
+    >>> fspace.default_config("valla")["num_inducing"]
+    100
+    """
     return _fspace.default_config(method)
 
 
@@ -210,9 +256,33 @@ class _Fitted(Wrapper):
 
     def __call__(self, x: Any, pred_type: str = "glm", link_approx: str = "probit",
                  n_samples: int = 100, seed: int = 0) -> Any:
-        """Regression: ``(f_mean, f_var)`` (``n × d'`` each); classification: class
-        probabilities (``n × C``) by ``link_approx`` ``"probit" | "bridge" | "mc"``. Only the
-        GLM (linearised) predictive: ``pred_type="glm"``."""
+        """The predictive at ``x`` (the linearised one).
+
+        Parameters
+        ----------
+        x : array_like or torch.Tensor
+            ``n`` inputs.
+        pred_type : {"glm"}, default "glm"
+        link_approx : {"probit", "bridge", "mc"}, default "probit"
+            Classification: how class probabilities are taken from the Gaussian over logits.
+        n_samples : int, default 100
+            Draws of ``link_approx="mc"``.
+        seed : int, default 0
+            The seed of those draws.
+
+        Returns
+        -------
+        tuple or array
+            Regression ``(f_mean, f_var)``, ``n × d'`` each; classification the class
+            probabilities ``n × C``. Torch in, torch out; numpy otherwise.
+
+        Raises
+        ------
+        RuntimeError
+            Before ``fit``.
+        ValueError
+            Inputs that are not finite or of the wrong width.
+        """
         post = self._ensure()
         if pred_type != "glm":
             raise ValueError(f"pred_type {pred_type!r}: {type(self).__name__} has the linearised (\"glm\") predictive only")
@@ -226,7 +296,19 @@ class _Fitted(Wrapper):
     predictive = __call__
 
     def predictive_samples(self, x: Any, n_samples: int = 100, seed: int = 0) -> Any:
-        """``n_samples`` joint draws of ``f`` at the rows of ``X`` (``n_samples × n × d'``)."""
+        """Joint draws of ``f`` at the rows of ``x``.
+
+        Parameters
+        ----------
+        x : array_like or torch.Tensor
+            ``n`` inputs.
+        n_samples : int, default 100
+        seed : int, default 0
+
+        Returns
+        -------
+        array or torch.Tensor, shape (n_samples, n, d')
+        """
         out = self._ensure().sample_functions(self._inputs(x, "X"), int(n_samples), int(seed))
         return back(out, _holds_torch(x))
 
@@ -245,16 +327,32 @@ class _Fitted(Wrapper):
     def state_dict(self) -> Dict[str, Any]:
         """What the fit produced: ``cls_name``, ``method``, ``likelihood``, ``report`` and the
         posterior as fspace's checked, versioned JSON under ``fspace_posterior`` (the network's
-        weights inside it). Restore with ``load_state_dict`` on an object built with the same
-        arguments; the trained weights as a model ``state_dict`` are ``model_state_dict()``."""
+        weights inside it).
+
+        Returns
+        -------
+        dict
+            Restore with ``load_state_dict`` on an object built with the same arguments; the
+            trained weights as a model ``state_dict`` are ``model_state_dict()``.
+        """
         post = self._ensure()
         with self._lock:
             return dict(cls_name=type(self).__name__, method=post.method, likelihood=self.likelihood,
                         report=copy.deepcopy(self._report), fspace_posterior=post.to_json())
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restores a ``state_dict()`` taken from a fitted object of the same class and
-        likelihood (the posterior is checked as every fspace load is)."""
+        """Restores a ``state_dict()`` taken from a fitted object of the same class and likelihood.
+
+        Parameters
+        ----------
+        state_dict : dict
+            From ``state_dict()``; the posterior is checked as every fspace load is.
+
+        Raises
+        ------
+        ValueError
+            Another class or likelihood, or a tampered posterior (the message names the field).
+        """
         if state_dict.get("cls_name") != type(self).__name__:
             raise ValueError(f"the state_dict is of a {state_dict.get('cls_name')!r}, not of a {type(self).__name__}")
         if state_dict.get("likelihood") != self.likelihood:
@@ -311,8 +409,34 @@ class _NetworkMethod(_Fitted):
         return self._spec.inputs(x, what)
 
     def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None) -> None:
-        """Fits on ``(X, y)`` (or every ``(x, y)`` batch of a loader); ``val`` is a pair
-        ``(X_val, y_val)`` or a loader, used for early stopping. Returns ``None``."""
+        """Fits the method.
+
+        Parameters
+        ----------
+        data : array_like, torch.Tensor or DataLoader
+            The inputs ``X`` (with ``y``), or a loader of ``(x, y)`` or dict batches.
+        y : array_like or torch.Tensor, optional
+            The targets: ``n × d'`` (regression) or class indices ``n`` (classification).
+        val : tuple or DataLoader, optional
+            ``(X_val, y_val)`` or a loader: early stopping as the paper (without it the whole
+            schedule runs).
+        progress : bool or callable, optional
+            ``True`` for a progress bar, or ``progress(step, total, loss, validation)``.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        ValueError
+            Inputs or targets that are not finite, of the wrong shape, empty, or a loader whose
+            batches are not ``(x, y)`` pairs.
+        MemoryError
+            A setting past the memory budget (the message names a cheaper choice).
+        KeyboardInterrupt
+            Ctrl-C: the object keeps its earlier state.
+        """
         keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
         x, yy = data_arrays(data, y, self._spec.inputs, keys)
         config = copy.deepcopy(self._config)
@@ -346,9 +470,15 @@ class _NetworkMethod(_Fitted):
             self._post, self._report = post, report
 
     def model_state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """The network's weights after the fit (float64), under the model's parameter names:
-        the trained weights where the method trains them, the given ones otherwise. Load them
-        with ``model.load_state_dict({k: torch.from_numpy(v) for k, v in ...})``."""
+        """The network's weights after the fit (float64), under the model's parameter names.
+
+        Returns
+        -------
+        collections.OrderedDict of numpy.ndarray
+            The trained weights where the method trains them (FSP-Laplace, GFSVI's mean), the
+            given ones otherwise. Load them with
+            ``model.load_state_dict({k: torch.from_numpy(v) for k, v in ...})``.
+        """
         trained = self._ensure().trained_params()
         if self._torch:
             calls = self._spec.calls()
@@ -379,7 +509,56 @@ class FSPLaplace(_NetworkMethod):
     dimension), unless ``design`` is given; ``design="Dataset"`` draws them from the training
     inputs (seeded by ``design_seed``), for inputs where a box means nothing (token ids).
     Dict batches (HuggingFace) are read as by ``fspace.Laplace``: a torch model gets the dict
-    without ``dict_key_y``."""
+    without ``dict_key_y``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module or tuple
+        The trained network: an ``nn.Sequential`` of Linear layers and one activation (after
+        optional Conv2d blocks) on fspace's native engine, any other ``nn.Module`` on the torch
+        engine, or a ``(state_dict, activation)`` pair of numpy arrays.
+    likelihood : {"regression", "classification"}
+    prior : GPPrior or fspace.kernels.MatrixKernel
+        The GP prior (a kernel is a zero-mean prior).
+    train : bool, default True
+        Run Alg. 1 (train under the prior) before Alg. 2; ``False``: post hoc.
+
+    Other Parameters
+    ----------------
+    sigma_noise : float, default 1.0
+        The observation noise σ (regression).
+    learn_sigma : bool, optional
+        Learn σ from ``sigma_noise`` (the method's default otherwise).
+    epochs, steps, evaluate_every : int, optional
+        The training schedule (the paper's by default); ``patience`` its early stopping.
+    input_shape : tuple, optional
+        ``(C, H, W)`` of a CNN fitted on flattened rows.
+    backend : {"auto", "native", "torch"}, default "auto"
+    dict_key_x, dict_key_y : str, default "input_ids", "labels"
+        The keys of dict batches (HuggingFace).
+    **options
+        Any field of the method's Rust ``Config`` (``fspace.default_config``), nested dicts merged.
+
+    Raises
+    ------
+    TypeError
+        A model fspace cannot run with ``backend="native"``, or an unknown setting.
+    ValueError
+        An invalid setting (the message names it).
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.rand(40, 1, dtype=torch.float64) * 2 - 1
+    >>> y = torch.sin(3 * x)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).double()
+    >>> fsp = fspace.FSPLaplace(model, "regression", fspace.kernels.RBF(1.0, 0.3), sigma_noise=0.1, epochs=50)
+    >>> fsp.fit(x, y)
+    >>> mean, var = fsp(x[:3])
+    >>> tuple(var.shape)
+    (3, 1)
+    """
 
     _method = "fsp_laplace"
 
@@ -402,7 +581,52 @@ class GFSVI(_NetworkMethod):
     weights, linearised, fitted by the regularised KL to the GP ``prior`` at measurement
     points. σ is learned from ``sigma_noise`` as in the paper (``learn_sigma=False`` fixes it).
     ``model_state_dict()`` returns the variational mean. Settings: the fields of Rust's
-    ``GfsviConfig`` (``measurement_points``, ``gamma``, ``optim={"schedule": …}``, …)."""
+    ``GfsviConfig`` (``measurement_points``, ``gamma``, ``optim={"schedule": …}``, …).
+
+    Parameters
+    ----------
+    model : torch.nn.Module or tuple
+        The trained network: an ``nn.Sequential`` of Linear layers and one activation (after
+        optional Conv2d blocks) on fspace's native engine, any other ``nn.Module`` on the torch
+        engine, or a ``(state_dict, activation)`` pair of numpy arrays.
+    likelihood : {"regression", "classification"}
+    prior : GPPrior or fspace.kernels.MatrixKernel
+        The GP prior of the regularised KL.
+
+    Other Parameters
+    ----------------
+    sigma_noise : float, default 1.0
+        The observation noise σ (regression).
+    learn_sigma : bool, optional
+        Learn σ from ``sigma_noise`` (the method's default otherwise).
+    epochs, steps, evaluate_every : int, optional
+        The training schedule (the paper's by default); ``patience`` its early stopping.
+    input_shape : tuple, optional
+        ``(C, H, W)`` of a CNN fitted on flattened rows.
+    backend : {"auto", "native", "torch"}, default "auto"
+    dict_key_x, dict_key_y : str, default "input_ids", "labels"
+        The keys of dict batches (HuggingFace).
+    **options
+        Any field of the method's Rust ``Config`` (``fspace.default_config``), nested dicts merged.
+
+    Raises
+    ------
+    TypeError
+        A model fspace cannot run with ``backend="native"``, or an unknown setting.
+    ValueError
+        An invalid setting (the message names it).
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.rand(40, 1, dtype=torch.float64) * 2 - 1
+    >>> model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).double()
+    >>> vi = fspace.GFSVI(model, "regression", fspace.kernels.RBF(1.0, 0.3), steps=50, measurement_points=20)
+    >>> vi.fit(x, torch.sin(3 * x))
+    >>> tuple(vi(x[:2])[1].shape)
+    (2, 1)
+    """
 
     _method = "gfsvi"
     _learn_sigma_default = True
@@ -419,7 +643,51 @@ class VaLLA(_NetworkMethod):
     its mean). Early stopping on ``val`` as the paper; without ``val`` the whole schedule runs.
     Settings: the fields of Rust's ``VallaConfig`` (``num_inducing``, ``alpha``, ``batch_size``,
     ``learning_rate``, …). On the torch path the inducing inputs stay at their k-means
-    positions (``optimize_inducing=False``: moving them needs the NTK's input gradient)."""
+    positions (``optimize_inducing=False``: moving them needs the NTK's input gradient).
+
+    Parameters
+    ----------
+    model : torch.nn.Module or tuple
+        The trained network: an ``nn.Sequential`` of Linear layers and one activation (after
+        optional Conv2d blocks) on fspace's native engine, any other ``nn.Module`` on the torch
+        engine, or a ``(state_dict, activation)`` pair of numpy arrays.
+    likelihood : {"regression", "classification"}
+
+    Other Parameters
+    ----------------
+    sigma_noise : float, default 1.0
+        The observation noise σ (regression).
+    learn_sigma : bool, optional
+        Learn σ from ``sigma_noise`` (the method's default otherwise).
+    epochs, steps, evaluate_every : int, optional
+        The training schedule (the paper's by default); ``patience`` its early stopping.
+    input_shape : tuple, optional
+        ``(C, H, W)`` of a CNN fitted on flattened rows.
+    backend : {"auto", "native", "torch"}, default "auto"
+    dict_key_x, dict_key_y : str, default "input_ids", "labels"
+        The keys of dict batches (HuggingFace).
+    **options
+        Any field of the method's Rust ``Config`` (``fspace.default_config``), nested dicts merged.
+
+    Raises
+    ------
+    TypeError
+        A model fspace cannot run with ``backend="native"``, or an unknown setting.
+    ValueError
+        An invalid setting (the message names it).
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.rand(60, 1, dtype=torch.float64) * 2 - 1
+    >>> model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).double()
+    >>> valla = fspace.VaLLA(model, "regression", num_inducing=5, steps=50)
+    >>> valla.fit(x, torch.sin(3 * x))
+    >>> mean, var = valla(x[:2])
+    >>> bool(torch.allclose(mean, model(x[:2])))  # the network is the predictive mean
+    True
+    """
 
     _method = "valla"
 
@@ -436,7 +704,51 @@ class ELLA(_NetworkMethod):
     """ELLA (Deng et al. 2022): the linearised Laplace approximation through a Nyström
     approximation of the NTK on ``num_points`` points with ``num_eigen`` features. Settings:
     the fields of Rust's ``EllaConfig``. Early stopping (``early_stopping``) scores on ``val``;
-    without ``val`` it is off unless given."""
+    without ``val`` it is off unless given.
+
+    Parameters
+    ----------
+    model : torch.nn.Module or tuple
+        The trained network: an ``nn.Sequential`` of Linear layers and one activation (after
+        optional Conv2d blocks) on fspace's native engine, any other ``nn.Module`` on the torch
+        engine, or a ``(state_dict, activation)`` pair of numpy arrays.
+    likelihood : {"regression", "classification"}
+
+    Other Parameters
+    ----------------
+    sigma_noise : float, default 1.0
+        The observation noise σ (regression).
+    learn_sigma : bool, optional
+        Learn σ from ``sigma_noise`` (the method's default otherwise).
+    epochs, steps, evaluate_every : int, optional
+        The training schedule (the paper's by default); ``patience`` its early stopping.
+    input_shape : tuple, optional
+        ``(C, H, W)`` of a CNN fitted on flattened rows.
+    backend : {"auto", "native", "torch"}, default "auto"
+    dict_key_x, dict_key_y : str, default "input_ids", "labels"
+        The keys of dict batches (HuggingFace).
+    **options
+        Any field of the method's Rust ``Config`` (``fspace.default_config``), nested dicts merged.
+
+    Raises
+    ------
+    TypeError
+        A model fspace cannot run with ``backend="native"``, or an unknown setting.
+    ValueError
+        An invalid setting (the message names it).
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.randn(80, 2, dtype=torch.float64)
+    >>> y = (x[:, 0] > 0).long()
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).double()
+    >>> ella = fspace.ELLA(model, "classification", num_points=40, num_eigen=5, prior={"Fixed": 1.0})
+    >>> ella.fit(x, y)
+    >>> tuple(ella(x[:3]).shape)
+    (3, 2)
+    """
 
     _method = "ella"
 
@@ -450,7 +762,24 @@ class ELLA(_NetworkMethod):
 
 class ExactGP(_Fitted):
     """The exact GP regression posterior of ``prior`` given ``(X, y)`` and noise ``sigma_noise``
-    (hyperparameters as given): the reference every network method is compared with."""
+    (hyperparameters as given): the reference every network method is compared with.
+
+    Parameters
+    ----------
+    prior : GPPrior or fspace.kernels.MatrixKernel
+    sigma_noise : float, default 1.0
+        The observation noise σ.
+
+    Examples
+    --------
+    >>> import numpy as np, fspace
+    >>> x = np.linspace(-1, 1, 20).reshape(-1, 1)
+    >>> gp = fspace.ExactGP(fspace.kernels.RBF(1.0, 0.3), sigma_noise=0.1)
+    >>> gp.fit(x, np.sin(3 * x))
+    >>> mean, var = gp(np.array([[0.0], [3.0]]))
+    >>> bool(var[1, 0] > var[0, 0])
+    True
+    """
 
     _method = "exact_gp"
 
@@ -463,7 +792,24 @@ class ExactGP(_Fitted):
         self._report: Dict[str, Any] = {}
 
     def fit(self, data: Any, y: Any = None) -> None:
-        """Conditions the prior on ``(X, y)``. Returns ``None``."""
+        """Conditions the prior on the training data.
+
+        Parameters
+        ----------
+        data : array_like or torch.Tensor
+            The inputs ``X`` (``n × d``), or a loader of ``(x, y)`` batches.
+        y : array_like or torch.Tensor, optional
+            The targets ``n × d'``.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        ValueError
+            Inputs or targets that are not finite, empty or of the wrong shape.
+        """
         x, yy = data_arrays(data, y)
         with self._lock:
             self._post, self._report = _fspace.fit(
@@ -472,5 +818,11 @@ class ExactGP(_Fitted):
             )
 
     def log_marginal_likelihood(self) -> float:
-        """``log p(y | X)`` of the training targets."""
+        """The log marginal likelihood of the training targets.
+
+        Returns
+        -------
+        float
+            ``log p(y | X)`` under the prior and the noise.
+        """
         return float(self.report["log_marginal_likelihood"])

@@ -47,18 +47,52 @@ def _lengthscales(value: Lengthscale) -> List[float]:
 
 
 class MatrixKernel:
-    """A kernel with ``d'`` outputs: ``spec()`` is the dict of fspace's
-    ``MatrixKernelSpec``."""
+    """A kernel with ``d'`` outputs, the base of every kernel here.
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> k = K.Independent(K.RBF(1.0, 0.5), 2)
+    >>> k([[0.0], [1.0]]).shape
+    (4, 4)
+    """
 
     def spec(self) -> Dict[str, Any]:
+        """The kernel as the dict of fspace's ``MatrixKernelSpec`` (what crosses to Rust).
+
+        Returns
+        -------
+        dict
+            ``{"kind": ..., ...}``.
+        """
         raise NotImplementedError
 
     @property
     def output_dim(self) -> int:
+        """The number of outputs ``d'``."""
         return 1
 
     def __call__(self, x: Any, y: Any = None) -> np.ndarray:
-        """The Gram matrix ``K(X, Y)`` (``n·d' × m·d'``, point-major); ``Y`` defaults to ``X``."""
+        """The Gram matrix ``K(X, Y)``, evaluated in Rust.
+
+        Parameters
+        ----------
+        x : array_like, shape (n, d)
+            The first inputs.
+        y : array_like, shape (m, d), optional
+            The second inputs; ``x`` when omitted.
+
+        Returns
+        -------
+        numpy.ndarray, shape (n·d', m·d')
+            Point-major: the ``d' × d'`` block of points ``i, j`` at rows ``i·d'…``, columns ``j·d'…``.
+
+        Raises
+        ------
+        ValueError
+            Inputs that are not finite real 2-D arrays, dimensions that disagree, or a
+            hyperparameter that is not finite and positive.
+        """
         from ._convert import array2
 
         xa = array2(x, "X")
@@ -67,12 +101,34 @@ class MatrixKernel:
 
 
 class Kernel(MatrixKernel):
-    """A scalar kernel: ``scalar_spec()`` is the dict of fspace's ``KernelSpec``."""
+    """A scalar kernel; ``k1 + k2``, ``k1 * k2`` and ``c * k`` compose them.
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> k = K.RBF(1.0, 0.3) + 0.5 * K.Periodic(1.0, 1.0, period=2.0)
+    >>> round(float(k([[0.0]])[0, 0]), 6)
+    1.5
+    """
 
     def scalar_spec(self) -> Dict[str, Any]:
+        """The kernel as the dict of fspace's ``KernelSpec``.
+
+        Returns
+        -------
+        dict
+            ``{"type": ..., hyperparameters...}``.
+        """
         raise NotImplementedError
 
     def spec(self) -> Dict[str, Any]:
+        """The kernel as a one-output ``MatrixKernelSpec``.
+
+        Returns
+        -------
+        dict
+            ``{"kind": "scalar", ...}``.
+        """
         return {"kind": "scalar", **self.scalar_spec()}
 
     def __add__(self, other: "Kernel") -> "Kernel":
@@ -105,46 +161,147 @@ class _Stationary(Kernel):
 
 
 class RBF(_Stationary):
-    """``σ² exp(−r²/2)``, ``r = ‖(x − y)/ℓ‖``: infinitely smooth paths."""
+    """``σ² exp(−r²/2)``, ``r = ‖(x − y)/ℓ‖``: infinitely smooth paths.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        The marginal variance σ² (> 0).
+    lengthscale : float or sequence of float, default 1.0
+        ℓ (> 0), one number or one per input dimension (ARD).
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> K.RBF(1.0, 0.5).lengthscale
+    [0.5]
+    """
 
     _type = "rbf"
 
 
 class Matern12(_Stationary):
-    """``σ² exp(−r)``: continuous, nowhere-differentiable paths (Ornstein–Uhlenbeck)."""
+    """``σ² exp(−r)``: continuous, nowhere-differentiable paths (Ornstein–Uhlenbeck).
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        The marginal variance σ² (> 0).
+    lengthscale : float or sequence of float, default 1.0
+        ℓ (> 0), one number or one per input dimension (ARD).
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> K.Matern12(1.0, 0.5).lengthscale
+    [0.5]
+    """
 
     _type = "matern12"
 
 
 class Matern32(_Stationary):
-    """``σ² (1 + √3 r) exp(−√3 r)``: once-differentiable paths."""
+    """``σ² (1 + √3 r) exp(−√3 r)``: once-differentiable paths.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        The marginal variance σ² (> 0).
+    lengthscale : float or sequence of float, default 1.0
+        ℓ (> 0), one number or one per input dimension (ARD).
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> K.Matern32(1.0, [0.5, 2.0]).lengthscale
+    [0.5, 2.0]
+    """
 
     _type = "matern32"
 
 
 class Matern52(_Stationary):
-    """``σ² (1 + √5 r + 5r²/3) exp(−√5 r)``: twice-differentiable paths."""
+    """``σ² (1 + √5 r + 5r²/3) exp(−√5 r)``: twice-differentiable paths.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        The marginal variance σ² (> 0).
+    lengthscale : float or sequence of float, default 1.0
+        ℓ (> 0), one number or one per input dimension (ARD).
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> K.Matern52(2.0, 1.0).lengthscale
+    [1.0]
+    """
 
     _type = "matern52"
 
 
 class RationalQuadratic(Kernel):
-    """``σ² (1 + r²/(2α))^(−α)``: a scale mixture of RBFs."""
+    """``σ² (1 + r²/(2α))^(−α)``: a scale mixture of RBFs.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        The marginal variance σ² (> 0).
+    lengthscale : float or sequence of float, default 1.0
+        ℓ (> 0), one number or one per input dimension (ARD).
+    alpha : float, default 1.0
+        The mixture's shape α (> 0); α → ∞ is the RBF.
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> K.RationalQuadratic(1.0, 1.0, alpha=2.0).alpha
+    2.0
+    """
 
     def __init__(self, variance: float = 1.0, lengthscale: Lengthscale = 1.0, alpha: float = 1.0) -> None:
         self.variance, self.lengthscale, self.alpha = float(variance), _lengthscales(lengthscale), float(alpha)
 
     def scalar_spec(self) -> Dict[str, Any]:
+        """See ``Kernel.scalar_spec``.
+
+        Returns
+        -------
+        dict
+        """
         return {"type": "rational_quadratic", "variance": self.variance, "lengthscales": self.lengthscale, "alpha": self.alpha}
 
 
 class Periodic(Kernel):
-    """``σ² exp(−2 Σ sin²(π|x − y|/p)/ℓ²)``: periodic functions of period ``p``."""
+    """``σ² exp(−2 Σ sin²(π|x − y|/p)/ℓ²)``: periodic functions of period ``p``.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        The marginal variance σ² (> 0).
+    lengthscale : float or sequence of float, default 1.0
+        ℓ (> 0), one number or one per input dimension (ARD).
+    period : float, default 1.0
+        The period ``p`` (> 0).
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> k = K.Periodic(1.0, 1.0, period=2.0)
+    >>> bool(abs(k([[0.0]], [[2.0]])[0, 0] - 1.0) < 1e-12)  # one period apart: fully correlated
+    True
+    """
 
     def __init__(self, variance: float = 1.0, lengthscale: Lengthscale = 1.0, period: float = 1.0) -> None:
         self.variance, self.lengthscale, self.period = float(variance), _lengthscales(lengthscale), float(period)
 
     def scalar_spec(self) -> Dict[str, Any]:
+        """See ``Kernel.scalar_spec``.
+
+        Returns
+        -------
+        dict
+        """
         return {"type": "periodic", "variance": self.variance, "lengthscales": self.lengthscale, "period": self.period}
 
 
@@ -159,19 +316,55 @@ class _Variance(Kernel):
 
 
 class Linear(_Variance):
-    """``σ² xᵀy``: linear functions through the origin."""
+    """``σ² xᵀy``: linear functions through the origin.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        σ² (> 0).
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> float(K.Linear(2.0)([[1.0]])[0, 0])
+    2.0
+    """
 
     _type = "linear"
 
 
 class Constant(_Variance):
-    """``σ²``: constant functions."""
+    """``σ²``: constant functions.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        σ² (> 0).
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> float(K.Constant(2.0)([[1.0]])[0, 0])
+    2.0
+    """
 
     _type = "constant"
 
 
 class White(_Variance):
-    """``σ² [x = y]``: independent noise."""
+    """``σ² [x = y]``: independent noise.
+
+    Parameters
+    ----------
+    variance : float, default 1.0
+        σ² (> 0).
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> float(K.White(2.0)([[1.0]])[0, 0])
+    2.0
+    """
 
     _type = "white"
 
@@ -207,7 +400,26 @@ class _Scaled(Kernel):
 
 
 class Independent(MatrixKernel):
-    """``outputs`` independent outputs that share the scalar kernel ``kernel``."""
+    """``outputs`` independent outputs that share the scalar kernel ``kernel``.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        The scalar kernel of every output.
+    outputs : int
+        The number of outputs ``d'``.
+
+    Raises
+    ------
+    TypeError
+        ``kernel`` is not a scalar kernel.
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> K.Independent(K.RBF(1.0, 1.0), 10).output_dim
+    10
+    """
 
     def __init__(self, kernel: Kernel, outputs: int) -> None:
         if not isinstance(kernel, Kernel):
@@ -216,15 +428,42 @@ class Independent(MatrixKernel):
 
     @property
     def output_dim(self) -> int:
+        """The number of outputs ``d'``."""
         return self.outputs
 
     def spec(self) -> Dict[str, Any]:
+        """See ``MatrixKernel.spec``.
+
+        Returns
+        -------
+        dict
+        """
         return {"kind": "independent", "kernel": self.kernel.scalar_spec(), "outputs": self.outputs}
 
 
 class Helmholtz(MatrixKernel):
     """2-D vector fields ``∇Φ + rot Ψ`` with ``Φ ~ GP(0, phi)``, ``Ψ ~ GP(0, psi)`` (FSP-Laplace's
-    ocean currents): divergence-free where ``phi`` vanishes, curl-free where ``psi`` does."""
+    ocean currents): divergence-free where ``phi`` vanishes, curl-free where ``psi`` does.
+
+    Parameters
+    ----------
+    phi : Kernel
+        The kernel of the potential Φ (needs second derivatives: RBF, Matérn-5/2, …).
+    psi : Kernel
+        The kernel of the stream function Ψ.
+
+    Raises
+    ------
+    TypeError
+        ``phi`` or ``psi`` is not a scalar kernel.
+
+    Examples
+    --------
+    >>> from fspace import kernels as K
+    >>> k = K.Helmholtz(K.RBF(1.0, 1.0), K.RBF(1.0, 1.0))
+    >>> k([[0.0, 0.0], [1.0, 0.5]]).shape
+    (4, 4)
+    """
 
     def __init__(self, phi: Kernel, psi: Kernel) -> None:
         if not (isinstance(phi, Kernel) and isinstance(psi, Kernel)):
@@ -233,7 +472,14 @@ class Helmholtz(MatrixKernel):
 
     @property
     def output_dim(self) -> int:
+        """2: the field's two components."""
         return 2
 
     def spec(self) -> Dict[str, Any]:
+        """See ``MatrixKernel.spec``.
+
+        Returns
+        -------
+        dict
+        """
         return {"kind": "helmholtz", "phi": self.phi.scalar_spec(), "psi": self.psi.scalar_spec()}

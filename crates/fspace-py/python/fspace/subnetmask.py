@@ -46,7 +46,26 @@ def _torch() -> Any:
 
 
 class SubnetMask:
-    """The base class: ``select(train_loader)`` → the chosen flat parameter indices."""
+    """The base class: ``select(train_loader)`` → the chosen flat parameter indices.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a ``torch.nn.Module``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.subnetmask import LastLayerSubnetMask
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    >>> LastLayerSubnetMask(model).select().tolist()
+    [9, 10, 11, 12]
+    """
 
     def __init__(self, model: Any) -> None:
         torch = _torch()
@@ -59,16 +78,34 @@ class SubnetMask:
 
     @property
     def indices(self) -> Any:
+        """The selected flat indices (after ``select``)."""
         if self._indices is None:
             raise AttributeError("Subnetwork mask not selected. Run select() first.")
         return self._indices
 
     @property
     def n_params_subnet(self) -> int:
+        """The number of selected parameters (after ``select``)."""
         return int(len(self.indices))
 
     def select(self, train_loader: Any = None) -> Any:
-        """The chosen indices (ascending), as a ``torch.LongTensor``."""
+        """Chooses the parameters.
+
+        Parameters
+        ----------
+        train_loader : DataLoader, optional
+            The data the score needs (``LargestVarianceDiagLaplaceSubnetMask``); unused otherwise.
+
+        Returns
+        -------
+        torch.LongTensor
+            The chosen flat indices, ascending (``named_parameters()`` order).
+
+        Raises
+        ------
+        ValueError
+            A second ``select``, or a loader missing where the score needs one.
+        """
         if self._indices is not None:
             raise ValueError("Subnetwork mask already selected.")
         mask = self.get_subnet_mask(train_loader)
@@ -76,6 +113,16 @@ class SubnetMask:
         return self._indices
 
     def get_subnet_mask(self, train_loader: Any) -> Any:
+        """The boolean mask over the flat parameters (laplace-torch's hook for subclasses).
+
+        Parameters
+        ----------
+        train_loader : DataLoader or None
+
+        Returns
+        -------
+        torch.BoolTensor
+        """
         raise NotImplementedError
 
 
@@ -92,6 +139,16 @@ class _ScoreBased(SubnetMask):
         self._n_select = n
 
     def compute_param_scores(self, train_loader: Any) -> Any:
+        """One score per flat parameter; the largest are chosen.
+
+        Parameters
+        ----------
+        train_loader : DataLoader or None
+
+        Returns
+        -------
+        torch.Tensor
+        """
         raise NotImplementedError
 
     def get_subnet_mask(self, train_loader: Any) -> Any:
@@ -106,23 +163,113 @@ class _ScoreBased(SubnetMask):
 
 
 class RandomSubnetMask(_ScoreBased):
-    """Parameters drawn uniformly at random (torch's global generator)."""
+    """Parameters drawn uniformly at random (torch's global generator).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network.
+    n_params_subnet : int
+        How many parameters to choose (1 … the model's count).
+
+    Raises
+    ------
+    ValueError
+        ``n_params_subnet`` missing, below 1 or above the model's parameter count.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.subnetmask import RandomSubnetMask
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    >>> len(RandomSubnetMask(model, 5).select())
+    5
+    """
 
     def compute_param_scores(self, train_loader: Any) -> Any:
+        """Uniform random scores.
+
+        Parameters
+        ----------
+        train_loader : DataLoader or None
+            Unused.
+
+        Returns
+        -------
+        torch.Tensor
+        """
         return _torch().rand_like(self.parameter_vector)
 
 
 class LargestMagnitudeSubnetMask(_ScoreBased):
-    """The parameters of largest magnitude."""
+    """The parameters of largest magnitude.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network.
+    n_params_subnet : int
+        How many parameters to choose (1 … the model's count).
+
+    Raises
+    ------
+    ValueError
+        ``n_params_subnet`` missing, below 1 or above the model's parameter count.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.subnetmask import LargestMagnitudeSubnetMask
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    >>> len(LargestMagnitudeSubnetMask(model, 3).select())
+    3
+    """
 
     def compute_param_scores(self, train_loader: Any) -> Any:
+        """``|w|``.
+
+        Parameters
+        ----------
+        train_loader : DataLoader or None
+            Unused.
+
+        Returns
+        -------
+        torch.Tensor
+        """
         return self.parameter_vector.abs()
 
 
 class LargestVarianceDiagLaplaceSubnetMask(_ScoreBased):
     """The parameters of largest marginal variance under a diagonal Laplace over every weight
     (``diag_laplace_model``: ``fspace.Laplace(model, lik, "all", "diag", ...)``, fitted on
-    ``train_loader`` by ``select``)."""
+    ``train_loader`` by ``select``).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network.
+    n_params_subnet : int
+        How many parameters to choose (1 … the model's count).
+    diag_laplace_model : fspace.Laplace
+        A diagonal Laplace over every weight of ``model``.
+
+    Raises
+    ------
+    ValueError
+        ``n_params_subnet`` out of range, or a ``diag_laplace_model`` of another structure or subset.
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> from fspace.subnetmask import LargestVarianceDiagLaplaceSubnetMask
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1)).double()
+    >>> x = torch.randn(20, 2, dtype=torch.float64)
+    >>> loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :1]), batch_size=10)
+    >>> diag = fspace.Laplace(model, "regression", "all", "diag")
+    >>> len(LargestVarianceDiagLaplaceSubnetMask(model, 4, diag).select(loader))
+    4
+    """
 
     def __init__(self, model: Any, n_params_subnet: int, diag_laplace_model: Any) -> None:
         super().__init__(model, n_params_subnet)
@@ -136,6 +283,21 @@ class LargestVarianceDiagLaplaceSubnetMask(_ScoreBased):
         self.diag_laplace_model = diag_laplace_model
 
     def compute_param_scores(self, train_loader: Any) -> Any:
+        """The diagonal Laplace's marginal variances, fitted on ``train_loader``.
+
+        Parameters
+        ----------
+        train_loader : DataLoader
+
+        Returns
+        -------
+        torch.Tensor
+
+        Raises
+        ------
+        ValueError
+            No loader.
+        """
         if train_loader is None:
             raise ValueError("Need to pass train loader for subnet selection.")
         self.diag_laplace_model.fit(train_loader)
@@ -143,7 +305,27 @@ class LargestVarianceDiagLaplaceSubnetMask(_ScoreBased):
 
 
 class ParamNameSubnetMask(SubnetMask):
-    """The parameters named in ``parameter_names`` (``model.named_parameters()`` names)."""
+    """The parameters named in ``parameter_names`` (``model.named_parameters()`` names).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network.
+    parameter_names : list of str
+
+    Raises
+    ------
+    ValueError
+        An empty list or a name the model does not have.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.subnetmask import ParamNameSubnetMask
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    >>> ParamNameSubnetMask(model, ["2.bias"]).select().tolist()
+    [12]
+    """
 
     def __init__(self, model: Any, parameter_names: List[str]) -> None:
         super().__init__(model)
@@ -156,6 +338,17 @@ class ParamNameSubnetMask(SubnetMask):
             raise ValueError(f"Parameters {missing} do not exist in model.")
 
     def get_subnet_mask(self, train_loader: Any) -> Any:
+        """The named parameters' entries set.
+
+        Parameters
+        ----------
+        train_loader : DataLoader or None
+            Unused.
+
+        Returns
+        -------
+        torch.BoolTensor
+        """
         torch = _torch()
         parts = [(torch.ones_like if name in self._parameter_names else torch.zeros_like)(p.detach().reshape(-1))
                  for name, p in self.model.named_parameters()]
@@ -163,7 +356,23 @@ class ParamNameSubnetMask(SubnetMask):
 
 
 class ModuleNameSubnetMask(SubnetMask):
-    """The parameters of the leaf modules named in ``module_names``."""
+    """The parameters of the leaf modules named in ``module_names``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network.
+    module_names : list of str
+        ``model.named_modules()`` names of leaf modules with parameters (checked by ``select``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.subnetmask import ModuleNameSubnetMask
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    >>> ModuleNameSubnetMask(model, ["0"]).select().tolist()
+    [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    """
 
     def __init__(self, model: Any, module_names: List[str]) -> None:
         super().__init__(model)
@@ -184,6 +393,22 @@ class ModuleNameSubnetMask(SubnetMask):
             raise ValueError(f"Modules {remaining} do not exist in model.")
 
     def get_subnet_mask(self, train_loader: Any) -> Any:
+        """The named modules' parameters set.
+
+        Parameters
+        ----------
+        train_loader : DataLoader or None
+            Unused.
+
+        Returns
+        -------
+        torch.BoolTensor
+
+        Raises
+        ------
+        ValueError
+            An empty list, a module that does not exist, has children or has no parameters.
+        """
         torch = _torch()
         self._check_module_names()
         parts = []
@@ -196,7 +421,28 @@ class ModuleNameSubnetMask(SubnetMask):
 
 
 class LastLayerSubnetMask(ModuleNameSubnetMask):
-    """The last ``nn.Linear`` layer's parameters (or the module ``last_layer_name``)."""
+    """The last ``nn.Linear`` layer's parameters (or the module ``last_layer_name``).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network.
+    last_layer_name : str, optional
+        The module to take; the last ``nn.Linear`` by default.
+
+    Raises
+    ------
+    ValueError
+        No ``nn.Linear`` in the model and no name given.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.subnetmask import LastLayerSubnetMask
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    >>> LastLayerSubnetMask(model).select().tolist()
+    [9, 10, 11, 12]
+    """
 
     def __init__(self, model: Any, last_layer_name: Optional[str] = None) -> None:
         super().__init__(model, [] if last_layer_name is None else [last_layer_name])

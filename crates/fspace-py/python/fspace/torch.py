@@ -167,15 +167,42 @@ class _Context:
 
 
 class FSPRegularizer:
-    """The GP prior's RKHS-norm estimate at context points as a torch loss term (module docs).
+    """The GP prior's RKHS-norm estimate at context points as a torch loss term (module docs):
+    FSP-Laplace's Alg. 1 regulariser ``½ (f(C) − μ)ᵀ Σ(C, C)⁻¹ (f(C) − μ)``, differentiable
+    through the model.
 
-    ``prior``: an ``fspace.GPPrior`` or a kernel; ``context``: ``(lower, upper)`` (per-dimension
-    bounds, fresh uniform points each call) or an ``n_C × d`` array (fixed points);
-    ``n_context``: points per call for a box (paper: 100); ``jitter``: relative jitter of
-    ``Σ(C, C)``; ``seed``: the draws' seed; ``input_shape``: the model's input shape when it
-    is not a vector (points are drawn flattened). ``reg(model, x_batch)`` adds the batch's
-    inputs to the context points when ``include_batch`` (the library's
-    ``context_includes_data``)."""
+    Parameters
+    ----------
+    prior : fspace.GPPrior or fspace.kernels.MatrixKernel
+    context : tuple or array_like
+        ``(lower, upper)`` per-dimension bounds (fresh uniform points each call), or an
+        ``n_C × d`` array of fixed points.
+    n_context : int, default 100
+        Points per call for a box (the paper's 100).
+    jitter : float, default 1e-3
+        Relative jitter of ``Σ(C, C)``.
+    seed : int, default 0
+        The seed of the draws.
+    input_shape : sequence of int, optional
+        The model's input shape when it is not a vector (points are drawn flattened).
+    include_batch : bool, default False
+        Add the batch's inputs to the context points (the library's ``context_includes_data``).
+
+    Raises
+    ------
+    ValueError
+        A negative or non-finite jitter, an empty or inverted box, a count below 1.
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> from fspace.torch import FSPRegularizer
+    >>> model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+    >>> reg = FSPRegularizer(fspace.kernels.RBF(1.0, 0.3), context=([-2.0], [2.0]), n_context=20)
+    >>> loss = reg(model)  # add it to the data term, then loss.backward()
+    >>> loss.shape, bool(loss >= 0)
+    (torch.Size([]), True)
+    """
 
     def __init__(self, prior: Any, context: Any, n_context: int = 100, jitter: float = 1e-3, seed: int = 0,
                  input_shape: Optional[Sequence[int]] = None, include_batch: bool = False) -> None:
@@ -189,10 +216,29 @@ class FSPRegularizer:
         self._context = _Context(context, n_context, seed, input_shape, include_batch)
 
     def points(self) -> np.ndarray:
-        """The next call's context points (fresh for a box)."""
+        """The next call's context points (fresh for a box).
+
+        Returns
+        -------
+        numpy.ndarray, shape (n_context, d)
+        """
         return self._context.points()
 
     def __call__(self, model: Any, x_batch: Any = None) -> torch.Tensor:
+        """The regulariser at this call's context points.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            Any model; its outputs at the points are ``f(C)``.
+        x_batch : torch.Tensor, optional
+            The batch's inputs (added to the points with ``include_batch``).
+
+        Returns
+        -------
+        torch.Tensor
+            A float64 scalar, differentiable in the model's parameters.
+        """
         c, ct = self._context.draw(model, x_batch)
         f = _outputs(model, ct, "FSPRegularizer")
         return _RkhsNorm.apply(f, self._prior_spec, c, self.jitter)
@@ -203,7 +249,30 @@ class MeanField(torch.nn.Module):
     family: ``m`` is the model's own weights, this module holds ``log_std`` (``ρ = log √s``,
     one tensor per parameter in ``named_parameters()`` order, all ``log(init_std)`` at first;
     the paper's ``init_std`` is 1e-2). Train ``model.parameters()`` and ``q.parameters()``
-    together."""
+    together.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The network whose trainable parameters ``q`` covers.
+    init_std : float, default 1e-2
+        The starting standard deviation of every weight.
+
+    Raises
+    ------
+    ValueError
+        A non-positive ``init_std`` or a model without trainable parameters.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.torch import MeanField
+    >>> model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+    >>> q = MeanField(model)
+    >>> f, var = q.linearized(model, torch.zeros(3, 1, dtype=torch.float64), diagonal=True)
+    >>> tuple(f.shape), tuple(var.shape)
+    ((3, 1), (3, 1))
+    """
 
     def __init__(self, model: Any, init_std: float = 1e-2) -> None:
         super().__init__()
@@ -218,7 +287,13 @@ class MeanField(torch.nn.Module):
         )
 
     def variances(self) -> List[torch.Tensor]:
-        """``s = exp(2ρ)``, one tensor per parameter."""
+        """The variances ``s = exp(2ρ)``.
+
+        Returns
+        -------
+        list of torch.Tensor
+            One per parameter, shaped as it.
+        """
         return [torch.exp(2 * r) for r in self.log_std]
 
     def _parameters_of(self, model: Any) -> dict:
@@ -237,7 +312,29 @@ class MeanField(torch.nn.Module):
         its weights: the mean ``f(x)`` (``n × d'``, the model's dtype) and, in float64, the
         covariance ``J S Jᵀ`` (``n·d'`` square, point-major) or with ``diagonal`` its diagonal
         (``n × d'``). Differentiable in the weights (through ``J``) and in ``log_std``. Forms
-        the ``n·d' × p`` Jacobian (``chunk_size``: torch's ``jacrev`` rows per pass)."""
+        the ``n·d' × p`` Jacobian.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model ``q`` was made for.
+        x : torch.Tensor
+            ``n`` inputs.
+        diagonal : bool, default False
+            Only the variances.
+        chunk_size : int, optional
+            torch's ``jacrev`` rows per pass (memory).
+
+        Returns
+        -------
+        (torch.Tensor, torch.Tensor)
+            ``f(x)`` (``n × d'``) and the covariance (``n·d' × n·d'``) or variances (``n × d'``).
+
+        Raises
+        ------
+        ValueError
+            Another model's parameters, or non-finite outputs.
+        """
         train = self._parameters_of(model)
 
         def flat_outputs(p: dict) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -262,8 +359,27 @@ class MeanField(torch.nn.Module):
         ``ε ~ N(0, I)`` one weight-space draw per sample shared by the batch (GFSVI's
         reparameterised categorical data term, as Rust's ``DataTerm::Categorical``), shape
         ``n_samples × n × d'`` in the model's dtype. Differentiable in the weights and in
-        ``log_std``; no Jacobian is formed (one ``jvp`` per draw). ``generator`` seeds ``ε``
-        (drawn in the model's dtype on its device)."""
+        ``log_std``; no Jacobian is formed (one ``jvp`` per draw).
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model ``q`` was made for.
+        x : torch.Tensor
+            ``n`` inputs.
+        n_samples : int, default 1
+        generator : torch.Generator, optional
+            Seeds ``ε`` (drawn in the model's dtype on its device).
+
+        Returns
+        -------
+        torch.Tensor, shape (n_samples, n, d')
+
+        Raises
+        ------
+        ValueError
+            ``n_samples`` below 1, another model's parameters, or non-finite outputs.
+        """
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise ValueError(f"n_samples {n_samples!r} must be an integer ≥ 1")
         train = self._parameters_of(model)
@@ -285,7 +401,37 @@ class MeanField(torch.nn.Module):
 def expected_log_likelihood(f: torch.Tensor, var: torch.Tensor, y: torch.Tensor, sigma_noise: Any) -> torch.Tensor:
     """GFSVI's Gaussian data term in closed form (eq. 10), summed over the batch:
     ``Σ_i E_{N(f_i, var_i)}[log N(y_i | ·, σ²)] = Σ_i −½ log(2πσ²) − ((y_i − f_i)² + var_i) / 2σ²``.
-    ``sigma_noise`` may be a tensor (learned ``σ``)."""
+    ``sigma_noise`` may be a tensor (learned ``σ``).
+
+    Parameters
+    ----------
+    f : torch.Tensor
+        The predictive means, ``n × d'``.
+    var : torch.Tensor
+        Their variances, ``n × d'`` (``MeanField.linearized(..., diagonal=True)``).
+    y : torch.Tensor
+        The targets, ``n × d'``.
+    sigma_noise : float or torch.Tensor
+        σ > 0.
+
+    Returns
+    -------
+    torch.Tensor
+        A float64 scalar.
+
+    Raises
+    ------
+    ValueError
+        Shapes that differ, a non-finite value, a negative variance, or σ ≤ 0.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.torch import expected_log_likelihood
+    >>> f = torch.zeros(2, 1, dtype=torch.float64)
+    >>> round(float(expected_log_likelihood(f, torch.zeros_like(f), f, 1.0)), 6)  # 2 · (−½ log 2π)
+    -1.837877
+    """
     if f.shape != y.shape or var.shape != f.shape:
         raise ValueError(f"f {tuple(f.shape)}, var {tuple(var.shape)} and y {tuple(y.shape)} must have one shape")
     sigma = torch.as_tensor(sigma_noise, dtype=torch.float64, device=f.device)
@@ -305,7 +451,34 @@ def expected_log_likelihood_categorical(logits: torch.Tensor, y: torch.Tensor) -
     ``Σ_i (1/K) Σ_k log softmax(f_k(x_i))[y_i]`` in float64, for ``K × n × d'`` draws of the
     logits (``MeanField.sample_linearized``) and ``n`` integer labels in ``0..d'``. An unbiased
     estimate of ``Σ_i E_{N(f_i, (J S Jᵀ)_i)}[log p(y_i | ·)]``, the expectation Rust's GFSVI
-    estimates the same way."""
+    estimates the same way.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``K × n × d'`` draws of the logits.
+    y : torch.Tensor
+        ``n`` class indices in ``0..d'``.
+
+    Returns
+    -------
+    torch.Tensor
+        A float64 scalar.
+
+    Raises
+    ------
+    ValueError
+        Logits not 3-D, a label count that differs from ``n``, labels out of range or not
+        integers, non-finite logits.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fspace.torch import expected_log_likelihood_categorical
+    >>> logits = torch.zeros(4, 3, 2, dtype=torch.float64)  # even odds
+    >>> round(float(expected_log_likelihood_categorical(logits, torch.tensor([0, 1, 0]))), 6)  # 3 · log ½
+    -2.079442
+    """
     if logits.ndim != 3:
         raise ValueError(f"logits of shape {tuple(logits.shape)}: expected K × n × d' draws")
     k, n, classes = logits.shape
@@ -333,7 +506,39 @@ class GFSVIRegularizer:
     ``gamma``: the regulariser ``γ`` (paper: 1e-10 on the toy; ``γM`` is added to both
     covariances); ``seed``, ``input_shape``, ``include_batch`` as ``FSPRegularizer``'s;
     ``chunk_size``: ``jacrev``'s rows per pass. ``kl(model, q, x_batch)`` returns a float64
-    scalar."""
+    scalar.
+
+    Parameters
+    ----------
+    prior : fspace.GPPrior or fspace.kernels.MatrixKernel
+    context : tuple or array_like
+        ``(lower, upper)`` (fresh uniform points each call) or an ``M × d`` array.
+    n_context : int, default 500
+        ``M`` for a box (the paper's 500).
+    gamma : float, default 1e-10
+        The regulariser γ (``γM`` is added to both covariances).
+    seed : int, default 0
+    input_shape : sequence of int, optional
+    include_batch : bool, default False
+        As ``FSPRegularizer``'s.
+    chunk_size : int, optional
+        ``jacrev``'s rows per pass.
+
+    Raises
+    ------
+    ValueError
+        γ not finite and > 0, an empty or inverted box, a count below 1.
+
+    Examples
+    --------
+    >>> import torch, fspace
+    >>> from fspace.torch import GFSVIRegularizer, MeanField
+    >>> model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+    >>> kl = GFSVIRegularizer(fspace.kernels.RBF(1.0, 0.3), context=([-2.0], [2.0]), n_context=10)
+    >>> value = kl(model, MeanField(model))
+    >>> value.dtype, bool(torch.isfinite(value))
+    (torch.float64, True)
+    """
 
     def __init__(self, prior: Any, context: Any, n_context: int = 500, gamma: float = 1e-10, seed: int = 0,
                  input_shape: Optional[Sequence[int]] = None, include_batch: bool = False,
@@ -349,10 +554,38 @@ class GFSVIRegularizer:
         self._context = _Context(context, n_context, seed, input_shape, include_batch)
 
     def points(self) -> np.ndarray:
-        """The next call's measurement points (fresh for a box)."""
+        """The next call's measurement points (fresh for a box).
+
+        Returns
+        -------
+        numpy.ndarray, shape (n_context, d)
+        """
         return self._context.points()
 
     def __call__(self, model: Any, q: MeanField, x_batch: Any = None) -> torch.Tensor:
+        """The regularised KL at this call's measurement points.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The network (its weights are ``q``'s mean).
+        q : MeanField
+            The variational distribution over its weights.
+        x_batch : torch.Tensor, optional
+            The batch's inputs (added to the points with ``include_batch``).
+
+        Returns
+        -------
+        torch.Tensor
+            A float64 scalar, differentiable in the weights and in ``q``.
+
+        Raises
+        ------
+        TypeError
+            ``q`` is not a ``MeanField``.
+        ValueError
+            Non-finite outputs or covariance at the points.
+        """
         if not isinstance(q, MeanField):
             raise TypeError(f"q is a {type(q).__name__}; GFSVIRegularizer takes fspace.torch.MeanField(model)")
         c, ct = self._context.draw(model, x_batch)
