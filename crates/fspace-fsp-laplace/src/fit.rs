@@ -211,6 +211,37 @@ impl FspConfig {
     }
 }
 
+/// Checks the memory the fit will hold for sizes the caller chooses against the budget
+/// (`fspace_input::budget`) before any work, so a request that cannot fit is a typed error at
+/// once (Python's `MemoryError`) instead of an allocation failure minutes in:
+///
+/// * Alg. 1 (`train`): the prior covariance at the `n_context` context points and its
+///   Cholesky factor, `2·(n_context·d')²` values;
+/// * Alg. 2: the Lanczos factor of the prior covariance at the `M = n_laplace_context` (+ `n`
+///   with `context_includes_data`) points, rank `k = min(max_rank, M·d')`, and its image in
+///   weight space with its SVD — `2·k·(M·d' + p)` values.
+fn check_memory(p: usize, q: usize, n: usize, config: &FspConfig, train: bool) -> Result<()> {
+    use fspace_input::budget::{ensure, matrix_bytes};
+    if train {
+        let m = config.n_context.saturating_mul(q);
+        ensure(
+            "Alg. 1's prior covariance at the context points and its Cholesky factor (2·(n_context·d')² values)",
+            matrix_bytes(m, m).saturating_mul(2),
+            "fewer context points (n_context)",
+        )?;
+    }
+    let points = config.n_laplace_context.saturating_add(if config.context_includes_data { n } else { 0 });
+    let rows = points.saturating_mul(q);
+    let k = config.laplace.max_rank.min(rows);
+    ensure(
+        "Alg. 2's Lanczos factor of the prior at the context points and its image in weight space \
+         (2·k·(n_laplace_context·d' + p) values, k = min(max_rank, n_laplace_context·d'))",
+        matrix_bytes(k, rows.saturating_add(p)).saturating_mul(2),
+        "fewer Laplace context points (n_laplace_context) or a smaller laplace max_rank",
+    )?;
+    Ok(())
+}
+
 /// The "dataset" context of the paper's §3.2: the rows of `design` followed by the training
 /// inputs `x`, so the prior term also acts where the data are. Errors if the column counts
 /// differ.
@@ -308,6 +339,7 @@ pub fn fit_posthoc<N: Network + Clone>(
         ));
     }
     let (x, y) = (data.x(), &data.y_flat());
+    check_memory(net.params().len(), net.output_dim(), x.nrows(), config, false)?;
     let context = config.laplace_context(&config.context_box_for(x)?, x)?;
     let lik = likelihood.build()?;
     let posterior =
@@ -327,6 +359,7 @@ fn fit_inner<N: Network + Clone>(
     progress: impl FnMut(&TrainProgress),
 ) -> Result<(FspLaplace<N>, FitSummary)> {
     let bbox = config.context_box_for(x)?;
+    check_memory(net.params().len(), net.output_dim(), x.nrows(), config, true)?;
     if matches!(config.schedule.length, Span::Steps(0) | Span::Epochs(0)) {
         return Err(invalid(
             "schedule length",

@@ -399,10 +399,14 @@ impl<N: Network> FspLaplace<N> {
     fn marginals(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive> {
         ensure_dim("input dimension vs. network inputs", self.net.input_dim(), x.ncols())?;
         let q = self.net.output_dim();
-        let mean = self.net.forward(x)?;
+        let mut mean = DMatrix::zeros(x.nrows(), q);
         let mut var = DMatrix::zeros(x.nrows(), q);
+        // Chunks of points: bounded temporaries, and a Ctrl-C check between them.
         for (s0, s1) in batches(x.nrows(), 512) {
-            let g = self.jacobian_times_factor(&x.rows(s0, s1 - s0).into_owned())?;
+            fspace_input::interrupt::check("FSP-Laplace's predictive")?;
+            let xb = x.rows(s0, s1 - s0).into_owned();
+            mean.rows_mut(s0, s1 - s0).copy_from(&self.net.forward(&xb)?);
+            let g = self.jacobian_times_factor(&xb)?;
             for row in 0..g.nrows() {
                 var[(s0 + row / q, row % q)] = g.row(row).norm_squared();
             }

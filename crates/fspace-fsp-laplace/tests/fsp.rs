@@ -601,3 +601,36 @@ fn the_dataset_design_takes_its_context_from_the_training_inputs() {
     assert!(fit_posthoc(net, lik, &prior, &train, &many).is_err());
     assert!(context_points(ContextDesign::Dataset, &BoundingBox::cube(1, 0.0, 1.0).unwrap(), 5, 0).is_err());
 }
+
+/// Context-point counts no machine could hold are refused at once with
+/// `InputError::TooLarge` naming the structure and a cheaper setting — before Alg. 1 trains or
+/// Alg. 2 draws a single point (10⁹ points would take minutes to sample).
+#[test]
+fn context_sizes_past_the_memory_budget_are_refused_before_any_work() {
+    // Where the machine's available memory is unknown (not Linux) there is no budget: set one.
+    if fspace_input::budget::limit().is_none() {
+        fspace_input::budget::set_limit(Some(1 << 40));
+    }
+    let mut r = rng(3);
+    let x = rand_uniform(20, 1, -1.0, 1.0, &mut r);
+    let y = x.map(|v| v.sin());
+    let data = fspace_core::Data::new(&x, &y).unwrap();
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.5).unwrap());
+    let lik = fspace_core::LikelihoodSpec::gaussian(0.1);
+    let start = std::time::Instant::now();
+    let config = FspConfig { n_laplace_context: 1_000_000_000, ..Default::default() };
+    let err = fit_posthoc(mlp(1, 1, 0), lik.clone(), &prior, &data, &config).unwrap_err();
+    match &err {
+        FspError::Input(InputError::TooLarge { what, cheaper, .. }) => {
+            assert!(what.contains("Alg. 2") && cheaper.contains("n_laplace_context"), "{err}");
+        }
+        other => panic!("expected TooLarge, got {other}"),
+    }
+    let config = FspConfig { n_context: 10_000_000, ..Default::default() };
+    let err = fit(mlp(1, 1, 0), lik, &prior, &data, &config).unwrap_err();
+    assert!(
+        matches!(&err, FspError::Input(InputError::TooLarge { what, .. }) if what.contains("Alg. 1")),
+        "{err}"
+    );
+    assert!(start.elapsed().as_secs_f64() < 1.0, "refused only after {:?}", start.elapsed());
+}

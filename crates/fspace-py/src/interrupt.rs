@@ -56,3 +56,23 @@ pub(crate) fn interruptible() -> Interruptible {
     });
     Interruptible { raised, stop, _guard: guard }
 }
+
+/// Runs `work` with the GIL released and Ctrl-C polled, as a fit runs: a query (a predictive,
+/// weight or function draws) stops at its next check and re-raises the signal handler's
+/// exception; otherwise `work`'s error goes through `raise`.
+pub(crate) fn detach_interruptible<T, E, F>(
+    py: Python<'_>,
+    work: F,
+    raise: impl FnOnce(E) -> PyErr,
+) -> PyResult<T>
+where
+    F: pyo3::marker::Ungil + FnOnce() -> Result<T, E>,
+    Result<T, E>: pyo3::marker::Ungil,
+{
+    let interrupt = interruptible();
+    let out = py.detach(work);
+    if let Some(e) = interrupt.take() {
+        return Err(e);
+    }
+    out.map_err(raise)
+}

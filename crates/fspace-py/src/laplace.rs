@@ -17,6 +17,7 @@ use crate::convert::{
     activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy, to_py,
 };
 use crate::errors::{persist_error, value_error};
+use crate::interrupt::detach_interruptible;
 use crate::methods::PyProgress;
 
 fn structure(name: &str, rank: Option<usize>, max_basis: Option<usize>) -> PyResult<Structure> {
@@ -360,7 +361,8 @@ impl PyLaplace {
         use rand::SeedableRng;
         let post = self.fitted()?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let draws = py.detach(|| post.sample_weights(n_samples, &mut rng)).map_err(|e| errors.raise(e))?;
+        let draws =
+            detach_interruptible(py, || post.sample_weights(n_samples, &mut rng), |e| errors.raise(e))?;
         let p = self.net.n_params();
         let m = DMatrix::from_fn(draws.len(), p, |i, j| draws[i][j]);
         Ok(to_numpy(py, &m))
@@ -433,13 +435,15 @@ impl PyLaplace {
         let post = self.fitted()?;
         let x = matrix(&x);
         let q = self.net.output_dim();
-        let (mean, covs) = py
-            .detach(|| -> Result<_, LaplaceError> {
+        let (mean, covs) = detach_interruptible(
+            py,
+            || -> Result<_, LaplaceError> {
                 let covs = post.glm_covariances(&x)?;
                 let mean = post.map_outputs(&x)?;
                 Ok((mean, covs))
-            })
-            .map_err(|e| errors.raise(e))?;
+            },
+            |e| errors.raise(e),
+        )?;
         Ok((to_numpy(py, &mean), stack_to_numpy(py, &covs, q, q)))
     }
 
@@ -453,7 +457,8 @@ impl PyLaplace {
             ));
         }
         let x = matrix(&x);
-        let (mean, cov) = py.detach(|| Posterior::predict_joint(post, &x)).map_err(|e| errors.raise(e))?;
+        let (mean, cov) =
+            detach_interruptible(py, || Posterior::predict_joint(post, &x), |e| errors.raise(e))?;
         Ok((to_numpy(py, &mean), to_numpy(py, &cov)))
     }
 
@@ -471,8 +476,11 @@ impl PyLaplace {
         let post = self.fitted()?;
         let x = matrix(&x);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let draws =
-            py.detach(|| post.nonlinear_samples(&x, n_samples, &mut rng)).map_err(|e| errors.raise(e))?;
+        let draws = detach_interruptible(
+            py,
+            || post.nonlinear_samples(&x, n_samples, &mut rng),
+            |e| errors.raise(e),
+        )?;
         Ok(stack_to_numpy(py, &draws, x.nrows(), self.net.output_dim()))
     }
 

@@ -26,6 +26,7 @@ use crate::convert::{
     activation, from_py, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy, to_py,
 };
 use crate::errors::{persist_error, raise, value_error};
+use crate::interrupt::detach_interruptible;
 
 /// The methods `fit` knows, by their Python names.
 const METHODS: &str =
@@ -487,9 +488,11 @@ impl PyPosterior {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let x = matrix(&x);
         let post = self.fit.posterior();
-        let f = py
-            .detach(|| if observation_noise { post.predict_y(&x) } else { post.predict(&x) })
-            .map_err(|e| self.errors.raise(e))?;
+        let f = detach_interruptible(
+            py,
+            || if observation_noise { post.predict_y(&x) } else { post.predict(&x) },
+            |e| self.errors.raise(e),
+        )?;
         PyTuple::new(py, [to_numpy(py, &f.mean), to_numpy(py, &f.var)])
     }
 
@@ -506,7 +509,7 @@ impl PyPosterior {
         let link = link(link_approx, n_samples, seed)?;
         let x = matrix(&x);
         let post = self.fit.posterior();
-        let p = py.detach(|| post.class_probabilities(&x, &link)).map_err(|e| self.errors.raise(e))?;
+        let p = detach_interruptible(py, || post.class_probabilities(&x, &link), |e| self.errors.raise(e))?;
         Ok(to_numpy(py, &p))
     }
 
@@ -523,12 +526,14 @@ impl PyPosterior {
         let x = matrix(&x);
         let post = self.fit.posterior();
         let q = post.output_dim();
-        let draws = py
-            .detach(|| {
+        let draws = detach_interruptible(
+            py,
+            || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
                 post.sample_functions(&x, n_samples, &mut rng)
-            })
-            .map_err(|e| self.errors.raise(e))?;
+            },
+            |e| self.errors.raise(e),
+        )?;
         Ok(stack_to_numpy(py, &draws, x.nrows(), q))
     }
 

@@ -95,3 +95,26 @@ def test_a_progress_callback_that_raises_stops_the_fit():
     with pytest.raises(RuntimeError, match="stop here"):
         method.fit(x, y, progress=progress)
     assert calls == [1] and time.perf_counter() - start < 5.0
+
+
+def test_ctrl_c_stops_the_long_queries():
+    """The sampled (``pred_type="nn"``) and linearised predictives and function draws check for
+    the signal between draws and chunks of points, as the fits do."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 200), torch.nn.Tanh(), torch.nn.Linear(200, 200), torch.nn.Tanh(),
+                                torch.nn.Linear(200, 1)).double()
+    x, y = _data(200)
+    la = fspace.Laplace(model, "regression", "all", "diag")
+    la.fit(torch.from_numpy(x), torch.from_numpy(y))
+    many = torch.from_numpy(_data(200_000, 2)[0])
+    for name, query in (("the sampled predictive", lambda: la(many, pred_type="nn", link_approx="mc", n_samples=1000)),
+                        ("the linearised predictive", lambda: la(many))):
+        waited = _interrupted(query)
+        assert waited < BOUND, f"{name} stopped {waited:.2f} s after Ctrl-C"
+    state = tanh_mlp(np.random.default_rng(1), [1, 64, 64, 1])
+    fsp = fspace.FSPLaplace((state, "tanh"), "regression", fspace.GPPrior(K.RBF(1.0, 0.5)), train=False,
+                            sigma_noise=0.1)
+    fsp.fit(x, y)
+    waited = _interrupted(lambda: fsp(_data(2_000_000, 3)[0]))
+    assert waited < BOUND, f"FSP-Laplace's predictive stopped {waited:.2f} s after Ctrl-C"

@@ -4,6 +4,8 @@ available memory or ``fspace.set_memory_limit``."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -36,6 +38,14 @@ def test_requests_that_cannot_fit_raise_memory_error_before_allocating():
                          measurement_points=10**6)
     with pytest.raises(MemoryError, match="measurement_points"):
         gfsvi.fit(rng.normal(size=(50, 1)), rng.normal(size=(50, 1)))
+    # FSP-Laplace with 10⁷ context points: refused at once, not after minutes of sampling.
+    start = time.perf_counter()
+    for train, option, name in ((True, "n_context", "Alg. 1"), (False, "n_laplace_context", "Alg. 2")):
+        fsp = fspace.FSPLaplace((tanh_mlp(rng, [1, 8, 1]), "tanh"), "regression", fspace.GPPrior(K.RBF(1.0, 0.5)),
+                                train=train, sigma_noise=0.1, **{option: 10**7})
+        with pytest.raises(MemoryError, match=f"{name}.*{option}"):
+            fsp.fit(rng.normal(size=(50, 1)), rng.normal(size=(50, 1)))
+    assert time.perf_counter() - start < 2.0
 
 
 def test_the_memory_limit_is_settable():

@@ -27,6 +27,7 @@ impl<N: Network> LaplacePosterior<N> {
         let iso = self.isotropic();
         let mut out = Vec::with_capacity(x.nrows());
         for s in (0..x.nrows()).step_by(chunk) {
+            fspace_input::interrupt::check("the linearised predictive")?;
             let l = chunk.min(x.nrows() - s);
             let xc = x.rows(s, l).into_owned();
             if let Some(covs) = self.layered_covariances(&[(lam.clone(), t)], &xc) {
@@ -187,6 +188,7 @@ impl<N: Network> LaplacePosterior<N> {
         let mut net = self.net.clone();
         let mut out = Vec::with_capacity(s);
         for th in self.sample_weights(s, rng)? {
+            fspace_input::interrupt::check("the network at the weight draws")?;
             net.set_params(&th)?;
             out.push(forward_chunked(&net, x, 256)?);
         }
