@@ -619,7 +619,7 @@ fn context_sizes_past_the_memory_budget_are_refused_before_any_work() {
     let lik = fspace_core::LikelihoodSpec::gaussian(0.1);
     let start = std::time::Instant::now();
     let config = FspConfig { n_laplace_context: 1_000_000_000, ..Default::default() };
-    let err = fit_posthoc(mlp(1, 1, 0), lik.clone(), &prior, &data, &config).unwrap_err();
+    let err = fit_posthoc(mlp(1, 1, 0), lik, &prior, &data, &config).unwrap_err();
     match &err {
         FspError::Input(InputError::TooLarge { what, cheaper, .. }) => {
             assert!(what.contains("Alg. 2") && cheaper.contains("n_laplace_context"), "{err}");
