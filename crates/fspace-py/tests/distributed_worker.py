@@ -77,6 +77,66 @@ def failing(world, rank):
     la.fit(batches)
 
 
+class _Objective(torch.nn.Module):
+    """One process's loss of a DDP step: the data term of its shard, scaled by the world size
+    and the global batch, plus the regulariser (module docs of ``fspace.torch``, "Under DDP")."""
+
+    def __init__(self, method, world, n, batch):
+        super().__init__()
+        from fspace.torch import FSPRegularizer, GFSVIRegularizer, MeanField
+
+        torch.manual_seed(3)
+        self.net = torch.nn.Sequential(torch.nn.Linear(1, 12), torch.nn.Tanh(), torch.nn.Linear(12, 1)).double()
+        self.method, self.scale = method, world * n / batch
+        prior = fspace.kernels.RBF(1.0, 0.5)
+        if method == "fsp":
+            self.reg = FSPRegularizer(prior, context=([-3.0], [3.0]), n_context=30, include_batch=True, seed=1)
+        else:
+            self.q = MeanField(self.net)
+            self.reg = GFSVIRegularizer(prior, context=([-3.0], [3.0]), n_context=20, gamma=1e-6, include_batch=True,
+                                        seed=1)
+
+    def forward(self, xb, yb):
+        from fspace.torch import expected_log_likelihood
+
+        if self.method == "fsp":
+            return self.scale * 0.5 * ((self.net(xb) - yb) ** 2).sum() / 0.1**2 + self.reg(self.net, xb)
+        f, var = self.q.linearized(self.net, xb, diagonal=True)
+        return -self.scale * expected_log_likelihood(f, var, yb, 0.1) + self.reg(self.net, self.q, xb)
+
+
+def ddp_training(world, rank):
+    """FSPRegularizer and GFSVIRegularizer + MeanField trained under DDP: each process takes an
+    uneven contiguous shard of every global batch of 61 points; the parameters after the steps."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    g = torch.Generator().manual_seed(7)
+    n, batch, steps = 122, 61, 4
+    x = torch.rand(n, 1, generator=g, dtype=torch.float64) * 4 - 2
+    y = torch.sin(2 * x) + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    bounds = [round(batch * r / world) for r in range(world + 1)]
+    out = {}
+    for method in ("fsp", "gfsvi"):
+        objective = _Objective(method, world, n, batch)
+        module = DistributedDataParallel(objective) if world > 1 else objective
+        opt = torch.optim.SGD(objective.parameters(), lr=1e-5)
+        for step in range(steps):
+            lo = (step * batch) % n
+            rows = slice(lo + bounds[rank], lo + bounds[rank + 1])
+            opt.zero_grad()
+            module(x[rows], y[rows]).backward()
+            opt.step()
+        out[method] = [v for p in objective.parameters() for v in p.detach().reshape(-1).tolist()]
+    return out
+
+
+def different_seeds(world, rank):
+    from fspace.torch import FSPRegularizer
+
+    net = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
+    FSPRegularizer(fspace.kernels.RBF(1.0, 0.5), context=([-3.0], [3.0]), n_context=10, seed=rank)(net)
+
+
 def main():
     case, out = sys.argv[1], sys.argv[-1]
     torch.set_num_threads(1)
@@ -100,6 +160,10 @@ def main():
             padded(world, rank)
         elif case == "failing":
             failing(world, rank)
+        elif case == "ddp":
+            result["ddp"] = ddp_training(world, rank)
+        elif case == "seeds":
+            different_seeds(world, rank)
     except Exception as e:  # reported to the test, which checks the kind and the message
         result["error"] = [type(e).__name__, str(e)]
         traceback.print_exc()

@@ -92,6 +92,23 @@ def test_a_padded_sampler_and_a_failing_process_are_errors_everywhere(tmp_path):
     assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
 
 
+def test_the_torch_loop_regularisers_under_ddp_follow_the_single_process_run(tmp_path):
+    """FSPRegularizer, and GFSVIRegularizer with MeanField, in a DDP training loop over 2 and 3
+    processes (uneven shards of each global batch, the batch added to the context points): the
+    parameters after four SGD steps equal the single-process run on the global batches, on every
+    process — the prior counted once per step, the data term the global batch's."""
+    single = _run("ddp", 1, tmp_path)[0]
+    assert "error" not in single, single.get("error")
+    for world in (2, 3):
+        for res in _run("ddp", world, tmp_path):
+            assert "error" not in res, f"rank {res['rank']}: {res.get('error')}"
+            for method in ("fsp", "gfsvi"):
+                _close(res["ddp"][method], single["ddp"][method], 1e-10, f"{world} processes, {method}")
+    for res in _run("seeds", 2, tmp_path):
+        kind, message = res["error"]
+        assert kind == "ValueError" and "differ between the processes" in message, message
+
+
 def test_the_torchrun_example_of_the_docs_runs(tmp_path):
     """docs/scaling-out.md's torchrun block, run by torchrun with two processes: both print
     the same λ and probabilities."""
@@ -109,6 +126,58 @@ def test_the_torchrun_example_of_the_docs_runs(tmp_path):
     # The processes print concurrently: their lines may interleave on one line of the output.
     lines = dict(re.findall(r"rank (\d): (λ = [^\]]*\])", run.stdout))
     assert sorted(lines) == ["0", "1"] and lines["0"] == lines["1"], run.stdout
+
+
+def _doc_block(heading):
+    import re
+
+    doc = pathlib.Path(__file__).resolve().parents[3] / "docs" / "scaling-out.md"
+    return re.search(rf"## {heading}.*?```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.S).group(1)
+
+
+def _same_line_on_both(stdout, pattern):
+    import re
+
+    # The processes print concurrently: their lines may interleave on one line of the output.
+    lines = dict(re.findall(rf"rank (\d): ({pattern})", stdout))
+    assert sorted(lines) == ["0", "1"] and lines["0"] == lines["1"], stdout
+
+
+def test_the_ddp_example_of_the_docs_runs(tmp_path):
+    """docs/scaling-out.md's DDP training loop under torchrun with two processes: both end with
+    the same weights."""
+    script = tmp_path / "train_ddp.py"
+    script.write_text(_doc_block("Your own training loop under DDP"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={_free_port()}", str(script)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _same_line_on_both(run.stdout, r"checksum = [-\d.]+")
+
+
+def test_the_slurm_example_of_the_docs_runs(tmp_path):
+    """docs/scaling-out.md's SLURM job: the batch script is valid bash, and its Python part runs
+    as ``srun`` starts it — two processes with SLURM_PROCID / SLURM_NTASKS and the first node's
+    address — each printing the same λ."""
+    import re
+
+    doc = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "scaling-out.md").read_text(encoding="utf-8")
+    sbatch = re.search(r"## With SLURM.*?```sh\n(.*?)```", doc, re.S).group(1)
+    assert "srun python fit_slurm.py" in sbatch
+    assert subprocess.run(["bash", "-n"], input=sbatch, text=True).returncode == 0
+    script = tmp_path / "fit_slurm.py"
+    script.write_text(_doc_block("With SLURM"))
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1", SLURM_PROCID=str(rank), SLURM_NTASKS="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outputs)
+    _same_line_on_both("".join(outputs), r"λ = [^\]]*\]")
 
 
 def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):

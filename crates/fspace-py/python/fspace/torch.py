@@ -50,6 +50,21 @@ algorithms draw them (seeded) — or a fixed ``n_C × d`` array of points. Input
 vectors take ``input_shape``. ``reg(model, x_batch)`` adds the batch's inputs to the points
 when ``include_batch`` (FSP-Laplace's ``context_includes_data``; GFSVI's W2 experiment draws
 "jointly from a uniform distribution and the minibatch").
+
+**Under DDP** (``torch.nn.parallel.DistributedDataParallel``, which averages the gradients of
+its ``world_size`` processes): the prior term must count once per global step and the data
+term must be the global batch's. Build the regulariser with the same ``context``,
+``n_context`` and ``seed`` on every process — it then draws the same points everywhere (its
+first call checks it, an error otherwise), and with ``include_batch`` it gathers every
+process's batch, so every process adds the same term and the average is that term once. Scale
+each process's data term by the world size and the global batch ``B`` (the sum of the local
+batches)::
+
+    loss = world_size * (n / B) * nll_sum(model(xb), yb) + reg(model, xb)
+
+Run the loss inside the DDP module's ``forward`` (a module holding the model, and for GFSVI
+the ``MeanField``, so that ``q``'s gradients are averaged too): the parameters then follow the
+single-process run on the global batches (``tests/test_distributed.py``, to 1e-10).
 """
 
 from __future__ import annotations
@@ -127,8 +142,10 @@ class _Context:
     points; optionally the minibatch's inputs appended."""
 
     def __init__(self, context: Any, n_context: int, seed: int, input_shape: Optional[Sequence[int]],
-                 include_batch: bool) -> None:
+                 include_batch: bool, process_group: Any = None) -> None:
         self.include_batch = bool(include_batch)
+        self.process_group = process_group
+        self._agreed = False
         self.input_shape = None if input_shape is None else tuple(int(s) for s in input_shape)
         self._rng = np.random.default_rng(seed)
         self._fixed: Optional[np.ndarray] = None
@@ -154,16 +171,63 @@ class _Context:
         u = self._rng.random((self.n_context, self.lower.size))
         return self.lower + u * (self.upper - self.lower)
 
+    def _distributed(self) -> bool:
+        """Whether the points must agree across processes: torch.distributed initialised with
+        more than one process in ``process_group`` (``None``: its default group)."""
+        dist = torch.distributed
+        return (dist.is_available() and dist.is_initialized()
+                and dist.get_world_size(self.process_group) > 1)
+
     def draw(self, model: Any, x_batch: Any) -> Tuple[np.ndarray, torch.Tensor]:
-        """The next points as rows (for fspace) and as the model's inputs (its device, dtype)."""
+        """The next points as rows (for fspace) and as the model's inputs (its device, dtype).
+
+        Under torch.distributed (DDP) every process must evaluate the prior at the same points,
+        so that the averaged gradient counts it once: the first call checks that the drawn
+        points agree (the same seed and context everywhere), and with ``include_batch`` every
+        process's batch is gathered, in rank order, so each adds the global batch."""
         c = self.points()
+        param = next(iter(model.parameters()))
+        distributed = self._distributed()
+        if distributed and not self._agreed:
+            _check_same_everywhere(c, param.device, self.process_group)
+            self._agreed = True
         if self.include_batch and x_batch is not None:
             xb = x_batch.detach().to("cpu", torch.float64).reshape(x_batch.shape[0], -1).numpy()
+            if distributed:
+                xb = _gather_rows(xb, param.device, self.process_group)
             c = np.concatenate([c, xb])
-        param = next(iter(model.parameters()))
         shape = self.input_shape if self.input_shape is not None else (c.shape[1],)
         ct = torch.from_numpy(np.ascontiguousarray(c)).to(device=param.device, dtype=param.dtype)
         return c, ct.reshape((c.shape[0],) + shape)
+
+
+def _check_same_everywhere(c: np.ndarray, device: Any, group: Any) -> None:
+    """Refuses context points that differ between processes (each would add its own prior term)."""
+    dist = torch.distributed
+    summary = torch.tensor([float(c.shape[0]), float(c.sum()), float((c * c).sum())], dtype=torch.float64, device=device)
+    low, high = summary.clone(), summary.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    if not torch.equal(low, high):
+        raise ValueError(
+            "the regulariser's context points differ between the processes: build it with the same context, "
+            "n_context and seed on every process, so that the prior is counted once per step"
+        )
+
+
+def _gather_rows(xb: np.ndarray, device: Any, group: Any) -> np.ndarray:
+    """Every process's rows of ``xb`` (their counts may differ), in rank order."""
+    dist = torch.distributed
+    world = dist.get_world_size(group)
+    count = torch.tensor([xb.shape[0]], dtype=torch.int64, device=device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count, group=group)
+    sizes = [int(n.item()) for n in counts]
+    padded = torch.zeros((max(sizes), xb.shape[1]), dtype=torch.float64, device=device)
+    padded[: xb.shape[0]] = torch.from_numpy(xb).to(device)
+    parts = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return np.concatenate([part[:n].cpu().numpy() for part, n in zip(parts, sizes)])
 
 
 class FSPRegularizer:
@@ -187,6 +251,11 @@ class FSPRegularizer:
         The model's input shape when it is not a vector (points are drawn flattened).
     include_batch : bool, default False
         Add the batch's inputs to the context points (the library's ``context_includes_data``).
+    process_group : torch.distributed.ProcessGroup, optional
+        Under torch.distributed (DDP) with more than one process in this group (``None``: the
+        default group): the first call checks that every process draws the same points, and
+        ``include_batch`` adds every process's batch, so that the averaged gradient counts the
+        prior once per global step (module docs, "Under DDP").
 
     Raises
     ------
@@ -205,7 +274,8 @@ class FSPRegularizer:
     """
 
     def __init__(self, prior: Any, context: Any, n_context: int = 100, jitter: float = 1e-3, seed: int = 0,
-                 input_shape: Optional[Sequence[int]] = None, include_batch: bool = False) -> None:
+                 input_shape: Optional[Sequence[int]] = None, include_batch: bool = False,
+                 process_group: Any = None) -> None:
         from ._methods import _prior
 
         self.prior = _prior(prior)
@@ -213,7 +283,7 @@ class FSPRegularizer:
         if not (np.isfinite(jitter) and jitter >= 0):
             raise ValueError(f"jitter {jitter} must be finite and ≥ 0")
         self.jitter = float(jitter)
-        self._context = _Context(context, n_context, seed, input_shape, include_batch)
+        self._context = _Context(context, n_context, seed, input_shape, include_batch, process_group)
 
     def points(self) -> np.ndarray:
         """The next call's context points (fresh for a box).
@@ -523,6 +593,8 @@ class GFSVIRegularizer:
         As ``FSPRegularizer``'s.
     chunk_size : int, optional
         ``jacrev``'s rows per pass.
+    process_group : torch.distributed.ProcessGroup, optional
+        As ``FSPRegularizer``'s.
 
     Raises
     ------
@@ -542,7 +614,7 @@ class GFSVIRegularizer:
 
     def __init__(self, prior: Any, context: Any, n_context: int = 500, gamma: float = 1e-10, seed: int = 0,
                  input_shape: Optional[Sequence[int]] = None, include_batch: bool = False,
-                 chunk_size: Optional[int] = None) -> None:
+                 chunk_size: Optional[int] = None, process_group: Any = None) -> None:
         from ._methods import _prior
 
         self.prior = _prior(prior)
@@ -551,7 +623,7 @@ class GFSVIRegularizer:
             raise ValueError(f"gamma {gamma} must be finite and > 0")
         self.gamma = float(gamma)
         self.chunk_size = chunk_size
-        self._context = _Context(context, n_context, seed, input_shape, include_batch)
+        self._context = _Context(context, n_context, seed, input_shape, include_batch, process_group)
 
     def points(self) -> np.ndarray:
         """The next call's measurement points (fresh for a box).
