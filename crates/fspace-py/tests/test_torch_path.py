@@ -579,3 +579,22 @@ def test_kron_on_a_bias_free_layer_equals_the_factors_written_out():
             j2 = np.outer(np.eye(q)[o], np.append(hi, 1.0)).reshape(-1)
             ref[i, o] = j1 @ cov1 @ j1 + j2 @ cov2 @ j2
     assert np.max(np.abs(var - ref) / ref) <= 1e-10
+
+
+def test_sequence_logits_are_refused_with_what_to_do():
+    """A model returning ``(batch, sequence, classes)`` logits would otherwise be one softmax over
+    ``sequence × classes`` classes: every classifier refuses it, naming laplace-torch's own failure
+    and the fix; per-position targets get the same advice."""
+    torch.manual_seed(0)
+    x = torch.randn(12, 5, 3, dtype=torch.float64)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)).double()
+    per_sequence = torch.randint(4, (12,))
+    for make in (lambda: fspace.Laplace(model, "classification", "all", "diag", backend="torch"),
+                 lambda: fspace.Laplace(model, "classification", "last_layer", "kron", backend="torch"),
+                 lambda: fspace.VaLLA(model, "classification", steps=2, num_inducing=3, backend="torch")):
+        with pytest.raises(ValueError, match=r"\(batch, 5, 4\) logits.*Reduce the sequence"):
+            make().fit(x, per_sequence)
+    with pytest.raises(ValueError, match="per-position .token. targets"):
+        fspace.Laplace(model, "classification", "all", "diag", backend="torch").fit(x, torch.randint(4, (12, 5)))
+    # The same model on (batch, features) rows is a classifier as usual.
+    fspace.Laplace(model, "classification", "all", "diag", backend="torch").fit(x[:, 0], per_sequence)

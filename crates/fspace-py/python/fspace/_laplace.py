@@ -291,6 +291,8 @@ class Laplace(Wrapper):
                             sigma_noise=a["sigma_noise"])
             if isinstance(self._spec, TorchModel):
                 calls = self._spec.calls()
+                if self.likelihood == "classification":
+                    calls.check_classifier()
                 try:
                     layers = None if self._layers is None else calls.layer_infos(self._layers)
                 except ValueError as e:
@@ -334,7 +336,8 @@ class Laplace(Wrapper):
         if self.likelihood == "classification" and a.shape[1] > 1:
             raise ValueError(
                 f"classification targets are class indices (n,), got an array of shape {a.shape}: for one-hot "
-                "targets pass y.argmax(-1)"
+                "targets pass y.argmax(-1); per-position (token) targets are not implemented — reduce the sequence "
+                "inside the model so that it returns (batch, classes)"
             )
         return a
 

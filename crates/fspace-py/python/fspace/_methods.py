@@ -452,6 +452,8 @@ class _NetworkMethod(_Fitted):
                 # The paper's early stopping needs validation data; without it, run the whole schedule.
                 holder["schedule"] = dict(holder["schedule"], patience=None)
         self._adapt(config, x, val is not None)
+        if self._torch and self.likelihood == "classification":
+            self._spec.calls().check_classifier()
         bar = _Progress(progress, type(self).__name__)
         network: Dict[str, Any] = (
             dict(calls=self._spec.calls()) if self._torch

@@ -233,6 +233,8 @@ class TorchCalls:
             for h in handles:
                 h.remove()
         self.output_dim = int(probe.shape[1])
+        # Each input's outputs as the model shapes them (a sequence model: positions × classes).
+        self.output_shape: Tuple[int, ...] = self._output_shape
         self.activations_per_point = max(1, counted[0])
 
     @property
@@ -278,7 +280,21 @@ class TorchCalls:
         n = self.layout.rows(x)
         if out.shape[0] != n:
             raise ValueError(f"the model returned {out.shape[0]} rows for {n} inputs")
+        self._output_shape = tuple(int(s) for s in out.shape[1:])
         return out.reshape(n, -1)
+
+    def check_classifier(self) -> None:
+        """Refuses a classifier whose outputs per input are not one vector of logits: a
+        ``(batch, sequence, classes)`` output would otherwise be read as one softmax over
+        ``sequence × classes`` classes."""
+        if len(self.output_shape) > 1:
+            raise ValueError(
+                f"the model returns (batch, {', '.join(map(str, self.output_shape))}) logits: fspace's classification likelihood is "
+                "one softmax per input over (batch, classes) logits, and per-position (token) classification is not "
+                "implemented (laplace-torch 0.3 fails on it too: CurvlinopsGGN's CrossEntropyLoss wants the classes "
+                "in dimension 1, AsdlGGN's shapes disagree). Reduce the sequence inside the model (pool, or take one "
+                "position) so that it returns (batch, classes)"
+            )
 
     @staticmethod
     def _numpy(t: Any) -> np.ndarray:
