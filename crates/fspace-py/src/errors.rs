@@ -62,9 +62,35 @@ pub(crate) fn raise<E: Classify>(e: E) -> PyErr {
     }
 }
 
-/// A `ValueError` for a saved file that does not load, naming what was expected.
+/// A `ValueError` for a saved file that does not load, naming what was expected; a file of
+/// another kind is named by the Python class that saves it, not by its Rust type.
 pub(crate) fn persist_error(what: &str, e: PersistError) -> PyErr {
-    PyValueError::new_err(format!("not a saved fspace {what}: {e}"))
+    match &e {
+        PersistError::WrongType { expected, found } => PyValueError::new_err(format!(
+            "not a saved fspace {what}: the file holds {}, not {}",
+            saved_kind(found),
+            saved_kind(expected)
+        )),
+        _ => PyValueError::new_err(format!("not a saved fspace {what}: {e}")),
+    }
+}
+
+/// What a saved file's kind is to a Python user: the class (and method) that writes it.
+fn saved_kind(kind: &str) -> String {
+    let name = match kind {
+        "fspace_fsp_laplace::FspLaplace" => "an FSPLaplace posterior",
+        "fspace_gfsvi::LinearizedPosterior" => "a GFSVI posterior",
+        "fspace_gfsvi::WeightSamplePosterior" => "a weight-sample posterior (FVI, mean-field VI)",
+        "fspace_gp::ExactGp" => "an ExactGP posterior",
+        "fspace_gp::LaplaceGpClassifier" => "a GP classifier",
+        "fspace_gp::SparseDirichletGp" => "a sparse Dirichlet GP classifier",
+        "fspace_gp::Svgp" => "a sparse variational GP",
+        "fspace_laplace::LaplacePosterior" => "a Laplace posterior",
+        "fspace_valla::EllaPosterior" => "an ELLA posterior",
+        "fspace_valla::VallaPosterior" => "a VaLLA posterior",
+        other => return format!("a {other:?} file"),
+    };
+    name.to_string()
 }
 
 /// A `ValueError` with `text`.

@@ -117,27 +117,28 @@ def test_pickle_round_trip_gives_bit_identical_predictions(toy):
 
 
 BAD = [
-    (lambda s: fspace.Laplace((s, "swish"), "regression"), ValueError),
-    (lambda s: fspace.Laplace((s, "tanh"), "poisson"), ValueError),
-    (lambda s: fspace.Laplace((s, "tanh"), "regression", hessian_structure="kronecker"), ValueError),
-    (lambda s: fspace.Laplace((s, "tanh"), "regression", subset_of_weights="subnetwork"), ValueError),
-    (lambda s: fspace.Laplace((s, "tanh"), "regression", prior_precision=-1.0), ValueError),
-    (lambda s: fspace.Laplace((s, "tanh"), "regression", prior_precision=float("nan")), ValueError),
-    (lambda s: fspace.Laplace((s, "tanh"), "regression", sigma_noise=0.0), ValueError),
-    (lambda s: fspace.Laplace((s, "tanh"), "regression", temperature=0.0), ValueError),
-    (lambda s: fspace.Laplace((s, "tanh"), "classification"), ValueError),  # one output
-    (lambda s: fspace.Laplace(({**s, "0.weight": np.zeros((5, 1))}, "tanh"), "regression"), ValueError),
-    (lambda s: fspace.Laplace(({**s, "9.weight": np.zeros((1, 1))}, "tanh"), "regression"), ValueError),
-    (lambda s: fspace.Laplace(({k: v.astype(np.int64) for k, v in s.items()}, "tanh"), "regression"), ValueError),
-    (lambda s: fspace.Laplace(object(), "regression"), TypeError),
-    (lambda s: fspace.Laplace((s, "tanh"), "regression", kron_bias="both"), ValueError),
+    (lambda s: fspace.Laplace((s, "swish"), "regression"), ValueError, 'activation "swish" is not supported'),
+    (lambda s: fspace.Laplace((s, "tanh"), "poisson"), ValueError, "Invalid likelihood type 'poisson'"),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", hessian_structure="kronecker"), ValueError, "'kronecker' is not one of"),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", subset_of_weights="subnetwork"), ValueError, 'Subnetwork Laplace requires'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", prior_precision=-1.0), ValueError, 'prior_precision \\[-1.0\\] must be finite and > 0'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", prior_precision=float("nan")), ValueError, 'prior_precision \\[nan\\]'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", sigma_noise=0.0), ValueError, 'sigma_noise 0.0 must be'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", temperature=0.0), ValueError, 'temperature 0.0 must be'),
+    (lambda s: fspace.Laplace((s, "tanh"), "classification"), ValueError, 'one output per class'),  # one output
+    (lambda s: fspace.Laplace(({**s, "0.weight": np.zeros((5, 1))}, "tanh"), "regression"), ValueError, '`2.weight` takes 8 inputs'),
+    (lambda s: fspace.Laplace(({**s, "9.weight": np.zeros((1, 1))}, "tanh"), "regression"), ValueError, '`9.bias` is missing'),
+    (lambda s: fspace.Laplace(({k: v.astype(np.int64) for k, v in s.items()}, "tanh"), "regression"), ValueError, 'dtype int64'),
+    (lambda s: fspace.Laplace(object(), "regression"), TypeError, 'not an nn.Sequential'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", kron_bias="both"), ValueError, 'kron_bias "both"'),
 ]
 
 
-@pytest.mark.parametrize("make,error", BAD)
-def test_bad_construction_raises_the_documented_exception(toy, make, error):
+@pytest.mark.parametrize("make,error,message", BAD)
+def test_bad_construction_raises_the_documented_exception(toy, make, error, message):
+    """The documented exception, with a message naming the problem (a regular expression)."""
     state, _, _ = toy
-    with pytest.raises(error):
+    with pytest.raises(error, match=message):
         make(state)
 
 
