@@ -314,7 +314,7 @@ def fit_gp(kernel, x=X, y=Y, sigma=0.1):
 # (what, call, exception): every call must raise exactly the documented class.
 BAD_METHOD_CALLS = [
     ("negative kernel variance", lambda: fit_gp(K.RBF(-1.0, 1.0)), ValueError,
-     'variance = -1: must be finite and > 0'),
+     'RBF: invalid hyperparameter variance = -1.0: must be finite and > 0'),
     ("zero lengthscale", lambda: fit_gp(K.RBF(1.0, 0.0)), ValueError,
      'lengthscale = 0'),
     ("NaN lengthscale", lambda: fit_gp(K.Matern52(1.0, float("nan"))), ValueError,
@@ -334,7 +334,7 @@ BAD_METHOD_CALLS = [
     ("Helmholtz on 1-D inputs", lambda: fit_gp(K.Helmholtz(K.RBF(), K.RBF()), y=np.hstack([Y, Y])), ValueError,
      'kernel input dimension: expected 2, found 1'),
     ("Independent with zero outputs", lambda: fit_gp(K.Independent(K.RBF(), 0)), ValueError,
-     'number of outputs'),
+     'outputs = 0 must be a whole number'),
     ("kernel plus a number", lambda: K.RBF() + 3.0, TypeError,
      'unsupported operand'),
     ("a prior that is not a kernel", lambda: fspace.GPPrior("rbf"), TypeError,

@@ -5,8 +5,8 @@
 ``Linear(variance)``, ``Constant(variance)``, ``White(variance)``: ``k1 + k2`` is their sum,
 ``k1 * k2`` their product, ``c * k`` the kernel scaled by ``c > 0``. A lengthscale is a number
 or one per input dimension (ARD). Hyperparameters are on their natural scale (σ², ℓ), as in the
-papers' tables; they are checked when the kernel is used (a ``ValueError`` naming the
-hyperparameter). ``k(X, Y)`` evaluates the Gram matrix in Rust.
+papers' tables; they are checked when the kernel is built (a ``ValueError`` naming the kernel
+and the hyperparameter: finite and > 0). ``k(X, Y)`` evaluates the Gram matrix in Rust.
 
 Matrix-valued kernels for vector outputs: ``Independent(k, outputs)`` (outputs that share
 ``k``) and ``Helmholtz(phi, psi)`` (2-D vector fields: the gradient of a potential with kernel
@@ -40,10 +40,26 @@ __all__ = [
 Lengthscale = Union[float, Sequence[float]]
 
 
-def _lengthscales(value: Lengthscale) -> List[float]:
+def _positive(owner: str, name: str, value: Any) -> float:
+    """``value`` as a float, checked finite and > 0 when the kernel is built (a ``ValueError``
+    naming the kernel and the hyperparameter otherwise)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}: hyperparameter {name} = {value!r} is not a number") from None
+    if not (np.isfinite(v) and v > 0):
+        shown = "NaN" if v != v else repr(v)
+        raise ValueError(f"{owner}: invalid hyperparameter {name} = {shown}: must be finite and > 0")
+    return v
+
+
+def _lengthscales(value: Lengthscale, owner: str = "kernel") -> List[float]:
     if isinstance(value, (int, float, np.floating, np.integer)):
-        return [float(value)]
-    return [float(v) for v in value]
+        return [_positive(owner, "lengthscale", value)]
+    values = [_positive(owner, "lengthscale", v) for v in value]
+    if not values:
+        raise ValueError(f"{owner}: lengthscale is an empty sequence: give one number, or one per input dimension")
+    return values
 
 
 class MatrixKernel:
@@ -139,8 +155,8 @@ class Kernel(MatrixKernel):
     def __mul__(self, other: Union["Kernel", float]) -> "Kernel":
         if isinstance(other, Kernel):
             return _Composite("product", "factors", [self, other])
-        if isinstance(other, (int, float, np.floating, np.integer)):
-            return _Scaled(float(other), self)
+        if isinstance(other, (int, float, np.floating, np.integer)) and not isinstance(other, bool):
+            return _Scaled(_positive("a scaled kernel", "scale", other), self)
         return NotImplemented
 
     __rmul__ = __mul__
@@ -153,8 +169,9 @@ class _Stationary(Kernel):
     _type = ""
 
     def __init__(self, variance: float = 1.0, lengthscale: Lengthscale = 1.0) -> None:
-        self.variance = float(variance)
-        self.lengthscale = _lengthscales(lengthscale)
+        name = type(self).__name__
+        self.variance = _positive(name, "variance", variance)
+        self.lengthscale = _lengthscales(lengthscale, name)
 
     def scalar_spec(self) -> Dict[str, Any]:
         return {"type": self._type, "variance": self.variance, "lengthscales": self.lengthscale}
@@ -260,7 +277,9 @@ class RationalQuadratic(Kernel):
     """
 
     def __init__(self, variance: float = 1.0, lengthscale: Lengthscale = 1.0, alpha: float = 1.0) -> None:
-        self.variance, self.lengthscale, self.alpha = float(variance), _lengthscales(lengthscale), float(alpha)
+        self.variance = _positive("RationalQuadratic", "variance", variance)
+        self.lengthscale = _lengthscales(lengthscale, "RationalQuadratic")
+        self.alpha = _positive("RationalQuadratic", "alpha", alpha)
 
     def scalar_spec(self) -> Dict[str, Any]:
         """See ``Kernel.scalar_spec``.
@@ -293,7 +312,9 @@ class Periodic(Kernel):
     """
 
     def __init__(self, variance: float = 1.0, lengthscale: Lengthscale = 1.0, period: float = 1.0) -> None:
-        self.variance, self.lengthscale, self.period = float(variance), _lengthscales(lengthscale), float(period)
+        self.variance = _positive("Periodic", "variance", variance)
+        self.lengthscale = _lengthscales(lengthscale, "Periodic")
+        self.period = _positive("Periodic", "period", period)
 
     def scalar_spec(self) -> Dict[str, Any]:
         """See ``Kernel.scalar_spec``.
@@ -309,7 +330,7 @@ class _Variance(Kernel):
     _type = ""
 
     def __init__(self, variance: float = 1.0) -> None:
-        self.variance = float(variance)
+        self.variance = _positive(type(self).__name__, "variance", variance)
 
     def scalar_spec(self) -> Dict[str, Any]:
         return {"type": self._type, "variance": self.variance}
@@ -424,6 +445,8 @@ class Independent(MatrixKernel):
     def __init__(self, kernel: Kernel, outputs: int) -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"Independent needs a scalar kernel, got {kernel!r}")
+        if isinstance(outputs, bool) or not isinstance(outputs, (int, np.integer)) or outputs < 1:
+            raise ValueError(f"Independent: outputs = {outputs!r} must be a whole number ≥ 1")
         self.kernel, self.outputs = kernel, int(outputs)
 
     @property
