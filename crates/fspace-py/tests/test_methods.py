@@ -242,6 +242,10 @@ def test_progress_reports_every_evaluation_and_a_raising_callback_surfaces(toy, 
     err = capsys.readouterr().err
     if "it/s" not in err and "step/s" not in err:  # no tqdm: a line per report
         assert err.count("VaLLA:") == 4, err
+    # laplace-torch's name for it.
+    v.fit(x, y, val=(x[:10], y[:10]), progress_bar=True)
+    err = capsys.readouterr().err
+    assert "VaLLA" in err, err
 
 
 def test_settings_overlay_the_papers_defaults_and_unknown_names_are_refused():

@@ -408,7 +408,8 @@ class _NetworkMethod(_Fitted):
     def _inputs(self, x: Any, what: str) -> np.ndarray:
         return self._spec.inputs(x, what)
 
-    def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None) -> None:
+    def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None,
+            progress_bar: bool = False) -> None:
         """Fits the method.
 
         Parameters
@@ -422,6 +423,8 @@ class _NetworkMethod(_Fitted):
             schedule runs).
         progress : bool or callable, optional
             ``True`` for a progress bar, or ``progress(step, total, loss, validation)``.
+        progress_bar : bool, default False
+            laplace-torch's name for ``progress=True``.
 
         Returns
         -------
@@ -454,6 +457,8 @@ class _NetworkMethod(_Fitted):
         self._adapt(config, x, val is not None)
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
+        if progress_bar and progress is None:
+            progress = True
         bar = _Progress(progress, type(self).__name__)
         network: Dict[str, Any] = (
             dict(calls=self._spec.calls()) if self._torch
