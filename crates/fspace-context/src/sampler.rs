@@ -117,7 +117,10 @@ impl GridSampler {
                 } else {
                     Err(ContextError::Input(InputError::Invalid {
                         what: "n",
-                        reason: format!("{n} is not a perfect {d}-th power; use GridSampler::with_counts"),
+                        reason: format!(
+                            "{n} is not a perfect {d}-th power: a grid in {d} dimensions has m^{d} points; \
+                             choose such a count, or another design (Halton, Sobol, Latin hypercube)"
+                        ),
                     }))
                 }
             }

@@ -348,6 +348,54 @@ pub fn fit_posthoc<N: Network + Clone>(
     Ok(Fitted { posterior, report })
 }
 
+/// [`fit_posthoc`] with the data split across processes (each passes its own points in
+/// `data`): Alg. 2's one sum over the data goes through `reduce` ([`crate::laplace_sharded`]),
+/// and every process ends with the posterior of all the points. What the processes must share
+/// is checked here: the context box must be given (`context_box`: the data's box differs
+/// between shards), and the context may not come from the data (`context_includes_data`,
+/// `design = Dataset`).
+pub fn fit_posthoc_sharded<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &GpPrior,
+    data: &Data,
+    config: &FspConfig,
+    reduce: &mut crate::ReduceStep<'_>,
+) -> Result<Fitted<FspLaplace<N>, LaplaceReport>> {
+    if data.validation().is_some() {
+        return Err(invalid(
+            "validation data",
+            "post-hoc FSP-Laplace (Alg. 2) does not use a validation set; leave it out",
+        ));
+    }
+    if likelihood.learns_noise() {
+        return Err(invalid("likelihood", "post-hoc FSP-Laplace takes σ as given (learn: false)"));
+    }
+    let Some(bbox) = &config.context_box else {
+        return Err(invalid(
+            "context_box",
+            "a sharded fit needs the context box given: the data's box differs between the processes \
+             (take the box of all the shards' points)",
+        ));
+    };
+    if config.context_includes_data || config.design == ContextDesign::Dataset {
+        return Err(invalid(
+            "context points",
+            "a sharded fit draws them in the context box alone: context_includes_data and design = Dataset \
+             take them from the data, which no process holds whole",
+        ));
+    }
+    let (x, y) = (data.x(), &data.y_flat());
+    check_memory(net.params().len(), net.output_dim(), x.nrows(), config, false)?;
+    let context = config.laplace_context(bbox, x)?;
+    let lik = likelihood.build()?;
+    let posterior =
+        crate::laplace_sharded(&net, lik.as_ref(), prior, x, y, &context, &config.laplace, reduce)?
+            .with_likelihood(likelihood)?;
+    let report = posterior.report().clone();
+    Ok(Fitted { posterior, report })
+}
+
 fn fit_inner<N: Network + Clone>(
     mut net: N,
     likelihood: LikelihoodSpec,

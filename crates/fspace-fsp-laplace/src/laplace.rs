@@ -160,6 +160,13 @@ fn batches(n: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).step_by(size.max(1)).map(move |s| (s, (s + size.max(1)).min(n)))
 }
 
+/// The reduce step of a sharded Alg. 2 ([`laplace_sharded`]): called once with this process's
+/// part of step 4's sum over the data, `Σ_B (J_B U)ᵀ H_B (J_B U)` over its own points (`k × k`),
+/// and a fingerprint of the basis `U` it was taken in (`[k, Σ U, Σ U²]`, equal on every
+/// process that runs the same network, prior and context points); returns the sum of every
+/// process's part. The engine (torch.distributed, MPI) is the caller's.
+pub type ReduceStep<'a> = dyn FnMut(DMatrix<f64>, &[f64]) -> Result<DMatrix<f64>> + 'a;
+
 /// Alg. 2 at the trained weights of `net`: data `x`/`y` (likelihood `likelihood`), prior
 /// `prior` and fixed context points `context` (`n_C × d`).
 pub fn laplace<N: Network + Clone>(
@@ -170,6 +177,46 @@ pub fn laplace<N: Network + Clone>(
     y: &DVector<f64>,
     context: &DMatrix<f64>,
     config: &FspLaplaceConfig,
+) -> Result<FspLaplace<N>> {
+    laplace_inner(net, likelihood, prior, x, y, context, config, None)
+}
+
+/// Alg. 2 with its data split across processes: each process passes its own points `x`/`y`;
+/// steps 1–3 (the prior's factor at the context points and the basis `U`) depend on the
+/// network, the prior and the context points alone and are computed on every process; step
+/// 4's sum over the data goes through `reduce`, so every process finishes the posterior of all
+/// the points (the single-process one up to the order of the additions). The context points
+/// and the settings must be the same on every process; `truncate_at_data` is refused (its
+/// bound is taken at the data points, which no process holds whole).
+pub fn laplace_sharded<N: Network + Clone>(
+    net: &N,
+    likelihood: &dyn Likelihood,
+    prior: &GpPrior,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    context: &DMatrix<f64>,
+    config: &FspLaplaceConfig,
+    reduce: &mut ReduceStep<'_>,
+) -> Result<FspLaplace<N>> {
+    if config.truncate_at_data {
+        return Err(invalid(
+            "truncate_at_data",
+            "takes the truncation bound at every data point, which a sharded fit does not hold in one process",
+        ));
+    }
+    laplace_inner(net, likelihood, prior, x, y, context, config, Some(reduce))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn laplace_inner<N: Network + Clone>(
+    net: &N,
+    likelihood: &dyn Likelihood,
+    prior: &GpPrior,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    context: &DMatrix<f64>,
+    config: &FspLaplaceConfig,
+    mut reduce: Option<&mut ReduceStep<'_>>,
 ) -> Result<FspLaplace<N>> {
     let (d, q) = (net.input_dim(), net.output_dim());
     prior.check(d, q)?;
@@ -234,8 +281,9 @@ pub fn laplace<N: Network + Clone>(
     let d2 = singular.rows(0, k).map(|s| s * s);
     let u = if k == left.ncols() { left } else { left.columns(0, k).into_owned() };
 
-    // 4. A = D² + Σ_B (J_B U)ᵀ H_B (J_B U).
-    let mut a = DMatrix::from_diagonal(&d2);
+    // 4. A = D² + Σ_B (J_B U)ᵀ H_B (J_B U). Sharded: this process's batches from zero, the
+    // processes' parts summed by the reduce step, then D².
+    let mut a = if reduce.is_some() { DMatrix::zeros(k, k) } else { DMatrix::from_diagonal(&d2) };
     for (s0, s1) in batches(x.nrows(), config.data_batch) {
         let xb = x.rows(s0, s1 - s0).into_owned();
         let yb = y.rows(s0 * t, (s1 - s0) * t).into_owned();
@@ -247,6 +295,19 @@ pub fn laplace<N: Network + Clone>(
             hg.rows_mut(i * q, q).copy_from(&(h * rows * config.ggn_scale));
         }
         a += g.transpose() * &hg; // blocked GEMM (nalgebra's gemm_tr is an unblocked loop)
+    }
+    if let Some(reduce) = reduce.as_mut() {
+        let fingerprint = [k as f64, u.sum(), u.norm_squared()];
+        a = reduce(a, &fingerprint)?;
+        if a.shape() != (k, k) || a.iter().any(|v| !v.is_finite()) {
+            return Err(invalid(
+                "the reduce step's sum",
+                format!("must be a finite {k} × {k} matrix, got {} × {}", a.nrows(), a.ncols()),
+            ));
+        }
+        for i in 0..k {
+            a[(i, i)] += d2[i];
+        }
     }
     let a = (&a + a.transpose()) * 0.5;
 

@@ -634,3 +634,82 @@ fn context_sizes_past_the_memory_budget_are_refused_before_any_work() {
     );
     assert!(start.elapsed().as_secs_f64() < 1.0, "refused only after {:?}", start.elapsed());
 }
+
+/// Post-hoc FSP-Laplace over two shards of the data, the parts of Alg. 2's sum added by the
+/// reduce step, is the single-process posterior (to rounding: the sum's order differs), and
+/// the reduce step sees the same basis fingerprint on both shards.
+#[test]
+fn a_sharded_posthoc_fit_is_the_single_process_one() {
+    let mut r = rng(11);
+    let x = rand_uniform(60, 1, -1.0, 1.0, &mut r);
+    let y = x.map(|v| (3.0 * v).sin());
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.4).unwrap());
+    let lik = fspace_core::LikelihoodSpec::gaussian(0.1);
+    let bbox = BoundingBox::from_data(&x, 0.5).unwrap();
+    let config = FspConfig { context_box: Some(bbox), n_laplace_context: 40, ..Default::default() };
+    let net = mlp(1, 1, 4);
+    let whole =
+        fit_posthoc(net.clone(), lik, &prior, &fspace_core::Data::new(&x, &y).unwrap(), &config).unwrap();
+    let shard = |rows: std::ops::Range<usize>| {
+        let xs = x.rows(rows.start, rows.len()).into_owned();
+        let ys = y.rows(rows.start, rows.len()).into_owned();
+        (xs, ys)
+    };
+    let (xa, ya) = shard(0..37);
+    let (xb, yb) = shard(37..60);
+    // Shard A's part, recorded by a reduce step that returns it unchanged.
+    let mut part_a = None;
+    let mut fingerprint_a = Vec::new();
+    let mut record = |a: DMatrix<f64>, f: &[f64]| {
+        part_a = Some(a.clone());
+        fingerprint_a = f.to_vec();
+        Ok(a)
+    };
+    fit_posthoc_sharded(
+        net.clone(),
+        lik,
+        &prior,
+        &fspace_core::Data::new(&xa, &ya).unwrap(),
+        &config,
+        &mut record,
+    )
+    .unwrap();
+    let part_a = part_a.unwrap();
+    let mut add_a = |b: DMatrix<f64>, f: &[f64]| {
+        assert_eq!(f, fingerprint_a.as_slice(), "the basis differs between the shards");
+        Ok(b + &part_a)
+    };
+    let sharded = fit_posthoc_sharded(
+        net.clone(),
+        lik,
+        &prior,
+        &fspace_core::Data::new(&xb, &yb).unwrap(),
+        &config,
+        &mut add_a,
+    )
+    .unwrap();
+    let grid = DMatrix::from_fn(9, 1, |i, _| -1.5 + 0.375 * i as f64);
+    let (m1, c1) = fspace_core::Posterior::predict_joint(&whole.posterior, &grid).unwrap();
+    let (m2, c2) = fspace_core::Posterior::predict_joint(&sharded.posterior, &grid).unwrap();
+    assert!(
+        rel_frob(&m2, &m1) < 1e-12 && rel_frob(&c2, &c1) < 1e-12,
+        "{} {}",
+        rel_frob(&m2, &m1),
+        rel_frob(&c2, &c1)
+    );
+    // What a sharded fit cannot share is refused.
+    let data = fspace_core::Data::new(&xa, &ya).unwrap();
+    let mut identity = |a: DMatrix<f64>, _: &[f64]| Ok(a);
+    for (bad, what) in [
+        (FspConfig { context_box: None, ..config.clone() }, "context_box"),
+        (FspConfig { context_includes_data: true, ..config.clone() }, "context points"),
+    ] {
+        let err = fit_posthoc_sharded(net.clone(), lik, &prior, &data, &bad, &mut identity).unwrap_err();
+        assert!(err.to_string().contains(what), "{err}");
+    }
+    let bad = FspConfig {
+        laplace: FspLaplaceConfig { truncate_at_data: true, ..config.laplace.clone() },
+        ..config.clone()
+    };
+    assert!(fit_posthoc_sharded(net, lik, &prior, &data, &bad, &mut identity).is_err());
+}

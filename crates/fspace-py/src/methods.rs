@@ -316,7 +316,7 @@ pub(crate) fn gfsvi_objective<'py>(
 /// `state` + `activation_name` (+ a CNN's `architecture`) or a torch model's `calls`, the GP its
 /// prior. Keyword arguments only.
 #[pyfunction]
-#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None))]
+#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None, reduce=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fit<'py>(
     py: Python<'py>,
@@ -335,8 +335,14 @@ pub(crate) fn fit<'py>(
     progress: Option<Py<PyAny>>,
     architecture: Option<&Bound<'py, PyAny>>,
     calls: Option<&Bound<'py, PyAny>>,
+    reduce: Option<Py<PyAny>>,
 ) -> PyResult<(PyPosterior, Bound<'py, PyAny>)> {
     let settings = Settings::read(method, config)?;
+    if reduce.is_some() && method != "fsp_laplace_posthoc" {
+        return Err(value_error(format!(
+            "{method} fits on one process: a reduce step (a process group) is taken by post-hoc FSP-Laplace"
+        )));
+    }
     let prior = prior.map(gp_prior).transpose()?;
     let net = match (state, activation_name, calls) {
         (_, _, Some(calls)) => Some(callback_network(calls, None)?),
@@ -361,12 +367,17 @@ pub(crate) fn fit<'py>(
     let interrupt = crate::interrupt::interruptible();
     let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
     let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
-    let result =
-        py.detach(|| run(method, net, prior, lik, &x, &y, validation.as_ref(), settings, &mut observer));
+    let mut reducer = reduce.map(|callback| PyReduce { callback, error: None });
+    let result = py.detach(|| {
+        run(method, net, prior, lik, &x, &y, validation.as_ref(), settings, &mut observer, reducer.as_mut())
+    });
     if let Some(e) = interrupt.take() {
         return Err(e);
     }
     if let Some(e) = observer.error.take() {
+        return Err(e);
+    }
+    if let Some(e) = reducer.and_then(|r| r.error) {
         return Err(e);
     }
     let (fit, report) = result.map_err(|e| errors.take().unwrap_or(e))?;
@@ -389,6 +400,32 @@ fn refuse<T>(value: &Option<T>, method: &str, what: &str) -> PyResult<()> {
     }
 }
 
+/// The Python reduce step of a sharded post-hoc FSP-Laplace fit: `callback(part, fingerprint)`
+/// returns the sum of every process's `part` (the Python layer all-reduces it over the process
+/// group). Its exception is kept and raised when the fit returns.
+struct PyReduce {
+    callback: Py<PyAny>,
+    error: Option<PyErr>,
+}
+
+impl PyReduce {
+    fn call(&mut self, part: DMatrix<f64>, fingerprint: &[f64]) -> fspace_fsp_laplace::Result<DMatrix<f64>> {
+        let k = part.nrows();
+        let out = Python::attach(|py| -> PyResult<DMatrix<f64>> {
+            let summed = self.callback.call1(py, (to_numpy(py, &part), fingerprint.to_vec()))?;
+            let array: PyReadonlyArray2<'_, f64> = summed.bind(py).extract()?;
+            Ok(matrix(&array))
+        });
+        out.map_err(|e| {
+            self.error = Some(e);
+            fspace_fsp_laplace::FspError::Input(fspace_input::InputError::Invalid {
+                what: "the sum over the processes",
+                reason: format!("the reduce step of the {k} × {k} curvature part failed"),
+            })
+        })
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     method: &str,
@@ -400,6 +437,7 @@ fn run(
     validation: Option<&(DMatrix<f64>, DMatrix<f64>)>,
     settings: Settings,
     observer: &mut PyProgress,
+    reduce: Option<&mut PyReduce>,
 ) -> PyResult<(Fit, serde_json::Value)> {
     let data = Data::new(x, y).map_err(raise)?;
     let data = data.with_optional_validation(validation.map(|(xv, yv)| (xv, yv))).map_err(raise)?;
@@ -410,6 +448,12 @@ fn run(
             if method == "fsp_laplace" {
                 let fitted = fspace_fsp_laplace::fit_observed(net, lik, &prior, &data, &cfg, observer)
                     .map_err(raise)?;
+                Ok((Fit::Fsp(fitted.posterior), report(&fitted.report)?))
+            } else if let Some(reducer) = reduce {
+                let mut step = |part: DMatrix<f64>, fingerprint: &[f64]| reducer.call(part, fingerprint);
+                let fitted =
+                    fspace_fsp_laplace::fit_posthoc_sharded(net, lik, &prior, &data, &cfg, &mut step)
+                        .map_err(raise)?;
                 Ok((Fit::Fsp(fitted.posterior), report(&fitted.report)?))
             } else {
                 let fitted = fspace_fsp_laplace::fit_posthoc(net, lik, &prior, &data, &cfg).map_err(raise)?;

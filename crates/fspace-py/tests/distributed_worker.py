@@ -61,6 +61,34 @@ def fits(world, rank, group=None):
     return out
 
 
+def fsp_posthoc(world, rank, group=None):
+    """Post-hoc FSP-Laplace, both likelihoods, on this process's points (rank::world, uneven):
+    the predictive at test points and the rank of the posterior."""
+    out = {}
+    xt = torch.linspace(-2.5, 2.5, 14, dtype=torch.float64).reshape(7, 2)
+    for lik in ("regression", "classification"):
+        x, y = data(lik).tensors
+        shard = list(range(rank, N, world))
+        outputs = 2 if lik == "regression" else 3
+        prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 1.0), outputs)
+        fsp = fspace.FSPLaplace(model(outputs), lik, prior, train=False, n_laplace_context=64,
+                                sigma_noise=0.3 if lik == "regression" else 1.0)
+        fsp.fit(x[shard], y[shard], process_group=group)
+        pred = fsp(xt)
+        out[lik] = {"predictive": [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist(),
+                    "rank": fsp.report["rank"]}
+    return out
+
+
+def fsp_failing(world, rank):
+    x, y = data("regression").tensors
+    if rank == 1:
+        y = y.clone()
+        y[1, 0] = float("nan")  # a point of rank 1's shard
+    prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 1.0), 2)
+    fspace.FSPLaplace(model(2), "regression", prior, train=False, sigma_noise=0.3).fit(x[rank::world], y[rank::world])
+
+
 def padded(world, rank):
     dataset = data("classification")
     sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
@@ -146,7 +174,8 @@ def main():
 
         comm = MPI.COMM_WORLD
         rank = comm.Get_rank()
-        result = {"rank": rank, "fits": fits(comm.Get_size(), rank, comm)}
+        result = {"rank": rank, "fits": fits(comm.Get_size(), rank, comm),
+                  "fsp": fsp_posthoc(comm.Get_size(), rank, comm)}
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump(result, f)
         return
@@ -160,6 +189,10 @@ def main():
             padded(world, rank)
         elif case == "failing":
             failing(world, rank)
+        elif case == "fsp":
+            result["fsp"] = fsp_posthoc(world, rank)
+        elif case == "fsp_failing":
+            fsp_failing(world, rank)
         elif case == "ddp":
             result["ddp"] = ddp_training(world, rank)
         elif case == "seeds":

@@ -83,6 +83,30 @@ def test_every_process_gets_the_single_process_posterior(tmp_path):
                 assert got == results[0]["fits"][key], f"{key} differs between processes"
 
 
+def test_post_hoc_fsp_laplace_shards_to_the_single_process_posterior(tmp_path):
+    """Post-hoc FSP-Laplace over 2 and 3 processes (uneven shards of the 1 001 points; the
+    context box of all the points; Alg. 2's one sum over the data all-reduced): every process
+    gets the single-process predictive to 1e-12 and the same rank; a process whose data are bad
+    raises its error and the others a RuntimeError, not a hang."""
+    single = _run("fsp", 1, tmp_path)[0]
+    assert "error" not in single, single.get("error")
+    for world in (2, 3):
+        results = _run("fsp", world, tmp_path)
+        for res in results:
+            assert "error" not in res, f"rank {res['rank']}: {res.get('error')}"
+            for lik, want in single["fsp"].items():
+                got = res["fsp"][lik]
+                assert got["rank"] == want["rank"], lik
+                pairs = zip(got["predictive"], want["predictive"]) if lik == "regression" else \
+                    [(got["predictive"], want["predictive"])]
+                for g, w in pairs:
+                    _close(g, w, 1e-12, f"{world} processes, FSP-Laplace {lik}")
+            assert res["fsp"] == results[0]["fsp"], "the processes differ"
+    results = _run("fsp_failing", 2, tmp_path)
+    assert results[1]["error"][0] == "ValueError" and "non-finite" in results[1]["error"][1], results[1]
+    assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
+
+
 def test_a_padded_sampler_and_a_failing_process_are_errors_everywhere(tmp_path):
     for res in _run("padded", 2, tmp_path):
         kind, message = res["error"]
@@ -182,7 +206,8 @@ def test_the_slurm_example_of_the_docs_runs(tmp_path):
 
 def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
     """``mpiexec -n 2`` with ``process_group=MPI.COMM_WORLD`` (mpi4py and the mpich wheel, no
-    system packages): the single-process posterior on both processes."""
+    system packages): the single-process posterior on both processes, Laplace's and post-hoc
+    FSP-Laplace's."""
     pytest.importorskip("mpi4py.MPI", reason="mpi4py and mpich are installed by `cargo xtask test`")
     mpiexec = pathlib.Path(sys.executable).with_name("mpiexec")
     if not mpiexec.exists():
@@ -202,6 +227,13 @@ def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
             _close(got["evidence"], want["evidence"], 1e-12, f"MPI, {key}, evidence")
             _close(got["prior_precision"], want["prior_precision"], 1e-12, f"MPI, {key}, λ")
         assert results[0]["fits"][key] == results[1]["fits"][key], key
+    single_fsp = _run("fsp", 1, tmp_path)[0]["fsp"]
+    for lik, want in single_fsp.items():
+        for res in results:
+            got = res["fsp"][lik]["predictive"]
+            pairs = zip(got, want["predictive"]) if lik == "regression" else [(got, want["predictive"])]
+            for g, w in pairs:
+                _close(g, w, 1e-12, f"MPI, FSP-Laplace {lik}")
 
 
 def test_the_mpi_example_of_the_docs_runs(tmp_path):

@@ -25,6 +25,7 @@ import numpy as np
 from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import ModelSpec, array2, is_array, is_torch, tensors
+from ._distributed import _group
 from ._methods import Progress, _Progress
 from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
                           _split_batch, _torch)
@@ -1363,53 +1364,6 @@ def _stepping(steps: Any, bar: Any) -> Any:
         if bar.callback is not None:
             bar.callback(i + 1, total, None, None)
     bar.close()
-
-
-def _group(process_group: Any) -> Any:
-    """The engine a fit shards over (``_TorchGroup`` or ``_MpiGroup``): the given process group
-    or mpi4py communicator, the default torch group when ``torch.distributed`` is initialised
-    with more than one process (``None`` given), or none (``False``, or a single process)."""
-    if process_group is False:
-        return None
-    if type(process_group).__module__.startswith("mpi4py"):
-        return _MpiGroup(process_group) if process_group.Get_size() > 1 else None
-    torch = _torch()
-    dist = torch.distributed
-    if process_group is None:
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        process_group = dist.group.WORLD
-    if dist.get_world_size(process_group) <= 1:
-        return None
-    return _TorchGroup(process_group)
-
-
-class _TorchGroup:
-    """All-reduces of float64 vectors over a torch.distributed process group."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-
-    def all_reduce(self, values: np.ndarray, op: str) -> np.ndarray:
-        torch = _torch()
-        dist = torch.distributed
-        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64).copy())
-        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
-        return t.numpy()
-
-
-class _MpiGroup:
-    """All-reduces of float64 vectors over an mpi4py communicator (CPU clusters)."""
-
-    def __init__(self, comm: Any) -> None:
-        self.comm = comm
-
-    def all_reduce(self, values: np.ndarray, op: str) -> np.ndarray:
-        from mpi4py import MPI
-
-        out = np.empty_like(np.asarray(values, dtype=np.float64))
-        self.comm.Allreduce(np.ascontiguousarray(values, dtype=np.float64), out, op=MPI.SUM if op == "sum" else MPI.MAX)
-        return out
 
 
 def _all_reduce_sums(la: Any, group: Any, failure: Optional[BaseException], earlier: Optional[np.ndarray]) -> int:

@@ -22,6 +22,7 @@ from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import array2, back, data_arrays, is_torch, tensors, unflatten
+from ._distributed import _group, sharded_sum
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
 
@@ -409,7 +410,7 @@ class _NetworkMethod(_Fitted):
         return self._spec.inputs(x, what)
 
     def fit(self, data: Any, y: Any = None, val: Any = None, progress: Progress = None,
-            progress_bar: bool = False) -> None:
+            progress_bar: bool = False, process_group: Any = None) -> None:
         """Fits the method.
 
         Parameters
@@ -425,6 +426,12 @@ class _NetworkMethod(_Fitted):
             ``True`` for a progress bar, or ``progress(step, total, loss, validation)``.
         progress_bar : bool, default False
             laplace-torch's name for ``progress=True``.
+        process_group : torch.distributed group or mpi4py communicator, optional
+            Post-hoc FSP-Laplace (``train=False``) shards over it: each process passes its own
+            points, the one sum over the data is all-reduced, and every process ends with the
+            posterior of all the points (``docs/scaling-out.md``). ``None``: torch.distributed's
+            default group when it is initialised with more than one process; ``False``: this
+            process alone. The other methods fit on one process and refuse a group.
 
         Returns
         -------
@@ -455,6 +462,20 @@ class _NetworkMethod(_Fitted):
                 # The paper's early stopping needs validation data; without it, run the whole schedule.
                 holder["schedule"] = dict(holder["schedule"], patience=None)
         self._adapt(config, x, val is not None)
+        group = _group(process_group)
+        if group is not None and self._fit_method() != "fsp_laplace_posthoc":
+            raise NotImplementedError(
+                f"{type(self).__name__} fits on one process, and torch.distributed (or the given group) has "
+                "several: shard post-hoc FSP-Laplace (train=False) or Laplace, or pass process_group=False to fit "
+                "this process's data alone"
+            )
+        if group is not None and config.get("context_box") is None:
+            # The data's box over every process's points, widened as Rust widens one shard's.
+            lo = group.all_reduce(-x.min(axis=0), "max") * -1.0
+            hi = group.all_reduce(x.max(axis=0), "max")
+            widen = float(config.get("widen", 0.5))
+            config["context_box"] = {"lower": (lo - widen * (hi - lo)).tolist(),
+                                     "upper": (hi + widen * (hi - lo)).tolist()}
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         if progress_bar and progress is None:
@@ -465,13 +486,16 @@ class _NetworkMethod(_Fitted):
             else dict(state=self._tensors, activation_name=self._spec.activation,
                       architecture=self._spec.architecture_dict())
         )
+        def compute(reduce: Any = None) -> Any:
+            return _fspace.fit(
+                self._fit_method(), x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
+                learn_sigma=self.learn_sigma, prior=None if self._prior is None else self._prior.spec(),
+                config=config, x_val=xv, y_val=yv, progress=bar.callback, reduce=reduce, **network,
+            )
+
         with self._lock:
             try:
-                post, report = _fspace.fit(
-                    self._fit_method(), x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
-                    learn_sigma=self.learn_sigma, prior=None if self._prior is None else self._prior.spec(),
-                    config=config, x_val=xv, y_val=yv, progress=bar.callback, **network,
-                )
+                post, report = compute() if group is None else sharded_sum(group, compute)
             finally:
                 bar.close()
             self._post, self._report = post, report

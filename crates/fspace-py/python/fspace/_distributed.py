@@ -1,0 +1,99 @@
+"""The engines a fit shards over: a torch.distributed process group or an mpi4py communicator,
+behind one ``all_reduce`` of float64 vectors (``docs/scaling-out.md``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _group(process_group: Any) -> Any:
+    """The engine a fit shards over (``_TorchGroup`` or ``_MpiGroup``): the given process group
+    or mpi4py communicator, the default torch group when ``torch.distributed`` is initialised
+    with more than one process (``None`` given), or none (``False``, or a single process)."""
+    if process_group is False:
+        return None
+    if type(process_group).__module__.startswith("mpi4py"):
+        return _MpiGroup(process_group) if process_group.Get_size() > 1 else None
+    try:
+        torch = _torch()
+    except ImportError:  # no torch: no torch.distributed to shard over
+        if process_group is None:
+            return None
+        raise
+    dist = torch.distributed
+    if process_group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        process_group = dist.group.WORLD
+    if dist.get_world_size(process_group) <= 1:
+        return None
+    return _TorchGroup(process_group)
+
+
+class _TorchGroup:
+    """All-reduces of float64 vectors over a torch.distributed process group."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def all_reduce(self, values: np.ndarray, op: str) -> np.ndarray:
+        torch = _torch()
+        dist = torch.distributed
+        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64).copy())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
+        return t.numpy()
+
+
+class _MpiGroup:
+    """All-reduces of float64 vectors over an mpi4py communicator (CPU clusters)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def all_reduce(self, values: np.ndarray, op: str) -> np.ndarray:
+        from mpi4py import MPI
+
+        out = np.empty_like(np.asarray(values, dtype=np.float64))
+        self.comm.Allreduce(np.ascontiguousarray(values, dtype=np.float64), out, op=MPI.SUM if op == "sum" else MPI.MAX)
+        return out
+
+
+def sharded_sum(group: Any, compute: Any) -> Any:
+    """Runs ``compute(reduce)`` — a fit whose one sum over the data goes through ``reduce(part,
+    fingerprint)`` — so that no process waits forever for another: ``reduce`` first all-reduces
+    a status and the basis fingerprint (a process that failed before its sum sends status 1, and
+    every other process raises a ``RuntimeError``; fingerprints that differ are a ``ValueError``
+    on every process), then the sum of the parts."""
+    called = [False]
+    width = 7  # status, then the fingerprint (3 values) as max and as −min
+
+    def reduce(part: np.ndarray, fingerprint: Any) -> np.ndarray:
+        called[0] = True
+        f = np.asarray(fingerprint, dtype=np.float64)
+        top = group.all_reduce(np.concatenate([[0.0], f, -f]), "max")
+        if top[0] > 0:
+            raise RuntimeError("another process failed during the sharded fit: its error is raised there")
+        if not np.array_equal(top[1:4], -top[4:7]):
+            raise ValueError(
+                "the processes disagree on the curvature basis: give every process the same model, prior, "
+                "settings and context box"
+            )
+        return group.all_reduce(np.ascontiguousarray(part).reshape(-1), "sum").reshape(part.shape)
+
+    try:
+        return compute(reduce)
+    except BaseException:
+        if not called[0]:
+            # Release the processes waiting in the status all-reduce.
+            status = np.zeros(width)
+            status[0] = 1.0
+            group.all_reduce(status, "max")
+        raise
