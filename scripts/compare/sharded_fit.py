@@ -5,8 +5,12 @@ costs do not depend on the weights), the first N training images from a `DataLoa
 the fit's wall time (the slowest process), each process's peak memory (`VmHWM`), the bytes each
 process sends into the all-reduces (the flat partial sums and the 3-number agreement round) and
 the largest difference between the two setups' predictive probabilities on 200 test images.
+``--fsp`` runs post-hoc FSP-Laplace instead (`FSPLaplace(model, "classification", prior,
+train=False)`, an RBF prior per class, Alg. 2 with `--max-rank` Lanczos vectors at 100 Halton
+context points): its one all-reduce is the `k × k` data sum, `k` ≤ the rank.
 
     python scripts/compare/sharded_fit.py [--n 59800]
+    python scripts/compare/sharded_fit.py --fsp [--n 10000] [--max-rank 100]
 
 Opt-in (not part of the test suite): needs torch beside the `fspace` package.
 """
@@ -26,7 +30,7 @@ from python_vs_laplace_torch import mnist_train_set, peak_mb  # noqa: E402  (MNI
 ROWS = [("all", "diag"), ("all", "kron"), ("last_layer", "kron"), ("last_layer", "full")]
 
 
-def child(subset, structure, n, world, rank, port):
+def child(subset, structure, n, world, rank, port, max_rank=100):
     import warnings
 
     import numpy as np
@@ -46,13 +50,24 @@ def child(subset, structure, n, world, rank, port):
     xt = torch.from_numpy(images[-200:].reshape(200, -1) / 255.0)  # never among the first 59 800
     dataset = torch.utils.data.TensorDataset(x, y)
     loader = torch.utils.data.DataLoader(dataset, batch_size=128, sampler=list(range(rank, n, world)))
-    la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure)
+    if subset == "fsp":
+        prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
+        la = fspace.FSPLaplace(mnist_mlp(seed=0), "classification", prior, train=False, laplace={"max_rank": max_rank})
+    else:
+        la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure)
     if world > 1:
         torch.distributed.barrier()
     start = time.perf_counter()
-    la.fit(loader)
-    seconds = time.perf_counter() - start
-    sent = 0 if world == 1 else 8 * (np.array(la._la.sums_flat()).size + 3)
+    if subset == "fsp":
+        la.fit(x[rank::world], y[rank::world])
+        seconds = time.perf_counter() - start
+        k = la.report["range_rank"]
+        # The box (2 × 784 maxima), the status and fingerprint (7), the k × k sum.
+        sent = 0 if world == 1 else 8 * (2 * x.shape[1] + 7 + k * k)
+    else:
+        la.fit(loader)
+        seconds = time.perf_counter() - start
+        sent = 0 if world == 1 else 8 * (np.array(la._la.sums_flat()).size + 3)
     probs = la(xt)
     print(json.dumps({"rank": rank, "seconds": seconds, "peak_mib": peak_mb(), "bytes_sent": sent,
                       "probs": probs.tolist()}))
@@ -60,33 +75,37 @@ def child(subset, structure, n, world, rank, port):
         torch.distributed.destroy_process_group()
 
 
-def run(subset, structure, n, world):
+def run(subset, structure, n, world, max_rank=100):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     threads = "1" if world > 1 else "2"
     env = dict(os.environ, RAYON_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-    procs = [subprocess.Popen([sys.executable, __file__, "--n", str(n), "--child", subset, structure, str(world),
-                               str(r), str(port)], env=env, stdout=subprocess.PIPE, text=True) for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--n", str(n), "--max-rank", str(max_rank), "--child", subset,
+                               structure, str(world), str(r), str(port)], env=env, stdout=subprocess.PIPE, text=True)
+             for r in range(world)]
     return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=59800)
+    ap.add_argument("--n", type=int, default=None, help="training images (59 800; --fsp: 10 000)")
+    ap.add_argument("--fsp", action="store_true", help="post-hoc FSP-Laplace instead of the Laplace rows")
+    ap.add_argument("--max-rank", type=int, default=100, help="--fsp: Alg. 2's Lanczos vectors")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    n = args.n if args.n is not None else (10000 if args.fsp else 59800)
     if args.child:
         subset, structure, world, rank, port = args.child
-        child(subset, structure, args.n, int(world), int(rank), port)
+        child(subset, structure, n, int(world), int(rank), port, args.max_rank)
         return
     import numpy as np
 
-    for subset, structure in ROWS:
-        one = run(subset, structure, args.n, 1)[0]
-        two = run(subset, structure, args.n, 2)
+    for subset, structure in [("fsp", "posthoc")] if args.fsp else ROWS:
+        one = run(subset, structure, n, 1, args.max_rank)[0]
+        two = run(subset, structure, n, 2, args.max_rank)
         diff = max(float(np.abs(np.array(r["probs"]) - np.array(one["probs"])).max()) for r in two)
-        print(json.dumps({"subset": subset, "structure": structure, "n": args.n,
+        print(json.dumps({"subset": subset, "structure": structure, "n": n,
                           "one_process_two_threads": {"seconds": one["seconds"], "peak_mib": one["peak_mib"]},
                           "two_processes_one_thread": {"seconds": max(r["seconds"] for r in two),
                                                        "peak_mib": [r["peak_mib"] for r in two],

@@ -45,11 +45,17 @@ def test_every_page_with_rust_blocks_runs_them_as_doctests():
     assert not missing, f"pages whose Rust blocks no doctest runs: {missing}"
 
 
-@pytest.mark.parametrize("page", [p for p in pages() if python_blocks((DOCS / p).read_text(encoding="utf-8"))])
+def test_the_pages_run_elsewhere_are_run_there():
+    """Each page whose blocks another test runs names that test, and the test reads the page."""
+    for page, why in RUN_ELSEWHERE.items():
+        runner = pathlib.Path(__file__).with_name(why.split()[0])
+        assert runner.is_file() and page in runner.read_text(encoding="utf-8"), (page, why)
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if python_blocks((DOCS / p).read_text(encoding="utf-8"))
+                                  and p not in RUN_ELSEWHERE])
 def test_every_python_block_of_the_page_runs(page, one_torch_thread):
     pytest.importorskip("torch")
-    if page in RUN_ELSEWHERE:
-        pytest.skip(RUN_ELSEWHERE[page])
     namespace: dict = {"__name__": "__guide__"}
     for i, block in enumerate(python_blocks((DOCS / page).read_text(encoding="utf-8"))):
         exec(compile(block, f"docs/{page} (Python block {i + 1})", "exec"), namespace)
