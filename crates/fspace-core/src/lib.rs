@@ -37,9 +37,9 @@ pub use likelihood::{
 };
 pub use persist::{fingerprint, LoadCheck, LoadLimits, Persist, PersistError};
 pub use posterior::{
-    checked_joint, class_probabilities, clip_rounding, ensure_classifier, finite_samples,
-    mc_class_probabilities, mean_class_probabilities, observation_predictive, sample_gaussian,
-    FunctionPredictive, Link, Posterior,
+    checked_joint, class_probabilities, clip_rounding, ensure_classifier, ensure_joint_fits,
+    ensure_samples_fit, finite_samples, mc_class_probabilities, mean_class_probabilities,
+    observation_predictive, sample_gaussian, FunctionPredictive, Link, Posterior,
 };
 pub use schedule::{Schedule, ScheduleRun, Span, StopDecision};
 pub use spec::LikelihoodSpec;

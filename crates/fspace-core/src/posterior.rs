@@ -52,6 +52,32 @@ pub fn clip_rounding(v: f64) -> f64 {
     }
 }
 
+/// Refuses, before any allocation, a joint predictive at `n` points of `q` outputs that the
+/// memory budget ([`fspace_input::budget`]) cannot hold: the `n·q × n·q` covariance with the
+/// two more such matrices its computation or a sampler's eigendecomposition holds beside it.
+/// Every [`Posterior::predict_joint`] starts with it (a request of 10⁵ points is 80 GB per
+/// matrix: an allocation failure would abort the process).
+pub fn ensure_joint_fits(n: usize, q: usize) -> Result<()> {
+    let side = n.saturating_mul(q);
+    fspace_input::budget::ensure(
+        "a joint predictive covariance (n·d' × n·d', with its workspace)",
+        fspace_input::budget::matrix_bytes(side, side).saturating_mul(3),
+        "fewer points per call, or the marginal predictive (predict / joint=False)",
+    )?;
+    Ok(())
+}
+
+/// Refuses, before any allocation, `s` function samples at `n` points of `q` outputs that the
+/// memory budget cannot hold (`s · n · q` values, twice: the draws and their noise).
+pub fn ensure_samples_fit(s: usize, n: usize, q: usize) -> Result<()> {
+    fspace_input::budget::ensure(
+        "function samples (n_samples × n × d')",
+        fspace_input::budget::matrix_bytes(s, n.saturating_mul(q)).saturating_mul(2),
+        "fewer n_samples, or fewer points per call",
+    )?;
+    Ok(())
+}
+
 /// How far below zero a joint covariance's diagonal may fall by rounding, relative to its
 /// largest entry in magnitude, before [`checked_joint`] calls it not a covariance.
 pub const JOINT_ROUNDING: f64 = 1e-6;
@@ -94,6 +120,7 @@ pub trait Posterior: Send + Sync {
         s: usize,
         rng: &mut dyn RngCore,
     ) -> Result<Vec<DMatrix<f64>>> {
+        ensure_samples_fit(s, x.nrows(), self.output_dim())?;
         let (mean, cov) = self.predict_joint(x)?;
         sample_gaussian(&mean, &cov, s, rng)
     }

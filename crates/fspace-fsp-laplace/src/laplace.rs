@@ -491,6 +491,7 @@ impl<N: Network> Posterior for FspLaplace<N> {
     }
 
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        fspace_core::ensure_joint_fits(x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let mean = self.net.forward(x).map_err(|e| to_core(e.into()))?;
         let g = self.jacobian_times_factor(x).map_err(to_core)?;
         fspace_core::checked_joint(mean, &g * g.transpose())
@@ -504,6 +505,12 @@ impl<N: Network> Posterior for FspLaplace<N> {
         s: usize,
         rng: &mut dyn RngCore,
     ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
+        fspace_core::ensure_samples_fit(s, x.nrows(), fspace_core::Posterior::output_dim(self))?;
+        fspace_input::budget::ensure(
+            "weight-space directions (n_params × n_samples)",
+            fspace_input::budget::matrix_bytes(self.s.nrows(), s),
+            "fewer n_samples",
+        )?;
         let mean = self.net.forward(x).map_err(|e| to_core(e.into()))?;
         // z drawn sample by sample (column-major fill), as one draw per sample would.
         let z = DMatrix::from_fn(self.s.ncols(), s, |_, _| StandardNormal.sample(rng));

@@ -624,6 +624,7 @@ impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
         FunctionPredictive::new(mean, var)
     }
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        fspace_core::ensure_joint_fits(x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let mean = self.net.forward(x).map_err(core_err)?;
         let cov = match self.gram(x) {
             Ok(g) => g.gram(),
@@ -647,10 +648,16 @@ impl<N: Network + Clone> Posterior for LinearizedPosterior<N> {
         samples: usize,
         rng: &mut dyn RngCore,
     ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
+        fspace_core::ensure_samples_fit(samples, x.nrows(), fspace_core::Posterior::output_dim(self))?;
         if samples == 0 {
             let (m, c) = self.predict_joint(x)?;
             return sample_gaussian(&m, &c, 0, rng);
         }
+        fspace_input::budget::ensure(
+            "weight-space directions (n_params × n_samples)",
+            fspace_input::budget::matrix_bytes(self.s.len(), samples),
+            "fewer n_samples",
+        )?;
         let mean = self.net.forward(x).map_err(core_err)?;
         // Column-major fill: ε drawn sample by sample, as one draw per sample would.
         let u = DMatrix::from_fn(self.s.len(), samples, |k, _| {

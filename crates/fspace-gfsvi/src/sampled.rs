@@ -144,6 +144,7 @@ impl<N: Network + Clone> Posterior for WeightSamplePosterior<N> {
         FunctionPredictive::new(mean, var)
     }
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        fspace_core::ensure_joint_fits(x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let fs = self.outputs(x, &self.samples)?;
         let s = fs.len() as f64;
         let (n, q) = (x.nrows(), self.output_dim());
@@ -161,6 +162,7 @@ impl<N: Network + Clone> Posterior for WeightSamplePosterior<N> {
         s: usize,
         rng: &mut dyn RngCore,
     ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
+        fspace_core::ensure_samples_fit(s, x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let w: Vec<DVector<f64>> = (0..s).map(|_| draw(&self.mean, &self.std, rng)).collect();
         fspace_core::finite_samples(self.outputs(x, &w)?)
     }

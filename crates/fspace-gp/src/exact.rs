@@ -243,6 +243,7 @@ impl<K: MatrixKernel> Posterior for ExactGp<K> {
         &self,
         xs: &DMatrix<f64>,
     ) -> Result<(DMatrix<f64>, DMatrix<f64>), fspace_core::CoreError> {
+        fspace_core::ensure_joint_fits(xs.nrows(), fspace_core::Posterior::output_dim(self))?;
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let (k_xs, v) = self.cross(xs)?;
             let cov = gram(&self.kernel, xs, xs)? - v.transpose() * &v; // blocked GEMM (`tr_mul` is unblocked)

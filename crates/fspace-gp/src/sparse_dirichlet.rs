@@ -223,6 +223,7 @@ impl<K: Kernel + Clone> Posterior for SparseDirichletGp<K> {
     /// Point-major joint covariance: classes are independent, each block
     /// `K_** − K_*m K_mm⁻¹ K_m* + K_*m Σ_c⁻¹ K_m*`.
     fn predict_joint(&self, xs: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        fspace_core::ensure_joint_fits(xs.nrows(), fspace_core::Posterior::output_dim(self))?;
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let Latent { mean, v_c, v_mm } = self.latent(xs)?;
             let base = gram(&self.kernel, xs, xs)? - v_mm.transpose() * &v_mm;

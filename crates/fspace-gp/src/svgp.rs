@@ -524,6 +524,7 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
         &self,
         xs: &DMatrix<f64>,
     ) -> Result<(DMatrix<f64>, DMatrix<f64>), fspace_core::CoreError> {
+        fspace_core::ensure_joint_fits(xs.nrows(), fspace_core::Posterior::output_dim(self))?;
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let Latent { mean, a, ksm, .. } = self.latent(xs)?;
             let cov = gram(&self.kernel, xs, xs)? - &a * ksm.transpose() + &a * &self.s * a.transpose();

@@ -785,3 +785,39 @@ fn impossible_settings_and_non_psd_saved_covariances_are_refused() {
     let err = Svgp::<Rbf>::from_json(&v.to_string()).unwrap_err();
     assert!(err.to_string().contains("positive semi-definite"), "{err}");
 }
+
+/// A joint predictive or a sample request past the memory budget is `InputError::TooLarge`
+/// naming the quantity and a cheaper request, before any allocation (2·10⁶ points would need a
+/// 32 TB covariance; an allocation failure would abort the process).
+#[test]
+fn joint_predictives_and_samples_past_the_memory_budget_are_refused() {
+    // Where the machine's available memory is unknown (not Linux) there is no budget: set one.
+    if fspace_input::budget::limit().is_none() {
+        fspace_input::budget::set_limit(Some(1 << 40));
+    }
+    let mut r = rng(4);
+    let x = rand_uniform(20, 1, -1.0, 1.0, &mut r);
+    let y = randn(20, 1, &mut r);
+    let gp = ExactGp::fit(Rbf::new(1.0, 0.5).unwrap(), PriorMean::Zero, Noise::Homoscedastic(0.1), &x, &y)
+        .unwrap();
+    let many = DMatrix::zeros(2_000_000, 1);
+    for err in [gp.predict_joint(&many).unwrap_err(), gp.sample_functions(&many, 3, &mut r).unwrap_err()] {
+        match err {
+            fspace_core::CoreError::Input(InputError::TooLarge { what, cheaper, .. }) => {
+                assert!(what.contains("joint predictive covariance"), "{what}");
+                assert!(cheaper.contains("fewer points"), "{cheaper}");
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+    }
+    let few = DMatrix::zeros(3, 1);
+    match gp.sample_functions(&few, 1 << 50, &mut r).unwrap_err() {
+        fspace_core::CoreError::Input(InputError::TooLarge { what, cheaper, .. }) => {
+            assert!(what.contains("function samples"), "{what}");
+            assert!(cheaper.contains("n_samples"), "{cheaper}");
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    // Within the budget both are served.
+    assert!(gp.sample_functions(&few, 4, &mut r).is_ok());
+}

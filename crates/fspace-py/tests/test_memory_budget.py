@@ -64,3 +64,42 @@ def test_the_memory_limit_is_settable():
     finally:
         fspace.set_memory_limit(None)
     fspace.Laplace(model, "classification", "all", "full").fit(x, y)
+
+
+def test_samples_and_joint_predictives_past_the_budget_raise_memory_error():
+    """10⁹ Monte Carlo or functional samples and a joint covariance at 10⁵ points — on the
+    Python layer's torch draws (laplace-torch's ``predictive_samples``, the MC link, ELLA) and on
+    the compiled posteriors' (``la(x, joint=True)``, a method's ``sample_functions``) — are
+    ``MemoryError`` before any allocation, and at once."""
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+    x = torch.randn(40, 2, dtype=torch.float64)
+    y = torch.randint(3, (40,))
+    la = fspace.Laplace(model, "classification", "all", "kron")
+    la.fit(x, y)
+    with pytest.raises(MemoryError, match="Monte Carlo samples.*link_approx='probit'"):
+        la(x, link_approx="mc", n_samples=10**9)
+    with pytest.raises(MemoryError, match="Monte Carlo samples"):
+        la.predictive_samples(x, n_samples=10**9)
+    assert tuple(la.predictive_samples(x[:2], n_samples=3).shape) == (3, 2, 3)
+    reg = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+    lr = fspace.Laplace(reg, "regression", "all", "kron")
+    lr.fit(x, torch.randn(40, 1, dtype=torch.float64))
+    with pytest.raises(MemoryError, match="joint predictive covariance.*fewer points"):
+        lr(torch.zeros(100_000, 2, dtype=torch.float64), joint=True)
+    ella = fspace.Laplace(model, "classification", "all", "gp", functional_approximation="nystrom",
+                          subsample_size=20, n_eigenvalues=5)
+    ella.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=20))
+    with pytest.raises(MemoryError, match="samples.*fewer n_samples"):
+        ella.predictive_samples(x, n_samples=10**9)
+    with pytest.raises(MemoryError, match="joint predictive covariance"):
+        ella.predictive_moments(torch.zeros(100_000, 2, dtype=torch.float64), joint=True)
+    rng = np.random.default_rng(0)
+    gp = fspace.ExactGP(K.RBF(1.0, 0.5), sigma_noise=0.1)
+    gp.fit(rng.normal(size=(30, 1)), rng.normal(size=(30, 1)))
+    with pytest.raises(MemoryError, match="function samples.*fewer n_samples"):
+        gp.predictive_samples(rng.normal(size=(5, 1)), n_samples=10**15)
+    with pytest.raises(MemoryError, match="joint predictive covariance"):
+        gp.predictive_samples(np.zeros((2_000_000, 1)), n_samples=2)
+    assert time.perf_counter() - start < 10.0

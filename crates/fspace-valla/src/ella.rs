@@ -772,6 +772,7 @@ impl<N: Network + Clone> Posterior for EllaPosterior<N> {
     }
 
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        fspace_core::ensure_joint_fits(x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let g = self.net.forward(x)?;
             let mut rot = self.feature_map.eval(&self.net, x)? * &self.ggn_eigenvectors;

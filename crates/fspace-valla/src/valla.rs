@@ -598,6 +598,7 @@ impl<N: Network + Clone> Posterior for VallaPosterior<N> {
     }
 
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        fspace_core::ensure_joint_fits(x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             let g = self.net.forward(x)?;
             let k = self.net.ntk_block(x, Outputs::All, x, Outputs::All)? * self.state().prior_variance();

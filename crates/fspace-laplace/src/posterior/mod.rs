@@ -312,6 +312,7 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
         }
     }
     fn predict_joint(&self, x: &DMatrix<f64>) -> fspace_core::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        fspace_core::ensure_joint_fits(x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             match self.predictive {
                 Predictive::Glm => {
@@ -347,6 +348,7 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
         s: usize,
         rng: &mut dyn RngCore,
     ) -> fspace_core::Result<Vec<DMatrix<f64>>> {
+        fspace_core::ensure_samples_fit(s, x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let run = |rng: &mut dyn RngCore| -> Result<Vec<DMatrix<f64>>> {
             match self.predictive {
                 // Exact linearised samples f(x; w*) + J(x)(θ − w*): the s JVPs share one

@@ -34,6 +34,7 @@ from ._convert import tensors
 from ._predictive import _check_likelihood, _curvature_source, _link, _refuse_unsupported, _split_batch, _torch
 from ._torch import TorchModel
 from ._fspace import NystromFeatures
+from ._memory import check_budget
 
 __all__ = ["ELLALaplace", "functional_laplace"]
 
@@ -124,6 +125,10 @@ def draw_gaussian(mean: Any, covariance: Any, n_samples: int, generator: Any) ->
         if torch.any(values < -tolerance):
             raise
         root = vectors @ torch.diag_embed(values.clamp_min(0).sqrt())
+    # The noise, the draws and their sum with the mean are held at once.
+    check_budget(3 * n_samples * mean.numel() * mean.element_size(),
+                 f"{n_samples} samples of {tuple(mean.shape)} outputs",
+                 "fewer n_samples, x in smaller batches, or link_approx='probit'")
     noise = torch.randn((n_samples, *mean.shape), dtype=mean.dtype, generator=generator)
     if mean.ndim == 1:
         draws = noise @ root.T
@@ -510,6 +515,9 @@ class ELLALaplace(Wrapper):
         features, mean = self._eval(x)
         if joint:
             flat = features.reshape(-1, self.n_eigenvalues)
+            side = flat.shape[0]
+            check_budget(2 * side * side * flat.element_size(), f"a joint predictive covariance ({side} × {side})",
+                         "fewer points per call, or joint=False")
             covariance = flat @ torch.cholesky_solve(flat.T, self.chol_precision)
             return mean.flatten(), covariance
         return mean, features @ torch.cholesky_solve(features.transpose(1, 2), self.chol_precision)

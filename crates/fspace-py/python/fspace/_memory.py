@@ -54,3 +54,46 @@ def memory_limit() -> Optional[int]:
     True
     """
     return _fspace.memory_limit()
+
+
+def _gib(n: float) -> str:
+    return f"{n / 1073741824.0:.1f} GiB"
+
+
+def check_budget(nbytes: int, what: str, cheaper: str) -> None:
+    """Refuses, before the allocation, a tensor the memory budget cannot hold.
+
+    The Python layer's twin of the compiled module's check (the same message): a torch
+    allocation past the machine's memory raises torch's ``RuntimeError`` or, worse, is killed
+    by the kernel; this raises ``MemoryError`` naming ``what``, its size and ``cheaper``.
+
+    Parameters
+    ----------
+    nbytes : int
+        The bytes the allocation will hold.
+    what : str
+        What would be allocated (``"4 × 10⁹ predictive samples"``).
+    cheaper : str
+        A cheaper request, said to the user.
+
+    Raises
+    ------
+    MemoryError
+        ``nbytes`` past ``memory_limit()``.
+
+    Examples
+    --------
+    >>> import fspace
+    >>> from fspace._memory import check_budget
+    >>> fspace.set_memory_limit(1 << 30)
+    >>> check_budget(8, "one float64", "none")
+    >>> check_budget(1 << 40, "a terabyte", "ask for less")
+    Traceback (most recent call last):
+    ...
+    MemoryError: a terabyte needs 1024.0 GiB but the memory budget is 1.0 GiB (...): ask for less
+    >>> fspace.set_memory_limit(None)
+    """
+    limit = memory_limit()
+    if limit is not None and nbytes > limit:
+        raise MemoryError(f"{what} needs {_gib(nbytes)} but the memory budget is {_gib(limit)} (the available "
+                          f"memory, or FSPACE_MEMORY_LIMIT / fspace.set_memory_limit): {cheaper}")

@@ -10,6 +10,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from ._memory import check_budget
+
 __all__ = ["_torch", "_curvature_source", "_check_likelihood", "_refuse_unsupported", "_split_batch",
            "_normal_samples", "_link"]
 
@@ -89,7 +91,11 @@ def _split_batch(batch: Any, dict_key_x: Optional[str], dict_key_y: str) -> Tupl
 def _normal_samples(mean: Any, var: Any, n_samples: int, generator: Any) -> Any:
     """laplace-torch's ``normal_samples``: the same draws from the same generator state."""
     torch = _torch()
-    _, output_dim = mean.shape
+    batch, output_dim = mean.shape
+    # ``scaled``, the sum and a softmax of it (the MC link) are held at once.
+    check_budget(3 * n_samples * batch * output_dim * mean.element_size(),
+                 f"{n_samples} Monte Carlo samples of {batch} × {output_dim} outputs",
+                 "fewer n_samples, x in smaller batches, or link_approx='probit'")
     randn = torch.randn((output_dim, n_samples), dtype=mean.dtype, generator=generator)
     if mean.shape == var.shape:
         scaled = var.sqrt().unsqueeze(-1) * randn.unsqueeze(0)
