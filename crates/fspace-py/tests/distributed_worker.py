@@ -80,6 +80,53 @@ def fsp_posthoc(world, rank, group=None):
     return out
 
 
+def ella(world, rank, group=None):
+    """ELLA (laplace-torch's ``hessian_structure="gp"``, Nyström) on this process's points
+    (rank::world, uneven), both likelihoods: the Nyström points drawn from all the shards,
+    ``G`` all-reduced, a validation grid search over every process's validation points."""
+    out = {}
+    xt = torch.linspace(-2.5, 2.5, 14, dtype=torch.float64).reshape(7, 2)
+    for lik in ("regression", "classification"):
+        dataset = data(lik)
+        x, y = dataset.tensors
+        train = torch.utils.data.Subset(dataset, range(800))
+        val = torch.utils.data.TensorDataset(x[800:], y[800:])
+        loader = torch.utils.data.DataLoader(train, batch_size=64, sampler=list(range(rank, 800, world)))
+        val_loader = torch.utils.data.DataLoader(val, batch_size=50, sampler=list(range(rank, N - 800, world)))
+        la = fspace.Laplace(model(2 if lik == "regression" else 3), lik, "all", "gp",
+                            functional_approximation="nystrom", subsample_size=60, n_eigenvalues=15,
+                            sigma_noise=0.3 if lik == "regression" else 1.0)
+        la.fit(loader, val_loader=val_loader, balanced=lik == "classification", process_group=group)
+        row = {"n_data": la.n_data, "gram": la.feature_gram.reshape(-1).tolist(),
+               "val_nll": la.fit_history_["val_nll"]}
+        la.optimize_prior_precision(val_loader=val_loader, grid_size=12)
+        row["prior_precision"] = float(la.prior_precision)
+        pred = la(xt)
+        row["predictive"] = [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist()
+        out[lik] = row
+    return out
+
+
+def ella_padded(world, rank):
+    dataset = data("classification")
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+    la = fspace.Laplace(model(3), "classification", "all", "gp", functional_approximation="nystrom",
+                        subsample_size=30, n_eigenvalues=10)
+    la.fit(torch.utils.data.DataLoader(dataset, batch_size=64, sampler=sampler))
+
+
+def ella_failing(world, rank):
+    dataset = data("regression")
+    x, y = dataset.tensors
+    if rank == 1:
+        y = y.clone()
+        y[1] = float("nan")
+    dataset = torch.utils.data.TensorDataset(x, y[:, :1] if rank == 1 else y)  # rank 1: a target of the wrong width
+    la = fspace.Laplace(model(2), "regression", "all", "gp", functional_approximation="nystrom",
+                        subsample_size=30, n_eigenvalues=10, sigma_noise=0.3)
+    la.fit(torch.utils.data.DataLoader(dataset, batch_size=64, sampler=list(range(rank, N, world))))
+
+
 def fsp_failing(world, rank):
     x, y = data("regression").tensors
     if rank == 1:
@@ -175,7 +222,7 @@ def main():
         comm = MPI.COMM_WORLD
         rank = comm.Get_rank()
         result = {"rank": rank, "fits": fits(comm.Get_size(), rank, comm),
-                  "fsp": fsp_posthoc(comm.Get_size(), rank, comm)}
+                  "fsp": fsp_posthoc(comm.Get_size(), rank, comm), "ella": ella(comm.Get_size(), rank, comm)}
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump(result, f)
         return
@@ -191,6 +238,12 @@ def main():
             failing(world, rank)
         elif case == "fsp":
             result["fsp"] = fsp_posthoc(world, rank)
+        elif case == "ella":
+            result["ella"] = ella(world, rank)
+        elif case == "ella_padded":
+            ella_padded(world, rank)
+        elif case == "ella_failing":
+            ella_failing(world, rank)
         elif case == "fsp_failing":
             fsp_failing(world, rank)
         elif case == "ddp":

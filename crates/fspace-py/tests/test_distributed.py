@@ -107,6 +107,36 @@ def test_post_hoc_fsp_laplace_shards_to_the_single_process_posterior(tmp_path):
     assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
 
 
+def test_ella_shards_to_the_single_process_posterior(tmp_path):
+    """ELLA over 2 and 3 processes (uneven shards of 800 training and 201 validation points):
+    the Nyström points drawn from all the shards in index order, ``G`` all-reduced and the
+    validation NLL scored over every process's points give every process the single-process
+    ``G``, validation NLL, grid-searched λ and predictive to 1e-12; a padding sampler and a
+    process that fails are errors on every process."""
+    single = _run("ella", 1, tmp_path)[0]
+    assert "error" not in single, single.get("error")
+    for world in (2, 3):
+        results = _run("ella", world, tmp_path)
+        for res in results:
+            assert "error" not in res, f"rank {res['rank']}: {res.get('error')}"
+            for lik, want in single["ella"].items():
+                got = res["ella"][lik]
+                assert got["n_data"] == want["n_data"] == 800, lik
+                for field in ("gram", "val_nll", "prior_precision"):
+                    _close(got[field], want[field], 1e-12, f"{world} processes, ELLA {lik}, {field}")
+                pairs = zip(got["predictive"], want["predictive"]) if lik == "regression" else \
+                    [(got["predictive"], want["predictive"])]
+                for g, w in pairs:
+                    _close(g, w, 1e-12, f"{world} processes, ELLA {lik}, predictive")
+            assert res["ella"] == results[0]["ella"], "the processes differ"
+    for res in _run("ella_padded", 2, tmp_path):
+        kind, message = res["error"]
+        assert kind == "ValueError" and "DistributedSampler pads" in message, message
+    results = _run("ella_failing", 2, tmp_path)
+    assert results[1]["error"][0] == "ValueError", results[1]
+    assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
+
+
 def test_a_padded_sampler_and_a_failing_process_are_errors_everywhere(tmp_path):
     for res in _run("padded", 2, tmp_path):
         kind, message = res["error"]
@@ -234,6 +264,11 @@ def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
             pairs = zip(got, want["predictive"]) if lik == "regression" else [(got, want["predictive"])]
             for g, w in pairs:
                 _close(g, w, 1e-12, f"MPI, FSP-Laplace {lik}")
+    single_ella = _run("ella", 1, tmp_path)[0]["ella"]
+    for lik, want in single_ella.items():
+        for res in results:
+            _close(res["ella"][lik]["gram"], want["gram"], 1e-12, f"MPI, ELLA {lik}, G")
+            _close(res["ella"][lik]["prior_precision"], want["prior_precision"], 1e-12, f"MPI, ELLA {lik}, λ")
 
 
 def test_the_mpi_example_of_the_docs_runs(tmp_path):

@@ -97,3 +97,33 @@ def sharded_sum(group: Any, compute: Any) -> Any:
             status[0] = 1.0
             group.all_reduce(status, "max")
         raise
+
+
+def agreed(group: Any, local: Any) -> Any:
+    """Runs ``local()`` — a step of a sharded fit that may fail on one process (its own data) —
+    then all-reduces the failure status, so that a collective that follows never waits forever:
+    the failing process raises its own error, every other one a ``RuntimeError``."""
+    failure: Any = None
+    result: Any = None
+    try:
+        result = local()
+    except BaseException as e:  # noqa: BLE001 - re-raised below, after the other processes hear of it
+        failure = e
+    status = group.all_reduce(np.array([0.0 if failure is None else 1.0]), "max")
+    if failure is not None:
+        raise failure
+    if status[0] > 0:
+        raise RuntimeError("another process failed during the sharded fit: its error is raised there")
+    return result
+
+
+def agree_on(group: Any, values: Any, message: str) -> None:
+    """Every process holds the same ``values`` (a fingerprint of the model and the settings),
+    else a ``ValueError`` with ``message`` on every process."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    width = group.all_reduce(np.array([float(v.size), -float(v.size)]), "max")
+    if width[0] != -width[1]:
+        raise ValueError(message)
+    top = group.all_reduce(np.concatenate([v, -v]), "max")
+    if not np.array_equal(top[: v.size], -top[v.size:]):
+        raise ValueError(message)

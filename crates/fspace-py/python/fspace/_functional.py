@@ -30,6 +30,7 @@ import numpy as np
 
 from ._backend import network_spec
 from ._base import Wrapper
+from ._distributed import _group, agree_on, agreed
 from ._convert import tensors
 from ._predictive import _check_likelihood, _curvature_source, _link, _refuse_unsupported, _split_batch, _torch
 from ._torch import TorchModel
@@ -101,6 +102,37 @@ def training_indices(loader: Any) -> Any:
     if torch.any(result < 0) or torch.any(result >= len(dataset)):
         raise ValueError("The training sampler yielded an invalid dataset index.")
     return result
+
+
+def _global_indices(loader: Any, group: Any) -> Any:
+    """The dataset indices all the processes' loaders visit together, in index order — what
+    one process over the whole dataset visits with a sequential or random sampler. Every
+    process must hold the whole dataset (its sampler choosing its shard) and the shards must not
+    overlap; both are errors on every process."""
+    torch = _torch()
+    dataset = getattr(loader, "dataset", None)
+
+    def local() -> Any:
+        return training_indices(loader).numpy()
+
+    mine = agreed(group, local)
+    size = len(dataset)  # type: ignore[arg-type]  # training_indices checked it is sized
+    sizes = group.all_reduce(np.array([float(size), -float(size)]), "max")
+    if sizes[0] != -sizes[1]:
+        raise ValueError(
+            "the processes' datasets differ in length: in a sharded ELLA fit every process holds the whole dataset "
+            "(its loader's sampler chooses its shard), since the Nyström points are drawn from all of it"
+        )
+    counts = np.zeros(size)
+    np.add.at(counts, mine, 1.0)
+    counts = group.all_reduce(counts, "sum")
+    if counts.max() > 1:
+        raise ValueError(
+            "the shards overlap: a point is visited more than once over the processes (a DistributedSampler pads "
+            "the shards to equal sizes with repeated points); give each process its own points once, e.g. "
+            "DataLoader(dataset, sampler=list(range(rank, len(dataset), world_size)))"
+        )
+    return torch.as_tensor(np.flatnonzero(counts), dtype=torch.long)
 
 
 def _subset_loader(loader: Any, indices: Any) -> Any:
@@ -188,7 +220,7 @@ class ELLALaplace(Wrapper):
     (4, 3)
     """
 
-    _transient = ("_features",)
+    _transient = ("_features", "_group")
 
     def __init__(
         self,
@@ -237,6 +269,7 @@ class ELLALaplace(Wrapper):
         if isinstance(self._spec, TorchModel):
             self._spec.skip_keys = (dict_key_y,)
         self._features: Any = None
+        self._group: Any = None  # the process group of a sharded fit (not saved)
         self._saved_features: Optional[str] = None
         self.feature_gram: Any = None
         self.chol_precision: Any = None
@@ -375,9 +408,9 @@ class ELLALaplace(Wrapper):
 
     # -- fit --------------------------------------------------------------------------------------
 
-    def _indices(self, loader: Any, balanced: bool) -> Any:
+    def _indices(self, loader: Any, balanced: bool, group: Any = None) -> Any:
         torch = _torch()
-        available = training_indices(loader)
+        available = training_indices(loader) if group is None else _global_indices(loader, group)
         n = len(available)
         if self.subsample_size > n:
             raise ValueError("subsample_size cannot exceed the training set size.")
@@ -426,7 +459,7 @@ class ELLALaplace(Wrapper):
         self._features = NystromFeatures(points=points, outputs=outputs, num_eigen=self.n_eigenvalues, **self._network())
 
     def fit(self, train_loader: Any, *, val_loader: Any = None, val_steps: Optional[int] = None,
-            balanced: bool = False, progress_bar: bool = False) -> None:
+            balanced: bool = False, progress_bar: bool = False, process_group: Any = None) -> None:
         """Builds the Nyström basis and sums the projected curvature ``G`` over ``train_loader``,
         one batch at a time.
 
@@ -443,20 +476,53 @@ class ELLALaplace(Wrapper):
             Classification: draw the Nyström points round-robin over the classes.
         progress_bar : bool, default False
             A tqdm bar over the batches.
+        process_group : torch.distributed group or mpi4py communicator, optional
+            Sharded fitting: each process passes its own shard of the data (its loader's
+            sampler choosing it from the whole dataset, which every process holds); the
+            Nyström points are drawn from all the shards' indices together, in index order, as
+            one process over the whole dataset draws them, and the ``K × K`` sums ``G`` are
+            all-reduced, so every process ends with the single-process posterior up to the
+            order of the additions. The default is the default group when ``torch.distributed``
+            is initialised with more than one process; ``False`` fits each process on its own.
+            A validation loader is then scored over every process's together; ``val_steps`` is
+            refused.
 
         Returns
         -------
         None
+
+        Raises
+        ------
+        ValueError
+            An empty loader, ``subsample_size`` past the training points, a bad batch; sharded:
+            shards that overlap (a padding ``DistributedSampler``) or processes whose models or
+            settings differ, on every process.
+        RuntimeError
+            Sharded: another process failed (its own error is raised there).
         """
         torch = _torch()
         if val_steps is not None and (not _integer(val_steps) or val_steps <= 0):
             raise ValueError("val_steps must be positive integer when provided.")
+        group = _group(process_group)
+        if group is not None and val_steps is not None:
+            raise NotImplementedError(
+                "val_steps with sharded fitting: the shards' batch counts differ, so the processes cannot score "
+                "together mid-pass; pass val_loader alone (scored once, after the pass)"
+            )
         with self._lock:
             self.fit_history_ = {"processed_examples": [], "val_nll": [], "tuning": []}
             self._fitted = False
             self.n_data = 0
-            indices = self._indices(train_loader, balanced)
-            self._build_basis(train_loader, indices)
+            self._group = group
+            if group is None:
+                indices = self._indices(train_loader, balanced)
+                self._build_basis(train_loader, indices)
+            else:
+                agree_on(group, self._fingerprint(balanced),
+                         "the processes disagree on the model or the ELLA settings (subsample_size, n_eigenvalues, "
+                         "seed, likelihood, balanced): give every process the same ones")
+                indices = self._indices(train_loader, balanced, group)
+                agreed(group, lambda: self._build_basis(train_loader, indices))
             self._saved_features = None
             k = self.n_eigenvalues
             gram = torch.zeros(k, k, dtype=self._dtype)
@@ -466,23 +532,34 @@ class ELLALaplace(Wrapper):
 
                 iterator = tqdm(train_loader, desc="Fitting ELLA")
             step = 0
-            for step, batch in enumerate(iterator, start=1):
-                x, y = _split_batch(batch, self._key_x, self.dict_key_y)
-                features, output = self._eval(x)
-                if self.likelihood == "regression":
-                    _regression_targets(y, output)
-                    gram += torch.einsum("bck,bcl->kl", features, features)
-                else:
-                    probs = output.softmax(dim=-1)
-                    hessian = torch.diag_embed(probs) - probs.unsqueeze(-1) * probs.unsqueeze(-2)
-                    gram += torch.einsum("bck,bcd,bdl->kl", features, hessian, features)
-                self.n_data += output.shape[0]
-                self.fit_history_["processed_examples"].append(float(self.n_data))
-                if val_loader is not None and val_steps and step % val_steps == 0:
-                    self.feature_gram = gram.clone()
-                    self._build_precision()
-                    self._fitted = True
-                    self.fit_history_["val_nll"].append(float(self._validation_nll(val_loader)))
+
+            def one_pass() -> None:
+                nonlocal step
+                for step, batch in enumerate(iterator, start=1):
+                    x, y = _split_batch(batch, self._key_x, self.dict_key_y)
+                    features, output = self._eval(x)
+                    if self.likelihood == "regression":
+                        _regression_targets(y, output)
+                        gram.add_(torch.einsum("bck,bcl->kl", features, features))
+                    else:
+                        probs = output.softmax(dim=-1)
+                        hessian = torch.diag_embed(probs) - probs.unsqueeze(-1) * probs.unsqueeze(-2)
+                        gram.add_(torch.einsum("bck,bcd,bdl->kl", features, hessian, features))
+                    self.n_data += output.shape[0]
+                    self.fit_history_["processed_examples"].append(float(self.n_data))
+                    if val_loader is not None and val_steps and step % val_steps == 0:
+                        self.feature_gram = gram.clone()
+                        self._build_precision()
+                        self._fitted = True
+                        self.fit_history_["val_nll"].append(float(self._validation_nll(val_loader)))
+
+            if group is None:
+                one_pass()
+            else:
+                agreed(group, one_pass)
+                total = group.all_reduce(np.concatenate([gram.numpy().reshape(-1), [float(self.n_data)]]), "sum")
+                gram = torch.from_numpy(total[:-1].reshape(k, k).copy())
+                self.n_data = int(total[-1])
             if self.n_data == 0:
                 raise ValueError("ELLA fit requires a nonempty training loader.")
             self.feature_gram = gram
@@ -490,6 +567,17 @@ class ELLALaplace(Wrapper):
             self._fitted = True
             if val_loader is not None and (not val_steps or step % val_steps):
                 self.fit_history_["val_nll"].append(float(self._validation_nll(val_loader)))
+
+    def _fingerprint(self, balanced: bool) -> List[float]:
+        """What every process of a sharded fit must share: the settings and a summary of the
+        model's parameters."""
+        summary = [0.0, 0.0, 0.0]
+        if hasattr(self.model, "parameters"):
+            for p in self.model.parameters():
+                v = p.detach().double()
+                summary = [summary[0] + v.numel(), summary[1] + float(v.sum()), summary[2] + float(v.square().sum())]
+        return [float(self.subsample_size), float(self.n_eigenvalues), float(self.seed),
+                float(self.likelihood == "regression"), float(balanced), *summary]
 
     def _build_precision(self) -> None:
         torch = _torch()
@@ -677,11 +765,16 @@ class ELLALaplace(Wrapper):
         return out
 
     def _validation_nll(self, loader: Any, batches: Optional[List[Tuple[Any, Any, Any]]] = None) -> Any:
+        """The validation NLL per point; after a sharded fit, over every process's validation
+        points together (each process scores its own loader)."""
         torch = _torch()
         self._check_fitted()
+        if batches is None:
+            batches = self._validation_batches(loader) if self._group is None else \
+                agreed(self._group, lambda: self._validation_batches(loader))
         total = torch.zeros((), dtype=self._dtype)
         count = 0
-        for features, mean, y in batches if batches is not None else self._validation_batches(loader):
+        for features, mean, y in batches:
             covariance = features @ torch.cholesky_solve(features.transpose(1, 2), self.chol_precision)
             if self.likelihood == "regression":
                 y = _regression_targets(y, mean)
@@ -691,6 +784,9 @@ class ELLALaplace(Wrapper):
                 scale = torch.sqrt(1 + math.pi / 8 * covariance.diagonal(dim1=-2, dim2=-1))
                 total += torch.nn.functional.cross_entropy(mean / scale, _classification_targets(y), reduction="sum")
             count += y.shape[0]
+        if self._group is not None:
+            both = self._group.all_reduce(np.array([float(total), float(count)]), "sum")
+            return torch.as_tensor(both[0] / both[1], dtype=self._dtype)
         return total / count
 
     def optimize_prior_precision(self, pred_type: str = "gp", method: str = "gridsearch", n_steps: int = 100,
@@ -761,7 +857,8 @@ class ELLALaplace(Wrapper):
         with self._lock:
             self._check_fitted()
             initial = (self.prior_precision.detach().clone(), self.sigma_noise.detach().clone())
-            batches = self._validation_batches(val_loader)
+            batches = self._validation_batches(val_loader) if self._group is None else \
+                agreed(self._group, lambda: self._validation_batches(val_loader))
             best_score, best = float("inf"), None
             has_candidates = False
             for candidate in grid:
