@@ -46,3 +46,19 @@ def test_the_wheel_installs_without_rust_and_runs_the_quickstart(tmp_path):
     assert "QUICKSTART_OK" in run.stdout
     origin = re.search(r"FSPACE_FROM (\S+)", run.stdout).group(1)
     assert origin.startswith(str(venv)), f"fspace came from {origin}, not the wheel"
+
+
+@pytest.mark.skipif(not WHEEL, reason="$FSPACE_WHEEL names the wheel (cargo xtask test builds it)")
+def test_the_wheel_is_abi3_and_needs_no_glibc_past_2_17():
+    """One wheel for every CPython ≥ 3.9 and every x86-64 Linux of the last decade: the tags say
+    abi3 and manylinux2014, and the compiled module asks for no glibc symbol version past 2.17
+    (its version-requirement strings, read from the ELF file)."""
+    import zipfile
+
+    name = pathlib.Path(WHEEL).name
+    assert "-cp39-abi3-" in name and "manylinux_2_17_x86_64" in name, name
+    with zipfile.ZipFile(WHEEL) as wheel:
+        module = next(n for n in wheel.namelist() if n.endswith(".so"))
+        binary = wheel.read(module)
+    versions = {tuple(int(p) for p in m.groups()) for m in re.finditer(rb"GLIBC_(\d+)\.(\d+)(?:\.\d+)?\x00", binary)}
+    assert versions and max(versions) <= (2, 17), sorted(versions)

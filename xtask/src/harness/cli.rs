@@ -96,9 +96,10 @@ pub enum Task {
         #[arg(long)]
         no_rustdoc: bool,
     },
-    /// Build the `fspace` Python package as a wheel (abi3: one wheel for CPython ≥ 3.9; the
-    /// platform tag maturin's check gives this machine's glibc) into OUT, with maturin from the
-    /// test environment (made if missing). `pip install OUT/fspace-*.whl` needs no Rust.
+    /// Build the `fspace` Python package as a wheel (abi3: one wheel for CPython ≥ 3.9;
+    /// manylinux2014: any x86-64 Linux with glibc ≥ 2.17, linked through zig) into OUT, with
+    /// maturin from the test environment (made if missing). `pip install OUT/fspace-*.whl` needs
+    /// no Rust.
     Wheel {
         /// Where the wheel goes.
         #[arg(long, default_value = "target/wheels")]

@@ -22,7 +22,7 @@
 //!    ([`super::python_reference`], `target/python-reference.json`), then
 //!    `python -m pytest crates/fspace-py/tests` with `$FSPACE_RUST_REFERENCE` pointing at them.
 //!
-//! 5. the wheel (`cargo xtask wheel`, [`build_wheel`]) into `target/wheels`, whose path
+//! 5. the wheel (`cargo xtask wheel`, [`build_wheel`]: abi3, manylinux2014) into `target/wheels`, whose path
 //!    `$FSPACE_WHEEL` hands to `crates/fspace-py/tests/test_wheel.py`: it installs the wheel into
 //!    a fresh virtual environment and runs the README's quickstart there with no Rust toolchain
 //!    on `PATH`.
@@ -209,10 +209,18 @@ fn python_tests(root: &Path, torch: bool) -> Result<()> {
     console.run("Python tests", pytest.current_dir(root))
 }
 
+/// The glibc floor of the wheel: `manylinux2014` (glibc 2.17), which every Linux distribution
+/// of the last decade meets (CentOS 7, the clusters' usual floor, included); a plain build would
+/// carry the build machine's glibc (2.35 here) and refuse to install on older systems.
+const WHEEL_COMPATIBILITY: &str = "manylinux2014";
+
 /// `cargo xtask wheel`: `maturin build --release` of `crates/fspace-py` into `out` (relative to
 /// the workspace root unless absolute) with the test environment's maturin (the environment is
 /// made, without torch, if missing); returns the wheel's path. pyo3's `abi3-py39` feature makes
-/// it one wheel for every CPython from 3.9.
+/// it one wheel for every CPython from 3.9; linking through zig (`--zig`, the `ziglang` wheel
+/// from PyPI in the environment) against [`WHEEL_COMPATIBILITY`]'s glibc makes it install on
+/// any x86-64 Linux from glibc 2.17. Where `ziglang` cannot be installed the wheel is built for
+/// this machine's glibc, said loudly.
 pub fn build_wheel(out: &Path) -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("the workspace root")?.to_path_buf();
     let out = if out.is_absolute() { out.to_path_buf() } else { root.join(out) };
@@ -230,11 +238,33 @@ pub fn build_wheel(out: &Path) -> Result<PathBuf> {
         }
     }
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let py = bin.join("python");
+    let zig = Command::new(&py).args(["-c", "import ziglang"]).output().is_ok_and(|o| o.status.success())
+        || Console::Terminal
+            .run(
+                "zig, the linker of a portable wheel (the ziglang wheel from PyPI)",
+                Command::new(&py).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "ziglang",
+                ]),
+            )
+            .is_ok();
+    let mut maturin = Command::new(bin.join("maturin"));
+    maturin.args(["build", "--release", "--quiet", "--out"]).arg(&out);
+    if zig {
+        maturin.args(["--zig", "--compatibility", WHEEL_COMPATIBILITY]);
+    } else {
+        println!(
+            "!! ziglang could not be installed: the wheel is built for this machine's glibc, not {WHEEL_COMPATIBILITY}"
+        );
+    }
     Console::Terminal.run(
         "fspace wheel (maturin build --release)",
-        Command::new(bin.join("maturin"))
-            .args(["build", "--release", "--quiet", "--out"])
-            .arg(&out)
+        maturin
             .current_dir(root.join("crates").join("fspace-py"))
             .env("VIRTUAL_ENV", &venv)
             .env("PATH", &path),
