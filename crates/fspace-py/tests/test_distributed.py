@@ -197,6 +197,23 @@ def _same_line_on_both(stdout, pattern):
     assert sorted(lines) == ["0", "1"] and lines["0"] == lines["1"], stdout
 
 
+def test_the_ray_example_of_the_docs_runs(tmp_path):
+    """docs/scaling-out.md's Ray Train block (``TorchTrainer``, two CPU workers): both workers
+    print the same λ and probabilities. Skipped where Ray is not installed (``cargo xtask test``
+    installs it) or does not start within the test's time."""
+    pytest.importorskip("ray.train", reason="ray[train] is installed by `cargo xtask test`")
+    script = tmp_path / "fit_ray.py"
+    script.write_text(_doc_block("With Ray Train"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
+    try:
+        run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240,
+                             cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.skip("Ray did not finish within 240 s on this machine")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _same_line_on_both(run.stdout + run.stderr, r"λ = [^\]]*\]")
+
+
 def test_the_ddp_example_of_the_docs_runs(tmp_path):
     """docs/scaling-out.md's DDP training loop under torchrun with two processes: both end with
     the same weights."""
