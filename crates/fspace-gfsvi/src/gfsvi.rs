@@ -317,8 +317,23 @@ pub fn objective_with<N: Network>(
     net.set_params(&params.mean)?;
     let s = params.variances();
     let scale = n_total as f64 / x_b.nrows() as f64;
-    let (ell, mut grad_m, mut grad_s, grad_log_noise) =
-        data_term(net, params, &s, likelihood, x_b, y_b, scale)?;
+    let data = data_term(net, params, &s, likelihood, x_b, y_b, scale)?;
+    with_divergence(net, params, prior, data, x_m, gamma)
+}
+
+/// `L = ℓ − D` and its gradient from the data term's value `data` (at the weights `net`
+/// holds, `params.mean`) and the divergence at the measurement points `x_m`.
+fn with_divergence<N: Network>(
+    net: &mut N,
+    params: &VariationalParams,
+    prior: &KlPrior,
+    data: DataTermValue,
+    x_m: &DMatrix<f64>,
+    gamma: f64,
+) -> Result<ObjectiveValue> {
+    let q = net.output_dim();
+    let s = params.variances();
+    let (ell, mut grad_m, mut grad_s, grad_log_noise) = data;
     // Divergence at the measurement points.
     let m_pts = x_m.nrows();
     let f_m = net.forward(x_m)?;
@@ -401,9 +416,122 @@ pub fn fit_observed<N: Network + Clone>(
     config: &GfsviConfig,
     observer: &mut dyn Observer,
 ) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
+    fit_impl(net, likelihood, prior, data, config, observer, None)
+}
+
+/// One process's part of a sharded fit ([`fit_sharded`]): its rows of the data are the rows
+/// `offset..offset + n` of the `n_total` rows of every process together (the processes' rows
+/// in process order), and `reduce(part, failed)` returns the sum of every process's `part` —
+/// or an error where any process said `failed` (the engine behind it, a process group, is the
+/// caller's: this crate knows none).
+pub struct Shard<'a> {
+    /// The global index of this process's first row.
+    pub offset: usize,
+    /// The rows of every process together (`N`).
+    pub n_total: usize,
+    /// The all-reduce (sum) of a data term's value and gradient, with a failure flag.
+    pub reduce: &'a mut dyn FnMut(DVector<f64>, bool) -> Result<DVector<f64>>,
+}
+
+/// [`fit_observed`] over data sharded across processes: every process calls it with its own
+/// rows and the same network, prior, settings and `measurement_box` (the box of all the
+/// processes' data). The minibatches are drawn over the `N` global rows from the shared seed,
+/// as one process over all the rows draws them; each process evaluates the data term on the
+/// rows of the batch it holds (scaled by `N / B`), `shard.reduce` sums those terms, and the
+/// divergence at the measurement points — the same draws on every process — is added once.
+/// Every process therefore takes the single-process steps, up to the order of the additions,
+/// and ends with the same posterior. A process whose own work fails (its data, an interrupt)
+/// tells the others through the reduce's failure flag, so none waits forever.
+///
+/// Refused: a validation set (early stopping would need the validation data of every process)
+/// and `measurement_from_batch > 0` (the batch's points are spread over the processes).
+pub fn fit_sharded<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &KlPrior,
+    data: &Data,
+    config: &GfsviConfig,
+    shard: Shard<'_>,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
+    let width = 2 * net.n_params() + 2;
+    let Shard { offset, n_total, reduce } = shard;
+    // Whether the other processes already know of the error (it came out of a reduce, or it is
+    // the same on every process): otherwise they wait in a reduce and must be told.
+    let mut known = false;
+    let result = {
+        let mut tracked = |part: DVector<f64>, failed: bool| {
+            known = true;
+            let out = reduce(part, failed);
+            if out.is_ok() && !failed {
+                known = false;
+            }
+            out
+        };
+        fit_impl(
+            net,
+            likelihood,
+            prior,
+            data,
+            config,
+            observer,
+            Some(Shard { offset, n_total, reduce: &mut tracked }),
+        )
+    };
+    match result {
+        Err(e) if !known && !matches!(e, GfsviError::Diverged { .. }) => {
+            // A local failure (the data, the settings, an interrupt): the others are in a reduce.
+            let _ = reduce(DVector::zeros(width), true);
+            Err(e)
+        }
+        r => r,
+    }
+}
+
+fn fit_impl<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &KlPrior,
+    data: &Data,
+    config: &GfsviConfig,
+    observer: &mut dyn Observer,
+    mut shard: Option<Shard<'_>>,
+) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
     let (x, y, validation) = (data.x(), data.y(), data.validation());
     let net = &net;
     config.validate()?;
+    if let Some(sh) = &shard {
+        if validation.is_some() {
+            return Err(invalid(
+                "validation data of a sharded fit",
+                "early stopping would need every process's validation data: fit without it",
+            ));
+        }
+        if config.measurement_from_batch > 0 {
+            return Err(invalid(
+                "measurement_from_batch of a sharded fit",
+                "the batch's points are spread over the processes: set it to 0",
+            ));
+        }
+        if config.measurement_box.is_none() {
+            return Err(invalid(
+                "measurement box of a sharded fit",
+                "give the box of every process's data (the default of one process is its own data's)",
+            ));
+        }
+        if sh.offset.checked_add(x.nrows()).is_none_or(|end| end > sh.n_total) {
+            return Err(invalid(
+                "shard",
+                format!(
+                    "rows {}..{} + {} past the {} rows of all the processes",
+                    sh.offset,
+                    sh.offset,
+                    x.nrows(),
+                    sh.n_total
+                ),
+            ));
+        }
+    }
     let q = net.output_dim();
     let (observation, init_noise_std, learn_noise) = observation(&likelihood, q, "GFSVI / TFSVI", true)?;
     let term_kind = match observation {
@@ -457,9 +585,52 @@ pub fn fit_observed<N: Network + Clone>(
     };
     let mut work = net.clone();
     let mut val_net = net.clone();
-    let n = x.nrows();
+    let n_local = x.nrows();
+    let n = shard.as_ref().map_or(n_local, |sh| sh.n_total);
     let step = |theta: &DVector<f64>, batch: &[usize], rng: &mut rand::rngs::StdRng| {
         let params = VariationalParams::unflatten(theta, p);
+        if let Some(sh) = shard.as_mut() {
+            // The same draws as one process, in the same order: the measurement points, then
+            // the categorical term's seed.
+            let xm = sampler.sample(config.measurement_points, rng)?;
+            let term = match term_kind {
+                DataTerm::Categorical { samples, .. } => {
+                    DataTerm::Categorical { samples, seed: rand::Rng::gen(rng) }
+                }
+                t => t,
+            };
+            let local: Vec<usize> =
+                batch.iter().filter_map(|&g| g.checked_sub(sh.offset).filter(|&i| i < n_local)).collect();
+            let scale = n as f64 / batch.len() as f64;
+            let mine = (|| -> Result<DVector<f64>> {
+                work.set_params(&params.mean)?;
+                if local.is_empty() {
+                    return Ok(DVector::zeros(2 * p + 2));
+                }
+                let s = params.variances();
+                let (xb, yb) = (x.select_rows(&local), y.select_rows(&local));
+                let (ell, gm, gs, gl) = data_term(&work, &params, &s, &term, &xb, &yb, scale)?;
+                Ok(DVector::from_iterator(
+                    2 * p + 2,
+                    std::iter::once(ell).chain(gm.iter().copied()).chain(gs.iter().copied()).chain([gl]),
+                ))
+            })();
+            let part = mine.as_ref().map_or_else(|_| DVector::zeros(2 * p + 2), Clone::clone);
+            let total = (sh.reduce)(part, mine.is_err())?;
+            mine?;
+            let data = (
+                total[0],
+                total.rows(1, p).into_owned(),
+                total.rows(1 + p, p).into_owned(),
+                total[2 * p + 1],
+            );
+            let obj = with_divergence(&mut work, &params, prior, data, &xm, config.gamma)?;
+            let mut g = obj.grad;
+            if !learn_noise || matches!(term, DataTerm::Categorical { .. }) {
+                g.log_noise_std = 0.0;
+            }
+            return Ok((obj.value, g.flatten()));
+        }
         let xb = x.select_rows(batch);
         let yb = y.select_rows(batch);
         let mut xm = sampler.sample(config.measurement_points, rng)?;

@@ -41,8 +41,8 @@ pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
 pub use fvi::{sample_data_term, FviConfig};
 pub use gfsvi::{
-    fit, fit_observed, objective, objective_with, DataTerm, GfsviConfig, KlPrior, LinearizedPosterior,
-    ObjectiveValue, VariationalParams,
+    fit, fit_observed, fit_sharded, objective, objective_with, DataTerm, GfsviConfig, KlPrior,
+    LinearizedPosterior, ObjectiveValue, Shard, VariationalParams,
 };
 pub use mfvi::{MfviConfig, MfviGradient};
 pub use nll::gaussian_nll;

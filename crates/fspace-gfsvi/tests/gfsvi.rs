@@ -910,3 +910,151 @@ fn save_load_round_trips_predict_bit_for_bit() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The processes of a sharded fit, as threads: `reduce` deposits each thread's part, waits for
+/// all, and returns their sum (in thread order) — or an error when any thread said it failed.
+/// Each thread's part and failure flag, once deposited.
+type Deposits = std::sync::Mutex<Vec<Option<(DVector<f64>, bool)>>>;
+
+struct ThreadReduce {
+    parts: Deposits,
+    barrier: std::sync::Barrier,
+}
+
+impl ThreadReduce {
+    fn new(world: usize) -> Self {
+        Self { parts: std::sync::Mutex::new(vec![None; world]), barrier: std::sync::Barrier::new(world) }
+    }
+
+    fn reduce(&self, rank: usize, part: DVector<f64>, failed: bool) -> Result<DVector<f64>> {
+        self.parts.lock().unwrap()[rank] = Some((part, failed));
+        self.barrier.wait();
+        let (sum, any_failed) = {
+            let parts = self.parts.lock().unwrap();
+            let all: Vec<_> = parts.iter().map(|p| p.clone().unwrap()).collect();
+            let sum = all.iter().skip(1).fold(all[0].0.clone(), |acc, (p, _)| acc + p);
+            (sum, all.iter().any(|(_, f)| *f))
+        };
+        self.barrier.wait();
+        if any_failed {
+            return Err(GfsviError::Input(InputError::Invalid {
+                what: "the sum over the processes",
+                reason: "another process failed".into(),
+            }));
+        }
+        Ok(sum)
+    }
+}
+
+/// `fit_sharded` over 2 and 3 "processes" (threads, uneven contiguous shards of 101 points):
+/// every process ends with the single-process posterior — mean and variances to 1e-10 — for
+/// the Gaussian and the categorical data term; a process whose data are bad fails with its
+/// error and the others with the reduce's, none waits forever.
+#[test]
+fn sharded_gfsvi_is_the_single_process_fit() {
+    let mut r = rng(11);
+    let n = 101;
+    let x = rand_uniform(n, 1, -2.0, 2.0, &mut r);
+    let y_reg = x.map(|v| (2.0 * v).sin()) + randn(n, 1, &mut r) * 0.1;
+    let y_cls = x.map(|v| if v > 0.3 { 1.0 } else { 0.0 });
+    let prior = KlPrior::Gp(GpPrior::centered(Rbf::new(1.0, 0.5).unwrap()));
+    let bbox = fspace_context::BoundingBox::from_data(&x, 0.0).unwrap();
+    let config = GfsviConfig {
+        measurement_points: 8,
+        measurement_box: Some(bbox),
+        optim: OptimConfig { batch_size: 16, schedule: Schedule::steps(25), learning_rate: 1e-2, seed: 3 },
+        class_samples: 4,
+        ..Default::default()
+    };
+    let class_prior = KlPrior::Gp(GpPrior::centered(
+        fspace_kernels::Independent::new(Rbf::new(1.0, 0.5).unwrap(), 2).unwrap(),
+    ));
+    for (lik, y, outputs, prior) in [
+        (LikelihoodSpec::gaussian(0.3), &y_reg, 1, &prior),
+        (LikelihoodSpec::Categorical { classes: 2 }, &y_cls, 2, &class_prior),
+    ] {
+        let net = Mlp::new(MlpConfig {
+            input_dim: 1,
+            hidden: vec![6],
+            output_dim: outputs,
+            activation: Activation::Tanh,
+            seed: 2,
+        })
+        .unwrap();
+        let single = fit(net.clone(), lik, prior, &Data::new(&x, y).unwrap(), &config).unwrap();
+        for world in [2usize, 3] {
+            let bounds: Vec<usize> = (0..=world).map(|k| (n * k * 2 / world).div_ceil(2).min(n)).collect();
+            let reducer = ThreadReduce::new(world);
+            let fits: Vec<_> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..world)
+                    .map(|rank| {
+                        let (reducer, net, lik, config, x, y) = (&reducer, &net, &lik, &config, &x, y);
+                        let bounds = bounds.clone();
+                        scope.spawn(move || {
+                            let rows: Vec<usize> = (bounds[rank]..bounds[rank + 1]).collect();
+                            let (xs, ys) = (x.select_rows(&rows), y.select_rows(&rows));
+                            let mut reduce =
+                                |part: DVector<f64>, failed: bool| reducer.reduce(rank, part, failed);
+                            let shard = Shard { offset: bounds[rank], n_total: n, reduce: &mut reduce };
+                            fit_sharded(
+                                net.clone(),
+                                *lik,
+                                prior,
+                                &Data::new(&xs, &ys).unwrap(),
+                                config,
+                                shard,
+                                &mut fspace_core::Silent,
+                            )
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for fitted in fits {
+                let fitted = fitted.unwrap();
+                assert_eq!(fitted.report.steps, single.report.steps);
+                let (a, b) = (fitted.posterior.variances(), single.posterior.variances());
+                let rel = (a - b).amax() / b.amax();
+                assert!(rel < 1e-10, "{world} processes: variances differ by {rel:e}");
+                let (ma, mb) = (fitted.posterior.network().params(), single.posterior.network().params());
+                let rel = (&ma - &mb).amax() / mb.amax();
+                assert!(rel < 1e-10, "{world} processes: means differ by {rel:e}");
+            }
+        }
+    }
+    // Process 1's targets have two columns for a one-output network: its own error there
+    // (before its first reduce), the reduce's on process 0.
+    let wide = DMatrix::from_fn(n, 2, |i, _| y_reg[(i, 0)]);
+    let reducer = ThreadReduce::new(2);
+    let net = small_net(1);
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let (reducer, net, prior, config, x) = (&reducer, &net, &prior, &config, &x);
+                let y = if rank == 0 { &y_reg } else { &wide };
+                scope.spawn(move || {
+                    let rows: Vec<usize> = if rank == 0 { (0..50).collect() } else { (50..n).collect() };
+                    let (xs, ys) = (x.select_rows(&rows), y.select_rows(&rows));
+                    let mut reduce = |part: DVector<f64>, failed: bool| reducer.reduce(rank, part, failed);
+                    let shard = Shard { offset: rows[0], n_total: n, reduce: &mut reduce };
+                    let data = Data::new(&xs, &ys).unwrap();
+                    fit_sharded(
+                        net.clone(),
+                        LikelihoodSpec::gaussian(0.3),
+                        prior,
+                        &data,
+                        config,
+                        shard,
+                        &mut fspace_core::Silent,
+                    )
+                    .map(|_| ())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let e1 = results[1].as_ref().unwrap_err().to_string();
+    assert!(e1.contains("dimension"), "{e1}");
+    let e0 = results[0].as_ref().unwrap_err().to_string();
+    assert!(e0.contains("another process failed"), "{e0}");
+}

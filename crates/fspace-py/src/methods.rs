@@ -16,7 +16,7 @@ use fspace_kernels::{GpPrior, SharedKernel};
 use fspace_nn::Network;
 use fspace_valla::{EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
 use nalgebra::{DMatrix, DVector};
-use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
+use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use serde::Serialize;
@@ -316,7 +316,7 @@ pub(crate) fn gfsvi_objective<'py>(
 /// `state` + `activation_name` (+ a CNN's `architecture`) or a torch model's `calls`, the GP its
 /// prior. Keyword arguments only.
 #[pyfunction]
-#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None, reduce=None))]
+#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None, reduce=None, shard=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fit<'py>(
     py: Python<'py>,
@@ -336,12 +336,20 @@ pub(crate) fn fit<'py>(
     architecture: Option<&Bound<'py, PyAny>>,
     calls: Option<&Bound<'py, PyAny>>,
     reduce: Option<Py<PyAny>>,
+    shard: Option<(usize, usize)>,
 ) -> PyResult<(PyPosterior, Bound<'py, PyAny>)> {
     let settings = Settings::read(method, config)?;
-    if reduce.is_some() && method != "fsp_laplace_posthoc" {
-        return Err(value_error(format!(
-            "{method} fits on one process: a reduce step (a process group) is taken by post-hoc FSP-Laplace"
-        )));
+    match (method, reduce.is_some(), shard.is_some()) {
+        ("fsp_laplace_posthoc", _, false) | ("gfsvi", true, true) | (_, false, false) => {}
+        ("gfsvi", _, _) => {
+            return Err(value_error("a sharded GFSVI fit needs both reduce and shard=(offset, n_total)"))
+        }
+        _ => {
+            return Err(value_error(format!(
+            "{method} fits on one process: a reduce step (a process group) is taken by post-hoc FSP-Laplace \
+                 and GFSVI"
+        )))
+        }
     }
     let prior = prior.map(gp_prior).transpose()?;
     let net = match (state, activation_name, calls) {
@@ -368,8 +376,28 @@ pub(crate) fn fit<'py>(
     let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
     let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
     let mut reducer = reduce.map(|callback| PyReduce { callback, error: None });
+    if let (Some(reducer), Some(_), Some(net)) = (reducer.as_mut(), shard, net.as_ref()) {
+        // A sharded GFSVI fit whose data are refused here tells the others, who wait in the
+        // first step's reduce.
+        if let Err(e) = Data::new(&x, &y) {
+            let _ = reducer.call_vector(DVector::zeros(2 * net.n_params() + 2), true);
+            return Err(raise(e));
+        }
+    }
     let result = py.detach(|| {
-        run(method, net, prior, lik, &x, &y, validation.as_ref(), settings, &mut observer, reducer.as_mut())
+        run(
+            method,
+            net,
+            prior,
+            lik,
+            &x,
+            &y,
+            validation.as_ref(),
+            settings,
+            &mut observer,
+            reducer.as_mut(),
+            shard,
+        )
     });
     if let Some(e) = interrupt.take() {
         return Err(e);
@@ -400,15 +428,38 @@ fn refuse<T>(value: &Option<T>, method: &str, what: &str) -> PyResult<()> {
     }
 }
 
-/// The Python reduce step of a sharded post-hoc FSP-Laplace fit: `callback(part, fingerprint)`
-/// returns the sum of every process's `part` (the Python layer all-reduces it over the process
-/// group). Its exception is kept and raised when the fit returns.
+/// The Python reduce step of a sharded fit: post-hoc FSP-Laplace's `callback(part,
+/// fingerprint)` and GFSVI's per-step `callback(part, failed)` return the sum of every
+/// process's `part` (the Python layer all-reduces it over the process group). Its exception is
+/// kept and raised when the fit returns.
 struct PyReduce {
     callback: Py<PyAny>,
     error: Option<PyErr>,
 }
 
 impl PyReduce {
+    /// GFSVI's step: the sum of every process's data term, or the failure of one of them.
+    fn call_vector(&mut self, part: DVector<f64>, failed: bool) -> fspace_gfsvi::Result<DVector<f64>> {
+        let n = part.len();
+        let out = Python::attach(|py| -> PyResult<DVector<f64>> {
+            let array = PyArray1::from_slice(py, part.as_slice());
+            let summed = self.callback.call1(py, (array, failed))?;
+            let values: PyReadonlyArray1<'_, f64> = summed.bind(py).extract()?;
+            let values = values.as_slice()?;
+            if values.len() != n {
+                return Err(value_error(format!("the reduce step returned {} values for {n}", values.len())));
+            }
+            Ok(DVector::from_column_slice(values))
+        });
+        out.map_err(|e| {
+            self.error = Some(e);
+            fspace_gfsvi::GfsviError::Input(fspace_input::InputError::Invalid {
+                what: "the sum over the processes",
+                reason: "the reduce step of GFSVI's data term failed".into(),
+            })
+        })
+    }
+
     fn call(&mut self, part: DMatrix<f64>, fingerprint: &[f64]) -> fspace_fsp_laplace::Result<DMatrix<f64>> {
         let k = part.nrows();
         let out = Python::attach(|py| -> PyResult<DMatrix<f64>> {
@@ -438,6 +489,7 @@ fn run(
     settings: Settings,
     observer: &mut PyProgress,
     reduce: Option<&mut PyReduce>,
+    shard: Option<(usize, usize)>,
 ) -> PyResult<(Fit, serde_json::Value)> {
     let data = Data::new(x, y).map_err(raise)?;
     let data = data.with_optional_validation(validation.map(|(xv, yv)| (xv, yv))).map_err(raise)?;
@@ -463,8 +515,15 @@ fn run(
         Settings::Gfsvi(cfg) => {
             let net = need(net, method, "a network")?;
             let prior = need(prior, method, "a GP prior")?;
-            let fitted = fspace_gfsvi::fit_observed(net, lik, &KlPrior::Gp(prior), &data, &cfg, observer)
-                .map_err(raise)?;
+            let fitted = match (reduce, shard) {
+                (Some(reducer), Some((offset, n_total))) => {
+                    let mut step = |part: DVector<f64>, failed: bool| reducer.call_vector(part, failed);
+                    let shard = fspace_gfsvi::Shard { offset, n_total, reduce: &mut step };
+                    fspace_gfsvi::fit_sharded(net, lik, &KlPrior::Gp(prior), &data, &cfg, shard, observer)
+                }
+                _ => fspace_gfsvi::fit_observed(net, lik, &KlPrior::Gp(prior), &data, &cfg, observer),
+            }
+            .map_err(raise)?;
             Ok((Fit::Gfsvi(fitted.posterior), report(&fitted.report)?))
         }
         Settings::Valla(cfg) => {

@@ -107,6 +107,41 @@ def ella(world, rank, group=None):
     return out
 
 
+def gfsvi(world, rank, group=None):
+    """GFSVI on this process's contiguous rows (uneven shards of the 1 001 points), both
+    likelihoods, 30 Adam steps on batches of 100: the predictive at test points."""
+    out = {}
+    xt = torch.linspace(-2.5, 2.5, 14, dtype=torch.float64).reshape(7, 2)
+    bounds = [round(N * r / world) for r in range(world + 1)]
+    for lik in ("regression", "classification"):
+        x, y = data(lik).tensors
+        rows = slice(bounds[rank], bounds[rank + 1])
+        outputs = 2 if lik == "regression" else 3
+        prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 1.0), outputs)
+        method = fspace.GFSVI(model(outputs), lik, prior, steps=30, measurement_points=12, class_samples=3,
+                              optim={"batch_size": 100, "learning_rate": 1e-2, "seed": 4},
+                              sigma_noise=0.3 if lik == "regression" else 1.0)
+        method.fit(x[rows], y[rows], process_group=group)
+        pred = method(xt)
+        out[lik] = {"predictive": [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist(),
+                    "steps": method.report["steps"]}
+    return out
+
+
+def gfsvi_failing(world, rank, where):
+    """Process 1's data are bad — refused in Python (``"python"``: a NaN input) or in Rust
+    before its first step (``"rust"``: targets of the wrong width)."""
+    x, y = data("regression").tensors
+    rows = slice(rank * 500, (rank + 1) * 500)
+    x, y = x[rows].clone(), y[rows].clone()
+    if rank == 1 and where == "python":
+        x[3, 0] = float("nan")
+    if rank == 1 and where == "rust":
+        y = torch.cat([y, y], dim=1)
+    prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 1.0), 2)
+    fspace.GFSVI(model(2), "regression", prior, steps=5, measurement_points=5, sigma_noise=0.3).fit(x, y)
+
+
 def ella_padded(world, rank):
     dataset = data("classification")
     sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
@@ -222,7 +257,8 @@ def main():
         comm = MPI.COMM_WORLD
         rank = comm.Get_rank()
         result = {"rank": rank, "fits": fits(comm.Get_size(), rank, comm),
-                  "fsp": fsp_posthoc(comm.Get_size(), rank, comm), "ella": ella(comm.Get_size(), rank, comm)}
+                  "fsp": fsp_posthoc(comm.Get_size(), rank, comm), "ella": ella(comm.Get_size(), rank, comm),
+                  "gfsvi": gfsvi(comm.Get_size(), rank, comm)}
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump(result, f)
         return
@@ -238,6 +274,10 @@ def main():
             failing(world, rank)
         elif case == "fsp":
             result["fsp"] = fsp_posthoc(world, rank)
+        elif case == "gfsvi":
+            result["gfsvi"] = gfsvi(world, rank)
+        elif case in ("gfsvi_failing_python", "gfsvi_failing_rust"):
+            gfsvi_failing(world, rank, case.rsplit("_", 1)[1])
         elif case == "ella":
             result["ella"] = ella(world, rank)
         elif case == "ella_padded":

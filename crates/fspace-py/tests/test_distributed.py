@@ -107,6 +107,34 @@ def test_post_hoc_fsp_laplace_shards_to_the_single_process_posterior(tmp_path):
     assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
 
 
+def test_gfsvi_shards_to_the_single_process_posterior(tmp_path):
+    """GFSVI over 2 and 3 processes (uneven contiguous shards of the 1 001 points): the
+    minibatches drawn over the global rows from the shared seed, each process's part of the data
+    term all-reduced every step, the divergence added once — every process gets the
+    single-process predictive to 1e-10 after 30 Adam steps, for regression and classification;
+    a process whose data are refused (in Python, or in Rust before its first step) raises its
+    error and the others a RuntimeError, not a hang."""
+    single = _run("gfsvi", 1, tmp_path)[0]
+    assert "error" not in single, single.get("error")
+    for world in (2, 3):
+        results = _run("gfsvi", world, tmp_path)
+        for res in results:
+            assert "error" not in res, f"rank {res['rank']}: {res.get('error')}"
+            for lik, want in single["gfsvi"].items():
+                got = res["gfsvi"][lik]
+                assert got["steps"] == want["steps"] == 30
+                pairs = zip(got["predictive"], want["predictive"]) if lik == "regression" else \
+                    [(got["predictive"], want["predictive"])]
+                for g, w in pairs:
+                    _close(g, w, 1e-10, f"{world} processes, GFSVI {lik}")
+            assert res["gfsvi"] == results[0]["gfsvi"], "the processes differ"
+    for case in ("gfsvi_failing_python", "gfsvi_failing_rust"):
+        results = _run(case, 2, tmp_path)
+        assert results[1]["error"][0] == "ValueError", (case, results[1])
+        assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], \
+            (case, results[0])
+
+
 def test_ella_shards_to_the_single_process_posterior(tmp_path):
     """ELLA over 2 and 3 processes (uneven shards of 800 training and 201 validation points):
     the Nyström points drawn from all the shards in index order, ``G`` all-reduced and the
@@ -281,6 +309,13 @@ def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
             pairs = zip(got, want["predictive"]) if lik == "regression" else [(got, want["predictive"])]
             for g, w in pairs:
                 _close(g, w, 1e-12, f"MPI, FSP-Laplace {lik}")
+    single_gfsvi = _run("gfsvi", 1, tmp_path)[0]["gfsvi"]
+    for lik, want in single_gfsvi.items():
+        for res in results:
+            got = res["gfsvi"][lik]["predictive"]
+            pairs = zip(got, want["predictive"]) if lik == "regression" else [(got, want["predictive"])]
+            for g, w in pairs:
+                _close(g, w, 1e-10, f"MPI, GFSVI {lik}")
     single_ella = _run("ella", 1, tmp_path)[0]["ella"]
     for lik, want in single_ella.items():
         for res in results:

@@ -43,6 +43,8 @@ class _TorchGroup:
 
     def __init__(self, group: Any) -> None:
         self.group = group
+        dist = _torch().distributed
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
 
     def all_reduce(self, values: np.ndarray, op: str) -> np.ndarray:
         torch = _torch()
@@ -57,6 +59,7 @@ class _MpiGroup:
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
     def all_reduce(self, values: np.ndarray, op: str) -> np.ndarray:
         from mpi4py import MPI
@@ -127,3 +130,17 @@ def agree_on(group: Any, values: Any, message: str) -> None:
     top = group.all_reduce(np.concatenate([v, -v]), "max")
     if not np.array_equal(top[: v.size], -top[v.size:]):
         raise ValueError(message)
+
+
+def step_reduce(group: Any) -> Any:
+    """The per-step reduce of a sharded training loop (GFSVI): ``reduce(part, failed)``
+    all-reduces a failure flag with the part; a process that did not fail raises a
+    ``RuntimeError`` when another did (the failing one returns and raises its own error)."""
+
+    def reduce(part: np.ndarray, failed: bool) -> np.ndarray:
+        total = group.all_reduce(np.concatenate([[1.0 if failed else 0.0], np.asarray(part, dtype=np.float64)]), "sum")
+        if total[0] > 0 and not failed:
+            raise RuntimeError("another process failed during the sharded fit: its error is raised there")
+        return np.ascontiguousarray(total[1:])
+
+    return reduce

@@ -136,7 +136,8 @@ def fit(
     progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
     architecture: Optional[Dict[str, Any]] = None,
     calls: Optional[Any] = None,
-    reduce: Optional[Callable[[npt.NDArray[np.float64], List[float]], npt.NDArray[np.float64]]] = None,
+    reduce: Optional[Callable[[npt.NDArray[np.float64], Any], npt.NDArray[np.float64]]] = None,
+    shard: Optional[Tuple[int, int]] = None,
 ) -> Tuple[Posterior, Dict[str, Any]]: ...
 def default_config(method: str) -> Dict[str, Any]: ...
 def set_memory_limit(bytes: Optional[int]) -> None: ...

@@ -22,7 +22,7 @@ from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import array2, back, data_arrays, is_torch, tensors, unflatten
-from ._distributed import _group, sharded_sum
+from ._distributed import _group, agree_on, agreed, sharded_sum, step_reduce
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
 
@@ -427,11 +427,14 @@ class _NetworkMethod(_Fitted):
         progress_bar : bool, default False
             laplace-torch's name for ``progress=True``.
         process_group : torch.distributed group or mpi4py communicator, optional
-            Post-hoc FSP-Laplace (``train=False``) shards over it: each process passes its own
-            points, the one sum over the data is all-reduced, and every process ends with the
-            posterior of all the points (``docs/scaling-out.md``). ``None``: torch.distributed's
-            default group when it is initialised with more than one process; ``False``: this
-            process alone. The other methods fit on one process and refuse a group.
+            Post-hoc FSP-Laplace (``train=False``) and GFSVI shard over it: each process passes
+            its own points and every process ends with the posterior of all the points
+            (``docs/scaling-out.md``). Post-hoc FSP-Laplace all-reduces its one sum over the
+            data; GFSVI all-reduces every step's data term, its minibatches drawn over the
+            global rows — the processes' rows in process order, so contiguous shards give the
+            single-process run — and refuses ``val``. ``None``: torch.distributed's default
+            group when it is initialised with more than one process; ``False``: this process
+            alone. The other methods fit on one process and refuse a group.
 
         Returns
         -------
@@ -447,29 +450,61 @@ class _NetworkMethod(_Fitted):
         KeyboardInterrupt
             Ctrl-C: the object keeps its earlier state.
         """
-        keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
-        x, yy = data_arrays(data, y, self._spec.inputs, keys)
-        config = copy.deepcopy(self._config)
-        xv = yv = None
-        if val is not None:
-            if isinstance(val, tuple):
-                xv, yv = data_arrays(val[0], val[1], self._spec.inputs)
-            else:
-                xv, yv = data_arrays(val, None, self._spec.inputs, keys)
-        else:
-            holder = _schedule_holder(config)
-            if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
-                # The paper's early stopping needs validation data; without it, run the whole schedule.
-                holder["schedule"] = dict(holder["schedule"], patience=None)
-        self._adapt(config, x, val is not None)
         group = _group(process_group)
-        if group is not None and self._fit_method() != "fsp_laplace_posthoc":
+        method = self._fit_method()
+        if group is not None and method not in ("fsp_laplace_posthoc", "gfsvi"):
             raise NotImplementedError(
                 f"{type(self).__name__} fits on one process, and torch.distributed (or the given group) has "
-                "several: shard post-hoc FSP-Laplace (train=False) or Laplace, or pass process_group=False to fit "
-                "this process's data alone"
+                "several: shard post-hoc FSP-Laplace (train=False), GFSVI or Laplace, or pass process_group=False to "
+                "fit this process's data alone"
             )
-        if group is not None and config.get("context_box") is None:
+        if group is not None and method == "gfsvi" and val is not None:
+            raise NotImplementedError(
+                "validation data with sharded GFSVI: early stopping would need every process's validation data; fit "
+                "without val (the whole schedule runs) and score the posterior afterwards"
+            )
+
+        def prepare() -> Any:
+            keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
+            x, yy = data_arrays(data, y, self._spec.inputs, keys)
+            config = copy.deepcopy(self._config)
+            xv = yv = None
+            if val is not None:
+                if isinstance(val, tuple):
+                    xv, yv = data_arrays(val[0], val[1], self._spec.inputs)
+                else:
+                    xv, yv = data_arrays(val, None, self._spec.inputs, keys)
+            else:
+                holder = _schedule_holder(config)
+                if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
+                    # The paper's early stopping needs validation data; without it, run the whole schedule.
+                    holder["schedule"] = dict(holder["schedule"], patience=None)
+            self._adapt(config, x, val is not None)
+            if group is not None:
+                # Checked before the processes exchange the data's box, which a NaN would spoil
+                # on every process.
+                for what, values in (("training inputs", x), ("training targets", yy)):
+                    if not np.all(np.isfinite(values)):
+                        raise ValueError(f"non-finite value in {what}")
+            return x, yy, config, xv, yv
+
+        # Sharded: a process whose data are refused here tells the others before they wait.
+        x, yy, config, xv, yv = prepare() if group is None else agreed(group, prepare)
+        shard = None
+        if group is not None and method == "gfsvi":
+            agree_on(group, self._fingerprint(config, x.shape[1]),
+                     "the processes disagree on the model, the prior or the GFSVI settings: give every process the "
+                     "same ones")
+            counts = np.zeros(group.size)
+            counts[group.rank] = x.shape[0]
+            counts = group.all_reduce(counts, "sum")
+            shard = (int(counts[: group.rank].sum()), int(counts.sum()))
+            if config.get("measurement_box") is None:
+                # The box of every process's points, as one process over all of them draws in.
+                lo = group.all_reduce(-x.min(axis=0), "max") * -1.0
+                hi = group.all_reduce(x.max(axis=0), "max")
+                config["measurement_box"] = {"lower": lo.tolist(), "upper": hi.tolist()}
+        if group is not None and method == "fsp_laplace_posthoc" and config.get("context_box") is None:
             # The data's box over every process's points, widened as Rust widens one shard's.
             lo = group.all_reduce(-x.min(axis=0), "max") * -1.0
             hi = group.all_reduce(x.max(axis=0), "max")
@@ -488,17 +523,37 @@ class _NetworkMethod(_Fitted):
         )
         def compute(reduce: Any = None) -> Any:
             return _fspace.fit(
-                self._fit_method(), x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
+                method, x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
                 learn_sigma=self.learn_sigma, prior=None if self._prior is None else self._prior.spec(),
-                config=config, x_val=xv, y_val=yv, progress=bar.callback, reduce=reduce, **network,
+                config=config, x_val=xv, y_val=yv, progress=bar.callback, reduce=reduce, shard=shard, **network,
             )
 
         with self._lock:
             try:
-                post, report = compute() if group is None else sharded_sum(group, compute)
+                if group is None:
+                    post, report = compute()
+                elif shard is not None:
+                    # Every step's data term is all-reduced (a failure flag with it).
+                    post, report = compute(step_reduce(group))
+                else:
+                    post, report = sharded_sum(group, compute)
             finally:
                 bar.close()
             self._post, self._report = post, report
+
+    def _fingerprint(self, config: Dict[str, Any], dim: int) -> List[float]:
+        """What every process of a sharded fit must share: the network's weights (a summary),
+        the settings and the prior (their canonical JSON, hashed) and the input dimension."""
+        import hashlib
+        import json
+
+        weights = np.concatenate([np.asarray(v[1], dtype=np.float64).reshape(-1) for v in self._tensors.values()]) \
+            if not self._torch else np.asarray(self._spec.calls().params, dtype=np.float64)
+        text = json.dumps([self._fit_method(), self.likelihood, self.sigma_noise, self.learn_sigma, config,
+                           None if self._prior is None else self._prior.spec()], sort_keys=True, default=str)
+        digest = hashlib.sha256(text.encode()).digest()
+        return [float(dim), float(weights.size), float(weights.sum()), float(np.square(weights).sum()),
+                *[float(int.from_bytes(digest[i:i + 6], "little")) for i in range(0, 24, 6)]]
 
     def model_state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """The network's weights after the fit (float64), under the model's parameter names.
