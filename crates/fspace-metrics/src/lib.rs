@@ -18,10 +18,18 @@
 //! | OOD | [`roc_auc`], [`stump_accuracy`] | AUC of OOD-vs-ID scores; accuracy of the best single threshold |
 //! | W2 | [`w2_gaussian`], [`mean_w2`] | `√((m₁ − m₂)² + (s₁ − s₂)²)` between 1-D Gaussians |
 //! | mean rank | [`ranks_with_error_bars`], [`mean_rank`] | rank 1 for the best and all overlapping it, recurse |
+//!
+//! Over a test set in shards (the processes of a sharded evaluation, the batches of a stream):
+//! [`ClassificationSums`] and [`RegressionSums`] hold the sums behind the averaged and binned
+//! metrics, merge exactly and flatten to a vector an all-reduce adds; [`Scores`] gathers the
+//! scores of the rank metrics (AUC, stump), which do not sum ([`partial`]).
 
 use fspace_input::InputError;
 use nalgebra::DMatrix;
 use thiserror::Error;
+
+pub mod partial;
+pub use partial::{ClassificationSums, RegressionSums, Scores};
 
 /// Errors of the metrics.
 #[derive(Debug, Clone, PartialEq, Error)]

@@ -161,3 +161,112 @@ fn empirical_w2_of_large_gaussian_samples_matches_the_closed_form() {
     assert!(fspace_metrics::w2_empirical_1d(&sa, &sb[..10]).is_err());
     assert!(fspace_metrics::w2_empirical_1d(&[], &[]).is_err());
 }
+
+/// `n × c` probability rows and labels from a seeded stream (a softmax of normal logits).
+fn classification_set(n: usize, c: usize, seed: u64) -> (DMatrix<f64>, Vec<f64>) {
+    let mut r = fspace_testutil::rng(seed);
+    let logits = fspace_testutil::randn(n, c, &mut r) * 2.0;
+    let mut probs = logits.map(f64::exp);
+    for mut row in probs.row_iter_mut() {
+        let s: f64 = row.sum();
+        row /= s;
+    }
+    let labels = (0..n).map(|i| ((i * 7 + seed as usize) % c) as f64).collect();
+    (probs, labels)
+}
+
+fn close(a: f64, b: f64, what: &str) {
+    assert!((a - b).abs() <= 1e-12 * b.abs().max(1e-300) + 1e-15, "{what}: {a} vs {b}");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Cut a test set into shards anywhere: the merged partial sums — merged directly, or
+    /// through their flat vectors summed as an all-reduce sums them — give the metrics of the
+    /// whole set.
+    #[test]
+    fn partial_metrics_over_any_shards_are_the_whole_sets(
+        n in 2usize..60, c in 2usize..5, seed in 0u64..1000,
+        cuts in proptest::collection::vec(0.0f64..1.0, 0..4),
+    ) {
+        let (probs, y) = classification_set(n, c, seed);
+        let mut bounds: Vec<usize> = cuts.iter().map(|f| (f * n as f64) as usize).collect();
+        bounds.extend([0, n]);
+        bounds.sort_unstable();
+        let mut merged = ClassificationSums::new(15).unwrap();
+        let mut flat = vec![0.0; 4 + 3 * 15];
+        let mut reg = RegressionSums::new();
+        let mut reg_flat = vec![0.0; 15];
+        let mean: Vec<f64> = (0..n).map(|i| probs[(i, 0)] * 3.0 - 1.0).collect();
+        let var: Vec<f64> = (0..n).map(|i| 0.05 + probs[(i, 1)]).collect();
+        let target: Vec<f64> = (0..n).map(|i| y[i] - 0.5).collect();
+        for w in bounds.windows(2) {
+            let (lo, hi) = (w[0], w[1]);
+            if lo == hi { continue; }
+            let mut part = ClassificationSums::new(15).unwrap();
+            part.add(&probs.rows(lo, hi - lo).into_owned(), &y[lo..hi]).unwrap();
+            merged.merge(&part).unwrap();
+            for (a, b) in flat.iter_mut().zip(part.to_flat()) { *a += b; }
+            let mut rpart = RegressionSums::new();
+            rpart.add(&mean[lo..hi], &var[lo..hi], &target[lo..hi]).unwrap();
+            reg.merge(&rpart).unwrap();
+            for (a, b) in reg_flat.iter_mut().zip(rpart.to_flat()) { *a += b; }
+        }
+        let reduced = ClassificationSums::from_flat(15, &flat).unwrap();
+        for sums in [&merged, &reduced] {
+            proptest::prop_assert_eq!(sums.points(), n);
+            close(sums.nll().unwrap(), categorical_nll(&probs, &y).unwrap(), "NLL");
+            close(sums.accuracy().unwrap(), accuracy(&probs, &y).unwrap(), "accuracy");
+            close(sums.brier().unwrap(), brier(&probs, &y).unwrap(), "Brier");
+            close(sums.ece().unwrap(), ece(&probs, &y, 15).unwrap(), "ECE");
+        }
+        let reg_reduced = RegressionSums::from_flat(&reg_flat).unwrap();
+        let std: Vec<f64> = var.iter().map(|v| v.sqrt()).collect();
+        for sums in [&reg, &reg_reduced] {
+            close(sums.nll().unwrap(), gaussian_nll(&mean, &var, &target).unwrap(), "Gaussian NLL");
+            close(sums.rmse().unwrap(), rmse(&mean, &target).unwrap(), "RMSE");
+            close(sums.crps().unwrap(), crps_gaussian(&mean, &std, &target).unwrap(), "CRPS");
+            let (a, curve) = sums.cqm().unwrap();
+            let (b, want) = cqm(&mean, &std, &target).unwrap();
+            close(a, b, "CQM");
+            proptest::prop_assert_eq!(curve, want);
+        }
+    }
+}
+
+/// The rank metrics gather: the merged scores' AUC is the whole set's, while the mean of the
+/// shards' AUCs — what a sum-and-divide would give — is not.
+#[test]
+fn ood_scores_gather_and_the_mean_of_shard_aucs_is_not_the_auc() {
+    let id = [0.1, 0.2, 0.35, 0.5, 0.9, 0.05];
+    let ood = [0.3, 0.8, 0.95, 0.4];
+    let (mut a, mut b) = (Scores::new(), Scores::new());
+    a.add_in_distribution(&id[..3]).unwrap();
+    a.add_out_of_distribution(&ood[..1]).unwrap();
+    b.add_in_distribution(&id[3..]).unwrap();
+    b.add_out_of_distribution(&ood[1..]).unwrap();
+    let shard_mean = (a.roc_auc().unwrap() + b.roc_auc().unwrap()) / 2.0;
+    a.merge(&b);
+    let whole = roc_auc(&id, &ood).unwrap();
+    assert_eq!(a.roc_auc().unwrap(), whole);
+    assert_eq!(a.stump_accuracy().unwrap(), stump_accuracy(&id, &ood).unwrap());
+    assert!((shard_mean - whole).abs() > 0.05, "{shard_mean} vs {whole}");
+}
+
+#[test]
+fn partials_refuse_what_they_cannot_hold() {
+    assert!(ClassificationSums::new(0).is_err());
+    let empty = ClassificationSums::new(10).unwrap();
+    assert!(matches!(empty.accuracy(), Err(MetricsError::Input(InputError::Empty { .. }))));
+    let mut ten = ClassificationSums::new(10).unwrap();
+    assert!(ten.merge(&ClassificationSums::new(15).unwrap()).is_err());
+    assert!(ClassificationSums::from_flat(10, &[0.0; 5]).is_err());
+    assert!(ClassificationSums::from_flat(1, &[1.0, f64::NAN, 0.0, 0.0, 1.0, 0.5, 1.0]).is_err());
+    let mut reg = RegressionSums::new();
+    assert!(reg.add(&[0.0], &[0.0], &[1.0]).is_err()); // a zero variance
+    assert!(reg.add(&[0.0, 1.0], &[1.0], &[1.0, 2.0]).is_err());
+    assert!(RegressionSums::from_flat(&[0.0; 3]).is_err());
+    assert!(Scores::new().roc_auc().is_err());
+    assert!(Scores::new().add_in_distribution(&[f64::INFINITY]).is_err());
+}
