@@ -212,7 +212,7 @@ fn python_tests(root: &Path, torch: bool) -> Result<()> {
 /// The glibc floor of the wheel: `manylinux2014` (glibc 2.17), which every Linux distribution
 /// of the last decade meets (CentOS 7, the clusters' usual floor, included); a plain build would
 /// carry the build machine's glibc (2.35 here) and refuse to install on older systems.
-const WHEEL_COMPATIBILITY: &str = "manylinux2014";
+pub const WHEEL_COMPATIBILITY: &str = "manylinux2014";
 
 /// `cargo xtask wheel`: `maturin build --release` of `crates/fspace-py` into `out` (relative to
 /// the workspace root unless absolute) with the test environment's maturin (the environment is
