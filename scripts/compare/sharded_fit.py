@@ -7,10 +7,17 @@ process sends into the all-reduces (the flat partial sums and the 3-number agree
 the largest difference between the two setups' predictive probabilities on 200 test images.
 ``--fsp`` runs post-hoc FSP-Laplace instead (`FSPLaplace(model, "classification", prior,
 train=False)`, an RBF prior per class, Alg. 2 with `--max-rank` Lanczos vectors at 100 Halton
-context points): its one all-reduce is the `k × k` data sum, `k` ≤ the rank.
+context points): its one all-reduce is the `k × k` data sum, `k` ≤ the rank. ``--ella`` runs
+ELLA (`Laplace(model, "classification", "all", "gp", functional_approximation="nystrom")`,
+`--subsample` Nyström points, `--eigen` directions; one `K × K` all-reduce after the pass) and
+``--gfsvi`` GFSVI (an RBF prior per class, `--steps` Adam steps on batches of 128 with 20
+measurement points; each process passes its contiguous rows, and every step all-reduces the data
+term and its gradient, `2p + 3` numbers).
 
     python scripts/compare/sharded_fit.py [--n 59800]
     python scripts/compare/sharded_fit.py --fsp [--n 10000] [--max-rank 100]
+    python scripts/compare/sharded_fit.py --ella [--n 59800] [--subsample 1000] [--eigen 100]
+    python scripts/compare/sharded_fit.py --gfsvi [--n 59800] [--steps 100]
 
 Opt-in (not part of the test suite): needs torch beside the `fspace` package.
 """
@@ -30,7 +37,7 @@ from python_vs_laplace_torch import mnist_train_set, peak_mb  # noqa: E402  (MNI
 ROWS = [("all", "diag"), ("all", "kron"), ("last_layer", "kron"), ("last_layer", "full")]
 
 
-def child(subset, structure, n, world, rank, port, max_rank=100):
+def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 100, 100)):
     import warnings
 
     import numpy as np
@@ -50,9 +57,17 @@ def child(subset, structure, n, world, rank, port, max_rank=100):
     xt = torch.from_numpy(images[-200:].reshape(200, -1) / 255.0)  # never among the first 59 800
     dataset = torch.utils.data.TensorDataset(x, y)
     loader = torch.utils.data.DataLoader(dataset, batch_size=128, sampler=list(range(rank, n, world)))
+    subsample, eigen, steps = extra
     if subset == "fsp":
         prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
         la = fspace.FSPLaplace(mnist_mlp(seed=0), "classification", prior, train=False, laplace={"max_rank": max_rank})
+    elif subset == "ella":
+        la = fspace.Laplace(mnist_mlp(seed=0), "classification", "all", "gp", functional_approximation="nystrom",
+                            subsample_size=subsample, n_eigenvalues=eigen)
+    elif subset == "gfsvi":
+        prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
+        la = fspace.GFSVI(mnist_mlp(seed=0), "classification", prior, steps=steps, measurement_points=20,
+                          class_samples=2, optim={"batch_size": 128, "learning_rate": 1e-3, "seed": 0})
     else:
         la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure)
     if world > 1:
@@ -64,6 +79,20 @@ def child(subset, structure, n, world, rank, port, max_rank=100):
         k = la.report["range_rank"]
         # The box (2 × 784 maxima), the status and fingerprint (7), the k × k sum.
         sent = 0 if world == 1 else 8 * (2 * x.shape[1] + 7 + k * k)
+    elif subset == "ella":
+        la.fit(loader)
+        seconds = time.perf_counter() - start
+        # The fingerprint's width (2) and values (2 × 8), three status rounds (1 each), the
+        # dataset's length (2), the index counts (n), the K × K sum with the point count.
+        sent = 0 if world == 1 else 8 * (2 + 16 + 3 + 2 + n + eigen * eigen + 1)
+    elif subset == "gfsvi":
+        lo, hi = rank * n // world, (rank + 1) * n // world
+        la.fit(x[lo:hi], y[lo:hi])
+        seconds = time.perf_counter() - start
+        p = sum(v.numel() for v in mnist_mlp(seed=0).parameters())
+        # The settings' agreement (2 + 2 × 8), the prep status (1), the counts (2), the box
+        # (2 × 784), then each step's data term with its failure flag (2p + 3).
+        sent = 0 if world == 1 else 8 * (2 + 16 + 1 + 2 + 2 * x.shape[1] + steps * (2 * p + 3))
     else:
         la.fit(loader)
         seconds = time.perf_counter() - start
@@ -75,14 +104,17 @@ def child(subset, structure, n, world, rank, port, max_rank=100):
         torch.distributed.destroy_process_group()
 
 
-def run(subset, structure, n, world, max_rank=100):
+def run(subset, structure, n, world, max_rank=100, extra=(1000, 100, 100)):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     threads = "1" if world > 1 else "2"
     env = dict(os.environ, RAYON_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-    procs = [subprocess.Popen([sys.executable, __file__, "--n", str(n), "--max-rank", str(max_rank), "--child", subset,
-                               structure, str(world), str(r), str(port)], env=env, stdout=subprocess.PIPE, text=True)
+    subsample, eigen, steps = extra
+    procs = [subprocess.Popen([sys.executable, __file__, "--n", str(n), "--max-rank", str(max_rank),
+                               "--subsample", str(subsample), "--eigen", str(eigen), "--steps", str(steps),
+                               "--child", subset, structure, str(world), str(r), str(port)], env=env,
+                              stdout=subprocess.PIPE, text=True)
              for r in range(world)]
     return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
 
@@ -92,18 +124,26 @@ def main():
     ap.add_argument("--n", type=int, default=None, help="training images (59 800; --fsp: 10 000)")
     ap.add_argument("--fsp", action="store_true", help="post-hoc FSP-Laplace instead of the Laplace rows")
     ap.add_argument("--max-rank", type=int, default=100, help="--fsp: Alg. 2's Lanczos vectors")
+    ap.add_argument("--ella", action="store_true", help="ELLA instead of the Laplace rows")
+    ap.add_argument("--subsample", type=int, default=1000, help="--ella: Nyström points")
+    ap.add_argument("--eigen", type=int, default=100, help="--ella: kernel directions kept")
+    ap.add_argument("--gfsvi", action="store_true", help="GFSVI instead of the Laplace rows")
+    ap.add_argument("--steps", type=int, default=100, help="--gfsvi: Adam steps")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = args.n if args.n is not None else (10000 if args.fsp else 59800)
+    extra = (args.subsample, args.eigen, args.steps)
     if args.child:
         subset, structure, world, rank, port = args.child
-        child(subset, structure, n, int(world), int(rank), port, args.max_rank)
+        child(subset, structure, n, int(world), int(rank), port, args.max_rank, extra)
         return
     import numpy as np
 
-    for subset, structure in [("fsp", "posthoc")] if args.fsp else ROWS:
-        one = run(subset, structure, n, 1, args.max_rank)[0]
-        two = run(subset, structure, n, 2, args.max_rank)
+    rows = [("fsp", "posthoc")] if args.fsp else [("ella", "nystrom")] if args.ella else \
+        [("gfsvi", "meanfield")] if args.gfsvi else ROWS
+    for subset, structure in rows:
+        one = run(subset, structure, n, 1, args.max_rank, extra)[0]
+        two = run(subset, structure, n, 2, args.max_rank, extra)
         diff = max(float(np.abs(np.array(r["probs"]) - np.array(one["probs"])).max()) for r in two)
         print(json.dumps({"subset": subset, "structure": structure, "n": n,
                           "one_process_two_threads": {"seconds": one["seconds"], "peak_mib": one["peak_mib"]},
