@@ -184,11 +184,17 @@ pub(crate) fn gemm(c: &mut [f64], a: Operand<'_>, b: Operand<'_>, alpha: f64, be
         column_blocks(c, a, b, alpha, beta, threads);
         return;
     }
-    let block = if threads > 1 && macs >= PARALLEL_MIN_MACS && m >= 2 * 8 {
+    let mut block = if threads > 1 && macs >= PARALLEL_MIN_MACS && m >= 2 * 8 {
         m.div_ceil(threads).div_ceil(8) * 8 // whole register tiles per block
     } else {
         m
     };
+    // nalgebra's loop for thin products assumes unit row strides (above), and a last block of
+    // at most `NALGEBRA_SMALL_DIM` rows would be sent to it: it wrote past the end of `C`
+    // (20 × 128 outputs on two threads). Such a remainder joins whole tiles of a wider block.
+    while block < m && m % block != 0 && m % block <= NALGEBRA_SMALL_DIM {
+        block += 8;
+    }
     let run = |(i, rows): (usize, &mut [f64])| {
         let len = rows.len() / n;
         let mut out = MatrixViewMut::from_slice_with_strides_generic(rows, Dyn(len), Dyn(n), Dyn(n), Dyn(1));
@@ -282,6 +288,33 @@ mod tests {
                 assert!(
                     (got - &expected).abs().max() < 1e-11 * (1.0 + expected.abs().max()),
                     "{m}×{k}×{n} {ta} {tb}"
+                );
+            }
+        }
+    }
+
+    /// Row blocks over rayon never leave a remainder thin enough for nalgebra's own loop, which
+    /// assumes unit row strides and wrote past the end of `C`: every `m` from 16 to 70 on 2, 3
+    /// and 4 threads, each product checked against the dense one and the values after `C` (in
+    /// the same allocation) unchanged.
+    #[test]
+    fn row_blocks_on_any_thread_count_stay_inside_the_output() {
+        let (k, n) = (128, 128);
+        let b_data: Vec<f64> = (0..k * n).map(|i| ((i * 5 % 11) as f64 - 5.0) / 4.0).collect();
+        for threads in [2, 3, 4] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            for m in 16..=70 {
+                let a_data: Vec<f64> = (0..m * k).map(|i| ((i * 7 % 13) as f64 - 6.0) / 3.0).collect();
+                let (a, b) = (Operand::new(&a_data, m, k), Operand::new(&b_data, k, n));
+                let guard = 4 * n;
+                let mut buf = vec![1.0; m * n + guard];
+                pool.install(|| gemm(&mut buf[..m * n], a, b, 1.0, 1.0));
+                assert!(buf[m * n..].iter().all(|&v| v == 1.0), "m = {m}, {threads} threads: wrote past C");
+                let expected = DMatrix::from_element(m, n, 1.0) + dense(a) * dense(b);
+                let got = DMatrix::from_row_slice(m, n, &buf[..m * n]);
+                assert!(
+                    (got - &expected).abs().max() < 1e-10 * expected.abs().max(),
+                    "m = {m}, {threads} threads"
                 );
             }
         }

@@ -404,3 +404,32 @@ def test_bad_input_raises_the_documented_exception(what, call, error, message):
     # No Rust type path in a Python message.
     assert not re.search(r"\bfspace_\w+::", str(info.value)), str(info.value)
     assert str(info.value), f"{what}: the exception has no message"
+
+
+def test_a_wide_network_on_a_batch_with_a_thin_last_block_runs_in_a_subprocess():
+    """GFSVI on a 20-128-128-10 MLP with 20 measurement points: the forward pass's 20 × 128
+    product was split over two threads into blocks of 16 and 4 rows, and nalgebra's loop for
+    the 4-row block wrote past the output (heap corruption, the interpreter aborted). Run in a
+    subprocess so that a regression fails the test instead of the suite."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import numpy as np, fspace
+        rng = np.random.default_rng(0)
+        sizes = [20, 128, 128, 10]
+        state = {}
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            state[f"{2 * i}.weight"] = rng.normal(size=(b, a)) / np.sqrt(a)
+            state[f"{2 * i}.bias"] = np.zeros(b)
+        x, y = rng.uniform(size=(300, 20)), rng.integers(10, size=300).astype(float)
+        prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
+        method = fspace.GFSVI((state, "tanh"), "classification", prior, steps=3, measurement_points=20,
+                              class_samples=2, optim={"batch_size": 64})
+        method.fit(x, y)
+        print("FIT_OK", method(x[:21]).shape)
+    """)
+    env = dict(__import__("os").environ, RAYON_NUM_THREADS="2")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0 and "FIT_OK" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
