@@ -589,69 +589,68 @@ fn fit_impl<N: Network + Clone>(
     let n = shard.as_ref().map_or(n_local, |sh| sh.n_total);
     let step = |theta: &DVector<f64>, batch: &[usize], rng: &mut rand::rngs::StdRng| {
         let params = VariationalParams::unflatten(theta, p);
-        if let Some(sh) = shard.as_mut() {
-            // The same draws as one process, in the same order: the measurement points, then
-            // the categorical term's seed.
-            let xm = sampler.sample(config.measurement_points, rng)?;
-            let term = match term_kind {
-                DataTerm::Categorical { samples, .. } => {
-                    DataTerm::Categorical { samples, seed: rand::Rng::gen(rng) }
-                }
-                t => t,
-            };
-            let local: Vec<usize> =
-                batch.iter().filter_map(|&g| g.checked_sub(sh.offset).filter(|&i| i < n_local)).collect();
-            let scale = n as f64 / batch.len() as f64;
-            let mine = (|| -> Result<DVector<f64>> {
-                work.set_params(&params.mean)?;
-                if local.is_empty() {
-                    return Ok(DVector::zeros(2 * p + 2));
-                }
-                let s = params.variances();
-                let (xb, yb) = (x.select_rows(&local), y.select_rows(&local));
-                let (ell, gm, gs, gl) = data_term(&work, &params, &s, &term, &xb, &yb, scale)?;
-                Ok(DVector::from_iterator(
-                    2 * p + 2,
-                    std::iter::once(ell).chain(gm.iter().copied()).chain(gs.iter().copied()).chain([gl]),
-                ))
-            })();
-            let part = mine.as_ref().map_or_else(|_| DVector::zeros(2 * p + 2), Clone::clone);
-            let total = (sh.reduce)(part, mine.is_err())?;
-            mine?;
-            let data = (
-                total[0],
-                total.rows(1, p).into_owned(),
-                total.rows(1 + p, p).into_owned(),
-                total[2 * p + 1],
-            );
-            let obj = with_divergence(&mut work, &params, prior, data, &xm, config.gamma)?;
-            let mut g = obj.grad;
-            if !learn_noise || matches!(term, DataTerm::Categorical { .. }) {
-                g.log_noise_std = 0.0;
-            }
-            return Ok((obj.value, g.flatten()));
-        }
-        let xb = x.select_rows(batch);
-        let yb = y.select_rows(batch);
+        // The draws of a step, in this order on every process of a sharded fit too: the
+        // measurement points, the batch points joining them (never with a shard: refused), the
+        // categorical term's seed.
         let mut xm = sampler.sample(config.measurement_points, rng)?;
-        if config.measurement_from_batch > 0 {
+        let picks = (config.measurement_from_batch > 0).then(|| {
             let k = config.measurement_from_batch.min(batch.len());
-            let picks = rand::seq::index::sample(rng, batch.len(), k).into_vec();
-            let extra = xb.select_rows(&picks);
-            let u = xm.nrows();
-            xm = DMatrix::from_fn(
-                u + k,
-                xb.ncols(),
-                |i, c| if i < u { xm[(i, c)] } else { extra[(i - u, c)] },
-            );
-        }
+            rand::seq::index::sample(rng, batch.len(), k).into_vec()
+        });
         let term = match term_kind {
             DataTerm::Categorical { samples, .. } => {
                 DataTerm::Categorical { samples, seed: rand::Rng::gen(rng) }
             }
             t => t,
         };
-        let obj = objective_with(&mut work, &params, prior, &term, &xb, &yb, n, &xm, config.gamma)?;
+        let obj = match shard.as_mut() {
+            None => {
+                let xb = x.select_rows(batch);
+                let yb = y.select_rows(batch);
+                if let Some(picks) = picks {
+                    let extra = xb.select_rows(&picks);
+                    let (u, k) = (xm.nrows(), picks.len());
+                    xm = DMatrix::from_fn(u + k, xb.ncols(), |i, c| {
+                        if i < u {
+                            xm[(i, c)]
+                        } else {
+                            extra[(i - u, c)]
+                        }
+                    });
+                }
+                objective_with(&mut work, &params, prior, &term, &xb, &yb, n, &xm, config.gamma)?
+            }
+            Some(sh) => {
+                // This process's rows of the global batch, its part of the data term (scaled by
+                // the global N / B), summed over the processes with its failure flag.
+                let local: Vec<usize> =
+                    batch.iter().filter_map(|&g| g.checked_sub(sh.offset).filter(|&i| i < n_local)).collect();
+                let scale = n as f64 / batch.len() as f64;
+                let mine = (|| -> Result<DVector<f64>> {
+                    work.set_params(&params.mean)?;
+                    if local.is_empty() {
+                        return Ok(DVector::zeros(2 * p + 2));
+                    }
+                    let s = params.variances();
+                    let (xb, yb) = (x.select_rows(&local), y.select_rows(&local));
+                    let (ell, gm, gs, gl) = data_term(&work, &params, &s, &term, &xb, &yb, scale)?;
+                    Ok(DVector::from_iterator(
+                        2 * p + 2,
+                        std::iter::once(ell).chain(gm.iter().copied()).chain(gs.iter().copied()).chain([gl]),
+                    ))
+                })();
+                let part = mine.as_ref().map_or_else(|_| DVector::zeros(2 * p + 2), Clone::clone);
+                let total = (sh.reduce)(part, mine.is_err())?;
+                mine?;
+                let data = (
+                    total[0],
+                    total.rows(1, p).into_owned(),
+                    total.rows(1 + p, p).into_owned(),
+                    total[2 * p + 1],
+                );
+                with_divergence(&mut work, &params, prior, data, &xm, config.gamma)?
+            }
+        };
         let mut g = obj.grad;
         if !learn_noise || matches!(term, DataTerm::Categorical { .. }) {
             g.log_noise_std = 0.0;
