@@ -230,24 +230,37 @@ pub fn mc_expected_log_likelihood(log_lik: &DMatrix<f64>) -> Result<f64> {
 
 /// Mean Gaussian predictive NLL `−log N(y; m, v)` with total predictive variance `v > 0`.
 pub fn gaussian_nll(mean: &[f64], var: &[f64], y: &[f64]) -> Result<f64> {
+    check_gaussian_predictive(mean, var, y)?;
+    Ok((0..y.len()).map(|i| gaussian_nll_term(mean[i], var[i], y[i])).sum::<f64>() / y.len() as f64)
+}
+
+/// The checks of a Gaussian predictive with total variances `var > 0` against targets `y`.
+fn check_gaussian_predictive(mean: &[f64], var: &[f64], y: &[f64]) -> Result<()> {
     check_regression(mean, var, y, "predictive variances")?;
-    if let Some(index) = var.iter().position(|v| *v <= 0.0) {
-        return Err(MetricsError::InvalidValue {
+    match var.iter().position(|v| *v <= 0.0) {
+        Some(index) => Err(MetricsError::InvalidValue {
             what: "predictive variances (must be > 0)",
             index,
             value: var[index],
-        });
+        }),
+        None => Ok(()),
     }
-    Ok((0..y.len())
-        .map(|i| 0.5 * (2.0 * std::f64::consts::PI * var[i]).ln() + (y[i] - mean[i]).powi(2) / (2.0 * var[i]))
-        .sum::<f64>()
-        / y.len() as f64)
+}
+
+/// One point's `−log N(y; m, v)`.
+fn gaussian_nll_term(mean: f64, var: f64, y: f64) -> f64 {
+    0.5 * (2.0 * std::f64::consts::PI * var).ln() + (y - mean).powi(2) / (2.0 * var)
 }
 
 /// Mean categorical NLL `−log p_{yᵢ}` (probabilities clamped at 1e-300 to stay finite).
 pub fn categorical_nll(probs: &DMatrix<f64>, y: &[f64]) -> Result<f64> {
     let l = labels(probs, y)?;
-    Ok(l.iter().enumerate().map(|(i, &k)| -probs[(i, k)].max(1e-300).ln()).sum::<f64>() / l.len() as f64)
+    Ok(l.iter().enumerate().map(|(i, &k)| categorical_nll_term(probs, i, k)).sum::<f64>() / l.len() as f64)
+}
+
+/// Point `i`'s `−log p_k` (clamped at 1e-300).
+fn categorical_nll_term(probs: &DMatrix<f64>, i: usize, k: usize) -> f64 {
+    -probs[(i, k)].max(1e-300).ln()
 }
 
 /// Mean squared error.
@@ -267,17 +280,29 @@ pub fn rmse(pred: &[f64], y: &[f64]) -> Result<f64> {
 /// absolute error.
 pub fn crps_gaussian(mean: &[f64], std: &[f64], y: &[f64]) -> Result<f64> {
     check_regression(mean, std, y, "predictive standard deviations")?;
-    let inv_sqrt_pi = 1.0 / std::f64::consts::PI.sqrt();
-    Ok((0..y.len())
-        .map(|i| {
-            if std[i] == 0.0 {
-                return (y[i] - mean[i]).abs();
-            }
-            let z = (y[i] - mean[i]) / std[i];
-            std[i] * (z * (2.0 * normal_cdf(z) - 1.0) + 2.0 * normal_pdf(z) - inv_sqrt_pi)
-        })
-        .sum::<f64>()
-        / y.len() as f64)
+    Ok((0..y.len()).map(|i| crps_term(mean[i], std[i], y[i])).sum::<f64>() / y.len() as f64)
+}
+
+/// One point's CRPS of `N(m, s²)` (the absolute error at `s = 0`).
+fn crps_term(mean: f64, std: f64, y: f64) -> f64 {
+    if std == 0.0 {
+        return (y - mean).abs();
+    }
+    let z = (y - mean) / std;
+    std * (z * (2.0 * normal_cdf(z) - 1.0) + 2.0 * normal_pdf(z) - 1.0 / std::f64::consts::PI.sqrt())
+}
+
+/// The coverage levels of the CQM: `α ∈ {0, 0.1, …, 1}`.
+const CQM_LEVELS: usize = 11;
+
+/// The half-widths `Φ⁻¹((1 + α)/2)` of the CQM's central intervals at `α = 0, 0.1, …, 1`.
+fn cqm_half_widths() -> [f64; CQM_LEVELS] {
+    std::array::from_fn(|k| normal_quantile((1.0 + k as f64 / 10.0) / 2.0))
+}
+
+/// The CQM's integral of `|γ(α) − α|` over its `(α, γ)` curve (trapezoid rule).
+fn cqm_integral(curve: &[(f64, f64)]) -> f64 {
+    curve.windows(2).map(|w| 0.5 * 0.1 * ((w[0].1 - w[0].0).abs() + (w[1].1 - w[1].0).abs())).sum()
 }
 
 /// The centred quantile metric (VaLLA eq. 24): `∫₀¹ |γ(α) − α| dα` with `γ(α)` the fraction of
@@ -286,17 +311,15 @@ pub fn crps_gaussian(mean: &[f64], std: &[f64], y: &[f64]) -> Result<f64> {
 pub fn cqm(mean: &[f64], std: &[f64], y: &[f64]) -> Result<(f64, Vec<(f64, f64)>)> {
     check_regression(mean, std, y, "predictive standard deviations")?;
     let n = y.len() as f64;
-    let curve: Vec<(f64, f64)> = (0..=10)
-        .map(|k| {
-            let alpha = k as f64 / 10.0;
-            let half_width = normal_quantile((1.0 + alpha) / 2.0);
+    let curve: Vec<(f64, f64)> = cqm_half_widths()
+        .iter()
+        .enumerate()
+        .map(|(k, &half_width)| {
             let inside = (0..y.len()).filter(|&i| (y[i] - mean[i]).abs() < std[i] * half_width).count();
-            (alpha, inside as f64 / n)
+            (k as f64 / 10.0, inside as f64 / n)
         })
         .collect();
-    let integral =
-        curve.windows(2).map(|w| 0.5 * 0.1 * ((w[0].1 - w[0].0).abs() + (w[1].1 - w[1].0).abs())).sum();
-    Ok((integral, curve))
+    Ok((cqm_integral(&curve), curve))
 }
 
 /// Fraction of points whose most probable class is the label.
@@ -323,7 +346,7 @@ pub fn ece(probs: &DMatrix<f64>, y: &[f64], bins: usize) -> Result<f64> {
     for (i, &k) in l.iter().enumerate() {
         let pred = argmax(probs, i);
         let c = probs[(i, pred)];
-        let b = ((c * bins as f64).ceil() as usize).clamp(1, bins) - 1; // bins (lo, hi]
+        let b = ece_bin(c, bins);
         count[b] += 1;
         conf[b] += c;
         acc[b] += (pred == k) as u8 as f64;
@@ -332,16 +355,20 @@ pub fn ece(probs: &DMatrix<f64>, y: &[f64], bins: usize) -> Result<f64> {
     Ok((0..bins).filter(|&b| count[b] > 0).map(|b| (acc[b] - conf[b]).abs() / n).sum())
 }
 
+/// The ECE bin `(b/bins, (b+1)/bins]` of a confidence `c` (0 in the first).
+fn ece_bin(c: f64, bins: usize) -> usize {
+    ((c * bins as f64).ceil() as usize).clamp(1, bins) - 1
+}
+
 /// Brier score `mean Σₖ (pₖ − 1[y = k])²`.
 pub fn brier(probs: &DMatrix<f64>, y: &[f64]) -> Result<f64> {
     let l = labels(probs, y)?;
-    Ok(l.iter()
-        .enumerate()
-        .map(|(i, &k)| {
-            (0..probs.ncols()).map(|c| (probs[(i, c)] - (c == k) as u8 as f64).powi(2)).sum::<f64>()
-        })
-        .sum::<f64>()
-        / l.len() as f64)
+    Ok(l.iter().enumerate().map(|(i, &k)| brier_term(probs, i, k)).sum::<f64>() / l.len() as f64)
+}
+
+/// Point `i`'s `Σₖ (pₖ − 1[y = k])²`.
+fn brier_term(probs: &DMatrix<f64>, i: usize, label: usize) -> f64 {
+    (0..probs.ncols()).map(|c| (probs[(i, c)] - (c == label) as u8 as f64).powi(2)).sum::<f64>()
 }
 
 /// Predictive entropy `−Σₖ pₖ log pₖ` of each row (nats).

@@ -27,7 +27,8 @@ use fspace_input::InputError;
 use nalgebra::DMatrix;
 
 use crate::{
-    argmax, check_regression, labels, normal_cdf, normal_pdf, normal_quantile, MetricsError, Result,
+    argmax, brier_term, categorical_nll_term, check_gaussian_predictive, cqm_half_widths, cqm_integral,
+    crps_term, ece_bin, gaussian_nll_term, labels, MetricsError, Result, CQM_LEVELS,
 };
 
 fn empty(what: &'static str) -> MetricsError {
@@ -94,11 +95,10 @@ impl ClassificationSums {
             let pred = argmax(probs, i);
             let c = probs[(i, pred)];
             let hit = (pred == k) as u8 as f64;
-            self.nll += -probs[(i, k)].max(1e-300).ln();
+            self.nll += categorical_nll_term(probs, i, k);
             self.correct += hit;
-            self.brier +=
-                (0..probs.ncols()).map(|j| (probs[(i, j)] - (j == k) as u8 as f64).powi(2)).sum::<f64>();
-            let b = ((c * bins as f64).ceil() as usize).clamp(1, bins) - 1; // bins (lo, hi]
+            self.brier += brier_term(probs, i, k);
+            let b = ece_bin(c, bins);
             self.bin_count[b] += 1.0;
             self.bin_confidence[b] += c;
             self.bin_correct[b] += hit;
@@ -182,9 +182,6 @@ impl ClassificationSums {
     }
 }
 
-/// The coverage levels of the CQM: `α ∈ {0, 0.1, …, 1}`.
-const CQM_LEVELS: usize = 11;
-
 /// The sums behind [`crate::gaussian_nll`], [`crate::mse`], [`crate::crps_gaussian`] and
 /// [`crate::cqm`] of Gaussian predictives `N(m, v)` over the points added so far.
 #[derive(Debug, Clone, PartialEq)]
@@ -216,23 +213,13 @@ impl RegressionSums {
     /// Adds targets `y` under predictive means `mean` and total predictive variances `var`
     /// (> 0, as [`crate::gaussian_nll`] needs).
     pub fn add(&mut self, mean: &[f64], var: &[f64], y: &[f64]) -> Result<()> {
-        check_regression(mean, var, y, "predictive variances")?;
-        if let Some(index) = var.iter().position(|v| *v <= 0.0) {
-            return Err(MetricsError::InvalidValue {
-                what: "predictive variances (must be > 0)",
-                index,
-                value: var[index],
-            });
-        }
-        let inv_sqrt_pi = 1.0 / std::f64::consts::PI.sqrt();
-        let half_widths: Vec<f64> =
-            (0..CQM_LEVELS).map(|k| normal_quantile((1.0 + k as f64 / 10.0) / 2.0)).collect();
+        check_gaussian_predictive(mean, var, y)?;
+        let half_widths = cqm_half_widths();
         for i in 0..y.len() {
             let (r, s) = (y[i] - mean[i], var[i].sqrt());
-            self.nll += 0.5 * (2.0 * std::f64::consts::PI * var[i]).ln() + r.powi(2) / (2.0 * var[i]);
+            self.nll += gaussian_nll_term(mean[i], var[i], y[i]);
             self.squared_error += r.powi(2);
-            let z = r / s;
-            self.crps += s * (z * (2.0 * normal_cdf(z) - 1.0) + 2.0 * normal_pdf(z) - inv_sqrt_pi);
+            self.crps += crps_term(mean[i], s, y[i]);
             for (count, w) in self.inside.iter_mut().zip(&half_widths) {
                 *count += (r.abs() < s * w) as u8 as f64;
             }
@@ -297,9 +284,7 @@ impl RegressionSums {
         let n = self.n()?;
         let curve: Vec<(f64, f64)> =
             self.inside.iter().enumerate().map(|(k, &count)| (k as f64 / 10.0, count / n)).collect();
-        let integral =
-            curve.windows(2).map(|w| 0.5 * 0.1 * ((w[0].1 - w[0].0).abs() + (w[1].1 - w[1].0).abs())).sum();
-        Ok((integral, curve))
+        Ok((cqm_integral(&curve), curve))
     }
 }
 
