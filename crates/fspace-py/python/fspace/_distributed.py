@@ -3,7 +3,7 @@ behind one ``all_reduce`` of float64 vectors (``docs/scaling-out.md``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List
 
 import numpy as np
 
@@ -144,3 +144,24 @@ def step_reduce(group: Any) -> Any:
         return np.ascontiguousarray(total[1:])
 
     return reduce
+
+
+# How to shard a loader so that every point is on exactly one process (the advice of the
+# errors for overlapping or padded shards).
+ONE_SHARD_EACH = ("give each process its own points once, e.g. DataLoader(dataset, sampler=list(range(rank, "
+                  "len(dataset), world_size)))")
+
+
+def global_box(group: Any, x: np.ndarray) -> Any:
+    """The per-feature ``(lower, upper)`` bounds of every process's rows ``x`` together, in
+    one all-reduce (MAX of the negated minima and of the maxima)."""
+    d = x.shape[1]
+    top = group.all_reduce(np.concatenate([-x.min(axis=0), x.max(axis=0)]), "max")
+    return -top[:d], top[d:]
+
+
+def weights_summary(arrays: Any) -> List[float]:
+    """``[count, sum, sum of squares]`` of the float64 weights in ``arrays``: a fingerprint
+    the processes of a sharded fit compare to find a model that differs."""
+    flat = np.concatenate([np.asarray(a, dtype=np.float64).reshape(-1) for a in arrays]) if arrays else np.zeros(0)
+    return [float(flat.size), float(flat.sum()), float(np.square(flat).sum())]

@@ -30,7 +30,7 @@ import numpy as np
 
 from ._backend import network_spec
 from ._base import Wrapper
-from ._distributed import _group, agree_on, agreed
+from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, weights_summary
 from ._convert import tensors
 from ._predictive import _check_likelihood, _curvature_source, _link, _refuse_unsupported, _split_batch, _torch
 from ._torch import TorchModel
@@ -129,8 +129,7 @@ def _global_indices(loader: Any, group: Any) -> Any:
     if counts.max() > 1:
         raise ValueError(
             "the shards overlap: a point is visited more than once over the processes (a DistributedSampler pads "
-            "the shards to equal sizes with repeated points); give each process its own points once, e.g. "
-            "DataLoader(dataset, sampler=list(range(rank, len(dataset), world_size)))"
+            "the shards to equal sizes with repeated points); " + ONE_SHARD_EACH
         )
     return torch.as_tensor(np.flatnonzero(counts), dtype=torch.long)
 
@@ -571,11 +570,9 @@ class ELLALaplace(Wrapper):
     def _fingerprint(self, balanced: bool) -> List[float]:
         """What every process of a sharded fit must share: the settings and a summary of the
         model's parameters."""
-        summary = [0.0, 0.0, 0.0]
-        if hasattr(self.model, "parameters"):
-            for p in self.model.parameters():
-                v = p.detach().double()
-                summary = [summary[0] + v.numel(), summary[1] + float(v.sum()), summary[2] + float(v.square().sum())]
+        weights = [p.detach().double().numpy() for p in self.model.parameters()] \
+            if hasattr(self.model, "parameters") else []
+        summary = weights_summary(weights)
         return [float(self.subsample_size), float(self.n_eigenvalues), float(self.seed),
                 float(self.likelihood == "regression"), float(balanced), *summary]
 

@@ -25,7 +25,7 @@ import numpy as np
 from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import ModelSpec, array2, is_array, is_torch, tensors
-from ._distributed import _group
+from ._distributed import ONE_SHARD_EACH, _group
 from ._methods import Progress, _Progress
 from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
                           _split_batch, _torch)
@@ -413,9 +413,8 @@ class Laplace(Wrapper):
         if sharded and dataset is not None and hasattr(dataset, "__len__") and len(dataset) != seen:
             raise ValueError(
                 f"the shards hold {seen} points together but the dataset has {len(dataset)}: a DistributedSampler "
-                "pads the shards to equal sizes with repeated points (or drops the tail with drop_last=True); give "
-                "each process its own points once, e.g. DataLoader(dataset, sampler=list(range(rank, len(dataset), "
-                "world_size)))"
+                "pads the shards to equal sizes with repeated points (or drops the tail with drop_last=True); "
+                + ONE_SHARD_EACH
             )
         if not sharded and dataset is not None and hasattr(dataset, "__len__") and len(dataset) != seen:
             raise ValueError(

@@ -22,7 +22,7 @@ from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import array2, back, data_arrays, is_torch, tensors, unflatten
-from ._distributed import _group, agree_on, agreed, sharded_sum, step_reduce
+from ._distributed import _group, agree_on, agreed, global_box, sharded_sum, step_reduce, weights_summary
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
 
@@ -501,13 +501,11 @@ class _NetworkMethod(_Fitted):
             shard = (int(counts[: group.rank].sum()), int(counts.sum()))
             if config.get("measurement_box") is None:
                 # The box of every process's points, as one process over all of them draws in.
-                lo = group.all_reduce(-x.min(axis=0), "max") * -1.0
-                hi = group.all_reduce(x.max(axis=0), "max")
+                lo, hi = global_box(group, x)
                 config["measurement_box"] = {"lower": lo.tolist(), "upper": hi.tolist()}
         if group is not None and method == "fsp_laplace_posthoc" and config.get("context_box") is None:
             # The data's box over every process's points, widened as Rust widens one shard's.
-            lo = group.all_reduce(-x.min(axis=0), "max") * -1.0
-            hi = group.all_reduce(x.max(axis=0), "max")
+            lo, hi = global_box(group, x)
             widen = float(config.get("widen", 0.5))
             config["context_box"] = {"lower": (lo - widen * (hi - lo)).tolist(),
                                      "upper": (hi + widen * (hi - lo)).tolist()}
@@ -547,12 +545,11 @@ class _NetworkMethod(_Fitted):
         import hashlib
         import json
 
-        weights = np.concatenate([np.asarray(v[1], dtype=np.float64).reshape(-1) for v in self._tensors.values()]) \
-            if not self._torch else np.asarray(self._spec.calls().params, dtype=np.float64)
+        weights = [v[1] for v in self._tensors.values()] if not self._torch else [self._spec.calls().params]
         text = json.dumps([self._fit_method(), self.likelihood, self.sigma_noise, self.learn_sigma, config,
                            None if self._prior is None else self._prior.spec()], sort_keys=True, default=str)
         digest = hashlib.sha256(text.encode()).digest()
-        return [float(dim), float(weights.size), float(weights.sum()), float(np.square(weights).sum()),
+        return [float(dim), *weights_summary(weights),
                 *[float(int.from_bytes(digest[i:i + 6], "little")) for i in range(0, 24, 6)]]
 
     def model_state_dict(self) -> "OrderedDict[str, np.ndarray]":
