@@ -36,6 +36,11 @@ def model(d_out):
                                torch.nn.Linear(6, d_out)).double()
 
 
+def as_lists(pred):
+    """A predictive as JSON lists: regression's ``(mean, covariances)`` as two, else one."""
+    return [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist()
+
+
 def fits(world, rank, group=None):
     """Every structure and subset, both likelihoods: the evidence, the optimised λ and the
     predictive at test points."""
@@ -56,7 +61,7 @@ def fits(world, rank, group=None):
                 la.optimize_prior_precision(n_steps=30)
                 row["prior_precision"] = la.prior_precision.tolist()
                 pred = la(xt)
-                row["predictive"] = [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist()
+                row["predictive"] = as_lists(pred)
                 out[key] = row
     return out
 
@@ -75,7 +80,7 @@ def fsp_posthoc(world, rank, group=None):
                                 sigma_noise=0.3 if lik == "regression" else 1.0)
         fsp.fit(x[shard], y[shard], process_group=group)
         pred = fsp(xt)
-        out[lik] = {"predictive": [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist(),
+        out[lik] = {"predictive": as_lists(pred),
                     "rank": fsp.report["rank"]}
     return out
 
@@ -102,7 +107,7 @@ def ella(world, rank, group=None):
         la.optimize_prior_precision(val_loader=val_loader, grid_size=12)
         row["prior_precision"] = float(la.prior_precision)
         pred = la(xt)
-        row["predictive"] = [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist()
+        row["predictive"] = as_lists(pred)
         out[lik] = row
     return out
 
@@ -123,7 +128,7 @@ def gfsvi(world, rank, group=None):
                               sigma_noise=0.3 if lik == "regression" else 1.0)
         method.fit(x[rows], y[rows], process_group=group)
         pred = method(xt)
-        out[lik] = {"predictive": [p.tolist() for p in pred] if isinstance(pred, tuple) else pred.tolist(),
+        out[lik] = {"predictive": as_lists(pred),
                     "steps": method.report["steps"]}
     return out
 

@@ -62,6 +62,13 @@ def _close(a, b, rtol, what):
     assert err <= rtol, f"{what}: relative difference {err:.2e}"
 
 
+def _close_predictive(got, want, regression, rtol, what):
+    """A predictive as the worker writes it: regression ``[mean, covariances]``, compared part
+    by part; classification the probabilities."""
+    for g, w in zip(got, want) if regression else [(got, want)]:
+        _close(g, w, rtol, what)
+
+
 def test_every_process_gets_the_single_process_posterior(tmp_path):
     single = _run("fits", 1, tmp_path)[0]
     assert "error" not in single, single.get("error")
@@ -75,10 +82,8 @@ def test_every_process_gets_the_single_process_posterior(tmp_path):
                 assert got["n_data"] == want["n_data"] == 1001, key
                 for field in ("evidence", "prior_precision"):
                     _close(got[field], want[field], 1e-12, f"{world} processes, {key}, {field}")
-                # Classification: probabilities; regression: (mean, covariances).
-                parts = (got["predictive"], want["predictive"]) if key.startswith("classification") else None
-                for g, w in [parts] if parts else zip(got["predictive"], want["predictive"]):
-                    _close(g, w, 1e-12, f"{world} processes, {key}, predictive")
+                _close_predictive(got["predictive"], want["predictive"], key.startswith("regression"), 1e-12,
+                                  f"{world} processes, {key}, predictive")
                 # Identical on every process.
                 assert got == results[0]["fits"][key], f"{key} differs between processes"
 
@@ -97,10 +102,8 @@ def test_post_hoc_fsp_laplace_shards_to_the_single_process_posterior(tmp_path):
             for lik, want in single["fsp"].items():
                 got = res["fsp"][lik]
                 assert got["rank"] == want["rank"], lik
-                pairs = zip(got["predictive"], want["predictive"]) if lik == "regression" else \
-                    [(got["predictive"], want["predictive"])]
-                for g, w in pairs:
-                    _close(g, w, 1e-12, f"{world} processes, FSP-Laplace {lik}")
+                _close_predictive(got["predictive"], want["predictive"], lik == "regression", 1e-12,
+                                  f"{world} processes, FSP-Laplace {lik}")
             assert res["fsp"] == results[0]["fsp"], "the processes differ"
     results = _run("fsp_failing", 2, tmp_path)
     assert results[1]["error"][0] == "ValueError" and "non-finite" in results[1]["error"][1], results[1]
@@ -123,10 +126,8 @@ def test_gfsvi_shards_to_the_single_process_posterior(tmp_path):
             for lik, want in single["gfsvi"].items():
                 got = res["gfsvi"][lik]
                 assert got["steps"] == want["steps"] == 30
-                pairs = zip(got["predictive"], want["predictive"]) if lik == "regression" else \
-                    [(got["predictive"], want["predictive"])]
-                for g, w in pairs:
-                    _close(g, w, 1e-10, f"{world} processes, GFSVI {lik}")
+                _close_predictive(got["predictive"], want["predictive"], lik == "regression", 1e-10,
+                                  f"{world} processes, GFSVI {lik}")
             assert res["gfsvi"] == results[0]["gfsvi"], "the processes differ"
     for case in ("gfsvi_failing_python", "gfsvi_failing_rust"):
         results = _run(case, 2, tmp_path)
@@ -152,10 +153,8 @@ def test_ella_shards_to_the_single_process_posterior(tmp_path):
                 assert got["n_data"] == want["n_data"] == 800, lik
                 for field in ("gram", "val_nll", "prior_precision"):
                     _close(got[field], want[field], 1e-12, f"{world} processes, ELLA {lik}, {field}")
-                pairs = zip(got["predictive"], want["predictive"]) if lik == "regression" else \
-                    [(got["predictive"], want["predictive"])]
-                for g, w in pairs:
-                    _close(g, w, 1e-12, f"{world} processes, ELLA {lik}, predictive")
+                _close_predictive(got["predictive"], want["predictive"], lik == "regression", 1e-12,
+                                  f"{world} processes, ELLA {lik}, predictive")
             assert res["ella"] == results[0]["ella"], "the processes differ"
     for res in _run("ella_padded", 2, tmp_path):
         kind, message = res["error"]
@@ -305,17 +304,13 @@ def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
     single_fsp = _run("fsp", 1, tmp_path)[0]["fsp"]
     for lik, want in single_fsp.items():
         for res in results:
-            got = res["fsp"][lik]["predictive"]
-            pairs = zip(got, want["predictive"]) if lik == "regression" else [(got, want["predictive"])]
-            for g, w in pairs:
-                _close(g, w, 1e-12, f"MPI, FSP-Laplace {lik}")
+            _close_predictive(res["fsp"][lik]["predictive"], want["predictive"], lik == "regression", 1e-12,
+                              f"MPI, FSP-Laplace {lik}")
     single_gfsvi = _run("gfsvi", 1, tmp_path)[0]["gfsvi"]
     for lik, want in single_gfsvi.items():
         for res in results:
-            got = res["gfsvi"][lik]["predictive"]
-            pairs = zip(got, want["predictive"]) if lik == "regression" else [(got, want["predictive"])]
-            for g, w in pairs:
-                _close(g, w, 1e-10, f"MPI, GFSVI {lik}")
+            _close_predictive(res["gfsvi"][lik]["predictive"], want["predictive"], lik == "regression", 1e-10,
+                              f"MPI, GFSVI {lik}")
     single_ella = _run("ella", 1, tmp_path)[0]["ella"]
     for lik, want in single_ella.items():
         for res in results:
