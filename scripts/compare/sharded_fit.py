@@ -12,12 +12,16 @@ ELLA (`Laplace(model, "classification", "all", "gp", functional_approximation="n
 `--subsample` Nyström points, `--eigen` directions; one `K × K` all-reduce after the pass) and
 ``--gfsvi`` GFSVI (an RBF prior per class, `--steps` Adam steps on batches of 128 with 20
 measurement points; each process passes its contiguous rows, and every step all-reduces the data
-term and its gradient, `2p + 3` numbers).
+term and its gradient, `2p + 3` numbers). ``--multipass`` runs the Laplace structures that pass over
+the data more than once, `ekfac` and `lowrank` (`--rank` eigenpairs), which all-reduce every sum
+over the data as it is formed (the factor sums, then EKFAC's eigenvalues; a `p`-vector per Lanczos
+product); their bytes are counted at the all-reduce itself.
 
     python scripts/compare/sharded_fit.py [--n 59800]
     python scripts/compare/sharded_fit.py --fsp [--n 10000] [--max-rank 100]
     python scripts/compare/sharded_fit.py --ella [--n 59800] [--subsample 1000] [--eigen 100]
     python scripts/compare/sharded_fit.py --gfsvi [--n 59800] [--steps 100]
+    python scripts/compare/sharded_fit.py --multipass [--n 10000] [--rank 20]
 
 Opt-in (not part of the test suite): needs torch beside the `fspace` package.
 """
@@ -35,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from python_vs_laplace_torch import mnist_train_set, peak_mb  # noqa: E402  (MNIST and VmHWM)
 
 ROWS = [("all", "diag"), ("all", "kron"), ("last_layer", "kron"), ("last_layer", "full")]
+MULTIPASS_ROWS = [("all", "ekfac"), ("all", "lowrank")]
 
 
-def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 100, 100)):
+def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 100, 100, 20)):
     import warnings
 
     import numpy as np
@@ -57,7 +62,7 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
     xt = torch.from_numpy(images[-200:].reshape(200, -1) / 255.0)  # never among the first 59 800
     dataset = torch.utils.data.TensorDataset(x, y)
     loader = torch.utils.data.DataLoader(dataset, batch_size=128, sampler=list(range(rank, n, world)))
-    subsample, eigen, steps = extra
+    subsample, eigen, steps, low_rank = extra
     if subset == "fsp":
         prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
         la = fspace.FSPLaplace(mnist_mlp(seed=0), "classification", prior, train=False, laplace={"max_rank": max_rank})
@@ -68,8 +73,22 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
         prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
         la = fspace.GFSVI(mnist_mlp(seed=0), "classification", prior, steps=steps, measurement_points=20,
                           class_samples=2, optim={"batch_size": 128, "learning_rate": 1e-3, "seed": 0})
+    elif structure == "lowrank":
+        la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure, rank=low_rank)
     else:
         la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure)
+    counted = [0]
+    if structure in ("ekfac", "lowrank") and world > 1:
+        # Every all-reduce of the fit, counted where it is sent.
+        from fspace import _distributed
+
+        send = _distributed._TorchGroup.all_reduce
+
+        def counting(self, values, op):
+            counted[0] += 8 * np.asarray(values).size
+            return send(self, values, op)
+
+        _distributed._TorchGroup.all_reduce = counting
     if world > 1:
         torch.distributed.barrier()
     start = time.perf_counter()
@@ -93,26 +112,32 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
         # The settings' agreement (2 + 2 × 8), the prep status (1), the counts (2), the box
         # (2 × 784), then each step's data term with its failure flag (2p + 3).
         sent = 0 if world == 1 else 8 * (2 + 16 + 1 + 2 + 2 * x.shape[1] + steps * (2 * p + 3))
+    elif structure in ("ekfac", "lowrank"):
+        la.fit(loader)
+        seconds = time.perf_counter() - start
+        sent = counted[0]
     else:
         la.fit(loader)
         seconds = time.perf_counter() - start
         sent = 0 if world == 1 else 8 * (np.array(la._la.sums_flat()).size + 3)
     probs = la(xt)
+    report = la.report if subset not in ("fsp", "ella", "gfsvi") else {}
     print(json.dumps({"rank": rank, "seconds": seconds, "peak_mib": peak_mb(), "bytes_sent": sent,
-                      "probs": probs.tolist()}))
+                      "lanczos_products": report.get("lanczos_iterations"), "probs": probs.tolist()}))
     if world > 1:
         torch.distributed.destroy_process_group()
 
 
-def run(subset, structure, n, world, max_rank=100, extra=(1000, 100, 100)):
+def run(subset, structure, n, world, max_rank=100, extra=(1000, 100, 100, 20)):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     threads = "1" if world > 1 else "2"
     env = dict(os.environ, RAYON_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-    subsample, eigen, steps = extra
+    subsample, eigen, steps, low_rank = extra
     procs = [subprocess.Popen([sys.executable, __file__, "--n", str(n), "--max-rank", str(max_rank),
                                "--subsample", str(subsample), "--eigen", str(eigen), "--steps", str(steps),
+                               "--rank", str(low_rank),
                                "--child", subset, structure, str(world), str(r), str(port)], env=env,
                               stdout=subprocess.PIPE, text=True)
              for r in range(world)]
@@ -129,10 +154,12 @@ def main():
     ap.add_argument("--eigen", type=int, default=100, help="--ella: kernel directions kept")
     ap.add_argument("--gfsvi", action="store_true", help="GFSVI instead of the Laplace rows")
     ap.add_argument("--steps", type=int, default=100, help="--gfsvi: Adam steps")
+    ap.add_argument("--multipass", action="store_true", help="Laplace ekfac and lowrank instead of the one-pass rows")
+    ap.add_argument("--rank", type=int, default=20, help="--multipass: lowrank's eigenpairs")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    n = args.n if args.n is not None else (10000 if args.fsp else 59800)
-    extra = (args.subsample, args.eigen, args.steps)
+    n = args.n if args.n is not None else (10000 if args.fsp or args.multipass else 59800)
+    extra = (args.subsample, args.eigen, args.steps, args.rank)
     if args.child:
         subset, structure, world, rank, port = args.child
         child(subset, structure, n, int(world), int(rank), port, args.max_rank, extra)
@@ -140,7 +167,7 @@ def main():
     import numpy as np
 
     rows = [("fsp", "posthoc")] if args.fsp else [("ella", "nystrom")] if args.ella else \
-        [("gfsvi", "meanfield")] if args.gfsvi else ROWS
+        [("gfsvi", "meanfield")] if args.gfsvi else MULTIPASS_ROWS if args.multipass else ROWS
     for subset, structure in rows:
         one = run(subset, structure, n, 1, args.max_rank, extra)[0]
         two = run(subset, structure, n, 2, args.max_rank, extra)
@@ -150,6 +177,7 @@ def main():
                           "two_processes_one_thread": {"seconds": max(r["seconds"] for r in two),
                                                        "peak_mib": [r["peak_mib"] for r in two],
                                                        "bytes_sent_per_process": two[0]["bytes_sent"]},
+                          "lanczos_iterations": [one["lanczos_products"], two[0]["lanczos_products"]],
                           "max_probability_difference": diff}), flush=True)
 
 

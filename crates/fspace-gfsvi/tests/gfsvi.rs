@@ -11,7 +11,7 @@ use fspace_kernels::GpPrior;
 const LEARNED: LikelihoodSpec = LikelihoodSpec::Gaussian { sigma: 1.0, learn: true };
 use fspace_kernels::{PriorMean, Rbf};
 use fspace_nn::{Activation, Mlp, MlpConfig, Outputs};
-use fspace_testutil::{fd_gradient, rand_uniform, randn, randn_vec, rng, spd, three_blobs};
+use fspace_testutil::{fd_gradient, rand_uniform, randn, randn_vec, rng, spd, three_blobs, ThreadReduce};
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -911,39 +911,14 @@ fn save_load_round_trips_predict_bit_for_bit() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The processes of a sharded fit, as threads: `reduce` deposits each thread's part, waits for
-/// all, and returns their sum (in thread order) — or an error when any thread said it failed.
-/// Each thread's part and failure flag, once deposited.
-type Deposits = std::sync::Mutex<Vec<Option<(DVector<f64>, bool)>>>;
-
-struct ThreadReduce {
-    parts: Deposits,
-    barrier: std::sync::Barrier,
-}
-
-impl ThreadReduce {
-    fn new(world: usize) -> Self {
-        Self { parts: std::sync::Mutex::new(vec![None; world]), barrier: std::sync::Barrier::new(world) }
-    }
-
-    fn reduce(&self, rank: usize, part: DVector<f64>, failed: bool) -> Result<DVector<f64>> {
-        self.parts.lock().unwrap()[rank] = Some((part, failed));
-        self.barrier.wait();
-        let (sum, any_failed) = {
-            let parts = self.parts.lock().unwrap();
-            let all: Vec<_> = parts.iter().map(|p| p.clone().unwrap()).collect();
-            let sum = all.iter().skip(1).fold(all[0].0.clone(), |acc, (p, _)| acc + p);
-            (sum, all.iter().any(|(_, f)| *f))
-        };
-        self.barrier.wait();
-        if any_failed {
-            return Err(GfsviError::Input(InputError::Invalid {
-                what: "the sum over the processes",
-                reason: "another process failed".into(),
-            }));
-        }
-        Ok(sum)
-    }
+/// [`ThreadReduce`]'s sum, or GFSVI's error when a thread failed.
+fn thread_sum(reducer: &ThreadReduce, rank: usize, part: DVector<f64>, failed: bool) -> Result<DVector<f64>> {
+    reducer.reduce(rank, part, failed).ok_or_else(|| {
+        GfsviError::Input(InputError::Invalid {
+            what: "the sum over the processes",
+            reason: "another process failed".into(),
+        })
+    })
 }
 
 /// `fit_sharded` over 2 and 3 "processes" (threads, uneven contiguous shards of 101 points):
@@ -994,7 +969,7 @@ fn sharded_gfsvi_is_the_single_process_fit() {
                             let rows: Vec<usize> = (bounds[rank]..bounds[rank + 1]).collect();
                             let (xs, ys) = (x.select_rows(&rows), y.select_rows(&rows));
                             let mut reduce =
-                                |part: DVector<f64>, failed: bool| reducer.reduce(rank, part, failed);
+                                |part: DVector<f64>, failed: bool| thread_sum(reducer, rank, part, failed);
                             let shard = Shard { offset: bounds[rank], n_total: n, reduce: &mut reduce };
                             fit_sharded(
                                 net.clone(),
@@ -1035,7 +1010,8 @@ fn sharded_gfsvi_is_the_single_process_fit() {
                 scope.spawn(move || {
                     let rows: Vec<usize> = if rank == 0 { (0..50).collect() } else { (50..n).collect() };
                     let (xs, ys) = (x.select_rows(&rows), y.select_rows(&rows));
-                    let mut reduce = |part: DVector<f64>, failed: bool| reducer.reduce(rank, part, failed);
+                    let mut reduce =
+                        |part: DVector<f64>, failed: bool| thread_sum(reducer, rank, part, failed);
                     let shard = Shard { offset: rows[0], n_total: n, reduce: &mut reduce };
                     let data = Data::new(&xs, &ys).unwrap();
                     fit_sharded(

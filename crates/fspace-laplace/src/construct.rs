@@ -385,6 +385,48 @@ impl KronSums {
             total.add(part);
         }
     }
+
+    /// The sums as one flat vector: per layer `Σ ããᵀ`, `Σ ã`, `Σ δδᵀ`, rows.
+    pub(crate) fn to_flat(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.flat_len());
+        for l in &self.sums {
+            out.extend_from_slice(l.input_gram.as_slice());
+            out.extend_from_slice(l.input_sum.as_slice());
+            out.extend_from_slice(l.grad_gram.as_slice());
+            out.push(l.input_rows as f64);
+        }
+        out
+    }
+
+    /// The length of [`to_flat`](Self::to_flat)'s vector.
+    pub(crate) fn flat_len(&self) -> usize {
+        self.sums.iter().map(|l| l.input_gram.len() + l.input_sum.len() + l.grad_gram.len() + 1).sum()
+    }
+
+    /// Replaces the sums by a vector of [`to_flat`](Self::to_flat)'s layout (`flat_len`
+    /// values, checked by the caller); a row count that is not a whole number ≥ 0 is an error.
+    pub(crate) fn set_flat(&mut self, flat: &[f64]) -> Result<()> {
+        let mut at = 0;
+        for l in &mut self.sums {
+            let (a, b, c) = (l.input_gram.len(), l.input_sum.len(), l.grad_gram.len());
+            l.input_gram.copy_from_slice(&flat[at..at + a]);
+            l.input_sum.copy_from_slice(&flat[at + a..at + a + b]);
+            l.grad_gram.copy_from_slice(&flat[at + a + b..at + a + b + c]);
+            l.input_rows = flat_count(flat[at + a + b + c], "flat partial sums' KFAC input rows")?;
+            at += a + b + c + 1;
+        }
+        Ok(())
+    }
+}
+
+/// A count carried as a float in a flat vector of sums (an all-reduce's): a whole number ≥ 0
+/// below 2⁵³, else an error naming `what`.
+pub(crate) fn flat_count(v: f64, what: &'static str) -> Result<usize> {
+    if v >= 0.0 && v.fract() == 0.0 && v < 9.007_199_254_740_992e15 {
+        Ok(v as usize)
+    } else {
+        Err(LaplaceError::Input(InputError::Invalid { what, reason: format!("{v} is not a count") }))
+    }
 }
 
 /// The factor sums of the layers KFAC covers, over `data`: from the network when it sums them
@@ -487,8 +529,12 @@ pub(crate) fn kron<N: Network>(
     bias: KronBias,
 ) -> Result<(KronCurvature, Vec<usize>)> {
     let structure = if ekfac { "ekfac" } else { "kfac" };
-    let sums = kron_sums(net, data, weights, structure)?;
-    let (mut curvature, indices) = kron_from_sums(&sums, data.x.nrows(), bias)?;
+    let mut sums = kron_sums(net, data, weights, structure)?;
+    if data.shard.is_some() {
+        let summed = data.all_reduce(Ok(DVector::from_vec(sums.to_flat())), sums.flat_len())?;
+        sums.set_flat(summed.as_slice())?;
+    }
+    let (mut curvature, indices) = kron_from_sums(&sums, data.n_total(), bias)?;
     let infos = &sums.infos;
     let last_only = matches!(weights, Weights::LastLayer);
     let stats_of = |start: usize, len: usize| kron_statistics(net, data, last_only, start, len);
@@ -525,12 +571,27 @@ pub(crate) fn kron<N: Network>(
                 })
                 .collect())
         };
-        for_chunks(data, fit_of, |_, _, parts| {
+        let pass = for_chunks(data, fit_of, |_, _, parts| {
             for (f, part) in fitted.iter_mut().zip(parts) {
                 *f += part;
             }
             Ok(())
-        })?;
+        });
+        if data.shard.is_some() {
+            // One all-reduce of every layer's re-fitted eigenvalues, concatenated.
+            let len = fitted.iter().map(DMatrix::len).sum();
+            let flat =
+                pass.map(|()| DVector::from_iterator(len, fitted.iter().flat_map(|f| f.iter().copied())));
+            let summed = data.all_reduce(flat, len)?;
+            let mut at = 0;
+            for f in &mut fitted {
+                let l = f.len();
+                f.copy_from_slice(&summed.as_slice()[at..at + l]);
+                at += l;
+            }
+        } else {
+            pass?;
+        }
         for (layer, e) in curvature.layers.iter_mut().zip(fitted) {
             layer.fitted = Some(e);
         }
@@ -721,11 +782,17 @@ pub(crate) fn low_rank<N: Network>(
         Ok(out)
     };
     let op = FnOperator::new(p, |v: &DVector<f64>| {
+        // After a failure no product is formed (nor, sharded, reduced): the Lanczos run ends
+        // on NaN and the failure is returned.
+        if failure.lock().expect("not poisoned").is_some() {
+            return DVector::from_element(p, f64::NAN);
+        }
         let result = match &cache {
             Some(c) => c.product(data, v),
             None => streamed(v),
         };
-        match result {
+        // Sharded: this process's product summed with every other's (one all-reduce of `p`).
+        match data.all_reduce(result, p) {
             Ok(out) => out,
             Err(e) => {
                 *failure.lock().expect("not poisoned") = Some(e);
@@ -763,7 +830,7 @@ pub(crate) fn low_rank<N: Network>(
     };
     let s = theta.map(|x| x.max(0.0));
     let remainder = if config.diag_remainder {
-        let d = diagonal(net, data)?;
+        let d = data.all_reduce(diagonal(net, data), p)?;
         let mut vs2 = DVector::zeros(p);
         for j in 0..kept {
             for i in 0..p {

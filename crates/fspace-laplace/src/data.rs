@@ -20,6 +20,38 @@ pub(crate) struct Data<'a> {
     /// Told the number of points folded so far after every chunk of a pass over the data
     /// ([`for_chunks`]); each pass counts from the start again.
     pub progress: Option<&'a (dyn Fn(usize) + Sync + 'a)>,
+    /// A sharded fit's all-reduce ([`crate::fit_sharded`]): `x` is this process's shard of the
+    /// data, and every sum over the data goes through [`Data::all_reduce`].
+    pub shard: Option<&'a (dyn AllReduce + 'a)>,
+}
+
+/// The sum over every process of a sharded fit (a trait object, so that [`Data`] stays
+/// covariant in its lifetime).
+pub(crate) trait AllReduce: Sync {
+    /// The points of every process together.
+    fn n_total(&self) -> usize;
+    /// The sum of every process's `part`, or an error where one of them said `failed`.
+    fn sum(&self, part: DVector<f64>, failed: bool) -> Result<DVector<f64>>;
+}
+
+/// [`AllReduce`] through the engine's `reduce(part, failed)`.
+pub(crate) struct ShardSum<'a> {
+    pub n_total: usize,
+    pub reduce: std::sync::Mutex<&'a mut ReduceFn<'a>>,
+}
+
+/// The engine's all-reduce of a sharded fit: `reduce(part, failed)`.
+pub(crate) type ReduceFn<'a> = dyn FnMut(DVector<f64>, bool) -> Result<DVector<f64>> + Send + 'a;
+
+impl AllReduce for ShardSum<'_> {
+    fn n_total(&self) -> usize {
+        self.n_total
+    }
+    fn sum(&self, part: DVector<f64>, failed: bool) -> Result<DVector<f64>> {
+        // A reduce step that panicked poisons the lock: the fit cannot go on either way.
+        let mut reduce = self.reduce.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (*reduce)(part, failed)
+    }
 }
 
 impl Data<'_> {
@@ -36,6 +68,24 @@ impl Data<'_> {
     }
     pub(crate) fn k(&self) -> usize {
         self.factors[0].ncols()
+    }
+    /// The points of every process together (this process's when not sharded).
+    pub(crate) fn n_total(&self) -> usize {
+        self.shard.map_or(self.x.nrows(), |s| s.n_total())
+    }
+    /// A sum over the data, summed over every process (the sum itself when not sharded). A
+    /// local failure (`part` an error, `len` the sum's length) is sent to the others with the
+    /// failure flag, so that none of them waits forever, and returned.
+    pub(crate) fn all_reduce(&self, part: Result<DVector<f64>>, len: usize) -> Result<DVector<f64>> {
+        let Some(shard) = self.shard else { return part };
+        match part {
+            Ok(part) => shard.sum(part, false),
+            Err(e) => {
+                // The others hear of the failure; this process's own error is the one reported.
+                let _ = shard.sum(DVector::zeros(len), true);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -138,7 +188,7 @@ pub(crate) fn data_for<'a>(
             (hessians, factors)
         }
     };
-    Ok(Data { x, hessians, factors, chunk, product_chunk: chunk, progress: None })
+    Ok(Data { x, hessians, factors, chunk, product_chunk: chunk, progress: None, shard: None })
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use nalgebra::{DMatrix, DVector};
 use crate::config::{LaplaceConfig, PriorPrecision};
 use crate::construct::build;
 use crate::curvature::{Curvature, CurvatureApprox};
-use crate::data::data_for;
+use crate::data::{data_for, AllReduce, ShardSum};
 use crate::error::{ensure_positive, LaplaceError, Result};
 use crate::posterior::{forward_chunked, prior_groups, LaplacePosterior};
 use crate::structure::{FitReport, Structure};
@@ -94,8 +94,95 @@ pub fn fit_observed<N: Network>(
     config: &LaplaceConfig,
     observer: &mut (dyn Observer + Send),
 ) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
-    let (x, y) = (data.x(), &data.y_flat());
     let start = Instant::now();
+    let local = prepare(&net, &likelihood, data, config)?;
+    let n = data.x().nrows();
+    build_observed(net, likelihood, config, local, n, None, observer, start)
+}
+
+/// One process's part of a sharded fit ([`fit_sharded`]): `reduce(part, failed)` returns the
+/// sum of every process's `part` — or an error where any process said `failed` (the engine
+/// behind it, a process group, is the caller's: this crate knows none).
+pub struct Shard<'a> {
+    /// The all-reduce (sum) of a vector over every process, with a failure flag.
+    pub reduce: &'a mut (dyn FnMut(DVector<f64>, bool) -> Result<DVector<f64>> + Send),
+}
+
+/// [`fit_observed`] over data sharded across processes: every process calls it with its own
+/// rows (`data`, at least one) and the same network, likelihood and settings, and ends with
+/// the same posterior — the single-process one up to the order of the additions. The
+/// structures that pass over the data more than once shard here, each sum over the data
+/// becoming one `shard.reduce`:
+///
+/// | structure (weights) | all-reduces |
+/// |---|---|
+/// | `Kfac`, `Ekfac` (all, last layer) | the factor sums (`Σ((fan_in + 1)² + fan_out²)` values); EKFAC also the re-fitted eigenvalues (`Σ fan_out·(fan_in + 1)`) |
+/// | `LowRank` (all) | one `p`-vector per Lanczos product (the products' count in the report), and the diagonal with `diag_remainder` |
+///
+/// plus, first, `log p(D | w*)` and the point count. The one-pass structures (`Diag`, `Full`,
+/// `LastLayer`, subnetworks) shard as partial sums that merge: [`LaplaceSums`](crate::LaplaceSums)
+/// and its [`to_flat`](crate::LaplaceSums::to_flat). A process whose own work fails (its
+/// data, an interrupt) sends the failure flag in its next reduce and returns its error; the
+/// others get the reduce's error, so none waits forever.
+pub fn fit_sharded<N: Network>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &LaplaceConfig,
+    shard: Shard<'_>,
+    observer: &mut (dyn Observer + Send),
+) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
+    let start = Instant::now();
+    let local = sharded_structure(config).and_then(|()| prepare(&net, &likelihood, data, config));
+    let reduce = shard.reduce;
+    let rows = data.x().nrows();
+    let mut local = match local {
+        Ok(local) => local,
+        Err(e) => {
+            // The others hear of the failure in the first all-reduce; this error is reported.
+            let _ = reduce(DVector::zeros(2), true);
+            return Err(e);
+        }
+    };
+    // The first all-reduce: log p(D | w*) and the number of points of every process together.
+    let summed = reduce(DVector::from_vec(vec![local.log_likelihood, rows as f64]), false)?;
+    local.log_likelihood = summed[0];
+    let n_total = crate::construct::flat_count(summed[1], "the processes' point count")?;
+    let sum = ShardSum { n_total, reduce: Mutex::new(reduce) };
+    build_observed(net, likelihood, config, local, rows, Some(&sum), observer, start)
+}
+
+/// The structures [`fit_sharded`] takes.
+fn sharded_structure(config: &LaplaceConfig) -> Result<()> {
+    use crate::Weights;
+    match (&config.structure, &config.weights) {
+        (Structure::Kfac | Structure::Ekfac, Weights::All | Weights::LastLayer)
+        | (Structure::LowRank(_), Weights::All) => Ok(()),
+        (s, _) => Err(LaplaceError::Unsupported {
+            structure: s.name(),
+            reason:
+                "fit_sharded takes kfac, ekfac (all weights or the last layer) and low rank (all weights); \
+                     diag, full and last_layer shard as LaplaceSums partial sums that merge"
+                    .into(),
+        }),
+    }
+}
+
+/// What a fit computes from its own rows before the curvature: the settings' and data's
+/// checks, `log p(D | w*)` and the per-point output-space blocks.
+struct Local<'a> {
+    lambda0: f64,
+    log_likelihood: f64,
+    data: crate::data::Data<'a>,
+}
+
+fn prepare<'a, N: Network>(
+    net: &N,
+    likelihood: &LikelihoodSpec,
+    data: &'a Data,
+    config: &LaplaceConfig,
+) -> Result<Local<'a>> {
+    let (x, y) = (data.x(), &data.y_flat());
     if data.validation().is_some() {
         return Err(LaplaceError::Input(InputError::Invalid {
             what: "validation data",
@@ -104,24 +191,42 @@ pub fn fit_observed<N: Network>(
                 .into(),
         }));
     }
-    let lambda0 = check_settings(&likelihood, config)?;
+    let lambda0 = check_settings(likelihood, config)?;
     let lik = likelihood.build()?;
-    check_data(&net, lik.as_ref(), x, y)?;
-    check_memory(&net, x.nrows(), config)?;
-    check_weights(&net)?;
-    let f = forward_chunked(&net, x, config.chunk_points)?;
+    check_data(net, lik.as_ref(), x, y)?;
+    check_memory(net, x.nrows(), config)?;
+    check_weights(net)?;
+    let f = forward_chunked(net, x, config.chunk_points)?;
     let log_likelihood = -lik.nll(&f, y)?;
     let mut data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
     let k = data.factors.first().map_or(1, |l| l.ncols());
     data.chunk = crate::ggn::statistics_chunk(&net.layer_infos(), k, data.chunk);
-    let (n, observer) = (x.nrows(), Mutex::new(observer));
+    Ok(Local { lambda0, log_likelihood, data })
+}
+
+/// The curvature of `local`'s data (summed over the processes with `shard`), then the
+/// posterior; `rows` is this process's number of points, the progress' total.
+#[allow(clippy::too_many_arguments)]
+fn build_observed<N: Network>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    config: &LaplaceConfig,
+    local: Local<'_>,
+    rows: usize,
+    shard: Option<&dyn AllReduce>,
+    observer: &mut (dyn Observer + Send),
+    start: Instant,
+) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
+    let Local { lambda0, log_likelihood, mut data } = local;
+    let observer = Mutex::new(observer);
     let progress = |done: usize| {
         // A poisoned lock means an observer panicked earlier: stop reporting, keep fitting.
         if let Ok(mut observer) = observer.lock() {
-            observer.observe(&Progress { step: done, total: n, loss: None, validation: None });
+            observer.observe(&Progress { step: done, total: rows, loss: None, validation: None });
         }
     };
     data.progress = Some(&progress);
+    data.shard = shard;
     let mut report = FitReport::default();
     let (curvature, indices) = build(
         &net,
@@ -133,7 +238,8 @@ pub fn fit_observed<N: Network>(
         config.temperature,
         &mut report,
     )?;
-    assemble(net, likelihood, config, curvature, indices, log_likelihood, x.nrows(), report, start)
+    let n_data = data.n_total();
+    assemble(net, likelihood, config, curvature, indices, log_likelihood, n_data, report, start)
 }
 
 /// The settings' checks every fit makes before touching the data; returns the starting λ of

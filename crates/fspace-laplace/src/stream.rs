@@ -14,7 +14,8 @@
 //! plus `log p(D | w*)` and the point count. The structures that pass over the data more than
 //! once (EKFAC's eigenvalue re-fit, low rank's Lanczos products, the sampled structure's CG,
 //! B-Diag's per-layer blocks) are refused with a typed error: fit them with
-//! [`fit`](crate::fit()) on the whole data.
+//! [`fit`](crate::fit()) on the whole data, or — KFAC, EKFAC and low rank — over shards with
+//! [`fit_sharded`](crate::fit_sharded), which all-reduces each of their sums as it is formed.
 //!
 //! The sums are the same numbers [`fit`](crate::fit()) forms; only the order of additions
 //! differs (batch by batch), so a streamed posterior equals the in-memory one to rounding
@@ -30,7 +31,7 @@ use nalgebra::{DMatrix, DVector};
 
 use crate::config::LaplaceConfig;
 use crate::construct::{
-    check_subnetwork, checked_last_layer, dense_gram, diagonal, kron_from_sums, kron_sums,
+    check_subnetwork, checked_last_layer, dense_gram, diagonal, flat_count, kron_from_sums, kron_sums,
     last_layer_diagonal, last_layer_gram, KronSums,
 };
 use crate::curvature::{Curvature, CurvatureApprox, DiagCurvature, EigenCurvature};
@@ -134,7 +135,8 @@ impl LaplaceSums {
                     s.name(),
                     "passes over the data more than once (EKFAC re-fits its eigenvalues, low rank multiplies by \
                      the GGN in every Lanczos step, sampled runs CG, B-Diag forms per-layer blocks): fit it with \
-                     fspace_laplace::fit on the whole data; diag, kfac, full and last_layer stream",
+                     fspace_laplace::fit on the whole data (or over shards with fspace_laplace::fit_sharded: \
+                     kfac, ekfac and low rank); diag, kfac, full and last_layer stream",
                 ))
             }
         };
@@ -242,14 +244,7 @@ impl LaplaceSums {
         match &self.sums {
             Sums::Diag(d) | Sums::LastLayerDiag { diag: d, .. } => out.extend_from_slice(d.as_slice()),
             Sums::Dense { gram, .. } | Sums::LastLayer { gram, .. } => out.extend_from_slice(gram.as_slice()),
-            Sums::Kron(s) => {
-                for l in &s.sums {
-                    out.extend_from_slice(l.input_gram.as_slice());
-                    out.extend_from_slice(l.input_sum.as_slice());
-                    out.extend_from_slice(l.grad_gram.as_slice());
-                    out.push(l.input_rows as f64);
-                }
-            }
+            Sums::Kron(s) => out.extend(s.to_flat()),
         }
         out.push(self.log_likelihood);
         out.push(self.n_data as f64);
@@ -269,14 +264,7 @@ impl LaplaceSums {
             }));
         }
         fspace_input::ensure_finite("flat partial sums", flat.iter())?;
-        let count = |v: f64, what: &'static str| -> Result<usize> {
-            if v >= 0.0 && v.fract() == 0.0 && v < 9.007_199_254_740_992e15 {
-                Ok(v as usize)
-            } else {
-                Err(LaplaceError::Input(InputError::Invalid { what, reason: format!("{v} is not a count") }))
-            }
-        };
-        let n_data = count(flat[expected - 1], "flat partial sums' point count")?;
+        let n_data = flat_count(flat[expected - 1], "flat partial sums' point count")?;
         let mut sums = self.sums.clone();
         let mut at = 0;
         let mut take = |len: usize| {
@@ -294,13 +282,8 @@ impl LaplaceSums {
                 gram.copy_from_slice(take(len));
             }
             Sums::Kron(s) => {
-                for l in &mut s.sums {
-                    let (a, b, c) = (l.input_gram.len(), l.input_sum.len(), l.grad_gram.len());
-                    l.input_gram.copy_from_slice(take(a));
-                    l.input_sum.copy_from_slice(take(b));
-                    l.grad_gram.copy_from_slice(take(c));
-                    l.input_rows = count(take(1)[0], "flat partial sums' KFAC input rows")?;
-                }
+                let len = s.flat_len();
+                s.set_flat(take(len))?;
             }
         }
         self.sums = sums;

@@ -6,12 +6,12 @@ use fspace_core::{CoreError, Likelihood, Link, Posterior};
 use fspace_core::{Data, LikelihoodSpec, Persist};
 use fspace_input::InputError;
 use fspace_laplace::{
-    fit, fit_batches, CurvatureApprox, CurvatureSource, FullConfig, KronBias, LaplaceConfig, LaplaceError,
-    LaplacePosterior, LaplaceSums, LowRankConfig, MarglikConfig, Predictive, PriorPrecision, SampledConfig,
-    SampledPreconditioner, Structure, Weights,
+    fit, fit_batches, fit_sharded, CurvatureApprox, CurvatureSource, FullConfig, KronBias, LaplaceConfig,
+    LaplaceError, LaplacePosterior, LaplaceSums, LowRankConfig, MarglikConfig, Predictive, PriorPrecision,
+    SampledConfig, SampledPreconditioner, Shard, Structure, Weights,
 };
 use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, HelmholtzNet, Mlp, MlpConfig, Network};
-use fspace_testutil::{rel_frob, rng};
+use fspace_testutil::{rel_frob, rng, ThreadReduce};
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 
@@ -2082,5 +2082,179 @@ fn find_array_of_numbers(v: &serde_json::Value, at: String) -> Option<String> {
             map.iter().find_map(|(k, i)| find_array_of_numbers(i, format!("{at}/{k}")))
         }
         _ => None,
+    }
+}
+
+/// [`ThreadReduce`]'s sum, or a Laplace error when a thread failed.
+fn thread_sum(
+    reducer: &ThreadReduce,
+    rank: usize,
+    part: DVector<f64>,
+    failed: bool,
+) -> Result<DVector<f64>, LaplaceError> {
+    reducer.reduce(rank, part, failed).ok_or_else(|| {
+        LaplaceError::Input(InputError::Invalid {
+            what: "the sum over the processes",
+            reason: "another process failed".into(),
+        })
+    })
+}
+
+/// `fit_sharded` on `world` threads, each with its contiguous (uneven) shard of `(x, y)`, or
+/// with `data_of(rank)`'s own rows and network where given.
+fn sharded_fits<N: Network + Clone + Send + Sync>(
+    world: usize,
+    lik: LikelihoodSpec,
+    config: &LaplaceConfig,
+    shard_of: &(dyn Fn(usize) -> (N, DMatrix<f64>, DMatrix<f64>) + Sync),
+) -> Vec<Result<LaplacePosterior<N>, LaplaceError>> {
+    let reducer = ThreadReduce::new(world);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let reducer = &reducer;
+                scope.spawn(move || {
+                    let (net, xs, ys) = shard_of(rank);
+                    let mut reduce =
+                        |part: DVector<f64>, failed: bool| thread_sum(reducer, rank, part, failed);
+                    let shard = Shard { reduce: &mut reduce };
+                    let data = Data::new(&xs, &ys)?;
+                    Ok(fit_sharded(net, lik, &data, config, shard, &mut fspace_core::Silent)?.posterior)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `fit_sharded` over 2 and 3 "processes" (threads, uneven shards of 101 points) for the
+/// structures that pass over the data more than once — KFAC and EKFAC (all weights, the last
+/// layer), low rank (growing Krylov space, thick restart, diagonal remainder): every process
+/// ends with the single-process posterior (curvature, evidence, GLM covariances to 1e-10) and
+/// the same Lanczos iteration count.
+#[test]
+fn a_sharded_fit_equals_the_single_process_fit_for_the_multi_pass_structures() {
+    let net = mlp(2, vec![5, 4], 3, 51);
+    let n = 101;
+    let (x, yc) = classification(n, 2, 3, 52);
+    let (xt, _) = classification(6, 2, 3, 53);
+    let yr = DVector::from_fn(n * 3, |i, _| (i as f64 * 0.37).sin());
+    let low_rank = |diag_remainder, max_basis| {
+        Structure::LowRank(LowRankConfig { rank: 6, diag_remainder, max_basis, ..Default::default() })
+    };
+    let cases: Vec<(Structure, Weights, KronBias)> = vec![
+        (Structure::Kfac, Weights::All, KronBias::Folded),
+        (Structure::Ekfac, Weights::All, KronBias::Separate),
+        (Structure::Ekfac, Weights::LastLayer, KronBias::Folded),
+        (low_rank(false, None), Weights::All, KronBias::Folded),
+        (low_rank(true, None), Weights::All, KronBias::Folded),
+        (low_rank(false, Some(14)), Weights::All, KronBias::Folded),
+    ];
+    let likelihoods = [
+        (LikelihoodSpec::categorical(3), yc.clone(), 1usize),
+        (LikelihoodSpec::IsotropicGaussian { sigma: 0.3, outputs: 3, learn: false }, yr.clone(), 3usize),
+    ];
+    for (structure, weights, kron_bias) in cases {
+        for (lik, y, t) in &likelihoods {
+            let config = LaplaceConfig {
+                structure: structure.clone(),
+                weights: weights.clone(),
+                kron_bias,
+                chunk_points: 7,
+                ..Default::default()
+            };
+            let whole =
+                fit(net.clone(), *lik, &Data::new(&x, &target_rows(y, *t, 0, n)).unwrap(), &config).unwrap();
+            for world in [2usize, 3] {
+                let what = format!("{} {:?} {:?} {:?} on {world}", structure.name(), weights, kron_bias, lik);
+                let bounds: Vec<usize> =
+                    (0..=world).map(|k| (n * k * 2 / world).div_ceil(2).min(n)).collect();
+                let shard_of = |rank: usize| {
+                    let (s, e) = (bounds[rank], bounds[rank + 1]);
+                    (net.clone(), x.rows(s, e - s).into_owned(), target_rows(y, *t, s, e))
+                };
+                for post in sharded_fits(world, *lik, &config, &shard_of) {
+                    let post = post.unwrap();
+                    assert_eq!(post.report().lanczos_iterations, whole.report.lanczos_iterations, "{what}");
+                    assert_eq!(post.indices(), whole.posterior.indices(), "{what}");
+                    let err = rel_frob(&post.curvature().to_dense(), &whole.posterior.curvature().to_dense());
+                    assert!(err < 1e-10, "{what}: curvature rel err {err:.2e}");
+                    let (e1, e2) = (
+                        post.log_marginal_likelihood().unwrap(),
+                        whole.posterior.log_marginal_likelihood().unwrap(),
+                    );
+                    assert!((e1 - e2).abs() < 1e-10 * e2.abs().max(1.0), "{what}: evidence {e1} vs {e2}");
+                    for (c1, c2) in post
+                        .glm_covariances(&xt)
+                        .unwrap()
+                        .iter()
+                        .zip(whole.posterior.glm_covariances(&xt).unwrap())
+                    {
+                        let err = rel_frob(c1, &c2);
+                        assert!(err < 1e-9, "{what}: GLM covariance rel err {err:.2e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An MLP whose GGN products fail on demand (a process that is interrupted, or whose
+/// callback network raises, in the middle of the Lanczos iteration).
+#[derive(Clone)]
+struct FailingProducts {
+    net: Mlp,
+    fail: bool,
+}
+
+impl Network for FailingProducts {
+    delegate_required_to_net!();
+    fn ggn_vector_product(
+        &self,
+        x: &DMatrix<f64>,
+        hessians: &[DMatrix<f64>],
+        v: &DVector<f64>,
+    ) -> fspace_nn::Result<DVector<f64>> {
+        if self.fail {
+            return Err(fspace_nn::NnError::Callback("the product failed here".into()));
+        }
+        self.net.ggn_vector_product(x, hessians, v)
+    }
+}
+
+/// A process that fails — before its first reduce (its own bad targets), inside a Lanczos
+/// product, or on a structure `fit_sharded` does not take — returns its own error, and every
+/// other process the reduce's: none waits forever.
+#[test]
+fn a_sharded_fit_fails_on_every_process_when_one_fails() {
+    let net = mlp(2, vec![5], 3, 54);
+    let n = 40;
+    let (x, y) = classification(n, 2, 3, 55);
+    let lik = LikelihoodSpec::categorical(3);
+    let ym = target_rows(&y, 1, 0, n);
+    let low_rank = LaplaceConfig { structure: Structure::low_rank(4), ..Default::default() };
+    // Process 1's labels are out of range.
+    let bad_labels = |rank: usize| {
+        let ys = if rank == 1 { ym.rows(20, 20).map(|_| 7.0) } else { ym.rows(0, 20).into_owned() };
+        (net.clone(), x.rows(20 * rank, 20).into_owned(), ys)
+    };
+    let results = sharded_fits(2, lik, &low_rank, &bad_labels);
+    assert!(results[0].as_ref().err().unwrap().to_string().contains("another process failed"));
+    assert!(!results[1].as_ref().err().unwrap().to_string().contains("another process"));
+    // Process 0's products fail inside the Lanczos iteration.
+    let failing_products = |rank: usize| {
+        let net = FailingProducts { net: net.clone(), fail: rank == 0 };
+        (net, x.rows(20 * rank, 20).into_owned(), ym.rows(20 * rank, 20).into_owned())
+    };
+    let results = sharded_fits(2, lik, &low_rank, &failing_products);
+    assert!(results[0].as_ref().err().unwrap().to_string().contains("the product failed here"));
+    assert!(results[1].as_ref().err().unwrap().to_string().contains("another process failed"));
+    // A one-pass structure: refused on every process, pointing to the partial sums.
+    let diag = LaplaceConfig { structure: Structure::Diag, ..Default::default() };
+    let halves =
+        |rank: usize| (net.clone(), x.rows(20 * rank, 20).into_owned(), ym.rows(20 * rank, 20).into_owned());
+    for result in sharded_fits(2, lik, &diag, &halves) {
+        let err = result.err().unwrap().to_string();
+        assert!(err.contains("LaplaceSums"), "{err}");
     }
 }

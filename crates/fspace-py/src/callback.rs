@@ -38,7 +38,7 @@ use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods}
 use pyo3::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::convert::{columns_to_numpy, to_numpy};
+use crate::convert::{columns_to_numpy, matrix, to_numpy};
 use crate::errors::{raise, value_error, Classify};
 
 /// The network of a Python object with `forward`, `jvp` and `vjp` (module docs). Inputs,
@@ -526,4 +526,59 @@ fn layer_info(d: &Bound<'_, PyAny>, p: usize) -> PyResult<LayerInfo> {
     }
     let kind = if positions == 1 { LayerKind::Dense } else { LayerKind::Conv { positions } };
     Ok(LayerInfo { name, kind, weight, bias, fan_in, fan_out })
+}
+
+/// The Python reduce step of a sharded fit: post-hoc FSP-Laplace's `callback(part,
+/// fingerprint)` and the per-step `callback(part, failed)` of GFSVI and of Laplace's
+/// multi-pass structures return the sum of every process's `part` (the Python layer
+/// all-reduces it over the process group). Its exception is kept and raised when the fit
+/// returns.
+pub(crate) struct PyReduce {
+    callback: Py<PyAny>,
+    /// The callback's first exception.
+    pub error: Option<PyErr>,
+}
+
+impl PyReduce {
+    pub(crate) fn new(callback: Py<PyAny>) -> Self {
+        Self { callback, error: None }
+    }
+
+    /// `callback(part, failed)`: the sum of every process's `part`; `None` when the callback
+    /// raised (another process failed, or the engine did) — the exception is kept in `error`.
+    pub(crate) fn call_vector(&mut self, part: &DVector<f64>, failed: bool) -> Option<DVector<f64>> {
+        let n = part.len();
+        let out = Python::attach(|py| -> PyResult<DVector<f64>> {
+            let array = PyArray1::from_slice(py, part.as_slice());
+            let summed = self.callback.call1(py, (array, failed))?;
+            let values: PyReadonlyArray1<'_, f64> = summed.bind(py).extract()?;
+            let values = values.as_slice()?;
+            if values.len() != n {
+                return Err(value_error(format!("the reduce step returned {} values for {n}", values.len())));
+            }
+            Ok(DVector::from_column_slice(values))
+        });
+        out.map_err(|e| self.error = Some(e)).ok()
+    }
+
+    /// Post-hoc FSP-Laplace's one reduce: `callback(part, fingerprint)`.
+    pub(crate) fn call(
+        &mut self,
+        part: DMatrix<f64>,
+        fingerprint: &[f64],
+    ) -> fspace_fsp_laplace::Result<DMatrix<f64>> {
+        let k = part.nrows();
+        let out = Python::attach(|py| -> PyResult<DMatrix<f64>> {
+            let summed = self.callback.call1(py, (to_numpy(py, &part), fingerprint.to_vec()))?;
+            let array: PyReadonlyArray2<'_, f64> = summed.bind(py).extract()?;
+            Ok(matrix(&array))
+        });
+        out.map_err(|e| {
+            self.error = Some(e);
+            fspace_fsp_laplace::FspError::Input(fspace_input::InputError::Invalid {
+                what: "the sum over the processes",
+                reason: format!("the reduce step of the {k} × {k} curvature part failed"),
+            })
+        })
+    }
 }

@@ -12,7 +12,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::callback::{callback_network, PyNetwork};
+use crate::callback::{callback_network, PyNetwork, PyReduce};
 use crate::convert::{
     activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy, to_py,
 };
@@ -234,6 +234,62 @@ impl PyLaplace {
         self.report = Some(serde_json::to_value(&fitted.report).map_err(|e| value_error(e.to_string()))?);
         self.posterior = Some(fitted.posterior);
         // An in-memory fit replaces whatever a streamed fit had summed.
+        self.sums = None;
+        Ok(())
+    }
+
+    /// A sharded fit of this process's rows `(X, y)` (`fspace_laplace::fit_sharded`: KFAC,
+    /// EKFAC, low rank): `reduce(part, failed)` returns the sum of every process's `part` (the
+    /// Python layer all-reduces it over the process group), raising where another process
+    /// failed; the fit calls it once per sum over the data (per Lanczos product for low rank).
+    #[pyo3(signature = (x, y, reduce, progress=None))]
+    fn fit_sharded(
+        &mut self,
+        py: Python<'_>,
+        x: PyReadonlyArray2<'_, f64>,
+        y: PyReadonlyArray2<'_, f64>,
+        reduce: Py<PyAny>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        let errors = self.net.errors();
+        let (x, y) = (matrix(&x), matrix(&y));
+        let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
+        let interrupt = crate::interrupt::interruptible();
+        let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
+        let mut reducer = PyReduce::new(reduce);
+        let fitted = py.detach(|| -> Result<_, LaplaceError> {
+            let mut step = |part: DVector<f64>, failed: bool| {
+                reducer.call_vector(&part, failed).ok_or_else(|| {
+                    LaplaceError::Input(fspace_input::InputError::Invalid {
+                        what: "the sum over the processes",
+                        reason: "the reduce step failed".into(),
+                    })
+                })
+            };
+            let shard = fspace_laplace::Shard { reduce: &mut step };
+            match Data::new(&x, &y) {
+                Ok(data) => fspace_laplace::fit_sharded(net, lik, &data, &config, shard, &mut observer),
+                Err(e) => {
+                    // The others wait in the first all-reduce (two numbers): tell them.
+                    let _ = (shard.reduce)(DVector::zeros(2), true);
+                    Err(LaplaceError::Core(e))
+                }
+            }
+        });
+        // This process's own failure first (an interrupt, the progress callback), then the
+        // reduce step's exception (another process failed), then the fit's error.
+        if let Some(e) = interrupt.take() {
+            return Err(e);
+        }
+        if let Some(e) = observer.error.take() {
+            return Err(e);
+        }
+        let fitted = match fitted {
+            Ok(fitted) => fitted,
+            Err(e) => return Err(errors.take().or(reducer.error.take()).unwrap_or_else(|| errors.raise(e))),
+        };
+        self.report = Some(serde_json::to_value(&fitted.report).map_err(|e| value_error(e.to_string()))?);
+        self.posterior = Some(fitted.posterior);
         self.sums = None;
         Ok(())
     }

@@ -16,12 +16,12 @@ use fspace_kernels::{GpPrior, SharedKernel};
 use fspace_nn::Network;
 use fspace_valla::{EllaConfig, EllaPosterior, VallaConfig, VallaPosterior};
 use nalgebra::{DMatrix, DVector};
-use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{PyArray1, PyArray2, PyArray3, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use serde::Serialize;
 
-use crate::callback::{callback_network, CallbackErrors, PyNetwork};
+use crate::callback::{callback_network, CallbackErrors, PyNetwork, PyReduce};
 use crate::convert::{
     activation, from_py, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy, to_py,
 };
@@ -375,12 +375,12 @@ pub(crate) fn fit<'py>(
     let interrupt = crate::interrupt::interruptible();
     let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
     let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
-    let mut reducer = reduce.map(|callback| PyReduce { callback, error: None });
+    let mut reducer = reduce.map(PyReduce::new);
     if let (Some(reducer), Some(_), Some(net)) = (reducer.as_mut(), shard, net.as_ref()) {
         // A sharded GFSVI fit whose data are refused here tells the others, who wait in the
         // first step's reduce.
         if let Err(e) = Data::new(&x, &y) {
-            let _ = reducer.call_vector(DVector::zeros(2 * net.n_params() + 2), true);
+            let _ = reducer.call_vector(&DVector::zeros(2 * net.n_params() + 2), true);
             return Err(raise(e));
         }
     }
@@ -428,55 +428,6 @@ fn refuse<T>(value: &Option<T>, method: &str, what: &str) -> PyResult<()> {
     }
 }
 
-/// The Python reduce step of a sharded fit: post-hoc FSP-Laplace's `callback(part,
-/// fingerprint)` and GFSVI's per-step `callback(part, failed)` return the sum of every
-/// process's `part` (the Python layer all-reduces it over the process group). Its exception is
-/// kept and raised when the fit returns.
-struct PyReduce {
-    callback: Py<PyAny>,
-    error: Option<PyErr>,
-}
-
-impl PyReduce {
-    /// GFSVI's step: the sum of every process's data term, or the failure of one of them.
-    fn call_vector(&mut self, part: DVector<f64>, failed: bool) -> fspace_gfsvi::Result<DVector<f64>> {
-        let n = part.len();
-        let out = Python::attach(|py| -> PyResult<DVector<f64>> {
-            let array = PyArray1::from_slice(py, part.as_slice());
-            let summed = self.callback.call1(py, (array, failed))?;
-            let values: PyReadonlyArray1<'_, f64> = summed.bind(py).extract()?;
-            let values = values.as_slice()?;
-            if values.len() != n {
-                return Err(value_error(format!("the reduce step returned {} values for {n}", values.len())));
-            }
-            Ok(DVector::from_column_slice(values))
-        });
-        out.map_err(|e| {
-            self.error = Some(e);
-            fspace_gfsvi::GfsviError::Input(fspace_input::InputError::Invalid {
-                what: "the sum over the processes",
-                reason: "the reduce step of GFSVI's data term failed".into(),
-            })
-        })
-    }
-
-    fn call(&mut self, part: DMatrix<f64>, fingerprint: &[f64]) -> fspace_fsp_laplace::Result<DMatrix<f64>> {
-        let k = part.nrows();
-        let out = Python::attach(|py| -> PyResult<DMatrix<f64>> {
-            let summed = self.callback.call1(py, (to_numpy(py, &part), fingerprint.to_vec()))?;
-            let array: PyReadonlyArray2<'_, f64> = summed.bind(py).extract()?;
-            Ok(matrix(&array))
-        });
-        out.map_err(|e| {
-            self.error = Some(e);
-            fspace_fsp_laplace::FspError::Input(fspace_input::InputError::Invalid {
-                what: "the sum over the processes",
-                reason: format!("the reduce step of the {k} × {k} curvature part failed"),
-            })
-        })
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run(
     method: &str,
@@ -517,7 +468,14 @@ fn run(
             let prior = need(prior, method, "a GP prior")?;
             let fitted = match (reduce, shard) {
                 (Some(reducer), Some((offset, n_total))) => {
-                    let mut step = |part: DVector<f64>, failed: bool| reducer.call_vector(part, failed);
+                    let mut step = |part: DVector<f64>, failed: bool| {
+                        reducer.call_vector(&part, failed).ok_or_else(|| {
+                            fspace_gfsvi::GfsviError::Input(fspace_input::InputError::Invalid {
+                                what: "the sum over the processes",
+                                reason: "the reduce step of GFSVI's data term failed".into(),
+                            })
+                        })
+                    };
                     let shard = fspace_gfsvi::Shard { offset, n_total, reduce: &mut step };
                     fspace_gfsvi::fit_sharded(net, lik, &KlPrior::Gp(prior), &data, &cfg, shard, observer)
                 }

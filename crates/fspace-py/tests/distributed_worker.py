@@ -43,7 +43,7 @@ def as_lists(pred):
 
 def fits(world, rank, group=None):
     """Every structure and subset, both likelihoods: the evidence, the optimised λ and the
-    predictive at test points."""
+    predictive at test points (and low rank's Lanczos products)."""
     out = {}
     xt = torch.linspace(-2.5, 2.5, 14, dtype=torch.float64).reshape(7, 2)
     for lik in ("classification", "regression"):
@@ -51,12 +51,16 @@ def fits(world, rank, group=None):
         shard = list(range(rank, N, world))
         loader = torch.utils.data.DataLoader(dataset, batch_size=64, sampler=shard)
         for subset in ("all", "last_layer"):
-            for structure in ("diag", "kron", "full"):
+            # One pass (partial sums all-reduced once) and several (an all-reduce per sum:
+            # EKFAC's factors and eigenvalues, every Lanczos product of low rank).
+            for structure in ("diag", "kron", "full", "ekfac") + (("lowrank",) if subset == "all" else ()):
                 sigma = 0.3 if lik == "regression" else 1.0
-                la = fspace.Laplace(model(2 if lik == "regression" else 3), lik, subset, structure, sigma_noise=sigma)
+                extra = {"rank": 10} if structure == "lowrank" else {}
+                la = fspace.Laplace(model(2 if lik == "regression" else 3), lik, subset, structure, sigma_noise=sigma,
+                                    **extra)
                 la.fit(loader, process_group=group)
                 key = f"{lik}/{subset}/{structure}"
-                row = {"n_data": la.n_data,
+                row = {"n_data": la.n_data, "lanczos": [la.report.get(k) for k in ("lanczos_iterations", "rank")],
                        "evidence": float(la.log_marginal_likelihood(torch.tensor(1.3, dtype=torch.float64)))}
                 la.optimize_prior_precision(n_steps=30)
                 row["prior_precision"] = la.prior_precision.tolist()
@@ -192,6 +196,22 @@ def failing(world, rank):
     la.fit(batches)
 
 
+def lowrank_failing(world, rank, where):
+    """Low rank over shards, one process failing: its labels out of range (refused in Rust,
+    before the first all-reduce) or its model another (refused before any work)."""
+    dataset = data("classification")
+    x, y = dataset.tensors
+    idx = list(range(rank, N, world))
+    net = model(3)
+    if rank == 1 and where == "labels":
+        y = torch.full_like(y, 7)
+    if rank == 1 and where == "model":
+        with torch.no_grad():
+            net[0].weight.mul_(1.5)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64, sampler=idx)
+    fspace.Laplace(net, "classification", "all", "lowrank", rank=5).fit(loader)
+
+
 class _Objective(torch.nn.Module):
     """One process's loss of a DDP step: the data term of its shard, scaled by the world size
     and the global batch, plus the regulariser (module docs of ``fspace.torch``, "Under DDP")."""
@@ -277,6 +297,8 @@ def main():
             padded(world, rank)
         elif case == "failing":
             failing(world, rank)
+        elif case in ("lowrank_failing_labels", "lowrank_failing_model"):
+            lowrank_failing(world, rank, case.rsplit("_", 1)[1])
         elif case == "fsp":
             result["fsp"] = fsp_posthoc(world, rank)
         elif case == "gfsvi":

@@ -80,6 +80,7 @@ def test_every_process_gets_the_single_process_posterior(tmp_path):
             for res in results:
                 got = res["fits"][key]
                 assert got["n_data"] == want["n_data"] == 1001, key
+                assert got["lanczos"] == want["lanczos"], key
                 for field in ("evidence", "prior_precision"):
                     _close(got[field], want[field], 1e-12, f"{world} processes, {key}, {field}")
                 _close_predictive(got["predictive"], want["predictive"], key.startswith("regression"), 1e-12,
@@ -171,6 +172,15 @@ def test_a_padded_sampler_and_a_failing_process_are_errors_everywhere(tmp_path):
     results = _run("failing", 2, tmp_path)
     assert results[1]["error"][0] == "ValueError", results[1]
     assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
+    # Low rank (an all-reduce per Lanczos product): labels refused by one process's Rust
+    # checks reach the other through the first all-reduce; a model that differs is refused
+    # on every process before any work.
+    results = _run("lowrank_failing_labels", 2, tmp_path)
+    assert results[1]["error"][0] == "ValueError" and "label" in results[1]["error"][1], results[1]
+    assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
+    for res in _run("lowrank_failing_model", 2, tmp_path):
+        kind, message = res["error"]
+        assert kind == "ValueError" and "disagree on the model" in message, message
 
 
 def test_the_torch_loop_regularisers_under_ddp_follow_the_single_process_run(tmp_path):

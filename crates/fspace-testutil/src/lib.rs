@@ -185,6 +185,40 @@ pub fn proc_status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// One thread's part of an all-reduce and its failure flag.
+type Deposit = (DVector<f64>, bool);
+
+/// The processes of a sharded fit, as threads: [`ThreadReduce::reduce`] deposits each thread's
+/// part, waits for all of them, and returns their sum in thread order — `None` when any thread
+/// said it failed (the caller turns that into its crate's error).
+pub struct ThreadReduce {
+    /// Each thread's part and failure flag, once deposited.
+    parts: std::sync::Mutex<Vec<Option<Deposit>>>,
+    barrier: std::sync::Barrier,
+}
+
+impl ThreadReduce {
+    /// An all-reduce over `world` threads.
+    pub fn new(world: usize) -> Self {
+        Self { parts: std::sync::Mutex::new(vec![None; world]), barrier: std::sync::Barrier::new(world) }
+    }
+
+    /// The sum of every thread's `part` (each thread calls it with its `rank`), or `None` when
+    /// any of them said `failed`.
+    pub fn reduce(&self, rank: usize, part: DVector<f64>, failed: bool) -> Option<DVector<f64>> {
+        self.parts.lock().unwrap()[rank] = Some((part, failed));
+        self.barrier.wait();
+        let (sum, any_failed) = {
+            let parts = self.parts.lock().unwrap();
+            let all: Vec<_> = parts.iter().map(|p| p.clone().unwrap()).collect();
+            let sum = all.iter().skip(1).fold(all[0].0.clone(), |acc, (p, _)| acc + p);
+            (sum, all.iter().any(|(_, f)| *f))
+        };
+        self.barrier.wait();
+        (!any_failed).then_some(sum)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

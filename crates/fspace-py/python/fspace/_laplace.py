@@ -25,7 +25,7 @@ import numpy as np
 from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import ModelSpec, array2, is_array, is_torch, tensors
-from ._distributed import ONE_SHARD_EACH, _group
+from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, step_reduce, weights_summary
 from ._methods import Progress, _Progress
 from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
                           _split_batch, _torch)
@@ -39,6 +39,8 @@ _SUBSETS = ("all", "last_layer", "subnetwork")
 _LINKS = ("probit", "bridge", "bridge_norm", "mc")
 # The structures whose curvature is one sum over the data: fit streams them batch by batch.
 _STREAMED = ("diag", "kron", "full")
+# The structures that pass over the data more than once and shard by an all-reduce per sum.
+_SHARDED = ("lowrank", "ekfac")
 
 
 class Laplace(Wrapper):
@@ -359,10 +361,12 @@ class Laplace(Wrapper):
         progress_bar : bool, default False
             A tqdm bar over the passes of the fit.
         process_group : torch.distributed group or mpi4py communicator, optional
-            Sharded fitting (``diag``, ``kron``, ``full``): each process passes its own shard of
-            the data, the float64 partial sums are all-reduced (``SUM``) over the group, and every
-            process ends with the same posterior — the single-process one up to the order of the
-            additions. The default is the default group when ``torch.distributed`` is
+            Sharded fitting: each process passes its own shard of the data, the float64 partial
+            sums are all-reduced (``SUM``) over the group — once for ``diag``, ``kron`` and
+            ``full``; per sum over the data for ``ekfac`` (factors, then eigenvalues) and
+            ``lowrank`` (one ``p``-vector per Lanczos product, whose shard is held in memory) —
+            and every process ends with the same posterior, the single-process one up to the
+            order of the additions. The default is the default group when ``torch.distributed`` is
             initialised with more than one process; ``False`` fits each process on its own.
             ``len(train_loader.dataset)`` must be the number of points all shards hold together
             (a padding ``DistributedSampler`` is refused).
@@ -383,12 +387,9 @@ class Laplace(Wrapper):
                     la.fit(x, yy, bar.callback)
                 elif self.hessian_structure in _STREAMED:
                     la = self._stream(train_loader, override, bar, _group(process_group))
+                elif _group(process_group) is not None:
+                    la = self._fit_sharded(train_loader, override, bar, _group(process_group))
                 else:
-                    if _group(process_group) is not None:
-                        raise NotImplementedError(
-                            f"sharded fitting with hessian_structure={self.hessian_structure!r}: it passes over the "
-                            f"data several times; the structures that shard are {', '.join(_STREAMED)}"
-                        )
                     if not override:
                         raise NotImplementedError(
                             f"fit(override=False) with hessian_structure={self.hessian_structure!r}: only the structures "
@@ -403,6 +404,46 @@ class Laplace(Wrapper):
                 bar.close()
             self._report = la.report
             self._summarise(la)
+
+    def _fit_sharded(self, loader: Any, override: bool, bar: Any, group: Any) -> Any:
+        """The structures that pass over the data more than once (``lowrank``, ``ekfac``) over
+        shards: each process holds its own shard's arrays and every sum over the data — the
+        factor sums, EKFAC's eigenvalues, each Lanczos product — is all-reduced as the fit
+        forms it (``fspace_laplace::fit_sharded``)."""
+        if self.hessian_structure not in _SHARDED:
+            raise NotImplementedError(
+                f"sharded fitting with hessian_structure={self.hessian_structure!r}; the structures that shard are "
+                f"{', '.join(_STREAMED + _SHARDED)}"
+            )
+        if not override:
+            raise NotImplementedError(
+                f"fit(override=False) with hessian_structure={self.hessian_structure!r}: only the structures that "
+                f"sum over the data in one pass ({', '.join(_STREAMED)}) accumulate over several fits"
+            )
+        agree_on(group, self._shard_fingerprint(),
+                 "the processes disagree on the model or the Laplace settings (hessian_structure, subset_of_weights, "
+                 "rank, max_basis, sigma_noise, ...): give every process the same ones")
+        x, yy = agreed(group, lambda: self._loader_arrays(loader))
+        seen = int(group.all_reduce(np.array([float(x.shape[0])]), "sum")[0])
+        self._check_count(loader, seen, sharded=True)
+        la = self._build()
+        la.fit_sharded(x, yy, step_reduce(group), bar.callback)
+        return la
+
+    def _shard_fingerprint(self) -> List[float]:
+        """What every process of a sharded fit must share: a summary of the model's weights
+        and the settings (their JSON, hashed)."""
+        import hashlib
+        import json
+
+        a = self._args
+        if isinstance(self._spec, TorchModel):
+            weights = [self._spec.calls().params]
+        else:
+            weights = [values for _, values, _ in a["state"].values()]
+        text = json.dumps({k: v for k, v in a.items() if k != "state"}, sort_keys=True, default=str)
+        digest = hashlib.sha256(text.encode()).digest()
+        return [*weights_summary(weights), *[float(int.from_bytes(digest[i:i + 6], "little")) for i in range(0, 24, 6)]]
 
     @staticmethod
     def _check_count(loader: Any, seen: int, sharded: bool = False) -> None:
