@@ -50,6 +50,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
                 "fspace-gfsvi",
                 "fspace-interop",
                 "fspace-feature-union",
+                "fspace-metrics",
             ],
         ),
         ("fspace-valla", vec!["fspace-input", "fspace-linalg", "fspace-core", "fspace-nn", "fspace-gp"]),

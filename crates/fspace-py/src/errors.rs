@@ -252,3 +252,13 @@ impl Classify for VallaError {
         }
     }
 }
+
+impl Classify for fspace_metrics::MetricsError {
+    fn kind(&self) -> Kind {
+        match self {
+            fspace_metrics::MetricsError::Input(e) => e.kind(),
+            // A NaN score, a label out of range, a row that is not a probability vector.
+            _ => Kind::Value,
+        }
+    }
+}

@@ -39,6 +39,7 @@ mod errors;
 mod interrupt;
 mod laplace;
 mod methods;
+mod metrics;
 mod nystrom;
 
 use pyo3::prelude::*;
@@ -55,6 +56,11 @@ fn _fspace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(methods::rkhs_norm, m)?)?;
     m.add_function(wrap_pyfunction!(methods::regularized_kl, m)?)?;
     m.add_function(wrap_pyfunction!(methods::gfsvi_objective, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::classification_sums, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::classification_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::regression_sums, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::regression_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::ood_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(set_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(memory_limit, m)?)?;
     m.add("NumericalError", m.py().get_type::<errors::NumericalError>())?;

@@ -196,6 +196,37 @@ def failing(world, rank):
     la.fit(batches)
 
 
+def evaluation(world, rank, group=None):
+    """``fspace.metrics`` on this process's points (rank::world of 1 001, uneven; OOD scores
+    of 1 001 and 333 points): classification, regression and OOD detection."""
+    import numpy as np
+
+    import fspace.metrics
+
+    rng = np.random.default_rng(9)
+    logits = rng.normal(size=(N, 3)) * 2
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    labels = rng.integers(0, 3, size=N)
+    mean, var, y = rng.normal(size=(N, 2)), rng.uniform(0.1, 2.0, size=(N, 2)), rng.normal(size=(N, 2))
+    id_scores, ood_scores = rng.normal(size=N), rng.normal(0.7, 1.0, size=333)
+    mine = slice(rank, None, world)
+    return {
+        "classification": fspace.metrics.classification_metrics(probs[mine], labels[mine], process_group=group),
+        "regression": fspace.metrics.regression_metrics(mean[mine], var[mine], y[mine], process_group=group),
+        "ood": fspace.metrics.ood_metrics(id_scores[mine], ood_scores[mine], process_group=group),
+    }
+
+
+def evaluation_failing(world, rank):
+    """Process 1's labels are out of range: its ValueError there, a RuntimeError elsewhere."""
+    import numpy as np
+
+    import fspace.metrics
+
+    probs = np.full((10, 2), 0.5)
+    fspace.metrics.classification_metrics(probs, np.full(10, 5 if rank == 1 else 0))
+
+
 def lowrank_failing(world, rank, where):
     """Low rank over shards, one process failing: its labels out of range (refused in Rust,
     before the first all-reduce) or its model another (refused before any work)."""
@@ -283,7 +314,7 @@ def main():
         rank = comm.Get_rank()
         result = {"rank": rank, "fits": fits(comm.Get_size(), rank, comm),
                   "fsp": fsp_posthoc(comm.Get_size(), rank, comm), "ella": ella(comm.Get_size(), rank, comm),
-                  "gfsvi": gfsvi(comm.Get_size(), rank, comm)}
+                  "gfsvi": gfsvi(comm.Get_size(), rank, comm), "metrics": evaluation(comm.Get_size(), rank, comm)}
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump(result, f)
         return
@@ -297,6 +328,10 @@ def main():
             padded(world, rank)
         elif case == "failing":
             failing(world, rank)
+        elif case == "metrics":
+            result["metrics"] = evaluation(world, rank)
+        elif case == "metrics_failing":
+            evaluation_failing(world, rank)
         elif case in ("lowrank_failing_labels", "lowrank_failing_model"):
             lowrank_failing(world, rank, case.rsplit("_", 1)[1])
         elif case == "fsp":

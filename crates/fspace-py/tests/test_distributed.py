@@ -165,6 +165,31 @@ def test_ella_shards_to_the_single_process_posterior(tmp_path):
     assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
 
 
+def _same_metrics(got, want, what):
+    for kind, values in want.items():
+        for name, value in values.items():
+            _close(got[kind][name], value, 1e-12, f"{what}, {kind} {name}")
+
+
+def test_metrics_over_shards_are_the_whole_test_sets(tmp_path):
+    """``fspace.metrics`` over 2 and 3 processes (uneven shards of 1 001 points): the sums of
+    NLL, accuracy, Brier, ECE, RMSE, CRPS and CQM all-reduced, the OOD scores gathered — the
+    single-process numbers to 1e-12, identical on every process; a process with a bad label
+    raises its error, the others a RuntimeError."""
+    single = _run("metrics", 1, tmp_path)[0]
+    assert "error" not in single, single.get("error")
+    for world in (2, 3):
+        results = _run("metrics", world, tmp_path)
+        for res in results:
+            assert "error" not in res, f"rank {res['rank']}: {res.get('error')}"
+            _same_metrics(res["metrics"], single["metrics"], f"{world} processes")
+            assert res["metrics"] == results[0]["metrics"], "the processes' metrics differ"
+        assert results[0]["metrics"]["classification"]["n"] == 1001
+    results = _run("metrics_failing", 2, tmp_path)
+    assert results[1]["error"][0] == "ValueError" and "label" in results[1]["error"][1], results[1]
+    assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
+
+
 def test_a_padded_sampler_and_a_failing_process_are_errors_everywhere(tmp_path):
     for res in _run("padded", 2, tmp_path):
         kind, message = res["error"]
@@ -232,6 +257,19 @@ def _same_line_on_both(stdout, pattern):
     # The processes print concurrently: their lines may interleave on one line of the output.
     lines = dict(re.findall(rf"rank (\d): ({pattern})", stdout))
     assert sorted(lines) == ["0", "1"] and lines["0"] == lines["1"], stdout
+
+
+def test_the_metrics_example_of_the_docs_runs(tmp_path):
+    """docs/scaling-out.md's sharded evaluation, run by torchrun with two processes: both print
+    the metrics of all 1 001 points, the same on both."""
+    script = tmp_path / "evaluate_sharded.py"
+    script.write_text(_doc_block("Metrics over shards"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={_free_port()}", str(script)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _same_line_on_both(run.stdout, r"n = 1001, nll = [0-9.]+, ece = [0-9.]+, auc = [0-9.]+")
 
 
 def test_the_ray_example_of_the_docs_runs(tmp_path):
@@ -321,6 +359,9 @@ def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
         for res in results:
             _close_predictive(res["gfsvi"][lik]["predictive"], want["predictive"], lik == "regression", 1e-10,
                               f"MPI, GFSVI {lik}")
+    single_metrics = _run("metrics", 1, tmp_path)[0]["metrics"]
+    for res in results:
+        _same_metrics(res["metrics"], single_metrics, "MPI")
     single_ella = _run("ella", 1, tmp_path)[0]["ella"]
     for lik, want in single_ella.items():
         for res in results:

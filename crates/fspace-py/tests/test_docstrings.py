@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 
 MODULES = ["fspace", "fspace._convert", "fspace._functional", "fspace._laplace", "fspace._marglik", "fspace._memory",
            "fspace._methods", "fspace.kernels",
-           "fspace.subnetmask", "fspace.torch"]
+           "fspace.metrics", "fspace.subnetmask", "fspace.torch"]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -26,13 +26,14 @@ def public_objects():
 
     import fspace
     import fspace.kernels
+    import fspace.metrics
     import fspace.subnetmask
     import fspace.torch
 
     out = []
-    for mod, names in ((fspace, [n for n in fspace.__all__ if n not in ("kernels", "subnetmask")]),
-                       (fspace.kernels, fspace.kernels.__all__), (fspace.subnetmask, fspace.subnetmask.__all__),
-                       (fspace.torch, fspace.torch.__all__)):
+    for mod, names in ((fspace, [n for n in fspace.__all__ if n not in ("kernels", "metrics", "subnetmask")]),
+                       (fspace.kernels, fspace.kernels.__all__), (fspace.metrics, fspace.metrics.__all__),
+                       (fspace.subnetmask, fspace.subnetmask.__all__), (fspace.torch, fspace.torch.__all__)):
         for name in names:
             obj = getattr(mod, name)
             kind = "exception" if inspect.isclass(obj) and issubclass(obj, BaseException) else \

@@ -169,7 +169,9 @@ def test_arguments_cross_to_rust_by_keyword():
     multi-argument calls, no settings as JSON text)."""
     from fspace import _fspace
 
-    calls = [getattr(_fspace, n) for n in ("fit", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective")]
+    calls = [getattr(_fspace, n) for n in ("fit", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective",
+                                           "classification_sums", "classification_metrics", "regression_sums",
+                                           "ood_metrics")]
     for call in calls + [_fspace.Laplace]:
         signature = call.__text_signature__
         assert "*," in signature, (call, signature)

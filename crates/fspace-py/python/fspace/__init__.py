@@ -9,6 +9,8 @@
 * ``fspace.FSPLaplace``, ``fspace.GFSVI``, ``fspace.VaLLA``, ``fspace.ELLA``,
   ``fspace.ExactGP``: the function-space methods, with a ``fspace.GPPrior`` built from
   ``fspace.kernels`` (``Matern12(1.0, 0.5) + RBF(...)``, ``Periodic``, ``Helmholtz``, ...).
+* ``fspace.metrics``: the papers' evaluation metrics (NLL, accuracy, ECE, Brier, RMSE, CRPS,
+  CQM, OOD ROC-AUC), exact over the shards of a process group.
 
 ``model`` is a PyTorch ``nn.Sequential`` of ``Linear`` layers and one activation (``Tanh``,
 ``ReLU``, ``Sigmoid``, ``Softplus`` or ``GELU(approximate="tanh")``), optionally after
@@ -38,7 +40,7 @@ error's text.
 
 from __future__ import annotations
 
-from . import kernels, subnetmask
+from . import kernels, metrics, subnetmask
 from ._convert import ModelSpec, convert_sequential
 from ._fspace import NumericalError
 from ._functional import ELLALaplace
@@ -58,6 +60,7 @@ __all__ = [
     "ExactGP",
     "GPPrior",
     "kernels",
+    "metrics",
     "subnetmask",
     "default_config",
     "NumericalError",
