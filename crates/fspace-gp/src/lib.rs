@@ -36,6 +36,6 @@ pub use classification::{
 pub use error::{GpError, Result};
 pub use exact::{ExactGp, ExactGpReport, Noise};
 pub use fit::{fit_hyperparameters, FitConfig, HyperparameterReport};
-pub use kmeans::kmeans;
+pub use kmeans::{kmeans, kmeans_sharded, KmeansShard};
 pub use sparse_dirichlet::{SparseDirichletConfig, SparseDirichletGp, SparseDirichletReport};
 pub use svgp::{InducingPoints, Svgp, SvgpConfig, SvgpReport};

@@ -89,3 +89,54 @@ fn kmeans_gives_the_plain_loops_bits() {
         }
     }
 }
+
+/// `kmeans_sharded` on `world` threads, each with its contiguous shard of `x` (`bounds`).
+fn sharded(x: &DMatrix<f64>, bounds: &[usize], k: usize, seed: u64) -> Vec<fspace_gp::Result<DMatrix<f64>>> {
+    let world = bounds.len() - 1;
+    let layout: Vec<(usize, usize)> = (0..world).map(|r| (bounds[r], bounds[r + 1] - bounds[r])).collect();
+    let reducer = fspace_testutil::ThreadReduce::new(world);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let (reducer, layout) = (&reducer, &layout);
+                let rows = x.rows(bounds[rank], bounds[rank + 1] - bounds[rank]).into_owned();
+                scope.spawn(move || {
+                    let mut sum = |part: Vec<f64>| {
+                        Ok(reducer
+                            .reduce(rank, nalgebra::DVector::from_vec(part), false)
+                            .unwrap()
+                            .data
+                            .into())
+                    };
+                    let shard = fspace_gp::KmeansShard { rank, layout, sum: &mut sum };
+                    fspace_gp::kmeans_sharded(&rows, k, 30, seed, shard)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Over one process the sharded clustering is `kmeans` bit for bit; over 2 and 3 (uneven
+/// shards, one of them empty) every process gets those centroids to rounding (the sums'
+/// order); a layout that does not fit the rows is refused.
+#[test]
+fn sharded_kmeans_is_the_single_process_clustering() {
+    let x = randn(301, 3, &mut rng(71));
+    for (k, seed) in [(1, 1), (7, 2), (20, 3)] {
+        let single = kmeans(&x, k, 30, seed).unwrap();
+        let one = sharded(&x, &[0, 301], k, seed).pop().unwrap().unwrap();
+        assert!(same_bits(&one, &single), "k = {k}: one process");
+        for bounds in [vec![0, 150, 301], vec![0, 101, 101, 301], vec![0, 7, 200, 301]] {
+            for got in sharded(&x, &bounds, k, seed) {
+                let err = (got.unwrap() - &single).amax() / single.amax();
+                assert!(err < 1e-12, "k = {k}, shards {bounds:?}: centroids differ by {err:e}");
+            }
+        }
+    }
+    let mut sum = |part: Vec<f64>| Ok(part);
+    let layout = [(0, 10)];
+    let shard = fspace_gp::KmeansShard { rank: 0, layout: &layout, sum: &mut sum };
+    let err = fspace_gp::kmeans_sharded(&x, 3, 10, 0, shard).unwrap_err().to_string();
+    assert!(err.contains("301 rows where the layout has 10"), "{err}");
+}

@@ -233,6 +233,22 @@ pub(crate) fn objective<N: Network>(
     n_total: usize,
     want_z_grad: bool,
 ) -> Result<(f64, StateGradient)> {
+    let scale = n_total as f64 / batch.x.nrows() as f64;
+    objective_part(net, state, batch, term, scale, true, want_z_grad)
+}
+
+/// The objective's data term `scale · Σᵢ tᵢ` over `batch`'s rows (`scale = N / B` for the
+/// global batch size `B`), minus the KL with `with_kl`; and its gradient. A sharded fit sums the
+/// processes' data terms (`with_kl = false`) and adds [`kl_term`] once.
+pub(crate) fn objective_part<N: Network>(
+    net: &N,
+    state: &VariationalState,
+    batch: &Batch,
+    term: DataTerm,
+    scale: f64,
+    with_kl: bool,
+    want_z_grad: bool,
+) -> Result<(f64, StateGradient)> {
     let q = net.output_dim();
     let (b, m) = (batch.x.nrows(), state.z.nrows());
     let (s0, noise) = (state.prior_variance(), state.noise_variance());
@@ -248,7 +264,7 @@ pub(crate) fn objective<N: Network>(
     let kxzl = kxz * l;
     let w = &kxzl * s0; // b·q × M
     let v = solve_lower(&r, &w.transpose()); // M × b·q
-    let scale = n_total as f64 / b as f64;
+    let kl_weight = if with_kl { 1.0 } else { 0.0 };
     let mut data = 0.0;
     let mut sbar = Vec::with_capacity(b); // ∂tᵢ/∂Σᵢ
     let mut d_noise = 0.0;
@@ -262,7 +278,7 @@ pub(crate) fn objective<N: Network>(
         d_noise += gn;
         sbar.push(gs);
     }
-    let value = scale * data - kl;
+    let value = scale * data - kl_weight * kl;
     // Cotangents. Σᵢ = σ₀² κ̂ᵢᵢ − Wᵢ B⁻¹ Wᵢᵀ, so with Y = B⁻¹Wᵀ:
     // W̄ᵢ = −2·scale·Σ̄ᵢ Yᵢᵀ, B̄ += scale·Σᵢ Yᵢ Σ̄ᵢ Yᵢᵀ.
     let y = solve_upper_of_lower(&r, &v); // M × b·q
@@ -277,7 +293,9 @@ pub(crate) fn objective<N: Network>(
         d_s0 += scale * sbar[i].component_mul(&batch.kxx[i]).sum();
     }
     let mut bbar = &ys * y.transpose() * scale;
-    bbar -= (&binv - &binv * &binv) * 0.5;
+    if with_kl {
+        bbar -= (&binv - &binv * &binv) * 0.5;
+    }
     let bbar = (&bbar + bbar.transpose()) * 0.5;
     let ltkzl = l.transpose() * &kzl;
     d_s0 += bbar.component_mul(&ltkzl).sum() + wbar.component_mul(&kxzl).sum();
@@ -298,6 +316,45 @@ pub(crate) fn objective<N: Network>(
         value,
         StateGradient { log_prior_var: s0 * d_s0, log_noise_var: noise * scale * d_noise, l: lbar, z },
     ))
+}
+
+/// The objective's `−KL(q(u) ‖ p(u))` alone (no data) and its gradient: what a sharded fit
+/// adds once to the processes' summed data terms. The same formulas as
+/// [`objective_part`]'s KL, with `κ(Z, Z)` and its pull-back to `Z` from the network.
+pub(crate) fn kl_term<N: Network>(
+    net: &N,
+    state: &VariationalState,
+    want_z_grad: bool,
+) -> Result<(f64, StateGradient)> {
+    let m = state.z.nrows();
+    let s0 = state.prior_variance();
+    let sel = Outputs::One(&state.outputs);
+    let kz = net.ntk_block(&state.z, sel, &state.z, sel)?;
+    let l = &state.l;
+    let kzl = &kz * l;
+    let r = factor_b(l, &kzl, s0)?;
+    let binv = solve_upper_of_lower(&r, &solve_lower(&r, &DMatrix::identity(m, m)));
+    let logdet: f64 = 2.0 * r.diagonal().iter().map(|d| d.ln()).sum::<f64>();
+    let kl = 0.5 * (logdet - m as f64 + binv.trace());
+    let bbar = (&binv * &binv - &binv) * 0.5;
+    let bbar = (&bbar + bbar.transpose()) * 0.5;
+    let ltkzl = l.transpose() * &kzl;
+    let d_s0 = bbar.component_mul(&ltkzl).sum();
+    let mut lbar = &kzl * &bbar * (2.0 * s0);
+    for c in 0..m {
+        for r in 0..c {
+            lbar[(r, c)] = 0.0;
+        }
+    }
+    let z = if want_z_grad {
+        let c_z = l * &bbar * l.transpose() * s0;
+        let mut g = net.ntk_block_pullback_z(&state.z, sel, &state.z, sel, &c_z)?;
+        g += net.ntk_block_pullback_z(&state.z, sel, &state.z, sel, &c_z.transpose())?;
+        Some(g)
+    } else {
+        None
+    };
+    Ok((-kl, StateGradient { log_prior_var: s0 * d_s0, log_noise_var: 0.0, l: lbar, z }))
 }
 
 /// `tᵢ = (1/α) log E_q[p(yᵢ | f)^α]` for `f ~ N(g, Σ)`, with `∂tᵢ/∂Σ` (symmetric `d' × d'`)

@@ -21,7 +21,7 @@ use crate::data::{
 };
 use crate::error::{ensure_positive, Result, VallaError};
 use crate::objective::{
-    factor_b, objective, Batch, ClassApprox, DataTerm, Learn, VallaLikelihood, VariationalState,
+    factor_b, kl_term, objective_part, Batch, ClassApprox, DataTerm, Learn, VallaLikelihood, VariationalState,
 };
 
 /// Options of VaLLA ([`fit`]); `Default` is the paper's setting (§5, App. C–E).
@@ -292,10 +292,185 @@ pub fn fit_observed<N: Network + Clone>(
     let (x, y) = (data.x(), &data.y_flat());
     let val_flat = data.validation_flat();
     let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
-    let post = fit_inner(net, likelihood, x, y, validation, config, observer)?;
+    let post = fit_inner(net, likelihood, x, y, validation, config, observer, None)?;
     Ok(Fitted { report: post.report.clone(), posterior: post })
 }
 
+/// One process's part of a sharded fit ([`fit_sharded`]): process `rank` of `world`, whose
+/// rows follow those of the processes before it in the global order, and `reduce(part,
+/// failed)`, which returns the sum of every process's `part` — or an error where any process
+/// said `failed` (the engine behind it, a process group, is the caller's: this crate knows
+/// none).
+pub struct Shard<'a> {
+    /// This process's position.
+    pub rank: usize,
+    /// The number of processes.
+    pub world: usize,
+    /// The all-reduce (sum) of a vector over the processes, with a failure flag.
+    pub reduce: &'a mut dyn FnMut(DVector<f64>, bool) -> Result<DVector<f64>>,
+}
+
+/// [`fit_observed`] over data sharded across processes: every process calls it with its own
+/// training rows (and its own validation rows, or none) and the same network, likelihood and
+/// settings; the global rows are the processes' rows in rank order. The k-means start runs over
+/// every process's rows ([`fspace_gp::kmeans_sharded`]); each step draws the global minibatch
+/// and the MC noise from the shared seed, every process evaluates the data term on the batch's
+/// rows it holds (scaled by `N / B`), the terms and their gradients (`1 + |θ|` numbers) are
+/// all-reduced and the KL is added once; validation NLLs are summed over every process's
+/// validation rows. Every process therefore takes the single-process steps, up to the order of
+/// the additions, and ends with the same posterior. A process whose own work fails (its data,
+/// an interrupt) sends the failure flag in its next all-reduce and returns its error; the
+/// others get the reduce's error, so none waits forever.
+pub fn fit_sharded<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    data: &Data,
+    config: &VallaConfig,
+    shard: Shard<'_>,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<VallaPosterior<N>, VallaReport>> {
+    let (x, y) = (data.x(), &data.y_flat());
+    let val_flat = data.validation_flat();
+    let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
+    let post = fit_inner(net, likelihood, x, y, validation, config, observer, Some(shard))?;
+    Ok(Fitted { report: post.report.clone(), posterior: post })
+}
+
+/// What a fit computes from its own rows before it learns anything from other processes.
+struct Local {
+    likelihood: VallaLikelihood,
+    g_all: DMatrix<f64>,
+    kxx_all: Vec<DMatrix<f64>>,
+    val: Option<(DMatrix<f64>, Vec<DMatrix<f64>>)>,
+}
+
+fn prepare_local<N: Network>(
+    net: &N,
+    spec: &LikelihoodSpec,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    config: &VallaConfig,
+) -> Result<Local> {
+    config.validate()?;
+    let likelihood = VallaLikelihood::from_spec(spec, net.output_dim())?;
+    check_data(net, likelihood, x, y, "training data")?;
+    if let Some((xv, yv)) = validation {
+        check_data(net, likelihood, xv, yv, "validation data")?;
+    }
+    let (g_all, kxx_all) = outputs_and_ntk_diagonal(net, x)?;
+    let val = match validation {
+        Some((xv, _)) => Some(outputs_and_ntk_diagonal(net, xv)?),
+        None => None,
+    };
+    Ok(Local { likelihood, g_all, kxx_all, val })
+}
+
+/// Who holds what in a sharded fit: every process's training rows, validation rows and
+/// training rows per class (from the first all-reduce).
+struct Layout {
+    rank: usize,
+    rows: Vec<usize>,
+    val_rows: Vec<usize>,
+    /// `class_rows[r][c]`: process `r`'s training rows of class `c`.
+    class_rows: Vec<Vec<usize>>,
+}
+
+impl Layout {
+    fn offset(&self) -> usize {
+        self.rows[..self.rank].iter().sum()
+    }
+    /// `(first global row, rows)` of every process among the rows `counts` gives.
+    fn spans(counts: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
+        let mut at = 0;
+        counts
+            .map(|c| {
+                let span = (at, c);
+                at += c;
+                span
+            })
+            .collect()
+    }
+}
+
+/// The sharded fit's all-reduces, each with the failure flag: a local error is sent (as zeros
+/// of the width the others expect) and returned.
+struct Reducer<'a, 'b> {
+    shard: &'a mut Shard<'b>,
+}
+
+impl Reducer<'_, '_> {
+    fn sum(&mut self, part: Result<DVector<f64>>, width: usize) -> Result<DVector<f64>> {
+        match part {
+            Ok(part) => (self.shard.reduce)(part, false),
+            Err(e) => {
+                let _ = (self.shard.reduce)(DVector::zeros(width), true);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The k-means start over every process's rows: one clustering of all rows (regression), or
+/// one per class of that class's rows.
+fn initial_inducing_sharded(
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    likelihood: VallaLikelihood,
+    layout: &Layout,
+    config: &VallaConfig,
+    reducer: &mut Reducer,
+) -> Result<(DMatrix<f64>, Vec<usize>)> {
+    let m = config.num_inducing;
+    let mut sum = |part: Vec<f64>| -> fspace_gp::Result<Vec<f64>> {
+        let n = part.len();
+        reducer.sum(Ok(DVector::from_vec(part)), n).map(|v| v.data.into()).map_err(|e| {
+            fspace_gp::GpError::Input(InputError::Invalid {
+                what: "the sum over the processes",
+                reason: e.to_string(),
+            })
+        })
+    };
+    match likelihood {
+        VallaLikelihood::Gaussian { .. } => {
+            let spans = Layout::spans(layout.rows.iter().copied());
+            let shard = fspace_gp::KmeansShard { rank: layout.rank, layout: &spans, sum: &mut sum };
+            Ok((fspace_gp::kmeans_sharded(x, m, config.kmeans_iterations, config.seed, shard)?, vec![0; m]))
+        }
+        VallaLikelihood::Categorical => {
+            let classes = layout.class_rows[0].len();
+            let totals: Vec<f64> =
+                (0..classes).map(|c| layout.class_rows.iter().map(|r| r[c]).sum::<usize>() as f64).collect();
+            // class_allocation reads labels; the global class counts stand in for them.
+            let labels = DVector::from_iterator(
+                totals.iter().map(|&t| t as usize).sum(),
+                totals.iter().enumerate().flat_map(|(c, &t)| std::iter::repeat_n(c as f64, t as usize)),
+            );
+            let alloc = class_allocation(&labels, classes, m);
+            let mut z = DMatrix::zeros(m, x.ncols());
+            let mut outputs = Vec::with_capacity(m);
+            for (c, &k) in alloc.iter().enumerate().filter(|(_, &k)| k > 0) {
+                let rows: Vec<usize> = (0..x.nrows()).filter(|&i| y[i] as usize == c).collect();
+                let spans = Layout::spans(layout.class_rows.iter().map(|r| r[c]));
+                let shard = fspace_gp::KmeansShard { rank: layout.rank, layout: &spans, sum: &mut sum };
+                let centroids = fspace_gp::kmeans_sharded(
+                    &x.select_rows(&rows),
+                    k,
+                    config.kmeans_iterations,
+                    config.seed + c as u64,
+                    shard,
+                )?;
+                for r in 0..k {
+                    z.set_row(outputs.len(), &centroids.row(r));
+                    outputs.push(c);
+                }
+            }
+            Ok((z, outputs))
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn fit_inner<N: Network + Clone>(
     net: N,
     spec: LikelihoodSpec,
@@ -304,19 +479,57 @@ fn fit_inner<N: Network + Clone>(
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
     config: &VallaConfig,
     observer: &mut dyn Observer,
+    mut shard: Option<Shard<'_>>,
 ) -> Result<VallaPosterior<N>> {
     let start = Instant::now();
-    config.validate()?;
-    let likelihood = VallaLikelihood::from_spec(&spec, net.output_dim())?;
-    check_data(&net, likelihood, x, y, "training data")?;
-    if let Some((xv, yv)) = validation {
-        check_data(&net, likelihood, xv, yv, "validation data")?;
-    } else if config.schedule.patience.is_some() {
+    let q = net.output_dim();
+    let local = prepare_local(&net, &spec, x, y, validation, config);
+    let mut reducer = shard.as_mut().map(|shard| Reducer { shard });
+    // Sharded: the first all-reduce tells every process who holds what (or that one failed).
+    let layout = match reducer.as_mut() {
+        None => None,
+        Some(reducer) => {
+            let world = reducer.shard.world;
+            let rank = reducer.shard.rank;
+            if rank >= world {
+                return Err(VallaError::Input(InputError::Invalid {
+                    what: "shard",
+                    reason: format!("rank {rank} of {world} processes"),
+                }));
+            }
+            let width = world * (2 + q);
+            let part = local.as_ref().map_err(Clone::clone).map(|l| {
+                let mut part = DVector::zeros(width);
+                part[rank] = x.nrows() as f64;
+                part[world + rank] = validation.map_or(0, |(xv, _)| xv.nrows()) as f64;
+                if l.likelihood == VallaLikelihood::Categorical {
+                    for &v in y.iter() {
+                        part[2 * world + rank * q + v as usize] += 1.0;
+                    }
+                }
+                part
+            });
+            let summed = reducer.sum(part, width)?;
+            let count = |v: f64| v as usize;
+            Some(Layout {
+                rank,
+                rows: (0..world).map(|r| count(summed[r])).collect(),
+                val_rows: (0..world).map(|r| count(summed[world + r])).collect(),
+                class_rows: (0..world)
+                    .map(|r| (0..q).map(|c| count(summed[2 * world + r * q + c])).collect())
+                    .collect(),
+            })
+        }
+    };
+    let Local { likelihood, g_all, kxx_all, val: val_local } = local?;
+    let n = layout.as_ref().map_or(x.nrows(), |l| l.rows.iter().sum());
+    let has_validation =
+        layout.as_ref().map_or(validation.is_some(), |l| l.val_rows.iter().sum::<usize>() > 0);
+    if !has_validation && config.schedule.patience.is_some() {
         return Err(VallaError::Input(InputError::Empty {
             what: "validation data (early stopping needs it; set patience = None to train without)",
         }));
     }
-    let n = x.nrows();
     if config.num_inducing > n {
         return Err(VallaError::TooManyPoints {
             what: "inducing points",
@@ -324,12 +537,14 @@ fn fit_inner<N: Network + Clone>(
             available: n,
         });
     }
-    let q = net.output_dim();
     let noise_std = match likelihood {
         VallaLikelihood::Gaussian { noise_std } => noise_std,
         VallaLikelihood::Categorical => 1.0,
     };
-    let (z, outputs) = initial_inducing(x, y, likelihood, q, config)?;
+    let (z, outputs) = match (&layout, reducer.as_mut()) {
+        (Some(layout), Some(reducer)) => initial_inducing_sharded(x, y, likelihood, layout, config, reducer)?,
+        _ => initial_inducing(x, y, likelihood, q, config)?,
+    };
     let m = z.nrows();
     let mut state = VariationalState {
         z,
@@ -361,32 +576,25 @@ fn fit_inner<N: Network + Clone>(
             }
         }
     }
-    let (g_all, kxx_all) = outputs_and_ntk_diagonal(&net, x)?;
-    let val = match validation {
-        Some((xv, yv)) => {
-            let (g, k) = outputs_and_ntk_diagonal(&net, xv)?;
-            Some((xv, yv, g, k))
-        }
-        None => None,
+    let val = match (validation, val_local) {
+        (Some((xv, yv)), Some((g, k))) => Some((xv, yv, g, k)),
+        _ => None,
     };
     let term = DataTerm { likelihood, approx: config.class_approx, alpha: config.alpha };
     let learn = Learn { prior_variance: config.learn_prior_variance, noise: spec.learns_noise() };
     let batches = Minibatches::new(n, config.batch_size, false)?;
-    let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), val.is_some())?;
+    let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), has_validation)?;
     let total = schedule.total_steps();
     let mut rng = StdRng::seed_from_u64(config.seed);
     let mut adam = Adam::new(state.flat_len(), config.learning_rate);
     let mut theta = state.to_flat();
     let mut best = state.clone();
     let mut history = Vec::new();
+    let (offset, rows) = layout.as_ref().map_or((0, n), |l| (l.offset(), x.nrows()));
     let (mut it, mut running, mut running_count, mut stopped_early) = (0usize, 0.0, 0usize, false);
     'outer: loop {
         for idx in batches.epoch(&mut rng) {
-            fspace_input::interrupt::check("VaLLA's optimisation")?;
-            let xb = x.select_rows(&idx);
-            let gb = g_all.select_rows(&idx);
-            let kxx: Vec<DMatrix<f64>> = idx.iter().map(|&i| kxx_all[i].clone()).collect();
-            let yb: Vec<f64> = idx.iter().map(|&i| y[i]).collect();
+            // The MC noise of every point of the global batch, drawn in the batch's order.
             let eps: Option<Vec<DMatrix<f64>>> = match config.class_approx {
                 ClassApprox::MonteCarlo { samples } if likelihood == VallaLikelihood::Categorical => Some(
                     (0..idx.len())
@@ -395,25 +603,78 @@ fn fit_inner<N: Network + Clone>(
                 ),
                 _ => None,
             };
-            let batch = Batch { x: &xb, g: &gb, kxx: &kxx, y: &yb, eps: eps.as_deref() };
-            let (value, grad) = objective(&net, &state, &batch, term, n, config.optimize_inducing)?;
+            // The batch's rows this process holds (all of them in one process).
+            let held: Vec<usize> =
+                (0..idx.len()).filter(|&b| (offset..offset + rows).contains(&idx[b])).collect();
+            let step = |state: &VariationalState| -> Result<(f64, DVector<f64>)> {
+                fspace_input::interrupt::check("VaLLA's optimisation")?;
+                let local: Vec<usize> = held.iter().map(|&b| idx[b] - offset).collect();
+                let xb = x.select_rows(&local);
+                let gb = g_all.select_rows(&local);
+                let kxx: Vec<DMatrix<f64>> = local.iter().map(|&i| kxx_all[i].clone()).collect();
+                let yb: Vec<f64> = local.iter().map(|&i| y[i]).collect();
+                let eps_b: Option<Vec<DMatrix<f64>>> =
+                    eps.as_ref().map(|e| held.iter().map(|&b| e[b].clone()).collect());
+                let batch = Batch { x: &xb, g: &gb, kxx: &kxx, y: &yb, eps: eps_b.as_deref() };
+                let scale = n as f64 / idx.len() as f64;
+                let sharded = layout.is_some();
+                let (value, grad) =
+                    objective_part(&net, state, &batch, term, scale, !sharded, config.optimize_inducing)?;
+                Ok((value, grad.to_flat(state, &learn)))
+            };
+            let (value, grad) = match reducer.as_mut() {
+                None => step(&state)?,
+                Some(reducer) => {
+                    // Every process's data term summed, then the KL once.
+                    let width = 1 + state.flat_len();
+                    let part = if held.is_empty() {
+                        fspace_input::interrupt::check("VaLLA's optimisation")
+                            .map(|()| DVector::zeros(width))
+                            .map_err(VallaError::from)
+                    } else {
+                        step(&state).map(|(v, g)| {
+                            DVector::from_iterator(width, std::iter::once(v).chain(g.iter().copied()))
+                        })
+                    };
+                    let summed = reducer.sum(part, width)?;
+                    let (kl, kl_grad) = kl_term(&net, &state, config.optimize_inducing)?;
+                    let grad = summed.rows(1, width - 1) + kl_grad.to_flat(&state, &learn);
+                    (summed[0] + kl, grad)
+                }
+            };
             if !value.is_finite() {
                 return Err(VallaError::Input(InputError::NonFinite {
                     what: "VaLLA objective (lower the learning rate)",
                 }));
             }
-            let grad = grad.to_flat(&state, &learn);
             adam.ascend(&mut theta, &grad);
             state.set_flat(&theta);
             it += 1;
             running += value / n as f64;
             running_count += 1;
             if schedule.evaluates_after(it) {
-                let vnll = match &val {
-                    Some((xv, yv, g, k)) => {
-                        Some(mean_nll(&net, &Prepared::new(&net, state.clone())?, likelihood, xv, g, k, yv)?)
+                let vnll = if !has_validation {
+                    None
+                } else {
+                    // This process's mean validation NLL and its number of points.
+                    let local_nll = |state: &VariationalState| -> Result<(f64, f64)> {
+                        match &val {
+                            Some((xv, yv, g, k)) => {
+                                let prepared = Prepared::new(&net, state.clone())?;
+                                Ok((mean_nll(&net, &prepared, likelihood, xv, g, k, yv)?, xv.nrows() as f64))
+                            }
+                            None => Ok((0.0, 0.0)),
+                        }
+                    };
+                    match reducer.as_mut() {
+                        None => Some(local_nll(&state)?.0),
+                        Some(reducer) => {
+                            let part =
+                                local_nll(&state).map(|(mean, c)| DVector::from_vec(vec![mean * c, c]));
+                            let summed = reducer.sum(part, 2)?;
+                            Some(summed[0] / summed[1])
+                        }
                     }
-                    None => None,
                 };
                 history.push(ValidationPoint {
                     iteration: it,

@@ -727,3 +727,120 @@ fn nystrom_features_are_the_nystrom_approximation_of_the_ntk() {
         assert!(NystromFeatures::build(&net, points.clone(), outs, k, FeatureRoute::Auto).is_err());
     }
 }
+
+/// `fit_sharded` on `world` threads: process `r` holds the training rows `bounds[r]..bounds[r+1]`
+/// and the validation rows `val_bounds[r]..val_bounds[r+1]` (none where that range is empty).
+#[allow(clippy::too_many_arguments)]
+fn sharded_valla(
+    net: &Mlp,
+    lik: LikelihoodSpec,
+    (x, y): (&DMatrix<f64>, &DVector<f64>),
+    (xv, yv): (&DMatrix<f64>, &DVector<f64>),
+    bounds: &[usize],
+    val_bounds: &[usize],
+    config: &VallaConfig,
+    bad_labels_on: Option<usize>,
+) -> Vec<Result<VallaPosterior<Mlp>>> {
+    let world = bounds.len() - 1;
+    let reducer = fspace_testutil::ThreadReduce::new(world);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let reducer = &reducer;
+                scope.spawn(move || {
+                    let rows: Vec<usize> = (bounds[rank]..bounds[rank + 1]).collect();
+                    let vrows: Vec<usize> = (val_bounds[rank]..val_bounds[rank + 1]).collect();
+                    let mut ym = column(&DVector::from_iterator(rows.len(), rows.iter().map(|&i| y[i])));
+                    if bad_labels_on == Some(rank) {
+                        ym.fill(7.0);
+                    }
+                    let xs = x.select_rows(&rows);
+                    let (xvs, yvs) = (
+                        xv.select_rows(&vrows),
+                        column(&DVector::from_iterator(vrows.len(), vrows.iter().map(|&i| yv[i]))),
+                    );
+                    let data = Data::new(&xs, &ym)?
+                        .with_optional_validation((!vrows.is_empty()).then_some((&xvs, &yvs)))?;
+                    let mut reduce = |part: DVector<f64>, failed: bool| {
+                        reducer.reduce(rank, part, failed).ok_or_else(|| {
+                            VallaError::Input(InputError::Invalid {
+                                what: "the sum over the processes",
+                                reason: "another process failed".into(),
+                            })
+                        })
+                    };
+                    let shard = Shard { rank, world, reduce: &mut reduce };
+                    Ok(fit_sharded(net.clone(), lik, &data, config, shard, &mut fspace_core::Silent)?
+                        .posterior)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// VaLLA over 2 and 3 "processes" (threads; uneven contiguous shards of 101 training points,
+/// validation points on some processes only): regression with early stopping and a learned σ,
+/// classification by probit and by Monte Carlo — every process ends with the single-process
+/// state (inducing points, `L`, σ₀², σ²) to 1e-10 after the same iterations; a process with
+/// bad labels fails with its error and the others with the reduce's.
+#[test]
+fn sharded_valla_is_the_single_process_fit() {
+    let n = 101;
+    let (x, y) = sine_data(n, 40);
+    let (xv, yv) = sine_data(23, 41);
+    let xc = rand_uniform(n, 2, -1.0, 1.0, &mut rng(42));
+    let yc = DVector::from_fn(n, |i, _| ((xc[(i, 0)] > 0.2) as u8 + (xc[(i, 1)] > 0.0) as u8) as f64);
+    let xcv = rand_uniform(23, 2, -1.0, 1.0, &mut rng(43));
+    let ycv = DVector::from_fn(23, |i, _| ((xcv[(i, 0)] > 0.2) as u8 + (xcv[(i, 1)] > 0.0) as u8) as f64);
+    let base = VallaConfig {
+        num_inducing: 9,
+        schedule: Schedule::steps(40).every_steps(10).patience(1),
+        batch_size: 16,
+        learning_rate: 1e-2,
+        kmeans_iterations: 20,
+        seed: 5,
+        ..VallaConfig::default()
+    };
+    let cases = [
+        (mlp(1, 1, 44), LikelihoodSpec::gaussian_learned(0.3), (&x, &y), (&xv, &yv), base.clone()),
+        (mlp(2, 3, 45), LikelihoodSpec::categorical(3), (&xc, &yc), (&xcv, &ycv), base.clone()),
+        (
+            mlp(2, 3, 46),
+            LikelihoodSpec::categorical(3),
+            (&xc, &yc),
+            (&xcv, &ycv),
+            VallaConfig { class_approx: ClassApprox::MonteCarlo { samples: 4 }, ..base.clone() },
+        ),
+    ];
+    for (net, lik, train, val, config) in &cases {
+        let single = fit_v(net.clone(), *lik, train.0, train.1, Some(*val), config).unwrap();
+        for (bounds, val_bounds) in
+            [(vec![0, 50, 101], vec![0, 23, 23]), (vec![0, 7, 60, 101], vec![0, 0, 10, 23])]
+        {
+            for got in sharded_valla(net, *lik, *train, *val, &bounds, &val_bounds, config, None) {
+                let got = got.unwrap();
+                let what = format!("{lik:?} {:?} on {}", config.class_approx, bounds.len() - 1);
+                assert_eq!(got.report().iterations, single.report().iterations, "{what}");
+                assert_eq!(got.report().best_iteration, single.report().best_iteration, "{what}");
+                let (a, b) = (got.state(), single.state());
+                assert_eq!(a.outputs, b.outputs, "{what}");
+                for (p, q, part) in [(&a.z, &b.z, "Z"), (&a.l, &b.l, "L")] {
+                    let err = (p - q).amax() / q.amax();
+                    assert!(err < 1e-10, "{what}: {part} differs by {err:e}");
+                }
+                for (p, q, part) in [
+                    (a.prior_variance(), b.prior_variance(), "σ₀²"),
+                    (a.noise_variance(), b.noise_variance(), "σ²"),
+                ] {
+                    assert!((p - q).abs() < 1e-10 * q, "{what}: {part} {p} vs {q}");
+                }
+            }
+        }
+    }
+    let (net, lik, train, val, config) = &cases[1];
+    let results = sharded_valla(net, *lik, *train, *val, &[0, 50, 101], &[0, 23, 23], config, Some(1));
+    assert!(results[0].as_ref().err().unwrap().to_string().contains("another process failed"));
+    let own = results[1].as_ref().err().unwrap().to_string();
+    assert!(!own.contains("another process") && own.contains('7'), "{own}");
+}
