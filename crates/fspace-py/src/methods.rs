@@ -316,7 +316,7 @@ pub(crate) fn gfsvi_objective<'py>(
 /// `state` + `activation_name` (+ a CNN's `architecture`) or a torch model's `calls`, the GP its
 /// prior. Keyword arguments only.
 #[pyfunction]
-#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None, reduce=None, shard=None))]
+#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None, reduce=None, shard=None, process=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fit<'py>(
     py: Python<'py>,
@@ -337,17 +337,24 @@ pub(crate) fn fit<'py>(
     calls: Option<&Bound<'py, PyAny>>,
     reduce: Option<Py<PyAny>>,
     shard: Option<(usize, usize)>,
+    process: Option<(usize, usize)>,
 ) -> PyResult<(PyPosterior, Bound<'py, PyAny>)> {
     let settings = Settings::read(method, config)?;
-    match (method, reduce.is_some(), shard.is_some()) {
-        ("fsp_laplace_posthoc", _, false) | ("gfsvi", true, true) | (_, false, false) => {}
-        ("gfsvi", _, _) => {
+    match (method, reduce.is_some(), shard.is_some(), process.is_some()) {
+        ("fsp_laplace_posthoc", _, false, false)
+        | ("gfsvi", true, true, false)
+        | ("valla", true, false, true)
+        | (_, false, false, false) => {}
+        ("gfsvi", _, _, _) => {
             return Err(value_error("a sharded GFSVI fit needs both reduce and shard=(offset, n_total)"))
+        }
+        ("valla", _, _, _) => {
+            return Err(value_error("a sharded VaLLA fit needs both reduce and process=(rank, world)"))
         }
         _ => {
             return Err(value_error(format!(
-            "{method} fits on one process: a reduce step (a process group) is taken by post-hoc FSP-Laplace \
-                 and GFSVI"
+            "{method} fits on one process: a reduce step (a process group) is taken by post-hoc FSP-Laplace, \
+                 GFSVI and VaLLA"
         )))
         }
     }
@@ -384,6 +391,16 @@ pub(crate) fn fit<'py>(
             return Err(raise(e));
         }
     }
+    if let (Some(reducer), Some((_, world)), Some(net)) = (reducer.as_mut(), process, net.as_ref()) {
+        // VaLLA's first all-reduce, the processes' layout (`world·(2 + d')` numbers).
+        let checked = Data::new(&x, &y).and_then(|d| {
+            d.with_optional_validation(validation.as_ref().map(|(xv, yv)| (xv, yv))).map(|_| ())
+        });
+        if let Err(e) = checked {
+            let _ = reducer.call_vector(&DVector::zeros(world * (2 + net.output_dim())), true);
+            return Err(raise(e));
+        }
+    }
     let result = py.detach(|| {
         run(
             method,
@@ -397,6 +414,7 @@ pub(crate) fn fit<'py>(
             &mut observer,
             reducer.as_mut(),
             shard,
+            process,
         )
     });
     if let Some(e) = interrupt.take() {
@@ -441,6 +459,7 @@ fn run(
     observer: &mut PyProgress,
     reduce: Option<&mut PyReduce>,
     shard: Option<(usize, usize)>,
+    process: Option<(usize, usize)>,
 ) -> PyResult<(Fit, serde_json::Value)> {
     let data = Data::new(x, y).map_err(raise)?;
     let data = data.with_optional_validation(validation.map(|(xv, yv)| (xv, yv))).map_err(raise)?;
@@ -487,7 +506,22 @@ fn run(
         Settings::Valla(cfg) => {
             let net = need(net, method, "a network")?;
             refuse(&prior, method, "a GP prior (its prior is the network's linearisation)")?;
-            let fitted = fspace_valla::fit_observed(net, lik, &data, &cfg, observer).map_err(raise)?;
+            let fitted = match (reduce, process) {
+                (Some(reducer), Some((rank, world))) => {
+                    let mut step = |part: DVector<f64>, failed: bool| {
+                        reducer.call_vector(&part, failed).ok_or_else(|| {
+                            fspace_valla::VallaError::Input(fspace_input::InputError::Invalid {
+                                what: "the sum over the processes",
+                                reason: "the reduce step of VaLLA failed".into(),
+                            })
+                        })
+                    };
+                    let shard = fspace_valla::Shard { rank, world, reduce: &mut step };
+                    fspace_valla::fit_sharded(net, lik, &data, &cfg, shard, observer)
+                }
+                _ => fspace_valla::fit_observed(net, lik, &data, &cfg, observer),
+            }
+            .map_err(raise)?;
             Ok((Fit::Valla(fitted.posterior), report(&fitted.report)?))
         }
         Settings::Ella(cfg) => {

@@ -137,6 +137,39 @@ def gfsvi(world, rank, group=None):
     return out
 
 
+def valla(world, rank, group=None):
+    """VaLLA on this process's contiguous rows (uneven shards of the 1 001 points), both
+    likelihoods, at most 300 Adam steps on batches of 100, early-stopped (patience 1) on the
+    NLL of validation points that only the first process holds, scored every 10 steps (both
+    likelihoods stop early): the predictive at test points and the iterations."""
+    out = {}
+    xt = torch.linspace(-2.5, 2.5, 14, dtype=torch.float64).reshape(7, 2)
+    bounds = [round(N * r / world) for r in range(world + 1)]
+    for lik in ("regression", "classification"):
+        x, y = data(lik).tensors
+        if lik == "regression":
+            y = y[:, :1]  # VaLLA's Gaussian likelihood has one output
+        rows = slice(bounds[rank], bounds[rank + 1])
+        outputs = 1 if lik == "regression" else 3
+        method = fspace.VaLLA(model(outputs), lik, steps=300, evaluate_every=10, num_inducing=12, batch_size=100,
+                              learning_rate=3e-2, seed=4, sigma_noise=0.3 if lik == "regression" else 1.0)
+        val = (x[::7], y[::7]) if rank == 0 else None
+        method.fit(x[rows], y[rows], val=val, process_group=group)
+        pred = method(xt)
+        out[lik] = {"predictive": as_lists(pred), "iterations": method.report["iterations"],
+                    "best": method.report["best_iteration"]}
+    return out
+
+
+def valla_failing(world, rank):
+    """Process 1's labels are out of range: refused by Rust's checks before the first
+    all-reduce."""
+    x, y = data("classification").tensors
+    if rank == 1:
+        y = torch.full_like(y, 7)
+    fspace.VaLLA(model(3), "classification", steps=5, num_inducing=6).fit(x[rank::world], y[rank::world])
+
+
 def gfsvi_failing(world, rank, where):
     """Process 1's data are bad — refused in Python (``"python"``: a NaN input) or in Rust
     before its first step (``"rust"``: targets of the wrong width)."""
@@ -314,7 +347,8 @@ def main():
         rank = comm.Get_rank()
         result = {"rank": rank, "fits": fits(comm.Get_size(), rank, comm),
                   "fsp": fsp_posthoc(comm.Get_size(), rank, comm), "ella": ella(comm.Get_size(), rank, comm),
-                  "gfsvi": gfsvi(comm.Get_size(), rank, comm), "metrics": evaluation(comm.Get_size(), rank, comm)}
+                  "gfsvi": gfsvi(comm.Get_size(), rank, comm), "metrics": evaluation(comm.Get_size(), rank, comm),
+                  "valla": valla(comm.Get_size(), rank, comm)}
         with open(f"{out}/rank{rank}.json", "w") as f:
             json.dump(result, f)
         return
@@ -328,6 +362,10 @@ def main():
             padded(world, rank)
         elif case == "failing":
             failing(world, rank)
+        elif case == "valla":
+            result["valla"] = valla(world, rank)
+        elif case == "valla_failing":
+            valla_failing(world, rank)
         elif case == "metrics":
             result["metrics"] = evaluation(world, rank)
         elif case == "metrics_failing":

@@ -137,6 +137,30 @@ def test_gfsvi_shards_to_the_single_process_posterior(tmp_path):
             (case, results[0])
 
 
+def test_valla_shards_to_the_single_process_posterior(tmp_path):
+    """VaLLA over 2 and 3 processes (uneven contiguous shards of the 1 001 points, validation
+    points on the first process only): the k-means start over every process's points, each
+    step's data term all-reduced and the KL added once, early stopping on the validation NLL of
+    all the processes' validation points — every process gets the single-process predictive to
+    1e-10 after the same iterations, for regression and classification; a process whose labels
+    are refused raises its error and the others a RuntimeError."""
+    single = _run("valla", 1, tmp_path)[0]
+    assert "error" not in single, single.get("error")
+    for world in (2, 3):
+        results = _run("valla", world, tmp_path)
+        for res in results:
+            assert "error" not in res, f"rank {res['rank']}: {res.get('error')}"
+            for lik, want in single["valla"].items():
+                got = res["valla"][lik]
+                assert (got["iterations"], got["best"]) == (want["iterations"], want["best"]), lik
+                _close_predictive(got["predictive"], want["predictive"], lik == "regression", 1e-10,
+                                  f"{world} processes, VaLLA {lik}")
+            assert res["valla"] == results[0]["valla"], "the processes differ"
+    results = _run("valla_failing", 2, tmp_path)
+    assert results[1]["error"][0] == "ValueError", results[1]
+    assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
+
+
 def test_ella_shards_to_the_single_process_posterior(tmp_path):
     """ELLA over 2 and 3 processes (uneven shards of 800 training and 201 validation points):
     the Nyström points drawn from all the shards in index order, ``G`` all-reduced and the
@@ -362,6 +386,11 @@ def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
     single_metrics = _run("metrics", 1, tmp_path)[0]["metrics"]
     for res in results:
         _same_metrics(res["metrics"], single_metrics, "MPI")
+    single_valla = _run("valla", 1, tmp_path)[0]["valla"]
+    for lik, want in single_valla.items():
+        for res in results:
+            _close_predictive(res["valla"][lik]["predictive"], want["predictive"], lik == "regression", 1e-10,
+                              f"MPI, VaLLA {lik}")
     single_ella = _run("ella", 1, tmp_path)[0]["ella"]
     for lik, want in single_ella.items():
         for res in results:

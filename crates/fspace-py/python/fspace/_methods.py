@@ -432,9 +432,12 @@ class _NetworkMethod(_Fitted):
             (``docs/scaling-out.md``). Post-hoc FSP-Laplace all-reduces its one sum over the
             data; GFSVI all-reduces every step's data term, its minibatches drawn over the
             global rows — the processes' rows in process order, so contiguous shards give the
-            single-process run — and refuses ``val``. ``None``: torch.distributed's default
-            group when it is initialised with more than one process; ``False``: this process
-            alone. The other methods fit on one process and refuse a group.
+            single-process run — and refuses ``val``. VaLLA clusters its inducing points over
+            every process's points, all-reduces every step's data term (the same global rows and
+            order as GFSVI) and early-stops on every process's ``val`` points together (a
+            process may have none). ``None``: torch.distributed's default group when it is
+            initialised with more than one process; ``False``: this process alone. The other
+            methods fit on one process and refuse a group.
 
         Returns
         -------
@@ -452,12 +455,16 @@ class _NetworkMethod(_Fitted):
         """
         group = _group(process_group)
         method = self._fit_method()
-        if group is not None and method not in ("fsp_laplace_posthoc", "gfsvi"):
+        if group is not None and method not in ("fsp_laplace_posthoc", "gfsvi", "valla"):
             raise NotImplementedError(
                 f"{type(self).__name__} fits on one process, and torch.distributed (or the given group) has "
-                "several: shard post-hoc FSP-Laplace (train=False), GFSVI or Laplace, or pass process_group=False to "
-                "fit this process's data alone"
+                "several: shard post-hoc FSP-Laplace (train=False), GFSVI, VaLLA or Laplace, or pass "
+                "process_group=False to fit this process's data alone"
             )
+        # VaLLA early-stops on every process's validation points: it does when any process has some.
+        val_anywhere = val is not None
+        if group is not None and method == "valla":
+            val_anywhere = bool(group.all_reduce(np.array([float(val is not None)]), "max")[0] > 0)
         if group is not None and method == "gfsvi" and val is not None:
             raise NotImplementedError(
                 "validation data with sharded GFSVI: early stopping would need every process's validation data; fit "
@@ -474,7 +481,7 @@ class _NetworkMethod(_Fitted):
                     xv, yv = data_arrays(val[0], val[1], self._spec.inputs)
                 else:
                     xv, yv = data_arrays(val, None, self._spec.inputs, keys)
-            else:
+            elif not val_anywhere:
                 holder = _schedule_holder(config)
                 if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
                     # The paper's early stopping needs validation data; without it, run the whole schedule.
@@ -490,7 +497,11 @@ class _NetworkMethod(_Fitted):
 
         # Sharded: a process whose data are refused here tells the others before they wait.
         x, yy, config, xv, yv = prepare() if group is None else agreed(group, prepare)
-        shard = None
+        shard = process = None
+        if group is not None and method == "valla":
+            agree_on(group, self._fingerprint(config, x.shape[1]),
+                     "the processes disagree on the model or the VaLLA settings: give every process the same ones")
+            process = (group.rank, group.size)
         if group is not None and method == "gfsvi":
             agree_on(group, self._fingerprint(config, x.shape[1]),
                      "the processes disagree on the model, the prior or the GFSVI settings: give every process the "
@@ -523,14 +534,15 @@ class _NetworkMethod(_Fitted):
             return _fspace.fit(
                 method, x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
                 learn_sigma=self.learn_sigma, prior=None if self._prior is None else self._prior.spec(),
-                config=config, x_val=xv, y_val=yv, progress=bar.callback, reduce=reduce, shard=shard, **network,
+                config=config, x_val=xv, y_val=yv, progress=bar.callback, reduce=reduce, shard=shard,
+                process=process, **network,
             )
 
         with self._lock:
             try:
                 if group is None:
                     post, report = compute()
-                elif shard is not None:
+                elif shard is not None or process is not None:
                     # Every step's data term is all-reduced (a failure flag with it).
                     post, report = compute(step_reduce(group))
                 else:
