@@ -15,13 +15,17 @@ measurement points; each process passes its contiguous rows, and every step all-
 term and its gradient, `2p + 3` numbers). ``--multipass`` runs the Laplace structures that pass over
 the data more than once, `ekfac` and `lowrank` (`--rank` eigenpairs), which all-reduce every sum
 over the data as it is formed (the factor sums, then EKFAC's eigenvalues; a `p`-vector per Lanczos
-product); their bytes are counted at the all-reduce itself.
+product); their bytes are counted at the all-reduce itself. ``--valla`` runs VaLLA (`--inducing`
+inducing points, `--steps` Adam steps on batches of 128, no validation; each process passes its
+contiguous rows, the k-means start and every step's data term are all-reduced), bytes counted at
+the all-reduce.
 
     python scripts/compare/sharded_fit.py [--n 59800]
     python scripts/compare/sharded_fit.py --fsp [--n 10000] [--max-rank 100]
     python scripts/compare/sharded_fit.py --ella [--n 59800] [--subsample 1000] [--eigen 100]
     python scripts/compare/sharded_fit.py --gfsvi [--n 59800] [--steps 100]
     python scripts/compare/sharded_fit.py --multipass [--n 10000] [--rank 20]
+    python scripts/compare/sharded_fit.py --valla [--n 59800] [--steps 100] [--inducing 100]
 
 Opt-in (not part of the test suite): needs torch beside the `fspace` package.
 """
@@ -42,7 +46,7 @@ ROWS = [("all", "diag"), ("all", "kron"), ("last_layer", "kron"), ("last_layer",
 MULTIPASS_ROWS = [("all", "ekfac"), ("all", "lowrank")]
 
 
-def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 100, 100, 20)):
+def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 100, 100, 20, 100)):
     import warnings
 
     import numpy as np
@@ -62,7 +66,7 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
     xt = torch.from_numpy(images[-200:].reshape(200, -1) / 255.0)  # never among the first 59 800
     dataset = torch.utils.data.TensorDataset(x, y)
     loader = torch.utils.data.DataLoader(dataset, batch_size=128, sampler=list(range(rank, n, world)))
-    subsample, eigen, steps, low_rank = extra
+    subsample, eigen, steps, low_rank, inducing = extra
     if subset == "fsp":
         prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
         la = fspace.FSPLaplace(mnist_mlp(seed=0), "classification", prior, train=False, laplace={"max_rank": max_rank})
@@ -73,12 +77,15 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
         prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
         la = fspace.GFSVI(mnist_mlp(seed=0), "classification", prior, steps=steps, measurement_points=20,
                           class_samples=2, optim={"batch_size": 128, "learning_rate": 1e-3, "seed": 0})
+    elif subset == "valla":
+        la = fspace.VaLLA(mnist_mlp(seed=0), "classification", steps=steps, num_inducing=inducing, batch_size=128,
+                          learning_rate=1e-3, seed=0)
     elif structure == "lowrank":
         la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure, rank=low_rank)
     else:
         la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure)
     counted = [0]
-    if structure in ("ekfac", "lowrank") and world > 1:
+    if (structure in ("ekfac", "lowrank") or subset == "valla") and world > 1:
         # Every all-reduce of the fit, counted where it is sent.
         from fspace import _distributed
 
@@ -112,6 +119,11 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
         # The settings' agreement (2 + 2 × 8), the prep status (1), the counts (2), the box
         # (2 × 784), then each step's data term with its failure flag (2p + 3).
         sent = 0 if world == 1 else 8 * (2 + 16 + 1 + 2 + 2 * x.shape[1] + steps * (2 * p + 3))
+    elif subset == "valla":
+        lo, hi = rank * n // world, (rank + 1) * n // world
+        la.fit(x[lo:hi], y[lo:hi])
+        seconds = time.perf_counter() - start
+        sent = counted[0]
     elif structure in ("ekfac", "lowrank"):
         la.fit(loader)
         seconds = time.perf_counter() - start
@@ -121,23 +133,23 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
         seconds = time.perf_counter() - start
         sent = 0 if world == 1 else 8 * (np.array(la._la.sums_flat()).size + 3)
     probs = la(xt)
-    report = la.report if subset not in ("fsp", "ella", "gfsvi") else {}
+    report = la.report if subset not in ("fsp", "ella", "gfsvi", "valla") else {}
     print(json.dumps({"rank": rank, "seconds": seconds, "peak_mib": peak_mb(), "bytes_sent": sent,
                       "lanczos_products": report.get("lanczos_iterations"), "probs": probs.tolist()}))
     if world > 1:
         torch.distributed.destroy_process_group()
 
 
-def run(subset, structure, n, world, max_rank=100, extra=(1000, 100, 100, 20)):
+def run(subset, structure, n, world, max_rank=100, extra=(1000, 100, 100, 20, 100)):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     threads = "1" if world > 1 else "2"
     env = dict(os.environ, RAYON_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-    subsample, eigen, steps, low_rank = extra
+    subsample, eigen, steps, low_rank, inducing = extra
     procs = [subprocess.Popen([sys.executable, __file__, "--n", str(n), "--max-rank", str(max_rank),
                                "--subsample", str(subsample), "--eigen", str(eigen), "--steps", str(steps),
-                               "--rank", str(low_rank),
+                               "--rank", str(low_rank), "--inducing", str(inducing),
                                "--child", subset, structure, str(world), str(r), str(port)], env=env,
                               stdout=subprocess.PIPE, text=True)
              for r in range(world)]
@@ -156,10 +168,12 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="--gfsvi: Adam steps")
     ap.add_argument("--multipass", action="store_true", help="Laplace ekfac and lowrank instead of the one-pass rows")
     ap.add_argument("--rank", type=int, default=20, help="--multipass: lowrank's eigenpairs")
+    ap.add_argument("--valla", action="store_true", help="VaLLA instead of the Laplace rows")
+    ap.add_argument("--inducing", type=int, default=100, help="--valla: inducing points")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = args.n if args.n is not None else (10000 if args.fsp or args.multipass else 59800)
-    extra = (args.subsample, args.eigen, args.steps, args.rank)
+    extra = (args.subsample, args.eigen, args.steps, args.rank, args.inducing)
     if args.child:
         subset, structure, world, rank, port = args.child
         child(subset, structure, n, int(world), int(rank), port, args.max_rank, extra)
@@ -167,7 +181,8 @@ def main():
     import numpy as np
 
     rows = [("fsp", "posthoc")] if args.fsp else [("ella", "nystrom")] if args.ella else \
-        [("gfsvi", "meanfield")] if args.gfsvi else MULTIPASS_ROWS if args.multipass else ROWS
+        [("gfsvi", "meanfield")] if args.gfsvi else [("valla", "probit")] if args.valla else \
+        MULTIPASS_ROWS if args.multipass else ROWS
     for subset, structure in rows:
         one = run(subset, structure, n, 1, args.max_rank, extra)[0]
         two = run(subset, structure, n, 2, args.max_rank, extra)

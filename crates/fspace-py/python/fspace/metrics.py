@@ -123,7 +123,7 @@ def regression_metrics(mean: Any, var: Any, y: Any, *, process_group: Any = None
     y : array or tensor
         The targets.
     process_group : torch.distributed group or mpi4py communicator, optional
-        As in :func:`classification_metrics`.
+        As in ``classification_metrics``.
 
     Returns
     -------
