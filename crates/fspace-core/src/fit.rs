@@ -137,3 +137,38 @@ pub struct Silent;
 impl Observer for Silent {
     fn observe(&mut self, _: &Progress) {}
 }
+
+/// One process's part of a fit sharded over several processes (a minibatch training loop's:
+/// VaLLA, MAP and FSP-Laplace training): process `rank` of `world`, whose rows follow those of
+/// the processes before it in the global order, and `reduce(part, failed)`, which returns the
+/// sum of every process's `part` — or an error (of the method's type `E`) where any process
+/// said `failed`. The engine behind it (a torch.distributed group, MPI) is the caller's: the
+/// methods know none. Every process calls the fit with the same model and settings; a process
+/// whose own work fails sends the failure flag in its next reduce and returns its error, so
+/// none waits forever.
+pub struct Shard<'a, E> {
+    /// This process's position.
+    pub rank: usize,
+    /// The number of processes.
+    pub world: usize,
+    /// The all-reduce (sum) of a vector over the processes, with a failure flag.
+    pub reduce: &'a mut dyn FnMut(DVector<f64>, bool) -> std::result::Result<DVector<f64>, E>,
+}
+
+impl<E> Shard<'_, E> {
+    /// `part` summed over the processes; a local error is sent as the failure flag (with zeros
+    /// of the `width` the others send) and returned.
+    pub fn sum(
+        &mut self,
+        part: std::result::Result<DVector<f64>, E>,
+        width: usize,
+    ) -> std::result::Result<DVector<f64>, E> {
+        match part {
+            Ok(part) => (self.reduce)(part, false),
+            Err(e) => {
+                let _ = (self.reduce)(DVector::zeros(width), true);
+                Err(e)
+            }
+        }
+    }
+}

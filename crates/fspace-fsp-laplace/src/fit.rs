@@ -396,6 +396,148 @@ pub fn fit_posthoc_sharded<N: Network + Clone>(
     Ok(Fitted { posterior, report })
 }
 
+/// [`fit_observed`] (Alg. 1, then Alg. 2) over data sharded across processes: every process
+/// passes its own training rows (and its own validation rows, or none) with the same network,
+/// prior and settings; the global rows are the processes' rows in rank order. Alg. 1 runs
+/// [`crate::train_sharded`] — the minibatches and the context points drawn from the shared
+/// seed, each step's data term all-reduced, the prior term added once, early stopping on the
+/// validation NLL of every process's rows — so every process trains the same weights; Alg. 2
+/// then sums its one data term over the processes (a status round first, so that a process
+/// failing before its sum releases the others). What the processes must share is checked
+/// first: the context box given (`context_box`: the box of every process's points), no
+/// context taken from the data (`context_includes_data`, `design = Dataset`) and no
+/// `truncate_at_data`.
+pub fn fit_sharded<N: Network + Clone>(
+    mut net: N,
+    likelihood: LikelihoodSpec,
+    prior: &GpPrior,
+    data: &Data,
+    config: &FspConfig,
+    shard: fspace_core::Shard<'_, crate::FspError>,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<FspLaplace<N>, FitSummary>> {
+    let fspace_core::Shard { rank, world, reduce } = shard;
+    let (x, y) = (data.x(), &data.y_flat());
+    let val_flat = data.validation_flat();
+    let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
+    let checked = (|| -> Result<(BoundingBox, Box<dyn fspace_core::Likelihood>)> {
+        let Some(bbox) = config.context_box.clone() else {
+            return Err(invalid(
+                "context_box",
+                "a sharded fit needs the context box given: the data's box differs between the processes \
+                 (take the box of all the shards' points)",
+            ));
+        };
+        if config.context_includes_data
+            || config.design == ContextDesign::Dataset
+            || config.laplace.truncate_at_data
+        {
+            return Err(invalid(
+                "context points",
+                "a sharded fit draws them in the context box alone: context_includes_data, design = Dataset and \
+                 truncate_at_data take them from the data, which no process holds whole",
+            ));
+        }
+        check_memory(net.params().len(), net.output_dim(), x.nrows(), config, true)?;
+        if matches!(config.schedule.length, Span::Steps(0) | Span::Epochs(0)) {
+            return Err(invalid(
+                "schedule length",
+                "must be ≥ 1: fit trains the network under the prior (Alg. 1)",
+            ));
+        }
+        Ok((bbox, likelihood.build()?))
+    })();
+    let (bbox, mut lik) = match checked {
+        Ok(ok) => ok,
+        Err(e) => {
+            // The others wait in the training's first all-reduce (the row counts, 2·world values).
+            let _ = reduce(DVector::zeros(2 * world), true);
+            return Err(e);
+        }
+    };
+    let steps_per_epoch = x.nrows().max(1).div_ceil(config.batch_size.clamp(1, x.nrows().max(1)));
+    let total = config.schedule.length.in_epochs(steps_per_epoch);
+    let progress = |p: &TrainProgress| {
+        observer.observe(&Progress {
+            step: p.epoch,
+            total,
+            loss: Some(p.train_loss),
+            validation: p.validation_loss,
+        })
+    };
+    let train_options = config.train_options(likelihood.learns_noise());
+    let t0 = Instant::now();
+    let report = {
+        let mut nn_reduce = |part: DVector<f64>, failed: bool| {
+            reduce(part, failed).map_err(|e| fspace_nn::NnError::Callback(e.to_string()))
+        };
+        let shard = fspace_core::Shard { rank, world, reduce: &mut nn_reduce };
+        crate::train::train_sharded(
+            &mut net,
+            lik.as_mut(),
+            prior,
+            x,
+            y,
+            validation,
+            &UniformSampler::new(bbox.clone()),
+            &train_options,
+            progress,
+            Some(shard),
+        )?
+    };
+    let fitted = match likelihood.noise_std() {
+        Some(_) => likelihood.with_noise_std(lik.params()[0].exp()),
+        None => likelihood,
+    };
+    let train_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let context = config.laplace_context(&bbox, x)?;
+    let mut called = false;
+    let post = {
+        // Alg. 2's one sum: a status round (every process reached it) that also brings rank 0's
+        // basis fingerprint to every process (the others send zeros: the sum is its bits), then
+        // the k × k part — refused on every process, through the failure flag, where a process's
+        // basis differs (weights that drifted apart would give parts in different bases).
+        let mut step = |part: DMatrix<f64>, fingerprint: &[f64]| -> Result<DMatrix<f64>> {
+            called = true;
+            let mut status = DVector::zeros(1 + fingerprint.len());
+            if rank == 0 {
+                status.rows_mut(1, fingerprint.len()).copy_from_slice(fingerprint);
+            }
+            let first = reduce(status, false)?;
+            let (r, c) = part.shape();
+            if first.rows(1, fingerprint.len()).iter().ne(fingerprint.iter()) {
+                let _ = reduce(DVector::zeros(r * c), true);
+                return Err(invalid(
+                    "Alg. 2's basis",
+                    "differs from process 0's: the processes' trained weights are not the same bits",
+                ));
+            }
+            let summed = reduce(DVector::from_column_slice(part.as_slice()), false)?;
+            Ok(DMatrix::from_column_slice(r, c, summed.as_slice()))
+        };
+        crate::laplace_sharded(&net, lik.as_ref(), prior, x, y, &context, &config.laplace, &mut step)
+    };
+    let post = match post {
+        Ok(post) => post.with_likelihood(fitted)?,
+        Err(e) => {
+            if !called {
+                // The status round's width: the flag and the 3-number fingerprint.
+                let _ = reduce(DVector::zeros(4), true);
+            }
+            return Err(e);
+        }
+    };
+    let summary = FitSummary {
+        train: report,
+        train_seconds,
+        laplace_seconds: t1.elapsed().as_secs_f64(),
+        context_box: bbox,
+        likelihood: fitted,
+    };
+    Ok(Fitted { posterior: post, report: summary })
+}
+
 fn fit_inner<N: Network + Clone>(
     mut net: N,
     likelihood: LikelihoodSpec,

@@ -205,6 +205,25 @@ pub fn train<N: Network>(
     options: &TrainOptions,
     progress: impl FnMut(&TrainProgress),
 ) -> Result<TrainReport> {
+    train_sharded(net, likelihood, prior, x, y, validation, context, options, progress, None)
+}
+
+/// [`train`] over data sharded across processes ([`fspace_nn::train_map_sharded`]): each
+/// process passes its own rows; the context points are drawn from the same generator on every
+/// process, so the prior term is the same everywhere and added once.
+#[allow(clippy::too_many_arguments)]
+pub fn train_sharded<N: Network>(
+    net: &mut N,
+    likelihood: &mut dyn Likelihood,
+    prior: &GpPrior,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    context: &dyn Sampler,
+    options: &TrainOptions,
+    progress: impl FnMut(&TrainProgress),
+    shard: Option<fspace_core::Shard<'_, NnError>>,
+) -> Result<TrainReport> {
     prior.check(net.input_dim(), net.output_dim())?;
     ensure_dim("likelihood outputs vs. network outputs", net.output_dim(), likelihood.output_dim())?;
     ensure_dim("context sampler dimension vs. network inputs", net.input_dim(), context.dim())?;
@@ -231,7 +250,20 @@ pub fn train<N: Network>(
         }
     };
     let hook: &mut fspace_nn::Regularizer<'_, N> = &mut hook;
-    let result = train_map(net, likelihood, x, y, validation, Some(hook), &options.train, progress);
+    let result = match shard {
+        None => train_map(net, likelihood, x, y, validation, Some(hook), &options.train, progress),
+        Some(shard) => fspace_nn::train_map_sharded(
+            net,
+            likelihood,
+            x,
+            y,
+            validation,
+            Some(hook),
+            &options.train,
+            progress,
+            shard,
+        ),
+    };
     match (result, failure) {
         (Ok(report), _) => Ok(report),
         // The regulariser runs beside the data pass: its failure is the one reported only

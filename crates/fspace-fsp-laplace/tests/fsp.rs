@@ -713,3 +713,125 @@ fn a_sharded_posthoc_fit_is_the_single_process_one() {
     };
     assert!(fit_posthoc_sharded(net, lik, &prior, &data, &bad, &mut identity).is_err());
 }
+
+/// `fit_sharded` on `world` threads: process `r` holds the training rows `bounds[r]..bounds[r+1]`
+/// and, if `r == 0`, the validation set.
+#[allow(clippy::too_many_arguments)]
+fn sharded_fsp(
+    net: &Mlp,
+    lik: fspace_core::LikelihoodSpec,
+    prior: &GpPrior,
+    (x, y): (&DMatrix<f64>, &DMatrix<f64>),
+    (xv, yv): (&DMatrix<f64>, &DMatrix<f64>),
+    bounds: &[usize],
+    config: &FspConfig,
+    bad_targets_on: Option<usize>,
+) -> Vec<Result<Fitted<FspLaplace<Mlp>, FitSummary>>> {
+    let world = bounds.len() - 1;
+    let reducer = fspace_testutil::ThreadReduce::new(world);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let reducer = &reducer;
+                scope.spawn(move || {
+                    let (s, e) = (bounds[rank], bounds[rank + 1]);
+                    let xs = x.rows(s, e - s).into_owned();
+                    let mut ys = y.rows(s, e - s).into_owned();
+                    if bad_targets_on == Some(rank) {
+                        ys.fill(f64::NAN);
+                    }
+                    let mut reduce = |part: DVector<f64>, failed: bool| {
+                        reducer.reduce(rank, part, failed).ok_or_else(|| {
+                            FspError::Input(InputError::Invalid {
+                                what: "the sum over the processes",
+                                reason: "another process failed".into(),
+                            })
+                        })
+                    };
+                    let shard = fspace_core::Shard { rank, world, reduce: &mut reduce };
+                    // A NaN target is refused by Data::new: the process tells the others itself.
+                    let data = match fspace_core::Data::new(&xs, &ys) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            let _ = (shard.reduce)(DVector::zeros(2 * world), true);
+                            return Err(e.into());
+                        }
+                    };
+                    let data = if rank == 0 { data.with_validation(xv, yv)? } else { data };
+                    fit_sharded(net.clone(), lik, prior, &data, config, shard, &mut fspace_core::Silent)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// FSP-Laplace (Alg. 1 then Alg. 2) over 2 and 3 "processes" (threads; uneven contiguous
+/// shards of 61 points, validation on one process, σ learned, early stopping): every process
+/// trains the single-process weights and σ (to 1e-10: the sums' order) after the same steps,
+/// and its posterior is the single-process Alg. 2 at those weights (to 1e-10); the processes'
+/// posteriors are the same bits. (Alg. 2 itself moves by 1e-4 for a one-ulp change of the
+/// weights at these settings — the prior's pseudo-inverse at 30 context points — so the
+/// sharded posterior is compared at the weights it was taken at.) A process with bad data
+/// fails with its error and the others with the reduce's.
+#[test]
+fn a_sharded_fsp_laplace_fit_is_the_single_process_one() {
+    let mut r = rng(31);
+    let x = rand_uniform(61, 1, -1.0, 1.0, &mut r);
+    let y = x.map(|v| (3.0 * v).sin()) + rand_uniform(61, 1, -0.1, 0.1, &mut r);
+    let xv = rand_uniform(17, 1, -1.0, 1.0, &mut r);
+    let yv = xv.map(|v| (3.0 * v).sin());
+    let prior = GpPrior::centered(Rbf::new(1.0, 0.4).unwrap());
+    let lik = fspace_core::LikelihoodSpec::gaussian_learned(0.3);
+    let config = FspConfig {
+        context_box: Some(BoundingBox::from_data(&x, 0.5).unwrap()),
+        n_context: 12,
+        n_laplace_context: 30,
+        batch_size: 16,
+        learning_rate: 1e-2,
+        schedule: fspace_core::Schedule::steps(60).every_steps(10).patience(2),
+        ..Default::default()
+    };
+    let net = mlp(1, 1, 32);
+    let data = fspace_core::Data::new(&x, &y).unwrap().with_validation(&xv, &yv).unwrap();
+    let whole = fit(net.clone(), lik, &prior, &data, &config).unwrap();
+    let sigma = |s: &FitSummary| s.likelihood.noise_std().unwrap();
+    let grid = DMatrix::from_fn(9, 1, |i, _| -1.5 + 0.375 * i as f64);
+    for bounds in [vec![0, 30, 61], vec![0, 5, 40, 61]] {
+        let what = format!("{} processes", bounds.len() - 1);
+        let fits: Vec<_> = sharded_fsp(&net, lik, &prior, (&x, &y), (&xv, &yv), &bounds, &config, None)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        for got in &fits {
+            assert_eq!(got.report.train.steps, whole.report.train.steps, "{what}");
+            assert_eq!(got.report.train.best_step, whole.report.train.best_step, "{what}");
+            let (w1, w2) = (whole.posterior.network().params(), got.posterior.network().params());
+            assert!((&w2 - &w1).amax() < 1e-10 * w1.amax(), "{what}: weights differ");
+            assert!((sigma(&got.report) - sigma(&whole.report)).abs() < 1e-10, "{what}: σ differs");
+            // Alg. 2 in one process at the weights and σ the sharded training gave.
+            let at_these = fit_posthoc(
+                got.posterior.network().clone(),
+                fspace_core::LikelihoodSpec::gaussian(sigma(&got.report)),
+                &prior,
+                &fspace_core::Data::new(&x, &y).unwrap(),
+                &config,
+            )
+            .unwrap();
+            let (m1, c1) = fspace_core::Posterior::predict_joint(&at_these.posterior, &grid).unwrap();
+            let (m2, c2) = fspace_core::Posterior::predict_joint(&got.posterior, &grid).unwrap();
+            let (em, ec) = (rel_frob(&m2, &m1), rel_frob(&c2, &c1));
+            assert!(em < 1e-10 && ec < 1e-10, "{what}: mean {em:e}, covariance {ec:e}");
+            let (_, c0) = fspace_core::Posterior::predict_joint(&fits[0].posterior, &grid).unwrap();
+            assert!(same_bits(&c2, &c0), "{what}: the processes' posteriors differ");
+        }
+    }
+    let results = sharded_fsp(&net, lik, &prior, (&x, &y), (&xv, &yv), &[0, 30, 61], &config, Some(1));
+    assert!(results[0].as_ref().err().unwrap().to_string().contains("another process failed"));
+    assert!(!results[1].as_ref().err().unwrap().to_string().contains("another process"));
+    // What the processes cannot share is refused on every process, none waiting.
+    let bad = FspConfig { context_box: None, ..config.clone() };
+    for result in sharded_fsp(&net, lik, &prior, (&x, &y), (&xv, &yv), &[0, 30, 61], &bad, None) {
+        assert!(result.err().unwrap().to_string().contains("context_box"));
+    }
+}

@@ -8,7 +8,7 @@
 
 use fspace_core::{
     Adam, Data, Fitted, Likelihood, LikelihoodSpec, Minibatches, Observer, Progress, Schedule, ScheduleRun,
-    Silent, StopDecision,
+    Shard, Silent, StopDecision,
 };
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
@@ -116,11 +116,45 @@ pub fn train_map<N: Network>(
     x: &DMatrix<f64>,
     y: &DVector<f64>,
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
-    mut regularizer: Option<&mut Regularizer<'_, N>>,
+    regularizer: Option<&mut Regularizer<'_, N>>,
     config: &TrainConfig,
-    mut progress: impl FnMut(&TrainProgress),
+    progress: impl FnMut(&TrainProgress),
 ) -> Result<TrainReport> {
-    let n = x.nrows();
+    train_map_inner(net, likelihood, x, y, validation, regularizer, config, progress, None)
+}
+
+/// [`train_map`] over data sharded across processes: every process calls it with its own rows
+/// (`x`, `y`; the global rows are the processes' rows in rank order), its own validation rows
+/// or none, and the same network, likelihood, regulariser and settings. Each step draws the
+/// global minibatch from the shared seed; every process evaluates the data term on the batch's
+/// rows it holds (scaled by `N / B`), the loss and its gradients in the weights and the
+/// likelihood's parameters (`1 + p + |likelihood params|` numbers) are all-reduced, and the
+/// regulariser — drawn from the same generator on every process — is added once; the
+/// validation NLL is summed over every process's validation rows. Every process therefore
+/// takes the single-process steps, up to the order of the additions. The first all-reduce
+/// carries the processes' row counts (`2·world` numbers).
+#[allow(clippy::too_many_arguments)]
+pub fn train_map_sharded<N: Network>(
+    net: &mut N,
+    likelihood: &mut dyn Likelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    regularizer: Option<&mut Regularizer<'_, N>>,
+    config: &TrainConfig,
+    progress: impl FnMut(&TrainProgress),
+    shard: Shard<'_, NnError>,
+) -> Result<TrainReport> {
+    train_map_inner(net, likelihood, x, y, validation, regularizer, config, progress, Some(shard))
+}
+
+/// The settings' and targets' checks of a training run.
+fn check_training(
+    likelihood: &dyn Likelihood,
+    n: usize,
+    y: &DVector<f64>,
+    config: &TrainConfig,
+) -> Result<()> {
     let t = likelihood.target_dim();
     if y.len() != n * t {
         return Err(NnError::Input(InputError::DimensionMismatch {
@@ -137,15 +171,59 @@ pub fn train_map<N: Network>(
             reason: format!("{} must be finite and ≥ 0", config.weight_decay),
         }));
     }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn train_map_inner<N: Network>(
+    net: &mut N,
+    likelihood: &mut dyn Likelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    mut regularizer: Option<&mut Regularizer<'_, N>>,
+    config: &TrainConfig,
+    mut progress: impl FnMut(&TrainProgress),
+    mut shard: Option<Shard<'_, NnError>>,
+) -> Result<TrainReport> {
+    let t = likelihood.target_dim();
+    let checked = check_training(&*likelihood, x.nrows(), y, config);
+    // Sharded: the first all-reduce gives every process's training and validation row counts
+    // (or says that one failed its checks).
+    let (n, offset, has_validation) = match shard.as_mut() {
+        None => {
+            checked?;
+            (x.nrows(), 0, validation.is_some())
+        }
+        Some(shard) => {
+            let (rank, world) = (shard.rank, shard.world);
+            if rank >= world {
+                return Err(NnError::Input(InputError::Invalid {
+                    what: "shard",
+                    reason: format!("rank {rank} of {world} processes"),
+                }));
+            }
+            let part = checked.map(|()| {
+                let mut part = DVector::zeros(2 * world);
+                part[rank] = x.nrows() as f64;
+                part[world + rank] = validation.map_or(0, |(xv, _)| xv.nrows()) as f64;
+                part
+            });
+            let counts = shard.sum(part, 2 * world)?;
+            let before: f64 = counts.rows(0, rank).sum();
+            (counts.rows(0, world).sum() as usize, before as usize, counts.rows(world, world).sum() > 0.0)
+        }
+    };
     let batches =
         Minibatches::new(n, config.batch_size, false).map_err(|e| NnError::Likelihood(e.to_string()))?;
-    let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), validation.is_some())
+    let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), has_validation)
         .map_err(schedule_error)?;
     let mut rng = StdRng::seed_from_u64(config.seed);
     // Minibatch rows are gathered from a point-major copy: a column-major gather touches
     // every column of the whole data set per batch (cache misses dominate on MNIST).
     let d = x.ncols();
     let x_rows = x.transpose();
+    let rows_here = offset..offset + x.nrows();
     let mut theta = net.params();
     let p = theta.len();
     let n_lik = if config.learn_likelihood { likelihood.params().len() } else { 0 };
@@ -160,22 +238,32 @@ pub fn train_map<N: Network>(
         let mut validation_loss = None;
         let epoch_batches = batches.epoch(&mut rng);
         for idx in &epoch_batches {
-            fspace_input::interrupt::check("training")?;
-            // Contiguous row copies from the point-major copy, then one transposition.
-            let mut rows = Vec::with_capacity(idx.len() * d);
-            for &i in idx {
+            let interrupted = fspace_input::interrupt::check("training").map_err(NnError::from);
+            if shard.is_none() {
+                interrupted.clone()?;
+            }
+            // The batch's rows this process holds (all of them in one process). Contiguous row
+            // copies from the point-major copy, then one transposition.
+            let held: Vec<usize> =
+                idx.iter().filter(|i| rows_here.contains(i)).map(|&i| i - offset).collect();
+            let mut rows = Vec::with_capacity(held.len() * d);
+            for &i in &held {
                 rows.extend_from_slice(&x_rows.as_slice()[i * d..(i + 1) * d]);
             }
-            let xb = DMatrix::from_row_slice(idx.len(), d, &rows);
+            let xb = DMatrix::from_row_slice(held.len(), d, &rows);
             let yb = DVector::from_iterator(
-                idx.len() * t,
-                idx.iter().flat_map(|&i| (0..t).map(move |k| y[i * t + k])),
+                held.len() * t,
+                held.iter().flat_map(|&i| (0..t).map(move |k| y[i * t + k])),
             );
             let scale = n as f64 / idx.len() as f64;
-            let (mut nll, mut lik_grad) = (0.0, DVector::zeros(0));
+            let (mut nll, mut lik_grad) = (0.0, DVector::zeros(n_lik));
             let lik = &*likelihood;
             let shared: &N = net;
             let mut data_pass = || {
+                if held.is_empty() {
+                    // A process without rows in this batch adds nothing to the data term.
+                    return Ok((DMatrix::zeros(0, 0), DVector::zeros(p)));
+                }
                 shared.forward_vjp(&xb, &mut |f: &DMatrix<f64>| {
                     let lik_err = |e: fspace_core::CoreError| NnError::Likelihood(e.to_string());
                     nll = lik.nll(f, &yb).map_err(lik_err)?;
@@ -195,7 +283,23 @@ pub fn train_map<N: Network>(
                 }
                 None => (data_pass(), None),
             };
-            let (_, mut grad) = data?;
+            let mut grad = match shard.as_mut() {
+                None => data?.1,
+                Some(shard) => {
+                    // Every process's data term summed: [Σ nll, Σ ∂/∂w, Σ ∂/∂(likelihood)].
+                    let width = 1 + p + n_lik;
+                    let part = interrupted.and(data).map(|(_, g)| {
+                        DVector::from_iterator(
+                            width,
+                            std::iter::once(nll).chain(g.iter().copied()).chain(lik_grad.iter().copied()),
+                        )
+                    });
+                    let summed = shard.sum(part, width)?;
+                    nll = summed[0];
+                    lik_grad = summed.rows(1 + p, n_lik).into_owned();
+                    summed.rows(1, p).into_owned()
+                }
+            };
             let mut loss = scale * nll;
             if let Some(r) = regularized {
                 let (r, g) = r?;
@@ -233,14 +337,29 @@ pub fn train_map<N: Network>(
             total += loss;
             step += 1;
             steps_in_epoch += 1;
-            if let Some((xv, yv)) = validation.filter(|_| schedule.evaluates_after(step)) {
-                let mut v = nll_loss(net, &*likelihood, xv, yv)?;
+            if has_validation && schedule.evaluates_after(step) {
+                // Σ NLL over the validation rows (every process's, sharded) and their count.
+                let (mut v, count) = match shard.as_mut() {
+                    None => {
+                        let (xv, yv) = validation.expect("has_validation");
+                        (nll_loss(net, &*likelihood, xv, yv)?, xv.nrows() as f64)
+                    }
+                    Some(shard) => {
+                        let part = match validation {
+                            Some((xv, yv)) => nll_loss(net, &*likelihood, xv, yv)
+                                .map(|s| DVector::from_vec(vec![s, xv.nrows() as f64])),
+                            None => Ok(DVector::zeros(2)),
+                        };
+                        let summed = shard.sum(part, 2)?;
+                        (summed[0], summed[1])
+                    }
+                };
                 if config.validation_adds_regularizer {
                     if let Some(reg) = regularizer.as_deref_mut() {
                         v += reg(net, &mut rng)?.0;
                     }
                 }
-                let v = v / xv.nrows() as f64;
+                let v = v / count;
                 validation_loss = Some(v);
                 match schedule.record(step, v) {
                     StopDecision::Improved => best = (theta.clone(), lik_theta.clone()),

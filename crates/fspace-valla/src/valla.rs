@@ -296,19 +296,8 @@ pub fn fit_observed<N: Network + Clone>(
     Ok(Fitted { report: post.report.clone(), posterior: post })
 }
 
-/// One process's part of a sharded fit ([`fit_sharded`]): process `rank` of `world`, whose
-/// rows follow those of the processes before it in the global order, and `reduce(part,
-/// failed)`, which returns the sum of every process's `part` — or an error where any process
-/// said `failed` (the engine behind it, a process group, is the caller's: this crate knows
-/// none).
-pub struct Shard<'a> {
-    /// This process's position.
-    pub rank: usize,
-    /// The number of processes.
-    pub world: usize,
-    /// The all-reduce (sum) of a vector over the processes, with a failure flag.
-    pub reduce: &'a mut dyn FnMut(DVector<f64>, bool) -> Result<DVector<f64>>,
-}
+/// One process's part of a sharded fit ([`fit_sharded`]): `fspace_core::Shard` with VaLLA's error.
+pub type Shard<'a> = fspace_core::Shard<'a, VallaError>;
 
 /// [`fit_observed`] over data sharded across processes: every process calls it with its own
 /// training rows (and its own validation rows, or none) and the same network, likelihood and
@@ -393,24 +382,6 @@ impl Layout {
     }
 }
 
-/// The sharded fit's all-reduces, each with the failure flag: a local error is sent (as zeros
-/// of the width the others expect) and returned.
-struct Reducer<'a, 'b> {
-    shard: &'a mut Shard<'b>,
-}
-
-impl Reducer<'_, '_> {
-    fn sum(&mut self, part: Result<DVector<f64>>, width: usize) -> Result<DVector<f64>> {
-        match part {
-            Ok(part) => (self.shard.reduce)(part, false),
-            Err(e) => {
-                let _ = (self.shard.reduce)(DVector::zeros(width), true);
-                Err(e)
-            }
-        }
-    }
-}
-
 /// The k-means start over every process's rows: one clustering of all rows (regression), or
 /// one per class of that class's rows.
 fn initial_inducing_sharded(
@@ -419,7 +390,7 @@ fn initial_inducing_sharded(
     likelihood: VallaLikelihood,
     layout: &Layout,
     config: &VallaConfig,
-    reducer: &mut Reducer,
+    reducer: &mut Shard<'_>,
 ) -> Result<(DMatrix<f64>, Vec<usize>)> {
     let m = config.num_inducing;
     let mut sum = |part: Vec<f64>| -> fspace_gp::Result<Vec<f64>> {
@@ -484,13 +455,12 @@ fn fit_inner<N: Network + Clone>(
     let start = Instant::now();
     let q = net.output_dim();
     let local = prepare_local(&net, &spec, x, y, validation, config);
-    let mut reducer = shard.as_mut().map(|shard| Reducer { shard });
+    let mut reducer = shard.as_mut();
     // Sharded: the first all-reduce tells every process who holds what (or that one failed).
     let layout = match reducer.as_mut() {
         None => None,
         Some(reducer) => {
-            let world = reducer.shard.world;
-            let rank = reducer.shard.rank;
+            let (rank, world) = (reducer.rank, reducer.world);
             if rank >= world {
                 return Err(VallaError::Input(InputError::Invalid {
                     what: "shard",
