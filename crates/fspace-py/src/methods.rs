@@ -343,18 +343,18 @@ pub(crate) fn fit<'py>(
     match (method, reduce.is_some(), shard.is_some(), process.is_some()) {
         ("fsp_laplace_posthoc", _, false, false)
         | ("gfsvi", true, true, false)
-        | ("valla", true, false, true)
+        | ("valla" | "fsp_laplace", true, false, true)
         | (_, false, false, false) => {}
         ("gfsvi", _, _, _) => {
             return Err(value_error("a sharded GFSVI fit needs both reduce and shard=(offset, n_total)"))
         }
-        ("valla", _, _, _) => {
-            return Err(value_error("a sharded VaLLA fit needs both reduce and process=(rank, world)"))
+        ("valla" | "fsp_laplace", _, _, _) => {
+            return Err(value_error(format!("a sharded {method} fit needs both reduce and process=(rank, world)")))
         }
         _ => {
             return Err(value_error(format!(
-            "{method} fits on one process: a reduce step (a process group) is taken by post-hoc FSP-Laplace, \
-                 GFSVI and VaLLA"
+            "{method} fits on one process: a reduce step (a process group) is taken by FSP-Laplace, GFSVI and \
+                 VaLLA"
         )))
         }
     }
@@ -392,12 +392,14 @@ pub(crate) fn fit<'py>(
         }
     }
     if let (Some(reducer), Some((_, world)), Some(net)) = (reducer.as_mut(), process, net.as_ref()) {
-        // VaLLA's first all-reduce, the processes' layout (`world·(2 + d')` numbers).
+        // The first all-reduce, the processes' layout: VaLLA's `world·(2 + d')` numbers, MAP
+        // training's (FSP-Laplace) `2·world`.
         let checked = Data::new(&x, &y).and_then(|d| {
             d.with_optional_validation(validation.as_ref().map(|(xv, yv)| (xv, yv))).map(|_| ())
         });
         if let Err(e) = checked {
-            let _ = reducer.call_vector(&DVector::zeros(world * (2 + net.output_dim())), true);
+            let width = if method == "valla" { world * (2 + net.output_dim()) } else { 2 * world };
+            let _ = reducer.call_vector(&DVector::zeros(width), true);
             return Err(raise(e));
         }
     }
@@ -468,8 +470,22 @@ fn run(
             let net = need(net, method, "a network")?;
             let prior = need(prior, method, "a GP prior")?;
             if method == "fsp_laplace" {
-                let fitted = fspace_fsp_laplace::fit_observed(net, lik, &prior, &data, &cfg, observer)
-                    .map_err(raise)?;
+                let fitted = match (reduce, process) {
+                    (Some(reducer), Some((rank, world))) => {
+                        let mut step = |part: DVector<f64>, failed: bool| {
+                            reducer.call_vector(&part, failed).ok_or_else(|| {
+                                fspace_fsp_laplace::FspError::Input(fspace_input::InputError::Invalid {
+                                    what: "the sum over the processes",
+                                    reason: "the reduce step of FSP-Laplace failed".into(),
+                                })
+                            })
+                        };
+                        let shard = fspace_core::Shard { rank, world, reduce: &mut step };
+                        fspace_fsp_laplace::fit_sharded(net, lik, &prior, &data, &cfg, shard, observer)
+                    }
+                    _ => fspace_fsp_laplace::fit_observed(net, lik, &prior, &data, &cfg, observer),
+                }
+                .map_err(raise)?;
                 Ok((Fit::Fsp(fitted.posterior), report(&fitted.report)?))
             } else if let Some(reducer) = reduce {
                 let mut step = |part: DMatrix<f64>, fingerprint: &[f64]| reducer.call(part, fingerprint);

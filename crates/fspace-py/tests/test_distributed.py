@@ -161,6 +161,30 @@ def test_valla_shards_to_the_single_process_posterior(tmp_path):
     assert results[0]["error"][0] == "RuntimeError" and "another process" in results[0]["error"][1], results[0]
 
 
+def test_fsp_laplace_training_shards_to_the_single_process_fit(tmp_path):
+    """FSP-Laplace with Alg. 1 over 2 and 3 processes (uneven contiguous shards, σ learned,
+    validation points on the first process only, Alg. 2's prior factor jittered): every
+    process trains the single-process weights and σ to 1e-10 in the same steps and gets the
+    single-process predictive to 1e-10 (2e-12 here), the same on every process. Without the
+    jitter Alg. 2 moves by up to 1e-4 for a one-ulp change of the weights, which the sums' order
+    gives; the Rust test `a_sharded_fsp_laplace_fit_is_the_single_process_one` compares it at the
+    weights it was taken at."""
+    single = _run("fsp_training", 1, tmp_path)[0]
+    assert "error" not in single, single.get("error")
+    want = single["fsp_training"]
+    for world in (2, 3):
+        results = _run("fsp_training", world, tmp_path)
+        for res in results:
+            assert "error" not in res, f"rank {res['rank']}: {res.get('error')}"
+            got = res["fsp_training"]
+            assert (got["steps"], got["best"]) == (want["steps"], want["best"])
+            for g, w in zip(got["weights"], want["weights"]):
+                _close(g, w, 1e-10, f"{world} processes, weights")
+            _close(got["sigma"], want["sigma"], 1e-10, f"{world} processes, σ")
+            _close_predictive(got["predictive"], want["predictive"], True, 1e-10, f"{world} processes, predictive")
+            assert got == results[0]["fsp_training"], "the processes differ"
+
+
 def test_ella_shards_to_the_single_process_posterior(tmp_path):
     """ELLA over 2 and 3 processes (uneven shards of 800 training and 201 validation points):
     the Nyström points drawn from all the shards in index order, ``G`` all-reduced and the
@@ -391,6 +415,11 @@ def test_mpi_is_a_second_engine_with_the_same_posterior(tmp_path):
         for res in results:
             _close_predictive(res["valla"][lik]["predictive"], want["predictive"], lik == "regression", 1e-10,
                               f"MPI, VaLLA {lik}")
+    single_training = _run("fsp_training", 1, tmp_path)[0]["fsp_training"]
+    for res in results:
+        _close(res["fsp_training"]["sigma"], single_training["sigma"], 1e-10, "MPI, FSP-Laplace training, σ")
+        _close_predictive(res["fsp_training"]["predictive"], single_training["predictive"], True, 1e-10,
+                          "MPI, FSP-Laplace training")
     single_ella = _run("ella", 1, tmp_path)[0]["ella"]
     for lik, want in single_ella.items():
         for res in results:

@@ -169,6 +169,14 @@ def _schedule(base: Dict[str, Any], epochs: Optional[int], steps: Optional[int],
     return out
 
 
+def _context_box_of_all(group: Any, x: np.ndarray, config: Dict[str, Any]) -> Dict[str, Any]:
+    """FSP-Laplace's context box over every process's points: the data's box, widened by
+    ``widen`` as Rust widens one process's (``BoundingBox::from_data``)."""
+    lo, hi = global_box(group, x)
+    widen = float(config.get("widen", 0.5))
+    return {"lower": (lo - widen * (hi - lo)).tolist(), "upper": (hi + widen * (hi - lo)).tolist()}
+
+
 def _schedule_holder(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The dict of ``config`` that holds its ``schedule`` (top level, or GFSVI's ``optim``)."""
     if "schedule" in config:
@@ -427,17 +435,19 @@ class _NetworkMethod(_Fitted):
         progress_bar : bool, default False
             laplace-torch's name for ``progress=True``.
         process_group : torch.distributed group or mpi4py communicator, optional
-            Post-hoc FSP-Laplace (``train=False``) and GFSVI shard over it: each process passes
-            its own points and every process ends with the posterior of all the points
-            (``docs/scaling-out.md``). Post-hoc FSP-Laplace all-reduces its one sum over the
-            data; GFSVI all-reduces every step's data term, its minibatches drawn over the
+            FSP-Laplace, GFSVI and VaLLA shard over it: each process passes its own points and
+            every process ends with the posterior of all the points (``docs/scaling-out.md``).
+            Post-hoc FSP-Laplace all-reduces its one sum over the data; FSP-Laplace's training
+            all-reduces every step's data term (the prior's term is the same on every process
+            and counted once) and early-stops on every process's ``val`` points together;
+            GFSVI all-reduces every step's data term, its minibatches drawn over the
             global rows — the processes' rows in process order, so contiguous shards give the
             single-process run — and refuses ``val``. VaLLA clusters its inducing points over
             every process's points, all-reduces every step's data term (the same global rows and
             order as GFSVI) and early-stops on every process's ``val`` points together (a
             process may have none). ``None``: torch.distributed's default group when it is
-            initialised with more than one process; ``False``: this process alone. The other
-            methods fit on one process and refuse a group.
+            initialised with more than one process; ``False``: this process alone. ``ELLA`` and
+            ``ExactGP`` fit on one process (laplace-torch's ELLA, ``Laplace(..., "gp")``, shards).
 
         Returns
         -------
@@ -455,15 +465,16 @@ class _NetworkMethod(_Fitted):
         """
         group = _group(process_group)
         method = self._fit_method()
-        if group is not None and method not in ("fsp_laplace_posthoc", "gfsvi", "valla"):
+        if group is not None and method not in ("fsp_laplace", "fsp_laplace_posthoc", "gfsvi", "valla"):
             raise NotImplementedError(
                 f"{type(self).__name__} fits on one process, and torch.distributed (or the given group) has "
-                "several: shard post-hoc FSP-Laplace (train=False), GFSVI, VaLLA or Laplace, or pass "
-                "process_group=False to fit this process's data alone"
+                "several: shard FSP-Laplace, GFSVI, VaLLA or Laplace, or pass process_group=False to fit this "
+                "process's data alone"
             )
-        # VaLLA early-stops on every process's validation points: it does when any process has some.
+        # VaLLA and FSP-Laplace's training early-stop on every process's validation points: they
+        # do when any process has some.
         val_anywhere = val is not None
-        if group is not None and method == "valla":
+        if group is not None and method in ("valla", "fsp_laplace"):
             val_anywhere = bool(group.all_reduce(np.array([float(val is not None)]), "max")[0] > 0)
         if group is not None and method == "gfsvi" and val is not None:
             raise NotImplementedError(
@@ -498,9 +509,14 @@ class _NetworkMethod(_Fitted):
         # Sharded: a process whose data are refused here tells the others before they wait.
         x, yy, config, xv, yv = prepare() if group is None else agreed(group, prepare)
         shard = process = None
-        if group is not None and method == "valla":
+        if group is not None and method in ("valla", "fsp_laplace"):
+            name = "VaLLA" if method == "valla" else "FSP-Laplace"
+            # The context box first: the agreement below covers the settings with it.
+            if method == "fsp_laplace" and config.get("context_box") is None:
+                config["context_box"] = _context_box_of_all(group, x, config)
             agree_on(group, self._fingerprint(config, x.shape[1]),
-                     "the processes disagree on the model or the VaLLA settings: give every process the same ones")
+                     f"the processes disagree on the model, the prior or the {name} settings: give every process "
+                     "the same ones")
             process = (group.rank, group.size)
         if group is not None and method == "gfsvi":
             agree_on(group, self._fingerprint(config, x.shape[1]),
@@ -515,11 +531,7 @@ class _NetworkMethod(_Fitted):
                 lo, hi = global_box(group, x)
                 config["measurement_box"] = {"lower": lo.tolist(), "upper": hi.tolist()}
         if group is not None and method == "fsp_laplace_posthoc" and config.get("context_box") is None:
-            # The data's box over every process's points, widened as Rust widens one shard's.
-            lo, hi = global_box(group, x)
-            widen = float(config.get("widen", 0.5))
-            config["context_box"] = {"lower": (lo - widen * (hi - lo)).tolist(),
-                                     "upper": (hi + widen * (hi - lo)).tolist()}
+            config["context_box"] = _context_box_of_all(group, x, config)
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         if progress_bar and progress is None:
