@@ -18,7 +18,10 @@ over the data as it is formed (the factor sums, then EKFAC's eigenvalues; a `p`-
 product); their bytes are counted at the all-reduce itself. ``--valla`` runs VaLLA (`--inducing`
 inducing points, `--steps` Adam steps on batches of 128, no validation; each process passes its
 contiguous rows, the k-means start and every step's data term are all-reduced), bytes counted at
-the all-reduce.
+the all-reduce. ``--fsp-train`` runs FSP-Laplace with its training (Alg. 1: `--steps` Adam steps
+on batches of 128 with 100 context points a step, an RBF prior per class; then Alg. 2 with
+`--max-rank` Lanczos vectors at 100 Halton context points), each process passing its contiguous
+rows; bytes counted at the all-reduce.
 
     python scripts/compare/sharded_fit.py [--n 59800]
     python scripts/compare/sharded_fit.py --fsp [--n 10000] [--max-rank 100]
@@ -26,6 +29,7 @@ the all-reduce.
     python scripts/compare/sharded_fit.py --gfsvi [--n 59800] [--steps 100]
     python scripts/compare/sharded_fit.py --multipass [--n 10000] [--rank 20]
     python scripts/compare/sharded_fit.py --valla [--n 59800] [--steps 100] [--inducing 100]
+    python scripts/compare/sharded_fit.py --fsp-train [--n 59800] [--steps 100] [--max-rank 100]
 
 Opt-in (not part of the test suite): needs torch beside the `fspace` package.
 """
@@ -77,6 +81,10 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
         prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
         la = fspace.GFSVI(mnist_mlp(seed=0), "classification", prior, steps=steps, measurement_points=20,
                           class_samples=2, optim={"batch_size": 128, "learning_rate": 1e-3, "seed": 0})
+    elif subset == "fsp-train":
+        prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
+        la = fspace.FSPLaplace(mnist_mlp(seed=0), "classification", prior, steps=steps, batch_size=128,
+                               learning_rate=1e-3, n_context=100, laplace={"max_rank": max_rank})
     elif subset == "valla":
         la = fspace.VaLLA(mnist_mlp(seed=0), "classification", steps=steps, num_inducing=inducing, batch_size=128,
                           learning_rate=1e-3, seed=0)
@@ -85,7 +93,7 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
     else:
         la = fspace.Laplace(mnist_mlp(seed=0), "classification", subset, structure)
     counted = [0]
-    if (structure in ("ekfac", "lowrank") or subset == "valla") and world > 1:
+    if (structure in ("ekfac", "lowrank") or subset in ("valla", "fsp-train")) and world > 1:
         # Every all-reduce of the fit, counted where it is sent.
         from fspace import _distributed
 
@@ -119,7 +127,7 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
         # The settings' agreement (2 + 2 × 8), the prep status (1), the counts (2), the box
         # (2 × 784), then each step's data term with its failure flag (2p + 3).
         sent = 0 if world == 1 else 8 * (2 + 16 + 1 + 2 + 2 * x.shape[1] + steps * (2 * p + 3))
-    elif subset == "valla":
+    elif subset in ("valla", "fsp-train"):
         lo, hi = rank * n // world, (rank + 1) * n // world
         la.fit(x[lo:hi], y[lo:hi])
         seconds = time.perf_counter() - start
@@ -133,7 +141,7 @@ def child(subset, structure, n, world, rank, port, max_rank=100, extra=(1000, 10
         seconds = time.perf_counter() - start
         sent = 0 if world == 1 else 8 * (np.array(la._la.sums_flat()).size + 3)
     probs = la(xt)
-    report = la.report if subset not in ("fsp", "ella", "gfsvi", "valla") else {}
+    report = la.report if subset not in ("fsp", "ella", "gfsvi", "valla", "fsp-train") else {}
     print(json.dumps({"rank": rank, "seconds": seconds, "peak_mib": peak_mb(), "bytes_sent": sent,
                       "lanczos_products": report.get("lanczos_iterations"), "probs": probs.tolist()}))
     if world > 1:
@@ -169,6 +177,7 @@ def main():
     ap.add_argument("--multipass", action="store_true", help="Laplace ekfac and lowrank instead of the one-pass rows")
     ap.add_argument("--rank", type=int, default=20, help="--multipass: lowrank's eigenpairs")
     ap.add_argument("--valla", action="store_true", help="VaLLA instead of the Laplace rows")
+    ap.add_argument("--fsp-train", action="store_true", help="FSP-Laplace with its training instead")
     ap.add_argument("--inducing", type=int, default=100, help="--valla: inducing points")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -182,6 +191,7 @@ def main():
 
     rows = [("fsp", "posthoc")] if args.fsp else [("ella", "nystrom")] if args.ella else \
         [("gfsvi", "meanfield")] if args.gfsvi else [("valla", "probit")] if args.valla else \
+        [("fsp-train", "alg1+2")] if args.fsp_train else \
         MULTIPASS_ROWS if args.multipass else ROWS
     for subset, structure in rows:
         one = run(subset, structure, n, 1, args.max_rank, extra)[0]

@@ -8,7 +8,7 @@
 //! parallel. The centroid sums keep the points' order.
 
 use nalgebra::DMatrix;
-use rand::distributions::{Distribution, WeightedIndex};
+use rand::distributions::Distribution;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -59,68 +59,11 @@ fn nearest(p: &[f64], cent: &[f64], cent_t: &[f64], k: usize) -> usize {
 /// `k` centroids (`k × d`) of the rows of `x` after at most `max_iter` Lloyd iterations from a
 /// seeded k-means++ start. Errors: `k = 0`, `k > n`, non-finite data.
 pub fn kmeans(x: &DMatrix<f64>, k: usize, max_iter: usize, seed: u64) -> Result<DMatrix<f64>> {
-    let (n, d) = x.shape();
-    if k == 0 || k > n {
-        return Err(invalid("k", format!("need 1 ≤ k ≤ n = {n}, got {k}")));
-    }
-    if x.iter().any(|v| !v.is_finite()) {
-        return Err(invalid("k-means data", "contains NaN or ±∞"));
-    }
-    let mut rng = StdRng::seed_from_u64(seed);
-    // Row i of x is points[i·d .. (i+1)·d].
-    let xt = x.transpose();
-    let points = xt.as_slice();
-    let point = |i: usize| &points[i * d..(i + 1) * d];
-    let mut cent = vec![0.0; k * d];
-    cent[..d].copy_from_slice(point(rng.gen_range(0..n)));
-    let mut dist: Vec<f64> = (0..n).into_par_iter().map(|i| sq(point(i), &cent[..d])).collect();
-    for j in 1..k {
-        let next = match WeightedIndex::new(&dist) {
-            Ok(w) => w.sample(&mut rng),
-            Err(_) => rng.gen_range(0..n), // all remaining points coincide with centroids
-        };
-        cent[j * d..(j + 1) * d].copy_from_slice(point(next));
-        let c = &cent[j * d..(j + 1) * d];
-        dist.par_iter_mut().enumerate().for_each(|(i, di)| *di = di.min(sq(point(i), c)));
-    }
-    let mut assign = vec![usize::MAX; n];
-    let mut cent_t = vec![0.0; k * d];
-    for _ in 0..max_iter {
-        for j in 0..k {
-            for t in 0..d {
-                cent_t[t * k + j] = cent[j * d + t];
-            }
-        }
-        let mut changed = false;
-        let best: Vec<usize> = (0..n)
-            .into_par_iter()
-            .with_min_len(POINTS_PER_TASK)
-            .map(|i| nearest(point(i), &cent, &cent_t, k))
-            .collect();
-        for (a, b) in assign.iter_mut().zip(best) {
-            changed |= *a != b;
-            *a = b;
-        }
-        if !changed {
-            break;
-        }
-        let mut sums = vec![0.0; k * d];
-        let mut counts = vec![0usize; k];
-        for (i, &a) in assign.iter().enumerate() {
-            counts[a] += 1;
-            for (s, v) in sums[a * d..(a + 1) * d].iter_mut().zip(point(i)) {
-                *s += v;
-            }
-        }
-        for j in 0..k {
-            if counts[j] > 0 {
-                for t in 0..d {
-                    cent[j * d + t] = sums[j * d + t] / counts[j] as f64;
-                }
-            }
-        }
-    }
-    Ok(DMatrix::from_row_slice(k, d, &cent))
+    // One process holding every row: the sharded clustering with a sum that returns its part
+    // (the same draws and the same sums, bit for bit; `tests/kmeans.rs`).
+    let layout = [(0, x.nrows())];
+    let mut sum = |part: Vec<f64>| Ok(part);
+    kmeans_sharded(x, k, max_iter, seed, KmeansShard { rank: 0, layout: &layout, sum: &mut sum })
 }
 
 /// One process's part of a sharded clustering ([`kmeans_sharded`]): its rows are the rows
@@ -141,7 +84,7 @@ pub struct KmeansShard<'a> {
 /// all the rows (in process order) gets — the same draws from the same seeded generator, the
 /// k-means++ weights summed per process (one all-reduce of one number per process and of the
 /// chosen point per centroid), each Lloyd step's centroid sums and counts all-reduced
-/// (`k·(d + 1) + 1` numbers). With one process it is [`kmeans`] bit for bit; with several the
+/// (`k·(d + 1) + 1` numbers). [`kmeans`] is this clustering on one process; with several the
 /// sums differ in the order of their additions only.
 pub fn kmeans_sharded(
     x: &DMatrix<f64>,

@@ -117,16 +117,15 @@ fn sharded(x: &DMatrix<f64>, bounds: &[usize], k: usize, seed: u64) -> Vec<fspac
     })
 }
 
-/// Over one process the sharded clustering is `kmeans` bit for bit; over 2 and 3 (uneven
-/// shards, one of them empty) every process gets those centroids to rounding (the sums'
-/// order); a layout that does not fit the rows is refused.
+/// Over 2 and 3 processes (uneven shards, one of them empty) every process gets the
+/// one-process centroids to rounding (the sums' order); a layout that does not fit the rows is
+/// refused.
 #[test]
 fn sharded_kmeans_is_the_single_process_clustering() {
     let x = randn(301, 3, &mut rng(71));
     for (k, seed) in [(1, 1), (7, 2), (20, 3)] {
+        // `kmeans` is this clustering on one process (and the plain loop's bits, above).
         let single = kmeans(&x, k, 30, seed).unwrap();
-        let one = sharded(&x, &[0, 301], k, seed).pop().unwrap().unwrap();
-        assert!(same_bits(&one, &single), "k = {k}: one process");
         for bounds in [vec![0, 150, 301], vec![0, 101, 101, 301], vec![0, 7, 200, 301]] {
             for got in sharded(&x, &bounds, k, seed) {
                 let err = (got.unwrap() - &single).amax() / single.amax();

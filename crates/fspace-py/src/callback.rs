@@ -561,6 +561,22 @@ impl PyReduce {
         out.map_err(|e| self.error = Some(e)).ok()
     }
 
+    /// [`call_vector`](Self::call_vector) as a sharded fit's reduce step: where the callback
+    /// raised, the method's input error naming `method` (the exception itself is kept).
+    pub(crate) fn step<E: From<fspace_input::InputError>>(
+        &mut self,
+        method: &'static str,
+    ) -> impl FnMut(DVector<f64>, bool) -> Result<DVector<f64>, E> + '_ {
+        move |part, failed| {
+            self.call_vector(&part, failed).ok_or_else(|| {
+                E::from(fspace_input::InputError::Invalid {
+                    what: "the sum over the processes",
+                    reason: format!("the reduce step of {method} failed"),
+                })
+            })
+        }
+    }
+
     /// Post-hoc FSP-Laplace's one reduce: `callback(part, fingerprint)`.
     pub(crate) fn call(
         &mut self,

@@ -204,14 +204,19 @@ impl PyLaplace {
     /// Fits the curvature at the network's weights on `(X, y)`: `X` is `n × d`, `y` is `n × d'`
     /// (regression) or `n` class labels (classification). `progress(step, total, None, None)`
     /// is called after every chunk of each pass over the data (`step` points of `total` folded;
-    /// each pass counts from 0 again).
-    #[pyo3(signature = (x, y, progress=None))]
+    /// each pass counts from 0 again). With `reduce`, a sharded fit of this process's rows
+    /// (`fspace_laplace::fit_sharded`: KFAC, EKFAC, low rank): `reduce(part, failed)` returns the
+    /// sum of every process's `part` (the Python layer all-reduces it over the process group),
+    /// raising where another process failed; the fit calls it once per sum over the data (per
+    /// Lanczos product for low rank).
+    #[pyo3(signature = (x, y, progress=None, reduce=None))]
     fn fit(
         &mut self,
         py: Python<'_>,
         x: PyReadonlyArray2<'_, f64>,
         y: PyReadonlyArray2<'_, f64>,
         progress: Option<Py<PyAny>>,
+        reduce: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         // A torch model's callback exception, re-raised in place of the error it caused.
         let errors = self.net.errors();
@@ -219,65 +224,26 @@ impl PyLaplace {
         let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
         let interrupt = crate::interrupt::interruptible();
         let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
+        let mut reducer = reduce.map(PyReduce::new);
         let fitted = py.detach(|| -> Result<_, LaplaceError> {
-            let data = Data::new(&x, &y).map_err(LaplaceError::Core)?;
-            fspace_laplace::fit_observed(net, lik, &data, &config, &mut observer)
-        });
-        // The progress callback's own exception first: the fit went on without it.
-        if let Some(e) = interrupt.take() {
-            return Err(e);
-        }
-        if let Some(e) = observer.error.take() {
-            return Err(e);
-        }
-        let fitted = fitted.map_err(|e| errors.raise(e))?;
-        self.report = Some(serde_json::to_value(&fitted.report).map_err(|e| value_error(e.to_string()))?);
-        self.posterior = Some(fitted.posterior);
-        // An in-memory fit replaces whatever a streamed fit had summed.
-        self.sums = None;
-        Ok(())
-    }
-
-    /// A sharded fit of this process's rows `(X, y)` (`fspace_laplace::fit_sharded`: KFAC,
-    /// EKFAC, low rank): `reduce(part, failed)` returns the sum of every process's `part` (the
-    /// Python layer all-reduces it over the process group), raising where another process
-    /// failed; the fit calls it once per sum over the data (per Lanczos product for low rank).
-    #[pyo3(signature = (x, y, reduce, progress=None))]
-    fn fit_sharded(
-        &mut self,
-        py: Python<'_>,
-        x: PyReadonlyArray2<'_, f64>,
-        y: PyReadonlyArray2<'_, f64>,
-        reduce: Py<PyAny>,
-        progress: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
-        let errors = self.net.errors();
-        let (x, y) = (matrix(&x), matrix(&y));
-        let (net, lik, config) = (self.net.clone(), self.likelihood, self.config.clone());
-        let interrupt = crate::interrupt::interruptible();
-        let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
-        let mut reducer = PyReduce::new(reduce);
-        let fitted = py.detach(|| -> Result<_, LaplaceError> {
-            let mut step = |part: DVector<f64>, failed: bool| {
-                reducer.call_vector(&part, failed).ok_or_else(|| {
-                    LaplaceError::Input(fspace_input::InputError::Invalid {
-                        what: "the sum over the processes",
-                        reason: "the reduce step failed".into(),
-                    })
-                })
+            let data = Data::new(&x, &y).map_err(LaplaceError::Core);
+            let Some(reducer) = reducer.as_mut() else {
+                return fspace_laplace::fit_observed(net, lik, &data?, &config, &mut observer);
             };
+            let mut step = reducer.step::<LaplaceError>("the Laplace fit");
             let shard = fspace_laplace::Shard { reduce: &mut step };
-            match Data::new(&x, &y) {
+            match data {
                 Ok(data) => fspace_laplace::fit_sharded(net, lik, &data, &config, shard, &mut observer),
                 Err(e) => {
                     // The others wait in the first all-reduce (two numbers): tell them.
                     let _ = (shard.reduce)(DVector::zeros(2), true);
-                    Err(LaplaceError::Core(e))
+                    Err(e)
                 }
             }
         });
-        // This process's own failure first (an interrupt, the progress callback), then the
-        // reduce step's exception (another process failed), then the fit's error.
+        // This process's own failure first (an interrupt, the progress callback: the fit went
+        // on without it), then the model's or the reduce step's exception (another process
+        // failed), then the fit's error.
         if let Some(e) = interrupt.take() {
             return Err(e);
         }
@@ -286,10 +252,14 @@ impl PyLaplace {
         }
         let fitted = match fitted {
             Ok(fitted) => fitted,
-            Err(e) => return Err(errors.take().or(reducer.error.take()).unwrap_or_else(|| errors.raise(e))),
+            Err(e) => {
+                let reduced = reducer.and_then(|mut r| r.error.take());
+                return Err(errors.take().or(reduced).unwrap_or_else(|| errors.raise(e)));
+            }
         };
         self.report = Some(serde_json::to_value(&fitted.report).map_err(|e| value_error(e.to_string()))?);
         self.posterior = Some(fitted.posterior);
+        // An in-memory fit replaces whatever a streamed fit had summed.
         self.sums = None;
         Ok(())
     }

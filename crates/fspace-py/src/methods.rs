@@ -472,14 +472,7 @@ fn run(
             if method == "fsp_laplace" {
                 let fitted = match (reduce, process) {
                     (Some(reducer), Some((rank, world))) => {
-                        let mut step = |part: DVector<f64>, failed: bool| {
-                            reducer.call_vector(&part, failed).ok_or_else(|| {
-                                fspace_fsp_laplace::FspError::Input(fspace_input::InputError::Invalid {
-                                    what: "the sum over the processes",
-                                    reason: "the reduce step of FSP-Laplace failed".into(),
-                                })
-                            })
-                        };
+                        let mut step = reducer.step::<fspace_fsp_laplace::FspError>("FSP-Laplace");
                         let shard = fspace_core::Shard { rank, world, reduce: &mut step };
                         fspace_fsp_laplace::fit_sharded(net, lik, &prior, &data, &cfg, shard, observer)
                     }
@@ -503,14 +496,7 @@ fn run(
             let prior = need(prior, method, "a GP prior")?;
             let fitted = match (reduce, shard) {
                 (Some(reducer), Some((offset, n_total))) => {
-                    let mut step = |part: DVector<f64>, failed: bool| {
-                        reducer.call_vector(&part, failed).ok_or_else(|| {
-                            fspace_gfsvi::GfsviError::Input(fspace_input::InputError::Invalid {
-                                what: "the sum over the processes",
-                                reason: "the reduce step of GFSVI's data term failed".into(),
-                            })
-                        })
-                    };
+                    let mut step = reducer.step::<fspace_gfsvi::GfsviError>("GFSVI's data term");
                     let shard = fspace_gfsvi::Shard { offset, n_total, reduce: &mut step };
                     fspace_gfsvi::fit_sharded(net, lik, &KlPrior::Gp(prior), &data, &cfg, shard, observer)
                 }
@@ -524,14 +510,7 @@ fn run(
             refuse(&prior, method, "a GP prior (its prior is the network's linearisation)")?;
             let fitted = match (reduce, process) {
                 (Some(reducer), Some((rank, world))) => {
-                    let mut step = |part: DVector<f64>, failed: bool| {
-                        reducer.call_vector(&part, failed).ok_or_else(|| {
-                            fspace_valla::VallaError::Input(fspace_input::InputError::Invalid {
-                                what: "the sum over the processes",
-                                reason: "the reduce step of VaLLA failed".into(),
-                            })
-                        })
-                    };
+                    let mut step = reducer.step::<fspace_valla::VallaError>("VaLLA");
                     let shard = fspace_valla::Shard { rank, world, reduce: &mut step };
                     fspace_valla::fit_sharded(net, lik, &data, &cfg, shard, observer)
                 }

@@ -37,13 +37,7 @@ class Laplace:
         x: npt.NDArray[np.float64],
         y: npt.NDArray[np.float64],
         progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
-    ) -> None: ...
-    def fit_sharded(
-        self,
-        x: npt.NDArray[np.float64],
-        y: npt.NDArray[np.float64],
-        reduce: Callable[[npt.NDArray[np.float64], bool], npt.NDArray[np.float64]],
-        progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
+        reduce: Optional[Callable[[npt.NDArray[np.float64], bool], npt.NDArray[np.float64]]] = None,
     ) -> None: ...
     def optimize_prior_precision(
         self,
