@@ -146,7 +146,7 @@ impl Observer for Silent {
 /// methods know none. Every process calls the fit with the same model and settings; a process
 /// whose own work fails sends the failure flag in its next reduce and returns its error, so
 /// none waits forever.
-pub struct Shard<'a, E> {
+pub struct ProcessShard<'a, E> {
     /// This process's position.
     pub rank: usize,
     /// The number of processes.
@@ -155,7 +155,7 @@ pub struct Shard<'a, E> {
     pub reduce: &'a mut dyn FnMut(DVector<f64>, bool) -> std::result::Result<DVector<f64>, E>,
 }
 
-impl<E> Shard<'_, E> {
+impl<E> ProcessShard<'_, E> {
     /// `part` summed over the processes; a local error is sent as the failure flag (with zeros
     /// of the `width` the others send) and returned.
     pub fn sum(

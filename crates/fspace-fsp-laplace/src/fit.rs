@@ -413,10 +413,10 @@ pub fn fit_sharded<N: Network + Clone>(
     prior: &GpPrior,
     data: &Data,
     config: &FspConfig,
-    shard: fspace_core::Shard<'_, crate::FspError>,
+    shard: fspace_core::ProcessShard<'_, crate::FspError>,
     observer: &mut dyn Observer,
 ) -> Result<Fitted<FspLaplace<N>, FitSummary>> {
-    let fspace_core::Shard { rank, world, reduce } = shard;
+    let fspace_core::ProcessShard { rank, world, reduce } = shard;
     let (x, y) = (data.x(), &data.y_flat());
     let val_flat = data.validation_flat();
     let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
@@ -471,7 +471,7 @@ pub fn fit_sharded<N: Network + Clone>(
         let mut nn_reduce = |part: DVector<f64>, failed: bool| {
             reduce(part, failed).map_err(|e| fspace_nn::NnError::Callback(e.to_string()))
         };
-        let shard = fspace_core::Shard { rank, world, reduce: &mut nn_reduce };
+        let shard = fspace_core::ProcessShard { rank, world, reduce: &mut nn_reduce };
         crate::train::train_sharded(
             &mut net,
             lik.as_mut(),

@@ -222,7 +222,7 @@ pub fn train_sharded<N: Network>(
     context: &dyn Sampler,
     options: &TrainOptions,
     progress: impl FnMut(&TrainProgress),
-    shard: Option<fspace_core::Shard<'_, NnError>>,
+    shard: Option<fspace_core::ProcessShard<'_, NnError>>,
 ) -> Result<TrainReport> {
     prior.check(net.input_dim(), net.output_dim())?;
     ensure_dim("likelihood outputs vs. network outputs", net.output_dim(), likelihood.output_dim())?;

@@ -748,7 +748,7 @@ fn sharded_fsp(
                             })
                         })
                     };
-                    let shard = fspace_core::Shard { rank, world, reduce: &mut reduce };
+                    let shard = fspace_core::ProcessShard { rank, world, reduce: &mut reduce };
                     // A NaN target is refused by Data::new: the process tells the others itself.
                     let data = match fspace_core::Data::new(&xs, &ys) {
                         Ok(d) => d,

@@ -103,7 +103,7 @@ pub fn fit_observed<N: Network>(
 /// One process's part of a sharded fit ([`fit_sharded`]): `reduce(part, failed)` returns the
 /// sum of every process's `part` — or an error where any process said `failed` (the engine
 /// behind it, a process group, is the caller's: this crate knows none).
-pub struct Shard<'a> {
+pub struct CurvatureShard<'a> {
     /// The all-reduce (sum) of a vector over every process, with a failure flag.
     pub reduce: &'a mut (dyn FnMut(DVector<f64>, bool) -> Result<DVector<f64>> + Send),
 }
@@ -129,7 +129,7 @@ pub fn fit_sharded<N: Network>(
     likelihood: LikelihoodSpec,
     data: &Data,
     config: &LaplaceConfig,
-    shard: Shard<'_>,
+    shard: CurvatureShard<'_>,
     observer: &mut (dyn Observer + Send),
 ) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
     let start = Instant::now();

@@ -6,9 +6,9 @@ use fspace_core::{CoreError, Likelihood, Link, Posterior};
 use fspace_core::{Data, LikelihoodSpec, Persist};
 use fspace_input::InputError;
 use fspace_laplace::{
-    fit, fit_batches, fit_sharded, CurvatureApprox, CurvatureSource, FullConfig, KronBias, LaplaceConfig,
-    LaplaceError, LaplacePosterior, LaplaceSums, LowRankConfig, MarglikConfig, Predictive, PriorPrecision,
-    SampledConfig, SampledPreconditioner, Shard, Structure, Weights,
+    fit, fit_batches, fit_sharded, CurvatureApprox, CurvatureShard, CurvatureSource, FullConfig, KronBias,
+    LaplaceConfig, LaplaceError, LaplacePosterior, LaplaceSums, LowRankConfig, MarglikConfig, Predictive,
+    PriorPrecision, SampledConfig, SampledPreconditioner, Structure, Weights,
 };
 use fspace_nn::{Activation, Cnn, CnnConfig, ConvBlock, HelmholtzNet, Mlp, MlpConfig, Network};
 use fspace_testutil::{rel_frob, rng, ThreadReduce};
@@ -2117,7 +2117,7 @@ fn sharded_fits<N: Network + Clone + Send + Sync>(
                     let (net, xs, ys) = shard_of(rank);
                     let mut reduce =
                         |part: DVector<f64>, failed: bool| thread_sum(reducer, rank, part, failed);
-                    let shard = Shard { reduce: &mut reduce };
+                    let shard = CurvatureShard { reduce: &mut reduce };
                     let data = Data::new(&xs, &ys)?;
                     Ok(fit_sharded(net, lik, &data, config, shard, &mut fspace_core::Silent)?.posterior)
                 })

@@ -7,8 +7,8 @@
 //! μ(C))` held constant (gradient `J(C)ᵀα`), redrawing `C` each step.
 
 use fspace_core::{
-    Adam, Data, Fitted, Likelihood, LikelihoodSpec, Minibatches, Observer, Progress, Schedule, ScheduleRun,
-    Shard, Silent, StopDecision,
+    Adam, Data, Fitted, Likelihood, LikelihoodSpec, Minibatches, Observer, ProcessShard, Progress, Schedule,
+    ScheduleRun, Silent, StopDecision,
 };
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
@@ -143,7 +143,7 @@ pub fn train_map_sharded<N: Network>(
     regularizer: Option<&mut Regularizer<'_, N>>,
     config: &TrainConfig,
     progress: impl FnMut(&TrainProgress),
-    shard: Shard<'_, NnError>,
+    shard: ProcessShard<'_, NnError>,
 ) -> Result<TrainReport> {
     train_map_inner(net, likelihood, x, y, validation, regularizer, config, progress, Some(shard))
 }
@@ -184,7 +184,7 @@ fn train_map_inner<N: Network>(
     mut regularizer: Option<&mut Regularizer<'_, N>>,
     config: &TrainConfig,
     mut progress: impl FnMut(&TrainProgress),
-    mut shard: Option<Shard<'_, NnError>>,
+    mut shard: Option<ProcessShard<'_, NnError>>,
 ) -> Result<TrainReport> {
     let t = likelihood.target_dim();
     let checked = check_training(&*likelihood, x.nrows(), y, config);
@@ -286,9 +286,15 @@ fn train_map_inner<N: Network>(
             let mut grad = match shard.as_mut() {
                 None => data?.1,
                 Some(shard) => {
-                    // Every process's data term summed: [Σ nll, Σ ∂/∂w, Σ ∂/∂(likelihood)].
+                    // Every process's data term summed: [Σ nll, Σ ∂/∂w, Σ ∂/∂(likelihood)]. A
+                    // regulariser that failed here (a callback network's error) fails this
+                    // step's reduce, so the others do not wait in the next one.
                     let width = 1 + p + n_lik;
-                    let part = interrupted.and(data).map(|(_, g)| {
+                    let reg_failure = match &regularized {
+                        Some(Err(e)) => Err(e.clone()),
+                        _ => Ok(()),
+                    };
+                    let part = interrupted.and(reg_failure).and(data).map(|(_, g)| {
                         DVector::from_iterator(
                             width,
                             std::iter::once(nll).chain(g.iter().copied()).chain(lik_grad.iter().copied()),
@@ -339,27 +345,28 @@ fn train_map_inner<N: Network>(
             steps_in_epoch += 1;
             if has_validation && schedule.evaluates_after(step) {
                 // Σ NLL over the validation rows (every process's, sharded) and their count.
-                let (mut v, count) = match shard.as_mut() {
+                // The regulariser's term (the same on every process), before the sum so that a
+                // process where it fails says so in the sum.
+                let extra = match regularizer.as_deref_mut() {
+                    Some(reg) if config.validation_adds_regularizer => reg(net, &mut rng).map(|r| r.0),
+                    _ => Ok(0.0),
+                };
+                let (v, count) = match shard.as_mut() {
                     None => {
                         let (xv, yv) = validation.expect("has_validation");
                         (nll_loss(net, &*likelihood, xv, yv)?, xv.nrows() as f64)
                     }
                     Some(shard) => {
-                        let part = match validation {
+                        let part = extra.clone().and_then(|_| match validation {
                             Some((xv, yv)) => nll_loss(net, &*likelihood, xv, yv)
                                 .map(|s| DVector::from_vec(vec![s, xv.nrows() as f64])),
                             None => Ok(DVector::zeros(2)),
-                        };
+                        });
                         let summed = shard.sum(part, 2)?;
                         (summed[0], summed[1])
                     }
                 };
-                if config.validation_adds_regularizer {
-                    if let Some(reg) = regularizer.as_deref_mut() {
-                        v += reg(net, &mut rng)?.0;
-                    }
-                }
-                let v = v / count;
+                let v = (v + extra?) / count;
                 validation_loss = Some(v);
                 match schedule.record(step, v) {
                     StopDecision::Improved => best = (theta.clone(), lik_theta.clone()),

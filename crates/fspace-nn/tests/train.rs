@@ -466,3 +466,69 @@ fn multi_column_products_equal_one_product_per_column() {
         assert!(matches!(net.jvp_columns(&x, &bad), Err(NnError::Input(InputError::NonFinite { .. }))));
     }
 }
+
+/// `train_map_sharded` on two threads where process 1's regulariser fails at its third call
+/// (a callback network's error, say), and once where process 0's validation regulariser fails:
+/// the failing process returns its own error and the other the reduce's — neither waits in a
+/// later step's reduce. And without failures, the sharded run trains the single-process weights.
+#[test]
+fn a_regulariser_failing_on_one_process_fails_every_process() {
+    let x = DMatrix::from_fn(40, 1, |i, _| i as f64 / 20.0 - 1.0);
+    let y = x.column(0).map(|v| (3.0 * v).sin());
+    let cfg = |validation_adds_regularizer| TrainConfig {
+        schedule: Schedule::steps(8).every_steps(2),
+        batch_size: 10,
+        learning_rate: 1e-2,
+        validation_adds_regularizer,
+        ..Default::default()
+    };
+    let run = |fail_rank: Option<usize>, fail_at: usize, adds: bool| {
+        let reducer = fspace_testutil::ThreadReduce::new(2);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (reducer, x, y, cfg) = (&reducer, &x, &y, cfg(adds));
+                    scope.spawn(move || {
+                        let mut net = sine_net(3);
+                        let mut lik = Gaussian::new(0.1).unwrap();
+                        let mut calls = 0usize;
+                        let mut reg =
+                            |net: &Mlp, _: &mut rand::rngs::StdRng| -> Result<(f64, DVector<f64>)> {
+                                calls += 1;
+                                if Some(rank) == fail_rank && calls == fail_at {
+                                    return Err(NnError::Callback("the regulariser failed here".into()));
+                                }
+                                let w = net.params();
+                                Ok((0.5 * 1e-3 * w.norm_squared(), w * 1e-3))
+                            };
+                        let hook: &mut Regularizer<'_, Mlp> = &mut reg;
+                        let mut reduce = |part: DVector<f64>, failed: bool| {
+                            reducer
+                                .reduce(rank, part, failed)
+                                .ok_or_else(|| NnError::Callback("another process failed".into()))
+                        };
+                        let shard = fspace_core::ProcessShard { rank, world: 2, reduce: &mut reduce };
+                        let rows: Vec<usize> = (rank * 20..rank * 20 + 20).collect();
+                        let (xs, ys) = (x.select_rows(&rows), y.select_rows(&rows));
+                        let val = (rank == 0).then_some((&xs, &ys));
+                        train_map_sharded(&mut net, &mut lik, &xs, &ys, val, Some(hook), &cfg, |_| {}, shard)
+                            .map(|_| net.params())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        })
+    };
+    // In a step (the third call: the third step's regulariser).
+    let results = run(Some(1), 3, false);
+    assert!(results[0].as_ref().unwrap_err().to_string().contains("another process failed"));
+    assert!(results[1].as_ref().unwrap_err().to_string().contains("the regulariser failed here"));
+    // In a validation (the third call is the first validation's term: steps 1, 2, then it).
+    let results = run(Some(0), 3, true);
+    assert!(results[0].as_ref().unwrap_err().to_string().contains("the regulariser failed here"));
+    assert!(results[1].as_ref().unwrap_err().to_string().contains("another process failed"));
+    // No failure: both processes train the same weights.
+    let results = run(None, 0, true);
+    let (a, b) = (results[0].as_ref().unwrap(), results[1].as_ref().unwrap());
+    assert_eq!(a, b);
+}

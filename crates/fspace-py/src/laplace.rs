@@ -231,7 +231,7 @@ impl PyLaplace {
                 return fspace_laplace::fit_observed(net, lik, &data?, &config, &mut observer);
             };
             let mut step = reducer.step::<LaplaceError>("the Laplace fit");
-            let shard = fspace_laplace::Shard { reduce: &mut step };
+            let shard = fspace_laplace::CurvatureShard { reduce: &mut step };
             match data {
                 Ok(data) => fspace_laplace::fit_sharded(net, lik, &data, &config, shard, &mut observer),
                 Err(e) => {

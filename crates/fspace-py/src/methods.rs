@@ -473,7 +473,7 @@ fn run(
                 let fitted = match (reduce, process) {
                     (Some(reducer), Some((rank, world))) => {
                         let mut step = reducer.step::<fspace_fsp_laplace::FspError>("FSP-Laplace");
-                        let shard = fspace_core::Shard { rank, world, reduce: &mut step };
+                        let shard = fspace_core::ProcessShard { rank, world, reduce: &mut step };
                         fspace_fsp_laplace::fit_sharded(net, lik, &prior, &data, &cfg, shard, observer)
                     }
                     _ => fspace_fsp_laplace::fit_observed(net, lik, &prior, &data, &cfg, observer),
@@ -511,7 +511,7 @@ fn run(
             let fitted = match (reduce, process) {
                 (Some(reducer), Some((rank, world))) => {
                     let mut step = reducer.step::<fspace_valla::VallaError>("VaLLA");
-                    let shard = fspace_valla::Shard { rank, world, reduce: &mut step };
+                    let shard = fspace_core::ProcessShard { rank, world, reduce: &mut step };
                     fspace_valla::fit_sharded(net, lik, &data, &cfg, shard, observer)
                 }
                 _ => fspace_valla::fit_observed(net, lik, &data, &cfg, observer),

@@ -47,7 +47,7 @@ pub use ella::{
 pub use error::{Result, VallaError};
 pub use objective::{ClassApprox, StateGradient, VariationalState};
 pub use valla::{
-    fit, fit_observed, fit_sharded, prop2_optimal_state, Shard, ValidationPoint, VallaConfig, VallaPosterior,
+    fit, fit_observed, fit_sharded, prop2_optimal_state, ValidationPoint, VallaConfig, VallaPosterior,
     VallaReport,
 };
 

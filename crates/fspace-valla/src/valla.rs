@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use fspace_core::{
     Adam, Data, Fitted, FunctionPredictive, LikelihoodSpec, Minibatches, Observer, Persist, PersistError,
-    Posterior, Progress, Schedule, ScheduleRun, Silent, StopDecision,
+    Posterior, ProcessShard, Progress, Schedule, ScheduleRun, Silent, StopDecision,
 };
 use fspace_linalg::fast::{cholesky_lower, solve_lower, solve_upper_of_lower};
 use fspace_nn::{Network, NnError, Outputs};
@@ -296,9 +296,6 @@ pub fn fit_observed<N: Network + Clone>(
     Ok(Fitted { report: post.report.clone(), posterior: post })
 }
 
-/// One process's part of a sharded fit ([`fit_sharded`]): `fspace_core::Shard` with VaLLA's error.
-pub type Shard<'a> = fspace_core::Shard<'a, VallaError>;
-
 /// [`fit_observed`] over data sharded across processes: every process calls it with its own
 /// training rows (and its own validation rows, or none) and the same network, likelihood and
 /// settings; the global rows are the processes' rows in rank order. The k-means start runs over
@@ -315,7 +312,7 @@ pub fn fit_sharded<N: Network + Clone>(
     likelihood: LikelihoodSpec,
     data: &Data,
     config: &VallaConfig,
-    shard: Shard<'_>,
+    shard: ProcessShard<'_, VallaError>,
     observer: &mut dyn Observer,
 ) -> Result<Fitted<VallaPosterior<N>, VallaReport>> {
     let (x, y) = (data.x(), &data.y_flat());
@@ -390,7 +387,7 @@ fn initial_inducing_sharded(
     likelihood: VallaLikelihood,
     layout: &Layout,
     config: &VallaConfig,
-    reducer: &mut Shard<'_>,
+    reducer: &mut ProcessShard<'_, VallaError>,
 ) -> Result<(DMatrix<f64>, Vec<usize>)> {
     let m = config.num_inducing;
     let mut sum = |part: Vec<f64>| -> fspace_gp::Result<Vec<f64>> {
@@ -450,7 +447,7 @@ fn fit_inner<N: Network + Clone>(
     validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
     config: &VallaConfig,
     observer: &mut dyn Observer,
-    mut shard: Option<Shard<'_>>,
+    mut shard: Option<ProcessShard<'_, VallaError>>,
 ) -> Result<VallaPosterior<N>> {
     let start = Instant::now();
     let q = net.output_dim();
@@ -595,19 +592,21 @@ fn fit_inner<N: Network + Clone>(
             let (value, grad) = match reducer.as_mut() {
                 None => step(&state)?,
                 Some(reducer) => {
-                    // Every process's data term summed, then the KL once.
+                    // Every process's data term summed, then the KL once (computed first, so that
+                    // a process where it fails says so in the sum).
                     let width = 1 + state.flat_len();
-                    let part = if held.is_empty() {
-                        fspace_input::interrupt::check("VaLLA's optimisation")
+                    let kl = kl_term(&net, &state, config.optimize_inducing);
+                    let part = match &kl {
+                        Err(e) => Err(e.clone()),
+                        Ok(_) if held.is_empty() => fspace_input::interrupt::check("VaLLA's optimisation")
                             .map(|()| DVector::zeros(width))
-                            .map_err(VallaError::from)
-                    } else {
-                        step(&state).map(|(v, g)| {
+                            .map_err(VallaError::from),
+                        Ok(_) => step(&state).map(|(v, g)| {
                             DVector::from_iterator(width, std::iter::once(v).chain(g.iter().copied()))
-                        })
+                        }),
                     };
                     let summed = reducer.sum(part, width)?;
-                    let (kl, kl_grad) = kl_term(&net, &state, config.optimize_inducing)?;
+                    let (kl, kl_grad) = kl?;
                     let grad = summed.rows(1, width - 1) + kl_grad.to_flat(&state, &learn);
                     (summed[0] + kl, grad)
                 }

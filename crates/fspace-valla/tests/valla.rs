@@ -769,7 +769,7 @@ fn sharded_valla(
                             })
                         })
                     };
-                    let shard = Shard { rank, world, reduce: &mut reduce };
+                    let shard = fspace_core::ProcessShard { rank, world, reduce: &mut reduce };
                     Ok(fit_sharded(net.clone(), lik, &data, config, shard, &mut fspace_core::Silent)?
                         .posterior)
                 })
