@@ -740,14 +740,7 @@ fn sharded_fsp(
                     if bad_targets_on == Some(rank) {
                         ys.fill(f64::NAN);
                     }
-                    let mut reduce = |part: DVector<f64>, failed: bool| {
-                        reducer.reduce(rank, part, failed).ok_or_else(|| {
-                            FspError::Input(InputError::Invalid {
-                                what: "the sum over the processes",
-                                reason: "another process failed".into(),
-                            })
-                        })
-                    };
+                    let mut reduce = |part, failed| reducer.sum::<FspError>(rank, part, failed);
                     let shard = fspace_core::ProcessShard { rank, world, reduce: &mut reduce };
                     // A NaN target is refused by Data::new: the process tells the others itself.
                     let data = match fspace_core::Data::new(&xs, &ys) {

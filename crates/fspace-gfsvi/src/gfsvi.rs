@@ -25,7 +25,7 @@
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
 use fspace_core::{
     sample_gaussian, Data, Fitted, FunctionPredictive, LikelihoodSpec, Observer, Persist, PersistError,
-    Posterior, Silent,
+    Posterior, ProcessShard, Silent,
 };
 use fspace_input::InputError;
 use fspace_nn::{GramCotangent, Network, NnError, Outputs, WeightedGram};
@@ -419,121 +419,61 @@ pub fn fit_observed<N: Network + Clone>(
     fit_impl(net, likelihood, prior, data, config, observer, None)
 }
 
-/// One process's part of a sharded fit ([`fit_sharded`]): its rows of the data are the rows
-/// `offset..offset + n` of the `n_total` rows of every process together (the processes' rows
-/// in process order), and `reduce(part, failed)` returns the sum of every process's `part` —
-/// or an error where any process said `failed` (the engine behind it, a process group, is the
-/// caller's: this crate knows none).
-pub struct Shard<'a> {
-    /// The global index of this process's first row.
-    pub offset: usize,
-    /// The rows of every process together (`N`).
-    pub n_total: usize,
-    /// The all-reduce (sum) of a data term's value and gradient, with a failure flag.
-    pub reduce: &'a mut dyn FnMut(DVector<f64>, bool) -> Result<DVector<f64>>,
-}
-
 /// [`fit_observed`] over data sharded across processes: every process calls it with its own
-/// rows and the same network, prior, settings and `measurement_box` (the box of all the
-/// processes' data). The minibatches are drawn over the `N` global rows from the shared seed,
-/// as one process over all the rows draws them; each process evaluates the data term on the
-/// rows of the batch it holds (scaled by `N / B`), `shard.reduce` sums those terms, and the
-/// divergence at the measurement points — the same draws on every process — is added once.
-/// Every process therefore takes the single-process steps, up to the order of the additions,
-/// and ends with the same posterior. A process whose own work fails (its data, an interrupt)
-/// tells the others through the reduce's failure flag, so none waits forever.
-///
-/// Refused: a validation set (early stopping would need the validation data of every process)
-/// and `measurement_from_batch > 0` (the batch's points are spread over the processes).
+/// training rows (and its own validation rows, or none) and the same network, prior and
+/// settings, with `measurement_box` the box of every process's data; the global rows are the
+/// processes' rows in rank order. A first all-reduce tells every process who holds how many
+/// training and validation rows. Each step then draws the global minibatch and the
+/// measurement points from the shared seed, as one process over all the rows draws them; each
+/// process evaluates the data term on the rows of the batch it holds (scaled by `N / B`), those
+/// terms and their gradients (`2p + 2` numbers) are all-reduced and the divergence at the
+/// measurement points — the same draws on every process, formed before the reduce — is added
+/// once. Points taken from the batch (`measurement_from_batch`) are gathered from the
+/// processes holding them by one more all-reduce; validation NLLs are summed over every
+/// process's validation rows (the categorical one's Monte-Carlo draws keyed by the global
+/// validation row). Every process therefore takes the single-process steps, up to the order of
+/// the additions, and ends with the same posterior. Every local step that can fail (the data,
+/// the divergence, an interrupt) reports through the failure flag of the all-reduce it precedes:
+/// the failing process returns its error, the others the reduce's, none waits forever.
 pub fn fit_sharded<N: Network + Clone>(
     net: N,
     likelihood: LikelihoodSpec,
     prior: &KlPrior,
     data: &Data,
     config: &GfsviConfig,
-    shard: Shard<'_>,
+    shard: ProcessShard<'_, GfsviError>,
     observer: &mut dyn Observer,
 ) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
-    let width = 2 * net.n_params() + 2;
-    let Shard { offset, n_total, reduce } = shard;
-    // Whether the other processes already know of the error (it came out of a reduce, or it is
-    // the same on every process): otherwise they wait in a reduce and must be told.
-    let mut known = false;
-    let result = {
-        let mut tracked = |part: DVector<f64>, failed: bool| {
-            known = true;
-            let out = reduce(part, failed);
-            if out.is_ok() && !failed {
-                known = false;
-            }
-            out
-        };
-        fit_impl(
-            net,
-            likelihood,
-            prior,
-            data,
-            config,
-            observer,
-            Some(Shard { offset, n_total, reduce: &mut tracked }),
-        )
-    };
-    match result {
-        Err(e) if !known && !matches!(e, GfsviError::Diverged { .. }) => {
-            // A local failure (the data, the settings, an interrupt): the others are in a reduce.
-            let _ = reduce(DVector::zeros(width), true);
-            Err(e)
-        }
-        r => r,
-    }
+    fit_impl(net, likelihood, prior, data, config, observer, Some(shard))
 }
 
-fn fit_impl<N: Network + Clone>(
-    net: N,
-    likelihood: LikelihoodSpec,
+/// What a fit checks and derives from its own arguments before it learns anything from other
+/// processes.
+struct Prepared {
+    term_kind: DataTerm,
+    init_noise_std: f64,
+    learn_noise: bool,
+    bbox: BoundingBox,
+}
+
+fn prepare<N: Network>(
+    net: &N,
+    likelihood: &LikelihoodSpec,
     prior: &KlPrior,
     data: &Data,
     config: &GfsviConfig,
-    observer: &mut dyn Observer,
-    mut shard: Option<Shard<'_>>,
-) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
+    sharded: bool,
+) -> Result<Prepared> {
     let (x, y, validation) = (data.x(), data.y(), data.validation());
-    let net = &net;
     config.validate()?;
-    if let Some(sh) = &shard {
-        if validation.is_some() {
-            return Err(invalid(
-                "validation data of a sharded fit",
-                "early stopping would need every process's validation data: fit without it",
-            ));
-        }
-        if config.measurement_from_batch > 0 {
-            return Err(invalid(
-                "measurement_from_batch of a sharded fit",
-                "the batch's points are spread over the processes: set it to 0",
-            ));
-        }
-        if config.measurement_box.is_none() {
-            return Err(invalid(
-                "measurement box of a sharded fit",
-                "give the box of every process's data (the default of one process is its own data's)",
-            ));
-        }
-        if sh.offset.checked_add(x.nrows()).is_none_or(|end| end > sh.n_total) {
-            return Err(invalid(
-                "shard",
-                format!(
-                    "rows {}..{} + {} past the {} rows of all the processes",
-                    sh.offset,
-                    sh.offset,
-                    x.nrows(),
-                    sh.n_total
-                ),
-            ));
-        }
+    if sharded && config.measurement_box.is_none() {
+        return Err(invalid(
+            "measurement box of a sharded fit",
+            "give the box of every process's data (the default of one process is its own data's)",
+        ));
     }
     let q = net.output_dim();
-    let (observation, init_noise_std, learn_noise) = observation(&likelihood, q, "GFSVI / TFSVI", true)?;
+    let (observation, init_noise_std, learn_noise) = observation(likelihood, q, "GFSVI / TFSVI", true)?;
     let term_kind = match observation {
         Observation::Gaussian => DataTerm::Gaussian,
         Observation::Categorical => {
@@ -568,8 +508,6 @@ fn fit_impl<N: Network + Clone>(
             found: bbox.dim(),
         }));
     }
-    let sampler = UniformSampler::new(bbox);
-    let p = net.n_params();
     // Each step holds the prior's and the linearised posterior's covariances at the
     // measurement points (and a factor of each): refused before the first if they cannot fit.
     let mq = (config.measurement_points + config.measurement_from_batch) * net.output_dim();
@@ -578,6 +516,72 @@ fn fit_impl<N: Network + Clone>(
         fspace_input::budget::matrix_bytes(mq, mq).saturating_mul(4),
         "fewer measurement_points",
     )?;
+    Ok(Prepared { term_kind, init_noise_std, learn_noise, bbox })
+}
+
+/// Who holds what in a sharded fit (from its first all-reduce): this process's first global
+/// training and validation rows, and the totals over every process.
+struct Layout {
+    offset: usize,
+    val_offset: usize,
+    n_total: usize,
+    val_total: usize,
+}
+
+/// The first all-reduce of a sharded fit: every process's training and validation row counts,
+/// with the failure flag of its local checks (`local`).
+fn exchange_layout<T>(
+    shard: &mut ProcessShard<'_, GfsviError>,
+    local: Result<T>,
+    rows: usize,
+    val_rows: usize,
+) -> Result<(T, Layout)> {
+    let (rank, world) = (shard.rank, shard.world);
+    let width = 2 * world;
+    let part = local.as_ref().map_err(Clone::clone).and_then(|_| {
+        if rank >= world {
+            return Err(invalid("shard", format!("rank {rank} of {world} processes")));
+        }
+        let mut part = DVector::zeros(width);
+        part[rank] = rows as f64;
+        part[world + rank] = val_rows as f64;
+        Ok(part)
+    });
+    let counts = shard.sum(part, width)?;
+    let local = local?;
+    let count = |range: std::ops::Range<usize>| counts.rows(range.start, range.len()).sum() as usize;
+    let layout = Layout {
+        offset: count(0..rank),
+        val_offset: count(world..world + rank),
+        n_total: count(0..world),
+        val_total: count(world..2 * world),
+    };
+    Ok((local, layout))
+}
+
+fn fit_impl<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &KlPrior,
+    data: &Data,
+    config: &GfsviConfig,
+    observer: &mut dyn Observer,
+    mut shard: Option<ProcessShard<'_, GfsviError>>,
+) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
+    let (x, y, validation) = (data.x(), data.y(), data.validation());
+    let net = &net;
+    let local = prepare(net, &likelihood, prior, data, config, shard.is_some());
+    let (prepared, layout) = match shard.as_mut() {
+        None => (local?, None),
+        Some(sh) => {
+            let (prepared, layout) =
+                exchange_layout(sh, local, x.nrows(), validation.map_or(0, |(xv, _)| xv.nrows()))?;
+            (prepared, Some(layout))
+        }
+    };
+    let Prepared { term_kind, init_noise_std, learn_noise, bbox } = prepared;
+    let sampler = UniformSampler::new(bbox);
+    let p = net.n_params();
     let init = VariationalParams {
         mean: net.params(),
         log_std: DVector::from_element(p, config.init_std.ln()),
@@ -586,13 +590,15 @@ fn fit_impl<N: Network + Clone>(
     let mut work = net.clone();
     let mut val_net = net.clone();
     let n_local = x.nrows();
-    let n = shard.as_ref().map_or(n_local, |sh| sh.n_total);
+    let n = layout.as_ref().map_or(n_local, |l| l.n_total);
+    let has_validation = layout.as_ref().map_or(validation.is_some(), |l| l.val_total > 0);
+    // Both closures below reduce through the shard, one at a time.
+    let shard = shard.map(std::cell::RefCell::new);
     let step = |theta: &DVector<f64>, batch: &[usize], rng: &mut rand::rngs::StdRng| {
         let params = VariationalParams::unflatten(theta, p);
         // The draws of a step, in this order on every process of a sharded fit too: the
-        // measurement points, the batch points joining them (never with a shard: refused), the
-        // categorical term's seed.
-        let mut xm = sampler.sample(config.measurement_points, rng)?;
+        // measurement points, the batch points joining them, the categorical term's seed.
+        let xm = sampler.sample(config.measurement_points, rng).map_err(GfsviError::from);
         let picks = (config.measurement_from_batch > 0).then(|| {
             let k = config.measurement_from_batch.min(batch.len());
             rand::seq::index::sample(rng, batch.len(), k).into_vec()
@@ -603,52 +609,20 @@ fn fit_impl<N: Network + Clone>(
             }
             t => t,
         };
-        let obj = match shard.as_mut() {
-            None => {
+        let obj = match (shard.as_ref(), layout.as_ref()) {
+            (Some(sh), Some(layout)) => {
+                let sh = &mut *sh.borrow_mut();
+                sharded_step(&mut work, &params, prior, &term, data, config, xm, picks, batch, layout, sh)?
+            }
+            _ => {
+                fspace_input::interrupt::check("GFSVI's optimisation")?;
+                let mut xm = xm?;
                 let xb = x.select_rows(batch);
                 let yb = y.select_rows(batch);
                 if let Some(picks) = picks {
-                    let extra = xb.select_rows(&picks);
-                    let (u, k) = (xm.nrows(), picks.len());
-                    xm = DMatrix::from_fn(u + k, xb.ncols(), |i, c| {
-                        if i < u {
-                            xm[(i, c)]
-                        } else {
-                            extra[(i - u, c)]
-                        }
-                    });
+                    xm = stack_rows(&xm, &xb.select_rows(&picks));
                 }
                 objective_with(&mut work, &params, prior, &term, &xb, &yb, n, &xm, config.gamma)?
-            }
-            Some(sh) => {
-                // This process's rows of the global batch, its part of the data term (scaled by
-                // the global N / B), summed over the processes with its failure flag.
-                let local: Vec<usize> =
-                    batch.iter().filter_map(|&g| g.checked_sub(sh.offset).filter(|&i| i < n_local)).collect();
-                let scale = n as f64 / batch.len() as f64;
-                let mine = (|| -> Result<DVector<f64>> {
-                    work.set_params(&params.mean)?;
-                    if local.is_empty() {
-                        return Ok(DVector::zeros(2 * p + 2));
-                    }
-                    let s = params.variances();
-                    let (xb, yb) = (x.select_rows(&local), y.select_rows(&local));
-                    let (ell, gm, gs, gl) = data_term(&work, &params, &s, &term, &xb, &yb, scale)?;
-                    Ok(DVector::from_iterator(
-                        2 * p + 2,
-                        std::iter::once(ell).chain(gm.iter().copied()).chain(gs.iter().copied()).chain([gl]),
-                    ))
-                })();
-                let part = mine.as_ref().map_or_else(|_| DVector::zeros(2 * p + 2), Clone::clone);
-                let total = (sh.reduce)(part, mine.is_err())?;
-                mine?;
-                let data = (
-                    total[0],
-                    total.rows(1, p).into_owned(),
-                    total.rows(1 + p, p).into_owned(),
-                    total[2 * p + 1],
-                );
-                with_divergence(&mut work, &params, prior, data, &xm, config.gamma)?
             }
         };
         let mut g = obj.grad;
@@ -657,18 +631,43 @@ fn fit_impl<N: Network + Clone>(
         }
         Ok((obj.value, g.flatten()))
     };
+    // The validation NLL of the parameters `theta` over every process's validation rows.
     let mut validate = |theta: &DVector<f64>| -> Result<f64> {
-        let (xv, yv) = validation.expect("only called with a validation set");
         let params = VariationalParams::unflatten(theta, p);
-        val_net.set_params(&params.mean)?;
-        let post = LinearizedPosterior::new(val_net.clone(), params.variances(), params.log_noise_std.exp())?;
-        match term_kind {
-            DataTerm::Gaussian => gaussian_nll(&post.predict(xv)?, yv, post.noise_std()),
-            DataTerm::Categorical { .. } => {
-                let mut r = rand::rngs::StdRng::seed_from_u64(config.optim.seed);
-                let probs = fspace_core::mc_class_probabilities(&post.predict(xv)?, 100, &mut r)?;
-                let labels: Vec<f64> = yv.iter().cloned().collect();
-                categorical_nll(&probs, &labels)
+        // This process's summed NLL and its number of terms.
+        let local = (|| -> Result<(f64, f64)> {
+            let Some((xv, yv)) = validation else { return Ok((0.0, 0.0)) };
+            val_net.set_params(&params.mean)?;
+            let post =
+                LinearizedPosterior::new(val_net.clone(), params.variances(), params.log_noise_std.exp())?;
+            let pred = post.predict(xv)?;
+            match term_kind {
+                DataTerm::Gaussian => {
+                    let terms = yv.len() as f64;
+                    Ok((gaussian_nll(&pred, yv, post.noise_std())? * terms, terms))
+                }
+                DataTerm::Categorical { .. } => {
+                    const SAMPLES: usize = 100;
+                    let mut r = rand::rngs::StdRng::seed_from_u64(config.optim.seed);
+                    // The draws of the validation rows before this process's: skipped, so each
+                    // row gets the draws it gets in one process over every row.
+                    let before = layout.as_ref().map_or(0, |l| l.val_offset) * SAMPLES * pred.mean.ncols();
+                    for _ in 0..before {
+                        let _: f64 = StandardNormal.sample(&mut r);
+                    }
+                    let probs = fspace_core::mc_class_probabilities(&pred, SAMPLES, &mut r)?;
+                    let labels: Vec<f64> = yv.iter().cloned().collect();
+                    let rows = labels.len() as f64;
+                    Ok((categorical_nll(&probs, &labels)? * rows, rows))
+                }
+            }
+        })();
+        match shard.as_ref() {
+            None => local.map(|(sum, count)| sum / count),
+            Some(sh) => {
+                let part = local.map(|(sum, count)| DVector::from_vec(vec![sum, count]));
+                let total = sh.borrow_mut().sum(part, 2)?;
+                Ok(total[0] / total[1])
             }
         }
     };
@@ -677,7 +676,7 @@ fn fit_impl<N: Network + Clone>(
         n,
         &config.optim,
         step,
-        validation.is_some().then_some(&mut validate as crate::optim::Validator<'_>),
+        has_validation.then_some(&mut validate as crate::optim::Validator<'_>),
         observer,
     )?;
     let params = VariationalParams::unflatten(&theta, p);
@@ -686,6 +685,99 @@ fn fit_impl<N: Network + Clone>(
     let posterior = LinearizedPosterior::new(fitted, params.variances(), params.log_noise_std.exp())?
         .with_likelihood(likelihood)?;
     Ok(Fitted { posterior, report })
+}
+
+/// `top` with the rows of `bottom` below it.
+fn stack_rows(top: &DMatrix<f64>, bottom: &DMatrix<f64>) -> DMatrix<f64> {
+    let u = top.nrows();
+    DMatrix::from_fn(
+        u + bottom.nrows(),
+        top.ncols(),
+        |i, c| if i < u { top[(i, c)] } else { bottom[(i - u, c)] },
+    )
+}
+
+/// One step of a sharded fit: the batch points joining the measurement points gathered from
+/// the processes holding them; the divergence (the same on every process) and this process's
+/// part of the data term formed, and the data terms summed with the failure flag of either;
+/// `L` the sum less the divergence.
+#[allow(clippy::too_many_arguments)]
+fn sharded_step<N: Network>(
+    work: &mut N,
+    params: &VariationalParams,
+    prior: &KlPrior,
+    term: &DataTerm,
+    data: &Data,
+    config: &GfsviConfig,
+    xm: Result<DMatrix<f64>>,
+    picks: Option<Vec<usize>>,
+    batch: &[usize],
+    layout: &Layout,
+    shard: &mut ProcessShard<'_, GfsviError>,
+) -> Result<ObjectiveValue> {
+    let (x, y) = (data.x(), data.y());
+    let p = params.mean.len();
+    let held = |g: usize| g.checked_sub(layout.offset).filter(|&i| i < x.nrows());
+    let xm = xm.and_then(|xm| {
+        fspace_input::interrupt::check("GFSVI's optimisation")?;
+        Ok(xm)
+    });
+    let xm = match picks {
+        None => xm,
+        Some(picks) => {
+            // Each picked row filled in by its holder, zeros elsewhere: the sum is the rows.
+            let d = x.ncols();
+            let width = picks.len() * d;
+            let part = xm.as_ref().map_err(Clone::clone).map(|_| {
+                let mut part = DVector::zeros(width);
+                for (j, &b) in picks.iter().enumerate() {
+                    if let Some(i) = held(batch[b]) {
+                        part.rows_mut(j * d, d).copy_from(&x.row(i).transpose());
+                    }
+                }
+                part
+            });
+            let rows = shard.sum(part, width)?;
+            let extra = DMatrix::from_fn(picks.len(), d, |j, c| rows[j * d + c]);
+            Ok(stack_rows(&xm?, &extra))
+        }
+    };
+    // The divergence first: a process where it fails says so in the data term's reduce.
+    let zero_data = || (0.0, DVector::zeros(p), DVector::zeros(p), 0.0);
+    let divergence = xm.and_then(|xm| {
+        work.set_params(&params.mean)?;
+        with_divergence(work, params, prior, zero_data(), &xm, config.gamma)
+    });
+    let local: Vec<usize> = batch.iter().filter_map(|&g| held(g)).collect();
+    let scale = layout.n_total as f64 / batch.len() as f64;
+    let width = 2 * p + 2;
+    let part = divergence.as_ref().map_err(Clone::clone).and_then(|_| {
+        if local.is_empty() {
+            return Ok(DVector::zeros(width));
+        }
+        let s = params.variances();
+        let (xb, yb) = (x.select_rows(&local), y.select_rows(&local));
+        let (ell, gm, gs, gl) = data_term(work, params, &s, term, &xb, &yb, scale)?;
+        Ok(DVector::from_iterator(
+            width,
+            std::iter::once(ell).chain(gm.iter().copied()).chain(gs.iter().copied()).chain([gl]),
+        ))
+    });
+    let total = shard.sum(part, width)?;
+    let divergence = divergence?;
+    let s = params.variances();
+    let ell = total[0];
+    let grad = VariationalParams {
+        mean: total.rows(1, p) + &divergence.grad.mean,
+        log_std: total.rows(1 + p, p).component_mul(&s) * 2.0 + &divergence.grad.log_std,
+        log_noise_std: total[2 * p + 1],
+    };
+    Ok(ObjectiveValue {
+        value: ell - divergence.divergence,
+        expected_log_lik: ell,
+        divergence: divergence.divergence,
+        grad,
+    })
 }
 
 /// The linearised network's Gaussian posterior over functions,

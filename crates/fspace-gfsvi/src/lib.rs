@@ -42,7 +42,7 @@ pub use error::{GfsviError, Result};
 pub use fvi::{sample_data_term, FviConfig};
 pub use gfsvi::{
     fit, fit_observed, fit_sharded, objective, objective_with, DataTerm, GfsviConfig, KlPrior,
-    LinearizedPosterior, ObjectiveValue, Shard, VariationalParams,
+    LinearizedPosterior, ObjectiveValue, VariationalParams,
 };
 pub use mfvi::{MfviConfig, MfviGradient};
 pub use nll::gaussian_nll;

@@ -66,7 +66,7 @@ pub struct OptimReport {
 pub(crate) type Validator<'a> = &'a mut dyn FnMut(&DVector<f64>) -> Result<f64>;
 
 /// Maximises a stochastic objective: `step(θ, batch, rng)` returns the minibatch objective and
-/// its gradient; `validate(θ)` (if any) a loss to minimise. A schedule with a patience needs
+/// its gradient (and checks for an interrupt: a sharded step reports one through its reduce); `validate(θ)` (if any) a loss to minimise. A schedule with a patience needs
 /// `validate`.
 pub(crate) fn optimise(
     mut theta: DVector<f64>,
@@ -86,7 +86,6 @@ pub(crate) fn optimise(
     let mut best = theta.clone();
     'outer: loop {
         for batch in batches.epoch(&mut rng) {
-            fspace_input::interrupt::check("GFSVI's optimisation")?;
             let (value, grad) = step(&theta, &batch, &mut rng)?;
             if !value.is_finite() {
                 return Err(GfsviError::Diverged { step: report.steps, what: "objective" });

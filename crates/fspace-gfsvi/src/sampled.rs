@@ -244,6 +244,11 @@ pub(crate) fn fit_mean_field<N: Network + Clone>(
             }
         }
     };
+    let mut step = step;
+    let step = |theta: &DVector<f64>, batch: &[usize], rng: &mut StdRng| {
+        fspace_input::interrupt::check("the mean-field optimisation")?;
+        step(theta, batch, rng)
+    };
     let (theta, report) = crate::optim::optimise(
         theta0,
         n,

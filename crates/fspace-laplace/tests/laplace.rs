@@ -2085,21 +2085,6 @@ fn find_array_of_numbers(v: &serde_json::Value, at: String) -> Option<String> {
     }
 }
 
-/// [`ThreadReduce`]'s sum, or a Laplace error when a thread failed.
-fn thread_sum(
-    reducer: &ThreadReduce,
-    rank: usize,
-    part: DVector<f64>,
-    failed: bool,
-) -> Result<DVector<f64>, LaplaceError> {
-    reducer.reduce(rank, part, failed).ok_or_else(|| {
-        LaplaceError::Input(InputError::Invalid {
-            what: "the sum over the processes",
-            reason: "another process failed".into(),
-        })
-    })
-}
-
 /// `fit_sharded` on `world` threads, each with its contiguous (uneven) shard of `(x, y)`, or
 /// with `data_of(rank)`'s own rows and network where given.
 fn sharded_fits<N: Network + Clone + Send + Sync>(
@@ -2116,7 +2101,7 @@ fn sharded_fits<N: Network + Clone + Send + Sync>(
                 scope.spawn(move || {
                     let (net, xs, ys) = shard_of(rank);
                     let mut reduce =
-                        |part: DVector<f64>, failed: bool| thread_sum(reducer, rank, part, failed);
+                        |part: DVector<f64>, failed: bool| reducer.sum::<LaplaceError>(rank, part, failed);
                     let shard = CurvatureShard { reduce: &mut reduce };
                     let data = Data::new(&xs, &ys)?;
                     Ok(fit_sharded(net, lik, &data, config, shard, &mut fspace_core::Silent)?.posterior)

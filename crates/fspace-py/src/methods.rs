@@ -316,7 +316,7 @@ pub(crate) fn gfsvi_objective<'py>(
 /// `state` + `activation_name` (+ a CNN's `architecture`) or a torch model's `calls`, the GP its
 /// prior. Keyword arguments only.
 #[pyfunction]
-#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None, reduce=None, shard=None, process=None))]
+#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None, reduce=None, process=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fit<'py>(
     py: Python<'py>,
@@ -336,26 +336,19 @@ pub(crate) fn fit<'py>(
     architecture: Option<&Bound<'py, PyAny>>,
     calls: Option<&Bound<'py, PyAny>>,
     reduce: Option<Py<PyAny>>,
-    shard: Option<(usize, usize)>,
     process: Option<(usize, usize)>,
 ) -> PyResult<(PyPosterior, Bound<'py, PyAny>)> {
     let settings = Settings::read(method, config)?;
-    match (method, reduce.is_some(), shard.is_some(), process.is_some()) {
-        ("fsp_laplace_posthoc", _, false, false)
-        | ("gfsvi", true, true, false)
-        | ("valla" | "fsp_laplace", true, false, true)
-        | (_, false, false, false) => {}
-        ("gfsvi", _, _, _) => {
-            return Err(value_error("a sharded GFSVI fit needs both reduce and shard=(offset, n_total)"))
-        }
-        ("valla" | "fsp_laplace", _, _, _) => {
+    match (method, reduce.is_some(), process.is_some()) {
+        ("fsp_laplace_posthoc", _, false) | ("gfsvi" | "valla" | "fsp_laplace", true, true) | (_, false, false) => {}
+        ("gfsvi" | "valla" | "fsp_laplace", _, _) => {
             return Err(value_error(format!("a sharded {method} fit needs both reduce and process=(rank, world)")))
         }
         _ => {
             return Err(value_error(format!(
-            "{method} fits on one process: a reduce step (a process group) is taken by FSP-Laplace, GFSVI and \
+                "{method} fits on one process: a reduce step (a process group) is taken by FSP-Laplace, GFSVI and \
                  VaLLA"
-        )))
+            )))
         }
     }
     let prior = prior.map(gp_prior).transpose()?;
@@ -383,17 +376,9 @@ pub(crate) fn fit<'py>(
     let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
     let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
     let mut reducer = reduce.map(PyReduce::new);
-    if let (Some(reducer), Some(_), Some(net)) = (reducer.as_mut(), shard, net.as_ref()) {
-        // A sharded GFSVI fit whose data are refused here tells the others, who wait in the
-        // first step's reduce.
-        if let Err(e) = Data::new(&x, &y) {
-            let _ = reducer.call_vector(&DVector::zeros(2 * net.n_params() + 2), true);
-            return Err(raise(e));
-        }
-    }
     if let (Some(reducer), Some((_, world)), Some(net)) = (reducer.as_mut(), process, net.as_ref()) {
-        // The first all-reduce, the processes' layout: VaLLA's `world·(2 + d')` numbers, MAP
-        // training's (FSP-Laplace) `2·world`.
+        // The first all-reduce, the processes' layout: VaLLA's `world·(2 + d')` numbers, GFSVI's
+        // and MAP training's (FSP-Laplace) `2·world`.
         let checked = Data::new(&x, &y).and_then(|d| {
             d.with_optional_validation(validation.as_ref().map(|(xv, yv)| (xv, yv))).map(|_| ())
         });
@@ -415,7 +400,6 @@ pub(crate) fn fit<'py>(
             settings,
             &mut observer,
             reducer.as_mut(),
-            shard,
             process,
         )
     });
@@ -460,7 +444,6 @@ fn run(
     settings: Settings,
     observer: &mut PyProgress,
     reduce: Option<&mut PyReduce>,
-    shard: Option<(usize, usize)>,
     process: Option<(usize, usize)>,
 ) -> PyResult<(Fit, serde_json::Value)> {
     let data = Data::new(x, y).map_err(raise)?;
@@ -494,10 +477,10 @@ fn run(
         Settings::Gfsvi(cfg) => {
             let net = need(net, method, "a network")?;
             let prior = need(prior, method, "a GP prior")?;
-            let fitted = match (reduce, shard) {
-                (Some(reducer), Some((offset, n_total))) => {
-                    let mut step = reducer.step::<fspace_gfsvi::GfsviError>("GFSVI's data term");
-                    let shard = fspace_gfsvi::Shard { offset, n_total, reduce: &mut step };
+            let fitted = match (reduce, process) {
+                (Some(reducer), Some((rank, world))) => {
+                    let mut step = reducer.step::<fspace_gfsvi::GfsviError>("GFSVI");
+                    let shard = fspace_core::ProcessShard { rank, world, reduce: &mut step };
                     fspace_gfsvi::fit_sharded(net, lik, &KlPrior::Gp(prior), &data, &cfg, shard, observer)
                 }
                 _ => fspace_gfsvi::fit_observed(net, lik, &KlPrior::Gp(prior), &data, &cfg, observer),

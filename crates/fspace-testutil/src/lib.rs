@@ -217,6 +217,23 @@ impl ThreadReduce {
         self.barrier.wait();
         (!any_failed).then_some(sum)
     }
+
+    /// [`ThreadReduce::reduce`] as a crate's reduce step: a thread's failure is the input error
+    /// "the sum over the processes: another process failed" on every other thread.
+    pub fn sum<E: From<fspace_input::InputError>>(
+        &self,
+        rank: usize,
+        part: DVector<f64>,
+        failed: bool,
+    ) -> Result<DVector<f64>, E> {
+        self.reduce(rank, part, failed).ok_or_else(|| {
+            fspace_input::InputError::Invalid {
+                what: "the sum over the processes",
+                reason: "another process failed".into(),
+            }
+            .into()
+        })
+    }
 }
 
 #[cfg(test)]

@@ -761,14 +761,7 @@ fn sharded_valla(
                     );
                     let data = Data::new(&xs, &ym)?
                         .with_optional_validation((!vrows.is_empty()).then_some((&xvs, &yvs)))?;
-                    let mut reduce = |part: DVector<f64>, failed: bool| {
-                        reducer.reduce(rank, part, failed).ok_or_else(|| {
-                            VallaError::Input(InputError::Invalid {
-                                what: "the sum over the processes",
-                                reason: "another process failed".into(),
-                            })
-                        })
-                    };
+                    let mut reduce = |part, failed| reducer.sum::<VallaError>(rank, part, failed);
                     let shard = fspace_core::ProcessShard { rank, world, reduce: &mut reduce };
                     Ok(fit_sharded(net.clone(), lik, &data, config, shard, &mut fspace_core::Silent)?
                         .posterior)

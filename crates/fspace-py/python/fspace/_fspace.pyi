@@ -138,7 +138,6 @@ def fit(
     architecture: Optional[Dict[str, Any]] = None,
     calls: Optional[Any] = None,
     reduce: Optional[Callable[[npt.NDArray[np.float64], Any], npt.NDArray[np.float64]]] = None,
-    shard: Optional[Tuple[int, int]] = None,
     process: Optional[Tuple[int, int]] = None,
 ) -> Tuple[Posterior, Dict[str, Any]]: ...
 def default_config(method: str) -> Dict[str, Any]: ...

@@ -442,7 +442,8 @@ class _NetworkMethod(_Fitted):
             and counted once) and early-stops on every process's ``val`` points together;
             GFSVI all-reduces every step's data term, its minibatches drawn over the
             global rows — the processes' rows in process order, so contiguous shards give the
-            single-process run — and refuses ``val``. VaLLA clusters its inducing points over
+            single-process run — and early-stops on every process's ``val`` points together (a
+            process may have none). VaLLA clusters its inducing points over
             every process's points, all-reduces every step's data term (the same global rows and
             order as GFSVI) and early-stops on every process's ``val`` points together (a
             process may have none). ``None``: torch.distributed's default group when it is
@@ -471,16 +472,11 @@ class _NetworkMethod(_Fitted):
                 "several: shard FSP-Laplace, GFSVI, VaLLA or Laplace, or pass process_group=False to fit this "
                 "process's data alone"
             )
-        # VaLLA and FSP-Laplace's training early-stop on every process's validation points: they
-        # do when any process has some.
+        # The trained methods early-stop on every process's validation points: they do when any
+        # process has some.
         val_anywhere = val is not None
-        if group is not None and method in ("valla", "fsp_laplace"):
+        if group is not None and method in ("valla", "fsp_laplace", "gfsvi"):
             val_anywhere = bool(group.all_reduce(np.array([float(val is not None)]), "max")[0] > 0)
-        if group is not None and method == "gfsvi" and val is not None:
-            raise NotImplementedError(
-                "validation data with sharded GFSVI: early stopping would need every process's validation data; fit "
-                "without val (the whole schedule runs) and score the posterior afterwards"
-            )
 
         def prepare() -> Any:
             keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
@@ -508,28 +504,20 @@ class _NetworkMethod(_Fitted):
 
         # Sharded: a process whose data are refused here tells the others before they wait.
         x, yy, config, xv, yv = prepare() if group is None else agreed(group, prepare)
-        shard = process = None
-        if group is not None and method in ("valla", "fsp_laplace"):
-            name = "VaLLA" if method == "valla" else "FSP-Laplace"
-            # The context box first: the agreement below covers the settings with it.
+        process = None
+        if group is not None and method in ("valla", "fsp_laplace", "gfsvi"):
+            name = {"valla": "VaLLA", "fsp_laplace": "FSP-Laplace", "gfsvi": "GFSVI"}[method]
+            # The context / measurement box first: the agreement below covers the settings with it.
             if method == "fsp_laplace" and config.get("context_box") is None:
                 config["context_box"] = _context_box_of_all(group, x, config)
+            if method == "gfsvi" and config.get("measurement_box") is None:
+                # The box of every process's points, as one process over all of them draws in.
+                lo, hi = global_box(group, x)
+                config["measurement_box"] = {"lower": lo.tolist(), "upper": hi.tolist()}
             agree_on(group, self._fingerprint(config, x.shape[1]),
                      f"the processes disagree on the model, the prior or the {name} settings: give every process "
                      "the same ones")
             process = (group.rank, group.size)
-        if group is not None and method == "gfsvi":
-            agree_on(group, self._fingerprint(config, x.shape[1]),
-                     "the processes disagree on the model, the prior or the GFSVI settings: give every process the "
-                     "same ones")
-            counts = np.zeros(group.size)
-            counts[group.rank] = x.shape[0]
-            counts = group.all_reduce(counts, "sum")
-            shard = (int(counts[: group.rank].sum()), int(counts.sum()))
-            if config.get("measurement_box") is None:
-                # The box of every process's points, as one process over all of them draws in.
-                lo, hi = global_box(group, x)
-                config["measurement_box"] = {"lower": lo.tolist(), "upper": hi.tolist()}
         if group is not None and method == "fsp_laplace_posthoc" and config.get("context_box") is None:
             config["context_box"] = _context_box_of_all(group, x, config)
         if self._torch and self.likelihood == "classification":
@@ -546,7 +534,7 @@ class _NetworkMethod(_Fitted):
             return _fspace.fit(
                 method, x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
                 learn_sigma=self.learn_sigma, prior=None if self._prior is None else self._prior.spec(),
-                config=config, x_val=xv, y_val=yv, progress=bar.callback, reduce=reduce, shard=shard,
+                config=config, x_val=xv, y_val=yv, progress=bar.callback, reduce=reduce,
                 process=process, **network,
             )
 
@@ -554,7 +542,7 @@ class _NetworkMethod(_Fitted):
             try:
                 if group is None:
                     post, report = compute()
-                elif shard is not None or process is not None:
+                elif process is not None:
                     # Every step's data term is all-reduced (a failure flag with it).
                     post, report = compute(step_reduce(group))
                 else:
