@@ -138,8 +138,8 @@ impl Observer for Silent {
     fn observe(&mut self, _: &Progress) {}
 }
 
-/// One process's part of a fit sharded over several processes (a minibatch training loop's:
-/// VaLLA, MAP and FSP-Laplace training): process `rank` of `world`, whose rows follow those of
+/// One process's part of a fit sharded over several processes (the training loops of VaLLA,
+/// GFSVI, MAP and FSP-Laplace, and the multi-pass Laplace structures): process `rank` of `world`, whose rows follow those of
 /// the processes before it in the global order, and `reduce(part, failed)`, which returns the
 /// sum of every process's `part` — or an error (of the method's type `E`) where any process
 /// said `failed`. The engine behind it (a torch.distributed group, MPI) is the caller's: the
@@ -152,7 +152,8 @@ pub struct ProcessShard<'a, E> {
     /// The number of processes.
     pub world: usize,
     /// The all-reduce (sum) of a vector over the processes, with a failure flag.
-    pub reduce: &'a mut dyn FnMut(DVector<f64>, bool) -> std::result::Result<DVector<f64>, E>,
+    /// (`Send`, so a method may call it from its worker threads, one call at a time.)
+    pub reduce: &'a mut (dyn FnMut(DVector<f64>, bool) -> std::result::Result<DVector<f64>, E> + Send),
 }
 
 impl<E> ProcessShard<'_, E> {

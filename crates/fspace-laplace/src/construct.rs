@@ -1028,7 +1028,9 @@ pub(crate) fn build<N: Network>(
                     let (k, idx) = kron(net, data, false, &Weights::All, KronBias::Folded)?;
                     Precond::Kron(k, idx)
                 }
-                SampledPreconditioner::Diag => Precond::Diag(diagonal(net, data)?),
+                SampledPreconditioner::Diag => {
+                    Precond::Diag(data.all_reduce(diagonal(net, data), net.n_params())?)
+                }
                 SampledPreconditioner::LowRank(rank) => {
                     // Any Ritz pairs precondition: one Lanczos run, no residual target.
                     let cfg = LowRankConfig {

@@ -30,6 +30,8 @@ pub(crate) struct Data<'a> {
 pub(crate) trait AllReduce: Sync {
     /// The points of every process together.
     fn n_total(&self) -> usize;
+    /// The global index of this process's first point (the points of the processes before it).
+    fn offset(&self) -> usize;
     /// The sum of every process's `part`, or an error where one of them said `failed`.
     fn sum(&self, part: DVector<f64>, failed: bool) -> Result<DVector<f64>>;
 }
@@ -37,6 +39,7 @@ pub(crate) trait AllReduce: Sync {
 /// [`AllReduce`] through the engine's `reduce(part, failed)`.
 pub(crate) struct ShardSum<'a> {
     pub n_total: usize,
+    pub offset: usize,
     pub reduce: std::sync::Mutex<&'a mut ReduceFn<'a>>,
 }
 
@@ -46,6 +49,9 @@ pub(crate) type ReduceFn<'a> = dyn FnMut(DVector<f64>, bool) -> Result<DVector<f
 impl AllReduce for ShardSum<'_> {
     fn n_total(&self) -> usize {
         self.n_total
+    }
+    fn offset(&self) -> usize {
+        self.offset
     }
     fn sum(&self, part: DVector<f64>, failed: bool) -> Result<DVector<f64>> {
         // A reduce step that panicked poisons the lock: the fit cannot go on either way.
@@ -72,6 +78,10 @@ impl Data<'_> {
     /// The points of every process together (this process's when not sharded).
     pub(crate) fn n_total(&self) -> usize {
         self.shard.map_or(self.x.nrows(), |s| s.n_total())
+    }
+    /// The global index of this process's first point (0 when not sharded).
+    pub(crate) fn offset(&self) -> usize {
+        self.shard.map_or(0, |s| s.offset())
     }
     /// A sum over the data, summed over every process (the sum itself when not sharded). A
     /// local failure (`part` an error, `len` the sum's length) is sent to the others with the

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use fspace_core::{Data, Fitted, Likelihood, LikelihoodSpec, Observer, Progress, Silent};
+use fspace_core::{Data, Fitted, Likelihood, LikelihoodSpec, Observer, ProcessShard, Progress, Silent};
 use fspace_input::InputError;
 use fspace_nn::Network;
 use nalgebra::{DMatrix, DVector};
@@ -100,70 +100,90 @@ pub fn fit_observed<N: Network>(
     build_observed(net, likelihood, config, local, n, None, observer, start)
 }
 
-/// One process's part of a sharded fit ([`fit_sharded`]): `reduce(part, failed)` returns the
-/// sum of every process's `part` — or an error where any process said `failed` (the engine
-/// behind it, a process group, is the caller's: this crate knows none).
-pub struct CurvatureShard<'a> {
-    /// The all-reduce (sum) of a vector over every process, with a failure flag.
-    pub reduce: &'a mut (dyn FnMut(DVector<f64>, bool) -> Result<DVector<f64>> + Send),
-}
-
 /// [`fit_observed`] over data sharded across processes: every process calls it with its own
-/// rows (`data`, at least one) and the same network, likelihood and settings, and ends with
-/// the same posterior — the single-process one up to the order of the additions. The
-/// structures that pass over the data more than once shard here, each sum over the data
-/// becoming one `shard.reduce`:
+/// rows (`data`, at least one; process `rank`'s rows follow those of the processes before it in
+/// the global order) and the same network, likelihood and settings, and ends with the same
+/// posterior — the single-process one up to the order of the additions. The structures that
+/// pass over the data more than once shard here, each sum over the data becoming one
+/// `shard.reduce`:
 ///
 /// | structure (weights) | all-reduces |
 /// |---|---|
 /// | `Kfac`, `Ekfac` (all, last layer) | the factor sums (`Σ((fan_in + 1)² + fan_out²)` values); EKFAC also the re-fitted eigenvalues (`Σ fan_out·(fan_in + 1)`) |
 /// | `LowRank` (all) | one `p`-vector per Lanczos product (the products' count in the report), and the diagonal with `diag_remainder` |
+/// | `Sampled` (all) | the preconditioner's sums (as `Kfac`, `LowRank` or the `p` diagonal), the draws' right-hand side `Rᵀε` (`p·K`), one `p·K` block per CG product (`cg_products` in the report), and `γ` per EM step |
 ///
-/// plus, first, `log p(D | w*)` and the point count. The one-pass structures (`Diag`, `Full`,
-/// `LastLayer`, subnetworks) shard as partial sums that merge: [`LaplaceSums`](crate::LaplaceSums)
-/// and its [`to_flat`](crate::LaplaceSums::to_flat). A process whose own work fails (its
-/// data, an interrupt) sends the failure flag in its next reduce and returns its error; the
-/// others get the reduce's error, so none waits forever.
+/// plus, first, `log p(D | w*)` and every process's point count (`1 + world` numbers). The
+/// sampled structure's noise `ε` is drawn per global row, as one process over all rows draws it.
+/// The one-pass structures (`Diag`, `Full`, `LastLayer`, subnetworks) shard as partial sums that
+/// merge: [`LaplaceSums`](crate::LaplaceSums) and its [`to_flat`](crate::LaplaceSums::to_flat).
+/// A process whose own work fails (its data, an interrupt) sends the failure flag in its next
+/// reduce and returns its error; the others get the reduce's error, so none waits forever.
 pub fn fit_sharded<N: Network>(
     net: N,
     likelihood: LikelihoodSpec,
     data: &Data,
     config: &LaplaceConfig,
-    shard: CurvatureShard<'_>,
+    shard: ProcessShard<'_, LaplaceError>,
     observer: &mut (dyn Observer + Send),
 ) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
     let start = Instant::now();
-    let local = sharded_structure(config).and_then(|()| prepare(&net, &likelihood, data, config));
-    let reduce = shard.reduce;
+    let ProcessShard { rank, world, reduce } = shard;
+    // The first all-reduce: log p(D | w*) and every process's number of points (its own in
+    // slot `1 + rank`).
+    let width = 1 + world;
+    let local = sharded_settings(rank, world, config).and_then(|()| prepare(&net, &likelihood, data, config));
     let rows = data.x().nrows();
     let mut local = match local {
         Ok(local) => local,
         Err(e) => {
             // The others hear of the failure in the first all-reduce; this error is reported.
-            let _ = reduce(DVector::zeros(2), true);
+            let _ = reduce(DVector::zeros(width), true);
             return Err(e);
         }
     };
-    // The first all-reduce: log p(D | w*) and the number of points of every process together.
-    let summed = reduce(DVector::from_vec(vec![local.log_likelihood, rows as f64]), false)?;
+    let mut layout = DVector::zeros(width);
+    layout[0] = local.log_likelihood;
+    layout[1 + rank] = rows as f64;
+    let summed = reduce(layout, false)?;
     local.log_likelihood = summed[0];
-    let n_total = crate::construct::flat_count(summed[1], "the processes' point count")?;
-    let sum = ShardSum { n_total, reduce: Mutex::new(reduce) };
+    let counts = (0..world)
+        .map(|r| crate::construct::flat_count(summed[1 + r], "the processes' point counts"))
+        .collect::<Result<Vec<usize>>>()?;
+    let sum = ShardSum {
+        n_total: counts.iter().sum(),
+        offset: counts[..rank].iter().sum(),
+        reduce: Mutex::new(reduce),
+    };
     build_observed(net, likelihood, config, local, rows, Some(&sum), observer, start)
 }
 
-/// The structures [`fit_sharded`] takes.
-fn sharded_structure(config: &LaplaceConfig) -> Result<()> {
+/// The process layout and the structures [`fit_sharded`] takes.
+fn sharded_settings(rank: usize, world: usize, config: &LaplaceConfig) -> Result<()> {
     use crate::Weights;
+    if rank >= world {
+        return Err(LaplaceError::Input(InputError::Invalid {
+            what: "process rank",
+            reason: format!("rank {rank} is not below the world size {world}"),
+        }));
+    }
     match (&config.structure, &config.weights) {
+        (Structure::Sampled(c), Weights::All) if c.em_checkpoint.is_some() => {
+            Err(LaplaceError::Unsupported {
+                structure: "sampled",
+                reason:
+                    "a sharded fit cannot record its EM steps (em_checkpoint): every process would write \
+                     the one file, and its data fingerprint is each process's own; leave it unset"
+                        .into(),
+            })
+        }
         (Structure::Kfac | Structure::Ekfac, Weights::All | Weights::LastLayer)
-        | (Structure::LowRank(_), Weights::All) => Ok(()),
+        | (Structure::LowRank(_) | Structure::Sampled(_), Weights::All) => Ok(()),
         (s, _) => Err(LaplaceError::Unsupported {
             structure: s.name(),
-            reason:
-                "fit_sharded takes kfac, ekfac (all weights or the last layer) and low rank (all weights); \
-                     diag, full and last_layer shard as LaplaceSums partial sums that merge"
-                    .into(),
+            reason: "fit_sharded takes kfac, ekfac (all weights or the last layer), low rank and sampled \
+                     (all weights); diag, full and last_layer shard as LaplaceSums partial sums that merge"
+                .into(),
         }),
     }
 }

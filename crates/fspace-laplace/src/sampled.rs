@@ -17,6 +17,11 @@
 //! with `γ` estimated by the mean of `T ‖R zⱼ‖²` over the draws. `ε₀` and `ε` are drawn once
 //! and kept across the EM steps, so consecutive solves differ only through `λ`.
 //!
+//! Sharded over processes ([`crate::fit_sharded`]), `Rᵀε`, each product with `RᵀR` and `γ`
+//! are sums over the points, all-reduced as they are formed; `ε` is drawn as one process over
+//! all the points draws it (every process walks the whole stream, `N·k·K` normals, and keeps
+//! its own rows), so the draws are the single-process ones up to the order of the additions.
+//!
 //! A fit of hours can record its EM steps in a small file ([`SampledConfig::em_checkpoint`]):
 //! λ after each step, with what the steps depend on. A fit given a file that holds steps of the
 //! same settings, network weights and data continues from the last recorded λ instead of
@@ -290,13 +295,24 @@ pub(crate) fn sampled<N: Network>(
     if config.em_steps > 0 && w2 == 0.0 {
         return Err(invalid("MAP weights", "EM's update λ = γ/‖w*‖² needs non-zero weights"));
     }
-    let jac = WhitenedJacobian::new(net, data, config.statistics_cache_bytes)?;
-    let (mut em_prior_precisions, mut cg_products) = (Vec::new(), Vec::new());
     let k = config.samples;
     let mut rng = StdRng::seed_from_u64(config.seed);
     let eps0 = randn(p, k, &mut rng);
-    let eps = randn(data.x.nrows() * data.k(), k, &mut rng);
-    let b_lik = jac.vjp(data, &eps)? * t.sqrt();
+    let eps = match data.shard {
+        None => randn(data.x.nrows() * data.k(), k, &mut rng),
+        // Sharded: the rows of this process's points in the one stream of all the points.
+        Some(_) => {
+            let rows = data.n_total() * data.k();
+            noise_rows(rows, k, data.offset() * data.k(), data.x.nrows() * data.k(), &mut rng)
+        }
+    };
+    // The first reduce (sharded) is the right-hand side's `Rᵀε`: a failure building the
+    // Jacobian's statistics travels in it.
+    let jac = WhitenedJacobian::new(net, data, config.statistics_cache_bytes);
+    let b_lik = reduce_matrix(data, jac.as_ref().map_err(Clone::clone).and_then(|j| j.vjp(data, &eps)), p, k);
+    let jac = jac?;
+    let b_lik = b_lik? * t.sqrt();
+    let (mut em_prior_precisions, mut cg_products) = (Vec::new(), Vec::new());
     let cg = CgConfig { tol: config.tol, max_iter: Some(config.max_iterations) };
     let mut lambda = lambda0;
     // The EM steps an earlier fit recorded (at most `em_steps` of them are used).
@@ -344,13 +360,15 @@ pub(crate) fn sampled<N: Network>(
         let started = Instant::now();
         let b = &eps0 * lambda.sqrt() + &b_lik;
         let apply = |v: &DMatrix<f64>| -> Result<DMatrix<f64>> {
-            Ok(jac.vjp(data, &jac.jvp(data, v)?)? * t + v * lambda)
+            let ggn_v = jac.jvp(data, v).and_then(|u| jac.vjp(data, &u));
+            Ok(reduce_matrix(data, ggn_v, p, v.ncols())? * t + v * lambda)
         };
         let mut m = |v: &DMatrix<f64>| precond.apply(t, lambda, v);
         let (zs, info) = cg_columns(apply, Some(&mut m), &b, z.as_ref(), &cg)?;
         cg_products.push(info.products);
         if step < config.em_steps {
-            let gamma = t * jac.jvp(data, &zs)?.norm_squared() / k as f64;
+            let r_z = jac.jvp(data, &zs).map(|u| DVector::from_element(1, u.norm_squared()));
+            let gamma = t * data.all_reduce(r_z, 1)?[0] / k as f64;
             let next = gamma / w2;
             if !(next.is_finite() && next > 0.0) {
                 return Err(invalid(
@@ -377,6 +395,33 @@ pub(crate) fn sampled<N: Network>(
         cg_products,
         recorded_seconds,
     })
+}
+
+/// Rows `start..start + len` of the `rows × cols` matrix of standard normals drawn column by
+/// column from `rng` (as [`randn`] draws it), without holding the rest.
+fn noise_rows(rows: usize, cols: usize, start: usize, len: usize, rng: &mut StdRng) -> DMatrix<f64> {
+    use rand_distr::{Distribution, StandardNormal};
+    let mut out = DMatrix::zeros(len, cols);
+    for c in 0..cols {
+        for r in 0..rows {
+            let z: f64 = StandardNormal.sample(rng);
+            if (start..start + len).contains(&r) {
+                out[(r - start, c)] = z;
+            }
+        }
+    }
+    out
+}
+
+/// A `rows × cols` sum over the data, summed over every process of a sharded fit (column by
+/// column through [`Data::all_reduce`]; the matrix itself when not sharded).
+fn reduce_matrix(data: &Data, part: Result<DMatrix<f64>>, rows: usize, cols: usize) -> Result<DMatrix<f64>> {
+    if data.shard.is_none() {
+        return part;
+    }
+    let flat = part.map(|m| DVector::from_column_slice(m.as_slice()));
+    let summed = data.all_reduce(flat, rows * cols)?;
+    Ok(DMatrix::from_column_slice(rows, cols, summed.as_slice()))
 }
 
 impl CurvatureApprox for SampleCurvature {

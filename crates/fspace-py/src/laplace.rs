@@ -204,12 +204,13 @@ impl PyLaplace {
     /// Fits the curvature at the network's weights on `(X, y)`: `X` is `n × d`, `y` is `n × d'`
     /// (regression) or `n` class labels (classification). `progress(step, total, None, None)`
     /// is called after every chunk of each pass over the data (`step` points of `total` folded;
-    /// each pass counts from 0 again). With `reduce`, a sharded fit of this process's rows
-    /// (`fspace_laplace::fit_sharded`: KFAC, EKFAC, low rank): `reduce(part, failed)` returns the
-    /// sum of every process's `part` (the Python layer all-reduces it over the process group),
-    /// raising where another process failed; the fit calls it once per sum over the data (per
-    /// Lanczos product for low rank).
-    #[pyo3(signature = (x, y, progress=None, reduce=None))]
+    /// each pass counts from 0 again). With `reduce` and `process = (rank, world)`, a sharded fit
+    /// of this process's rows (`fspace_laplace::fit_sharded`: KFAC, EKFAC, low rank):
+    /// `reduce(part, failed)` returns the sum of every process's `part` (the Python layer
+    /// all-reduces it over the process group), raising where another process failed; the fit
+    /// calls it once per sum over the data (per Lanczos product for low rank).
+    #[pyo3(signature = (x, y, progress=None, reduce=None, process=None))]
+    #[allow(clippy::too_many_arguments)]
     fn fit(
         &mut self,
         py: Python<'_>,
@@ -217,7 +218,13 @@ impl PyLaplace {
         y: PyReadonlyArray2<'_, f64>,
         progress: Option<Py<PyAny>>,
         reduce: Option<Py<PyAny>>,
+        process: Option<(usize, usize)>,
     ) -> PyResult<()> {
+        let (rank, world) = match (&reduce, process) {
+            (None, None) => (0, 1),
+            (Some(_), Some(process)) => process,
+            _ => return Err(value_error("a sharded fit takes reduce and process=(rank, world) together")),
+        };
         // A torch model's callback exception, re-raised in place of the error it caused.
         let errors = self.net.errors();
         let (x, y) = (matrix(&x), matrix(&y));
@@ -231,12 +238,12 @@ impl PyLaplace {
                 return fspace_laplace::fit_observed(net, lik, &data?, &config, &mut observer);
             };
             let mut step = reducer.step::<LaplaceError>("the Laplace fit");
-            let shard = fspace_laplace::CurvatureShard { reduce: &mut step };
+            let shard = fspace_core::ProcessShard { rank, world, reduce: &mut step };
             match data {
                 Ok(data) => fspace_laplace::fit_sharded(net, lik, &data, &config, shard, &mut observer),
                 Err(e) => {
-                    // The others wait in the first all-reduce (two numbers): tell them.
-                    let _ = (shard.reduce)(DVector::zeros(2), true);
+                    // The others wait in the first all-reduce (`1 + world` numbers): tell them.
+                    let _ = (shard.reduce)(DVector::zeros(1 + world), true);
                     Err(e)
                 }
             }

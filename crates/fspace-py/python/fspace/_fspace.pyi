@@ -38,6 +38,7 @@ class Laplace:
         y: npt.NDArray[np.float64],
         progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
         reduce: Optional[Callable[[npt.NDArray[np.float64], bool], npt.NDArray[np.float64]]] = None,
+        process: Optional[Tuple[int, int]] = None,
     ) -> None: ...
     def optimize_prior_precision(
         self,

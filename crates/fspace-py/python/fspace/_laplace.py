@@ -427,7 +427,7 @@ class Laplace(Wrapper):
         seen = int(group.all_reduce(np.array([float(x.shape[0])]), "sum")[0])
         self._check_count(loader, seen, sharded=True)
         la = self._build()
-        la.fit(x, yy, bar.callback, reduce=step_reduce(group))
+        la.fit(x, yy, bar.callback, reduce=step_reduce(group), process=(group.rank, group.size))
         return la
 
     def _shard_fingerprint(self) -> List[float]:
