@@ -95,7 +95,12 @@ pub struct FspLaplaceConfig {
     pub ggn_scale: f64,
     /// Relative jitter added to `Σ(C, C)` before its pseudo-inverse in step 1: `ε = prior_jitter
     /// × mean diag Σ(C, C)`. 0 (the paper's Alg. 2) uses the pseudo-inverse of `Σ(C, C)`
-    /// itself; Alg. 1's training solves with `Σ(C, C) + 1e-3 × mean diag · I`.
+    /// itself; Alg. 1's training solves with `Σ(C, C) + 1e-3 × mean diag · I`. Without jitter the
+    /// pseudo-inverse of a nearly low-rank `Σ(C, C)` is sensitive to the weights: a one-ulp
+    /// change of them (another thread count, a sharded sum's order) moved the predictive
+    /// covariance by 1e-4 on a 1-D toy and MNIST probabilities by 1e-3 (docs/PERFORMANCE.md,
+    /// "Sharded fitting"); 1e-6 brought the toy's to 3e-11. Set it where runs must agree across
+    /// machines.
     pub prior_jitter: f64,
     /// Memory step 1 may spend on `Σ(C, C)`: when its `8·(n_C·d')²` bytes fit, Lanczos multiplies
     /// by kept kernel tiles ([`GramOperator::with_tile_cache`]) instead of evaluating the kernel

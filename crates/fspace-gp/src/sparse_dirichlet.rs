@@ -131,6 +131,17 @@ impl<K: Kernel + Clone> SparseDirichletGp<K> {
                 format!("{} × {} for inputs with {} columns (need ≥ 1 row)", z.nrows(), z.ncols(), x.ncols()),
             ));
         }
+        if z.nrows() > x.nrows() {
+            // As the SVGP: a sparse model with more inducing points than data is a mistake.
+            return Err(invalid(
+                "inducing points",
+                format!(
+                    "{} inducing points for {} data points (at most one per point)",
+                    z.nrows(),
+                    x.nrows()
+                ),
+            ));
+        }
         let (targets, noise) = dirichlet_targets(labels, classes, alpha_eps)?;
         let kmm = cholesky_jitter(&gram(&kernel, &z, &z)?, &JitterConfig::default())?;
         let knm = gram(&kernel, x, &z)?; // n × M

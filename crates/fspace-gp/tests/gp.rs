@@ -508,7 +508,8 @@ fn sparse_dirichlet_gp_classifies_and_rejects_bad_input() {
     // other classes' points (log 101) still leaves it well below (measured 0.43).
     assert!((far.var[(0, 0)] - 2.0).abs() < 1e-9 && pred.var.column(0).mean() < 0.3 * 2.0);
     assert!((far.mean[(0, 0)] - far.mean[(0, 1)]).abs() < 1e-9, "far away: the prior means");
-    // Bad input: labels out of range, mismatched shapes, no inducing points, α_ε ≤ 0.
+    // Bad input: labels out of range, mismatched shapes, no inducing points, more inducing
+    // points than data, α_ε ≤ 0.
     let k = Rbf::new(1.0, 1.0).unwrap();
     let z = x.rows(0, 5).into_owned();
     let mut bad = labels.clone();
@@ -519,6 +520,9 @@ fn sparse_dirichlet_gp_classifies_and_rejects_bad_input() {
     );
     assert!(SparseDirichletGp::fit(k.clone(), DMatrix::zeros(0, 2), &x, &labels, 3, 0.01).is_err());
     assert!(SparseDirichletGp::fit(k.clone(), DMatrix::zeros(4, 3), &x, &labels, 3, 0.01).is_err());
+    let too_many = DMatrix::from_fn(x.nrows() + 1, 2, |i, j| (i + j) as f64);
+    let err = SparseDirichletGp::fit(k.clone(), too_many, &x, &labels, 3, 0.01).unwrap_err();
+    assert!(err.to_string().contains("inducing points"), "{err}");
     assert!(SparseDirichletGp::fit(k.clone(), z.clone(), &x, &labels, 3, 0.0).is_err());
     assert!(gp.predict(&DMatrix::zeros(2, 3)).is_err());
 }

@@ -16,8 +16,17 @@ from mlp_reference import tanh_mlp
 
 # The signal arrives after this long; the fit would take far longer.
 DELAY = 0.5
-# What a user may wait after it (the loops poll every 50 ms; CI's two cores are shared).
+# What a user may wait after it on an otherwise idle machine (the loops poll every 50 ms).
 BOUND = 1.0
+
+
+def _bound():
+    """``BOUND`` stretched by how oversubscribed the cores were meanwhile: with ``L`` runnable
+    tasks on ``C`` cores (the 1-minute load average) each gets about ``C / L`` of a core, so a
+    chunk of the fit takes ``L / C`` times as long — a build beside the tests doubled it."""
+    import os
+
+    return BOUND * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 def _interrupted(call):
@@ -57,7 +66,7 @@ def test_ctrl_c_stops_the_function_space_fits_and_keeps_the_object():
     ):
         method = make()
         waited = _interrupted(lambda: method.fit(x, y))
-        assert waited < BOUND, f"{type(method).__name__} stopped {waited:.2f} s after Ctrl-C"
+        assert waited < _bound(), f"{type(method).__name__} stopped {waited:.2f} s after Ctrl-C"
         with pytest.raises(RuntimeError, match="not fitted"):
             method(x[:2])
 
@@ -75,9 +84,9 @@ def test_ctrl_c_stops_a_laplace_fit_and_the_earlier_posterior_stays():
     xb, yb = _data(400_000, 1)
     slow = fspace.Laplace(model, "regression", "all", "diag")
     waited = _interrupted(lambda: slow.fit(torch.from_numpy(xb), torch.from_numpy(yb)))
-    assert waited < BOUND, f"the Laplace fit stopped {waited:.2f} s after Ctrl-C"
+    assert waited < _bound(), f"the Laplace fit stopped {waited:.2f} s after Ctrl-C"
     waited = _interrupted(lambda: la.fit(torch.from_numpy(xb), torch.from_numpy(yb)))
-    assert waited < BOUND
+    assert waited < _bound()
     assert torch.equal(la(torch.from_numpy(x[:3]))[1], before)
 
 
@@ -111,10 +120,10 @@ def test_ctrl_c_stops_the_long_queries():
     for name, query in (("the sampled predictive", lambda: la(many, pred_type="nn", link_approx="mc", n_samples=1000)),
                         ("the linearised predictive", lambda: la(many))):
         waited = _interrupted(query)
-        assert waited < BOUND, f"{name} stopped {waited:.2f} s after Ctrl-C"
+        assert waited < _bound(), f"{name} stopped {waited:.2f} s after Ctrl-C"
     state = tanh_mlp(np.random.default_rng(1), [1, 64, 64, 1])
     fsp = fspace.FSPLaplace((state, "tanh"), "regression", fspace.GPPrior(K.RBF(1.0, 0.5)), train=False,
                             sigma_noise=0.1)
     fsp.fit(x, y)
     waited = _interrupted(lambda: fsp(_data(2_000_000, 3)[0]))
-    assert waited < BOUND, f"FSP-Laplace's predictive stopped {waited:.2f} s after Ctrl-C"
+    assert waited < _bound(), f"FSP-Laplace's predictive stopped {waited:.2f} s after Ctrl-C"
