@@ -232,6 +232,8 @@ impl<N: Network> LaplacePosterior<N> {
 pub(crate) fn forward_chunked<N: Network>(net: &N, x: &DMatrix<f64>, chunk: usize) -> Result<DMatrix<f64>> {
     let mut f = DMatrix::zeros(x.nrows(), net.output_dim());
     for s in (0..x.nrows()).step_by(chunk) {
+        // A fit's first pass over many points takes seconds: Ctrl-C between chunks.
+        fspace_input::interrupt::check("the network's forward pass")?;
         let l = chunk.min(x.nrows() - s);
         f.rows_mut(s, l).copy_from(&net.forward(&x.rows(s, l).into_owned())?);
     }
