@@ -353,7 +353,7 @@ pub fn fit_posthoc<N: Network + Clone>(
 /// and every process ends with the posterior of all the points. What the processes must share
 /// is checked here: the context box must be given (`context_box`: the data's box differs
 /// between shards), and the context may not come from the data (`context_includes_data`,
-/// `design = Dataset`).
+/// `design = Dataset`, `truncate_at_data`).
 pub fn fit_posthoc_sharded<N: Network + Clone>(
     net: N,
     likelihood: LikelihoodSpec,
@@ -371,29 +371,41 @@ pub fn fit_posthoc_sharded<N: Network + Clone>(
     if likelihood.learns_noise() {
         return Err(invalid("likelihood", "post-hoc FSP-Laplace takes σ as given (learn: false)"));
     }
-    let Some(bbox) = &config.context_box else {
-        return Err(invalid(
-            "context_box",
-            "a sharded fit needs the context box given: the data's box differs between the processes \
-             (take the box of all the shards' points)",
-        ));
-    };
-    if config.context_includes_data || config.design == ContextDesign::Dataset {
-        return Err(invalid(
-            "context points",
-            "a sharded fit draws them in the context box alone: context_includes_data and design = Dataset \
-             take them from the data, which no process holds whole",
-        ));
-    }
+    let bbox = sharded_context_box(config)?;
     let (x, y) = (data.x(), &data.y_flat());
     check_memory(net.params().len(), net.output_dim(), x.nrows(), config, false)?;
-    let context = config.laplace_context(bbox, x)?;
+    let context = config.laplace_context(&bbox, x)?;
     let lik = likelihood.build()?;
     let posterior =
         crate::laplace_sharded(&net, lik.as_ref(), prior, x, y, &context, &config.laplace, reduce)?
             .with_likelihood(likelihood)?;
     let report = posterior.report().clone();
     Ok(Fitted { posterior, report })
+}
+
+/// What every process of a sharded fit must share about the context points: the box, given
+/// (the data's box differs between the processes), and no context taken from the data
+/// (`context_includes_data`, `design = Dataset`, `truncate_at_data`), which no process holds
+/// whole.
+fn sharded_context_box(config: &FspConfig) -> Result<BoundingBox> {
+    let Some(bbox) = config.context_box.clone() else {
+        return Err(invalid(
+            "context_box",
+            "a sharded fit needs the context box given: the data's box differs between the processes \
+             (take the box of all the shards' points)",
+        ));
+    };
+    if config.context_includes_data
+        || config.design == ContextDesign::Dataset
+        || config.laplace.truncate_at_data
+    {
+        return Err(invalid(
+            "context points",
+            "a sharded fit draws them in the context box alone: context_includes_data, design = Dataset and \
+             truncate_at_data take them from the data, which no process holds whole",
+        ));
+    }
+    Ok(bbox)
 }
 
 /// [`fit_observed`] (Alg. 1, then Alg. 2) over data sharded across processes: every process
@@ -421,23 +433,7 @@ pub fn fit_sharded<N: Network + Clone>(
     let val_flat = data.validation_flat();
     let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
     let checked = (|| -> Result<(BoundingBox, Box<dyn fspace_core::Likelihood>)> {
-        let Some(bbox) = config.context_box.clone() else {
-            return Err(invalid(
-                "context_box",
-                "a sharded fit needs the context box given: the data's box differs between the processes \
-                 (take the box of all the shards' points)",
-            ));
-        };
-        if config.context_includes_data
-            || config.design == ContextDesign::Dataset
-            || config.laplace.truncate_at_data
-        {
-            return Err(invalid(
-                "context points",
-                "a sharded fit draws them in the context box alone: context_includes_data, design = Dataset and \
-                 truncate_at_data take them from the data, which no process holds whole",
-            ));
-        }
+        let bbox = sharded_context_box(config)?;
         check_memory(net.params().len(), net.output_dim(), x.nrows(), config, true)?;
         if matches!(config.schedule.length, Span::Steps(0) | Span::Epochs(0)) {
             return Err(invalid(

@@ -152,6 +152,9 @@ pub struct ObjectiveValue {
     pub grad: VariationalParams,
 }
 
+/// The model's checks of a data set: rows, input width, targets `n × d'`. Finite values are
+/// checked once where the data enter — `fspace_core::Data` for a fit, [`objective_with`] for a
+/// caller's batch.
 fn check_data(x: &DMatrix<f64>, y: &DMatrix<f64>, d: usize, q: usize) -> Result<()> {
     if x.nrows() == 0 {
         return Err(GfsviError::Input(InputError::Empty { what: "training inputs" }));
@@ -170,8 +173,7 @@ fn check_data(x: &DMatrix<f64>, y: &DMatrix<f64>, d: usize, q: usize) -> Result<
             found: y.len(),
         }));
     }
-    ensure_finite("training inputs", x.iter())?;
-    ensure_finite("training targets", y.iter())
+    Ok(())
 }
 
 fn check_targets(
@@ -313,6 +315,8 @@ pub fn objective_with<N: Network>(
     gamma: f64,
 ) -> Result<ObjectiveValue> {
     let q = net.output_dim();
+    ensure_finite("training inputs", x_b.iter())?;
+    ensure_finite("training targets", y_b.iter())?;
     check_targets(x_b, y_b, net.input_dim(), q, likelihood)?;
     net.set_params(&params.mean)?;
     let s = params.variances();

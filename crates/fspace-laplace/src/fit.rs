@@ -7,7 +7,7 @@ use std::time::Instant;
 use fspace_core::{Data, Fitted, Likelihood, LikelihoodSpec, Observer, ProcessShard, Progress, Silent};
 use fspace_input::InputError;
 use fspace_nn::Network;
-use nalgebra::{DMatrix, DVector};
+use nalgebra::DVector;
 
 use crate::config::{LaplaceConfig, PriorPrecision};
 use crate::construct::build;
@@ -17,34 +17,22 @@ use crate::error::{ensure_positive, LaplaceError, Result};
 use crate::posterior::{forward_chunked, prior_groups, LaplacePosterior};
 use crate::structure::{FitReport, Structure};
 
-pub(crate) fn check_data<N: Network>(
-    net: &N,
-    lik: &dyn Likelihood,
-    x: &DMatrix<f64>,
-    y: &DVector<f64>,
-) -> Result<()> {
-    if x.nrows() == 0 {
-        return Err(LaplaceError::Input(InputError::Empty { what: "training inputs" }));
-    }
-    if x.ncols() != net.input_dim() {
+/// The model's checks of data that [`Data::new`] checked once at the boundary (non-empty,
+/// finite, one target row per input): the input width, the targets per point and the outputs.
+pub(crate) fn check_data<N: Network>(net: &N, lik: &dyn Likelihood, data: &Data) -> Result<()> {
+    if data.x().ncols() != net.input_dim() {
         return Err(LaplaceError::Input(InputError::DimensionMismatch {
             what: "input columns",
             expected: net.input_dim(),
-            found: x.ncols(),
+            found: data.x().ncols(),
         }));
     }
-    if x.iter().any(|v| !v.is_finite()) {
-        return Err(LaplaceError::Input(InputError::NonFinite { what: "training inputs" }));
-    }
-    if y.len() != x.nrows() * lik.target_dim() {
+    if data.y().ncols() != lik.target_dim() {
         return Err(LaplaceError::Input(InputError::DimensionMismatch {
-            what: "targets (rows × target_dim)",
-            expected: x.nrows() * lik.target_dim(),
-            found: y.len(),
+            what: "target columns (the likelihood's targets per point)",
+            expected: lik.target_dim(),
+            found: data.y().ncols(),
         }));
-    }
-    if y.iter().any(|v| !v.is_finite()) {
-        return Err(LaplaceError::Input(InputError::NonFinite { what: "targets" }));
     }
     if lik.output_dim() != net.output_dim() {
         return Err(LaplaceError::Input(InputError::DimensionMismatch {
@@ -213,7 +201,7 @@ fn prepare<'a, N: Network>(
     }
     let lambda0 = check_settings(likelihood, config)?;
     let lik = likelihood.build()?;
-    check_data(net, lik.as_ref(), x, y)?;
+    check_data(net, lik.as_ref(), data)?;
     check_memory(net, x.nrows(), config)?;
     check_weights(net)?;
     let f = forward_chunked(net, x, config.chunk_points)?;

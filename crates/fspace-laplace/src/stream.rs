@@ -184,12 +184,12 @@ impl LaplaceSums {
             return Ok(());
         }
         crate::fit::check_memory(net, x.nrows(), &self.config)?;
+        let lik = self.likelihood.build()?;
+        check_data(net, lik.as_ref(), &fspace_core::Data::new(x, y)?)?;
         let yflat = DVector::from_iterator(
             y.len(),
             (0..y.nrows()).flat_map(|i| (0..y.ncols()).map(move |j| y[(i, j)])),
         );
-        let lik = self.likelihood.build()?;
-        check_data(net, lik.as_ref(), x, &yflat)?;
         let chunk = self.config.chunk_points;
         let f = forward_chunked(net, x, chunk)?;
         let log_likelihood = -lik.nll(&f, &yflat)?;

@@ -8,8 +8,11 @@ use nalgebra::{DMatrix, DVector};
 use crate::error::{ensure_positive, Result, VallaError};
 use crate::objective::{point_term, ClassApprox, DataTerm, VallaLikelihood};
 
-/// Checks a data set (`what` names it in errors): non-empty, finite, matching widths, and
-/// targets valid for the likelihood (labels integral in `0..d'`).
+/// The model's checks of a data set (`what` names it in errors): the input width, one target
+/// per input and targets valid for the likelihood (labels integral in `0..d'`). Training and
+/// validation sets come through [`fspace_core::Data`], which checked them non-empty and finite
+/// once at the boundary; an evaluation set from the caller goes through
+/// [`check_evaluation_data`].
 pub(crate) fn check_data<N: Network>(
     net: &N,
     likelihood: VallaLikelihood,
@@ -34,12 +37,6 @@ pub(crate) fn check_data<N: Network>(
             found: y.len(),
         }));
     }
-    if x.iter().any(|v| !v.is_finite()) {
-        return Err(VallaError::Input(InputError::NonFinite { what: "inputs" }));
-    }
-    if y.iter().any(|v| !v.is_finite()) {
-        return Err(VallaError::Input(InputError::NonFinite { what: "targets" }));
-    }
     check_likelihood(net, likelihood)?;
     if likelihood == VallaLikelihood::Categorical {
         let classes = net.output_dim();
@@ -54,6 +51,22 @@ pub(crate) fn check_data<N: Network>(
         }
     }
     Ok(())
+}
+
+/// An evaluation set passed to a fitted posterior: finite, then [`check_data`].
+pub(crate) fn check_evaluation_data<N: Network>(
+    net: &N,
+    likelihood: VallaLikelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+) -> Result<()> {
+    if x.iter().any(|v| !v.is_finite()) {
+        return Err(VallaError::Input(InputError::NonFinite { what: "evaluation inputs" }));
+    }
+    if y.iter().any(|v| !v.is_finite()) {
+        return Err(VallaError::Input(InputError::NonFinite { what: "evaluation targets" }));
+    }
+    check_data(net, likelihood, x, y, "evaluation data")
 }
 
 /// The likelihood fits the network: Gaussian needs one output and σ > 0; categorical ≥ 2.

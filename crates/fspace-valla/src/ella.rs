@@ -32,7 +32,9 @@ use rand::{Rng, SeedableRng};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::data::{check_data, check_likelihood, marginals, mean_nll_from_blocks, to_core};
+use crate::data::{
+    check_data, check_evaluation_data, check_likelihood, marginals, mean_nll_from_blocks, to_core,
+};
 use crate::error::{ensure_positive, Result, VallaError};
 use crate::objective::VallaLikelihood;
 
@@ -721,7 +723,7 @@ impl<N: Network + Clone> EllaPosterior<N> {
 
     /// Mean NLL of `y` (Gaussian: `N(g, σ² + Σ)`; categorical: probit).
     pub fn predictive_nll(&self, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
-        check_data(&self.net, self.likelihood, x, y, "evaluation data")?;
+        check_evaluation_data(&self.net, self.likelihood, x, y)?;
         let g = self.net.forward(x)?;
         let rot = self.feature_map.eval(&self.net, x)? * &self.ggn_eigenvectors;
         self.nll_from_rotated(&g, &rot, y)

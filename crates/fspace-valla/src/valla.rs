@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{
-    check_data, check_likelihood, marginals, mean_nll_from_blocks, outputs_and_ntk_diagonal, to_core,
+    check_data, check_evaluation_data, check_likelihood, marginals, mean_nll_from_blocks,
+    outputs_and_ntk_diagonal, to_core,
 };
 use crate::error::{ensure_positive, Result, VallaError};
 use crate::objective::{
@@ -778,7 +779,7 @@ impl<N: Network + Clone> VallaPosterior<N> {
 
     /// Mean NLL of `y` under the predictive (Gaussian: `N(g, σ² + Σ)`; categorical: probit).
     pub fn predictive_nll(&self, x: &DMatrix<f64>, y: &DVector<f64>) -> Result<f64> {
-        check_data(&self.net, self.likelihood, x, y, "evaluation data")?;
+        check_evaluation_data(&self.net, self.likelihood, x, y)?;
         let (g, kxx) = outputs_and_ntk_diagonal(&self.net, x)?;
         mean_nll(&self.net, &self.prepared, self.likelihood, x, &g, &kxx, y)
     }
