@@ -290,6 +290,7 @@ fn laplace_inner<N: Network + Clone>(
     // processes' parts summed by the reduce step, then D².
     let mut a = if reduce.is_some() { DMatrix::zeros(k, k) } else { DMatrix::from_diagonal(&d2) };
     for (s0, s1) in batches(x.nrows(), config.data_batch) {
+        fspace_input::interrupt::check("FSP-Laplace's pass over the data")?;
         let xb = x.rows(s0, s1 - s0).into_owned();
         let yb = y.rows(s0 * t, (s1 - s0) * t).into_owned();
         let hess = likelihood.nll_hessian(&net.forward(&xb)?, &yb)?;
@@ -368,6 +369,7 @@ fn truncation_index<N: Network + ?Sized>(
     let r = s.ncols();
     let mut first_ok = 0;
     for (c0, c1) in batches(points.nrows(), batch) {
+        fspace_input::interrupt::check("FSP-Laplace's truncation")?;
         let block = points.rows(c0, c1 - c0).into_owned();
         let prior_var = prior.variances(&block)?;
         let jc = net.jvp_columns(&block, s)?;

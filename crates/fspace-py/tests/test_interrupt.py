@@ -14,6 +14,11 @@ import fspace
 from fspace import kernels as K
 from mlp_reference import tanh_mlp
 
+try:  # imported before any simulated Ctrl-C: an import of torch cut short cannot be retried
+    import torch  # noqa: F401
+except ImportError:  # pragma: no cover - the native tests run without torch
+    pass
+
 # The signal arrives after this long; the fit would take far longer.
 DELAY = 0.5
 # What a user may wait after it on an otherwise idle machine (the loops poll every 50 ms).
@@ -64,6 +69,26 @@ def test_ctrl_c_stops_the_function_space_fits_and_keeps_the_object():
         lambda: fspace.GFSVI((state, "tanh"), "regression", prior, steps=10_000_000, measurement_points=20),
         lambda: fspace.VaLLA((state, "tanh"), "regression", steps=10_000_000, num_inducing=10, sigma_noise=0.1),
     ):
+        method = make()
+        waited = _interrupted(lambda: method.fit(x, y))
+        assert waited < _bound(), f"{type(method).__name__} stopped {waited:.2f} s after Ctrl-C"
+        with pytest.raises(RuntimeError, match="not fitted"):
+            method(x[:2])
+
+
+def test_ctrl_c_stops_the_passes_over_a_large_data_set():
+    """Post-hoc FSP-Laplace's pass over the data (Alg. 2's step 4: seconds at a million points)
+    and VaLLA's outputs and NTK diagonal before its first step poll between their chunks."""
+    x, y = _data(1_000_000, 3)
+    state = tanh_mlp(np.random.default_rng(1), [1, 32, 32, 1])
+    for make in (
+        lambda: fspace.FSPLaplace((state, "tanh"), "regression", fspace.GPPrior(K.RBF(1.0, 0.5)), train=False,
+                                  sigma_noise=0.1),
+        lambda: fspace.VaLLA((state, "tanh"), "regression", steps=10, num_inducing=10, sigma_noise=0.1),
+    ):
+        # A small fit first, so that the signal lands in the pass over the data, not in what the
+        # first call sets up.
+        make().fit(x[:100], y[:100])
         method = make()
         waited = _interrupted(lambda: method.fit(x, y))
         assert waited < _bound(), f"{type(method).__name__} stopped {waited:.2f} s after Ctrl-C"

@@ -102,6 +102,8 @@ pub(crate) fn outputs_and_ntk_diagonal<N: Network>(
     let mut g = DMatrix::zeros(x.nrows(), net.output_dim());
     let mut blocks = Vec::with_capacity(x.nrows());
     for start in (0..x.nrows()).step_by(512) {
+        // Seconds over a large training set: Ctrl-C between chunks.
+        fspace_input::interrupt::check("the network's outputs and NTK diagonal")?;
         let len = 512.min(x.nrows() - start);
         let xs = x.rows(start, len).into_owned();
         g.rows_mut(start, len).copy_from(&net.forward(&xs)?);
