@@ -2148,38 +2148,57 @@ fn a_sharded_fit_equals_the_single_process_fit_for_the_multi_pass_structures() {
                 chunk_points: 7,
                 ..Default::default()
             };
-            let whole =
-                fit(net.clone(), *lik, &Data::new(&x, &target_rows(y, *t, 0, n)).unwrap(), &config).unwrap();
-            for world in [2usize, 3] {
-                let what = format!("{} {:?} {:?} {:?} on {world}", structure.name(), weights, kron_bias, lik);
-                let bounds: Vec<usize> =
-                    (0..=world).map(|k| (n * k * 2 / world).div_ceil(2).min(n)).collect();
-                let shard_of = |rank: usize| {
-                    let (s, e) = (bounds[rank], bounds[rank + 1]);
-                    (net.clone(), x.rows(s, e - s).into_owned(), target_rows(y, *t, s, e))
-                };
-                for post in sharded_fits(world, *lik, &config, &shard_of) {
-                    let post = post.unwrap();
-                    assert_eq!(post.report().lanczos_iterations, whole.report.lanczos_iterations, "{what}");
-                    assert_eq!(post.indices(), whole.posterior.indices(), "{what}");
-                    let err = rel_frob(&post.curvature().to_dense(), &whole.posterior.curvature().to_dense());
-                    assert!(err < 1e-10, "{what}: curvature rel err {err:.2e}");
-                    let (e1, e2) = (
-                        post.log_marginal_likelihood().unwrap(),
-                        whole.posterior.log_marginal_likelihood().unwrap(),
-                    );
-                    assert!((e1 - e2).abs() < 1e-10 * e2.abs().max(1.0), "{what}: evidence {e1} vs {e2}");
-                    for (c1, c2) in post
-                        .glm_covariances(&xt)
-                        .unwrap()
-                        .iter()
-                        .zip(whole.posterior.glm_covariances(&xt).unwrap())
-                    {
-                        let err = rel_frob(c1, &c2);
-                        assert!(err < 1e-9, "{what}: GLM covariance rel err {err:.2e}");
-                    }
-                }
+            let label = format!("{} {:?} {:?} {:?}", structure.name(), weights, kron_bias, lik);
+            compare_contiguous_shards(&net, *lik, (&x, y, *t), &xt, &config, &label, &|whole, post, what| {
+                assert_eq!(post.report().lanczos_iterations, whole.report.lanczos_iterations, "{what}");
+                assert_eq!(post.indices(), whole.posterior.indices(), "{what}");
+                let err = rel_frob(&post.curvature().to_dense(), &whole.posterior.curvature().to_dense());
+                assert!(err < 1e-10, "{what}: curvature rel err {err:.2e}");
+                let (e1, e2) = (
+                    post.log_marginal_likelihood().unwrap(),
+                    whole.posterior.log_marginal_likelihood().unwrap(),
+                );
+                assert!((e1 - e2).abs() < 1e-10 * e2.abs().max(1.0), "{what}: evidence {e1} vs {e2}");
+            });
+        }
+    }
+}
+
+/// The single-process fit of `n` rows `(x, y)` (`t` targets per point) and [`sharded_fits`]
+/// over 2 and 3 "processes" holding uneven contiguous shards of them: every process's posterior
+/// has the single-process GLM covariances at `xt` (to 1e-9), then meets `check(whole, post,
+/// what)`.
+#[allow(clippy::type_complexity)]
+fn compare_contiguous_shards(
+    net: &Mlp,
+    lik: LikelihoodSpec,
+    (x, y, t): (&DMatrix<f64>, &DVector<f64>, usize),
+    xt: &DMatrix<f64>,
+    config: &LaplaceConfig,
+    label: &str,
+    check: &dyn Fn(
+        &fspace_core::Fitted<LaplacePosterior<Mlp>, fspace_laplace::FitReport>,
+        &LaplacePosterior<Mlp>,
+        &str,
+    ),
+) {
+    let n = x.nrows();
+    let whole = fit(net.clone(), lik, &Data::new(x, &target_rows(y, t, 0, n)).unwrap(), config).unwrap();
+    let covariances = whole.posterior.glm_covariances(xt).unwrap();
+    for world in [2usize, 3] {
+        let what = format!("{label} on {world}");
+        let bounds: Vec<usize> = (0..=world).map(|k| (n * k * 2 / world).div_ceil(2).min(n)).collect();
+        let shard_of = |rank: usize| {
+            let (s, e) = (bounds[rank], bounds[rank + 1]);
+            (net.clone(), x.rows(s, e - s).into_owned(), target_rows(y, t, s, e))
+        };
+        for post in sharded_fits(world, lik, config, &shard_of) {
+            let post = post.unwrap();
+            for (c1, c2) in post.glm_covariances(xt).unwrap().iter().zip(&covariances) {
+                let err = rel_frob(c1, c2);
+                assert!(err < 1e-9, "{what}: GLM covariance rel err {err:.2e}");
             }
+            check(&whole, &post, &what);
         }
     }
 }
@@ -2217,42 +2236,21 @@ fn a_sharded_sampled_fit_draws_the_single_process_samples() {
                 chunk_points: 7,
                 ..Default::default()
             };
-            let whole =
-                fit(net.clone(), *lik, &Data::new(&x, &target_rows(y, *t, 0, n)).unwrap(), &config).unwrap();
-            let draws = whole.posterior.curvature().to_dense();
-            for world in [2usize, 3] {
-                let what = format!("{preconditioner:?} {lik:?} on {world}");
-                let bounds: Vec<usize> =
-                    (0..=world).map(|k| (n * k * 2 / world).div_ceil(2).min(n)).collect();
-                let shard_of = |rank: usize| {
-                    let (s, e) = (bounds[rank], bounds[rank + 1]);
-                    (net.clone(), x.rows(s, e - s).into_owned(), target_rows(y, *t, s, e))
-                };
-                for post in sharded_fits(world, *lik, &config, &shard_of) {
-                    let post = post.unwrap();
-                    let (c1, c2) = (&post.report().cg_products, &whole.report.cg_products);
-                    assert_eq!(c1.len(), c2.len(), "{what}");
-                    for (a, b) in c1.iter().zip(c2) {
-                        assert!(a.abs_diff(*b) * 4 <= *b, "{what}: CG products {c1:?} vs {c2:?}");
-                    }
-                    let (l1, l2) = (&post.report().em_prior_precisions, &whole.report.em_prior_precisions);
-                    assert_eq!(l1.len(), 2, "{what}");
-                    for (a, b) in l1.iter().zip(l2) {
-                        assert!((a - b).abs() < 1e-10 * b, "{what}: EM λ {a} vs {b}");
-                    }
-                    let err = rel_frob(&post.curvature().to_dense(), &draws);
-                    assert!(err < 1e-10, "{what}: draws' second moment rel err {err:.2e}");
-                    for (c1, c2) in post
-                        .glm_covariances(&xt)
-                        .unwrap()
-                        .iter()
-                        .zip(whole.posterior.glm_covariances(&xt).unwrap())
-                    {
-                        let err = rel_frob(c1, &c2);
-                        assert!(err < 1e-9, "{what}: GLM covariance rel err {err:.2e}");
-                    }
+            let label = format!("{preconditioner:?} {lik:?}");
+            compare_contiguous_shards(&net, *lik, (&x, y, *t), &xt, &config, &label, &|whole, post, what| {
+                let (c1, c2) = (&post.report().cg_products, &whole.report.cg_products);
+                assert_eq!(c1.len(), c2.len(), "{what}");
+                for (a, b) in c1.iter().zip(c2) {
+                    assert!(a.abs_diff(*b) * 4 <= *b, "{what}: CG products {c1:?} vs {c2:?}");
                 }
-            }
+                let (l1, l2) = (&post.report().em_prior_precisions, &whole.report.em_prior_precisions);
+                assert_eq!(l1.len(), 2, "{what}");
+                for (a, b) in l1.iter().zip(l2) {
+                    assert!((a - b).abs() < 1e-10 * b, "{what}: EM λ {a} vs {b}");
+                }
+                let err = rel_frob(&post.curvature().to_dense(), &whole.posterior.curvature().to_dense());
+                assert!(err < 1e-10, "{what}: draws' second moment rel err {err:.2e}");
+            });
         }
     }
 }
@@ -2313,15 +2311,9 @@ fn a_sharded_fit_fails_on_every_process_when_one_fails() {
     let results = sharded_fits(2, lik, &low_rank, &failing_products);
     assert!(results[0].as_ref().err().unwrap().to_string().contains("the product failed here"));
     assert!(results[1].as_ref().err().unwrap().to_string().contains("another process failed"));
-    // A one-pass structure: refused on every process, pointing to the partial sums.
+    // Refused on every process: a one-pass structure (pointing to the partial sums), and a
+    // sampled fit that would record its EM steps (one file, each process's own fingerprint).
     let diag = LaplaceConfig { structure: Structure::Diag, ..Default::default() };
-    let halves =
-        |rank: usize| (net.clone(), x.rows(20 * rank, 20).into_owned(), ym.rows(20 * rank, 20).into_owned());
-    for result in sharded_fits(2, lik, &diag, &halves) {
-        let err = result.err().unwrap().to_string();
-        assert!(err.contains("LaplaceSums"), "{err}");
-    }
-    // A sampled fit that would record its EM steps (one file, each process's own fingerprint).
     let recorded = LaplaceConfig {
         structure: Structure::Sampled(SampledConfig {
             samples: 2,
@@ -2330,9 +2322,13 @@ fn a_sharded_fit_fails_on_every_process_when_one_fails() {
         }),
         ..Default::default()
     };
-    for result in sharded_fits(2, lik, &recorded, &halves) {
-        let err = result.err().unwrap().to_string();
-        assert!(err.contains("em_checkpoint"), "{err}");
+    let halves =
+        |rank: usize| (net.clone(), x.rows(20 * rank, 20).into_owned(), ym.rows(20 * rank, 20).into_owned());
+    for (refused, fragment) in [(&diag, "LaplaceSums"), (&recorded, "em_checkpoint")] {
+        for result in sharded_fits(2, lik, refused, &halves) {
+            let err = result.err().unwrap().to_string();
+            assert!(err.contains(fragment), "{err}");
+        }
     }
     // The sampled structure's products (streamed, no statistics cached) failing on process 1.
     let sampled = LaplaceConfig {
