@@ -156,6 +156,72 @@ pub struct ProcessShard<'a, E> {
     pub reduce: &'a mut (dyn FnMut(DVector<f64>, bool) -> std::result::Result<DVector<f64>, E> + Send),
 }
 
+/// Who holds what in a sharded fit, from its first all-reduce
+/// ([`ProcessShard::exchange_layout`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardLayout {
+    /// `counts[set][process]`: every process's rows of each set (training, validation, …).
+    pub counts: Vec<Vec<usize>>,
+    /// The `sums` every process sent with its counts, summed.
+    pub sums: DVector<f64>,
+}
+
+impl ShardLayout {
+    /// The rows of `set` held by the processes before `rank`: the first global row of `rank`'s.
+    pub fn offset(&self, set: usize, rank: usize) -> usize {
+        self.counts[set][..rank].iter().sum()
+    }
+    /// The rows of `set` on every process together.
+    pub fn total(&self, set: usize) -> usize {
+        self.counts[set].iter().sum()
+    }
+}
+
+impl<E: From<InputError>> ProcessShard<'_, E> {
+    /// The first all-reduce of a sharded fit: this process's row `counts` (one per set) in its
+    /// slots and `sums` added as they are, in one round of `counts.len()·world + sums.len()`
+    /// numbers, with `local` (the process's own checks) as the failure flag. A rank outside
+    /// `0..world` fails as a local failure does, so no process waits.
+    pub fn exchange_layout(
+        &mut self,
+        local: std::result::Result<(), E>,
+        counts: &[usize],
+        sums: DVector<f64>,
+    ) -> std::result::Result<ShardLayout, E> {
+        let (rank, world, sets) = (self.rank, self.world, counts.len());
+        let width = sets * world + sums.len();
+        let part = local.and_then(|()| {
+            if rank >= world {
+                return Err(E::from(InputError::Invalid {
+                    what: "shard",
+                    reason: format!("rank {rank} of {world} processes"),
+                }));
+            }
+            let mut part = DVector::zeros(width);
+            for (set, &count) in counts.iter().enumerate() {
+                part[set * world + rank] = count as f64;
+            }
+            part.rows_mut(sets * world, sums.len()).copy_from(&sums);
+            Ok(part)
+        });
+        let summed = self.sum(part, width)?;
+        let count = |v: f64| {
+            if v >= 0.0 && v.fract() == 0.0 && v < 9.007_199_254_740_992e15 {
+                Ok(v as usize)
+            } else {
+                Err(E::from(InputError::Invalid {
+                    what: "the processes' row counts",
+                    reason: format!("{v} is not a count"),
+                }))
+            }
+        };
+        let counts = (0..sets)
+            .map(|set| (0..world).map(|r| count(summed[set * world + r])).collect())
+            .collect::<std::result::Result<_, E>>()?;
+        Ok(ShardLayout { counts, sums: summed.rows(sets * world, width - sets * world).into_owned() })
+    }
+}
+
 impl<E> ProcessShard<'_, E> {
     /// `part` summed over the processes; a local error is sent as the failure flag (with zeros
     /// of the `width` the others send) and returned.

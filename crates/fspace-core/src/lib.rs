@@ -30,7 +30,7 @@ pub mod spec;
 pub mod training;
 
 pub use error::{CoreError, MethodError, Result};
-pub use fit::{Data, Fitted, Observer, ProcessShard, Progress, Silent};
+pub use fit::{Data, Fitted, Observer, ProcessShard, Progress, ShardLayout, Silent};
 pub use likelihood::{
     logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian,
     IsotropicGaussian, Likelihood,

@@ -375,3 +375,48 @@ fn samples_of_a_near_degenerate_covariance_have_it() {
     let err = (&second - &cov).abs().max();
     assert!(err < 4e-3, "second moment off the covariance by {err:e}");
 }
+
+/// The layout round on two "processes" whose all-reduce adds a fixed other part: each
+/// process's counts land in its slots, offsets and totals follow, the sums are added; a rank
+/// outside the world, a local failure and a reduce that returns no counts are errors.
+#[test]
+fn the_layout_round_places_every_process_counts_and_adds_the_sums() {
+    // Process 1 of 2 holds 4 training and 0 validation rows; process 0 sent 3 and 2, and 1.5.
+    let other = DVector::from_vec(vec![3.0, 0.0, 2.0, 0.0, 1.5]);
+    let mut seen = Vec::new();
+    let mut reduce = |part: DVector<f64>, failed: bool| -> std::result::Result<DVector<f64>, CoreError> {
+        seen.push((part.clone(), failed));
+        Ok(part + &other)
+    };
+    let mut shard = ProcessShard { rank: 1, world: 2, reduce: &mut reduce };
+    let layout = shard.exchange_layout(Ok(()), &[4, 0], DVector::from_element(1, 0.25)).unwrap();
+    assert_eq!(layout.counts, vec![vec![3, 4], vec![2, 0]]);
+    assert_eq!((layout.offset(0, 1), layout.total(0), layout.offset(1, 1), layout.total(1)), (3, 7, 2, 2));
+    assert_eq!(layout.sums.as_slice(), &[1.75]);
+    let refused = ProcessShard { rank: 2, world: 2, reduce: &mut reduce }.exchange_layout(
+        Ok(()),
+        &[4, 0],
+        DVector::from_element(1, 0.25),
+    );
+    assert!(refused.unwrap_err().to_string().contains("rank 2 of 2"));
+    let failed = ProcessShard { rank: 1, world: 2, reduce: &mut reduce }.exchange_layout(
+        Err(CoreError::Input(InputError::Empty { what: "here" })),
+        &[4, 0],
+        DVector::zeros(1),
+    );
+    assert!(failed.unwrap_err().to_string().contains("here"));
+    // The failing calls still sent the round's width, flagged, so no process waits.
+    assert_eq!(
+        seen.iter().map(|(p, f)| (p.len(), *f)).collect::<Vec<_>>(),
+        vec![(5, false), (5, true), (5, true)]
+    );
+    let mut broken = |_: DVector<f64>, _: bool| -> std::result::Result<DVector<f64>, CoreError> {
+        Ok(DVector::from_element(5, 0.5))
+    };
+    let not_counts = ProcessShard { rank: 0, world: 2, reduce: &mut broken }.exchange_layout(
+        Ok(()),
+        &[1, 0],
+        DVector::zeros(1),
+    );
+    assert!(not_counts.unwrap_err().to_string().contains("not a count"));
+}

@@ -540,25 +540,15 @@ fn exchange_layout<T>(
     rows: usize,
     val_rows: usize,
 ) -> Result<(T, Layout)> {
-    let (rank, world) = (shard.rank, shard.world);
-    let width = 2 * world;
-    let part = local.as_ref().map_err(Clone::clone).and_then(|_| {
-        if rank >= world {
-            return Err(invalid("shard", format!("rank {rank} of {world} processes")));
-        }
-        let mut part = DVector::zeros(width);
-        part[rank] = rows as f64;
-        part[world + rank] = val_rows as f64;
-        Ok(part)
-    });
-    let counts = shard.sum(part, width)?;
+    let checked = local.as_ref().map(|_| ()).map_err(Clone::clone);
+    let layout = shard.exchange_layout(checked, &[rows, val_rows], DVector::zeros(0));
     let local = local?;
-    let count = |range: std::ops::Range<usize>| counts.rows(range.start, range.len()).sum() as usize;
+    let layout = layout?;
     let layout = Layout {
-        offset: count(0..rank),
-        val_offset: count(world..world + rank),
-        n_total: count(0..world),
-        val_total: count(world..2 * world),
+        offset: layout.offset(0, shard.rank),
+        val_offset: layout.offset(1, shard.rank),
+        n_total: layout.total(0),
+        val_total: layout.total(1),
     };
     Ok((local, layout))
 }

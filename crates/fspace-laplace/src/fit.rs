@@ -101,7 +101,8 @@ pub fn fit_observed<N: Network>(
 /// | `LowRank` (all) | one `p`-vector per Lanczos product (the products' count in the report), and the diagonal with `diag_remainder` |
 /// | `Sampled` (all) | the preconditioner's sums (as `Kfac`, `LowRank` or the `p` diagonal), the draws' right-hand side `Rᵀε` (`p·K`), one `p·K` block per CG product (`cg_products` in the report), and `γ` per EM step |
 ///
-/// plus, first, `log p(D | w*)` and every process's point count (`1 + world` numbers). The
+/// plus, first, every process's point count and `log p(D | w*)` (`world + 1` numbers,
+/// [`ProcessShard::exchange_layout`]). The
 /// sampled structure's noise `ε` is drawn per global row, as one process over all rows draws it.
 /// The one-pass structures (`Diag`, `Full`, `LastLayer`, subnetworks) shard as partial sums that
 /// merge: [`LaplaceSums`](crate::LaplaceSums) and its [`to_flat`](crate::LaplaceSums::to_flat).
@@ -112,49 +113,33 @@ pub fn fit_sharded<N: Network>(
     likelihood: LikelihoodSpec,
     data: &Data,
     config: &LaplaceConfig,
-    shard: ProcessShard<'_, LaplaceError>,
+    mut shard: ProcessShard<'_, LaplaceError>,
     observer: &mut (dyn Observer + Send),
 ) -> Result<Fitted<LaplacePosterior<N>, FitReport>> {
     let start = Instant::now();
-    let ProcessShard { rank, world, reduce } = shard;
-    // The first all-reduce: log p(D | w*) and every process's number of points (its own in
-    // slot `1 + rank`).
-    let width = 1 + world;
-    let local = sharded_settings(rank, world, config).and_then(|()| prepare(&net, &likelihood, data, config));
     let rows = data.x().nrows();
-    let mut local = match local {
-        Ok(local) => local,
-        Err(e) => {
-            // The others hear of the failure in the first all-reduce; this error is reported.
-            let _ = reduce(DVector::zeros(width), true);
-            return Err(e);
-        }
-    };
-    let mut layout = DVector::zeros(width);
-    layout[0] = local.log_likelihood;
-    layout[1 + rank] = rows as f64;
-    let summed = reduce(layout, false)?;
-    local.log_likelihood = summed[0];
-    let counts = (0..world)
-        .map(|r| crate::construct::flat_count(summed[1 + r], "the processes' point counts"))
-        .collect::<Result<Vec<usize>>>()?;
+    let local = sharded_structure(config).and_then(|()| prepare(&net, &likelihood, data, config));
+    // The first all-reduce: every process's number of points and log p(D | w*).
+    let log_likelihood = local.as_ref().map_or(0.0, |l| l.log_likelihood);
+    let layout = shard.exchange_layout(
+        local.as_ref().map(|_| ()).map_err(Clone::clone),
+        &[rows],
+        DVector::from_element(1, log_likelihood),
+    );
+    let mut local = local?;
+    let layout = layout?;
+    local.log_likelihood = layout.sums[0];
     let sum = ShardSum {
-        n_total: counts.iter().sum(),
-        offset: counts[..rank].iter().sum(),
-        reduce: Mutex::new(reduce),
+        n_total: layout.total(0),
+        offset: layout.offset(0, shard.rank),
+        reduce: Mutex::new(shard.reduce),
     };
     build_observed(net, likelihood, config, local, rows, Some(&sum), observer, start)
 }
 
-/// The process layout and the structures [`fit_sharded`] takes.
-fn sharded_settings(rank: usize, world: usize, config: &LaplaceConfig) -> Result<()> {
+/// The structures [`fit_sharded`] takes.
+fn sharded_structure(config: &LaplaceConfig) -> Result<()> {
     use crate::Weights;
-    if rank >= world {
-        return Err(LaplaceError::Input(InputError::Invalid {
-            what: "process rank",
-            reason: format!("rank {rank} is not below the world size {world}"),
-        }));
-    }
     match (&config.structure, &config.weights) {
         (Structure::Sampled(c), Weights::All) if c.em_checkpoint.is_some() => {
             Err(LaplaceError::Unsupported {

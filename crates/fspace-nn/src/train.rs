@@ -196,22 +196,9 @@ fn train_map_inner<N: Network>(
             (x.nrows(), 0, validation.is_some())
         }
         Some(shard) => {
-            let (rank, world) = (shard.rank, shard.world);
-            if rank >= world {
-                return Err(NnError::Input(InputError::Invalid {
-                    what: "shard",
-                    reason: format!("rank {rank} of {world} processes"),
-                }));
-            }
-            let part = checked.map(|()| {
-                let mut part = DVector::zeros(2 * world);
-                part[rank] = x.nrows() as f64;
-                part[world + rank] = validation.map_or(0, |(xv, _)| xv.nrows()) as f64;
-                part
-            });
-            let counts = shard.sum(part, 2 * world)?;
-            let before: f64 = counts.rows(0, rank).sum();
-            (counts.rows(0, world).sum() as usize, before as usize, counts.rows(world, world).sum() > 0.0)
+            let val_rows = validation.map_or(0, |(xv, _)| xv.nrows());
+            let layout = shard.exchange_layout(checked, &[x.nrows(), val_rows], DVector::zeros(0))?;
+            (layout.total(0), layout.offset(0, shard.rank), layout.total(1) > 0)
         }
     };
     let batches =

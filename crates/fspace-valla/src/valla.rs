@@ -458,34 +458,24 @@ fn fit_inner<N: Network + Clone>(
     let layout = match reducer.as_mut() {
         None => None,
         Some(reducer) => {
-            let (rank, world) = (reducer.rank, reducer.world);
-            if rank >= world {
-                return Err(VallaError::Input(InputError::Invalid {
-                    what: "shard",
-                    reason: format!("rank {rank} of {world} processes"),
-                }));
-            }
-            let width = world * (2 + q);
-            let part = local.as_ref().map_err(Clone::clone).map(|l| {
-                let mut part = DVector::zeros(width);
-                part[rank] = x.nrows() as f64;
-                part[world + rank] = validation.map_or(0, |(xv, _)| xv.nrows()) as f64;
-                if l.likelihood == VallaLikelihood::Categorical {
-                    for &v in y.iter() {
-                        part[2 * world + rank * q + v as usize] += 1.0;
-                    }
+            // Training rows, validation rows, then the training rows of each class.
+            let mut counts = vec![x.nrows(), validation.map_or(0, |(xv, _)| xv.nrows())];
+            counts.resize(2 + q, 0);
+            if let Ok(Local { likelihood: VallaLikelihood::Categorical, .. }) = &local {
+                for &v in y.iter() {
+                    counts[2 + v as usize] += 1;
                 }
-                part
-            });
-            let summed = reducer.sum(part, width)?;
-            let count = |v: f64| v as usize;
+            }
+            let checked = local.as_ref().map(|_| ()).map_err(Clone::clone);
+            let layout = reducer.exchange_layout(checked, &counts, DVector::zeros(0))?;
+            let mut sets = layout.counts.into_iter();
+            let (rows, val_rows) = (sets.next().unwrap_or_default(), sets.next().unwrap_or_default());
+            let per_class: Vec<Vec<usize>> = sets.collect();
             Some(Layout {
-                rank,
-                rows: (0..world).map(|r| count(summed[r])).collect(),
-                val_rows: (0..world).map(|r| count(summed[world + r])).collect(),
-                class_rows: (0..world)
-                    .map(|r| (0..q).map(|c| count(summed[2 * world + r * q + c])).collect())
-                    .collect(),
+                rank: reducer.rank,
+                rows,
+                val_rows,
+                class_rows: (0..reducer.world).map(|r| per_class.iter().map(|c| c[r]).collect()).collect(),
             })
         }
     };
