@@ -164,7 +164,8 @@ def run_fspace(row, args):
     if row in ("kron", "lowrank"):
         extra = {"kron_bias": "separate"} if row == "kron" else {
             "rank": args.lowrank_rank, "max_basis": args.lowrank_max_basis, "chunk_points": args.lowrank_chunk}
-        la = fspace.Laplace(model, "classification", hessian_structure=row, prior_precision=1.0, backend="torch",
+        la = fspace.Laplace(model, "classification", subset_of_weights="all", hessian_structure=row,
+                            prior_precision=1.0, backend="torch",
                             **extra)
         la.fit(x, y)
         out["fit_s"] = time.perf_counter() - start

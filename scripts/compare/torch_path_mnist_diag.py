@@ -24,7 +24,8 @@ def main():
         y = model(x) + 0.1 * torch.randn(1000, 10, dtype=torch.float64)
     stamps = []
     start = time.perf_counter()
-    la = fspace.Laplace(model, "regression", hessian_structure="diag", sigma_noise=0.1, backend="torch")
+    la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure="diag", sigma_noise=0.1,
+                        backend="torch")
     la.fit(x, y, progress=lambda step, total, *_: stamps.append((round(time.perf_counter() - start, 1), step)))
     fit = time.perf_counter() - start
     start = time.perf_counter()

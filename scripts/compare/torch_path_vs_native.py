@@ -36,7 +36,8 @@ def best_of(repeats, fn):
 
 def laplace_run(model, x, y, xs, structure, backend):
     def run():
-        la = fspace.Laplace(model, "regression", hessian_structure=structure, sigma_noise=0.1, backend=backend)
+        la = fspace.Laplace(model, "regression", subset_of_weights="all", hessian_structure=structure, sigma_noise=0.1,
+                            backend=backend)
         la.fit(x, y)
         la(xs)
     return run

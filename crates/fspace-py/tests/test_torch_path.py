@@ -598,3 +598,23 @@ def test_sequence_logits_are_refused_with_what_to_do():
         fspace.Laplace(model, "classification", "all", "diag", backend="torch").fit(x, torch.randint(4, (12, 5)))
     # The same model on (batch, features) rows is a classifier as usual.
     fspace.Laplace(model, "classification", "all", "diag", backend="torch").fit(x[:, 0], per_sequence)
+
+
+def test_a_float32_model_fits_kron_on_the_torch_path():
+    """torch's float32 GEMM ``δᵀδ`` is not symmetric to the bit on small shapes (a 10-class
+    head over a few dozen rows: ≈ 1e-8 relative), which the factors' eigendecomposition
+    refused; the factor sums come back symmetric and the fit runs."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10))
+    x = torch.randn(12, 6)
+    y = model(x).argmax(1).detach()
+    calls = TorchCalls(model, (6,))
+    infos = calls.layer_infos("all")
+    q = calls.output_dim
+    l = np.random.default_rng(0).standard_normal((12 * q, q))
+    for aa, _, _, gg in calls.kfac_factor_sums(calls.params, x.double().numpy(), l, infos, 12):
+        assert np.array_equal(aa, aa.T) and np.array_equal(gg, gg.T)
+    la = fspace.Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron", backend="torch")
+    la.fit(x, y)
+    probs = la(x[:3])
+    assert probs.shape == (3, 10) and torch.allclose(probs.sum(1), torch.ones(3, dtype=probs.dtype))

@@ -619,7 +619,11 @@ class TorchCalls:
                     acc[2] += int(a.shape[0])
                     acc[3] += (d.T @ d).to(torch.float64)
                 del stats
-        return [(self._numpy(aa), self._numpy(sa), rows, self._numpy(gg)) for aa, sa, rows, gg in sums]
+        # A float32 GEMM's `aᵀa` is symmetric only to its rounding on some shapes (a 10-class
+        # head over a few dozen rows: ≈ 1e-8 relative), which the factors' eigendecomposition
+        # refuses as asymmetric input: the sums are made symmetric here, in float64.
+        return [(self._numpy((aa + aa.T) * 0.5), self._numpy(sa), rows, self._numpy((gg + gg.T) * 0.5))
+                for aa, sa, rows, gg in sums]
 
     def last_layer_features(self, w: np.ndarray, x: np.ndarray, infos: List[Dict[str, Any]]) -> np.ndarray:
         """The input of the last layer of ``infos`` (``n × fan_in``)."""
