@@ -371,7 +371,7 @@ pub fn fit_posthoc_sharded<N: Network + Clone>(
     if likelihood.learns_noise() {
         return Err(invalid("likelihood", "post-hoc FSP-Laplace takes σ as given (learn: false)"));
     }
-    let bbox = sharded_context_box(config)?;
+    let bbox = shared_context_box(config, "a sharded fit", "the data's box differs between the processes")?;
     let (x, y) = (data.x(), &data.y_flat());
     check_memory(net.params().len(), net.output_dim(), x.nrows(), config, false)?;
     let context = config.laplace_context(&bbox, x)?;
@@ -383,16 +383,14 @@ pub fn fit_posthoc_sharded<N: Network + Clone>(
     Ok(Fitted { posterior, report })
 }
 
-/// What every process of a sharded fit must share about the context points: the box, given
-/// (the data's box differs between the processes), and no context taken from the data
-/// (`context_includes_data`, `design = Dataset`, `truncate_at_data`), which no process holds
-/// whole.
-fn sharded_context_box(config: &FspConfig) -> Result<BoundingBox> {
+/// What a fit that never holds all the data — a sharded one, or one over batches — needs of
+/// the context points: the box, given (`why`: the data's box is not at hand), and no context
+/// taken from the data (`context_includes_data`, `design = Dataset`, `truncate_at_data`).
+fn shared_context_box(config: &FspConfig, who: &str, why: &str) -> Result<BoundingBox> {
     let Some(bbox) = config.context_box.clone() else {
         return Err(invalid(
             "context_box",
-            "a sharded fit needs the context box given: the data's box differs between the processes \
-             (take the box of all the shards' points)",
+            format!("{who} needs the context box given: {why} (take the box of all the points)"),
         ));
     };
     if config.context_includes_data
@@ -401,11 +399,32 @@ fn sharded_context_box(config: &FspConfig) -> Result<BoundingBox> {
     {
         return Err(invalid(
             "context points",
-            "a sharded fit draws them in the context box alone: context_includes_data, design = Dataset and \
-             truncate_at_data take them from the data, which no process holds whole",
+            format!(
+                "{who} draws them in the context box alone: context_includes_data, design = Dataset and \
+                 truncate_at_data take them from the data, which it does not hold whole"
+            ),
         ));
     }
     Ok(bbox)
+}
+
+/// Post-hoc FSP-Laplace over data that arrive in batches (a loader, or a data set larger than
+/// memory): steps 1–3 of Alg. 2 at `config`'s context points in its `context_box` (which must be
+/// given: the data's box is not at hand — take it in a first pass), as [`fit_posthoc`] places
+/// them. Add each batch with [`LaplaceBasis::add`](crate::LaplaceBasis::add) (sums over other
+/// batches or processes merge with [`DataSum::merge`](crate::DataSum::merge)) and end with
+/// [`LaplaceBasis::finish`](crate::LaplaceBasis::finish): the posterior of [`fit_posthoc`] over
+/// all the batches, up to the order of the additions. The context may not come from the data
+/// (`context_includes_data`, `design = Dataset`, `truncate_at_data` are refused).
+pub fn posthoc_basis<N: Network + Clone>(
+    net: &N,
+    prior: &GpPrior,
+    config: &FspConfig,
+) -> Result<crate::LaplaceBasis<N>> {
+    let bbox = shared_context_box(config, "a fit over batches", "the data's box is not at hand")?;
+    check_memory(net.params().len(), net.output_dim(), 0, config, false)?;
+    let context = config.laplace_context(&bbox, &DMatrix::zeros(0, net.input_dim()))?;
+    crate::LaplaceBasis::new(net, prior, &context, &config.laplace)
 }
 
 /// [`fit_observed`] (Alg. 1, then Alg. 2) over data sharded across processes: every process
@@ -433,7 +452,8 @@ pub fn fit_sharded<N: Network + Clone>(
     let val_flat = data.validation_flat();
     let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
     let checked = (|| -> Result<(BoundingBox, Box<dyn fspace_core::Likelihood>)> {
-        let bbox = sharded_context_box(config)?;
+        let bbox =
+            shared_context_box(config, "a sharded fit", "the data's box differs between the processes")?;
         check_memory(net.params().len(), net.output_dim(), x.nrows(), config, true)?;
         if matches!(config.schedule.length, Span::Steps(0) | Span::Epochs(0)) {
             return Err(invalid(

@@ -221,139 +221,336 @@ fn laplace_inner<N: Network + Clone>(
     y: &DVector<f64>,
     context: &DMatrix<f64>,
     config: &FspLaplaceConfig,
-    mut reduce: Option<&mut ReduceStep<'_>>,
+    reduce: Option<&mut ReduceStep<'_>>,
 ) -> Result<FspLaplace<N>> {
-    let (d, q) = (net.input_dim(), net.output_dim());
-    prior.check(d, q)?;
-    ensure_dim("likelihood outputs vs. network outputs", q, likelihood.output_dim())?;
-    ensure_dim("data inputs vs. network inputs", d, x.ncols())?;
-    let t = likelihood.target_dim();
-    ensure_dim("targets vs. data points × targets per point", x.nrows() * t, y.len())?;
-    ensure_dim("context-point dimension vs. network inputs", d, context.ncols())?;
-    if context.nrows() == 0 {
-        return Err(invalid("context points", "at least one is needed"));
-    }
-    if config.max_rank == 0 || config.data_batch == 0 {
-        return Err(invalid("max_rank / data_batch", "must be ≥ 1"));
-    }
-    if !(config.rank_rtol.is_finite() && config.rank_rtol > 0.0 && config.rank_rtol < 1.0) {
-        return Err(invalid("rank_rtol", format!("{} must lie in (0, 1)", config.rank_rtol)));
-    }
-    if !(config.ggn_scale.is_finite() && config.ggn_scale > 0.0) {
-        return Err(invalid("ggn_scale", format!("{} must be finite and > 0", config.ggn_scale)));
-    }
-    if !(config.prior_jitter.is_finite() && config.prior_jitter >= 0.0) {
-        return Err(invalid("prior_jitter", format!("{} must be finite and ≥ 0", config.prior_jitter)));
-    }
-    likelihood.check_targets(y)?;
-    let p = net.params().len();
-
-    // 1. L Lᵀ ≈ Σ(C,C)†, Lanczos started from J(C)·1.
-    let start = point_major(&net.jvp(context, &DVector::from_element(p, 1.0))?);
-    let start = if start.norm() > 0.0 { StartVector::Given(start) } else { StartVector::Ones };
-    let op = GramOperator::new(&*prior.kernel, context)?.with_tile_cache(config.gram_cache_bytes);
-    let lanczos = LanczosConfig {
-        max_rank: config.max_rank.min(context.nrows() * q),
-        start,
-        pivot_tol: config.lanczos_pivot_tol,
-        ..Default::default()
-    };
-    let (l, restarted) = if config.prior_jitter > 0.0 {
-        let eps = config.prior_jitter * op.diagonal().mean();
-        let jittered = SumOperator::new(op, DiagonalOperator::identity_scaled(context.nrows() * q, eps)?)?;
-        pinv_factor_restarted(&jittered, &lanczos, config.lanczos_restarts, 0x1a2c)?
-    } else {
-        pinv_factor_restarted(&op, &lanczos, config.lanczos_restarts, 0x1a2c)?
-    };
-    let info = restarted.runs[0].clone();
-
-    // 2–3. M = J(C)ᵀL (p × r) and its range: the left singular vectors of M, or, when the
-    // prior's rank r exceeds the weights p (a small network with many context points), the
-    // right singular vectors of Mᵀ.
-    let m = net.vjp_columns(context, &l)?;
-    let (left, singular) = if m.nrows() >= m.ncols() {
-        let svd = thin_svd_owned(m)?;
-        (svd.u, svd.s)
-    } else {
-        let svd = thin_svd_owned(m.transpose())?;
-        (svd.v, svd.s)
-    };
-    let smax = singular[0];
-    let k = singular.iter().take_while(|&&s| s > config.rank_rtol * smax).count();
-    if k == 0 {
-        return Err(invalid("context points", "J(C)ᵀ Σ(C,C)† J(C) vanishes: the network is constant there"));
-    }
-    let d2 = singular.rows(0, k).map(|s| s * s);
-    let u = if k == left.ncols() { left } else { left.columns(0, k).into_owned() };
-
-    // 4. A = D² + Σ_B (J_B U)ᵀ H_B (J_B U). Sharded: this process's batches from zero, the
-    // processes' parts summed by the reduce step, then D².
-    let mut a = if reduce.is_some() { DMatrix::zeros(k, k) } else { DMatrix::from_diagonal(&d2) };
-    for (s0, s1) in batches(x.nrows(), config.data_batch) {
-        fspace_input::interrupt::check("FSP-Laplace's pass over the data")?;
-        let xb = x.rows(s0, s1 - s0).into_owned();
-        let yb = y.rows(s0 * t, (s1 - s0) * t).into_owned();
-        let hess = likelihood.nll_hessian(&net.forward(&xb)?, &yb)?;
-        let g = net.jvp_columns(&xb, &u)?; // (b·q) × k
-        let mut hg = DMatrix::zeros(g.nrows(), k);
-        for (i, h) in hess.iter().enumerate() {
-            let rows = g.rows(i * q, q);
-            hg.rows_mut(i * q, q).copy_from(&(h * rows * config.ggn_scale));
-        }
-        a += g.transpose() * &hg; // blocked GEMM (nalgebra's gemm_tr is an unblocked loop)
-    }
-    if let Some(reduce) = reduce.as_mut() {
-        let fingerprint = [k as f64, u.sum(), u.norm_squared()];
-        a = reduce(a, &fingerprint)?;
-        if a.shape() != (k, k) || a.iter().any(|v| !v.is_finite()) {
+    // The data's shapes before steps 1–3, which take the longest.
+    check_likelihood(net, likelihood)?;
+    check_batch(net, likelihood, x, y)?;
+    let basis = LaplaceBasis::new(net, prior, context, config)?;
+    let mut sum = basis.zero_sum();
+    basis.add_checked(&mut sum, likelihood, x, y)?;
+    if let Some(reduce) = reduce {
+        let k = basis.rank();
+        let summed = reduce(sum.matrix, &basis.fingerprint())?;
+        if summed.shape() != (k, k) || summed.iter().any(|v| !v.is_finite()) {
             return Err(invalid(
                 "the reduce step's sum",
-                format!("must be a finite {k} × {k} matrix, got {} × {}", a.nrows(), a.ncols()),
+                format!("must be a finite {k} × {k} matrix, got {} × {}", summed.nrows(), summed.ncols()),
             ));
         }
+        sum.matrix = summed;
+    }
+    basis.finish(prior, &sum, config.truncate_at_data.then_some(x))
+}
+
+fn check_likelihood<N: Network + ?Sized>(net: &N, likelihood: &dyn Likelihood) -> Result<()> {
+    ensure_dim("likelihood outputs vs. network outputs", net.output_dim(), likelihood.output_dim())
+}
+
+/// A batch's shapes and targets against the network and the likelihood.
+fn check_batch<N: Network + ?Sized>(
+    net: &N,
+    likelihood: &dyn Likelihood,
+    x: &DMatrix<f64>,
+    y: &DVector<f64>,
+) -> Result<()> {
+    ensure_dim("data inputs vs. network inputs", net.input_dim(), x.ncols())?;
+    let t = likelihood.target_dim();
+    ensure_dim("targets vs. data points × targets per point", x.nrows() * t, y.len())?;
+    likelihood.check_targets(y)?;
+    Ok(())
+}
+
+/// Steps 1–3 of Alg. 2 — the prior's pseudo-inverse factor `L` at the context points, `M =
+/// J(C)ᵀL` and its range `U` (`p × k`) with the singular values `D` — which depend on the
+/// network, the prior and the context points alone. The data enter only through step 4's `k ×
+/// k` sum `Σ_B (J_B U)ᵀ H_B (J_B U)`, which [`LaplaceBasis::add`] takes batch by batch into a
+/// [`DataSum`]; sums over disjoint batches (or over the shards of several processes) merge by
+/// addition ([`DataSum::merge`]), and [`LaplaceBasis::finish`] runs steps 5–6 on the total.
+/// So a data set streams through Alg. 2 with one batch in memory, and [`laplace`] is `new`,
+/// one `add` over all the points, and `finish`.
+#[derive(Debug, Clone)]
+pub struct LaplaceBasis<N> {
+    net: N,
+    context: DMatrix<f64>,
+    u: DMatrix<f64>,
+    d2: DVector<f64>,
+    config: FspLaplaceConfig,
+    /// `[k, Σ U, Σ U²]`, taken once (two passes over `U`, `p × k`).
+    fingerprint: [f64; 3],
+    lanczos_rank: usize,
+    lanczos_runs: usize,
+    lanczos_stop: StopReason,
+    pinv_method: PinvMethod,
+}
+
+/// Step 4's sum over data points in a [`LaplaceBasis`]: `Σ (J_B U)ᵀ H_B (J_B U)` (`k × k`,
+/// without `D²` and without `ggn_scale`), the number of points in it, and the fingerprint of
+/// the basis it was taken in (`[k, Σ U, Σ U²]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataSum {
+    matrix: DMatrix<f64>,
+    points: usize,
+    fingerprint: [f64; 3],
+}
+
+impl DataSum {
+    /// The `k × k` sum.
+    pub fn matrix(&self) -> &DMatrix<f64> {
+        &self.matrix
+    }
+
+    /// The data points summed.
+    pub fn points(&self) -> usize {
+        self.points
+    }
+
+    /// The fingerprint of the basis the sum was taken in.
+    pub fn fingerprint(&self) -> [f64; 3] {
+        self.fingerprint
+    }
+
+    /// Adds another sum over other points, taken in the same basis (refused otherwise: sums
+    /// in different bases do not add).
+    pub fn merge(&mut self, other: &DataSum) -> Result<()> {
+        if self.fingerprint != other.fingerprint {
+            return Err(invalid(
+                "the data sums to merge",
+                "were taken in different bases (another network, prior, context or setting)",
+            ));
+        }
+        self.matrix += &other.matrix;
+        self.points += other.points;
+        Ok(())
+    }
+
+    /// A sum formed elsewhere (another process's, all-reduced) in the basis of `like`: a
+    /// finite `k × k` matrix over `points` points.
+    pub fn with_matrix(like: &DataSum, matrix: DMatrix<f64>, points: usize) -> Result<DataSum> {
+        let k = like.matrix.nrows();
+        if matrix.shape() != (k, k) || matrix.iter().any(|v| !v.is_finite()) {
+            return Err(invalid(
+                "the data sum",
+                format!("must be a finite {k} × {k} matrix, got {} × {}", matrix.nrows(), matrix.ncols()),
+            ));
+        }
+        Ok(DataSum { matrix, points, fingerprint: like.fingerprint })
+    }
+}
+
+impl<N: Network + Clone> LaplaceBasis<N> {
+    /// Steps 1–3 at the weights of `net`, prior `prior`, context points `context` (`n_C × d`).
+    pub fn new(net: &N, prior: &GpPrior, context: &DMatrix<f64>, config: &FspLaplaceConfig) -> Result<Self> {
+        let (d, q) = (net.input_dim(), net.output_dim());
+        prior.check(d, q)?;
+        ensure_dim("context-point dimension vs. network inputs", d, context.ncols())?;
+        if context.nrows() == 0 {
+            return Err(invalid("context points", "at least one is needed"));
+        }
+        if config.max_rank == 0 || config.data_batch == 0 {
+            return Err(invalid("max_rank / data_batch", "must be ≥ 1"));
+        }
+        if !(config.rank_rtol.is_finite() && config.rank_rtol > 0.0 && config.rank_rtol < 1.0) {
+            return Err(invalid("rank_rtol", format!("{} must lie in (0, 1)", config.rank_rtol)));
+        }
+        if !(config.ggn_scale.is_finite() && config.ggn_scale > 0.0) {
+            return Err(invalid("ggn_scale", format!("{} must be finite and > 0", config.ggn_scale)));
+        }
+        if !(config.prior_jitter.is_finite() && config.prior_jitter >= 0.0) {
+            return Err(invalid("prior_jitter", format!("{} must be finite and ≥ 0", config.prior_jitter)));
+        }
+        let p = net.params().len();
+
+        // 1. L Lᵀ ≈ Σ(C,C)†, Lanczos started from J(C)·1.
+        let start = point_major(&net.jvp(context, &DVector::from_element(p, 1.0))?);
+        let start = if start.norm() > 0.0 { StartVector::Given(start) } else { StartVector::Ones };
+        let op = GramOperator::new(&*prior.kernel, context)?.with_tile_cache(config.gram_cache_bytes);
+        let lanczos = LanczosConfig {
+            max_rank: config.max_rank.min(context.nrows() * q),
+            start,
+            pivot_tol: config.lanczos_pivot_tol,
+            ..Default::default()
+        };
+        let (l, restarted) = if config.prior_jitter > 0.0 {
+            let eps = config.prior_jitter * op.diagonal().mean();
+            let jittered =
+                SumOperator::new(op, DiagonalOperator::identity_scaled(context.nrows() * q, eps)?)?;
+            pinv_factor_restarted(&jittered, &lanczos, config.lanczos_restarts, 0x1a2c)?
+        } else {
+            pinv_factor_restarted(&op, &lanczos, config.lanczos_restarts, 0x1a2c)?
+        };
+        let info = &restarted.runs[0];
+
+        // 2–3. M = J(C)ᵀL (p × r) and its range: the left singular vectors of M, or, when the
+        // prior's rank r exceeds the weights p (a small network with many context points), the
+        // right singular vectors of Mᵀ.
+        let m = net.vjp_columns(context, &l)?;
+        let (left, singular) = if m.nrows() >= m.ncols() {
+            let svd = thin_svd_owned(m)?;
+            (svd.u, svd.s)
+        } else {
+            let svd = thin_svd_owned(m.transpose())?;
+            (svd.v, svd.s)
+        };
+        let smax = singular[0];
+        let k = singular.iter().take_while(|&&s| s > config.rank_rtol * smax).count();
+        if k == 0 {
+            return Err(invalid(
+                "context points",
+                "J(C)ᵀ Σ(C,C)† J(C) vanishes: the network is constant there",
+            ));
+        }
+        let d2 = singular.rows(0, k).map(|s| s * s);
+        let u = if k == left.ncols() { left } else { left.columns(0, k).into_owned() };
+        let fingerprint = [k as f64, u.sum(), u.norm_squared()];
+        Ok(Self {
+            net: net.clone(),
+            context: context.clone(),
+            u,
+            d2,
+            config: config.clone(),
+            fingerprint,
+            lanczos_rank: l.ncols(),
+            lanczos_runs: restarted.runs.len(),
+            lanczos_stop: info.lanczos.stop,
+            pinv_method: info.method,
+        })
+    }
+
+    /// Alg. 2's settings.
+    pub fn config(&self) -> &FspLaplaceConfig {
+        &self.config
+    }
+
+    /// `k`, the dimension of the basis (the numerical rank of `M`).
+    pub fn rank(&self) -> usize {
+        self.u.ncols()
+    }
+
+    /// `[k, Σ U, Σ U²]`: equal on every process that runs the same network, prior, context
+    /// points and settings (the same bits).
+    pub fn fingerprint(&self) -> [f64; 3] {
+        self.fingerprint
+    }
+
+    /// The sum over no points.
+    pub fn zero_sum(&self) -> DataSum {
+        let k = self.rank();
+        DataSum { matrix: DMatrix::zeros(k, k), points: 0, fingerprint: self.fingerprint() }
+    }
+
+    /// Step 4 over the points `x` (targets `y`, flat, `likelihood.target_dim()` per point),
+    /// added to `sum`: `r` forward-mode products per `data_batch` points, a Ctrl-C check
+    /// between them. Errors: shapes or targets the network and the likelihood do not take, a
+    /// sum from another basis; `sum` is left as it was.
+    pub fn add(
+        &self,
+        sum: &mut DataSum,
+        likelihood: &dyn Likelihood,
+        x: &DMatrix<f64>,
+        y: &DVector<f64>,
+    ) -> Result<()> {
+        check_likelihood(&self.net, likelihood)?;
+        check_batch(&self.net, likelihood, x, y)?;
+        self.add_checked(sum, likelihood, x, y)
+    }
+
+    fn add_checked(
+        &self,
+        sum: &mut DataSum,
+        likelihood: &dyn Likelihood,
+        x: &DMatrix<f64>,
+        y: &DVector<f64>,
+    ) -> Result<()> {
+        if sum.fingerprint != self.fingerprint() {
+            return Err(invalid("the data sum", "was taken in another basis"));
+        }
+        let (q, t, k) = (self.net.output_dim(), likelihood.target_dim(), self.rank());
+        let mut part = DMatrix::zeros(k, k);
+        for (s0, s1) in batches(x.nrows(), self.config.data_batch) {
+            fspace_input::interrupt::check("FSP-Laplace's pass over the data")?;
+            let xb = x.rows(s0, s1 - s0).into_owned();
+            let yb = y.rows(s0 * t, (s1 - s0) * t).into_owned();
+            let hess = likelihood.nll_hessian(&self.net.forward(&xb)?, &yb)?;
+            let g = self.net.jvp_columns(&xb, &self.u)?; // (b·q) × k
+            let mut hg = DMatrix::zeros(g.nrows(), k);
+            for (i, h) in hess.iter().enumerate() {
+                let rows = g.rows(i * q, q);
+                hg.rows_mut(i * q, q).copy_from(&(h * rows));
+            }
+            part += g.transpose() * &hg; // blocked GEMM (nalgebra's gemm_tr is an unblocked loop)
+        }
+        sum.matrix += &part;
+        sum.points += x.nrows();
+        Ok(())
+    }
+
+    /// Steps 5–6 on the data sum: `A = D² + ggn_scale · sum`, `S = U U_A D_A^{-1/2}`, and the
+    /// truncation at the context points (and at `data_points` with `truncate_at_data`, which
+    /// needs them: refused without).
+    pub fn finish(
+        self,
+        prior: &GpPrior,
+        sum: &DataSum,
+        data_points: Option<&DMatrix<f64>>,
+    ) -> Result<FspLaplace<N>> {
+        let (k, config) = (self.rank(), &self.config);
+        if sum.fingerprint != self.fingerprint() || sum.matrix.shape() != (k, k) {
+            return Err(invalid("the data sum", "was taken in another basis"));
+        }
+        if config.truncate_at_data && data_points.is_none() {
+            return Err(invalid(
+                "truncate_at_data",
+                "takes the truncation bound at the data points, which a fit over batches does not hold",
+            ));
+        }
+        let (net, u) = (self.net, self.u);
+        // 4. A = D² + c·Σ_B (J_B U)ᵀ H_B (J_B U).
+        let mut a = &sum.matrix * config.ggn_scale;
         for i in 0..k {
-            a[(i, i)] += d2[i];
+            a[(i, i)] += self.d2[i];
         }
-    }
-    let a = (&a + a.transpose()) * 0.5;
+        let a = (&a + a.transpose()) * 0.5;
 
-    // 5. S = U U_A D_A^{-1/2}, ascending eigenvalues (largest variance first).
-    let (values, vectors) = sym_eigh(&a)?;
-    let lmax = values[0];
-    let keep: Vec<usize> = (0..values.len()).rev().filter(|&i| values[i] > config.rank_rtol * lmax).collect();
-    let mut s = &u * vectors.select_columns(&keep);
-    for (c, &i) in keep.iter().enumerate() {
-        s.column_mut(c).scale_mut(values[i].powf(-0.5));
-    }
-    let precision_eigenvalues: Vec<f64> = keep.iter().map(|&i| values[i]).collect();
+        // 5. S = U U_A D_A^{-1/2}, ascending eigenvalues (largest variance first).
+        let (values, vectors) = sym_eigh(&a)?;
+        let lmax = values[0];
+        let keep: Vec<usize> =
+            (0..values.len()).rev().filter(|&i| values[i] > config.rank_rtol * lmax).collect();
+        let mut s = &u * vectors.select_columns(&keep);
+        for (c, &i) in keep.iter().enumerate() {
+            s.column_mut(c).scale_mut(values[i].powf(-0.5));
+        }
+        let precision_eigenvalues: Vec<f64> = keep.iter().map(|&i| values[i]).collect();
 
-    // 6. Truncation: the smallest k with diag(J(C) S_{:,k:} S_{:,k:}ᵀ J(C)ᵀ) ≤ diag Σ(C,C).
-    let truncated = if config.truncate && s.ncols() > 0 {
-        let mut first_ok = truncation_index(net, prior, context, &s, config.data_batch)?;
-        if config.truncate_at_data {
-            first_ok = first_ok.max(truncation_index(net, prior, x, &s, config.data_batch)?);
-        }
-        first_ok
-    } else {
-        0
-    };
-    // In place: no second `p × rank` copy beside `U` and `S`.
-    let s = if truncated == 0 { s } else { s.remove_columns(0, truncated) };
-    let report = LaplaceReport {
-        lanczos_rank: l.ncols(),
-        lanczos_runs: restarted.runs.len(),
-        lanczos_stop: stop_name(info.lanczos.stop).into(),
-        pinv_method: match info.method {
-            PinvMethod::Ldlt => "Ldlt",
-            PinvMethod::Eigen => "Eigen",
-        }
-        .into(),
-        range_rank: k,
-        precision_eigenvalues,
-        truncated,
-        rank: s.ncols(),
-    };
-    Ok(FspLaplace { net: net.clone(), s, u, report, likelihood: None })
+        // 6. Truncation: the smallest k with diag(J(C) S_{:,k:} S_{:,k:}ᵀ J(C)ᵀ) ≤ diag Σ(C,C).
+        let truncated = if config.truncate && s.ncols() > 0 {
+            let mut first_ok = truncation_index(&net, prior, &self.context, &s, config.data_batch)?;
+            if let (true, Some(x)) = (config.truncate_at_data, data_points) {
+                first_ok = first_ok.max(truncation_index(&net, prior, x, &s, config.data_batch)?);
+            }
+            first_ok
+        } else {
+            0
+        };
+        // In place: no second `p × rank` copy beside `U` and `S`.
+        let s = if truncated == 0 { s } else { s.remove_columns(0, truncated) };
+        let report = LaplaceReport {
+            lanczos_rank: self.lanczos_rank,
+            lanczos_runs: self.lanczos_runs,
+            lanczos_stop: stop_name(self.lanczos_stop).into(),
+            pinv_method: match self.pinv_method {
+                PinvMethod::Ldlt => "Ldlt",
+                PinvMethod::Eigen => "Eigen",
+            }
+            .into(),
+            range_rank: k,
+            precision_eigenvalues,
+            truncated,
+            rank: s.ncols(),
+        };
+        Ok(FspLaplace { net, s, u, report, likelihood: None })
+    }
 }
 
 /// The smallest `k` such that `diag(J(P) S_{:,k:} S_{:,k:}ᵀ J(P)ᵀ) ≤ diag Σ(P, P)` at every

@@ -12,7 +12,11 @@
 //!   from a sampler every step (default: uniform on the data box widened by half its range).
 //! * [`laplace`] — Alg. 2: Lanczos–LDLᵀ on `Σ(C,C)`, `M = J(C)ᵀL`, thin SVD, the GGN projected
 //!   on `range(M)`, eigendecomposition, `S` with `S Sᵀ ≈ Λ†`, and the prior-variance truncation.
-//!   Matrix-free, memory `O(p·r)`.
+//!   Matrix-free, memory `O(p·r)`. [`LaplaceBasis`] splits it where the data enter: steps 1–3
+//!   from the context points alone, [`LaplaceBasis::add`] of a batch into a [`DataSum`] (step
+//!   4's `k × k` sum, mergeable across batches and processes), [`LaplaceBasis::finish`] for
+//!   steps 5–6; [`posthoc_basis`] starts it from an [`FspConfig`], for data that arrive in
+//!   batches.
 //! * [`FspLaplace`] implements `fspace_core::Posterior`: GLM predictive `N(f(x; w*), ‖J(x)S‖²)`,
 //!   exact linearised function samples, class probabilities through `fspace_core`.
 //! * [`fit`] — both steps with the paper's defaults ([`FspConfig`]).
@@ -48,9 +52,11 @@ mod train;
 
 pub use error::{FspError, Result};
 pub use fit::{
-    context_points, fit, fit_observed, fit_posthoc, fit_posthoc_sharded, fit_sharded, with_data_points,
-    ContextDesign, FitSummary, FspConfig,
+    context_points, fit, fit_observed, fit_posthoc, fit_posthoc_sharded, fit_sharded, posthoc_basis,
+    with_data_points, ContextDesign, FitSummary, FspConfig,
 };
-pub use laplace::{laplace, laplace_sharded, FspLaplace, FspLaplaceConfig, LaplaceReport, ReduceStep};
+pub use laplace::{
+    laplace, laplace_sharded, DataSum, FspLaplace, FspLaplaceConfig, LaplaceBasis, LaplaceReport, ReduceStep,
+};
 pub use prior::{fit_classification_prior, fit_regression_prior};
 pub use train::{objective, rkhs_regularizer, train, train_sharded, ContextPrior, TrainOptions};

@@ -714,6 +714,87 @@ fn a_sharded_posthoc_fit_is_the_single_process_one() {
     assert!(fit_posthoc_sharded(net, lik, &prior, &data, &bad, &mut identity).is_err());
 }
 
+/// Post-hoc FSP-Laplace over batches — steps 1–3 from the context points alone
+/// (`posthoc_basis`), step 4's sum added batch by batch and merged across two "loaders", steps
+/// 5–6 on the total — is `fit_posthoc` over all the points (to rounding: the sum's order
+/// differs), classification included; sums taken in another basis and batches the likelihood
+/// does not take are refused, and a refused batch leaves the sum as it was.
+#[test]
+fn a_posthoc_fit_over_batches_is_the_fit_over_all_the_points() {
+    let mut r = rng(12);
+    let x = rand_uniform(70, 2, -1.0, 1.0, &mut r);
+    let regression = DMatrix::from_fn(70, 1, |i, _| (3.0 * x[(i, 0)]).sin() + x[(i, 1)]);
+    let classes = DMatrix::from_fn(70, 1, |i, _| if x[(i, 0)] + x[(i, 1)] > 0.0 { 1.0 } else { 0.0 });
+    let prior = |q| GpPrior::centered(Independent::new(Rbf::new(1.0, 0.6).unwrap(), q).unwrap());
+    for (lik, y, q) in
+        [(LikelihoodSpec::gaussian(0.1), &regression, 1), (LikelihoodSpec::categorical(2), &classes, 2)]
+    {
+        let prior = prior(q);
+        let net = mlp(2, q, 5);
+        let config = FspConfig {
+            context_box: Some(BoundingBox::from_data(&x, 0.5).unwrap()),
+            design: ContextDesign::Halton,
+            n_laplace_context: 30,
+            laplace: FspLaplaceConfig { data_batch: 16, ..Default::default() },
+            ..Default::default()
+        };
+        let whole = fit_posthoc(net.clone(), lik, &prior, &Data::new(&x, y).unwrap(), &config).unwrap();
+        let built = lik.build().unwrap();
+        let basis = posthoc_basis(&net, &prior, &config).unwrap();
+        let mut sums = [basis.zero_sum(), basis.zero_sum()];
+        for (s0, s1, which) in [(0, 9, 0), (9, 40, 1), (40, 41, 0), (41, 70, 1)] {
+            let xb = x.rows(s0, s1 - s0).into_owned();
+            let yb = DVector::from_column_slice(y.rows(s0, s1 - s0).into_owned().as_slice());
+            basis.add(&mut sums[which], built.as_ref(), &xb, &yb).unwrap();
+        }
+        let [mut first, second] = sums;
+        // Batches the likelihood refuses (a target count that differs; class 5 of 2) leave the
+        // sum as it was.
+        let before = first.clone();
+        let x3 = x.rows(0, 3).into_owned();
+        assert!(basis.add(&mut first, built.as_ref(), &x3, &DVector::zeros(2)).is_err());
+        assert_eq!(first, before);
+        if q == 2 {
+            assert!(basis.add(&mut first, built.as_ref(), &x3, &DVector::from_element(3, 5.0)).is_err());
+            assert_eq!(first, before);
+        }
+        first.merge(&second).unwrap();
+        assert_eq!(first.points(), 70);
+        let streamed = basis.clone().finish(&prior, &first, None).unwrap().with_likelihood(lik).unwrap();
+        let test = rand_uniform(7, 2, -1.5, 1.5, &mut r);
+        let (m1, c1) = Posterior::predict_joint(&whole.posterior, &test).unwrap();
+        let (m2, c2) = Posterior::predict_joint(&streamed, &test).unwrap();
+        assert_eq!(m1, m2);
+        assert!(rel_frob(&c2, &c1) < 1e-11, "{}", rel_frob(&c2, &c1));
+        let (a, b) = (streamed.report(), whole.posterior.report());
+        assert_eq!(
+            (a.range_rank, a.rank, a.truncated, a.lanczos_rank),
+            (b.range_rank, b.rank, b.truncated, b.lanczos_rank)
+        );
+        for (ea, eb) in a.precision_eigenvalues.iter().zip(&b.precision_eigenvalues) {
+            assert!(rel_err(*ea, *eb, 1e-300) < 1e-10, "{ea} {eb}");
+        }
+
+        // Sums from another basis (other weights) neither merge nor finish.
+        let other = posthoc_basis(&mlp(2, q, 6), &prior, &config).unwrap();
+        let mut foreign = other.zero_sum();
+        assert!(foreign.merge(&first).is_err());
+        assert!(basis
+            .add(&mut foreign, built.as_ref(), &x, &DVector::from_column_slice(y.as_slice()))
+            .is_err());
+        assert!(basis.clone().finish(&prior, &other.zero_sum(), None).is_err());
+        // What needs the data whole is refused up front.
+        for (bad, what) in [
+            (FspConfig { context_box: None, ..config.clone() }, "context_box"),
+            (FspConfig { design: ContextDesign::Dataset, ..config.clone() }, "context points"),
+            (FspConfig { context_includes_data: true, ..config.clone() }, "context points"),
+        ] {
+            let err = posthoc_basis(&net, &prior, &bad).unwrap_err();
+            assert!(err.to_string().contains(what), "{err}");
+        }
+    }
+}
+
 /// `fit_sharded` on `world` threads: process `r` holds the training rows `bounds[r]..bounds[r+1]`
 /// and, if `r == 0`, the validation set.
 #[allow(clippy::too_many_arguments)]

@@ -19,6 +19,8 @@
 //!   JSON (`default_config(method)` holds the paper's values), the prior as a `GpPrior`'s JSON,
 //!   progress reported to a Python callable; the posterior predicts, samples functions, returns
 //!   trained weights and pickles.
+//! * `FspLaplaceBatches` (`src/methods.rs`): post-hoc FSP-Laplace over a loader — Alg. 2's
+//!   basis when made, `add(x, y)` per batch, `finish(reduce=None)` → `Posterior`.
 //! * `NystromFeatures` (`src/nystrom.rs`): ELLA's Nyström feature map of a network, for the
 //!   Python layer's laplace-torch `ELLA` surface, which keeps the posterior as tensors.
 //! * `gram(kernel, X, Y)`: a kernel's Gram matrix from its spec's JSON; `rkhs_norm(prior, C, F,
@@ -49,6 +51,7 @@ use pyo3::prelude::*;
 fn _fspace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<laplace::PyLaplace>()?;
     m.add_class::<methods::PyPosterior>()?;
+    m.add_class::<methods::PyFspBatches>()?;
     m.add_class::<nystrom::PyNystromFeatures>()?;
     m.add_function(wrap_pyfunction!(methods::fit, m)?)?;
     m.add_function(wrap_pyfunction!(methods::default_config, m)?)?;

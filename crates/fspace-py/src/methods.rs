@@ -352,14 +352,7 @@ pub(crate) fn fit<'py>(
         }
     }
     let prior = prior.map(gp_prior).transpose()?;
-    let net = match (state, activation_name, calls) {
-        (_, _, Some(calls)) => Some(callback_network(calls, None)?),
-        (Some(state), Some(act), None) => {
-            Some(PyNetwork::from(network(state, activation(act)?, architecture)?))
-        }
-        (None, None, None) => None,
-        _ => return Err(value_error("a network needs both its state_dict and its activation")),
-    };
+    let net = method_network(state, activation_name, architecture, calls)?;
     let outputs = match (&net, &prior) {
         (Some(net), _) => net.output_dim(),
         (None, Some(prior)) => prior.output_dim(),
@@ -414,6 +407,136 @@ pub(crate) fn fit<'py>(
     }
     let (fit, report) = result.map_err(|e| errors.take().unwrap_or(e))?;
     Ok((PyPosterior { fit, errors }, to_py(py, &report)?))
+}
+
+/// A method's network: a torch model's `calls`, or a native network's `state` and
+/// `activation_name` (+ a CNN's `architecture`); `None` for the GP.
+fn method_network(
+    state: Option<&Bound<'_, PyDict>>,
+    activation_name: Option<&str>,
+    architecture: Option<&Bound<'_, PyAny>>,
+    calls: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<PyNetwork>> {
+    Ok(match (state, activation_name, calls) {
+        (_, _, Some(calls)) => Some(callback_network(calls, None)?),
+        (Some(state), Some(act), None) => {
+            Some(PyNetwork::from(network(state, activation(act)?, architecture)?))
+        }
+        (None, None, None) => None,
+        _ => return Err(value_error("a network needs both its state_dict and its activation")),
+    })
+}
+
+/// Post-hoc FSP-Laplace over batches (a loader): steps 1–3 of Alg. 2 when it is made — from
+/// the network, the prior and `config`'s context points in its `context_box`, which must be
+/// given (`fspace_fsp_laplace::posthoc_basis`) — then `add(x, y)` per batch (step 4's `k × k`
+/// sum, the GIL released, Ctrl-C polled) and `finish(reduce=None)` → `(Posterior, report)`:
+/// `fit("fsp_laplace_posthoc", …)` over all the batches, up to the order of the additions.
+/// `reduce(part, fingerprint)` (a process group's all-reduce) adds every process's sum first.
+/// Keyword arguments only.
+#[pyclass(name = "FspLaplaceBatches", module = "fspace._fspace")]
+pub(crate) struct PyFspBatches {
+    basis: Option<fspace_fsp_laplace::LaplaceBasis<PyNetwork>>,
+    sum: fspace_fsp_laplace::DataSum,
+    lik: LikelihoodSpec,
+    prior: GpPrior,
+    errors: CallbackErrors,
+}
+
+#[pymethods]
+impl PyFspBatches {
+    #[new]
+    #[pyo3(signature = (*, likelihood, prior, config, sigma_noise=1.0, state=None, activation_name=None, architecture=None, calls=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        likelihood: &str,
+        prior: &Bound<'_, PyAny>,
+        config: &Bound<'_, PyAny>,
+        sigma_noise: f64,
+        state: Option<&Bound<'_, PyDict>>,
+        activation_name: Option<&str>,
+        architecture: Option<&Bound<'_, PyAny>>,
+        calls: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let config: FspConfig = from_py("the fsp_laplace_posthoc settings", config)?;
+        let prior = gp_prior(prior)?;
+        let net =
+            need(method_network(state, activation_name, architecture, calls)?, "FSP-Laplace", "a network")?;
+        let lik = likelihood_spec(likelihood, net.output_dim(), sigma_noise, false)?;
+        let errors = net.errors();
+        let basis = detach_interruptible(
+            py,
+            || fspace_fsp_laplace::posthoc_basis(&net, &prior, &config),
+            |e| errors.raise(e),
+        )?;
+        let sum = basis.zero_sum();
+        Ok(Self { basis: Some(basis), sum, lik, prior, errors })
+    }
+
+    /// Adds the batch `(x, y)` (`b × d` inputs, `b × 1` class indices or `b × d'` targets) to
+    /// step 4's sum; a refused batch leaves the sum as it was.
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        x: PyReadonlyArray2<'_, f64>,
+        y: PyReadonlyArray2<'_, f64>,
+    ) -> PyResult<()> {
+        let basis = self.basis.as_ref().ok_or_else(|| value_error("this fit over batches has finished"))?;
+        let (x, y) = (matrix(&x), matrix(&y));
+        let data = Data::new(&x, &y).map_err(raise)?;
+        let (lik, sum, errors) = (self.lik, &mut self.sum, &self.errors);
+        detach_interruptible(
+            py,
+            || {
+                let built = lik.build()?;
+                basis.add(sum, built.as_ref(), data.x(), &data.y_flat())
+            },
+            |e| errors.raise(e),
+        )
+    }
+
+    /// Points worth adding in one call: Alg. 2's chunk (`laplace.data_batch`), the grain of the
+    /// in-memory fit; a loader's smaller batches are gathered to it before they cross.
+    #[getter]
+    fn batch_target(&self) -> usize {
+        self.basis.as_ref().map_or(1, |b| b.config().data_batch)
+    }
+
+    /// The points added so far.
+    #[getter]
+    fn points(&self) -> usize {
+        self.sum.points()
+    }
+
+    /// Steps 5–6 on the sum (first added over the processes by `reduce(part, fingerprint)`
+    /// where it is given): `(Posterior, report)`. The object cannot take batches after it.
+    #[pyo3(signature = (reduce=None))]
+    fn finish<'py>(
+        &mut self,
+        py: Python<'py>,
+        reduce: Option<Py<PyAny>>,
+    ) -> PyResult<(PyPosterior, Bound<'py, PyAny>)> {
+        let basis = self.basis.take().ok_or_else(|| value_error("this fit over batches has finished"))?;
+        let mut sum = self.sum.clone();
+        if let Some(reduce) = reduce {
+            let mut reducer = PyReduce::new(reduce);
+            let summed = reducer.call(sum.matrix().clone(), &basis.fingerprint());
+            if let Some(e) = reducer.error.take() {
+                return Err(e);
+            }
+            sum = fspace_fsp_laplace::DataSum::with_matrix(&sum, summed.map_err(raise)?, sum.points())
+                .map_err(raise)?;
+        }
+        let (prior, lik, errors) = (&self.prior, self.lik, &self.errors);
+        let post = detach_interruptible(
+            py,
+            || basis.finish(prior, &sum, None).and_then(|p| p.with_likelihood(lik)),
+            |e| errors.raise(e),
+        )?;
+        let report = to_py(py, post.report())?;
+        Ok((PyPosterior { fit: Fit::Fsp(post), errors: self.errors.clone() }, report))
+    }
 }
 
 /// A fit's report as a JSON value (turned into a dict once the fit is back under the GIL).

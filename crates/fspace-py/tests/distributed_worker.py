@@ -72,7 +72,8 @@ def fits(world, rank, group=None):
 
 def fsp_posthoc(world, rank, group=None):
     """Post-hoc FSP-Laplace, both likelihoods, on this process's points (rank::world, uneven):
-    the predictive at test points and the rank of the posterior."""
+    the predictive at test points (from the arrays, and from a loader of the shard) and the
+    rank of the posterior."""
     out = {}
     xt = torch.linspace(-2.5, 2.5, 14, dtype=torch.float64).reshape(7, 2)
     for lik in ("regression", "classification"):
@@ -84,7 +85,12 @@ def fsp_posthoc(world, rank, group=None):
                                 sigma_noise=0.3 if lik == "regression" else 1.0)
         fsp.fit(x[shard], y[shard], process_group=group)
         pred = fsp(xt)
-        out[lik] = {"predictive": as_lists(pred),
+        # The same from a loader over the shard: each batch added to Alg. 2's sum as it comes.
+        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(data(lik), shard), batch_size=64)
+        streamed = fspace.FSPLaplace(model(outputs), lik, prior, train=False, n_laplace_context=64,
+                                     sigma_noise=0.3 if lik == "regression" else 1.0)
+        streamed.fit(loader, process_group=group)
+        out[lik] = {"predictive": as_lists(pred), "loader_predictive": as_lists(streamed(xt)),
                     "rank": fsp.report["rank"]}
     return out
 

@@ -106,6 +106,67 @@ def test_fsp_laplace_mean_is_the_trained_network_and_respects_the_prior_variance
     assert all(np.array_equal(v, state[k]) for k, v in post.model_state_dict().items())
 
 
+class Batches:
+    """A re-iterable loader of ``(x, y)`` (or dict) batches that counts its passes."""
+
+    def __init__(self, x, y, size, as_dict=False):
+        self.parts = [(x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)]
+        self.as_dict, self.passes = as_dict, 0
+
+    def __iter__(self):
+        self.passes += 1
+        for bx, by in self.parts:
+            yield {"input_ids": bx, "labels": by} if self.as_dict else (bx, by)
+
+
+def test_posthoc_fsp_laplace_streams_a_loader_to_the_in_memory_posterior(toy, monkeypatch):
+    """``FSPLaplace(train=False).fit(loader)`` adds each batch to Alg. 2's ``k × k`` sum in Rust
+    (``FspLaplaceBatches``) instead of concatenating the loader: a pass for the data's box, one
+    for the sum (one pass with ``context_box`` given), dict batches too, and the posterior of
+    ``fit(X, y)`` to rounding. A one-shot iterator, which cannot be read twice, is collected."""
+    state, x, y = toy
+    prior = K.RBF(1.0, 0.5)
+    xt = np.linspace(-2, 2, 9).reshape(-1, 1)
+
+    def method(**kw):
+        return fspace.FSPLaplace((state, "tanh"), "regression", prior, train=False, sigma_noise=0.1, **kw)
+
+    whole = fitted(method(), x, y)
+    mean, var = whole(xt)
+    import fspace._methods as methods
+
+    def collected(*a, **k):
+        raise AssertionError("the loader was collected into arrays")
+
+    # Batches of 7 gathered to Alg. 2's chunk of 256 points (one call to Rust here), and to 16
+    # (four calls).
+    for as_dict, chunk in ((False, 256), (True, 16)):
+        loader = Batches(x, y, 7, as_dict)
+        with monkeypatch.context() as m:
+            m.setattr(methods, "data_arrays", collected)
+            streamed = fitted(method(laplace={"data_batch": chunk}), loader)
+        assert loader.passes == 2
+        m2, v2 = streamed(xt)
+        np.testing.assert_array_equal(m2, mean)
+        np.testing.assert_allclose(v2, var, rtol=1e-10)
+        assert streamed.report["rank"] == whole.report["rank"]
+    box = {"lower": [-3.0], "upper": [3.0]}
+    loader = Batches(x, y, 16)
+    boxed = fitted(method(context_box=box), loader)
+    assert loader.passes == 1
+    np.testing.assert_allclose(boxed(xt)[1], fitted(method(context_box=box), x, y)(xt)[1], rtol=1e-10)
+    # A generator is read once, in memory: the same posterior.
+    np.testing.assert_allclose(fitted(method(), iter(Batches(x, y, 7)))(xt)[1], var, rtol=1e-10)
+    # A batch Rust refuses is the documented error, and the object keeps its earlier fit.
+    bad = Batches(x, y, 7)
+    bad.parts[3] = (bad.parts[3][0], np.full_like(bad.parts[3][1], np.nan))
+    with pytest.raises(ValueError, match="non-finite"):
+        streamed.fit(bad)
+    np.testing.assert_allclose(streamed(xt)[1], var, rtol=1e-10)
+    with pytest.raises(ValueError, match="no batch"):
+        method().fit(Batches(x[:0], y[:0], 7))
+
+
 def test_every_method_pickles_with_bit_identical_predictions_and_samples(toy):
     state, x, y = toy
     prior = K.RBF(1.0, 0.5)

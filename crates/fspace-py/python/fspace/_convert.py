@@ -331,15 +331,36 @@ def array2(x: Any, what: str) -> np.ndarray:
     return a
 
 
+def batch_arrays(batch: Any, to_x: Callable[[Any, str], np.ndarray],
+                 dict_keys: Optional[Tuple[Optional[str], str]] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """One loader batch as ``(X, y)`` arrays: an ``(x, y)`` pair, or a dict batch
+    (``dict_keys = (key_x, key_y)``: the targets under ``key_y``, the inputs under ``key_x`` —
+    or, with ``key_x`` ``None``, the whole dict, for a model that takes one)."""
+    from collections.abc import Mapping
+
+    if isinstance(batch, Mapping):
+        if dict_keys is None:
+            raise ValueError("a dict batch needs dict_key_x / dict_key_y")
+        key_x, key_y = dict_keys
+        for key in (key_y,) if key_x is None else (key_x, key_y):
+            if key not in batch:
+                raise ValueError(f"a dict batch has no key {key!r} (its keys: {sorted(batch)}); set dict_key_x / dict_key_y")
+        bx, by = (batch if key_x is None else batch[key_x]), batch[key_y]
+    elif isinstance(batch, (tuple, list)) and len(batch) == 2:
+        bx, by = batch[0], batch[1]
+    else:
+        raise ValueError(
+            "each batch of the loader must be an (x, y) pair or a dict with the keys dict_key_x / dict_key_y, "
+            f"got {type(batch).__name__}"
+        )
+    return to_x(bx, "X"), array2(by, "y")
+
+
 def data_arrays(data: Any, y: Any = None, inputs: Optional[Callable[[Any, str], np.ndarray]] = None,
                 dict_keys: Optional[Tuple[Optional[str], str]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """``(X, y)`` from arrays, tensors, or an iterable of ``(x, y)`` batches (a DataLoader) or
-    of dict batches (``dict_keys = (key_x, key_y)``: the targets under ``key_y``, the inputs
-    under ``key_x`` — or, with ``key_x`` ``None``, the whole dict, for a model that takes
-    one); ``inputs`` converts ``X`` (default: a 1-D or 2-D array; a CNN's ``ModelSpec.inputs``
-    takes images)."""
-    from collections.abc import Mapping
-
+    of dict batches (``batch_arrays``); ``inputs`` converts ``X`` (default: a 1-D or 2-D array;
+    a CNN's ``ModelSpec.inputs`` takes images)."""
     to_x = array2 if inputs is None else inputs
     if y is not None:
         return to_x(data, "X"), array2(y, "y")
@@ -347,23 +368,9 @@ def data_arrays(data: Any, y: Any = None, inputs: Optional[Callable[[Any, str], 
         raise ValueError("fit(X) without targets: give fit(X, y), or a loader of (x, y) batches")
     xs, ys = [], []
     for batch in data:
-        if isinstance(batch, Mapping):
-            if dict_keys is None:
-                raise ValueError("a dict batch needs dict_key_x / dict_key_y")
-            key_x, key_y = dict_keys
-            for key in (key_y,) if key_x is None else (key_x, key_y):
-                if key not in batch:
-                    raise ValueError(f"a dict batch has no key {key!r} (its keys: {sorted(batch)}); set dict_key_x / dict_key_y")
-            bx, by = (batch if key_x is None else batch[key_x]), batch[key_y]
-        elif isinstance(batch, (tuple, list)) and len(batch) == 2:
-            bx, by = batch[0], batch[1]
-        else:
-            raise ValueError(
-                "each batch of the loader must be an (x, y) pair or a dict with the keys dict_key_x / dict_key_y, "
-                f"got {type(batch).__name__}"
-            )
-        xs.append(to_x(bx, "X"))
-        ys.append(array2(by, "y"))
+        bx, by = batch_arrays(batch, to_x, dict_keys)
+        xs.append(bx)
+        ys.append(by)
     if not xs:
         raise ValueError("the data loader yielded no batch")
     return np.concatenate(xs), np.concatenate(ys)

@@ -121,6 +121,27 @@ class Posterior:
     @staticmethod
     def from_json(method: str, text: str) -> "Posterior": ...
 
+@final
+class FspLaplaceBatches:
+    def __init__(
+        self,
+        *,
+        likelihood: str,
+        prior: Dict[str, Any],
+        config: Dict[str, Any],
+        sigma_noise: float = 1.0,
+        state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
+        activation_name: Optional[str] = None,
+        architecture: Optional[Dict[str, Any]] = None,
+        calls: Any = None,
+    ) -> None: ...
+    def add(self, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> None: ...
+    @property
+    def batch_target(self) -> int: ...
+    @property
+    def points(self) -> int: ...
+    def finish(self, reduce: Optional[Callable[..., Any]] = None) -> Tuple[Posterior, Dict[str, Any]]: ...
+
 def fit(
     method: str,
     *,

@@ -21,7 +21,7 @@ import numpy as np
 from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import array2, back, data_arrays, is_torch, tensors, unflatten
+from ._convert import array2, back, batch_arrays, data_arrays, is_array, is_torch, tensors, unflatten
 from ._distributed import _group, agree_on, agreed, global_box, sharded_sum, step_reduce, weights_summary
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
@@ -424,7 +424,11 @@ class _NetworkMethod(_Fitted):
         Parameters
         ----------
         data : array_like, torch.Tensor or DataLoader
-            The inputs ``X`` (with ``y``), or a loader of ``(x, y)`` or dict batches.
+            The inputs ``X`` (with ``y``), or a loader of ``(x, y)`` or dict batches. Post-hoc
+            FSP-Laplace streams a loader (each batch added to Alg. 2's ``k × k`` sum in Rust,
+            after a pass for the data's box unless ``context_box`` is given); the trained methods,
+            and post hoc a one-shot iterator or context points taken from the data, collect it
+            in memory.
         y : array_like or torch.Tensor, optional
             The targets: ``n × d'`` (regression) or class indices ``n`` (classification).
         val : tuple or DataLoader, optional
@@ -472,6 +476,9 @@ class _NetworkMethod(_Fitted):
                 "several: shard FSP-Laplace, GFSVI, VaLLA or Laplace, or pass process_group=False to fit this "
                 "process's data alone"
             )
+        if method == "fsp_laplace_posthoc" and self._streams(data, y, val):
+            self._fit_batches(data, group, True if progress_bar and progress is None else progress)
+            return
         # The trained methods early-stop on every process's validation points: they do when any
         # process has some.
         val_anywhere = val is not None
@@ -551,6 +558,104 @@ class _NetworkMethod(_Fitted):
                 bar.close()
             self._post, self._report = post, report
 
+    def _streams(self, data: Any, y: Any, val: Any) -> bool:
+        """Whether post-hoc FSP-Laplace takes ``data`` batch by batch: a loader that can be
+        iterated again (a first pass finds the data's box unless ``context_box`` is given),
+        with context points that do not come from the data (``context_includes_data``,
+        ``design="Dataset"`` and ``truncate_at_data`` need all of it in memory)."""
+        config = self._config
+        return (
+            y is None and val is None and not is_array(data) and iter(data) is not data
+            and not config.get("context_includes_data") and config.get("design") != "Dataset"
+            and not config.get("laplace", {}).get("truncate_at_data")
+        )
+
+    def _fit_batches(self, loader: Any, group: Any, progress: Progress) -> None:
+        """Post-hoc FSP-Laplace over a loader with one batch in memory: a pass for the data's
+        box (unless ``context_box`` is given), steps 1–3 of Alg. 2 from the context points, one
+        pass adding each batch to step 4's ``k × k`` sum in Rust, and steps 5–6 — the posterior
+        of the fit over all the points, up to the order of the additions. Over a process group
+        each process streams its own loader and the sums are all-reduced before steps 5–6."""
+        keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
+
+        def batches() -> Any:
+            for batch in loader:
+                yield batch_arrays(batch, self._spec.inputs, keys)
+
+        def box() -> Tuple[np.ndarray, np.ndarray, int]:
+            lo = hi = None
+            count = 0
+            for x, _ in batches():
+                if not np.all(np.isfinite(x)):
+                    raise ValueError("non-finite value in training inputs")
+                if x.shape[0] == 0:
+                    continue
+                lo = x.min(axis=0) if lo is None else np.minimum(lo, x.min(axis=0))
+                hi = x.max(axis=0) if hi is None else np.maximum(hi, x.max(axis=0))
+                count += x.shape[0]
+            if lo is None:
+                raise ValueError("the data loader yielded no batch")
+            return lo, hi, count
+
+        config = copy.deepcopy(self._config)
+        if config.get("context_box") is None:
+            lo, hi, _ = box() if group is None else agreed(group, box)
+            if group is not None:
+                lo, hi = global_box(group, np.stack([lo, hi]))
+            widen = float(config.get("widen", 0.5))
+            config["context_box"] = {"lower": (lo - widen * (hi - lo)).tolist(),
+                                     "upper": (hi + widen * (hi - lo)).tolist()}
+        dim = len(config["context_box"]["lower"])
+        self._adapt(config, np.zeros((0, dim)), False)
+        if group is not None:
+            agree_on(group, self._fingerprint(config, dim),
+                     "the processes disagree on the model, the prior or the FSP-Laplace settings: give every process "
+                     "the same ones")
+        if self._torch and self.likelihood == "classification":
+            self._spec.calls().check_classifier()
+        network: Dict[str, Any] = (
+            dict(calls=self._spec.calls()) if self._torch
+            else dict(state=self._tensors, activation_name=self._spec.activation,
+                      architecture=self._spec.architecture_dict())
+        )
+        dataset = getattr(loader, "dataset", None)
+        total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else 0
+        bar = _Progress(progress, type(self).__name__, unit="point")
+
+        def compute(reduce: Any = None) -> Any:
+            stream = _fspace.FspLaplaceBatches(likelihood=self.likelihood, prior=self._prior.spec(), config=config,
+                                               sigma_noise=self.sigma_noise, **network)
+            # Batches smaller than Alg. 2's chunk (``laplace.data_batch`` points) are gathered
+            # to it before they cross, so Rust multiplies in the in-memory fit's chunks.
+            held: List[Tuple[np.ndarray, np.ndarray]] = []
+            held_rows = 0
+
+            def flush() -> None:
+                nonlocal held, held_rows
+                if held_rows > 0:
+                    stream.add(*(held[0] if len(held) == 1 else (np.concatenate([h[0] for h in held]),
+                                                                 np.concatenate([h[1] for h in held]))))
+                    held, held_rows = [], 0
+                    if bar.callback is not None:
+                        bar.callback(stream.points, max(total, stream.points), None, None)
+
+            for x, yy in batches():
+                held.append((x, yy))
+                held_rows += x.shape[0]
+                if held_rows >= stream.batch_target:
+                    flush()
+            flush()
+            if group is None and stream.points == 0:
+                raise ValueError("the data loader yielded no batch")
+            return stream.finish(reduce)
+
+        with self._lock:
+            try:
+                post, report = compute() if group is None else sharded_sum(group, compute)
+            finally:
+                bar.close()
+            self._post, self._report = post, report
+
     def _fingerprint(self, config: Dict[str, Any], dim: int) -> List[float]:
         """What every process of a sharded fit must share: the network's weights (a summary),
         the settings and the prior (their canonical JSON, hashed) and the input dimension."""
@@ -604,7 +709,8 @@ class FSPLaplace(_NetworkMethod):
     dimension), unless ``design`` is given; ``design="Dataset"`` draws them from the training
     inputs (seeded by ``design_seed``), for inputs where a box means nothing (token ids).
     Dict batches (HuggingFace) are read as by ``fspace.Laplace``: a torch model gets the dict
-    without ``dict_key_y``.
+    without ``dict_key_y``. Post hoc, ``fit(loader)`` holds one batch at a time: Alg. 2 meets
+    the data only in a ``k × k`` sum, to which each batch is added as it comes.
 
     Parameters
     ----------
