@@ -157,6 +157,11 @@ def test_a_cnn_runs_every_structure_and_the_function_space_methods():
     with torch.no_grad():
         assert torch.max(torch.abs(mean - model(x[:4]))).item() <= 1e-12
     assert bool((var > 0).all())
+    # From a loader of images, each batch added to Alg. 2's sum as it comes: the same posterior.
+    streamed = fspace.FSPLaplace(model, "regression", prior, train=False, n_laplace_context=16,
+                                 laplace={"data_batch": 4})
+    streamed.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=5))
+    assert torch.allclose(streamed(x[:4])[1], var, rtol=1e-10, atol=0)
     sd = post.model_state_dict()
     assert list(sd) == list(model.state_dict())
     ella = fitted(fspace.ELLA(model, "classification", num_points=12, num_eigen=6, prior={"Fixed": 1.0}), x, labels)

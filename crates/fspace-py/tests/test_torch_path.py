@@ -618,3 +618,21 @@ def test_a_float32_model_fits_kron_on_the_torch_path():
     la.fit(x, y)
     probs = la(x[:3])
     assert probs.shape == (3, 10) and torch.allclose(probs.sum(1), torch.ones(3, dtype=probs.dtype))
+
+
+def test_post_hoc_fsp_laplace_streams_a_loader_on_the_torch_path():
+    """A module fspace cannot convert (a residual block) runs Alg. 2 through torch's
+    derivatives; from a loader each batch is added to its ``k × k`` sum as it comes, and the
+    posterior is the in-memory one to rounding."""
+    torch.manual_seed(6)
+    model = ResidualMLP(d=2, q=3).double()
+    x = torch.randn(40, 2, dtype=torch.float64)
+    y = torch.randint(0, 3, (40,))
+    prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 1.0), 3)
+    whole = fspace.FSPLaplace(model, "classification", prior, train=False, n_laplace_context=25, backend="torch")
+    whole.fit(x, y)
+    streamed = fspace.FSPLaplace(model, "classification", prior, train=False, n_laplace_context=25, backend="torch",
+                                 laplace={"data_batch": 8})
+    streamed.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=6))
+    xs = torch.randn(5, 2, dtype=torch.float64)
+    assert torch.allclose(streamed(xs), whole(xs), rtol=1e-10, atol=1e-14)
