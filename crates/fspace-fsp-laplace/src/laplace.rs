@@ -230,15 +230,8 @@ fn laplace_inner<N: Network + Clone>(
     let mut sum = basis.zero_sum();
     basis.add_checked(&mut sum, likelihood, x, y)?;
     if let Some(reduce) = reduce {
-        let k = basis.rank();
-        let summed = reduce(sum.matrix, &basis.fingerprint())?;
-        if summed.shape() != (k, k) || summed.iter().any(|v| !v.is_finite()) {
-            return Err(invalid(
-                "the reduce step's sum",
-                format!("must be a finite {k} × {k} matrix, got {} × {}", summed.nrows(), summed.ncols()),
-            ));
-        }
-        sum.matrix = summed;
+        let summed = reduce(sum.matrix.clone(), &basis.fingerprint())?;
+        sum = DataSum::with_matrix(&sum, summed, sum.points)?;
     }
     basis.finish(prior, &sum, config.truncate_at_data.then_some(x))
 }
@@ -324,13 +317,13 @@ impl DataSum {
         Ok(())
     }
 
-    /// A sum formed elsewhere (another process's, all-reduced) in the basis of `like`: a
+    /// A sum formed elsewhere (every process's, all-reduced) in the basis of `like`: a
     /// finite `k × k` matrix over `points` points.
     pub fn with_matrix(like: &DataSum, matrix: DMatrix<f64>, points: usize) -> Result<DataSum> {
         let k = like.matrix.nrows();
         if matrix.shape() != (k, k) || matrix.iter().any(|v| !v.is_finite()) {
             return Err(invalid(
-                "the data sum",
+                "the summed data term",
                 format!("must be a finite {k} × {k} matrix, got {} × {}", matrix.nrows(), matrix.ncols()),
             ));
         }
