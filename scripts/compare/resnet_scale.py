@@ -13,7 +13,8 @@ argmax: timing needs shapes, not a trained network.
 Rows, each library in its own subprocess (its own peak RSS, from VmHWM):
 - ``kron``: fspace ``Laplace(hessian_structure="kron", kron_bias="separate")`` on the torch path
   (module hooks) and laplace-torch's ``KronLaplace`` (its default curvlinops GGN back-end), fit on
-  ``--n`` points and the GLM predictive (probit) on ``--n-test`` points, both at λ = 1;
+  ``--n`` points and the GLM predictive (probit) on ``--n-test`` points, both at λ = 1, over all
+  weights (``--subset last_layer``: the last layer, laplace-torch's default);
 - ``lowrank``: fspace ``Laplace(hessian_structure="lowrank", rank=--lowrank-rank,
   max_basis=--lowrank-max-basis, chunk_points=--lowrank-chunk)``: the GGN's
   top eigenpairs by Lanczos on matrix-free GGN products (one forward-mode and one reverse pass
@@ -164,9 +165,8 @@ def run_fspace(row, args):
     if row in ("kron", "lowrank"):
         extra = {"kron_bias": "separate"} if row == "kron" else {
             "rank": args.lowrank_rank, "max_basis": args.lowrank_max_basis, "chunk_points": args.lowrank_chunk}
-        la = fspace.Laplace(model, "classification", subset_of_weights="all", hessian_structure=row,
-                            prior_precision=1.0, backend="torch",
-                            **extra)
+        la = fspace.Laplace(model, "classification", subset_of_weights=args.subset if row == "kron" else "all",
+                            hessian_structure=row, prior_precision=1.0, backend="torch", **extra)
         la.fit(x, y)
         out["fit_s"] = time.perf_counter() - start
         out["report"] = la.report
@@ -196,7 +196,7 @@ def run_laplace_torch(args):
         y = model(x).argmax(1)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
     start = time.perf_counter()
-    la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron", prior_precision=1.0)
+    la = Laplace(model, "classification", subset_of_weights=args.subset, hessian_structure="kron", prior_precision=1.0)
     la.fit(loader)
     out = {"fit_s": time.perf_counter() - start, "backend": type(la.backend).__name__}
     # In batches of 4: laplace-torch forms each batch's n·c × p Jacobian (16 points: 7 GB in
@@ -229,6 +229,8 @@ def main():
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     ap.add_argument("--laplace-torch-python", default=sys.executable)
     ap.add_argument("--bias-free", action="store_true", help="torchvision's bias-free convolutions")
+    ap.add_argument("--subset", default="all", choices=["all", "last_layer"],
+                    help="subset_of_weights of the kron rows (last_layer: laplace-torch's default)")
     ap.add_argument("--trace-rss", action="store_true",
                     help="record each torch callback's seconds and resident memory (results.json, per row; "
                          "OUT/trace-ROW.jsonl as the row runs)")
@@ -262,6 +264,7 @@ def main():
             cmd += [flag, str(value)] if value is not None else []
         cmd += ["--bias-free"] if args.bias_free else []
         cmd += ["--trace-rss"] if args.trace_rss else []
+        cmd += ["--subset", args.subset]
         start = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:

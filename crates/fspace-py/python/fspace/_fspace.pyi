@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Laplace", "NystromFeatures", "Posterior", "fit", "default_config", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "classification_sums", "classification_metrics", "regression_sums", "regression_metrics", "ood_metrics", "set_memory_limit", "memory_limit", "NumericalError"]
+__all__ = ["Laplace", "NystromFeatures", "Posterior", "FspLaplaceBatches", "fit", "default_config", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "classification_sums", "classification_metrics", "regression_sums", "regression_metrics", "ood_metrics", "set_memory_limit", "memory_limit", "NumericalError"]
 
 class NumericalError(RuntimeError): ...
 
@@ -123,8 +123,8 @@ class Posterior:
 
 @final
 class FspLaplaceBatches:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         likelihood: str,
         prior: Dict[str, Any],
@@ -134,7 +134,7 @@ class FspLaplaceBatches:
         activation_name: Optional[str] = None,
         architecture: Optional[Dict[str, Any]] = None,
         calls: Any = None,
-    ) -> None: ...
+    ) -> "FspLaplaceBatches": ...
     def add(self, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> None: ...
     @property
     def batch_target(self) -> int: ...

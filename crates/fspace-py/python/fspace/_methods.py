@@ -583,7 +583,8 @@ class _NetworkMethod(_Fitted):
                 yield batch_arrays(batch, self._spec.inputs, keys)
 
         def box() -> Tuple[np.ndarray, np.ndarray, int]:
-            lo = hi = None
+            lo: Optional[np.ndarray] = None
+            hi: Optional[np.ndarray] = None
             count = 0
             for x, _ in batches():
                 if not np.all(np.isfinite(x)):
@@ -593,7 +594,7 @@ class _NetworkMethod(_Fitted):
                 lo = x.min(axis=0) if lo is None else np.minimum(lo, x.min(axis=0))
                 hi = x.max(axis=0) if hi is None else np.maximum(hi, x.max(axis=0))
                 count += x.shape[0]
-            if lo is None:
+            if lo is None or hi is None:
                 raise ValueError("the data loader yielded no batch")
             return lo, hi, count
 
@@ -622,8 +623,11 @@ class _NetworkMethod(_Fitted):
         total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else 0
         bar = _Progress(progress, type(self).__name__, unit="point")
 
+        prior = self._prior
+        assert prior is not None  # FSPLaplace refuses a missing prior when it is made
+
         def compute(reduce: Any = None) -> Any:
-            stream = _fspace.FspLaplaceBatches(likelihood=self.likelihood, prior=self._prior.spec(), config=config,
+            stream = _fspace.FspLaplaceBatches(likelihood=self.likelihood, prior=prior.spec(), config=config,
                                                sigma_noise=self.sigma_noise, **network)
             # Batches smaller than Alg. 2's chunk (``laplace.data_batch`` points) are gathered
             # to it before they cross, so Rust multiplies in the in-memory fit's chunks.
