@@ -173,6 +173,12 @@ def _context_box_of_all(group: Any, x: np.ndarray, config: Dict[str, Any]) -> Di
     """FSP-Laplace's context box over every process's points: the data's box, widened by
     ``widen`` as Rust widens one process's (``BoundingBox::from_data``)."""
     lo, hi = global_box(group, x)
+    return _widened_box(lo, hi, config)
+
+
+def _widened_box(lo: np.ndarray, hi: np.ndarray, config: Dict[str, Any]) -> Dict[str, Any]:
+    """The data's box ``[lo, hi]`` widened by ``widen`` times its range on each side, as Rust
+    widens it (``BoundingBox::from_data``)."""
     widen = float(config.get("widen", 0.5))
     return {"lower": (lo - widen * (hi - lo)).tolist(), "upper": (hi + widen * (hi - lo)).tolist()}
 
@@ -582,10 +588,9 @@ class _NetworkMethod(_Fitted):
             for batch in loader:
                 yield batch_arrays(batch, self._spec.inputs, keys)
 
-        def box() -> Tuple[np.ndarray, np.ndarray, int]:
+        def box() -> Tuple[np.ndarray, np.ndarray]:
             lo: Optional[np.ndarray] = None
             hi: Optional[np.ndarray] = None
-            count = 0
             for x, _ in batches():
                 if not np.all(np.isfinite(x)):
                     raise ValueError("non-finite value in training inputs")
@@ -593,19 +598,16 @@ class _NetworkMethod(_Fitted):
                     continue
                 lo = x.min(axis=0) if lo is None else np.minimum(lo, x.min(axis=0))
                 hi = x.max(axis=0) if hi is None else np.maximum(hi, x.max(axis=0))
-                count += x.shape[0]
             if lo is None or hi is None:
                 raise ValueError("the data loader yielded no batch")
-            return lo, hi, count
+            return lo, hi
 
         config = copy.deepcopy(self._config)
         if config.get("context_box") is None:
-            lo, hi, _ = box() if group is None else agreed(group, box)
+            lo, hi = box() if group is None else agreed(group, box)
             if group is not None:
                 lo, hi = global_box(group, np.stack([lo, hi]))
-            widen = float(config.get("widen", 0.5))
-            config["context_box"] = {"lower": (lo - widen * (hi - lo)).tolist(),
-                                     "upper": (hi + widen * (hi - lo)).tolist()}
+            config["context_box"] = _widened_box(lo, hi, config)
         dim = len(config["context_box"]["lower"])
         self._adapt(config, np.zeros((0, dim)), False)
         if group is not None:
