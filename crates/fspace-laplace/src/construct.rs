@@ -351,7 +351,7 @@ fn kron_statistics<N: Network>(
         return Ok(vec![fspace_nn::LayerStatistics {
             positions: 1,
             columns: k,
-            inputs: net.last_layer_features(&data.rows(start, len))?,
+            inputs: data.last_layer_features(net, start, len)?,
             output_grads: DMatrix::from_fn(len * k, q, |r, o| factors[r / k][(o, r % k)]),
         }]);
     }
@@ -639,7 +639,7 @@ pub(crate) fn last_layer_gram<N: Network>(net: &N, data: &Data, last: &LayerInfo
     let h1 = last.fan_in + 1;
     let mut c = DMatrix::zeros(dim, dim);
     for (start, len) in data.chunks() {
-        let phi = net.last_layer_features(&data.rows(start, len))?;
+        let phi = data.last_layer_features(net, start, len)?;
         let phit = DMatrix::from_fn(len, h1, |i, j| if j < last.fan_in { phi[(i, j)] } else { 1.0 });
         for o in 0..q {
             for o2 in o..q {
@@ -671,7 +671,7 @@ pub(crate) fn last_layer_diagonal<N: Network>(
     let h1 = last.fan_in + 1;
     let mut sums = DMatrix::zeros(h1, q);
     for (start, len) in data.chunks() {
-        let phi = net.last_layer_features(&data.rows(start, len))?;
+        let phi = data.last_layer_features(net, start, len)?;
         let squares =
             DMatrix::from_fn(len, h1, |i, j| if j < last.fan_in { phi[(i, j)] * phi[(i, j)] } else { 1.0 });
         let weights = DMatrix::from_fn(len, q, |i, o| data.hessians[start + i][(o, o)]);

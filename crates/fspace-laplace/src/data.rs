@@ -23,6 +23,10 @@ pub(crate) struct Data<'a> {
     /// A sharded fit's all-reduce ([`crate::fit_sharded`]): `x` is this process's shard of the
     /// data, and every sum over the data goes through [`Data::all_reduce`].
     pub shard: Option<&'a (dyn AllReduce + 'a)>,
+    /// The last layer's inputs `φ(x)` (`n × fan_in`), kept from the fit's first pass when the
+    /// structure is built from them ([`crate::fit::first_pass`]); `None`: asked of the network
+    /// chunk by chunk.
+    pub features: Option<DMatrix<f64>>,
 }
 
 /// The sum over every process of a sharded fit (a trait object, so that [`Data`] stays
@@ -74,6 +78,19 @@ impl Data<'_> {
     }
     pub(crate) fn k(&self) -> usize {
         self.factors[0].ncols()
+    }
+    /// The last layer's inputs at the `len` points from `start`: kept from the first pass, or
+    /// asked of the network.
+    pub(crate) fn last_layer_features<N: fspace_nn::Network>(
+        &self,
+        net: &N,
+        start: usize,
+        len: usize,
+    ) -> Result<DMatrix<f64>> {
+        match &self.features {
+            Some(phi) => Ok(phi.rows(start, len).into_owned()),
+            None => Ok(net.last_layer_features(&self.rows(start, len))?),
+        }
     }
     /// The points of every process together (this process's when not sharded).
     pub(crate) fn n_total(&self) -> usize {
@@ -198,7 +215,16 @@ pub(crate) fn data_for<'a>(
             (hessians, factors)
         }
     };
-    Ok(Data { x, hessians, factors, chunk, product_chunk: chunk, progress: None, shard: None })
+    Ok(Data {
+        x,
+        hessians,
+        factors,
+        chunk,
+        product_chunk: chunk,
+        progress: None,
+        shard: None,
+        features: None,
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::construct::build;
 use crate::curvature::{Curvature, CurvatureApprox};
 use crate::data::{data_for, AllReduce, ShardSum};
 use crate::error::{ensure_positive, LaplaceError, Result};
-use crate::posterior::{forward_chunked, prior_groups, LaplacePosterior};
+use crate::posterior::{forward_and_features_chunked, forward_chunked, prior_groups, LaplacePosterior};
 use crate::structure::{FitReport, Structure};
 
 /// The model's checks of data that [`Data::new`] checked once at the boundary (non-empty,
@@ -189,9 +189,10 @@ fn prepare<'a, N: Network>(
     check_data(net, lik.as_ref(), data)?;
     check_memory(net, x.nrows(), config)?;
     check_weights(net)?;
-    let f = forward_chunked(net, x, config.chunk_points)?;
+    let (f, features) = first_pass(net, x, config)?;
     let log_likelihood = -lik.nll(&f, y)?;
     let mut data = data_for(x, &f, y, lik.as_ref(), config.chunk_points, config.curvature)?;
+    data.features = features;
     let k = data.factors.first().map_or(1, |l| l.ncols());
     data.chunk = crate::ggn::statistics_chunk(&net.layer_infos(), k, data.chunk);
     Ok(Local { lambda0, log_likelihood, data })
@@ -233,6 +234,30 @@ fn build_observed<N: Network>(
     )?;
     let n_data = data.n_total();
     assemble(net, likelihood, config, curvature, indices, log_likelihood, n_data, report, start)
+}
+
+/// Whether the structure is built from the last layer's inputs alone (last-layer weights, or
+/// the `last_layer` structure) on a network that reports its layers.
+fn keeps_last_layer_features<N: Network>(net: &N, config: &LaplaceConfig) -> bool {
+    let last_layer = matches!(config.weights, crate::Weights::LastLayer)
+        || matches!(config.structure, Structure::LastLayer(_));
+    last_layer && !net.layer_infos().is_empty()
+}
+
+/// The fit's first pass over `x`: the outputs `f(x)`, and the last layer's inputs from the same
+/// passes when the structure is built from them (one pass of a torch model where two would
+/// be made, [`Network::forward_with_last_layer_features`]).
+pub(crate) fn first_pass<N: Network>(
+    net: &N,
+    x: &nalgebra::DMatrix<f64>,
+    config: &LaplaceConfig,
+) -> Result<(nalgebra::DMatrix<f64>, Option<nalgebra::DMatrix<f64>>)> {
+    if keeps_last_layer_features(net, config) {
+        let (f, phi) = forward_and_features_chunked(net, x, config.chunk_points)?;
+        Ok((f, Some(phi)))
+    } else {
+        Ok((forward_chunked(net, x, config.chunk_points)?, None))
+    }
 }
 
 /// The settings' checks every fit makes before touching the data; returns the starting λ of
@@ -290,6 +315,13 @@ pub(crate) fn check_memory<N: Network>(net: &N, rows: usize, config: &LaplaceCon
         matrix_bytes(rows, q * q).saturating_mul(2),
         "fit from a loader in smaller batches, or use a model with fewer outputs",
     )?;
+    if keeps_last_layer_features(net, config) {
+        ensure(
+            "the last layer's inputs at every point (n × fan_in values)",
+            matrix_bytes(rows, infos.last().map_or(0, |l| l.fan_in)),
+            "fit from a loader in smaller batches",
+        )?;
+    }
     match &config.structure {
         Structure::Full(_) => ensure(
             "the full curvature and its eigenvectors (2·p² values)",

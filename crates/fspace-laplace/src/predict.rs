@@ -23,10 +23,9 @@ pub(crate) fn blocks(j: &DMatrix<f64>, s: &DMatrix<f64>, q: usize) -> Vec<DMatri
 
 /// The last layer's Jacobian in its `[W | b]` coordinates: row `(i, o)` holds `φ̃(xᵢ)` in the
 /// block of output `o` (`m·q × q·(h + 1)`).
-pub(crate) fn last_layer_jacobian<N: Network>(net: &N, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-    let phi = net.last_layer_features(x)?;
+/// `phi`: the last layer's inputs at the `m` points (`m × h`).
+pub(crate) fn last_layer_jacobian(phi: &DMatrix<f64>, q: usize) -> DMatrix<f64> {
     let (m, h) = phi.shape();
-    let q = net.output_dim();
     let mut j = DMatrix::zeros(m * q, q * (h + 1));
     for i in 0..m {
         for o in 0..q {
@@ -36,46 +35,43 @@ pub(crate) fn last_layer_jacobian<N: Network>(net: &N, x: &DMatrix<f64>) -> Resu
             j[(i * q + o, o * (h + 1) + h)] = 1.0;
         }
     }
-    Ok(j)
+    j
 }
 
 /// Last-layer covariances of a diagonal precision `T·d + λ` over the last layer's `[W | b]`
 /// coordinates (`o·(h+1) + c`): output `o` depends on block `o` alone, so the covariance is
 /// diagonal with `var_o(xᵢ) = Σ_c φ̃_c(xᵢ)² / (T·d_{oc} + λ_{oc})` — one `m × (h+1)` by
-/// `(h+1) × q` product, where the Jacobian route forms the `m·q × q·(h+1)` Jacobian.
-pub(crate) fn last_layer_diag_covariances<N: Network>(
-    net: &N,
+/// `(h+1) × q` product, where the Jacobian route forms the `m·q × q·(h+1)` Jacobian. `phi`: the
+/// last layer's inputs at the `m` points.
+pub(crate) fn last_layer_diag_covariances(
+    phi: &DMatrix<f64>,
+    q: usize,
     diag: &DVector<f64>,
     t: f64,
     lam: &DVector<f64>,
-    x: &DMatrix<f64>,
-) -> Result<Vec<DMatrix<f64>>> {
-    let phi = net.last_layer_features(x)?;
+) -> Vec<DMatrix<f64>> {
     let (m, h) = phi.shape();
-    let q = net.output_dim();
     let inv = DMatrix::from_fn(h + 1, q, |c, o| {
         let k = o * (h + 1) + c;
         1.0 / (t * diag[k] + lam[k])
     });
     let squares = DMatrix::from_fn(m, h + 1, |i, c| if c < h { phi[(i, c)] * phi[(i, c)] } else { 1.0 });
     let var = squares * inv;
-    Ok((0..m).map(|i| DMatrix::from_diagonal(&var.row(i).transpose())).collect())
+    (0..m).map(|i| DMatrix::from_diagonal(&var.row(i).transpose())).collect()
 }
 
 /// Last-layer covariances of `Σ = V diag(c + 1/λ) Vᵀ + (I − VVᵀ)/λ` (`c = 1/(T s + λ) − 1/λ`)
 /// without the `m·q × q·(h+1)` Jacobian: output `o`'s Jacobian row is `φ̃(xᵢ)` in block `o`, so
 /// `J V` is one GEMM `Φ̃ V_o` per output and `J Jᵀ = ‖φ̃ᵢ‖² I`. Cost `O(m·q·(h+1)·k)` instead of
-/// the dense route's `O(m·q·(q(h+1))²)`.
-pub(crate) fn last_layer_covariances<N: Network>(
-    net: &N,
+/// the dense route's `O(m·q·(q(h+1))²)`. `phi`: the last layer's inputs at the `m` points.
+pub(crate) fn last_layer_covariances(
+    phi: &DMatrix<f64>,
+    q: usize,
     vectors: &DMatrix<f64>,
     c: &DVector<f64>,
     lambda: f64,
-    x: &DMatrix<f64>,
-) -> Result<Vec<DMatrix<f64>>> {
-    let phi = net.last_layer_features(x)?;
+) -> Vec<DMatrix<f64>> {
     let (m, h) = phi.shape();
-    let q = net.output_dim();
     let aug = DMatrix::from_fn(m, h + 1, |i, j| if j < h { phi[(i, j)] } else { 1.0 });
     let u: Vec<DMatrix<f64>> = (0..q).map(|o| &aug * vectors.rows(o * (h + 1), h + 1)).collect();
     let scaled: Vec<DMatrix<f64>> = u
@@ -90,7 +86,7 @@ pub(crate) fn last_layer_covariances<N: Network>(
         .collect();
     let pairs: Vec<(usize, usize)> = (0..q).flat_map(|o| (o..q).map(move |o2| (o, o2))).collect();
     let dots = row_dots(&scaled, &u, &pairs);
-    Ok((0..m)
+    (0..m)
         .map(|i| {
             let base = aug.row(i).norm_squared() / lambda;
             let mut ci = DMatrix::from_diagonal_element(q, q, base);
@@ -103,7 +99,7 @@ pub(crate) fn last_layer_covariances<N: Network>(
             }
             ci
         })
-        .collect())
+        .collect()
 }
 
 /// Points per block of [`row_dots`]: their sums run side by side, down contiguous columns.
@@ -155,7 +151,7 @@ pub(crate) fn subset_jacobian<N: Network>(
 ) -> Result<DMatrix<f64>> {
     if let Curvature::Eigen(e) = curvature {
         if e.label == "last_layer" {
-            return last_layer_jacobian(net, x);
+            return Ok(last_layer_jacobian(&net.last_layer_features(x)?, net.output_dim()));
         }
     }
     let jac = net.jacobian(x)?;
@@ -382,6 +378,7 @@ pub(crate) fn kron_covariances<N: Network>(
     kron: &KronCurvature,
     settings: &[(DVector<f64>, f64)],
     x: &DMatrix<f64>,
+    features: Option<DMatrix<f64>>,
 ) -> Result<Vec<Vec<DMatrix<f64>>>> {
     let infos = net.layer_infos();
     // Layers outside the curvature keep their MAP weights: a zero inverse precision.
@@ -410,6 +407,26 @@ pub(crate) fn kron_covariances<N: Network>(
                 .collect::<Result<Vec<_>>>()?,
         };
         offset += r * c;
+    }
+    // Last-layer KFAC (laplace-torch's default): the last layer's statistics at unit cotangents
+    // are its inputs φ(x) and unit output gradients (the fit checked that its outputs are the
+    // network's, `checked_last_layer`) — one forward pass instead of d' reverse passes, none
+    // when the caller has them (`features`, the last layer's inputs at `x`).
+    let last = infos.len().saturating_sub(1);
+    if kron.network_layers == [last] {
+        let q = net.output_dim();
+        let inputs = match features {
+            Some(phi) => phi,
+            None => net.last_layer_features(x)?,
+        };
+        let m = inputs.nrows();
+        let stats = fspace_nn::LayerStatistics {
+            positions: 1,
+            columns: q,
+            inputs,
+            output_grads: DMatrix::from_fn(m * q, q, |r, o| if r % q == o { 1.0 } else { 0.0 }),
+        };
+        return covariances_from_statistics(&infos[last..], &[stats], &views[last..], settings.len(), q);
     }
     layerwise_covariances(net, &views, settings.len(), x)
 }

@@ -38,7 +38,7 @@ use crate::curvature::{Curvature, CurvatureApprox, DiagCurvature, EigenCurvature
 use crate::data::data_for;
 use crate::error::{LaplaceError, Result};
 use crate::fit::{assemble, check_data, check_settings, check_weights};
-use crate::posterior::{forward_chunked, LaplacePosterior};
+use crate::posterior::LaplacePosterior;
 use crate::structure::{FitReport, Structure, Weights};
 
 /// What a structure sums over the data.
@@ -191,9 +191,10 @@ impl LaplaceSums {
             (0..y.nrows()).flat_map(|i| (0..y.ncols()).map(move |j| y[(i, j)])),
         );
         let chunk = self.config.chunk_points;
-        let f = forward_chunked(net, x, chunk)?;
+        let (f, features) = crate::fit::first_pass(net, x, &self.config)?;
         let log_likelihood = -lik.nll(&f, &yflat)?;
         let mut data = data_for(x, &f, &yflat, lik.as_ref(), chunk, self.config.curvature)?;
+        data.features = features;
         let k = data.factors.first().map_or(1, |l| l.ncols());
         // A batch smaller than a chunk per thread is split so that every thread gets a part
         // (a loader's batches are often smaller than the in-memory fit's chunks).

@@ -1880,6 +1880,116 @@ fn a_streamed_fit_equals_the_in_memory_fit_for_every_streamable_structure() {
     }
 }
 
+/// An MLP that counts its passes over the data: `forward`, `last_layer_features`, and
+/// `forward_with_last_layer_features` (both from one pass, as a torch model's callbacks do).
+#[derive(Clone)]
+struct CountingPasses {
+    net: Mlp,
+    passes: std::sync::Arc<[std::sync::atomic::AtomicUsize; 3]>,
+}
+
+impl CountingPasses {
+    fn count(&self, which: usize) {
+        self.passes[which].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn take(&self) -> [usize; 3] {
+        [0, 1, 2].map(|i| self.passes[i].swap(0, std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+impl Network for CountingPasses {
+    fn input_dim(&self) -> usize {
+        self.net.input_dim()
+    }
+    fn output_dim(&self) -> usize {
+        self.net.output_dim()
+    }
+    fn n_params(&self) -> usize {
+        self.net.n_params()
+    }
+    fn params(&self) -> DVector<f64> {
+        self.net.params()
+    }
+    fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
+        self.net.set_params(params)
+    }
+    fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        self.count(0);
+        self.net.forward(x)
+    }
+    fn vjp(&self, x: &DMatrix<f64>, v: &DMatrix<f64>) -> fspace_nn::Result<DVector<f64>> {
+        self.net.vjp(x, v)
+    }
+    fn jvp(&self, x: &DMatrix<f64>, u: &DVector<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        self.net.jvp(x, u)
+    }
+    fn layer_infos(&self) -> Vec<fspace_nn::LayerInfo> {
+        self.net.layer_infos()
+    }
+    fn last_layer_features(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
+        self.count(1);
+        self.net.last_layer_features(x)
+    }
+    fn forward_with_last_layer_features(
+        &self,
+        x: &DMatrix<f64>,
+    ) -> fspace_nn::Result<(DMatrix<f64>, DMatrix<f64>)> {
+        self.count(2);
+        self.net.forward_with_last_layer_features(x)
+    }
+}
+
+/// A last-layer fit (last-layer weights under diag, KFAC or full, or the `last_layer`
+/// structure) makes one pass per chunk that returns the outputs and the last layer's inputs
+/// together — in memory and streamed — and gives the posterior of the two-pass fit, bit for bit;
+/// its GLM predictive takes the mean and the covariances from one pass too.
+#[test]
+fn a_last_layer_fit_makes_one_pass_over_the_data() {
+    let net = mlp(2, vec![5, 4], 3, 61);
+    let (x, y) = classification(37, 2, 3, 62);
+    let lik = LikelihoodSpec::categorical(3);
+    let counting = CountingPasses { net: net.clone(), passes: Default::default() };
+    let cases = [
+        (Structure::Diag, Weights::LastLayer),
+        (Structure::Kfac, Weights::LastLayer),
+        (Structure::full(), Weights::LastLayer),
+        (Structure::last_layer(), Weights::All),
+    ];
+    for (structure, weights) in cases {
+        let what = format!("{} {:?}", structure.name(), weights);
+        let config = LaplaceConfig { structure, weights, chunk_points: 4, ..Default::default() };
+        let plain = fit_v(net.clone(), lik, &x, &y, &config).unwrap();
+        counting.take();
+        let one_pass = fit_v(counting.clone(), lik, &x, &y, &config).unwrap();
+        // 37 points in chunks of 4: ten passes, each returning both.
+        assert_eq!(counting.take(), [0, 0, 10], "{what}: [forward, features, both] calls");
+        assert_eq!(one_pass.curvature().to_dense(), plain.curvature().to_dense(), "{what}");
+        assert_eq!(one_pass.log_marginal_likelihood().unwrap(), plain.log_marginal_likelihood().unwrap());
+        let mut sums = LaplaceSums::new(&counting, lik, &config).unwrap();
+        sums.add(&counting, &x.rows(0, 20).into_owned(), &target_rows(&y, 1, 0, 20)).unwrap();
+        sums.add(&counting, &x.rows(20, 17).into_owned(), &target_rows(&y, 1, 20, 37)).unwrap();
+        assert_eq!(counting.take(), [0, 0, 5 + 5], "{what}: streamed [forward, features, both] calls");
+        let streamed = sums.finish(counting.clone()).unwrap().posterior;
+        let err = rel_frob(&streamed.curvature().to_dense(), &plain.curvature().to_dense());
+        assert!(err < 1e-12, "{what}: streamed curvature rel err {err:.2e}");
+        // The GLM covariances come from the last layer's inputs alone (the wrapper has no layer
+        // statistics to give), equal to the plain network's.
+        let xt = x.rows(0, 5).into_owned();
+        let (a, b) = (one_pass.glm_covariances(&xt).unwrap(), plain.glm_covariances(&xt).unwrap());
+        assert_eq!(counting.take(), [0, 1, 0], "{what}: predictive [forward, features, both] calls");
+        // The mean and the covariances together: one pass.
+        let (mean, c) = one_pass.glm_mean_and_covariances(&xt).unwrap();
+        assert_eq!(counting.take(), [0, 0, 1], "{what}: GLM predictive [forward, features, both] calls");
+        assert_eq!(mean, net.forward(&xt).unwrap(), "{what}: GLM mean");
+        for ((a, b), c) in a.iter().zip(&b).zip(&c) {
+            assert!(rel_frob(a, b) < 1e-12 && rel_frob(c, b) < 1e-12, "{what}: GLM covariance");
+        }
+    }
+    // The default (a network without the override) still makes both calls, and agrees.
+    let both = net.forward_with_last_layer_features(&x).unwrap();
+    assert_eq!((both.0, both.1), (net.forward(&x).unwrap(), net.last_layer_features(&x).unwrap()));
+}
+
 #[test]
 fn streamed_sums_refuse_what_they_cannot_do() {
     let net = mlp(2, vec![5], 3, 44);

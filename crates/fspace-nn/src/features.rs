@@ -200,6 +200,9 @@ impl<N: crate::Network> crate::Network for Featurized<N> {
     fn last_layer_features(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         self.net.last_layer_features(&self.features(x)?)
     }
+    fn forward_with_last_layer_features(&self, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        self.net.forward_with_last_layer_features(&self.features(x)?)
+    }
     fn ntk_block(
         &self,
         x: &DMatrix<f64>,

@@ -120,6 +120,9 @@ macro_rules! enum_network {
                 fn last_layer_features(&self, x: &DMatrix<f64>) -> R<DMatrix<f64>> {
                     each!(self, n => Network::last_layer_features(n, x))
                 }
+                fn forward_with_last_layer_features(&self, x: &DMatrix<f64>) -> R<(DMatrix<f64>, DMatrix<f64>)> {
+                    each!(self, n => Network::forward_with_last_layer_features(n, x))
+                }
                 fn ntk_block(&self, x: &DMatrix<f64>, xo: Outputs, z: &DMatrix<f64>, zo: Outputs) -> R<DMatrix<f64>> {
                     each!(self, n => Network::ntk_block(n, x, xo, z, zo))
                 }

@@ -19,7 +19,8 @@
 //! ([`Network::kfac_statistics`]: a forward with hooks, one reverse pass per cotangent column),
 //! KFAC's factor sums formed by torch on the model's device from those same hooks
 //! ([`Network::kfac_factor_sums`]: only the `fan × fan` sums cross, not the patches) and the
-//! last layer's features, and fspace's layer rules serve every structure. Without them
+//! last layer's features (with the outputs from the same pass,
+//! [`Network::forward_with_last_layer_features`]), and fspace's layer rules serve every structure. Without them
 //! it reports none, and the diagonal, low-rank and full structures and every predictive take
 //! the Jacobian-free per-point route.
 //!
@@ -59,6 +60,9 @@ pub(crate) struct CallbackNetwork {
     column_bytes: usize,
     /// Whether the callback object sums KFAC's factors itself (`kfac_factor_sums`).
     factor_sums: bool,
+    /// Whether the callback object returns the outputs and the last layer's inputs from one
+    /// pass (`forward_with_features`).
+    features_with_forward: bool,
 }
 
 /// How many bytes of a `p × c` float64 block cross to Python in one callback: `jvp`'s
@@ -125,6 +129,7 @@ impl CallbackNetwork {
             layer_dicts: None,
             column_bytes: DEFAULT_COLUMN_BYTES,
             factor_sums: false,
+            features_with_forward: false,
         }
     }
 
@@ -397,6 +402,26 @@ impl Network for CallbackNetwork {
             Some(fan_in),
         )
     }
+    /// One callback: a forward pass with a hook on the last layer, returning the outputs and
+    /// the hooked inputs (a last-layer fit's and predictive's one pass over the points).
+    fn forward_with_last_layer_features(&self, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        if !self.features_with_forward {
+            return Ok((self.forward(x)?, self.last_layer_features(x)?));
+        }
+        self.check_x(x)?;
+        let fan_in = self.require_layers("last-layer features")?.fan_in;
+        let method = "forward_with_features";
+        let (n, q) = (x.nrows(), self.output_dim);
+        self.call_with(
+            method,
+            |py| vec![to_numpy(py, x).into_any(), self.layer_list(py)],
+            |r| {
+                let (f, phi) = r.extract::<(PyReadonlyArray2<'_, f64>, PyReadonlyArray2<'_, f64>)>()?;
+                Ok(checked_matrix(method, &f, n, Some(q))
+                    .and_then(|f| Ok((f, checked_matrix(method, &phi, n, Some(fan_in))?))))
+            },
+        )
+    }
 }
 
 /// A native network or a torch model's callbacks (module docs).
@@ -488,6 +513,7 @@ pub(crate) fn callback_network(
         }
     }
     net.factor_sums = calls.hasattr("kfac_factor_sums")?;
+    net.features_with_forward = calls.hasattr("forward_with_features")?;
     if let Some(list) = layers {
         let infos = list.try_iter()?.map(|d| layer_info(&d?, p)).collect::<PyResult<Vec<_>>>()?;
         if infos.is_empty() {

@@ -468,15 +468,8 @@ impl PyLaplace {
         let post = self.fitted()?;
         let x = matrix(&x);
         let q = self.net.output_dim();
-        let (mean, covs) = detach_interruptible(
-            py,
-            || -> Result<_, LaplaceError> {
-                let covs = post.glm_covariances(&x)?;
-                let mean = post.map_outputs(&x)?;
-                Ok((mean, covs))
-            },
-            |e| errors.raise(e),
-        )?;
+        let (mean, covs) =
+            detach_interruptible(py, || post.glm_mean_and_covariances(&x), |e| errors.raise(e))?;
         Ok((to_numpy(py, &mean), stack_to_numpy(py, &covs, q, q)))
     }
 

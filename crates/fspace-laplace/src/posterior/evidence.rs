@@ -170,7 +170,7 @@ impl<N: Network> LaplacePosterior<N> {
         for s in (0..x.nrows()).step_by(chunk) {
             let xc = x.rows(s, chunk.min(x.nrows() - s)).into_owned();
             // Other structures leave at the first chunk, before any statistics are computed.
-            let Some(chunk) = self.layered_covariances(&settings, &xc) else {
+            let Some(chunk) = self.layered_covariances(&settings, &xc, None) else {
                 return Ok(None);
             };
             for (all, part) in covs.iter_mut().zip(chunk?) {

@@ -18,7 +18,7 @@ use crate::config::{Predictive, PriorPrecision};
 use crate::curvature::{Curvature, CurvatureApprox};
 use crate::error::{ensure_positive, LaplaceError, Result};
 use crate::structure::FitReport;
-pub(crate) use predictive::{forward_chunked, moments};
+pub(crate) use predictive::{forward_and_features_chunked, forward_chunked, moments};
 
 /// A fitted (generalised) Laplace approximation `N(w*, (T·C + Λ)⁻¹)` around a network's MAP
 /// weights. Conventions (as laplace-torch): the GGN `C` is **summed** over the data, λ is a

@@ -16,6 +16,51 @@ use crate::error::{LaplaceError, Result};
 impl<N: Network> LaplacePosterior<N> {
     /// Per-point `d' × d'` GLM covariances `J(xᵢ) Σ J(xᵢ)ᵀ` at the current λ, T.
     pub fn glm_covariances(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
+        self.glm_covariances_with(x, None)
+    }
+
+    /// The GLM mean `f(x; w*)` (`n × d'`) and the per-point covariances of
+    /// [`glm_covariances`](Self::glm_covariances) together. For a curvature over the last
+    /// layer alone, each chunk's outputs and last-layer inputs come from one pass
+    /// ([`Network::forward_with_last_layer_features`]) where the two would take two.
+    pub fn glm_mean_and_covariances(&self, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>)> {
+        if !self.covariances_from_last_layer_features() {
+            return Ok((forward_chunked(&self.net, x, GLM_CHUNK)?, self.glm_covariances(x)?));
+        }
+        let q = self.net.output_dim();
+        let chunk = crate::ggn::statistics_chunk(&self.net.layer_infos(), q, GLM_CHUNK);
+        let mut mean = DMatrix::zeros(x.nrows(), q);
+        let mut covs = Vec::with_capacity(x.nrows());
+        for s in (0..x.nrows()).step_by(chunk) {
+            let l = chunk.min(x.nrows() - s);
+            let xc = x.rows(s, l).into_owned();
+            let (f, phi) = forward_and_features_chunked(&self.net, &xc, chunk)?;
+            mean.rows_mut(s, l).copy_from(&f);
+            covs.extend(self.glm_covariances_with(&xc, Some(&phi))?);
+        }
+        Ok((mean, covs))
+    }
+
+    /// Whether the GLM covariances are formed from the last layer's inputs alone: last-layer
+    /// KFAC / EKFAC, the `last_layer` structure, or a diagonal over the last layer.
+    fn covariances_from_last_layer_features(&self) -> bool {
+        let layers = self.net.layer_infos().len();
+        layers > 0
+            && match &self.curvature {
+                Curvature::Kron(k) => k.network_layers == [layers - 1],
+                Curvature::Eigen(e) => e.label == "last_layer",
+                Curvature::Diag(_) => self.covers_last_layer(),
+                _ => false,
+            }
+    }
+
+    /// [`glm_covariances`](Self::glm_covariances); `features`, when given, are the last layer's
+    /// inputs at `x` (`n × fan_in`), used instead of asking the network for them.
+    fn glm_covariances_with(
+        &self,
+        x: &DMatrix<f64>,
+        features: Option<&DMatrix<f64>>,
+    ) -> Result<Vec<DMatrix<f64>>> {
         let lam = self.current_lambdas();
         let t = self.temperature;
         let q = self.net.output_dim();
@@ -30,7 +75,12 @@ impl<N: Network> LaplacePosterior<N> {
             fspace_input::interrupt::check("the linearised predictive")?;
             let l = chunk.min(x.nrows() - s);
             let xc = x.rows(s, l).into_owned();
-            if let Some(covs) = self.layered_covariances(&[(lam.clone(), t)], &xc) {
+            let phi = features.map(|f| f.rows(s, l).into_owned());
+            let last_layer_inputs = |phi: Option<DMatrix<f64>>| match phi {
+                Some(phi) => Ok::<_, LaplaceError>(phi),
+                None => Ok(self.net.last_layer_features(&xc)?),
+            };
+            if let Some(covs) = self.layered_covariances(&[(lam.clone(), t)], &xc, phi.clone()) {
                 out.extend(covs?.swap_remove(0));
                 continue;
             }
@@ -53,13 +103,25 @@ impl<N: Network> LaplacePosterior<N> {
                 Curvature::Eigen(e) if e.label == "last_layer" && iso && e.remainder.is_none() => {
                     let l = self.lambdas[0];
                     let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
-                    out.extend(crate::predict::last_layer_covariances(&self.net, &e.vectors, &c, l, &xc)?)
+                    out.extend(crate::predict::last_layer_covariances(
+                        &last_layer_inputs(phi)?,
+                        q,
+                        &e.vectors,
+                        &c,
+                        l,
+                    ))
                 }
                 Curvature::Diag(d) if self.covers_last_layer() => {
-                    out.extend(crate::predict::last_layer_diag_covariances(&self.net, &d.diag, t, &lam, &xc)?)
+                    out.extend(crate::predict::last_layer_diag_covariances(
+                        &last_layer_inputs(phi)?,
+                        q,
+                        &d.diag,
+                        t,
+                        &lam,
+                    ))
                 }
                 Curvature::Eigen(e) if e.label == "last_layer" => {
-                    let js = crate::predict::last_layer_jacobian(&self.net, &xc)?;
+                    let js = crate::predict::last_layer_jacobian(&last_layer_inputs(phi)?, q);
                     out.extend(crate::predict::blocks(
                         &js,
                         &self.curvature.solve(t, &lam, &js.transpose())?,
@@ -113,13 +175,16 @@ impl<N: Network> LaplacePosterior<N> {
 
     /// Covariances from layer statistics (KFAC, EKFAC, the layered diagonal structure) for each
     /// `(λ, T)` of `settings`, sharing the statistics; `None` for the other structures.
+    /// `features`: the last layer's inputs at `x` when the caller has them (last-layer KFAC
+    /// uses them instead of a pass).
     pub(super) fn layered_covariances(
         &self,
         settings: &[(DVector<f64>, f64)],
         x: &DMatrix<f64>,
+        features: Option<DMatrix<f64>>,
     ) -> Option<Result<Vec<Vec<DMatrix<f64>>>>> {
         match &self.curvature {
-            Curvature::Kron(k) => Some(crate::predict::kron_covariances(&self.net, k, settings, x)),
+            Curvature::Kron(k) => Some(crate::predict::kron_covariances(&self.net, k, settings, x, features)),
             Curvature::Diag(d) if !self.net.layer_infos().is_empty() && self.covers_all_in_order() => {
                 Some(crate::predict::diag_covariances(&self.net, &d.diag, settings, x))
             }
@@ -139,8 +204,8 @@ impl<N: Network> LaplacePosterior<N> {
 
     /// The GLM predictive of `f` (mean `f(x; w*)`, marginal variances).
     pub fn predict_glm(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive> {
-        let mean = forward_chunked(&self.net, x, GLM_CHUNK)?;
-        marginals(mean, &self.glm_covariances(x)?)
+        let (mean, covs) = self.glm_mean_and_covariances(x)?;
+        marginals(mean, &covs)
     }
 
     /// `s` weight draws `θ ~ N(w*, Σ)` as flat parameter vectors.
@@ -238,6 +303,38 @@ pub(crate) fn forward_chunked<N: Network>(net: &N, x: &DMatrix<f64>, chunk: usiz
         f.rows_mut(s, l).copy_from(&net.forward(&x.rows(s, l).into_owned())?);
     }
     Ok(f)
+}
+
+/// [`forward_chunked`] with the last layer's inputs from the same passes
+/// ([`Network::forward_with_last_layer_features`]): `n × d'` and `n × fan_in`.
+pub(crate) fn forward_and_features_chunked<N: Network>(
+    net: &N,
+    x: &DMatrix<f64>,
+    chunk: usize,
+) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+    let mut out: Option<(DMatrix<f64>, DMatrix<f64>)> = None;
+    for s in (0..x.nrows()).step_by(chunk) {
+        fspace_input::interrupt::check("the network's forward pass")?;
+        let l = chunk.min(x.nrows() - s);
+        let (f, phi) = net.forward_with_last_layer_features(&x.rows(s, l).into_owned())?;
+        let (f_all, phi_all) = out.get_or_insert_with(|| {
+            (DMatrix::zeros(x.nrows(), f.ncols()), DMatrix::zeros(x.nrows(), phi.ncols()))
+        });
+        if f.shape() != (l, f_all.ncols()) || phi.shape() != (l, phi_all.ncols()) {
+            return Err(fspace_nn::NnError::Callback(format!(
+                "forward_with_last_layer_features returned {:?} and {:?} for {l} points; expected {l} rows of {} \
+                 and {} columns",
+                f.shape(),
+                phi.shape(),
+                f_all.ncols(),
+                phi_all.ncols()
+            ))
+            .into());
+        }
+        f_all.rows_mut(s, l).copy_from(&f);
+        phi_all.rows_mut(s, l).copy_from(&phi);
+    }
+    Ok(out.unwrap_or_else(|| (DMatrix::zeros(0, net.output_dim()), DMatrix::zeros(0, 0))))
 }
 
 /// Sample mean and (biased) variance of function draws, summed in draw order.

@@ -215,6 +215,15 @@ pub trait Network: Send + Sync {
         Err(NnError::Unsupported { what: "last-layer features for this network".into() })
     }
 
+    /// The outputs `f(X)` (`n × d'`) and the last layer's inputs `φ(X)` (`n × fan_in`)
+    /// together. The default makes two calls ([`forward`](Self::forward), then
+    /// [`last_layer_features`](Self::last_layer_features)); a network whose passes are costly
+    /// (a torch model) overrides it with one pass that returns both, as a last-layer fit and
+    /// its predictive need both at the same points.
+    fn forward_with_last_layer_features(&self, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        Ok((self.forward(x)?, self.last_layer_features(x)?))
+    }
+
     /// The empirical NTK block `J(X) J(Z)ᵀ` restricted to the selected outputs of each side
     /// (`rows(X) × rows(Z)`, see [`Outputs`]). The default forms both Jacobians; networks with
     /// a layer-wise rule (the MLP, VaLLA App. F.3) override it.
