@@ -484,6 +484,39 @@ def test_kron_asks_torch_for_factor_sums_not_for_statistics(monkeypatch):
     assert np.max(np.abs(probs - ref(x[:4]).numpy())) <= 1e-12
 
 
+def test_a_last_layer_fit_makes_one_torch_pass_per_chunk(monkeypatch):
+    """laplace-torch's default (last-layer kron) runs the model once over the data: fspace asks
+    for the outputs and the last layer's inputs from one hooked pass (``forward_with_features``),
+    in memory and from a loader, and without that method it makes the two calls and agrees."""
+    torch.manual_seed(5)
+    model = ResidualMLP(d=2, q=3).double()
+    x, y = torch.randn(20, 2, dtype=torch.float64), torch.randint(0, 3, (20,))
+    seen = []
+    for method in ("forward", "last_layer_features", "forward_with_features"):
+        original = getattr(TorchCalls, method)
+
+        def counted(self, *a, original=original, method=method):
+            seen.append(method)
+            return original(self, *a)
+
+        monkeypatch.setattr(TorchCalls, method, counted)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    probs = []
+    for data in [(x, y), (loader,)]:  # the loader's batches may be gathered into fewer calls
+        la = fspace.Laplace(model, "classification", backend="torch")
+        seen.clear()
+        la.fit(*data)
+        assert seen and set(seen) == {"forward_with_features"}, seen
+        probs.append(la(x[:4]).numpy())
+    monkeypatch.delattr(TorchCalls, "forward_with_features")
+    ref = fspace.Laplace(model, "classification", backend="torch")
+    seen.clear()
+    ref.fit(x, y)
+    assert seen == ["forward", "last_layer_features"]
+    for p in probs:
+        assert np.max(np.abs(p - ref(x[:4]).numpy())) <= 1e-12
+
+
 def test_kron_ekfac_and_last_layer_give_the_same_posterior_on_both_paths():
     torch.manual_seed(5)
     mlp = nn.Sequential(nn.Linear(2, 10), nn.Tanh(), nn.Linear(10, 10), nn.Tanh(), nn.Linear(10, 3)).double()

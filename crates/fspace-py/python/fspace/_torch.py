@@ -11,7 +11,7 @@ fspace accumulates the products in float64, so a float32 model's Jacobian produc
 float32 rounding (relative ≈ 1e-7) and nothing more.
 
 Layer structure comes from module hooks (``layer_infos``, ``kfac_statistics``,
-``last_layer_features``): each ``nn.Linear`` / ``nn.Conv2d`` layer's inputs (im2col patches for a
+``last_layer_features``, ``forward_with_features``): each ``nn.Linear`` / ``nn.Conv2d`` layer's inputs (im2col patches for a
 convolution; a Linear applied over extra axes counts them as positions) and the gradients at its
 outputs, from one forward and one reverse pass per cotangent column — what laplace-torch's
 curvature back-ends collect. ``fspace.Laplace`` asks for them for ``kron``, ``ekfac`` and
@@ -625,8 +625,16 @@ class TorchCalls:
         return [(self._numpy((aa + aa.T) * 0.5), self._numpy(sa), rows, self._numpy((gg + gg.T) * 0.5))
                 for aa, sa, rows, gg in sums]
 
+    def forward_with_features(self, w: np.ndarray, x: np.ndarray, infos: List[Dict[str, Any]]) -> Tuple[np.ndarray, np.ndarray]:
+        """``f(X)`` (``n × d'``) and the input of the last layer of ``infos`` (``n × fan_in``),
+        from one forward pass with a hook on that layer."""
+        return self._hooked_forward(w, x, infos)
+
     def last_layer_features(self, w: np.ndarray, x: np.ndarray, infos: List[Dict[str, Any]]) -> np.ndarray:
         """The input of the last layer of ``infos`` (``n × fan_in``)."""
+        return self._hooked_forward(w, x, infos)[1]
+
+    def _hooked_forward(self, w: np.ndarray, x: np.ndarray, infos: List[Dict[str, Any]]) -> Tuple[np.ndarray, np.ndarray]:
         import torch
 
         (module,) = self._layer_modules(infos[-1:])
@@ -634,10 +642,10 @@ class TorchCalls:
         with self._lock, torch.no_grad():
             handle = module.register_forward_hook(lambda m, inp, out: feats.append(inp[0].detach()))
             try:
-                self._call(self._unflatten(w), self._inputs(x))
+                f = self._call(self._unflatten(w), self._inputs(x))
             finally:
                 handle.remove()
-        return self._numpy(feats[-1].reshape(x.shape[0], -1))
+        return self._numpy(f), self._numpy(feats[-1].reshape(x.shape[0], -1))
 
     def state_dict(self, w: np.ndarray) -> Dict[str, np.ndarray]:
         """Flat weights as the model's named parameters (float64 arrays)."""
