@@ -317,3 +317,19 @@ def test_bad_inputs_name_the_problem():
     assert la.n_params == sum(p.numel() for p in model.parameters() if p.requires_grad) == 35
     with pytest.raises(ValueError, match="frozen"):
         fspace.Laplace(model, "classification", "all", "diag", backend="native")
+
+
+def test_a_loaders_small_batches_cross_to_rust_in_blocks_of_the_target():
+    """The streamed fits gather consecutive batches into blocks of at least the target's rows,
+    in order (an empty batch included, the last block smaller); a batch at the target crosses
+    as it is, and an empty loader gives no block."""
+    from fspace._convert import gathered
+
+    sizes = [3, 0, 4, 6, 1, 2]
+    batches = [(np.full((n, 2), i, float), np.full((n, 1), i, float)) for i, n in enumerate(sizes)]
+    blocks = list(gathered(iter(batches), lambda: 5))
+    assert [b[0].shape[0] for b in blocks] == [7, 6, 3]
+    for k in (0, 1):
+        np.testing.assert_array_equal(np.concatenate([b[k] for b in blocks]), np.concatenate([b[k] for b in batches]))
+    assert blocks[1][0] is batches[3][0]
+    assert list(gathered(iter([]), lambda: 5)) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -329,6 +329,30 @@ def array2(x: Any, what: str) -> np.ndarray:
     if a.ndim != 2:
         raise ValueError(f"{what} must be a 1-D or 2-D array, got shape {a.shape}")
     return a
+
+
+def gathered(batches: Iterable[Tuple[np.ndarray, np.ndarray]],
+             target: Callable[[], int]) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """Consecutive ``(X, y)`` batches joined into blocks of at least ``target()`` rows (the last
+    block may hold fewer), so that a loader's small batches cross to Rust in the chunks an
+    in-memory fit would use. ``target`` is read after each batch is drawn, so it may come from
+    an object the first batch creates."""
+    held: List[Tuple[np.ndarray, np.ndarray]] = []
+    rows = 0
+
+    def joined() -> Tuple[np.ndarray, np.ndarray]:
+        if len(held) == 1:
+            return held[0]
+        return np.concatenate([h[0] for h in held]), np.concatenate([h[1] for h in held])
+
+    for x, y in batches:
+        held.append((x, y))
+        rows += x.shape[0]
+        if rows >= target():
+            yield joined()
+            held, rows = [], 0
+    if held:
+        yield joined()
 
 
 def batch_arrays(batch: Any, to_x: Callable[[Any, str], np.ndarray],

@@ -24,7 +24,7 @@ import numpy as np
 
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import ModelSpec, array2, is_array, is_torch, tensors
+from ._convert import ModelSpec, array2, gathered, is_array, is_torch, tensors
 from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, step_reduce, weights_summary
 from ._methods import Progress, _Progress
 from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
@@ -481,21 +481,9 @@ class Laplace(Wrapper):
                 earlier = np.array(la.sums_flat())
             la.begin_batches(True)
         seen = 0
-        # Batches smaller than a chunk per thread are gathered up to that many points
-        # (`batch_target`, 512 by default on two threads) before they cross to Rust.
-        held: List[Tuple[np.ndarray, np.ndarray]] = []
-        held_rows = 0
 
-        def flush() -> None:
-            nonlocal held, held_rows
-            if held:
-                x = held[0][0] if len(held) == 1 else np.concatenate([h[0] for h in held])
-                y = held[0][1] if len(held) == 1 else np.concatenate([h[1] for h in held])
-                held, held_rows = [], 0
-                la.add_batch(x, y)
-
-        failure: Optional[BaseException] = None
-        try:
+        def converted() -> Any:
+            nonlocal la, seen
             for batch in loader:
                 bx, by = self._batch(batch)
                 x = self._spec.inputs(bx, "X")
@@ -503,16 +491,19 @@ class Laplace(Wrapper):
                 if la is None:
                     la = self._build()
                     la.begin_batches(override)
-                held.append((x, y))
-                held_rows += x.shape[0]
                 seen += x.shape[0]
-                if held_rows >= la.batch_target:
-                    flush()
                 if bar.callback is not None:
                     bar.callback(seen, max(total, seen), None, None)
+                yield x, y
+
+        failure: Optional[BaseException] = None
+        try:
+            # Batches smaller than a chunk per thread are gathered up to that many points
+            # (`batch_target`, 512 by default on two threads) before they cross to Rust.
+            for x, y in gathered(converted(), lambda: la.batch_target):
+                la.add_batch(x, y)
             if la is None:
                 raise ValueError("the data loader yielded no batch")
-            flush()
         except BaseException as e:  # noqa: BLE001 - re-raised below, after the other processes hear of it
             if group is None:
                 raise

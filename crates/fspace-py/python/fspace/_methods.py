@@ -21,7 +21,7 @@ import numpy as np
 from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import array2, back, batch_arrays, data_arrays, is_array, is_torch, tensors, unflatten
+from ._convert import array2, back, batch_arrays, data_arrays, gathered, is_array, is_torch, tensors, unflatten
 from ._distributed import _group, agree_on, agreed, global_box, sharded_sum, step_reduce, weights_summary
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
@@ -633,24 +633,11 @@ class _NetworkMethod(_Fitted):
                                                sigma_noise=self.sigma_noise, **network)
             # Batches smaller than Alg. 2's chunk (``laplace.data_batch`` points) are gathered
             # to it before they cross, so Rust multiplies in the in-memory fit's chunks.
-            held: List[Tuple[np.ndarray, np.ndarray]] = []
-            held_rows = 0
-
-            def flush() -> None:
-                nonlocal held, held_rows
-                if held_rows > 0:
-                    stream.add(*(held[0] if len(held) == 1 else (np.concatenate([h[0] for h in held]),
-                                                                 np.concatenate([h[1] for h in held]))))
-                    held, held_rows = [], 0
+            for x, yy in gathered(batches(), lambda: stream.batch_target):
+                if x.shape[0] > 0:
+                    stream.add(x, yy)
                     if bar.callback is not None:
                         bar.callback(stream.points, max(total, stream.points), None, None)
-
-            for x, yy in batches():
-                held.append((x, yy))
-                held_rows += x.shape[0]
-                if held_rows >= stream.batch_target:
-                    flush()
-            flush()
             if group is None and stream.points == 0:
                 raise ValueError("the data loader yielded no batch")
             return stream.finish(reduce)
