@@ -15,8 +15,9 @@ use fspace_testutil::{rel_frob, rng, ThreadReduce};
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 
-/// The `Network` methods the test wrapper networks forward unchanged to its inner `net`.
-macro_rules! delegate_required_to_net {
+/// The `Network` shape and weight methods a test wrapper network forwards unchanged to its
+/// inner `net`.
+macro_rules! delegate_shape_to_net {
     () => {
         fn input_dim(&self) -> usize {
             self.net.input_dim()
@@ -33,6 +34,13 @@ macro_rules! delegate_required_to_net {
         fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
             self.net.set_params(params)
         }
+    };
+}
+
+/// Every required `Network` method forwarded unchanged to the inner `net`.
+macro_rules! delegate_required_to_net {
+    () => {
+        delegate_shape_to_net!();
         fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
             self.net.forward(x)
         }
@@ -1898,21 +1906,7 @@ impl CountingPasses {
 }
 
 impl Network for CountingPasses {
-    fn input_dim(&self) -> usize {
-        self.net.input_dim()
-    }
-    fn output_dim(&self) -> usize {
-        self.net.output_dim()
-    }
-    fn n_params(&self) -> usize {
-        self.net.n_params()
-    }
-    fn params(&self) -> DVector<f64> {
-        self.net.params()
-    }
-    fn set_params(&mut self, params: &DVector<f64>) -> fspace_nn::Result<()> {
-        self.net.set_params(params)
-    }
+    delegate_shape_to_net!();
     fn forward(&self, x: &DMatrix<f64>) -> fspace_nn::Result<DMatrix<f64>> {
         self.count(0);
         self.net.forward(x)
