@@ -2,7 +2,8 @@
 //! 2×50, p = 2 701; W2 = 10 000 points, 2×200, p = 40 801), a sweep over the number of
 //! data points for KFAC, one over the number of draws for the sampled posterior, and KFAC's λ
 //! grid search on the FSP MNIST CNN against the number of validation images, and the last-layer
-//! GLM predictive of the MNIST MLP against the number of test images, and the streamed fit
+//! GLM predictives (the `last_layer` structure, and last-layer KFAC's mean and covariances) of
+//! the MNIST MLP against the number of test images, and the streamed fit
 //! (batches of 128) beside the in-memory one over the number of points.
 //! `cargo bench -p fspace-laplace`; peak memory per case:
 //! `cargo run --release -p fspace-laplace --example laplace_workloads`.
@@ -209,6 +210,21 @@ fn last_layer_predict_mnist_mlp(c: &mut Criterion) {
         let (xt, _) = synthetic_images(n, 3);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| post.glm_covariances(&xt).unwrap())
+        });
+    }
+    g.finish();
+    // laplace-torch's default, KFAC over the last layer: the GLM mean and covariances from one
+    // pass that gives the logits and the head's inputs together (`glm_mean_and_covariances`).
+    let kfac_config =
+        LaplaceConfig { weights: fspace_laplace::Weights::LastLayer, ..config(Structure::Kfac) };
+    let net = Mlp::new(MlpConfig::mnist(10, Activation::Tanh, 0)).unwrap();
+    let post = fit(net, lik, &Data::new(&x, &y).unwrap(), &kfac_config).unwrap().posterior;
+    let mut g = c.benchmark_group("last_layer_kfac_predict_mnist_mlp");
+    g.sample_size(10);
+    for n in [500, 2_000] {
+        let (xt, _) = synthetic_images(n, 3);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| post.glm_mean_and_covariances(&xt).unwrap())
         });
     }
     g.finish();
