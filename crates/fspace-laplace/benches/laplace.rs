@@ -204,28 +204,23 @@ fn last_layer_predict_mnist_mlp(c: &mut Criterion) {
     let lik = LikelihoodSpec::categorical(10);
     let post =
         fit(net, lik, &Data::new(&x, &y).unwrap(), &config(Structure::last_layer())).unwrap().posterior;
-    let mut g = c.benchmark_group("last_layer_predict_mnist_mlp");
-    g.sample_size(10);
-    for n in [500, 2_000] {
-        let (xt, _) = synthetic_images(n, 3);
-        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| post.glm_covariances(&xt).unwrap())
-        });
-    }
-    g.finish();
+    test_image_sweep(c, "last_layer_predict_mnist_mlp", |xt| post.glm_covariances(xt).unwrap());
     // laplace-torch's default, KFAC over the last layer: the GLM mean and covariances from one
     // pass that gives the logits and the head's inputs together (`glm_mean_and_covariances`).
     let kfac_config =
         LaplaceConfig { weights: fspace_laplace::Weights::LastLayer, ..config(Structure::Kfac) };
     let net = Mlp::new(MlpConfig::mnist(10, Activation::Tanh, 0)).unwrap();
     let post = fit(net, lik, &Data::new(&x, &y).unwrap(), &kfac_config).unwrap().posterior;
-    let mut g = c.benchmark_group("last_layer_kfac_predict_mnist_mlp");
+    test_image_sweep(c, "last_layer_kfac_predict_mnist_mlp", |xt| post.glm_mean_and_covariances(xt).unwrap());
+}
+
+/// A predictive timed at 500 and 2 000 synthetic test images.
+fn test_image_sweep<R>(c: &mut Criterion, group: &str, predict: impl Fn(&DMatrix<f64>) -> R) {
+    let mut g = c.benchmark_group(group);
     g.sample_size(10);
     for n in [500, 2_000] {
         let (xt, _) = synthetic_images(n, 3);
-        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| post.glm_mean_and_covariances(&xt).unwrap())
-        });
+        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| b.iter(|| predict(&xt)));
     }
     g.finish();
 }

@@ -372,6 +372,12 @@ pub struct KronCurvature {
 }
 
 impl KronCurvature {
+    /// Whether it covers the last of a network's `layers` layers alone (last-layer KFAC /
+    /// EKFAC).
+    pub(crate) fn covers_last_layer_only(&self, layers: usize) -> bool {
+        layers > 0 && self.network_layers == [layers - 1]
+    }
+
     fn offsets(&self) -> Vec<usize> {
         let mut o = 0;
         self.layers

@@ -378,7 +378,7 @@ pub(crate) fn kron_covariances<N: Network>(
     kron: &KronCurvature,
     settings: &[(DVector<f64>, f64)],
     x: &DMatrix<f64>,
-    features: Option<DMatrix<f64>>,
+    features: Option<&DMatrix<f64>>,
 ) -> Result<Vec<Vec<DMatrix<f64>>>> {
     let infos = net.layer_infos();
     // Layers outside the curvature keep their MAP weights: a zero inverse precision.
@@ -412,11 +412,11 @@ pub(crate) fn kron_covariances<N: Network>(
     // are its inputs φ(x) and unit output gradients (the fit checked that its outputs are the
     // network's, `checked_last_layer`) — one forward pass instead of d' reverse passes, none
     // when the caller has them (`features`, the last layer's inputs at `x`).
-    let last = infos.len().saturating_sub(1);
-    if kron.network_layers == [last] {
+    if kron.covers_last_layer_only(infos.len()) {
+        let last = infos.len() - 1;
         let q = net.output_dim();
         let inputs = match features {
-            Some(phi) => phi,
+            Some(phi) => phi.clone(),
             None => net.last_layer_features(x)?,
         };
         let m = inputs.nrows();

@@ -47,7 +47,7 @@ impl<N: Network> LaplacePosterior<N> {
         let layers = self.net.layer_infos().len();
         layers > 0
             && match &self.curvature {
-                Curvature::Kron(k) => k.network_layers == [layers - 1],
+                Curvature::Kron(k) => k.covers_last_layer_only(layers),
                 Curvature::Eigen(e) => e.label == "last_layer",
                 Curvature::Diag(_) => self.covers_last_layer(),
                 _ => false,
@@ -80,7 +80,7 @@ impl<N: Network> LaplacePosterior<N> {
                 Some(phi) => Ok::<_, LaplaceError>(phi),
                 None => Ok(self.net.last_layer_features(&xc)?),
             };
-            if let Some(covs) = self.layered_covariances(&[(lam.clone(), t)], &xc, phi.clone()) {
+            if let Some(covs) = self.layered_covariances(&[(lam.clone(), t)], &xc, phi.as_ref()) {
                 out.extend(covs?.swap_remove(0));
                 continue;
             }
@@ -181,7 +181,7 @@ impl<N: Network> LaplacePosterior<N> {
         &self,
         settings: &[(DVector<f64>, f64)],
         x: &DMatrix<f64>,
-        features: Option<DMatrix<f64>>,
+        features: Option<&DMatrix<f64>>,
     ) -> Option<Result<Vec<Vec<DMatrix<f64>>>>> {
         match &self.curvature {
             Curvature::Kron(k) => Some(crate::predict::kron_covariances(&self.net, k, settings, x, features)),
