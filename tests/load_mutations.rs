@@ -14,7 +14,9 @@ use fspace::fsp_laplace::{FspConfig, FspLaplace};
 use fspace::gfsvi::{
     FviConfig, GfsviConfig, KlPrior, LinearizedPosterior, MfviConfig, OptimConfig, WeightSamplePosterior,
 };
-use fspace::gp::{ExactGp, LaplaceGpClassifier, Noise, SparseDirichletGp, Svgp, SvgpConfig};
+use fspace::gp::{
+    ExactGp, InducingPoints, LaplaceGpClassifier, SparseDirichletConfig, SparseDirichletGp, Svgp, SvgpConfig,
+};
 use fspace::interop::{load_cnn, load_mlp, LayerNames, SourceDtype, Tensors};
 use fspace::kernels::{GpPrior, PriorMean, Rbf};
 use fspace::laplace::{LaplaceConfig, LaplacePosterior, SampledConfig, Structure};
@@ -248,37 +250,36 @@ fn cases() -> Vec<Case> {
     let mfvi = fspace::gfsvi::mfvi::fit(mlp(1, 4, 1), gauss, &data, &mcfg).unwrap();
     out.push(case::<WeightSamplePosterior<Mlp>>("MFVI", &mfvi.posterior, &xt));
 
-    let exact = ExactGp::fit(
-        Rbf::new(1.0, 0.5).unwrap(),
-        PriorMean::Constant(0.1),
-        Noise::Homoscedastic(0.01),
-        &x,
-        &y,
-    )
-    .unwrap();
-    out.push(case::<ExactGp<Rbf>>("exact GP", &exact, &xt));
-    let mut svgp =
-        Svgp::new(Rbf::new(1.0, 0.5).unwrap(), PriorMean::Zero, 0.05, x.rows(0, 5).into_owned()).unwrap();
-    svgp.train(
-        &x,
-        &y.column(0).into_owned(),
-        &SvgpConfig { schedule: Schedule::steps(3), ..Default::default() },
-    )
-    .unwrap();
-    out.push(case::<Svgp<Rbf>>("SVGP", &svgp, &xt));
-    let labels = x.column(0).map(|v| if v > 0.0 { 1.0 } else { 0.0 });
+    let rbf = |variance, lengthscale| Rbf::new(variance, lengthscale).unwrap();
+    let exact_prior = GpPrior::with_kernel(rbf(1.0, 0.5), PriorMean::Constant(0.1));
+    let exact = fspace::gp::exact::fit(LikelihoodSpec::gaussian(0.1), &exact_prior, &plain).unwrap();
+    out.push(case::<ExactGp<Rbf>>("exact GP", &exact.posterior, &xt));
+    let scfg = SvgpConfig {
+        schedule: Schedule::steps(3),
+        inducing: InducingPoints::Given(x.rows(0, 5).into_owned()),
+        ..Default::default()
+    };
+    let svgp_prior = GpPrior::with_kernel(rbf(1.0, 0.5), PriorMean::Zero);
+    let svgp =
+        fspace::gp::svgp::fit(LikelihoodSpec::gaussian_learned(0.05f64.sqrt()), &svgp_prior, &plain, &scfg)
+            .unwrap();
+    out.push(case::<Svgp<Rbf>>("SVGP", &svgp.posterior, &xt));
+    let labels = x.map(|v| if v > 0.0 { 1.0 } else { 0.0 });
+    let bdata = Data::new(&x, &labels).unwrap();
+    let clf_prior = GpPrior::with_kernel(rbf(2.0, 1.0), PriorMean::Zero);
     let clf =
-        LaplaceGpClassifier::fit(Rbf::new(2.0, 1.0).unwrap(), &x, &labels, &Default::default()).unwrap();
-    out.push(case::<LaplaceGpClassifier<Rbf>>("GP classifier", &clf, &xt));
-    let sparse = SparseDirichletGp::fit(
-        Rbf::new(1.0, 1.0).unwrap(),
-        xc.rows(0, 5).into_owned(),
-        &xc,
-        &yc.column(0).into_owned(),
-        3,
-        0.01,
-    )
-    .unwrap();
+        fspace::gp::classification::fit(LikelihoodSpec::Bernoulli, &clf_prior, &bdata, &Default::default())
+            .unwrap();
+    out.push(case::<LaplaceGpClassifier<Rbf>>("GP classifier", &clf.posterior, &xt));
+    let dcfg = SparseDirichletConfig {
+        inducing: InducingPoints::Given(xc.rows(0, 5).into_owned()),
+        ..Default::default()
+    };
+    let sparse_prior = GpPrior::with_kernel(rbf(1.0, 1.0), PriorMean::Zero);
+    let sparse =
+        fspace::gp::sparse_dirichlet::fit(LikelihoodSpec::categorical(3), &sparse_prior, &cplain, &dcfg)
+            .unwrap()
+            .posterior;
     out.push(case::<SparseDirichletGp<Rbf>>("sparse Dirichlet GP", &sparse, &xct));
     out
 }

@@ -5,9 +5,9 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use fspace_core::{Posterior, Schedule};
-use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
-use fspace_kernels::{PriorMean, Rbf};
+use fspace_core::{Data, LikelihoodSpec, Posterior, Schedule};
+use fspace_gp::{ExactGp, InducingPoints, Svgp, SvgpConfig};
+use fspace_kernels::{GpPrior, PriorMean, Rbf};
 use nalgebra::{DMatrix, DVector};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -16,6 +16,26 @@ fn data(n: usize, d: usize) -> (DMatrix<f64>, DVector<f64>) {
     let x: DMatrix<f64> = DMatrix::from_fn(n, d, |_, _| rng.gen_range(-2.0..2.0));
     let y = DVector::from_fn(n, |i, _| x.row(i).sum().sin() + 0.1 * rng.gen_range(-1.0..1.0));
     (x, y)
+}
+
+/// The exact GP with noise σ = 0.1 through its entry point.
+fn exact_gp(kernel: &Rbf, x: &DMatrix<f64>, y: &DMatrix<f64>) -> ExactGp<Rbf> {
+    let prior = GpPrior::with_kernel(kernel.clone(), PriorMean::Zero);
+    fspace_gp::exact::fit(LikelihoodSpec::gaussian(0.1), &prior, &Data::new(x, y).unwrap()).unwrap().posterior
+}
+
+/// The SVGP (σ ≈ 0.32, learned with the kernel) with inducing inputs `z` after `steps` training
+/// steps, through its entry point.
+fn svgp(kernel: &Rbf, z: DMatrix<f64>, x: &DMatrix<f64>, y: &DVector<f64>, steps: usize) -> Svgp<Rbf> {
+    let prior = GpPrior::with_kernel(kernel.clone(), PriorMean::Zero);
+    let y = DMatrix::from_column_slice(y.len(), 1, y.as_slice());
+    let config = SvgpConfig {
+        schedule: Schedule::steps(steps),
+        inducing: InducingPoints::Given(z),
+        ..Default::default()
+    };
+    let likelihood = LikelihoodSpec::gaussian_learned(0.1f64.sqrt());
+    fspace_gp::svgp::fit(likelihood, &prior, &Data::new(x, &y).unwrap(), &config).unwrap().posterior
 }
 
 fn bench(c: &mut Criterion) {
@@ -27,11 +47,7 @@ fn bench(c: &mut Criterion) {
         let y = DMatrix::from_column_slice(n, 1, y.as_slice());
         let xs = data(100, 4).0;
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| {
-                let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(0.01), &x, &y)
-                    .unwrap();
-                gp.predict(&xs).unwrap()
-            })
+            b.iter(|| exact_gp(&kernel, &x, &y).predict(&xs).unwrap())
         });
     }
     group.finish();
@@ -40,7 +56,7 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     let (x, y) = data(2000, 4);
     let y = DMatrix::from_column_slice(2000, 1, y.as_slice());
-    let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(0.01), &x, &y).unwrap();
+    let gp = exact_gp(&kernel, &x, &y);
     for m in [250usize, 500, 1000] {
         let xs = data(m, 4).0;
         group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, _| {
@@ -51,9 +67,12 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("svgp_step_b256_d4");
     group.sample_size(10);
     let (x, y) = data(256, 4);
+    // The models are built on 1 000 points (at most one inducing input per point), then step on
+    // a 256-point minibatch of a 10 000-point set.
+    let (x_fit, y_fit) = data(1000, 4);
     for m in [50usize, 100, 200, 400] {
         let z = data(m, 4).0;
-        let mut model = Svgp::new(kernel.clone(), PriorMean::Zero, 0.1, z).unwrap();
+        let mut model = svgp(&kernel, z, &x_fit, &y_fit, 1);
         group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, _| {
             b.iter(|| {
                 model.natural_gradient_step(&x, &y, 10_000, 0.2).unwrap();
@@ -62,7 +81,7 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
-    // Whole training steps as `Svgp::train` takes them (one minibatch's factors shared by the
+    // Whole training steps as `svgp::fit` takes them (one minibatch's factors shared by the
     // natural-gradient step and the hyperparameter gradient), full batch of 222 six-dimensional
     // points as on a yacht fold, 20 steps per iteration.
     let mut group = c.benchmark_group("svgp_train_20_steps_n222_d6");
@@ -71,12 +90,7 @@ fn bench(c: &mut Criterion) {
     let kernel6 = Rbf::ard(1.0, vec![0.8; 6]).unwrap();
     for m in [50usize, 100, 200] {
         group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, &m| {
-            b.iter(|| {
-                let z = x6.rows(0, m).clone_owned();
-                let mut model = Svgp::new(kernel6.clone(), PriorMean::Zero, 0.1, z).unwrap();
-                let config = SvgpConfig { schedule: Schedule::steps(20), ..Default::default() };
-                model.train(&x6, &y6, &config).unwrap()
-            })
+            b.iter(|| svgp(&kernel6, x6.rows(0, m).clone_owned(), &x6, &y6, 20))
         });
     }
     group.finish();
@@ -84,7 +98,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("svgp_inducing_gradient_b256_d4");
     group.sample_size(10);
     for m in [50usize, 100, 200, 400] {
-        let model = Svgp::new(kernel.clone(), PriorMean::Zero, 0.1, data(m, 4).0).unwrap();
+        let model = svgp(&kernel, data(m, 4).0, &x_fit, &y_fit, 1);
         group.bench_with_input(BenchmarkId::from_parameter(m), &m, |b, _| {
             b.iter(|| model.elbo_gradient_inducing(&x, &y, 10_000).unwrap())
         });

@@ -10,7 +10,7 @@
 //!   ([`fit_dirichlet_hyperparameters`]).
 
 use fspace_core::{Bernoulli, FunctionPredictive, Likelihood, Posterior};
-use fspace_kernels::{gram, gram_diag, Kernel, PriorMean};
+use fspace_kernels::{gram, gram_diag, IntoScalarKernel, Kernel, PriorMean};
 use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
 use nalgebra::{DMatrix, DVector};
 
@@ -48,8 +48,14 @@ pub struct LaplaceGpClassifier<K> {
 
 impl<K: Kernel> LaplaceGpClassifier<K> {
     /// Finds the posterior mode by Newton's method (with step halving when the objective
-    /// `Ψ(f) = log p(y | f) − ½ fᵀK⁻¹f` would decrease) and builds the Laplace posterior.
-    pub fn fit(kernel: K, x: &DMatrix<f64>, y: &DVector<f64>, config: &GpClassifierConfig) -> Result<Self> {
+    /// `Ψ(f) = log p(y | f) − ½ fᵀK⁻¹f` would decrease) and builds the Laplace posterior (the
+    /// public entry is [`fit`]).
+    pub(crate) fn fit(
+        kernel: K,
+        x: &DMatrix<f64>,
+        y: &DVector<f64>,
+        config: &GpClassifierConfig,
+    ) -> Result<Self> {
         let n = x.nrows();
         if y.len() != n || n == 0 {
             return Err(invalid("labels", format!("need {n} labels, got {}", y.len())));
@@ -178,24 +184,25 @@ pub struct GpClassifierReport {
     pub seconds: f64,
 }
 
-/// The binary GP classifier in the workspace's call shape: the zero-mean scalar `prior`
-/// conditioned on labels `n × 1` in {0, 1} under the `Bernoulli` (logistic) likelihood by the
-/// Laplace approximation. The kernel is copied from its spec and used as given (fit its
-/// hyperparameters first). Refused with a typed error: another likelihood, a non-zero prior
-/// mean (the classifier's latent has mean zero), targets with several columns and a validation
-/// set (it would not be used).
-pub fn fit(
+/// The binary GP classifier — the model's one entry point, in the workspace's call shape: the
+/// zero-mean scalar `prior` conditioned on labels `n × 1` in {0, 1} under the `Bernoulli`
+/// (logistic) likelihood by the Laplace approximation. The kernel is used as given (fit its
+/// hyperparameters first); the posterior owns a copy ([`IntoScalarKernel`]: a concrete kernel
+/// keeps its type, a shared one is rebuilt from its spec). Refused with a typed error: another
+/// likelihood, a non-zero prior mean (the classifier's latent has mean zero), targets with
+/// several columns and a validation set (it would not be used).
+pub fn fit<K: IntoScalarKernel>(
     likelihood: fspace_core::LikelihoodSpec,
-    prior: &fspace_kernels::GpPrior,
+    prior: &fspace_kernels::GpPrior<K>,
     data: &fspace_core::Data,
     config: &GpClassifierConfig,
-) -> Result<fspace_core::Fitted<LaplaceGpClassifier<Box<dyn Kernel>>, GpClassifierReport>> {
+) -> Result<fspace_core::Fitted<LaplaceGpClassifier<K::Scalar>, GpClassifierReport>> {
     let start = std::time::Instant::now();
     if likelihood != fspace_core::LikelihoodSpec::Bernoulli {
         return Err(likelihood.unsupported("the Laplace GP classifier").into());
     }
-    check_classifier_inputs(prior, data, "the Laplace GP classifier")?;
-    let kernel = crate::svgp::scalar_kernel(prior, "the Laplace GP classifier", "LaplaceGpClassifier::fit")?;
+    check_classifier_inputs(&prior.mean, data, "the Laplace GP classifier")?;
+    let kernel = crate::svgp::scalar_prior_kernel(prior, "the Laplace GP classifier")?;
     let posterior = LaplaceGpClassifier::fit(kernel, data.x(), &data.y().column(0).into_owned(), config)?;
     let report = GpClassifierReport {
         log_marginal_likelihood: posterior.log_marginal_likelihood(),
@@ -208,11 +215,11 @@ pub fn fit(
 /// The checks the two GP classifiers' `fit` share: zero prior mean, one target column, no
 /// validation set.
 pub(crate) fn check_classifier_inputs(
-    prior: &fspace_kernels::GpPrior,
+    mean: &PriorMean,
     data: &fspace_core::Data,
     method: &str,
 ) -> Result<()> {
-    if !matches!(prior.mean, PriorMean::Zero) {
+    if !matches!(mean, PriorMean::Zero) {
         return Err(invalid("prior mean", format!("{method} takes a zero-mean prior")));
     }
     if data.y().ncols() != 1 {

@@ -43,11 +43,18 @@ pub struct ExactGp<K> {
 }
 
 impl<K: MatrixKernel> ExactGp<K> {
-    /// Conditions the prior `GP(mean, kernel)` on `y` (`n × d'`) at the rows of `x` (`n × d`).
+    /// Conditions the prior `GP(mean, kernel)` on `y` (`n × d'`) at the rows of `x` (`n × d`)
+    /// (the public entry is [`fit`]; per-point noise serves the Milios et al. targets).
     /// Errors: empty, non-finite or mis-shaped inputs, invalid noise, and a `K_y` that stays
     /// non-positive-definite after the jitter schedule (the jitter used is reported by
     /// [`jitter`](Self::jitter)).
-    pub fn fit(kernel: K, mean: PriorMean, noise: Noise, x: &DMatrix<f64>, y: &DMatrix<f64>) -> Result<Self> {
+    pub(crate) fn fit(
+        kernel: K,
+        mean: PriorMean,
+        noise: Noise,
+        x: &DMatrix<f64>,
+        y: &DMatrix<f64>,
+    ) -> Result<Self> {
         Self::check(&kernel, &noise, x, y)?;
         let k = gram(&kernel, x, x)?;
         Self::fit_checked(kernel, mean, noise, x, y, k)
@@ -319,17 +326,19 @@ pub struct ExactGpReport {
     pub seconds: f64,
 }
 
-/// The exact GP regression posterior in the workspace's call shape: `prior` conditioned on
-/// `data` (targets `n × d'`) under a `Gaussian` (one output) or `IsotropicGaussian` likelihood
-/// with the given σ. The prior's hyperparameters are taken as given; a likelihood that asks to
-/// learn σ is refused — fit σ and the kernel together with
-/// [`fit_hyperparameters`](crate::fit_hyperparameters) on the concrete kernel first, as the
-/// papers' protocols do. A validation set is refused (conditioning does not use one).
-pub fn fit(
+/// The exact GP regression posterior — the model's one entry point, in the workspace's call
+/// shape: `prior` conditioned on `data` (targets `n × d'`) under a `Gaussian` (one output) or
+/// `IsotropicGaussian` likelihood with the given σ. The posterior holds the prior's kernel type
+/// `K` ([`GpPrior::with_kernel`](fspace_kernels::GpPrior::with_kernel) keeps a concrete one;
+/// the default is the shared kernel). The prior's hyperparameters are taken as given; a
+/// likelihood that asks to learn σ is refused — fit σ and the kernel together with
+/// [`fit_hyperparameters`](crate::fit_hyperparameters) first, as the papers' protocols do. A
+/// validation set is refused (conditioning does not use one).
+pub fn fit<K: MatrixKernel + Clone>(
     likelihood: fspace_core::LikelihoodSpec,
-    prior: &fspace_kernels::GpPrior,
+    prior: &fspace_kernels::GpPrior<K>,
     data: &fspace_core::Data,
-) -> Result<fspace_core::Fitted<ExactGp<fspace_kernels::SharedKernel>, ExactGpReport>> {
+) -> Result<fspace_core::Fitted<ExactGp<K>, ExactGpReport>> {
     use fspace_core::LikelihoodSpec;
     let start = std::time::Instant::now();
     likelihood.validate()?;

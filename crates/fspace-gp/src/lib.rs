@@ -4,17 +4,26 @@
 //! standard) and as prior machinery for function-space methods (hyperparameters by marginal
 //! likelihood). Every model returns the shared [`fspace_core::Posterior`].
 //!
-//! * [`ExactGp`]: regression with homoscedastic or per-point noise, any (matrix-valued) kernel;
-//!   log marginal likelihood and its analytic gradient.
+//! Every model has one entry point in the workspace's call shape,
+//! `fit(likelihood, prior, data[, config]) -> Fitted { posterior, report }`, generic over the
+//! prior's kernel type: a [`GpPrior`](fspace_kernels::GpPrior) built with
+//! [`GpPrior::with_kernel`](fspace_kernels::GpPrior::with_kernel) keeps the concrete kernel (the
+//! posterior holds it, so trained hyperparameters are read through its type); the shared default
+//! serves the same call.
+//!
+//! * [`exact::fit`] → [`ExactGp`]: regression, any (matrix-valued) kernel; log marginal
+//!   likelihood and its analytic gradient.
 //! * [`fit_hyperparameters`]: Adam with restarts on the full or minibatch (Chen et al. 2021)
-//!   log marginal likelihood.
-//! * [`LaplaceGpClassifier`]: binary classification by the Laplace approximation;
-//!   [`dirichlet_targets`] / [`fit_dirichlet_hyperparameters`]: Milios et al. (2018).
-//! * [`Svgp`]: sparse variational GP (Hensman et al. 2013) with minibatches, natural gradients
-//!   on `q(u)`, Adam on the hyperparameters and optionally on the inducing inputs;
-//!   [`kmeans()`] to initialise them.
-//! * [`SparseDirichletGp`]: sparse multi-class classification on Milios et al.'s targets —
-//!   `C` heteroscedastic sparse GPs with the closed-form optimal `q(u)` (Titsias 2009).
+//!   log marginal likelihood — the kernel and σ² to hand to a model's `fit`.
+//! * [`classification::fit`] → [`LaplaceGpClassifier`]: binary classification by the Laplace
+//!   approximation; [`dirichlet_targets`] / [`fit_dirichlet_hyperparameters`]: Milios et al.
+//!   (2018).
+//! * [`svgp::fit`] → [`Svgp`]: sparse variational GP (Hensman et al. 2013) with minibatches,
+//!   natural gradients on `q(u)`, Adam on the hyperparameters and optionally on the inducing
+//!   inputs; [`kmeans()`] to initialise them.
+//! * [`sparse_dirichlet::fit`] → [`SparseDirichletGp`]: sparse multi-class classification on
+//!   Milios et al.'s targets — `C` heteroscedastic sparse GPs with the closed-form optimal `q(u)`
+//!   (Titsias 2009).
 //!
 //! Ill-conditioned Gram matrices are factorised with reported jitter; anything that cannot be
 //! recovered — non-finite targets, more inducing points than data, diverging hyperparameters —
@@ -28,6 +37,8 @@ pub mod fit;
 pub mod kmeans;
 pub mod sparse_dirichlet;
 pub mod svgp;
+#[cfg(test)]
+mod tests;
 
 pub use classification::{
     dirichlet_targets, fit_dirichlet_hyperparameters, GpClassifierConfig, GpClassifierReport,

@@ -16,7 +16,7 @@
 //! [`fspace_core::class_probabilities`] on [`Posterior::predict`]'s marginals.
 
 use fspace_core::{FunctionPredictive, Posterior};
-use fspace_kernels::{gram, gram_diag, Kernel};
+use fspace_kernels::{gram, gram_diag, IntoScalarKernel, Kernel};
 use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
 use nalgebra::{DMatrix, DVector};
 
@@ -79,26 +79,26 @@ pub struct SparseDirichletReport {
     pub seconds: f64,
 }
 
-/// The sparse Dirichlet-based GP classifier in the workspace's call shape: `C` sparse GPs
-/// sharing the zero-mean scalar `prior`'s kernel (copied from its spec, used as given),
+/// The sparse Dirichlet-based GP classifier — the model's one entry point, in the workspace's
+/// call shape: `C` sparse GPs sharing the zero-mean scalar `prior`'s kernel (used as given; the
+/// posterior owns a copy, [`IntoScalarKernel`]) and the inducing inputs of `config.inducing`,
 /// fitted to labels `n × 1` in `0..C` under `Categorical { classes: C }`; each class's prior
 /// mean is set from its transformed targets, as in the marginal-likelihood fit. Refused with
 /// a typed error: another likelihood, a non-zero prior mean, several target columns and a
 /// validation set.
-pub fn fit(
+pub fn fit<K: IntoScalarKernel>(
     likelihood: fspace_core::LikelihoodSpec,
-    prior: &fspace_kernels::GpPrior,
+    prior: &fspace_kernels::GpPrior<K>,
     data: &fspace_core::Data,
     config: &SparseDirichletConfig,
-) -> Result<fspace_core::Fitted<SparseDirichletGp<Box<dyn Kernel>>, SparseDirichletReport>> {
+) -> Result<fspace_core::Fitted<SparseDirichletGp<K::Scalar>, SparseDirichletReport>> {
     let start = std::time::Instant::now();
     let classes = match likelihood {
         fspace_core::LikelihoodSpec::Categorical { classes } => classes,
         other => return Err(other.unsupported("the sparse Dirichlet GP classifier").into()),
     };
-    crate::classification::check_classifier_inputs(prior, data, "the sparse Dirichlet GP classifier")?;
-    let kernel =
-        crate::svgp::scalar_kernel(prior, "the sparse Dirichlet GP classifier", "SparseDirichletGp::fit")?;
+    crate::classification::check_classifier_inputs(&prior.mean, data, "the sparse Dirichlet GP classifier")?;
+    let kernel = crate::svgp::scalar_prior_kernel(prior, "the sparse Dirichlet GP classifier")?;
     let x = data.x();
     let z = config.inducing.resolve(x, config.seed)?;
     let labels = data.y().column(0).into_owned();
@@ -113,8 +113,9 @@ pub fn fit(
 impl<K: Kernel + Clone> SparseDirichletGp<K> {
     /// Fits the model to `labels` (`0..classes`) at the rows of `x` with inducing inputs `z`
     /// and Milios et al.'s `alpha_eps` (they suggest 0.01). The kernel is used as given (fit it
-    /// first with [`fit_dirichlet_hyperparameters`](crate::fit_dirichlet_hyperparameters)).
-    pub fn fit(
+    /// first with [`fit_dirichlet_hyperparameters`](crate::fit_dirichlet_hyperparameters));
+    /// the public entry is [`fit`].
+    pub(crate) fn fit(
         kernel: K,
         z: DMatrix<f64>,
         x: &DMatrix<f64>,

@@ -21,7 +21,7 @@
 //!   (the envelope theorem), so moving `Z` tightens the bound on `log p(y)`.
 
 use fspace_core::{FunctionPredictive, Posterior};
-use fspace_kernels::{gram, gram_diag, Kernel, PointSet, PriorMean};
+use fspace_kernels::{gram, gram_diag, IntoScalarKernel, Kernel, PointSet, PriorMean};
 use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -32,7 +32,7 @@ use crate::error::{invalid, GpError, Result};
 use crate::exact::{posterior_variances, scalar_predictive, symmetrised, to_core};
 use fspace_core::{Adam, Schedule, ScheduleRun};
 
-/// Options of [`Svgp::train`].
+/// Options of [`fit`].
 ///
 /// | name | default | purpose |
 /// |---|---|---|
@@ -54,13 +54,13 @@ pub struct SvgpConfig {
     pub natural_step: f64,
     /// Adam learning rate for the hyperparameters.
     pub learning_rate: f64,
-    /// Fit the kernel hyperparameters (and, in [`Svgp::train`], the noise; [`fit`] learns
-    /// the noise when the likelihood asks for it).
+    /// Fit the kernel hyperparameters ([`fit`] learns the noise when the likelihood asks for
+    /// it).
     pub learn_hyperparameters: bool,
     /// Move the inducing inputs by Adam on the ELBO (needs [`Kernel::eval_grad_x`]). Off by
     /// default so that `Z` stays where the caller put it (k-means centres in the harness).
     pub learn_inducing_points: bool,
-    /// The initial inducing inputs of [`fit`] ([`Svgp::train`] keeps the model's own).
+    /// The initial inducing inputs.
     pub inducing: InducingPoints,
     /// Seed.
     pub seed: u64,
@@ -156,8 +156,8 @@ struct Batch {
 
 impl<K: Kernel + Clone> Svgp<K> {
     /// A model with inducing inputs `z` and `q(u) = p(u)`; `z` must be non-empty, finite and
-    /// match the kernel's input dimension, `noise_variance > 0`.
-    pub fn new(kernel: K, mean: PriorMean, noise_variance: f64, z: DMatrix<f64>) -> Result<Self> {
+    /// match the kernel's input dimension, `noise_variance > 0` (the public entry is [`fit`]).
+    pub(crate) fn new(kernel: K, mean: PriorMean, noise_variance: f64, z: DMatrix<f64>) -> Result<Self> {
         if !(noise_variance.is_finite() && noise_variance > 0.0) {
             return Err(invalid("noise variance", format!("{noise_variance} must be > 0")));
         }
@@ -401,14 +401,9 @@ impl<K: Kernel + Clone> Svgp<K> {
         self.natural_gradient_step(x, y, x.nrows(), 1.0)
     }
 
-    /// Trains `q(u)` (natural gradients) and, if enabled, the hyperparameters (Adam) on
-    /// minibatches; returns the full-data ELBO after training.
-    pub fn train(&mut self, x: &DMatrix<f64>, y: &DVector<f64>, config: &SvgpConfig) -> Result<f64> {
-        self.train_with_noise(x, y, config, config.learn_hyperparameters)
-    }
-
-    /// [`train`](Self::train) with the noise learned iff `learn_noise`.
-    fn train_with_noise(
+    /// Trains `q(u)` (natural gradients) and, if enabled, the kernel's hyperparameters (Adam)
+    /// on minibatches, the noise iff `learn_noise`; returns the full-data ELBO after training.
+    fn train(
         &mut self,
         x: &DMatrix<f64>,
         y: &DVector<f64>,
@@ -535,49 +530,20 @@ impl<K: Kernel + Clone> Posterior for Svgp<K> {
     }
 }
 
-/// The sparse variational GP in the workspace's call shape: the scalar `prior` fitted to
-/// `data` (targets `n × 1`) under a `Gaussian` likelihood (σ learned iff `learn`), with the
-/// inducing inputs of `config.inducing`, by [`Svgp::train`]. Training moves the kernel's
-/// hyperparameters (unless `config.learn_hyperparameters` is off), so the posterior holds its
-/// own copy of the prior's kernel, rebuilt from its spec (`Box<dyn Kernel>`); a kernel without
-/// a spec, or with several outputs, is refused — [`fit_kernel`] takes a concrete kernel. A
-/// validation set is refused (SVGP training does not use one).
-pub fn fit(
+/// The sparse variational GP — the model's one entry point, in the workspace's call shape: the
+/// scalar `prior` fitted to `data` (targets `n × 1`) under a `Gaussian` likelihood (σ learned
+/// iff `learn`), with the inducing inputs of `config.inducing`: natural-gradient steps on
+/// `q(u)` and, unless `config.learn_hyperparameters` is off, Adam steps on the kernel. Training
+/// moves the kernel, so the posterior owns a copy ([`IntoScalarKernel`]): a concrete kernel
+/// ([`GpPrior::with_kernel`](fspace_kernels::GpPrior::with_kernel)) keeps its type, a shared
+/// one is rebuilt from its spec as a `Box<dyn Kernel>`; a shared kernel without a spec, or with
+/// several outputs, is refused. A validation set is refused (SVGP training does not use one).
+pub fn fit<K: IntoScalarKernel>(
     likelihood: fspace_core::LikelihoodSpec,
-    prior: &fspace_kernels::GpPrior,
+    prior: &fspace_kernels::GpPrior<K>,
     data: &fspace_core::Data,
     config: &SvgpConfig,
-) -> Result<fspace_core::Fitted<Svgp<Box<dyn Kernel>>, SvgpReport>> {
-    let kernel = scalar_kernel(prior, "SVGP regression", "svgp::fit_kernel")?;
-    fit_kernel(likelihood, kernel, prior.mean.clone(), data, config)
-}
-
-/// The prior's kernel as an owned scalar kernel, rebuilt from its spec (the GP methods that
-/// train or store a concrete kernel); `alternative` names the entry that takes one directly.
-pub(crate) fn scalar_kernel(
-    prior: &fspace_kernels::GpPrior,
-    method: &str,
-    alternative: &str,
-) -> Result<Box<dyn Kernel>> {
-    match prior.kernel.matrix_spec() {
-        Some(fspace_kernels::MatrixKernelSpec::Scalar(spec)) => Ok(spec.build()?),
-        Some(_) => Err(invalid("prior", format!("{method} takes a scalar (one-output) kernel"))),
-        None => Err(invalid(
-            "prior",
-            format!("the kernel has no spec to copy; call {alternative} with the concrete kernel"),
-        )),
-    }
-}
-
-/// [`fit`] with a concrete kernel `K` (trained in place) and its mean: for kernels outside the
-/// library's specs, or to read the trained hyperparameters through `K`'s own type.
-pub fn fit_kernel<K: Kernel + Clone>(
-    likelihood: fspace_core::LikelihoodSpec,
-    kernel: K,
-    mean: PriorMean,
-    data: &fspace_core::Data,
-    config: &SvgpConfig,
-) -> Result<fspace_core::Fitted<Svgp<K>, SvgpReport>> {
+) -> Result<fspace_core::Fitted<Svgp<K::Scalar>, SvgpReport>> {
     use fspace_core::LikelihoodSpec;
     let start = std::time::Instant::now();
     likelihood.validate()?;
@@ -588,6 +554,7 @@ pub fn fit_kernel<K: Kernel + Clone>(
         LikelihoodSpec::Gaussian { sigma, learn } => (sigma, learn),
         other => return Err(other.unsupported("SVGP regression").into()),
     };
+    let kernel = scalar_prior_kernel(prior, "SVGP regression")?;
     let (x, y) = (data.x(), data.y());
     if y.ncols() != 1 {
         return Err(invalid(
@@ -596,8 +563,8 @@ pub fn fit_kernel<K: Kernel + Clone>(
         ));
     }
     let z = config.inducing.resolve(x, config.seed)?;
-    let mut svgp = Svgp::new(kernel, mean, sigma * sigma, z)?;
-    let elbo = svgp.train_with_noise(x, &y.column(0).into_owned(), config, learn_noise)?;
+    let mut svgp = Svgp::new(kernel, prior.mean.clone(), sigma * sigma, z)?;
+    let elbo = svgp.train(x, &y.column(0).into_owned(), config, learn_noise)?;
     let report = SvgpReport {
         elbo,
         noise_sigma: svgp.noise_variance().sqrt(),
@@ -605,6 +572,15 @@ pub fn fit_kernel<K: Kernel + Clone>(
         seconds: start.elapsed().as_secs_f64(),
     };
     Ok(fspace_core::Fitted { posterior: svgp, report })
+}
+
+/// The prior's kernel as the owned scalar kernel of a one-output model, its refusal naming
+/// `method`.
+pub(crate) fn scalar_prior_kernel<K: IntoScalarKernel>(
+    prior: &fspace_kernels::GpPrior<K>,
+    method: &str,
+) -> Result<K::Scalar> {
+    prior.kernel.to_scalar_kernel().map_err(|e| invalid("prior", format!("{method}: {e}")))
 }
 
 /// Saves the kernel, the mean, the noise, `Z` and `q(u)`. The kernel is saved through serde (the library's kernels derive it; a boxed

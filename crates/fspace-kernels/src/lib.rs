@@ -48,7 +48,7 @@ pub use kernel::{Kernel, KernelBase, MatrixKernel, SecondOrderKernel};
 pub use mean::{MeanFn, PriorMean};
 pub use multi::{Helmholtz, Independent};
 pub use periodic::Periodic;
-pub use prior::{GpPrior, SharedKernel};
+pub use prior::{GpPrior, IntoScalarKernel, SharedKernel};
 pub use spec::{KernelSpec, MatrixKernelSpec};
 pub use stationary::{
     Matern12, Matern12Profile, Matern32, Matern32Profile, Matern52, Matern52Profile, RadialProfile,

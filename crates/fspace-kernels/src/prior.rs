@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{KernelError, Result};
 use crate::gram::{gram, gram_diag};
-use crate::kernel::{KernelBase, MatrixKernel};
+use crate::kernel::{Kernel, KernelBase, MatrixKernel};
 use crate::mean::PriorMean;
 use crate::spec::MatrixKernelSpec;
 
@@ -86,6 +86,45 @@ impl MatrixKernel for SharedKernel {
     fn eval_block_tile(&self, x: &[f64], y: &[f64], d: usize, out: &mut [f64]) {
         self.0.eval_block_tile(x, y, d, out)
     }
+    fn gram_mirrors(&self) -> bool {
+        self.0.gram_mirrors()
+    }
+}
+
+/// A prior's kernel as the owned scalar kernel of a one-output GP model (the sparse GP and the
+/// GP classifiers, which evaluate `k(x, y)` and, when training, set its hyperparameters): a
+/// scalar kernel is cloned as it is; a [`SharedKernel`] is rebuilt from its spec as a
+/// `Box<dyn Kernel>`. A shared kernel with several outputs, or without a spec (a user kernel
+/// put behind [`GpPrior::new`]), is [`KernelError::Unsupported`]: build its prior with
+/// [`GpPrior::with_kernel`] instead.
+pub trait IntoScalarKernel {
+    /// The model's kernel type.
+    type Scalar: Kernel + Clone;
+    /// An owned copy.
+    fn to_scalar_kernel(&self) -> Result<Self::Scalar>;
+}
+
+impl<K: Kernel + Clone> IntoScalarKernel for K {
+    type Scalar = K;
+    fn to_scalar_kernel(&self) -> Result<K> {
+        Ok(self.clone())
+    }
+}
+
+impl IntoScalarKernel for SharedKernel {
+    type Scalar = Box<dyn Kernel>;
+    fn to_scalar_kernel(&self) -> Result<Box<dyn Kernel>> {
+        match self.0.matrix_spec() {
+            Some(MatrixKernelSpec::Scalar(spec)) => spec.build(),
+            Some(_) => Err(KernelError::Unsupported(format!(
+                "a one-output GP model takes a scalar kernel; this one is matrix-valued (d' = {})",
+                self.0.output_dim()
+            ))),
+            None => Err(KernelError::Unsupported(
+                "the shared kernel has no spec to copy; build the prior with GpPrior::with_kernel".into(),
+            )),
+        }
+    }
 }
 
 impl Serialize for SharedKernel {
@@ -105,16 +144,22 @@ impl<'de> Deserialize<'de> for SharedKernel {
 /// A `d'`-output GP prior: a (matrix-valued) covariance function and a mean. Gram matrices and
 /// means are point-major (`i·d' + o`), the order of a network's flattened outputs. Cloning
 /// shares the kernel; serde saves the kernel's spec and the mean (zero or constant).
+///
+/// `K` is the kernel's type. The function-space methods take the default, a type-erased
+/// [`SharedKernel`] ([`GpPrior::new`], [`GpPrior::centered`]); a prior built with
+/// [`GpPrior::with_kernel`] keeps the concrete kernel, so a GP model fitted on it holds that
+/// type and its trained hyperparameters are read through it. [`GpPrior::shared`] turns the one
+/// into the other.
 #[derive(Clone, Serialize, Deserialize)]
-pub struct GpPrior {
+pub struct GpPrior<K = SharedKernel> {
     /// `Σ(x, x')`, a `d' × d'` block per pair of points (scalar kernels have `d' = 1`; use
     /// `Independent` for independent outputs and `Helmholtz` for vector fields).
-    pub kernel: SharedKernel,
+    pub kernel: K,
     /// `μ(x)`.
     pub mean: PriorMean,
 }
 
-impl std::fmt::Debug for GpPrior {
+impl<K: std::fmt::Debug> std::fmt::Debug for GpPrior<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpPrior").field("kernel", &self.kernel).field("mean", &self.mean).finish()
     }
@@ -138,6 +183,21 @@ impl GpPrior {
     pub fn from_shared(kernel: Arc<dyn MatrixKernel>, mean: PriorMean) -> Self {
         Self { kernel: SharedKernel(kernel), mean }
     }
+}
+
+impl<K: MatrixKernel> GpPrior<K> {
+    /// `GP(mean, kernel)` keeping the kernel's type.
+    pub fn with_kernel(kernel: K, mean: PriorMean) -> Self {
+        Self { kernel, mean }
+    }
+    /// The same prior over a type-erased, shared copy of the kernel (what the function-space
+    /// methods take).
+    pub fn shared(&self) -> GpPrior
+    where
+        K: Clone + 'static,
+    {
+        GpPrior::new(self.kernel.clone(), self.mean.clone())
+    }
     /// Outputs `d'`.
     pub fn output_dim(&self) -> usize {
         self.kernel.output_dim()
@@ -149,11 +209,11 @@ impl GpPrior {
     /// `Σ(X, X)` (`n·d' × n·d'`, point-major) — for the small sets of a training step; use
     /// [`GramOperator`](crate::GramOperator) for a matrix-free product.
     pub fn gram(&self, x: &DMatrix<f64>) -> Result<DMatrix<f64>> {
-        gram(&*self.kernel, x, x)
+        gram(&self.kernel, x, x)
     }
     /// `diag Σ(X, X)` (`n·d'`): the prior marginal variances.
     pub fn variances(&self, x: &DMatrix<f64>) -> Result<DVector<f64>> {
-        gram_diag(&*self.kernel, x)
+        gram_diag(&self.kernel, x)
     }
     /// Checks the prior against a model's input and output dimensions.
     pub fn check(&self, input_dim: usize, output_dim: usize) -> Result<()> {

@@ -10,9 +10,8 @@ use fspace_core::Data;
 use fspace_core::Fitted;
 use fspace_core::{LikelihoodSpec, Posterior};
 use fspace_fsp_laplace::{fit, ContextDesign};
-use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::GpPrior;
-use fspace_kernels::{Kernel, Matern12, PriorMean, Rbf};
+use fspace_kernels::{Kernel, Matern12, Rbf};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -82,8 +81,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let xt = linspace(-2.0, 2.0, 200);
     for (name, k) in [("rbf", Rbf::new(1.0, 0.3)?.boxed()), ("matern12", Matern12::new(1.0, 0.3)?.boxed())] {
         let (kernel, noise) = fit_sine_prior(&k, &data, opts.seed)?;
-        let gp =
-            ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise), &data.x, &data.y)?;
+        let gp = crate::protocols::exact_gp(&kernel, noise, &data.x, &data.y)?;
         let prior = GpPrior::centered(kernel.clone());
         for m in MS {
             bar.set_message(format!("regression {name} M={m}"));

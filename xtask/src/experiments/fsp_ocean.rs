@@ -41,7 +41,6 @@ use fspace_core::Schedule;
 use fspace_core::{IsotropicGaussian, Posterior};
 use fspace_fsp_laplace::{laplace, train, with_data_points, FspLaplaceConfig, TrainOptions};
 use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
-use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Helmholtz, PriorMean, Rbf};
 use fspace_laplace::{
     fit as laplace_fit, LaplaceConfig, LowRankConfig, Predictive, PriorPrecision, Structure,
@@ -173,7 +172,7 @@ pub fn run(opts: &Options) -> Result<()> {
         .collect();
     run.log(format!("Helmholtz prior: noise σ = {:.4} (std units), {hyper:?}", noise_var.sqrt()));
     let sigma = noise_var.sqrt();
-    let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &xtr, &ytr)?;
+    let gp = crate::protocols::exact_gp(&kernel, noise_var, &xtr, &ytr)?;
     // 96 context points: a 12 × 8 grid over the (standardised) test box.
     let test_box = BoundingBox::from_data(&xte, 0.0)?;
     let (lo, hi) = (test_box.lower().to_vec(), test_box.upper().to_vec());

@@ -14,9 +14,8 @@ use fspace_core::Data;
 use fspace_core::Fitted;
 use fspace_core::{LikelihoodSpec, Posterior};
 use fspace_fsp_laplace::{fit, ContextDesign};
-use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::GpPrior;
-use fspace_kernels::{Kernel, KernelBase, Matern12, Matern52, Periodic, PriorMean, Rbf};
+use fspace_kernels::{Kernel, KernelBase, Matern12, Matern52, Periodic, Rbf};
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -142,8 +141,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let Fitted { posterior: post, report: summary } =
             fit(net, lik, &prior, &Data::new(&data.x, &crate::protocols::targets(&y, 1))?, &config)?;
         let seconds = summary.train_seconds + summary.laplace_seconds;
-        let gp =
-            ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;
+        let gp = crate::protocols::exact_gp(&kernel, noise_var, &data.x, &data.y)?;
         let ev = eval_sine(&post, &gp, &kernel)?;
         let (w2, std_out, std_in, rmse_in) = (ev.w2_to_gp, ev.std_out_over_prior, ev.std_in, ev.rmse_in);
         let mut srng = StdRng::seed_from_u64(opts.seed + 1);

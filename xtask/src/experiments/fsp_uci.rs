@@ -31,8 +31,7 @@ use fspace_core::Schedule;
 use fspace_data::kfold;
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig};
 use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
-use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
-use fspace_kernels::PriorMean;
+use fspace_gp::SvgpConfig;
 use fspace_laplace::{MarglikConfig, Structure};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -235,21 +234,15 @@ fn run_fold(
                 }
                 "MAP" => (None, map_net.as_ref().map(|m| m.1).unwrap_or(f64::NAN)),
                 "GP" => {
-                    let gp = ExactGp::fit(
-                        p.kernel.clone(),
-                        PriorMean::Zero,
-                        Noise::Homoscedastic(p.noise_var),
-                        &p.xtr,
-                        &p.ytr_m,
-                    )?;
+                    let gp = crate::protocols::exact_gp(&p.kernel, p.noise_var, &p.xtr, &p.ytr_m)?;
                     (Some(Box::new(gp)), p.noise_var.sqrt())
                 }
                 _ => {
-                    let z = fspace_gp::kmeans(&p.xtr, 100.min(p.xtr.nrows()), 20, seed)?;
-                    let mut svgp = Svgp::new(p.kernel.clone(), PriorMean::Zero, p.noise_var, z)?;
-                    svgp.train(
+                    let svgp = crate::protocols::svgp(
+                        &p.kernel,
+                        p.noise_var,
                         &p.xtr,
-                        &p.ytr,
+                        &p.ytr_m,
                         &SvgpConfig { schedule: Schedule::steps(2000), seed, ..Default::default() },
                     )?;
                     let s = svgp.noise_variance().sqrt();

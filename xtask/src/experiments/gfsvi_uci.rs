@@ -38,8 +38,7 @@ use fspace_core::Posterior;
 use fspace_core::Schedule;
 use fspace_data::{kfold, Dataset};
 use fspace_gfsvi::{fit, fvi, mfvi, FviConfig, GfsviConfig, KlPrior, MfviConfig, OptimConfig};
-use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
-use fspace_kernels::PriorMean;
+use fspace_gp::SvgpConfig;
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -363,20 +362,22 @@ fn run_fold(
                     (Box::new(post), s)
                 }
                 "SVGP" => {
-                    let z = fspace_gp::kmeans(&xtr, 100.min(xtr.nrows()), 20, seed)?;
-                    let mut svgp = Svgp::new(kernel.clone(), PriorMean::Zero, noise_var, z)?;
-                    svgp.train(&xtr, &ytr, &SvgpConfig { schedule: Schedule::steps(2000), seed, ..Default::default() })?;
+                    let svgp = crate::protocols::svgp(
+                        &kernel,
+                        noise_var,
+                        &xtr,
+                        &ytr_m,
+                        &SvgpConfig {
+                            schedule: Schedule::steps(2000),
+                            seed,
+                            ..Default::default()
+                        },
+                    )?;
                     let s = svgp.noise_variance().sqrt();
                     (Box::new(svgp), s)
                 }
                 _ => {
-                    let gp = ExactGp::fit(
-                        kernel.clone(),
-                        PriorMean::Zero,
-                        Noise::Homoscedastic(noise_var),
-                        &xtr,
-                        &ytr_m,
-                    )?;
+                    let gp = crate::protocols::exact_gp(&kernel, noise_var, &xtr, &ytr_m)?;
                     (Box::new(gp), noise_var.sqrt())
                 }
             };

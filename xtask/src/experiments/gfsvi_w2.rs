@@ -24,8 +24,7 @@ use fspace_core::Posterior;
 use fspace_core::Schedule;
 use fspace_data::kfold;
 use fspace_gfsvi::{fit, fvi, FviConfig, GfsviConfig, KlPrior, OptimConfig, OptimReport};
-use fspace_gp::{ExactGp, Noise, Svgp, SvgpConfig};
-use fspace_kernels::PriorMean;
+use fspace_gp::SvgpConfig;
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -169,13 +168,7 @@ pub fn run(opts: &Options) -> Result<()> {
             }
             let p = prepare(&data, fold, seed)?;
             let noise_std = p.noise_var.sqrt();
-            let gp = ExactGp::fit(
-                p.kernel.clone(),
-                PriorMean::Zero,
-                Noise::Homoscedastic(p.noise_var),
-                &p.xtr,
-                &p.ytr_m,
-            )?;
+            let gp = crate::protocols::exact_gp(&p.kernel, p.noise_var, &p.xtr, &p.ytr_m)?;
             let gp_samples = gp.sample_functions(&p.xte, 1000, &mut StdRng::seed_from_u64(seed ^ 0x77))?;
             let net = tanh_mlp(p.xtr.ncols(), &[100, 100], 1, seed)?;
             let prior = GpPrior::centered(p.kernel.clone());
@@ -230,11 +223,11 @@ pub fn run(opts: &Options) -> Result<()> {
                             Box::new(fitted.posterior)
                         }
                         _ => {
-                            let z = fspace_gp::kmeans(&p.xtr, 100.min(p.xtr.nrows()), 20, seed)?;
-                            let mut s = Svgp::new(p.kernel.clone(), PriorMean::Zero, p.noise_var, z)?;
-                            s.train(
+                            let mut s = crate::protocols::svgp(
+                                &p.kernel,
+                                p.noise_var,
                                 &p.xtr,
-                                &p.ytr,
+                                &p.ytr_m,
                                 &SvgpConfig {
                                     schedule: Schedule::steps(2000),
                                     learn_hyperparameters: false,

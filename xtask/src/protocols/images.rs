@@ -43,6 +43,36 @@ impl Images {
     }
 }
 
+/// The sparse Dirichlet GP baseline through `fspace_gp::sparse_dirichlet::fit`: an RBF kernel of
+/// `(variance, lengthscale)`, `n_inducing` training images (a subset seeded by `seed`) as
+/// inducing inputs, Milios et al.'s `α_ε = 0.01`, ten classes.
+pub fn sparse_dirichlet_gp(
+    train: &Images,
+    (variance, lengthscale): (f64, f64),
+    n_inducing: usize,
+    seed: u64,
+) -> Result<fspace_gp::SparseDirichletGp<fspace_kernels::Rbf>> {
+    let z = train.subset(n_inducing, seed).x;
+    let labels = DMatrix::from_column_slice(train.y.len(), 1, train.y.as_slice());
+    let prior = fspace_kernels::GpPrior::with_kernel(
+        fspace_kernels::Rbf::new(variance, lengthscale)?,
+        fspace_kernels::PriorMean::Zero,
+    );
+    let config = fspace_gp::SparseDirichletConfig {
+        inducing: fspace_gp::InducingPoints::Given(z),
+        alpha_eps: 0.01,
+        ..Default::default()
+    };
+    let data = fspace_core::Data::new(&train.x, &labels)?;
+    Ok(fspace_gp::sparse_dirichlet::fit(
+        fspace_core::LikelihoodSpec::categorical(10),
+        &prior,
+        &data,
+        &config,
+    )?
+    .posterior)
+}
+
 fn load(set: ImageSet, split: Split) -> Result<Dataset> {
     Ok(match set {
         ImageSet::Mnist => mnist(split)?,

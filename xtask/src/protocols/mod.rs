@@ -41,6 +41,40 @@ pub fn tanh_mlp(d: usize, hidden: &[usize], q: usize, seed: u64) -> Result<Mlp> 
     })?)
 }
 
+/// The exact GP baseline through `fspace_gp::exact::fit`: the zero-mean prior over `kernel`
+/// conditioned on `y` (`n × d'`) with the noise variance `noise_var` (a
+/// `fspace_gp::fit_hyperparameters` report's), isotropic over several outputs.
+pub fn exact_gp<K: fspace_kernels::MatrixKernel + Clone>(
+    kernel: &K,
+    noise_var: f64,
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+) -> Result<fspace_gp::ExactGp<K>> {
+    let sigma = noise_var.sqrt();
+    let likelihood = match kernel.output_dim() {
+        1 => LikelihoodSpec::gaussian(sigma),
+        outputs => LikelihoodSpec::IsotropicGaussian { sigma, outputs, learn: false },
+    };
+    let prior = fspace_kernels::GpPrior::with_kernel(kernel.clone(), fspace_kernels::PriorMean::Zero);
+    Ok(fspace_gp::exact::fit(likelihood, &prior, &Data::new(x, y)?)?.posterior)
+}
+
+/// The SVGP baseline through `fspace_gp::svgp::fit`: the zero-mean prior over `kernel` trained
+/// on `y` (`n × 1`) from the noise variance `noise_var` with `config` (its inducing inputs);
+/// the noise is learned with the kernel when `config.learn_hyperparameters` is on.
+pub fn svgp<K: fspace_kernels::Kernel + Clone>(
+    kernel: &K,
+    noise_var: f64,
+    x: &DMatrix<f64>,
+    y: &DMatrix<f64>,
+    config: &fspace_gp::SvgpConfig,
+) -> Result<fspace_gp::Svgp<K>> {
+    let likelihood =
+        LikelihoodSpec::Gaussian { sigma: noise_var.sqrt(), learn: config.learn_hyperparameters };
+    let prior = fspace_kernels::GpPrior::with_kernel(kernel.clone(), fspace_kernels::PriorMean::Zero);
+    Ok(fspace_gp::svgp::fit(likelihood, &prior, &Data::new(x, y)?, config)?.posterior)
+}
+
 /// `n` equispaced points on `[lo, hi]` as an `n × 1` matrix.
 pub fn linspace(lo: f64, hi: f64, n: usize) -> DMatrix<f64> {
     DMatrix::from_fn(n, 1, |i, _| lo + (hi - lo) * i as f64 / (n - 1) as f64)

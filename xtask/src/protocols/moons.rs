@@ -230,7 +230,14 @@ pub fn gp_reference(prior_name: &str, hyper: &Value, data: &MoonsData, seed: u64
     } else {
         Matern12::new(2.0 * var, ell)?.boxed()
     };
-    let gpc = fspace_gp::LaplaceGpClassifier::fit(k, &data.0, &data.1, &Default::default())?;
+    let labels = DMatrix::from_column_slice(data.1.len(), 1, data.1.as_slice());
+    let gpc = fspace_gp::classification::fit(
+        LikelihoodSpec::Bernoulli,
+        &GpPrior::with_kernel(k, fspace_kernels::PriorMean::Zero),
+        &Data::new(&data.0, &labels)?,
+        &Default::default(),
+    )?
+    .posterior;
     let mut rng = StdRng::seed_from_u64(seed + 7);
     let mut p1_std = |x: &DMatrix<f64>| -> Result<Vec<f64>> {
         let samples = gpc.sample_functions(x, 100, &mut rng)?;

@@ -7,8 +7,8 @@ use anyhow::Result;
 use fspace_core::Schedule;
 use fspace_core::{LikelihoodSpec, Posterior};
 use fspace_gfsvi::{GfsviConfig, OptimConfig};
-use fspace_gp::{ExactGp, Noise};
-use fspace_kernels::{GpPrior, Kernel, PriorMean};
+use fspace_gp::ExactGp;
+use fspace_kernels::{GpPrior, Kernel};
 use nalgebra::DMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -202,7 +202,7 @@ pub fn case_with<K: Kernel + Clone + 'static>(
     seed: u64,
 ) -> Result<GpCase> {
     let boxed: Box<dyn Kernel> = Box::new(k.clone());
-    let gp = ExactGp::fit(boxed, PriorMean::Zero, Noise::Homoscedastic(noise_var), &data.x, &data.y)?;
+    let gp = super::exact_gp(&boxed, noise_var, &data.x, &data.y)?;
     let xt = linspace(-2.0, 2.0, 100);
     let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37);
     let gp_samples = gp.sample_functions(&xt, 1000, &mut rng)?;

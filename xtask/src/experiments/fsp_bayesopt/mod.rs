@@ -40,7 +40,6 @@ use fspace_core::Schedule;
 use fspace_core::{Gaussian, Posterior};
 use fspace_fsp_laplace::{fit as fsp_fit, ContextDesign, FspConfig, FspLaplaceConfig};
 use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
-use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Matern52, PriorMean};
 use fspace_laplace::{
     fit as laplace_fit, LaplaceConfig, MarglikConfig, Predictive, PriorPrecision, Structure,
@@ -221,7 +220,7 @@ fn surrogate(
         ..Default::default()
     };
     Ok(match method {
-        "GP" => Box::new(ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise), x, ym)?),
+        "GP" => Box::new(crate::protocols::exact_gp(kernel, noise, x, ym)?),
         "FSP-Laplace" => {
             let n_cov = b.covariance_points(d);
             let defaults = FspConfig::default().with_training(&train);

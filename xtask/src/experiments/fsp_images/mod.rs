@@ -63,7 +63,7 @@ use fspace_fsp_laplace::{
     FspLaplace, FspLaplaceConfig, TrainOptions,
 };
 use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
-use fspace_gp::{FitConfig, SparseDirichletGp};
+use fspace_gp::FitConfig;
 use fspace_kernels::{Independent, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, MarglikConfig, PriorPrecision, Structure};
 use fspace_nn::{train_map, Activation, Cnn, CnnConfig, TrainConfig, TrainReport};
@@ -411,8 +411,12 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         let unit = ck.unit(&mut run, &row_key(seed, "Sparse GP"), |run| {
             let hyper = &fitted_prior()?.1;
             let t0 = Instant::now();
-            let z = train.subset(budget.inducing, seed + 8).x;
-            let sgp = SparseDirichletGp::fit(Rbf::new(hyper[0], hyper[1])?, z, &train.x, &train.y, 10, 0.01)?;
+            let sgp = crate::protocols::images::sparse_dirichlet_gp(
+                &train,
+                (hyper[0], hyper[1]),
+                budget.inducing,
+                seed + 8,
+            )?;
             let mut row =
                 evaluate("Sparse GP", Predictor::Marginals(&sgp), &test, &ood, budget.samples, seed)?;
             row.fit_seconds = t0.elapsed().as_secs_f64();

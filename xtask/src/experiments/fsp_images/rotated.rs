@@ -51,8 +51,12 @@ pub fn run_rotated(opts: &Options) -> Result<()> {
             |_| {},
         )?;
         let (lap, _, _) = kfac_laplace(&map, &train, &val, &budget, seed)?;
-        let z = train.subset(budget.inducing, seed + 8).x;
-        let sgp = SparseDirichletGp::fit(Rbf::new(hyper[0], hyper[1])?, z, &train.x, &train.y, 10, 0.01)?;
+        let sgp = crate::protocols::images::sparse_dirichlet_gp(
+            &train,
+            (hyper[0], hyper[1]),
+            budget.inducing,
+            seed + 8,
+        )?;
         let mut series = Vec::new();
         for method in methods {
             let mut curve = Vec::new();

@@ -62,7 +62,6 @@ use fspace_fsp_laplace::{
     fit as fsp_fit, ContextDesign, FitSummary, FspConfig, FspLaplace, FspLaplaceConfig,
 };
 use fspace_gfsvi::{fvi, FviConfig, OptimConfig};
-use fspace_gp::{ExactGp, Noise};
 use fspace_kernels::{Kernel, KernelBase, Periodic, PriorMean, RationalQuadratic, Rbf};
 use fspace_laplace::{fit as laplace_fit, LaplaceConfig, Predictive, PriorPrecision, Structure};
 use fspace_nn::{train_map, FeatureMap, Featurized, Mlp, TrainConfig};
@@ -294,7 +293,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let grid =
         DMatrix::from_iterator(grid_years.len(), 1, grid_years.iter().map(|y| (y - t.t_mean) / t.t_std));
 
-    let gp = ExactGp::fit(kernel.clone(), PriorMean::Zero, Noise::Homoscedastic(noise_var), &t.xtr, &ytr_m)?;
+    let gp = crate::protocols::exact_gp(&kernel, noise_var, &t.xtr, &ytr_m)?;
     let mut per: Vec<Vec<Timed<Scores>>> = vec![Vec::new(); METHODS.len()];
     let mut panels: Vec<Panel1d> = Vec::new();
     let figure_done = run.path("forecasts.png").exists();
@@ -593,10 +592,9 @@ mod tests {
     fn the_papers_ell_of_the_gp_is_the_standardised_ell_in_ppm() {
         // For the GP every quantity is in ppm, so the authors' ELL is ours minus log y_std.
         let t = task().unwrap();
-        let gp = ExactGp::fit(
-            Rbf::new(1.0, 0.5).unwrap(),
-            PriorMean::Zero,
-            Noise::Homoscedastic(0.01),
+        let gp = crate::protocols::exact_gp(
+            &Rbf::new(1.0, 0.5).unwrap(),
+            0.01,
             &t.xtr,
             &DMatrix::from_column_slice(t.ytr.len(), 1, t.ytr.as_slice()),
         )
