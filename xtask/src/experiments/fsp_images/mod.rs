@@ -31,7 +31,7 @@
 //!   of the test label (−NLL of that predictive; the per-sample expectation is in
 //!   `metrics.json` too); ECE with 15 bins; OOD accuracy: a one-threshold stump on the
 //!   predictive entropy, ID test set vs the other set's test set (Osawa et al.);
-//! * sparse GP: Milios et al.'s Dirichlet-based classifier ([`SparseDirichletGp`]) with the same
+//! * sparse GP: Milios et al.'s Dirichlet-based classifier ([`fspace_gp::SparseDirichletGp`]) with the same
 //!   fitted RBF kernel, `inducing` random training images as inducing inputs and the
 //!   closed-form optimal `q(u)` (the paper's sparse GP is not specified further); class
 //!   probabilities from 10 samples of the latent marginals;
