@@ -51,6 +51,23 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+    // The same fit and predictive on the shared prior the function-space methods take
+    // (`GpPrior::centered`): the type-erased kernel costs what the concrete one does.
+    let mut group = c.benchmark_group("exact_gp_fit_predict_shared_prior_d4");
+    group.sample_size(10);
+    let shared = GpPrior::centered(kernel.clone());
+    for n in [1000usize, 2000] {
+        let (x, y) = data(n, 4);
+        let y = DMatrix::from_column_slice(n, 1, y.as_slice());
+        let (data, xs) = (Data::new(&x, &y).unwrap(), data(100, 4).0);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                let gp = fspace_gp::exact::fit(LikelihoodSpec::gaussian(0.1), &shared, &data).unwrap();
+                gp.posterior.predict(&xs).unwrap()
+            })
+        });
+    }
+    group.finish();
     // The joint predictive's covariance `K** − VᵀV` (V: n × m) dominates for many test points.
     let mut group = c.benchmark_group("exact_gp_predict_joint_n2000_d4");
     group.sample_size(10);
