@@ -1,5 +1,5 @@
 //! Unit tests of the per-point (heteroscedastic) noise that only the Milios et al. classifiers
-//! use, so it is not part of the public entry points.
+//! use, so it is not part of the public entry points (beside the public entry on the same data).
 
 use fspace_core::Posterior;
 use fspace_kernels::{gram, Helmholtz, KernelBase, Matern52, PriorMean, Rbf};
@@ -40,6 +40,14 @@ fn matrix_valued_kernels_and_per_point_noise_work_end_to_end() {
     }
     let pred = gp.predict(&rand_uniform(5, 2, -1.0, 1.0, &mut r)).unwrap();
     assert_eq!(pred.mean.shape(), (5, 2));
+    // The public entry: the same prior under an isotropic Gaussian likelihood, with σ² as the
+    // last hyperparameter.
+    let iso = fspace_core::LikelihoodSpec::IsotropicGaussian { sigma: 0.1, outputs: 2, learn: false };
+    let prior = fspace_kernels::GpPrior::with_kernel(hk.clone(), PriorMean::Zero);
+    let fitted = crate::exact::fit(iso, &prior, &fspace_core::Data::new(&x, &y).unwrap()).unwrap();
+    let ky = gram(&hk, &x, &x).unwrap() + DMatrix::identity(24, 24) * (0.1 * 0.1);
+    assert!((fitted.report.log_marginal_likelihood - dense_log_normal(&flat, &ky)).abs() < 1e-9);
+    assert_eq!(fitted.posterior.lml_gradient().unwrap().len(), hk.n_params() + 1);
 }
 
 #[test]

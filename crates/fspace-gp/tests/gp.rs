@@ -152,26 +152,6 @@ fn lml_gradient_matches_finite_differences_for_every_kernel() {
     }
 }
 
-#[test]
-fn matrix_valued_kernels_work_end_to_end() {
-    // A Helmholtz prior under an isotropic Gaussian likelihood: the evidence is the dense
-    // log-density of the point-major targets (per-point noise and its gradient are checked
-    // in the crate's unit tests, since only the Milios et al. classifiers use it).
-    let mut r = rng(3);
-    let x = rand_uniform(12, 2, -1.0, 1.0, &mut r);
-    let y = randn(12, 2, &mut r) * 0.3;
-    let hk =
-        Helmholtz::new(Box::new(Rbf::new(1.0, 0.6).unwrap()), Box::new(Matern52::new(0.5, 0.8).unwrap()))
-            .unwrap();
-    let gp = exact_gp(hk.clone(), PriorMean::Zero, 0.02, &x, &y).unwrap();
-    let flat = DVector::from_fn(24, |k, _| y[(k / 2, k % 2)]);
-    let ky = gram(&hk, &x, &x).unwrap() + DMatrix::identity(24, 24) * 0.02;
-    assert!((gp.log_marginal_likelihood() - dense_log_normal(&flat, &ky)).abs() < 1e-9);
-    assert_eq!(gp.lml_gradient().unwrap().len(), hk.n_params() + 1, "the kernel's and log σ²'s");
-    let pred = gp.predict(&rand_uniform(5, 2, -1.0, 1.0, &mut r)).unwrap();
-    assert_eq!(pred.mean.shape(), (5, 2));
-}
-
 fn sample_gp(k: &dyn Kernel, x: &DMatrix<f64>, noise_sd: f64, seed: u64) -> DMatrix<f64> {
     let n = x.nrows();
     let kxx = gram(&k, x, x).unwrap() + DMatrix::identity(n, n) * 1e-8;

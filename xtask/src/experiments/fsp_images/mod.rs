@@ -77,7 +77,8 @@ use crate::harness::publish::read_metrics;
 use crate::harness::registry::Options;
 use crate::harness::report::{fmt, markdown_table, mean_se, pm_cell, Run};
 use crate::protocols::images::{
-    marginal_sampled_class_probs, sampled_class_probs, test_with, train_val_test, ImageSet, Images,
+    marginal_sampled_class_probs, sampled_class_probs, sparse_dirichlet_gp, test_with, train_val_test,
+    ImageSet, Images,
 };
 
 mod fit;
@@ -411,12 +412,7 @@ fn run(opts: &Options, set: ImageSet) -> Result<()> {
         let unit = ck.unit(&mut run, &row_key(seed, "Sparse GP"), |run| {
             let hyper = &fitted_prior()?.1;
             let t0 = Instant::now();
-            let sgp = crate::protocols::images::sparse_dirichlet_gp(
-                &train,
-                (hyper[0], hyper[1]),
-                budget.inducing,
-                seed + 8,
-            )?;
+            let sgp = sparse_dirichlet_gp(&train, (hyper[0], hyper[1]), budget.inducing, seed + 8)?;
             let mut row =
                 evaluate("Sparse GP", Predictor::Marginals(&sgp), &test, &ood, budget.samples, seed)?;
             row.fit_seconds = t0.elapsed().as_secs_f64();

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::harness::plot::{line_panels, LinePanel};
-use crate::protocols::images::rotate;
+use crate::protocols::images::{rotate, sparse_dirichlet_gp};
 
 /// Rotation angles in degrees.
 const ANGLES: [f64; 13] = [0.0, 15.0, 30.0, 45.0, 60.0, 75.0, 90.0, 105.0, 120.0, 135.0, 150.0, 165.0, 180.0];
@@ -51,12 +51,7 @@ pub fn run_rotated(opts: &Options) -> Result<()> {
             |_| {},
         )?;
         let (lap, _, _) = kfac_laplace(&map, &train, &val, &budget, seed)?;
-        let sgp = crate::protocols::images::sparse_dirichlet_gp(
-            &train,
-            (hyper[0], hyper[1]),
-            budget.inducing,
-            seed + 8,
-        )?;
+        let sgp = sparse_dirichlet_gp(&train, (hyper[0], hyper[1]), budget.inducing, seed + 8)?;
         let mut series = Vec::new();
         for method in methods {
             let mut curve = Vec::new();
