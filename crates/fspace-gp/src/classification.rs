@@ -11,7 +11,7 @@
 
 use fspace_core::{Bernoulli, FunctionPredictive, Likelihood, Posterior};
 use fspace_kernels::{gram, gram_diag, IntoScalarKernel, Kernel, PriorMean};
-use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
+use fspace_linalg::{cholesky_jitter_owned, JitterConfig, JitteredCholesky};
 use nalgebra::{DMatrix, DVector};
 
 use crate::error::{invalid, GpError, Result};
@@ -82,7 +82,7 @@ impl<K: Kernel> LaplaceGpClassifier<K> {
             let grad = -lik.nll_grad(&fm, y)?.column(0).into_owned(); // ∇ log p(y|f)
             let w = DVector::from_iterator(n, lik.nll_hessian(&fm, y)?.iter().map(|h| h[(0, 0)]));
             let sw = w.map(f64::sqrt);
-            let b_chol = cholesky_jitter(&b_matrix(&k, &sw), &JitterConfig::default())?;
+            let b_chol = cholesky_jitter_owned(b_matrix(&k, &sw), &JitterConfig::default())?;
             let b = w.component_mul(&f) + &grad;
             let rhs = DMatrix::from_column_slice(n, 1, sw.component_mul(&(&k * &b)).as_slice());
             let c = b_chol.solve(&rhs)?.column(0).into_owned();
@@ -109,7 +109,7 @@ impl<K: Kernel> LaplaceGpClassifier<K> {
         let grad_log_lik = -lik.nll_grad(&fm, y)?.column(0).into_owned();
         let w = DVector::from_iterator(n, lik.nll_hessian(&fm, y)?.iter().map(|h| h[(0, 0)]));
         let sqrt_w = w.map(f64::sqrt);
-        let b_chol = cholesky_jitter(&b_matrix(&k, &sqrt_w), &JitterConfig::default())?;
+        let b_chol = cholesky_jitter_owned(b_matrix(&k, &sqrt_w), &JitterConfig::default())?;
         let log_marginal = psi - 0.5 * b_chol.log_det();
         if !log_marginal.is_finite() {
             return Err(GpError::Diverged("Laplace approximation gave a non-finite evidence".into()));

@@ -14,7 +14,7 @@
 
 use fspace_core::{FunctionPredictive, Posterior};
 use fspace_kernels::{gram, gram_diag, MatrixKernel, PointSet, PriorMean};
-use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
+use fspace_linalg::{cholesky_jitter_owned, JitterConfig, JitteredCholesky};
 use nalgebra::{DMatrix, DVector};
 use rayon::prelude::*;
 
@@ -116,7 +116,7 @@ impl<K: MatrixKernel> ExactGp<K> {
             Noise::Homoscedastic(s2) => (0..n).for_each(|i| k[(i, i)] += s2),
             Noise::PerPoint(v) => (0..n).for_each(|i| k[(i, i)] += v[i]),
         }
-        let chol = cholesky_jitter(&k, &JitterConfig::default())?;
+        let chol = cholesky_jitter_owned(k, &JitterConfig::default())?;
         let residual = point_major(y) - mean.evaluate(x, q)?;
         let alpha = chol.solve_vec(&residual)?;
         Ok(Self { kernel, mean, noise, x: x.clone(), residual, chol, alpha })

@@ -17,7 +17,7 @@
 
 use fspace_core::{FunctionPredictive, Posterior};
 use fspace_kernels::{gram, gram_diag, IntoScalarKernel, Kernel};
-use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
+use fspace_linalg::{cholesky_jitter_owned, JitterConfig, JitteredCholesky};
 use nalgebra::{DMatrix, DVector};
 
 use crate::classification::dirichlet_targets;
@@ -144,7 +144,7 @@ impl<K: Kernel + Clone> SparseDirichletGp<K> {
             ));
         }
         let (targets, noise) = dirichlet_targets(labels, classes, alpha_eps)?;
-        let kmm = cholesky_jitter(&gram(&kernel, &z, &z)?, &JitterConfig::default())?;
+        let kmm = cholesky_jitter_owned(gram(&kernel, &z, &z)?, &JitterConfig::default())?;
         let knm = gram(&kernel, x, &z)?; // n × M
         let n = x.nrows() as f64;
         let means = DVector::from_fn(classes, |c, _| targets.column(c).sum() / n);
@@ -162,7 +162,7 @@ impl<K: Kernel + Clone> SparseDirichletGp<K> {
                 rhs[i] = w * (targets[(i, c)] - means[c]);
             }
             let s = &kmm_dense + fspace_linalg::fast::gram(&scaled);
-            let chol = cholesky_jitter(&((&s + s.transpose()) * 0.5), &JitterConfig::default())?;
+            let chol = cholesky_jitter_owned((&s + s.transpose()) * 0.5, &JitterConfig::default())?;
             weights.set_column(c, &chol.solve_vec(&knm.tr_mul(&rhs))?);
             sigma.push(chol);
         }

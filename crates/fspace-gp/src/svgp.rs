@@ -22,7 +22,7 @@
 
 use fspace_core::{FunctionPredictive, Posterior};
 use fspace_kernels::{gram, gram_diag, IntoScalarKernel, Kernel, PointSet, PriorMean};
-use fspace_linalg::{cholesky_jitter, JitterConfig, JitteredCholesky};
+use fspace_linalg::{cholesky_jitter, cholesky_jitter_owned, JitterConfig, JitteredCholesky};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::seq::index::sample as sample_indices;
@@ -212,7 +212,7 @@ impl<K: Kernel + Clone> Svgp<K> {
     }
 
     fn batch(&self, x: &DMatrix<f64>, y: &DVector<f64>, n_total: usize) -> Result<Batch> {
-        let kmm = cholesky_jitter(&gram(&self.kernel, &self.z, &self.z)?, &JitterConfig::default())?;
+        let kmm = cholesky_jitter_owned(gram(&self.kernel, &self.z, &self.z)?, &JitterConfig::default())?;
         let m = self.z.nrows();
         let kmm_inv = kmm.solve(&DMatrix::identity(m, m))?;
         let kbm = gram(&self.kernel, x, &self.z)?;
@@ -389,7 +389,7 @@ impl<K: Kernel + Clone> Svgp<K> {
         let prec = s_chol.solve(&DMatrix::identity(m, m))? * (1.0 - rho) + target_prec * rho;
         let eta = s_chol.solve_vec(&self.m)? * (1.0 - rho) + target_eta * rho;
         let prec = (&prec + prec.transpose()) * 0.5;
-        let p_chol = cholesky_jitter(&prec, &JitterConfig::default())?;
+        let p_chol = cholesky_jitter_owned(prec, &JitterConfig::default())?;
         self.s = p_chol.solve(&DMatrix::identity(m, m))?;
         self.s = (&self.s + self.s.transpose()) * 0.5;
         self.m = p_chol.solve_vec(&eta)?;
@@ -487,7 +487,7 @@ impl<K: Kernel + Clone> Svgp<K> {
     }
 
     fn latent(&self, xs: &DMatrix<f64>) -> Result<Latent> {
-        let kmm = cholesky_jitter(&gram(&self.kernel, &self.z, &self.z)?, &JitterConfig::default())?;
+        let kmm = cholesky_jitter_owned(gram(&self.kernel, &self.z, &self.z)?, &JitterConfig::default())?;
         let ksm = gram(&self.kernel, xs, &self.z)?;
         let a = kmm.solve(&ksm.transpose())?.transpose();
         let mean = self.mean.evaluate(xs, 1)? + &a * &self.m;

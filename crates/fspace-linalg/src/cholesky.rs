@@ -7,7 +7,7 @@ use nalgebra::{DMatrix, DVector};
 use crate::fast::{cholesky_lower, solve_lower, solve_upper_of_lower};
 
 use crate::error::{ensure_dim, ensure_finite, LinalgError, Result};
-use crate::operator::symmetric_part;
+use crate::operator::{symmetric_part, symmetrise_in_place};
 
 /// Jitter schedule: try `A`, then `A + εI` with `ε = initial·mean(diag A)`, multiplied by
 /// `factor` each retry, for at most `max_tries` retries.
@@ -96,6 +96,21 @@ impl TryFrom<CholeskyData> for JitteredCholesky {
 /// The jitter used is reported, never silent. Errors: non-square, non-finite, asymmetric
 /// (relative 1e-10), or still not positive definite at the largest jitter (`CholeskyFailed`).
 pub fn cholesky_jitter(a: &DMatrix<f64>, config: &JitterConfig) -> Result<JitteredCholesky> {
+    ensure_nonempty_square(a)?;
+    factor_with_jitter(&symmetric_part("cholesky input", a, 1e-10)?, config)
+}
+
+/// [`cholesky_jitter`] of a matrix the caller gives up (a Gram matrix built for the factor):
+/// it is symmetrised in place instead of into a copy, so the factor costs one `n × n` buffer
+/// fewer — a fresh buffer is page-faulted in at every fit (`docs/PERFORMANCE.md`, "Fresh
+/// pages"). The same factor and errors to the bit.
+pub fn cholesky_jitter_owned(mut a: DMatrix<f64>, config: &JitterConfig) -> Result<JitteredCholesky> {
+    ensure_nonempty_square(&a)?;
+    symmetrise_in_place("cholesky input", &mut a, 1e-10)?;
+    factor_with_jitter(&a, config)
+}
+
+fn ensure_nonempty_square(a: &DMatrix<f64>) -> Result<()> {
     ensure_dim("cholesky: columns of a square matrix", a.nrows(), a.ncols())?;
     if a.nrows() == 0 {
         return Err(LinalgError::Input(InputError::Invalid {
@@ -103,7 +118,11 @@ pub fn cholesky_jitter(a: &DMatrix<f64>, config: &JitterConfig) -> Result<Jitter
             reason: "is empty".into(),
         }));
     }
-    let sym = symmetric_part("cholesky input", a, 1e-10)?;
+    Ok(())
+}
+
+/// The jitter schedule on a symmetric `sym`.
+fn factor_with_jitter(sym: &DMatrix<f64>, config: &JitterConfig) -> Result<JitteredCholesky> {
     let scale = sym.diagonal().mean().abs().max(f64::MIN_POSITIVE);
     let mut jitter = 0.0;
     for attempt in 0..=config.max_tries {
@@ -111,7 +130,7 @@ pub fn cholesky_jitter(a: &DMatrix<f64>, config: &JitterConfig) -> Result<Jitter
             jitter = scale * config.initial * config.factor.powi(attempt as i32 - 1);
         }
         let factor = if attempt == 0 {
-            cholesky_lower(&sym)
+            cholesky_lower(sym)
         } else {
             let mut m = sym.clone();
             for i in 0..m.nrows() {

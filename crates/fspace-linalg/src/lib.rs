@@ -40,7 +40,9 @@ pub use cg::{
     cg, cg_columns, pivoted_cholesky, BlockMap, CgColumnsInfo, CgConfig, CgInfo, DiagonalPreconditioner,
     PivotedCholeskyPreconditioner, Preconditioner,
 };
-pub use cholesky::{cholesky_jitter, cholesky_rank_update, JitterConfig, JitteredCholesky, UpdateSign};
+pub use cholesky::{
+    cholesky_jitter, cholesky_jitter_owned, cholesky_rank_update, JitterConfig, JitteredCholesky, UpdateSign,
+};
 pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, thin_svd_owned, ThinSvd};
 pub use error::{LinalgError, Result};
 pub use lanczos::{

@@ -285,6 +285,27 @@ pub(crate) fn symmetric_part(what: &'static str, a: &DMatrix<f64>, tol: f64) -> 
     Ok(sym)
 }
 
+/// [`symmetric_part`] written over `a` itself (the same entries to the bit: `(x + y)/2` is
+/// `(y + x)/2` in IEEE arithmetic), for a caller that owns the matrix: no second `n × n` buffer.
+pub(crate) fn symmetrise_in_place(what: &'static str, a: &mut DMatrix<f64>, tol: f64) -> Result<()> {
+    let mut finite = true;
+    let sums = symmetry_sweep(a, |_, x, _| finite &= x.is_finite());
+    if !finite {
+        return Err(LinalgError::Input(fspace_input::InputError::NonFinite { what }));
+    }
+    check_asymmetry(what, asymmetry_ratio(sums), tol)?;
+    let n = a.nrows();
+    let data = a.as_mut_slice();
+    for j in 0..n {
+        for i in j + 1..n {
+            let v = (data[j * n + i] + data[i * n + j]) * 0.5;
+            data[j * n + i] = v;
+            data[i * n + j] = v;
+        }
+    }
+    Ok(())
+}
+
 impl SymmetricEntries for DenseOperator {
     fn entries_dim(&self) -> usize {
         self.matrix.nrows()

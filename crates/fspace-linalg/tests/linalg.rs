@@ -3,8 +3,8 @@
 use fspace_input::InputError;
 use fspace_linalg::*;
 use fspace_testutil::{
-    assert_all_close, assert_mat_close, geometric_spectrum, psd_pinv, randn, randn_vec, rel_frob, rng, spd,
-    with_spectrum,
+    assert_all_close, assert_mat_close, geometric_spectrum, psd_pinv, randn, randn_vec, rel_frob, rng,
+    same_bits, spd, with_spectrum,
 };
 use nalgebra::{DMatrix, DVector};
 use proptest::prelude::*;
@@ -397,6 +397,12 @@ fn jittered_cholesky_reports_the_jitter_it_used() {
         cholesky_jitter(&nan, &JitterConfig::default()),
         Err(LinalgError::Input(InputError::NonFinite { .. }))
     ));
+    // The owned variant refuses the same inputs with the same errors.
+    for bad in [indefinite, nonsym, nan, DMatrix::zeros(0, 0), DMatrix::zeros(2, 3)] {
+        let borrowed = cholesky_jitter(&bad, &JitterConfig::default()).unwrap_err();
+        let owned = cholesky_jitter_owned(bad, &JitterConfig::default()).unwrap_err();
+        assert_eq!(owned.to_string(), borrowed.to_string());
+    }
 }
 
 #[test]
@@ -556,6 +562,20 @@ fn random_psd(n: usize, zeros: usize, seed: u64) -> DMatrix<f64> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Symmetrising in place gives the factor of the symmetrised copy bit for bit, with and
+    /// without jitter (singular matrices), for inputs asymmetric within the tolerance.
+    #[test]
+    fn the_owned_jittered_cholesky_is_the_borrowed_one(n in 1usize..40, zeros in 0usize..10, seed in 0u64..1000) {
+        let mut a = random_psd(n, zeros.min(n - 1), seed);
+        let mut r = rng(seed + 7);
+        let noise = randn(n, n, &mut r) * (1e-13 * a.norm() / n as f64);
+        a += noise;
+        let borrowed = cholesky_jitter(&a, &JitterConfig::default()).unwrap();
+        let owned = cholesky_jitter_owned(a, &JitterConfig::default()).unwrap();
+        prop_assert_eq!(owned.jitter().to_bits(), borrowed.jitter().to_bits());
+        prop_assert!(same_bits(&owned.l(), &borrowed.l()));
+    }
 
     #[test]
     fn lanczos_invariants_hold_on_random_psd_matrices(n in 2usize..40, zeros in 0usize..10, seed in 0u64..1000) {
