@@ -272,28 +272,34 @@ pub fn ensure_symmetric(what: &'static str, a: &DMatrix<f64>, tol: f64) -> Resul
 pub(crate) fn symmetric_part(what: &'static str, a: &DMatrix<f64>, tol: f64) -> Result<DMatrix<f64>> {
     let n = a.nrows();
     let mut sym = DMatrix::zeros(n, n);
-    let mut finite = true;
     let out = sym.as_mut_slice();
+    checked_symmetry_sweep(what, a, tol, |k, x, y| out[k] = (x + y) * 0.5)?;
+    Ok(sym)
+}
+
+/// [`symmetry_sweep`] with the checks [`symmetric_part`] and [`symmetrise_in_place`] share:
+/// every entry finite, `‖A − Aᵀ‖_F ≤ tol·‖A‖_F`.
+fn checked_symmetry_sweep(
+    what: &'static str,
+    a: &DMatrix<f64>,
+    tol: f64,
+    mut visit: impl FnMut(usize, f64, f64),
+) -> Result<()> {
+    let mut finite = true;
     let sums = symmetry_sweep(a, |k, x, y| {
         finite &= x.is_finite();
-        out[k] = (x + y) * 0.5;
+        visit(k, x, y);
     });
     if !finite {
         return Err(LinalgError::Input(fspace_input::InputError::NonFinite { what }));
     }
-    check_asymmetry(what, asymmetry_ratio(sums), tol)?;
-    Ok(sym)
+    check_asymmetry(what, asymmetry_ratio(sums), tol)
 }
 
 /// [`symmetric_part`] written over `a` itself (the same entries to the bit: `(x + y)/2` is
 /// `(y + x)/2` in IEEE arithmetic), for a caller that owns the matrix: no second `n × n` buffer.
 pub(crate) fn symmetrise_in_place(what: &'static str, a: &mut DMatrix<f64>, tol: f64) -> Result<()> {
-    let mut finite = true;
-    let sums = symmetry_sweep(a, |_, x, _| finite &= x.is_finite());
-    if !finite {
-        return Err(LinalgError::Input(fspace_input::InputError::NonFinite { what }));
-    }
-    check_asymmetry(what, asymmetry_ratio(sums), tol)?;
+    checked_symmetry_sweep(what, a, tol, |_, _, _| {})?;
     let n = a.nrows();
     let data = a.as_mut_slice();
     for j in 0..n {
