@@ -65,6 +65,14 @@ impl LikelihoodSpec {
     pub fn gaussian_learned(sigma: f64) -> Self {
         Self::Gaussian { sigma, learn: true }
     }
+    /// Gaussian with a fixed `σ` on `outputs` outputs per point: `Gaussian` for one,
+    /// `IsotropicGaussian` for more (what a GP regression over a `d'`-output kernel takes).
+    pub fn gaussian_outputs(sigma: f64, outputs: usize) -> Self {
+        match outputs {
+            1 => Self::gaussian(sigma),
+            outputs => Self::IsotropicGaussian { sigma, outputs, learn: false },
+        }
+    }
     /// Softmax over `classes` logits.
     pub fn categorical(classes: usize) -> Self {
         Self::Categorical { classes }

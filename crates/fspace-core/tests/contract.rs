@@ -101,6 +101,8 @@ fn likelihood_spec_builds_and_round_trips() {
     assert!(specs[1].learns_noise() && !specs[0].learns_noise());
     assert_eq!(specs[1].with_noise_std(0.3).noise_std(), Some(0.3));
     assert_eq!(specs[3].with_noise_std(0.3), specs[3]);
+    assert_eq!(LikelihoodSpec::gaussian_outputs(0.1, 1), specs[0]);
+    assert_eq!(LikelihoodSpec::gaussian_outputs(0.2, 2), specs[2]);
     for bad in [
         LikelihoodSpec::gaussian(0.0),
         LikelihoodSpec::gaussian(f64::NAN),

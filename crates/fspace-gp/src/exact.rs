@@ -228,10 +228,9 @@ impl<K: MatrixKernel> Posterior for ExactGp<K> {
     fn likelihood(&self) -> Option<fspace_core::LikelihoodSpec> {
         use fspace_core::LikelihoodSpec;
         match &self.noise {
-            Noise::Homoscedastic(var) => Some(match self.kernel.output_dim() {
-                1 => LikelihoodSpec::gaussian(var.sqrt()),
-                outputs => LikelihoodSpec::IsotropicGaussian { sigma: var.sqrt(), outputs, learn: false },
-            }),
+            Noise::Homoscedastic(var) => {
+                Some(LikelihoodSpec::gaussian_outputs(var.sqrt(), self.kernel.output_dim()))
+            }
             Noise::PerPoint(_) => None,
         }
     }

@@ -36,11 +36,7 @@ fn exact_gp<K: MatrixKernel + Clone>(
     x: &DMatrix<f64>,
     y: &DMatrix<f64>,
 ) -> fspace_gp::Result<ExactGp<K>> {
-    let sigma = s2.sqrt();
-    let likelihood = match k.output_dim() {
-        1 => LikelihoodSpec::gaussian(sigma),
-        outputs => LikelihoodSpec::IsotropicGaussian { sigma, outputs, learn: false },
-    };
+    let likelihood = LikelihoodSpec::gaussian_outputs(s2.sqrt(), k.output_dim());
     Ok(fspace_gp::exact::fit(likelihood, &GpPrior::with_kernel(k, mean), &Data::new(x, y)?)?.posterior)
 }
 

@@ -50,11 +50,7 @@ pub fn exact_gp<K: fspace_kernels::MatrixKernel + Clone>(
     x: &DMatrix<f64>,
     y: &DMatrix<f64>,
 ) -> Result<fspace_gp::ExactGp<K>> {
-    let sigma = noise_var.sqrt();
-    let likelihood = match kernel.output_dim() {
-        1 => LikelihoodSpec::gaussian(sigma),
-        outputs => LikelihoodSpec::IsotropicGaussian { sigma, outputs, learn: false },
-    };
+    let likelihood = LikelihoodSpec::gaussian_outputs(noise_var.sqrt(), kernel.output_dim());
     let prior = fspace_kernels::GpPrior::with_kernel(kernel.clone(), fspace_kernels::PriorMean::Zero);
     Ok(fspace_gp::exact::fit(likelihood, &prior, &Data::new(x, y)?)?.posterior)
 }
