@@ -13,7 +13,7 @@ from mlp_reference import fitted
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
-from fspace._torch import TorchCalls  # noqa: E402  (needs torch)
+from fspace._torch import TorchCalls, add_lower_gram, mirror_lower  # noqa: E402  (needs torch)
 
 
 class ResidualMLP(nn.Module):
@@ -457,6 +457,23 @@ def test_the_factor_sums_torch_forms_equal_the_statistics_summed(name, model, x)
                 assert got.dtype == np.float64
                 assert np.max(np.abs(got - ref)) <= tol * np.max(np.abs(ref)), (name, dtype, info["name"])
 
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-14), (torch.float32, 1e-6)])
+def test_the_lower_block_gram_completes_to_the_full_product(dtype, tol):
+    """``add_lower_gram`` sums ``aᵀa`` block column by block column below the diagonal (block
+    widths that divide the width, that do not, of one column and wider than the matrix), twice
+    into one accumulator; ``mirror_lower`` completes it to the exact symmetric ``2·aᵀa``."""
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(37, 11, generator=g, dtype=dtype)
+    ref = 2.0 * (a.double().T @ a.double())
+    for block in (1, 3, 4, 11, 256):
+        acc = torch.zeros(11, 11, dtype=torch.float64)
+        add_lower_gram(acc, a, block)
+        add_lower_gram(acc, a, block)
+        full = mirror_lower(acc)
+        assert torch.equal(full, full.T) and full.dtype == torch.float64
+        assert torch.max(torch.abs(full - ref)) <= tol * torch.max(torch.abs(ref)), block
 
 def test_kron_asks_torch_for_factor_sums_not_for_statistics(monkeypatch):
     torch.manual_seed(5)
