@@ -21,6 +21,9 @@
 //!   trained weights and pickles.
 //! * `FspLaplaceBatches` (`src/methods.rs`): post-hoc FSP-Laplace over a loader — Alg. 2's
 //!   basis when made, `add(x, y)` per batch, `finish(reduce=None)` → `Posterior`.
+//! * `EllaBatches` (`src/methods.rs`): ELLA over a loader — the feature map from the rows at
+//!   `ella_nystrom_positions` when made, `add(x, y)` per batch (`G`'s sum),
+//!   `finish(x_val, y_val)` → `Posterior`.
 //! * `NystromFeatures` (`src/nystrom.rs`): ELLA's Nyström feature map of a network, for the
 //!   Python layer's laplace-torch `ELLA` surface, which keeps the posterior as tensors.
 //! * `gram(kernel, X, Y)`: a kernel's Gram matrix from its spec's JSON; `rkhs_norm(prior, C, F,
@@ -52,9 +55,11 @@ fn _fspace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<laplace::PyLaplace>()?;
     m.add_class::<methods::PyPosterior>()?;
     m.add_class::<methods::PyFspBatches>()?;
+    m.add_class::<methods::PyEllaBatches>()?;
     m.add_class::<nystrom::PyNystromFeatures>()?;
     m.add_function(wrap_pyfunction!(methods::fit, m)?)?;
     m.add_function(wrap_pyfunction!(methods::default_config, m)?)?;
+    m.add_function(wrap_pyfunction!(methods::ella_nystrom_positions, m)?)?;
     m.add_function(wrap_pyfunction!(methods::gram, m)?)?;
     m.add_function(wrap_pyfunction!(methods::rkhs_norm, m)?)?;
     m.add_function(wrap_pyfunction!(methods::regularized_kl, m)?)?;

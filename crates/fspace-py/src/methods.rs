@@ -539,6 +539,112 @@ impl PyFspBatches {
     }
 }
 
+/// The positions (ascending) of the Nyström points an in-memory ELLA fit of `n` points draws
+/// under `config` (`fspace_valla::ella::nystrom_choice`; drawn before the outputs, so the same
+/// for every number of outputs): a loader's first pass gathers these rows for
+/// [`PyEllaBatches`]. Keyword arguments after `n`.
+#[pyfunction]
+#[pyo3(signature = (n, *, config))]
+pub(crate) fn ella_nystrom_positions(n: usize, config: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    let config: EllaConfig = from_py("the ella settings", config)?;
+    Ok(fspace_valla::ella::nystrom_choice(n, 1, &config).map_err(raise)?.indices)
+}
+
+/// ELLA over `n` points in batches (a loader): the Nyström feature map when made, from the rows
+/// at `ella_nystrom_positions(n)`; `add(x, y)` per batch (`G`'s sum, the
+/// GIL released, Ctrl-C polled); `finish(x_val=None, y_val=None)` → `(Posterior, report)`:
+/// `fit("ella", …)` without early stopping over all the batches, up to the order of the
+/// additions (`fspace_valla::EllaBatches`). Keyword arguments only.
+#[pyclass(name = "EllaBatches", module = "fspace._fspace")]
+pub(crate) struct PyEllaBatches {
+    stream: Option<fspace_valla::EllaBatches<PyNetwork>>,
+    errors: CallbackErrors,
+}
+
+#[pymethods]
+impl PyEllaBatches {
+    #[new]
+    #[pyo3(signature = (*, likelihood, config, n, x_nystrom, sigma_noise=1.0, state=None, activation_name=None, architecture=None, calls=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        likelihood: &str,
+        config: &Bound<'_, PyAny>,
+        n: usize,
+        x_nystrom: PyReadonlyArray2<'_, f64>,
+        sigma_noise: f64,
+        state: Option<&Bound<'_, PyDict>>,
+        activation_name: Option<&str>,
+        architecture: Option<&Bound<'_, PyAny>>,
+        calls: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let config: EllaConfig = from_py("the ella settings", config)?;
+        let net = need(method_network(state, activation_name, architecture, calls)?, "ELLA", "a network")?;
+        let lik = likelihood_spec(likelihood, net.output_dim(), sigma_noise, false)?;
+        let errors = net.errors();
+        let xm = matrix(&x_nystrom);
+        let stream = detach_interruptible(
+            py,
+            || fspace_valla::EllaBatches::new(net, lik, n, xm, &config),
+            |e| errors.raise(e),
+        )?;
+        Ok(Self { stream: Some(stream), errors })
+    }
+
+    /// Adds the batch `(x, y)` (`b × d` inputs, `b × 1` class indices or targets) to `G`; a
+    /// refused batch leaves the sum as it was.
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        x: PyReadonlyArray2<'_, f64>,
+        y: PyReadonlyArray2<'_, f64>,
+    ) -> PyResult<()> {
+        let stream = self.stream.as_mut().ok_or_else(|| value_error("this fit over batches has finished"))?;
+        let (x, y) = (matrix(&x), matrix(&y));
+        let data = Data::new(&x, &y).map_err(raise)?;
+        let errors = &self.errors;
+        detach_interruptible(py, || stream.add(&data), |e| errors.raise(e))
+    }
+
+    /// The points added so far.
+    #[getter]
+    fn points(&self) -> usize {
+        self.stream.as_ref().map_or(0, |s| s.points())
+    }
+
+    /// `G`'s eigenpairs and `λ` (the validation grid scores on `(x_val, y_val)`):
+    /// `(Posterior, report)`. The object cannot take batches after it.
+    #[pyo3(signature = (x_val=None, y_val=None))]
+    fn finish<'py>(
+        &mut self,
+        py: Python<'py>,
+        x_val: Option<PyReadonlyArray2<'py, f64>>,
+        y_val: Option<PyReadonlyArray2<'py, f64>>,
+    ) -> PyResult<(PyPosterior, Bound<'py, PyAny>)> {
+        let validation = match (x_val, y_val) {
+            (Some(xv), Some(yv)) => Some((matrix(&xv), matrix(&yv))),
+            (None, None) => None,
+            _ => return Err(value_error("validation data needs both x_val and y_val")),
+        };
+        let validation = match &validation {
+            Some((xv, yv)) => {
+                let data = Data::new(xv, yv).map_err(raise)?;
+                Some((xv.clone(), data.y_flat()))
+            }
+            None => None,
+        };
+        let stream = self.stream.take().ok_or_else(|| value_error("this fit over batches has finished"))?;
+        let errors = &self.errors;
+        let fitted = detach_interruptible(
+            py,
+            || stream.finish(validation.as_ref().map(|(xv, yv)| (xv, yv))),
+            |e| errors.raise(e),
+        )?;
+        let report = to_py(py, &fitted.report)?;
+        Ok((PyPosterior { fit: Fit::Ella(fitted.posterior), errors: self.errors.clone() }, report))
+    }
+}
+
 /// A fit's report as a JSON value (turned into a dict once the fit is back under the GIL).
 fn report<T: Serialize>(value: &T) -> PyResult<serde_json::Value> {
     serde_json::to_value(value).map_err(|e| value_error(e.to_string()))

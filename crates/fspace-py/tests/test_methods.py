@@ -167,6 +167,76 @@ def test_posthoc_fsp_laplace_streams_a_loader_to_the_in_memory_posterior(toy, mo
         method().fit(Batches(x[:0], y[:0], 7))
 
 
+
+def test_ella_streams_a_loader_to_the_in_memory_posterior(toy, monkeypatch):
+    """``ELLA(..., early_stopping=None).fit(loader)`` adds each batch to ``G``'s ``K × K`` sum in
+    Rust (``EllaBatches``) instead of concatenating the loader: a pass gathers the Nyström rows
+    at the in-memory fit's positions (after a counting pass when the loader's dataset has no
+    length), a second adds the batches; the posterior, the validation grid and λ are
+    ``fit(X, y)``'s to rounding, for regression and for a three-class classifier (dict
+    batches too). A loader that visits fewer points than its dataset is refused; early stopping
+    collects the loader, as before."""
+    import fspace._methods as methods
+
+    def collected(*a, **k):
+        raise AssertionError("the loader was collected into arrays")
+
+    class Sized(Batches):
+        def __init__(self, x, y, size, as_dict=False, dataset=None):
+            super().__init__(x, y, size, as_dict)
+            self.dataset = x if dataset is None else dataset
+
+    state, x, y = toy
+    xt = np.linspace(-2, 2, 9).reshape(-1, 1)
+
+    def regression(**kw):
+        return fspace.ELLA((state, "tanh"), "regression", num_points=30, num_eigen=5, sigma_noise=0.1,
+                           early_stopping=None, **kw)
+
+    whole = fitted(regression(prior={"Fixed": 1.0}), x, y)
+    mean, var = whole(xt)
+    for loader, passes in ((Batches(x, y, 7), 3), (Sized(x, y, 7, as_dict=True), 2)):
+        with monkeypatch.context() as m:
+            m.setattr(methods, "data_arrays", collected)
+            streamed = fitted(regression(prior={"Fixed": 1.0}), loader)
+        assert loader.passes == passes
+        m2, v2 = streamed(xt)
+        np.testing.assert_allclose(m2, mean, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(v2, var, rtol=1e-10)
+        assert streamed.report["points_used"] == 50 and streamed.report["num_features"] == 5
+
+    rng = np.random.default_rng(3)
+    net = tanh_mlp(rng, [2, 10, 3])
+    xc = rng.uniform(-2, 2, size=(90, 2))
+    yc = (xc[:, 0] > 0).astype(int) + (xc[:, 1] > 0.5).astype(int)
+    xv = rng.uniform(-2, 2, size=(30, 2))
+    yv = (xv[:, 0] > 0).astype(int) + (xv[:, 1] > 0.5).astype(int)
+
+    def classifier():
+        return fspace.ELLA((net, "tanh"), "classification", num_points=40, num_eigen=6, early_stopping=None)
+
+    memory = fitted(classifier(), xc, yc, val=(xv, yv))
+    real = methods.data_arrays
+    with monkeypatch.context() as m:
+        # The validation pair is held (converted as before); the loader is not collected.
+        m.setattr(methods, "data_arrays", lambda *a, **k: real(*a, **k) if a[0] is xv else collected())
+        streamed = fitted(classifier(), Sized(xc, yc, 16), val=(xv, yv))
+    assert streamed.report["prior_precision"] == memory.report["prior_precision"]
+    np.testing.assert_allclose([g[1] for g in streamed.report["grid"]], [g[1] for g in memory.report["grid"]],
+                               rtol=1e-10)
+    np.testing.assert_allclose(streamed(xv), memory(xv), rtol=1e-10, atol=1e-14)
+    # A loader that skips points (drop_last) would draw other Nyström points: refused, and the
+    # object keeps its fit.
+    with pytest.raises(ValueError, match="visited 80 points but its dataset holds 90"):
+        streamed.fit(Sized(xc[:80], yc[:80], 16, dataset=xc))
+    np.testing.assert_allclose(streamed(xv), memory(xv), rtol=1e-10, atol=1e-14)
+    # Early stopping scores prefixes of a seeded random order of all the data: collected.
+    early = fitted(fspace.ELLA((net, "tanh"), "classification", num_points=40, num_eigen=6), Sized(xc, yc, 16),
+                   val=(xv, yv))
+    np.testing.assert_array_equal(
+        early(xv), fitted(fspace.ELLA((net, "tanh"), "classification", num_points=40, num_eigen=6), xc, yc,
+                          val=(xv, yv))(xv))
+
 def test_every_method_pickles_with_bit_identical_predictions_and_samples(toy):
     state, x, y = toy
     prior = K.RBF(1.0, 0.5)

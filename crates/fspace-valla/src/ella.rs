@@ -490,58 +490,25 @@ fn fit_ella_inner<N: Network + Clone>(
             Some((xv, yv)) => check_data(&net, likelihood, xv, yv, "validation data")?,
         }
     }
+    ensure_prior(&config.prior)?;
     match &config.prior {
-        EllaPrior::Fixed(l) => ensure_positive("ELLA prior precision", *l)?,
-        EllaPrior::Validation { min, max, points } => {
-            ensure_positive("ELLA grid min", *min)?;
-            ensure_positive("ELLA grid max", *max)?;
-            if *points < 2 || min >= max {
-                return Err(VallaError::Input(InputError::Invalid {
-                    what: "ELLA grid",
-                    reason: "need min < max and ≥ 2 points".into(),
-                }));
+        EllaPrior::Fixed(_) => {}
+        EllaPrior::Validation { .. } => match validation {
+            None => {
+                return Err(VallaError::Input(InputError::Empty {
+                    what: "validation data (ELLA's prior precision is chosen on it)",
+                }))
             }
-            match validation {
-                None => {
-                    return Err(VallaError::Input(InputError::Empty {
-                        what: "validation data (ELLA's prior precision is chosen on it)",
-                    }))
-                }
-                Some((xv, yv)) => check_data(&net, likelihood, xv, yv, "validation data")?,
-            }
-        }
+            Some((xv, yv)) => check_data(&net, likelihood, xv, yv, "validation data")?,
+        },
     }
     let mut rng = StdRng::seed_from_u64(config.seed);
-    let mut idx = rand::seq::index::sample(&mut rng, n, m).into_vec();
-    idx.sort_unstable();
-    let outputs: Vec<usize> = (0..m).map(|_| if q == 1 { 0 } else { rng.gen_range(0..q) }).collect();
-    let xm = x.select_rows(&idx);
-    let (lam, u) = nystrom_spectrum(&net, &xm, &outputs)?;
-    let top = lam[0].max(0.0);
-    let k = (0..config.num_eigen).take_while(|&j| lam[j] > 1e-10 * top).count();
-    if k == 0 {
-        return Err(VallaError::NotPositiveDefinite {
-            what: "ELLA's NTK at the Nyström points (all eigenvalues ≈ 0)",
-        });
-    }
-    let feature_map = FeatureMap::build(&net, xm, outputs, &lam, &u, k, config.route)?;
-    // The validation set's MAP outputs and features, rotated into `G`'s eigenbasis per check.
+    let NystromChoice { indices, outputs } = draw_nystrom(&mut rng, n, m, q);
+    let mut post =
+        EllaPosterior::at_nystrom_points(net, likelihood, x.select_rows(&indices), outputs, config)?;
     let scored = match (&config.prior, config.early_stopping) {
         (EllaPrior::Fixed(_), None) => None,
-        _ => {
-            let (xv, yv) = validation.expect("checked above");
-            Some((net.forward(xv)?, feature_map.eval(&net, xv)?, yv))
-        }
-    };
-    let mut post = EllaPosterior {
-        net,
-        likelihood,
-        feature_map,
-        ggn_eigenvalues: DVector::zeros(k),
-        ggn_eigenvectors: DMatrix::identity(k, k),
-        prior_precision: 1.0,
-        grid: Vec::new(),
-        seconds: 0.0,
+        _ => Some(post.scored(validation.expect("checked above"))?),
     };
     // Without early stopping the rows are visited in the data order (the sum is the same);
     // with it, in a seeded random order so that a prefix is a random subset.
@@ -551,6 +518,7 @@ fn fit_ella_inner<N: Network + Clone>(
         o
     });
     let check_every = config.early_stopping.map_or(n, |es| es.check_every);
+    let k = post.num_features();
     let mut ggn = DMatrix::zeros(k, k);
     let mut search = Vec::new();
     let mut best: Option<(usize, EllaState)> = None;
@@ -572,13 +540,7 @@ fn fit_ella_inner<N: Network + Clone>(
             None => x.rows(s, len).into_owned(),
             Some(o) => x.select_rows(&o[s..s + len]),
         };
-        let g = post.net.forward(&xs)?;
-        let phi = post.feature_map.eval(&post.net, &xs)?;
-        for i in 0..len {
-            let h = hessian(likelihood, g.row(i).transpose().as_slice());
-            let pi = phi.rows(i * q, q);
-            ggn += pi.transpose() * h * pi;
-        }
+        post.add_curvature(&mut ggn, &xs)?;
         s += len;
         if let Some(stopper) = stopper.as_mut() {
             if stopper.evaluates_after(s) {
@@ -611,10 +573,243 @@ fn fit_ella_inner<N: Network + Clone>(
 /// The early-stopping search: `(points visited, validation NLL)` per check.
 type EllaSearch = Vec<(usize, f64)>;
 
+/// The validation set's MAP outputs `g(X_val)`, its features `Φ(X_val)` and its targets.
+type Scored<'v> = (DMatrix<f64>, DMatrix<f64>, &'v DVector<f64>);
+
+/// Which training points (by position, ascending) and which output of each span ELLA's
+/// Nyström approximation: `M` positions drawn without replacement from `0..n`, then an output
+/// per point drawn uniformly (the only output for regression). [`fit`] draws them from
+/// `config.seed`; [`nystrom_choice`] gives the same draw to a caller that streams the data. The
+/// positions are drawn first, so they do not depend on the number of outputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NystromChoice {
+    /// Positions of the Nyström points among the `n` training points (ascending).
+    pub indices: Vec<usize>,
+    /// The output of each (`< d'`).
+    pub outputs: Vec<usize>,
+}
+
+fn draw_nystrom(rng: &mut StdRng, n: usize, m: usize, q: usize) -> NystromChoice {
+    let mut indices = rand::seq::index::sample(rng, n, m).into_vec();
+    indices.sort_unstable();
+    let outputs = (0..m).map(|_| if q == 1 { 0 } else { rng.gen_range(0..q) }).collect();
+    NystromChoice { indices, outputs }
+}
+
+/// The Nyström points [`fit`] would draw for `n` training points and a network of `outputs`
+/// outputs under `config` (its `seed` and `num_points`). Errors: `num_points` of 0 or above
+/// `n`, `outputs` of 0.
+pub fn nystrom_choice(n: usize, outputs: usize, config: &EllaConfig) -> Result<NystromChoice> {
+    let m = config.num_points;
+    if m == 0 || outputs == 0 {
+        return Err(VallaError::Input(InputError::Invalid {
+            what: "ELLA num_points / outputs",
+            reason: format!("{m} Nyström points of {outputs} outputs: both must be ≥ 1"),
+        }));
+    }
+    if m > n {
+        return Err(VallaError::TooManyPoints { what: "ELLA Nyström points", requested: m, available: n });
+    }
+    Ok(draw_nystrom(&mut StdRng::seed_from_u64(config.seed), n, m, outputs))
+}
+
+/// ELLA over a stream of `n` training points in batches, `G = Σᵢ Φᵢᵀ Hᵢ Φᵢ` summed as they
+/// come: made from the Nyström points' rows (at the positions of [`nystrom_choice`] among the
+/// `n`, gathered by the caller in a first pass), then [`add`](Self::add) per batch, then
+/// [`finish`](Self::finish) — [`fit`] without early stopping over the concatenated batches, up
+/// to the order of the additions. The
+/// stream's early stopping would score prefixes of a seeded random order of the training set,
+/// which batches in the caller's order do not give: `config.early_stopping` must be `None`.
+pub struct EllaBatches<N> {
+    post: EllaPosterior<N>,
+    ggn: DMatrix<f64>,
+    points: usize,
+    prior: EllaPrior,
+    start: Instant,
+}
+
+impl<N: Network + Clone> EllaBatches<N> {
+    /// From the network, its likelihood (σ fixed), the number `n` of training points the
+    /// stream will hold, the Nyström rows `xm` (`M × d`, `M = config.num_points`: the rows at
+    /// `nystrom_choice(n, ·, config).indices`, in that order) and `config`; each row's output is
+    /// [`nystrom_choice`]'s. Errors: ELLA's setting checks (as [`fit`]'s), early stopping set,
+    /// `M > n`, rows that do not match `num_points` or the network's inputs, non-finite rows, a
+    /// null NTK at the points.
+    pub fn new(
+        net: N,
+        likelihood: LikelihoodSpec,
+        n: usize,
+        xm: DMatrix<f64>,
+        config: &EllaConfig,
+    ) -> Result<Self> {
+        let start = Instant::now();
+        if config.early_stopping.is_some() {
+            return Err(VallaError::Input(InputError::Invalid {
+                what: "ELLA early stopping",
+                reason: "it scores prefixes of a seeded random order of the training set, which a stream of \
+                         batches does not give: set early_stopping to None, or fit in memory"
+                    .into(),
+            }));
+        }
+        if likelihood.learns_noise() {
+            return Err(VallaError::Input(InputError::Invalid {
+                what: "likelihood",
+                reason: "ELLA does not learn σ (learn: true); pass the trained network's σ".into(),
+            }));
+        }
+        let likelihood = VallaLikelihood::from_spec(&likelihood, net.output_dim())?;
+        check_likelihood(&net, likelihood)?;
+        let m = config.num_points;
+        if m == 0 || config.num_eigen == 0 || config.num_eigen > m {
+            return Err(VallaError::Input(InputError::Invalid {
+                what: "ELLA num_points / num_eigen",
+                reason: format!(
+                    "{m} points and {} eigenvectors: need 1 ≤ num_eigen ≤ num_points",
+                    config.num_eigen
+                ),
+            }));
+        }
+        let outputs = nystrom_choice(n, net.output_dim(), config)?.outputs;
+        fspace_input::ensure_dim("Nyström rows", m, xm.nrows())?;
+        fspace_input::ensure_dim("Nyström rows' columns", net.input_dim(), xm.ncols())?;
+        fspace_input::ensure_finite("Nyström rows", xm.iter())?;
+        ensure_prior(&config.prior)?;
+        let post = EllaPosterior::at_nystrom_points(net, likelihood, xm, outputs, config)?;
+        let k = post.num_features();
+        Ok(Self { post, ggn: DMatrix::zeros(k, k), points: 0, prior: config.prior.clone(), start })
+    }
+
+    /// Adds the batch `data` to `G`; a refused batch leaves the sum as it was. Errors: the
+    /// data's shape against the network, labels that are not classes.
+    pub fn add(&mut self, data: &Data) -> Result<()> {
+        let (x, y) = (data.x(), data.y_flat());
+        check_data(&self.post.net, self.post.likelihood, x, &y, "training batch")?;
+        let mut ggn = self.ggn.clone();
+        for s in (0..x.nrows()).step_by(512) {
+            fspace_input::interrupt::check("ELLA's pass over the data")?;
+            self.post.add_curvature(&mut ggn, &x.rows(s, 512.min(x.nrows() - s)).into_owned())?;
+        }
+        self.ggn = ggn;
+        self.points += x.nrows();
+        Ok(())
+    }
+
+    /// The training points added so far.
+    pub fn points(&self) -> usize {
+        self.points
+    }
+
+    /// The posterior from the batches added: `G`'s eigenpairs and `λ` as `config.prior` sets it
+    /// (the validation grid scores on `validation`, which it needs). Errors: no batch added, a
+    /// grid without validation data, validation data of the wrong shape.
+    pub fn finish(
+        self,
+        validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    ) -> Result<Fitted<EllaPosterior<N>, EllaReport>> {
+        let Self { mut post, ggn, points, prior, start } = self;
+        if points == 0 {
+            return Err(VallaError::Input(InputError::Empty { what: "training batches (none was added)" }));
+        }
+        let scored = match (&prior, validation) {
+            (EllaPrior::Validation { .. }, None) => {
+                return Err(VallaError::Input(InputError::Empty {
+                    what: "validation data (ELLA's prior precision is chosen on it)",
+                }))
+            }
+            (_, Some((xv, yv))) => {
+                check_data(&post.net, post.likelihood, xv, yv, "validation data")?;
+                Some(post.scored((xv, yv))?)
+            }
+            (EllaPrior::Fixed(_), None) => None,
+        };
+        post.set_curvature(&ggn)?;
+        post.choose_prior(&prior, scored.as_ref())?;
+        post.seconds = start.elapsed().as_secs_f64();
+        let report = EllaReport {
+            prior_precision: post.prior_precision,
+            num_features: post.num_features(),
+            grid: post.grid.clone(),
+            points_used: points,
+            search: Vec::new(),
+            seconds: post.seconds,
+        };
+        Ok(Fitted { posterior: post, report })
+    }
+}
+
+/// A fixed `λ > 0`, or a grid `0 < min < max` of at least two points.
+fn ensure_prior(prior: &EllaPrior) -> Result<()> {
+    match prior {
+        EllaPrior::Fixed(l) => ensure_positive("ELLA prior precision", *l),
+        EllaPrior::Validation { min, max, points } => {
+            ensure_positive("ELLA grid min", *min)?;
+            ensure_positive("ELLA grid max", *max)?;
+            if *points < 2 || min >= max {
+                return Err(VallaError::Input(InputError::Invalid {
+                    what: "ELLA grid",
+                    reason: "need min < max and ≥ 2 points".into(),
+                }));
+            }
+            Ok(())
+        }
+    }
+}
+
 /// What a check of the early-stopping search keeps: `G`'s eigenpairs, `λ` and its grid.
 type EllaState = (DVector<f64>, DMatrix<f64>, f64, Vec<(f64, f64)>);
 
 impl<N: Network + Clone> EllaPosterior<N> {
+    /// The posterior before any data: the unit NTK's spectrum at the Nyström points `xm` (one
+    /// output each), its top `num_eigen` eigenpairs above `1e-10` of the largest, the feature
+    /// map by `config.route`; `G = 0`, `λ = 1` until the data and the prior's choice set them.
+    fn at_nystrom_points(
+        net: N,
+        likelihood: VallaLikelihood,
+        xm: DMatrix<f64>,
+        outputs: Vec<usize>,
+        config: &EllaConfig,
+    ) -> Result<Self> {
+        let (lam, u) = nystrom_spectrum(&net, &xm, &outputs)?;
+        let top = lam[0].max(0.0);
+        let k = (0..config.num_eigen).take_while(|&j| lam[j] > 1e-10 * top).count();
+        if k == 0 {
+            return Err(VallaError::NotPositiveDefinite {
+                what: "ELLA's NTK at the Nyström points (all eigenvalues ≈ 0)",
+            });
+        }
+        let feature_map = FeatureMap::build(&net, xm, outputs, &lam, &u, k, config.route)?;
+        Ok(Self {
+            net,
+            likelihood,
+            feature_map,
+            ggn_eigenvalues: DVector::zeros(k),
+            ggn_eigenvectors: DMatrix::identity(k, k),
+            prior_precision: 1.0,
+            grid: Vec::new(),
+            seconds: 0.0,
+        })
+    }
+
+    /// The validation set's MAP outputs and features (rotated into `G`'s eigenbasis per
+    /// check), with its targets.
+    fn scored<'v>(&self, (xv, yv): (&DMatrix<f64>, &'v DVector<f64>)) -> Result<Scored<'v>> {
+        Ok((self.net.forward(xv)?, self.feature_map.eval(&self.net, xv)?, yv))
+    }
+
+    /// `G += Σᵢ Φᵢᵀ Hᵢ Φᵢ` over the rows of `xs` (`Hᵢ` the likelihood's Hessian at the MAP
+    /// output: `G` does not depend on the targets).
+    fn add_curvature(&self, ggn: &mut DMatrix<f64>, xs: &DMatrix<f64>) -> Result<()> {
+        let q = self.net.output_dim();
+        let g = self.net.forward(xs)?;
+        let phi = self.feature_map.eval(&self.net, xs)?;
+        for i in 0..xs.nrows() {
+            let h = hessian(self.likelihood, g.row(i).transpose().as_slice());
+            let pi = phi.rows(i * q, q);
+            *ggn += pi.transpose() * h * pi;
+        }
+        Ok(())
+    }
+
     /// Stores the eigenpairs of the accumulated `G` (negative rounding clipped to 0).
     fn set_curvature(&mut self, ggn: &DMatrix<f64>) -> Result<()> {
         let (d, qv) = sym_eigh(&((ggn + ggn.transpose()) * 0.5))?;
@@ -625,11 +820,7 @@ impl<N: Network + Clone> EllaPosterior<N> {
 
     /// Sets `λ` by `prior` and returns the validation NLL at it (NaN for a fixed `λ` without
     /// validation data). `scored`: the validation MAP outputs, features and targets.
-    fn choose_prior(
-        &mut self,
-        prior: &EllaPrior,
-        scored: Option<&(DMatrix<f64>, DMatrix<f64>, &DVector<f64>)>,
-    ) -> Result<f64> {
+    fn choose_prior(&mut self, prior: &EllaPrior, scored: Option<&Scored<'_>>) -> Result<f64> {
         self.grid.clear();
         let rot = scored.map(|(_, phi, _)| phi * &self.ggn_eigenvectors); // n·q × K
         let nll_at = |post: &Self, rot: &DMatrix<f64>| {

@@ -31,7 +31,9 @@
 //! ELLA ([`ella::fit`]): Nyström features of the NTK from `M` random points and `K`
 //! eigenvectors, the Laplace posterior in feature space, prior precision on validation data,
 //! and Deng et al.'s early stopping over how much of the training set enters the curvature
-//! ([`EllaEarlyStopping`], on by default; it needs the validation set too).
+//! ([`EllaEarlyStopping`], on by default; it needs the validation set too). Without early
+//! stopping [`EllaBatches`] fits it over a stream of batches (the Nyström rows at
+//! [`ella::nystrom_choice`]'s positions gathered first).
 //!
 //! Both posteriors implement `fspace_core::Posterior` and save / load as JSON.
 
@@ -42,7 +44,8 @@ mod objective;
 pub mod valla;
 
 pub use ella::{
-    EllaConfig, EllaEarlyStopping, EllaPosterior, EllaPrior, EllaReport, FeatureRoute, NystromFeatures,
+    EllaBatches, EllaConfig, EllaEarlyStopping, EllaPosterior, EllaPrior, EllaReport, FeatureRoute,
+    NystromChoice, NystromFeatures,
 };
 pub use error::{Result, VallaError};
 pub use objective::{ClassApprox, StateGradient, VariationalState};

@@ -429,6 +429,82 @@ fn ella_chooses_the_prior_precision_on_validation_data() {
     std::fs::remove_file(&path).ok();
 }
 
+/// ELLA over uneven batches (`EllaBatches`, the Nyström rows gathered at `nystrom_choice`'s
+/// positions) is the in-memory fit without early stopping, up to the order of the additions of
+/// `G`: the validation grid, the chosen λ and the predictive agree to 1e-10, for regression and
+/// for a three-class classifier (whose Nyström outputs are drawn per point).
+#[test]
+fn ella_over_batches_is_the_in_memory_fit() {
+    let n = 700;
+    let cases = [
+        (mlp(1, 1, 31), LikelihoodSpec::gaussian(0.1), sine_data(n, 32), sine_data(60, 33)),
+        (mlp(2, 3, 34), LikelihoodSpec::categorical(3), classes(n, 35), classes(60, 36)),
+    ];
+    for (net, lik, (x, y), (xv, yv)) in cases {
+        let config =
+            EllaConfig { num_points: 40, num_eigen: 12, early_stopping: None, ..EllaConfig::default() };
+        let memory = fit_ella_v(net.clone(), lik, &x, &y, Some((&xv, &yv)), &config).unwrap();
+        let choice = ella::nystrom_choice(n, net.output_dim(), &config).unwrap();
+        assert_eq!(choice.indices.len(), 40);
+        // The positions are drawn before the outputs: the same for any number of outputs.
+        assert_eq!(ella::nystrom_choice(n, 7, &config).unwrap().indices, choice.indices);
+        let mut stream =
+            EllaBatches::new(net.clone(), lik, n, x.select_rows(&choice.indices), &config).unwrap();
+        let mut start = 0;
+        for len in [100, 333, 267] {
+            let ym = column(&y.rows(start, len).into_owned());
+            stream.add(&Data::new(&x.rows(start, len).into_owned(), &ym).unwrap()).unwrap();
+            start += len;
+        }
+        assert_eq!(stream.points(), n);
+        let fitted = stream.finish(Some((&xv, &yv))).unwrap();
+        let (post, report) = (fitted.posterior, fitted.report);
+        assert_eq!((report.points_used, report.num_features), (n, memory.num_features()));
+        assert_eq!(post.prior_precision(), memory.prior_precision());
+        for ((l1, v1), (l2, v2)) in post.grid().iter().zip(memory.grid()) {
+            assert_eq!(l1, l2);
+            assert!((v1 - v2).abs() <= 1e-10 * v2.abs().max(1.0), "{v1} {v2}");
+        }
+        let xs = rand_uniform(9, net.input_dim(), -3.0, 3.0, &mut rng(37));
+        let (a, b) = (post.predict(&xs).unwrap(), memory.predict(&xs).unwrap());
+        assert_mat_close(&a.mean, &b.mean, 1e-12, 0.0);
+        assert_mat_close(&a.var, &b.var, 1e-10, 0.0);
+    }
+    // What a stream cannot do, each refused by name.
+    let (x, y) = sine_data(50, 38);
+    let net = mlp(1, 1, 39);
+    let lik = LikelihoodSpec::gaussian(0.1);
+    let config = EllaConfig { num_points: 10, num_eigen: 4, early_stopping: None, ..EllaConfig::default() };
+    let choice = ella::nystrom_choice(50, 1, &config).unwrap();
+    let xm = x.select_rows(&choice.indices);
+    let early = EllaConfig { early_stopping: Some(EllaEarlyStopping::default()), ..config.clone() };
+    let e = EllaBatches::new(net.clone(), lik, 50, xm.clone(), &early).err().unwrap();
+    assert!(e.to_string().contains("early_stopping"), "{e}");
+    let e = EllaBatches::new(net.clone(), lik, 50, xm.rows(0, 9).into_owned(), &config).err().unwrap();
+    assert!(
+        matches!(e, VallaError::Input(InputError::DimensionMismatch { expected: 10, found: 9, .. })),
+        "{e}"
+    );
+    for e in [
+        ella::nystrom_choice(9, 1, &config).err().unwrap(),
+        EllaBatches::new(net.clone(), lik, 9, xm.clone(), &config).err().unwrap(),
+    ] {
+        assert!(matches!(e, VallaError::TooManyPoints { requested: 10, available: 9, .. }), "{e}");
+    }
+    let stream = EllaBatches::new(net.clone(), lik, 50, xm.clone(), &config).unwrap();
+    assert!(matches!(stream.finish(None), Err(VallaError::Input(InputError::Empty { .. }))));
+    let mut stream = EllaBatches::new(net, lik, 50, xm, &config).unwrap();
+    stream.add(&Data::new(&x, &column(&y)).unwrap()).unwrap();
+    let e = stream.finish(None).err().unwrap();
+    assert!(e.to_string().contains("validation"), "{e}");
+}
+
+fn classes(n: usize, seed: u64) -> (DMatrix<f64>, DVector<f64>) {
+    let x = rand_uniform(n, 2, -2.0, 2.0, &mut rng(seed));
+    let y = DVector::from_fn(n, |i, _| ((x[(i, 0)] > 0.0) as usize + (x[(i, 1)] > 0.5) as usize) as f64);
+    (x, y)
+}
+
 #[test]
 fn valla_fit_learns_hyperparameters_stops_early_and_round_trips() {
     let mut net = mlp(1, 1, 19);

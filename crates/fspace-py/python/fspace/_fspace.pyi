@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Laplace", "NystromFeatures", "Posterior", "FspLaplaceBatches", "fit", "default_config", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "classification_sums", "classification_metrics", "regression_sums", "regression_metrics", "ood_metrics", "set_memory_limit", "memory_limit", "NumericalError"]
+__all__ = ["Laplace", "NystromFeatures", "Posterior", "FspLaplaceBatches", "EllaBatches", "fit", "default_config", "ella_nystrom_positions", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "classification_sums", "classification_metrics", "regression_sums", "regression_metrics", "ood_metrics", "set_memory_limit", "memory_limit", "NumericalError"]
 
 class NumericalError(RuntimeError): ...
 
@@ -142,6 +142,28 @@ class FspLaplaceBatches:
     def points(self) -> int: ...
     def finish(self, reduce: Optional[Callable[..., Any]] = None) -> Tuple[Posterior, Dict[str, Any]]: ...
 
+@final
+class EllaBatches:
+    def __new__(
+        cls,
+        *,
+        likelihood: str,
+        config: Dict[str, Any],
+        n: int,
+        x_nystrom: npt.NDArray[np.float64],
+        sigma_noise: float = 1.0,
+        state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
+        activation_name: Optional[str] = None,
+        architecture: Optional[Dict[str, Any]] = None,
+        calls: Any = None,
+    ) -> "EllaBatches": ...
+    def add(self, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> None: ...
+    @property
+    def points(self) -> int: ...
+    def finish(
+        self, x_val: Optional[npt.NDArray[np.float64]] = None, y_val: Optional[npt.NDArray[np.float64]] = None
+    ) -> Tuple[Posterior, Dict[str, Any]]: ...
+
 def fit(
     method: str,
     *,
@@ -163,6 +185,7 @@ def fit(
     process: Optional[Tuple[int, int]] = None,
 ) -> Tuple[Posterior, Dict[str, Any]]: ...
 def default_config(method: str) -> Dict[str, Any]: ...
+def ella_nystrom_positions(n: int, *, config: Dict[str, Any]) -> List[int]: ...
 def classification_sums(*, probs: npt.NDArray[np.float64], y: npt.NDArray[np.float64], bins: int) -> List[float]: ...
 def classification_metrics(*, bins: int, flat: List[float]) -> Dict[str, Any]: ...
 def regression_sums(

@@ -432,9 +432,10 @@ class _NetworkMethod(_Fitted):
         data : array_like, torch.Tensor or DataLoader
             The inputs ``X`` (with ``y``), or a loader of ``(x, y)`` or dict batches. Post-hoc
             FSP-Laplace streams a loader (each batch added to Alg. 2's ``k × k`` sum in Rust,
-            after a pass for the data's box unless ``context_box`` is given); the trained methods,
-            and post hoc a one-shot iterator or context points taken from the data, collect it
-            in memory.
+            after a pass for the data's box unless ``context_box`` is given), and so does ELLA
+            without early stopping (each batch added to ``G``'s ``K × K`` sum, after a pass that
+            gathers the Nyström rows); the trained methods, a one-shot iterator, post hoc
+            context points taken from the data and ELLA's early stopping collect it in memory.
         y : array_like or torch.Tensor, optional
             The targets: ``n × d'`` (regression) or class indices ``n`` (classification).
         val : tuple or DataLoader, optional
@@ -482,8 +483,7 @@ class _NetworkMethod(_Fitted):
                 "several: shard FSP-Laplace, GFSVI, VaLLA or Laplace, or pass process_group=False to fit this "
                 "process's data alone"
             )
-        if method == "fsp_laplace_posthoc" and self._streams(data, y, val):
-            self._fit_batches(data, group, True if progress_bar and progress is None else progress)
+        if self._fit_streamed(data, y, val, group, True if progress_bar and progress is None else progress):
             return
         # The trained methods early-stop on every process's validation points: they do when any
         # process has some.
@@ -538,11 +538,8 @@ class _NetworkMethod(_Fitted):
         if progress_bar and progress is None:
             progress = True
         bar = _Progress(progress, type(self).__name__)
-        network: Dict[str, Any] = (
-            dict(calls=self._spec.calls()) if self._torch
-            else dict(state=self._tensors, activation_name=self._spec.activation,
-                      architecture=self._spec.architecture_dict())
-        )
+        network = self._network_arguments()
+
         def compute(reduce: Any = None) -> Any:
             return _fspace.fit(
                 method, x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
@@ -563,6 +560,22 @@ class _NetworkMethod(_Fitted):
             finally:
                 bar.close()
             self._post, self._report = post, report
+
+    def _fit_streamed(self, data: Any, y: Any, val: Any, group: Any, progress: Progress) -> bool:
+        """Fits from a loader one batch at a time where the method can (post-hoc FSP-Laplace
+        here; ``ELLA`` overrides it); returns whether it did."""
+        if self._fit_method() == "fsp_laplace_posthoc" and self._streams(data, y, val):
+            self._fit_batches(data, group, progress)
+            return True
+        return False
+
+    def _network_arguments(self) -> Dict[str, Any]:
+        """The network as the compiled module takes it: a torch model's callbacks, or a native
+        network's tensors, activation and architecture."""
+        if self._torch:
+            return dict(calls=self._spec.calls())
+        return dict(state=self._tensors, activation_name=self._spec.activation,
+                    architecture=self._spec.architecture_dict())
 
     def _streams(self, data: Any, y: Any, val: Any) -> bool:
         """Whether post-hoc FSP-Laplace takes ``data`` batch by batch: a loader that can be
@@ -616,11 +629,7 @@ class _NetworkMethod(_Fitted):
                      "the same ones")
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
-        network: Dict[str, Any] = (
-            dict(calls=self._spec.calls()) if self._torch
-            else dict(state=self._tensors, activation_name=self._spec.activation,
-                      architecture=self._spec.architecture_dict())
-        )
+        network = self._network_arguments()
         dataset = getattr(loader, "dataset", None)
         total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else 0
         bar = _Progress(progress, type(self).__name__, unit="point")
@@ -949,6 +958,73 @@ class ELLA(_NetworkMethod):
     def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
         if not has_val and "early_stopping" not in self._given:
             config["early_stopping"] = None
+
+    def _fit_streamed(self, data: Any, y: Any, val: Any, group: Any, progress: Progress) -> bool:
+        """A loader that can be iterated again, without early stopping (it scores prefixes of a
+        seeded random order of the whole training set): a pass gathers the ``num_points``
+        Nyström rows at the positions an in-memory fit draws among ``len(loader.dataset)``
+        points (counted in that pass when the dataset has no length), a second adds each batch
+        to ``G`` in Rust — the in-memory fit up to the order of the additions, with one batch
+        (and the Nyström rows) in memory. Validation data, for the prior's grid, are held."""
+        config = copy.deepcopy(self._config)
+        self._adapt(config, np.zeros((0, 0)), val is not None)
+        if (y is not None or is_array(data) or config.get("early_stopping") is not None
+                or iter(data) is data):
+            return False
+        keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
+
+        def batches() -> Any:
+            for batch in data:
+                yield batch_arrays(batch, self._spec.inputs, keys)
+
+        dataset = getattr(data, "dataset", None)
+        n = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+        if n is None:
+            n = sum(x.shape[0] for x, _ in batches())
+        if n == 0:
+            raise ValueError("the data loader yielded no batch")
+        positions = _fspace.ella_nystrom_positions(n, config=config)
+        rows: List[np.ndarray] = []
+        seen = 0
+        at = 0
+        for x, _ in batches():
+            while at < len(positions) and positions[at] < seen + x.shape[0]:
+                rows.append(x[positions[at] - seen].copy())  # not a view: the batch is let go
+                at += 1
+            seen += x.shape[0]
+
+        def visited(count: int) -> None:
+            if count != n:
+                raise ValueError(
+                    f"the loader visited {count} points but its dataset holds {n}: ELLA draws its Nyström points "
+                    "among the dataset's points by position, so a loader that skips some (drop_last, a sampler "
+                    "over part of it) cannot be streamed; fit(X, y) in memory, or use a loader that visits each point once"
+                )
+
+        visited(seen)
+        xv = yv = None
+        if val is not None:
+            xv, yv = (data_arrays(val[0], val[1], self._spec.inputs) if isinstance(val, tuple)
+                      else data_arrays(val, None, self._spec.inputs, keys))
+        if self._torch and self.likelihood == "classification":
+            self._spec.calls().check_classifier()
+        bar = _Progress(progress, type(self).__name__, unit="point")
+        with self._lock:
+            try:
+                stream = _fspace.EllaBatches(likelihood=self.likelihood, config=config, n=n,
+                                             x_nystrom=np.stack(rows), sigma_noise=self.sigma_noise,
+                                             **self._network_arguments())
+                for x, yy in batches():
+                    if x.shape[0] > 0:
+                        stream.add(x, yy)
+                        if bar.callback is not None:
+                            bar.callback(stream.points, n, None, None)
+                visited(stream.points)
+                post, report = stream.finish(xv, yv)
+            finally:
+                bar.close()
+            self._post, self._report = post, report
+        return True
 
     def __init__(self, model: Any, likelihood: str, **kwargs: Any) -> None:
         super().__init__(model, likelihood, **kwargs)
