@@ -5,7 +5,9 @@ depend on the weights), the first N training images, batches of 128, for `kron` 
 over all weights and `kron` over the last layer, and post-hoc FSP-Laplace (`FSPLaplace(...,
 train=False)`: an RBF prior on each of the 10 logits, 100 Halton context points, Lanczos rank
 at most 100; from a loader it takes a pass for the data's box and a pass that adds each batch
-to Alg. 2's `k × k` sum). Each measurement runs in its own subprocess:
+to Alg. 2's `k × k` sum), and ELLA (`ELLA(..., num_points=2000, num_eigen=20,
+early_stopping=None)`, λ given; from a loader a pass gathers the Nyström rows and a pass adds
+each batch to `G`'s `K × K` sum). Each measurement runs in its own subprocess:
 
 * time: `fit` from a `DataLoader` over a `TensorDataset` already in memory (the loader's own
   cost is then only slicing) against `fit(X, y)` on the same arrays — the best of three each;
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = [("kron", "all"), ("diag", "all"), ("kron", "last_layer"), ("fsp", "posthoc")]
+CASES = [("kron", "all"), ("diag", "all"), ("kron", "last_layer"), ("fsp", "posthoc"), ("ella", "nystrom")]
 BATCH = 128
 
 
@@ -91,6 +93,9 @@ def child(args):
         prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
         la = fspace.FSPLaplace(model, "classification", prior, train=False, n_laplace_context=100,
                                laplace={"max_rank": 100})
+    elif structure == "ella":
+        la = fspace.ELLA(model, "classification", num_points=2000, num_eigen=20, prior={"Fixed": 1.0},
+                         early_stopping=None)
     else:
         la = fspace.Laplace(model, "classification", subset, structure)
     if args.measure == "time":

@@ -94,7 +94,13 @@ impl Mlp {
     ) -> Result<DMatrix<f64>> {
         let w = self.dense_weights();
         let (sx, sz) = (self.ntk_side(&w, x, xo)?, self.ntk_side(&w, z, zo)?);
-        Ok(block_from_products(&sx, &sz, &layer_products(&sx, &sz)))
+        // Layer by layer, each layer's two products dropped once added (the pull-back's callers
+        // keep all of them): the same additions in the same order as `block_from_products`.
+        let mut k = DMatrix::zeros(sx.rows.len(), sz.rows.len());
+        for j in 0..sx.a.len() {
+            add_layer_product(&mut k, &sx, &sz, &layer_product(&sx, &sz, j));
+        }
+        Ok(k)
     }
 
     /// `(κ(X, Z), κ(Z, Z))` for the selected outputs, computing each side once (VaLLA needs
@@ -170,19 +176,28 @@ fn check_cotangent(c: &DMatrix<f64>, rows: usize, cols: usize) -> Result<()> {
 /// Per layer, `(⟨a_j(X), a_j(Z)⟩, ⟨δ_j(X), δ_j(Z)⟩)` (points × points, rows × rows): the
 /// GEMMs both the block and its pull-back need.
 fn layer_products(sx: &Side, sz: &Side) -> Vec<(DMatrix<f64>, DMatrix<f64>)> {
-    (0..sx.a.len())
-        .map(|j| (&sx.a[j] * sz.a[j].transpose(), &sx.delta[j] * sz.delta[j].transpose()))
-        .collect()
+    (0..sx.a.len()).map(|j| layer_product(sx, sz, j)).collect()
+}
+
+/// Layer `j`'s `(⟨a_j(X), a_j(Z)⟩, ⟨δ_j(X), δ_j(Z)⟩)`.
+fn layer_product(sx: &Side, sz: &Side, j: usize) -> (DMatrix<f64>, DMatrix<f64>) {
+    (&sx.a[j] * sz.a[j].transpose(), &sx.delta[j] * sz.delta[j].transpose())
+}
+
+/// `k += ⟨δ_j(X), δ_j(Z)⟩ ∘ (⟨a_j(X), a_j(Z)⟩ + 1)` at the selected rows: one layer's share of
+/// the block.
+fn add_layer_product(k: &mut DMatrix<f64>, sx: &Side, sz: &Side, (aa, dd): &(DMatrix<f64>, DMatrix<f64>)) {
+    for (s, &(pz, _)) in sz.rows.iter().enumerate() {
+        for (r, &(px, _)) in sx.rows.iter().enumerate() {
+            k[(r, s)] += dd[(r, s)] * (aa[(px, pz)] + 1.0);
+        }
+    }
 }
 
 fn block_from_products(sx: &Side, sz: &Side, products: &[(DMatrix<f64>, DMatrix<f64>)]) -> DMatrix<f64> {
     let mut k = DMatrix::zeros(sx.rows.len(), sz.rows.len());
-    for (aa, dd) in products {
-        for (s, &(pz, _)) in sz.rows.iter().enumerate() {
-            for (r, &(px, _)) in sx.rows.iter().enumerate() {
-                k[(r, s)] += dd[(r, s)] * (aa[(px, pz)] + 1.0);
-            }
-        }
+    for product in products {
+        add_layer_product(&mut k, sx, sz, product);
     }
     k
 }

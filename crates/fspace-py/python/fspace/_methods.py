@@ -903,6 +903,11 @@ class VaLLA(_NetworkMethod):
         super().__init__(model, likelihood, **kwargs)
 
 
+# Rows per call of ELLA's streamed fit: the chunk in which the in-memory fit evaluates its
+# features (``fspace_valla::ella``); a loader's smaller batches are gathered to it.
+ELLA_CHUNK = 512
+
+
 class ELLA(_NetworkMethod):
     """ELLA (Deng et al. 2022): the linearised Laplace approximation through a Nyström
     approximation of the NTK on ``num_points`` points with ``num_eigen`` features. Settings:
@@ -1014,7 +1019,8 @@ class ELLA(_NetworkMethod):
                 stream = _fspace.EllaBatches(likelihood=self.likelihood, config=config, n=n,
                                              x_nystrom=np.stack(rows), sigma_noise=self.sigma_noise,
                                              **self._network_arguments())
-                for x, yy in batches():
+                # Small batches are gathered to the in-memory fit's chunk before they cross.
+                for x, yy in gathered(batches(), lambda: ELLA_CHUNK):
                     if x.shape[0] > 0:
                         stream.add(x, yy)
                         if bar.callback is not None:
