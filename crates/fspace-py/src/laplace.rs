@@ -451,6 +451,19 @@ impl PyLaplace {
         Ok(to_numpy(py, &m))
     }
 
+    /// The diagonal structure's `C` as its `dim` diagonal entries in ascending flat parameter
+    /// order (no `dim × dim` matrix); other structures are refused.
+    fn curvature_diagonal<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let post = self.fitted()?;
+        match post.curvature() {
+            fspace_laplace::Curvature::Diag(d) => {
+                let order = sorted_coordinates(post.indices());
+                Ok(PyArray1::from_vec(py, order.iter().map(|&c| d.diag[c]).collect()))
+            }
+            _ => Err(value_error("curvature_diagonal belongs to hessian_structure='diag'")),
+        }
+    }
+
     /// What the evidence needs besides the eigenvalues: `(log p(D | w*) at the fit's σ, number
     /// of data points, the flat indices of the covered parameters in ascending order, all the
     /// network's flat weights)`.

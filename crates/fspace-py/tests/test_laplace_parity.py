@@ -351,9 +351,50 @@ def test_fit_takes_dict_batches_and_refuses_a_loader_that_skips_points():
         keyed.fit(torch.utils.data.DataLoader(Dicts(), batch_size=8))
     with pytest.raises(ValueError, match="len\\(train_loader.dataset\\)"):
         la.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, drop_last=True))
+    # override=False on a Laplace not yet fitted is a first fit, as in laplace-torch (whose
+    # curvature starts at zero); after a fit in memory there are no streamed sums to add to.
+    fresh = fspace.Laplace(model, "classification", "all", "diag")
+    fresh.fit(loader(x, y), override=False)
+    first = fspace.Laplace(model, "classification", "all", "diag")
+    first.fit(loader(x, y))
+    _close(fresh.log_marginal_likelihood(), first.log_marginal_likelihood(), rtol=1e-14, what="override=False first")
+    assert fresh.n_data == first.n_data == len(x)
+    in_memory = fspace.Laplace(model, "classification", "all", "diag")
+    in_memory.fit(x, y)
     with pytest.raises(ValueError, match="adds to an earlier streamed fit"):
-        fspace.Laplace(model, "classification", "all", "diag").fit(loader(x, y), override=False)
+        in_memory.fit(loader(x, y), override=False)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_model_trained_after_the_laplace_object_is_made_is_fitted_at_its_current_weights(dtype):
+    """laplace-torch reads the model's parameters when it fits: an object made before training
+    (its continual-learning example) fits the trained weights, and ``fit(loader,
+    override=False)`` adds the new data's curvature at the new weights to the earlier sums.
+    fspace's native engine hands Rust a copy of the weights, taken again at each fit (before, a
+    float32 ``nn.Sequential`` trained after ``Laplace(...)`` was fitted at its initial weights)."""
+    x, y = data("classification", 48, seed=61, d_out=3)
+    x = x.to(dtype)
+    out = {}
+    for name, lib in (("laplace-torch", laplace), ("fspace", fspace)):
+        model = mlp(2, 3, seed=62).to(dtype)
+        la = lib.Laplace(model, "classification", "all", "diag")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(20):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        la.fit(loader(x[:24], y[:24]))
+        first = (la.mean.clone(), la.log_marginal_likelihood().detach())
+        with torch.no_grad():
+            model[0].weight.mul_(1.1)
+        la.fit(loader(x[24:], y[24:]), override=False)
+        out[name] = first + (la.mean, la.log_marginal_likelihood().detach(), la.H, la(x[:5]))
+        assert torch.equal(la.mean.to(dtype), torch.nn.utils.parameters_to_vector(model.parameters()).detach())
+    rtol = RTOL if dtype == torch.float64 else 1e-5  # laplace-torch computes a float32 model in float32
+    for i, what in enumerate(("mean after training", "evidence", "mean after the change", "evidence, override=False",
+                              "H", "predictive")):
+        _close(out["fspace"][i], out["laplace-torch"][i], rtol=rtol, what=what)
 
 def test_fit_consumes_the_loader_lazily():
     """The loader's batches are summed as they come: a generator that checks that no more than

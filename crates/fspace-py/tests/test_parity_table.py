@@ -19,6 +19,7 @@ pytest.importorskip("laplace", reason="laplace-torch is installed by `cargo xtas
 import fspace  # noqa: E402
 import test_ella_parity  # noqa: E402
 import test_laplace_parity  # noqa: E402
+import test_laplace_torch_examples  # noqa: E402
 
 try:  # the LoRA tests need transformers and peft (installed by `cargo xtask test`)
     import test_lora  # noqa: E402
@@ -67,7 +68,7 @@ def _rows():
     rows = []
     if test_lora is None:
         pytest.skip("the LoRA parity tests need transformers and peft")
-    for module in (test_laplace_parity, test_ella_parity, test_lora):
+    for module in (test_laplace_parity, test_ella_parity, test_laplace_torch_examples, test_lora):
         for name in sorted(n for n in dir(module) if n.startswith("test_")):
             fn = getattr(module, name)
             axes = _cases(fn)

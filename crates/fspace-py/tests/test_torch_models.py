@@ -210,3 +210,37 @@ def test_images_of_the_wrong_size_are_a_value_error():
     # 5×5 images give 2·3·3 = 18 features, not the Linear layer's 8.
     with pytest.raises(ValueError):
         la.fit(torch.randn(4, 1, 5, 5, dtype=torch.float64), torch.randn(4, 1, dtype=torch.float64))
+
+
+def test_the_function_space_methods_fit_a_model_at_its_weights_when_fit_is_called():
+    """``FSPLaplace``, ``ELLA`` and laplace-torch's ELLA (``Laplace(..., "gp")``) made before a
+    float32 ``nn.Sequential`` is trained fit the trained weights (as laplace-torch reads the
+    model when it fits): the same posterior as an object made after training."""
+    torch.manual_seed(0)
+    x = torch.randn(60, 2)
+    y = (x[:, 0] * x[:, 1] > 0).long()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=20)
+
+    def makers(model):
+        prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 1.0), 2)
+        return [
+            lambda: fspace.FSPLaplace(model, "classification", prior, train=False, n_laplace_context=25),
+            lambda: fspace.ELLA(model, "classification", num_points=30, num_eigen=5, prior={"Fixed": 1.0},
+                                early_stopping=None),
+            lambda: fspace.Laplace(model, "classification", "all", "gp", functional_approximation="nystrom",
+                                   subsample_size=30, n_eigenvalues=5),
+        ]
+
+    model = nn.Sequential(nn.Linear(2, 12), nn.Tanh(), nn.Linear(12, 2))
+    early = [make() for make in makers(model)]
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(50):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    late = [make() for make in makers(model)]
+    for before, after in zip(early, late):
+        before.fit(loader)
+        after.fit(loader)
+        np.testing.assert_allclose(np.asarray(before(x[:7])), np.asarray(after(x[:7])), rtol=1e-12, atol=1e-14,
+                                   err_msg=type(before).__name__)

@@ -448,6 +448,19 @@ def model_state(model: Any, input_shape: Any = None) -> ModelSpec:
     return spec
 
 
+def reread_weights(spec: Any, model: Any) -> bool:
+    """Re-reads the weights of a torch model fspace runs natively into ``spec.state`` (its
+    layout kept); returns whether it did. laplace-torch reads a model's parameters when it
+    fits, so a model trained or loaded after the object that wraps it was made is fitted at its
+    current weights; the native engine hands Rust a copy, taken again at each fit. A
+    ``(state_dict, activation)`` pair is the caller's own copy and a torch-engine model is
+    called as it is: neither is re-read, nor is an unpickled object's (which holds no model)."""
+    if not isinstance(spec, ModelSpec) or model is None or isinstance(model, tuple):
+        return False
+    spec.state = convert_sequential(model).state
+    return True
+
+
 def _natural(text: str) -> List[Any]:
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t]
 

@@ -31,7 +31,7 @@ import numpy as np
 from ._backend import network_spec
 from ._base import Wrapper
 from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, weights_summary
-from ._convert import tensors
+from ._convert import reread_weights, tensors
 from ._predictive import _check_likelihood, _curvature_source, _link, _refuse_unsupported, _split_batch, _torch
 from ._torch import TorchModel
 from ._fspace import NystromFeatures
@@ -362,6 +362,7 @@ class ELLALaplace(Wrapper):
     # -- the network ----------------------------------------------------------------------------
 
     def _network(self) -> Dict[str, Any]:
+        reread_weights(self._spec, self.model)  # the model's weights as they are now
         if isinstance(self._spec, TorchModel):
             return dict(calls=self._spec.calls())
         return dict(state=tensors(self._spec.state)[0], activation_name=self._spec.activation,

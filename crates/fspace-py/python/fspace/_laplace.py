@@ -24,7 +24,7 @@ import numpy as np
 
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import ModelSpec, array2, gathered, is_array, is_torch, tensors
+from ._convert import ModelSpec, array2, gathered, is_array, is_torch, reread_weights, tensors
 from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, step_reduce, weights_summary
 from ._methods import Progress, _Progress
 from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
@@ -379,6 +379,12 @@ class Laplace(Wrapper):
             raise ValueError("fit(X) without targets: give fit(X, y), or a loader of (x, y) batches")
         bar = _Progress(progress if progress is not None else progress_bar, "Laplace", unit="point")
         with self._lock:
+            if override is False and not self._is_fitted():
+                # laplace-torch's curvature starts at zero: adding to it is a first fit (its
+                # continual-learning example fits every task with override=False).
+                override = True
+            previous = self._la
+            self._take_current_weights(keep_sums=override is False)
             try:
                 if not isinstance(override, bool):
                     # fspace's fit(X, y): the arrays are in memory already.
@@ -400,10 +406,34 @@ class Laplace(Wrapper):
                     self._check_count(train_loader, x.shape[0])
                     la = self._build()
                     la.fit(x, yy, bar.callback)
+            except BaseException:
+                self._la = previous  # a failed or interrupted fit leaves the earlier posterior
+                raise
             finally:
                 bar.close()
             self._report = la.report
             self._summarise(la)
+
+    def _take_current_weights(self, keep_sums: bool) -> None:
+        """The model's weights as they are now (laplace-torch reads them when it fits, so a
+        model trained after this object was made — its continual-learning example — is fitted
+        at its trained weights): the native engine's copy is taken again and the Rust object
+        rebuilt on it; with ``keep_sums`` (``override=False``) the earlier streamed sums move to
+        the new object, to which the new batches, at the new weights, are added."""
+        if not reread_weights(self._spec, self.model):
+            return
+        self._args["state"] = tensors(self._spec.state)[0]
+        earlier = None
+        if keep_sums and self._la is not None:
+            try:
+                earlier = np.array(self._la.sums_flat())
+            except RuntimeError:  # no streamed sums (an in-memory fit): nothing to carry
+                earlier = None
+        self._la = None
+        if earlier is not None:
+            la = self._build()
+            la.begin_batches(True)
+            la.set_sums_flat(earlier)
 
     def _fit_sharded(self, loader: Any, override: bool, bar: Any, group: Any) -> Any:
         """The structures that pass over the data more than once (``lowrank``, ``ekfac``) over
@@ -550,7 +580,16 @@ class Laplace(Wrapper):
 
     @property
     def _covered(self) -> int:
+        if self._fit is None and self._prior_state():
+            return int(sum(self._all_sizes))
         return int(len(self._fitted_summary()["indices"]))
+
+    def _prior_state(self) -> bool:
+        """Whether, before ``fit``, the object is laplace-torch's zero-curvature posterior (the
+        prior): over all weights with a ``diag`` or ``full`` curvature, whose covered parameters
+        are known before any data (laplace-torch's continual-learning example reads ``H``,
+        ``mean``, ``posterior_precision`` and ``log_prob`` before its first fit)."""
+        return self.subset_of_weights == "all" and self.hessian_structure in ("diag", "full")
 
     @property
     def n_params_subnet(self) -> int:
@@ -584,7 +623,10 @@ class Laplace(Wrapper):
     @property
     def mean(self) -> Any:
         """The MAP weights of the covered parameters (``named_parameters()`` order); subnetwork
-        Laplace: all the model's weights, as laplace-torch (``mean_subnet`` the covered ones)."""
+        Laplace: all the model's weights, as laplace-torch (``mean_subnet`` the covered ones).
+        Before ``fit`` (all weights, ``diag`` / ``full``): the prior mean, as laplace-torch."""
+        if self._fit is None and self._prior_state():
+            return self.prior_mean
         f = self._fitted_summary()
         return f["weights"] if self.subset_of_weights == "subnetwork" else f["mean"]
 
@@ -732,7 +774,10 @@ class Laplace(Wrapper):
 
     @property
     def log_det_posterior_precision(self) -> Any:
-        """``log |H/(σ²T) + λI|`` from the curvature's eigenvalues."""
+        """``log |H/(σ²T) + λI|`` from the curvature's eigenvalues (before ``fit``, over all
+        weights with ``diag`` / ``full``: ``log |λI|``, laplace-torch's zero curvature)."""
+        if self._fit is None and self._prior_state():
+            return self.prior_precision_diag.log().sum()
         f = self._fitted_summary()
         eig = f["eigenvalues"]
         if eig is None:
@@ -779,10 +824,44 @@ class Laplace(Wrapper):
     def _dense_curvature(self) -> Any:
         """The curvature at σ = 1 as a dense tensor (ascending flat order), cached per fit."""
         torch = _torch()
+        if self._fit is None and self._prior_state():
+            return torch.zeros(self._covered, self._covered, dtype=self._dtype)
         f = self._fitted_summary()
         if f.get("dense") is None:
             f["dense"] = torch.as_tensor(self._la.curvature_dense(), dtype=self._dtype) * self._unit()
         return f["dense"]
+
+    def _diagonal_curvature(self) -> Any:
+        """``diag``: the curvature at σ = 1 as its diagonal (ascending flat order; no ``p × p``
+        matrix), cached per fit."""
+        torch = _torch()
+        if self._fit is None and self._prior_state():
+            return torch.zeros(self._covered, dtype=self._dtype)
+        f = self._fitted_summary()
+        if f.get("diagonal") is None:
+            f["diagonal"] = torch.as_tensor(self._la.curvature_diagonal(), dtype=self._dtype) * self._unit()
+        return f["diagonal"]
+
+    @property
+    def H(self) -> Any:  # noqa: N802 - laplace-torch's name
+        """laplace-torch's summed curvature at σ = 1 and T = 1 (``posterior_precision`` is
+        ``H/(σ²T) + λ``): the diagonal (``diag``) or the matrix (``full``, ``subnetwork``);
+        zeros before ``fit`` over all weights, as laplace-torch initialises it.
+
+        Raises
+        ------
+        NotImplementedError
+            ``kron``, ``ekfac``, ``lowrank``: laplace-torch returns its own Kronecker / low-rank
+            types, which fspace does not mirror.
+        """
+        if self.hessian_structure == "diag":
+            return self._diagonal_curvature()
+        if self.hessian_structure == "full":
+            return self._dense_curvature()
+        raise NotImplementedError(
+            f"H of hessian_structure={self.hessian_structure!r}: laplace-torch returns its own Kronecker / low-rank "
+            "operator type, which fspace does not mirror"
+        )
 
     @property
     def log_det_ratio(self) -> Any:
@@ -814,12 +893,14 @@ class Laplace(Wrapper):
         return self.log_likelihood - 0.5 * (self.log_det_ratio + self.scatter)
 
     def log_prob(self, value: Any, normalized: bool = True) -> Any:
-        """laplace-torch's log density of the weight posterior at ``value``; not implemented.
+        """laplace-torch's log density of the Gaussian weight posterior at ``value``,
+        ``−p/2 log 2π + ½ log|P| − ½ ΔᵀPΔ`` with ``Δ = value − mean`` (only the last term without
+        ``normalized``), differentiable in ``value``, λ and σ.
 
         Parameters
         ----------
         value : torch.Tensor
-            Weights.
+            Weights of the covered parameters (``mean``'s shape).
         normalized : bool, default True
             With the normalising constant.
 
@@ -830,16 +911,30 @@ class Laplace(Wrapper):
         Raises
         ------
         NotImplementedError
-            Always: fspace does not expose the posterior precision as an operator.
+            ``kron``, ``ekfac``, ``lowrank`` (their precision is an operator fspace does not
+            expose) and subnetwork Laplace.
         """
-        raise NotImplementedError("log_prob needs the posterior precision as an operator; not implemented in fspace yet")
+        torch = _torch()
+        if self.hessian_structure not in ("diag", "full") or self.subset_of_weights == "subnetwork":
+            raise NotImplementedError(
+                f"log_prob with hessian_structure={self.hessian_structure!r}, subset_of_weights="
+                f"{self.subset_of_weights!r}: fspace forms the posterior precision for diag and full over all "
+                "weights or the last layer"
+            )
+        value = torch.as_tensor(value)
+        delta = value.to(dtype=self.mean.dtype) - self.mean
+        precision = self.posterior_precision
+        square = delta @ (delta * precision) if self.hessian_structure == "diag" else delta @ precision @ delta
+        if not normalized:
+            return -square / 2
+        return -self.n_params / 2 * math.log(2 * math.pi) + self.log_det_posterior_precision / 2 - square / 2
 
     @property
     def posterior_precision(self) -> Any:
         """``H/(σ²T) + λI``: a vector for ``diag``, a matrix for ``full`` / ``subnetwork``."""
         torch = _torch()
         if self.hessian_structure == "diag":
-            return self._dense_curvature().diagonal() * self._H_factor + self.prior_precision_diag
+            return self._diagonal_curvature() * self._H_factor + self.prior_precision_diag
         if self.hessian_structure == "full":
             return self._H_factor * self._dense_curvature() + torch.diag(self.prior_precision_diag)
         raise NotImplementedError(

@@ -21,7 +21,8 @@ import numpy as np
 from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import array2, back, batch_arrays, data_arrays, gathered, is_array, is_torch, tensors, unflatten
+from ._convert import (array2, back, batch_arrays, data_arrays, gathered, is_array, is_torch, reread_weights,
+                       tensors, unflatten)
 from ._distributed import _group, agree_on, agreed, global_box, sharded_sum, step_reduce, weights_summary
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
@@ -253,7 +254,7 @@ class _Fitted(Wrapper):
 
     _method = ""
     _title = ""
-    _transient = ("_post",)
+    _transient: Tuple[str, ...] = ("_post",)
     likelihood: str
     _post: Any
     _report: Dict[str, Any]
@@ -382,6 +383,7 @@ class _Fitted(Wrapper):
 
 class _NetworkMethod(_Fitted):
     _learn_sigma_default = False
+    _transient = ("_post", "_model")
 
     def __init__(self, model: Any, likelihood: str, gp_prior: Any = None, sigma_noise: float = 1.0,
                  learn_sigma: Optional[bool] = None, epochs: Optional[int] = None,
@@ -389,6 +391,7 @@ class _NetworkMethod(_Fitted):
                  patience: Any = "default", input_shape: Any = None, backend: str = "auto",
                  dict_key_x: str = "input_ids", dict_key_y: str = "labels", **options: Any) -> None:
         self._spec = network_spec(model, input_shape, backend)
+        self._model = model
         self._torch = isinstance(self._spec, TorchModel)
         # Dict batches (HuggingFace): a torch model gets the dict without the targets, as
         # laplace-torch hands it over; a native network the array under dict_key_x.
@@ -477,6 +480,9 @@ class _NetworkMethod(_Fitted):
         """
         group = _group(process_group)
         method = self._fit_method()
+        if reread_weights(self._spec, self._model):
+            # The model's weights as they are now (a model trained after this object was made).
+            self._tensors, self._layout = tensors(self._spec.state)
         if group is not None and method not in ("fsp_laplace", "fsp_laplace_posthoc", "gfsvi", "valla"):
             raise NotImplementedError(
                 f"{type(self).__name__} fits on one process, and torch.distributed (or the given group) has "

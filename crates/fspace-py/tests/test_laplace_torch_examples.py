@@ -1,0 +1,346 @@
+"""laplace-torch's own README and examples, their Laplace calls as printed, run through both
+libraries: each example's script body is a function of the ``Laplace`` it imports (and, where it
+uses them, ``marglik_training`` and a curvature backend), run once with laplace-torch's and once
+with fspace's, and the numbers compared. The examples' datasets (CIFAR-10, a WideResNet, their
+toy generators) are replaced by small generated data of the same kind; the calls are not
+changed. Where fspace refuses a call the example makes (``enable_backprop=True``, gradients of
+the predictive in the inputs), the error names why.
+
+The scripts run with torch's default dtype set to float64 (as the BayesOpt example sets it), so
+both libraries compute in float64: in float32 laplace-torch's own rounding — its float32
+eigendecompositions put the README example's evidence 1.2e-4 (relative) off the float64 value,
+which fspace's float32 run gives to 1e-13 — would hide a real difference.
+
+Covered elsewhere: the HuggingFace / LoRA recipe (``test_lora.py``), laplace-torch's ELLA
+(``test_ella_parity.py``), subnetwork masks and ``marglik_training`` options
+(``test_laplace_parity.py``), the refused ``"reward_modeling"`` and ``"variational"`` (VaLLA)
+calls (the parity table's refusals).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+laplace = pytest.importorskip("laplace")
+
+import fspace  # noqa: E402
+from laplace.curvature import AsdlGGN, BackPackGGN  # noqa: E402
+from laplace.utils.enums import HessianStructure, Likelihood, PredType, SubsetOfWeights  # noqa: E402
+
+LIBRARIES = {"laplace-torch": laplace, "fspace": fspace}
+
+
+@pytest.fixture(autouse=True)
+def float64_default():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+def close(a, b, rtol, what, atol=0.0):
+    a = torch.as_tensor(a, dtype=torch.float64).detach()
+    b = torch.as_tensor(b, dtype=torch.float64).detach()
+    assert a.shape == b.shape, (what, a.shape, b.shape)
+    err = (a - b).abs().max().item() if a.numel() else 0.0
+    scale = b.abs().max().item() if b.numel() else 0.0
+    assert err <= rtol * max(scale, 1e-300) + atol, f"{what}: max |Δ| {err:.3e}, scale {scale:.3e}"
+
+
+def sinusoid(n=150, sigma_noise=0.3, seed=711):
+    """The examples' ``get_sinusoid_example``: x ~ U(0, 8), y = sin(x) + noise, one full batch."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(n, generator=g) * 8).unsqueeze(-1)
+    y = torch.sin(x) + torch.randn(x.shape, generator=g) * sigma_noise
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=n)
+    return x, y, loader, torch.linspace(-5, 13, 50).unsqueeze(-1)
+
+
+def trained_regressor(loader, epochs=300):
+    torch.manual_seed(711)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    return model
+
+
+def blobs(n, seed, classes=3, shift=0.0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % classes
+    centres = torch.tensor([[math.cos(2 * math.pi * c / classes), math.sin(2 * math.pi * c / classes)]
+                            for c in range(classes)]) * 2 + shift
+    return centres[y] + 0.6 * torch.randn(n, 2, generator=g), y
+
+
+def trained_classifier(x, y, classes=3, epochs=200):
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, classes))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(epochs):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return model
+
+
+def test_readme_post_hoc_prior_precision_tuning_of_a_diagonal_la():
+    """README, "Post-hoc prior precision tuning of diagonal LA": all weights, ``diag``, the
+    prior precision by the validation search (``method='CV'`` in the README's first versions:
+    laplace-torch 0.3 and fspace refuse it alike, naming ``marglik`` / ``gridsearch``), then the
+    probit predictive."""
+    x, y = blobs(120, seed=1)
+    xv, yv = blobs(60, seed=2)
+    model = trained_classifier(x, y)
+    train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    val_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xv, yv), batch_size=32)
+    preds = {}
+    for name, lib in LIBRARIES.items():
+        la = lib.Laplace(model, 'classification',
+                         subset_of_weights='all',
+                         hessian_structure='diag')
+        la.fit(train_loader)
+        with pytest.raises(ValueError, match="marglik|gridsearch"):
+            la.optimize_prior_precision(method='CV', val_loader=val_loader)
+        la.optimize_prior_precision(method='gridsearch', val_loader=val_loader)
+        preds[name] = (la(xv[:16], link_approx='probit'), la.prior_precision)
+    close(preds["fspace"][1], preds["laplace-torch"][1], 1e-10, "the searched λ")
+    close(preds["fspace"][0], preds["laplace-torch"][0], 1e-8, "probit predictive")
+
+
+def test_readme_differentiating_the_log_marginal_likelihood():
+    """README: the library default (last-layer KFAC), ``log_marginal_likelihood(prior_prec,
+    obs_noise)`` and ``backward()``. The evidence and its gradient in λ agree; the gradient in σ
+    of laplace-torch's ``kron`` is not exact (docs/laplace-torch.md, "Where fspace differs"), so
+    fspace's is checked against a central difference of its own evidence."""
+    _, _, train_loader, _ = sinusoid()
+    model = trained_regressor(train_loader)
+    out = {}
+    for name, lib in LIBRARIES.items():
+        la = lib.Laplace(model, likelihood='regression')
+        la.fit(train_loader)
+        prior_prec = torch.tensor([0.7], requires_grad=True)
+        obs_noise = torch.tensor([0.4], requires_grad=True)
+        ml = la.log_marginal_likelihood(prior_prec, obs_noise)
+        ml.backward()
+        out[name] = (ml.detach(), prior_prec.grad, obs_noise.grad, la)
+    close(out["fspace"][0], out["laplace-torch"][0], 1e-10, "evidence")
+    close(out["fspace"][1], out["laplace-torch"][1], 1e-8, "∂ evidence / ∂λ")
+    la, h = out["fspace"][3], 1e-5
+    lam = torch.tensor([0.7], dtype=torch.float64)
+    central = (la.log_marginal_likelihood(lam, torch.tensor([0.4 + h], dtype=torch.float64))
+               - la.log_marginal_likelihood(lam, torch.tensor([0.4 - h], dtype=torch.float64))) / (2 * h)
+    close(out["fspace"][2].reshape(-1), central.reshape(-1), 1e-5, "∂ evidence / ∂σ against a central difference")
+
+
+def test_calibration_example():
+    """examples/calibration_example.py: last-layer KFAC on a classifier, λ by the evidence,
+    the predictive of each test batch under ``torch.no_grad()`` (a loop over a loader with the
+    Laplace object in the model's place)."""
+    x, y = blobs(200, seed=3)
+    xt, yt = blobs(80, seed=4)
+    model = trained_classifier(x, y).eval()
+    train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    test_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xt, yt), batch_size=32)
+
+    @torch.no_grad()
+    def predict(dataloader, model, laplace=False):
+        py = []
+        for x, _ in dataloader:
+            if laplace:
+                py.append(model(x))
+            else:
+                py.append(torch.softmax(model(x), dim=-1))
+        return torch.cat(py).cpu()
+
+    probs = {}
+    for name, lib in LIBRARIES.items():
+        la = lib.Laplace(model, 'classification',
+                         subset_of_weights='last_layer',
+                         hessian_structure='kron')
+        la.fit(train_loader)
+        la.optimize_prior_precision(method='marglik')
+        probs[name] = predict(test_loader, la, laplace=True)
+    assert probs["fspace"].shape == (80, 3)
+    close(probs["fspace"], probs["laplace-torch"], 1e-8, "calibration example's probabilities")
+    nll = -torch.distributions.Categorical(probs["fspace"]).log_prob(yt).mean()
+    assert torch.isfinite(nll)
+
+
+def test_regression_example():
+    """examples/regression_example.py: all weights, ``full``; the README loop on (log λ, log σ)
+    (fewer steps than the example's 1 000), ``la.sigma_noise.item()``,
+    ``la.prior_precision.item()``, ``f_mu, f_var = la(X_test)``; then ``marglik_training`` with
+    the example's arguments (BackPACK's GGN, Adam at 1e-2, a scalar prior). ``full`` agrees to
+    1e-7, laplace-torch's full-GGN error (docs/laplace-torch.md) carried through the steps."""
+    X_train, y_train, train_loader, X_test = sinusoid()
+    model = trained_regressor(train_loader)
+    out = {}
+    for name, lib in LIBRARIES.items():
+        la = lib.Laplace(model, 'regression', subset_of_weights='all', hessian_structure='full')
+        la.fit(train_loader)
+        log_prior, log_sigma = torch.ones(1, requires_grad=True), torch.ones(1, requires_grad=True)
+        hyper_optimizer = torch.optim.Adam([log_prior, log_sigma], lr=1e-1)
+        for i in range(100):
+            hyper_optimizer.zero_grad()
+            neg_marglik = - la.log_marginal_likelihood(log_prior.exp(), log_sigma.exp())
+            neg_marglik.backward()
+            hyper_optimizer.step()
+        f_mu, f_var = la(X_test)
+        f_mu = f_mu.squeeze().detach().cpu().numpy()
+        f_sigma = f_var.squeeze().sqrt().cpu().numpy()
+        pred_std = np.sqrt(f_sigma**2 + la.sigma_noise.item()**2)
+        out[name] = (la.sigma_noise.item(), la.prior_precision.item(), f_mu, pred_std)
+    for i, what in enumerate(("σ", "λ", "f_mu", "predictive std")):
+        close(out["fspace"][i], out["laplace-torch"][i], 1e-7, f"regression example: {what}")
+
+    trained = {}
+    for name, lib in LIBRARIES.items():
+        torch.manual_seed(711)
+        model = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
+        la, model, margliks, losses = lib.marglik_training(
+            model=model, train_loader=train_loader, likelihood='regression',
+            hessian_structure='full', backend=BackPackGGN, n_epochs=20,
+            optimizer_kwargs={'lr': 1e-2}, prior_structure='scalar'
+        )
+        f_mu, f_var = la(X_test)
+        trained[name] = (la.sigma_noise.item(), la.prior_precision.numpy(), f_mu.detach(), f_var.detach(),
+                         torch.as_tensor(margliks), torch.as_tensor(losses))
+    for i, what in enumerate(("σ", "λ", "f_mu", "f_var", "evidences", "losses")):
+        close(trained["fspace"][i], trained["laplace-torch"][i], 1e-7, f"marglik_training: {what}")
+
+
+def test_continual_learning_example():
+    """examples/continual_learning_example.py on two generated tasks (five epochs each): a
+    ``diag`` Laplace over all weights with λ = 1e-4 and ASDL's GGN, read before its first fit
+    (``la.H.clone()``, ``la.log_prob(mean)`` in the training loss: laplace-torch's zero-curvature
+    posterior), refitted after each task with ``fit(train_loader, override=False)``, and the
+    hyper-Laplace whose prior is the running posterior (``prior_mean=la.mean``,
+    ``prior_precision=la.posterior_precision``) optimised on its evidence. The two libraries
+    train the same network: predictive, evidences, ``H`` and weights within 1e-8."""
+    from torch.nn.utils import parameters_to_vector
+
+    tasks = []
+    for t in range(2):
+        x, y = blobs(200, seed=10 + t, classes=2, shift=3.0 * t)
+        tasks.append(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=50))
+    grid = torch.stack(torch.meshgrid(torch.linspace(-4, 7, 12), torch.linspace(-4, 7, 12), indexing="ij"), -1)
+    test_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(grid.reshape(-1, 2), torch.zeros(144)),
+                                              batch_size=48)
+
+    def run(lib):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(2, 20), torch.nn.Sigmoid(), torch.nn.Linear(20, 20),
+                                    torch.nn.Sigmoid(), torch.nn.Linear(20, 2))
+        la = lib.Laplace(
+            model, 'classification',
+            subset_of_weights='all',
+            hessian_structure='diag',
+            prior_precision=1e-4,
+            backend=AsdlGGN)
+        margliks = []
+
+        def train(task_id, model, la, train_loader):
+            loss_fn = torch.nn.CrossEntropyLoss()
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+            log_prior_prec = np.log(1e-4) * torch.ones(1)
+            log_prior_prec.requires_grad = True
+            hyper_optimizer = torch.optim.Adam([log_prior_prec], lr=0.01)
+            prior_prec_offset = la.H.clone()
+            N = len(train_loader.dataset)
+            model.train()
+            for epoch in range(5):
+                for X, y in train_loader:
+                    f = model(X)
+                    mean = parameters_to_vector(model.parameters())
+                    loss = loss_fn(f, y) - la.log_prob(mean) / N
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            hyper_la = lib.Laplace(
+                model, 'classification',
+                subset_of_weights='all',
+                hessian_structure='diag',
+                prior_mean=la.mean,
+                prior_precision=la.posterior_precision,
+                backend=AsdlGGN)
+            hyper_la.fit(train_loader)
+            for _ in range(20):
+                hyper_optimizer.zero_grad()
+                prior_prec_init = torch.exp(log_prior_prec)
+                prior_prec = prior_prec_init + prior_prec_offset
+                marglik = -hyper_la.log_marginal_likelihood(prior_prec)
+                marglik.backward()
+                hyper_optimizer.step()
+            margliks.append(marglik.item() / N)
+
+        for task_id, train_loader in enumerate(tasks):
+            train(task_id, model, la, train_loader)
+            la.fit(train_loader, override=False)
+        cl_outputs = torch.cat([la(X) for X, _ in test_loader], dim=0)
+        return cl_outputs.detach(), torch.tensor(margliks), la.H.detach(), parameters_to_vector(model.parameters()).detach()
+
+    ref, got = run(laplace), run(fspace)
+    assert got[0].shape == (144, 2)
+    for i, what in enumerate(("predictive", "negative evidences", "H after both tasks", "trained weights")):
+        close(got[i], ref[i], 1e-8, f"continual learning: {what}")
+
+
+def test_expectation_example():
+    """examples/expectation_example.py: laplace-torch's enums for every name, ``kron`` over all
+    weights, ``optimize_prior_precision(PredType.GLM)``, then Thompson samples and expected
+    improvement differentiated in the inputs — which needs ``enable_backprop=True``: fspace's
+    predictive is not differentiable in the inputs, and it says so when the object is made.
+    Without it, the sampling calls run and give laplace-torch's shapes."""
+    torch.manual_seed(123)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 10), torch.nn.GELU(), torch.nn.Linear(10, 1))
+    X, Y = torch.randn(5, 2), torch.randn(5, 1)
+    train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=3)
+    with pytest.raises(NotImplementedError, match="enable_backprop=True: fspace's predictive is not differentiable"):
+        fspace.Laplace(model, Likelihood.REGRESSION, subset_of_weights=SubsetOfWeights.ALL,
+                       hessian_structure=HessianStructure.KRON, enable_backprop=True)
+    out = {}
+    for name, lib in LIBRARIES.items():
+        la = lib.Laplace(model, Likelihood.REGRESSION, subset_of_weights=SubsetOfWeights.ALL,
+                         hessian_structure=HessianStructure.KRON)
+        la.fit(train_loader)
+        la.optimize_prior_precision(PredType.GLM)
+        x_test = torch.randn(10, 2)
+        shapes = [tuple(la.functional_samples(x_test, pred_type=p, n_samples=n).shape)
+                  for p in (PredType.GLM, PredType.NN) for n in (1, 10)]
+        out[name] = (la.prior_precision, shapes)
+    close(out["fspace"][0], out["laplace-torch"][0], 1e-10, "λ from the enum-named search")
+    assert out["fspace"][1] == out["laplace-torch"][1] == [(1, 10, 1), (10, 10, 1)] * 2
+
+
+def test_bayesopt_example_refuses_enable_backprop_and_runs_its_joint_predictive_without_it():
+    """examples/bayesopt_example.py: a 2 × 50 ReLU regressor, ``kron`` over all weights with
+    ``enable_backprop=True`` (BoTorch optimises the acquisition through the predictive: fspace
+    refuses, naming why), ``optimize_prior_precision(n_steps=50)`` and the joint predictive
+    ``bnn(test_x, joint=True)`` — equal to laplace-torch's without ``enable_backprop``."""
+    torch.manual_seed(1)
+    train_x = torch.rand(20, 2) * 15 - torch.tensor([5.0, 0.0])
+    train_y = (train_x[:, 1:] - 0.13 * train_x[:, :1] ** 2 + 1.6 * train_x[:, :1] - 6) ** 2 / 100
+    net = torch.nn.Sequential(torch.nn.Linear(2, 50), torch.nn.ReLU(), torch.nn.Linear(50, 50), torch.nn.ReLU(),
+                              torch.nn.Linear(50, 1))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train_x, train_y), batch_size=1024)
+    with pytest.raises(NotImplementedError, match="enable_backprop"):
+        fspace.Laplace(net, "regression", subset_of_weights="all", hessian_structure="kron", enable_backprop=True)
+    test_x = torch.rand(6, 2) * 15
+    out = {}
+    for name, lib in LIBRARIES.items():
+        bnn = lib.Laplace(net, "regression", subset_of_weights="all", hessian_structure="kron")
+        bnn.fit(loader)
+        bnn.optimize_prior_precision(n_steps=50)
+        mean_y, cov_y = bnn(test_x, joint=True)
+        out[name] = (mean_y.detach(), cov_y.detach())
+    assert out["fspace"][1].shape == (6, 6)
+    close(out["fspace"][0], out["laplace-torch"][0], 1e-10, "joint mean")
+    close(out["fspace"][1], out["laplace-torch"][1], 1e-8, "joint covariance")
