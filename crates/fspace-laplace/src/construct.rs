@@ -5,8 +5,8 @@
 
 use fspace_input::InputError;
 use fspace_linalg::{
-    fast, lanczos, sym_eigh, thick_restart_lanczos, thin_svd_owned, FnOperator, LanczosConfig, StartVector,
-    StopReason, ThickRestartConfig,
+    fast, lanczos, sym_eigh_owned, thick_restart_lanczos, thin_svd_owned, FnOperator, LanczosConfig,
+    StartVector, StopReason, ThickRestartConfig,
 };
 use fspace_nn::{KfacFactorSums, LayerInfo, LayerKind, Network};
 use nalgebra::{DMatrix, DVector};
@@ -193,7 +193,7 @@ fn factor_blocks<N: Network>(net: &N, data: &Data, blocks: &[Vec<usize>]) -> Res
                 let f = thin_svd_owned(g)?;
                 (f.s.map(|s| s * s), f.u)
             } else {
-                sym_eigh(&g)?
+                sym_eigh_owned(g)?
             };
             Ok(EigenCurvature {
                 label: "block".into(),
@@ -478,13 +478,15 @@ pub(crate) fn kron_from_sums(
     for (s, info) in sums.sums.iter().zip(&sums.infos) {
         let fi = info.fan_in;
         let g = &s.grad_gram / (n * info.positions()) as f64;
+        // The sums stay (override=False adds to them): each factor is decomposed from a copy
+        // symmetrised in place (`sym_eigh_owned`: two `fan_in²` buffers fewer than `sym_eigh`).
         let (a_values, a_vectors) = if !info.has_bias() {
-            sym_eigh(&s.input_gram)?
+            sym_eigh_owned(s.input_gram.clone())?
         } else if bias == KronBias::Separate {
             // The separate bias block [A 0; 0 rows] as the eigenpairs of A and `(rows, e_bias)`,
             // exactly: each eigenvector then lies in the weight or in the bias coordinates, so a
             // prior precision per parameter tensor stays diagonal in the Kronecker basis.
-            let (v, q) = sym_eigh(&s.input_gram)?;
+            let (v, q) = sym_eigh_owned(s.input_gram.clone())?;
             let mut values = DVector::zeros(fi + 1);
             values.rows_mut(0, fi).copy_from(&v);
             values[fi] = s.input_rows as f64;
@@ -501,9 +503,9 @@ pub(crate) fn kron_from_sums(
                 a[(fi, j)] = s.input_sum[j];
             }
             a[(fi, fi)] = s.input_rows as f64;
-            sym_eigh(&a)?
+            sym_eigh_owned(a)?
         };
-        let (g_values, g_vectors) = sym_eigh(&g)?;
+        let (g_values, g_vectors) = sym_eigh_owned(g)?;
         layers.push(KronLayer {
             a_values: a_values.map(|v| v.max(0.0)),
             a_vectors,
@@ -617,7 +619,7 @@ pub(crate) fn last_layer<N: Network>(
         });
     }
     let c = last_layer_gram(net, data, &last)?;
-    let (values, vectors) = sym_eigh(&c)?;
+    let (values, vectors) = sym_eigh_owned(c)?;
     let indices = last.kron_order();
     Ok((
         EigenCurvature {

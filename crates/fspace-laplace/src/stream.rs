@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use fspace_core::{Fitted, LikelihoodSpec};
 use fspace_input::InputError;
-use fspace_linalg::sym_eigh;
+use fspace_linalg::sym_eigh_owned;
 use fspace_nn::{LayerInfo, Network};
 use nalgebra::{DMatrix, DVector};
 
@@ -314,7 +314,7 @@ impl LaplaceSums {
             }));
         }
         let eigen = |gram: &DMatrix<f64>, label: &str| -> Result<EigenCurvature> {
-            let (values, vectors) = sym_eigh(gram)?;
+            let (values, vectors) = sym_eigh_owned(gram.clone())?; // the sums stay for override=False
             Ok(EigenCurvature {
                 label: label.into(),
                 vectors,

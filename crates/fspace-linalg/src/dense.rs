@@ -20,28 +20,44 @@ use crate::operator::ensure_symmetric;
 /// (never observed); it becomes [`LinalgError::NoConvergence`].
 pub(crate) fn sym_eigh_desc(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f64>)> {
     let n = a.nrows();
+    let evd = faer_evd(a)?;
+    let mut vectors = DMatrix::zeros(n, n);
+    let values = descending_into(&evd, &mut vectors);
+    Ok((values, vectors))
+}
+
+/// faer's eigendecomposition of `a`'s lower triangle (`None` for `0 × 0`).
+fn faer_evd(a: &DMatrix<f64>) -> Result<Option<faer::linalg::solvers::SelfAdjointEigen<f64>>> {
+    let n = a.nrows();
     if n == 0 {
-        return Ok((DVector::zeros(0), DMatrix::zeros(0, 0)));
+        return Ok(None);
     }
     let _clean = crate::vector_state::CleanOnDrop::parallel();
     // nalgebra stores column-major and densely, which is faer's column-major layout.
     let view = faer::MatRef::from_column_major_slice(a.as_slice(), n, n);
-    let evd = view.self_adjoint_eigen(faer::Side::Lower).map_err(|_| LinalgError::NoConvergence {
+    view.self_adjoint_eigen(faer::Side::Lower).map(Some).map_err(|_| LinalgError::NoConvergence {
         method: "symmetric eigendecomposition (faer)",
         iterations: 0,
         residual: f64::NAN,
-    })?;
-    // faer sorts ascending; reverse both.
+    })
+}
+
+/// The eigenvalues descending, and the eigenvectors in that order written over `out`
+/// (`n × n`; faer sorts ascending).
+fn descending_into(
+    evd: &Option<faer::linalg::solvers::SelfAdjointEigen<f64>>,
+    out: &mut DMatrix<f64>,
+) -> DVector<f64> {
+    let Some(evd) = evd else { return DVector::zeros(0) };
     let (s, u) = (evd.S(), evd.U());
-    let values = DVector::from_fn(n, |i, _| s[n - 1 - i]);
-    let mut vectors = DMatrix::zeros(n, n);
+    let n = out.nrows();
     for j in 0..n {
         let src = u.col(n - 1 - j);
-        for (dst, v) in vectors.column_mut(j).iter_mut().zip(src.iter()) {
+        for (dst, v) in out.column_mut(j).iter_mut().zip(src.iter()) {
             *dst = *v;
         }
     }
-    Ok((values, vectors))
+    DVector::from_fn(n, |i, _| s[n - 1 - i])
 }
 
 /// Symmetric eigendecomposition `A = V Λ Vᵀ` with eigenvalues descending. Errors on non-square,
@@ -57,6 +73,25 @@ pub fn sym_eigh(a: &DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f64>)> {
     ensure_finite("eigh input", a.iter())?;
     ensure_symmetric("eigh input", a, 1e-10)?;
     sym_eigh_desc(&((a + a.transpose()) * 0.5))
+}
+
+/// [`sym_eigh`] of a matrix the caller gives up: symmetrised in place (the same checks and
+/// errors) and its storage reused for the eigenvectors once faer has read it — the same
+/// eigenpairs to the bit, with three `n × n` buffers fewer (the transpose, the symmetric part,
+/// the eigenvector copy), whose fresh pages are a measurable share of a large factorisation
+/// (docs/PERFORMANCE.md, "Fresh pages").
+pub fn sym_eigh_owned(mut a: DMatrix<f64>) -> Result<(DVector<f64>, DMatrix<f64>)> {
+    if a.nrows() != a.ncols() {
+        return Err(LinalgError::Input(InputError::DimensionMismatch {
+            what: "eigh: columns of a square matrix",
+            expected: a.nrows(),
+            found: a.ncols(),
+        }));
+    }
+    crate::operator::symmetrise_in_place("eigh input", &mut a, 1e-10)?;
+    let evd = faer_evd(&a)?;
+    let values = descending_into(&evd, &mut a);
+    Ok((values, a))
 }
 
 /// The thin SVD `M = U diag(s) Vᵀ` of a tall `p × r` matrix (`p ≥ r`), singular values

@@ -15,7 +15,8 @@
 //! * [`cholesky_jitter`] (reports its jitter), triangular solves, exact log-determinants,
 //!   [`slq_logdet`] for operators, rank-k Cholesky [`cholesky_rank_update`]s and downdates.
 //! * faer-backed Cholesky factor, triangular solves, dense products and SPD inverse in [`fast`].
-//! * Small dense helpers: [`thin_svd`] of tall matrices in `O(p r²)`, [`sym_eigh`],
+//! * Small dense helpers: [`thin_svd`] of tall matrices in `O(p r²)`, [`sym_eigh`] (and
+//!   [`sym_eigh_owned`], in place),
 //!   [`psd_pinv_sqrt`].
 //!
 //! Every failure is a [`LinalgError`] naming what was wrong — iteration breakdown is reported
@@ -43,7 +44,7 @@ pub use cg::{
 pub use cholesky::{
     cholesky_jitter, cholesky_jitter_owned, cholesky_rank_update, JitterConfig, JitteredCholesky, UpdateSign,
 };
-pub use dense::{psd_pinv_sqrt, sym_eigh, thin_svd, thin_svd_owned, ThinSvd};
+pub use dense::{psd_pinv_sqrt, sym_eigh, sym_eigh_owned, thin_svd, thin_svd_owned, ThinSvd};
 pub use error::{LinalgError, Result};
 pub use lanczos::{
     lanczos, pinv_factor, pinv_factor_from, pinv_factor_restarted, probe_symmetry, LanczosConfig,

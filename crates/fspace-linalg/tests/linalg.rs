@@ -406,6 +406,18 @@ fn jittered_cholesky_reports_the_jitter_it_used() {
 }
 
 #[test]
+fn the_owned_eigendecomposition_refuses_what_the_borrowed_one_refuses() {
+    let nonsym = DMatrix::from_row_slice(2, 2, &[2.0, 1.0, 0.0, 2.0]);
+    let mut nan = DMatrix::from_element(3, 3, 1.0);
+    nan[(2, 1)] = f64::NAN;
+    for bad in [nonsym, nan, DMatrix::zeros(2, 3)] {
+        let borrowed = sym_eigh(&bad).unwrap_err();
+        let owned = sym_eigh_owned(bad).unwrap_err();
+        assert_eq!(owned.to_string(), borrowed.to_string());
+    }
+}
+
+#[test]
 fn thin_svd_eigh_and_pinv_sqrt_reconstruct() {
     let mut r = rng(7);
     for (p, k) in [(200usize, 13usize), (31, 31), (500, 2)] {
@@ -575,6 +587,19 @@ proptest! {
         let owned = cholesky_jitter_owned(a, &JitterConfig::default()).unwrap();
         prop_assert_eq!(owned.jitter().to_bits(), borrowed.jitter().to_bits());
         prop_assert!(same_bits(&owned.l(), &borrowed.l()));
+    }
+
+    #[test]
+    fn the_owned_eigendecomposition_is_the_borrowed_one(n in 0usize..40, zeros in 0usize..10, seed in 0u64..1000) {
+        // Asymmetric within the tolerance, as sums of float products are.
+        let mut a = random_psd(n.max(1), zeros.min(n.max(1) - 1), seed).resize(n, n, 0.0);
+        let mut r = rng(seed + 11);
+        let noise = randn(n, n, &mut r) * (1e-13 * a.norm().max(1.0) / n.max(1) as f64);
+        a += noise;
+        let (bv, bq) = sym_eigh(&a).unwrap();
+        let (ov, oq) = sym_eigh_owned(a).unwrap();
+        prop_assert!(same_bits(&DMatrix::from_column_slice(n, 1, ov.as_slice()), &DMatrix::from_column_slice(n, 1, bv.as_slice())));
+        prop_assert!(same_bits(&oq, &bq));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use fspace_core::{
     Data, Fitted, FunctionPredictive, LikelihoodSpec, Persist, PersistError, Posterior, Schedule,
     ScheduleRun, StopDecision,
 };
-use fspace_linalg::sym_eigh;
+use fspace_linalg::{sym_eigh, sym_eigh_owned};
 use fspace_nn::{Network, Outputs};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -256,7 +256,8 @@ fn nystrom_spectrum<N: Network>(
 ) -> Result<(DVector<f64>, DMatrix<f64>)> {
     let sel = Outputs::One(outputs);
     let km = net.ntk_block(points, sel, points, sel)?;
-    Ok(sym_eigh(&((&km + km.transpose()) * 0.5))?)
+    // Symmetric to rounding (both sides are the same points); symmetrised in place.
+    Ok(sym_eigh_owned(km)?)
 }
 
 /// ELLA's Nyström feature map on its own, for a caller that keeps the posterior itself
