@@ -384,8 +384,8 @@ class Laplace(Wrapper):
                 # continual-learning example fits every task with override=False).
                 override = True
             previous = self._la
-            self._take_current_weights(keep_sums=override is False)
             try:
+                self._take_current_weights(keep_sums=override is False)
                 if not isinstance(override, bool):
                     # fspace's fit(X, y): the arrays are in memory already.
                     x, yy = self._spec.inputs(train_loader, "X"), self._targets(override)

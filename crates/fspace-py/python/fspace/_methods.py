@@ -974,7 +974,7 @@ class ELLA(_NetworkMethod):
         """A loader that can be iterated again, without early stopping (it scores prefixes of a
         seeded random order of the whole training set): a pass gathers the ``num_points``
         Nyström rows at the positions an in-memory fit draws among ``len(loader.dataset)``
-        points (counted in that pass when the dataset has no length), a second adds each batch
+        points (counted in a pass before when the dataset has no length), a second adds each batch
         to ``G`` in Rust — the in-memory fit up to the order of the additions, with one batch
         (and the Nyström rows) in memory. Validation data, for the prior's grid, are held."""
         config = copy.deepcopy(self._config)
