@@ -444,6 +444,14 @@ impl PyLaplace {
     fn curvature_dense<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
         use fspace_laplace::CurvatureApprox;
         let post = self.fitted()?;
+        let dim = post.indices().len();
+        // Refused before allocating (two `dim × dim` matrices: the curvature and its reordering).
+        fspace_input::budget::ensure(
+            "the dense curvature (dim × dim, twice)",
+            fspace_input::budget::matrix_bytes(dim, dim).saturating_mul(2),
+            "hessian_structure='diag' (its diagonal is read without a dense matrix) or fewer parameters",
+        )
+        .map_err(crate::errors::raise)?;
         let dense = post.curvature().to_dense();
         // Coordinates → ascending flat parameter order (laplace-torch's `named_parameters` order).
         let order = sorted_coordinates(post.indices());

@@ -66,6 +66,28 @@ def test_the_memory_limit_is_settable():
     fspace.Laplace(model, "classification", "all", "full").fit(x, y)
 
 
+
+def test_a_diagonal_posterior_precision_needs_no_dense_matrix():
+    """``diag``'s ``posterior_precision``, ``H`` and ``log_prob`` read the curvature's diagonal
+    (they formed the dense ``p × p`` curvature to take its diagonal: 317 GB for the MNIST MLP);
+    under a budget below one ``p × p`` matrix they work, and the dense curvature (``full``'s) is
+    refused before it is allocated."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 300), torch.nn.Tanh(), torch.nn.Linear(300, 3)).double()
+    x, y = torch.randn(30, 2, dtype=torch.float64), torch.randint(3, (30,))
+    la = fspace.Laplace(model, "classification", "all", "diag")
+    la.fit(x, y)
+    p = la.n_params  # 1 803: one dense curvature is 26 MB
+    try:
+        fspace.set_memory_limit(5_000_000)
+        precision = la.posterior_precision
+        assert precision.shape == (p,) and torch.all(precision >= la.prior_precision)
+        torch.testing.assert_close(la.H * la._H_factor + la.prior_precision_diag, precision)
+        assert torch.isfinite(la.log_prob(la.mean + 0.01))
+        with pytest.raises(MemoryError, match="dense curvature.*'diag'"):
+            la._la.curvature_dense()
+    finally:
+        fspace.set_memory_limit(None)
+
 def test_samples_and_joint_predictives_past_the_budget_raise_memory_error():
     """10⁹ Monte Carlo or functional samples and a joint covariance at 10⁵ points — on the
     Python layer's torch draws (laplace-torch's ``predictive_samples``, the MC link, ELLA) and on
