@@ -447,35 +447,11 @@ fn fit_ella_inner<N: Network + Clone>(
     config: &EllaConfig,
 ) -> Result<(EllaPosterior<N>, usize, EllaSearch)> {
     let start = Instant::now();
-    if likelihood.learns_noise() {
-        // ELLA is post-hoc: σ comes with the trained network and is never re-fitted here.
-        return Err(VallaError::Input(InputError::Invalid {
-            what: "likelihood",
-            reason: "ELLA does not learn σ (learn: true); pass the trained network's σ with \
-                     LikelihoodSpec::gaussian(σ)"
-                .into(),
-        }));
-    }
-    let likelihood = VallaLikelihood::from_spec(&likelihood, net.output_dim())?;
+    let likelihood = ella_likelihood(&net, likelihood)?;
     check_data(&net, likelihood, x, y, "training data")?;
     let (n, q) = (x.nrows(), net.output_dim());
     let m = config.num_points;
-    if m == 0 || config.num_eigen == 0 {
-        return Err(VallaError::Input(InputError::Invalid {
-            what: "ELLA num_points / num_eigen",
-            reason: "must be ≥ 1".into(),
-        }));
-    }
-    if m > n {
-        return Err(VallaError::TooManyPoints { what: "ELLA Nyström points", requested: m, available: n });
-    }
-    if config.num_eigen > m {
-        return Err(VallaError::TooManyPoints {
-            what: "ELLA eigenvectors (K ≤ M)",
-            requested: config.num_eigen,
-            available: m,
-        });
-    }
+    check_sizes(config, n)?;
     if let Some(es) = config.early_stopping {
         if es.check_every == 0 || es.patience == 0 {
             return Err(VallaError::Input(InputError::Invalid {
@@ -536,7 +512,7 @@ fn fit_ella_inner<N: Network + Clone>(
     let mut s = 0;
     while s < n {
         fspace_input::interrupt::check("ELLA's pass over the data")?;
-        let len = 512.min(n - s).min(check_every - s % check_every);
+        let len = CHUNK.min(n - s).min(check_every - s % check_every);
         let xs = match &order {
             None => x.rows(s, len).into_owned(),
             Some(o) => x.select_rows(&o[s..s + len]),
@@ -574,6 +550,9 @@ fn fit_ella_inner<N: Network + Clone>(
 /// The early-stopping search: `(points visited, validation NLL)` per check.
 type EllaSearch = Vec<(usize, f64)>;
 
+/// Rows whose features are evaluated in one call (the in-memory pass and each streamed batch).
+const CHUNK: usize = 512;
+
 /// The validation set's MAP outputs `g(X_val)`, its features `Φ(X_val)` and its targets.
 type Scored<'v> = (DMatrix<f64>, DMatrix<f64>, &'v DVector<f64>);
 
@@ -598,20 +577,53 @@ fn draw_nystrom(rng: &mut StdRng, n: usize, m: usize, q: usize) -> NystromChoice
 }
 
 /// The Nyström points [`fit`] would draw for `n` training points and a network of `outputs`
-/// outputs under `config` (its `seed` and `num_points`). Errors: `num_points` of 0 or above
-/// `n`, `outputs` of 0.
+/// outputs under `config` (its `seed` and `num_points`). Errors: `fit`'s size checks
+/// (`num_points` of 0 or above `n`, `num_eigen` of 0 or above `num_points`), `outputs` of 0.
 pub fn nystrom_choice(n: usize, outputs: usize, config: &EllaConfig) -> Result<NystromChoice> {
-    let m = config.num_points;
-    if m == 0 || outputs == 0 {
+    check_sizes(config, n)?;
+    if outputs == 0 {
         return Err(VallaError::Input(InputError::Invalid {
-            what: "ELLA num_points / outputs",
-            reason: format!("{m} Nyström points of {outputs} outputs: both must be ≥ 1"),
+            what: "ELLA outputs",
+            reason: "the network has no output: need ≥ 1".into(),
+        }));
+    }
+    Ok(draw_nystrom(&mut StdRng::seed_from_u64(config.seed), n, config.num_points, outputs))
+}
+
+/// ELLA's likelihood: σ fixed (ELLA is post hoc: σ comes with the trained network and is never
+/// re-fitted), a Gaussian or a categorical over the network's outputs.
+fn ella_likelihood<N: Network>(net: &N, likelihood: LikelihoodSpec) -> Result<VallaLikelihood> {
+    if likelihood.learns_noise() {
+        return Err(VallaError::Input(InputError::Invalid {
+            what: "likelihood",
+            reason: "ELLA does not learn σ (learn: true); pass the trained network's σ with \
+                     LikelihoodSpec::gaussian(σ)"
+                .into(),
+        }));
+    }
+    VallaLikelihood::from_spec(&likelihood, net.output_dim())
+}
+
+/// `1 ≤ num_eigen ≤ num_points ≤ n`.
+fn check_sizes(config: &EllaConfig, n: usize) -> Result<()> {
+    let m = config.num_points;
+    if m == 0 || config.num_eigen == 0 {
+        return Err(VallaError::Input(InputError::Invalid {
+            what: "ELLA num_points / num_eigen",
+            reason: "must be ≥ 1".into(),
         }));
     }
     if m > n {
         return Err(VallaError::TooManyPoints { what: "ELLA Nyström points", requested: m, available: n });
     }
-    Ok(draw_nystrom(&mut StdRng::seed_from_u64(config.seed), n, m, outputs))
+    if config.num_eigen > m {
+        return Err(VallaError::TooManyPoints {
+            what: "ELLA eigenvectors (K ≤ M)",
+            requested: config.num_eigen,
+            available: m,
+        });
+    }
+    Ok(())
 }
 
 /// ELLA over a stream of `n` training points in batches, `G = Σᵢ Φᵢᵀ Hᵢ Φᵢ` summed as they
@@ -652,26 +664,10 @@ impl<N: Network + Clone> EllaBatches<N> {
                     .into(),
             }));
         }
-        if likelihood.learns_noise() {
-            return Err(VallaError::Input(InputError::Invalid {
-                what: "likelihood",
-                reason: "ELLA does not learn σ (learn: true); pass the trained network's σ".into(),
-            }));
-        }
-        let likelihood = VallaLikelihood::from_spec(&likelihood, net.output_dim())?;
+        let likelihood = ella_likelihood(&net, likelihood)?;
         check_likelihood(&net, likelihood)?;
-        let m = config.num_points;
-        if m == 0 || config.num_eigen == 0 || config.num_eigen > m {
-            return Err(VallaError::Input(InputError::Invalid {
-                what: "ELLA num_points / num_eigen",
-                reason: format!(
-                    "{m} points and {} eigenvectors: need 1 ≤ num_eigen ≤ num_points",
-                    config.num_eigen
-                ),
-            }));
-        }
         let outputs = nystrom_choice(n, net.output_dim(), config)?.outputs;
-        fspace_input::ensure_dim("Nyström rows", m, xm.nrows())?;
+        fspace_input::ensure_dim("Nyström rows", config.num_points, xm.nrows())?;
         fspace_input::ensure_dim("Nyström rows' columns", net.input_dim(), xm.ncols())?;
         fspace_input::ensure_finite("Nyström rows", xm.iter())?;
         ensure_prior(&config.prior)?;
@@ -686,9 +682,9 @@ impl<N: Network + Clone> EllaBatches<N> {
         let (x, y) = (data.x(), data.y_flat());
         check_data(&self.post.net, self.post.likelihood, x, &y, "training batch")?;
         let mut ggn = self.ggn.clone();
-        for s in (0..x.nrows()).step_by(512) {
+        for s in (0..x.nrows()).step_by(CHUNK) {
             fspace_input::interrupt::check("ELLA's pass over the data")?;
-            self.post.add_curvature(&mut ggn, &x.rows(s, 512.min(x.nrows() - s)).into_owned())?;
+            self.post.add_curvature(&mut ggn, &x.rows(s, CHUNK.min(x.nrows() - s)).into_owned())?;
         }
         self.ggn = ggn;
         self.points += x.nrows();
