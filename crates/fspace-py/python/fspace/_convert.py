@@ -355,6 +355,13 @@ def gathered(batches: Iterable[Tuple[np.ndarray, np.ndarray]],
         yield joined()
 
 
+def dataset_size(loader: Any) -> Optional[int]:
+    """``len(loader.dataset)`` (laplace-torch's N), or ``None`` for a loader without a sized
+    dataset."""
+    dataset = getattr(loader, "dataset", None)
+    return len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+
+
 def batch_arrays(batch: Any, to_x: Callable[[Any, str], np.ndarray],
                  dict_keys: Optional[Tuple[Optional[str], str]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """One loader batch as ``(X, y)`` arrays: an ``(x, y)`` pair, or a dict batch

@@ -24,7 +24,7 @@ import numpy as np
 
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import ModelSpec, array2, gathered, is_array, is_torch, reread_weights, tensors
+from ._convert import ModelSpec, array2, dataset_size, gathered, is_array, is_torch, reread_weights, tensors
 from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, step_reduce, weights_summary
 from ._methods import Progress, _Progress
 from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
@@ -480,16 +480,16 @@ class Laplace(Wrapper):
         """laplace-torch scales by ``len(train_loader.dataset)``: a loader that visits fewer or
         more points than its dataset holds would scale wrongly, so it is refused (sharded: the
         points of every shard together)."""
-        dataset = getattr(loader, "dataset", None)
-        if sharded and dataset is not None and hasattr(dataset, "__len__") and len(dataset) != seen:
+        size = dataset_size(loader)
+        if sharded and size is not None and size != seen:
             raise ValueError(
-                f"the shards hold {seen} points together but the dataset has {len(dataset)}: a DistributedSampler "
+                f"the shards hold {seen} points together but the dataset has {size}: a DistributedSampler "
                 "pads the shards to equal sizes with repeated points (or drops the tail with drop_last=True); "
                 + ONE_SHARD_EACH
             )
-        if not sharded and dataset is not None and hasattr(dataset, "__len__") and len(dataset) != seen:
+        if not sharded and size is not None and size != seen:
             raise ValueError(
-                f"the loader yielded {seen} points but its dataset has {len(dataset)}: laplace-torch scales by "
+                f"the loader yielded {seen} points but its dataset has {size}: laplace-torch scales by "
                 "len(train_loader.dataset); use a loader that visits every point once (drop_last=False, no sampler "
                 "that repeats or skips points)"
             )
@@ -498,8 +498,7 @@ class Laplace(Wrapper):
         """Sums the curvature batch by batch in Rust (``LaplaceSums``): one batch in memory at a
         time; with ``override=False`` the sums of the earlier streamed fit are added to. With a
         process ``group`` each process sums its own shard and the partial sums are all-reduced."""
-        dataset = getattr(loader, "dataset", None)
-        total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else 0
+        total = dataset_size(loader) or 0
         la: Any = None
         earlier: Optional[np.ndarray] = None
         if group is not None:

@@ -21,8 +21,8 @@ import numpy as np
 from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import (array2, back, batch_arrays, data_arrays, gathered, is_array, is_torch, reread_weights,
-                       tensors, unflatten)
+from ._convert import (array2, back, batch_arrays, data_arrays, dataset_size, gathered, is_array, is_torch,
+                       reread_weights, tensors, unflatten)
 from ._distributed import _group, agree_on, agreed, global_box, sharded_sum, step_reduce, weights_summary
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
@@ -498,7 +498,7 @@ class _NetworkMethod(_Fitted):
             val_anywhere = bool(group.all_reduce(np.array([float(val is not None)]), "max")[0] > 0)
 
         def prepare() -> Any:
-            keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
+            keys = self._dict_keys
             x, yy = data_arrays(data, y, self._spec.inputs, keys)
             config = copy.deepcopy(self._config)
             xv = yv = None
@@ -575,6 +575,18 @@ class _NetworkMethod(_Fitted):
             return True
         return False
 
+    def _loader_batches(self, loader: Any) -> Any:
+        """A pass over ``loader``: each ``(x, y)`` or dict batch as arrays (a torch model takes a
+        dict batch whole, a native network the array under ``dict_key_x``)."""
+        for batch in loader:
+            yield batch_arrays(batch, self._spec.inputs, self._dict_keys)
+
+    @property
+    def _dict_keys(self) -> Tuple[Optional[str], str]:
+        """How a dict batch is read: the inputs under ``dict_key_x`` (``None`` for a torch model,
+        which takes the dict whole) and the targets under ``dict_key_y``."""
+        return (None if self._torch else self.dict_key_x, self.dict_key_y)
+
     def _network_arguments(self) -> Dict[str, Any]:
         """The network as the compiled module takes it: a torch model's callbacks, or a native
         network's tensors, activation and architecture."""
@@ -601,11 +613,8 @@ class _NetworkMethod(_Fitted):
         pass adding each batch to step 4's ``k × k`` sum in Rust, and steps 5–6 — the posterior
         of the fit over all the points, up to the order of the additions. Over a process group
         each process streams its own loader and the sums are all-reduced before steps 5–6."""
-        keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
-
         def batches() -> Any:
-            for batch in loader:
-                yield batch_arrays(batch, self._spec.inputs, keys)
+            return self._loader_batches(loader)
 
         def box() -> Tuple[np.ndarray, np.ndarray]:
             lo: Optional[np.ndarray] = None
@@ -636,8 +645,7 @@ class _NetworkMethod(_Fitted):
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         network = self._network_arguments()
-        dataset = getattr(loader, "dataset", None)
-        total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else 0
+        total = dataset_size(loader) or 0
         bar = _Progress(progress, type(self).__name__, unit="point")
 
         prior = self._prior
@@ -982,14 +990,10 @@ class ELLA(_NetworkMethod):
         if (y is not None or is_array(data) or config.get("early_stopping") is not None
                 or iter(data) is data):
             return False
-        keys = (None if self._torch else self.dict_key_x, self.dict_key_y)
-
         def batches() -> Any:
-            for batch in data:
-                yield batch_arrays(batch, self._spec.inputs, keys)
+            return self._loader_batches(data)
 
-        dataset = getattr(data, "dataset", None)
-        n = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+        n = dataset_size(data)
         if n is None:
             n = sum(x.shape[0] for x, _ in batches())
         if n == 0:
@@ -1016,7 +1020,7 @@ class ELLA(_NetworkMethod):
         xv = yv = None
         if val is not None:
             xv, yv = (data_arrays(val[0], val[1], self._spec.inputs) if isinstance(val, tuple)
-                      else data_arrays(val, None, self._spec.inputs, keys))
+                      else data_arrays(val, None, self._spec.inputs, self._dict_keys))
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         bar = _Progress(progress, type(self).__name__, unit="point")
