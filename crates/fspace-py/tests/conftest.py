@@ -1,6 +1,28 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and the ``torch`` marker."""
+
+import importlib.util
+import os
 
 import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "torch: needs torch (fspace.Laplace follows laplace-torch's API, whose hyperparameters and "
+        "results are tensors); skipped without torch unless $FSPACE_REQUIRE_TORCH makes it a failure",
+    )
+
+
+def pytest_runtest_setup(item):
+    """A test marked ``torch`` is skipped where torch is not installed (`cargo xtask test
+    --no-torch`, or a disk too small for it), and fails there when ``$FSPACE_REQUIRE_TORCH`` is
+    set, as the other torch tests do."""
+    if item.get_closest_marker("torch") is None or importlib.util.find_spec("torch") is not None:
+        return
+    if os.environ.get("FSPACE_REQUIRE_TORCH"):
+        pytest.fail("torch is required ($FSPACE_REQUIRE_TORCH) but not importable")
+    pytest.skip("torch is not installed: fspace.Laplace's hyperparameters and results are torch tensors")
 
 
 @pytest.fixture

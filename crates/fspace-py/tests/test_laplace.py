@@ -1,6 +1,7 @@
 """The Python layer against independent numbers: a dense GGN Laplace in numpy, pickling,
-error classes, and the GIL released during fit. Runs without torch; the torch conversion
-tests run where torch is importable."""
+error classes, and the GIL released during fit. ``fspace.Laplace`` follows laplace-torch's API,
+whose hyperparameters and results are torch tensors, so its tests are marked ``torch`` (skipped
+where torch is not installed); the loader-gathering test runs without it."""
 
 import pickle
 import threading
@@ -42,6 +43,7 @@ def toy():
     return state, x, y
 
 
+@pytest.mark.torch
 def test_full_glm_predictive_equals_a_dense_numpy_laplace(toy):
     state, x, y = toy
     sigma, lam = 0.1, 2.0
@@ -68,6 +70,7 @@ def test_full_glm_predictive_equals_a_dense_numpy_laplace(toy):
     assert float(la.log_marginal_likelihood()) == pytest.approx(lml, rel=1e-8)
 
 
+@pytest.mark.torch
 def test_marglik_and_gridsearch_choose_a_prior_precision(toy):
     state, x, y = toy
     import torch
@@ -88,6 +91,7 @@ def test_marglik_and_gridsearch_choose_a_prior_precision(toy):
     assert float(la.prior_precision) == pytest.approx(min((0.01, 0.1, 1.0, 10.0), key=lambda v: abs(v - float(la.prior_precision))), rel=1e-6)
 
 
+@pytest.mark.torch
 def test_classification_probabilities_sum_to_one_for_every_link():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(60, 2))
@@ -104,6 +108,7 @@ def test_classification_probabilities_sum_to_one_for_every_link():
     assert la.sample(4).shape == (4, sum(v.size for v in state.values()))
 
 
+@pytest.mark.torch
 def test_pickle_round_trip_gives_bit_identical_predictions(toy):
     state, x, y = toy
     la = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1, prior_precision=3.0)
@@ -134,6 +139,7 @@ BAD = [
 ]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("make,error,message", BAD)
 def test_bad_construction_raises_the_documented_exception(toy, make, error, message):
     """The documented exception, with a message naming the problem (a regular expression)."""
@@ -142,6 +148,7 @@ def test_bad_construction_raises_the_documented_exception(toy, make, error, mess
         make(state)
 
 
+@pytest.mark.torch
 def test_bad_data_and_calls_raise_the_documented_exception(toy):
     state, x, y = toy
     la = fspace.Laplace((state, "tanh"), "regression")
@@ -179,6 +186,7 @@ def test_bad_data_and_calls_raise_the_documented_exception(toy):
         fspace._fspace.Laplace.from_json("{}")
 
 
+@pytest.mark.torch
 def test_fit_reports_each_pass_over_the_data_and_a_raising_callback_surfaces(toy, capsys):
     state, x, y = toy  # 40 points; fspace's chunks hold 256, so one report per pass
     for structure, passes in [("diag", 1), ("full", 1), ("kron", 1), ("ekfac", 2)]:
@@ -206,6 +214,7 @@ def test_fit_reports_each_pass_over_the_data_and_a_raising_callback_surfaces(toy
         assert err.count("Laplace:") == len(seen), err
 
 
+@pytest.mark.torch
 def test_the_fit_report_says_what_lowrank_lanczos_did(toy):
     state, x, y = toy
     la = fspace.Laplace((state, "tanh"), "regression", "all", "lowrank", rank=3, sigma_noise=0.1)
@@ -220,6 +229,7 @@ def test_the_fit_report_says_what_lowrank_lanczos_did(toy):
     assert pickle.loads(pickle.dumps(la)).report == r
 
 
+@pytest.mark.torch
 def test_fit_releases_the_gil():
     """While one thread fits, another thread keeps running Python (it could not if the GIL
     were held for the whole fit)."""

@@ -81,6 +81,7 @@ def test_the_reference_has_every_class(ref):
         "laplace_cnn_kron_classification", "laplace_cnn_diag_regression"}
 
 
+@pytest.mark.torch
 def test_laplace_equals_rust(ref):
     for case in cases(ref, "Laplace"):
         x, y, xt = inputs(ref, case)
