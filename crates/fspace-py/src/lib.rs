@@ -26,6 +26,9 @@
 //!   `finish(x_val, y_val)` → `Posterior`.
 //! * `NystromFeatures` (`src/nystrom.rs`): ELLA's Nyström feature map of a network, for the
 //!   Python layer's laplace-torch `ELLA` surface, which keeps the posterior as tensors.
+//! * `NtkKernel` (`src/ntk.rs`): a network's NTK blocks at a batch and inducing inputs and
+//!   their gradient in the inducing inputs, for the laplace-torch `VaLLA` surface, which keeps
+//!   the variational parameters as torch parameters.
 //! * `gram(kernel, X, Y)`: a kernel's Gram matrix from its spec's JSON; `rkhs_norm(prior, C, F,
 //!   jitter)`: FSP-Laplace's regulariser at context points and its gradient in `F` (the
 //!   `fspace.torch.FSPRegularizer` loss term).
@@ -45,6 +48,7 @@ mod interrupt;
 mod laplace;
 mod methods;
 mod metrics;
+mod ntk;
 mod nystrom;
 
 use pyo3::prelude::*;
@@ -57,6 +61,7 @@ fn _fspace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<methods::PyFspBatches>()?;
     m.add_class::<methods::PyEllaBatches>()?;
     m.add_class::<nystrom::PyNystromFeatures>()?;
+    m.add_class::<ntk::PyNtkKernel>()?;
     m.add_function(wrap_pyfunction!(methods::fit, m)?)?;
     m.add_function(wrap_pyfunction!(methods::default_config, m)?)?;
     m.add_function(wrap_pyfunction!(methods::ella_nystrom_positions, m)?)?;

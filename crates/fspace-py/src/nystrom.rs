@@ -21,7 +21,7 @@ type FeaturesAndOutputs<'py> = (Bound<'py, PyArray3<f64>>, Bound<'py, PyArray2<f
 
 /// Builds the network of the keyword arguments shared with `Laplace`: a native network from
 /// `state` / `activation_name` / `architecture`, or a torch model's `calls`.
-fn any_network(
+pub(crate) fn any_network(
     state: Option<&Bound<'_, PyDict>>,
     activation_name: &str,
     architecture: Option<&Bound<'_, PyAny>>,
@@ -30,7 +30,7 @@ fn any_network(
     match (calls, state) {
         (Some(calls), _) => callback_network(calls, None),
         (None, Some(state)) => Ok(network(state, activation(activation_name)?, architecture)?.into()),
-        (None, None) => Err(value_error("NystromFeatures needs the network: state or calls")),
+        (None, None) => Err(value_error("the network is missing: give state or calls")),
     }
 }
 

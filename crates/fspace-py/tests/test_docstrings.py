@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 
 MODULES = ["fspace", "fspace._convert", "fspace._functional", "fspace._laplace", "fspace._marglik", "fspace._memory",
-           "fspace._methods", "fspace.kernels",
+           "fspace._methods", "fspace._variational", "fspace.kernels",
            "fspace.metrics", "fspace.subnetmask", "fspace.torch"]
 
 

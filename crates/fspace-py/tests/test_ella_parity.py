@@ -169,7 +169,7 @@ def test_ella_refuses_what_laplace_torch_refuses_and_names_what_fspace_lacks():
         fspace.Laplace(model, "classification", "all", "kron", functional_approximation="nystrom")
     with pytest.raises(NotImplementedError, match="FunctionalLaplace"):
         fspace.Laplace(model, "classification", "all", "gp", n_subset=10)
-    with pytest.raises(NotImplementedError, match="fspace.VaLLA"):
+    with pytest.raises(TypeError, match="subsample_size"):  # "variational" is VaLLA, without ELLA's options
         make(approx="variational")
     la = make()
     with pytest.raises(RuntimeError, match="Call fit"):

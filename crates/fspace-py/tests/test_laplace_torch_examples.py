@@ -12,9 +12,9 @@ eigendecompositions put the README example's evidence 1.2e-4 (relative) off the 
 which fspace's float32 run gives to 1e-13 — would hide a real difference.
 
 Covered elsewhere: the HuggingFace / LoRA recipe (``test_lora.py``), laplace-torch's ELLA
-(``test_ella_parity.py``), subnetwork masks and ``marglik_training`` options
-(``test_laplace_parity.py``), the refused ``"reward_modeling"`` and ``"variational"`` (VaLLA)
-calls (the parity table's refusals).
+(``test_ella_parity.py``) and VaLLA (``test_valla_parity.py``) beyond their examples, subnetwork
+masks and ``marglik_training`` options (``test_laplace_parity.py``), the refused
+``"reward_modeling"`` (the parity table's refusals; its example, reward_modeling_example.py, too).
 """
 
 from __future__ import annotations
@@ -372,6 +372,34 @@ def test_ella_example():
     assert out["fspace"][1].shape == out["laplace-torch"][1].shape
     close(out["fspace"][0], out["laplace-torch"][0], 1e-10, "ELLA example's mean")
     close(out["fspace"][1], out["laplace-torch"][1], 1e-9, "ELLA example's joint covariance")
+
+
+def test_valla_example():
+    """examples/valla.py: laplace-torch's VaLLA through the factory (``hessian_structure="gp"``,
+    ``functional_approximation="variational"``, random inducing inputs) on a bare ``Linear(2, 1)``
+    and four points, two Adam steps, then the joint predictive."""
+    out = {}
+    for name, lib in LIBRARIES.items():
+        torch.manual_seed(7)
+        inputs = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+        targets = inputs.sum(dim=-1, keepdim=True)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, targets), batch_size=2)
+        valla = lib.Laplace(
+            torch.nn.Linear(2, 1),
+            "regression",
+            subset_of_weights="all",
+            hessian_structure="gp",
+            functional_approximation="variational",
+            inducing_locations="random",
+            num_inducing=2,
+            sigma_noise=0.2,
+        )
+        valla.fit(loader, iterations=2, lr=1e-3)
+        mean, latent_covariance = valla(inputs[:2], joint=True)
+        out[name] = (mean.detach(), latent_covariance.detach())
+    assert out["fspace"][1].shape == out["laplace-torch"][1].shape
+    close(out["fspace"][0], out["laplace-torch"][0], 1e-10, "VaLLA example's mean")
+    close(out["fspace"][1], out["laplace-torch"][1], 1e-10, "VaLLA example's joint covariance")
 
 
 def test_calibration_gp_example_and_lm_example_are_refused_by_name():

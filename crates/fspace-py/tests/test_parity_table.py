@@ -20,6 +20,7 @@ import fspace  # noqa: E402
 import test_ella_parity  # noqa: E402
 import test_laplace_parity  # noqa: E402
 import test_laplace_torch_examples  # noqa: E402
+import test_valla_parity  # noqa: E402
 
 try:  # the LoRA tests need transformers and peft (installed by `cargo xtask test`)
     import test_lora  # noqa: E402
@@ -68,7 +69,7 @@ def _rows():
     rows = []
     if test_lora is None:
         pytest.skip("the LoRA parity tests need transformers and peft")
-    for module in (test_laplace_parity, test_ella_parity, test_laplace_torch_examples, test_lora):
+    for module in (test_laplace_parity, test_ella_parity, test_valla_parity, test_laplace_torch_examples, test_lora):
         for name in sorted(n for n in dir(module) if n.startswith("test_")):
             fn = getattr(module, name)
             axes = _cases(fn)
@@ -90,9 +91,6 @@ REFUSED = [
     ("`Laplace(m, \"reward_modeling\")`", lambda m: fspace.Laplace(m, "reward_modeling"), NotImplementedError),
     ("`Laplace(m, lik, \"all\", \"gp\")` (`FunctionalLaplace`, subset of data)",
      lambda m: fspace.Laplace(m, "classification", "all", "gp", n_subset=10), NotImplementedError),
-    ("`Laplace(m, lik, \"all\", \"gp\", functional_approximation=\"variational\")` (laplace-torch's `VaLLA`)",
-     lambda m: fspace.Laplace(m, "classification", "all", "gp", functional_approximation="variational",
-                              inducing_locations="random", num_inducing=5), NotImplementedError),
     ("`enable_backprop=True`", lambda m: fspace.Laplace(m, "classification", enable_backprop=True), NotImplementedError),
     ("`Laplace(m, lik, \"all\", \"kron\", damping=True)`",
      lambda m: fspace.Laplace(m, "classification", "all", "kron", damping=True), NotImplementedError),

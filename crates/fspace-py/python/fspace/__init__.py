@@ -5,7 +5,8 @@
   fit, ``optimize_prior_precision``, the GLM / sampled predictive, the evidence, weight samples);
   ``fspace.marglik_training``, laplace-torch's online evidence training, on it;
   ``hessian_structure="gp"`` with ``functional_approximation="nystrom"`` returns laplace-torch's
-  ``ELLA`` (``fspace.ELLALaplace``).
+  ``ELLA`` (``fspace.ELLALaplace``), with ``"variational"`` its ``VaLLA``
+  (``fspace.VaLLALaplace``).
 * ``fspace.FSPLaplace``, ``fspace.GFSVI``, ``fspace.VaLLA``, ``fspace.ELLA``,
   ``fspace.ExactGP``: the function-space methods, with a ``fspace.GPPrior`` built from
   ``fspace.kernels`` (``Matern12(1.0, 0.5) + RBF(...)``, ``Periodic``, ``Helmholtz``, ...).
@@ -45,6 +46,7 @@ from ._convert import ModelSpec, convert_sequential
 from ._fspace import NumericalError
 from ._functional import ELLALaplace
 from ._laplace import Laplace
+from ._variational import VaLLALaplace
 from ._marglik import marglik_training
 from ._memory import memory_limit, set_memory_limit
 from ._methods import ELLA, GFSVI, FSPLaplace, ExactGP, GPPrior, VaLLA, default_config
@@ -52,6 +54,7 @@ from ._methods import ELLA, GFSVI, FSPLaplace, ExactGP, GPPrior, VaLLA, default_
 __all__ = [
     "Laplace",
     "ELLALaplace",
+    "VaLLALaplace",
     "marglik_training",
     "FSPLaplace",
     "GFSVI",

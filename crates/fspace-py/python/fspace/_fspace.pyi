@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Laplace", "NystromFeatures", "Posterior", "FspLaplaceBatches", "EllaBatches", "fit", "default_config", "ella_nystrom_positions", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "classification_sums", "classification_metrics", "regression_sums", "regression_metrics", "ood_metrics", "set_memory_limit", "memory_limit", "NumericalError"]
+__all__ = ["Laplace", "NystromFeatures", "NtkKernel", "Posterior", "FspLaplaceBatches", "EllaBatches", "fit", "default_config", "ella_nystrom_positions", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "classification_sums", "classification_metrics", "regression_sums", "regression_metrics", "ood_metrics", "set_memory_limit", "memory_limit", "NumericalError"]
 
 class NumericalError(RuntimeError): ...
 
@@ -100,6 +100,31 @@ class NystromFeatures:
     def kernel_eigenvalues(self) -> npt.NDArray[np.float64]: ...
     def directions(self) -> npt.NDArray[np.float64]: ...
     def to_json(self) -> str: ...
+
+@final
+class NtkKernel:
+    def __new__(
+        cls,
+        *,
+        state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
+        activation_name: str = "",
+        architecture: Optional[Dict[str, Any]] = None,
+        calls: Any = None,
+    ) -> "NtkKernel": ...
+    @property
+    def output_dim(self) -> int: ...
+    def blocks(
+        self, x: npt.NDArray[np.float64], z: npt.NDArray[np.float64], outputs: Sequence[int]
+    ) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
+    def joint_block(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
+    def pullback_z(
+        self,
+        x: npt.NDArray[np.float64],
+        z: npt.NDArray[np.float64],
+        outputs: Sequence[int],
+        c_xz: npt.NDArray[np.float64],
+        c_zz: npt.NDArray[np.float64],
+    ) -> npt.NDArray[np.float64]: ...
 
 @final
 class Posterior:

@@ -37,30 +37,9 @@ from ._torch import TorchModel
 from ._fspace import NystromFeatures
 from ._memory import check_budget
 
-__all__ = ["ELLALaplace", "functional_laplace"]
+__all__ = ["ELLALaplace", "FunctionalSurface"]
 
 _LINKS = ("probit", "bridge", "bridge_norm", "mc")
-
-
-def functional_laplace(model: Any, likelihood: str, subset_of_weights: str, *args: Any,
-                       functional_approximation: str = "sod", **kwargs: Any) -> Any:
-    """laplace-torch's ``Laplace(..., hessian_structure="gp", functional_approximation=...)``."""
-    if functional_approximation not in ("sod", "nystrom", "variational"):
-        raise ValueError("functional_approximation must be 'sod', 'nystrom', or 'variational'.")
-    if functional_approximation == "sod":
-        raise NotImplementedError(
-            "hessian_structure='gp' with functional_approximation='sod' (laplace-torch's FunctionalLaplace, an exact "
-            "GP on a subset of the data) is not implemented in fspace: use functional_approximation='nystrom' (ELLA)"
-        )
-    if subset_of_weights != "all":
-        raise ValueError("Nystrom and variational function-space methods require subset_of_weights='all'.")
-    if functional_approximation == "variational":
-        raise NotImplementedError(
-            "functional_approximation='variational' (laplace-torch 0.3's VaLLA class: Adam on a packed variational "
-            "factor that also learns λ and σ, alpha-divergence objective) is not implemented through Laplace(...); "
-            "fspace.VaLLA fits the paper's VaLLA (Ortega et al. 2024) with its own settings"
-        )
-    return ELLALaplace(model, likelihood, *args, **kwargs)
 
 
 def _integer(value: Any) -> bool:
@@ -142,6 +121,24 @@ def _subset_loader(loader: Any, indices: Any) -> Any:
                       collate_fn=loader.collate_fn, shuffle=False)
 
 
+def _jittered_root(covariance: Any, values: Any) -> Any:
+    """laplace-torch's differentiable root of a singular covariance (VaLLA's MC objective): the
+    Cholesky factor after the smallest of three diagonal jitters (``1, 10, 100`` machine epsilons
+    of the largest variance, past any negative eigenvalue) that factors."""
+    torch = _torch()
+    scale = covariance.diagonal(dim1=-2, dim2=-1).detach().abs().amax(dim=-1)
+    scale = torch.where(scale > 0, scale, 1)
+    identity = torch.eye(covariance.shape[-1], dtype=covariance.dtype)
+    negative_shift = -values.amin(dim=-1).clamp_max(0)
+    for multiplier in (1, 10, 100):
+        jitter = negative_shift + multiplier * torch.finfo(covariance.dtype).eps * scale
+        try:
+            return torch.linalg.cholesky(covariance + jitter[..., None, None] * identity)
+        except torch.linalg.LinAlgError:
+            continue
+    raise RuntimeError("Could not factor a differentiable functional covariance.")
+
+
 def draw_gaussian(mean: Any, covariance: Any, n_samples: int, generator: Any) -> Any:
     """laplace-torch's ``draw_gaussian``: draws from ``N(mean, covariance)`` (per point
     ``B × C × C`` or joint), by Cholesky or, for a singular PSD covariance, by its
@@ -151,11 +148,14 @@ def draw_gaussian(mean: Any, covariance: Any, n_samples: int, generator: Any) ->
     try:
         root = torch.linalg.cholesky(covariance)
     except torch.linalg.LinAlgError:
-        values, vectors = torch.linalg.eigh(covariance)
+        values, vectors = torch.linalg.eigh(covariance.detach() if covariance.requires_grad else covariance)
         tolerance = 10 * torch.finfo(covariance.dtype).eps * covariance.shape[-1] * values.abs().amax(dim=-1, keepdim=True)
         if torch.any(values < -tolerance):
             raise
-        root = vectors @ torch.diag_embed(values.clamp_min(0).sqrt())
+        if covariance.requires_grad:
+            root = _jittered_root(covariance, values)
+        else:
+            root = vectors @ torch.diag_embed(values.clamp_min(0).sqrt())
     # The noise, the draws and their sum with the mean are held at once.
     check_budget(3 * n_samples * mean.numel() * mean.element_size(),
                  f"{n_samples} samples of {tuple(mean.shape)} outputs",
@@ -168,7 +168,248 @@ def draw_gaussian(mean: Any, covariance: Any, n_samples: int, generator: Any) ->
     return mean.unsqueeze(0) + draws
 
 
-class ELLALaplace(Wrapper):
+class FunctionalSurface(Wrapper):
+    """What laplace-torch 0.3's ``ELLA`` and ``VaLLA`` share (its ``BaseFunctionalLaplace``): the
+    network (native or a torch model's calls), the hyperparameters ``prior_mean`` and
+    ``temperature``, and the predictive — ``__call__``, ``predictive_moments``,
+    ``functional_samples``, ``predictive_samples`` — from a subclass's latent moments
+    (``_glm_predictive_distribution``)."""
+
+    #: The laplace-torch class this surface is, for messages.
+    _name = ""
+    model: Any
+    likelihood: str
+    dict_key_x: str
+    dict_key_y: str
+    _spec: Any
+    _dtype: Any
+    _fitted: bool
+    _prior_mean: Any
+    _temperature: float
+
+    def _hyperparameters_changed(self) -> None:
+        """Called when λ, σ or T is set (ELLA refactors its precision on the next query)."""
+
+    def _check_fitted(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def _glm_predictive_distribution(self, x: Any, joint: bool = False) -> Tuple[Any, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _tensor(self, value: Any) -> Any:
+        torch = _torch()
+        return torch.as_tensor(value, dtype=self._dtype) if not torch.is_tensor(value) else value.to(self._dtype)
+
+    @property
+    def prior_mean(self) -> Any:
+        """The prior mean: zero."""
+        return self._prior_mean
+
+    @prior_mean.setter
+    def prior_mean(self, value: Any) -> None:
+        torch = _torch()
+        if torch.any(torch.as_tensor(value) != 0):
+            raise ValueError(f"{self._name} currently requires prior_mean=0.")
+        self._prior_mean = self._tensor(value)
+
+    @property
+    def temperature(self) -> float:
+        """``T``, the likelihood's temperature."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        v = float(value)
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError("temperature must be positive and finite.")
+        self._temperature = v
+        self._hyperparameters_changed()
+
+    @property
+    def n_params(self) -> int:
+        """The network's parameters."""
+        if isinstance(self._spec, TorchModel):
+            return int(sum(p.numel() for p in self.model.parameters() if p.requires_grad))
+        return int(sum(np.asarray(v).size for v in self._spec.state.values()))
+
+    # -- the network ----------------------------------------------------------------------------
+
+    def _network(self) -> Dict[str, Any]:
+        reread_weights(self._spec, self.model)  # the model's weights as they are now
+        if isinstance(self._spec, TorchModel):
+            return dict(calls=self._spec.calls())
+        return dict(state=tensors(self._spec.state)[0], activation_name=self._spec.activation,
+                    architecture=self._spec.architecture_dict())
+
+    @property
+    def _key_x(self) -> Optional[str]:
+        """The dict-batch key of the inputs: none for a torch model (it takes the dict whole)."""
+        return None if isinstance(self._spec, TorchModel) else self.dict_key_x
+
+    def _output_dim(self) -> int:
+        if isinstance(self._spec, TorchModel):
+            return int(self._spec.calls().output_dim)
+        if self._spec.architecture is not None:
+            return int(self._spec.architecture["output_dim"])
+        weights = [np.asarray(v) for v in self._spec.state.values() if np.asarray(v).ndim == 2]
+        return int(weights[-1].shape[0])
+
+    def _inputs(self, x: Any) -> np.ndarray:
+        if isinstance(x, Mapping) and not isinstance(self._spec, TorchModel):
+            x = x[self.dict_key_x]
+        return self._spec.inputs(x, "x")
+
+    def _check_nonempty(self, x: Any) -> None:
+        inputs = x[self.dict_key_x] if isinstance(x, Mapping) else x
+        if len(inputs) == 0:
+            raise ValueError("Function-space predictions require at least one input.")
+
+    def predictive_moments(self, x: Any, *, joint: bool = False) -> Tuple[Any, Any]:
+        """The latent predictive's moments, without observation noise.
+
+        Parameters
+        ----------
+        x : tensor or dict
+            ``B`` inputs (a dict holds them under ``dict_key_x``).
+        joint : bool, default False
+            The covariance between inputs too.
+
+        Returns
+        -------
+        (torch.Tensor, torch.Tensor)
+            The mean ``B × C`` and covariance ``B × C × C``; ``joint``: the flattened mean
+            ``B·C`` and the ``B·C × B·C`` covariance.
+        """
+        with self._lock:
+            self._check_fitted()
+            self._check_nonempty(x)
+            return self._glm_predictive_distribution(x, joint=joint)
+
+    def __call__(self, x: Any, pred_type: str = "gp", joint: bool = False, link_approx: str = "probit",
+                 n_samples: int = 100, diagonal_output: bool = False, generator: Any = None,
+                 fitting: bool = False, **model_kwargs: Any) -> Any:
+        """The predictive at ``x``, as laplace-torch's ``ELLA`` and ``VaLLA``.
+
+        Parameters
+        ----------
+        x : tensor or dict
+            ``B`` inputs.
+        pred_type : {"gp"}, default "gp"
+        joint : bool, default False
+            Regression: the flattened mean and the joint covariance between inputs.
+        link_approx : {"probit", "bridge", "bridge_norm", "mc"}, default "probit"
+        n_samples : int, default 100
+            Draws of ``link_approx="mc"``.
+        diagonal_output : bool, default False
+            Regression: variances ``B × C``; MC: draws from the diagonal.
+        generator : torch.Generator, optional
+            The random numbers of the MC path.
+        fitting : bool, default False
+            laplace-torch's flag; ignored.
+
+        Returns
+        -------
+        tuple of tensors or tensor
+            Regression ``(f_mu, f_var)`` (``B × C`` and ``B × C × C``); classification the class
+            probabilities ``B × C``.
+        """
+        torch = _torch()
+        if pred_type != "gp":
+            raise ValueError("Only gp is supported as a functional prediction type.")
+        if link_approx not in _LINKS:
+            raise ValueError(f"Unsupported link approximation {link_approx}.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError("Invalid random generator (check type and device).")
+        if model_kwargs:
+            raise NotImplementedError(f"model keyword arguments {sorted(model_kwargs)} are not passed to the network in fspace")
+        out_dtype = x.dtype if torch.is_tensor(x) and x.is_floating_point() else self._dtype
+        if self.likelihood == "classification" and link_approx == "mc":
+            return self.predictive_samples(x, n_samples=n_samples, diagonal_output=diagonal_output,
+                                           generator=generator).mean(dim=0).to(out_dtype)
+        regression = self.likelihood == "regression"
+        f_mu, f_var = self.predictive_moments(x, joint=joint and regression)
+        if regression:
+            if diagonal_output and not joint:
+                f_var = torch.diagonal(f_var, dim1=-2, dim2=-1)
+            return f_mu.to(out_dtype), f_var.to(out_dtype)
+        return _link(f_mu, f_var, link_approx, int(n_samples), diagonal_output, generator).to(out_dtype)
+
+    predictive = __call__
+
+    def functional_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
+                           generator: Any = None, joint: bool = False) -> Any:
+        """Draws of the latent function at ``x`` (laplace-torch's ``draw_gaussian``).
+
+        Parameters
+        ----------
+        x : tensor or dict
+            ``B`` inputs.
+        pred_type : {"glm", "nn", "gp"}, default "glm"
+            laplace-torch's argument; every value draws from the GP predictive.
+        n_samples : int, default 100
+        diagonal_output : bool, default False
+            Draw each output independently.
+        generator : torch.Generator, optional
+        joint : bool, default False
+            With the covariance between inputs.
+
+        Returns
+        -------
+        torch.Tensor, shape (n_samples, B, C)
+        """
+        torch = _torch()
+        if pred_type not in ("glm", "nn", "gp"):
+            raise ValueError(f"Unsupported functional sampling type {pred_type}.")
+        if int(n_samples) <= 0:
+            raise ValueError("n_samples must be positive.")
+        mean, covariance = self.predictive_moments(x, joint=joint)
+        if joint:
+            batch = len(x[self.dict_key_x] if isinstance(x, Mapping) else x)
+            outputs = mean.numel() // batch
+            if diagonal_output:
+                ids = torch.arange(mean.numel()) % outputs
+                covariance = covariance * (ids[:, None] == ids[None, :])
+            return draw_gaussian(mean, covariance, int(n_samples), generator).reshape(int(n_samples), batch, outputs)
+        if diagonal_output:
+            covariance = torch.diag_embed(covariance.diagonal(dim1=-2, dim2=-1))
+        return draw_gaussian(mean, covariance, int(n_samples), generator)
+
+    def predictive_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
+                           generator: Any = None, fitting: bool = False, joint: bool = False) -> Any:
+        """Draws of the predictive: the latent function (regression) or its softmax.
+
+        Parameters
+        ----------
+        x : tensor or dict
+            ``B`` inputs.
+        pred_type : {"glm", "nn", "gp"}, default "glm"
+            laplace-torch's argument; every value draws from the GP predictive.
+        n_samples : int, default 100
+        diagonal_output : bool, default False
+            Draw each output independently.
+        generator : torch.Generator, optional
+        fitting : bool, default False
+            laplace-torch's flag; ignored.
+        joint : bool, default False
+            With the covariance between inputs.
+
+        Returns
+        -------
+        torch.Tensor, shape (n_samples, B, C)
+        """
+        samples = self.functional_samples(x, pred_type, n_samples, diagonal_output, generator, joint)
+        return samples.softmax(dim=-1) if self.likelihood == "classification" else samples
+
+    def _is_fitted(self) -> bool:
+        return self._fitted
+
+    def _check_picklable(self) -> None:
+        if isinstance(self._spec, TorchModel):
+            raise TypeError(f"an {type(self).__name__} on a torch model's callbacks cannot be pickled: save the model "
+                            "with torch and refit")
+
+
+class ELLALaplace(FunctionalSurface):
     """laplace-torch 0.3's ``ELLA``: the linearised Laplace approximation in ``n_eigenvalues``
     Nyström features of the neural tangent kernel (Deng et al. 2022). What
     ``fspace.Laplace(model, likelihood, "all", "gp", functional_approximation="nystrom", ...)``
@@ -220,6 +461,7 @@ class ELLALaplace(Wrapper):
     """
 
     _transient = ("_features", "_group")
+    _name = "ELLA"
 
     def __init__(
         self,
@@ -285,10 +527,6 @@ class ELLALaplace(Wrapper):
 
     # -- hyperparameters (laplace-torch's setters and their checks) -------------------------------
 
-    def _tensor(self, value: Any) -> Any:
-        torch = _torch()
-        return torch.as_tensor(value, dtype=self._dtype) if not torch.is_tensor(value) else value.to(self._dtype)
-
     @property
     def prior_precision(self) -> Any:
         """``λ``, a one-element tensor."""
@@ -303,7 +541,7 @@ class ELLALaplace(Wrapper):
         if candidate.numel() != 1 or not torch.all(torch.isfinite(candidate) & (candidate > 0)):
             raise ValueError("ELLA requires positive finite scalar prior_precision.")
         self._prior_precision = candidate.reshape(-1)
-        self._posterior_dirty = getattr(self, "feature_gram", None) is not None
+        self._hyperparameters_changed()
 
     @property
     def sigma_noise(self) -> Any:
@@ -325,66 +563,7 @@ class ELLALaplace(Wrapper):
         if candidate.ndim != 0:
             raise ValueError("Only homoscedastic output noise supported.")
         self._sigma_noise = candidate
-        self._posterior_dirty = getattr(self, "feature_gram", None) is not None
-
-    @property
-    def prior_mean(self) -> Any:
-        """The prior mean: zero."""
-        return self._prior_mean
-
-    @prior_mean.setter
-    def prior_mean(self, value: Any) -> None:
-        torch = _torch()
-        if torch.any(torch.as_tensor(value) != 0):
-            raise ValueError("ELLA currently requires prior_mean=0.")
-        self._prior_mean = self._tensor(value)
-
-    @property
-    def temperature(self) -> float:
-        """``T``, the likelihood's temperature."""
-        return self._temperature
-
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        v = float(value)
-        if not math.isfinite(v) or v <= 0:
-            raise ValueError("temperature must be positive and finite.")
-        self._temperature = v
-        self._posterior_dirty = getattr(self, "feature_gram", None) is not None
-
-    @property
-    def n_params(self) -> int:
-        """The network's parameters."""
-        if isinstance(self._spec, TorchModel):
-            return int(sum(p.numel() for p in self.model.parameters() if p.requires_grad))
-        return int(sum(np.asarray(v).size for v in self._spec.state.values()))
-
-    # -- the network ----------------------------------------------------------------------------
-
-    def _network(self) -> Dict[str, Any]:
-        reread_weights(self._spec, self.model)  # the model's weights as they are now
-        if isinstance(self._spec, TorchModel):
-            return dict(calls=self._spec.calls())
-        return dict(state=tensors(self._spec.state)[0], activation_name=self._spec.activation,
-                    architecture=self._spec.architecture_dict())
-
-    @property
-    def _key_x(self) -> Optional[str]:
-        """The dict-batch key of the inputs: none for a torch model (it takes the dict whole)."""
-        return None if isinstance(self._spec, TorchModel) else self.dict_key_x
-
-    def _output_dim(self) -> int:
-        if isinstance(self._spec, TorchModel):
-            return int(self._spec.calls().output_dim)
-        if self._spec.architecture is not None:
-            return int(self._spec.architecture["output_dim"])
-        weights = [np.asarray(v) for v in self._spec.state.values() if np.asarray(v).ndim == 2]
-        return int(weights[-1].shape[0])
-
-    def _inputs(self, x: Any) -> np.ndarray:
-        if isinstance(x, Mapping) and not isinstance(self._spec, TorchModel):
-            x = x[self.dict_key_x]
-        return self._spec.inputs(x, "x")
+        self._hyperparameters_changed()
 
     def _map(self) -> Any:
         if self._features is None:
@@ -568,6 +747,9 @@ class ELLALaplace(Wrapper):
             if val_loader is not None and (not val_steps or step % val_steps):
                 self.fit_history_["val_nll"].append(float(self._validation_nll(val_loader)))
 
+    def _hyperparameters_changed(self) -> None:
+        self._posterior_dirty = getattr(self, "feature_gram", None) is not None
+
     def _fingerprint(self, balanced: bool) -> List[float]:
         """What every process of a sharded fit must share: the settings and a summary of the
         model's parameters."""
@@ -607,147 +789,6 @@ class ELLALaplace(Wrapper):
             covariance = flat @ torch.cholesky_solve(flat.T, self.chol_precision)
             return mean.flatten(), covariance
         return mean, features @ torch.cholesky_solve(features.transpose(1, 2), self.chol_precision)
-
-    def _check_nonempty(self, x: Any) -> None:
-        inputs = x[self.dict_key_x] if isinstance(x, Mapping) else x
-        if len(inputs) == 0:
-            raise ValueError("Function-space predictions require at least one input.")
-
-    def predictive_moments(self, x: Any, *, joint: bool = False) -> Tuple[Any, Any]:
-        """The latent predictive's moments, without observation noise.
-
-        Parameters
-        ----------
-        x : tensor or dict
-            ``B`` inputs (a dict holds them under ``dict_key_x``).
-        joint : bool, default False
-            The covariance between inputs too.
-
-        Returns
-        -------
-        (torch.Tensor, torch.Tensor)
-            The mean ``B × C`` and covariance ``B × C × C``; ``joint``: the flattened mean
-            ``B·C`` and the ``B·C × B·C`` covariance.
-        """
-        with self._lock:
-            self._check_fitted()
-            self._check_nonempty(x)
-            return self._glm_predictive_distribution(x, joint=joint)
-
-    def __call__(self, x: Any, pred_type: str = "gp", joint: bool = False, link_approx: str = "probit",
-                 n_samples: int = 100, diagonal_output: bool = False, generator: Any = None,
-                 fitting: bool = False, **model_kwargs: Any) -> Any:
-        """The predictive at ``x``, as laplace-torch's ``ELLA``.
-
-        Parameters
-        ----------
-        x : tensor or dict
-            ``B`` inputs.
-        pred_type : {"gp"}, default "gp"
-        joint : bool, default False
-            Regression: the flattened mean and the joint covariance between inputs.
-        link_approx : {"probit", "bridge", "bridge_norm", "mc"}, default "probit"
-        n_samples : int, default 100
-            Draws of ``link_approx="mc"``.
-        diagonal_output : bool, default False
-            Regression: variances ``B × C``; MC: draws from the diagonal.
-        generator : torch.Generator, optional
-            The random numbers of the MC path.
-        fitting : bool, default False
-            laplace-torch's flag; ignored.
-
-        Returns
-        -------
-        tuple of tensors or tensor
-            Regression ``(f_mu, f_var)`` (``B × C`` and ``B × C × C``); classification the class
-            probabilities ``B × C``.
-        """
-        torch = _torch()
-        if pred_type != "gp":
-            raise ValueError("Only gp is supported as a functional prediction type.")
-        if link_approx not in _LINKS:
-            raise ValueError(f"Unsupported link approximation {link_approx}.")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError("Invalid random generator (check type and device).")
-        if model_kwargs:
-            raise NotImplementedError(f"model keyword arguments {sorted(model_kwargs)} are not passed to the network in fspace")
-        out_dtype = x.dtype if torch.is_tensor(x) and x.is_floating_point() else self._dtype
-        if self.likelihood == "classification" and link_approx == "mc":
-            return self.predictive_samples(x, n_samples=n_samples, diagonal_output=diagonal_output,
-                                           generator=generator).mean(dim=0).to(out_dtype)
-        regression = self.likelihood == "regression"
-        f_mu, f_var = self.predictive_moments(x, joint=joint and regression)
-        if regression:
-            if diagonal_output and not joint:
-                f_var = torch.diagonal(f_var, dim1=-2, dim2=-1)
-            return f_mu.to(out_dtype), f_var.to(out_dtype)
-        return _link(f_mu, f_var, link_approx, int(n_samples), diagonal_output, generator).to(out_dtype)
-
-    predictive = __call__
-
-    def functional_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
-                           generator: Any = None, joint: bool = False) -> Any:
-        """Draws of the latent function at ``x`` (laplace-torch's ``draw_gaussian``).
-
-        Parameters
-        ----------
-        x : tensor or dict
-            ``B`` inputs.
-        pred_type : {"glm", "nn", "gp"}, default "glm"
-            laplace-torch's argument; every value draws from the GP predictive.
-        n_samples : int, default 100
-        diagonal_output : bool, default False
-            Draw each output independently.
-        generator : torch.Generator, optional
-        joint : bool, default False
-            With the covariance between inputs.
-
-        Returns
-        -------
-        torch.Tensor, shape (n_samples, B, C)
-        """
-        torch = _torch()
-        if pred_type not in ("glm", "nn", "gp"):
-            raise ValueError(f"Unsupported functional sampling type {pred_type}.")
-        if int(n_samples) <= 0:
-            raise ValueError("n_samples must be positive.")
-        mean, covariance = self.predictive_moments(x, joint=joint)
-        if joint:
-            batch = len(x[self.dict_key_x] if isinstance(x, Mapping) else x)
-            outputs = mean.numel() // batch
-            if diagonal_output:
-                ids = torch.arange(mean.numel()) % outputs
-                covariance = covariance * (ids[:, None] == ids[None, :])
-            return draw_gaussian(mean, covariance, int(n_samples), generator).reshape(int(n_samples), batch, outputs)
-        if diagonal_output:
-            covariance = torch.diag_embed(covariance.diagonal(dim1=-2, dim2=-1))
-        return draw_gaussian(mean, covariance, int(n_samples), generator)
-
-    def predictive_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
-                           generator: Any = None, fitting: bool = False, joint: bool = False) -> Any:
-        """Draws of the predictive: the latent function (regression) or its softmax.
-
-        Parameters
-        ----------
-        x : tensor or dict
-            ``B`` inputs.
-        pred_type : {"glm", "nn", "gp"}, default "glm"
-            laplace-torch's argument; every value draws from the GP predictive.
-        n_samples : int, default 100
-        diagonal_output : bool, default False
-            Draw each output independently.
-        generator : torch.Generator, optional
-        fitting : bool, default False
-            laplace-torch's flag; ignored.
-        joint : bool, default False
-            With the covariance between inputs.
-
-        Returns
-        -------
-        torch.Tensor, shape (n_samples, B, C)
-        """
-        samples = self.functional_samples(x, pred_type, n_samples, diagonal_output, generator, joint)
-        return samples.softmax(dim=-1) if self.likelihood == "classification" else samples
 
     # -- hyperparameters by validation ------------------------------------------------------------
 
@@ -908,13 +949,6 @@ class ELLALaplace(Wrapper):
         raise NotImplementedError("ELLA does not accumulate a training log likelihood.")
 
     # -- saving ---------------------------------------------------------------------------------
-
-    def _is_fitted(self) -> bool:
-        return self._fitted
-
-    def _check_picklable(self) -> None:
-        if isinstance(self._spec, TorchModel):
-            raise TypeError("an ELLALaplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
 
     def state_dict(self) -> Dict[str, Any]:
         """The fitted posterior: the Nyström feature map (fspace's JSON, under

@@ -58,7 +58,9 @@ class Laplace(Wrapper):
         the flat parameter indices ``subnetwork_indices``.
     hessian_structure : {"kron", "full", "diag", "lowrank", "ekfac", "gp"}, default "kron"
         ``"gp"`` with ``functional_approximation="nystrom"`` returns laplace-torch's ``ELLA``
-        (``fspace.ELLALaplace``: ``subsample_size``, ``n_eigenvalues``, ``seed``).
+        (``fspace.ELLALaplace``: ``subsample_size``, ``n_eigenvalues``, ``seed``), with
+        ``"variational"`` its ``VaLLA`` (``fspace.VaLLALaplace``: ``inducing_locations``,
+        ``num_inducing``, ``alpha``, ``mc_softmax_samples``, ...).
     sigma_noise, prior_precision, prior_mean, temperature : float or tensor
         laplace-torch's hyperparameters (same meanings: the posterior precision is
         ``H / (σ²·T) + λ``).
@@ -114,9 +116,9 @@ class Laplace(Wrapper):
         **kwargs: Any,
     ) -> Any:
         # laplace-torch's Laplace(...) picks the class: hessian_structure="gp" is a function-space
-        # posterior (ELLA), whose object is not a Laplace (its __init__ is then not run).
+        # posterior (ELLA or VaLLA), whose object is not a Laplace (its __init__ is then not run).
         if hessian_structure == "gp":
-            from ._functional import functional_laplace
+            from ._variational import functional_laplace
 
             return functional_laplace(model, likelihood, subset_of_weights, *args, **kwargs)
         return super().__new__(cls)

@@ -337,6 +337,41 @@ class TorchCalls:
         with self._lock, torch.no_grad():
             return self._numpy(self._call(self._unflatten(w), self._inputs(x)))
 
+    def ntk_pullback_inducing(self, x: np.ndarray, z: np.ndarray, outputs: Sequence[int], c_xz: np.ndarray,
+                              c_zz: np.ndarray) -> np.ndarray:
+        """The gradient in ``Z`` (rows, ``M × d``) of ``⟨C_xz, J(X)J(Z)ᵀ⟩ + ⟨C_zz, J(Z)J(Z)ᵀ⟩``
+        with output ``outputs[m]`` of inducing input ``m`` (VaLLA moving its inducing inputs), at
+        the model's current weights: both Jacobians by ``torch.func.jacrev`` (as laplace-torch
+        forms them), ``J(Z)``'s kept differentiable in ``Z``, then one reverse pass."""
+        import torch
+
+        from ._memory import check_budget
+
+        n, m = x.shape[0], z.shape[0]
+        q = c_xz.shape[0] // max(n, 1)
+        p = int(sum(self.sizes))
+        check_budget((n * q + 2 * m * q) * p * torch.finfo(self.dtype).bits // 8,
+                     f"the Jacobians at {n} points and {m} inducing inputs ({p} parameters)",
+                     "smaller batches or fewer inducing inputs, or optimize_inducing=False")
+        with self._lock:
+            params = self._unflatten(self.params)
+
+            def f(weights: Dict[str, Any], inputs: Any) -> Any:
+                return self._call(weights, inputs)
+
+            def flat(jac: Dict[str, Any], rows: int) -> Any:
+                return torch.cat([jac[name].reshape(rows, -1) for name in self.names], dim=1)
+
+            jx = flat(torch.func.jacrev(f)(params, self._inputs(x)), n * q).detach()
+            inducing = self._inputs(z).detach().requires_grad_(True)
+            jz = flat(torch.func.jacrev(f)(params, inducing), m * q)
+            jz = jz.reshape(m, q, -1)[torch.arange(m), torch.as_tensor(list(outputs), dtype=torch.long)]
+            cxz = torch.from_numpy(np.ascontiguousarray(c_xz)).to(self.device, self.dtype)
+            czz = torch.from_numpy(np.ascontiguousarray(c_zz)).to(self.device, self.dtype)
+            total = ((cxz.T @ jx) * jz).sum() + (czz * (jz @ jz.T)).sum()
+            (grad,) = torch.autograd.grad(total, inducing)
+        return self._numpy(grad.reshape(m, -1))
+
     def jvp(self, w: np.ndarray, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """``J(X)·U`` for the ``r`` columns of ``U`` (``p × r``): ``n·d' × r``, point-major."""
         import torch
