@@ -716,7 +716,21 @@ fn check_glm<N: Network + Clone>(
         worst = worst.max((&covs[i] - &block).abs().max() / block.abs().max());
     }
     let (_, joint) = post.predict_joint(xt).unwrap();
-    worst.max(rel_frob(&joint, &cov))
+    // Σ applied to a block of the curvature's coordinates is the dense inverse's product.
+    let v = js.transpose();
+    let applied = post.covariance_solve(&v).unwrap();
+    let dim = post.indices().len();
+    assert!(matches!(
+        post.covariance_solve(&DMatrix::zeros(dim + 1, 2)),
+        Err(LaplaceError::Input(InputError::DimensionMismatch { .. }))
+    ));
+    assert!(matches!(
+        post.covariance_solve(&DMatrix::from_element(dim, 1, f64::NAN)),
+        Err(LaplaceError::Input(InputError::NonFinite { .. }))
+    ));
+    let dense =
+        (post.curvature().to_dense() * 0.7 + DMatrix::from_diagonal(&lam)).try_inverse().unwrap() * &v;
+    worst.max(rel_frob(&joint, &cov)).max(rel_frob(&applied, &dense))
 }
 
 #[test]

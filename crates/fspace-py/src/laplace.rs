@@ -483,6 +483,27 @@ impl PyLaplace {
         Ok((post.log_likelihood(), post.n_data(), idx, PyArray1::from_vec(py, w.as_slice().to_vec())))
     }
 
+    /// The curvature's coordinates: the flat parameter index of each (`Σ`'s row order in
+    /// `covariance_solve`).
+    fn coordinates(&self) -> PyResult<Vec<usize>> {
+        Ok(self.fitted()?.indices().to_vec())
+    }
+
+    /// `Σ V` at the current λ and T for `V` (`dim × m`, rows in `coordinates` order): the
+    /// posterior covariance applied to a block of Jacobian columns that the caller formed (the
+    /// predictive differentiated in its inputs).
+    fn covariance_solve<'py>(
+        &self,
+        py: Python<'py>,
+        v: PyReadonlyArray2<'py, f64>,
+    ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let errors = self.net.errors();
+        let post = self.fitted()?;
+        let v = matrix(&v);
+        let out = detach_interruptible(py, || post.covariance_solve(&v), |e| errors.raise(e))?;
+        Ok(to_numpy(py, &out))
+    }
+
     /// The GLM predictive at the current λ and T: `(mean n × d', covariances n × d' × d')`.
     fn glm<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'py, f64>) -> PyResult<MeanAndCovariances<'py>> {
         let errors = self.net.errors();

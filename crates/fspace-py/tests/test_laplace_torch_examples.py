@@ -3,8 +3,7 @@ libraries: each example's script body is a function of the ``Laplace`` it import
 uses them, ``marglik_training`` and a curvature backend), run once with laplace-torch's and once
 with fspace's, and the numbers compared. The examples' datasets (CIFAR-10, a WideResNet, their
 toy generators) are replaced by small generated data of the same kind; the calls are not
-changed. Where fspace refuses a call the example makes (``enable_backprop=True``, gradients of
-the predictive in the inputs), the error names why.
+changed. Where fspace refuses a call the example makes, the error names why.
 
 The scripts run with torch's default dtype set to float64 (as the BayesOpt example sets it), so
 both libraries compute in float64: in float32 laplace-torch's own rounding — its float32
@@ -295,55 +294,72 @@ def test_continual_learning_example():
 
 def test_expectation_example():
     """examples/expectation_example.py: laplace-torch's enums for every name, ``kron`` over all
-    weights, ``optimize_prior_precision(PredType.GLM)``, then Thompson samples and expected
-    improvement differentiated in the inputs — which needs ``enable_backprop=True``: fspace's
-    predictive is not differentiable in the inputs, and it says so when the object is made.
-    Without it, the sampling calls run and give laplace-torch's shapes."""
+    weights with ``enable_backprop=True``, ``optimize_prior_precision(PredType.GLM)``, then
+    Thompson samples and Monte-Carlo expected improvement differentiated in the inputs. The GLM
+    draws come from the same global generator state in both libraries: the samples, EI and their
+    gradients in ``x_test`` agree (≤ 1e-10); the ``nn`` draws (fspace's weight samples come from
+    its own generator) give laplace-torch's shapes and a finite, non-vanishing gradient."""
     torch.manual_seed(123)
     model = torch.nn.Sequential(torch.nn.Linear(2, 10), torch.nn.GELU(), torch.nn.Linear(10, 1))
     X, Y = torch.randn(5, 2), torch.randn(5, 1)
     train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=3)
-    with pytest.raises(NotImplementedError, match="enable_backprop=True: fspace's predictive is not differentiable"):
-        fspace.Laplace(model, Likelihood.REGRESSION, subset_of_weights=SubsetOfWeights.ALL,
-                       hessian_structure=HessianStructure.KRON, enable_backprop=True)
     out = {}
     for name, lib in LIBRARIES.items():
         la = lib.Laplace(model, Likelihood.REGRESSION, subset_of_weights=SubsetOfWeights.ALL,
-                         hessian_structure=HessianStructure.KRON)
+                         hessian_structure=HessianStructure.KRON, enable_backprop=True)
         la.fit(train_loader)
         la.optimize_prior_precision(PredType.GLM)
-        x_test = torch.randn(10, 2)
-        shapes = [tuple(la.functional_samples(x_test, pred_type=p, n_samples=n).shape)
-                  for p in (PredType.GLM, PredType.NN) for n in (1, 10)]
-        out[name] = (la.prior_precision, shapes)
+        results = [la.prior_precision.detach()]
+        f_best = torch.tensor(0.123)
+        for pred_type in (PredType.GLM, PredType.NN):
+            torch.manual_seed(7)
+            x_test = torch.randn(10, 2)
+            x_test.requires_grad = True
+            f_sample = la.functional_samples(x_test, pred_type=pred_type, n_samples=1).squeeze(0)
+            assert f_sample.requires_grad and f_sample.shape == (10, 1)
+            grad_ts = torch.autograd.grad(f_sample.sum(), x_test)[0]
+            f_samples = la.functional_samples(x_test, pred_type=pred_type, n_samples=10)
+            ei = (f_samples - f_best.reshape(1, 1, 1)).clamp(0.0).mean(0)
+            grad_ei = torch.autograd.grad(ei.sum(), x_test)[0]
+            assert ei.shape == (10, 1) and torch.isfinite(grad_ei).all() and not torch.allclose(grad_ts, torch.tensor(0.0))
+            results.append((f_sample.detach(), grad_ts, ei.detach(), grad_ei))
+        out[name] = results
     close(out["fspace"][0], out["laplace-torch"][0], 1e-10, "λ from the enum-named search")
-    assert out["fspace"][1] == out["laplace-torch"][1] == [(1, 10, 1), (10, 10, 1)] * 2
+    for k, what in enumerate(("Thompson sample", "its gradient in x", "MC-EI", "its gradient in x")):
+        close(out["fspace"][1][k], out["laplace-torch"][1][k], 1e-10, f"GLM {what}")
 
 
-def test_bayesopt_example_refuses_enable_backprop_and_runs_its_joint_predictive_without_it():
+def test_bayesopt_example_differentiates_its_acquisition_through_the_joint_predictive():
     """examples/bayesopt_example.py: a 2 × 50 ReLU regressor, ``kron`` over all weights with
-    ``enable_backprop=True`` (BoTorch optimises the acquisition through the predictive: fspace
-    refuses, naming why), ``optimize_prior_precision(n_steps=50)`` and the joint predictive
-    ``bnn(test_x, joint=True)`` — equal to laplace-torch's without ``enable_backprop``."""
+    ``enable_backprop=True``, ``optimize_prior_precision(n_steps=50)`` and the joint predictive
+    ``bnn(test_x, joint=True)`` with the example's 1e-4 jitter, then BoTorch's analytic expected
+    improvement (written out: BoTorch is not installed) and its gradient in the candidates, which
+    ``optimize_acqf`` follows — equal to laplace-torch's (≤ 1e-8: laplace-torch's KFAC)."""
     torch.manual_seed(1)
     train_x = torch.rand(20, 2) * 15 - torch.tensor([5.0, 0.0])
     train_y = (train_x[:, 1:] - 0.13 * train_x[:, :1] ** 2 + 1.6 * train_x[:, :1] - 6) ** 2 / 100
     net = torch.nn.Sequential(torch.nn.Linear(2, 50), torch.nn.ReLU(), torch.nn.Linear(50, 50), torch.nn.ReLU(),
                               torch.nn.Linear(50, 1))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train_x, train_y), batch_size=1024)
-    with pytest.raises(NotImplementedError, match="enable_backprop"):
-        fspace.Laplace(net, "regression", subset_of_weights="all", hessian_structure="kron", enable_backprop=True)
     test_x = torch.rand(6, 2) * 15
+    best_f = float(train_y.min())
     out = {}
     for name, lib in LIBRARIES.items():
-        bnn = lib.Laplace(net, "regression", subset_of_weights="all", hessian_structure="kron")
+        bnn = lib.Laplace(net, "regression", subset_of_weights="all", hessian_structure="kron", enable_backprop=True)
         bnn.fit(loader)
         bnn.optimize_prior_precision(n_steps=50)
-        mean_y, cov_y = bnn(test_x, joint=True)
-        out[name] = (mean_y.detach(), cov_y.detach())
+        x = test_x.clone().requires_grad_(True)
+        mean_y, cov_y = bnn(x, joint=True)
+        cov_y = cov_y + 1e-4 * torch.eye(6)
+        sigma = cov_y.diagonal().sqrt()
+        u = (best_f - mean_y) / sigma
+        normal = torch.distributions.Normal(0.0, 1.0)
+        ei = sigma * (normal.log_prob(u).exp() + u * normal.cdf(u))
+        (grad,) = torch.autograd.grad(ei.sum(), x)
+        out[name] = (mean_y.detach(), cov_y.detach(), ei.detach(), grad)
     assert out["fspace"][1].shape == (6, 6)
-    close(out["fspace"][0], out["laplace-torch"][0], 1e-10, "joint mean")
-    close(out["fspace"][1], out["laplace-torch"][1], 1e-8, "joint covariance")
+    for k, what in enumerate(("joint mean", "joint covariance", "expected improvement", "its gradient in x")):
+        close(out["fspace"][k], out["laplace-torch"][k], 1e-8, what)
 
 
 def test_ella_example():
@@ -402,13 +418,14 @@ def test_valla_example():
     close(out["fspace"][1], out["laplace-torch"][1], 1e-10, "VaLLA example's joint covariance")
 
 
-def test_calibration_gp_example_and_lm_example_are_refused_by_name():
+def test_calibration_gp_example_and_lm_example_targets_are_refused_by_name():
     """examples/calibration_gp_example.py fits a subset-of-data functional Laplace
     (``hessian_structure="gp"`` with ``num_data=m``, ``diagonal_kernel=True``: keywords of
     another laplace-torch release, which 0.3 refuses with a ``TypeError``; its spelling,
     ``n_subset``, runs there). fspace does not have that approximation: refused, naming the
-    Nyström (ELLA) route it has. examples/lm_example.py asks for ``enable_backprop=True`` (its
-    predictive is differentiated), refused naming why."""
+    Nyström (ELLA) route it has. examples/lm_example.py's call runs (``enable_backprop=True``
+    included); its per-token regression targets ``(B, L, 1)`` are refused by shape, where
+    laplace-torch 0.3 fits them and fails in its predictive."""
     x, y = blobs(60, seed=21)
     model = trained_classifier(x, y)
     train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=25)
@@ -423,6 +440,32 @@ def test_calibration_gp_example_and_lm_example_are_refused_by_name():
         with pytest.raises(NotImplementedError, match="nystrom"):
             fspace.Laplace(model, "classification", subset_of_weights="all", hessian_structure="gp",
                            prior_precision=1.0, **kwargs)
-    with pytest.raises(NotImplementedError, match="enable_backprop"):
-        fspace.Laplace(model, "regression", hessian_structure="full", subset_of_weights="all", backend=AsdlGGN,
-                       dict_key_x="input", dict_key_y="output", enable_backprop=True)
+    # lm_example.py: a frozen attention block and a trainable last layer, dict batches of per-token
+    # regression targets (B, L, 1). fspace takes its Laplace call (enable_backprop included) and
+    # refuses the targets by shape when it fits; laplace-torch 0.3 fits and then fails in its
+    # predictive on the same batches.
+    seq, embed = 6, 8
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(embed, num_heads=1)
+            self.final_layer = torch.nn.Linear(embed, 1)
+
+        def forward(self, x):
+            x = x["input"].view(-1, seq, embed)
+            return self.final_layer(self.attn(x, x, x, need_weights=False)[0])
+
+    inputs, outputs = torch.randn(20, seq, embed), torch.randn(20, seq, 1)
+    dl = torch.utils.data.DataLoader([{"input": inputs[i], "output": outputs[i]} for i in range(20)], batch_size=4)
+    lm = Model()
+    for mod_name, mod in lm.named_modules():
+        for p in mod.parameters():
+            p.requires_grad = mod_name == "final_layer"
+    for lib, error, message in ((fspace, ValueError, r"y must be a 1-D or 2-D array, got shape \(4, 6, 1\)"),
+                                (laplace, ValueError, "Einstein sum")):
+        la = lib.Laplace(lm, "regression", hessian_structure="full", subset_of_weights="all", backend=AsdlGGN,
+                         dict_key_x="input", dict_key_y="output", enable_backprop=True)
+        with pytest.raises(error, match=message):
+            la.fit(dl)
+            la(next(iter(dl)), pred_type="glm", joint=False)

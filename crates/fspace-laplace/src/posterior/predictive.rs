@@ -19,6 +19,25 @@ impl<N: Network> LaplacePosterior<N> {
         self.glm_covariances_with(x, None)
     }
 
+    /// `Σ V = (T·C + Λ)⁻¹ V` at the current λ and T for a `dim × m` block `V` whose rows are the
+    /// curvature's coordinates ([`indices`](Self::indices): row `c` is parameter `indices[c]`):
+    /// the posterior covariance applied without forming it, for a caller that holds its own
+    /// Jacobians (a predictive differentiated in the inputs: `J(x) Σ J(x)ᵀ` with `J` from an
+    /// autodiff framework).
+    pub fn covariance_solve(&self, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        if v.nrows() != self.indices.len() {
+            return Err(LaplaceError::Input(InputError::DimensionMismatch {
+                what: "rows of the block Σ is applied to (the curvature's coordinates)",
+                expected: self.indices.len(),
+                found: v.nrows(),
+            }));
+        }
+        if v.iter().any(|e| !e.is_finite()) {
+            return Err(LaplaceError::Input(InputError::NonFinite { what: "the block Σ is applied to" }));
+        }
+        self.curvature.solve(self.temperature, &self.current_lambdas(), v)
+    }
+
     /// The GLM mean `f(x; w*)` (`n × d'`) and the per-point covariances of
     /// [`glm_covariances`](Self::glm_covariances) together. For a curvature over the last
     /// layer alone, each chunk's outputs and last-layer inputs come from one pass

@@ -29,7 +29,8 @@ from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, step_reduce,
 from ._methods import Progress, _Progress
 from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
                           _split_batch, _torch)
-from ._torch import TorchModel
+from ._torch import TorchModel, is_module
+from ._memory import check_budget
 from ._fspace import Laplace as _Laplace
 
 __all__ = ["Laplace"]
@@ -64,7 +65,12 @@ class Laplace(Wrapper):
     sigma_noise, prior_precision, prior_mean, temperature : float or tensor
         laplace-torch's hyperparameters (same meanings: the posterior precision is
         ``H / (σ²·T) + λ``).
-    enable_backprop, dict_key_x, dict_key_y, backend, backend_kwargs, asdl_fisher_kwargs
+    enable_backprop : bool, default False
+        As laplace-torch: the predictive (GLM moments, links, samples, ``pred_type="nn"`` draws)
+        is differentiable in the input tensor and the model's weights — ``f(x)`` and ``J(x)`` from
+        ``torch.func`` at the model's current weights, ``J Σ Jᵀ`` with Rust applying the fixed
+        posterior covariance (needs an ``nn.Module``; forms each query's ``n·d' × p`` Jacobian).
+    dict_key_x, dict_key_y, backend, backend_kwargs, asdl_fisher_kwargs
         laplace-torch's remaining positional arguments. ``backend`` is laplace-torch's curvature
         class (a ``*GGN`` class: the GGN, a ``*EF`` class: the empirical Fisher), or fspace's
         engine name ``"auto"`` / ``"native"`` / ``"torch"``.
@@ -185,7 +191,12 @@ class Laplace(Wrapper):
             raise ValueError(f"Unsupported Laplace combination: {subset_of_weights}, {hessian_structure}.")
         if functional_approximation != "sod" and hessian_structure != "gp":
             raise ValueError("functional_approximation requires hessian_structure='gp'.")
-        _refuse_unsupported(enable_backprop, backend_kwargs)
+        _refuse_unsupported(False, backend_kwargs)
+        if enable_backprop and not is_module(model):
+            raise NotImplementedError(
+                "enable_backprop=True differentiates the predictive through the torch model (torch.func's Jacobian): "
+                "give an nn.Module, not a state_dict"
+            )
         if feature_reduction is not None:
             raise NotImplementedError(
                 f"feature_reduction={feature_reduction!r} (laplace-torch's reduction of sequence features before the "
@@ -211,7 +222,7 @@ class Laplace(Wrapper):
         self.subset_of_weights = subset_of_weights
         self.hessian_structure = hessian_structure
         self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
-        self.enable_backprop = False
+        self.enable_backprop = bool(enable_backprop)
         self._dtype = torch.float64
         self._lock = threading.RLock()
         self._spec = network_spec(model, input_shape, engine)
@@ -1139,6 +1150,8 @@ class Laplace(Wrapper):
 
     def _glm(self, x: Any, joint: bool = False) -> Tuple[Any, Any]:
         torch = _torch()
+        if self.enable_backprop:
+            return self._glm_differentiable(x, joint)
         xa = self._x(x)
         with self._lock:
             la = self._sync()
@@ -1147,6 +1160,99 @@ class Laplace(Wrapper):
             else:
                 mean, cov = la.glm(xa)
         return torch.as_tensor(mean, dtype=self._dtype), torch.as_tensor(cov, dtype=self._dtype)
+
+    def _glm_differentiable(self, x: Any, joint: bool) -> Tuple[Any, Any]:
+        """``enable_backprop=True``: the GLM moments as functions of ``x`` (and of the model's
+        weights) for torch's autograd, as laplace-torch gives them. ``f(x)`` and ``J(x)`` come
+        from ``torch.func`` at the model's current weights (``J`` with its graph to ``x``), and
+        ``J Σ Jᵀ`` applies the posterior covariance by Rust's ``covariance_solve`` inside an
+        autograd function whose backward applies ``Σ`` again (it is symmetric); ``Σ`` itself
+        (the curvature, λ, T) is fixed, as in laplace-torch."""
+        torch = _torch()
+        self._check_backprop_input(x)
+        model = self.model
+        params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        n = x.shape[0]
+        check_budget(3 * n * int(self._fitted().output_dim) * sum(p.numel() for p in params.values()) * 8,
+                     f"the Jacobian of {n} inputs over every trainable weight (enable_backprop)",
+                     "fewer inputs per call")
+
+        def outputs(weights: Dict[str, Any]) -> Any:
+            return torch.func.functional_call(model, weights, (x,)).reshape(n, -1)
+
+        was_training = model.training
+        model.eval()
+        try:
+            f_mu = outputs(params)
+            jacobian = torch.func.jacrev(outputs)(params)
+        finally:
+            model.train(was_training)
+        q = f_mu.shape[1]
+        with self._lock:
+            la = self._sync()
+            coordinates = torch.as_tensor(la.coordinates(), dtype=torch.long)
+            state = self._rust_state()
+        js = torch.cat([jacobian[name].reshape(n * q, -1) for name in params], dim=1)[:, coordinates].to(self._dtype)
+        sigma_jt = _covariance_solve_function().apply(js.T, lambda v: self._covariance_solve(v, state))
+        if joint:
+            f_var = js @ sigma_jt
+            f_var = (f_var + f_var.T) / 2
+        else:
+            f_var = torch.einsum("bqd,dbr->bqr", js.reshape(n, q, -1), sigma_jt.reshape(-1, n, q))
+            f_var = (f_var + f_var.transpose(-1, -2)) / 2
+        return f_mu.to(self._dtype), f_var
+
+    def _nn_samples_differentiable(self, x: Any, n_samples: int, generator: Any) -> Any:
+        """``enable_backprop=True``: the network at ``n_samples`` weight draws (every trainable
+        weight, the uncovered ones at the MAP), run by torch so that the draws are functions of
+        ``x`` — laplace-torch's ``_nn_functional_samples``."""
+        torch = _torch()
+        self._check_backprop_input(x)
+        seed = self._seed(generator)
+        with self._lock:
+            la = self._sync()
+            draws = torch.as_tensor(np.asarray(la.sample(n_samples, seed)))
+        model = self.model
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        was_training = model.training
+        model.eval()
+        try:
+            fs = []
+            for w in draws:
+                weights, offset = {}, 0
+                for name, p in named:
+                    weights[name] = w[offset:offset + p.numel()].reshape(p.shape).to(p.dtype)
+                    offset += p.numel()
+                fs.append(torch.func.functional_call(model, weights, (x,)).reshape(x.shape[0], -1))
+        finally:
+            model.train(was_training)
+        return torch.stack(fs).to(self._dtype)
+
+    @staticmethod
+    def _check_backprop_input(x: Any) -> None:
+        if not is_torch(x) or not x.is_floating_point():
+            raise NotImplementedError(
+                "enable_backprop=True differentiates the predictive in a floating-point input tensor; "
+                f"got {type(x).__name__}{'' if not is_torch(x) else ' of ' + str(x.dtype)}"
+            )
+
+    def _rust_state(self) -> Tuple[Any, float]:
+        """What ``_sync`` hands Rust (λ, one or per parameter, and the temperature), as values."""
+        scale = float(self._H_factor.detach()) * self._unit()
+        if len(self._prior_precision) == 1:
+            return float(self._prior_precision.detach()[0]), scale
+        return self.prior_precision_diag.detach().tolist(), scale
+
+    def _covariance_solve(self, v: np.ndarray, state: Tuple[Any, float]) -> np.ndarray:
+        """``Σ v`` at the λ and temperature of ``state`` (a backward pass may run after they change)."""
+        with self._lock:
+            la = self._fitted()
+            prior, scale = state
+            if isinstance(prior, list):
+                la.set_state_per_parameter(prior, scale)
+            else:
+                la.set_state(prior, scale)
+            return la.covariance_solve(np.ascontiguousarray(v))
 
     def __call__(
         self,
@@ -1232,6 +1338,8 @@ class Laplace(Wrapper):
         torch = _torch()
         if n_samples < 1:
             raise ValueError(f"n_samples {n_samples} must be ≥ 1")
+        if self.enable_backprop:
+            return self._nn_samples_differentiable(x, n_samples, generator)
         xa = self._x(x)
         seed = self._seed(generator)
         with self._lock:
@@ -1360,7 +1468,7 @@ class Laplace(Wrapper):
         f = self._fitted_summary()
         state = dict(
             mean=self.mean.clone(), loss=f["loss"].clone(), n_data=f["n_data"], n_outputs=f["n_outputs"],
-            likelihood=self.likelihood, enable_backprop=False, cls_name=self._cls_name(),
+            likelihood=self.likelihood, enable_backprop=self.enable_backprop, cls_name=self._cls_name(),
             fspace_posterior=posterior, sigma_fit=f["sigma_fit"],
         )
         state.update(self._hyper())
@@ -1421,6 +1529,30 @@ class Laplace(Wrapper):
     def _check_picklable(self) -> None:
         if isinstance(self._spec, TorchModel):
             raise TypeError("a Laplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
+
+
+_COVARIANCE_SOLVE: Any = None
+
+
+def _covariance_solve_function() -> Any:
+    """The autograd function ``V ↦ Σ V`` with ``Σ`` applied by a callable on numpy blocks; its
+    backward is ``G ↦ Σ G`` (``Σ`` is symmetric). Made on first use (torch is imported lazily)."""
+    global _COVARIANCE_SOLVE
+    if _COVARIANCE_SOLVE is None:
+        torch = _torch()
+
+        class CovarianceSolve(torch.autograd.Function):  # type: ignore[name-defined,misc]
+            @staticmethod
+            def forward(ctx: Any, v: Any, solve: Callable[[np.ndarray], np.ndarray]) -> Any:
+                ctx.solve = solve
+                return torch.from_numpy(solve(v.detach().cpu().numpy())).to(v.dtype)
+
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:
+                return torch.from_numpy(ctx.solve(grad.detach().cpu().numpy())).to(grad.dtype), None
+
+        _COVARIANCE_SOLVE = CovarianceSolve
+    return _COVARIANCE_SOLVE
 
 
 def _parameter_sizes(model: Any) -> List[int]:

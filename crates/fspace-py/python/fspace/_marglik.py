@@ -88,7 +88,7 @@ def marglik_training(
     progress_bar : bool
         A tqdm bar over the epochs.
     enable_backprop : bool
-        Refused (``NotImplementedError``) as by ``fspace.Laplace``.
+        The returned Laplace approximation's predictive is differentiable (as ``fspace.Laplace``'s).
     dict_key_x, dict_key_y : str
         The keys of dict batches.
 
@@ -114,8 +114,6 @@ def marglik_training(
     torch = _torch()
     if likelihood not in ("classification", "regression"):
         raise ValueError(f"likelihood {likelihood!r} is not \"classification\" or \"regression\"")
-    if enable_backprop:
-        raise NotImplementedError("enable_backprop=True: fspace's predictive is not differentiable in the inputs")
     for name, value in (("n_epochs", n_epochs), ("n_hypersteps", n_hypersteps), ("marglik_frequency", marglik_frequency)):
         if int(value) != value or value < (0 if name == "n_epochs" else 1):
             raise ValueError(f"{name} {value} must be an integer ≥ {0 if name == 'n_epochs' else 1}")
@@ -210,6 +208,7 @@ def marglik_training(
         prior_prec = torch.exp(log_prior_prec).detach()
         sigma_noise = 1.0 if likelihood == "classification" else (
             sigma_noise_init if fix_sigma_noise else torch.exp(log_sigma_noise).detach())
-    la = Laplace(model, likelihood, sigma_noise=sigma_noise, prior_precision=prior_prec, **common)
+    la = Laplace(model, likelihood, sigma_noise=sigma_noise, prior_precision=prior_prec,
+                 enable_backprop=enable_backprop, **common)
     la.fit(train_loader)
     return la, model, margliks, losses

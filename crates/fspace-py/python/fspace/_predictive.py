@@ -60,10 +60,14 @@ def _check_likelihood(likelihood: Any) -> None:
 
 
 def _refuse_unsupported(enable_backprop: bool, backend_kwargs: Optional[Dict[str, Any]]) -> None:
-    """laplace-torch options fspace does not have: a predictive differentiable in the inputs,
+    """laplace-torch options fspace does not have: a differentiable predictive of the
+    function-space structures (ELLA, VaLLA; ``fspace.Laplace``'s other structures have it),
     stochastic curvature backends."""
     if enable_backprop:
-        raise NotImplementedError("enable_backprop=True: fspace's predictive is not differentiable in the inputs")
+        raise NotImplementedError(
+            "enable_backprop=True with hessian_structure='gp' (ELLA, VaLLA): their predictive is not differentiable "
+            "in fspace; the weight-space structures (full, kron, diag, ...) take enable_backprop=True"
+        )
     if backend_kwargs:
         raise NotImplementedError(
             f"backend_kwargs {sorted(backend_kwargs)}: fspace's curvature and Jacobians are exact (no MC samples)"
