@@ -14,7 +14,8 @@ use pyo3::types::PyDict;
 
 use crate::callback::{callback_network, PyNetwork, PyReduce};
 use crate::convert::{
-    activation, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy, to_py,
+    activation, columns_to_numpy, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy,
+    to_py,
 };
 use crate::errors::{persist_error, value_error};
 use crate::interrupt::detach_interruptible;
@@ -501,7 +502,8 @@ impl PyLaplace {
         let post = self.fitted()?;
         let v = matrix(&v);
         let out = detach_interruptible(py, || post.covariance_solve(&v), |e| errors.raise(e))?;
-        Ok(to_numpy(py, &out))
+        // Column-major out, as it came in (a transposed C-contiguous n·d' × dim Jacobian): one memcpy each way.
+        Ok(columns_to_numpy(py, &out, 0..out.ncols()))
     }
 
     /// The GLM predictive at the current λ and T: `(mean n × d', covariances n × d' × d')`.

@@ -1177,29 +1177,32 @@ class Laplace(Wrapper):
                      f"the Jacobian of {n} inputs over every trainable weight (enable_backprop)",
                      "fewer inputs per call")
 
-        def outputs(weights: Dict[str, Any]) -> Any:
-            return torch.func.functional_call(model, weights, (x,)).reshape(n, -1)
+        def outputs(weights: Dict[str, Any]) -> Tuple[Any, Any]:
+            f = torch.func.functional_call(model, weights, (x,)).reshape(n, -1)
+            return f, f  # the outputs, and again as jacrev's auxiliary value (one forward pass)
 
         was_training = model.training
         model.eval()
         try:
-            f_mu = outputs(params)
-            jacobian = torch.func.jacrev(outputs)(params)
+            jacobian, f_mu = torch.func.jacrev(outputs, has_aux=True)(params)
         finally:
             model.train(was_training)
         q = f_mu.shape[1]
         with self._lock:
             la = self._sync()
-            coordinates = torch.as_tensor(la.coordinates(), dtype=torch.long)
+            cached = getattr(self, "_coordinates", None)
+            if cached is None or cached[0] is not la:
+                # The curvature's coordinate order (None: the parameters in order), per fitted object.
+                coordinates = la.coordinates()
+                order = None if coordinates == list(range(len(coordinates))) else \
+                    torch.as_tensor(coordinates, dtype=torch.long)
+                self._coordinates = cached = (la, order)
             state = self._rust_state()
-        js = torch.cat([jacobian[name].reshape(n * q, -1) for name in params], dim=1)[:, coordinates].to(self._dtype)
-        sigma_jt = _covariance_solve_function().apply(js.T, lambda v: self._covariance_solve(v, state))
-        if joint:
-            f_var = js @ sigma_jt
-            f_var = (f_var + f_var.T) / 2
-        else:
-            f_var = torch.einsum("bqd,dbr->bqr", js.reshape(n, q, -1), sigma_jt.reshape(-1, n, q))
-            f_var = (f_var + f_var.transpose(-1, -2)) / 2
+        js = torch.cat([jacobian[name].reshape(n * q, -1) for name in params], dim=1)
+        if cached[1] is not None:
+            js = js[:, cached[1]]
+        js = js.to(self._dtype)
+        f_var = _quadratic_form_function().apply(js, lambda v: self._covariance_solve(v, state), n, joint)
         return f_mu.to(self._dtype), f_var
 
     def _nn_samples_differentiable(self, x: Any, n_samples: int, generator: Any) -> Any:
@@ -1228,8 +1231,12 @@ class Laplace(Wrapper):
             model.train(was_training)
         return torch.stack(fs).to(self._dtype)
 
-    @staticmethod
-    def _check_backprop_input(x: Any) -> None:
+    def _check_backprop_input(self, x: Any) -> None:
+        if self.model is None:
+            raise RuntimeError(
+                "enable_backprop=True differentiates through the model, which a pickle does not hold: "
+                "build Laplace(model, ...) again and load_state_dict(...) into it"
+            )
         if not is_torch(x) or not x.is_floating_point():
             raise NotImplementedError(
                 "enable_backprop=True differentiates the predictive in a floating-point input tensor; "
@@ -1252,7 +1259,7 @@ class Laplace(Wrapper):
                 la.set_state_per_parameter(prior, scale)
             else:
                 la.set_state(prior, scale)
-            return la.covariance_solve(np.ascontiguousarray(v))
+            return la.covariance_solve(v)  # dim × n·d', column-major (a transposed Jacobian): copied once
 
     def __call__(
         self,
@@ -1521,7 +1528,7 @@ class Laplace(Wrapper):
         return {} if self._report is None else dict(self._report)
 
     # Pickling (``Wrapper``): the settings and ``state_dict()``; the user's model is not saved.
-    _transient = ("_la", "model", "_fit")
+    _transient = ("_la", "model", "_fit", "_coordinates")
 
     def _is_fitted(self) -> bool:
         return self._la is not None and self._fit is not None
@@ -1531,28 +1538,44 @@ class Laplace(Wrapper):
             raise TypeError("a Laplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
 
 
-_COVARIANCE_SOLVE: Any = None
+_QUADRATIC_FORM: Any = None
 
 
-def _covariance_solve_function() -> Any:
-    """The autograd function ``V ↦ Σ V`` with ``Σ`` applied by a callable on numpy blocks; its
-    backward is ``G ↦ Σ G`` (``Σ`` is symmetric). Made on first use (torch is imported lazily)."""
-    global _COVARIANCE_SOLVE
-    if _COVARIANCE_SOLVE is None:
+def _quadratic_form_function() -> Any:
+    """The autograd function ``J ↦ J Σ Jᵀ`` (``J`` the ``n·d' × dim`` Jacobian, point-major; the
+    ``n`` blocks ``d' × d'``, or the joint ``n·d' × n·d'``) with ``Σ`` applied by a callable on
+    numpy blocks. Forward: ``S = Σ Jᵀ`` (one solve), ``J S``; backward: ``J̄ = (Ḡ + Ḡᵀ) Sᵀ`` per
+    block (``J Σ = Sᵀ``: no second solve). Made on first use (torch is imported lazily)."""
+    global _QUADRATIC_FORM
+    if _QUADRATIC_FORM is None:
         torch = _torch()
 
-        class CovarianceSolve(torch.autograd.Function):  # type: ignore[name-defined,misc]
+        class QuadraticForm(torch.autograd.Function):  # type: ignore[name-defined,misc]
             @staticmethod
-            def forward(ctx: Any, v: Any, solve: Callable[[np.ndarray], np.ndarray]) -> Any:
-                ctx.solve = solve
-                return torch.from_numpy(solve(v.detach().cpu().numpy())).to(v.dtype)
+            def forward(ctx: Any, js: Any, solve: Callable[[np.ndarray], np.ndarray], n: int, joint: bool) -> Any:
+                s = torch.from_numpy(solve(js.detach().T.cpu().numpy())).to(js.dtype)  # dim × n·d'
+                ctx.save_for_backward(s)
+                ctx.n, ctx.joint = n, joint
+                if joint:
+                    out = js @ s
+                    return (out + out.T) / 2
+                q = js.shape[0] // n
+                out = torch.einsum("bqd,dbr->bqr", js.reshape(n, q, -1), s.reshape(-1, n, q))
+                return (out + out.transpose(-1, -2)) / 2
 
             @staticmethod
+            @torch.autograd.function.once_differentiable
             def backward(ctx: Any, grad: Any) -> Any:
-                return torch.from_numpy(ctx.solve(grad.detach().cpu().numpy())).to(grad.dtype), None
+                (s,) = ctx.saved_tensors
+                if ctx.joint:
+                    return (grad + grad.T) @ s.T, None, None, None
+                n = ctx.n
+                q = grad.shape[-1]
+                sym = grad + grad.transpose(-1, -2)
+                return torch.einsum("bqr,dbr->bqd", sym, s.reshape(-1, n, q)).reshape(n * q, -1), None, None, None
 
-        _COVARIANCE_SOLVE = CovarianceSolve
-    return _COVARIANCE_SOLVE
+        _QUADRATIC_FORM = QuadraticForm
+    return _QUADRATIC_FORM
 
 
 def _parameter_sizes(model: Any) -> List[int]:
