@@ -708,7 +708,7 @@ fn check_glm<N: Network + Clone>(
     );
     let sigma = (post.curvature().to_dense() * 0.7 + DMatrix::from_diagonal(&lam)).try_inverse().unwrap();
     let js = post.network().jacobian(xt).unwrap().select_columns(post.indices());
-    let cov = &js * sigma * js.transpose();
+    let cov = &js * &sigma * js.transpose();
     let covs = post.glm_covariances(xt).unwrap();
     let mut worst = 0.0f64;
     for i in 0..xt.nrows() {
@@ -720,6 +720,10 @@ fn check_glm<N: Network + Clone>(
     let v = js.transpose();
     let applied = post.covariance_solve(&v).unwrap();
     let dim = post.indices().len();
+    match post.covariance_diagonal() {
+        Some(d) => assert!(rel_frob(&DMatrix::from_diagonal(&d), &sigma) < 1e-12, "diag: Σ is its diagonal"),
+        None => assert_ne!(post.curvature().name(), "diag"),
+    }
     assert!(matches!(
         post.covariance_solve(&DMatrix::zeros(dim + 1, 2)),
         Err(LaplaceError::Input(InputError::DimensionMismatch { .. }))

@@ -506,6 +506,12 @@ impl PyLaplace {
         Ok(columns_to_numpy(py, &out, 0..out.ncols()))
     }
 
+    /// The diagonal structure's `Σ` at the current λ and T (`dim` entries in `coordinates`
+    /// order); `None` for the other structures.
+    fn covariance_diagonal<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<f64>>>> {
+        Ok(self.fitted()?.covariance_diagonal().map(|d| PyArray1::from_vec(py, d.as_slice().to_vec())))
+    }
+
     /// The GLM predictive at the current λ and T: `(mean n × d', covariances n × d' × d')`.
     fn glm<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'py, f64>) -> PyResult<MeanAndCovariances<'py>> {
         let errors = self.net.errors();

@@ -665,3 +665,31 @@ def test_enable_backprop_differentiates_the_predictive_as_laplace_torch_does(nam
         return
     close(torch.cat([t.reshape(-1) for t in out[1][1][1:]]), torch.cat([t.reshape(-1) for t in out[0][1][1:]]), rtol,
           "gradient in the weights")
+
+
+@pytest.mark.parametrize("structure", ["diag", "full"])
+def test_enable_backprop_over_a_subnetwork_is_fspaces_own(structure):
+    """laplace-torch's `SubnetLaplace` takes no `enable_backprop` (a `TypeError`); fspace's differentiable predictive over a subnetwork equals its own predictive without it (≤ 1e-12), and its gradient in the inputs a central difference."""
+    model = mlp(2, 1, 95)
+    x, y = data("regression", 40, 96, 1)
+    idx = torch.tensor([0, 3, 5, 17, 20, 30])
+    with pytest.raises(TypeError, match="enable_backprop"):
+        laplace.Laplace(model, "regression", "subnetwork", structure, subnetwork_indices=idx, enable_backprop=True)
+    plain, differentiable = (fspace.Laplace(model, "regression", "subnetwork", structure, subnetwork_indices=idx,
+                                            enable_backprop=flag) for flag in (False, True))
+    for la in (plain, differentiable):
+        la.fit(loader(x, y))
+    xt = data("regression", 3, 97, 1)[0]
+    for a, b in zip(differentiable(xt, joint=True), plain(xt, joint=True)):
+        close(a.detach(), b, 1e-12, "subnetwork predictive")
+    x_in = xt.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(differentiable(x_in)[1].sum(), x_in)
+    h = 1e-6
+    fd = torch.zeros_like(xt)
+    for i in range(3):
+        for j in range(2):
+            up, down = xt.clone(), xt.clone()
+            up[i, j] += h
+            down[i, j] -= h
+            fd[i, j] = (plain(up)[1].sum() - plain(down)[1].sum()) / (2 * h)
+    close(grad, fd, 1e-6, "gradient in x against a central difference")

@@ -38,6 +38,19 @@ impl<N: Network> LaplacePosterior<N> {
         self.curvature.solve(self.temperature, &self.current_lambdas(), v)
     }
 
+    /// The diagonal structure's `Σ` at the current λ and T — `1 / (T·cᵢ + λᵢ)` per coordinate,
+    /// in [`indices`](Self::indices) order — or `None` for the other structures, whose `Σ` is
+    /// not diagonal (apply it with [`covariance_solve`](Self::covariance_solve)).
+    pub fn covariance_diagonal(&self) -> Option<DVector<f64>> {
+        match &self.curvature {
+            Curvature::Diag(d) => {
+                let lam = self.current_lambdas();
+                Some(DVector::from_fn(d.diag.len(), |i, _| 1.0 / (self.temperature * d.diag[i] + lam[i])))
+            }
+            _ => None,
+        }
+    }
+
     /// The GLM mean `f(x; w*)` (`n × d'`) and the per-point covariances of
     /// [`glm_covariances`](Self::glm_covariances) together. For a curvature over the last
     /// layer alone, each chunk's outputs and last-layer inputs come from one pass

@@ -1198,10 +1198,19 @@ class Laplace(Wrapper):
                     torch.as_tensor(coordinates, dtype=torch.long)
                 self._coordinates = cached = (la, order)
             state = self._rust_state()
+            # The diagonal structure's Σ is one vector: applied in torch, no block crosses to Rust.
+            variances = la.covariance_diagonal() if self.hessian_structure == "diag" else None
         js = torch.cat([jacobian[name].reshape(n * q, -1) for name in params], dim=1)
         if cached[1] is not None:
             js = js[:, cached[1]]
         js = js.to(self._dtype)
+        if variances is not None:
+            scaled = js * torch.from_numpy(variances)
+            if joint:
+                f_var = scaled @ js.T
+            else:
+                f_var = torch.einsum("bqd,brd->bqr", scaled.reshape(n, q, -1), js.reshape(n, q, -1))
+            return f_mu.to(self._dtype), (f_var + f_var.transpose(-1, -2)) / 2
         f_var = _quadratic_form_function().apply(js, lambda v: self._covariance_solve(v, state), n, joint)
         return f_mu.to(self._dtype), f_var
 
