@@ -48,6 +48,20 @@ impl PyNtkKernel {
         Ok(())
     }
 
+    /// `X` and `Z` as matrices after checking both and `Z`'s outputs.
+    fn checked_pair(
+        &self,
+        x: &PyReadonlyArray2<'_, f64>,
+        z: &PyReadonlyArray2<'_, f64>,
+        outputs: &[usize],
+    ) -> PyResult<(DMatrix<f64>, DMatrix<f64>)> {
+        let (x, z) = (matrix(x), matrix(z));
+        self.check_inputs("x", &x)?;
+        self.check_inputs("the inducing inputs", &z)?;
+        self.check_outputs(&z, outputs)?;
+        Ok((x, z))
+    }
+
     fn check_outputs(&self, z: &DMatrix<f64>, outputs: &[usize]) -> PyResult<()> {
         if outputs.len() != z.nrows() {
             return Err(value_error(format!(
@@ -94,10 +108,7 @@ impl PyNtkKernel {
         z: PyReadonlyArray2<'py, f64>,
         outputs: Vec<usize>,
     ) -> PyResult<Blocks<'py>> {
-        let (x, z) = (matrix(&x), matrix(&z));
-        self.check_inputs("x", &x)?;
-        self.check_inputs("the inducing inputs", &z)?;
-        self.check_outputs(&z, &outputs)?;
+        let (x, z) = self.checked_pair(&x, &z, &outputs)?;
         let errors = self.net.errors();
         let net = &self.net;
         let (f, kxz, kzz, kxx) = py
@@ -140,10 +151,8 @@ impl PyNtkKernel {
         c_xz: PyReadonlyArray2<'py, f64>,
         c_zz: PyReadonlyArray2<'py, f64>,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let (x, z, c_xz, c_zz) = (matrix(&x), matrix(&z), matrix(&c_xz), matrix(&c_zz));
-        self.check_inputs("x", &x)?;
-        self.check_inputs("the inducing inputs", &z)?;
-        self.check_outputs(&z, &outputs)?;
+        let (x, z) = self.checked_pair(&x, &z, &outputs)?;
+        let (c_xz, c_zz) = (matrix(&c_xz), matrix(&c_zz));
         let (m, rows) = (z.nrows(), x.nrows() * self.net.output_dim());
         if c_xz.shape() != (rows, m) || c_zz.shape() != (m, m) {
             return Err(value_error(format!(

@@ -408,6 +408,49 @@ class FunctionalSurface(Wrapper):
             raise TypeError(f"an {type(self).__name__} on a torch model's callbacks cannot be pickled: save the model "
                             "with torch and refit")
 
+    def _check_checkpoint(self, state_dict: Dict[str, Any]) -> None:
+        """laplace-torch's checks of a ``state_dict`` before ``load_state_dict`` reads it: fitted,
+        the same class and model size, likelihood and dict keys."""
+        if not state_dict.get("fitted", False):
+            raise ValueError(f"{self._name} checkpoint must contain a fitted posterior.")
+        if state_dict.get("cls_name") != type(self).__name__ or state_dict.get("n_params") != self.n_params:
+            raise ValueError(f"Checkpoint requires the same {self._name} type and pretrained model.")
+        if state_dict.get("likelihood") != self.likelihood:
+            raise ValueError("Checkpoint likelihood does not match.")
+        for key in ("dict_key_x", "dict_key_y"):
+            if state_dict.get(key) != getattr(self, key):
+                raise ValueError(f"Checkpoint {key} {state_dict.get(key)!r} does not match {getattr(self, key)!r}.")
+
+    #: laplace-torch's messages refusing the evidence and the training log likelihood.
+    _no_evidence = ""
+    _no_log_likelihood = ""
+
+    def log_marginal_likelihood(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused, as in laplace-torch: ELLA and VaLLA have no marginal likelihood (ELLA tunes
+        λ by validation, VaLLA learns it in ``fit``).
+
+        Parameters
+        ----------
+        *args, **kwargs
+            laplace-torch's arguments.
+
+        Returns
+        -------
+        torch.Tensor
+            Never: it raises.
+
+        Raises
+        ------
+        NotImplementedError
+            Always.
+        """
+        raise NotImplementedError(self._no_evidence)
+
+    @property
+    def log_likelihood(self) -> Any:
+        """Refused, as in laplace-torch: the fit does not track the training log likelihood."""
+        raise NotImplementedError(self._no_log_likelihood)
+
 
 class ELLALaplace(FunctionalSurface):
     """laplace-torch 0.3's ``ELLA``: the linearised Laplace approximation in ``n_eigenvalues``
@@ -462,6 +505,8 @@ class ELLALaplace(FunctionalSurface):
 
     _transient = ("_features", "_group")
     _name = "ELLA"
+    _no_evidence = "ELLA does not use FunctionalLaplace's subset-of-data marginal likelihood."
+    _no_log_likelihood = "ELLA does not accumulate a training log likelihood."
 
     def __init__(
         self,
@@ -923,31 +968,6 @@ class ELLALaplace(FunctionalSurface):
                 self.prior_precision = best
             self._build_precision()
 
-    def log_marginal_likelihood(self, *args: Any, **kwargs: Any) -> Any:
-        """Refused, as in laplace-torch: ELLA has no marginal likelihood; tune by validation.
-
-        Parameters
-        ----------
-        *args, **kwargs
-            laplace-torch's arguments.
-
-        Returns
-        -------
-        torch.Tensor
-            Never: it raises.
-
-        Raises
-        ------
-        NotImplementedError
-            Always.
-        """
-        raise NotImplementedError("ELLA does not use FunctionalLaplace's subset-of-data marginal likelihood.")
-
-    @property
-    def log_likelihood(self) -> Any:
-        """Refused, as in laplace-torch: the fit does not track the training log likelihood."""
-        raise NotImplementedError("ELLA does not accumulate a training log likelihood.")
-
     # -- saving ---------------------------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
@@ -996,15 +1016,7 @@ class ELLALaplace(FunctionalSurface):
             Another class, model, likelihood or key names, or a tampered feature map.
         """
         torch = _torch()
-        if not state_dict.get("fitted", False):
-            raise ValueError("ELLA checkpoint must contain a fitted posterior.")
-        if state_dict.get("cls_name") != type(self).__name__ or state_dict.get("n_params") != self.n_params:
-            raise ValueError("Checkpoint requires the same ELLA type and pretrained model.")
-        if state_dict.get("likelihood") != self.likelihood:
-            raise ValueError("Checkpoint likelihood does not match.")
-        for key in ("dict_key_x", "dict_key_y"):
-            if state_dict.get(key) != getattr(self, key):
-                raise ValueError(f"Checkpoint {key} {state_dict.get(key)!r} does not match {getattr(self, key)!r}.")
+        self._check_checkpoint(state_dict)
         gram = torch.as_tensor(state_dict["feature_gram"], dtype=self._dtype)
         k = int(state_dict["n_eigenvalues"])
         if gram.shape != (k, k) or not torch.all(torch.isfinite(gram)) or not torch.allclose(gram, gram.T):

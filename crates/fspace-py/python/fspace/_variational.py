@@ -121,6 +121,8 @@ class VaLLALaplace(FunctionalSurface):
 
     _transient = ("_kernel",)
     _name = "VaLLA"
+    _no_evidence = "VaLLA's variational objective is not a Laplace marginal likelihood."
+    _no_log_likelihood = "VaLLA optimizes an alpha-divergence objective."
 
     def __init__(
         self,
@@ -634,31 +636,6 @@ class VaLLALaplace(FunctionalSurface):
         """
         raise NotImplementedError("VaLLA optimizes prior precision during fit.")
 
-    def log_marginal_likelihood(self, *args: Any, **kwargs: Any) -> Any:
-        """Refused, as in laplace-torch: the α-objective is not a Laplace marginal likelihood.
-
-        Parameters
-        ----------
-        *args, **kwargs
-            laplace-torch's arguments.
-
-        Returns
-        -------
-        torch.Tensor
-            Never: it raises.
-
-        Raises
-        ------
-        NotImplementedError
-            Always.
-        """
-        raise NotImplementedError("VaLLA's variational objective is not a Laplace marginal likelihood.")
-
-    @property
-    def log_likelihood(self) -> Any:
-        """Refused, as in laplace-torch: the fit records its α-objective, not a log likelihood."""
-        raise NotImplementedError("VaLLA optimizes an alpha-divergence objective.")
-
     # -- saving ---------------------------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
@@ -715,15 +692,7 @@ class VaLLALaplace(FunctionalSurface):
             factor, inducing set or hyperparameter of the wrong shape or not finite.
         """
         torch = _torch()
-        if not state_dict.get("fitted", False):
-            raise ValueError("VaLLA checkpoint must contain a fitted posterior.")
-        if state_dict.get("cls_name") != type(self).__name__ or state_dict.get("n_params") != self.n_params:
-            raise ValueError("Checkpoint requires the same VaLLA type and pretrained model.")
-        if state_dict.get("likelihood") != self.likelihood:
-            raise ValueError("Checkpoint likelihood does not match.")
-        for key in ("dict_key_x", "dict_key_y"):
-            if state_dict.get(key) != getattr(self, key):
-                raise ValueError(f"Checkpoint {key} {state_dict.get(key)!r} does not match {getattr(self, key)!r}.")
+        self._check_checkpoint(state_dict)
         classes = torch.as_tensor(state_dict["inducing_classes"], dtype=torch.long)
         m = classes.shape[0] if classes.ndim == 1 else -1
         packed = torch.as_tensor(state_dict["L"], dtype=self._dtype)
