@@ -693,3 +693,22 @@ def test_enable_backprop_over_a_subnetwork_is_fspaces_own(structure):
             down[i, j] -= h
             fd[i, j] = (plain(up)[1].sum() - plain(down)[1].sum()) / (2 * h)
     close(grad, fd, 1e-6, "gradient in x against a central difference")
+
+
+def test_before_fit_the_objects_read_as_laplace_torchs():
+    """Before `fit`: over all weights with `kron` the prior mean and `log |λI|` (as `diag` / `full`); over the last layer `mean`, `H` and `n_params` are `None` (the last layer is found by the first fit), as laplace-torch's."""
+    model = mlp(2, 3, 98)
+    for subset, structure in (("all", "kron"), ("last_layer", "kron"), ("last_layer", "diag")):
+        ref, la = (lib.Laplace(model, "classification", subset, structure, prior_precision=2.0, prior_mean=0.5)
+                   for lib in (laplace, fspace))
+        if subset == "all":
+            close(la.mean, ref.mean, 1e-15, "prior mean")
+            close(la.log_det_posterior_precision, ref.log_det_posterior_precision, 1e-13, "log |λI|")
+        else:
+            assert la.mean is None and la.H is None and la.n_params is None
+            assert ref.mean is None and ref.H is None and ref.n_params is None
+        x, y = data("classification", 30, 99, 3)
+        la.fit(loader(x, y))
+        ref.fit(loader(x, y))
+        close(la.mean, ref.mean, 1e-15, "the MAP after fit")
+        assert la.n_params == ref.n_params

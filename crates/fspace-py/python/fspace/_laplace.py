@@ -588,6 +588,8 @@ class Laplace(Wrapper):
         as laplace-torch counts them; ``n_params_subnet`` the covered ones)."""
         if self.subset_of_weights == "subnetwork":
             return int(self._fitted_summary()["weights"].shape[0])
+        if self._last_layer_unfitted():
+            return None  # type: ignore[return-value]  # laplace-torch's value before fit
         return self._covered
 
     @property
@@ -598,10 +600,16 @@ class Laplace(Wrapper):
 
     def _prior_state(self) -> bool:
         """Whether, before ``fit``, the object is laplace-torch's zero-curvature posterior (the
-        prior): over all weights with a ``diag`` or ``full`` curvature, whose covered parameters
-        are known before any data (laplace-torch's continual-learning example reads ``H``,
-        ``mean``, ``posterior_precision`` and ``log_prob`` before its first fit)."""
-        return self.subset_of_weights == "all" and self.hessian_structure in ("diag", "full")
+        prior): over all weights with a ``diag``, ``full`` or ``kron`` curvature, whose covered
+        parameters are known before any data (laplace-torch's continual-learning example reads
+        ``H``, ``mean``, ``posterior_precision`` and ``log_prob`` before its first fit; ``kron``'s
+        ``mean`` and ``log_det_posterior_precision`` are there too, its operators are not)."""
+        return self.subset_of_weights == "all" and self.hessian_structure in ("diag", "full", "kron")
+
+    def _last_layer_unfitted(self) -> bool:
+        """laplace-torch's last-layer classes before ``fit``: the last layer is found by the first
+        fit, so ``mean``, ``H`` and ``n_params`` are ``None`` until then."""
+        return self._fit is None and self.subset_of_weights == "last_layer"
 
     @property
     def n_params_subnet(self) -> int:
@@ -636,9 +644,12 @@ class Laplace(Wrapper):
     def mean(self) -> Any:
         """The MAP weights of the covered parameters (``named_parameters()`` order); subnetwork
         Laplace: all the model's weights, as laplace-torch (``mean_subnet`` the covered ones).
-        Before ``fit`` (all weights, ``diag`` / ``full``): the prior mean, as laplace-torch."""
+        Before ``fit`` (all weights, ``diag`` / ``full`` / ``kron``): the prior mean; over the
+        last layer: ``None``, as laplace-torch."""
         if self._fit is None and self._prior_state():
             return self.prior_mean
+        if self._last_layer_unfitted():
+            return None
         f = self._fitted_summary()
         return f["weights"] if self.subset_of_weights == "subnetwork" else f["mean"]
 
@@ -787,7 +798,7 @@ class Laplace(Wrapper):
     @property
     def log_det_posterior_precision(self) -> Any:
         """``log |H/(σ²T) + λI|`` from the curvature's eigenvalues (before ``fit``, over all
-        weights with ``diag`` / ``full``: ``log |λI|``, laplace-torch's zero curvature)."""
+        weights with ``diag`` / ``full`` / ``kron``: ``log |λI|``, laplace-torch's zero curvature)."""
         if self._fit is None and self._prior_state():
             return self.prior_precision_diag.log().sum()
         f = self._fitted_summary()
@@ -866,6 +877,8 @@ class Laplace(Wrapper):
             ``kron``, ``ekfac``, ``lowrank``: laplace-torch returns its own Kronecker / low-rank
             types, which fspace does not mirror.
         """
+        if self._last_layer_unfitted():
+            return None
         if self.hessian_structure == "diag":
             return self._diagonal_curvature()
         if self.hessian_structure == "full":
