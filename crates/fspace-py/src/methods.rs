@@ -622,16 +622,14 @@ impl PyEllaBatches {
         y_val: Option<PyReadonlyArray2<'py, f64>>,
     ) -> PyResult<(PyPosterior, Bound<'py, PyAny>)> {
         let validation = match (x_val, y_val) {
-            (Some(xv), Some(yv)) => Some((matrix(&xv), matrix(&yv))),
+            (Some(xv), Some(yv)) => {
+                let xv = matrix(&xv);
+                // The targets' shape read as every fit reads them (n × 1 labels or n × d' values).
+                let y = Data::new(&xv, &matrix(&yv)).map_err(raise)?.y_flat();
+                Some((xv, y))
+            }
             (None, None) => None,
             _ => return Err(value_error("validation data needs both x_val and y_val")),
-        };
-        let validation = match &validation {
-            Some((xv, yv)) => {
-                let data = Data::new(xv, yv).map_err(raise)?;
-                Some((xv.clone(), data.y_flat()))
-            }
-            None => None,
         };
         let stream = self.stream.take().ok_or_else(|| value_error("this fit over batches has finished"))?;
         let errors = &self.errors;
