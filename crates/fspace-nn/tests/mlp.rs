@@ -331,6 +331,10 @@ fn ntk_blocks_with_selected_outputs_match_the_jacobian() {
         let jz_one = DMatrix::from_fn(3, jz.ncols(), |r, c| jz[(r * 4 + classes[r], c)]);
         let got = mlp.ntk_block(&x, Outputs::All, &z, Outputs::One(&classes)).unwrap();
         assert_mat_close(&got, &(&jx * jz_one.transpose()), 1e-12, 1e-13);
+        // κ(X, X) from one side (the same matrix on both) equals it from two copies, to the bit.
+        let same = mlp.ntk_block(&x, Outputs::All, &x, Outputs::All).unwrap();
+        assert_eq!(same, mlp.ntk_block(&x, Outputs::All, &x.clone(), Outputs::All).unwrap());
+        assert_mat_close(&same, &(&jx * jx.transpose()), 1e-12, 1e-13);
         // The trait default (via Jacobians) agrees with the layer-wise rule.
         let default = {
             struct Plain<'a>(&'a Mlp);

@@ -93,12 +93,20 @@ impl Mlp {
         zo: Outputs,
     ) -> Result<DMatrix<f64>> {
         let w = self.dense_weights();
-        let (sx, sz) = (self.ntk_side(&w, x, xo)?, self.ntk_side(&w, z, zo)?);
+        let sx = self.ntk_side(&w, x, xo)?;
+        // `κ(X, X)` (a joint predictive's prior block): one side serves both.
+        let other;
+        let sz = if std::ptr::eq(x, z) && xo == zo {
+            &sx
+        } else {
+            other = self.ntk_side(&w, z, zo)?;
+            &other
+        };
         // Layer by layer, each layer's two products dropped once added (the pull-back's callers
         // keep all of them): the same additions in the same order as `block_from_products`.
         let mut k = DMatrix::zeros(sx.rows.len(), sz.rows.len());
         for j in 0..sx.a.len() {
-            add_layer_product(&mut k, &sx, &sz, &layer_product(&sx, &sz, j));
+            add_layer_product(&mut k, &sx, sz, &layer_product(&sx, sz, j));
         }
         Ok(k)
     }
