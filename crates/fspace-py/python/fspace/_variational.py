@@ -40,19 +40,13 @@ import numpy as np
 
 from ._backend import network_spec
 from ._fspace import NtkKernel
-from ._functional import ELLALaplace, FunctionalSurface, _classification_targets, _regression_targets, _subset_loader, \
-    draw_gaussian, training_indices
+from ._functional import (ELLALaplace, FunctionalSurface, _classification_targets, _integer, _regression_targets,
+                          _subset_loader, draw_gaussian, training_indices)
 from ._memory import check_budget
 from ._predictive import _check_likelihood, _curvature_source, _refuse_unsupported, _split_batch, _torch
 from ._torch import TorchModel, is_module
 
 __all__ = ["VaLLALaplace", "functional_laplace"]
-
-
-def _integer(value: Any) -> bool:
-    from numbers import Integral
-
-    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 class VaLLALaplace(FunctionalSurface):
