@@ -200,6 +200,61 @@ class FunctionalSurface(Wrapper):
         torch = _torch()
         return torch.as_tensor(value, dtype=self._dtype) if not torch.is_tensor(value) else value.to(self._dtype)
 
+    # -- construction and hyperparameter checks (laplace-torch's, shared by ELLA and VaLLA) ---------
+
+    def _engine(self, enable_backprop: bool, backend: Any, backend_kwargs: Optional[Dict[str, Any]], seed: Any,
+                jacobians_are: str) -> str:
+        """The engine ``backend`` names after laplace-torch's checks of the options (refused ones,
+        a ``*GGN`` backend — ``jacobians_are`` what the method takes from the Jacobians — and an
+        integer seed)."""
+        _refuse_unsupported(enable_backprop, backend_kwargs)
+        engine, curvature = _curvature_source(backend)
+        if curvature != "ggn":
+            raise ValueError(f"{self._name}'s {jacobians_are} the network's Jacobians: give a *GGN backend (or none)")
+        if not _integer(seed):
+            raise ValueError(f"seed {seed!r} must be an integer")
+        return engine
+
+    def _bind(self, model: Any, likelihood: str, dict_key_x: str, dict_key_y: str, spec: Any) -> None:
+        """The model, its network on the chosen engine, the batch keys, float64, the lock."""
+        torch = _torch()
+        self.model = model
+        self.likelihood = likelihood
+        self.enable_backprop = False
+        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
+        self._dtype = torch.float64
+        self._lock = threading.RLock()
+        self._spec = spec
+        if isinstance(spec, TorchModel):
+            spec.skip_keys = (dict_key_y,)
+
+    def _checked_prior_precision(self, value: Any) -> Any:
+        """``λ`` as a one-element float64 tensor, after laplace-torch's check (positive, finite, scalar)."""
+        torch = _torch()
+        if isinstance(value, (str, bytes)):
+            raise ValueError(f"prior_precision {value!r} is not a number")
+        candidate = self._tensor(value)
+        if candidate.numel() != 1 or not torch.all(torch.isfinite(candidate) & (candidate > 0)):
+            raise ValueError(f"{self._name} requires positive finite scalar prior_precision.")
+        return candidate.reshape(-1)
+
+    def _checked_sigma_noise(self, value: Any) -> Any:
+        """``σ`` as a 0-d float64 tensor, after laplace-torch's checks (positive, finite, one value,
+        1 unless regression)."""
+        torch = _torch()
+        if isinstance(value, (str, bytes)):
+            raise ValueError(f"sigma_noise {value!r} is not a number")
+        candidate = self._tensor(value)
+        if not torch.all(torch.isfinite(candidate) & (candidate > 0)):
+            raise ValueError("sigma_noise must be positive and finite.")
+        if self.likelihood != "regression" and torch.any(candidate != 1):
+            raise ValueError("sigma_noise != 1 is only available for regression.")
+        if candidate.ndim == 1 and candidate.numel() == 1:
+            candidate = candidate[0]
+        if candidate.ndim != 0:
+            raise ValueError("Only homoscedastic output noise supported.")
+        return candidate
+
     @property
     def prior_mean(self) -> Any:
         """The prior mean: zero."""
@@ -536,24 +591,11 @@ class ELLALaplace(FunctionalSurface):
             raise ValueError("ELLA requires scalar prior_precision.")
         if torch.any(torch.as_tensor(prior_mean) != 0):
             raise ValueError("ELLA currently requires prior_mean=0.")
-        _refuse_unsupported(enable_backprop, backend_kwargs)
-        engine, curvature = _curvature_source(backend)
-        if curvature != "ggn":
-            raise ValueError("ELLA's features are the network's Jacobians: give a *GGN backend (or none)")
-        if not _integer(seed):
-            raise ValueError(f"seed {seed!r} must be an integer")
-        self.model = model
-        self.likelihood = likelihood
+        engine = self._engine(enable_backprop, backend, backend_kwargs, seed, "features are")
+        self._bind(model, likelihood, dict_key_x, dict_key_y, network_spec(model, input_shape, engine))
         self.subsample_size = int(subsample_size)
         self.n_eigenvalues = int(n_eigenvalues)
         self.seed = int(seed)
-        self.enable_backprop = False
-        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
-        self._dtype = torch.float64
-        self._lock = threading.RLock()
-        self._spec = network_spec(model, input_shape, engine)
-        if isinstance(self._spec, TorchModel):
-            self._spec.skip_keys = (dict_key_y,)
         self._features: Any = None
         self._group: Any = None  # the process group of a sharded fit (not saved)
         self._saved_features: Optional[str] = None
@@ -579,13 +621,7 @@ class ELLALaplace(FunctionalSurface):
 
     @prior_precision.setter
     def prior_precision(self, value: Any) -> None:
-        torch = _torch()
-        if isinstance(value, (str, bytes)):
-            raise ValueError(f"prior_precision {value!r} is not a number")
-        candidate = self._tensor(value)
-        if candidate.numel() != 1 or not torch.all(torch.isfinite(candidate) & (candidate > 0)):
-            raise ValueError("ELLA requires positive finite scalar prior_precision.")
-        self._prior_precision = candidate.reshape(-1)
+        self._prior_precision = self._checked_prior_precision(value)
         self._hyperparameters_changed()
 
     @property
@@ -595,19 +631,7 @@ class ELLALaplace(FunctionalSurface):
 
     @sigma_noise.setter
     def sigma_noise(self, value: Any) -> None:
-        torch = _torch()
-        if isinstance(value, (str, bytes)):
-            raise ValueError(f"sigma_noise {value!r} is not a number")
-        candidate = self._tensor(value)
-        if not torch.all(torch.isfinite(candidate) & (candidate > 0)):
-            raise ValueError("sigma_noise must be positive and finite.")
-        if self.likelihood != "regression" and torch.any(candidate != 1):
-            raise ValueError("sigma_noise != 1 is only available for regression.")
-        if candidate.ndim == 1 and candidate.numel() == 1:
-            candidate = candidate[0]
-        if candidate.ndim != 0:
-            raise ValueError("Only homoscedastic output noise supported.")
-        self._sigma_noise = candidate
+        self._sigma_noise = self._checked_sigma_noise(value)
         self._hyperparameters_changed()
 
     def _map(self) -> Any:

@@ -1140,14 +1140,15 @@ class Laplace(Wrapper):
 
     # -- predictions --------------------------------------------------------------------------
 
-    def _sync(self) -> Any:
-        """Hands Rust the current λ and the temperature of ``T'·C + λ`` (module docs)."""
+    def _sync(self, state: Optional[Tuple[Any, float]] = None) -> Any:
+        """Hands Rust λ and the temperature of ``T'·C + λ`` (module docs): the current ones, or
+        those of ``state`` (``_rust_state``'s values)."""
         la = self._fitted()
-        scale = float(self._H_factor.detach()) * self._unit()
-        if len(self._prior_precision) == 1:
-            la.set_state(float(self._prior_precision.detach()[0]), scale)
+        prior, scale = self._rust_state() if state is None else state
+        if isinstance(prior, list):
+            la.set_state_per_parameter(prior, scale)
         else:
-            la.set_state_per_parameter(self.prior_precision_diag.detach().tolist(), scale)
+            la.set_state(prior, scale)
         return la
 
     def _x(self, x: Any) -> np.ndarray:
@@ -1202,7 +1203,8 @@ class Laplace(Wrapper):
             model.train(was_training)
         q = f_mu.shape[1]
         with self._lock:
-            la = self._sync()
+            state = self._rust_state()
+            la = self._sync(state)
             cached = getattr(self, "_coordinates", None)
             if cached is None or cached[0] is not la:
                 # The curvature's coordinate order (None: the parameters in order), per fitted object.
@@ -1210,7 +1212,6 @@ class Laplace(Wrapper):
                 order = None if coordinates == list(range(len(coordinates))) else \
                     torch.as_tensor(coordinates, dtype=torch.long)
                 self._coordinates = cached = (la, order)
-            state = self._rust_state()
             # The diagonal structure's Σ is one vector: applied in torch, no block crosses to Rust.
             variances = la.covariance_diagonal() if self.hessian_structure == "diag" else None
         js = torch.cat([jacobian[name].reshape(n * q, -1) for name in params], dim=1)
@@ -1266,22 +1267,18 @@ class Laplace(Wrapper):
             )
 
     def _rust_state(self) -> Tuple[Any, float]:
-        """What ``_sync`` hands Rust (λ, one or per parameter, and the temperature), as values."""
+        """What ``_sync`` hands Rust: λ (one value, or a list per parameter) and the temperature."""
         scale = float(self._H_factor.detach()) * self._unit()
         if len(self._prior_precision) == 1:
             return float(self._prior_precision.detach()[0]), scale
         return self.prior_precision_diag.detach().tolist(), scale
 
     def _covariance_solve(self, v: np.ndarray, state: Tuple[Any, float]) -> np.ndarray:
-        """``Σ v`` at the λ and temperature of ``state`` (a backward pass may run after they change)."""
+        """``Σ v`` at the λ and temperature of ``state``, read with the query's other state (the
+        autograd function runs outside the lock, where another thread may have set new ones)."""
         with self._lock:
-            la = self._fitted()
-            prior, scale = state
-            if isinstance(prior, list):
-                la.set_state_per_parameter(prior, scale)
-            else:
-                la.set_state(prior, scale)
-            return la.covariance_solve(v)  # dim × n·d', column-major (a transposed Jacobian): copied once
+            # dim × n·d', column-major (a transposed Jacobian): copied once.
+            return self._sync(state).covariance_solve(v)
 
     def __call__(
         self,

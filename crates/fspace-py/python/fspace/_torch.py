@@ -356,15 +356,12 @@ class TorchCalls:
         with self._lock:
             params = self._unflatten(self.params)
 
-            def f(weights: Dict[str, Any], inputs: Any) -> Any:
-                return self._call(weights, inputs)
-
             def flat(jac: Dict[str, Any], rows: int) -> Any:
                 return torch.cat([jac[name].reshape(rows, -1) for name in self.names], dim=1)
 
-            jx = flat(torch.func.jacrev(f)(params, self._inputs(x)), n * q).detach()
+            jx = flat(torch.func.jacrev(self._call)(params, self._inputs(x)), n * q).detach()
             inducing = self._inputs(z).detach().requires_grad_(True)
-            jz = flat(torch.func.jacrev(f)(params, inducing), m * q)
+            jz = flat(torch.func.jacrev(self._call)(params, inducing), m * q)
             jz = jz.reshape(m, q, -1)[torch.arange(m), torch.as_tensor(list(outputs), dtype=torch.long)]
             cxz = torch.from_numpy(np.ascontiguousarray(c_xz)).to(self.device, self.dtype)
             czz = torch.from_numpy(np.ascontiguousarray(c_zz)).to(self.device, self.dtype)

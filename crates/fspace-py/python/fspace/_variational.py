@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -43,7 +42,7 @@ from ._fspace import NtkKernel
 from ._functional import (ELLALaplace, FunctionalSurface, _classification_targets, _integer, _regression_targets,
                           _subset_loader, draw_gaussian, training_indices)
 from ._memory import check_budget
-from ._predictive import _check_likelihood, _curvature_source, _refuse_unsupported, _split_batch, _torch
+from ._predictive import _check_likelihood, _split_batch, _torch
 from ._torch import TorchModel, is_module
 
 __all__ = ["VaLLALaplace", "functional_laplace"]
@@ -153,24 +152,12 @@ class VaLLALaplace(FunctionalSurface):
         if not _integer(mc_softmax_samples) or mc_softmax_samples < 0:
             raise ValueError("mc_softmax_samples must be a nonnegative integer.")
         _check_likelihood(likelihood)
-        _refuse_unsupported(enable_backprop, backend_kwargs)
-        engine, curvature = _curvature_source(backend)
-        if curvature != "ggn":
-            raise ValueError("VaLLA's kernel is the network's Jacobians: give a *GGN backend (or none)")
-        if not _integer(seed):
-            raise ValueError(f"seed {seed!r} must be an integer")
-        self.model = model
-        self.likelihood = likelihood
-        self.enable_backprop = False
-        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
-        self._dtype = torch.float64
-        self._lock = threading.RLock()
-        self._spec = network_spec(model, input_shape, engine)
-        if engine == "auto" and optimize_inducing and getattr(self._spec, "is_cnn", False) and is_module(model):
+        engine = self._engine(enable_backprop, backend, backend_kwargs, seed, "kernel is")
+        spec = network_spec(model, input_shape, engine)
+        if engine == "auto" and optimize_inducing and getattr(spec, "is_cnn", False) and is_module(model):
             # fspace's native CNN has no NTK gradient in its inputs, which moving Z needs: torch's.
-            self._spec = network_spec(model, input_shape, "torch")
-        if isinstance(self._spec, TorchModel):
-            self._spec.skip_keys = (dict_key_y,)
+            spec = network_spec(model, input_shape, "torch")
+        self._bind(model, likelihood, dict_key_x, dict_key_y, spec)
         self._kernel: Any = None
         self._temperature = 1.0
         self.temperature = temperature
@@ -231,12 +218,7 @@ class VaLLALaplace(FunctionalSurface):
     @prior_precision.setter
     def prior_precision(self, value: Any) -> None:
         torch = _torch()
-        if isinstance(value, (str, bytes)):
-            raise ValueError(f"prior_precision {value!r} is not a number")
-        candidate = self._tensor(value).detach()
-        if candidate.numel() != 1 or not torch.all(torch.isfinite(candidate) & (candidate > 0)):
-            raise ValueError("VaLLA requires positive finite scalar prior_precision.")
-        self._prior_precision = candidate.reshape(-1).clone()
+        self._prior_precision = self._checked_prior_precision(value).detach().clone()
         if hasattr(self, "log_prior_precision"):
             with torch.no_grad():
                 self.log_prior_precision.copy_(self._prior_precision.log())
@@ -252,18 +234,7 @@ class VaLLALaplace(FunctionalSurface):
     @sigma_noise.setter
     def sigma_noise(self, value: Any) -> None:
         torch = _torch()
-        if isinstance(value, (str, bytes)):
-            raise ValueError(f"sigma_noise {value!r} is not a number")
-        candidate = self._tensor(value).detach()
-        if not torch.all(torch.isfinite(candidate) & (candidate > 0)):
-            raise ValueError("sigma_noise must be positive and finite.")
-        if self.likelihood != "regression" and torch.any(candidate != 1):
-            raise ValueError("sigma_noise != 1 is only available for regression.")
-        if candidate.ndim == 1 and candidate.numel() == 1:
-            candidate = candidate[0]
-        if candidate.ndim != 0:
-            raise ValueError("Only homoscedastic output noise supported.")
-        self._sigma_noise = candidate.clone()
+        self._sigma_noise = self._checked_sigma_noise(value).detach().clone()
         lnv = getattr(self, "log_noise_variance", None)
         if lnv is not None:
             with torch.no_grad():
