@@ -344,12 +344,14 @@ class VaLLALaplace(FunctionalSurface):
             self._kernel = NtkKernel(**self._network())
         return self._kernel
 
-    def _blocks(self, x: Any) -> Tuple[np.ndarray, Any, Any, Any, Any]:
-        """``(rows of x, f, J(X)J(Z)ᵀ, J(Z)J(Z)ᵀ, [J(xᵢ)J(xᵢ)ᵀ])``, the kernels unscaled, as float64 tensors."""
+    def _blocks(self, x: Any) -> Tuple[Tuple[np.ndarray, np.ndarray, List[int]], Any, Any, Any, Any]:
+        """``(at, f, J(X)J(Z)ᵀ, J(Z)J(Z)ᵀ, [J(xᵢ)J(xᵢ)ᵀ])``: the kernels unscaled, as float64
+        tensors, and ``at = (rows of x, rows of Z, Z's outputs)`` where they were taken (the
+        pull-back to ``Z`` is taken there too)."""
         torch = _torch()
-        rows = self._inputs(x)
-        f, kxz, kzz, kxx = self._ensure_kernel().blocks(rows, self._inducing_rows(), self.inducing_classes.tolist())
-        return rows, torch.from_numpy(f), torch.from_numpy(kxz), torch.from_numpy(kzz), torch.from_numpy(kxx)
+        at = (self._inputs(x), self._inducing_rows(), self.inducing_classes.tolist())
+        f, kxz, kzz, kxx = self._ensure_kernel().blocks(*at)
+        return at, torch.from_numpy(f), torch.from_numpy(kxz), torch.from_numpy(kzz), torch.from_numpy(kxx)
 
     def _reduction(self, kzz: Any) -> Tuple[Any, Any, Any, Any]:
         """``(λ, L, chol B, KL)`` from the unscaled ``J(Z)J(Z)ᵀ``."""
@@ -375,11 +377,11 @@ class VaLLALaplace(FunctionalSurface):
             covariance = kxx / lam - torch.einsum("bcm,bdm->bcd", roots, roots)
         return (covariance + covariance.transpose(-1, -2)) / 2
 
-    def _objective(self, x: Any, y: Any) -> Tuple[Any, Any, Any, np.ndarray]:
+    def _objective(self, x: Any, y: Any) -> Tuple[Any, Any, Any, Tuple[np.ndarray, np.ndarray, List[int]]]:
         """laplace-torch's minibatch objective; also the kernel blocks (leaves of the graph, so
-        their gradients pull back to ``Z``) and the batch's rows."""
+        their gradients pull back to ``Z``) and where they were taken (``_blocks``)."""
         torch = _torch()
-        rows, mean, kxz, kzz, kxx = self._blocks(x)
+        at, mean, kxz, kzz, kxx = self._blocks(x)
         if self._moves_inducing():
             kxz.requires_grad_(True)
             kzz.requires_grad_(True)
@@ -411,17 +413,16 @@ class VaLLALaplace(FunctionalSurface):
                 scaled = mean / torch.sqrt(1 + torch.pi / 8 * covariance.diagonal(dim1=-2, dim2=-1))
                 log_term = -torch.nn.functional.cross_entropy(scaled, y.long(), reduction="sum")
         objective = -(self.n_data / y.shape[0]) * log_term / self.temperature + kl
-        return objective, kxz, kzz, rows
+        return objective, kxz, kzz, at
 
-    def _pull_back_to_inducing(self, rows: np.ndarray, kxz: Any, kzz: Any) -> None:
+    def _pull_back_to_inducing(self, at: Tuple[np.ndarray, np.ndarray, List[int]], kxz: Any, kzz: Any) -> None:
         """Sets ``Z.grad`` from the objective's gradients in the kernel blocks (Rust's pull-back
         through ``J(X)J(Z)ᵀ`` and both sides of ``J(Z)J(Z)ᵀ``)."""
         torch = _torch()
         z = self.inducing_locations
         c_xz = kxz.grad if kxz.grad is not None else torch.zeros_like(kxz)
         c_zz = kzz.grad if kzz.grad is not None else torch.zeros_like(kzz)
-        args = (rows, self._inducing_rows(), self.inducing_classes.tolist(), np.ascontiguousarray(c_xz.numpy()),
-                np.ascontiguousarray(c_zz.numpy()))
+        args = (*at, np.ascontiguousarray(c_xz.numpy()), np.ascontiguousarray(c_zz.numpy()))
         if isinstance(self._spec, TorchModel):
             g = self._spec.calls().ntk_pullback_inducing(*args)
         else:
@@ -523,10 +524,10 @@ class VaLLALaplace(FunctionalSurface):
                 x, y = _split_batch(batch, self._key_x, self.dict_key_y)
                 self._check_nonempty(x)
                 optimizer.zero_grad()
-                objective, kxz, kzz, rows = self._objective(x, y)
+                objective, kxz, kzz, at = self._objective(x, y)
                 objective.backward()
                 if self._moves_inducing():
-                    self._pull_back_to_inducing(rows, kxz, kzz)
+                    self._pull_back_to_inducing(at, kxz, kzz)
                 optimizer.step()
                 self.fit_history_["objective"].append(float(objective.detach()))
                 if val_loader is not None and val_steps and (step + 1) % val_steps == 0:
@@ -547,12 +548,12 @@ class VaLLALaplace(FunctionalSurface):
     def _glm_predictive_distribution(self, x: Any, joint: bool = False) -> Tuple[Any, Any]:
         torch = _torch()
         with torch.no_grad():
-            rows, mean, kxz, kzz, kxx = self._blocks(x)
+            at, mean, kxz, kzz, kxx = self._blocks(x)
             if joint:
                 side = kxz.shape[0]
                 check_budget(3 * side * side * 8, f"a joint predictive covariance ({side} × {side})",
                              "fewer points per call, or joint=False")
-                kxx = torch.from_numpy(self._kernel.joint_block(rows))
+                kxx = torch.from_numpy(self._kernel.joint_block(at[0]))
             lam, factor, chol, _ = self._reduction(kzz)
             covariance = self._covariance(kxz, kxx, lam, factor, chol, joint)
         return (mean.flatten() if joint else mean), covariance
