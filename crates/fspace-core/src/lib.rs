@@ -43,4 +43,4 @@ pub use posterior::{
 };
 pub use schedule::{Schedule, ScheduleRun, Span, StopDecision};
 pub use spec::LikelihoodSpec;
-pub use training::{Adam, Minibatches};
+pub use training::{Adam, Minibatches, RowSource, RowsInMemory};

@@ -2,7 +2,7 @@
 //! schedule and early stopping are in [`crate::schedule`]).
 
 use fspace_input::InputError;
-use nalgebra::DVector;
+use nalgebra::{DMatrix, DVector};
 use rand::seq::SliceRandom;
 use rand::RngCore;
 
@@ -47,6 +47,69 @@ impl Minibatches {
         } else {
             self.n.div_ceil(self.batch_size)
         }
+    }
+}
+
+/// Training rows read by their position: the minibatch loops gather each step's rows through
+/// it, so a data set held elsewhere — a loader over a map-style data set, read one minibatch at
+/// a time — trains exactly as the same rows in memory ([`RowsInMemory`]).
+pub trait RowSource {
+    /// Rows held: positions `0..len()`.
+    fn len(&self) -> usize;
+    /// Whether no row is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The rows at `positions` (each `< len()`), in that order: inputs `b × d` and targets
+    /// point-major (`b·t` values, `t` the likelihood's targets per point).
+    fn rows(&mut self, positions: &[usize]) -> Result<(DMatrix<f64>, DVector<f64>)>;
+}
+
+/// An in-memory training set as a [`RowSource`]: rows are copied from a point-major copy of the
+/// inputs (a column-major gather would touch every column of the whole set per batch).
+#[derive(Debug, Clone)]
+pub struct RowsInMemory {
+    x_rows: DMatrix<f64>,
+    y: DVector<f64>,
+    t: usize,
+}
+
+impl RowsInMemory {
+    /// Inputs `x` (`n × d`) and point-major targets `y` (`n·t` values, `t` per point).
+    pub fn new(x: &DMatrix<f64>, y: DVector<f64>, t: usize) -> Result<Self> {
+        if y.len() != x.nrows() * t {
+            return Err(CoreError::Input(InputError::DimensionMismatch {
+                what: "targets vs. inputs × targets per point",
+                expected: x.nrows() * t,
+                found: y.len(),
+            }));
+        }
+        Ok(Self { x_rows: x.transpose(), y, t })
+    }
+}
+
+impl RowSource for RowsInMemory {
+    fn len(&self) -> usize {
+        self.x_rows.ncols()
+    }
+    fn rows(&mut self, positions: &[usize]) -> Result<(DMatrix<f64>, DVector<f64>)> {
+        let (d, t, n) = (self.x_rows.nrows(), self.t, self.x_rows.ncols());
+        if let Some(&i) = positions.iter().find(|&&i| i >= n) {
+            return Err(CoreError::Input(InputError::Invalid {
+                what: "row position",
+                reason: format!("{i} is past the {n} rows held"),
+            }));
+        }
+        let mut rows = Vec::with_capacity(positions.len() * d);
+        for &i in positions {
+            rows.extend_from_slice(&self.x_rows.as_slice()[i * d..(i + 1) * d]);
+        }
+        let y = &self.y;
+        let yb = DVector::from_iterator(
+            positions.len() * t,
+            positions.iter().flat_map(|&i| (0..t).map(move |k| y[i * t + k])),
+        );
+        Ok((DMatrix::from_row_slice(positions.len(), d, &rows), yb))
     }
 }
 

@@ -7,7 +7,7 @@ use fspace_context::{
     BoundingBox, DatasetSampler, GridSampler, HaltonSampler, LatinHypercube, Sampler, SobolSampler,
     UniformSampler,
 };
-use fspace_core::{Data, Fitted, LikelihoodSpec, Observer, Progress, Schedule, Silent, Span};
+use fspace_core::{Data, Fitted, LikelihoodSpec, Observer, Progress, RowSource, Schedule, Silent, Span};
 use fspace_nn::{Network, TrainConfig, TrainProgress, TrainReport};
 use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
@@ -554,6 +554,95 @@ pub fn fit_sharded<N: Network + Clone>(
     Ok(Fitted { posterior: post, report: summary })
 }
 
+/// [`fit_observed`] (Alg. 1, then Alg. 2) over rows read by position ([`RowSource`]: a loader
+/// over a map-style data set, or a data set larger than memory) with one minibatch in memory:
+/// Alg. 1 reads each step's minibatch ([`crate::train_rows`]: the in-memory run's positions, so
+/// the same rows give the same weights), and Alg. 2 adds the rows `data_batch` at a time, in
+/// order, to its `k × k` sum ([`crate::LaplaceBasis`]: the in-memory fit's chunks, the same
+/// sum). The context box must be given (`context_box`: the data's box is not at hand — take it
+/// in a first pass) and the context may not come from the data (`context_includes_data`,
+/// `design = Dataset`, `truncate_at_data`). With a validation set the early stopping reads it
+/// in chunks of `batch_size` rows (its sum, and so a tie between two evaluations, may differ
+/// from the one-pass in-memory sum in the last bits).
+pub fn fit_rows<N: Network + Clone>(
+    mut net: N,
+    likelihood: LikelihoodSpec,
+    prior: &GpPrior,
+    rows: &mut dyn RowSource,
+    validation: Option<&mut dyn RowSource>,
+    config: &FspConfig,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<FspLaplace<N>, FitSummary>> {
+    let bbox =
+        shared_context_box(config, "a fit over rows read by position", "the data's box is not at hand")?;
+    let n = rows.len();
+    if n == 0 {
+        return Err(fspace_input::InputError::Empty { what: "training rows" }.into());
+    }
+    check_memory(net.params().len(), net.output_dim(), n, config, true)?;
+    check_trains(config)?;
+    let mut lik = likelihood.build()?;
+    let train_options = config.train_options(likelihood.learns_noise());
+    let steps_per_epoch = n.div_ceil(config.batch_size.clamp(1, n));
+    let total = config.schedule.length.in_epochs(steps_per_epoch);
+    let progress = |p: &TrainProgress| {
+        observer.observe(&Progress {
+            step: p.epoch,
+            total,
+            loss: Some(p.train_loss),
+            validation: p.validation_loss,
+        })
+    };
+    let t0 = Instant::now();
+    let sampler = UniformSampler::new(bbox.clone());
+    let report = crate::train::train_rows(
+        &mut net,
+        lik.as_mut(),
+        prior,
+        rows,
+        validation,
+        &sampler,
+        &train_options,
+        progress,
+    )?;
+    let fitted = match likelihood.noise_std() {
+        Some(_) => likelihood.with_noise_std(lik.params()[0].exp()),
+        None => likelihood,
+    };
+    let train_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let context = config.laplace_context(&bbox, &DMatrix::zeros(0, net.input_dim()))?;
+    let basis = crate::LaplaceBasis::new(&net, prior, &context, &config.laplace)?;
+    let mut sum = basis.zero_sum();
+    let positions: Vec<usize> = (0..n).collect();
+    for chunk in positions.chunks(config.laplace.data_batch.max(1)) {
+        let (x, y) = rows.rows(chunk)?;
+        fspace_input::ensure_finite("training inputs", x.iter())?;
+        basis.add(&mut sum, lik.as_ref(), &x, &y)?;
+    }
+    let post = basis.finish(prior, &sum, None)?.with_likelihood(fitted)?;
+    let summary = FitSummary {
+        train: report,
+        train_seconds,
+        laplace_seconds: t1.elapsed().as_secs_f64(),
+        context_box: bbox,
+        likelihood: fitted,
+    };
+    Ok(Fitted { posterior: post, report: summary })
+}
+
+/// Alg. 1 must run: a schedule of at least one step.
+fn check_trains(config: &FspConfig) -> Result<()> {
+    if matches!(config.schedule.length, Span::Steps(0) | Span::Epochs(0)) {
+        return Err(invalid(
+            "schedule length",
+            "must be ≥ 1: fit trains the network under the prior (Alg. 1) first; for a network \
+             trained elsewhere call fsp_laplace::fit_posthoc (Alg. 2 alone)",
+        ));
+    }
+    Ok(())
+}
+
 fn fit_inner<N: Network + Clone>(
     mut net: N,
     likelihood: LikelihoodSpec,
@@ -566,13 +655,7 @@ fn fit_inner<N: Network + Clone>(
 ) -> Result<(FspLaplace<N>, FitSummary)> {
     let bbox = config.context_box_for(x)?;
     check_memory(net.params().len(), net.output_dim(), x.nrows(), config, true)?;
-    if matches!(config.schedule.length, Span::Steps(0) | Span::Epochs(0)) {
-        return Err(invalid(
-            "schedule length",
-            "must be ≥ 1: fit trains the network under the prior (Alg. 1) first; for a network \
-             trained elsewhere call fsp_laplace::fit_posthoc (Alg. 2 alone)",
-        ));
-    }
+    check_trains(config)?;
     let mut lik = likelihood.build()?;
     let train_options = config.train_options(likelihood.learns_noise());
     let t0 = Instant::now();

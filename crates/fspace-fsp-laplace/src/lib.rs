@@ -52,11 +52,11 @@ mod train;
 
 pub use error::{FspError, Result};
 pub use fit::{
-    context_points, fit, fit_observed, fit_posthoc, fit_posthoc_sharded, fit_sharded, posthoc_basis,
-    with_data_points, ContextDesign, FitSummary, FspConfig,
+    context_points, fit, fit_observed, fit_posthoc, fit_posthoc_sharded, fit_rows, fit_sharded,
+    posthoc_basis, with_data_points, ContextDesign, FitSummary, FspConfig,
 };
 pub use laplace::{
     laplace, laplace_sharded, DataSum, FspLaplace, FspLaplaceConfig, LaplaceBasis, LaplaceReport, ReduceStep,
 };
 pub use prior::{fit_classification_prior, fit_regression_prior};
-pub use train::{objective, rkhs_regularizer, train, train_sharded, ContextPrior, TrainOptions};
+pub use train::{objective, rkhs_regularizer, train, train_rows, train_sharded, ContextPrior, TrainOptions};

@@ -224,8 +224,54 @@ pub fn train_sharded<N: Network>(
     progress: impl FnMut(&TrainProgress),
     shard: Option<fspace_core::ProcessShard<'_, NnError>>,
 ) -> Result<TrainReport> {
+    with_context_regularizer(net, likelihood.output_dim(), prior, context, options, |net, hook| match shard {
+        None => train_map(net, likelihood, x, y, validation, Some(hook), &options.train, progress),
+        Some(shard) => fspace_nn::train_map_sharded(
+            net,
+            likelihood,
+            x,
+            y,
+            validation,
+            Some(hook),
+            &options.train,
+            progress,
+            shard,
+        ),
+    })
+}
+
+/// [`train`] over rows read by position ([`fspace_core::RowSource`], e.g. a loader over a
+/// map-style data set): each step reads its minibatch — the in-memory run's positions, so the
+/// same rows give the same weights — and the validation NLL is summed over chunks of
+/// `batch_size` rows ([`fspace_nn::train_map_rows`]). Nothing holds the whole set.
+#[allow(clippy::too_many_arguments)]
+pub fn train_rows<N: Network>(
+    net: &mut N,
+    likelihood: &mut dyn Likelihood,
+    prior: &GpPrior,
+    rows: &mut dyn fspace_core::RowSource,
+    validation: Option<&mut dyn fspace_core::RowSource>,
+    context: &dyn Sampler,
+    options: &TrainOptions,
+    progress: impl FnMut(&TrainProgress),
+) -> Result<TrainReport> {
+    with_context_regularizer(net, likelihood.output_dim(), prior, context, options, |net, hook| {
+        fspace_nn::train_map_rows(net, likelihood, rows, validation, Some(hook), &options.train, progress)
+    })
+}
+
+/// Checks Alg. 1's settings, then runs `train` with the regulariser hook that draws
+/// `n_context` points from `context` every step; a failure of the hook is returned as it was.
+fn with_context_regularizer<N: Network>(
+    net: &mut N,
+    likelihood_outputs: usize,
+    prior: &GpPrior,
+    context: &dyn Sampler,
+    options: &TrainOptions,
+    train: impl FnOnce(&mut N, &mut fspace_nn::Regularizer<'_, N>) -> fspace_nn::Result<TrainReport>,
+) -> Result<TrainReport> {
     prior.check(net.input_dim(), net.output_dim())?;
-    ensure_dim("likelihood outputs vs. network outputs", net.output_dim(), likelihood.output_dim())?;
+    ensure_dim("likelihood outputs vs. network outputs", net.output_dim(), likelihood_outputs)?;
     ensure_dim("context sampler dimension vs. network inputs", net.input_dim(), context.dim())?;
     if options.n_context == 0 {
         return Err(invalid("n_context", "at least one context point per step"));
@@ -249,21 +295,7 @@ pub fn train_sharded<N: Network>(
             }
         }
     };
-    let hook: &mut fspace_nn::Regularizer<'_, N> = &mut hook;
-    let result = match shard {
-        None => train_map(net, likelihood, x, y, validation, Some(hook), &options.train, progress),
-        Some(shard) => fspace_nn::train_map_sharded(
-            net,
-            likelihood,
-            x,
-            y,
-            validation,
-            Some(hook),
-            &options.train,
-            progress,
-            shard,
-        ),
-    };
+    let result = train(net, &mut hook);
     match (result, failure) {
         (Ok(report), _) => Ok(report),
         // The regulariser runs beside the data pass: its failure is the one reported only

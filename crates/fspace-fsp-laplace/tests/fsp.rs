@@ -909,3 +909,122 @@ fn a_sharded_fsp_laplace_fit_is_the_single_process_one() {
         assert!(result.err().unwrap().to_string().contains("context_box"));
     }
 }
+
+/// Rows held elsewhere, read by position: records the largest read and the rows read in all,
+/// and can turn one position's target into `bad` (a corrupt record of a loader).
+struct CountingRows {
+    rows: fspace_core::RowsInMemory,
+    n: usize,
+    largest_read: usize,
+    read: usize,
+    bad: Option<(usize, f64)>,
+}
+
+impl fspace_core::RowSource for CountingRows {
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn rows(&mut self, positions: &[usize]) -> fspace_core::Result<(DMatrix<f64>, DVector<f64>)> {
+        self.largest_read = self.largest_read.max(positions.len());
+        self.read += positions.len();
+        let (x, mut y) = self.rows.rows(positions)?;
+        if let Some((at, value)) = self.bad {
+            if let Some(i) = positions.iter().position(|&p| p == at) {
+                y[i] = value;
+            }
+        }
+        Ok((x, y))
+    }
+}
+
+fn counting(x: &DMatrix<f64>, y: &DMatrix<f64>) -> CountingRows {
+    let flat = fspace_core::fit::flatten(y);
+    let rows = fspace_core::RowsInMemory::new(x, flat, y.ncols()).unwrap();
+    CountingRows { rows, n: x.nrows(), largest_read: 0, read: 0, bad: None }
+}
+
+/// FSP-Laplace (Alg. 1 and Alg. 2) over rows read by position is the in-memory fit: the same
+/// minibatches give the same weights to the bit, Alg. 2's sum over `data_batch` chunks in order
+/// is the in-memory sum, so the posterior is the same to the bit; no read is larger than one
+/// minibatch or one of Alg. 2's chunks. With a validation set (read in chunks) the early
+/// stopping picks the same step. A corrupt row (a NaN target, a class out of range) is a typed
+/// error naming it, and what needs the data whole is refused.
+#[test]
+fn a_fit_over_rows_read_by_position_is_the_in_memory_fit() {
+    let mut r = rng(21);
+    let x = rand_uniform(90, 2, -1.0, 1.0, &mut r);
+    let xv = rand_uniform(25, 2, -1.0, 1.0, &mut r);
+    let f = |x: &DMatrix<f64>| DMatrix::from_fn(x.nrows(), 1, |i, _| (3.0 * x[(i, 0)]).sin() + x[(i, 1)]);
+    let classes =
+        |x: &DMatrix<f64>| DMatrix::from_fn(x.nrows(), 1, |i, _| f64::from(x[(i, 0)] + x[(i, 1)] > 0.0));
+    let prior = |q| GpPrior::centered(Independent::new(Rbf::new(1.0, 0.6).unwrap(), q).unwrap());
+    for (lik, y, yv, q) in [
+        (LikelihoodSpec::gaussian_learned(0.3), f(&x), f(&xv), 1),
+        (LikelihoodSpec::categorical(2), classes(&x), classes(&xv), 2),
+    ] {
+        let prior = prior(q);
+        let net = mlp(2, q, 5);
+        let config = FspConfig {
+            schedule: fspace_core::Schedule::epochs(6),
+            batch_size: 16,
+            n_context: 20,
+            context_box: Some(BoundingBox::from_data(&x, 0.5).unwrap()),
+            design: ContextDesign::Halton,
+            n_laplace_context: 30,
+            laplace: FspLaplaceConfig { data_batch: 32, ..Default::default() },
+            ..Default::default()
+        };
+        let test = rand_uniform(7, 2, -1.5, 1.5, &mut r);
+        let data = Data::new(&x, &y).unwrap();
+        let whole = fit(net.clone(), lik, &prior, &data, &config).unwrap();
+        let mut rows = counting(&x, &y);
+        let streamed =
+            fit_rows(net.clone(), lik, &prior, &mut rows, None, &config, &mut fspace_core::Silent).unwrap();
+        let (w1, w2) = (whole.posterior.network().params(), streamed.posterior.network().params());
+        assert!(w1.iter().zip(w2.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let (m1, c1) = Posterior::predict_joint(&whole.posterior, &test).unwrap();
+        let (m2, c2) = Posterior::predict_joint(&streamed.posterior, &test).unwrap();
+        assert!(same_bits(&c1, &c2), "{}", rel_frob(&c2, &c1));
+        assert!(m1.iter().zip(m2.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert_eq!(whole.report.likelihood, streamed.report.likelihood);
+        assert_eq!(rows.largest_read, 32, "one minibatch (16) or one of Alg. 2's chunks (32) at a time");
+        assert_eq!(rows.read, 6 * 90 + 90, "six epochs and Alg. 2's pass");
+
+        // Early stopping on a validation set read in chunks: the same steps as the one-pass sum.
+        let early =
+            FspConfig { schedule: fspace_core::Schedule::epochs(8).with_patience(Some(2)), ..config.clone() };
+        let whole = fit(net.clone(), lik, &prior, &data.with_validation(&xv, &yv).unwrap(), &early).unwrap();
+        let mut rows = counting(&x, &y);
+        let mut val = counting(&xv, &yv);
+        let streamed =
+            fit_rows(net.clone(), lik, &prior, &mut rows, Some(&mut val), &early, &mut fspace_core::Silent)
+                .unwrap();
+        assert_eq!(whole.report.train.best_step, streamed.report.train.best_step);
+        assert_eq!(whole.report.train.steps, streamed.report.train.steps);
+        for (a, b) in whole.report.train.history.iter().zip(&streamed.report.train.history) {
+            let (va, vb) = (a.validation_loss.unwrap(), b.validation_loss.unwrap());
+            assert!(rel_err(va, vb, 1e-300) < 1e-12, "{va} {vb}");
+        }
+        assert!(val.largest_read <= 16);
+
+        // A corrupt row is refused with the set and the reason named.
+        let (value, says) = if q == 1 { (f64::NAN, "training targets") } else { (5.0, "invalid target") };
+        let mut rows = counting(&x, &y);
+        rows.bad = Some((37, value));
+        let err = fit_rows(net.clone(), lik, &prior, &mut rows, None, &config, &mut fspace_core::Silent)
+            .unwrap_err();
+        assert!(err.to_string().contains(says), "{err}");
+        // What needs the data whole is refused before any read.
+        for (bad, what) in [
+            (FspConfig { context_box: None, ..config.clone() }, "context_box"),
+            (FspConfig { design: ContextDesign::Dataset, ..config.clone() }, "context points"),
+            (FspConfig { context_includes_data: true, ..config.clone() }, "context points"),
+        ] {
+            let mut rows = counting(&x, &y);
+            let err = fit_rows(net.clone(), lik, &prior, &mut rows, None, &bad, &mut fspace_core::Silent)
+                .unwrap_err();
+            assert!(err.to_string().contains(what), "{err}");
+            assert_eq!(rows.read, 0);
+        }
+    }
+}

@@ -71,6 +71,6 @@ pub use network::{
     WeightedGram,
 };
 pub use train::{
-    fit_map, fit_map_observed, train_map, train_map_sharded, MapReport, Regularizer, TrainConfig,
-    TrainProgress, TrainReport,
+    fit_map, fit_map_observed, train_map, train_map_rows, train_map_sharded, MapReport, Regularizer,
+    TrainConfig, TrainProgress, TrainReport,
 };

@@ -7,8 +7,8 @@
 //! μ(C))` held constant (gradient `J(C)ᵀα`), redrawing `C` each step.
 
 use fspace_core::{
-    Adam, Data, Fitted, Likelihood, LikelihoodSpec, Minibatches, Observer, ProcessShard, Progress, Schedule,
-    ScheduleRun, Silent, StopDecision,
+    Adam, Data, Fitted, Likelihood, LikelihoodSpec, Minibatches, Observer, ProcessShard, Progress, RowSource,
+    RowsInMemory, Schedule, ScheduleRun, Silent, StopDecision,
 };
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
@@ -120,7 +120,40 @@ pub fn train_map<N: Network>(
     config: &TrainConfig,
     progress: impl FnMut(&TrainProgress),
 ) -> Result<TrainReport> {
-    train_map_inner(net, likelihood, x, y, validation, regularizer, config, progress, None)
+    let checked = check_training(&*likelihood, x.nrows(), y, config);
+    let mut rows = in_memory(x, y, likelihood.target_dim(), &checked);
+    let validation = validation.map(|(xv, yv)| Validation::Memory(xv, yv));
+    let training = Training { rows: &mut rows, checked, streamed: false };
+    train_map_inner(net, likelihood, training, validation, regularizer, config, progress, None)
+}
+
+/// [`train_map`] over rows read by position ([`RowSource`]): each step reads its minibatch
+/// (the same seeded positions as the in-memory run, so the same rows give the same steps) and
+/// checks it as it arrives — shapes, finite values, the likelihood's targets — and the
+/// validation NLL is summed over chunks of `batch_size` rows. Nothing holds the whole set.
+pub fn train_map_rows<N: Network>(
+    net: &mut N,
+    likelihood: &mut dyn Likelihood,
+    rows: &mut dyn RowSource,
+    validation: Option<&mut dyn RowSource>,
+    regularizer: Option<&mut Regularizer<'_, N>>,
+    config: &TrainConfig,
+    progress: impl FnMut(&TrainProgress),
+) -> Result<TrainReport> {
+    let checked = check_settings(config);
+    let validation = validation.map(Validation::Rows);
+    let training = Training { rows, checked, streamed: true };
+    train_map_inner(net, likelihood, training, validation, regularizer, config, progress, None)
+}
+
+/// The in-memory rows of `x`, `y` (none when the checks failed: a sharded run still reports the
+/// failure in its first all-reduce).
+fn in_memory(x: &DMatrix<f64>, y: &DVector<f64>, t: usize, checked: &Result<()>) -> RowsInMemory {
+    let rows = match checked {
+        Ok(()) => RowsInMemory::new(x, y.clone(), t),
+        Err(_) => RowsInMemory::new(&DMatrix::zeros(0, 0), DVector::zeros(0), t),
+    };
+    rows.expect("the targets' length was checked")
 }
 
 /// [`train_map`] over data sharded across processes: every process calls it with its own rows
@@ -145,7 +178,98 @@ pub fn train_map_sharded<N: Network>(
     progress: impl FnMut(&TrainProgress),
     shard: ProcessShard<'_, NnError>,
 ) -> Result<TrainReport> {
-    train_map_inner(net, likelihood, x, y, validation, regularizer, config, progress, Some(shard))
+    let checked = check_training(&*likelihood, x.nrows(), y, config);
+    let mut rows = in_memory(x, y, likelihood.target_dim(), &checked);
+    let validation = validation.map(|(xv, yv)| Validation::Memory(xv, yv));
+    let training = Training { rows: &mut rows, checked, streamed: false };
+    train_map_inner(net, likelihood, training, validation, regularizer, config, progress, Some(shard))
+}
+
+/// The training rows of a run: where they come from, the result of the checks taken before the
+/// run (all the targets when in memory, the settings alone when streamed) and whether each
+/// minibatch is checked as it arrives.
+struct Training<'r> {
+    rows: &'r mut dyn RowSource,
+    checked: Result<()>,
+    streamed: bool,
+}
+
+/// The validation rows: in memory (one pass) or read by position, `batch_size` rows at a time.
+enum Validation<'v> {
+    Memory(&'v DMatrix<f64>, &'v DVector<f64>),
+    Rows(&'v mut dyn RowSource),
+}
+
+impl Validation<'_> {
+    fn rows(&self) -> usize {
+        match self {
+            Validation::Memory(x, _) => x.nrows(),
+            Validation::Rows(rows) => rows.len(),
+        }
+    }
+
+    /// `(Σ NLL, rows)` at the network's current weights.
+    fn nll<N: Network>(&mut self, net: &N, lik: &dyn Likelihood, chunk: usize) -> Result<(f64, usize)> {
+        match self {
+            Validation::Memory(x, y) => Ok((nll_loss(net, lik, x, y)?, x.nrows())),
+            Validation::Rows(rows) => {
+                let n = rows.len();
+                let positions: Vec<usize> = (0..n).collect();
+                let mut sum = 0.0;
+                for part in positions.chunks(chunk.max(1)) {
+                    let (x, y) = read_rows(*rows, part, net.input_dim(), lik, "validation")?;
+                    sum += nll_loss(net, lik, &x, &y)?;
+                }
+                Ok((sum, n))
+            }
+        }
+    }
+}
+
+/// A streamed minibatch, checked at the boundary: its shapes against the network and the
+/// likelihood, finite values, and the likelihood's targets.
+fn read_rows(
+    rows: &mut dyn RowSource,
+    positions: &[usize],
+    input_dim: usize,
+    lik: &dyn Likelihood,
+    set: &'static str,
+) -> Result<(DMatrix<f64>, DVector<f64>)> {
+    let lik_err = |e: fspace_core::CoreError| NnError::Likelihood(e.to_string());
+    let (x, y) = rows.rows(positions).map_err(|e| match e {
+        fspace_core::CoreError::Input(i) => NnError::Input(i),
+        other => lik_err(other),
+    })?;
+    let (inputs, targets) = match set {
+        "validation" => ("validation inputs", "validation targets"),
+        _ => ("training inputs", "training targets"),
+    };
+    if x.shape() != (positions.len(), input_dim) {
+        return Err(NnError::Input(InputError::Invalid {
+            what: inputs,
+            reason: format!(
+                "{} rows were read as {}×{}, the network takes {input_dim} inputs",
+                positions.len(),
+                x.nrows(),
+                x.ncols()
+            ),
+        }));
+    }
+    if y.len() != positions.len() * lik.target_dim() {
+        return Err(NnError::Input(InputError::DimensionMismatch {
+            what: targets,
+            expected: positions.len() * lik.target_dim(),
+            found: y.len(),
+        }));
+    }
+    if !all_finite(x.as_slice()) {
+        return Err(NnError::Input(InputError::NonFinite { what: inputs }));
+    }
+    if !all_finite(y.as_slice()) {
+        return Err(NnError::Input(InputError::NonFinite { what: targets }));
+    }
+    lik.check_targets(&y).map_err(lik_err)?;
+    Ok((x, y))
 }
 
 /// The settings' and targets' checks of a training run.
@@ -155,6 +279,7 @@ fn check_training(
     y: &DVector<f64>,
     config: &TrainConfig,
 ) -> Result<()> {
+    check_settings(config)?;
     let t = likelihood.target_dim();
     if y.len() != n * t {
         return Err(NnError::Input(InputError::DimensionMismatch {
@@ -163,7 +288,11 @@ fn check_training(
             found: y.len(),
         }));
     }
-    likelihood.check_targets(y).map_err(|e| NnError::Likelihood(e.to_string()))?;
+    likelihood.check_targets(y).map_err(|e| NnError::Likelihood(e.to_string()))
+}
+
+/// The settings' checks of a training run.
+fn check_settings(config: &TrainConfig) -> Result<()> {
     fspace_input::ensure_positive("learning_rate", config.learning_rate)?;
     if !(config.weight_decay.is_finite() && config.weight_decay >= 0.0) {
         return Err(NnError::Input(InputError::Invalid {
@@ -178,26 +307,24 @@ fn check_training(
 fn train_map_inner<N: Network>(
     net: &mut N,
     likelihood: &mut dyn Likelihood,
-    x: &DMatrix<f64>,
-    y: &DVector<f64>,
-    validation: Option<(&DMatrix<f64>, &DVector<f64>)>,
+    training: Training<'_>,
+    mut validation: Option<Validation<'_>>,
     mut regularizer: Option<&mut Regularizer<'_, N>>,
     config: &TrainConfig,
     mut progress: impl FnMut(&TrainProgress),
     mut shard: Option<ProcessShard<'_, NnError>>,
 ) -> Result<TrainReport> {
-    let t = likelihood.target_dim();
-    let checked = check_training(&*likelihood, x.nrows(), y, config);
+    let Training { rows: source, checked, streamed } = training;
     // Sharded: the first all-reduce gives every process's training and validation row counts
     // (or says that one failed its checks).
     let (n, offset, has_validation) = match shard.as_mut() {
         None => {
             checked?;
-            (x.nrows(), 0, validation.is_some())
+            (source.len(), 0, validation.is_some())
         }
         Some(shard) => {
-            let val_rows = validation.map_or(0, |(xv, _)| xv.nrows());
-            let layout = shard.exchange_layout(checked, &[x.nrows(), val_rows], DVector::zeros(0))?;
+            let val_rows = validation.as_ref().map_or(0, Validation::rows);
+            let layout = shard.exchange_layout(checked, &[source.len(), val_rows], DVector::zeros(0))?;
             (layout.total(0), layout.offset(0, shard.rank), layout.total(1) > 0)
         }
     };
@@ -206,11 +333,7 @@ fn train_map_inner<N: Network>(
     let mut schedule = ScheduleRun::new(&config.schedule, batches.batches_per_epoch(), has_validation)
         .map_err(schedule_error)?;
     let mut rng = StdRng::seed_from_u64(config.seed);
-    // Minibatch rows are gathered from a point-major copy: a column-major gather touches
-    // every column of the whole data set per batch (cache misses dominate on MNIST).
-    let d = x.ncols();
-    let x_rows = x.transpose();
-    let rows_here = offset..offset + x.nrows();
+    let rows_here = offset..offset + source.len();
     let mut theta = net.params();
     let p = theta.len();
     let n_lik = if config.learn_likelihood { likelihood.params().len() } else { 0 };
@@ -229,19 +352,14 @@ fn train_map_inner<N: Network>(
             if shard.is_none() {
                 interrupted.clone()?;
             }
-            // The batch's rows this process holds (all of them in one process). Contiguous row
-            // copies from the point-major copy, then one transposition.
+            // The batch's rows this process holds (all of them in one process).
             let held: Vec<usize> =
                 idx.iter().filter(|i| rows_here.contains(i)).map(|&i| i - offset).collect();
-            let mut rows = Vec::with_capacity(held.len() * d);
-            for &i in &held {
-                rows.extend_from_slice(&x_rows.as_slice()[i * d..(i + 1) * d]);
-            }
-            let xb = DMatrix::from_row_slice(held.len(), d, &rows);
-            let yb = DVector::from_iterator(
-                held.len() * t,
-                held.iter().flat_map(|&i| (0..t).map(move |k| y[i * t + k])),
-            );
+            let (xb, yb) = if streamed {
+                read_rows(source, &held, net.input_dim(), &*likelihood, "training")?
+            } else {
+                source.rows(&held).map_err(|e| NnError::Likelihood(e.to_string()))?
+            };
             let scale = n as f64 / idx.len() as f64;
             let (mut nll, mut lik_grad) = (0.0, DVector::zeros(n_lik));
             let lik = &*likelihood;
@@ -338,15 +456,18 @@ fn train_map_inner<N: Network>(
                     Some(reg) if config.validation_adds_regularizer => reg(net, &mut rng).map(|r| r.0),
                     _ => Ok(0.0),
                 };
+                let chunk = config.batch_size;
                 let (v, count) = match shard.as_mut() {
                     None => {
-                        let (xv, yv) = validation.expect("has_validation");
-                        (nll_loss(net, &*likelihood, xv, yv)?, xv.nrows() as f64)
+                        let set = validation.as_mut().expect("has_validation");
+                        let (sum, rows) = set.nll(net, &*likelihood, chunk)?;
+                        (sum, rows as f64)
                     }
                     Some(shard) => {
-                        let part = extra.clone().and_then(|_| match validation {
-                            Some((xv, yv)) => nll_loss(net, &*likelihood, xv, yv)
-                                .map(|s| DVector::from_vec(vec![s, xv.nrows() as f64])),
+                        let part = extra.clone().and_then(|_| match validation.as_mut() {
+                            Some(set) => set
+                                .nll(net, &*likelihood, chunk)
+                                .map(|(s, rows)| DVector::from_vec(vec![s, rows as f64])),
                             None => Ok(DVector::zeros(2)),
                         });
                         let summed = shard.sum(part, 2)?;
