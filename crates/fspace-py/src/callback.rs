@@ -624,3 +624,43 @@ impl PyReduce {
         })
     }
 }
+
+/// Training rows behind a Python callable (`fspace_core::RowSource`): `read(positions)` — an
+/// int64 array of row positions — returns `(X, y)`, float64 `b × d` and `b × t`, those rows in
+/// that order (the Python layer reads them from a loader's map-style data set). The callable's
+/// first exception is kept and raised when the fit returns.
+pub(crate) struct PyRows {
+    read: Py<PyAny>,
+    n: usize,
+    /// The callable's first exception.
+    pub error: Option<PyErr>,
+}
+
+impl PyRows {
+    pub(crate) fn new(read: Py<PyAny>, n: usize) -> Self {
+        Self { read, n, error: None }
+    }
+}
+
+impl fspace_core::RowSource for PyRows {
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn rows(&mut self, positions: &[usize]) -> fspace_core::Result<(DMatrix<f64>, DVector<f64>)> {
+        let out = Python::attach(|py| -> PyResult<(DMatrix<f64>, DVector<f64>)> {
+            let at: Vec<i64> = positions.iter().map(|&i| i as i64).collect();
+            let got = self.read.call1(py, (numpy::PyArray1::from_vec(py, at),))?;
+            let (x, y): (PyReadonlyArray2<'_, f64>, PyReadonlyArray2<'_, f64>) = got.bind(py).extract()?;
+            Ok((matrix(&x), fspace_core::fit::flatten(&matrix(&y))))
+        });
+        out.map_err(|e| {
+            let text = e.to_string();
+            self.error.get_or_insert(e);
+            fspace_core::CoreError::Input(fspace_input::InputError::Invalid {
+                what: "rows read from the data loader",
+                reason: text,
+            })
+        })
+    }
+}
+

@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use serde::Serialize;
 
-use crate::callback::{callback_network, CallbackErrors, PyNetwork, PyReduce};
+use crate::callback::{callback_network, CallbackErrors, PyNetwork, PyReduce, PyRows};
 use crate::convert::{
     activation, from_py, likelihood as likelihood_spec, matrix, network, stack_to_numpy, to_numpy, to_py,
 };
@@ -314,16 +314,20 @@ pub(crate) fn gfsvi_objective<'py>(
 /// Fits `method` on `(x, y)` (validation `(x_val, y_val)` where the method early-stops) and
 /// returns `(posterior, report)`; see the module docs. Network methods take the network as
 /// `state` + `activation_name` (+ a CNN's `architecture`) or a torch model's `calls`, the GP its
-/// prior. Keyword arguments only.
+/// prior. FSP-Laplace (trained, one process) also takes its rows by position instead of `x`,
+/// `y`: `rows=(read, n)` with `read(positions) -> (X, y)` (`fspace_fsp_laplace::fit_rows`; one
+/// minibatch in memory), and its validation rows likewise (`val_rows`) or as `x_val`, `y_val`.
+/// Keyword arguments only.
 #[pyfunction]
-#[pyo3(signature = (method, *, x, y, likelihood, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, progress=None, architecture=None, calls=None, reduce=None, process=None))]
+#[pyo3(signature = (method, *, likelihood, x=None, y=None, rows=None, sigma_noise=1.0, learn_sigma=false, state=None, activation_name=None, prior=None, config=None, x_val=None, y_val=None, val_rows=None, progress=None, architecture=None, calls=None, reduce=None, process=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fit<'py>(
     py: Python<'py>,
     method: &str,
-    x: PyReadonlyArray2<'py, f64>,
-    y: PyReadonlyArray2<'py, f64>,
     likelihood: &str,
+    x: Option<PyReadonlyArray2<'py, f64>>,
+    y: Option<PyReadonlyArray2<'py, f64>>,
+    rows: Option<(Py<PyAny>, usize)>,
     sigma_noise: f64,
     learn_sigma: bool,
     state: Option<&Bound<'py, PyDict>>,
@@ -332,6 +336,7 @@ pub(crate) fn fit<'py>(
     config: Option<&Bound<'py, PyAny>>,
     x_val: Option<PyReadonlyArray2<'py, f64>>,
     y_val: Option<PyReadonlyArray2<'py, f64>>,
+    val_rows: Option<(Py<PyAny>, usize)>,
     progress: Option<Py<PyAny>>,
     architecture: Option<&Bound<'py, PyAny>>,
     calls: Option<&Bound<'py, PyAny>>,
@@ -359,7 +364,6 @@ pub(crate) fn fit<'py>(
         (None, None) => return Err(value_error(format!("{method} needs a network or a GP prior"))),
     };
     let lik = likelihood_spec(likelihood, outputs, sigma_noise, learn_sigma)?;
-    let (x, y) = (matrix(&x), matrix(&y));
     let validation = match (x_val, y_val) {
         (Some(xv), Some(yv)) => Some((matrix(&xv), matrix(&yv))),
         (None, None) => None,
@@ -368,6 +372,47 @@ pub(crate) fn fit<'py>(
     let interrupt = crate::interrupt::interruptible();
     let mut observer = PyProgress { callback: progress, error: None, stop: Some(interrupt.stop_flag()) };
     let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
+    let (x, y) = match (x, y, rows) {
+        (None, None, Some(rows)) => {
+            let (Settings::Fsp(config), "fsp_laplace", None) = (settings, method, &reduce) else {
+                return Err(value_error(format!(
+                    "{method} takes its data as x and y: rows read by position are taken by FSP-Laplace's \
+                     training on one process"
+                )));
+            };
+            let net = need(net, method, "a network")?;
+            let prior = need(prior, method, "a GP prior")?;
+            let mut rows = PyRows::new(rows.0, rows.1);
+            let mut val = match (validation, val_rows) {
+                (Some(_), Some(_)) => return Err(value_error("validation data is x_val / y_val or val_rows, not both")),
+                (Some((xv, yv)), None) => {
+                    let flat = fspace_core::fit::flatten(&yv);
+                    let rows = fspace_core::RowsInMemory::new(&xv, flat, lik.target_dim()).map_err(raise)?;
+                    Some(ValRows::Memory(rows))
+                }
+                (None, Some((read, n))) => Some(ValRows::Read(PyRows::new(read, n))),
+                (None, None) => None,
+            };
+            let result = py.detach(|| {
+                let val = val.as_mut().map(|v| v as &mut dyn fspace_core::RowSource);
+                fspace_fsp_laplace::fit_rows(net, lik, &prior, &mut rows, val, &config, &mut observer)
+            });
+            let val_error = match &mut val {
+                Some(ValRows::Read(v)) => v.error.take(),
+                _ => None,
+            };
+            if let Some(e) = interrupt.take().or(observer.error.take()).or(rows.error.take()).or(val_error) {
+                return Err(e);
+            }
+            let fitted = result.map_err(|e| errors.take().unwrap_or_else(|| raise(e)))?;
+            return Ok((PyPosterior { fit: Fit::Fsp(fitted.posterior), errors }, to_py(py, &report(&fitted.report)?)?));
+        }
+        (Some(x), Some(y), None) => (matrix(&x), matrix(&y)),
+        _ => return Err(value_error("fit takes its data as x and y, or as rows=(read, n)")),
+    };
+    if val_rows.is_some() {
+        return Err(value_error("val_rows goes with rows=(read, n); give x_val and y_val"));
+    }
     let mut reducer = reduce.map(PyReduce::new);
     if let (Some(reducer), Some((_, world)), Some(net)) = (reducer.as_mut(), process, net.as_ref()) {
         // The first all-reduce, the processes' layout: VaLLA's `world·(2 + d')` numbers, GFSVI's
@@ -407,6 +452,28 @@ pub(crate) fn fit<'py>(
     }
     let (fit, report) = result.map_err(|e| errors.take().unwrap_or(e))?;
     Ok((PyPosterior { fit, errors }, to_py(py, &report)?))
+}
+
+/// FSP-Laplace's validation rows when its training rows are read by position: given in memory,
+/// or read by position too.
+enum ValRows {
+    Memory(fspace_core::RowsInMemory),
+    Read(PyRows),
+}
+
+impl fspace_core::RowSource for ValRows {
+    fn len(&self) -> usize {
+        match self {
+            ValRows::Memory(rows) => rows.len(),
+            ValRows::Read(rows) => rows.len(),
+        }
+    }
+    fn rows(&mut self, positions: &[usize]) -> fspace_core::Result<(DMatrix<f64>, DVector<f64>)> {
+        match self {
+            ValRows::Memory(rows) => rows.rows(positions),
+            ValRows::Read(rows) => rows.rows(positions),
+        }
+    }
 }
 
 /// A method's network: a torch model's `calls`, or a native network's `state` and

@@ -168,6 +168,100 @@ def test_posthoc_fsp_laplace_streams_a_loader_to_the_in_memory_posterior(toy, mo
 
 
 
+@pytest.mark.torch
+def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monkeypatch):
+    """``FSPLaplace(train=True).fit(loader)`` over a map-style data set never collects the loader:
+    after a pass for the data's box, Rust reads each training step's minibatch by position
+    through the loader's data set and collate function (``fspace_fsp_laplace::fit_rows``) — the
+    positions an in-memory fit draws, so the weights and the posterior of ``fit(X, y)`` to the
+    bit, whatever the loader's own shuffling — and Alg. 2's chunks the same way; no read holds
+    more than one minibatch or one chunk. A validation loader is read likewise (the same early
+    stopping as ``val=(X, y)``). Dict items are read as dict batches. A corrupt row is the documented error, the object keeping its
+    earlier fit; the data set's own exception comes through unchanged. A loader that does not
+    cover its data set once per pass (``drop_last``, another sampler) is collected, as before."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler, TensorDataset
+
+    import fspace._methods as methods
+
+    state, x, y = toy
+    rng = np.random.default_rng(3)
+    xv = rng.uniform(-1, 1, size=(20, 1))
+    yv = np.sin(3 * xv)
+    prior = K.RBF(1.0, 0.5)
+    xt = np.linspace(-2, 2, 9).reshape(-1, 1)
+
+    class Rows(Dataset):
+        """A map-style data set that records every read and can hold a corrupt row."""
+
+        def __init__(self, x, y, bad=None, as_dict=False):
+            self.x, self.y, self.bad, self.reads = torch.from_numpy(x), torch.from_numpy(y), bad, []
+            self.as_dict = as_dict
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            self.reads.append(i)
+            if self.bad is not None and i == self.bad[0]:
+                if isinstance(self.bad[1], Exception):
+                    raise self.bad[1]
+                return self.x[i], torch.full_like(self.y[i], self.bad[1])
+            return {"input_ids": self.x[i], "labels": self.y[i]} if self.as_dict else (self.x[i], self.y[i])
+
+    def method(**kw):
+        settings = dict(sigma_noise=0.1, epochs=4, batch_size=8, n_context=10, laplace={"data_batch": 16})
+        return fspace.FSPLaplace((state, "tanh"), "regression", prior, **{**settings, **kw})
+
+    whole = fitted(method(), x, y)
+    mean, var = whole(xt)
+
+    def collected(*a, **k):
+        raise AssertionError("the loader was collected into arrays")
+
+    for shuffle, as_dict in ((False, False), (True, True)):
+        rows = Rows(x, y, as_dict=as_dict)
+        with monkeypatch.context() as m:
+            m.setattr(methods, "data_arrays", collected)
+            streamed = fitted(method(), DataLoader(rows, batch_size=5, shuffle=shuffle))
+        for name, w in whole.model_state_dict().items():
+            np.testing.assert_array_equal(streamed.model_state_dict()[name], w)
+        m2, v2 = streamed(xt)
+        np.testing.assert_array_equal(m2, mean)
+        np.testing.assert_array_equal(v2, var)
+        # The box pass (loader batches of 5), four epochs of 8-row minibatches, Alg. 2's pass.
+        assert len(rows.reads) == 50 + 4 * 50 + 50
+
+    # Early stopping on a validation loader read by position: the steps of val=(X, y).
+    early = dict(epochs=30, patience=2)
+    held = fitted(method(**early), x, y, val=(xv, yv))
+    with monkeypatch.context() as m:
+        m.setattr(methods, "data_arrays", collected)
+        read = fitted(method(**early), DataLoader(Rows(x, y), batch_size=5),
+                      val=DataLoader(Rows(xv, yv), batch_size=7))
+    assert held.report["train"]["stopped_early"]
+    assert read.report["train"]["best_step"] == held.report["train"]["best_step"]
+    assert read.report["train"]["steps"] == held.report["train"]["steps"]
+    np.testing.assert_allclose(read(xt)[1], held(xt)[1], rtol=1e-10)
+
+    # A corrupt row: the documented error, and the earlier fit kept.
+    with pytest.raises(ValueError, match="non-finite value in training targets"):
+        streamed.fit(DataLoader(Rows(x, y, bad=(17, float("nan"))), batch_size=5))
+    np.testing.assert_array_equal(streamed(xt)[1], var)
+    with pytest.raises(KeyError, match="row 23 is gone"):
+        streamed.fit(DataLoader(Rows(x, y, bad=(23, KeyError("row 23 is gone"))), batch_size=5))
+    np.testing.assert_array_equal(streamed(xt)[1], var)
+
+    # Collected as before: a loader that drops its last batch trains on the rows it yields.
+    dropped = fitted(method(), DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=8,
+                                          drop_last=True))
+    np.testing.assert_array_equal(dropped(xt)[1], fitted(method(), x[:48], y[:48])(xt)[1])
+    subset = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=8,
+                        sampler=SubsetRandomSampler(range(30)))
+    assert methods.readable_by_position(subset) is False
+    fitted(method(), subset)
+
+
 def test_ella_streams_a_loader_to_the_in_memory_posterior(toy, monkeypatch):
     """``ELLA(..., early_stopping=None).fit(loader)`` adds each batch to ``G``'s ``K × K`` sum in
     Rust (``EllaBatches``) instead of concatenating the loader: a pass gathers the Nyström rows

@@ -362,6 +362,29 @@ def dataset_size(loader: Any) -> Optional[int]:
     return len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
 
 
+def readable_by_position(loader: Any) -> bool:
+    """Whether a loader's rows can be read by their position in its data set, as its own fetcher
+    reads them, each pass covering the data set once: a torch ``DataLoader`` over a map-style
+    data set (``__getitem__``, ``__len__``) with its default batching — a sequential or
+    random-permutation sampler, the last partial batch kept."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return False
+    try:
+        from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+    except ImportError:
+        return False
+    if isinstance(dataset, IterableDataset) or getattr(loader, "drop_last", True):
+        return False
+    if type(getattr(loader, "batch_sampler", None)) is not BatchSampler:
+        return False
+    sampler = getattr(loader, "sampler", None)
+    if type(sampler) is SequentialSampler:
+        return True
+    return (type(sampler) is RandomSampler and not sampler.replacement
+            and sampler.num_samples == len(dataset))
+
+
 def batch_arrays(batch: Any, to_x: Callable[[Any, str], np.ndarray],
                  dict_keys: Optional[Tuple[Optional[str], str]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """One loader batch as ``(X, y)`` arrays: an ``(x, y)`` pair, or a dict batch

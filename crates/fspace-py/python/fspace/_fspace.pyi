@@ -193,12 +193,15 @@ class EllaBatches:
         self, x_val: Optional[npt.NDArray[np.float64]] = None, y_val: Optional[npt.NDArray[np.float64]] = None
     ) -> Tuple[Posterior, Dict[str, Any]]: ...
 
+_RowReader = Callable[[npt.NDArray[np.int64]], Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]
+
 def fit(
     method: str,
     *,
-    x: npt.NDArray[np.float64],
-    y: npt.NDArray[np.float64],
     likelihood: str,
+    x: Optional[npt.NDArray[np.float64]] = None,
+    y: Optional[npt.NDArray[np.float64]] = None,
+    rows: Optional[Tuple[_RowReader, int]] = None,
     sigma_noise: float = 1.0,
     learn_sigma: bool = False,
     state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
@@ -207,6 +210,7 @@ def fit(
     config: Optional[Dict[str, Any]] = None,
     x_val: Optional[npt.NDArray[np.float64]] = None,
     y_val: Optional[npt.NDArray[np.float64]] = None,
+    val_rows: Optional[Tuple[_RowReader, int]] = None,
     progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
     architecture: Optional[Dict[str, Any]] = None,
     calls: Optional[Any] = None,

@@ -22,7 +22,7 @@ from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
 from ._convert import (array2, back, batch_arrays, data_arrays, dataset_size, gathered, is_array, is_torch,
-                       reread_weights, tensors, unflatten)
+                       readable_by_position, reread_weights, tensors, unflatten)
 from ._distributed import _group, agree_on, agreed, global_box, sharded_sum, step_reduce, weights_summary
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
@@ -437,8 +437,12 @@ class _NetworkMethod(_Fitted):
             FSP-Laplace streams a loader (each batch added to Alg. 2's ``k × k`` sum in Rust,
             after a pass for the data's box unless ``context_box`` is given), and so does ELLA
             without early stopping (each batch added to ``G``'s ``K × K`` sum, after a pass that
-            gathers the Nyström rows); the trained methods, a one-shot iterator, post hoc
-            context points taken from the data and ELLA's early stopping collect it in memory.
+            gathers the Nyström rows). FSP-Laplace's training reads a ``DataLoader`` over a
+            map-style data set by position (each step's minibatch through the data set and the
+            loader's ``collate_fn``, after a pass for the box): the fit of the same rows in
+            memory, to the bit. GFSVI, VaLLA, a one-shot iterator, a loader that does not cover
+            its data set once per pass, a sharded training, context points taken from the data
+            and ELLA's early stopping collect it in memory.
         y : array_like or torch.Tensor, optional
             The targets: ``n × d'`` (regression) or class indices ``n`` (classification).
         val : tuple or DataLoader, optional
@@ -569,11 +573,87 @@ class _NetworkMethod(_Fitted):
 
     def _fit_streamed(self, data: Any, y: Any, val: Any, group: Any, progress: Progress) -> bool:
         """Fits from a loader one batch at a time where the method can (post-hoc FSP-Laplace
-        here; ``ELLA`` overrides it); returns whether it did."""
+        over its batches, FSP-Laplace's training over its rows read by position; ``ELLA``
+        overrides it); returns whether it did."""
         if self._fit_method() == "fsp_laplace_posthoc" and self._streams(data, y, val):
             self._fit_batches(data, group, progress)
             return True
+        if (self._fit_method() == "fsp_laplace" and group is None and self._streams(data, y, None)
+                and readable_by_position(data) and (val is None or isinstance(val, tuple)
+                                                    or readable_by_position(val))):
+            self._fit_rows(data, val, progress)
+            return True
         return False
+
+    def _row_reader(self, loader: Any) -> Tuple[Callable[[np.ndarray], Tuple[np.ndarray, np.ndarray]], int]:
+        """``(read, n)``: ``read(positions)`` reads those rows of the loader's data set as its own
+        fetcher does (``__getitems__`` where the data set has it, else one ``dataset[i]`` per
+        row, then the loader's ``collate_fn``) and converts the batch as a loader batch."""
+        dataset, collate = loader.dataset, loader.collate_fn
+        many = getattr(dataset, "__getitems__", None)
+
+        def read(positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+            at = positions.tolist()
+            items = many(at) if many else [dataset[i] for i in at]
+            return batch_arrays(collate(items), self._spec.inputs, self._dict_keys)
+
+        return read, len(dataset)
+
+    def _fit_rows(self, loader: Any, val: Any, progress: Progress) -> None:
+        """FSP-Laplace (Alg. 1 and Alg. 2) from a loader over a map-style data set with one
+        minibatch in memory: a pass for the data's box (unless ``context_box`` is given), then
+        Rust reads each training step's minibatch — the positions an in-memory fit of the same
+        rows draws, so the same weights and posterior — and Alg. 2's chunks by position
+        (``fspace_fsp_laplace::fit_rows``). A validation loader is read the same way, ``batch_size``
+        rows at a time; ``(X_val, y_val)`` are held."""
+        read, n = self._row_reader(loader)
+        if n == 0:
+            raise ValueError("the data loader's data set is empty")
+        config = copy.deepcopy(self._config)
+        if config.get("context_box") is None:
+            lo, hi = self._loader_box(loader)
+            config["context_box"] = _widened_box(lo, hi, config)
+        self._adapt(config, np.zeros((0, len(config["context_box"]["lower"]))), val is not None)
+        xv = yv = val_rows = None
+        if isinstance(val, tuple):
+            xv, yv = data_arrays(val[0], val[1], self._spec.inputs)
+        elif val is not None:
+            val_rows = self._row_reader(val)
+        else:
+            holder = _schedule_holder(config)
+            if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
+                # The paper's early stopping needs validation data; without it, run the whole schedule.
+                holder["schedule"] = dict(holder["schedule"], patience=None)
+        if self._torch and self.likelihood == "classification":
+            self._spec.calls().check_classifier()
+        bar = _Progress(progress, type(self).__name__)
+        prior = self._prior
+        assert prior is not None  # FSPLaplace refuses a missing prior when it is made
+        with self._lock:
+            try:
+                post, report = _fspace.fit(
+                    self._fit_method(), rows=(read, n), likelihood=self.likelihood, sigma_noise=self.sigma_noise,
+                    learn_sigma=self.learn_sigma, prior=prior.spec(), config=config, x_val=xv, y_val=yv,
+                    val_rows=val_rows, progress=bar.callback, **self._network_arguments(),
+                )
+            finally:
+                bar.close()
+            self._post, self._report = post, report
+
+    def _loader_box(self, loader: Any) -> Tuple[np.ndarray, np.ndarray]:
+        """The box ``[lo, hi]`` of a loader's inputs, in one pass with one batch in memory."""
+        lo: Optional[np.ndarray] = None
+        hi: Optional[np.ndarray] = None
+        for x, _ in self._loader_batches(loader):
+            if not np.all(np.isfinite(x)):
+                raise ValueError("non-finite value in training inputs")
+            if x.shape[0] == 0:
+                continue
+            lo = x.min(axis=0) if lo is None else np.minimum(lo, x.min(axis=0))
+            hi = x.max(axis=0) if hi is None else np.maximum(hi, x.max(axis=0))
+        if lo is None or hi is None:
+            raise ValueError("the data loader yielded no batch")
+        return lo, hi
 
     def _loader_batches(self, loader: Any) -> Any:
         """A pass over ``loader``: each ``(x, y)`` or dict batch as arrays (a torch model takes a
@@ -617,18 +697,7 @@ class _NetworkMethod(_Fitted):
             return self._loader_batches(loader)
 
         def box() -> Tuple[np.ndarray, np.ndarray]:
-            lo: Optional[np.ndarray] = None
-            hi: Optional[np.ndarray] = None
-            for x, _ in batches():
-                if not np.all(np.isfinite(x)):
-                    raise ValueError("non-finite value in training inputs")
-                if x.shape[0] == 0:
-                    continue
-                lo = x.min(axis=0) if lo is None else np.minimum(lo, x.min(axis=0))
-                hi = x.max(axis=0) if hi is None else np.maximum(hi, x.max(axis=0))
-            if lo is None or hi is None:
-                raise ValueError("the data loader yielded no batch")
-            return lo, hi
+            return self._loader_box(loader)
 
         config = copy.deepcopy(self._config)
         if config.get("context_box") is None:
