@@ -19,7 +19,9 @@
 //!   batches.
 //! * [`FspLaplace`] implements `fspace_core::Posterior`: GLM predictive `N(f(x; w*), ‖J(x)S‖²)`,
 //!   exact linearised function samples, class probabilities through `fspace_core`.
-//! * [`fit`] — both steps with the paper's defaults ([`FspConfig`]).
+//! * [`fit`] — both steps with the paper's defaults ([`FspConfig`]); [`fit_rows`] the same over
+//!   rows read by position (`fspace_core::RowSource`: a loader over a map-style data set) with
+//!   one minibatch in memory — the in-memory fit's weights and posterior to the bit.
 //! * [`fit_regression_prior`] / [`fit_classification_prior`] — prior hyperparameters by marginal
 //!   likelihood (exact GP; Milios et al.'s Dirichlet targets for classes), as in App. B.1.
 //!

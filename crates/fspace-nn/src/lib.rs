@@ -28,7 +28,8 @@
 //!   parameters optional), a regulariser hook with its own gradient (FSP-Laplace's Alg. 1),
 //!   weight decay, validation early stopping that restores the best weights, a progress callback;
 //!   [`fit_map`] is the same training in the workspace's call shape (`Data`, `LikelihoodSpec`,
-//!   a [`MapReport`] holding the trained likelihood).
+//!   a [`MapReport`] holding the trained likelihood), [`train_map_rows`] the same steps over rows
+//!   read by position (`fspace_core::RowSource`), each minibatch checked as it arrives.
 //!
 //! Errors are [`NnError`] values (module `error`, with the input checks every network shares).
 //! Not yet: second-order operators (`J S Jᵀ` pull-back, NTK input gradients) for the CNN.

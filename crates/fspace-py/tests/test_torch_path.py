@@ -686,3 +686,26 @@ def test_post_hoc_fsp_laplace_streams_a_loader_on_the_torch_path():
     streamed.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=6))
     xs = torch.randn(5, 2, dtype=torch.float64)
     assert torch.allclose(streamed(xs), whole(xs), rtol=1e-10, atol=1e-14)
+
+
+def test_fsp_laplace_trains_from_a_loader_read_by_position_on_the_torch_path():
+    """Alg. 1 and Alg. 2 through torch's derivatives, the rows read by position from a loader's
+    data set (classification, a residual block the native path cannot take): the weights and the
+    predictive of the in-memory fit to the bit, with the context box given (the torch model learns
+    its input layout from a first row) or found in a pass."""
+    torch.manual_seed(7)
+    model = ResidualMLP(d=2, q=3).double()
+    x = torch.randn(40, 2, dtype=torch.float64)
+    y = torch.randint(0, 3, (40,))
+    prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 1.0), 3)
+    xs = torch.randn(5, 2, dtype=torch.float64)
+    for box in (None, {"lower": [-4.0, -4.0], "upper": [4.0, 4.0]}):
+        settings = dict(steps=12, batch_size=8, n_context=10, n_laplace_context=25, backend="torch",
+                        laplace={"data_batch": 16}, context_box=box)
+        whole = fspace.FSPLaplace(model, "classification", prior, **settings)
+        whole.fit(x, y)
+        read = fspace.FSPLaplace(model, "classification", prior, **settings)
+        read.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=6, shuffle=True))
+        for name, w in whole.model_state_dict().items():
+            np.testing.assert_array_equal(read.model_state_dict()[name], w)
+        assert torch.equal(read(xs), whole(xs))

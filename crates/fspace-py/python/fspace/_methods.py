@@ -613,6 +613,8 @@ class _NetworkMethod(_Fitted):
         if config.get("context_box") is None:
             lo, hi = self._loader_box(loader)
             config["context_box"] = _widened_box(lo, hi, config)
+        else:
+            read(np.zeros(1, dtype=np.int64))  # a torch model learns its input layout from a row
         self._adapt(config, np.zeros((0, len(config["context_box"]["lower"]))), val is not None)
         xv = yv = val_rows = None
         if isinstance(val, tuple):
