@@ -298,16 +298,7 @@ pub fn fit_observed<N: Network + Clone>(
     let (x, y) = (data.x(), &data.y_flat());
     let val_flat = data.validation_flat();
     let validation = val_flat.as_ref().map(|(xv, yv)| (*xv, yv));
-    let steps_per_epoch = x.nrows().max(1).div_ceil(config.batch_size.clamp(1, x.nrows().max(1)));
-    let total = config.schedule.length.in_epochs(steps_per_epoch);
-    let progress = |p: &TrainProgress| {
-        observer.observe(&Progress {
-            step: p.epoch,
-            total,
-            loss: Some(p.train_loss),
-            validation: p.validation_loss,
-        })
-    };
+    let progress = epoch_progress(observer, x.nrows(), config);
     let (posterior, report) = fit_inner(net, likelihood, prior, x, y, validation, config, progress)?;
     Ok(Fitted { posterior, report })
 }
@@ -471,16 +462,7 @@ pub fn fit_sharded<N: Network + Clone>(
             return Err(e);
         }
     };
-    let steps_per_epoch = x.nrows().max(1).div_ceil(config.batch_size.clamp(1, x.nrows().max(1)));
-    let total = config.schedule.length.in_epochs(steps_per_epoch);
-    let progress = |p: &TrainProgress| {
-        observer.observe(&Progress {
-            step: p.epoch,
-            total,
-            loss: Some(p.train_loss),
-            validation: p.validation_loss,
-        })
-    };
+    let progress = epoch_progress(observer, x.nrows(), config);
     let train_options = config.train_options(likelihood.learns_noise());
     let t0 = Instant::now();
     let report = {
@@ -501,10 +483,7 @@ pub fn fit_sharded<N: Network + Clone>(
             Some(shard),
         )?
     };
-    let fitted = match likelihood.noise_std() {
-        Some(_) => likelihood.with_noise_std(lik.params()[0].exp()),
-        None => likelihood,
-    };
+    let fitted = trained_likelihood(likelihood, lik.as_ref());
     let train_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let context = config.laplace_context(&bbox, x)?;
@@ -583,16 +562,7 @@ pub fn fit_rows<N: Network + Clone>(
     check_trains(config)?;
     let mut lik = likelihood.build()?;
     let train_options = config.train_options(likelihood.learns_noise());
-    let steps_per_epoch = n.div_ceil(config.batch_size.clamp(1, n));
-    let total = config.schedule.length.in_epochs(steps_per_epoch);
-    let progress = |p: &TrainProgress| {
-        observer.observe(&Progress {
-            step: p.epoch,
-            total,
-            loss: Some(p.train_loss),
-            validation: p.validation_loss,
-        })
-    };
+    let progress = epoch_progress(observer, n, config);
     let t0 = Instant::now();
     let sampler = UniformSampler::new(bbox.clone());
     let report = crate::train::train_rows(
@@ -605,10 +575,7 @@ pub fn fit_rows<N: Network + Clone>(
         &train_options,
         progress,
     )?;
-    let fitted = match likelihood.noise_std() {
-        Some(_) => likelihood.with_noise_std(lik.params()[0].exp()),
-        None => likelihood,
-    };
+    let fitted = trained_likelihood(likelihood, lik.as_ref());
     let train_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let context = config.laplace_context(&bbox, &DMatrix::zeros(0, net.input_dim()))?;
@@ -629,6 +596,32 @@ pub fn fit_rows<N: Network + Clone>(
         likelihood: fitted,
     };
     Ok(Fitted { posterior: post, report: summary })
+}
+
+/// Alg. 1's epochs as the observer's [`Progress`] (`total`: the schedule's epochs over `n` rows).
+fn epoch_progress<'o>(
+    observer: &'o mut dyn Observer,
+    n: usize,
+    config: &FspConfig,
+) -> impl FnMut(&TrainProgress) + 'o {
+    let steps_per_epoch = n.max(1).div_ceil(config.batch_size.clamp(1, n.max(1)));
+    let total = config.schedule.length.in_epochs(steps_per_epoch);
+    move |p: &TrainProgress| {
+        observer.observe(&Progress {
+            step: p.epoch,
+            total,
+            loss: Some(p.train_loss),
+            validation: p.validation_loss,
+        })
+    }
+}
+
+/// The likelihood after Alg. 1: σ at its trained value where the spec has one.
+fn trained_likelihood(likelihood: LikelihoodSpec, lik: &dyn fspace_core::Likelihood) -> LikelihoodSpec {
+    match likelihood.noise_std() {
+        Some(_) => likelihood.with_noise_std(lik.params()[0].exp()),
+        None => likelihood,
+    }
 }
 
 /// Alg. 1 must run: a schedule of at least one step.
@@ -670,10 +663,7 @@ fn fit_inner<N: Network + Clone>(
         &train_options,
         progress,
     )?;
-    let fitted = match likelihood.noise_std() {
-        Some(_) => likelihood.with_noise_std(lik.params()[0].exp()),
-        None => likelihood,
-    };
+    let fitted = trained_likelihood(likelihood, lik.as_ref());
     let train_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let context = config.laplace_context(&bbox, x)?;

@@ -663,4 +663,3 @@ impl fspace_core::RowSource for PyRows {
         })
     }
 }
-

@@ -384,7 +384,9 @@ pub(crate) fn fit<'py>(
             let prior = need(prior, method, "a GP prior")?;
             let mut rows = PyRows::new(rows.0, rows.1);
             let mut val = match (validation, val_rows) {
-                (Some(_), Some(_)) => return Err(value_error("validation data is x_val / y_val or val_rows, not both")),
+                (Some(_), Some(_)) => {
+                    return Err(value_error("validation data is x_val / y_val or val_rows, not both"))
+                }
                 (Some((xv, yv)), None) => {
                     let flat = fspace_core::fit::flatten(&yv);
                     let rows = fspace_core::RowsInMemory::new(&xv, flat, lik.target_dim()).map_err(raise)?;
@@ -405,7 +407,10 @@ pub(crate) fn fit<'py>(
                 return Err(e);
             }
             let fitted = result.map_err(|e| errors.take().unwrap_or_else(|| raise(e)))?;
-            return Ok((PyPosterior { fit: Fit::Fsp(fitted.posterior), errors }, to_py(py, &report(&fitted.report)?)?));
+            return Ok((
+                PyPosterior { fit: Fit::Fsp(fitted.posterior), errors },
+                to_py(py, &report(&fitted.report)?)?,
+            ));
         }
         (Some(x), Some(y), None) => (matrix(&x), matrix(&y)),
         _ => return Err(value_error("fit takes its data as x and y, or as rows=(read, n)")),
