@@ -10,7 +10,7 @@ use fspace_input::InputError;
 use fspace_kernels::GpPrior;
 use fspace_kernels::{gram, Independent, Matern12, Rbf};
 use fspace_nn::{Activation, Mlp, MlpConfig, TrainConfig};
-use fspace_testutil::{fd_gradient, rand_uniform, rel_err, rel_frob, rng, same_bits};
+use fspace_testutil::{fd_gradient, rand_uniform, rel_err, rel_frob, rng, same_bits, CountingRows};
 use nalgebra::{DMatrix, DVector};
 
 fn mlp(d: usize, q: usize, seed: u64) -> Mlp {
@@ -910,39 +910,6 @@ fn a_sharded_fsp_laplace_fit_is_the_single_process_one() {
     }
 }
 
-/// Rows held elsewhere, read by position: records the largest read and the rows read in all,
-/// and can turn one position's target into `bad` (a corrupt record of a loader).
-struct CountingRows {
-    rows: fspace_core::RowsInMemory,
-    n: usize,
-    largest_read: usize,
-    read: usize,
-    bad: Option<(usize, f64)>,
-}
-
-impl fspace_core::RowSource for CountingRows {
-    fn len(&self) -> usize {
-        self.n
-    }
-    fn rows(&mut self, positions: &[usize]) -> fspace_core::Result<(DMatrix<f64>, DVector<f64>)> {
-        self.largest_read = self.largest_read.max(positions.len());
-        self.read += positions.len();
-        let (x, mut y) = self.rows.rows(positions)?;
-        if let Some((at, value)) = self.bad {
-            if let Some(i) = positions.iter().position(|&p| p == at) {
-                y[i] = value;
-            }
-        }
-        Ok((x, y))
-    }
-}
-
-fn counting(x: &DMatrix<f64>, y: &DMatrix<f64>) -> CountingRows {
-    let flat = fspace_core::fit::flatten(y);
-    let rows = fspace_core::RowsInMemory::new(x, flat, y.ncols()).unwrap();
-    CountingRows { rows, n: x.nrows(), largest_read: 0, read: 0, bad: None }
-}
-
 /// FSP-Laplace (Alg. 1 and Alg. 2) over rows read by position is the in-memory fit: the same
 /// minibatches give the same weights to the bit, Alg. 2's sum over `data_batch` chunks in order
 /// is the in-memory sum, so the posterior is the same to the bit; no read is larger than one
@@ -977,7 +944,7 @@ fn a_fit_over_rows_read_by_position_is_the_in_memory_fit() {
         let test = rand_uniform(7, 2, -1.5, 1.5, &mut r);
         let data = Data::new(&x, &y).unwrap();
         let whole = fit(net.clone(), lik, &prior, &data, &config).unwrap();
-        let mut rows = counting(&x, &y);
+        let mut rows = CountingRows::new(&x, &y);
         let streamed =
             fit_rows(net.clone(), lik, &prior, &mut rows, None, &config, &mut fspace_core::Silent).unwrap();
         let (w1, w2) = (whole.posterior.network().params(), streamed.posterior.network().params());
@@ -994,8 +961,8 @@ fn a_fit_over_rows_read_by_position_is_the_in_memory_fit() {
         let early =
             FspConfig { schedule: fspace_core::Schedule::epochs(8).with_patience(Some(2)), ..config.clone() };
         let whole = fit(net.clone(), lik, &prior, &data.with_validation(&xv, &yv).unwrap(), &early).unwrap();
-        let mut rows = counting(&x, &y);
-        let mut val = counting(&xv, &yv);
+        let mut rows = CountingRows::new(&x, &y);
+        let mut val = CountingRows::new(&xv, &yv);
         let streamed =
             fit_rows(net.clone(), lik, &prior, &mut rows, Some(&mut val), &early, &mut fspace_core::Silent)
                 .unwrap();
@@ -1009,7 +976,7 @@ fn a_fit_over_rows_read_by_position_is_the_in_memory_fit() {
 
         // A corrupt row is refused with the set and the reason named.
         let (value, says) = if q == 1 { (f64::NAN, "training targets") } else { (5.0, "invalid target") };
-        let mut rows = counting(&x, &y);
+        let mut rows = CountingRows::new(&x, &y);
         rows.bad = Some((37, value));
         let err = fit_rows(net.clone(), lik, &prior, &mut rows, None, &config, &mut fspace_core::Silent)
             .unwrap_err();
@@ -1020,7 +987,7 @@ fn a_fit_over_rows_read_by_position_is_the_in_memory_fit() {
             (FspConfig { design: ContextDesign::Dataset, ..config.clone() }, "context points"),
             (FspConfig { context_includes_data: true, ..config.clone() }, "context points"),
         ] {
-            let mut rows = counting(&x, &y);
+            let mut rows = CountingRows::new(&x, &y);
             let err = fit_rows(net.clone(), lik, &prior, &mut rows, None, &bad, &mut fspace_core::Silent)
                 .unwrap_err();
             assert!(err.to_string().contains(what), "{err}");

@@ -25,7 +25,7 @@
 use fspace_context::{BoundingBox, Sampler, UniformSampler};
 use fspace_core::{
     sample_gaussian, Data, Fitted, FunctionPredictive, LikelihoodSpec, Observer, Persist, PersistError,
-    Posterior, ProcessShard, Silent,
+    Posterior, ProcessShard, RowSource, Silent,
 };
 use fspace_input::InputError;
 use fspace_nn::{GramCotangent, Network, NnError, Outputs, WeightedGram};
@@ -420,7 +420,62 @@ pub fn fit_observed<N: Network + Clone>(
     config: &GfsviConfig,
     observer: &mut dyn Observer,
 ) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
-    fit_impl(net, likelihood, prior, data, config, observer, None)
+    fit_impl(net, likelihood, prior, Rows::Memory(data), config, observer, None)
+}
+
+/// [`fit_observed`] over rows read by position ([`RowSource`]: a loader over a map-style data
+/// set, or a data set larger than memory) with one minibatch in memory: each step reads its
+/// minibatch — the positions [`fit_observed`] draws, so the same rows give the same posterior
+/// to the bit — and checks it as it arrives (shapes, finite values, labels); the validation NLL
+/// is summed over chunks of `batch_size` rows, in order (the categorical one's Monte-Carlo
+/// draws row by row as in one pass; the sums, and so a tie between two evaluations, may differ
+/// from the one-pass sums in the last bits). The measurement box must be given
+/// (`measurement_box`: the data's box is not at hand — take it in a first pass).
+pub fn fit_rows<N: Network + Clone>(
+    net: N,
+    likelihood: LikelihoodSpec,
+    prior: &KlPrior,
+    rows: &mut dyn RowSource,
+    validation: Option<&mut dyn RowSource>,
+    config: &GfsviConfig,
+    observer: &mut dyn Observer,
+) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
+    fit_impl(net, likelihood, prior, Rows::Read { train: rows, validation }, config, observer, None)
+}
+
+/// Where a fit's rows come from: a [`Data`] in memory, or rows read by position.
+enum Rows<'a, 'd, 'v> {
+    Memory(&'a Data<'d>),
+    Read { train: &'a mut dyn RowSource, validation: Option<&'v mut dyn RowSource> },
+}
+
+/// Rows read by position, checked at the boundary: `b × d` finite inputs and finite targets
+/// (`n × d'` values, or `n × 1` labels in `0..d'`) the data term takes.
+fn read_rows(
+    rows: &mut dyn RowSource,
+    positions: &[usize],
+    (d, q): (usize, usize),
+    term: &DataTerm,
+    set: &'static str,
+) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+    let (x, flat) = rows.rows(positions)?;
+    let t = if matches!(term, DataTerm::Gaussian) { q } else { 1 };
+    let (inputs, targets) = match set {
+        "validation" => ("validation inputs", "validation targets"),
+        _ => ("training inputs", "training targets"),
+    };
+    if x.nrows() != positions.len() || flat.len() != positions.len() * t {
+        return Err(GfsviError::Input(InputError::DimensionMismatch {
+            what: if x.nrows() != positions.len() { inputs } else { targets },
+            expected: positions.len() * if x.nrows() != positions.len() { 1 } else { t },
+            found: if x.nrows() != positions.len() { x.nrows() } else { flat.len() },
+        }));
+    }
+    ensure_finite(inputs, x.iter())?;
+    ensure_finite(targets, flat.iter())?;
+    let y = DMatrix::from_row_slice(positions.len(), t, flat.as_slice());
+    check_targets(&x, &y, d, q, term)?;
+    Ok((x, y))
 }
 
 /// [`fit_observed`] over data sharded across processes: every process calls it with its own
@@ -448,7 +503,7 @@ pub fn fit_sharded<N: Network + Clone>(
     shard: ProcessShard<'_, GfsviError>,
     observer: &mut dyn Observer,
 ) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
-    fit_impl(net, likelihood, prior, data, config, observer, Some(shard))
+    fit_impl(net, likelihood, prior, Rows::Memory(data), config, observer, Some(shard))
 }
 
 /// What a fit checks and derives from its own arguments before it learns anything from other
@@ -464,11 +519,10 @@ fn prepare<N: Network>(
     net: &N,
     likelihood: &LikelihoodSpec,
     prior: &KlPrior,
-    data: &Data,
+    data: Option<&Data>,
     config: &GfsviConfig,
     sharded: bool,
 ) -> Result<Prepared> {
-    let (x, y, validation) = (data.x(), data.y(), data.validation());
     config.validate()?;
     if sharded && config.measurement_box.is_none() {
         return Err(invalid(
@@ -476,6 +530,7 @@ fn prepare<N: Network>(
             "give the box of every process's data (the default of one process is its own data's)",
         ));
     }
+
     let q = net.output_dim();
     let (observation, init_noise_std, learn_noise) = observation(likelihood, q, "GFSVI / TFSVI", true)?;
     let term_kind = match observation {
@@ -487,28 +542,36 @@ fn prepare<N: Network>(
             DataTerm::Categorical { samples: config.class_samples, seed: 0 }
         }
     };
-    check_targets(x, y, net.input_dim(), q, &term_kind)?;
-    if let Some((xv, yv)) = validation {
-        check_targets(xv, yv, net.input_dim(), q, &term_kind).map_err(|e| match e {
-            GfsviError::Input(InputError::Empty { .. }) => {
-                GfsviError::Input(InputError::Empty { what: "validation inputs" })
-            }
-            e => e,
-        })?;
+    if let Some(data) = data {
+        check_targets(data.x(), data.y(), net.input_dim(), q, &term_kind)?;
+        if let Some((xv, yv)) = data.validation() {
+            check_targets(xv, yv, net.input_dim(), q, &term_kind).map_err(|e| match e {
+                GfsviError::Input(InputError::Empty { .. }) => {
+                    GfsviError::Input(InputError::Empty { what: "validation inputs" })
+                }
+                e => e,
+            })?;
+        }
     }
     if let KlPrior::WeightPushforward { sigma_p } = prior {
         if !(sigma_p.is_finite() && *sigma_p > 0.0) {
             return Err(invalid("TFSVI prior scale σ_p", format!("{sigma_p} (must be > 0)")));
         }
     }
-    let bbox = match &config.measurement_box {
-        Some(b) => b.clone(),
-        None => BoundingBox::from_data(x, 0.0)?,
+    let bbox = match (&config.measurement_box, data) {
+        (Some(b), _) => b.clone(),
+        (None, Some(data)) => BoundingBox::from_data(data.x(), 0.0)?,
+        (None, None) => {
+            return Err(invalid(
+                "measurement box of a fit over rows read by position",
+                "give the box of the data (measurement_box): the data's box is not at hand (take it in a first pass)",
+            ))
+        }
     };
-    if bbox.dim() != x.ncols() {
+    if bbox.dim() != net.input_dim() {
         return Err(GfsviError::Input(InputError::DimensionMismatch {
             what: "measurement box dimension",
-            expected: x.ncols(),
+            expected: net.input_dim(),
             found: bbox.dim(),
         }));
     }
@@ -557,25 +620,38 @@ fn fit_impl<N: Network + Clone>(
     net: N,
     likelihood: LikelihoodSpec,
     prior: &KlPrior,
-    data: &Data,
+    rows: Rows<'_, '_, '_>,
     config: &GfsviConfig,
     observer: &mut dyn Observer,
     mut shard: Option<ProcessShard<'_, GfsviError>>,
 ) -> Result<Fitted<LinearizedPosterior<N>, OptimReport>> {
-    let (x, y, validation) = (data.x(), data.y(), data.validation());
+    let (data, mut train_read, mut val_read) = match rows {
+        Rows::Memory(data) => (Some(data), None, None),
+        Rows::Read { train, validation } => (None, Some(train), validation),
+    };
+    let validation = data.and_then(Data::validation);
     let net = &net;
     let local = prepare(net, &likelihood, prior, data, config, shard.is_some());
+    let n_local = match (data, train_read.as_deref()) {
+        (Some(data), _) => data.len(),
+        (None, Some(rows)) => rows.len(),
+        (None, None) => 0,
+    };
     let (prepared, layout) = match shard.as_mut() {
         None => (local?, None),
         Some(sh) => {
             let (prepared, layout) =
-                exchange_layout(sh, local, x.nrows(), validation.map_or(0, |(xv, _)| xv.nrows()))?;
+                exchange_layout(sh, local, n_local, validation.map_or(0, |(xv, _)| xv.nrows()))?;
             (prepared, Some(layout))
         }
     };
+    if n_local == 0 && layout.is_none() {
+        return Err(GfsviError::Input(InputError::Empty { what: "training inputs" }));
+    }
     let Prepared { term_kind, init_noise_std, learn_noise, bbox } = prepared;
     let sampler = UniformSampler::new(bbox);
     let p = net.n_params();
+    let dims = (net.input_dim(), net.output_dim());
     let init = VariationalParams {
         mean: net.params(),
         log_std: DVector::from_element(p, config.init_std.ln()),
@@ -583,9 +659,9 @@ fn fit_impl<N: Network + Clone>(
     };
     let mut work = net.clone();
     let mut val_net = net.clone();
-    let n_local = x.nrows();
     let n = layout.as_ref().map_or(n_local, |l| l.n_total);
-    let has_validation = layout.as_ref().map_or(validation.is_some(), |l| l.val_total > 0);
+    let has_validation =
+        layout.as_ref().map_or(validation.is_some() || val_read.is_some(), |l| l.val_total > 0);
     // Both closures below reduce through the shard, one at a time.
     let shard = shard.map(std::cell::RefCell::new);
     let step = |theta: &DVector<f64>, batch: &[usize], rng: &mut rand::rngs::StdRng| {
@@ -603,16 +679,21 @@ fn fit_impl<N: Network + Clone>(
             }
             t => t,
         };
-        let obj = match (shard.as_ref(), layout.as_ref()) {
-            (Some(sh), Some(layout)) => {
+        let obj = match (shard.as_ref(), layout.as_ref(), data) {
+            (Some(sh), Some(layout), Some(data)) => {
                 let sh = &mut *sh.borrow_mut();
                 sharded_step(&mut work, &params, prior, &term, data, config, xm, picks, batch, layout, sh)?
             }
             _ => {
                 fspace_input::interrupt::check("GFSVI's optimisation")?;
                 let mut xm = xm?;
-                let xb = x.select_rows(batch);
-                let yb = y.select_rows(batch);
+                let (xb, yb) = match (data, train_read.as_deref_mut()) {
+                    (Some(data), _) => (data.x().select_rows(batch), data.y().select_rows(batch)),
+                    (None, Some(rows)) => read_rows(rows, batch, dims, &term_kind, "training")?,
+                    (None, None) => {
+                        return Err(GfsviError::Input(InputError::Empty { what: "training inputs" }))
+                    }
+                };
                 if let Some(picks) = picks {
                     xm = stack_rows(&xm, &xb.select_rows(&picks));
                 }
@@ -630,30 +711,36 @@ fn fit_impl<N: Network + Clone>(
         let params = VariationalParams::unflatten(theta, p);
         // This process's summed NLL and its number of terms.
         let local = (|| -> Result<(f64, f64)> {
-            let Some((xv, yv)) = validation else { return Ok((0.0, 0.0)) };
+            if validation.is_none() && val_read.is_none() {
+                return Ok((0.0, 0.0));
+            }
             val_net.set_params(&params.mean)?;
             let post =
                 LinearizedPosterior::new(val_net.clone(), params.variances(), params.log_noise_std.exp())?;
-            let pred = post.predict(xv)?;
-            match term_kind {
-                DataTerm::Gaussian => {
-                    let terms = yv.len() as f64;
-                    Ok((gaussian_nll(&pred, yv, post.noise_std())? * terms, terms))
+            let mut r = rand::rngs::StdRng::seed_from_u64(config.optim.seed);
+            if let DataTerm::Categorical { .. } = term_kind {
+                // The draws of the validation rows before this process's: skipped, so each
+                // row gets the draws it gets in one process over every row.
+                let before = layout.as_ref().map_or(0, |l| l.val_offset) * VALIDATION_SAMPLES * dims.1;
+                for _ in 0..before {
+                    let _: f64 = StandardNormal.sample(&mut r);
                 }
-                DataTerm::Categorical { .. } => {
-                    const SAMPLES: usize = 100;
-                    let mut r = rand::rngs::StdRng::seed_from_u64(config.optim.seed);
-                    // The draws of the validation rows before this process's: skipped, so each
-                    // row gets the draws it gets in one process over every row.
-                    let before = layout.as_ref().map_or(0, |l| l.val_offset) * SAMPLES * pred.mean.ncols();
-                    for _ in 0..before {
-                        let _: f64 = StandardNormal.sample(&mut r);
+            }
+            match (validation, val_read.as_deref_mut()) {
+                (Some((xv, yv)), _) => validation_terms(&post, xv, yv, &term_kind, &mut r),
+                (None, Some(rows)) => {
+                    // In order, `batch_size` rows at a time: the categorical draws row by row
+                    // as in one pass.
+                    let positions: Vec<usize> = (0..rows.len()).collect();
+                    let mut total = (0.0, 0.0);
+                    for chunk in positions.chunks(config.optim.batch_size.max(1)) {
+                        let (xv, yv) = read_rows(rows, chunk, dims, &term_kind, "validation")?;
+                        let (sum, count) = validation_terms(&post, &xv, &yv, &term_kind, &mut r)?;
+                        total = (total.0 + sum, total.1 + count);
                     }
-                    let probs = fspace_core::mc_class_probabilities(&pred, SAMPLES, &mut r)?;
-                    let labels: Vec<f64> = yv.iter().cloned().collect();
-                    let rows = labels.len() as f64;
-                    Ok((categorical_nll(&probs, &labels)? * rows, rows))
+                    Ok(total)
                 }
+                (None, None) => Ok((0.0, 0.0)),
             }
         })();
         match shard.as_ref() {
@@ -679,6 +766,34 @@ fn fit_impl<N: Network + Clone>(
     let posterior = LinearizedPosterior::new(fitted, params.variances(), params.log_noise_std.exp())?
         .with_likelihood(likelihood)?;
     Ok(Fitted { posterior, report })
+}
+
+/// Monte-Carlo draws per validation row of the categorical NLL.
+const VALIDATION_SAMPLES: usize = 100;
+
+/// The validation NLL summed over the rows `xv` (targets `yv`) and its number of terms: the
+/// Gaussian predictive's closed form, or the categorical one from `VALIDATION_SAMPLES` draws per
+/// row from `r`, row by row.
+fn validation_terms<N: Network + Clone>(
+    post: &LinearizedPosterior<N>,
+    xv: &DMatrix<f64>,
+    yv: &DMatrix<f64>,
+    term: &DataTerm,
+    r: &mut rand::rngs::StdRng,
+) -> Result<(f64, f64)> {
+    let pred = post.predict(xv)?;
+    match term {
+        DataTerm::Gaussian => {
+            let terms = yv.len() as f64;
+            Ok((gaussian_nll(&pred, yv, post.noise_std())? * terms, terms))
+        }
+        DataTerm::Categorical { .. } => {
+            let probs = fspace_core::mc_class_probabilities(&pred, VALIDATION_SAMPLES, r)?;
+            let labels: Vec<f64> = yv.iter().cloned().collect();
+            let rows = labels.len() as f64;
+            Ok((categorical_nll(&probs, &labels)? * rows, rows))
+        }
+    }
 }
 
 /// `top` with the rows of `bottom` below it.

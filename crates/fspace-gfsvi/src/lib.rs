@@ -41,7 +41,7 @@ pub use divergence::{gaussian_kl, regularized_kl, GaussianKl};
 pub use error::{GfsviError, Result};
 pub use fvi::{sample_data_term, FviConfig};
 pub use gfsvi::{
-    fit, fit_observed, fit_sharded, objective, objective_with, DataTerm, GfsviConfig, KlPrior,
+    fit, fit_observed, fit_rows, fit_sharded, objective, objective_with, DataTerm, GfsviConfig, KlPrior,
     LinearizedPosterior, ObjectiveValue, VariationalParams,
 };
 pub use mfvi::{MfviConfig, MfviGradient};

@@ -1112,3 +1112,89 @@ fn a_sharded_gfsvi_fit_fails_on_every_process_when_one_fails() {
     let e0 = fits[0].as_ref().map(|_| ()).unwrap_err().to_string();
     assert!(e0.contains("another process failed"), "{e0}");
 }
+
+/// GFSVI over rows read by position (`fit_rows`) is the in-memory fit: the same minibatches give
+/// the same variational parameters and so the same posterior, to the bit (regression with σ
+/// learned, and three classes with points taken from the batch); no read is larger than one
+/// minibatch; with a validation set read in chunks the early stopping picks the same step.
+/// A corrupt row is a typed error naming the set, and a missing measurement box is refused
+/// before any read.
+#[test]
+fn a_fit_over_rows_read_by_position_is_the_in_memory_fit() {
+    use fspace_testutil::CountingRows;
+    let mut r = rng(31);
+    let x = rand_uniform(60, 2, -1.0, 1.0, &mut r);
+    let xv = rand_uniform(25, 2, -1.0, 1.0, &mut r);
+    let f = |x: &DMatrix<f64>| DMatrix::from_fn(x.nrows(), 1, |i, _| (3.0 * x[(i, 0)]).sin() + x[(i, 1)]);
+    let classes = |x: &DMatrix<f64>| {
+        DMatrix::from_fn(x.nrows(), 1, |i, _| if x[(i, 0)] > 0.3 { 2.0 } else { f64::from(x[(i, 1)] > 0.0) })
+    };
+    let test = rand_uniform(6, 2, -1.5, 1.5, &mut r);
+    for (lik, y, yv, q, from_batch) in [
+        (LikelihoodSpec::gaussian_learned(0.5), f(&x), f(&xv), 1, 0),
+        (LikelihoodSpec::categorical(3), classes(&x), classes(&xv), 3, 4),
+    ] {
+        let net = Mlp::new(MlpConfig {
+            input_dim: 2,
+            hidden: vec![6],
+            output_dim: q,
+            activation: Activation::Tanh,
+            seed: 4,
+        })
+        .unwrap();
+        let prior = KlPrior::Gp(GpPrior::centered(
+            fspace_kernels::Independent::new(Rbf::new(1.0, 0.7).unwrap(), q).unwrap(),
+        ));
+        let config = GfsviConfig {
+            measurement_points: 8,
+            measurement_from_batch: from_batch,
+            measurement_box: Some(fspace_context::BoundingBox::from_data(&x, 0.0).unwrap()),
+            optim: OptimConfig { batch_size: 16, schedule: Schedule::steps(30), ..Default::default() },
+            ..Default::default()
+        };
+        let whole = fit_g(&net, lik, &prior, &x, &y, None, &config).unwrap();
+        let mut rows = CountingRows::new(&x, &y);
+        let read =
+            fit_rows(net.clone(), lik, &prior, &mut rows, None, &config, &mut fspace_core::Silent).unwrap();
+        let (a, b) = (whole.posterior.predict(&test).unwrap(), read.posterior.predict(&test).unwrap());
+        assert!(a.mean.iter().zip(b.mean.iter()).all(|(u, v)| u.to_bits() == v.to_bits()));
+        assert!(a.var.iter().zip(b.var.iter()).all(|(u, v)| u.to_bits() == v.to_bits()));
+        // 60 rows: epochs of batches of 16, 16, 16 and 12; seven epochs and two batches.
+        assert_eq!((rows.largest_read, rows.read), (16, 7 * 60 + 2 * 16));
+
+        // Early stopping on a validation set read in chunks: the same steps.
+        let early = GfsviConfig {
+            optim: OptimConfig {
+                schedule: Schedule::steps(60).every_steps(5).patience(2),
+                ..config.optim.clone()
+            },
+            ..config.clone()
+        };
+        let whole = fit_g(&net, lik, &prior, &x, &y, Some((&xv, &yv)), &early).unwrap();
+        let (mut rows, mut val) = (CountingRows::new(&x, &y), CountingRows::new(&xv, &yv));
+        let read =
+            fit_rows(net.clone(), lik, &prior, &mut rows, Some(&mut val), &early, &mut fspace_core::Silent)
+                .unwrap();
+        assert!(whole.report.validation.len() >= 2);
+        assert_eq!((whole.report.steps, whole.report.best_step), (read.report.steps, read.report.best_step));
+        for ((s1, v1), (s2, v2)) in whole.report.validation.iter().zip(&read.report.validation) {
+            assert_eq!(s1, s2);
+            assert!((v1 - v2).abs() <= 1e-12 * v1.abs(), "{v1} {v2}");
+        }
+        assert!(val.largest_read <= 16);
+
+        // A corrupt row, and a missing box.
+        let mut rows = CountingRows::new(&x, &y);
+        rows.bad = Some((41, if q == 1 { f64::NAN } else { 7.0 }));
+        let err = fit_rows(net.clone(), lik, &prior, &mut rows, None, &config, &mut fspace_core::Silent)
+            .unwrap_err();
+        let says = if q == 1 { "training targets" } else { "class label" };
+        assert!(err.to_string().contains(says), "{err}");
+        let unboxed = GfsviConfig { measurement_box: None, ..config.clone() };
+        let mut rows = CountingRows::new(&x, &y);
+        let err = fit_rows(net.clone(), lik, &prior, &mut rows, None, &unboxed, &mut fspace_core::Silent)
+            .unwrap_err();
+        assert!(err.to_string().contains("measurement box"), "{err}");
+        assert_eq!(rows.read, 0);
+    }
+}

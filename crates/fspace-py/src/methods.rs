@@ -374,12 +374,15 @@ pub(crate) fn fit<'py>(
     let errors = net.as_ref().map(PyNetwork::errors).unwrap_or_default();
     let (x, y) = match (x, y, rows) {
         (None, None, Some(rows)) => {
-            let (Settings::Fsp(config), "fsp_laplace", None) = (settings, method, &reduce) else {
+            if !matches!(
+                (method, &settings, &reduce),
+                ("fsp_laplace", Settings::Fsp(_), None) | ("gfsvi", Settings::Gfsvi(_), None)
+            ) {
                 return Err(value_error(format!(
-                    "{method} takes its data as x and y: rows read by position are taken by FSP-Laplace's \
-                     training on one process"
+                    "{method} takes its data as x and y: rows read by position are taken by the training of \
+                     FSP-Laplace and GFSVI on one process"
                 )));
-            };
+            }
             let net = need(net, method, "a network")?;
             let prior = need(prior, method, "a GP prior")?;
             let mut rows = PyRows::new(rows.0, rows.1);
@@ -389,15 +392,37 @@ pub(crate) fn fit<'py>(
                 }
                 (Some((xv, yv)), None) => {
                     let flat = fspace_core::fit::flatten(&yv);
-                    let rows = fspace_core::RowsInMemory::new(&xv, flat, lik.target_dim()).map_err(raise)?;
+                    let rows = fspace_core::RowsInMemory::new(&xv, flat, yv.ncols()).map_err(raise)?;
                     Some(ValRows::Memory(rows))
                 }
                 (None, Some((read, n))) => Some(ValRows::Read(PyRows::new(read, n))),
                 (None, None) => None,
             };
-            let result = py.detach(|| {
+            let result = py.detach(|| -> Result<(Fit, serde_json::Value), PyErr> {
                 let val = val.as_mut().map(|v| v as &mut dyn fspace_core::RowSource);
-                fspace_fsp_laplace::fit_rows(net, lik, &prior, &mut rows, val, &config, &mut observer)
+                match settings {
+                    Settings::Fsp(config) => {
+                        let fitted = fspace_fsp_laplace::fit_rows(
+                            net,
+                            lik,
+                            &prior,
+                            &mut rows,
+                            val,
+                            &config,
+                            &mut observer,
+                        )
+                        .map_err(|e| errors.take().unwrap_or_else(|| raise(e)))?;
+                        Ok((Fit::Fsp(fitted.posterior), report(&fitted.report)?))
+                    }
+                    Settings::Gfsvi(config) => {
+                        let prior = KlPrior::Gp(prior);
+                        let fitted =
+                            fspace_gfsvi::fit_rows(net, lik, &prior, &mut rows, val, &config, &mut observer)
+                                .map_err(|e| errors.take().unwrap_or_else(|| raise(e)))?;
+                        Ok((Fit::Gfsvi(fitted.posterior), report(&fitted.report)?))
+                    }
+                    _ => Err(value_error(format!("{method} does not read rows by position"))),
+                }
             });
             let val_error = match &mut val {
                 Some(ValRows::Read(v)) => v.error.take(),
@@ -406,11 +431,8 @@ pub(crate) fn fit<'py>(
             if let Some(e) = interrupt.take().or(observer.error.take()).or(rows.error.take()).or(val_error) {
                 return Err(e);
             }
-            let fitted = result.map_err(|e| errors.take().unwrap_or_else(|| raise(e)))?;
-            return Ok((
-                PyPosterior { fit: Fit::Fsp(fitted.posterior), errors },
-                to_py(py, &report(&fitted.report)?)?,
-            ));
+            let (fit, report) = result?;
+            return Ok((PyPosterior { fit, errors }, to_py(py, &report)?));
         }
         (Some(x), Some(y), None) => (matrix(&x), matrix(&y)),
         _ => return Err(value_error("fit takes its data as x and y, or as rows=(read, n)")),

@@ -262,6 +262,58 @@ def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monk
     fitted(method(), subset)
 
 
+@pytest.mark.torch
+def test_gfsvi_trains_from_a_loader_reading_its_rows_by_position(monkeypatch):
+    """``GFSVI.fit(loader)`` over a map-style data set reads each step's minibatch by position
+    (after a pass for the measurement box), never collecting the loader: the posterior of
+    ``fit(X, y)`` to the bit, for regression (σ learned) and classification, and the early
+    stopping of ``val=(X, y)`` from a validation loader; a corrupt label is the documented error."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import fspace._methods as methods
+
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, size=(60, 2))
+    xv = rng.uniform(-1, 1, size=(20, 2))
+    xt = rng.uniform(-1.5, 1.5, size=(6, 2))
+    regression = (np.sin(3 * x[:, :1]) + x[:, 1:], np.sin(3 * xv[:, :1]) + xv[:, 1:])
+    classes = ((x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.3), (xv[:, 0] > 0).astype(np.int64) + (xv[:, 1] > 0.3))
+
+    def collected(*a, **k):
+        raise AssertionError("the loader was collected into arrays")
+
+    def loader(x, y, **kw):
+        return DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=7, **kw)
+
+    for likelihood, (y, yv), q in (("regression", regression, 1), ("classification", classes, 3)):
+        state = tanh_mlp(np.random.default_rng(2), [2, 8, q])
+
+        def method(**kw):
+            return fspace.GFSVI((state, "tanh"), likelihood, K.Independent(K.RBF(1.0, 0.7), q), measurement_points=10,
+                                **{**dict(steps=25, optim={"batch_size": 16}), **kw})
+
+        whole = fitted(method(), x, y)
+        with monkeypatch.context() as m:
+            m.setattr(methods, "data_arrays", collected)
+            read = fitted(method(), loader(x, y, shuffle=True))
+        for a, b in zip(whole(xt), read(xt)):
+            np.testing.assert_array_equal(a, b)
+        early = dict(steps=60, evaluate_every=5, patience=2)
+        held = fitted(method(**early), x, y, val=(xv, yv))
+        with monkeypatch.context() as m:
+            m.setattr(methods, "data_arrays", collected)
+            streamed = fitted(method(**early), loader(x, y), val=loader(xv, yv))
+        assert len(held.report["validation"]) >= 2
+        assert (streamed.report["steps"], streamed.report["best_step"]) == (held.report["steps"],
+                                                                            held.report["best_step"])
+    bad = classes[0].copy()
+    bad[11] = 5
+    with pytest.raises(ValueError, match="class label"):
+        read.fit(loader(x, bad))
+    np.testing.assert_array_equal(read(xt), whole(xt))
+
+
 def test_ella_streams_a_loader_to_the_in_memory_posterior(toy, monkeypatch):
     """``ELLA(..., early_stopping=None).fit(loader)`` adds each batch to ``G``'s ``K × K`` sum in
     Rust (``EllaBatches``) instead of concatenating the loader: a pass gathers the Nyström rows

@@ -264,3 +264,44 @@ mod tests {
         assert_all_close(&g, &[12.0, 2.0], 1e-9, 1e-8);
     }
 }
+
+/// Training rows held elsewhere, read by position (`fspace_core::RowSource` over an in-memory
+/// copy): records the largest read and the rows read in all, and can turn one position's first
+/// target into `bad` (a corrupt record of a loader).
+pub struct CountingRows {
+    rows: fspace_core::RowsInMemory,
+    n: usize,
+    /// The most rows one read asked for.
+    pub largest_read: usize,
+    /// Rows read in all.
+    pub read: usize,
+    /// `(position, value)`: that row's first target is read as `value`.
+    pub bad: Option<(usize, f64)>,
+}
+
+impl CountingRows {
+    /// The rows of `x` (`n × d`) with targets `y` (`n × t`).
+    pub fn new(x: &DMatrix<f64>, y: &DMatrix<f64>) -> Self {
+        let flat = fspace_core::fit::flatten(y);
+        let rows = fspace_core::RowsInMemory::new(x, flat, y.ncols()).expect("n × t targets");
+        Self { rows, n: x.nrows(), largest_read: 0, read: 0, bad: None }
+    }
+}
+
+impl fspace_core::RowSource for CountingRows {
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn rows(&mut self, positions: &[usize]) -> fspace_core::Result<(DMatrix<f64>, DVector<f64>)> {
+        self.largest_read = self.largest_read.max(positions.len());
+        self.read += positions.len();
+        let (x, mut y) = self.rows.rows(positions)?;
+        if let Some((at, value)) = self.bad {
+            if let Some(i) = positions.iter().position(|&p| p == at) {
+                let t = y.len() / positions.len();
+                y[i * t] = value;
+            }
+        }
+        Ok((x, y))
+    }
+}

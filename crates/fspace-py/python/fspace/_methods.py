@@ -437,12 +437,12 @@ class _NetworkMethod(_Fitted):
             FSP-Laplace streams a loader (each batch added to Alg. 2's ``k × k`` sum in Rust,
             after a pass for the data's box unless ``context_box`` is given), and so does ELLA
             without early stopping (each batch added to ``G``'s ``K × K`` sum, after a pass that
-            gathers the Nyström rows). FSP-Laplace's training reads a ``DataLoader`` over a
-            map-style data set by position (each step's minibatch through the data set and the
-            loader's ``collate_fn``, after a pass for the box): the fit of the same rows in
-            memory, to the bit. GFSVI, VaLLA, a one-shot iterator, a loader that does not cover
-            its data set once per pass, a sharded training, context points taken from the data
-            and ELLA's early stopping collect it in memory.
+            gathers the Nyström rows). FSP-Laplace's and GFSVI's training read a ``DataLoader``
+            over a map-style data set by position (each step's minibatch through the data set
+            and the loader's ``collate_fn``, after a pass for the box): the fit of the same rows
+            in memory, to the bit. VaLLA, a one-shot iterator, a loader that does not cover its
+            data set once per pass, a sharded training, context points taken from the data and
+            ELLA's early stopping collect it in memory.
         y : array_like or torch.Tensor, optional
             The targets: ``n × d'`` (regression) or class indices ``n`` (classification).
         val : tuple or DataLoader, optional
@@ -578,7 +578,7 @@ class _NetworkMethod(_Fitted):
         if self._fit_method() == "fsp_laplace_posthoc" and self._streams(data, y, val):
             self._fit_batches(data, group, progress)
             return True
-        if (self._fit_method() == "fsp_laplace" and group is None and self._streams(data, y, None)
+        if (self._fit_method() in ("fsp_laplace", "gfsvi") and group is None and self._streams(data, y, None)
                 and readable_by_position(data) and (val is None or isinstance(val, tuple)
                                                     or readable_by_position(val))):
             self._fit_rows(data, val, progress)
@@ -600,22 +600,26 @@ class _NetworkMethod(_Fitted):
         return read, len(dataset)
 
     def _fit_rows(self, loader: Any, val: Any, progress: Progress) -> None:
-        """FSP-Laplace (Alg. 1 and Alg. 2) from a loader over a map-style data set with one
-        minibatch in memory: a pass for the data's box (unless ``context_box`` is given), then
-        Rust reads each training step's minibatch — the positions an in-memory fit of the same
-        rows draws, so the same weights and posterior — and Alg. 2's chunks by position
-        (``fspace_fsp_laplace::fit_rows``). A validation loader is read the same way, ``batch_size``
-        rows at a time; ``(X_val, y_val)`` are held."""
+        """FSP-Laplace (Alg. 1 and Alg. 2) or GFSVI from a loader over a map-style data set with
+        one minibatch in memory: a pass for the data's box (unless ``context_box`` /
+        ``measurement_box`` is given), then Rust reads each training step's minibatch — the
+        positions an in-memory fit of the same rows draws, so the same weights and posterior —
+        and FSP-Laplace's Alg. 2 its chunks, by position (``fspace_fsp_laplace::fit_rows``,
+        ``fspace_gfsvi::fit_rows``). A validation loader is read the same way, ``batch_size`` rows
+        at a time; ``(X_val, y_val)`` are held."""
         read, n = self._row_reader(loader)
         if n == 0:
             raise ValueError("the data loader's data set is empty")
         config = copy.deepcopy(self._config)
-        if config.get("context_box") is None:
+        key = "context_box" if self._fit_method() == "fsp_laplace" else "measurement_box"
+        if config.get(key) is None:
             lo, hi = self._loader_box(loader)
-            config["context_box"] = _widened_box(lo, hi, config)
+            # FSP-Laplace widens the data's box (``widen``); GFSVI measures in the data's box.
+            config[key] = (_widened_box(lo, hi, config) if key == "context_box"
+                           else {"lower": lo.tolist(), "upper": hi.tolist()})
         else:
             read(np.zeros(1, dtype=np.int64))  # a torch model learns its input layout from a row
-        self._adapt(config, np.zeros((0, len(config["context_box"]["lower"]))), val is not None)
+        self._adapt(config, np.zeros((0, len(config[key]["lower"]))), val is not None)
         xv = yv = val_rows = None
         if isinstance(val, tuple):
             xv, yv = data_arrays(val[0], val[1], self._spec.inputs)
@@ -630,7 +634,7 @@ class _NetworkMethod(_Fitted):
             self._spec.calls().check_classifier()
         bar = _Progress(progress, type(self).__name__)
         prior = self._prior
-        assert prior is not None  # FSPLaplace refuses a missing prior when it is made
+        assert prior is not None  # FSPLaplace and GFSVI refuse a missing prior when made
         with self._lock:
             try:
                 post, report = _fspace.fit(
