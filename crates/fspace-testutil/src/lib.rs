@@ -244,27 +244,6 @@ impl ThreadReduce {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn known_spectrum_is_recovered() {
-        let mut r = rng(1);
-        let eigs = [5.0, 2.0, 1.0, 0.0];
-        let (a, _) = with_spectrum(&eigs, &mut r);
-        let mut got: Vec<f64> = a.symmetric_eigen().eigenvalues.iter().cloned().collect();
-        got.sort_by(|x, y| y.partial_cmp(x).unwrap());
-        assert_all_close(&got, &eigs, 0.0, 1e-12);
-    }
-
-    #[test]
-    fn finite_differences_of_a_cubic() {
-        let g = fd_gradient(|x| x[0].powi(3) + 2.0 * x[1], &[2.0, 1.0], 1e-5);
-        assert_all_close(&g, &[12.0, 2.0], 1e-9, 1e-8);
-    }
-}
-
 /// Training rows held elsewhere, read by position (`fspace_core::RowSource` over an in-memory
 /// copy): records the largest read and the rows read in all, and can turn one position's first
 /// target into `bad` (a corrupt record of a loader).
@@ -303,5 +282,26 @@ impl fspace_core::RowSource for CountingRows {
             }
         }
         Ok((x, y))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_spectrum_is_recovered() {
+        let mut r = rng(1);
+        let eigs = [5.0, 2.0, 1.0, 0.0];
+        let (a, _) = with_spectrum(&eigs, &mut r);
+        let mut got: Vec<f64> = a.symmetric_eigen().eigenvalues.iter().cloned().collect();
+        got.sort_by(|x, y| y.partial_cmp(x).unwrap());
+        assert_all_close(&got, &eigs, 0.0, 1e-12);
+    }
+
+    #[test]
+    fn finite_differences_of_a_cubic() {
+        let g = fd_gradient(|x| x[0].powi(3) + 2.0 * x[1], &[2.0, 1.0], 1e-5);
+        assert_all_close(&g, &[12.0, 2.0], 1e-9, 1e-8);
     }
 }
