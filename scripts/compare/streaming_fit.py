@@ -5,7 +5,11 @@ depend on the weights), the first N training images, batches of 128, for `kron` 
 over all weights and `kron` over the last layer, and post-hoc FSP-Laplace (`FSPLaplace(...,
 train=False)`: an RBF prior on each of the 10 logits, 100 Halton context points, Lanczos rank
 at most 100; from a loader it takes a pass for the data's box and a pass that adds each batch
-to Alg. 2's `k × k` sum), and ELLA (`ELLA(..., num_points=2000, num_eigen=20,
+to Alg. 2's `k × k` sum), FSP-Laplace trained (`fsp:train`: Alg. 1 for 300 steps of 128
+images with 100 context points each, then Alg. 2; from a loader a pass for the box, then Rust
+reads each step's minibatch and Alg. 2's chunks by position through the data set), GFSVI
+(`gfsvi:train`: 2 steps of 128 images, 20 measurement points each; a pass for the box, then
+each step's minibatch read by position), and ELLA (`ELLA(..., num_points=2000, num_eigen=20,
 early_stopping=None)`, λ given; from a loader a pass gathers the Nyström rows and a pass adds
 each batch to `G`'s `K × K` sum). Each measurement runs in its own subprocess:
 
@@ -33,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = [("kron", "all"), ("diag", "all"), ("kron", "last_layer"), ("fsp", "posthoc"), ("fsp", "train"),
-         ("ella", "nystrom")]
+         ("gfsvi", "train"), ("ella", "nystrom")]
 BATCH = 128
 
 
@@ -96,6 +100,10 @@ def child(args):
         train = dict(steps=300, batch_size=BATCH, n_context=100) if subset == "train" else {}
         la = fspace.FSPLaplace(model, "classification", prior, train=subset == "train", n_laplace_context=100,
                                laplace={"max_rank": 100}, **train)
+    elif structure == "gfsvi":
+        prior = fspace.kernels.Independent(fspace.kernels.RBF(1.0, 10.0), 10)
+        la = fspace.GFSVI(model, "classification", prior, steps=2, measurement_points=20,
+                          optim={"batch_size": BATCH})
     elif structure == "ella":
         la = fspace.ELLA(model, "classification", num_points=2000, num_eigen=20, prior={"Fixed": 1.0},
                          early_stopping=None)

@@ -512,10 +512,7 @@ class _NetworkMethod(_Fitted):
                 else:
                     xv, yv = data_arrays(val, None, self._spec.inputs, keys)
             elif not val_anywhere:
-                holder = _schedule_holder(config)
-                if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
-                    # The paper's early stopping needs validation data; without it, run the whole schedule.
-                    holder["schedule"] = dict(holder["schedule"], patience=None)
+                self._without_validation(config)
             self._adapt(config, x, val is not None)
             if group is not None:
                 # Checked before the processes exchange the data's box, which a NaN would spoil
@@ -573,8 +570,8 @@ class _NetworkMethod(_Fitted):
 
     def _fit_streamed(self, data: Any, y: Any, val: Any, group: Any, progress: Progress) -> bool:
         """Fits from a loader one batch at a time where the method can (post-hoc FSP-Laplace
-        over its batches, FSP-Laplace's training over its rows read by position; ``ELLA``
-        overrides it); returns whether it did."""
+        over its batches, FSP-Laplace's and GFSVI's training over its rows read by position;
+        ``ELLA`` overrides it); returns whether it did."""
         if self._fit_method() == "fsp_laplace_posthoc" and self._streams(data, y, val):
             self._fit_batches(data, group, progress)
             return True
@@ -584,6 +581,13 @@ class _NetworkMethod(_Fitted):
             self._fit_rows(data, val, progress)
             return True
         return False
+
+    def _without_validation(self, config: Dict[str, Any]) -> None:
+        """The paper's early stopping needs validation data; without it the whole schedule runs
+        (unless the user set a patience)."""
+        holder = _schedule_holder(config)
+        if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
+            holder["schedule"] = dict(holder["schedule"], patience=None)
 
     def _row_reader(self, loader: Any) -> Tuple[Callable[[np.ndarray], Tuple[np.ndarray, np.ndarray]], int]:
         """``(read, n)``: ``read(positions)`` reads those rows of the loader's data set as its own
@@ -626,10 +630,7 @@ class _NetworkMethod(_Fitted):
         elif val is not None:
             val_rows = self._row_reader(val)
         else:
-            holder = _schedule_holder(config)
-            if holder is not None and not self._patience_given and holder["schedule"].get("patience") is not None:
-                # The paper's early stopping needs validation data; without it, run the whole schedule.
-                holder["schedule"] = dict(holder["schedule"], patience=None)
+            self._without_validation(config)
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         bar = _Progress(progress, type(self).__name__)
