@@ -378,7 +378,7 @@ def readable_by_position(loader: Any) -> bool:
         return False
     if type(getattr(loader, "batch_sampler", None)) is not BatchSampler:
         return False
-    sampler = getattr(loader, "sampler", None)
+    sampler: Any = getattr(loader, "sampler", None)
     if type(sampler) is SequentialSampler:
         return True
     return (type(sampler) is RandomSampler and not sampler.replacement
