@@ -11,7 +11,7 @@ fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
     BTreeMap::from([
         ("fspace-linalg", vec!["fspace-input"]),
         ("fspace-context", vec!["fspace-input"]),
-        ("fspace-testutil", vec!["fspace-input"]),
+        ("fspace-testutil", vec!["fspace-input", "fspace-core"]),
         ("fspace-feature-union", vec![]),
         ("fspace-input", vec![]),
         ("fspace-kernels", vec!["fspace-input", "fspace-linalg"]),
