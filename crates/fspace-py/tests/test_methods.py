@@ -176,9 +176,10 @@ def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monk
     positions an in-memory fit draws, so the weights and the posterior of ``fit(X, y)`` to the
     bit, whatever the loader's own shuffling — and Alg. 2's chunks the same way; no read holds
     more than one minibatch or one chunk. A validation loader is read likewise (the same early
-    stopping as ``val=(X, y)``). Dict items are read as dict batches. A corrupt row is the documented error, the object keeping its
-    earlier fit; the data set's own exception comes through unchanged. A loader that does not
-    cover its data set once per pass (``drop_last``, another sampler) is collected, as before."""
+    stopping as ``val=(X, y)``). Dict items are read as dict batches. A corrupt row is the
+    documented error, the object keeping its earlier fit; the data set's own exception (a
+    ``KeyError``, Ctrl-C) comes through unchanged. A loader that does not cover its data set
+    once per pass (``drop_last``, another sampler) is collected, as before."""
     import torch
     from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler, TensorDataset
 
@@ -204,7 +205,7 @@ def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monk
         def __getitem__(self, i):
             self.reads.append(i)
             if self.bad is not None and i == self.bad[0]:
-                if isinstance(self.bad[1], Exception):
+                if isinstance(self.bad[1], BaseException):
                     raise self.bad[1]
                 return self.x[i], torch.full_like(self.y[i], self.bad[1])
             return {"input_ids": self.x[i], "labels": self.y[i]} if self.as_dict else (self.x[i], self.y[i])
@@ -250,6 +251,10 @@ def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monk
     np.testing.assert_array_equal(streamed(xt)[1], var)
     with pytest.raises(KeyError, match="row 23 is gone"):
         streamed.fit(DataLoader(Rows(x, y, bad=(23, KeyError("row 23 is gone"))), batch_size=5))
+    np.testing.assert_array_equal(streamed(xt)[1], var)
+    # Ctrl-C while Rust waits on a read (the data set's own code runs it): raised, the fit kept.
+    with pytest.raises(KeyboardInterrupt):
+        streamed.fit(DataLoader(Rows(x, y, bad=(23, KeyboardInterrupt())), batch_size=5))
     np.testing.assert_array_equal(streamed(xt)[1], var)
 
     # Collected as before: a loader that drops its last batch trains on the rows it yields.
