@@ -555,18 +555,15 @@ class _NetworkMethod(_Fitted):
                 process=process, **network,
             )
 
-        with self._lock:
-            try:
-                if group is None:
-                    post, report = compute()
-                elif process is not None:
-                    # Every step's data term is all-reduced (a failure flag with it).
-                    post, report = compute(step_reduce(group))
-                else:
-                    post, report = sharded_sum(group, compute)
-            finally:
-                bar.close()
-            self._post, self._report = post, report
+        def run() -> Any:
+            if group is None:
+                return compute()
+            if process is not None:
+                # Every step's data term is all-reduced (a failure flag with it).
+                return compute(step_reduce(group))
+            return sharded_sum(group, compute)
+
+        self._keep_fit(bar, run)
 
     def _fit_streamed(self, data: Any, y: Any, val: Any, group: Any, progress: Progress) -> bool:
         """Fits from a loader one batch at a time where the method can (post-hoc FSP-Laplace
@@ -581,6 +578,16 @@ class _NetworkMethod(_Fitted):
             self._fit_rows(data, val, progress)
             return True
         return False
+
+    def _keep_fit(self, bar: "_Progress", compute: Callable[[], Tuple[Any, Any]]) -> None:
+        """Runs ``compute()`` under the object's lock and keeps the ``(posterior, report)`` it
+        returns; the progress bar is closed either way, and a failure leaves the earlier fit."""
+        with self._lock:
+            try:
+                post, report = compute()
+            finally:
+                bar.close()
+            self._post, self._report = post, report
 
     def _without_validation(self, config: Dict[str, Any]) -> None:
         """The paper's early stopping needs validation data; without it the whole schedule runs
@@ -636,16 +643,11 @@ class _NetworkMethod(_Fitted):
         bar = _Progress(progress, type(self).__name__)
         prior = self._prior
         assert prior is not None  # FSPLaplace and GFSVI refuse a missing prior when made
-        with self._lock:
-            try:
-                post, report = _fspace.fit(
-                    self._fit_method(), rows=(read, n), likelihood=self.likelihood, sigma_noise=self.sigma_noise,
-                    learn_sigma=self.learn_sigma, prior=prior.spec(), config=config, x_val=xv, y_val=yv,
-                    val_rows=val_rows, progress=bar.callback, **self._network_arguments(),
-                )
-            finally:
-                bar.close()
-            self._post, self._report = post, report
+        self._keep_fit(bar, lambda: _fspace.fit(
+            self._fit_method(), rows=(read, n), likelihood=self.likelihood, sigma_noise=self.sigma_noise,
+            learn_sigma=self.learn_sigma, prior=prior.spec(), config=config, x_val=xv, y_val=yv,
+            val_rows=val_rows, progress=bar.callback, **self._network_arguments(),
+        ))
 
     def _loader_box(self, loader: Any) -> Tuple[np.ndarray, np.ndarray]:
         """The box ``[lo, hi]`` of a loader's inputs, in one pass with one batch in memory."""
@@ -741,12 +743,7 @@ class _NetworkMethod(_Fitted):
                 raise ValueError("the data loader yielded no batch")
             return stream.finish(reduce)
 
-        with self._lock:
-            try:
-                post, report = compute() if group is None else sharded_sum(group, compute)
-            finally:
-                bar.close()
-            self._post, self._report = post, report
+        self._keep_fit(bar, lambda: compute() if group is None else sharded_sum(group, compute))
 
     def _fingerprint(self, config: Dict[str, Any], dim: int) -> List[float]:
         """What every process of a sharded fit must share: the network's weights (a summary),
@@ -1100,22 +1097,20 @@ class ELLA(_NetworkMethod):
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         bar = _Progress(progress, type(self).__name__, unit="point")
-        with self._lock:
-            try:
-                stream = _fspace.EllaBatches(likelihood=self.likelihood, config=config, n=n,
-                                             x_nystrom=np.stack(rows), sigma_noise=self.sigma_noise,
-                                             **self._network_arguments())
-                # Small batches are gathered to the in-memory fit's chunk before they cross.
-                for x, yy in gathered(batches(), lambda: ELLA_CHUNK):
-                    if x.shape[0] > 0:
-                        stream.add(x, yy)
-                        if bar.callback is not None:
-                            bar.callback(stream.points, n, None, None)
-                visited(stream.points)
-                post, report = stream.finish(xv, yv)
-            finally:
-                bar.close()
-            self._post, self._report = post, report
+        def compute() -> Any:
+            stream = _fspace.EllaBatches(likelihood=self.likelihood, config=config, n=n,
+                                         x_nystrom=np.stack(rows), sigma_noise=self.sigma_noise,
+                                         **self._network_arguments())
+            # Small batches are gathered to the in-memory fit's chunk before they cross.
+            for x, yy in gathered(batches(), lambda: ELLA_CHUNK):
+                if x.shape[0] > 0:
+                    stream.add(x, yy)
+                    if bar.callback is not None:
+                        bar.callback(stream.points, n, None, None)
+            visited(stream.points)
+            return stream.finish(xv, yv)
+
+        self._keep_fit(bar, compute)
         return True
 
     def __init__(self, model: Any, likelihood: str, **kwargs: Any) -> None:
