@@ -464,12 +464,12 @@ fn read_rows(
         "validation" => ("validation inputs", "validation targets"),
         _ => ("training inputs", "training targets"),
     };
-    if x.nrows() != positions.len() || flat.len() != positions.len() * t {
-        return Err(GfsviError::Input(InputError::DimensionMismatch {
-            what: if x.nrows() != positions.len() { inputs } else { targets },
-            expected: positions.len() * if x.nrows() != positions.len() { 1 } else { t },
-            found: if x.nrows() != positions.len() { x.nrows() } else { flat.len() },
-        }));
+    for (what, expected, found) in
+        [(inputs, positions.len(), x.nrows()), (targets, positions.len() * t, flat.len())]
+    {
+        if found != expected {
+            return Err(GfsviError::Input(InputError::DimensionMismatch { what, expected, found }));
+        }
     }
     ensure_finite(inputs, x.iter())?;
     ensure_finite(targets, flat.iter())?;
