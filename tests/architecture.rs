@@ -509,3 +509,58 @@ fn the_module_reference_reader_sees_paths_and_groups() {
     );
     assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["a", "b", "c", "f"]);
 }
+
+/// The Python boundary dispatches on types, not on method names: every function-space method
+/// is its own compiled class (`crates/fspace-py/src/methods/classes.rs`) whose capabilities the
+/// Python layer asks, so neither side compares a method's name as a string — no
+/// `method == "gfsvi"`, no `method in ("valla", …)` in the Python package, no `"gfsvi" =>` arm
+/// in the binding — and the one `fit(method, …)` entry is gone.
+#[test]
+fn the_python_boundary_dispatches_on_types_not_on_method_names() {
+    const NAMES: [&str; 6] = ["fsp_laplace", "fsp_laplace_posthoc", "gfsvi", "valla", "ella", "exact_gp"];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates").join("fspace-py");
+    let mut offences = Vec::new();
+    let python = root.join("python").join("fspace");
+    let mut files: Vec<_> = std::fs::read_dir(&python)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("py"))
+        .collect();
+    files.sort();
+    assert!(files.len() > 5, "no Python sources found under {}", python.display());
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split('#').next().unwrap_or("");
+            let compared = NAMES.iter().any(|name| {
+                let quoted = [format!("\"{name}\""), format!("'{name}'")];
+                quoted.iter().any(|q| {
+                    code.contains(&format!("== {q}"))
+                        || code.contains(&format!("!= {q}"))
+                        || code.contains(&format!("in ({q}"))
+                        || code.contains(&format!(", {q})"))
+                })
+            });
+            if compared || code.contains("_fspace.fit(") {
+                offences.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    for path in rust_files_below(&root.join("src")) {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            let arm = NAMES.iter().any(|name| {
+                code.starts_with(&format!("\"{name}\" =>")) || code.starts_with(&format!("\"{name}\" |"))
+            });
+            if arm || code.contains("fn fit(method") {
+                offences.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "method names compared as strings across the boundary:\n{}",
+        offences.join("\n")
+    );
+}

@@ -14,22 +14,20 @@
 //!   the GLM moments at the λ and temperature set with `set_state`, network samples, weight
 //!   samples, pickling through the posterior's versioned JSON. The laplace-torch surface
 //!   (`fspace.Laplace`) is the Python layer's.
-//! * `fit(method, …)` → `Posterior` (`src/methods.rs`): FSP-Laplace (Alg. 1 + 2, or Alg. 2 post hoc),
-//!   GFSVI, VaLLA, ELLA and the exact GP in one call shape — the method's Rust `Config` as
-//!   JSON (`default_config(method)` holds the paper's values), the prior as a `GpPrior`'s JSON,
-//!   progress reported to a Python callable; the posterior predicts, samples functions, returns
-//!   trained weights and pickles.
-//! * `FspLaplaceBatches` (`src/methods.rs`): post-hoc FSP-Laplace over a loader — Alg. 2's
-//!   basis when made, `add(x, y)` per batch, `finish(reduce=None)` → `Posterior`.
-//! * `EllaBatches` (`src/methods.rs`): ELLA over a loader — the feature map from the rows at
-//!   `ella_nystrom_positions` when made, `add(x, y)` per batch (`G`'s sum),
-//!   `finish(x_val, y_val)` → `Posterior`.
+//! * The function-space methods, one class each (`src/methods/`): `FspLaplace`,
+//!   `FspLaplacePosthoc`, `Gfsvi`, `Valla`, `Ella`, `ExactGp` — made from the method's Rust
+//!   `Config` (a dict read through serde once; `Class.defaults()` holds the paper's values),
+//!   the likelihood and the prior as a `GpPrior`'s dict; each declares what it reads
+//!   (`Class.capabilities`) and fits a `Network` to a `DataSource` (arrays, rows read by
+//!   position, batches pulled from Python; validation rows and a process shard with them) →
+//!   `(Posterior, report)`. The posterior predicts, samples functions, returns trained weights
+//!   and pickles. Progress goes to a Python callable.
 //! * `NystromFeatures` (`src/nystrom.rs`): ELLA's Nyström feature map of a network, for the
 //!   Python layer's laplace-torch `ELLA` surface, which keeps the posterior as tensors.
 //! * `NtkKernel` (`src/ntk.rs`): a network's NTK blocks at a batch and inducing inputs and
 //!   their gradient in the inducing inputs, for the laplace-torch `VaLLA` surface, which keeps
 //!   the variational parameters as torch parameters.
-//! * `gram(kernel, X, Y)`: a kernel's Gram matrix from its spec's JSON; `rkhs_norm(prior, C, F,
+//! * `gram(kernel, X, Y)`: a kernel's Gram matrix from its spec's dict; `rkhs_norm(prior, C, F,
 //!   jitter)`: FSP-Laplace's regulariser at context points and its gradient in `F` (the
 //!   `fspace.torch.FSPRegularizer` loss term).
 //!
@@ -44,6 +42,7 @@
 mod callback;
 mod convert;
 mod errors;
+mod functions;
 mod interrupt;
 mod laplace;
 mod methods;
@@ -58,17 +57,21 @@ use pyo3::prelude::*;
 fn _fspace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<laplace::PyLaplace>()?;
     m.add_class::<methods::PyPosterior>()?;
-    m.add_class::<methods::PyFspBatches>()?;
-    m.add_class::<methods::PyEllaBatches>()?;
+    m.add_class::<methods::source::PySource>()?;
+    m.add_class::<methods::classes::Capabilities>()?;
+    m.add_class::<methods::classes::PyNet>()?;
+    m.add_class::<methods::classes::PyFspLaplace>()?;
+    m.add_class::<methods::classes::PyFspLaplacePosthoc>()?;
+    m.add_class::<methods::classes::PyGfsvi>()?;
+    m.add_class::<methods::classes::PyValla>()?;
+    m.add_class::<methods::classes::PyElla>()?;
+    m.add_class::<methods::classes::PyExactGp>()?;
     m.add_class::<nystrom::PyNystromFeatures>()?;
     m.add_class::<ntk::PyNtkKernel>()?;
-    m.add_function(wrap_pyfunction!(methods::fit, m)?)?;
-    m.add_function(wrap_pyfunction!(methods::default_config, m)?)?;
-    m.add_function(wrap_pyfunction!(methods::ella_nystrom_positions, m)?)?;
-    m.add_function(wrap_pyfunction!(methods::gram, m)?)?;
-    m.add_function(wrap_pyfunction!(methods::rkhs_norm, m)?)?;
-    m.add_function(wrap_pyfunction!(methods::regularized_kl, m)?)?;
-    m.add_function(wrap_pyfunction!(methods::gfsvi_objective, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::gram, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::rkhs_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::regularized_kl, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::gfsvi_objective, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::classification_sums, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::classification_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::regression_sums, m)?)?;

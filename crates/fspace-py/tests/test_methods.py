@@ -451,10 +451,12 @@ def test_arguments_cross_to_rust_by_keyword():
     multi-argument calls, no settings as JSON text)."""
     from fspace import _fspace
 
-    calls = [getattr(_fspace, n) for n in ("fit", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective",
+    calls = [getattr(_fspace, n) for n in ("gram", "rkhs_norm", "regularized_kl", "gfsvi_objective",
                                            "classification_sums", "classification_metrics", "regression_sums",
                                            "ood_metrics")]
-    for call in calls + [_fspace.Laplace]:
+    methods = [_fspace.FspLaplace, _fspace.FspLaplacePosthoc, _fspace.Gfsvi, _fspace.Valla, _fspace.Ella,
+               _fspace.ExactGp]
+    for call in calls + [_fspace.Laplace] + methods + [m.fit for m in methods]:
         signature = call.__text_signature__
         assert "*," in signature, (call, signature)
     assert isinstance(fspace.default_config("valla"), dict)
@@ -671,12 +673,16 @@ BAD_METHOD_CALLS = [
      'linearised ."glm". predictive only'),
     ("unknown link", lambda: fitted(fspace.VaLLA((tanh_mlp(np.random.default_rng(1), [1, 4, 2]), "tanh"), "classification", steps=2, num_inducing=4), X, (X[:, 0] > 0).astype(float))(X, link_approx="sigmoid"), ValueError,
      '"sigmoid" is not "probit", "bridge" or "mc"'),
-    ("a saved posterior of another method", lambda: fspace._fspace.Posterior.from_json("valla", fit_gp(K.RBF())._post.to_json()), ValueError,
+    ("a saved posterior of another method", lambda: fspace._fspace.Valla.load_posterior(fit_gp(K.RBF())._post.to_json()), ValueError,
      'the file holds an ExactGP posterior, not a VaLLA posterior'),
-    ("an unknown method", lambda: fspace._fspace.Posterior.from_json("svgp", "{}"), ValueError,
-     'method "svgp" is not one of'),
+    ("an unknown method", lambda: fspace.default_config("svgp"), ValueError,
+     "method 'svgp' is not one of"),
     ("prediction inputs of the wrong width", lambda: fit_gp(K.RBF())(np.zeros((3, 2))), ValueError,
      'expected 1, found 2'),
+    ("a negative number of draws", lambda: fit_gp(K.RBF()).predictive_samples(X, -1), ValueError,
+     'n_samples -1 must be a whole number ≥ 1'),
+    ("no Monte Carlo draw", lambda: fitted(fspace.VaLLA((tanh_mlp(np.random.default_rng(1), [1, 4, 2]), "tanh"), "classification", steps=2, num_inducing=4), X, (X[:, 0] > 0).astype(float))(X, link_approx="mc", n_samples=0), ValueError,
+     'n_samples 0 must be a whole number ≥ 1'),
 ]
 
 

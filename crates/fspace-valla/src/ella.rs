@@ -551,7 +551,7 @@ fn fit_ella_inner<N: Network + Clone>(
 type EllaSearch = Vec<(usize, f64)>;
 
 /// Rows whose features are evaluated in one call (the in-memory pass and each streamed batch).
-const CHUNK: usize = 512;
+pub const CHUNK: usize = 512;
 
 /// The validation set's MAP outputs `g(X_val)`, its features `Φ(X_val)` and its targets.
 type Scored<'v> = (DMatrix<f64>, DMatrix<f64>, &'v DVector<f64>);

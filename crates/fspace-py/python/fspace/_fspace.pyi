@@ -1,11 +1,11 @@
 """Type stubs of the compiled module (crates/fspace-py/src/lib.rs)."""
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, final
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Laplace", "NystromFeatures", "NtkKernel", "Posterior", "FspLaplaceBatches", "EllaBatches", "fit", "default_config", "ella_nystrom_positions", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "classification_sums", "classification_metrics", "regression_sums", "regression_metrics", "ood_metrics", "set_memory_limit", "memory_limit", "NumericalError"]
+__all__ = ["Laplace", "NystromFeatures", "NtkKernel", "Posterior", "DataSource", "Network", "Capabilities", "FspLaplace", "FspLaplacePosthoc", "Gfsvi", "Valla", "Ella", "ExactGp", "gram", "rkhs_norm", "regularized_kl", "gfsvi_objective", "classification_sums", "classification_metrics", "regression_sums", "regression_metrics", "ood_metrics", "set_memory_limit", "memory_limit", "NumericalError"]
 
 class NumericalError(RuntimeError): ...
 
@@ -147,78 +147,240 @@ class Posterior:
     def trained_params(self) -> Optional[npt.NDArray[np.float64]]: ...
     def likelihood(self) -> Optional[Dict[str, Any]]: ...
     def to_json(self) -> str: ...
-    @staticmethod
-    def from_json(method: str, text: str) -> "Posterior": ...
-
-@final
-class FspLaplaceBatches:
-    def __new__(
-        cls,
-        *,
-        likelihood: str,
-        prior: Dict[str, Any],
-        config: Dict[str, Any],
-        sigma_noise: float = 1.0,
-        state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
-        activation_name: Optional[str] = None,
-        architecture: Optional[Dict[str, Any]] = None,
-        calls: Any = None,
-    ) -> "FspLaplaceBatches": ...
-    def add(self, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> None: ...
-    @property
-    def batch_target(self) -> int: ...
-    @property
-    def points(self) -> int: ...
-    def finish(self, reduce: Optional[Callable[..., Any]] = None) -> Tuple[Posterior, Dict[str, Any]]: ...
-
-@final
-class EllaBatches:
-    def __new__(
-        cls,
-        *,
-        likelihood: str,
-        config: Dict[str, Any],
-        n: int,
-        x_nystrom: npt.NDArray[np.float64],
-        sigma_noise: float = 1.0,
-        state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
-        activation_name: Optional[str] = None,
-        architecture: Optional[Dict[str, Any]] = None,
-        calls: Any = None,
-    ) -> "EllaBatches": ...
-    def add(self, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> None: ...
-    @property
-    def points(self) -> int: ...
-    def finish(
-        self, x_val: Optional[npt.NDArray[np.float64]] = None, y_val: Optional[npt.NDArray[np.float64]] = None
-    ) -> Tuple[Posterior, Dict[str, Any]]: ...
 
 _RowReader = Callable[[npt.NDArray[np.int64]], Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]
+_Batches = Callable[[], Iterable[Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]]
+_Progress = Optional[Callable[[int, int, Optional[float], Optional[float]], Any]]
 
-def fit(
-    method: str,
-    *,
-    likelihood: str,
-    x: Optional[npt.NDArray[np.float64]] = None,
-    y: Optional[npt.NDArray[np.float64]] = None,
-    rows: Optional[Tuple[_RowReader, int]] = None,
-    sigma_noise: float = 1.0,
-    learn_sigma: bool = False,
-    state: Optional[Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]]] = None,
-    activation_name: Optional[str] = None,
-    prior: Optional[Dict[str, Any]] = None,
-    config: Optional[Dict[str, Any]] = None,
-    x_val: Optional[npt.NDArray[np.float64]] = None,
-    y_val: Optional[npt.NDArray[np.float64]] = None,
-    val_rows: Optional[Tuple[_RowReader, int]] = None,
-    progress: Optional[Callable[[int, int, Optional[float], Optional[float]], Any]] = None,
-    architecture: Optional[Dict[str, Any]] = None,
-    calls: Optional[Any] = None,
-    reduce: Optional[Callable[[npt.NDArray[np.float64], Any], npt.NDArray[np.float64]]] = None,
-    process: Optional[Tuple[int, int]] = None,
-) -> Tuple[Posterior, Dict[str, Any]]: ...
-def default_config(method: str) -> Dict[str, Any]: ...
-def ella_nystrom_positions(n: int, *, config: Dict[str, Any]) -> List[int]: ...
+@final
+class DataSource:
+    @staticmethod
+    def memory(
+        x: npt.NDArray[np.float64],
+        y: npt.NDArray[np.float64],
+        *,
+        x_val: Optional[npt.NDArray[np.float64]] = None,
+        y_val: Optional[npt.NDArray[np.float64]] = None,
+        val_rows: Optional[Tuple[_RowReader, int]] = None,
+        reduce: Optional[Callable[..., npt.NDArray[np.float64]]] = None,
+        process: Optional[Tuple[int, int]] = None,
+    ) -> "DataSource": ...
+    @staticmethod
+    def rows(
+        read: _RowReader,
+        n: int,
+        *,
+        x_val: Optional[npt.NDArray[np.float64]] = None,
+        y_val: Optional[npt.NDArray[np.float64]] = None,
+        val_rows: Optional[Tuple[_RowReader, int]] = None,
+    ) -> "DataSource": ...
+    @staticmethod
+    def batches(
+        make: _Batches,
+        *,
+        total: int = 0,
+        x_val: Optional[npt.NDArray[np.float64]] = None,
+        y_val: Optional[npt.NDArray[np.float64]] = None,
+        reduce: Optional[Callable[..., npt.NDArray[np.float64]]] = None,
+    ) -> "DataSource": ...
+
+@final
+class Network:
+    @staticmethod
+    def native(
+        state: Dict[str, Tuple[List[int], npt.NDArray[np.float64], bool]],
+        activation_name: str,
+        architecture: Optional[Dict[str, Any]] = None,
+    ) -> "Network": ...
+    @staticmethod
+    def torch(calls: Any) -> "Network": ...
+    @property
+    def input_dim(self) -> int: ...
+    @property
+    def output_dim(self) -> int: ...
+
+@final
+class Capabilities:
+    @property
+    def rows(self) -> bool: ...
+    @property
+    def batches(self) -> bool: ...
+    @property
+    def shards_each_step(self) -> bool: ...
+    @property
+    def shards_one_sum(self) -> bool: ...
+    @property
+    def shards(self) -> bool: ...
+
+@final
+class FspLaplace:
+    capabilities: ClassVar[Capabilities]
+    name: ClassVar[str]
+    def __new__(
+        cls,
+        *,
+        likelihood: str,
+        prior: Optional[Dict[str, Any]] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        sigma_noise: float = 1.0,
+        learn_sigma: bool = False,
+    ) -> "FspLaplace": ...
+    @staticmethod
+    def defaults() -> Dict[str, Any]: ...
+    @property
+    def settings(self) -> Dict[str, Any]: ...
+    def fit(
+        self,
+        source: DataSource,
+        *,
+        network: Optional[Network] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        progress: _Progress = None,
+    ) -> Tuple[Posterior, Dict[str, Any]]: ...
+    @staticmethod
+    def load_posterior(text: str) -> Posterior: ...
+
+@final
+class FspLaplacePosthoc:
+    capabilities: ClassVar[Capabilities]
+    name: ClassVar[str]
+    def __new__(
+        cls,
+        *,
+        likelihood: str,
+        prior: Optional[Dict[str, Any]] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        sigma_noise: float = 1.0,
+        learn_sigma: bool = False,
+    ) -> "FspLaplacePosthoc": ...
+    @staticmethod
+    def defaults() -> Dict[str, Any]: ...
+    @property
+    def settings(self) -> Dict[str, Any]: ...
+    def fit(
+        self,
+        source: DataSource,
+        *,
+        network: Optional[Network] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        progress: _Progress = None,
+    ) -> Tuple[Posterior, Dict[str, Any]]: ...
+    @staticmethod
+    def load_posterior(text: str) -> Posterior: ...
+
+@final
+class Gfsvi:
+    capabilities: ClassVar[Capabilities]
+    name: ClassVar[str]
+    def __new__(
+        cls,
+        *,
+        likelihood: str,
+        prior: Optional[Dict[str, Any]] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        sigma_noise: float = 1.0,
+        learn_sigma: bool = False,
+    ) -> "Gfsvi": ...
+    @staticmethod
+    def defaults() -> Dict[str, Any]: ...
+    @property
+    def settings(self) -> Dict[str, Any]: ...
+    def fit(
+        self,
+        source: DataSource,
+        *,
+        network: Optional[Network] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        progress: _Progress = None,
+    ) -> Tuple[Posterior, Dict[str, Any]]: ...
+    @staticmethod
+    def load_posterior(text: str) -> Posterior: ...
+
+@final
+class Valla:
+    capabilities: ClassVar[Capabilities]
+    name: ClassVar[str]
+    def __new__(
+        cls,
+        *,
+        likelihood: str,
+        prior: Optional[Dict[str, Any]] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        sigma_noise: float = 1.0,
+        learn_sigma: bool = False,
+    ) -> "Valla": ...
+    @staticmethod
+    def defaults() -> Dict[str, Any]: ...
+    @property
+    def settings(self) -> Dict[str, Any]: ...
+    def fit(
+        self,
+        source: DataSource,
+        *,
+        network: Optional[Network] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        progress: _Progress = None,
+    ) -> Tuple[Posterior, Dict[str, Any]]: ...
+    @staticmethod
+    def load_posterior(text: str) -> Posterior: ...
+
+@final
+class Ella:
+    capabilities: ClassVar[Capabilities]
+    name: ClassVar[str]
+    def __new__(
+        cls,
+        *,
+        likelihood: str,
+        prior: Optional[Dict[str, Any]] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        sigma_noise: float = 1.0,
+        learn_sigma: bool = False,
+    ) -> "Ella": ...
+    @staticmethod
+    def defaults() -> Dict[str, Any]: ...
+    @property
+    def settings(self) -> Dict[str, Any]: ...
+    def fit(
+        self,
+        source: DataSource,
+        *,
+        network: Optional[Network] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        progress: _Progress = None,
+    ) -> Tuple[Posterior, Dict[str, Any]]: ...
+    @staticmethod
+    def load_posterior(text: str) -> Posterior: ...
+
+@final
+class ExactGp:
+    capabilities: ClassVar[Capabilities]
+    name: ClassVar[str]
+    def __new__(
+        cls,
+        *,
+        likelihood: str,
+        prior: Optional[Dict[str, Any]] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        sigma_noise: float = 1.0,
+        learn_sigma: bool = False,
+    ) -> "ExactGp": ...
+    @staticmethod
+    def defaults() -> Dict[str, Any]: ...
+    @property
+    def settings(self) -> Dict[str, Any]: ...
+    def fit(
+        self,
+        source: DataSource,
+        *,
+        network: Optional[Network] = None,
+        settings: Optional[Dict[str, Any]] = None,
+        progress: _Progress = None,
+    ) -> Tuple[Posterior, Dict[str, Any]]: ...
+    @staticmethod
+    def load_posterior(text: str) -> Posterior: ...
+
+
 def classification_sums(*, probs: npt.NDArray[np.float64], y: npt.NDArray[np.float64], bins: int) -> List[float]: ...
 def classification_metrics(*, bins: int, flat: List[float]) -> Dict[str, Any]: ...
 def regression_sums(

@@ -21,8 +21,9 @@ import numpy as np
 from . import _fspace
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import (array2, back, batch_arrays, data_arrays, dataset_size, gathered, is_array, is_torch,
+from ._convert import (array2, back, batch_arrays, data_arrays, dataset_size, is_array, is_torch,
                        readable_by_position, reread_weights, tensors, unflatten)
+from ._predictive import sample_count
 from ._distributed import _group, agree_on, agreed, global_box, sharded_sum, step_reduce, weights_summary
 from ._torch import TorchModel
 from .kernels import Kernel, MatrixKernel
@@ -30,6 +31,26 @@ from .kernels import Kernel, MatrixKernel
 __all__ = ["GPPrior", "FSPLaplace", "GFSVI", "VaLLA", "ELLA", "ExactGP", "default_config"]
 
 Progress = Union[None, bool, Callable[[int, int, Optional[float], Optional[float]], Any]]
+
+#: ``default_config``'s public names of the methods' compiled classes.
+_RUST_CLASSES: Dict[str, Any] = {
+    "fsp_laplace": _fspace.FspLaplace, "gfsvi": _fspace.Gfsvi, "valla": _fspace.Valla, "ella": _fspace.Ella,
+}
+
+
+def _changed(base: Any, new: Any) -> Any:
+    """The part of the settings ``new`` that differs from ``base`` (dicts compared key by key):
+    the settings a fit lays over the ones its compiled object holds."""
+    if isinstance(base, dict) and isinstance(new, dict) and set(new) >= set(base):
+        out = {}
+        for key, value in new.items():
+            if key not in base:
+                out[key] = value
+            elif value != base[key]:
+                nested = isinstance(value, dict) and not _is_variant(value)
+                out[key] = _changed(base[key], value) if nested else value
+        return out
+    return new
 
 
 class GPPrior:
@@ -111,7 +132,10 @@ def default_config(method: str) -> Dict[str, Any]:
     >>> fspace.default_config("valla")["num_inducing"]
     100
     """
-    return _fspace.default_config(method)
+    rust = _RUST_CLASSES.get(method)
+    if rust is None:
+        raise ValueError(f"method {method!r} is not one of {', '.join(map(repr, _RUST_CLASSES))}")
+    return rust.defaults()
 
 
 def _is_variant(value: Dict[str, Any]) -> bool:
@@ -168,13 +192,6 @@ def _schedule(base: Dict[str, Any], epochs: Optional[int], steps: Optional[int],
     if patience != "default":
         out["patience"] = None if patience is None else _count(patience, "patience")
     return out
-
-
-def _context_box_of_all(group: Any, x: np.ndarray, config: Dict[str, Any]) -> Dict[str, Any]:
-    """FSP-Laplace's context box over every process's points: the data's box, widened by
-    ``widen`` as Rust widens one process's (``BoundingBox::from_data``)."""
-    lo, hi = global_box(group, x)
-    return _widened_box(lo, hi, config)
 
 
 def _widened_box(lo: np.ndarray, hi: np.ndarray, config: Dict[str, Any]) -> Dict[str, Any]:
@@ -252,7 +269,9 @@ class _Progress:
 class _Fitted(Wrapper):
     """The calls every function-space method shares once fitted."""
 
-    _method = ""
+    #: The method's compiled class (``fspace._fspace.FspLaplace``, …): its settings, what it
+    #: reads (``capabilities``) and its fit.
+    _rust: Any = None
     _title = ""
     _transient: Tuple[str, ...] = ("_post",)
     likelihood: str
@@ -261,6 +280,10 @@ class _Fitted(Wrapper):
 
     def _is_fitted(self) -> bool:
         return getattr(self, "_post", None) is not None
+
+    def _rust_class(self) -> Any:
+        """The compiled class this object fits with."""
+        return self._rust
 
     def _inputs(self, x: Any, what: str) -> np.ndarray:
         return array2(x, what)
@@ -304,7 +327,7 @@ class _Fitted(Wrapper):
             raise ValueError(f"pred_type {pred_type!r}: {type(self).__name__} has the linearised (\"glm\") predictive only")
         xa = self._inputs(x, "X")
         if self.likelihood == "classification":
-            out = post.class_probabilities(xa, link_approx, int(n_samples), int(seed))
+            out = post.class_probabilities(xa, link_approx, sample_count(n_samples), int(seed))
         else:
             out = post.predict(xa)
         return back(out, _holds_torch(x))
@@ -325,7 +348,7 @@ class _Fitted(Wrapper):
         -------
         array or torch.Tensor, shape (n_samples, n, d')
         """
-        out = self._ensure().sample_functions(self._inputs(x, "X"), int(n_samples), int(seed))
+        out = self._ensure().sample_functions(self._inputs(x, "X"), sample_count(n_samples), int(seed))
         return back(out, _holds_torch(x))
 
     @property
@@ -375,7 +398,7 @@ class _Fitted(Wrapper):
             raise ValueError(f"the state_dict's likelihood {state_dict.get('likelihood')!r} is not {self.likelihood!r}")
         if "fspace_posterior" not in state_dict:
             raise ValueError("the state_dict holds no fspace_posterior: it was not saved by state_dict()")
-        post = _fspace.Posterior.from_json(str(state_dict["method"]), state_dict["fspace_posterior"])
+        post = self._rust_class().load_posterior(state_dict["fspace_posterior"])
         with self._lock:
             self._post = post
             self._report = copy.deepcopy(state_dict.get("report", {}))
@@ -383,7 +406,7 @@ class _Fitted(Wrapper):
 
 class _NetworkMethod(_Fitted):
     _learn_sigma_default = False
-    _transient = ("_post", "_model")
+    _transient = ("_post", "_model", "_fitter", "_fitter_key")
 
     def __init__(self, model: Any, likelihood: str, gp_prior: Any = None, sigma_noise: float = 1.0,
                  learn_sigma: Optional[bool] = None, epochs: Optional[int] = None,
@@ -403,7 +426,7 @@ class _NetworkMethod(_Fitted):
         self.likelihood = likelihood
         self.sigma_noise = float(sigma_noise)
         self.learn_sigma = self._learn_sigma_default if learn_sigma is None else bool(learn_sigma)
-        config = _overlay(default_config(self._method), options, type(self).__name__)
+        config = _overlay(self._rust.defaults(), options, type(self).__name__)
         holder = _schedule_holder(config)
         if holder is not None:
             holder["schedule"] = _schedule(holder["schedule"], epochs, steps, evaluate_every, patience)
@@ -416,12 +439,31 @@ class _NetworkMethod(_Fitted):
         self._lock = threading.RLock()
         self._post = None
         self._report: Dict[str, Any] = {}
+        self._fitter: Any = None
+        self._compiled()
+
+    def _compiled(self) -> Any:
+        """The compiled method object, made from the settings (read and checked, each error
+        naming its setting, when the object is made) and made again only where a public
+        attribute it was made from (``train``, ``likelihood``, ``sigma_noise``, ``learn_sigma``)
+        has changed since, or after unpickling."""
+        key = (self._rust_class(), self.likelihood, self.sigma_noise, self.learn_sigma)
+        if getattr(self, "_fitter", None) is None or self._fitter_key != key:
+            self._fitter = self._rust_class()(
+                likelihood=self.likelihood, prior=None if self._prior is None else self._prior.spec(),
+                settings=self._config, sigma_noise=self.sigma_noise, learn_sigma=self.learn_sigma,
+            )
+            self._fitter_key = key
+        return self._fitter
+
+    def _fit_with(self, source: Any, config: Dict[str, Any], progress: Any) -> Any:
+        """``(posterior, report)`` of the compiled fit of ``source`` at the model's weights now,
+        with the settings that ``config`` changes for this fit."""
+        return self._compiled().fit(source, network=self._network(), settings=_changed(self._config, config),
+                                    progress=progress)
 
     def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
         """Settings that depend on the data, where the user left them at their default."""
-
-    def _fit_method(self) -> str:
-        return self._method
 
     def _inputs(self, x: Any, what: str) -> np.ndarray:
         return self._spec.inputs(x, what)
@@ -483,11 +525,11 @@ class _NetworkMethod(_Fitted):
             Ctrl-C: the object keeps its earlier state.
         """
         group = _group(process_group)
-        method = self._fit_method()
+        reads = self._rust_class().capabilities
         if reread_weights(self._spec, self._model):
             # The model's weights as they are now (a model trained after this object was made).
             self._tensors, self._layout = tensors(self._spec.state)
-        if group is not None and method not in ("fsp_laplace", "fsp_laplace_posthoc", "gfsvi", "valla"):
+        if group is not None and not reads.shards:
             raise NotImplementedError(
                 f"{type(self).__name__} fits on one process, and torch.distributed (or the given group) has "
                 "several: shard FSP-Laplace, GFSVI, VaLLA or Laplace, or pass process_group=False to fit this "
@@ -498,7 +540,7 @@ class _NetworkMethod(_Fitted):
         # The trained methods early-stop on every process's validation points: they do when any
         # process has some.
         val_anywhere = val is not None
-        if group is not None and method in ("valla", "fsp_laplace", "gfsvi"):
+        if group is not None and reads.shards_each_step:
             val_anywhere = bool(group.all_reduce(np.array([float(val is not None)]), "max")[0] > 0)
 
         def prepare() -> Any:
@@ -525,35 +567,25 @@ class _NetworkMethod(_Fitted):
         # Sharded: a process whose data are refused here tells the others before they wait.
         x, yy, config, xv, yv = prepare() if group is None else agreed(group, prepare)
         process = None
-        if group is not None and method in ("valla", "fsp_laplace", "gfsvi"):
-            name = {"valla": "VaLLA", "fsp_laplace": "FSP-Laplace", "gfsvi": "GFSVI"}[method]
-            # The context / measurement box first: the agreement below covers the settings with it.
-            if method == "fsp_laplace" and config.get("context_box") is None:
-                config["context_box"] = _context_box_of_all(group, x, config)
-            if method == "gfsvi" and config.get("measurement_box") is None:
-                # The box of every process's points, as one process over all of them draws in.
-                lo, hi = global_box(group, x)
-                config["measurement_box"] = {"lower": lo.tolist(), "upper": hi.tolist()}
+        key = self._box_setting
+        if group is not None and key is not None and config.get(key) is None:
+            # The context / measurement box of every process's points, as one process over all
+            # of them draws in; first, so that the agreement below covers the settings with it.
+            config[key] = self._box(*global_box(group, x), config)
+        if group is not None and reads.shards_each_step:
             agree_on(group, self._fingerprint(config, x.shape[1]),
-                     f"the processes disagree on the model, the prior or the {name} settings: give every process "
-                     "the same ones")
+                     f"the processes disagree on the model, the prior or the {self._rust_class().name} settings: "
+                     "give every process the same ones")
             process = (group.rank, group.size)
-        if group is not None and method == "fsp_laplace_posthoc" and config.get("context_box") is None:
-            config["context_box"] = _context_box_of_all(group, x, config)
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         if progress_bar and progress is None:
             progress = True
         bar = _Progress(progress, type(self).__name__)
-        network = self._network_arguments()
 
         def compute(reduce: Any = None) -> Any:
-            return _fspace.fit(
-                method, x=x, y=yy, likelihood=self.likelihood, sigma_noise=self.sigma_noise,
-                learn_sigma=self.learn_sigma, prior=None if self._prior is None else self._prior.spec(),
-                config=config, x_val=xv, y_val=yv, progress=bar.callback, reduce=reduce,
-                process=process, **network,
-            )
+            source = _fspace.DataSource.memory(x, yy, x_val=xv, y_val=yv, reduce=reduce, process=process)
+            return self._fit_with(source, config, bar.callback)
 
         def run() -> Any:
             if group is None:
@@ -569,10 +601,11 @@ class _NetworkMethod(_Fitted):
         """Fits from a loader one batch at a time where the method can (post-hoc FSP-Laplace
         over its batches, FSP-Laplace's and GFSVI's training over its rows read by position;
         ``ELLA`` overrides it); returns whether it did."""
-        if self._fit_method() == "fsp_laplace_posthoc" and self._streams(data, y, val):
+        reads = self._rust_class().capabilities
+        if reads.batches and self._streams(data, y, val):
             self._fit_batches(data, group, progress)
             return True
-        if (self._fit_method() in ("fsp_laplace", "gfsvi") and group is None and self._streams(data, y, None)
+        if (reads.rows and group is None and self._streams(data, y, None)
                 and readable_by_position(data) and (val is None or isinstance(val, tuple)
                                                     or readable_by_position(val))):
             self._fit_rows(data, val, progress)
@@ -622,12 +655,10 @@ class _NetworkMethod(_Fitted):
         if n == 0:
             raise ValueError("the data loader's data set is empty")
         config = copy.deepcopy(self._config)
-        key = "context_box" if self._fit_method() == "fsp_laplace" else "measurement_box"
+        key = self._box_setting
+        assert key is not None  # the methods that read rows by position have a box
         if config.get(key) is None:
-            lo, hi = self._loader_box(loader)
-            # FSP-Laplace widens the data's box (``widen``); GFSVI measures in the data's box.
-            config[key] = (_widened_box(lo, hi, config) if key == "context_box"
-                           else {"lower": lo.tolist(), "upper": hi.tolist()})
+            config[key] = self._box(*self._loader_box(loader), config)
         else:
             read(np.zeros(1, dtype=np.int64))  # a torch model learns its input layout from a row
         self._adapt(config, np.zeros((0, len(config[key]["lower"]))), val is not None)
@@ -641,23 +672,21 @@ class _NetworkMethod(_Fitted):
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         bar = _Progress(progress, type(self).__name__)
-        prior = self._prior
-        assert prior is not None  # FSPLaplace and GFSVI refuse a missing prior when made
-        self._keep_fit(bar, lambda: _fspace.fit(
-            self._fit_method(), rows=(read, n), likelihood=self.likelihood, sigma_noise=self.sigma_noise,
-            learn_sigma=self.learn_sigma, prior=prior.spec(), config=config, x_val=xv, y_val=yv,
-            val_rows=val_rows, progress=bar.callback, **self._network_arguments(),
-        ))
+        self._keep_fit(bar, lambda: self._fit_with(
+            _fspace.DataSource.rows(read, n, x_val=xv, y_val=yv, val_rows=val_rows), config, bar.callback))
 
     def _loader_box(self, loader: Any) -> Tuple[np.ndarray, np.ndarray]:
         """The box ``[lo, hi]`` of a loader's inputs, in one pass with one batch in memory."""
         lo: Optional[np.ndarray] = None
         hi: Optional[np.ndarray] = None
-        for x, _ in self._loader_batches(loader):
+        for k, (x, _) in enumerate(self._loader_batches(loader), 1):
             if not np.all(np.isfinite(x)):
                 raise ValueError("non-finite value in training inputs")
             if x.shape[0] == 0:
                 continue
+            if lo is not None and x.shape[1] != lo.shape[0]:
+                raise ValueError(f"batch {k} of the data loader has {x.shape[1]} input columns; the batches before it "
+                                 f"had {lo.shape[0]}: every batch must have the same widths")
             lo = x.min(axis=0) if lo is None else np.minimum(lo, x.min(axis=0))
             hi = x.max(axis=0) if hi is None else np.maximum(hi, x.max(axis=0))
         if lo is None or hi is None:
@@ -676,13 +705,20 @@ class _NetworkMethod(_Fitted):
         which takes the dict whole) and the targets under ``dict_key_y``."""
         return (None if self._torch else self.dict_key_x, self.dict_key_y)
 
-    def _network_arguments(self) -> Dict[str, Any]:
+    def _network(self) -> Any:
         """The network as the compiled module takes it: a torch model's callbacks, or a native
         network's tensors, activation and architecture."""
         if self._torch:
-            return dict(calls=self._spec.calls())
-        return dict(state=self._tensors, activation_name=self._spec.activation,
-                    architecture=self._spec.architecture_dict())
+            return _fspace.Network.torch(self._spec.calls())
+        return _fspace.Network.native(self._tensors, self._spec.activation, self._spec.architecture_dict())
+
+    #: The setting that holds the box the method draws its points in (FSP-Laplace's context
+    #: points, GFSVI's measurement points), taken from the data where it is not given.
+    _box_setting: Optional[str] = None
+
+    def _box(self, lo: np.ndarray, hi: np.ndarray, config: Dict[str, Any]) -> Dict[str, Any]:
+        """The ``_box_setting`` of the data's box ``[lo, hi]``."""
+        return {"lower": lo.tolist(), "upper": hi.tolist()}
 
     def _streams(self, data: Any, y: Any, val: Any) -> bool:
         """Whether post-hoc FSP-Laplace takes ``data`` batch by batch: a loader that can be
@@ -709,12 +745,14 @@ class _NetworkMethod(_Fitted):
             return self._loader_box(loader)
 
         config = copy.deepcopy(self._config)
-        if config.get("context_box") is None:
+        key = self._box_setting
+        assert key is not None  # the methods that read batches (post-hoc FSP-Laplace) have a box
+        if config.get(key) is None:
             lo, hi = box() if group is None else agreed(group, box)
             if group is not None:
                 lo, hi = global_box(group, np.stack([lo, hi]))
-            config["context_box"] = _widened_box(lo, hi, config)
-        dim = len(config["context_box"]["lower"])
+            config[key] = self._box(lo, hi, config)
+        dim = len(config[key]["lower"])
         self._adapt(config, np.zeros((0, dim)), False)
         if group is not None:
             agree_on(group, self._fingerprint(config, dim),
@@ -722,26 +760,14 @@ class _NetworkMethod(_Fitted):
                      "the same ones")
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
-        network = self._network_arguments()
         total = dataset_size(loader) or 0
         bar = _Progress(progress, type(self).__name__, unit="point")
 
-        prior = self._prior
-        assert prior is not None  # FSPLaplace refuses a missing prior when it is made
-
         def compute(reduce: Any = None) -> Any:
-            stream = _fspace.FspLaplaceBatches(likelihood=self.likelihood, prior=prior.spec(), config=config,
-                                               sigma_noise=self.sigma_noise, **network)
-            # Batches smaller than Alg. 2's chunk (``laplace.data_batch`` points) are gathered
-            # to it before they cross, so Rust multiplies in the in-memory fit's chunks.
-            for x, yy in gathered(batches(), lambda: stream.batch_target):
-                if x.shape[0] > 0:
-                    stream.add(x, yy)
-                    if bar.callback is not None:
-                        bar.callback(stream.points, max(total, stream.points), None, None)
-            if group is None and stream.points == 0:
-                raise ValueError("the data loader yielded no batch")
-            return stream.finish(reduce)
+            # Rust pulls the batches and gathers the small ones to Alg. 2's chunk
+            # (``laplace.data_batch`` points), so it multiplies in the in-memory fit's chunks.
+            return self._fit_with(_fspace.DataSource.batches(batches, total=total, reduce=reduce), config,
+                                  bar.callback)
 
         self._keep_fit(bar, lambda: compute() if group is None else sharded_sum(group, compute))
 
@@ -752,7 +778,7 @@ class _NetworkMethod(_Fitted):
         import json
 
         weights = [v[1] for v in self._tensors.values()] if not self._torch else [self._spec.calls().params]
-        text = json.dumps([self._fit_method(), self.likelihood, self.sigma_noise, self.learn_sigma, config,
+        text = json.dumps([self._rust_class().name, self.likelihood, self.sigma_noise, self.learn_sigma, config,
                            None if self._prior is None else self._prior.spec()], sort_keys=True, default=str)
         digest = hashlib.sha256(text.encode()).digest()
         return [float(dim), *weights_summary(weights),
@@ -850,11 +876,16 @@ class FSPLaplace(_NetworkMethod):
     (3, 1)
     """
 
-    _method = "fsp_laplace"
+    _rust = _fspace.FspLaplace
+    _box_setting = "context_box"
 
     def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
         if "design" not in self._given and x.shape[1] > 2:
             config["design"] = "Halton"
+
+    def _box(self, lo: np.ndarray, hi: np.ndarray, config: Dict[str, Any]) -> Dict[str, Any]:
+        # FSP-Laplace widens the data's box (``widen``).
+        return _widened_box(lo, hi, config)
 
     def __init__(self, model: Any, likelihood: str, prior: Any, train: bool = True, **kwargs: Any) -> None:
         if prior is None:
@@ -862,8 +893,8 @@ class FSPLaplace(_NetworkMethod):
         self.train = bool(train)
         super().__init__(model, likelihood, prior, **kwargs)
 
-    def _fit_method(self) -> str:
-        return "fsp_laplace" if self.train else "fsp_laplace_posthoc"
+    def _rust_class(self) -> Any:
+        return _fspace.FspLaplace if self.train else _fspace.FspLaplacePosthoc
 
 
 class GFSVI(_NetworkMethod):
@@ -918,7 +949,8 @@ class GFSVI(_NetworkMethod):
     (2, 1)
     """
 
-    _method = "gfsvi"
+    _rust = _fspace.Gfsvi
+    _box_setting = "measurement_box"
     _learn_sigma_default = True
 
     def __init__(self, model: Any, likelihood: str, prior: Any, **kwargs: Any) -> None:
@@ -979,7 +1011,7 @@ class VaLLA(_NetworkMethod):
     True
     """
 
-    _method = "valla"
+    _rust = _fspace.Valla
 
     def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
         if getattr(self, "_torch", False) and "optimize_inducing" not in self._given:
@@ -988,11 +1020,6 @@ class VaLLA(_NetworkMethod):
 
     def __init__(self, model: Any, likelihood: str, **kwargs: Any) -> None:
         super().__init__(model, likelihood, **kwargs)
-
-
-# Rows per call of ELLA's streamed fit: the chunk in which the in-memory fit evaluates its
-# features (``fspace_valla::ella``); a loader's smaller batches are gathered to it.
-ELLA_CHUNK = 512
 
 
 class ELLA(_NetworkMethod):
@@ -1045,7 +1072,7 @@ class ELLA(_NetworkMethod):
     (3, 2)
     """
 
-    _method = "ella"
+    _rust = _fspace.Ella
 
     def _adapt(self, config: Dict[str, Any], x: np.ndarray, has_val: bool) -> None:
         if not has_val and "early_stopping" not in self._given:
@@ -1053,64 +1080,30 @@ class ELLA(_NetworkMethod):
 
     def _fit_streamed(self, data: Any, y: Any, val: Any, group: Any, progress: Progress) -> bool:
         """A loader that can be iterated again, without early stopping (it scores prefixes of a
-        seeded random order of the whole training set): a pass gathers the ``num_points``
-        Nyström rows at the positions an in-memory fit draws among ``len(loader.dataset)``
-        points (counted in a pass before when the dataset has no length), a second adds each batch
-        to ``G`` in Rust — the in-memory fit up to the order of the additions, with one batch
-        (and the Nyström rows) in memory. Validation data, for the prior's grid, are held."""
+        seeded random order of the whole training set): Rust pulls its batches — a pass that
+        gathers the ``num_points`` Nyström rows at the positions an in-memory fit draws among
+        ``len(loader.dataset)`` points (counted in a pass before when the dataset has no
+        length), a second that adds each batch to ``G`` — the in-memory fit up to the order of
+        the additions, with one batch (and the Nyström rows) in memory. Validation data, for the
+        prior's grid, are held."""
         config = copy.deepcopy(self._config)
         self._adapt(config, np.zeros((0, 0)), val is not None)
         if (y is not None or is_array(data) or config.get("early_stopping") is not None
                 or iter(data) is data):
             return False
-        def batches() -> Any:
-            return self._loader_batches(data)
-
-        n = dataset_size(data)
-        if n is None:
-            n = sum(x.shape[0] for x, _ in batches())
-        if n == 0:
-            raise ValueError("the data loader yielded no batch")
-        positions = _fspace.ella_nystrom_positions(n, config=config)
-        rows: List[np.ndarray] = []
-        seen = 0
-        at = 0
-        for x, _ in batches():
-            while at < len(positions) and positions[at] < seen + x.shape[0]:
-                rows.append(x[positions[at] - seen].copy())  # not a view: the batch is let go
-                at += 1
-            seen += x.shape[0]
-
-        def visited(count: int) -> None:
-            if count != n:
-                raise ValueError(
-                    f"the loader visited {count} points but its dataset holds {n}: ELLA draws its Nyström points "
-                    "among the dataset's points by position, so a loader that skips some (drop_last, a sampler "
-                    "over part of it) cannot be streamed; fit(X, y) in memory, or use a loader that visits each point once"
-                )
-
-        visited(seen)
         xv = yv = None
         if val is not None:
             xv, yv = (data_arrays(val[0], val[1], self._spec.inputs) if isinstance(val, tuple)
                       else data_arrays(val, None, self._spec.inputs, self._dict_keys))
+
+        def batches() -> Any:
+            return self._loader_batches(data)
+
         if self._torch and self.likelihood == "classification":
             self._spec.calls().check_classifier()
         bar = _Progress(progress, type(self).__name__, unit="point")
-        def compute() -> Any:
-            stream = _fspace.EllaBatches(likelihood=self.likelihood, config=config, n=n,
-                                         x_nystrom=np.stack(rows), sigma_noise=self.sigma_noise,
-                                         **self._network_arguments())
-            # Small batches are gathered to the in-memory fit's chunk before they cross.
-            for x, yy in gathered(batches(), lambda: ELLA_CHUNK):
-                if x.shape[0] > 0:
-                    stream.add(x, yy)
-                    if bar.callback is not None:
-                        bar.callback(stream.points, n, None, None)
-            visited(stream.points)
-            return stream.finish(xv, yv)
-
-        self._keep_fit(bar, compute)
+        source = _fspace.DataSource.batches(batches, total=dataset_size(data) or 0, x_val=xv, y_val=yv)
+        self._keep_fit(bar, lambda: self._fit_with(source, config, bar.callback))
         return True
 
     def __init__(self, model: Any, likelihood: str, **kwargs: Any) -> None:
@@ -1138,7 +1131,7 @@ class ExactGP(_Fitted):
     True
     """
 
-    _method = "exact_gp"
+    _rust = _fspace.ExactGp
 
     def __init__(self, prior: Any, sigma_noise: float = 1.0) -> None:
         self._prior = _prior(prior)
@@ -1147,6 +1140,10 @@ class ExactGP(_Fitted):
         self._lock = threading.RLock()
         self._post = None
         self._report: Dict[str, Any] = {}
+        self._gp()  # σ and the prior checked now
+
+    def _gp(self) -> Any:
+        return _fspace.ExactGp(likelihood="regression", prior=self._prior.spec(), sigma_noise=self.sigma_noise)
 
     def fit(self, data: Any, y: Any = None) -> None:
         """Conditions the prior on the training data.
@@ -1169,10 +1166,7 @@ class ExactGP(_Fitted):
         """
         x, yy = data_arrays(data, y)
         with self._lock:
-            self._post, self._report = _fspace.fit(
-                "exact_gp", x=x, y=yy, likelihood="regression", sigma_noise=self.sigma_noise,
-                prior=self._prior.spec(),
-            )
+            self._post, self._report = self._gp().fit(_fspace.DataSource.memory(x, yy))
 
     def log_marginal_likelihood(self) -> float:
         """The log marginal likelihood of the training targets.

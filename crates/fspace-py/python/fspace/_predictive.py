@@ -92,9 +92,18 @@ def _split_batch(batch: Any, dict_key_x: Optional[str], dict_key_y: str) -> Tupl
     )
 
 
+def sample_count(n_samples: Any, what: str = "n_samples") -> int:
+    """A number of draws: a whole number ≥ 1 (laplace-torch turns ``n_samples=0`` into NaN
+    probabilities and a negative one into torch's shape error; fspace names it)."""
+    if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
+        raise ValueError(f"{what} {n_samples!r} must be a whole number ≥ 1")
+    return int(n_samples)
+
+
 def _normal_samples(mean: Any, var: Any, n_samples: int, generator: Any) -> Any:
     """laplace-torch's ``normal_samples``: the same draws from the same generator state."""
     torch = _torch()
+    n_samples = sample_count(n_samples)
     batch, output_dim = mean.shape
     # ``scaled``, the sum and a softmax of it (the MC link) are held at once.
     check_budget(3 * n_samples * batch * output_dim * mean.element_size(),
