@@ -173,3 +173,12 @@ def test_bad_inputs_are_clear_exceptions():
     for make, exc, text in cases:
         with pytest.raises(exc, match=text):
             make()
+
+
+def test_linearized_refuses_inputs_that_are_not_finite():
+    model = mlp(2, 6, 3, seed=1)
+    q = MeanField(model, init_std=0.3)
+    x = torch.zeros(4, 2, dtype=torch.float64)
+    x[1, 0] = float("nan")
+    with pytest.raises(ValueError, match="the inputs x of MeanField.linearized holds a NaN"):
+        q.linearized(model, x)

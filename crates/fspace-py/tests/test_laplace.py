@@ -121,6 +121,36 @@ def test_pickle_round_trip_gives_bit_identical_predictions(toy):
     assert float(back.prior_precision) == 3.0 and float(back.sigma_noise) == 0.1
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("settings", [
+    dict(subset_of_weights="all", hessian_structure="kron", kron_bias="separate"),
+    dict(subset_of_weights="last_layer", hessian_structure="kron", kron_bias="separate"),
+    dict(subset_of_weights="last_layer", hessian_structure="full"),
+    dict(subset_of_weights="all", hessian_structure="lowrank", rank=5),
+], ids=lambda d: "-".join(str(v) for v in d.values()))
+def test_a_loaded_laplace_refits_under_its_own_settings(toy, settings):
+    """After pickling (or ``load_state_dict`` into an object built with the same arguments) a
+    refit uses the object's settings — the structure's options and the subset of weights — and
+    gives the posterior of the first fit, bit for bit."""
+    state, x, y = toy
+    x2 = np.linspace(-1.2, 1.2, 30).reshape(-1, 1)
+    y2 = np.cos(2 * x2)
+    la = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1, prior_precision=3.0, **settings)
+    la.fit(x2, y2)
+    la.fit(x, y)
+    fresh = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1, prior_precision=3.0, **settings)
+    fresh.fit(x2, y2)
+    fresh.load_state_dict(la.state_dict())
+    xt = np.linspace(-3, 3, 11).reshape(-1, 1)
+    for back in (pickle.loads(pickle.dumps(la)), fresh):
+        back.fit(x2, y2)
+        assert back.report["dim"] == la.report["dim"]
+        reference = fspace.Laplace((state, "tanh"), "regression", sigma_noise=0.1, prior_precision=3.0, **settings)
+        reference.fit(x2, y2)
+        for a, b in zip(reference(xt), back(xt)):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
 BAD = [
     (lambda s: fspace.Laplace((s, "swish"), "regression"), ValueError, 'activation "swish" is not supported'),
     (lambda s: fspace.Laplace((s, "tanh"), "poisson"), ValueError, "Invalid likelihood type 'poisson'"),
@@ -136,6 +166,13 @@ BAD = [
     (lambda s: fspace.Laplace(({k: v.astype(np.int64) for k, v in s.items()}, "tanh"), "regression"), ValueError, 'dtype int64'),
     (lambda s: fspace.Laplace(object(), "regression"), TypeError, 'not an nn.Sequential'),
     (lambda s: fspace.Laplace((s, "tanh"), "regression", kron_bias="both"), ValueError, 'kron_bias "both"'),
+    # Counts are whole numbers ≥ 1, named (not pyo3's OverflowError at the boundary).
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", "all", "lowrank", rank=-1), ValueError, 'rank must be ≥ 1 .a whole number., got -1'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", "all", "lowrank", rank=float("nan")), ValueError, 'rank must be ≥ 1 .a whole number., got nan'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", "all", "lowrank", max_basis=-2), ValueError, 'max_basis must be ≥ 1 .a whole number., got -2'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", chunk_points=-1), ValueError, 'chunk_points must be ≥ 1 .a whole number., got -1'),
+    # A prior precision whose length fits no layout over all weights: refused when made, as laplace-torch does.
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", "all", "kron", prior_precision=__import__("torch").ones(49)), ValueError, 'does not align with architecture'),
 ]
 
 
@@ -184,6 +221,11 @@ def test_bad_data_and_calls_raise_the_documented_exception(toy):
         clf.fit(x, np.full(40, 2.5))  # not a class label
     with pytest.raises(ValueError):
         fspace._fspace.Laplace.from_json("{}")
+    with pytest.raises(ValueError, match="n_samples -1 must be a whole number ≥ 1"):
+        la.predictive_samples(x, n_samples=-1)
+    clf.fit(x, (x[:, 0] > 0).astype(np.int64))
+    with pytest.raises(ValueError, match="n_samples 0 must be a whole number ≥ 1"):
+        clf(x, link_approx="mc", n_samples=0)  # laplace-torch: NaN probabilities
 
 
 @pytest.mark.torch

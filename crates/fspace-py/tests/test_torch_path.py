@@ -280,6 +280,9 @@ def test_models_the_path_cannot_take_are_refused_with_torchs_or_fspaces_message(
         fspace.Laplace(ResidualMLP(), "regression", subset_of_weights="all", backend="jax")
     with pytest.raises(TypeError, match="not a torch.nn.Module"):
         fspace.Laplace(object(), "regression", subset_of_weights="all", backend="torch")
+    for shape in [(-2,), (0,), (2, 0), (2.5,), ()]:
+        with pytest.raises(ValueError, match="input_shape .* must be one input's shape: whole numbers ≥ 1"):
+            fspace.Laplace(ResidualMLP().double(), "regression", "all", "diag", backend="torch", input_shape=shape)
     la = fspace.Laplace(ResidualMLP().double(), "regression", subset_of_weights="all", hessian_structure="diag")
     la.fit(torch.randn(5, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="fitted on"):

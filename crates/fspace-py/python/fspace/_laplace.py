@@ -28,7 +28,7 @@ from ._convert import ModelSpec, array2, dataset_size, gathered, is_array, is_to
 from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, step_reduce, weights_summary
 from ._methods import Progress, _Progress
 from ._predictive import (_check_likelihood, _curvature_source, _link, _normal_samples, _refuse_unsupported,
-                          _split_batch, _torch)
+                          _split_batch, _torch, sample_count)
 from ._torch import TorchModel, is_module
 from ._memory import check_budget
 from ._fspace import Laplace as _Laplace
@@ -249,9 +249,9 @@ class Laplace(Wrapper):
             subset_of_weights=subset_of_weights,
             sigma_noise=self._positive_scalar(sigma_noise, "sigma_noise"),
             kron_bias=kron_bias,
-            rank=None if rank is None else int(rank),
-            max_basis=None if max_basis is None else int(max_basis),
-            chunk_points=None if chunk_points is None else int(chunk_points),
+            rank=_optional_count(rank, "rank"),
+            max_basis=_optional_count(max_basis, "max_basis"),
+            chunk_points=_optional_count(chunk_points, "chunk_points"),
             curvature=curvature,
             subnetwork_indices=subnetwork_indices,
         )
@@ -269,6 +269,8 @@ class Laplace(Wrapper):
             raise ValueError(f"temperature {temperature} must be finite and > 0")
         self.temperature = t
         self._la: Any = None
+        # Whether ``_la`` was read from a saved posterior (``load_state_dict``, unpickling).
+        self._loaded = False
         self._fit: Optional[Dict[str, Any]] = None
         self._report: Optional[Dict[str, Any]] = None
         self.sigma_noise = sigma_noise
@@ -321,6 +323,7 @@ class Laplace(Wrapper):
                 self._la = _Laplace(calls=calls, layers=layers, **settings, **common)
             else:
                 self._la = _Laplace(architecture=self._spec.architecture_dict(), **settings, **common)
+            self._loaded = False
         return self._la
 
     def _fitted(self) -> Any:
@@ -396,8 +399,12 @@ class Laplace(Wrapper):
                 # laplace-torch's curvature starts at zero: adding to it is a first fit (its
                 # continual-learning example fits every task with override=False).
                 override = True
-            previous = self._la
+            previous, was_loaded = self._la, getattr(self, "_loaded", False)
             try:
+                if override is not False and was_loaded:
+                    # A loaded posterior is refitted from this object's settings (the
+                    # structure's options, the subset of weights), never from the file's.
+                    self._la = None
                 self._take_current_weights(keep_sums=override is False)
                 if not isinstance(override, bool):
                     # fspace's fit(X, y): the arrays are in memory already.
@@ -420,7 +427,8 @@ class Laplace(Wrapper):
                     la = self._build()
                     la.fit(x, yy, bar.callback)
             except BaseException:
-                self._la = previous  # a failed or interrupted fit leaves the earlier posterior
+                # A failed or interrupted fit leaves the earlier posterior.
+                self._la, self._loaded = previous, was_loaded
                 raise
             finally:
                 bar.close()
@@ -685,13 +693,19 @@ class Laplace(Wrapper):
         else:
             raise ValueError("Prior precision either scalar or torch.Tensor up to 1-dim.")
         values = t.detach()
-        if len(values) != 1 and self._fit is not None:
-            if self.subset_of_weights in ("subnetwork", "last_layer") and len(values) != self._covered:
+        # Over all weights the parameter tensors are known when the object is made, so a length
+        # that fits no layout is refused then, as laplace-torch refuses it; over a subset, once
+        # fitted.
+        known = self._fit is not None or (self.subset_of_weights == "all" and bool(self._all_sizes))
+        if len(values) != 1 and known:
+            covered = self._covered if self._fit is not None else int(sum(self._all_sizes))
+            n_layers = self.n_layers if self._fit is not None else len(self._all_sizes)
+            if self.subset_of_weights in ("subnetwork", "last_layer") and len(values) != covered:
                 # laplace-torch's last-layer and subnetwork Laplace take a scalar or diagonal prior.
                 raise ValueError("Mismatch of prior and model. Diagonal or scalar prior.")
-            if len(values) not in (self.n_layers, self._covered):
+            if len(values) not in (n_layers, covered):
                 raise ValueError("Length of prior precision does not align with architecture.")
-            if self.hessian_structure in ("kron", "ekfac") and len(values) != self.n_layers:
+            if self.hessian_structure in ("kron", "ekfac") and len(values) != n_layers:
                 raise ValueError("Prior precision for Kron either scalar or per-layer.")
         if not bool(torch.isfinite(values).all()) or bool((values <= 0).any()):
             raise ValueError(f"prior_precision {values.tolist()} must be finite and > 0")
@@ -1362,8 +1376,7 @@ class Laplace(Wrapper):
 
     def _nn_samples(self, x: Any, n_samples: int, generator: Any) -> Any:
         torch = _torch()
-        if n_samples < 1:
-            raise ValueError(f"n_samples {n_samples} must be ≥ 1")
+        n_samples = sample_count(n_samples)
         if self.enable_backprop:
             return self._nn_samples_differentiable(x, n_samples, generator)
         xa = self._x(x)
@@ -1447,8 +1460,7 @@ class Laplace(Wrapper):
             ``n_samples × n_params`` draws past the memory budget (draw in batches).
         """
         torch = _torch()
-        if int(n_samples) < 1:
-            raise ValueError(f"n_samples {n_samples} must be ≥ 1")
+        n_samples = sample_count(n_samples)
         seed = self._seed(generator)
         with self._lock:
             la = self._sync()
@@ -1532,6 +1544,7 @@ class Laplace(Wrapper):
         if self._la is not None and getattr(self._la, "n_params", None) not in (None, inner.n_params):
             raise ValueError("the saved posterior is of a network with another number of parameters")
         self._la = inner
+        self._loaded = True
         self._args["sigma_noise"] = float(state_dict["sigma_fit"])
         self._summarise(inner)
         self.prior_precision = state_dict["prior_precision"]
@@ -1555,6 +1568,16 @@ class Laplace(Wrapper):
     def _check_picklable(self) -> None:
         if isinstance(self._spec, TorchModel):
             raise TypeError("a Laplace on a torch model's callbacks cannot be pickled: save the model with torch and refit")
+
+
+def _optional_count(value: Any, what: str) -> Optional[int]:
+    """``None``, or a whole number ≥ 1 (a negative, fractional or NaN setting is named here,
+    not left to the integer conversion at the boundary)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{what} must be ≥ 1 (a whole number), got {value!r}")
+    return int(value)
 
 
 _QUADRATIC_FORM: Any = None

@@ -729,7 +729,7 @@ class TorchModel:
         self.block = int(block)
         self.layout: Optional[InputLayout] = None
         if input_shape is not None:
-            self.layout = InputLayout([(None, tuple(int(s) for s in input_shape), "float")])
+            self.layout = InputLayout([(None, _input_shape(input_shape), "float")])
         self.skip_keys: Tuple[str, ...] = ()
         self._probe: Optional[np.ndarray] = None
         self._calls: Any = None
@@ -766,6 +766,18 @@ class TorchModel:
 
     def __getstate__(self) -> Dict[str, Any]:
         raise TypeError("a posterior on a torch model's callbacks cannot be pickled: save the model with torch and refit")
+
+
+def _input_shape(input_shape: Any) -> Tuple[int, ...]:
+    """One input's shape: positive whole numbers (the model's, without the batch axis)."""
+    try:
+        shape = tuple(input_shape)
+    except TypeError:
+        shape = (input_shape,)
+    if not shape or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in shape):
+        raise ValueError(f"input_shape {input_shape!r} must be one input's shape: whole numbers ≥ 1, without the "
+                         "batch axis")
+    return tuple(int(s) for s in shape)
 
 
 def is_module(model: Any) -> bool:

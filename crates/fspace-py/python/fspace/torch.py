@@ -186,7 +186,9 @@ class _Context:
         points agree (the same seed and context everywhere), and with ``include_batch`` every
         process's batch is gathered, in rank order, so each adds the global batch."""
         c = self.points()
-        param = next(iter(model.parameters()))
+        param = next(iter(model.parameters()), None)
+        if param is None:
+            raise ValueError("the model has no parameter: the prior's points go to its parameters' device and dtype")
         distributed = self._distributed()
         if distributed and not self._agreed:
             _check_same_everywhere(c, param.device, self.process_group)
@@ -406,6 +408,7 @@ class MeanField(torch.nn.Module):
             Another model's parameters, or non-finite outputs.
         """
         train = self._parameters_of(model)
+        _finite(x, "the inputs x of MeanField.linearized")
 
         def flat_outputs(p: dict) -> Tuple[torch.Tensor, torch.Tensor]:
             out = _checked(torch.func.functional_call(model, p, (x,)), "MeanField")
@@ -413,6 +416,7 @@ class MeanField(torch.nn.Module):
 
         # One pass gives J and f (the aux output keeps its graph to the weights).
         jac, f = torch.func.jacrev(flat_outputs, has_aux=True, chunk_size=chunk_size)(train)
+        _finite(f, "the model's outputs in MeanField.linearized")
         rows = f.numel()
         cov: Optional[torch.Tensor] = None
         for name, s in zip(self.names, self.variances()):
