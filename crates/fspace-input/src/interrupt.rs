@@ -83,6 +83,42 @@ pub fn check(during: &'static str) -> Result<(), InputError> {
     })
 }
 
+/// `work()` — one long call that has no steps to check between (a dense factorisation) —
+/// with this thread's poll still heard: where a poll is installed, `work` runs on a thread of
+/// its own while this thread checks every few milliseconds, and an interruption returns
+/// [`InputError::Interrupted`] at once, leaving `work` to finish unseen on its thread (its CPU
+/// time is spent, its result dropped). Without a poll `work` runs here, as a plain call.
+pub fn wait_for<T: Send + 'static>(
+    during: &'static str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, InputError> {
+    let polled = POLL.with(|p| p.try_borrow().map(|slot| slot.is_some()).unwrap_or(false));
+    if !polled {
+        return Ok(work());
+    }
+    let (send, receive) = std::sync::mpsc::channel();
+    let worker = std::thread::Builder::new().name("fspace-wait-for".into()).spawn(move || {
+        // The receiver is gone only after an interruption: the result is not wanted then.
+        let _ = send.send(work());
+    });
+    if worker.is_err() {
+        // No thread to be had (the call went with the refused thread).
+        return Err(InputError::Invalid {
+            what: "a thread for a long call",
+            reason: format!("the system refused one during {during}"),
+        });
+    }
+    loop {
+        match receive.recv_timeout(Duration::from_millis(5)) {
+            Ok(value) => return Ok(value),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => check(during)?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(InputError::Invalid { what: "a long call", reason: format!("{during} panicked") })
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +147,21 @@ mod tests {
         // Another thread never sees this thread's poll.
         let _g = install(Duration::ZERO, || true);
         assert!(std::thread::spawn(|| check("z").is_ok()).join().unwrap());
+    }
+
+    #[test]
+    fn a_long_call_is_left_at_the_first_check_that_says_stop() {
+        // Without a poll: a plain call.
+        assert_eq!(wait_for("sum", || 2 + 2), Ok(4));
+        // A poll that never stops: the call's value.
+        let keep = install(Duration::ZERO, || false);
+        assert_eq!(wait_for("sum", || 3 + 4), Ok(7));
+        drop(keep);
+        // A poll that stops after 30 ms: a call of 10 s is left within a fraction of a second.
+        let start = Instant::now();
+        let _stop = install(Duration::ZERO, move || start.elapsed() > Duration::from_millis(30));
+        let left = wait_for("a sleep", || std::thread::sleep(Duration::from_secs(10)));
+        assert_eq!(left, Err(InputError::Interrupted { during: "a sleep" }));
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
     }
 }

@@ -189,11 +189,14 @@ fn factor_blocks<N: Network>(net: &N, data: &Data, blocks: &[Vec<usize>]) -> Res
         .into_iter()
         .zip(by_svd)
         .map(|(g, svd)| {
+            // One dense factorisation of seconds at p in the thousands: Ctrl-C is heard while it
+            // runs (fspace_input::interrupt::wait_for).
             let (values, vectors) = if svd {
-                let f = thin_svd_owned(g)?;
+                let f =
+                    fspace_input::interrupt::wait_for("the GGN's factorisation", move || thin_svd_owned(g))??;
                 (f.s.map(|s| s * s), f.u)
             } else {
-                sym_eigh_owned(g)?
+                fspace_input::interrupt::wait_for("the GGN's factorisation", move || sym_eigh_owned(g))??
             };
             Ok(EigenCurvature {
                 label: "block".into(),

@@ -34,6 +34,20 @@ def _bound():
     return BOUND * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
+@pytest.fixture(autouse=True)
+def _sigint_raises_keyboard_interrupt():
+    """Python's own SIGINT handler for each test: a runner started with SIGINT ignored
+    (``nohup … &``, some CI shells) inherits ``SIG_IGN``, under which the simulated Ctrl-C
+    (``_thread.interrupt_main``) does nothing and the fits would run to their end."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _interrupted(call):
     """Runs ``call`` with a simulated Ctrl-C ``DELAY`` s in; returns the seconds from the signal
     to the ``KeyboardInterrupt``."""
@@ -113,6 +127,24 @@ def test_ctrl_c_stops_a_laplace_fit_and_the_earlier_posterior_stays():
     waited = _interrupted(lambda: la.fit(torch.from_numpy(xb), torch.from_numpy(yb)))
     assert waited < _bound()
     assert torch.equal(la(torch.from_numpy(x[:3]))[1], before)
+
+
+def test_ctrl_c_stops_the_dense_factorisation_of_a_full_ggn():
+    """The full GGN's one dense factorisation — here the thin SVD of the 2 201 × 1 000 whitened
+    Jacobian, seconds with no step inside to check between — is heard too: the fit returns at
+    the signal (it returned when the SVD ended, 3.6 s later, before the factorisation ran
+    beside the poll) and the earlier posterior stays."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    state = tanh_mlp(rng, [3, 44, 44, 1])
+    x = rng.uniform(-1, 1, (1000, 3))
+    y = np.sin(x[:, :1])
+    la = fspace.Laplace((state, "tanh"), "regression", "all", "full", sigma_noise=0.1)
+    la.fit(x[:50], y[:50])
+    before = la(x[:3])[1]
+    waited = _interrupted(lambda: la.fit(x, y))
+    assert waited < _bound(), f"the full GGN stopped {waited:.2f} s after Ctrl-C"
+    assert np.array_equal(np.asarray(la(x[:3])[1]), np.asarray(before))
 
 
 def test_a_progress_callback_that_raises_stops_the_fit():
