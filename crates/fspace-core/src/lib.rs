@@ -35,7 +35,7 @@ pub use likelihood::{
     logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian,
     IsotropicGaussian, Likelihood,
 };
-pub use persist::{fingerprint, LoadCheck, LoadLimits, Persist, PersistError};
+pub use persist::{envelope_json, fingerprint, LoadCheck, LoadLimits, Persist, PersistError};
 pub use posterior::{
     checked_joint, class_probabilities, clip_rounding, ensure_classifier, ensure_joint_fits,
     ensure_samples_fit, finite_samples, mc_class_probabilities, mean_class_probabilities,

@@ -332,8 +332,20 @@ impl LoadCheck {
     }
 }
 
+/// The envelope's JSON text around `payload`, as [`Persist::to_json`] writes it: for a type that
+/// saves a view of itself (its fields with some replaced) under its own `kind` and `version`,
+/// so that [`Persist::from_json`] reads it back.
+pub fn envelope_json<T: Serialize + ?Sized>(
+    kind: &'static str,
+    version: u32,
+    payload: &T,
+) -> Result<String, PersistError> {
+    let env = EnvelopeOut { format: FORMAT, kind, version, payload };
+    serde_json::to_string(&env).map_err(|e| PersistError::Unserialisable { kind, reason: e.to_string() })
+}
+
 #[derive(Serialize)]
-struct EnvelopeOut<'a, T> {
+struct EnvelopeOut<'a, T: ?Sized> {
     format: &'static str,
     #[serde(rename = "type")]
     kind: &'static str,
@@ -366,9 +378,7 @@ pub trait Persist: Serialize + DeserializeOwned {
 
     /// The JSON text of the envelope and payload.
     fn to_json(&self) -> Result<String, PersistError> {
-        let env = EnvelopeOut { format: FORMAT, kind: Self::KIND, version: Self::VERSION, payload: self };
-        serde_json::to_string(&env)
-            .map_err(|e| PersistError::Unserialisable { kind: Self::KIND, reason: e.to_string() })
+        envelope_json(Self::KIND, Self::VERSION, self)
     }
 
     /// Parses [`to_json`](Self::to_json)'s text, checking format, type and version first.

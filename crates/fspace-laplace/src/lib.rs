@@ -71,7 +71,7 @@ pub use curvature::{
 pub use data::CurvatureSource;
 pub use error::{LaplaceError, Result};
 pub use fit::{fit, fit_observed, fit_sharded};
-pub use posterior::LaplacePosterior;
+pub use posterior::{LaplacePosterior, QueryState};
 pub use sampled::{SampledConfig, SampledPreconditioner};
 pub use stream::{fit_batches, LaplaceSums};
 pub use structure::{

@@ -2470,3 +2470,79 @@ fn a_sharded_fit_fails_on_every_process_when_one_fails() {
     assert!(results[0].as_ref().err().unwrap().to_string().contains("another process failed"));
     assert!(results[1].as_ref().err().unwrap().to_string().contains("the product failed here"));
 }
+
+/// Every query at a given λ and T (`state_at` + the `*_in` queries) equals the query after
+/// setting them, bit for bit, and leaves the posterior as it was; its JSON at a state is the
+/// JSON after setting it. Per-layer and per-parameter priors, every structure, regression and
+/// classification.
+#[test]
+fn queries_at_a_given_prior_and_temperature_equal_setting_them_and_change_nothing() {
+    use rand::SeedableRng;
+    let (x, y) = regression(30, 2, 41);
+    let (xc, yc) = classification(30, 2, 3, 42);
+    let xt = DMatrix::from_fn(4, 2, |i, j| 0.3 * i as f64 - 0.5 * j as f64);
+    for structure in every_structure(4) {
+        for (net, lik, xs, ys) in [
+            (mlp(2, vec![5], 1, 3), LikelihoodSpec::gaussian(0.2), &x, &y),
+            (mlp(2, vec![4], 3, 4), LikelihoodSpec::categorical(3), &xc, &yc),
+        ] {
+            let post = fit_with(net, lik, xs, ys, structure.clone());
+            let before = post.to_json().unwrap();
+            let dim = post.indices().len();
+            let per_parameter =
+                PriorPrecision::PerParameter((0..dim).map(|i| 0.5 + 0.1 * i as f64).collect());
+            let layers = post.prior_precision().len();
+            let per_layer = PriorPrecision::PerLayer((0..layers).map(|l| 0.7 + l as f64).collect());
+            for prior in [PriorPrecision::Scalar(2.5), per_layer, per_parameter] {
+                let Ok(state) = post.state_at(&prior, 0.6) else {
+                    // The structures that take no per-parameter prior refuse it either way.
+                    let mut set = post.clone();
+                    assert!(set.set_prior_precision(prior.clone()).is_err(), "{structure:?}");
+                    continue;
+                };
+                let mut set = post.clone();
+                set.set_prior_precision(prior.clone()).unwrap();
+                set.set_temperature(0.6).unwrap();
+                assert_eq!(set.state(), state);
+                let what = format!("{structure:?} {prior:?}");
+                same(post.glm_mean_and_covariances_in(&state, &xt), set.glm_mean_and_covariances(&xt), &what);
+                let v = DMatrix::from_fn(dim, 2, |i, j| (i + 2 * j) as f64 * 0.01);
+                same(post.covariance_solve_in(&state, &v), set.covariance_solve(&v), &what);
+                assert_eq!(post.covariance_diagonal_in(&state), set.covariance_diagonal());
+                let draw = |p: &LaplacePosterior<Mlp>, s: Option<&fspace_laplace::QueryState>| {
+                    let mut r = rand::rngs::StdRng::seed_from_u64(9);
+                    match s {
+                        Some(s) => p.sample_weights_in(s, 3, &mut r),
+                        None => p.sample_weights(3, &mut r),
+                    }
+                };
+                same(draw(&post, Some(&state)), draw(&set, None), &what);
+                if matches!(structure, Structure::Full(_) | Structure::Diag) {
+                    same(
+                        post.glm_joint_in(&state, &xt),
+                        set.predict_joint(&xt).map_err(LaplaceError::from),
+                        &what,
+                    );
+                }
+                assert_eq!(post.to_json_in(&state).unwrap(), set.to_json().unwrap());
+                assert_eq!(post.to_json().unwrap(), before, "a query changed the posterior");
+            }
+            assert_eq!(post.to_json_in(&post.state()).unwrap(), before);
+            assert!(post.state_at(&PriorPrecision::Scalar(1.0), 0.0).is_err());
+            assert!(post.state_at(&PriorPrecision::Scalar(-1.0), 1.0).is_err());
+        }
+    }
+}
+
+/// Both `Ok` and equal, or both `Err` with the same message.
+fn same<T: PartialEq + std::fmt::Debug, E: std::fmt::Display>(a: Result<T, E>, b: Result<T, E>, what: &str) {
+    match (a, b) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "{what}"),
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{what}"),
+        (a, b) => panic!(
+            "{what}: {:?} against {:?}",
+            a.map(|_| ()).map_err(|e| e.to_string()),
+            b.map(|_| ()).map_err(|e| e.to_string())
+        ),
+    }
+}

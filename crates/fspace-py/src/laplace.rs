@@ -21,6 +21,13 @@ use crate::errors::{persist_error, value_error};
 use crate::interrupt::detach_interruptible;
 use crate::methods::PyProgress;
 
+/// λ as a query takes it: one value, or one per covered parameter (ascending flat order).
+#[derive(FromPyObject)]
+pub(crate) enum PriorArg {
+    Scalar(f64),
+    PerParameter(Vec<f64>),
+}
+
 fn structure(name: &str, rank: Option<usize>, max_basis: Option<usize>) -> PyResult<Structure> {
     for (what, value) in [("rank", rank), ("max_basis", max_basis)] {
         if let (Some(v), false) = (value, name == "lowrank") {
@@ -83,6 +90,19 @@ impl PyLaplace {
     fn fitted(&self) -> PyResult<&LaplacePosterior<PyNetwork>> {
         self.posterior.as_ref().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
     }
+    /// The λ (one value, or one per covered parameter in ascending flat order: laplace-torch's
+    /// diagonal prior) and the temperature `T` of `T·C + Λ` a query runs at, checked and
+    /// resolved; the posterior itself is not changed (the Python layer keeps λ, σ and
+    /// laplace-torch's temperature and passes them with each query).
+    fn state(&self, prior_precision: PriorArg, temperature: f64) -> PyResult<fspace_laplace::QueryState> {
+        let prior = match prior_precision {
+            PriorArg::Scalar(l) => PriorPrecision::Scalar(l),
+            PriorArg::PerParameter(v) => PriorPrecision::PerParameter(v),
+        };
+        let errors = self.net.errors();
+        self.fitted()?.state_at(&prior, temperature).map_err(|e| errors.raise(e))
+    }
+
     fn fitted_mut(&mut self) -> PyResult<&mut LaplacePosterior<PyNetwork>> {
         self.posterior.as_mut().ok_or_else(|| PyRuntimeError::new_err("call fit(X, y) first"))
     }
@@ -382,44 +402,30 @@ impl PyLaplace {
         }
     }
 
-    /// `n` weight samples from the posterior (`n × p`, the weights in PyTorch's
+    /// `n` weight samples from the posterior at λ and `T` (`n × p`, the weights in PyTorch's
     /// `named_parameters()` order; weights outside the subset at their MAP values).
-    #[pyo3(signature = (n_samples=100, seed=0))]
+    #[pyo3(signature = (n_samples, seed, prior_precision, temperature))]
     fn sample<'py>(
         &self,
         py: Python<'py>,
         n_samples: usize,
         seed: u64,
+        prior_precision: PriorArg,
+        temperature: f64,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
         let errors = self.net.errors();
         use rand::SeedableRng;
+        let state = self.state(prior_precision, temperature)?;
         let post = self.fitted()?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let draws =
-            detach_interruptible(py, || post.sample_weights(n_samples, &mut rng), |e| errors.raise(e))?;
+        let draws = detach_interruptible(
+            py,
+            || post.sample_weights_in(&state, n_samples, &mut rng),
+            |e| errors.raise(e),
+        )?;
         let p = self.net.n_params();
         let m = DMatrix::from_fn(draws.len(), p, |i, j| draws[i][j]);
         Ok(to_numpy(py, &m))
-    }
-
-    /// Sets one prior precision λ and the temperature `T` of `T·C + λI` (the Python layer's
-    /// laplace-torch surface keeps λ, σ and laplace-torch's temperature and sets these before
-    /// each query).
-    fn set_state(&mut self, prior_precision: f64, temperature: f64) -> PyResult<()> {
-        let errors = self.net.errors();
-        let post = self.fitted_mut()?;
-        post.set_prior_precision(PriorPrecision::Scalar(prior_precision)).map_err(|e| errors.raise(e))?;
-        post.set_temperature(temperature).map_err(|e| errors.raise(e))
-    }
-
-    /// Sets one prior precision per covered parameter (ascending flat index order, laplace-torch's
-    /// diagonal prior) and the temperature `T` of `T·C + Λ`.
-    fn set_state_per_parameter(&mut self, prior_precision: Vec<f64>, temperature: f64) -> PyResult<()> {
-        let errors = self.net.errors();
-        let post = self.fitted_mut()?;
-        post.set_prior_precision(PriorPrecision::PerParameter(prior_precision))
-            .map_err(|e| errors.raise(e))?;
-        post.set_temperature(temperature).map_err(|e| errors.raise(e))
     }
 
     /// For each of [`curvature_eigenvalues`](Self::curvature_eigenvalues), the position (in
@@ -490,42 +496,69 @@ impl PyLaplace {
         Ok(self.fitted()?.indices().to_vec())
     }
 
-    /// `Σ V` at the current λ and T for `V` (`dim × m`, rows in `coordinates` order): the
-    /// posterior covariance applied to a block of Jacobian columns that the caller formed (the
-    /// predictive differentiated in its inputs).
+    /// `Σ V` at λ and T for `V` (`dim × m`, rows in `coordinates` order): the posterior
+    /// covariance applied to a block of Jacobian columns that the caller formed (the predictive
+    /// differentiated in its inputs).
     fn covariance_solve<'py>(
         &self,
         py: Python<'py>,
         v: PyReadonlyArray2<'py, f64>,
+        prior_precision: PriorArg,
+        temperature: f64,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
         let errors = self.net.errors();
+        let state = self.state(prior_precision, temperature)?;
         let post = self.fitted()?;
         let v = matrix(&v);
-        let out = detach_interruptible(py, || post.covariance_solve(&v), |e| errors.raise(e))?;
+        let out = detach_interruptible(py, || post.covariance_solve_in(&state, &v), |e| errors.raise(e))?;
         // Column-major out, as it came in (a transposed C-contiguous n·d' × dim Jacobian): one memcpy each way.
         Ok(columns_to_numpy(py, &out, 0..out.ncols()))
     }
 
-    /// The diagonal structure's `Σ` at the current λ and T (`dim` entries in `coordinates`
-    /// order); `None` for the other structures.
-    fn covariance_diagonal<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<f64>>>> {
-        Ok(self.fitted()?.covariance_diagonal().map(|d| PyArray1::from_vec(py, d.as_slice().to_vec())))
+    /// The diagonal structure's `Σ` at λ and T (`dim` entries in `coordinates` order); `None`
+    /// for the other structures.
+    fn covariance_diagonal<'py>(
+        &self,
+        py: Python<'py>,
+        prior_precision: PriorArg,
+        temperature: f64,
+    ) -> PyResult<Option<Bound<'py, PyArray1<f64>>>> {
+        let state = self.state(prior_precision, temperature)?;
+        Ok(self
+            .fitted()?
+            .covariance_diagonal_in(&state)
+            .map(|d| PyArray1::from_vec(py, d.as_slice().to_vec())))
     }
 
-    /// The GLM predictive at the current λ and T: `(mean n × d', covariances n × d' × d')`.
-    fn glm<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'py, f64>) -> PyResult<MeanAndCovariances<'py>> {
+    /// The GLM predictive at λ and T: `(mean n × d', covariances n × d' × d')`.
+    fn glm<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+        prior_precision: PriorArg,
+        temperature: f64,
+    ) -> PyResult<MeanAndCovariances<'py>> {
         let errors = self.net.errors();
+        let state = self.state(prior_precision, temperature)?;
         let post = self.fitted()?;
         let x = matrix(&x);
         let q = self.net.output_dim();
         let (mean, covs) =
-            detach_interruptible(py, || post.glm_mean_and_covariances(&x), |e| errors.raise(e))?;
+            detach_interruptible(py, || post.glm_mean_and_covariances_in(&state, &x), |e| errors.raise(e))?;
         Ok((to_numpy(py, &mean), stack_to_numpy(py, &covs, q, q)))
     }
 
-    /// The joint GLM predictive: `(mean n × d', covariance n·d' × n·d')` (point-major).
-    fn glm_joint<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'py, f64>) -> PyResult<MeanAndJoint<'py>> {
+    /// The joint GLM predictive at λ and T: `(mean n × d', covariance n·d' × n·d')`
+    /// (point-major).
+    fn glm_joint<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+        prior_precision: PriorArg,
+        temperature: f64,
+    ) -> PyResult<MeanAndJoint<'py>> {
         let errors = self.net.errors();
+        let state = self.state(prior_precision, temperature)?;
         let post = self.fitted()?;
         if post.predictive() != &Predictive::Glm {
             return Err(value_error(
@@ -533,28 +566,32 @@ impl PyLaplace {
             ));
         }
         let x = matrix(&x);
-        let (mean, cov) =
-            detach_interruptible(py, || Posterior::predict_joint(post, &x), |e| errors.raise(e))?;
+        fspace_core::ensure_joint_fits(x.nrows(), self.net.output_dim()).map_err(crate::errors::raise)?;
+        let (mean, cov) = detach_interruptible(py, || post.glm_joint_in(&state, &x), |e| errors.raise(e))?;
         Ok((to_numpy(py, &mean), to_numpy(py, &cov)))
     }
 
-    /// The network's outputs at `n_samples` weight draws from `seed`: `n_samples × n × d'`.
-    #[pyo3(signature = (x, n_samples, seed))]
+    /// The network's outputs at `n_samples` weight draws from `seed` at λ and T:
+    /// `n_samples × n × d'`.
+    #[pyo3(signature = (x, n_samples, seed, prior_precision, temperature))]
     fn nn_samples<'py>(
         &self,
         py: Python<'py>,
         x: PyReadonlyArray2<'py, f64>,
         n_samples: usize,
         seed: u64,
+        prior_precision: PriorArg,
+        temperature: f64,
     ) -> PyResult<Bound<'py, PyArray3<f64>>> {
         use rand::SeedableRng;
         let errors = self.net.errors();
+        let state = self.state(prior_precision, temperature)?;
         let post = self.fitted()?;
         let x = matrix(&x);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let draws = detach_interruptible(
             py,
-            || post.nonlinear_samples(&x, n_samples, &mut rng),
+            || post.nonlinear_samples_in(&state, &x, n_samples, &mut rng),
             |e| errors.raise(e),
         )?;
         Ok(stack_to_numpy(py, &draws, x.nrows(), self.net.output_dim()))
@@ -586,9 +623,17 @@ impl PyLaplace {
         self.net.n_params()
     }
 
-    /// The fitted posterior as fspace's versioned JSON (what `pickle` stores).
-    fn to_json(&self) -> PyResult<String> {
-        self.fitted()?.to_json().map_err(|e| persist_error("Laplace posterior", e))
+    /// The fitted posterior as fspace's versioned JSON (what `pickle` stores), with λ and T
+    /// (the ones it holds when not given).
+    #[pyo3(signature = (prior_precision=None, temperature=None))]
+    fn to_json(&self, prior_precision: Option<PriorArg>, temperature: Option<f64>) -> PyResult<String> {
+        let post = self.fitted()?;
+        let state = match (prior_precision, temperature) {
+            (None, None) => post.state(),
+            (Some(prior), Some(t)) => self.state(prior, t)?,
+            _ => return Err(value_error("to_json takes both prior_precision and temperature, or neither")),
+        };
+        post.to_json_in(&state).map_err(|e| persist_error("Laplace posterior", e))
     }
 
     /// A fitted posterior from [`to_json`](Self::to_json)'s text (checked as every fspace load is).
@@ -610,6 +655,6 @@ impl PyLaplace {
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
         let from_json = slf.get_type().getattr("from_json")?;
-        Ok((from_json, (slf.borrow().to_json()?,)))
+        Ok((from_json, (slf.borrow().to_json(None, None)?,)))
     }
 }

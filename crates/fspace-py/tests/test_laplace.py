@@ -151,6 +151,44 @@ def test_a_loaded_laplace_refits_under_its_own_settings(toy, settings):
             assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("structure", ["full", "kron", "diag", "lowrank"])
+def test_queries_never_write_to_the_fitted_object(toy, structure):
+    """λ, σ and the temperature are arguments of Rust's queries: the predictive, draws, the
+    evidence and state_dict at a new λ leave the compiled object as the fit left it, and give
+    what a fresh object fitted at that λ gives."""
+    state, x, y = toy
+    kwargs = dict(subset_of_weights="all", hessian_structure=structure, sigma_noise=0.1)
+    if structure == "lowrank":
+        kwargs["rank"] = 5
+    la = fspace.Laplace((state, "tanh"), "regression", prior_precision=1.0, **kwargs)
+    la.fit(x, y)
+    held = la._la.to_json()
+    la.prior_precision = 4.0
+    la.temperature = 0.5
+    xt = np.linspace(-2, 2, 5).reshape(-1, 1)
+    queried = [la(xt), la(xt, joint=True), la.predictive_samples(xt, n_samples=3),
+               la.sample(3, generator=__import__("torch").Generator().manual_seed(1)), la.log_marginal_likelihood()]
+    saved = la.state_dict()
+    assert la._la.to_json() == held, "a query wrote λ or T into the compiled object"
+    fresh = fspace.Laplace((state, "tanh"), "regression", prior_precision=4.0, temperature=0.5, **kwargs)
+    fresh.fit(x, y)
+    for a, b in zip(la(xt), fresh(xt)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert float(la.log_marginal_likelihood()) == float(fresh.log_marginal_likelihood())
+    # The saved posterior holds the λ and T it was saved at, as Rust reads it back (all but the
+    # fit's timings).
+    import json
+
+    def payload(text):
+        p = json.loads(text)["payload"]
+        p.pop("report")
+        return p
+
+    assert payload(saved["fspace_posterior"]) == payload(fresh.state_dict()["fspace_posterior"])
+    assert len(queried) == 5
+
+
 BAD = [
     (lambda s: fspace.Laplace((s, "swish"), "regression"), ValueError, 'activation "swish" is not supported'),
     (lambda s: fspace.Laplace((s, "tanh"), "poisson"), ValueError, "Invalid likelihood type 'poisson'"),

@@ -48,6 +48,39 @@ pub struct LaplacePosterior<N> {
     pub(crate) report: FitReport,
 }
 
+/// The prior precision and temperature a query of a [`LaplacePosterior`] runs at: the ones set
+/// now ([`LaplacePosterior::state`]) or given ([`LaplacePosterior::state_at`]), checked and
+/// resolved for the posterior's coordinates. The `*_in` queries take one, so that asking at
+/// another λ or `T` never changes the posterior (its readers in other threads see it as it
+/// was).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryState {
+    /// λ per prior group (layer): each group's mean under a per-parameter prior.
+    lambdas: Vec<f64>,
+    /// λ per curvature coordinate under a per-parameter prior.
+    coordinate: Option<Vec<f64>>,
+    /// λ per curvature coordinate.
+    lam: DVector<f64>,
+    temperature: f64,
+}
+
+impl QueryState {
+    /// λ per curvature coordinate.
+    pub fn lambdas(&self) -> &DVector<f64> {
+        &self.lam
+    }
+
+    /// The temperature `T`.
+    pub fn temperature(&self) -> f64 {
+        self.temperature
+    }
+
+    /// Whether one λ covers every coordinate.
+    pub(crate) fn isotropic(&self) -> bool {
+        self.coordinate.is_none() && self.lambdas.iter().all(|&l| l == self.lambdas[0])
+    }
+}
+
 /// The prior group (layer) of each curvature coordinate: the layer whose weight or bias range
 /// holds its flat index (group 0 for a network without layer structure).
 pub(crate) fn prior_groups(infos: &[fspace_nn::LayerInfo], p: usize, indices: &[usize]) -> Vec<usize> {
@@ -121,22 +154,85 @@ impl<N: Network> LaplacePosterior<N> {
         forward_chunked(&self.net, x, 256)
     }
 
-    /// Sets λ (scalar, or one per layer); errors on λ ≤ 0 or a wrong count.
+    /// Sets λ (scalar, one per layer or one per covered parameter); errors on λ ≤ 0 or a wrong
+    /// count.
     pub fn set_prior_precision(&mut self, prior: PriorPrecision) -> Result<()> {
+        let state = self.state_at(&prior, self.temperature)?;
+        self.lambdas = state.lambdas;
+        self.coordinate_lambdas = state.coordinate;
+        Ok(())
+    }
+
+    /// The λ and `T` set now, for the `*_in` queries.
+    pub fn state(&self) -> QueryState {
+        QueryState {
+            lambdas: self.lambdas.clone(),
+            coordinate: self.coordinate_lambdas.clone(),
+            lam: self.current_lambdas(),
+            temperature: self.temperature,
+        }
+    }
+
+    /// `prior` and `t` checked and resolved as [`set_prior_precision`](Self::set_prior_precision)
+    /// and [`set_temperature`](Self::set_temperature) would set them, without setting them.
+    pub fn state_at(&self, prior: &PriorPrecision, t: f64) -> Result<QueryState> {
+        ensure_positive("temperature", t)?;
         if let PriorPrecision::PerParameter(_) = prior {
-            let lam = self.coordinate_lambdas_of(&prior)?;
+            let lam = self.coordinate_lambdas_of(prior)?;
             let mut sums = vec![(0.0, 0usize); self.n_groups];
             for (&g, &l) in self.groups.iter().zip(lam.iter()) {
                 sums[g].0 += l;
                 sums[g].1 += 1;
             }
-            self.lambdas = sums.iter().map(|&(s, c)| if c == 0 { 1.0 } else { s / c as f64 }).collect();
-            self.coordinate_lambdas = Some(lam.iter().copied().collect());
-            return Ok(());
+            let lambdas = sums.iter().map(|&(s, c)| if c == 0 { 1.0 } else { s / c as f64 }).collect();
+            let coordinate = Some(lam.iter().copied().collect());
+            return Ok(QueryState { lambdas, coordinate, lam, temperature: t });
         }
-        self.lambdas = self.resolve(&prior)?;
-        self.coordinate_lambdas = None;
-        Ok(())
+        let lambdas = self.resolve(prior)?;
+        let lam = self.lam_vector(&lambdas);
+        Ok(QueryState { lambdas, coordinate: None, lam, temperature: t })
+    }
+
+    /// The posterior's versioned JSON with the λ and `T` of `state` in place of those set (what
+    /// [`Persist::to_json`] writes after setting them), without setting them.
+    pub fn to_json_in(&self, state: &QueryState) -> std::result::Result<String, fspace_core::PersistError>
+    where
+        N: Serialize + DeserializeOwned,
+    {
+        /// `LaplacePosterior`'s fields by reference, λ and `T` replaced (the same names, so
+        /// that `from_json` reads it as the posterior itself).
+        #[derive(Serialize)]
+        struct Saved<'a, N> {
+            net: &'a N,
+            likelihood: &'a LikelihoodSpec,
+            curvature: &'a Curvature,
+            indices: &'a [usize],
+            groups: &'a [usize],
+            n_groups: usize,
+            lambdas: &'a [f64],
+            coordinate_lambdas: &'a Option<Vec<f64>>,
+            temperature: f64,
+            log_likelihood: f64,
+            n_data: usize,
+            predictive: &'a Predictive,
+            report: &'a FitReport,
+        }
+        let saved = Saved {
+            net: &self.net,
+            likelihood: &self.likelihood,
+            curvature: &self.curvature,
+            indices: &self.indices,
+            groups: &self.groups,
+            n_groups: self.n_groups,
+            lambdas: &state.lambdas,
+            coordinate_lambdas: &state.coordinate,
+            temperature: state.temperature,
+            log_likelihood: self.log_likelihood,
+            n_data: self.n_data,
+            predictive: &self.predictive,
+            report: &self.report,
+        };
+        fspace_core::envelope_json(<Self as Persist>::KIND, <Self as Persist>::VERSION, &saved)
     }
 
     /// λ for every curvature coordinate under `prior`.
@@ -186,11 +282,6 @@ impl<N: Network> LaplacePosterior<N> {
             Some(l) => DVector::from_column_slice(l),
             None => self.lam_vector(&self.lambdas),
         }
-    }
-
-    /// Whether one λ covers every coordinate.
-    pub(crate) fn isotropic(&self) -> bool {
-        self.coordinate_lambdas.is_none() && self.lambdas.iter().all(|&l| l == self.lambdas[0])
     }
 
     fn resolve(&self, prior: &PriorPrecision) -> Result<Vec<f64>> {
@@ -315,14 +406,7 @@ impl<N: Network + Clone> Posterior for LaplacePosterior<N> {
         fspace_core::ensure_joint_fits(x.nrows(), fspace_core::Posterior::output_dim(self))?;
         let run = || -> Result<(DMatrix<f64>, DMatrix<f64>)> {
             match self.predictive {
-                Predictive::Glm => {
-                    let mean = forward_chunked(&self.net, x, 256)?;
-                    let js = crate::predict::subset_jacobian(&self.net, &self.curvature, &self.indices, x)?;
-                    let lam = self.current_lambdas();
-                    let sj = self.curvature.solve(self.temperature, &lam, &js.transpose())?;
-                    let cov = &js * sj;
-                    Ok((mean, (&cov + cov.transpose()) * 0.5))
-                }
+                Predictive::Glm => self.glm_joint_in(&self.state(), x),
                 Predictive::Nonlinear { samples, seed } => {
                     let draws = self.nonlinear_samples(x, samples, &mut StdRng::seed_from_u64(seed))?;
                     let (mean, _) = moments(&draws);

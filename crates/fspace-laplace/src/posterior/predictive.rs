@@ -7,7 +7,7 @@ use nalgebra::{DMatrix, DVector};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
-use super::{LaplacePosterior, Predictive};
+use super::{LaplacePosterior, Predictive, QueryState};
 use crate::curvature::{Curvature, CurvatureApprox};
 use fspace_input::InputError;
 
@@ -16,7 +16,12 @@ use crate::error::{LaplaceError, Result};
 impl<N: Network> LaplacePosterior<N> {
     /// Per-point `d' × d'` GLM covariances `J(xᵢ) Σ J(xᵢ)ᵀ` at the current λ, T.
     pub fn glm_covariances(&self, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
-        self.glm_covariances_with(x, None)
+        self.glm_covariances_in(&self.state(), x)
+    }
+
+    /// [`glm_covariances`](Self::glm_covariances) at the λ and T of `state`.
+    pub fn glm_covariances_in(&self, state: &QueryState, x: &DMatrix<f64>) -> Result<Vec<DMatrix<f64>>> {
+        self.glm_covariances_with(state, x, None)
     }
 
     /// `Σ V = (T·C + Λ)⁻¹ V` at the current λ and T for a `dim × m` block `V` whose rows are the
@@ -25,6 +30,11 @@ impl<N: Network> LaplacePosterior<N> {
     /// Jacobians (a predictive differentiated in the inputs: `J(x) Σ J(x)ᵀ` with `J` from an
     /// autodiff framework).
     pub fn covariance_solve(&self, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
+        self.covariance_solve_in(&self.state(), v)
+    }
+
+    /// [`covariance_solve`](Self::covariance_solve) at the λ and T of `state`.
+    pub fn covariance_solve_in(&self, state: &QueryState, v: &DMatrix<f64>) -> Result<DMatrix<f64>> {
         if v.nrows() != self.indices.len() {
             return Err(LaplaceError::Input(InputError::DimensionMismatch {
                 what: "rows of the block Σ is applied to (the curvature's coordinates)",
@@ -35,17 +45,22 @@ impl<N: Network> LaplacePosterior<N> {
         if v.iter().any(|e| !e.is_finite()) {
             return Err(LaplaceError::Input(InputError::NonFinite { what: "the block Σ is applied to" }));
         }
-        self.curvature.solve(self.temperature, &self.current_lambdas(), v)
+        self.curvature.solve(state.temperature, &state.lam, v)
     }
 
     /// The diagonal structure's `Σ` at the current λ and T — `1 / (T·cᵢ + λᵢ)` per coordinate,
     /// in [`indices`](Self::indices) order — or `None` for the other structures, whose `Σ` is
     /// not diagonal (apply it with [`covariance_solve`](Self::covariance_solve)).
     pub fn covariance_diagonal(&self) -> Option<DVector<f64>> {
+        self.covariance_diagonal_in(&self.state())
+    }
+
+    /// [`covariance_diagonal`](Self::covariance_diagonal) at the λ and T of `state`.
+    pub fn covariance_diagonal_in(&self, state: &QueryState) -> Option<DVector<f64>> {
         match &self.curvature {
             Curvature::Diag(d) => {
-                let lam = self.current_lambdas();
-                Some(DVector::from_fn(d.diag.len(), |i, _| 1.0 / (self.temperature * d.diag[i] + lam[i])))
+                let (lam, t) = (&state.lam, state.temperature);
+                Some(DVector::from_fn(d.diag.len(), |i, _| 1.0 / (t * d.diag[i] + lam[i])))
             }
             _ => None,
         }
@@ -56,8 +71,17 @@ impl<N: Network> LaplacePosterior<N> {
     /// layer alone, each chunk's outputs and last-layer inputs come from one pass
     /// ([`Network::forward_with_last_layer_features`]) where the two would take two.
     pub fn glm_mean_and_covariances(&self, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>)> {
+        self.glm_mean_and_covariances_in(&self.state(), x)
+    }
+
+    /// [`glm_mean_and_covariances`](Self::glm_mean_and_covariances) at the λ and T of `state`.
+    pub fn glm_mean_and_covariances_in(
+        &self,
+        state: &QueryState,
+        x: &DMatrix<f64>,
+    ) -> Result<(DMatrix<f64>, Vec<DMatrix<f64>>)> {
         if !self.covariances_from_last_layer_features() {
-            return Ok((forward_chunked(&self.net, x, GLM_CHUNK)?, self.glm_covariances(x)?));
+            return Ok((forward_chunked(&self.net, x, GLM_CHUNK)?, self.glm_covariances_in(state, x)?));
         }
         let q = self.net.output_dim();
         let chunk = crate::ggn::statistics_chunk(&self.net.layer_infos(), q, GLM_CHUNK);
@@ -68,7 +92,7 @@ impl<N: Network> LaplacePosterior<N> {
             let xc = x.rows(s, l).into_owned();
             let (f, phi) = forward_and_features_chunked(&self.net, &xc, chunk)?;
             mean.rows_mut(s, l).copy_from(&f);
-            covs.extend(self.glm_covariances_with(&xc, Some(&phi))?);
+            covs.extend(self.glm_covariances_with(state, &xc, Some(&phi))?);
         }
         Ok((mean, covs))
     }
@@ -90,18 +114,19 @@ impl<N: Network> LaplacePosterior<N> {
     /// inputs at `x` (`n × fan_in`), used instead of asking the network for them.
     fn glm_covariances_with(
         &self,
+        state: &QueryState,
         x: &DMatrix<f64>,
         features: Option<&DMatrix<f64>>,
     ) -> Result<Vec<DMatrix<f64>>> {
-        let lam = self.current_lambdas();
-        let t = self.temperature;
+        let lam = state.lam.clone();
+        let t = state.temperature;
         let q = self.net.output_dim();
         let infos = self.net.layer_infos();
         let chunk = crate::ggn::statistics_chunk(&infos, q, GLM_CHUNK);
         let layered = !infos.is_empty();
         let all_params = self.indices.len() == self.net.n_params()
             && self.indices.iter().enumerate().all(|(a, &b)| a == b);
-        let iso = self.isotropic();
+        let iso = state.isotropic();
         let mut out = Vec::with_capacity(x.nrows());
         for s in (0..x.nrows()).step_by(chunk) {
             fspace_input::interrupt::check("the linearised predictive")?;
@@ -128,12 +153,12 @@ impl<N: Network> LaplacePosterior<N> {
                     }));
                 }
                 Curvature::Eigen(e) if layered && all_params && iso && e.remainder.is_none() => {
-                    let l = self.lambdas[0];
+                    let l = state.lambdas[0];
                     let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
                     out.extend(crate::predict::eigen_covariances(&self.net, &e.vectors, &c, l, &xc)?)
                 }
                 Curvature::Eigen(e) if e.label == "last_layer" && iso && e.remainder.is_none() => {
-                    let l = self.lambdas[0];
+                    let l = state.lambdas[0];
                     let c = e.values.map(|s| 1.0 / (t * s.max(0.0) + l) - 1.0 / l);
                     out.extend(crate::predict::last_layer_covariances(
                         &last_layer_inputs(phi)?,
@@ -234,6 +259,16 @@ impl<N: Network> LaplacePosterior<N> {
         self.net.layer_infos().last().is_some_and(|l| self.indices == l.kron_order())
     }
 
+    /// The joint GLM predictive at the λ and T of `state`: the mean `f(x; w*)` (`n × d'`) and
+    /// the covariance `J Σ Jᵀ` (`n·d'` square, point-major).
+    pub fn glm_joint_in(&self, state: &QueryState, x: &DMatrix<f64>) -> Result<(DMatrix<f64>, DMatrix<f64>)> {
+        let mean = forward_chunked(&self.net, x, 256)?;
+        let js = crate::predict::subset_jacobian(&self.net, &self.curvature, &self.indices, x)?;
+        let sj = self.curvature.solve(state.temperature, &state.lam, &js.transpose())?;
+        let cov = &js * sj;
+        Ok((mean, (&cov + cov.transpose()) * 0.5))
+    }
+
     /// The GLM predictive of `f` (mean `f(x; w*)`, marginal variances).
     pub fn predict_glm(&self, x: &DMatrix<f64>) -> Result<FunctionPredictive> {
         let (mean, covs) = self.glm_mean_and_covariances(x)?;
@@ -242,6 +277,16 @@ impl<N: Network> LaplacePosterior<N> {
 
     /// `s` weight draws `θ ~ N(w*, Σ)` as flat parameter vectors.
     pub fn sample_weights(&self, s: usize, rng: &mut dyn RngCore) -> Result<Vec<DVector<f64>>> {
+        self.sample_weights_in(&self.state(), s, rng)
+    }
+
+    /// [`sample_weights`](Self::sample_weights) at the λ and T of `state`.
+    pub fn sample_weights_in(
+        &self,
+        state: &QueryState,
+        s: usize,
+        rng: &mut dyn RngCore,
+    ) -> Result<Vec<DVector<f64>>> {
         if s == 0 {
             return Err(LaplaceError::Input(InputError::Invalid {
                 what: "number of samples",
@@ -253,8 +298,7 @@ impl<N: Network> LaplacePosterior<N> {
             fspace_input::budget::matrix_bytes(s, self.net.n_params()).saturating_mul(2),
             "fewer samples: draw them in batches",
         )?;
-        let lam = self.current_lambdas();
-        let z = self.curvature.sample(self.temperature, &lam, s, rng)?;
+        let z = self.curvature.sample(state.temperature, &state.lam, s, rng)?;
         let w = self.net.params();
         Ok((0..s)
             .map(|j| {
@@ -277,6 +321,20 @@ impl<N: Network> LaplacePosterior<N> {
     where
         N: Clone,
     {
+        self.nonlinear_samples_in(&self.state(), x, s, rng)
+    }
+
+    /// [`nonlinear_samples`](Self::nonlinear_samples) at the λ and T of `state`.
+    pub fn nonlinear_samples_in(
+        &self,
+        state: &QueryState,
+        x: &DMatrix<f64>,
+        s: usize,
+        rng: &mut dyn RngCore,
+    ) -> Result<Vec<DMatrix<f64>>>
+    where
+        N: Clone,
+    {
         fspace_input::budget::ensure(
             "the network's outputs at the weight draws (S·n·d' values)",
             fspace_input::budget::matrix_bytes(s, x.nrows() * self.net.output_dim()),
@@ -284,7 +342,7 @@ impl<N: Network> LaplacePosterior<N> {
         )?;
         let mut net = self.net.clone();
         let mut out = Vec::with_capacity(s);
-        for th in self.sample_weights(s, rng)? {
+        for th in self.sample_weights_in(state, s, rng)? {
             fspace_input::interrupt::check("the network at the weight draws")?;
             net.set_params(&th)?;
             out.push(forward_chunked(&net, x, 256)?);

@@ -1154,16 +1154,11 @@ class Laplace(Wrapper):
 
     # -- predictions --------------------------------------------------------------------------
 
-    def _sync(self, state: Optional[Tuple[Any, float]] = None) -> Any:
-        """Hands Rust λ and the temperature of ``T'·C + λ`` (module docs): the current ones, or
-        those of ``state`` (``_rust_state``'s values)."""
-        la = self._fitted()
-        prior, scale = self._rust_state() if state is None else state
-        if isinstance(prior, list):
-            la.set_state_per_parameter(prior, scale)
-        else:
-            la.set_state(prior, scale)
-        return la
+    def _query(self) -> Tuple[Any, Tuple[Any, float]]:
+        """The fitted Rust object and the λ and temperature of ``T'·C + λ`` (module docs) its
+        queries take now (``_rust_state``): Rust's queries take them as arguments and never
+        change the object."""
+        return self._fitted(), self._rust_state()
 
     def _x(self, x: Any) -> np.ndarray:
         if isinstance(x, Mapping) and not isinstance(self._spec, TorchModel):
@@ -1182,11 +1177,8 @@ class Laplace(Wrapper):
             return self._glm_differentiable(x, joint)
         xa = self._x(x)
         with self._lock:
-            la = self._sync()
-            if joint:
-                mean, cov = la.glm_joint(xa)
-            else:
-                mean, cov = la.glm(xa)
+            la, state = self._query()
+        mean, cov = la.glm_joint(xa, *state) if joint else la.glm(xa, *state)
         return torch.as_tensor(mean, dtype=self._dtype), torch.as_tensor(cov, dtype=self._dtype)
 
     def _glm_differentiable(self, x: Any, joint: bool) -> Tuple[Any, Any]:
@@ -1217,8 +1209,7 @@ class Laplace(Wrapper):
             model.train(was_training)
         q = f_mu.shape[1]
         with self._lock:
-            state = self._rust_state()
-            la = self._sync(state)
+            la, state = self._query()
             cached = getattr(self, "_coordinates", None)
             if cached is None or cached[0] is not la:
                 # The curvature's coordinate order (None: the parameters in order), per fitted object.
@@ -1227,7 +1218,7 @@ class Laplace(Wrapper):
                     torch.as_tensor(coordinates, dtype=torch.long)
                 self._coordinates = cached = (la, order)
             # The diagonal structure's Σ is one vector: applied in torch, no block crosses to Rust.
-            variances = la.covariance_diagonal() if self.hessian_structure == "diag" else None
+            variances = la.covariance_diagonal(*state) if self.hessian_structure == "diag" else None
         js = torch.cat([jacobian[name].reshape(n * q, -1) for name in params], dim=1)
         if cached[1] is not None:
             js = js[:, cached[1]]
@@ -1239,7 +1230,9 @@ class Laplace(Wrapper):
             else:
                 f_var = torch.einsum("bqd,brd->bqr", scaled.reshape(n, q, -1), js.reshape(n, q, -1))
             return f_mu.to(self._dtype), (f_var + f_var.transpose(-1, -2)) / 2
-        f_var = _quadratic_form_function().apply(js, lambda v: self._covariance_solve(v, state), n, joint)
+        # Σ v with the object and the λ, T of this query (the autograd function runs outside the
+        # lock, where another thread may fit again or set new ones); dim × n·d', column-major.
+        f_var = _quadratic_form_function().apply(js, lambda v: la.covariance_solve(v, *state), n, joint)
         return f_mu.to(self._dtype), f_var
 
     def _nn_samples_differentiable(self, x: Any, n_samples: int, generator: Any) -> Any:
@@ -1250,8 +1243,8 @@ class Laplace(Wrapper):
         self._check_backprop_input(x)
         seed = self._seed(generator)
         with self._lock:
-            la = self._sync()
-            draws = torch.as_tensor(np.asarray(la.sample(n_samples, seed)))
+            la, state = self._query()
+        draws = torch.as_tensor(np.asarray(la.sample(n_samples, seed, *state)))
         model = self.model
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         was_training = model.training
@@ -1281,18 +1274,11 @@ class Laplace(Wrapper):
             )
 
     def _rust_state(self) -> Tuple[Any, float]:
-        """What ``_sync`` hands Rust: λ (one value, or a list per parameter) and the temperature."""
+        """What Rust's queries take: λ (one value, or a list per parameter) and the temperature."""
         scale = float(self._H_factor.detach()) * self._unit()
         if len(self._prior_precision) == 1:
             return float(self._prior_precision.detach()[0]), scale
         return self.prior_precision_diag.detach().tolist(), scale
-
-    def _covariance_solve(self, v: np.ndarray, state: Tuple[Any, float]) -> np.ndarray:
-        """``Σ v`` at the λ and temperature of ``state``, read with the query's other state (the
-        autograd function runs outside the lock, where another thread may have set new ones)."""
-        with self._lock:
-            # dim × n·d', column-major (a transposed Jacobian): copied once.
-            return self._sync(state).covariance_solve(v)
 
     def __call__(
         self,
@@ -1382,8 +1368,8 @@ class Laplace(Wrapper):
         xa = self._x(x)
         seed = self._seed(generator)
         with self._lock:
-            la = self._sync()
-            fs = la.nn_samples(xa, n_samples, seed)
+            la, state = self._query()
+        fs = la.nn_samples(xa, n_samples, seed, *state)
         return torch.as_tensor(fs, dtype=self._dtype)
 
     def functional_samples(self, x: Any, pred_type: str = "glm", n_samples: int = 1, diagonal_output: bool = False,
@@ -1463,8 +1449,8 @@ class Laplace(Wrapper):
         n_samples = sample_count(n_samples)
         seed = self._seed(generator)
         with self._lock:
-            la = self._sync()
-            draws = la.sample(int(n_samples), seed)
+            la, state = self._query()
+        draws = la.sample(int(n_samples), seed, *state)
         if self.subset_of_weights == "subnetwork":
             # laplace-torch's assemble_full_samples: every weight, the others at the MAP.
             return torch.as_tensor(np.asarray(draws), dtype=self._dtype)
@@ -1502,7 +1488,8 @@ class Laplace(Wrapper):
                 "state_dict of a Laplace on the torch engine: its network lives in torch; save the model and refit"
             )
         with self._lock:
-            posterior = self._sync().to_json()
+            la, query = self._query()
+            posterior = la.to_json(*query)
         f = self._fitted_summary()
         state = dict(
             mean=self.mean.clone(), loss=f["loss"].clone(), n_data=f["n_data"], n_outputs=f["n_outputs"],

@@ -440,6 +440,7 @@ class _NetworkMethod(_Fitted):
         self._post = None
         self._report: Dict[str, Any] = {}
         self._fitter: Any = None
+        self._fitter_key: Any = None
         self._compiled()
 
     def _compiled(self) -> Any:
@@ -571,7 +572,8 @@ class _NetworkMethod(_Fitted):
         if group is not None and key is not None and config.get(key) is None:
             # The context / measurement box of every process's points, as one process over all
             # of them draws in; first, so that the agreement below covers the settings with it.
-            config[key] = self._box(*global_box(group, x), config)
+            lo, hi = global_box(group, x)
+            config[key] = self._box(lo, hi, config)
         if group is not None and reads.shards_each_step:
             agree_on(group, self._fingerprint(config, x.shape[1]),
                      f"the processes disagree on the model, the prior or the {self._rust_class().name} settings: "
