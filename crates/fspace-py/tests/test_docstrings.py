@@ -7,8 +7,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-MODULES = ["fspace", "fspace._convert", "fspace._functional", "fspace._laplace", "fspace._marglik", "fspace._memory",
-           "fspace._methods", "fspace._variational", "fspace.kernels",
+MODULES = ["fspace", "fspace._convert", "fspace._functional", "fspace._ella_laplace", "fspace._laplace", "fspace._laplace_settings",
+           "fspace._laplace_fit", "fspace._laplace_evidence", "fspace._laplace_predictive", "fspace._laplace_tuning",
+           "fspace._laplace_saving", "fspace._marglik", "fspace._memory", "fspace._method_base", "fspace._network_method",
+           "fspace._methods", "fspace._torch", "fspace._torch_calls", "fspace._torch_layout", "fspace._variational", "fspace.kernels",
            "fspace.metrics", "fspace.subnetmask", "fspace.torch"]
 
 

@@ -23,6 +23,17 @@ def toy():
     return tanh_mlp(rng, [1, 12, 12, 1]), x, y
 
 
+def _no_collection(m, replacement):
+    """Replaces ``data_arrays`` wherever the method classes call it (the fitting routes of
+    ``_network_method`` and the classes' own in ``_methods``), so that a loader collected into
+    arrays is seen."""
+    import fspace._methods
+    import fspace._network_method
+
+    for module in (fspace._methods, fspace._network_method):
+        m.setattr(module, "data_arrays", replacement)
+
+
 def sqdist(x, y, ell):
     d = (x[:, None, :] - y[None, :, :]) / np.asarray(ell)
     return np.sum(d**2, axis=-1)
@@ -133,7 +144,6 @@ def test_posthoc_fsp_laplace_streams_a_loader_to_the_in_memory_posterior(toy, mo
 
     whole = fitted(method(), x, y)
     mean, var = whole(xt)
-    import fspace._methods as methods
 
     def collected(*a, **k):
         raise AssertionError("the loader was collected into arrays")
@@ -143,7 +153,7 @@ def test_posthoc_fsp_laplace_streams_a_loader_to_the_in_memory_posterior(toy, mo
     for as_dict, chunk in ((False, 256), (True, 16)):
         loader = Batches(x, y, 7, as_dict)
         with monkeypatch.context() as m:
-            m.setattr(methods, "data_arrays", collected)
+            _no_collection(m, collected)
             streamed = fitted(method(laplace={"data_batch": chunk}), loader)
         assert loader.passes == 2
         m2, v2 = streamed(xt)
@@ -183,7 +193,6 @@ def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monk
     import torch
     from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler, TensorDataset
 
-    import fspace._methods as methods
 
     state, x, y = toy
     rng = np.random.default_rng(3)
@@ -223,7 +232,7 @@ def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monk
     for shuffle, as_dict in ((False, False), (True, True)):
         rows = Rows(x, y, as_dict=as_dict)
         with monkeypatch.context() as m:
-            m.setattr(methods, "data_arrays", collected)
+            _no_collection(m, collected)
             streamed = fitted(method(), DataLoader(rows, batch_size=5, shuffle=shuffle))
         for name, w in whole.model_state_dict().items():
             np.testing.assert_array_equal(streamed.model_state_dict()[name], w)
@@ -237,7 +246,7 @@ def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monk
     early = dict(epochs=30, patience=2)
     held = fitted(method(**early), x, y, val=(xv, yv))
     with monkeypatch.context() as m:
-        m.setattr(methods, "data_arrays", collected)
+        _no_collection(m, collected)
         read = fitted(method(**early), DataLoader(Rows(x, y), batch_size=5),
                       val=DataLoader(Rows(xv, yv), batch_size=7))
     assert held.report["train"]["stopped_early"]
@@ -263,7 +272,7 @@ def test_fsp_laplace_trains_from_a_loader_reading_its_rows_by_position(toy, monk
     np.testing.assert_array_equal(dropped(xt)[1], fitted(method(), x[:48], y[:48])(xt)[1])
     subset = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=8,
                         sampler=SubsetRandomSampler(range(30)))
-    assert methods.readable_by_position(subset) is False
+    assert fspace._convert.readable_by_position(subset) is False
     fitted(method(), subset)
 
 
@@ -276,7 +285,6 @@ def test_gfsvi_trains_from_a_loader_reading_its_rows_by_position(monkeypatch):
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    import fspace._methods as methods
 
     rng = np.random.default_rng(5)
     x = rng.uniform(-1, 1, size=(60, 2))
@@ -300,14 +308,14 @@ def test_gfsvi_trains_from_a_loader_reading_its_rows_by_position(monkeypatch):
 
         whole = fitted(method(), x, y)
         with monkeypatch.context() as m:
-            m.setattr(methods, "data_arrays", collected)
+            _no_collection(m, collected)
             read = fitted(method(), loader(x, y, shuffle=True))
         for a, b in zip(whole(xt), read(xt)):
             np.testing.assert_array_equal(a, b)
         early = dict(steps=60, evaluate_every=5, patience=2)
         held = fitted(method(**early), x, y, val=(xv, yv))
         with monkeypatch.context() as m:
-            m.setattr(methods, "data_arrays", collected)
+            _no_collection(m, collected)
             streamed = fitted(method(**early), loader(x, y), val=loader(xv, yv))
         assert len(held.report["validation"]) >= 2
         assert (streamed.report["steps"], streamed.report["best_step"]) == (held.report["steps"],
@@ -327,7 +335,6 @@ def test_ella_streams_a_loader_to_the_in_memory_posterior(toy, monkeypatch):
     ``fit(X, y)``'s to rounding, for regression and for a three-class classifier (dict
     batches too). A loader that visits fewer points than its dataset is refused; early stopping
     collects the loader, as before."""
-    import fspace._methods as methods
 
     def collected(*a, **k):
         raise AssertionError("the loader was collected into arrays")
@@ -348,7 +355,7 @@ def test_ella_streams_a_loader_to_the_in_memory_posterior(toy, monkeypatch):
     mean, var = whole(xt)
     for loader, passes in ((Batches(x, y, 7), 3), (Sized(x, y, 7, as_dict=True), 2)):
         with monkeypatch.context() as m:
-            m.setattr(methods, "data_arrays", collected)
+            _no_collection(m, collected)
             streamed = fitted(regression(prior={"Fixed": 1.0}), loader)
         assert loader.passes == passes
         m2, v2 = streamed(xt)
@@ -367,10 +374,10 @@ def test_ella_streams_a_loader_to_the_in_memory_posterior(toy, monkeypatch):
         return fspace.ELLA((net, "tanh"), "classification", num_points=40, num_eigen=6, early_stopping=None)
 
     memory = fitted(classifier(), xc, yc, val=(xv, yv))
-    real = methods.data_arrays
+    real = fspace._network_method.data_arrays
     with monkeypatch.context() as m:
         # The validation pair is held (converted as before); the loader is not collected.
-        m.setattr(methods, "data_arrays", lambda *a, **k: real(*a, **k) if a[0] is xv else collected())
+        _no_collection(m, lambda *a, **k: real(*a, **k) if a[0] is xv else collected())
         streamed = fitted(classifier(), Sized(xc, yc, 16), val=(xv, yv))
     assert streamed.report["prior_precision"] == memory.report["prior_precision"]
     np.testing.assert_allclose([g[1] for g in streamed.report["grid"]], [g[1] for g in memory.report["grid"]],

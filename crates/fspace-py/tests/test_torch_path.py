@@ -116,7 +116,7 @@ def test_the_callbacks_products_equal_torchs_jacobian(name, model, x):
 @pytest.mark.parametrize("name,model,x", models(), ids=[m[0] for m in models()])
 def test_forward_mode_products_taken_in_point_chunks_are_the_same(monkeypatch, name, model, x):
     # A budget of one byte puts each point in a chunk of its own; the products must not move.
-    import fspace._torch as ft
+    import fspace._torch_calls as ft
 
     calls = TorchCalls(model, x.shape[1:], block=3)
     assert calls.activations_per_point > calls.output_dim
@@ -124,7 +124,7 @@ def test_forward_mode_products_taken_in_point_chunks_are_the_same(monkeypatch, n
     u = np.random.default_rng(1).standard_normal((calls.params.size, 7))
     whole = calls.jvp(calls.params, rows, u)
     assert len(calls._point_chunks(x.shape[0], 3)) == 1
-    monkeypatch.setattr(ft, "TANGENT_BYTES", 1)
+    monkeypatch.setattr(ft, "TANGENT_BYTES", 1)  # fspace._torch_calls, where TorchCalls reads it
     assert len(calls._point_chunks(x.shape[0], 3)) == x.shape[0]
     jac = dense_jacobian(model, x)
     assert np.max(np.abs(calls.jvp(calls.params, rows, u) - jac @ u)) <= 1e-10 * max(1.0, np.abs(jac @ u).max())
@@ -316,7 +316,7 @@ def test_blocks_sent_a_column_at_a_time_give_the_same_posterior(monkeypatch):
     # fspace sends p × r blocks to jvp and takes p × r blocks from vjp in column chunks of
     # COLUMN_BYTES; one byte makes every chunk a single column. Post-hoc FSP-Laplace takes both
     # (J(C)ᵀL, the data term, the truncation and the predictive), ELLA's projections jvp.
-    import fspace._torch as ft
+    import fspace._torch_calls as ft
 
     torch.manual_seed(5)
     model = ResidualMLP(d=1, q=1).double()
@@ -343,7 +343,7 @@ def test_blocks_sent_a_column_at_a_time_give_the_same_posterior(monkeypatch):
     whole = fit()
     assert max(widths) > 1
     widths.clear()
-    monkeypatch.setattr(ft, "COLUMN_BYTES", 1)
+    monkeypatch.setattr(ft, "COLUMN_BYTES", 1)  # fspace._torch_calls, where TorchCalls reads it
     chunked = fit()
     assert widths and max(widths) == 1
     for a, b in zip(whole, chunked):

@@ -44,7 +44,7 @@ from __future__ import annotations
 from . import kernels, metrics, subnetmask
 from ._convert import ModelSpec, convert_sequential
 from ._fspace import NumericalError
-from ._functional import ELLALaplace
+from ._ella_laplace import ELLALaplace
 from ._laplace import Laplace
 from ._variational import VaLLALaplace
 from ._marglik import marglik_training

@@ -18,7 +18,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._laplace import Laplace, _Adam, _Progress
+from ._laplace import Laplace
+from ._laplace_tuning import _Adam
+from ._method_base import _Progress
 from ._predictive import _torch
 
 __all__ = ["marglik_training"]

@@ -39,7 +39,8 @@ import numpy as np
 
 from ._backend import network_spec
 from ._fspace import NtkKernel
-from ._functional import (ELLALaplace, FunctionalSurface, _classification_targets, _integer, _regression_targets,
+from ._ella_laplace import ELLALaplace
+from ._functional import (FunctionalSurface, _classification_targets, _integer, _regression_targets,
                           _subset_loader, draw_gaussian, training_indices)
 from ._memory import check_budget
 from ._predictive import _check_likelihood, _split_batch, _torch

@@ -278,7 +278,7 @@ class FSPRegularizer:
     def __init__(self, prior: Any, context: Any, n_context: int = 100, jitter: float = 1e-3, seed: int = 0,
                  input_shape: Optional[Sequence[int]] = None, include_batch: bool = False,
                  process_group: Any = None) -> None:
-        from ._methods import _prior
+        from ._method_base import _prior
 
         self.prior = _prior(prior)
         self._prior_spec = self.prior.spec()
@@ -619,7 +619,7 @@ class GFSVIRegularizer:
     def __init__(self, prior: Any, context: Any, n_context: int = 500, gamma: float = 1e-10, seed: int = 0,
                  input_shape: Optional[Sequence[int]] = None, include_batch: bool = False,
                  chunk_size: Optional[int] = None, process_group: Any = None) -> None:
-        from ._methods import _prior
+        from ._method_base import _prior
 
         self.prior = _prior(prior)
         self._prior_spec = self.prior.spec()
