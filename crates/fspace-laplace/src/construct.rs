@@ -942,6 +942,7 @@ pub(crate) fn build<N: Network>(
     t: f64,
     report: &mut FitReport,
 ) -> Result<(Curvature, Vec<usize>)> {
+    crate::structure::support(structure, weights)?;
     let all = || (0..net.n_params()).collect::<Vec<_>>();
     if let Weights::Subnetwork(idx) = weights {
         check_subnetwork(idx, net.n_params())?;
@@ -975,10 +976,10 @@ pub(crate) fn build<N: Network>(
                 let diag = e.to_dense().diagonal().map(|v| v.max(0.0));
                 Ok((Curvature::Diag(DiagCurvature { diag }), idx.clone()))
             }
-            other => Err(LaplaceError::Unsupported {
-                structure: other.name(),
-                reason: "over a subnetwork only the full GGN and its diagonal are implemented".into(),
-            }),
+            // Refused by `support` above.
+            other => Err(crate::structure::support(other, &Weights::Subnetwork(Vec::new())).err().unwrap_or(
+                LaplaceError::Unsupported { structure: other.name(), reason: "not over a subnetwork".into() },
+            )),
         };
     }
     if let Weights::LastLayer = weights {
@@ -1002,12 +1003,13 @@ pub(crate) fn build<N: Network>(
                 let diag = last_layer_diagonal(net, data, &last)?;
                 Ok((Curvature::Diag(DiagCurvature { diag }), last.kron_order()))
             }
-            other => Err(LaplaceError::Unsupported {
-                structure: other.name(),
-                reason:
-                    "over the last layer only full (= Structure::LastLayer), diag, KFAC and EKFAC are implemented"
-                        .into(),
-            }),
+            // Refused by `support` above.
+            other => Err(crate::structure::support(other, &Weights::LastLayer).err().unwrap_or(
+                LaplaceError::Unsupported {
+                    structure: other.name(),
+                    reason: "not over the last layer".into(),
+                },
+            )),
         };
     }
     Ok(match structure {

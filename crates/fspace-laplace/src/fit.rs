@@ -150,8 +150,7 @@ fn sharded_structure(config: &LaplaceConfig) -> Result<()> {
                         .into(),
             })
         }
-        (Structure::Kfac | Structure::Ekfac, Weights::All | Weights::LastLayer)
-        | (Structure::LowRank(_) | Structure::Sampled(_), Weights::All) => Ok(()),
+        (s, w) if crate::structure::support(s, w)?.shards => Ok(()),
         (s, _) => Err(LaplaceError::Unsupported {
             structure: s.name(),
             reason: "fit_sharded takes kfac, ekfac (all weights or the last layer), low rank and sampled \

@@ -75,5 +75,6 @@ pub use posterior::{LaplacePosterior, QueryState};
 pub use sampled::{SampledConfig, SampledPreconditioner};
 pub use stream::{fit_batches, LaplaceSums};
 pub use structure::{
-    BlockDiagConfig, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig, Structure, Weights,
+    support, BlockDiagConfig, FitReport, FullConfig, KronBias, LastLayerConfig, LowRankConfig, Structure,
+    Subset, Support, Weights, SUPPORT,
 };

@@ -111,6 +111,15 @@ impl LaplaceSums {
             }
             Ok(Sums::Dense { gram: DMatrix::zeros(dim, dim), indices })
         };
+        if !crate::structure::support(&config.structure, &config.weights)?.streams {
+            return Err(unsupported(
+                config.structure.name(),
+                "passes over the data more than once (EKFAC re-fits its eigenvalues, low rank multiplies by the GGN \
+                 in every Lanczos step, sampled runs CG, B-Diag forms per-layer blocks): fit it with \
+                 fspace_laplace::fit on the whole data (or over shards with fspace_laplace::fit_sharded: kfac, \
+                 ekfac and low rank); diag, kfac, full and last_layer stream",
+            ));
+        }
         let sums = match (&config.structure, &config.weights) {
             (Structure::Diag, Weights::All) => Sums::Diag(DVector::zeros(p)),
             (Structure::Diag, Weights::LastLayer) => {
@@ -127,18 +136,8 @@ impl LaplaceSums {
             (Structure::Kfac, Weights::All | Weights::LastLayer) => {
                 Sums::Kron(KronSums::zeros(net, &config.weights, "kfac")?)
             }
-            (Structure::Kfac, Weights::Subnetwork(_)) => {
-                return Err(unsupported("kfac", "over a subnetwork only the full GGN and its diagonal are implemented"))
-            }
-            (s, _) => {
-                return Err(unsupported(
-                    s.name(),
-                    "passes over the data more than once (EKFAC re-fits its eigenvalues, low rank multiplies by \
-                     the GGN in every Lanczos step, sampled runs CG, B-Diag forms per-layer blocks): fit it with \
-                     fspace_laplace::fit on the whole data (or over shards with fspace_laplace::fit_sharded: \
-                     kfac, ekfac and low rank); diag, kfac, full and last_layer stream",
-                ))
-            }
+            // Every other pair is refused by `support` above.
+            (s, _) => return Err(unsupported(s.name(), "it does not stream")),
         };
         if let Weights::Subnetwork(idx) = &config.weights {
             check_subnetwork(idx, p)?;

@@ -157,13 +157,7 @@ impl Structure {
 }
 
 /// Which weights the posterior covers (laplace-torch's `subset_of_weights`); the others stay
-/// at their MAP values.
-///
-/// | weights | structures |
-/// |---|---|
-/// | `All` | every [`Structure`] |
-/// | `LastLayer` | `Kfac`, `Ekfac`, `Full` (the same as `Structure::LastLayer`), `LastLayer` |
-/// | `Subnetwork(indices)` | `Full` (the dense GGN over those weights, as laplace-torch's `SubnetLaplace`) |
+/// at their MAP values. Which [`Structure`]s exist over which weights is [`SUPPORT`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub enum Weights {
     /// Every weight (laplace-torch's `'all'`).
@@ -176,6 +170,85 @@ pub enum Weights {
     /// by the caller (e.g. the largest-variance weights of a diagonal Laplace, Daxberger et al.
     /// 2021).
     Subnetwork(Vec<usize>),
+}
+
+impl Weights {
+    /// The subset without a subnetwork's indices (the key of [`SUPPORT`]'s rows).
+    pub fn subset(&self) -> Subset {
+        match self {
+            Weights::All => Subset::All,
+            Weights::LastLayer => Subset::LastLayer,
+            Weights::Subnetwork(_) => Subset::Subnetwork,
+        }
+    }
+}
+
+/// [`Weights`] without the subnetwork's indices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Subset {
+    /// Every weight.
+    All,
+    /// The last layer's weights and biases.
+    LastLayer,
+    /// Chosen weights.
+    Subnetwork,
+}
+
+/// One structure over one subset of the weights, as a fit may form it: a row of [`SUPPORT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Support {
+    /// [`Structure::name`].
+    pub structure: &'static str,
+    /// The weights it covers.
+    pub subset: Subset,
+    /// Its curvature is one pass over the data into sums that merge: [`LaplaceSums`](crate::LaplaceSums)
+    /// takes a loader batch by batch, and processes' sums add.
+    pub streams: bool,
+    /// [`fit_sharded`](crate::fit_sharded) takes it: every sum over the data all-reduced as the fit
+    /// forms it.
+    pub shards: bool,
+}
+
+const fn row(structure: &'static str, subset: Subset, streams: bool, shards: bool) -> Support {
+    Support { structure, subset, streams, shards }
+}
+
+/// Every structure × subset that exists — the one table [`fit`](crate::fit()),
+/// [`LaplaceSums`](crate::LaplaceSums) and [`fit_sharded`](crate::fit_sharded) read; a pair not
+/// listed is refused by each of them with the same error. Over the last layer `Full` is
+/// `LastLayer`; over a subnetwork the dense GGN of those weights and its diagonal (laplace-torch's
+/// `SubnetLaplace`) exist.
+pub const SUPPORT: &[Support] = &[
+    row("full", Subset::All, true, false),
+    row("full", Subset::LastLayer, true, false),
+    row("full", Subset::Subnetwork, true, false),
+    row("block_diag", Subset::All, false, false),
+    row("diag", Subset::All, true, false),
+    row("diag", Subset::LastLayer, true, false),
+    row("diag", Subset::Subnetwork, true, false),
+    row("kfac", Subset::All, true, true),
+    row("kfac", Subset::LastLayer, true, true),
+    row("ekfac", Subset::All, false, true),
+    row("ekfac", Subset::LastLayer, false, true),
+    row("last_layer", Subset::All, true, false),
+    row("last_layer", Subset::LastLayer, true, false),
+    row("low_rank", Subset::All, false, true),
+    row("sampled", Subset::All, false, true),
+];
+
+/// `structure` over `weights`' subset, as [`SUPPORT`] lists it; an unlisted pair is
+/// [`LaplaceError::Unsupported`], naming the subsets the structure covers.
+pub fn support(structure: &Structure, weights: &Weights) -> crate::Result<Support> {
+    let (name, subset) = (structure.name(), weights.subset());
+    if let Some(row) = SUPPORT.iter().find(|r| r.structure == name && r.subset == subset) {
+        return Ok(*row);
+    }
+    let covered: Vec<String> =
+        SUPPORT.iter().filter(|r| r.structure == name).map(|r| format!("{:?}", r.subset)).collect();
+    Err(crate::LaplaceError::Unsupported {
+        structure: name,
+        reason: format!("it is not implemented over {subset:?} weights; it covers {}", covered.join(", ")),
+    })
 }
 
 /// Where KFAC / EKFAC put a layer's bias.

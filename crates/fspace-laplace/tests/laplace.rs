@@ -2546,3 +2546,58 @@ fn same<T: PartialEq + std::fmt::Debug, E: std::fmt::Display>(a: Result<T, E>, b
         ),
     }
 }
+
+/// `SUPPORT` is the one table of which structure exists over which weights: `fit` builds
+/// exactly the listed pairs, `LaplaceSums` streams exactly those marked `streams`, and
+/// `fit_sharded` takes exactly those marked `shards`; every other pair is refused with the
+/// same `Unsupported` error by each.
+#[test]
+fn the_support_table_is_what_fit_streaming_and_sharding_do() {
+    use fspace_laplace::{support, Subset, SUPPORT};
+    let (x, y) = regression(12, 2, 61);
+    let ym = DMatrix::from_column_slice(12, 1, y.as_slice());
+    let sampled = Structure::Sampled(SampledConfig { samples: 4, em_steps: 0, ..Default::default() });
+    let mut structures = every_structure(3).to_vec();
+    structures.push(sampled);
+    let mut seen = 0;
+    for structure in &structures {
+        for weights in [Weights::All, Weights::LastLayer, Weights::Subnetwork(vec![0, 3, 7])] {
+            let row = support(structure, &weights);
+            let what = format!("{} over {:?}", structure.name(), weights.subset());
+            let config = LaplaceConfig {
+                structure: structure.clone(),
+                weights: weights.clone(),
+                ..config(Structure::Diag)
+            };
+            let net = mlp(2, vec![4], 1, 5);
+            let lik = LikelihoodSpec::gaussian(0.3);
+            let built = fit(net.clone(), lik, &Data::new(&x, &ym).unwrap(), &config);
+            let streamed = LaplaceSums::new(&net, lik, &config);
+            let sharded =
+                sharded_fits(1, lik, &config, &|_| (net.clone(), x.clone(), ym.clone())).pop().unwrap();
+            match row {
+                Ok(r) => {
+                    seen += 1;
+                    assert!(SUPPORT.contains(&r));
+                    assert!(built.is_ok(), "{what}: {:?}", built.err());
+                    assert_eq!(streamed.is_ok(), r.streams, "{what}: {:?}", streamed.err());
+                    assert_eq!(sharded.is_ok(), r.shards, "{what}: {:?}", sharded.err());
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(e.contains("it is not implemented over"), "{what}: {e}");
+                    for refused in [built.err().map(|e| e.to_string()), streamed.err().map(|e| e.to_string())]
+                    {
+                        assert_eq!(refused.as_deref(), Some(e.as_str()), "{what}");
+                    }
+                    assert!(sharded.is_err(), "{what}");
+                    assert!(!SUPPORT
+                        .iter()
+                        .any(|r| r.structure == structure.name() && r.subset == weights.subset()));
+                }
+            }
+        }
+    }
+    assert_eq!(seen, SUPPORT.len(), "a row of SUPPORT no structure reaches");
+    assert!(SUPPORT.iter().any(|r| r.subset == Subset::Subnetwork));
+}

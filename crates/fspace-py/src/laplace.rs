@@ -637,6 +637,37 @@ impl PyLaplace {
     }
 
     /// A fitted posterior from [`to_json`](Self::to_json)'s text (checked as every fspace load is).
+    /// fspace_laplace's support table in laplace-torch's names: `(hessian_structure,
+    /// subset_of_weights, streams, shards)` for every structure the Python layer offers over
+    /// every subset it exists over (`fspace_laplace::SUPPORT`; `"full"` over the last layer is
+    /// its `last_layer` structure).
+    #[staticmethod]
+    fn support_table() -> Vec<(&'static str, &'static str, bool, bool)> {
+        let names = [
+            ("full", "full"),
+            ("kron", "kfac"),
+            ("ekfac", "ekfac"),
+            ("diag", "diag"),
+            ("lowrank", "low_rank"),
+        ];
+        let subsets = [
+            ("all", fspace_laplace::Subset::All),
+            ("last_layer", fspace_laplace::Subset::LastLayer),
+            ("subnetwork", fspace_laplace::Subset::Subnetwork),
+        ];
+        let mut out = Vec::new();
+        for (python, rust) in names {
+            for (subset_name, subset) in subsets {
+                if let Some(row) =
+                    fspace_laplace::SUPPORT.iter().find(|r| r.structure == rust && r.subset == subset)
+                {
+                    out.push((python, subset_name, row.streams, row.shards));
+                }
+            }
+        }
+        out
+    }
+
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Self> {
         let post = LaplacePosterior::<PyNetwork>::from_json(text)

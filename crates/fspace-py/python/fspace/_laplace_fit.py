@@ -12,7 +12,7 @@ from ._distributed import ONE_SHARD_EACH, _group, agree_on, agreed, step_reduce,
 from ._method_base import Progress, _Progress
 from ._predictive import _split_batch, _torch
 from ._torch import TorchModel
-from ._laplace_settings import _SHARDED, _STREAMED, _LaplaceSettings
+from ._laplace_settings import _LaplaceSettings, _shards, _streams, _structures_that
 
 
 class _LaplaceFit(_LaplaceSettings):
@@ -99,7 +99,7 @@ class _LaplaceFit(_LaplaceSettings):
                     x, yy = self._spec.inputs(train_loader, "X"), self._targets(override)
                     la = self._build()
                     la.fit(x, yy, bar.callback)
-                elif self.hessian_structure in _STREAMED:
+                elif _streams(self.hessian_structure, self.subset_of_weights):
                     la = self._stream(train_loader, override, bar, _group(process_group))
                 elif _group(process_group) is not None:
                     la = self._fit_sharded(train_loader, override, bar, _group(process_group))
@@ -107,7 +107,8 @@ class _LaplaceFit(_LaplaceSettings):
                     if not override:
                         raise NotImplementedError(
                             f"fit(override=False) with hessian_structure={self.hessian_structure!r}: only the structures "
-                            f"that sum over the data in one pass ({', '.join(_STREAMED)}) accumulate over several fits"
+                            f"that sum over the data in one pass ({_structures_that(0, self.subset_of_weights)}) "
+                            "accumulate over several fits"
                         )
                     # EKFAC and low rank pass over the data several times: collected in memory.
                     x, yy = self._loader_arrays(train_loader)
@@ -149,15 +150,17 @@ class _LaplaceFit(_LaplaceSettings):
         shards: each process holds its own shard's arrays and every sum over the data — the
         factor sums, EKFAC's eigenvalues, each Lanczos product — is all-reduced as the fit
         forms it (``fspace_laplace::fit_sharded``)."""
-        if self.hessian_structure not in _SHARDED:
+        subset = self.subset_of_weights
+        if not _shards(self.hessian_structure, subset):
+            shard = sorted(set(_structures_that(0, subset).split(", ")) | set(_structures_that(1, subset).split(", ")))
             raise NotImplementedError(
                 f"sharded fitting with hessian_structure={self.hessian_structure!r}; the structures that shard are "
-                f"{', '.join(_STREAMED + _SHARDED)}"
+                f"{', '.join(s for s in shard if s)}"
             )
         if not override:
             raise NotImplementedError(
                 f"fit(override=False) with hessian_structure={self.hessian_structure!r}: only the structures that "
-                f"sum over the data in one pass ({', '.join(_STREAMED)}) accumulate over several fits"
+                f"sum over the data in one pass ({_structures_that(0, subset)}) accumulate over several fits"
             )
         agree_on(group, self._shard_fingerprint(),
                  "the processes disagree on the model or the Laplace settings (hessian_structure, subset_of_weights, "

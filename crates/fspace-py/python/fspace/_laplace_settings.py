@@ -21,10 +21,24 @@ from ._fspace import Laplace as _Laplace
 _STRUCTURES = ("full", "kron", "diag", "lowrank", "ekfac", "gp")
 _SUBSETS = ("all", "last_layer", "subnetwork")
 _LINKS = ("probit", "bridge", "bridge_norm", "mc")
-# The structures whose curvature is one sum over the data: fit streams them batch by batch.
-_STREAMED = ("diag", "kron", "full")
-# The structures that pass over the data more than once and shard by an all-reduce per sum.
-_SHARDED = ("lowrank", "ekfac")
+# Which structure exists over which weights, whether it streams (one pass over the data into sums
+# that merge: a loader batch by batch, processes by adding) and whether fspace_laplace's sharded
+# fit takes it (a reduce per sum over the data): Rust's one support table.
+_SUPPORT = {(structure, subset): (streams, shards)
+            for structure, subset, streams, shards in _Laplace.support_table()}
+
+
+def _streams(structure: str, subset: str) -> bool:
+    return _SUPPORT.get((structure, subset), (False, False))[0]
+
+
+def _shards(structure: str, subset: str) -> bool:
+    return _SUPPORT.get((structure, subset), (False, False))[1]
+
+
+def _structures_that(which: int, subset: str) -> str:
+    """The structures that stream (``which`` 0) or shard (1) over ``subset``, for messages."""
+    return ", ".join(s for (s, sub), row in _SUPPORT.items() if sub == subset and row[which])
 
 
 class _LaplaceSettings(Wrapper):
