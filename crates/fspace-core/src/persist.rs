@@ -298,6 +298,24 @@ impl LoadCheck {
         self.ensure(values.into_iter().all(|v| v.is_finite()), field, || "has non-finite entries".into())
     }
 
+    /// `field` holds orthonormal columns, as far as entries go: each is finite and of magnitude at
+    /// most 1 (a unit column has no larger entry; rounding is allowed `1e-6`). A tampered entry
+    /// of ±1e308 would otherwise load and serve infinite variances.
+    pub fn unit_entries<'a>(
+        &self,
+        field: &str,
+        values: impl IntoIterator<Item = &'a f64>,
+    ) -> Result<(), PersistError> {
+        let mut worst = 0.0f64;
+        let ok = values.into_iter().all(|v| {
+            worst = worst.max(v.abs());
+            v.is_finite() && v.abs() <= 1.0 + 1e-6
+        });
+        self.ensure(ok, field, || {
+            format!("holds an entry of magnitude {worst:e}: the columns of an orthonormal basis have none above 1")
+        })
+    }
+
     /// Every value of `field` is finite and ≥ 0.
     pub fn non_negative<'a>(
         &self,

@@ -687,14 +687,14 @@ pub(crate) fn check_loaded(
                 check.shape(&format!("{f}.g_vectors"), layer.g_vectors.shape(), (r, r))?;
                 check.len(&format!("{f}.a_values"), layer.a_values.len(), c)?;
                 check.shape(&format!("{f}.a_vectors"), layer.a_vectors.shape(), (c, c))?;
-                for (name, v) in [
-                    ("g_values", layer.g_values.as_slice()),
-                    ("g_vectors", layer.g_vectors.as_slice()),
-                    ("a_values", layer.a_values.as_slice()),
-                    ("a_vectors", layer.a_vectors.as_slice()),
-                ] {
+                for (name, v) in
+                    [("g_values", layer.g_values.as_slice()), ("a_values", layer.a_values.as_slice())]
+                {
                     check.finite(&format!("{f}.{name}"), v)?;
                 }
+                // The factors' eigenvectors are orthonormal.
+                check.unit_entries(&format!("{f}.g_vectors"), layer.g_vectors.iter())?;
+                check.unit_entries(&format!("{f}.a_vectors"), layer.a_vectors.iter())?;
                 // The factors are PSD (their eigenvalues are stored clipped at 0): a negative one
                 // would flip the sign of a predictive variance.
                 check.non_negative(&format!("{f}.g_values"), layer.g_values.iter())?;
@@ -732,7 +732,8 @@ fn check_eigen(
 ) -> std::result::Result<(), PersistError> {
     let k = e.values.len();
     check.shape(&format!("{field}.vectors"), e.vectors.shape(), (dim, k))?;
-    check.finite(&format!("{field}.vectors"), e.vectors.iter())?;
+    // Orthonormal eigenvectors (full, last layer, a subnetwork, block and low-rank Ritz vectors).
+    check.unit_entries(&format!("{field}.vectors"), e.vectors.iter())?;
     check.non_negative(&format!("{field}.values"), e.values.iter())?;
     if let Some(r) = &e.remainder {
         check.len(&format!("{field}.remainder"), r.len(), dim)?;

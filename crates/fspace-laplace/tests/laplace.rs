@@ -2177,8 +2177,9 @@ fn loaded_posteriors_with_impossible_numbers_are_refused_or_fail_loudly() {
         let err = LaplacePosterior::<Mlp>::from_json(&v.to_string()).unwrap_err();
         assert!(err.to_string().contains(field), "{structure:?}: {err}");
     }
-    // Weights near f64::MAX (a tampered file that passes the finite checks): the network's
-    // outputs overflow, and both predictives are errors rather than NaN or negative variances.
+    // Weights near f64::MAX (a tampered file that passes the finite checks): refused when read
+    // (fspace_nn::MAX_LOADED_WEIGHT), not served as a predictive whose joint form overflows and
+    // whose marginal one saturates to zero variance.
     let post = fit_v(net.clone(), lik, &x, &y, &config(Structure::Kfac)).unwrap();
     let text = post.to_json().unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -2186,9 +2187,29 @@ fn loaded_posteriors_with_impossible_numbers_are_refused_or_fail_loudly() {
     for w in v.pointer_mut(&at).unwrap().as_array_mut().unwrap() {
         *w = serde_json::json!(1e308);
     }
-    let big = LaplacePosterior::<Mlp>::from_json(&v.to_string()).unwrap();
-    assert!(big.predict_joint(&xt).is_err());
-    assert!(big.predict(&xt).is_err());
+    let err = LaplacePosterior::<Mlp>::from_json(&v.to_string()).unwrap_err();
+    assert!(err.to_string().contains("beyond ±1e150"), "{err}");
+    assert!(predict_is_finite_or_refused(&post, &xt));
+    // An eigenvector entry of ±1e308 (or any above 1): the columns are not orthonormal, and the
+    // file is refused, naming the field, instead of serving infinite variances.
+    for (structure, pointer) in [
+        (Structure::Kfac, "/payload/curvature/Kron/layers/0/g_vectors/0/0"),
+        (Structure::Kfac, "/payload/curvature/Kron/layers/1/a_vectors/0/3"),
+        (Structure::full(), "/payload/curvature/Eigen/vectors/0/2"),
+    ] {
+        let post = fit_v(net.clone(), lik, &x, &y, &config(structure.clone())).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&post.to_json().unwrap()).unwrap();
+        for bad in [-1e308, 1.5] {
+            *v.pointer_mut(pointer).unwrap_or_else(|| panic!("{pointer}")) = serde_json::json!(bad);
+            let err = LaplacePosterior::<Mlp>::from_json(&v.to_string()).unwrap_err().to_string();
+            let field = pointer.rsplit('/').nth(2).unwrap();
+            assert!(err.contains(field) && err.contains("orthonormal"), "{structure:?} {bad}: {err}");
+        }
+    }
+}
+
+fn predict_is_finite_or_refused(post: &LaplacePosterior<Mlp>, x: &DMatrix<f64>) -> bool {
+    post.predict(x).map_or(true, |p| p.var.iter().all(|v| v.is_finite()))
 }
 
 /// The JSON pointer of the first array of at least two numbers inside `v` (depth first).

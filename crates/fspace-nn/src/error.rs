@@ -64,6 +64,27 @@ pub(crate) fn check_param_slice(what: &'static str, v: &[f64], p: usize) -> Resu
     Ok(())
 }
 
+/// The largest weight magnitude a saved network may hold: a weight whose square overflows f64
+/// (|w| > 1.3e154) makes every Jacobian product, Gram matrix and `J Σ Jᵀ` of the network
+/// overflow, and no training produces one; a file holding one is refused when it is read (a
+/// tampered or corrupted file), not served as zero or infinite variances.
+pub const MAX_LOADED_WEIGHT: f64 = 1e150;
+
+/// A saved parameter vector: `p` finite values, none beyond [`MAX_LOADED_WEIGHT`].
+pub(crate) fn check_loaded_params(what: &'static str, v: &[f64], p: usize) -> Result<()> {
+    check_param_slice(what, v, p)?;
+    if let Some((i, w)) = v.iter().enumerate().find(|(_, w)| w.abs() > MAX_LOADED_WEIGHT) {
+        return Err(NnError::Input(InputError::Invalid {
+            what,
+            reason: format!(
+                "weight {i} is {w:e}, beyond ±{MAX_LOADED_WEIGHT:e}: its square overflows f64, so every Jacobian \
+                 product of the network would (a tampered or corrupted file)"
+            ),
+        }));
+    }
+    Ok(())
+}
+
 /// Whether every entry is finite: a branch-free pass over chunks of 8 (vectorised; the
 /// early-exit `any` is not, and this check runs on every parameter update).
 pub(crate) fn all_finite(v: &[f64]) -> bool {

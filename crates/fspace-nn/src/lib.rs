@@ -51,7 +51,7 @@ mod train;
 
 pub use activation::Activation;
 pub use cnn::{Cnn, CnnConfig, ConvBlock};
-pub use error::{NnError, Result};
+pub use error::{NnError, Result, MAX_LOADED_WEIGHT};
 
 /// The input checks every network shares (shapes, emptiness, finiteness, with the same
 /// errors), for networks implemented outside this crate — the Python binding's torch

@@ -189,6 +189,34 @@ def test_queries_never_write_to_the_fitted_object(toy, structure):
     assert len(queried) == 5
 
 
+@pytest.mark.torch
+def test_a_tampered_saved_posterior_is_refused_when_loaded(toy):
+    """A Kronecker eigenvector entry of −1e308 and a network weight of 1e308 pass a finiteness
+    check; fspace refuses both when the state is loaded (the columns of an orthonormal basis
+    have no entry above 1; a weight whose square overflows makes every product overflow), as
+    a pickle holding them is refused when unpickled — never served as infinite or zero
+    variances."""
+    import json
+
+    state, x, y = toy
+    la = fspace.Laplace((state, "tanh"), "regression", "all", "kron", sigma_noise=0.1)
+    la.fit(x, y)
+    def eigenvector_entry(payload):
+        payload["curvature"]["Kron"]["layers"][0]["g_vectors"][0][0] = -1e308  # [data, rows, cols]
+
+    def weight(payload):
+        payload["net"]["Mlp"]["params"][3] = 1e308
+
+    for tamper, field in [(eigenvector_entry, "g_vectors"), (weight, "weight 3")]:
+        saved = la.state_dict()
+        doc = json.loads(saved["fspace_posterior"])
+        tamper(doc["payload"])
+        saved["fspace_posterior"] = json.dumps(doc)
+        fresh = fspace.Laplace((state, "tanh"), "regression", "all", "kron", sigma_noise=0.1)
+        with pytest.raises(ValueError, match=field):
+            fresh.load_state_dict(saved)
+
+
 BAD = [
     (lambda s: fspace.Laplace((s, "swish"), "regression"), ValueError, 'activation "swish" is not supported'),
     (lambda s: fspace.Laplace((s, "tanh"), "poisson"), ValueError, "Invalid likelihood type 'poisson'"),

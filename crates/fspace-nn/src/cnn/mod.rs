@@ -26,9 +26,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::activation::Activation;
-use crate::error::{
-    check_input_batch, check_param_slice, check_param_vector, size_mul_add, size_product, NnError, Result,
-};
+use crate::error::{check_input_batch, check_param_vector, size_mul_add, size_product, NnError, Result};
 use crate::layers::{LayerInfo, LayerKind, LayerStatistics};
 
 mod batched;
@@ -249,10 +247,10 @@ impl Cnn {
     }
 
     /// Rebuilds the layer table after deserialisation (serde skips it); checks the length and
-    /// that every weight is finite.
+    /// that every weight is finite and within [`MAX_LOADED_WEIGHT`](crate::error::MAX_LOADED_WEIGHT).
     pub fn validated(mut self) -> Result<Self> {
         self.layers = build_layers(&self.config)?;
-        check_param_slice("CNN parameter vector", &self.params, n_params_of(&self.layers))?;
+        crate::error::check_loaded_params("CNN parameter vector", &self.params, n_params_of(&self.layers))?;
         Ok(self)
     }
 

@@ -20,7 +20,7 @@ use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 
 use crate::activation::{Activation, GELU_C};
-use crate::error::{check_input_batch, check_param_slice, check_param_vector, size_mul_add, NnError, Result};
+use crate::error::{check_input_batch, check_param_vector, size_mul_add, NnError, Result};
 
 use crate::tape::{Dev, M, V};
 
@@ -84,7 +84,7 @@ impl TryFrom<MlpData> for Mlp {
     fn try_from(d: MlpData) -> Result<Self> {
         check_widths(&d.config)?;
         let p = param_count(&d.config)?;
-        check_param_slice("MLP parameter vector", &d.params, p)?;
+        crate::error::check_loaded_params("MLP parameter vector", &d.params, p)?;
         Ok(Self { config: d.config, params: d.params, dev: Default::default() })
     }
 }
