@@ -4,7 +4,7 @@
 use fspace_input::InputError;
 use nalgebra::{DMatrix, DVector};
 
-use crate::error::{ensure_dim, ensure_finite, CoreError, Result};
+use crate::error::{ensure_dim, CoreError, Result};
 
 /// A training set and an optional validation set, as every method takes them.
 ///
@@ -31,8 +31,9 @@ fn check_set(x: &DMatrix<f64>, y: &DMatrix<f64>, inputs: &'static str, targets: 
     if y.ncols() == 0 {
         return Err(CoreError::Input(InputError::Empty { what: targets }));
     }
-    ensure_finite(inputs, x.iter())?;
-    ensure_finite(targets, y.iter())
+    fspace_input::ensure_bounded(inputs, x.iter())?;
+    fspace_input::ensure_bounded(targets, y.iter())?;
+    Ok(())
 }
 
 impl<'a> Data<'a> {

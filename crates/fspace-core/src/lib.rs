@@ -33,7 +33,7 @@ pub use error::{CoreError, MethodError, Result};
 pub use fit::{Data, Fitted, Observer, ProcessShard, Progress, ShardLayout, Silent};
 pub use likelihood::{
     logsumexp, sigmoid, softmax, softplus, Bernoulli, Categorical, Gaussian, HeteroscedasticGaussian,
-    IsotropicGaussian, Likelihood,
+    IsotropicGaussian, Likelihood, SIGMA_RANGE,
 };
 pub use persist::{envelope_json, fingerprint, LoadCheck, LoadLimits, Persist, PersistError};
 pub use posterior::{

@@ -73,6 +73,10 @@ fn check_f<L: Likelihood + ?Sized>(lik: &L, f: &DMatrix<f64>, y: &DVector<f64>) 
     lik.check_targets(y)
 }
 
+/// The noise σ a Gaussian likelihood takes: within it σ², 1/σ² and their products with
+/// squared residuals stay finite and non-zero in f64.
+pub const SIGMA_RANGE: (f64, f64) = (1e-150, 1e150);
+
 /// Homoscedastic Gaussian `y ~ N(f, σ²)`. The noise scale can be learned: [`Gaussian::nll_grad_log_sigma`]
 /// is the gradient with respect to `log σ`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,6 +91,15 @@ impl Gaussian {
             return Err(CoreError::Input(InputError::Invalid {
                 what: "Gaussian noise σ",
                 reason: format!("{sigma} must be > 0"),
+            }));
+        }
+        if !(SIGMA_RANGE.0..=SIGMA_RANGE.1).contains(&sigma) {
+            return Err(CoreError::Input(InputError::Invalid {
+                what: "Gaussian noise σ",
+                reason: format!(
+                    "{sigma:e} is outside [{:e}, {:e}]: σ² or its precision 1/σ² would overflow or vanish in f64",
+                    SIGMA_RANGE.0, SIGMA_RANGE.1
+                ),
             }));
         }
         Ok(Self { sigma })

@@ -420,3 +420,24 @@ fn the_layout_round_places_every_process_counts_and_adds_the_sums() {
     );
     assert!(not_counts.unwrap_err().to_string().contains("not a count"));
 }
+
+/// A σ whose square or precision leaves f64, and data whose square overflows, are refused by
+/// name at the boundary instead of failing later inside a factorisation as "non-finite input".
+#[test]
+fn values_whose_squares_leave_f64_are_refused_by_name() {
+    use fspace_core::{Data, Gaussian, SIGMA_RANGE};
+    for bad in [1e-151, 1e-300, 1e151, 1e300] {
+        let e = Gaussian::new(bad).unwrap_err().to_string();
+        assert!(e.contains("Gaussian noise σ") && e.contains("outside"), "{bad}: {e}");
+    }
+    assert!(Gaussian::new(SIGMA_RANGE.0).is_ok() && Gaussian::new(SIGMA_RANGE.1).is_ok());
+    let y = nalgebra::DMatrix::zeros(2, 1);
+    let x = nalgebra::DMatrix::from_row_slice(2, 1, &[0.0, 3e300]);
+    let e = Data::new(&x, &y).unwrap_err().to_string();
+    assert!(e.contains("training inputs") && e.contains("3e300") && e.contains("entry 1"), "{e}");
+    let x = nalgebra::DMatrix::from_row_slice(2, 1, &[0.0, 1e150]);
+    let big_y = nalgebra::DMatrix::from_row_slice(2, 1, &[0.0, -2e151]);
+    let e = Data::new(&x, &big_y).unwrap_err().to_string();
+    assert!(e.contains("training targets") && e.contains("-2e151"), "{e}");
+    assert!(Data::new(&x, &y).is_ok(), "1e150 itself is allowed");
+}

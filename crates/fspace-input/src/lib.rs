@@ -102,6 +102,33 @@ pub fn ensure_finite<'a>(
     }
 }
 
+/// The largest magnitude an input or target may have: beyond it its square overflows f64, so a
+/// kernel distance, a KFAC factor `Σ a aᵀ` or a squared residual of it is infinite.
+pub const MAX_DATA_MAGNITUDE: f64 = 1e150;
+
+/// Every value finite and within ±[`MAX_DATA_MAGNITUDE`], else the first one that is not,
+/// named with its position ([`InputError::NonFinite`] or [`InputError::Invalid`]).
+pub fn ensure_bounded<'a>(
+    what: &'static str,
+    values: impl IntoIterator<Item = &'a f64>,
+) -> Result<(), InputError> {
+    for (i, &v) in values.into_iter().enumerate() {
+        if !v.is_finite() {
+            return Err(InputError::NonFinite { what });
+        }
+        if v.abs() > MAX_DATA_MAGNITUDE {
+            return Err(InputError::Invalid {
+                what,
+                reason: format!(
+                    "{v:e} (entry {i}, column-major) is beyond ±{MAX_DATA_MAGNITUDE:e}: its square overflows f64; \
+                     rescale the data"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// `len > 0`, else [`InputError::Empty`].
 pub fn ensure_non_empty(what: &'static str, len: usize) -> Result<(), InputError> {
     if len > 0 {

@@ -237,6 +237,12 @@ BAD = [
     (lambda s: fspace.Laplace((s, "tanh"), "regression", "all", "lowrank", rank=float("nan")), ValueError, 'rank must be ≥ 1 .a whole number., got nan'),
     (lambda s: fspace.Laplace((s, "tanh"), "regression", "all", "lowrank", max_basis=-2), ValueError, 'max_basis must be ≥ 1 .a whole number., got -2'),
     (lambda s: fspace.Laplace((s, "tanh"), "regression", chunk_points=-1), ValueError, 'chunk_points must be ≥ 1 .a whole number., got -1'),
+    # A σ whose square or precision leaves float64, inputs whose squares overflow: named, not
+    # "non-finite value in eigh input" from inside the fit.
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", sigma_noise=1e-300), ValueError, 'sigma_noise 1e-300 is outside'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", sigma_noise=1e300), ValueError, 'sigma_noise 1e.300 is outside'),
+    (lambda s: fspace.Laplace((s, "tanh"), "regression", "all", "kron").fit(np.full((3, 1), 1e300), np.zeros((3, 1))),
+     ValueError, 'training inputs: 1e300 .entry 0, column-major. is beyond'),
     # A prior precision whose length fits no layout over all weights: refused when made, as laplace-torch does.
     (lambda s: fspace.Laplace((s, "tanh"), "regression", "all", "kron", prior_precision=__import__("torch").ones(49)), ValueError, 'does not align with architecture'),
 ]

@@ -395,6 +395,9 @@ class _LaplaceSettings(Wrapper):
         v = float(s.detach())
         if not (math.isfinite(v) and v > 0):
             raise ValueError(f"sigma_noise {v} must be finite and > 0")
+        if not _SIGMA_RANGE[0] <= v <= _SIGMA_RANGE[1]:
+            raise ValueError(f"sigma_noise {v:g} is outside [{_SIGMA_RANGE[0]:g}, {_SIGMA_RANGE[1]:g}]: σ² or its "
+                             "precision 1/σ² would overflow or vanish in float64")
         self._sigma_noise = s
 
     @property
@@ -421,6 +424,10 @@ class _LaplaceSettings(Wrapper):
     def _H_factor(self) -> Any:
         return 1 / self.sigma_noise.square() / self.temperature
 
+
+
+# fspace_core::SIGMA_RANGE: the σ within which σ², 1/σ² and their products stay finite and non-zero.
+_SIGMA_RANGE = (1e-150, 1e150)
 
 
 def _optional_count(value: Any, what: str) -> Optional[int]:
