@@ -2158,12 +2158,10 @@ fn a_prior_per_parameter_tensor_on_kfac_with_separate_bias_equals_the_dense_comp
 }
 
 /// A saved KFAC / EKFAC posterior whose factor eigenvalues were edited below zero is refused
-/// when loaded (a negative eigenvalue flips a predictive variance's sign); a loaded posterior
-/// whose numbers overflow serves an error from `predict_joint` and from `predict`, never NaN or a
-/// negative variance.
+/// when loaded (a negative eigenvalue flips a predictive variance's sign), and so is one whose
+/// network weights are near f64::MAX or whose eigenvectors hold an entry above 1.
 #[test]
 fn loaded_posteriors_with_impossible_numbers_are_refused_or_fail_loudly() {
-    use fspace_core::Posterior;
     let net = mlp(2, vec![5], 3, 41);
     let (x, y) = classification(20, 2, 3, 42);
     let (xt, _) = classification(4, 2, 3, 43);
