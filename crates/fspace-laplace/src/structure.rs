@@ -237,7 +237,7 @@ pub const SUPPORT: &[Support] = &[
 ];
 
 /// `structure` over `weights`' subset, as [`SUPPORT`] lists it; an unlisted pair is
-/// [`LaplaceError::Unsupported`], naming the subsets the structure covers.
+/// [`LaplaceError::Unsupported`](crate::LaplaceError::Unsupported), naming the subsets the structure covers.
 pub fn support(structure: &Structure, weights: &Weights) -> crate::Result<Support> {
     let (name, subset) = (structure.name(), weights.subset());
     if let Some(row) = SUPPORT.iter().find(|r| r.structure == name && r.subset == subset) {
