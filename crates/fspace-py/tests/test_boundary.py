@@ -138,6 +138,10 @@ def test_a_loader_whose_batches_change_width_is_refused_by_name():
     with pytest.raises(ValueError, match="batch 2 of the data loader has 2 input and 1 target columns; the batches "
                                          "before it had 1 and 1"):
         fsp.fit(loader)
+    # ELLA's passes (count, Nyström rows, G) read the batches the same way.
+    ella = fspace.ELLA(NET, "regression", num_points=6, num_eigen=3, prior={"Fixed": 1.0}, early_stopping=None)
+    with pytest.raises(ValueError, match="batch 2 of the data loader has 2 input and 1 target columns"):
+        ella.fit(loader)
 
 
 def test_batches_pulled_by_rust_give_the_in_memory_posterior():

@@ -137,38 +137,57 @@ impl PyBatches {
         }
     }
 
-    /// One pass: each non-empty batch to `each` (with the rows seen before it); returns the
-    /// rows seen. Python's exception, if any, ends the pass early (see `error`).
+    /// One pass: each non-empty batch to `each`, with the rows seen before it; a batch whose
+    /// inputs or targets change width, or whose targets are not one row per input, is refused
+    /// by name. Returns the rows seen. Python's exception, if any, ends the pass early (see
+    /// `error`).
     pub(crate) fn for_each(
         &mut self,
-        mut each: impl FnMut(usize, &DMatrix<f64>, &DMatrix<f64>) -> PyResult<()>,
+        mut each: impl FnMut(usize, DMatrix<f64>, DMatrix<f64>) -> PyResult<()>,
     ) -> PyResult<usize> {
-        let mut seen = 0;
+        let (mut seen, mut batch) = (0, 0usize);
+        let mut widths: Option<(usize, usize)> = None;
         while let Some((x, y)) = self.next() {
+            batch += 1;
             fspace_input::interrupt::check("a pass over the data loader").map_err(crate::errors::raise)?;
-            if x.nrows() > 0 {
-                each(seen, &x, &y)?;
+            if x.nrows() == 0 {
+                continue;
             }
-            seen += x.nrows();
+            let (dx, dy) = *widths.get_or_insert((x.ncols(), y.ncols()));
+            if (x.ncols(), y.ncols()) != (dx, dy) {
+                return Err(value_error(format!(
+                    "batch {batch} of the data loader has {} input and {} target columns; the batches before it had \
+                     {dx} and {dy}: every batch must have the same widths",
+                    x.ncols(),
+                    y.ncols()
+                )));
+            }
+            if y.nrows() != x.nrows() {
+                return Err(value_error(format!(
+                    "batch {batch} of the data loader has {} inputs and {} targets",
+                    x.nrows(),
+                    y.nrows()
+                )));
+            }
+            let rows = x.nrows();
+            each(seen, x, y)?;
+            seen += rows;
         }
         Ok(seen)
     }
 
-    /// Consecutive batches joined into blocks of at least `target` rows (the last may hold
-    /// fewer), so that a loader's small batches are multiplied in the chunks an in-memory fit
-    /// uses; each block goes to `each`, and `observer` hears the points read so far. Empty
-    /// batches are skipped; a batch whose inputs or targets change width is refused by name.
-    /// Returns the points read.
+    /// [`for_each`](Self::for_each) with consecutive batches joined into blocks of at least
+    /// `target` rows (the last may hold fewer), so that a loader's small batches are multiplied
+    /// in the chunks an in-memory fit uses; each block goes to `each`, and `observer` hears the
+    /// points read so far. Returns the points read.
     pub(crate) fn for_each_block(
         &mut self,
         target: usize,
         observer: &mut dyn Observer,
         mut each: impl FnMut(&DMatrix<f64>, &DMatrix<f64>) -> PyResult<()>,
     ) -> PyResult<usize> {
-        let mut held: Vec<(DMatrix<f64>, DMatrix<f64>)> = Vec::new();
-        let (mut rows, mut points, mut seen) = (0, 0, 0usize);
-        let mut widths: Option<(usize, usize)> = None;
         let total = self.total;
+        let (mut held, mut rows, mut points) = (Vec::new(), 0, 0);
         let mut flush = |held: &mut Vec<(DMatrix<f64>, DMatrix<f64>)>, points: &mut usize| -> PyResult<()> {
             let (x, y) = joined(std::mem::take(held));
             each(&x, &y)?;
@@ -181,34 +200,15 @@ impl PyBatches {
             });
             Ok(())
         };
-        while let Some((x, y)) = self.next() {
-            seen += 1;
-            if x.nrows() == 0 {
-                continue;
-            }
-            let (dx, dy) = *widths.get_or_insert((x.ncols(), y.ncols()));
-            if (x.ncols(), y.ncols()) != (dx, dy) {
-                return Err(value_error(format!(
-                    "batch {seen} of the data loader has {} input and {} target columns; the batches before it had \
-                     {dx} and {dy}: every batch must have the same widths",
-                    x.ncols(),
-                    y.ncols()
-                )));
-            }
-            if y.nrows() != x.nrows() {
-                return Err(value_error(format!(
-                    "batch {seen} of the data loader has {} inputs and {} targets",
-                    x.nrows(),
-                    y.nrows()
-                )));
-            }
+        self.for_each(|_, x, y| {
             rows += x.nrows();
             held.push((x, y));
             if rows >= target.max(1) {
                 flush(&mut held, &mut points)?;
                 rows = 0;
             }
-        }
+            Ok(())
+        })?;
         if !held.is_empty() {
             flush(&mut held, &mut points)?;
         }
