@@ -18,6 +18,20 @@ _SUPPORTED = (
 )
 
 
+
+def is_count(value: Any) -> bool:
+    """Whether ``value`` is a whole number ≥ 1 (a bool, a float — NaN included — or a number
+    below 1 is not)."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and bool(value >= 1)
+
+
+def count(value: Any, what: str) -> int:
+    """``value`` as a whole number ≥ 1 (epochs, steps, draws, …), else a ``ValueError`` naming
+    ``what`` and the value."""
+    if not is_count(value):
+        raise ValueError(f"{what} {value!r} must be a whole number ≥ 1")
+    return int(value)
+
 def _activation_name(module: Any) -> str:
     kind = type(module).__name__
     if kind == "GELU":

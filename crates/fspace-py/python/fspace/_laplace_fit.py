@@ -107,7 +107,7 @@ class _LaplaceFit(_LaplaceSettings):
                     if not override:
                         raise NotImplementedError(
                             f"fit(override=False) with hessian_structure={self.hessian_structure!r}: only the structures "
-                            f"that sum over the data in one pass ({_structures_that(0, self.subset_of_weights)}) "
+                            f"that sum over the data in one pass ({', '.join(_structures_that(0, self.subset_of_weights))}) "
                             "accumulate over several fits"
                         )
                     # EKFAC and low rank pass over the data several times: collected in memory.
@@ -152,15 +152,15 @@ class _LaplaceFit(_LaplaceSettings):
         forms it (``fspace_laplace::fit_sharded``)."""
         subset = self.subset_of_weights
         if not _shards(self.hessian_structure, subset):
-            shard = sorted(set(_structures_that(0, subset).split(", ")) | set(_structures_that(1, subset).split(", ")))
+            shard = sorted(set(_structures_that(0, subset)) | set(_structures_that(1, subset)))
             raise NotImplementedError(
                 f"sharded fitting with hessian_structure={self.hessian_structure!r}; the structures that shard are "
-                f"{', '.join(s for s in shard if s)}"
+                f"{', '.join(shard)}"
             )
         if not override:
             raise NotImplementedError(
                 f"fit(override=False) with hessian_structure={self.hessian_structure!r}: only the structures that "
-                f"sum over the data in one pass ({_structures_that(0, subset)}) accumulate over several fits"
+                f"sum over the data in one pass ({', '.join(_structures_that(0, subset))}) accumulate over several fits"
             )
         agree_on(group, self._shard_fingerprint(),
                  "the processes disagree on the model or the Laplace settings (hessian_structure, subset_of_weights, "

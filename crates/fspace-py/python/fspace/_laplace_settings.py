@@ -12,7 +12,7 @@ import numpy as np
 
 from ._backend import network_spec
 from ._base import Wrapper
-from ._convert import is_torch, tensors
+from ._convert import is_count, is_torch, tensors
 from ._predictive import _check_likelihood, _curvature_source, _refuse_unsupported, _torch
 from ._torch import TorchModel, is_module
 from ._fspace import Laplace as _Laplace
@@ -36,9 +36,9 @@ def _shards(structure: str, subset: str) -> bool:
     return _SUPPORT.get((structure, subset), (False, False))[1]
 
 
-def _structures_that(which: int, subset: str) -> str:
+def _structures_that(which: int, subset: str) -> List[str]:
     """The structures that stream (``which`` 0) or shard (1) over ``subset``, for messages."""
-    return ", ".join(s for (s, sub), row in _SUPPORT.items() if sub == subset and row[which])
+    return [s for (s, sub), row in _SUPPORT.items() if sub == subset and row[which]]
 
 
 class _LaplaceSettings(Wrapper):
@@ -435,7 +435,7 @@ def _optional_count(value: Any, what: str) -> Optional[int]:
     not left to the integer conversion at the boundary)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not is_count(value):
         raise ValueError(f"{what} must be ≥ 1 (a whole number), got {value!r}")
     return int(value)
 

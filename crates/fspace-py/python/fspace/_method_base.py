@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _fspace
 from ._base import Wrapper
-from ._convert import array2, back, is_torch
+from ._convert import array2, back, count, is_torch
 from ._predictive import sample_count
 from .kernels import MatrixKernel
 
@@ -146,17 +146,10 @@ def _overlay(base: Dict[str, Any], options: Dict[str, Any], where: str) -> Dict[
     return out
 
 
-def _count(value: Any, what: str) -> int:
-    """A positive whole number of epochs, steps or evaluations."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} {value!r} must be a whole number ≥ 1")
-    return int(value)
-
-
 def _span(value: Any, unit: str) -> Dict[str, int]:
     if isinstance(value, dict):
         return value
-    return {unit: _count(value, "evaluate_every")}
+    return {unit: count(value, "evaluate_every")}
 
 
 def _schedule(base: Dict[str, Any], epochs: Optional[int], steps: Optional[int],
@@ -168,9 +161,9 @@ def _schedule(base: Dict[str, Any], epochs: Optional[int], steps: Optional[int],
         raise ValueError("give epochs or steps, not both")
     unit = "Epochs" if epochs is not None else "Steps" if steps is not None else next(iter(base["length"]))
     if epochs is not None:
-        out["length"] = {"Epochs": _count(epochs, "epochs")}
+        out["length"] = {"Epochs": count(epochs, "epochs")}
     if steps is not None:
-        out["length"] = {"Steps": _count(steps, "steps")}
+        out["length"] = {"Steps": count(steps, "steps")}
     if evaluate_every is not None:
         out["evaluate_every"] = _span(evaluate_every, unit)
     elif epochs is not None or steps is not None:
@@ -179,7 +172,7 @@ def _schedule(base: Dict[str, Any], epochs: Optional[int], steps: Optional[int],
         if every_unit != unit:
             out["evaluate_every"] = {unit: 1}
     if patience != "default":
-        out["patience"] = None if patience is None else _count(patience, "patience")
+        out["patience"] = None if patience is None else count(patience, "patience")
     return out
 
 

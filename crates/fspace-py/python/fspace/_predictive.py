@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from ._convert import count
 from ._memory import check_budget
 
 __all__ = ["_torch", "_curvature_source", "_check_likelihood", "_refuse_unsupported", "_split_batch",
@@ -92,12 +93,10 @@ def _split_batch(batch: Any, dict_key_x: Optional[str], dict_key_y: str) -> Tupl
     )
 
 
-def sample_count(n_samples: Any, what: str = "n_samples") -> int:
+def sample_count(n_samples: Any) -> int:
     """A number of draws: a whole number ≥ 1 (laplace-torch turns ``n_samples=0`` into NaN
     probabilities and a negative one into torch's shape error; fspace names it)."""
-    if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
-        raise ValueError(f"{what} {n_samples!r} must be a whole number ≥ 1")
-    return int(n_samples)
+    return count(n_samples, "n_samples")
 
 
 def _normal_samples(mean: Any, var: Any, n_samples: int, generator: Any) -> Any:

@@ -35,6 +35,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from ._convert import is_count
 from ._torch_calls import TorchCalls, add_lower_gram, mirror_lower
 from ._torch_layout import InputLayout
 
@@ -101,7 +102,7 @@ def _input_shape(input_shape: Any) -> Tuple[int, ...]:
         shape = tuple(input_shape)
     except TypeError:
         shape = (input_shape,)
-    if not shape or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1 for s in shape):
+    if not shape or not all(is_count(s) for s in shape):
         raise ValueError(f"input_shape {input_shape!r} must be one input's shape: whole numbers ≥ 1, without the "
                          "batch axis")
     return tuple(int(s) for s in shape)
