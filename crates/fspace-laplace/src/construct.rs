@@ -976,10 +976,11 @@ pub(crate) fn build<N: Network>(
                 let diag = e.to_dense().diagonal().map(|v| v.max(0.0));
                 Ok((Curvature::Diag(DiagCurvature { diag }), idx.clone()))
             }
-            // Refused by `support` above.
-            other => Err(crate::structure::support(other, &Weights::Subnetwork(Vec::new())).err().unwrap_or(
-                LaplaceError::Unsupported { structure: other.name(), reason: "not over a subnetwork".into() },
-            )),
+            // Unreachable: `support` above refused every pair SUPPORT does not list.
+            other => Err(LaplaceError::Unsupported {
+                structure: other.name(),
+                reason: "not over a subnetwork".into(),
+            }),
         };
     }
     if let Weights::LastLayer = weights {
@@ -1003,13 +1004,11 @@ pub(crate) fn build<N: Network>(
                 let diag = last_layer_diagonal(net, data, &last)?;
                 Ok((Curvature::Diag(DiagCurvature { diag }), last.kron_order()))
             }
-            // Refused by `support` above.
-            other => Err(crate::structure::support(other, &Weights::LastLayer).err().unwrap_or(
-                LaplaceError::Unsupported {
-                    structure: other.name(),
-                    reason: "not over the last layer".into(),
-                },
-            )),
+            // Unreachable: `support` above refused every pair SUPPORT does not list.
+            other => Err(LaplaceError::Unsupported {
+                structure: other.name(),
+                reason: "not over the last layer".into(),
+            }),
         };
     }
     Ok(match structure {
